@@ -1,0 +1,179 @@
+"""The `p2pnet` command line: argument parsing and the trio entry points, nothing else.
+
+Subcommands of other packages (checkpoint, validator, devnet, sim, model) register themselves
+through a `register(subparsers)` function in their own `cli` module; this module only lists
+where those live. Errors that are the user's (`ConfigError`, `LocalStateError`,
+`PeerUnavailable`) print one line and exit with status 2; anything else is a bug and shows its
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from p2pnet import __version__
+from p2pnet.errors import ConfigError, LocalStateError, PeerUnavailable
+
+EXTENSIONS = ("p2pnet.demo", "relay.cli", "verify.cli", "trainer.cli", "simulations.cli")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, LocalStateError, PeerUnavailable) as exc:
+        print(f"p2pnet: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="p2pnet",
+        description="Peer-to-peer weight distribution and verification for decentralized RL training.",
+    )
+    parser.add_argument("--version", action="version", version=f"p2pnet {__version__}")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="log verbosity on stderr (default: warning)")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _register_peer(commands)
+    for module_name in EXTENSIONS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # that package has no CLI (yet)
+            raise
+        module.register(commands)
+    return parser
+
+
+def _register_peer(commands: Any) -> None:
+    peer = commands.add_parser("peer", help="run and inspect a peer")
+    sub = peer.add_subparsers(title="peer commands", metavar="COMMAND")
+
+    start = sub.add_parser(
+        "start",
+        help="start a peer and run until SIGINT/SIGTERM",
+        description="Start a peer: a libp2p host (Noise, yamux) that gossips signed heartbeats, keeps a "
+        "peer table and runs the given roles. Prints its full multiaddr; stops cleanly on Ctrl-C.",
+    )
+    start.add_argument("--data-dir", type=Path, required=True, help="identity key, state and control socket live here")
+    start.add_argument("--listen", help="libp2p listen multiaddr (default /ip4/127.0.0.1/tcp/0)")
+    start.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                       help="full multiaddr (with /p2p/ID) of a peer to join through; repeatable")
+    start.add_argument("--role", action="append", default=[], metavar="NAME",
+                       help="relay, worker, validator or trainer; repeatable (default: none, a plain peer)")
+    start.add_argument("--config", type=Path, help="TOML file with [peer], [peertable] and per-role sections")
+    start.add_argument("--heartbeat-interval-s", type=float, help="seconds between heartbeats (default 2)")
+    start.add_argument("--peer-expiry-s", type=float, help="forget peers silent this long (default 10)")
+    start.add_argument("--upload-bps", type=int, help="upload bandwidth to advertise, bytes/s")
+    start.set_defaults(func=cmd_peer_start)
+
+    status = sub.add_parser("status", help="show a running peer's id, addresses and peer table")
+    status.add_argument("--data-dir", type=Path, required=True)
+    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    status.set_defaults(func=cmd_peer_status)
+
+    ident = sub.add_parser("id", help="print the peer id of a data directory (creates the key if missing)")
+    ident.add_argument("--data-dir", type=Path, required=True)
+    ident.set_defaults(func=cmd_peer_id)
+
+
+def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """PeerConfig, PeerTableConfig and the remaining TOML sections, from --config and flags."""
+    from p2pnet.config import from_mapping, load_toml
+    from p2pnet.node import PeerConfig
+    from p2pnet.peertable import PeerTableConfig
+
+    sections = load_toml(args.config)
+    config = from_mapping(
+        PeerConfig, sections.get("peer", {}), "peer",
+        data_dir=args.data_dir,
+        listen=args.listen,
+        bootstrap=tuple(args.bootstrap) or None,
+        roles=tuple(args.role) or None,
+        upload_bps=args.upload_bps,
+    )
+    table = from_mapping(
+        PeerTableConfig, sections.get("peertable", {}), "peertable",
+        heartbeat_interval_s=args.heartbeat_interval_s,
+        expiry_s=args.peer_expiry_s,
+    )
+    return config, table, sections
+
+
+def cmd_peer_start(args: argparse.Namespace) -> int:
+    from p2pnet.node import run_node
+
+    config, table, sections = peer_configs(args)
+
+    def announce(node: Any) -> None:
+        print(f"peer {node.peer_id} started (data dir {config.data_dir})", flush=True)
+        for addr in node.host.addrs():
+            print(f"listening on {addr}", flush=True)
+        print(f"data plane on {node.dataplane.address}; roles: {', '.join(config.roles) or 'none'}", flush=True)
+
+    trio.run(serve_until_signal, lambda task_status: run_node(
+        config, sections=sections, peertable_config=table, on_ready=announce, task_status=task_status))
+    print("peer stopped", flush=True)
+    return 0
+
+
+async def serve_until_signal(start: Callable[..., Any]) -> None:
+    """Run `start` (a task_status-style function) until SIGINT or SIGTERM, then cancel it."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(start)
+            async for signum in signals:
+                print(f"received {signal.Signals(signum).name}, stopping", flush=True)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def cmd_peer_status(args: argparse.Namespace) -> int:
+    from p2pnet.control import call
+
+    status = trio.run(call, args.data_dir, {"cmd": "status"})
+    if "error" in status:
+        raise PeerUnavailable(status["error"])
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"peer {status['peer_id']}  up {status['uptime_s']:.0f}s  roles: {', '.join(status['roles']) or 'none'}")
+    for addr in status["addrs"]:
+        print(f"  {addr}")
+    print(f"{len(status['peers'])} peers known, {len(status['connected'])} connected")
+    for p in status["peers"]:
+        print(f"  {p['peer_id']}  roles={','.join(p['roles']) or '-'}  up={p['upload_bps'] / 1e6:.0f}MB/s  "
+              f"heard {p['last_heard_s_ago']:.1f}s ago  score={p['score']:.1f}")
+    return 0
+
+
+def cmd_peer_id(args: argparse.Namespace) -> int:
+    from p2pnet.identity import load_or_create_identity
+
+    print(load_or_create_identity(args.data_dir).peer_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

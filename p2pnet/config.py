@@ -1,0 +1,115 @@
+"""Typed configuration: small frozen dataclasses, validated on construction, filled from TOML.
+
+Every component owns one `Config` dataclass decorated with `@validated`: field types are checked
+against their annotations (ints are accepted where floats are wanted, strings where paths are),
+then the class's optional `check()` returns `{field: problem}` for values out of range. Any
+problem raises `ConfigError` naming the field, prefixed with its TOML section when loaded from a
+file: `peer.heartbeat_interval_s: must be > 0`.
+
+This module must not know which components exist; callers name the section and class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from p2pnet.errors import ConfigError
+
+C = TypeVar("C")
+
+
+def validated(cls: type[C]) -> type[C]:
+    """Class decorator: type-check and range-check a frozen config dataclass on construction."""
+    hints = typing.get_type_hints(cls)
+    original_init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            coerced = _coerce(f.name, value, hints[f.name])
+            if coerced is not value:
+                object.__setattr__(self, f.name, coerced)
+        check = getattr(self, "check", None)
+        if check is not None:
+            for name, problem in check().items():
+                raise ConfigError(name, f"{problem} (got {getattr(self, name, None)!r})")
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is float:
+        if type(value) is int:
+            return float(value)
+        if type(value) is float:
+            return value
+    elif hint is bool or hint is int or hint is str:
+        if type(value) is hint:
+            return value
+    elif hint is Path:
+        if isinstance(value, Path):
+            return value
+        if isinstance(value, str) and value:
+            return Path(value)
+    elif origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if isinstance(value, (list, tuple)):
+            items = tuple(_coerce(name, v, args[0]) for v in value)
+            return value if isinstance(value, tuple) and all(a is b for a, b in zip(items, value)) else items
+    elif origin in (typing.Union, getattr(__import__("types"), "UnionType")) and type(None) in args:
+        if value is None:
+            return None
+        inner = next(a for a in args if a is not type(None))
+        return _coerce(name, value, inner)
+    else:
+        return value  # nested or exotic types are the class's own check()'s business
+    raise ConfigError(name, f"expected {_type_name(hint)}, got {type(value).__name__} {value!r}")
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint)
+
+
+def from_mapping(cls: type[C], values: Mapping[str, Any], section: str, **overrides: Any) -> C:
+    """Build `cls` from a TOML table plus CLI overrides (None means 'not given')."""
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{section}.{key}", f"unknown setting; known: {', '.join(sorted(known))}")
+    merged = dict(values)
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return cls(**merged)
+    except ConfigError as exc:
+        raise ConfigError(f"{section}.{exc.field}", exc.problem) from None
+
+
+def load_toml(path: Path | None) -> dict[str, Any]:
+    """The TOML file as a dict of sections; an empty dict when no file is given."""
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError("--config", f"no such file: {path}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(section, "expected a [section] table")
+    return data
+
+
+def to_jsonable(config: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out[f.name] = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+    return out

@@ -1,0 +1,210 @@
+"""The libp2p side of a real peer: host, gossip and framed one-shot message streams.
+
+Built on py-libp2p with Noise as the only security transport and yamux as the only muxer, so a
+plaintext peer fails the handshake. Gossip is GossipSub; direct messages use one short-lived
+stream each on `MSG_PROTOCOL`, carrying one length-prefixed frame. Frames are opaque here: the
+node decodes and checks them with the codec.
+
+py-libp2p leaks sockets, tasks and a thread unless the host is closed inside `run()` and the
+pubsub seen-message cache is stopped; `open_host` does both on the way out. Bulk bytes never
+travel here (see `p2pnet.dataplane`).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Awaitable, Callable
+
+import multiaddr
+import trio
+
+from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
+from p2pnet.identity import Identity
+
+log = logging.getLogger(__name__)
+
+MSG_PROTOCOL = "/p2pnet/msg/1.0.0"
+GOSSIP_PROTOCOL = "/meshsub/1.0.0"
+_LEN = struct.Struct(">I")
+
+FrameHandler = Callable[[bytes, str], Awaitable[None]]
+
+
+def parse_multiaddr(text: str, field: str) -> multiaddr.Multiaddr:
+    try:
+        return multiaddr.Multiaddr(text)
+    except Exception as exc:  # multiaddr raises a zoo of types for malformed text
+        raise ConfigError(field, f"not a multiaddr: {text!r} ({exc})") from exc
+
+
+class Host:
+    """A started libp2p host with gossip. Use `open_host`; do not construct directly."""
+
+    def __init__(self, host, pubsub, identity: Identity, max_frame_bytes: int) -> None:
+        self._host = host
+        self._pubsub = pubsub
+        self.identity = identity
+        self.max_frame_bytes = max_frame_bytes
+        self._frame_handler: FrameHandler | None = None
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def addrs(self) -> list[str]:
+        """Full multiaddrs, with the /p2p/ id."""
+        return [str(a) for a in self._host.get_addrs()]
+
+    def connected_peers(self) -> list[str]:
+        return [p.to_base58() for p in self._host.get_connected_peers()]
+
+    # -- gossip ---------------------------------------------------------------------------
+
+    async def publish(self, topic: str, frame: bytes) -> None:
+        await self._pubsub.publish(topic, frame)
+
+    async def subscribe(self, topic: str, handler: FrameHandler) -> None:
+        """Deliver every frame gossiped on `topic` to `handler(frame, forwarding_peer)`; runs forever."""
+        subscription = await self._pubsub.subscribe(topic)
+        async for msg in subscription:
+            source = _peer_text(msg.from_id)
+            await handler(msg.data, source)
+
+    # -- direct frames --------------------------------------------------------------------
+
+    def set_frame_handler(self, handler: FrameHandler) -> None:
+        self._frame_handler = handler
+
+    async def send_frame(self, peer: str, frame: bytes, *, timeout_s: float = 10.0) -> None:
+        from libp2p.peer.id import ID
+
+        try:
+            with trio.fail_after(timeout_s):
+                stream = await self._host.new_stream(ID.from_base58(peer), [MSG_PROTOCOL])
+                try:
+                    await stream.write(_LEN.pack(len(frame)) + frame)
+                finally:
+                    await stream.close()
+        except trio.TooSlowError as exc:
+            raise PeerUnavailable(f"{peer}: no stream within {timeout_s}s") from exc
+        except Exception as exc:  # libp2p signals unreachable peers with many exception types
+            raise PeerUnavailable(f"{peer}: {type(exc).__name__}: {exc}") from exc
+
+    async def connect(self, addr: str) -> str:
+        """Dial a full multiaddr (with /p2p/); returns the peer id."""
+        from libp2p.peer.peerinfo import info_from_p2p_addr
+
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as exc:
+            raise ConfigError("bootstrap", f"not a full multiaddr with /p2p/: {addr!r}") from exc
+        try:
+            await self._host.connect(info)
+        except Exception as exc:
+            raise PeerUnavailable(f"{addr}: {type(exc).__name__}: {exc}") from exc
+        return info.peer_id.to_base58()
+
+    async def _on_stream(self, stream) -> None:
+        try:
+            peer = stream.muxed_conn.peer_id.to_base58()
+            with trio.fail_after(10):
+                header = await _read_exactly(stream, _LEN.size)
+                (length,) = _LEN.unpack(header)
+                if length > self.max_frame_bytes:
+                    raise MessageRejected("oversized", f"{length} bytes", peer)
+                frame = await _read_exactly(stream, length)
+        except MessageRejected as exc:
+            log.info("direct frame rejected: %s", exc)
+            await stream.reset()
+            return
+        except (trio.TooSlowError, EOFError, Exception) as exc:  # noqa: B014 - a broken inbound stream is the remote's problem
+            log.debug("inbound stream failed: %s: %s", type(exc).__name__, exc)
+            await _quiet_reset(stream)
+            return
+        await stream.close()
+        if self._frame_handler is not None:
+            await self._frame_handler(frame, peer)
+
+
+async def _quiet_reset(stream) -> None:
+    try:
+        await stream.reset()
+    except Exception as exc:  # the stream is already broken; nothing more to learn
+        log.debug("reset of broken stream failed: %s", exc)
+
+
+async def _read_exactly(stream, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = await stream.read(n - got)
+        if not chunk:
+            raise EOFError(f"stream ended after {got} of {n} bytes")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _peer_text(raw: bytes) -> str:
+    from libp2p.peer.id import ID
+
+    try:
+        return ID(raw).to_base58()
+    except Exception:  # an unparseable id is reported as such; the codec judges the frame
+        return "?"
+
+
+@asynccontextmanager
+async def open_host(
+    identity: Identity,
+    listen: str,
+    *,
+    max_frame_bytes: int = 4 * 1024 * 1024,
+    gossip_heartbeat_s: int = 1,
+) -> AsyncIterator[Host]:
+    """Start a Noise+yamux libp2p host with GossipSub on `listen`; close everything on exit."""
+    from libp2p import new_host
+    from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+    from libp2p.pubsub.gossipsub import GossipSub
+    from libp2p.pubsub.pubsub import Pubsub
+    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+    from libp2p.security.noise.transport import Transport as NoiseTransport
+    from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
+    from libp2p.stream_muxer.yamux.yamux import Yamux
+    from libp2p.tools.anyio_service import background_trio_service
+
+    listen_addr = parse_multiaddr(listen, "peer.listen")
+    key_pair = identity.libp2p_key_pair()
+    security = {NOISE_ID: NoiseTransport(key_pair, noise_privkey=new_x25519().private_key)}
+    raw_host = new_host(
+        key_pair=key_pair,
+        sec_opt=security,
+        muxer_opt={YAMUX_ID: Yamux},
+        listen_addrs=[listen_addr],
+    )
+    gossip = GossipSub(
+        protocols=[GOSSIP_PROTOCOL],
+        degree=6,
+        degree_low=4,
+        degree_high=12,
+        heartbeat_interval=gossip_heartbeat_s,
+        heartbeat_initial_delay=0.1,
+        max_messages_per_topic_per_second=1000.0,
+    )
+    pubsub = Pubsub(raw_host, gossip, max_inbound_rpc_size=max_frame_bytes + 64 * 1024)
+    host = Host(raw_host, pubsub, identity, max_frame_bytes)
+    raw_host.set_stream_handler(MSG_PROTOCOL, host._on_stream)
+    try:
+        async with raw_host.run(listen_addrs=[listen_addr]):
+            try:
+                async with background_trio_service(pubsub), background_trio_service(gossip):
+                    await pubsub.wait_until_ready()
+                    yield host
+            finally:
+                with trio.CancelScope(shield=True):
+                    pubsub.seen_messages.stop()  # its sweeper thread outlives the host otherwise
+                    with trio.move_on_after(5):
+                        await raw_host.close()
+    except OSError as exc:
+        raise ConfigError("peer.listen", f"cannot listen on {listen}: {exc}") from exc

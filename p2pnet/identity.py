@@ -1,0 +1,157 @@
+"""Peer identity: one Ed25519 key per peer, kept in the data directory, and the peer id.
+
+The key file `identity.key` holds the 32-byte Ed25519 seed, mode 0600, written atomically on
+first start and reused afterwards. The peer id is derived exactly as libp2p derives it for
+Ed25519 keys (identity multihash of the protobuf-encoded public key, base58btc), so the same
+key is both the libp2p host identity and the signer of every p2pnet message.
+
+This module must not do any network I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import base58
+import nacl.exceptions
+import nacl.signing
+
+from p2pnet.errors import LocalStateError, MessageRejected
+
+KEY_FILE = "identity.key"
+SEED_BYTES = 32
+# identity multihash (0x00, length 36) of protobuf PublicKey{type: Ed25519 (1), data: 32 bytes}
+_PEER_ID_PREFIX = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20])
+PEER_ID_BYTES = len(_PEER_ID_PREFIX) + 32
+
+
+def peer_id_bytes_from_public_key(public_key: bytes) -> bytes:
+    if len(public_key) != 32:
+        raise ValueError(f"an Ed25519 public key has 32 bytes, got {len(public_key)}")
+    return _PEER_ID_PREFIX + public_key
+
+
+def peer_id_to_str(peer_id: bytes) -> str:
+    return base58.b58encode(peer_id).decode("ascii")
+
+
+def peer_id_from_str(text: str) -> bytes:
+    """Parse a base58 peer id; raises ValueError when it is not an Ed25519 peer id."""
+    try:
+        raw = base58.b58decode(text)
+    except ValueError as exc:
+        raise ValueError(f"not a base58 peer id: {text!r}") from exc
+    public_key_from_peer_id(raw)
+    return raw
+
+
+def public_key_from_peer_id(peer_id: bytes) -> bytes:
+    """The Ed25519 public key inlined in an Ed25519 peer id; ValueError for anything else."""
+    if len(peer_id) != PEER_ID_BYTES or not peer_id.startswith(_PEER_ID_PREFIX):
+        raise ValueError("not an Ed25519 identity peer id")
+    return peer_id[len(_PEER_ID_PREFIX):]
+
+
+class SignatureChecker:
+    """Verifies Ed25519 signatures by peer id, caching the parsed public keys."""
+
+    def __init__(self, max_cached: int = 100_000) -> None:
+        self._keys: dict[bytes, nacl.signing.VerifyKey] = {}
+        self._max_cached = max_cached
+
+    def verify(self, peer_id: bytes, payload: bytes, signature: bytes) -> None:
+        """Raise MessageRejected('bad_signature') unless `signature` is peer_id's over payload."""
+        key = self._keys.get(peer_id)
+        if key is None:
+            try:
+                key = nacl.signing.VerifyKey(public_key_from_peer_id(peer_id))
+            except (ValueError, nacl.exceptions.CryptoError) as exc:
+                raise MessageRejected("bad_sender", str(exc)) from exc
+            if len(self._keys) >= self._max_cached:
+                self._keys.clear()
+            self._keys[peer_id] = key
+        try:
+            key.verify(payload, signature)
+        except (nacl.exceptions.BadSignatureError, ValueError) as exc:
+            raise MessageRejected("bad_signature", "signature does not match sender") from exc
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A peer's signing key and the peer id derived from it."""
+
+    seed: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.seed) != SEED_BYTES:
+            raise ValueError(f"an Ed25519 seed has {SEED_BYTES} bytes, got {len(self.seed)}")
+        signing = nacl.signing.SigningKey(self.seed)
+        object.__setattr__(self, "_signing", signing)
+        object.__setattr__(self, "public_key", bytes(signing.verify_key))
+
+    @classmethod
+    def generate(cls) -> Identity:
+        return cls(os.urandom(SEED_BYTES))
+
+    @classmethod
+    def from_seed_text(cls, text: str) -> Identity:
+        """A deterministic identity from any text (tests and simulations only)."""
+        import blake3
+
+        return cls(blake3.blake3(text.encode()).digest()[:SEED_BYTES])
+
+    @property
+    def peer_id_bytes(self) -> bytes:
+        return peer_id_bytes_from_public_key(self.public_key)  # type: ignore[attr-defined]
+
+    @property
+    def peer_id(self) -> str:
+        return peer_id_to_str(self.peer_id_bytes)
+
+    def sign(self, payload: bytes) -> bytes:
+        return self._signing.sign(payload).signature  # type: ignore[attr-defined]
+
+    def libp2p_key_pair(self):  # -> libp2p.crypto.keys.KeyPair
+        """The same key as a libp2p KeyPair, for the host (imported lazily: libp2p is heavy)."""
+        from libp2p.crypto.ed25519 import Ed25519PrivateKey
+        from libp2p.crypto.keys import KeyPair
+
+        private = Ed25519PrivateKey.from_bytes(self.seed)
+        return KeyPair(private, private.get_public_key())
+
+
+def load_or_create_identity(data_dir: Path) -> Identity:
+    """The peer's identity from `data_dir/identity.key`, created (mode 0600) when missing."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / KEY_FILE
+    if path.exists():
+        seed = path.read_bytes()
+        if len(seed) != SEED_BYTES:
+            raise LocalStateError(
+                f"{path} holds {len(seed)} bytes, not a {SEED_BYTES}-byte Ed25519 seed; "
+                "restore it from a backup or remove it to create a new identity"
+            )
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
+        return Identity(seed)
+    identity = Identity.generate()
+    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, identity.seed)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(data_dir)
+    return identity
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

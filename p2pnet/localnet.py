@@ -1,0 +1,168 @@
+"""Real peer processes on this machine: start them, wait for them, ask them, stop them.
+
+Used by `p2pnet demo`, `p2pnet devnet`, the benchmarks and the real-process tests. Each peer is
+a `p2pnet peer start` child process with its own data directory and log file. Readiness is the
+`listening on` line on its stdout; status comes through its control socket; stopping sends
+SIGTERM to that child's PID alone and waits, escalating to SIGKILL after a deadline. Every wait
+here is bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import trio
+
+from p2pnet.control import call
+from p2pnet.errors import PeerUnavailable
+
+
+@dataclass
+class PeerProcess:
+    name: str
+    data_dir: Path
+    proc: subprocess.Popen
+    log_path: Path
+    peer_id: str = ""
+    addrs: list[str] = field(default_factory=list)
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def addr(self) -> str:
+        return self.addrs[0]
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Read stdout until the peer prints its listen address (or exits, or time runs out)."""
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        pending = b""
+        while not self.addrs:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PeerUnavailable(f"{self.name} not ready after {timeout_s}s; log: {self.log_path}")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            data = os.read(fd, 65536)
+            if not data:
+                raise PeerUnavailable(f"{self.name} exited with {self.proc.wait()} before it was ready; "
+                                      f"log: {self.log_path}\n{self.log_path.read_text()[-2000:]}")
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                self.output.append(line)
+                if line.startswith("peer ") and " started" in line:
+                    self.peer_id = line.split()[1]
+                elif line.startswith("listening on "):
+                    self.addrs.append(line.removeprefix("listening on ").strip())
+
+    def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        return control_call(self.data_dir, {"cmd": "status"}, timeout_s=timeout_s)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0, sig: int = signal.SIGTERM) -> int:
+        """Signal this child and wait for it; SIGKILL if it has not exited by `timeout_s`."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout_s)
+        if self.proc.stdout is not None:
+            rest = self.proc.stdout.read() or b""
+            self.output.extend(rest.decode(errors="replace").splitlines())
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+    def kill(self) -> int:
+        return self.stop(timeout_s=5.0, sig=signal.SIGKILL)
+
+
+def control_call(data_dir: Path, request: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
+    reply = trio.run(lambda: call(data_dir, request, timeout_s=timeout_s))
+    if "error" in reply:
+        raise PeerUnavailable(f"{data_dir}: {reply['error']}")
+    return reply
+
+
+def start_peer(
+    name: str,
+    data_dir: Path,
+    *,
+    bootstrap: Sequence[str] = (),
+    roles: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> PeerProcess:
+    """Start `p2pnet peer start` as a child process; call `wait_ready` before using it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = (log_dir or data_dir) / f"{name}.log"
+    args = [sys.executable, "-m", "p2pnet", "--log-level", "info", "peer", "start", "--data-dir", str(data_dir)]
+    for addr in bootstrap:
+        args += ["--bootstrap", addr]
+    for role in roles:
+        args += ["--role", role]
+    args += list(extra_args)
+    child_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    child_env.update(env or {})
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=child_env, stdin=subprocess.DEVNULL)
+    log.close()
+    return PeerProcess(name, data_dir, proc, log_path)
+
+
+def start_network(
+    root: Path,
+    count: int,
+    *,
+    extra_args: Sequence[str] = (),
+    roles_for: dict[int, Sequence[str]] | None = None,
+    ready_timeout_s: float = 60.0,
+) -> list[PeerProcess]:
+    """Start `count` peers under `root`: peer 0 first, the others bootstrapped from it."""
+    peers: list[PeerProcess] = []
+    try:
+        first = start_peer("peer0", root / "peer0", extra_args=extra_args, roles=(roles_for or {}).get(0, ()))
+        peers.append(first)
+        first.wait_ready(ready_timeout_s)
+        for i in range(1, count):
+            peers.append(start_peer(f"peer{i}", root / f"peer{i}", bootstrap=[first.addr],
+                                    extra_args=extra_args, roles=(roles_for or {}).get(i, ())))
+        for peer in peers[1:]:
+            peer.wait_ready(ready_timeout_s)
+    except BaseException:
+        for peer in peers:
+            peer.kill()
+        raise
+    return peers
+
+
+def wait_for_full_tables(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25,
+                         on_progress: Any = None) -> float:
+    """Poll until every peer knows every other; returns seconds taken; raises on timeout."""
+    start = time.monotonic()
+    want = {p.peer_id for p in peers}
+    for _ in range(int(timeout_s / poll_s) + 1):
+        known = {p.peer_id: {e["peer_id"] for e in p.status()["peers"]} for p in peers}
+        if on_progress is not None:
+            on_progress(known)
+        if all(known[p] == want - {p} for p in want):
+            return time.monotonic() - start
+        time.sleep(poll_s)
+    raise PeerUnavailable(f"peer tables incomplete after {timeout_s}s: "
+                          + json.dumps({k[:12]: len(v) for k, v in known.items()}))

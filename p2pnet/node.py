@@ -1,0 +1,311 @@
+"""One running peer: identity, libp2p host, data plane, peer table, roles and control socket.
+
+`run_node` owns every task of the peer in one nursery and returns only when the peer is
+stopped (cancelled by the CLI on SIGINT/SIGTERM). The node is also the `EffectSink` of its
+cores: publishes, sends and connects are queued on a bounded outbox and carried out by a few
+sender tasks, so a slow peer never stalls a core. Inbound frames are decoded once, dropped if
+they are our own, routed by message kind to the cores that handle it; rejected frames penalise
+the claimed sender (or the forwarding peer when no sender could be read) in the peer table.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from p2pnet.config import validated
+from p2pnet.control import ControlServer, Reply
+from p2pnet.core import Connect, Core, Effect, Emit, Publish, Send
+from p2pnet.dataplane import DataPlane
+from p2pnet.driver import CoreRunner
+from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUnavailable
+from p2pnet.host import Host, open_host
+from p2pnet.identity import Identity, load_or_create_identity
+from p2pnet.messages import ROLE_NAMES, Capacity
+from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
+from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
+
+log = logging.getLogger(__name__)
+
+SENDER_TASKS = 8
+OUTBOX_SIZE = 4096
+
+
+@validated
+@dataclass(frozen=True)
+class PeerConfig:
+    data_dir: Path
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    bootstrap: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    data_host: str = "127.0.0.1"
+    data_port: int = 0
+    upload_bps: int = 1_000_000_000
+    download_bps: int = 1_000_000_000
+    max_message_bytes: int = MAX_FRAME_BYTES
+    max_message_age_s: float = 300.0
+    max_future_s: float = 30.0
+    send_timeout_s: float = 10.0
+    bootstrap_retry_s: float = 60.0
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if not self.listen.startswith("/"):
+            problems["listen"] = "must be a multiaddr such as /ip4/127.0.0.1/tcp/0"
+        for addr in self.bootstrap:
+            if "/p2p/" not in addr:
+                problems["bootstrap"] = f"{addr!r} must be a full multiaddr ending in /p2p/<peer id>"
+        unknown = [r for r in self.roles if r not in ROLE_NAMES]
+        if unknown:
+            problems["roles"] = f"unknown role(s) {unknown}; known: {list(ROLE_NAMES)}"
+        if not 0 <= self.data_port < 65536:
+            problems["data_port"] = "must be a TCP port (0 picks one)"
+        if self.upload_bps <= 0 or self.download_bps <= 0:
+            problems["upload_bps" if self.upload_bps <= 0 else "download_bps"] = "must be > 0"
+        if not 1024 <= self.max_message_bytes <= MAX_FRAME_BYTES:
+            problems["max_message_bytes"] = f"must be in [1024, {MAX_FRAME_BYTES}]"
+        for name in ("max_message_age_s", "max_future_s", "send_timeout_s", "bootstrap_retry_s"):
+            if not getattr(self, name) > 0:
+                problems[name] = "must be > 0"
+        return problems
+
+
+@dataclass
+class Node:
+    """The handle roles and tests get: everything a role needs, nothing of libp2p's insides."""
+
+    config: PeerConfig
+    identity: Identity
+    codec: Codec
+    host: Host
+    dataplane: DataPlane
+    control: ControlServer
+    peertable: PeerTable
+    started_at: float
+    _nursery: trio.Nursery
+    _outbox: trio.MemorySendChannel[tuple[str, Effect]]
+    _runners: list[CoreRunner] = field(default_factory=list)
+    _routes: dict[str, list[CoreRunner]] = field(default_factory=dict)
+    _topics: set[str] = field(default_factory=set)
+    _listeners: list[Callable[[str, Any], None]] = field(default_factory=list)
+    roles: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=lambda: {"received": 0, "rejected": 0, "sent": 0, "send_failed": 0})
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    # -- cores ----------------------------------------------------------------------------
+
+    async def add_core(self, core: Core, name: str) -> CoreRunner:
+        """Start driving `core`: subscribe its topics, route its kinds to it."""
+        runner = CoreRunner(core, self, name=name)
+        self._runners.append(runner)
+        for kind in core.kinds:
+            self._routes.setdefault(kind, []).append(runner)
+        await self._nursery.start(runner.run)
+        for topic in core.topics:
+            if topic not in self._topics:
+                self._topics.add(topic)
+                self._nursery.start_soon(self.host.subscribe, topic, self._on_gossip)
+        return runner
+
+    def on_event(self, listener: Callable[[str, Any], None]) -> None:
+        """Call `listener(core_name, event)` for every `Emit` of every core."""
+        self._listeners.append(listener)
+
+    def carry_out(self, origin: str, effect: Effect) -> None:
+        if isinstance(effect, Emit):
+            for listener in self._listeners:
+                listener(origin, effect.event)
+            return
+        try:
+            self._outbox.send_nowait((origin, effect))
+        except trio.WouldBlock:
+            self.stats["send_failed"] += 1
+            log.warning("outbox full: dropped %s from %s", type(effect).__name__, origin)
+
+    # -- inbound --------------------------------------------------------------------------
+
+    async def _on_gossip(self, frame: bytes, forwarder: str) -> None:
+        self._on_frame(frame, forwarder)
+
+    async def _on_direct(self, frame: bytes, peer: str) -> None:
+        self._on_frame(frame, peer)
+
+    def _on_frame(self, frame: bytes, via: str) -> None:
+        try:
+            envelope = self.codec.decode(frame, time.time())
+        except MessageRejected as exc:
+            self.stats["rejected"] += 1
+            culprit = exc.sender or via
+            log.info("rejected %s from %s", exc, culprit)
+            if culprit != self.peer_id:
+                for runner in self._runners:
+                    runner.rejected(culprit, exc.reason)
+            return
+        if envelope.sender == self.peer_id:
+            return
+        self.stats["received"] += 1
+        for runner in self._routes.get(envelope.kind, ()):
+            runner.deliver(envelope)
+
+    def inject(self, envelope: Envelope[Any]) -> None:
+        """Route an already-decoded envelope (one that arrived some other way, e.g. a reply)."""
+        for runner in self._routes.get(envelope.kind, ()):
+            runner.deliver(envelope)
+
+    # -- outbound -------------------------------------------------------------------------
+
+    async def _sender(self, outbox: trio.MemoryReceiveChannel[tuple[str, Effect]]) -> None:
+        async for origin, effect in outbox:
+            try:
+                await self._perform(effect)
+                self.stats["sent"] += 1
+            except PeerUnavailable as exc:
+                self.stats["send_failed"] += 1
+                log.info("%s: %s failed: %s", origin, type(effect).__name__, exc)
+
+    async def _perform(self, effect: Effect) -> None:
+        if isinstance(effect, Publish):
+            await self.host.publish(effect.topic, self.codec.encode(effect.body, time.time()))
+        elif isinstance(effect, Send):
+            frame = self.codec.encode(effect.body, time.time())
+            await self.host.send_frame(effect.peer, frame, timeout_s=self.config.send_timeout_s)
+        elif isinstance(effect, Connect):
+            if effect.peer in self.host.connected_peers():
+                return
+            errors = []
+            for addr in effect.addrs:
+                try:
+                    await self.host.connect(addr)
+                    return
+                except (PeerUnavailable, ConfigError) as exc:
+                    errors.append(str(exc))
+            raise PeerUnavailable(f"connect {effect.peer}: {'; '.join(errors) or 'no addresses'}")
+
+    async def publish(self, topic: str, body: object) -> None:
+        await self.host.publish(topic, self.codec.encode(body, time.time()))
+
+    async def send(self, peer: str, body: object) -> None:
+        await self.host.send_frame(peer, self.codec.encode(body, time.time()), timeout_s=self.config.send_timeout_s)
+
+    # -- status ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = trio.current_time()
+        return {
+            "peer_id": self.peer_id,
+            "addrs": self.host.addrs(),
+            "data_addr": self.dataplane.address,
+            "roles": list(self.config.roles),
+            "uptime_s": round(now - self.started_at, 3),
+            "connected": sorted(self.host.connected_peers()),
+            "peers": [entry.to_json(now) for entry in self.peertable.peers()],
+            "messages": dict(self.stats),
+            "role_status": {name: role.status() for name, role in self.roles.items()},
+        }
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / "peer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LocalStateError(f"another peer is already running with data directory {data_dir}") from None
+    return fd
+
+
+def _write_peer_file(path: Path, info: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=2))
+    os.replace(tmp, path)
+
+
+async def run_node(
+    config: PeerConfig,
+    *,
+    sections: dict[str, dict[str, Any]] | None = None,
+    peertable_config: PeerTableConfig | None = None,
+    identity: Identity | None = None,
+    on_ready: Callable[[Node], None] | None = None,
+    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a peer until cancelled. `task_status.started(node)` once it listens and gossips."""
+    from p2pnet.roles import build_role
+
+    sections = sections or {}
+    lock_fd = _lock_data_dir(config.data_dir)
+    peer_file = config.data_dir / "peer.json"
+    try:
+        identity = identity or load_or_create_identity(config.data_dir)
+        codec = Codec(identity, max_age_s=config.max_message_age_s, max_future_s=config.max_future_s)
+        dataplane = DataPlane(config.data_host, config.data_port)
+        control = ControlServer(config.data_dir)
+        async with open_host(identity, config.listen, max_frame_bytes=config.max_message_bytes) as host, \
+                trio.open_nursery() as nursery:
+            data_addr = await nursery.start(dataplane.serve)
+            free_disk = shutil.disk_usage(config.data_dir).free
+            local = LocalInfo(
+                addrs=tuple(host.addrs()),
+                data_addr=data_addr,
+                roles=config.roles,
+                capacity=Capacity(config.upload_bps, config.download_bps, free_disk),
+            )
+            table = PeerTable(peertable_config or PeerTableConfig(), identity.peer_id, local, int(time.time() * 1000))
+            outbox_send, outbox_receive = trio.open_memory_channel[tuple[str, Effect]](OUTBOX_SIZE)
+            node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(),
+                        nursery, outbox_send)
+            host.set_frame_handler(node._on_direct)
+            for _ in range(SENDER_TASKS):
+                nursery.start_soon(node._sender, outbox_receive.clone())
+            await node.add_core(table, "peertable")
+
+            async def status_command(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+                return node.status()
+
+            control.register("status", status_command)
+            for role_name in config.roles:
+                role = build_role(role_name, node, sections.get(role_name, {}))
+                node.roles[role_name] = role
+                await nursery.start(role.run)
+            await nursery.start(control.serve)
+            for addr in config.bootstrap:
+                nursery.start_soon(_bootstrap, node, addr)
+            _write_peer_file(peer_file, {"peer_id": node.peer_id, "addrs": host.addrs(),
+                                          "data_addr": data_addr, "pid": os.getpid()})
+            if on_ready is not None:
+                on_ready(node)
+            task_status.started(node)
+    finally:
+        peer_file.unlink(missing_ok=True)
+        os.close(lock_fd)
+
+
+async def _bootstrap(node: Node, addr: str) -> None:
+    """Dial a bootstrap peer, retrying with backoff for `bootstrap_retry_s`."""
+    deadline = trio.current_time() + node.config.bootstrap_retry_s
+    delay_s = 0.2
+    while True:
+        try:
+            await node.host.connect(addr)
+            log.info("connected to bootstrap peer %s", addr)
+            return
+        except PeerUnavailable as exc:
+            if trio.current_time() + delay_s > deadline:
+                log.warning("bootstrap peer %s unreachable, giving up: %s", addr, exc)
+                return
+            log.info("bootstrap %s not reachable yet (%s); retrying in %.1fs", addr, exc, delay_s)
+            await trio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)

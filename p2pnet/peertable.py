@@ -1,0 +1,220 @@
+"""The peer table: who is out there, how to reach them, what they offer, and how much we trust them.
+
+A pure core (see `p2pnet.core`). It publishes this peer's signed heartbeat every
+`heartbeat_interval_s`, learns other peers from theirs, asks the world to connect to newly
+learned peers while it has fewer than `target_connections`, forgets peers silent for longer than
+`expiry_s`, and keeps a score per peer: every rejected message costs `reject_penalty`, and a peer
+whose score falls to `ban_score` is dropped and ignored for `ban_s`.
+
+Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
+than the last one taken from that peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from p2pnet.config import validated
+from p2pnet.core import Connect, Effect, Emit, Publish, SetTimer
+from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
+from p2pnet.wire import Envelope
+
+TIMER_HEARTBEAT = "peertable/heartbeat"
+
+
+@validated
+@dataclass(frozen=True)
+class PeerTableConfig:
+    heartbeat_interval_s: float = 2.0
+    expiry_s: float = 10.0
+    target_connections: int = 8
+    reject_penalty: float = 1.0
+    ban_score: float = -10.0
+    ban_s: float = 600.0
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if not self.heartbeat_interval_s > 0:
+            problems["heartbeat_interval_s"] = "must be > 0"
+        if not self.expiry_s > self.heartbeat_interval_s:
+            problems["expiry_s"] = "must be greater than heartbeat_interval_s"
+        if self.target_connections < 1:
+            problems["target_connections"] = "must be >= 1"
+        if not self.reject_penalty > 0:
+            problems["reject_penalty"] = "must be > 0"
+        if not self.ban_score < 0:
+            problems["ban_score"] = "must be < 0"
+        return problems
+
+
+@dataclass(frozen=True)
+class LocalInfo:
+    """What this peer advertises about itself."""
+
+    addrs: tuple[str, ...]
+    data_addr: str
+    roles: tuple[str, ...]
+    capacity: Capacity
+
+
+@dataclass(frozen=True)
+class PeerEntry:
+    peer_id: str
+    addrs: tuple[str, ...]
+    data_addr: str
+    roles: tuple[str, ...]
+    capacity: Capacity
+    started_ms: int
+    seq: int
+    first_seen: float
+    last_heard: float
+    score: float
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "peer_id": self.peer_id,
+            "addrs": list(self.addrs),
+            "data_addr": self.data_addr,
+            "roles": list(self.roles),
+            "upload_bps": self.capacity.upload_bps,
+            "download_bps": self.capacity.download_bps,
+            "free_disk_bytes": self.capacity.free_disk_bytes,
+            "last_heard_s_ago": round(now - self.last_heard, 3),
+            "score": self.score,
+        }
+
+
+@dataclass(frozen=True)
+class PeerJoined:
+    peer_id: str
+
+
+@dataclass(frozen=True)
+class PeerLeft:
+    peer_id: str
+    why: str  # "expired" or "banned"
+
+
+class PeerTable:
+    topics = (HEARTBEAT_TOPIC,)
+    kinds = (Heartbeat.KIND,)  # type: ignore[attr-defined]
+
+    def __init__(self, config: PeerTableConfig, self_id: str, local: LocalInfo, started_ms: int) -> None:
+        self.config = config
+        self.self_id = self_id
+        self.local = local
+        self.started_ms = started_ms
+        self._seq = 0
+        self._peers: dict[str, PeerEntry] = {}
+        self._scores: dict[str, float] = {}
+        self._banned_until: dict[str, float] = {}
+        self._connect_asked: set[str] = set()
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Effect]:
+        return self._heartbeat(now)
+
+    def on_timer(self, now: float, key: str) -> list[Effect]:
+        if key != TIMER_HEARTBEAT:
+            return []
+        return self._expire(now) + self._heartbeat(now)
+
+    def on_message(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
+        beat = envelope.body
+        peer = envelope.sender
+        if not isinstance(beat, Heartbeat) or peer == self.self_id or self.is_banned(peer, now):
+            return []
+        known = self._peers.get(peer)
+        if known is not None and (beat.started_ms, beat.seq) <= (known.started_ms, known.seq):
+            return []  # a replay or a reordered old heartbeat
+        entry = PeerEntry(
+            peer_id=peer,
+            addrs=beat.addrs,
+            data_addr=beat.data_addr,
+            roles=beat.roles,
+            capacity=beat.capacity,
+            started_ms=beat.started_ms,
+            seq=beat.seq,
+            first_seen=known.first_seen if known else now,
+            last_heard=now,
+            score=self._scores.get(peer, 0.0),
+        )
+        self._peers[peer] = entry
+        if known is not None:
+            return []
+        effects: list[Effect] = [Emit(PeerJoined(peer))]
+        if len(self._connect_asked) < self.config.target_connections and peer not in self._connect_asked:
+            self._connect_asked.add(peer)
+            effects.append(Connect(peer, beat.addrs))
+        return effects
+
+    def on_rejected(self, now: float, peer: str, reason: str) -> list[Effect]:
+        return self.penalise(now, peer, self.config.reject_penalty)
+
+    # -- queries and commands for the application -------------------------------------------
+
+    def penalise(self, now: float, peer: str, amount: float) -> list[Effect]:
+        score = self._scores.get(peer, 0.0) - amount
+        self._scores[peer] = score
+        if peer in self._peers:
+            self._peers[peer] = replace(self._peers[peer], score=score)
+        if score > self.config.ban_score or self.is_banned(peer, now):
+            return []
+        self._banned_until[peer] = now + self.config.ban_s
+        self._connect_asked.discard(peer)
+        if self._peers.pop(peer, None) is None:
+            return []
+        return [Emit(PeerLeft(peer, "banned"))]
+
+    def is_banned(self, peer: str, now: float) -> bool:
+        until = self._banned_until.get(peer)
+        if until is None:
+            return False
+        if now >= until:
+            del self._banned_until[peer]
+            self._scores[peer] = 0.0
+            return False
+        return True
+
+    def score(self, peer: str) -> float:
+        return self._scores.get(peer, 0.0)
+
+    def get(self, peer: str) -> PeerEntry | None:
+        return self._peers.get(peer)
+
+    def peers(self) -> list[PeerEntry]:
+        return sorted(self._peers.values(), key=lambda e: e.peer_id)
+
+    def with_role(self, role: str) -> list[PeerEntry]:
+        return [e for e in self.peers() if role in e.roles]
+
+    def set_local(self, local: LocalInfo) -> None:
+        """Change what this peer advertises from its next heartbeat on."""
+        self.local = local
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _heartbeat(self, now: float) -> list[Effect]:
+        self._seq += 1
+        beat = Heartbeat(
+            seq=self._seq,
+            started_ms=self.started_ms,
+            addrs=self.local.addrs,
+            data_addr=self.local.data_addr,
+            roles=self.local.roles,
+            capacity=self.local.capacity,
+        )
+        return [
+            Publish(HEARTBEAT_TOPIC, beat),
+            SetTimer(now + self.config.heartbeat_interval_s, TIMER_HEARTBEAT),
+        ]
+
+    def _expire(self, now: float) -> list[Effect]:
+        horizon = now - self.config.expiry_s
+        gone = [p for p, e in self._peers.items() if e.last_heard < horizon]
+        for peer in gone:
+            del self._peers[peer]
+            self._connect_asked.discard(peer)
+        return [Emit(PeerLeft(peer, "expired")) for peer in gone]

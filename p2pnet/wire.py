@@ -1,0 +1,264 @@
+"""Wire messages and their one codec: typed frozen bodies in signed, versioned envelopes.
+
+Theory of operation. A message body is a frozen dataclass registered with `@message(kind,
+max_bytes=...)`. On the wire it travels inside an envelope:
+
+    frame   = payload || signature (64 bytes, Ed25519)
+    payload = canonical CBOR of [WIRE_VERSION, kind, sender peer id bytes, ts_ms, [fields...]]
+    signed  = DOMAIN || payload
+
+Fields are encoded positionally in declaration order, so the encoding is deterministic and
+compact. Decoding checks, in order: total size against the global cap; well-formed CBOR (tags
+are refused); version; known kind; size against that kind's cap; the signature against the key
+inlined in the sender's peer id; the timestamp against the receiver's clock; then every field's
+type, and the body's own `__post_init__` invariants. Any failure raises `MessageRejected` with
+a stable `reason`; nothing else escapes `decode`.
+
+This module must not do I/O and must not know what any message means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+import cbor2
+
+from p2pnet.errors import MessageRejected
+from p2pnet.identity import Identity, SignatureChecker, peer_id_to_str
+
+WIRE_VERSION = 1
+DOMAIN = b"p2pnet/msg/v1\x00"
+SIGNATURE_BYTES = 64
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    kind: str
+    cls: type
+    max_bytes: int
+    to_wire: Callable[[Any], list]
+    from_wire: Callable[[Any], Any]
+
+
+_REGISTRY: dict[str, MessageSpec] = {}
+_BY_CLASS: dict[type, MessageSpec] = {}
+
+
+def message(kind: str, *, max_bytes: int) -> Callable[[type[T]], type[T]]:
+    """Register a frozen dataclass as a wire message of `kind`, at most `max_bytes` framed."""
+
+    def register(cls: type[T]) -> type[T]:
+        if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+            raise TypeError(f"{cls.__name__} must be a frozen dataclass")
+        if kind in _REGISTRY:
+            raise TypeError(f"message kind {kind!r} registered twice")
+        if not 0 < max_bytes <= MAX_FRAME_BYTES:
+            raise TypeError(f"max_bytes of {kind!r} must be in (0, {MAX_FRAME_BYTES}]")
+        to_wire, from_wire = _struct_converters(cls)
+        spec = MessageSpec(kind, cls, max_bytes, to_wire, from_wire)
+        _REGISTRY[kind] = spec
+        _BY_CLASS[cls] = spec
+        cls.KIND = kind  # type: ignore[attr-defined]
+        return cls
+
+    return register
+
+
+def spec_of(body: object) -> MessageSpec:
+    try:
+        return _BY_CLASS[type(body)]
+    except KeyError:
+        raise TypeError(f"{type(body).__name__} is not a registered wire message") from None
+
+
+@dataclass(frozen=True)
+class Envelope(Generic[T]):
+    """A decoded, signature-checked message. `sender` is the base58 peer id that signed it."""
+
+    kind: str
+    sender: str
+    sender_bytes: bytes
+    ts_ms: int
+    body: T
+    frame_bytes: int
+
+
+class Codec:
+    """Encodes our messages and decodes others'. One per peer; cheap to share."""
+
+    def __init__(
+        self,
+        identity: Identity | None,
+        *,
+        max_age_s: float = 300.0,
+        max_future_s: float = 30.0,
+    ) -> None:
+        self.identity = identity
+        self.max_age_s = max_age_s
+        self.max_future_s = max_future_s
+        self._checker = SignatureChecker()
+
+    def encode(self, body: object, now_s: float) -> bytes:
+        if self.identity is None:
+            raise RuntimeError("this codec has no identity and cannot sign")
+        spec = spec_of(body)
+        payload = cbor2.dumps(
+            [WIRE_VERSION, spec.kind, self.identity.peer_id_bytes, int(now_s * 1000), spec.to_wire(body)],
+            canonical=True,
+        )
+        frame = payload + self.identity.sign(DOMAIN + payload)
+        if len(frame) > spec.max_bytes:
+            raise ValueError(f"{spec.kind} message of {len(frame)} bytes exceeds {spec.max_bytes}")
+        return frame
+
+    def decode(self, frame: bytes, now_s: float) -> Envelope[Any]:
+        """Decode and check one frame; raises only MessageRejected."""
+        if not isinstance(frame, (bytes, bytearray, memoryview)):
+            raise MessageRejected("garbage", "frame is not bytes")
+        frame = bytes(frame)
+        if len(frame) > MAX_FRAME_BYTES:
+            raise MessageRejected("oversized", f"{len(frame)} bytes")
+        if len(frame) <= SIGNATURE_BYTES:
+            raise MessageRejected("unsigned", "frame too short to carry a signature")
+        payload, signature = frame[:-SIGNATURE_BYTES], frame[-SIGNATURE_BYTES:]
+        outer = _loads(payload)
+        if not (isinstance(outer, list) and len(outer) == 5):
+            raise MessageRejected("garbage", "envelope is not a 5-element array")
+        version, kind, sender, ts_ms, fields = outer
+        if version != WIRE_VERSION or type(version) is not int:
+            raise MessageRejected("bad_version", f"version {version!r}")
+        if type(kind) is not str:
+            raise MessageRejected("garbage", "kind is not text")
+        spec = _REGISTRY.get(kind)
+        if spec is None:
+            raise MessageRejected("unknown_type", kind[:64])
+        if len(frame) > spec.max_bytes:
+            raise MessageRejected("oversized", f"{kind} of {len(frame)} bytes > {spec.max_bytes}")
+        if type(sender) is not bytes:
+            raise MessageRejected("bad_sender", "sender is not bytes")
+        self._checker.verify(sender, DOMAIN + payload, signature)
+        sender_text = peer_id_to_str(sender)
+        if type(ts_ms) is not int:
+            raise MessageRejected("garbage", "timestamp is not an integer", sender_text)
+        age_s = now_s - ts_ms / 1000.0
+        if age_s > self.max_age_s or -age_s > self.max_future_s:
+            raise MessageRejected("stale", f"timestamp off by {age_s:.1f}s", sender_text)
+        try:
+            body = spec.from_wire(fields)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise MessageRejected("invalid_field", f"{kind}: {exc}", sender_text) from exc
+        return Envelope(kind, sender_text, sender, ts_ms, body, len(frame))
+
+
+def _refuse_tag(decoder: object, tag: object) -> object:
+    raise ValueError("CBOR tags are not allowed")
+
+
+def _loads(payload: bytes) -> Any:
+    try:
+        return cbor2.loads(payload, tag_hook=_refuse_tag)
+    except Exception as exc:  # cbor2 raises many types on hostile input; all mean garbage
+        raise MessageRejected("garbage", f"undecodable CBOR ({type(exc).__name__})") from exc
+
+
+# -- field converters ---------------------------------------------------------------------
+
+
+def _struct_converters(cls: type) -> tuple[Callable[[Any], list], Callable[[Any], Any]]:
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = [f.name for f in fields]
+    pairs = [_converters(hints[f.name]) for f in fields]
+    encoders = [p[0] for p in pairs]
+    decoders = [p[1] for p in pairs]
+    count = len(fields)
+
+    def to_wire(obj: Any) -> list:
+        return [enc(getattr(obj, name)) for name, enc in zip(names, encoders)]
+
+    def from_wire(raw: Any) -> Any:
+        if type(raw) is not list or len(raw) != count:
+            raise TypeError(f"{cls.__name__} wants {count} fields")
+        return cls(*[dec(value) for dec, value in zip(decoders, raw)])
+
+    return to_wire, from_wire
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _converters(hint: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is bool:
+        return _identity, _expect(bool)
+    if hint is int:
+        return _identity, _decode_int
+    if hint is float:
+        return float, _decode_float
+    if hint is str:
+        return _identity, _expect(str)
+    if hint is bytes:
+        return bytes, _expect(bytes)
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner_enc, inner_dec = _converters(next(a for a in args if a is not type(None)))
+        return (lambda v: None if v is None else inner_enc(v)), (
+            lambda v: None if v is None else inner_dec(v)
+        )
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item_enc, item_dec = _converters(args[0])
+
+        def dec_var(value: Any) -> tuple:
+            if type(value) is not list:
+                raise TypeError("expected an array")
+            return tuple(item_dec(v) for v in value)
+
+        return (lambda v: [item_enc(x) for x in v]), dec_var
+    if origin is tuple:
+        pairs = [_converters(a) for a in args]
+
+        def dec_fixed(value: Any) -> tuple:
+            if type(value) is not list or len(value) != len(pairs):
+                raise TypeError(f"expected an array of {len(pairs)}")
+            return tuple(p[1](v) for p, v in zip(pairs, value))
+
+        return (lambda v: [p[0](x) for p, x in zip(pairs, v)]), dec_fixed
+    if dataclasses.is_dataclass(hint):
+        return _struct_converters(hint)
+    raise TypeError(f"unsupported wire field type {hint!r}")
+
+
+def _expect(kind: type) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if type(value) is not kind:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    return check
+
+
+def _decode_int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected int, got {type(value).__name__}")
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise ValueError("integer out of 64-bit range")
+    return value
+
+
+def _decode_float(value: Any) -> float:
+    if type(value) not in (float, int):
+        raise TypeError(f"expected float, got {type(value).__name__}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError("float is not finite")
+    return result
