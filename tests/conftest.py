@@ -1,0 +1,6 @@
+"""Shared test settings: one torch thread per process (this machine has 2 cores)."""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
