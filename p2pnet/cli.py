@@ -23,6 +23,7 @@ import trio
 from p2pnet import __version__
 from p2pnet.errors import ConfigError, LocalStateError, PeerUnavailable
 
+USER_ERRORS = (ConfigError, LocalStateError, PeerUnavailable)
 EXTENSIONS = ("p2pnet.demo", "relay.cli", "verify.cli", "trainer.cli", "simulations.cli")
 
 
@@ -38,11 +39,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, LocalStateError, PeerUnavailable) as exc:
+    except USER_ERRORS as exc:
         print(f"p2pnet: error: {exc}", file=sys.stderr)
+        return 2
+    except BaseExceptionGroup as group:  # trio nurseries wrap errors raised inside them
+        ours, rest = group.split(USER_ERRORS)
+        if ours is None or rest is not None:
+            raise
+        for exc in _leaves(ours):
+            print(f"p2pnet: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +107,11 @@ def _register_peer(commands: Any) -> None:
     status.add_argument("--data-dir", type=Path, required=True)
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     status.set_defaults(func=cmd_peer_status)
+
+    announce = sub.add_parser("announce", help="gossip a signed notice to every peer (a network-wide ping)")
+    announce.add_argument("--data-dir", type=Path, required=True)
+    announce.add_argument("text", help="up to 1024 characters")
+    announce.set_defaults(func=cmd_peer_announce)
 
     ident = sub.add_parser("id", help="print the peer id of a data directory (creates the key if missing)")
     ident.add_argument("--data-dir", type=Path, required=True)
@@ -165,6 +185,16 @@ def cmd_peer_status(args: argparse.Namespace) -> int:
     for p in status["peers"]:
         print(f"  {p['peer_id']}  roles={','.join(p['roles']) or '-'}  up={p['upload_bps'] / 1e6:.0f}MB/s  "
               f"heard {p['last_heard_s_ago']:.1f}s ago  score={p['score']:.1f}")
+    return 0
+
+
+def cmd_peer_announce(args: argparse.Namespace) -> int:
+    from p2pnet.control import call
+
+    reply = trio.run(call, args.data_dir, {"cmd": "announce", "text": args.text})
+    if "error" in reply:
+        raise ConfigError("text", reply["error"])
+    print(reply["notice_id"])
     return 0
 
 

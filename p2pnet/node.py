@@ -31,6 +31,7 @@ from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUna
 from p2pnet.host import Host, open_host
 from p2pnet.identity import Identity, load_or_create_identity
 from p2pnet.messages import ROLE_NAMES, Capacity
+from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
 from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
 
@@ -271,11 +272,23 @@ async def run_node(
             for _ in range(SENDER_TASKS):
                 nursery.start_soon(node._sender, outbox_receive.clone())
             await node.add_core(table, "peertable")
+            notices = Notices(lambda: int(time.time() * 1000))
+            notice_runner = await node.add_core(notices, "notices")
 
             async def status_command(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
-                return node.status()
+                return node.status() | {"notices": notices.to_json()}
+
+            async def announce_command(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+                notice_id, text = str(request.get("notice_id") or os.urandom(8).hex()), str(request.get("text", ""))
+                try:
+                    notice = Notice(notice_id, text)
+                except ValueError as exc:
+                    return {"error": str(exc)}
+                await notice_runner.command(lambda now: notices.announce(notice.notice_id, notice.text))
+                return {"notice_id": notice_id}
 
             control.register("status", status_command)
+            control.register("announce", announce_command)
             for role_name in config.roles:
                 role = build_role(role_name, node, sections.get(role_name, {}))
                 node.roles[role_name] = role

@@ -1,0 +1,192 @@
+"""verify.toploc: field algebra on hand-checked vectors, encoding, build/measure, rejection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verify.errors import ProofError
+from verify.policy import decide
+from verify.testing import bf16_test_tensor, perturb_bits
+from verify.toploc import (
+    PRIME,
+    ChunkStats,
+    build_proofs,
+    decode_proof,
+    encode_proof,
+    evaluate,
+    find_injective_modulus,
+    interpolate,
+    measure,
+    proof_length,
+)
+
+torch.set_num_threads(1)
+
+
+# ----------------------------------------------------------------- hand-checked algebra
+
+
+def test_interpolate_three_points_by_hand():
+    # Through (1,2), (2,3), (3,6): divided differences 2; 1, 3; 1  ->  p(t) = t^2 - 2t + 3,
+    # and -2 = 65495 in GF(65497).
+    assert interpolate(np.array([1, 2, 3]), np.array([2, 3, 6])).tolist() == [3, 65495, 1]
+
+
+def test_interpolate_needs_a_modular_inverse():
+    # Through (0,0), (2,1): slope 1/2 = (65497 + 1) / 2 = 32749, since 2 * 32749 = 65498 = 1.
+    assert interpolate(np.array([0, 2]), np.array([0, 1])).tolist() == [0, 32749]
+
+
+def test_interpolate_four_points_by_hand():
+    # p(t) = t^3 + 5 through x = 0, 1, 2, 65496 (= -1): y = 5, 6, 13, -1 + 5 = 4.
+    coeffs = interpolate(np.array([0, 1, 2, 65496]), np.array([5, 6, 13, 4]))
+    assert coeffs.tolist() == [5, 0, 0, 1]
+
+
+def test_evaluate_by_hand():
+    # 3 + 65495 t + t^2 at t = 4: 3 - 8 + 16 = 11; at t = 65497 + 1 (= 1 after reduction): 2.
+    assert evaluate(np.array([3, 65495, 1]), np.array([4, 1])).tolist() == [11, 2]
+
+
+def test_y_values_above_the_prime_are_reduced():
+    # bf16 patterns >= 65497 (NaNs) wrap: 65500 -> 3.
+    assert interpolate(np.array([7]), np.array([65500])).tolist() == [3]
+
+
+def test_interpolation_round_trip_batched():
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.choice(PRIME, 128, replace=False) for _ in range(4)])
+    y = rng.integers(0, 1 << 16, size=(4, 128))
+    coeffs = interpolate(x, y)
+    assert coeffs.shape == (4, 128)
+    assert (evaluate(coeffs, x) == y % PRIME).all()
+
+
+def test_injective_modulus():
+    assert find_injective_modulus(np.array([1, 2, 3])) == PRIME
+    # 0 and 65497 collide mod 65497; mod 65496 they are 0 and 1.
+    assert find_injective_modulus(np.array([0, PRIME])) == PRIME - 1
+    # 0, 65497, 130992 reduce to 0,0,0 mod 65497; 0,1,0 mod 65496; 0,2,2 mod 65495;
+    # 0,3,4 mod 65494: the first injective one.
+    assert find_injective_modulus(np.array([0, PRIME, 2 * (PRIME - 1)])) == PRIME - 3
+
+
+# ----------------------------------------------------------------- encoding
+
+
+def test_encode_decode_round_trip():
+    coeffs = np.arange(128) * 511 % PRIME
+    blob = encode_proof(65000, coeffs)
+    assert len(blob) == proof_length(128) == 258
+    assert blob[:2] == (65000).to_bytes(2, "big")
+    m, back = decode_proof(blob, 128)
+    assert m == 65000 and back.tolist() == coeffs.tolist()
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"",
+        b"\x00" * 257,
+        b"\x00" * 259,
+        b"\x00\x00" + b"\x00" * 256,  # modulus 0 (toploc's null proof)
+        (65498).to_bytes(2, "big") + b"\x00" * 256,  # modulus above P
+        (65497).to_bytes(2, "big") + b"\xff\xff" + b"\x00" * 254,  # coefficient >= P
+    ],
+)
+def test_decode_rejects_malformed(blob):
+    with pytest.raises(ProofError):
+        decode_proof(blob, 128)
+
+
+def test_decode_rejects_non_bytes():
+    with pytest.raises(ProofError):
+        decode_proof(None, 128)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------- build / measure
+
+
+def test_build_shapes_and_partial_tail():
+    hidden = bf16_test_tensor(5, 70, 256)
+    proofs = build_proofs(hidden)
+    assert [len(p) for p in proofs] == [258, 258, 258]  # 32 + 32 + 6 tokens
+    assert build_proofs(hidden[:0]) == []
+    # A 1-token tail of a tiny hidden size has fewer than 128 entries: k = 64.
+    small = bf16_test_tensor(6, 33, 64)
+    assert [len(p) for p in build_proofs(small)] == [258, 2 + 2 * 64]
+
+
+def test_honest_measure_is_exact_and_perturbation_is_seen():
+    hidden = bf16_test_tensor(7, 64, 512)
+    proofs = build_proofs(hidden)
+    assert measure(hidden, proofs) == [ChunkStats(0, 0.0, 0.0, 0)] * 2
+    noisy = measure(perturb_bits(hidden, 8), proofs)
+    assert all(0 < s.mant_err_mean <= 3 for s in noisy)
+    assert decide(noisy).accepted
+
+
+def test_measure_detects_other_hidden_states():
+    proofs = build_proofs(bf16_test_tensor(9, 32, 512))
+    stats = measure(bf16_test_tensor(10, 32, 512), proofs)
+    assert stats[0].exp_mismatches > 100
+    assert not decide(stats).accepted
+
+
+def test_sign_flip_is_counted():
+    hidden = bf16_test_tensor(11, 32, 256)
+    stats = measure(-hidden, build_proofs(hidden))
+    assert stats[0].sign_mismatches == 128 and stats[0].exp_mismatches == 0
+    assert not decide(stats).accepted
+
+
+def test_dtype_and_shape_rejected():
+    hidden = bf16_test_tensor(12, 32, 256)
+    proofs = build_proofs(hidden)
+    for bad in (hidden.float(), hidden.half(), hidden.reshape(-1), hidden[None]):
+        with pytest.raises(ProofError):
+            build_proofs(bad)
+        with pytest.raises(ProofError):
+            measure(bad, proofs)
+    with pytest.raises(ProofError):
+        build_proofs(hidden.tolist())  # type: ignore[arg-type]
+
+
+def test_non_finite_hidden_rejected_by_build():
+    hidden = bf16_test_tensor(13, 32, 256).clone()
+    hidden[3, 5] = float("nan")
+    with pytest.raises(ProofError):
+        build_proofs(hidden)
+
+
+def test_proof_count_and_none_rejected():
+    hidden = bf16_test_tensor(14, 40, 256)
+    proofs = build_proofs(hidden)
+    for bad in (proofs[:1], proofs + proofs[:1], [proofs[0], None], [], proofs[0], None):
+        with pytest.raises(ProofError):
+            measure(hidden, bad)  # type: ignore[arg-type]
+    with pytest.raises(ProofError):  # a full-chunk proof where the 8-token tail expects 258
+        measure(hidden[:33], [proofs[0], proofs[1][:100]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(min_size=0, max_size=300), min_size=0, max_size=3))
+def test_random_proof_bytes_never_crash_never_pass(blobs):
+    hidden = bf16_test_tensor(15, 64, 256)
+    try:
+        stats = measure(hidden, blobs)
+    except ProofError:
+        return
+    assert not decide(stats).accepted
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, PRIME - 1), min_size=128, max_size=128), st.integers(1, PRIME))
+def test_fabricated_well_formed_proofs_are_rejected(coeffs, modulus):
+    hidden = bf16_test_tensor(16, 32, 256)
+    stats = measure(hidden, [encode_proof(modulus, np.array(coeffs))])
+    assert not decide(stats).accepted
