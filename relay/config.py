@@ -1,0 +1,69 @@
+"""`RelayConfig`: the `[relay]` TOML section, validated on construction.
+
+Read by the relay role and by `p2pnet checkpoint ...`. Units are in the names. The store lives
+in `<data dir>/<store_dir>`.
+
+This module must not do I/O beyond resolving paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from p2pnet.config import from_mapping, validated
+from p2pnet.identity import peer_id_from_str
+from relay.manifest import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES
+
+GIB = 1024**3
+
+
+@validated
+@dataclass(frozen=True)
+class RelayConfig:
+    trusted_publishers: tuple[str, ...] = ()  # base58 peer ids whose manifests we believe
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # chunk size when we publish
+    budget_bytes: int = 64 * GIB  # disk the chunk store may use
+    keep_versions: int = 3  # complete versions kept by garbage collection
+    max_concurrent_uploads: int = 4  # chunks we serve at once
+    max_concurrent_downloads: int = 8  # chunks we fetch at once
+    stall_timeout_s: float = 30.0  # a transfer that moves no byte this long is abandoned
+    request_timeout_s: float = 10.0  # a chunk request unanswered this long is retried elsewhere
+    announce_interval_s: float = 5.0  # how often we gossip what we hold
+    store_dir: str = "relay"  # under the data directory
+    fsync: bool = True  # fsync chunks and directories (off only for simulations/benchmarks)
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        for peer in self.trusted_publishers:
+            try:
+                peer_id_from_str(peer)
+            except ValueError:
+                problems["trusted_publishers"] = f"{peer!r} is not an Ed25519 peer id"
+        if not 1024 <= self.chunk_bytes <= MAX_CHUNK_BYTES:
+            problems["chunk_bytes"] = f"must be in [1024, {MAX_CHUNK_BYTES}]"
+        if self.budget_bytes <= 0:
+            problems["budget_bytes"] = "must be > 0"
+        for name in ("keep_versions", "max_concurrent_uploads", "max_concurrent_downloads"):
+            if getattr(self, name) < 1:
+                problems[name] = "must be >= 1"
+        for name in ("stall_timeout_s", "request_timeout_s", "announce_interval_s"):
+            if not getattr(self, name) > 0:
+                problems[name] = "must be > 0"
+        if not self.store_dir or self.store_dir.startswith(("/", ".")) or "/" in self.store_dir:
+            problems["store_dir"] = "must be a plain directory name"
+        return problems
+
+    def store_root(self, data_dir: Path) -> Path:
+        return Path(data_dir) / self.store_dir
+
+    def trusting(self, *peer_ids: str) -> RelayConfig:
+        """This config with more trusted publishers (a trainer trusts its own key)."""
+        extra = tuple(p for p in peer_ids if p not in self.trusted_publishers)
+        return replace(self, trusted_publishers=self.trusted_publishers + extra)
+
+
+def relay_config(section: Mapping[str, Any] | None, **overrides: Any) -> RelayConfig:
+    """RelayConfig from a `[relay]` TOML table plus CLI overrides (None = not given)."""
+    return from_mapping(RelayConfig, section or {}, "relay", **overrides)

@@ -1,0 +1,335 @@
+"""The checkpoint format: a signed manifest of safetensors files cut into blake3-named chunks.
+
+Theory of operation. A checkpoint version is one or more safetensors files. Concatenated in
+manifest order they form one byte string of `total_bytes`, cut into chunks of `chunk_bytes`
+(the last one shorter). The manifest lists each file (name, size, offset in the concatenation,
+and its safetensors tensor index with byte ranges relative to the file) and the 32-byte blake3
+digest of every chunk. The trainer signs the manifest with its peer key through the one wire
+codec; a peer believes a manifest only when `open_manifest` finds it well formed and signed by
+a trusted publisher, and believes a chunk only when its bytes hash to the manifest's digest.
+
+Every invariant a receiver relies on is checked in `__post_init__`, so a decoded `Manifest` is
+always internally consistent (sizes add up, digest count matches, names are safe file names).
+
+This module must not do any I/O except reading the files given to `build_manifest`, and must
+not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Collection, Sequence
+
+import blake3
+
+from p2pnet.errors import MessageRejected
+from p2pnet.identity import Identity
+from p2pnet.wire import Codec, message
+from relay.errors import ManifestRejected, NotSafetensors
+
+MANIFEST_KIND = "relay/manifest"
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+DIGEST_BYTES = 32
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+MAX_FILES = 10_000
+MAX_NAME_CHARS = 255
+MAX_TENSOR_NAME_CHARS = 1024
+MAX_DIMS = 16
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+READ_BLOCK_BYTES = 1024 * 1024
+TEN_YEARS_S = 10 * 365 * 24 * 3600.0
+
+
+def is_safe_name(name: str) -> bool:
+    """A plain file name: no directories, no hidden or dot names, no control characters."""
+    return (
+        0 < len(name) <= MAX_NAME_CHARS
+        and "/" not in name
+        and "\\" not in name
+        and not name.startswith(".")
+        and all(ord(c) >= 32 for c in name)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor of a safetensors file; [start, end) are byte offsets relative to the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.name) <= MAX_TENSOR_NAME_CHARS:
+            raise ValueError("tensor name empty or too long")
+        if not 0 < len(self.dtype) <= 16:
+            raise ValueError("tensor dtype empty or too long")
+        if len(self.shape) > MAX_DIMS or any(d < 0 for d in self.shape):
+            raise ValueError(f"tensor {self.name!r}: bad shape")
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"tensor {self.name!r}: bad byte range")
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One file of a checkpoint: `size` bytes at `offset` within the concatenation of all files."""
+
+    name: str
+    size: int
+    offset: int
+    tensors: tuple[TensorEntry, ...]
+
+    def __post_init__(self) -> None:
+        if not is_safe_name(self.name):
+            raise ValueError(f"unsafe file name {self.name[:64]!r}")
+        if self.size < 0 or self.offset < 0:
+            raise ValueError(f"file {self.name!r}: negative size or offset")
+        if any(t.end > self.size for t in self.tensors):
+            raise ValueError(f"file {self.name!r}: a tensor lies beyond the end of the file")
+
+
+@message(MANIFEST_KIND, max_bytes=MAX_MANIFEST_BYTES)
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """Checkpoint `version` of `model`: its files, chunking and the blake3 digest of each chunk.
+
+    Invariants: version >= 0; -1 <= previous_version < version; files are non-empty, uniquely
+    and safely named, laid end to end from offset 0 with sizes summing to total_bytes; tensor
+    names are unique across files; 1 <= chunk_bytes <= 64 MiB; exactly ceil(total_bytes /
+    chunk_bytes) digests of 32 bytes each.
+    """
+
+    model: str
+    version: int
+    previous_version: int
+    files: tuple[FileEntry, ...]
+    chunk_bytes: int
+    total_bytes: int
+    chunk_digests: tuple[bytes, ...]
+    created_ms: int
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.model) <= 256:
+            raise ValueError("model name empty or too long")
+        if self.version < 0 or not -1 <= self.previous_version < self.version:
+            raise ValueError("version must be >= 0 and previous_version in [-1, version)")
+        if not 1 <= self.chunk_bytes <= MAX_CHUNK_BYTES:
+            raise ValueError(f"chunk_bytes must be in [1, {MAX_CHUNK_BYTES}]")
+        if self.created_ms < 0:
+            raise ValueError("created_ms must be >= 0")
+        _check_files(self.files, self.total_bytes)
+        if len(self.chunk_digests) != -(-self.total_bytes // self.chunk_bytes):
+            raise ValueError("digest count does not match total_bytes / chunk_bytes")
+        if any(len(d) != DIGEST_BYTES for d in self.chunk_digests):
+            raise ValueError(f"every chunk digest must have {DIGEST_BYTES} bytes")
+
+
+def _check_files(files: tuple[FileEntry, ...], total_bytes: int) -> None:
+    if not 0 < len(files) <= MAX_FILES:
+        raise ValueError(f"a manifest lists 1 to {MAX_FILES} files")
+    if len({f.name for f in files}) != len(files):
+        raise ValueError("file names must be unique")
+    offset = 0
+    for f in files:
+        if f.offset != offset:
+            raise ValueError(f"file {f.name!r} is not at offset {offset}")
+        offset += f.size
+    if offset != total_bytes:
+        raise ValueError("file sizes do not add up to total_bytes")
+    names = [t.name for f in files for t in f.tensors]
+    if len(set(names)) != len(names):
+        raise ValueError("tensor names must be unique across files")
+
+
+def chunk_count(manifest: Manifest) -> int:
+    return len(manifest.chunk_digests)
+
+
+def chunk_range(manifest: Manifest, index: int) -> tuple[int, int]:
+    """[start, end) of chunk `index` within the concatenation of the manifest's files."""
+    if not 0 <= index < len(manifest.chunk_digests):
+        raise IndexError(f"chunk {index} out of range (0..{len(manifest.chunk_digests) - 1})")
+    start = index * manifest.chunk_bytes
+    return start, min(start + manifest.chunk_bytes, manifest.total_bytes)
+
+
+def chunk_size(manifest: Manifest, index: int) -> int:
+    start, end = chunk_range(manifest, index)
+    return end - start
+
+
+def chunks_of_file(manifest: Manifest, entry: FileEntry) -> range:
+    """Indices of the chunks that hold any byte of `entry`."""
+    if entry.size == 0:
+        return range(0)
+    first = entry.offset // manifest.chunk_bytes
+    last = (entry.offset + entry.size - 1) // manifest.chunk_bytes
+    return range(first, last + 1)
+
+
+# -- building -----------------------------------------------------------------------------
+
+
+def build_manifest(
+    paths: Sequence[Path],
+    *,
+    model: str,
+    version: int,
+    previous_version: int = -1,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    now_ms: int,
+) -> Manifest:
+    """Index and hash safetensors files (streamed, never whole in memory) into a Manifest.
+
+    Raises NotSafetensors for a missing file or one that is not safetensors, and ValueError
+    for bad arguments (no files, a version or chunk size the Manifest invariants refuse).
+    """
+    if not paths:
+        raise ValueError("publish at least one file")
+    entries: list[FileEntry] = []
+    hasher = _ChunkHasher(chunk_bytes)
+    offset = 0
+    for path in paths:
+        path = Path(path)
+        try:
+            with open(path, "rb") as fh:
+                size = _file_size(fh)
+                tensors = read_safetensors_index(fh, size, path)
+                fh.seek(0)
+                hasher.feed_file(fh)
+        except FileNotFoundError as exc:
+            raise NotSafetensors(path, "no such file") from exc
+        except IsADirectoryError as exc:
+            raise NotSafetensors(path, "is a directory") from exc
+        entries.append(FileEntry(path.name, size, offset, tensors))
+        offset += size
+    return Manifest(model, version, previous_version, tuple(entries), chunk_bytes, offset,
+                    hasher.finish(), now_ms)
+
+
+def _file_size(fh: BinaryIO) -> int:
+    fh.seek(0, 2)
+    size = fh.tell()
+    fh.seek(0)
+    return size
+
+
+class _ChunkHasher:
+    """blake3 digests of fixed-size chunks of a byte stream fed file by file."""
+
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.digests: list[bytes] = []
+        self._hasher = blake3.blake3(max_threads=1)
+        self._filled = 0
+
+    def feed_file(self, fh: BinaryIO) -> None:
+        while True:
+            block = fh.read(min(READ_BLOCK_BYTES, self.chunk_bytes - self._filled))
+            if not block:
+                return
+            self._hasher.update(block)
+            self._filled += len(block)
+            if self._filled == self.chunk_bytes:
+                self.digests.append(self._hasher.digest())
+                self._hasher = blake3.blake3(max_threads=1)
+                self._filled = 0
+
+    def finish(self) -> tuple[bytes, ...]:
+        if self._filled:
+            self.digests.append(self._hasher.digest())
+            self._filled = 0
+        return tuple(self.digests)
+
+
+def read_safetensors_index(fh: BinaryIO, size: int, path: object = "<bytes>") -> tuple[TensorEntry, ...]:
+    """Parse a safetensors header (u64 little-endian length, then JSON) into tensor entries."""
+    head = fh.read(8)
+    if len(head) < 8:
+        raise NotSafetensors(path, "shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", head)
+    if header_len > min(MAX_HEADER_BYTES, size - 8):
+        raise NotSafetensors(path, f"header length {header_len} exceeds the file or {MAX_HEADER_BYTES}")
+    raw = fh.read(header_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotSafetensors(path, f"header is not JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise NotSafetensors(path, "header is not a JSON object")
+    data_start = 8 + header_len
+    tensors = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        tensors.append(_tensor_entry(path, name, info, data_start, size))
+    tensors.sort(key=lambda t: (t.start, t.name))
+    return tuple(tensors)
+
+
+def _tensor_entry(path: object, name: str, info: object, data_start: int, size: int) -> TensorEntry:
+    try:
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]  # type: ignore[index]
+        if not (isinstance(dtype, str) and isinstance(shape, list) and all(type(d) is int for d in shape)
+                and type(begin) is int and type(end) is int):
+            raise TypeError("wrong field types")
+        entry = TensorEntry(name, dtype, tuple(shape), data_start + begin, data_start + end)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise NotSafetensors(path, f"bad entry for tensor {name[:64]!r}: {exc}") from exc
+    if entry.end > size:
+        raise NotSafetensors(path, f"tensor {name[:64]!r} lies beyond the end of the file")
+    return entry
+
+
+# -- signing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignedManifest:
+    """A manifest with the exact signed frame it came in; `manifest_id` = blake3(frame)."""
+
+    manifest: Manifest
+    frame: bytes
+    publisher: str
+    manifest_id: bytes
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+
+def sign_manifest(identity: Identity, manifest: Manifest, now_s: float) -> SignedManifest:
+    frame = Codec(identity).encode(manifest, now_s)
+    return SignedManifest(manifest, frame, identity.peer_id, blake3.blake3(frame).digest())
+
+
+def open_manifest(
+    frame: bytes,
+    *,
+    trusted_publishers: Collection[str],
+    now_s: float,
+    max_age_s: float = TEN_YEARS_S,
+    max_future_s: float = 300.0,
+) -> SignedManifest:
+    """Check a signed manifest frame; raises only ManifestRejected.
+
+    Old manifests are fine (a checkpoint may be fetched long after it was published); one
+    stamped more than `max_future_s` ahead of `now_s` is not.
+    """
+    codec = Codec(None, max_age_s=max_age_s, max_future_s=max_future_s)
+    try:
+        envelope = codec.decode(frame, now_s)
+    except MessageRejected as exc:
+        raise ManifestRejected(exc.reason, exc.detail, exc.sender) from exc
+    if envelope.kind != MANIFEST_KIND:
+        raise ManifestRejected("wrong_kind", envelope.kind[:64], envelope.sender)
+    if envelope.sender not in trusted_publishers:
+        raise ManifestRejected("untrusted_publisher", f"signed by {envelope.sender}", envelope.sender)
+    frame = bytes(frame)
+    return SignedManifest(envelope.body, frame, envelope.sender, blake3.blake3(frame).digest())

@@ -1,0 +1,340 @@
+"""The validator role: the trio shell that runs `ValidatorCore` and recomputes rollouts in a thread.
+
+`ValidatorRole(node, section)` is what `p2pnet peer start --role validator` builds (see
+p2pnet/roles.py). It adds the core to the node, carries out the core's `CheckRequested`
+events one at a time in a worker thread (`trio.to_thread.run_sync`, one torch thread),
+feeds the results back with `check_done`, charges `Penalise` events to the peer table, and
+registers the control command `validator.status`.
+
+Where models come from: `ModelSource(version)` returns a loaded model for a policy version:
+`<checkpoint_dir>/v{version}` when that folder exists (the trainer's checkpoint layout),
+else `model_path` (a single model folder serving every version: fixed-policy networks and
+tests). It keeps the last `model_cache` models (LRU). Relay integration will plug another
+source in here. Model folders are trainer.model's format (config.json, tokenizer,
+model.safetensors).
+
+`SubmissionChecker` is the default checker: it recomputes the sampling seed and the
+assigned prompts (trainer.tasks rules) and runs `verify.check.check_rollout` on the rows the
+ticket chose. Anything it cannot do for our own reasons (no model for that version) raises
+`ModelUnavailable`: the core drops the check without a verdict.
+
+Must not: decide anything the core decides; import torch or transformers before the first
+check (a plain peer never loads them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import trio
+
+from p2pnet.config import from_mapping, validated
+from p2pnet.control import Reply
+from p2pnet.errors import ConfigError
+from verify.errors import ProofError
+from verify.reputation import BatchInvalidated, WorkerBanned
+from verify.validator import (CheckDropped, CheckRequested, Penalise, ValidatorCore, ValidatorCoreConfig,
+                              VerdictPublished)
+from verify.verdicts import summarize
+
+log = logging.getLogger(__name__)
+
+CORE_NAME = "validator"
+RECENT_EVENTS = 50
+
+
+class ModelUnavailable(RuntimeError):
+    """We have no model for the submission's policy version (our side, not the worker's)."""
+
+
+@validated
+@dataclass(frozen=True)
+class ValidatorConfig:
+    model_path: Path | None = None
+    checkpoint_dir: Path | None = None
+    model_cache: int = 2
+    device: str = "cpu"
+    sample_rate: float = 1.0
+    claim_window_s: float = 0.5
+    takeover_after_s: float = 120.0
+    max_queue: int = 16
+    rollouts_per_check: int = 0
+    task_seed: int | None = None
+    check_prompts: bool = True
+    one_submission_per_step: bool = True
+    workers: tuple[str, ...] = ()
+    validators: tuple[str, ...] = ()
+    ban_after_failures: int = 2
+    ban_min_validators: int = 1
+    ban_s: float = 0.0
+    penalty: float = 2.0
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if self.model_cache < 1:
+            problems["model_cache"] = "must be >= 1"
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            problems["device"] = "must be 'cpu' or 'cuda[:N]'"
+        if not self.penalty >= 0:
+            problems["penalty"] = "must be >= 0"
+        if not isinstance(self.thresholds, dict):
+            problems["thresholds"] = "must be a table of threshold overrides"
+        else:
+            known = {"exp_mismatches_max", "mant_err_mean_max", "mant_err_median_max",
+                     "sign_mismatches_max", "max_failing_chunks"}
+            unknown = sorted(set(self.thresholds) - known)
+            if unknown:
+                problems["thresholds"] = f"unknown threshold(s) {unknown}; known: {sorted(known)}"
+        try:
+            self.core_config()
+        except ConfigError as exc:
+            problems[exc.field] = exc.problem.rsplit(" (got ", 1)[0]
+        return problems
+
+    def core_config(self) -> ValidatorCoreConfig:
+        names = {f.name for f in fields(ValidatorCoreConfig)}
+        return ValidatorCoreConfig(**{n: getattr(self, n) for n in names if hasattr(self, n)})
+
+
+# -- models and the checker -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    forward: Callable[[list[int]], tuple[Any, Any]]
+    tokenizer: Any
+    eos_token_id: int
+    vocab_size: int
+    source: str
+
+
+class ModelSource:
+    """`source(version) -> LoadedModel`, with an LRU of `cache_size` models (thread-safe)."""
+
+    def __init__(self, model_path: Path | None, checkpoint_dir: Path | None, *, cache_size: int = 2,
+                 device: str = "cpu", loader: Callable[[Path, str], LoadedModel] | None = None) -> None:
+        self.model_path = model_path
+        self.checkpoint_dir = checkpoint_dir
+        self.cache_size = cache_size
+        self.device = device
+        self._loader = loader or load_model_folder
+        self._cache: OrderedDict[Path, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def folder_for(self, version: int) -> Path:
+        if self.checkpoint_dir is not None:
+            candidate = self.checkpoint_dir / f"v{version}"
+            if candidate.is_dir():
+                return candidate
+        if self.model_path is not None:
+            return self.model_path
+        raise ModelUnavailable(f"no model folder for version {version}")
+
+    def __call__(self, version: int) -> LoadedModel:
+        folder = self.folder_for(version)
+        with self._lock:
+            model = self._cache.get(folder)
+            if model is not None:
+                self._cache.move_to_end(folder)
+                return model
+            try:
+                model = self._loader(folder, self.device)
+            except (OSError, RuntimeError, ValueError) as exc:
+                raise ModelUnavailable(f"cannot load {folder}: {exc}") from exc
+            self._cache[folder] = model
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            return model
+
+    def cached(self) -> list[str]:
+        return [str(p) for p in self._cache]
+
+
+def load_model_folder(folder: Path, device: str) -> LoadedModel:
+    """Load a trainer model folder and wrap its one-prefill forward (torch imported here)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from trainer.model import load_model_dir
+
+    model, tokenizer = load_model_dir(folder)
+    model.to(device)
+
+    @torch.no_grad()
+    def forward(input_ids: list[int]) -> tuple[Any, Any]:
+        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=device)
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        logits = model.lm_head(hidden).float()
+        return hidden[0].to(torch.bfloat16).cpu(), logits[0].cpu()
+
+    return LoadedModel(forward, tokenizer, int(tokenizer.eos_id), int(model.config.vocab_size), str(folder))
+
+
+@dataclass(frozen=True)
+class TaskRules:
+    """How a worker's sampling seed and prompts are derived (trainer's rules, injected)."""
+
+    sampling_seed: Callable[[int, str, int], int]
+    prompt_ids: Callable[[str, int, int, int, Any], list[list[int]]]  # worker, step, task_seed, n, tokenizer
+
+
+def trainer_task_rules() -> TaskRules:
+    from trainer.rollout import prompt_ids_for, sampling_seed
+    from trainer.tasks import assign_prompts
+
+    def prompt_ids(worker: str, step: int, task_seed: int, n: int, tokenizer: Any) -> list[list[int]]:
+        return prompt_ids_for(assign_prompts(worker, step, task_seed, n), tokenizer)
+
+    return TaskRules(sampling_seed=lambda seed, worker, step: sampling_seed(seed, worker, step), prompt_ids=prompt_ids)
+
+
+class SubmissionChecker:
+    """`checker(request) -> (accepted, reasons)`: recompute the chosen rows of a submission."""
+
+    def __init__(self, models: Callable[[int], LoadedModel], *, thresholds: dict[str, float] | None = None,
+                 rules: TaskRules | Callable[[], TaskRules | None] | None = None, check_prompts: bool = True) -> None:
+        self.models = models
+        self.threshold_overrides = dict(thresholds or {})
+        self._rules = rules  # a TaskRules, or a factory resolved on the first check (imports torch)
+        self.check_prompts = check_prompts
+
+    @property
+    def rules(self) -> TaskRules | None:
+        if callable(self._rules) and not isinstance(self._rules, TaskRules):
+            self._rules = self._rules()
+        return self._rules
+
+    def __call__(self, request: CheckRequested) -> tuple[bool, tuple[str, ...]]:
+        from verify.check import check_rollout
+        from verify.policy import Thresholds
+
+        sub = request.submission
+        model = self.models(sub.model_version)
+        if self.rules is not None:
+            if sub.seed != self.rules.sampling_seed(sub.task_seed, request.worker, sub.step):
+                return False, ("wrong_seed",)
+        expected_prompts = None
+        if self.rules is not None and self.check_prompts:
+            expected_prompts = self.rules.prompt_ids(request.worker, sub.step, sub.task_seed,
+                                                     sub.prompts_per_submission, model.tokenizer)
+        thresholds = Thresholds(**self.threshold_overrides)
+        results: list[tuple[int, bool, Sequence[str]]] = []
+        for row in request.rows:
+            record = sub.rollouts[row]
+            prompt, output = record.prompt, record.output
+            if expected_prompts is not None and list(prompt) != list(expected_prompts[row // sub.group_size]):
+                results.append((row, False, ("wrong_prompt",)))
+                continue
+            if (record.stop_reason == "eos") != (output[-1] == model.eos_token_id):
+                results.append((row, False, ("bad_stop_reason",)))
+                continue
+            try:
+                verdict = check_rollout(model.forward, prompt, output, record.proofs, seed=sub.seed, row=row,
+                                        temperature=sub.temperature, eos_token_id=model.eos_token_id,
+                                        max_new_tokens=sub.max_new_tokens, thresholds=thresholds,
+                                        vocab_size=model.vocab_size)
+            except ProofError:
+                results.append((row, False, ("malformed_proof",)))
+                continue
+            results.append((row, verdict.accepted, verdict.reasons))
+        return summarize(results)
+
+
+# -- the role ---------------------------------------------------------------------------------------
+
+
+class ValidatorRole:
+    def __init__(self, node: Any, section: dict[str, Any], *,
+                 checker: Callable[[CheckRequested], tuple[bool, Sequence[str]]] | None = None,
+                 model_source: Callable[[int], LoadedModel] | None = None) -> None:
+        self.node = node
+        self.config = from_mapping(ValidatorConfig, section, "validator")
+        if checker is None and model_source is None and self.config.model_path is None \
+                and self.config.checkpoint_dir is None:
+            raise ConfigError("validator.model_path", "set model_path or checkpoint_dir (where models are found)")
+        for folder in (self.config.model_path, self.config.checkpoint_dir):
+            if folder is not None and not folder.is_dir():
+                log.warning("validator: %s is not a folder (yet); checks will fail until it appears", folder)
+        self.models = model_source or ModelSource(self.config.model_path, self.config.checkpoint_dir,
+                                                  cache_size=self.config.model_cache, device=self.config.device)
+        self.checker = checker or SubmissionChecker(self.models, thresholds=self.config.thresholds,
+                                                    rules=_optional_trainer_rules,
+                                                    check_prompts=self.config.check_prompts)
+        self.core = ValidatorCore(self.config.core_config(), node.identity, node.peertable)
+        self.runner: Any = None
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self._jobs_send, self._jobs_receive = trio.open_memory_channel[CheckRequested](self.config.max_queue + 8)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node.on_event(self._on_event)
+        self.runner = await self.node.add_core(self.core, CORE_NAME)
+        self.node.control.register("validator.status", self._status_command)
+        task_status.started()
+        async for request in self._jobs_receive:
+            await self._check(request)
+
+    async def _check(self, request: CheckRequested) -> None:
+        sid = request.submission_id
+        started = time.perf_counter()
+        try:
+            accepted, reasons = await trio.to_thread.run_sync(self.checker, request)
+        except ModelUnavailable as exc:
+            log.warning("cannot check %s: %s", sid.hex()[:16], exc)
+            await self.runner.command(lambda now: self.core.check_failed(now, sid, "model_unavailable"))
+            return
+        elapsed_s = time.perf_counter() - started
+        await self.runner.command(
+            lambda now: self.core.check_done(now, sid, accepted, tuple(reasons), len(request.rows), elapsed_s))
+
+    def _on_event(self, origin: str, event: Any) -> None:
+        if origin != CORE_NAME:
+            return
+        if isinstance(event, CheckRequested):
+            self._jobs_send.send_nowait(event)  # the core bounds checks in flight below the channel size
+        elif isinstance(event, Penalise):
+            now = trio.current_time()
+            for effect in self.node.peertable.penalise(now, event.peer, self.config.penalty):
+                self.node.carry_out("peertable", effect)
+            self._remember("penalise", peer=event.peer, reason=event.reason)
+        elif isinstance(event, VerdictPublished):
+            v = event.verdict
+            log.info("verdict %s on %s from %s: %s", "accept" if v.accepted else "reject",
+                     v.submission_id.hex()[:16], v.worker, ",".join(v.reasons) or "-")
+            self._remember("verdict", submission_id=v.submission_id.hex(), worker=v.worker, step=v.step,
+                           accepted=v.accepted, reasons=list(v.reasons), check_s=round(event.check_s, 4))
+        elif isinstance(event, BatchInvalidated):
+            self._remember("invalidated", worker=event.worker, submission_id=event.submission_id.hex(),
+                           validator=event.validator, reasons=list(event.reasons))
+        elif isinstance(event, WorkerBanned):
+            log.warning("worker %s banned after %d failed batches", event.worker, event.failures)
+            self._remember("banned", worker=event.worker, failures=event.failures,
+                           validators=list(event.validators))
+        elif isinstance(event, CheckDropped):
+            self._remember("dropped", submission_id=event.submission_id.hex(), reason=event.reason)
+
+    def _remember(self, kind: str, **fields_: Any) -> None:
+        self.recent.append({"event": kind, "at": round(trio.current_time(), 3), **fields_})
+
+    async def _status_command(self, request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        return {"peer_id": self.node.peer_id, "validator": self.status()}
+
+    def status(self) -> dict[str, Any]:
+        stats = self.core.status(trio.current_time())
+        cached = self.models.cached() if isinstance(self.models, ModelSource) else []
+        return {**stats, "sample_rate": self.config.sample_rate, "models_cached": cached,
+                "recent": list(self.recent)}
+
+
+def _optional_trainer_rules() -> TaskRules | None:
+    try:
+        return trainer_task_rules()
+    except ImportError as exc:
+        log.warning("trainer rules unavailable (%s): seeds and prompts are not checked", exc)
+        return None

@@ -1,0 +1,114 @@
+"""Per-worker reputation from admitted verdicts: invalidated batches, then bans.
+
+Rules. One failed verdict invalidates that batch (soft: the worker keeps its standing
+otherwise). A worker is banned once it has at least `ban_after_failures` failed batches
+*and* those failures were reported by at least `ban_min_validators` distinct validators
+(set it to 2 so that a single lying validator cannot get an honest worker banned). Bans last
+`ban_s` (0 or less: forever). Each batch counts once however many validators fail it.
+
+This module only counts verdicts it is handed; deciding which verdicts to believe (known
+validator, ticket, signature, duplicates) is `verify.verdicts`. It returns events (plain
+frozen dataclasses) for the caller to emit. Pure: time comes in as `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from p2pnet.config import validated
+
+
+@validated
+@dataclass(frozen=True)
+class ReputationConfig:
+    ban_after_failures: int = 2
+    ban_min_validators: int = 1
+    ban_s: float = 0.0
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if self.ban_after_failures < 1:
+            problems["ban_after_failures"] = "must be >= 1"
+        if self.ban_min_validators < 1:
+            problems["ban_min_validators"] = "must be >= 1"
+        return problems
+
+
+@dataclass(frozen=True)
+class BatchInvalidated:
+    worker: str
+    submission_id: bytes
+    validator: str
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkerBanned:
+    worker: str
+    failures: int
+    validators: tuple[str, ...]
+    until: float  # inf when permanent
+
+
+@dataclass
+class _Record:
+    accepted: int = 0
+    failed_batches: set[bytes] = field(default_factory=set)
+    failing_validators: set[str] = field(default_factory=set)
+
+
+class Reputation:
+    def __init__(self, config: ReputationConfig | None = None) -> None:
+        self.config = config or ReputationConfig()
+        self._records: dict[str, _Record] = {}
+        self._banned_until: dict[str, float] = {}
+
+    def record(self, now: float, worker: str, submission_id: bytes, validator: str,
+               accepted: bool, reasons: tuple[str, ...]) -> list[object]:
+        """Count one admitted verdict; returns BatchInvalidated / WorkerBanned events."""
+        rec = self._records.setdefault(worker, _Record())
+        if accepted:
+            rec.accepted += 1
+            return []
+        events: list[object] = []
+        if submission_id not in rec.failed_batches:
+            rec.failed_batches.add(submission_id)
+            events.append(BatchInvalidated(worker, submission_id, validator, reasons))
+        rec.failing_validators.add(validator)
+        if (not self.is_banned(worker, now)
+                and len(rec.failed_batches) >= self.config.ban_after_failures
+                and len(rec.failing_validators) >= self.config.ban_min_validators):
+            until = now + self.config.ban_s if self.config.ban_s > 0 else float("inf")
+            self._banned_until[worker] = until
+            events.append(WorkerBanned(worker, len(rec.failed_batches),
+                                       tuple(sorted(rec.failing_validators)), until))
+        return events
+
+    def is_banned(self, worker: str, now: float) -> bool:
+        until = self._banned_until.get(worker)
+        if until is None:
+            return False
+        if now >= until:
+            del self._banned_until[worker]
+            self._records.pop(worker, None)  # a served ban starts a clean record
+            return False
+        return True
+
+    def failures(self, worker: str) -> int:
+        rec = self._records.get(worker)
+        return len(rec.failed_batches) if rec else 0
+
+    def is_invalidated(self, worker: str, submission_id: bytes) -> bool:
+        rec = self._records.get(worker)
+        return rec is not None and submission_id in rec.failed_batches
+
+    def banned(self, now: float) -> list[str]:
+        return sorted(w for w in list(self._banned_until) if self.is_banned(w, now))
+
+    def to_json(self, now: float) -> dict[str, object]:
+        return {
+            "banned": self.banned(now),
+            "workers": {w: {"accepted": r.accepted, "failed": len(r.failed_batches),
+                            "failing_validators": len(r.failing_validators)}
+                        for w, r in sorted(self._records.items())},
+        }

@@ -1,0 +1,418 @@
+"""TOPLOC proofs: build, encode, decode and measure, byte-compatible with ``toploc`` 0.1.6.
+
+Owns: turning the LM-head inputs (last hidden states) of generated tokens into 258-byte
+polynomial commitments, and measuring how far a recomputation is from a commitment.
+Must not: decide acceptance (that is ``verify.policy``), run a model, or do I/O.
+
+Theory of operation
+-------------------
+The hidden states of the generated tokens, ``hidden`` [T, H] in bf16, are cut into chunks of
+``chunk_tokens`` rows (the last chunk may be shorter; it is proven too, as toploc does). For
+each chunk, flattened:
+
+1. take the ``k = min(topk, numel)`` entries of largest absolute value, ties going to the
+   lower flat index (toploc uses ``abs().topk(k)``, whose tie order is unspecified and
+   differs between CPU and GPU; without a tie at the k-th place both pick the same set);
+2. x = flat index mod m, with m the largest modulus <= 65497 that keeps the k indices
+   distinct (searching downward, as toploc's C++ ``ProofPoly.from_points`` does);
+3. y = the bf16 bit pattern (u16) reduced mod P = 65497 (only NaN patterns are >= P);
+4. the unique polynomial of degree < k through the (x, y) over GF(P), in ascending
+   monomial coefficients;
+5. bytes = m, then the k coefficients, each u16 big-endian: 2 + 2k bytes (258 for k=128).
+
+Measuring: recompute the hidden states, take the top k again, evaluate the committed
+polynomial at (index mod m) and compare with the recomputed bf16 patterns: exponent bits
+7-14 (mismatch count), mantissa bits 0-6 (mean and upper median of |difference| over the
+entries whose exponents match; ``inf`` when none match, where toploc reports 2**64), and
+the sign bit 15 (toploc ignores it; we count it).
+
+Differences from toploc 0.1.6, all deliberate:
+- a total order for top-k (|value| desc, then index asc): worker and validator agree on the
+  set whenever their bits agree, on any platform;
+- only bf16 input is accepted (toploc silently emits all-zero "null" proofs on errors);
+- its Python verify path forgets ``idx % m``; we reduce, as its C++ path does;
+- median is the upper median (C++ path), not ``statistics.median`` (Python path);
+- a chunk with fewer than ``topk`` entries (hidden size < 128 on a 1-token tail) is proven
+  with k = numel points; toploc fails there.
+
+How it is fast (no per-element Python loops): interpolation is done in Lagrange form with
+matrix products. With M(t) = prod_j (t - x_j), the coefficients are
+``c_k = sum_t M[k+1+t] * S_t`` with ``S_t = sum_i a_i x_i^t`` and ``a_i = y_i / M'(x_i)``:
+S, M'(x_i) and every evaluation use baby-step/giant-step power tables
+(x^t = (x^B)^g * x^b, B = 16) and small matrix products; c is a Hankel matrix of M times S.
+All entries are < P, so float64 products are exact (n * P^2 < 2^53). M comes from a
+batched product tree of convolutions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import as_strided
+
+from verify.errors import ProofError
+
+__all__ = [
+    "PRIME",
+    "ChunkStats",
+    "build_proofs",
+    "decode_proof",
+    "encode_proof",
+    "evaluate",
+    "find_injective_modulus",
+    "interpolate",
+    "measure",
+    "proof_length",
+]
+
+PRIME = 65497  # the field GF(P); also the largest modulus tried
+_MAX_TOPK = 4096  # float64 exactness needs n * P^2 < 2^53; far below that bound
+_BABY = 16  # baby-step width for evaluation
+
+
+def _inverse_table() -> np.ndarray:
+    """inv[a] = a^(P-2) mod P for every a in GF(P) (inv[0] = 0), by vectorised Fermat."""
+    base = np.arange(PRIME, dtype=np.int64)
+    result = np.ones(PRIME, dtype=np.int64)
+    exponent = PRIME - 2
+    while exponent:
+        if exponent & 1:
+            result = result * base % PRIME
+        base = base * base % PRIME
+        exponent >>= 1
+    return result
+
+
+_INV = _inverse_table()
+
+
+# --------------------------------------------------------------------------- field algebra
+
+
+def _matvec_mod(mat: np.ndarray, vec: np.ndarray) -> np.ndarray:
+    """(mat @ vec) mod P for entries in [0, P): exact in float64. Batched over leading dims."""
+    prod = np.matmul(mat.astype(np.float64), vec.astype(np.float64)[..., None])[..., 0]
+    return prod.astype(np.int64) % PRIME
+
+
+def _powers(x: np.ndarray, n: int) -> np.ndarray:
+    """x^t mod P for t in [0, n): shape x.shape + (n,), by doubling."""
+    out = np.ones(x.shape + (n,), dtype=np.int64)
+    if n > 1:
+        out[..., 1] = x
+    filled = min(n, 2)
+    while filled < n:
+        step = min(filled, n - filled)
+        x_filled = out[..., filled - 1] * x % PRIME  # x^filled
+        out[..., filled : filled + step] = out[..., :step] * x_filled[..., None] % PRIME
+        filled += step
+    return out
+
+
+def _bsgs_tables(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Baby steps x^b (b < B) and giant steps (x^B)^g (g < G), with B*G >= n."""
+    baby = min(_BABY, n)
+    giant = -(-n // baby)
+    small = _powers(x, baby + 1)
+    return small[..., :baby], _powers(small[..., baby], giant)
+
+
+def _windows(arr: np.ndarray, width: int) -> np.ndarray:
+    """Read-only view [..., len - width + 1, width] with out[..., i, j] = arr[..., i + j]."""
+    *lead, length = arr.shape
+    strides = arr.strides
+    return as_strided(
+        arr,
+        shape=(*lead, length - width + 1, width),
+        strides=(*strides, strides[-1]),
+        writeable=False,
+    )
+
+
+def _poly_from_roots(x: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1]."""
+    batch, n = x.shape
+    width = 1 << max(0, (n - 1).bit_length())
+    polys = np.zeros((batch, width, 2), dtype=np.float64)
+    polys[:, :, 0] = 1.0  # padding factors are the constant 1
+    polys[:, :n, 0] = (-x) % PRIME
+    polys[:, :n, 1] = 1.0
+    while polys.shape[1] > 1:  # multiply neighbours: one batched convolution per level
+        a, b = polys[:, 0::2], polys[:, 1::2]
+        length = a.shape[2]
+        padded = np.zeros(b.shape[:2] + (3 * length - 2,), dtype=np.float64)
+        padded[..., length - 1 : 2 * length - 1] = b
+        conv = np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
+        polys = np.fmod(conv, PRIME)  # exact: entries are integers below 2^53
+    return polys[:, 0, : n + 1].astype(np.int64)
+
+
+def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.ndarray:
+    """sum_t c_t x^t with x^(B*g + b) = big[g] * small[b]; coeffs [C, n] -> [C, k]."""
+    batch, n = coeffs.shape
+    baby, giant = small.shape[-1], big.shape[-1]
+    padded = np.zeros((batch, giant * baby), dtype=np.int64)
+    padded[:, :n] = coeffs
+    blocks = padded.reshape(batch, giant, baby).swapaxes(1, 2)  # [C, baby, giant]
+    inner = np.matmul(small.astype(np.float64), blocks.astype(np.float64))
+    inner = inner.astype(np.int64) % PRIME  # [C, k, giant]
+    return (inner * big % PRIME).sum(axis=-1) % PRIME
+
+
+def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending) of the polynomial of degree < n through (x, y) over GF(P).
+
+    x: int [n] or [C, n], distinct within a row, in [0, P). y: int, same shape (any
+    non-negative values; reduced mod P). Returns int64 of the same shape.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    y = np.asarray(y, dtype=np.int64) % PRIME
+    single = x.ndim == 1
+    if single:
+        x, y = x[None], y[None]
+    batch, n = x.shape
+    roots = _poly_from_roots(x)  # M(t), [C, n+1]
+    deriv = roots[:, 1:] * np.arange(1, n + 1, dtype=np.int64) % PRIME  # M'(t), [C, n]
+    small, big = _bsgs_tables(x, n)
+    weights = _INV[_eval_tables(deriv, small, big)]  # 1 / M'(x_i)
+    if np.any(weights == 0):
+        raise ValueError("interpolation points must be distinct mod P")
+    a = y * weights % PRIME
+    # S_t = sum_i a_i x_i^t for t = B*g + b: (a * x^b)^T @ (x^B)^g.
+    scaled = (small * a[..., None] % PRIME).astype(np.float64)
+    sums = np.matmul(np.swapaxes(scaled, 1, 2), big.astype(np.float64))  # [C, B, G]
+    sums = sums.astype(np.int64) % PRIME
+    s = np.swapaxes(sums, 1, 2).reshape(batch, -1)[:, :n].astype(np.float64)
+    # c_k = sum_t M[k+1+t] S_t: a Hankel matrix of M times S.
+    shifted = np.zeros((batch, 2 * n - 1), dtype=np.float64)
+    shifted[:, :n] = roots[:, 1:]
+    coeffs = np.matmul(_windows(shifted, n), s[..., None])[..., 0].astype(np.int64) % PRIME
+    return coeffs[0] if single else coeffs
+
+
+def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Evaluate polynomials (ascending coefficients) at points, mod P.
+
+    coeffs: [n] or [C, n]; x: [k] or [C, k] (reduced mod P here). Baby-step / giant-step:
+    x^(B*g + b) = (x^B)^g * x^b, so the work is one small matrix product per batch.
+    """
+    coeffs = np.asarray(coeffs, dtype=np.int64) % PRIME
+    x = np.asarray(x, dtype=np.int64) % PRIME
+    single = coeffs.ndim == 1
+    if single:
+        coeffs, x = coeffs[None], x[None]
+    small, big = _bsgs_tables(x, coeffs.shape[1])
+    out = _eval_tables(coeffs, small, big)
+    return out[0] if single else out
+
+
+# --------------------------------------------------------------------------- modulus, bytes
+
+
+def find_injective_modulus(indices: np.ndarray) -> int:
+    """The largest m <= P such that indices mod m are pairwise distinct (toploc's rule)."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if np.unique(idx % PRIME).size == idx.size:
+        return PRIME
+    block = 64
+    for top in range(PRIME - 1, 0, -block):
+        cands = np.arange(top, max(top - block, 0), -1, dtype=np.int64)
+        rem = np.sort(idx[None, :] % cands[:, None], axis=1)
+        ok = ~np.any(rem[:, 1:] == rem[:, :-1], axis=1)
+        if ok.any():
+            return int(cands[np.argmax(ok)])
+    raise ProofError("no injective modulus exists for these indices")
+
+
+def proof_length(n_points: int) -> int:
+    """Bytes in one encoded proof with n_points coefficients."""
+    return 2 + 2 * n_points
+
+
+def encode_proof(modulus: int, coeffs: np.ndarray) -> bytes:
+    """m then the coefficients, each u16 big-endian."""
+    coeffs = np.asarray(coeffs, dtype=np.int64)
+    if not 1 <= modulus <= PRIME or coeffs.ndim != 1 or np.any((coeffs < 0) | (coeffs >= PRIME)):
+        raise ValueError("modulus must be in [1, P] and coefficients in [0, P)")
+    words = np.concatenate([np.array([modulus], dtype=np.int64), coeffs])
+    return words.astype(">u2").tobytes()
+
+
+def decode_proof(data: bytes | bytearray | memoryview, n_points: int) -> tuple[int, np.ndarray]:
+    """Parse one proof of ``n_points`` coefficients; ProofError if it is malformed."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProofError(f"proof must be bytes, got {type(data).__name__}")
+    raw = bytes(data)
+    if len(raw) != proof_length(n_points):
+        raise ProofError(f"proof has {len(raw)} bytes, expected {proof_length(n_points)}")
+    words = np.frombuffer(raw, dtype=">u2").astype(np.int64)
+    modulus, coeffs = int(words[0]), words[1:]
+    if not 1 <= modulus <= PRIME:
+        raise ProofError(f"proof modulus {modulus} outside [1, {PRIME}]")
+    if np.any(coeffs >= PRIME):
+        raise ProofError(f"proof coefficient outside GF({PRIME})")
+    return modulus, coeffs
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+def _check_params(chunk_tokens: int, topk: int) -> None:
+    if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
+        raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    if not (isinstance(topk, int) and 1 <= topk <= _MAX_TOPK):
+        raise ValueError(f"topk must be an int in [1, {_MAX_TOPK}], got {topk!r}")
+
+
+def _check_hidden(hidden: object) -> torch.Tensor:
+    if not isinstance(hidden, torch.Tensor):
+        raise ProofError(f"hidden states must be a torch.Tensor, got {type(hidden).__name__}")
+    if hidden.dtype != torch.bfloat16:
+        raise ProofError(f"hidden states must be bfloat16, got {hidden.dtype}")
+    if hidden.dim() != 2 or hidden.shape[1] == 0:
+        raise ProofError(f"hidden states must be [tokens, hidden_size], got {tuple(hidden.shape)}")
+    return hidden.detach().cpu().contiguous()
+
+
+def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, int]]:
+    """(first_chunk, first_row, n_chunks, rows_per_chunk): the full chunks, then the tail."""
+    full, tail = divmod(tokens, chunk_tokens)
+    groups = [(0, 0, full, chunk_tokens)] if full else []
+    if tail:
+        groups.append((full, full * chunk_tokens, 1, tail))
+    return groups
+
+
+def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest ``keys`` per row, ties to the lower position: [C, k].
+
+    keys: uint16 [C, N] (|bf16| bit patterns, whose integer order is the order of |value|).
+    The rule "larger |value| first, then lower index" is a total order, so the worker and
+    the validator pick the same set from the same bits on any platform (torch.topk breaks
+    ties in an unspecified way). Fast path: a threshold t with at least k entries >= t per
+    row comes from maxima of 16-entry groups (two levels), so only the few entries >= t are
+    ever sorted. Any t with k group maxima >= t is safe: every top-k entry is >= t.
+    """
+    rows, n = keys.shape
+    thresh = np.zeros(rows, dtype=np.uint16)
+    level = keys
+    for _ in range(2):  # each level: maxima of 16 strided groups
+        if level.shape[1] % 16 or level.shape[1] // 16 < k:
+            break
+        level = level.reshape(rows, 16, -1).max(axis=1)
+    if level is not keys:
+        thresh = np.partition(level, level.shape[1] - k, axis=1)[:, level.shape[1] - k]
+    row_id, pos = np.divmod(np.flatnonzero(keys >= thresh[:, None]), n)  # 2-D nonzero is slow
+    composite = (
+        (row_id.astype(np.int64) << 48)
+        | (keys[row_id, pos].astype(np.int64) << 32)
+        | (0xFFFFFFFF - pos.astype(np.int64))
+    )
+    order = np.argsort(composite, kind="stable")
+    ends = np.cumsum(np.bincount(row_id, minlength=rows))
+    take = ends[:, None] - k + np.arange(k)[None, :]
+    return pos[order[take]].astype(np.int64)
+
+
+def _topk(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
+    """Top-|value| entries of ``count`` chunks of ``rows`` rows, starting at ``first_row``.
+
+    Returns (flat indices int64 [count, k], bf16 bit patterns int64 [count, k]).
+    """
+    block = hidden[first_row : first_row + count * rows].reshape(count, -1)
+    bits = block.view(torch.int16).numpy().view(np.uint16)
+    k = min(topk, bits.shape[1])
+    idx = _select_topk(bits & np.uint16(0x7FFF), k)
+    return idx, np.take_along_axis(bits, idx, axis=1).astype(np.int64)
+
+
+def build_proofs(hidden: torch.Tensor, *, chunk_tokens: int = 32, topk: int = 128) -> list[bytes]:
+    """Proofs for ``hidden`` [tokens, hidden_size] bf16: one per chunk of ``chunk_tokens`` rows.
+
+    Raises ProofError for a non-bf16 or non-2-D tensor, or for non-finite values (which no
+    honest model produces and which cannot be committed faithfully).
+    """
+    _check_params(chunk_tokens, topk)
+    hidden = _check_hidden(hidden)
+    proofs: list[bytes] = []
+    for _, first_row, count, rows in _chunk_groups(hidden.shape[0], chunk_tokens):
+        idx, bits = _topk(hidden, first_row, count, rows, topk)
+        if np.any(bits & 0x7F80 == 0x7F80):  # non-finite entries always rank in the top k
+            raise ProofError("hidden states contain NaN or infinity")
+        moduli = np.array([find_injective_modulus(row) for row in idx], dtype=np.int64)
+        coeffs = interpolate(idx % moduli[:, None], bits)
+        proofs.extend(encode_proof(int(m), c) for m, c in zip(moduli, coeffs))
+    return proofs
+
+
+@dataclass(frozen=True)
+class ChunkStats:
+    """How one chunk's recomputation compares with its commitment.
+
+    exp_mismatches: top-k entries whose exponent bits (7-14) differ.
+    mant_err_mean / mant_err_median: mean and upper median of |mantissa difference| (bits
+      0-6, so in [0, 127]) over the entries whose exponents match; ``inf`` if none match.
+    sign_mismatches: top-k entries whose sign bit differs (toploc does not check this).
+    """
+
+    exp_mismatches: int
+    mant_err_mean: float
+    mant_err_median: float
+    sign_mismatches: int
+
+
+def _compare(committed: np.ndarray, recomputed: np.ndarray) -> list[ChunkStats]:
+    """Per-row statistics of two [C, k] arrays of bf16 bit patterns."""
+    exp_c, exp_r = (committed >> 7) & 0xFF, (recomputed >> 7) & 0xFF
+    mant_err = np.abs((committed & 0x7F) - (recomputed & 0x7F))
+    match = exp_c == exp_r
+    n_match = match.sum(axis=1)
+    exp_mis = committed.shape[1] - n_match
+    sign_mis = (((committed ^ recomputed) >> 15) & 1).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n_match > 0, (mant_err * match).sum(axis=1) / np.maximum(n_match, 1), np.inf)
+    ordered = np.sort(np.where(match, mant_err, np.iinfo(np.int64).max), axis=1)
+    upper = np.take_along_axis(ordered, (n_match // 2)[:, None], axis=1)[:, 0]
+    median = np.where(n_match > 0, upper.astype(np.float64), np.inf)
+    return [
+        ChunkStats(int(e), float(mu), float(md), int(s))
+        for e, mu, md, s in zip(exp_mis, mean, median, sign_mis)
+    ]
+
+
+def measure(
+    hidden: torch.Tensor,
+    proofs: Sequence[bytes],
+    *,
+    chunk_tokens: int = 32,
+    topk: int = 128,
+) -> list[ChunkStats]:
+    """Compare recomputed ``hidden`` [tokens, hidden_size] bf16 with committed ``proofs``.
+
+    Raises ProofError when the proofs are malformed or do not fit the hidden states: a
+    proof that is not bytes (None included), of the wrong length, with an out-of-range
+    modulus or coefficient, or a proof count other than ceil(tokens / chunk_tokens).
+    """
+    _check_params(chunk_tokens, topk)
+    hidden = _check_hidden(hidden)
+    if isinstance(proofs, (bytes, bytearray, memoryview, str)) or not isinstance(
+        proofs, Sequence
+    ):
+        raise ProofError(f"proofs must be a sequence of bytes, got {type(proofs).__name__}")
+    n_chunks = math.ceil(hidden.shape[0] / chunk_tokens)
+    if len(proofs) != n_chunks:
+        raise ProofError(f"{len(proofs)} proofs for {n_chunks} chunks")
+    stats: list[ChunkStats] = []
+    for start, first_row, count, rows in _chunk_groups(hidden.shape[0], chunk_tokens):
+        k = min(topk, rows * hidden.shape[1])
+        decoded = [decode_proof(p, k) for p in proofs[start : start + count]]
+        moduli = np.array([m for m, _ in decoded], dtype=np.int64)
+        coeffs = np.stack([c for _, c in decoded])
+        idx, bits = _topk(hidden, first_row, count, rows, topk)
+        committed = evaluate(coeffs, idx % moduli[:, None])
+        stats.extend(_compare(committed, bits))
+    return stats
