@@ -154,7 +154,10 @@ def cmd_peer_start(args: argparse.Namespace) -> int:
 
     trio.run(serve_until_signal, lambda task_status: run_node(
         config, sections=sections, peertable_config=table, on_ready=announce, task_status=task_status))
-    print("peer stopped", flush=True)
+    try:
+        print("peer stopped", flush=True)
+    except BrokenPipeError:
+        pass  # whoever read our stdout is gone; the stop itself was clean
     return 0
 
 

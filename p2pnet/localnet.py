@@ -82,7 +82,7 @@ class PeerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=timeout_s)
-        if self.proc.stdout is not None:
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
             rest = self.proc.stdout.read() or b""
             self.output.extend(rest.decode(errors="replace").splitlines())
             self.proc.stdout.close()
@@ -153,12 +153,12 @@ def start_network(
 
 
 def wait_for_full_tables(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25,
-                         on_progress: Any = None) -> float:
+                         on_progress: Any = None, status_timeout_s: float = 10.0) -> float:
     """Poll until every peer knows every other; returns seconds taken; raises on timeout."""
     start = time.monotonic()
     want = {p.peer_id for p in peers}
     for _ in range(int(timeout_s / poll_s) + 1):
-        known = {p.peer_id: {e["peer_id"] for e in p.status()["peers"]} for p in peers}
+        known = {p.peer_id: {e["peer_id"] for e in p.status(status_timeout_s)["peers"]} for p in peers}
         if on_progress is not None:
             on_progress(known)
         if all(known[p] == want - {p} for p in want):

@@ -289,7 +289,7 @@ async def run_node(
 
             control.register("status", status_command)
             control.register("announce", announce_command)
-            for role_name in config.roles:
+            for role_name in sorted(config.roles, key=lambda r: r != "relay"):  # others build on relay
                 role = build_role(role_name, node, sections.get(role_name, {}))
                 node.roles[role_name] = role
                 await nursery.start(role.run)

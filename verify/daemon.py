@@ -36,7 +36,7 @@ import trio
 
 from p2pnet.config import from_mapping, validated
 from p2pnet.control import Reply
-from p2pnet.errors import ConfigError
+from p2pnet.errors import ConfigError, LocalStateError
 from verify.errors import ProofError
 from verify.reputation import BatchInvalidated, WorkerBanned
 from verify.validator import (CheckDropped, CheckRequested, Penalise, ValidatorCore, ValidatorCoreConfig,
@@ -75,6 +75,7 @@ class ValidatorConfig:
     ban_s: float = 0.0
     penalty: float = 2.0
     thresholds: dict[str, float] = field(default_factory=dict)
+    version_wait_s: float = 60.0
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -157,14 +158,52 @@ class ModelSource:
         return [str(p) for p in self._cache]
 
 
-def load_model_folder(folder: Path, device: str) -> LoadedModel:
-    """Load a trainer model folder and wrap its one-prefill forward (torch imported here)."""
+class RelayModelSource:
+    """`source(version) -> LoadedModel`: a base model folder's architecture with the weights of
+    checkpoint `version` from the relay store (verified chunk by chunk), with a small LRU."""
+
+    def __init__(self, base_dir: Path, store: Any, *, cache_size: int = 2, device: str = "cpu") -> None:
+        self.base_dir = base_dir
+        self.store = store
+        self.cache_size = cache_size
+        self.device = device
+        self._cache: OrderedDict[int, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, version: int) -> LoadedModel:
+        with self._lock:
+            model = self._cache.get(version)
+            if model is not None:
+                self._cache.move_to_end(version)
+                return model
+            try:
+                model = load_model_folder(self.base_dir, self.device, weights=(self.store, version))
+            except (OSError, RuntimeError, ValueError, LocalStateError) as exc:
+                raise ModelUnavailable(f"cannot load version {version}: {exc}") from exc
+            self._cache[version] = model
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            return model
+
+    def cached(self) -> list[str]:
+        return [f"v{v}" for v in self._cache]
+
+
+def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None = None) -> LoadedModel:
+    """Load a trainer model folder and wrap its one-prefill forward (torch imported here).
+
+    With `weights=(store, version)`, the folder gives the architecture and tokenizer and the
+    relay store gives that checkpoint version's weights."""
     import torch
 
     torch.set_num_threads(1)
-    from trainer.model import load_model_dir
+    from trainer.model import load_model_dir, load_weights_into
 
     model, tokenizer = load_model_dir(folder)
+    if weights is not None:
+        from relay.loader import load_state_dict
+
+        load_weights_into(model, load_state_dict(*weights))
     model.to(device)
 
     @torch.no_grad()
@@ -259,6 +298,11 @@ class ValidatorRole:
         if checker is None and model_source is None and self.config.model_path is None \
                 and self.config.checkpoint_dir is None:
             raise ConfigError("validator.model_path", "set model_path or checkpoint_dir (where models are found)")
+        self.relay = node.roles.get("relay")
+        if model_source is None and self.relay is not None and self.config.checkpoint_dir is None \
+                and self.config.model_path is not None:
+            model_source = RelayModelSource(self.config.model_path, self.relay.store,
+                                            cache_size=self.config.model_cache, device=self.config.device)
         for folder in (self.config.model_path, self.config.checkpoint_dir):
             if folder is not None and not folder.is_dir():
                 log.warning("validator: %s is not a folder (yet); checks will fail until it appears", folder)
@@ -283,6 +327,11 @@ class ValidatorRole:
     async def _check(self, request: CheckRequested) -> None:
         sid = request.submission_id
         started = time.perf_counter()
+        if isinstance(self.models, RelayModelSource):
+            version = request.submission.model_version
+            with trio.move_on_after(self.config.version_wait_s):
+                while not self.relay.watcher.is_complete(version):
+                    await self.relay.watcher.wait_newer(version - 1, at_least=version)
         try:
             accepted, reasons = await trio.to_thread.run_sync(self.checker, request)
         except ModelUnavailable as exc:
@@ -327,7 +376,7 @@ class ValidatorRole:
 
     def status(self) -> dict[str, Any]:
         stats = self.core.status(trio.current_time())
-        cached = self.models.cached() if isinstance(self.models, ModelSource) else []
+        cached = self.models.cached() if isinstance(self.models, (ModelSource, RelayModelSource)) else []
         return {**stats, "sample_rate": self.config.sample_rate, "models_cached": cached,
                 "recent": list(self.recent)}
 

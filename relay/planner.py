@@ -1,0 +1,248 @@
+"""Who fetches which chunk from whom: striped, capacity-weighted relay trees (pure functions).
+
+Theory of operation. A single k-ary tree is about k times slower than the lower bound
+(DESIGN.md, principle 4): leaves upload nothing. We cut the checkpoint into K stripes (sets of
+chunks) and build one tree per stripe, every tree rooted at the origin (the publisher) and
+spanning every other member. Each member is *interior* in exactly one tree, its home stripe,
+and a leaf in the others, so every member's upload carries one stripe to others.
+
+Balancing, from advertised upload capacities u_p (bytes/s):
+
+1. Home stripes: members in descending capacity are dealt to the stripe with the least capacity
+   so far (LPT scheduling), so the stripes' interior capacities are nearly equal.
+2. Fan-out: stripe s has capacity c_s = sum of its interior uploads + U_origin/K and must reach
+   N members, so each child could be fed at R_s = c_s / N. A member's fan-out is floor(u_p / R)
+   for the largest R <= R_s whose floors still give N slots, so no parent feeds a child slower
+   than R (rounding a slow parent up would make its whole subtree the stripe's straggler). The
+   stripe then takes about S_s / R seconds.
+3. Shape: children are attached breadth-first to parents in descending capacity, interior
+   members first, so the fast members sit near the root and trees stay shallow.
+4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
+   interleaved so every stripe advances through the file at once.
+
+With balanced stripes every stripe finishes at about N*S/(U_origin + sum u_p), the lower bound,
+plus a pipelining term (tree depth x one chunk time, since each chunk is forwarded as soon as
+it is verified). `lower_bound_s` gives the bound the simulator reports against.
+
+Plans are cached: many simulated peers sharing one `Membership` object compute a plan once.
+This module is pure: no I/O, no clock, no randomness (ties are broken by hashed peer ids).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterable, Mapping
+
+import blake3
+
+
+@dataclass(frozen=True, eq=False)
+class Membership:
+    """The peers taking part in a broadcast and their upload capacities (bytes/s).
+
+    Compared and hashed by a digest of its contents, computed once, so a plan cache keyed by
+    membership costs O(1) per lookup even with 10,000 members.
+    """
+
+    uploads: Mapping[str, float]
+    digest: bytes = field(default=b"")
+
+    @classmethod
+    def of(cls, uploads: Mapping[str, float]) -> Membership:
+        items = sorted((p, float(u)) for p, u in uploads.items())
+        h = blake3.blake3()
+        for peer, upload in items:
+            h.update(f"{peer}={upload!r};".encode())
+        return cls(dict(items), h.digest())
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Membership) and other.digest == self.digest
+
+    def __len__(self) -> int:
+        return len(self.uploads)
+
+    def __contains__(self, peer: object) -> bool:
+        return peer in self.uploads
+
+
+@dataclass(frozen=True, eq=False)
+class StripePlan:
+    """The trees of one broadcast. `parent[s][p]` is p's parent in stripe s's tree."""
+
+    origin: str
+    stripes: int
+    home: Mapping[str, int]
+    parent: tuple[Mapping[str, str], ...]
+    fanout: tuple[Mapping[str, int], ...]
+    stripe_of_chunk: tuple[int, ...]
+    chunks_of_stripe: tuple[tuple[int, ...], ...]
+    capacity_bps: tuple[float, ...]
+
+    def ancestors(self, stripe: int, peer: str) -> list[str]:
+        """p's parent, grandparent, ... up to the origin in `stripe`; [] if p is not planned."""
+        chain = []
+        parents = self.parent[stripe]
+        current = parents.get(peer)
+        while current is not None and len(chain) <= len(parents):
+            chain.append(current)
+            current = parents.get(current)
+        return chain
+
+    def depth(self, stripe: int, peer: str) -> int:
+        return len(self.ancestors(stripe, peer))
+
+    def children(self, stripe: int, peer: str) -> list[str]:
+        """`peer`'s children in `stripe` (the index is built once per plan, O(N))."""
+        index = self.__dict__.get("_children")
+        if index is None:
+            index = [{} for _ in range(self.stripes)]
+            for s, parents in enumerate(self.parent):
+                for child, parent in parents.items():
+                    index[s].setdefault(parent, []).append(child)
+            object.__setattr__(self, "_children", index)
+        return sorted(index[stripe].get(peer, ()))
+
+    def interior(self, stripe: int) -> list[str]:
+        return sorted(p for p, s in self.home.items() if s == stripe and self.fanout[stripe].get(p, 0) > 0)
+
+
+def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,
+                   stripes: int, salt: bytes = b"") -> StripePlan:
+    """The striped trees for sending `chunk_count` chunks from `origin` to every member."""
+    return _plan_cached(origin, float(origin_upload_bps), members, chunk_count, stripes, salt)
+
+
+@lru_cache(maxsize=64)
+def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,
+                 stripes: int, salt: bytes) -> StripePlan:
+    uploads = members.uploads
+    order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
+    n = len(order)
+    k = max(1, min(stripes, n, chunk_count)) if n and chunk_count else 1
+    home = _deal_home_stripes(order, uploads, k)
+    parents: list[dict[str, str]] = []
+    fanouts: list[dict[str, int]] = []
+    capacities: list[float] = []
+    origin_share = max(origin_upload_bps, 1.0) / k
+    for s in range(k):
+        interior = [p for p in order if home[p] == s]
+        capacity = origin_share + sum(uploads[p] for p in interior)
+        fanout = _fanouts(origin, origin_share, interior, uploads, n, capacity)
+        leaves = [p for p in order if home[p] != s]
+        parents.append(_attach(origin, interior + leaves, fanout))
+        fanouts.append(fanout)
+        capacities.append(capacity)
+    stripe_of_chunk = _deal_chunks(chunk_count, capacities)
+    chunks_of_stripe = tuple(tuple(i for i, s in enumerate(stripe_of_chunk) if s == t) for t in range(k))
+    return StripePlan(origin, k, home, tuple(parents), tuple(fanouts), stripe_of_chunk, chunks_of_stripe,
+                      tuple(capacities))
+
+
+def plan_tree(origin: str, members: Membership, chunk_count: int, fanout: int, salt: bytes = b"") -> StripePlan:
+    """Baseline: one pipelined tree of fixed `fanout`, fastest members nearest the root.
+
+    `fanout` >= the member count gives a star (everyone pulls from the origin)."""
+    return _tree_cached(origin, members, chunk_count, fanout, salt)
+
+
+@lru_cache(maxsize=16)
+def _tree_cached(origin: str, members: Membership, chunk_count: int, fanout: int, salt: bytes) -> StripePlan:
+    uploads = members.uploads
+    order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
+    slots = {origin: fanout, **{p: fanout for p in order}}
+    parent = _attach(origin, order, slots)
+    home = {p: 0 for p in order}
+    return StripePlan(origin, 1, home, (parent,), (slots,), (0,) * chunk_count, (tuple(range(chunk_count)),),
+                      (float(sum(uploads.values())),))
+
+
+def _tiebreak(salt: bytes, peer: str) -> bytes:
+    return blake3.blake3(salt + peer.encode()).digest(8)
+
+
+def _deal_home_stripes(order: list[str], uploads: Mapping[str, float], k: int) -> dict[str, int]:
+    heap = [(0.0, s) for s in range(k)]
+    home = {}
+    for peer in order:
+        load, s = heapq.heappop(heap)
+        home[peer] = s
+        heapq.heappush(heap, (load + uploads[peer], s))
+    return home
+
+
+def _fanouts(origin: str, origin_share: float, interior: list[str], uploads: Mapping[str, float],
+             n: int, capacity: float) -> dict[str, int]:
+    """Integer fan-outs with every parent feeding each child at >= R, for the largest such R.
+
+    Rounding a slow parent's fan-out up would make its children slower than the stripe, so we
+    search the per-child rate R (at most capacity / n) for which the floors still add up to n
+    slots; the origin keeps at least one child.
+    """
+    if n == 0:
+        return {origin: 0}  # nobody to send to yet (a publisher alone)
+    names = [origin] + interior
+    caps = [origin_share] + [uploads[p] for p in interior]
+
+    def slots(rate: float) -> int:
+        return max(1, int(caps[0] / rate)) + sum(int(c / rate) for c in caps[1:])
+
+    high = capacity / n
+    if slots(high) >= n:
+        rate = high
+    else:
+        low = high
+        while slots(low) < n:
+            low /= 2
+        for _ in range(40):
+            mid = (low + high) / 2
+            low, high = (mid, high) if slots(mid) >= n else (low, mid)
+        rate = low
+    counts = [max(1, int(caps[0] / rate))] + [int(c / rate) for c in caps[1:]]
+    return dict(zip(names, counts))
+
+
+def _attach(origin: str, to_place: list[str], fanout: Mapping[str, int]) -> dict[str, str]:
+    """Breadth-first: each peer in order takes a slot of the earliest parent with one free."""
+    parent: dict[str, str] = {}
+    queue = [origin]
+    slots = {origin: fanout.get(origin, 0)}
+    head = 0
+    for peer in to_place:
+        while slots[queue[head]] == 0:
+            head += 1
+        chosen = queue[head]
+        slots[chosen] -= 1
+        parent[peer] = chosen
+        if fanout.get(peer, 0) > 0:
+            queue.append(peer)
+            slots[peer] = fanout[peer]
+    return parent
+
+
+def _deal_chunks(chunk_count: int, capacities: list[float]) -> tuple[int, ...]:
+    """Chunk i -> stripe, shares proportional to capacity, interleaved (smooth weighted round robin)."""
+    total = sum(capacities)
+    weights = [c / total for c in capacities]
+    credit = [0.0] * len(capacities)
+    out = []
+    for _ in range(chunk_count):
+        for s, w in enumerate(weights):
+            credit[s] += w
+        best = max(range(len(credit)), key=lambda s: credit[s])
+        credit[best] -= 1.0
+        out.append(best)
+    return tuple(out)
+
+
+def lower_bound_s(total_bytes: int, origin_upload_bps: float, uploads: Iterable[float]) -> float:
+    """max(S/U_origin, N*S/(U_origin + sum of peers' upload)): no schedule can beat it."""
+    uploads = list(uploads)
+    if not uploads:
+        return 0.0
+    n = len(uploads)
+    return max(total_bytes / origin_upload_bps, n * total_bytes / (origin_upload_bps + sum(uploads)))

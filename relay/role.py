@@ -1,0 +1,561 @@
+"""`RelayRole`: the trio shell that runs the transfer core, serves chunks and fetches them.
+
+What it owns: the chunk store of this peer, one `TransferCore` (driven by the node's
+`CoreRunner`), the data-plane channel `relay/chunks` (serving), one upstream connection per
+source peer (fetching), the control commands `checkpoint.publish|status|fetch`, and the
+`VersionWatcher` that tells trainers and workers when a version is complete.
+
+Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Penalise`) and
+relay events are peeled off the core's effect list by `_Peeler` and queued, in order, for the
+dispatcher task; everything else goes to the node as usual. A `Fetch` goes to the `_Upstream`
+of its peer: one TCP connection to the peer's advertised `data_addr`, many pipelined requests,
+responses in any order (header frame, then exactly `length` raw bytes). A response is believed
+only if it has the expected length and `put_chunk` finds it hashes to the manifest's digest;
+a connection that ends inside a chunk (a killed peer) fails every request still outstanding
+on it as `unreachable`, never as a short chunk. The server side answers a request once it
+holds the chunk (waiting up to `request_timeout_s` for it to arrive: this is how chunks are
+forwarded as soon as they are verified), serving at most `max_concurrent_uploads` at once,
+requests flagged urgent (the requester forwards that stripe) first, recently verified chunks
+from memory.
+
+Test hook: with the environment variable P2PNET_TEST_CORRUPT_CHUNKS=1 this peer flips a byte in
+every chunk it serves (a byzantine relay for the tests). It is read once at start, logged as an
+error, and reported in `status()`; nothing else enables it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from p2pnet.core import Emit
+from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.errors import ConfigError, MessageRejected, P2PNetError, PeerUnavailable
+from p2pnet.peertable import PeerJoined, PeerLeft
+from relay.config import RelayConfig, relay_config
+from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionUnknown
+from relay.loader import VersionWatcher
+from relay.manifest import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, SignedManifest, open_manifest
+from relay.messages import (OP_CHUNK, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
+                            ChunkResponse)
+from relay.store import ChunkStore
+from relay.transfer import (DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, TransferConfig,
+                            TransferCore, VersionComplete)
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "relay/chunks"
+CORRUPT_ENV = "P2PNET_TEST_CORRUPT_CHUNKS"
+OP_URGENT = 0x80  # or-ed into the op byte: the requester forwards this chunk
+MEMBERS_POLL_S = 1.0
+CACHE_BYTES = 256 * 1024 * 1024
+MAX_REQUESTS_PER_CONNECTION = 256
+_RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise)
+
+
+class _Peeler:
+    """The core as the node sees it: relay effects and events are diverted to `divert`."""
+
+    def __init__(self, core: TransferCore, divert: Callable[[Any], None]) -> None:
+        self.core = core
+        self.topics = core.topics
+        self.kinds = core.kinds
+        self._divert = divert
+
+    def peel(self, effects: list[Any]) -> list[Any]:
+        kept = []
+        for effect in effects:
+            if isinstance(effect, _RELAY_EFFECTS):
+                self._divert(effect)
+                continue
+            if isinstance(effect, Emit) and isinstance(effect.event, (ManifestAccepted, VersionComplete)):
+                self._divert(effect.event)
+            kept.append(effect)
+        return kept
+
+    def start(self, now: float) -> list[Any]:
+        return self.peel(self.core.start(now))
+
+    def on_message(self, now: float, envelope: Any) -> list[Any]:
+        return self.peel(self.core.on_message(now, envelope))
+
+    def on_timer(self, now: float, key: str) -> list[Any]:
+        return self.peel(self.core.on_timer(now, key))
+
+    def on_rejected(self, now: float, peer: str, reason: str) -> list[Any]:
+        return self.peel(self.core.on_rejected(now, peer, reason))
+
+
+class _UploadSlots:
+    """At most `slots` chunks served at once; urgent waiters go first, FIFO within a class."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+        self._waiters: list[list[trio.Event]] = [[], []]  # [urgent, normal]
+
+    async def acquire(self, urgent: bool) -> None:
+        if self.free > 0 and not self._waiters[0] and not self._waiters[1]:
+            self.free -= 1
+            return
+        event = trio.Event()
+        queue = self._waiters[0 if urgent else 1]
+        queue.append(event)
+        try:
+            await event.wait()
+        except BaseException:
+            if event in queue:
+                queue.remove(event)
+            elif event.is_set():
+                self.release()  # we were handed a slot while being cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        for queue in self._waiters:
+            if queue:
+                queue.pop(0).set()  # the slot moves straight to this waiter
+                return
+        self.free += 1
+
+
+class RelayRole:
+    def __init__(self, node: Any, section: dict[str, Any]) -> None:
+        self.node = node
+        self.config: RelayConfig = relay_config(section).trusting(node.peer_id)
+        self.store = ChunkStore(self.config.store_root(node.config.data_dir), budget_bytes=self.config.budget_bytes,
+                                keep_versions=self.config.keep_versions,
+                                trusted_publishers=self.config.trusted_publishers, fsync=self.config.fsync)
+        self.watcher = VersionWatcher(self.store.complete_versions())
+        self.corrupt_chunks = os.environ.get(CORRUPT_ENV) == "1"
+        if self.corrupt_chunks:
+            log.error("%s=1: this peer CORRUPTS every chunk it serves (test hook for byzantine relays)", CORRUPT_ENV)
+        trusted = frozenset(self.config.trusted_publishers)
+        transfer = TransferConfig(
+            stall_timeout_s=self.config.stall_timeout_s, exclude_s=2 * self.config.stall_timeout_s,
+            announce_interval_s=self.config.announce_interval_s,
+            max_in_flight=2 * self.config.max_concurrent_downloads)
+        self.core = TransferCore(
+            transfer, node.peer_id,
+            open_frame=lambda frame, now: open_manifest(frame, trusted_publishers=trusted, now_s=time.time()),
+            self_upload_bps=node.config.upload_bps, held=self.store.has_chunk)
+        self._queue_send, self._queue = trio.open_memory_channel[Any](math.inf)
+        self._peeler = _Peeler(self.core, self._queue_send.send_nowait)
+        self._runner: Any = None
+        self._nursery: trio.Nursery | None = None
+        self._upstreams: dict[str, _Upstream] = {}
+        self._slots = _UploadSlots(self.config.max_concurrent_uploads)
+        self._arrivals: dict[bytes, trio.Event] = {}
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self._members_changed = trio.Event()
+        self.served: dict[str, int] = {}  # peer -> chunks served to it
+        self.fetched_from: dict[str, int] = {}  # peer -> chunks fetched from it
+        self.serving_now: dict[str, int] = {}
+        self.bytes_served = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.node.dataplane.register(CHANNEL, self._serve)
+            self._runner = await self.node.add_core(self._peeler, "relay")
+            nursery.start_soon(self._dispatch)
+            nursery.start_soon(self._follow_members)
+            self.node.on_event(self._on_node_event)
+            for signed in self.store.manifests():
+                missing = set(self.store.missing(signed))
+                held = [i for i in range(len(signed.manifest.chunk_digests)) if i not in missing]
+                await self._command(lambda now, s=signed, h=held: self.core.add_version(now, s, h))
+            for name, fn in (("checkpoint.publish", self._cmd_publish), ("checkpoint.status", self._cmd_status),
+                             ("checkpoint.fetch", self._cmd_fetch)):
+                self.node.control.register(name, _refusing_errors(fn))
+            task_status.started()
+
+    async def _command(self, fn: Callable[[float], list[Any]]) -> None:
+        await self._runner.command(lambda now: self._peeler.peel(fn(now)))
+
+    # -- what trainers and workers use ------------------------------------------------------
+
+    async def publish(self, paths: list[Path], model: str, version: int, previous_version: int = -1,
+                      chunk_bytes: int | None = None) -> SignedManifest:
+        """Sign and store `paths` as checkpoint `version`, then announce it to the network."""
+        signed = await trio.to_thread.run_sync(lambda: self.store.publish_files(
+            self.node.identity, [Path(p) for p in paths], model=model, version=version,
+            previous_version=previous_version, chunk_bytes=chunk_bytes or self.config.chunk_bytes,
+            now_s=time.time()))
+        await self._command(lambda now: self.core.publish(now, signed))
+        self.watcher.mark_complete(version)
+        return signed
+
+    async def wait_for_version(self, min_version: int = 0) -> int:
+        """Wait until a version >= `min_version` is complete here; returns the oldest such."""
+        return await self.watcher.wait_newer(min_version - 1)
+
+    # -- effects --------------------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        async for item in self._queue:
+            if isinstance(item, Fetch):
+                self._upstream(item.peer).submit(item)
+            elif isinstance(item, FetchManifest):
+                self._nursery.start_soon(self._fetch_manifest, item)  # type: ignore[union-attr]
+            elif isinstance(item, DropSource):
+                upstream = self._upstreams.pop(item.peer, None)
+                if upstream is not None:
+                    upstream.close()
+            elif isinstance(item, Penalise):
+                now = trio.current_time()
+                for effect in self.node.peertable.penalise(now, item.peer, item.amount):
+                    self.node.carry_out("peertable", effect)
+                log.warning("penalised %s by %s: %s", item.peer, item.amount, item.reason)
+            elif isinstance(item, ManifestAccepted):
+                await self._keep_manifest(item.signed)
+            elif isinstance(item, VersionComplete):
+                self.watcher.mark_complete(item.version)
+                log.info("version %d complete (%d chunks fetched in %.1fs)", item.version, item.fetched_chunks,
+                         item.seconds)
+
+    async def _keep_manifest(self, signed: SignedManifest) -> None:
+        try:
+            await trio.to_thread.run_sync(self.store.add_manifest, signed)
+        except ManifestRejected as exc:  # the publisher signed two manifests for one version
+            log.error("manifest for version %d refused by the store: %s", signed.version, exc)
+            self.core.forget(signed.version)
+
+    def _upstream(self, peer: str) -> _Upstream:
+        upstream = self._upstreams.get(peer)
+        if upstream is None or upstream.closed:
+            upstream = _Upstream(self, peer)
+            self._upstreams[peer] = upstream
+            self._nursery.start_soon(upstream.run)  # type: ignore[union-attr]
+        return upstream
+
+    def data_addr(self, peer: str) -> str | None:
+        entry = self.node.peertable.get(peer)
+        return entry.data_addr if entry is not None else None
+
+    async def report_fetched(self, peer: str, fetch: Fetch, data: bytes, elapsed_s: float) -> None:
+        """Verify and store one chunk from `peer`; tell the core either way."""
+        try:
+            await trio.to_thread.run_sync(lambda: self.store.put_chunk(fetch.digest, data, sender=peer))
+        except ChunkCorrupt:
+            log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
+            await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, "corrupt"))
+            return
+        except StoreFull as exc:
+            log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
+            await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
+                                                                   "unavailable"))
+            return
+        self._remember(fetch.digest, data)
+        self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
+        arrived = self._arrivals.pop(fetch.digest, None)
+        if arrived is not None:
+            arrived.set()
+        await self._command(lambda now: self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s))
+
+    async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
+        await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
+
+    async def _fetch_manifest(self, ask: FetchManifest) -> None:
+        address = self.data_addr(ask.peer)
+        try:
+            if address is None:
+                raise PeerUnavailable(f"no data address for {ask.peer}")
+            with trio.fail_after(self.config.request_timeout_s):
+                stream = await open_data_stream(address, CHANNEL)
+                async with stream:
+                    await send_frame(stream, self.node.peer_id.encode())
+                    await send_frame(stream, ChunkRequest(OP_MANIFEST, 0, ask.version, 0, bytes(32)).pack())
+                    reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
+                    header = ChunkResponse.unpack(await _frame(reader))
+                    if header.status != STATUS_OK or header.length > MAX_MANIFEST_BYTES:
+                        return
+                    frame = await reader.exactly(header.length)
+        except (PeerUnavailable, trio.TooSlowError, trio.BrokenResourceError, OSError, ValueError) as exc:
+            log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
+            return
+        await self._command(lambda now: self.core.manifest_frame(now, ask.peer, frame))
+
+    # -- membership -----------------------------------------------------------------------
+
+    def _on_node_event(self, origin: str, event: Any) -> None:
+        if isinstance(event, (PeerJoined, PeerLeft)):
+            self._members_changed.set()
+
+    async def _follow_members(self) -> None:
+        while True:
+            uploads = {e.peer_id: float(e.capacity.upload_bps) for e in self.node.peertable.with_role("relay")}
+            await self._command(lambda now: self.core.set_members(now, uploads))
+            with trio.move_on_after(MEMBERS_POLL_S):
+                await self._members_changed.wait()
+            self._members_changed = trio.Event()
+
+    # -- serving --------------------------------------------------------------------------
+
+    def _remember(self, digest: bytes, data: bytes) -> None:
+        """Keep recently verified chunks in memory: the next hop asks for them right away."""
+        if digest in self._cache:
+            return
+        self._cache[digest] = data
+        self._cache_bytes += len(data)
+        while self._cache_bytes > CACHE_BYTES:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
+
+    async def _serve(self, stream: trio.SocketStream, reader: FrameReader) -> None:
+        """One requester's connection: answer each request when we can, in any order."""
+        client = (await _frame(reader)).decode("utf-8", "replace")[:64]  # informational only
+        send_lock = trio.Lock()
+        pending = trio.CapacityLimiter(MAX_REQUESTS_PER_CONNECTION)
+        async with trio.open_nursery() as nursery:
+            try:
+                while True:
+                    frame = await reader.frame()
+                    if frame is None:
+                        break  # the requester hung up: drop what it still waits for
+                    request = _parse_request(frame)
+                    await pending.acquire_on_behalf_of(request)
+                    nursery.start_soon(self._answer, stream, send_lock, client, request, pending,
+                                       nursery.cancel_scope)
+            except ValueError as exc:
+                log.info("garbage chunk request from %s: %s", client, exc)
+            except (PeerUnavailable, MessageRejected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.info("chunk requests from %s ended: %s", client, exc)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _answer(self, stream: trio.SocketStream, send_lock: trio.Lock, client: str,
+                      request: tuple[ChunkRequest, bool], pending: trio.CapacityLimiter,
+                      connection: trio.CancelScope) -> None:
+        req, urgent = request
+        try:
+            if req.op == OP_MANIFEST:
+                try:
+                    payload = self.store.manifest(req.version).frame
+                except VersionUnknown:
+                    payload = None
+                await self._respond(stream, send_lock, req.request_id, payload)
+                return
+            if not await self._wait_for(req.digest):
+                await self._respond(stream, send_lock, req.request_id, None)
+                return
+            await self._slots.acquire(urgent)
+            try:
+                self.serving_now[client] = self.serving_now.get(client, 0) + 1
+                data = self._cache.get(req.digest)
+                if data is None:
+                    data = await trio.to_thread.run_sync(self.store.read_chunk, req.digest)
+                if self.corrupt_chunks:
+                    data = bytes([data[0] ^ 0xFF]) + data[1:]
+                await self._respond(stream, send_lock, req.request_id, data)
+                self.served[client] = self.served.get(client, 0) + 1
+                self.bytes_served += len(data)
+            except ChunkMissing:
+                await self._respond(stream, send_lock, req.request_id, None)
+            finally:
+                self.serving_now[client] -= 1
+                if not self.serving_now[client]:
+                    del self.serving_now[client]
+                self._slots.release()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.info("chunk answers to %s ended: %s", client, exc)
+            connection.cancel()
+        finally:
+            pending.release_on_behalf_of(request)
+
+    async def _wait_for(self, digest: bytes) -> bool:
+        if self.store.has_chunk(digest):
+            return True
+        event = self._arrivals.setdefault(digest, trio.Event())
+        with trio.move_on_after(self.config.request_timeout_s):
+            await event.wait()
+        return self.store.has_chunk(digest)
+
+    async def _respond(self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int,
+                       payload: bytes | None) -> None:
+        status, length = (STATUS_OK, len(payload)) if payload is not None else (STATUS_UNAVAILABLE, 0)
+        async with send_lock:
+            await send_frame(stream, ChunkResponse(request_id, status, length).pack())
+            if payload:
+                await stream.send_all(payload)
+
+    # -- control commands and status --------------------------------------------------------
+
+    async def _cmd_publish(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
+        paths = request.get("paths")
+        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+            raise ConfigError("paths", "a non-empty list of file paths")
+        signed = await self.publish([Path(p) for p in paths], str(request.get("model", "model")),
+                                    int(request["version"]), int(request.get("previous_version", -1)),
+                                    request.get("chunk_bytes"))
+        return {"manifest_id": signed.manifest_id.hex(), "version": signed.version,
+                "chunks": len(signed.manifest.chunk_digests), "total_bytes": signed.manifest.total_bytes}
+
+    async def _cmd_status(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
+        return self.status()
+
+    async def _cmd_fetch(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
+        version = int(request["version"])
+        out_dir = Path(str(request.get("out_dir") or request.get("out") or ""))
+        if not out_dir.is_absolute():
+            raise ConfigError("out_dir", "an absolute directory path")
+        timeout_s = float(request.get("timeout_s", 600.0))
+        with trio.move_on_after(timeout_s) as scope:
+            while not self.watcher.is_complete(version):
+                if self.core.knows(version):
+                    p = self.core.progress(trio.current_time(), version)
+                    await reply({"progress": {k: p[k] for k in ("version", "chunks_have", "chunks_total",
+                                                                  "bytes_per_s")}})
+                with trio.move_on_after(0.5):
+                    await self.watcher.wait_newer(version - 1, at_least=version)
+        if scope.cancelled_caught:
+            raise PeerUnavailable(f"version {version} not complete after {timeout_s}s")
+        files = await trio.to_thread.run_sync(self.store.export_version, version, out_dir)
+        return {"version": version, "files": [str(f) for f in files],
+                "total_bytes": self.store.manifest(version).manifest.total_bytes}
+
+    def status(self) -> dict[str, Any]:
+        now = trio.current_time()
+        status = self.store.status()
+        status.update(
+            complete_versions=self.core.complete_versions(),
+            transfers=self.core.status(now),
+            fetching_from={p: u.outstanding for p, u in self._upstreams.items() if u.outstanding},
+            fetched_from=dict(self.fetched_from),
+            serving_to=dict(self.serving_now),
+            served_to=dict(self.served),
+            bytes_served=self.bytes_served,
+            corrupting_chunks=self.corrupt_chunks,
+        )
+        return status
+
+
+class _Upstream:
+    """Our connection to one source: pipelined chunk requests, responses in any order."""
+
+    def __init__(self, role: RelayRole, peer: str) -> None:
+        self.role = role
+        self.peer = peer
+        self.closed = False
+        self._pending: dict[int, tuple[Fetch, float]] = {}
+        self._next_id = 0
+        self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
+        self._scope = trio.CancelScope()
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def submit(self, fetch: Fetch) -> None:
+        self._send.send_nowait(fetch)
+
+    def close(self) -> None:
+        """Abandon this source (the core gave up on it); outstanding requests are not reported."""
+        self.closed = True
+        self._pending.clear()
+        self._scope.cancel()
+
+    async def run(self) -> None:
+        with self._scope:
+            address = self.role.data_addr(self.peer)
+            try:
+                if address is None:
+                    raise PeerUnavailable(f"no data address known for {self.peer}")
+                stream = await open_data_stream(address, CHANNEL)
+            except PeerUnavailable as exc:
+                log.info("source %s: %s", self.peer, exc)
+            else:
+                async with stream, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write, stream, nursery.cancel_scope)
+                    try:
+                        await send_frame(stream, self.role.node.peer_id.encode())
+                        await self._read(stream)
+                    except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                        log.info("source %s: %s", self.peer, exc)
+                    except (_CorruptSource, ValueError) as exc:
+                        log.warning("source %s broke the chunk protocol: %s", self.peer, exc)
+                    finally:
+                        nursery.cancel_scope.cancel()
+        self.closed = True
+        await self._fail_all()
+
+    async def _write(self, stream: trio.SocketStream, connection: trio.CancelScope) -> None:
+        try:
+            async for fetch in self._receive:
+                self._next_id += 1
+                self._pending[self._next_id] = (fetch, trio.current_time())
+                op = OP_CHUNK | (OP_URGENT if fetch.urgent else 0)
+                request = ChunkRequest(op, self._next_id, fetch.version, fetch.index, fetch.digest)
+                await send_frame(stream, request.pack())
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.info("requests to %s ended: %s", self.peer, exc)
+            connection.cancel()
+
+    async def _read(self, stream: trio.SocketStream) -> None:
+        reader = FrameReader(stream, max_frame_bytes=RESPONSE.size, read_bytes=4 << 20)
+        while True:
+            header = ChunkResponse.unpack(await _frame(reader))
+            entry = self._pending.get(header.request_id)
+            if entry is None:
+                raise _CorruptSource(f"answer to request {header.request_id}, which we never sent")
+            fetch, sent_at = entry
+            if header.status != STATUS_OK:
+                del self._pending[header.request_id]
+                await self.role.report_failed(self.peer, fetch, "unavailable")
+                continue
+            if header.length != fetch.size or header.length > MAX_CHUNK_BYTES:
+                del self._pending[header.request_id]
+                await self.role.report_failed(self.peer, fetch, "corrupt")
+                raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
+            data = await reader.exactly(header.length)  # TruncatedStream if the source dies mid-chunk
+            del self._pending[header.request_id]
+            await self.role.report_fetched(self.peer, fetch, data, trio.current_time() - sent_at)
+
+    async def _fail_all(self) -> None:
+        pending, self._pending = list(self._pending.values()), {}
+        with trio.CancelScope(shield=True):
+            for fetch, _ in pending:
+                await self.role.report_failed(self.peer, fetch, "unreachable")
+            while True:  # requests not yet sent fail too
+                try:
+                    fetch = self._receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                await self.role.report_failed(self.peer, fetch, "unreachable")
+
+
+class _CorruptSource(Exception):
+    """The source broke the data-plane protocol; internal to `_Upstream`."""
+
+
+def _parse_request(frame: bytes) -> tuple[ChunkRequest, bool]:
+    if frame and frame[0] & OP_URGENT:
+        return ChunkRequest.unpack(bytes([frame[0] & ~OP_URGENT & 0xFF]) + frame[1:]), True
+    return ChunkRequest.unpack(frame), False
+
+
+async def _frame(reader: FrameReader) -> bytes:
+    frame = await reader.frame()
+    if frame is None:
+        raise PeerUnavailable("the connection ended")
+    return frame
+
+
+def _refusing_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A control command that answers {"error": ...} for our named errors instead of crashing."""
+
+    async def command(request: dict[str, Any], reply: Any) -> dict[str, Any]:
+        try:
+            return await fn(request, reply)
+        except (P2PNetError, KeyError, TypeError, ValueError) as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    return command

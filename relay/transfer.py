@@ -1,0 +1,671 @@
+"""The per-peer transfer core: which chunks to fetch, from whom, and what to do when a source fails.
+
+A pure core (see `p2pnet.core`): no I/O, no clock, no randomness. The relay role (real world)
+and `simulations.dataplane` (virtual time) both drive it and carry out its effects.
+
+Theory of operation. A version becomes known through a `ManifestAnnounce` (gossip), a
+`FetchManifest` answer, `publish` (we are the origin) or `add_version` (reloaded from our
+store at startup); the manifest is believed only if the injected `open_frame` accepts it
+(signature by a trusted publisher). Its origin is the manifest's publisher. From the current
+membership (`set_members`: relay peers and their advertised upload) the planner builds striped
+trees; for each stripe we pull that stripe's chunks, in order, from our parent in that tree,
+keeping `window_per_source` requests outstanding per (source, stripe) and at most
+`max_in_flight` in all. A source answers a request for a chunk it does not hold yet as soon as
+it holds it (the shell long-polls), so each chunk is forwarded as soon as it is verified
+(cut-through) and no per-chunk have-messages are needed.
+
+Failures, by who is at fault:
+
+- `corrupt`: the source served bytes that do not hash to the digest. It is banned (never asked
+  again) and penalised through a `Penalise` effect; the chunk is fetched elsewhere.
+- `unreachable`: the connection failed, was reset, or ended inside a chunk (a killed peer).
+  The source is excluded for `exclude_s`; its outstanding chunks are fetched elsewhere.
+- `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
+  The chunk is retried at the next candidate; the source stays usable for other chunks.
+- stall (detected here on the tick): a source with requests outstanding and no completion for
+  `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
+  so it closes the connection.
+
+Candidates for a chunk of stripe s, in order: our parent in s, its ancestors up to the origin,
+then peers that announced `Holding` the whole version (fastest measured first). A peer
+announces `Holding` only once every chunk of the version is verified, and again every
+`announce_interval_s`; learning of a holder of an unknown version asks it for the manifest.
+
+Per-chunk work is O(stripes) (pointer per stripe, cached ancestor chains): no O(N) per event.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import blake3
+
+from p2pnet.config import validated
+from p2pnet.core import Emit, Publish, Send, SetTimer
+from p2pnet.wire import Envelope
+from relay.errors import ManifestRejected
+from relay.manifest import SignedManifest, chunk_range
+from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, MAX_HELD_VERSIONS, HeldVersion, Holding, ManifestAnnounce
+from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
+
+TIMER_TICK = "relay/tick"
+LAYOUTS = ("striped", "tree", "star")
+RATE_EWMA = 0.3
+
+
+# -- effects the relay shell (or the simulator) carries out ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Fetch chunk `index` of `version` from `peer`, check it hashes to `digest`, store it, and
+    report with `fetched` or `fetch_failed`. The source may hold the request until it has it."""
+
+    peer: str
+    version: int
+    index: int
+    digest: bytes
+    size: int
+    urgent: bool = False  # we forward this stripe: serve us before peers that only keep it
+
+
+@dataclass(frozen=True, slots=True)
+class FetchManifest:
+    """Ask `peer` (who announced holding it) for the manifest frame of `version`; report with
+    `manifest_frame`."""
+
+    peer: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class DropSource:
+    """Abandon every outstanding request to `peer` (it stalled): close the connection."""
+
+    peer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Penalise:
+    """Lower `peer`'s score in the peer table by `amount`: it served bytes that do not verify."""
+
+    peer: str
+    amount: float
+    reason: str
+
+
+RelayEffect = Fetch | FetchManifest | DropSource | Penalise
+
+
+# -- events for the local application (Emit) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestAccepted:
+    signed: SignedManifest
+
+
+@dataclass(frozen=True)
+class VersionComplete:
+    version: int
+    manifest_id: bytes
+    fetched_chunks: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SourceDropped:
+    peer: str
+    version: int
+    why: str
+
+
+@validated
+@dataclass(frozen=True)
+class TransferConfig:
+    stripes: int = 16
+    window_per_source: int = 2
+    max_in_flight: int = 16
+    stall_timeout_s: float = 30.0
+    exclude_s: float = 60.0
+    announce_interval_s: float = 5.0
+    corrupt_penalty: float = 5.0
+    manifest_retry_s: float = 5.0
+    announce_sample: int = 8  # about this many holders gossip `Holding` per interval, network-wide
+    layout: str = "striped"  # "tree" and "star" exist as baselines for the simulator
+    tree_fanout: int = 4
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if self.layout not in LAYOUTS:
+            problems["layout"] = f"must be one of {LAYOUTS}"
+        if self.tree_fanout < 1:
+            problems["tree_fanout"] = "must be >= 1"
+        for name in ("stripes", "window_per_source", "max_in_flight", "announce_sample"):
+            if getattr(self, name) < 1:
+                problems[name] = "must be >= 1"
+        for name in ("stall_timeout_s", "exclude_s", "announce_interval_s", "manifest_retry_s"):
+            if not getattr(self, name) > 0:
+                problems[name] = "must be > 0"
+        if self.corrupt_penalty < 0:
+            problems["corrupt_penalty"] = "must be >= 0"
+        return problems
+
+
+@dataclass
+class _Source:
+    outstanding: int = 0
+    since: float = 0.0  # last completion, or when outstanding went from 0 to 1
+
+
+@dataclass
+class _Version:
+    signed: SignedManifest
+    count: int
+    have: bytearray
+    have_count: int
+    known_at: float
+    is_origin: bool = False
+    plan: StripePlan | None = None
+    chains: list[list[str]] = field(default_factory=list)
+    next_pos: list[int] = field(default_factory=list)
+    retry: list[deque[int]] = field(default_factory=list)
+    parked: list[int] = field(default_factory=list)
+    in_flight: dict[int, tuple[str, int, float]] = field(default_factory=dict)  # index -> peer, stripe, t
+    link_load: dict[tuple[str, int], int] = field(default_factory=dict)
+    tried: dict[int, set[str]] = field(default_factory=dict)
+    sources: dict[str, _Source] = field(default_factory=dict)
+    holders: set[str] = field(default_factory=set)
+    fetched_chunks: int = 0
+    fetched_bytes: int = 0
+    completed_at: float | None = None
+    starved: bool = False  # the in-flight budget, not a window, stopped the last pump
+    forwards: int = -1  # the stripe in which we have children (our home stripe), or -1
+
+    @property
+    def version(self) -> int:
+        return self.signed.manifest.version
+
+    @property
+    def complete(self) -> bool:
+        return self.have_count == self.count
+
+
+OpenFrame = Callable[[bytes, float], SignedManifest]
+
+
+class TransferCore:
+    """One peer's relay transfers. Inputs are the core contract plus the commands below."""
+
+    topics = (MANIFEST_TOPIC, HOLDING_TOPIC)
+    kinds = (ManifestAnnounce.KIND, Holding.KIND)  # type: ignore[attr-defined]
+
+    def __init__(self, config: TransferConfig, self_id: str, *, open_frame: OpenFrame,
+                 self_upload_bps: float, held: Callable[[bytes], bool] = lambda digest: False) -> None:
+        self.config = config
+        self.self_id = self_id
+        self._open = open_frame
+        self._held = held
+        self._self_upload = float(self_upload_bps)
+        self._members = Membership.of({self_id: self_upload_bps})
+        self._versions: dict[int, _Version] = {}
+        self._excluded: dict[str, float] = {}
+        self._banned: set[str] = set()
+        self._rates: dict[str, float] = {}
+        self._manifest_asked: dict[int, tuple[float, str]] = {}  # version -> (when, whom)
+        self._tick_at: float | None = None
+        self._in_flight = 0  # requests outstanding over all versions
+        self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
+        self._last_announce = -float("inf")
+        self.rejected_manifests = 0
+
+    # -- core contract --------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Any]:
+        return self._arm(now, [])
+
+    def on_message(self, now: float, envelope: Envelope[Any]) -> list[Any]:
+        body = envelope.body
+        if isinstance(body, ManifestAnnounce):
+            return self.manifest_frame(now, envelope.sender, body.frame)
+        if isinstance(body, Holding):
+            return self._on_holding(now, envelope.sender, body)
+        return []
+
+    def on_timer(self, now: float, key: str) -> list[Any]:
+        if key != TIMER_TICK:
+            return []
+        self._tick_at = None
+        effects: list[Any] = []
+        for v in self._newest_first():
+            if not v.complete:
+                self._check_stalls(now, v, effects)
+                if v.parked:
+                    for index in v.parked:
+                        v.tried.pop(index, None)
+                        v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+                    v.parked.clear()
+                self._pump(now, v, effects)
+        if now - self._last_announce >= self.config.announce_interval_s:
+            self._last_announce = now
+            if self._my_turn_to_announce(now):
+                self._announce(now, effects)
+        return self._arm(now, effects)
+
+    def on_rejected(self, now: float, peer: str, reason: str) -> list[Any]:
+        return []  # the peer table scores rejected frames; nothing relay-specific to do
+
+    # -- commands from the shell ------------------------------------------------------------
+
+    def set_members(self, now: float, uploads: dict[str, float] | Membership) -> list[Any]:
+        """The relay peers we know (ourselves included) and their upload capacities (bytes/s)."""
+        members = uploads if isinstance(uploads, Membership) else Membership.of(
+            {**uploads, self.self_id: self._self_upload})
+        if members == self._members:
+            return []
+        self._members = members
+        effects: list[Any] = []
+        for v in self._newest_first():
+            if not v.complete:
+                self._replan(v)
+                self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def publish(self, now: float, signed: SignedManifest) -> list[Any]:
+        """We published `signed` and hold every chunk: announce it and serve it."""
+        effects: list[Any] = []
+        v = self._admit(now, signed, effects, held=range(len(signed.manifest.chunk_digests)))
+        if v is None:
+            return effects
+        v.is_origin = True
+        effects.append(Publish(MANIFEST_TOPIC, ManifestAnnounce(signed.frame)))
+        self._announce(now, effects)
+        self._last_announce = now
+        return self._arm(now, effects)
+
+    def add_version(self, now: float, signed: SignedManifest, held: Iterable[int]) -> list[Any]:
+        """A manifest from our own store (already checked), with the chunk indices we hold."""
+        effects: list[Any] = []
+        v = self._admit(now, signed, effects, held=held)
+        if v is not None and not v.complete:
+            self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]:
+        """A manifest frame from gossip or a `FetchManifest` answer; believed only if it opens."""
+        try:
+            signed = self._open(frame, now)
+        except ManifestRejected:
+            self.rejected_manifests += 1
+            return []
+        known = self._versions.get(signed.version)
+        if known is not None:
+            return []  # already known (or a conflicting one from an equivocating publisher)
+        effects: list[Any] = []
+        v = self._admit(now, signed, effects, held=None)
+        if v is not None:
+            asked = self._manifest_asked.pop(signed.version, None)
+            if asked is not None and asked[1] == sender:
+                v.holders.add(sender)  # it answered our FetchManifest because it holds the version
+            if v.complete:  # every chunk was already here (content shared with an older version)
+                self._completed(now, v, effects)
+            else:
+                self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def fetched(self, now: float, peer: str, version: int, index: int, elapsed_s: float) -> list[Any]:
+        """The shell stored chunk `index` of `version`, verified, from `peer`."""
+        v = self._versions.get(version)
+        if v is None:
+            return []
+        entry = v.in_flight.get(index)
+        stripe = None
+        if entry is not None and entry[0] == peer:
+            self._settle(now, v, index, entry, progress=True)
+            stripe = entry[1]
+        size = _size(v.signed, index)
+        if elapsed_s > 0:
+            rate = size / elapsed_s
+            old = self._rates.get(peer)
+            self._rates[peer] = rate if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * rate
+        effects: list[Any] = []
+        if not v.have[index]:
+            v.have[index] = 1
+            v.have_count += 1
+            v.fetched_chunks += 1
+            v.fetched_bytes += size
+            v.tried.pop(index, None)
+            if v.complete:
+                self._completed(now, v, effects)
+                return self._arm(now, effects)
+        self._pump(now, v, effects, stripe)
+        return self._arm(now, effects)
+
+    def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
+        """A fetch from `peer` failed: `corrupt`, `unreachable` or `unavailable` (see the top)."""
+        v = self._versions.get(version)
+        effects: list[Any] = []
+        if reason == "corrupt":
+            self._ban(now, peer, effects)
+        elif reason == "unreachable":
+            self._exclude(now, peer, "unreachable", effects)
+        if v is None:
+            return effects
+        entry = v.in_flight.get(index)
+        if entry is not None and entry[0] == peer:
+            self._settle(now, v, index, entry, progress=False)
+            if not v.have[index]:
+                v.tried.setdefault(index, set()).add(peer)
+                v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+        if not v.complete:
+            self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def forget(self, version: int) -> None:
+        """Our store dropped `version`: stop fetching and announcing it."""
+        v = self._versions.pop(version, None)
+        if v is not None:
+            self._in_flight -= len(v.in_flight)
+
+    # -- queries --------------------------------------------------------------------------
+
+    def has(self, version: int, index: int) -> bool:
+        v = self._versions.get(version)
+        return v is not None and bool(v.have[index])
+
+    def knows(self, version: int) -> bool:
+        return version in self._versions
+
+    def complete_versions(self) -> list[int]:
+        return sorted(n for n, v in self._versions.items() if v.complete)
+
+    def signed(self, version: int) -> SignedManifest | None:
+        v = self._versions.get(version)
+        return v.signed if v is not None else None
+
+    def progress(self, now: float, version: int) -> dict[str, Any]:
+        v = self._versions[version]
+        end = v.completed_at if v.completed_at is not None else now
+        took = max(end - v.known_at, 1e-9)
+        return {
+            "version": version,
+            "manifest_id": v.signed.manifest_id.hex(),
+            "chunks_have": v.have_count,
+            "chunks_total": v.count,
+            "complete": v.complete,
+            "origin": v.is_origin,
+            "fetched_chunks": v.fetched_chunks,
+            "fetched_bytes": v.fetched_bytes,
+            "bytes_per_s": round(v.fetched_bytes / took, 1),
+            "in_flight": len(v.in_flight),
+            "sources": sorted({peer for peer, _, _ in v.in_flight.values()}),
+            "parents": [chain[0] if chain else None for chain in v.chains],
+            "holders": len(v.holders),
+        }
+
+    def status(self, now: float) -> dict[str, Any]:
+        return {
+            "versions": self.complete_versions(),
+            "progress": [self.progress(now, n) for n in sorted(self._versions)],
+            "members": len(self._members),
+            "excluded": sorted(p for p, until in self._excluded.items() if until > now),
+            "banned": sorted(self._banned),
+            "rejected_manifests": self.rejected_manifests,
+        }
+
+    # -- internals: admission and planning ------------------------------------------------
+
+    def _admit(self, now: float, signed: SignedManifest, effects: list[Any],
+               held: Iterable[int] | None) -> _Version | None:
+        if signed.version in self._versions:
+            return None
+        digests = signed.manifest.chunk_digests
+        have = bytearray(len(digests))
+        if held is None:
+            held = [i for i, d in enumerate(digests) if self._held(d)]
+        for i in held:
+            have[i] = 1
+        v = _Version(signed, len(digests), have, sum(have), now)
+        self._versions[signed.version] = v
+        effects.append(Emit(ManifestAccepted(signed)))
+        self._replan(v)
+        if v.complete:
+            v.completed_at = now
+        return v
+
+    def _replan(self, v: _Version) -> None:
+        origin = v.signed.publisher
+        origin_upload = self._members.uploads.get(origin, self._self_upload)
+        if self.config.layout == "striped":
+            v.plan = plan_broadcast(origin, origin_upload, self._members, v.count, self.config.stripes,
+                                    salt=v.signed.manifest_id)
+        else:
+            fanout = self.config.tree_fanout if self.config.layout == "tree" else len(self._members)
+            v.plan = plan_tree(origin, self._members, v.count, fanout, salt=v.signed.manifest_id)
+        v.chains = [self._chain(v.plan, s) for s in range(v.plan.stripes)]
+        home = v.plan.home.get(self.self_id, -1)
+        v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
+        v.next_pos = [0] * v.plan.stripes
+        old = [i for q in v.retry for i in q] + v.parked
+        v.retry = [deque() for _ in range(v.plan.stripes)]
+        v.parked = []
+        for index in old:
+            v.retry[v.plan.stripe_of_chunk[index]].append(index)
+
+    def _chain(self, plan: StripePlan, stripe: int) -> list[str]:
+        chain = plan.ancestors(stripe, self.self_id)
+        if chain or self.self_id == plan.origin:
+            return chain
+        interior = plan.interior(stripe)  # we joined after the plan: borrow an interior member
+        pick = interior[_spread(self.self_id, len(interior))] if interior else None
+        return [p for p in (pick, plan.origin) if p is not None]
+
+    # -- internals: issuing requests ------------------------------------------------------
+
+    def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None:
+        """Issue requests while windows and the in-flight budget allow; `stripe` first if given."""
+        if v.complete or v.plan is None or v.is_origin:
+            return
+        budget = self.config.max_in_flight - self._in_flight
+        if stripe is not None and stripe < v.plan.stripes:
+            while budget > 0 and self._issue_one(now, v, stripe, effects):
+                budget -= 1
+            if budget > 0 and not v.starved:
+                return  # only that stripe's window opened; the others were not waiting on budget
+        v.starved = False
+        progress = True
+        while budget > 0 and progress:
+            progress = False
+            for s in range(v.plan.stripes):
+                if budget <= 0:
+                    break
+                if self._issue_one(now, v, s, effects):
+                    budget -= 1
+                    progress = True
+        if budget <= 0:
+            v.starved = True  # some stripe may still want to issue when the budget frees up
+
+    def _next_index(self, v: _Version, stripe: int) -> tuple[int | None, bool]:
+        """The next chunk of `stripe` to request, and whether it came from the retry queue."""
+        queue = v.retry[stripe]
+        while queue:
+            index = queue[0]
+            if v.have[index] or index in v.in_flight:
+                queue.popleft()
+                continue
+            return index, True
+        chunks = v.plan.chunks_of_stripe[stripe]  # type: ignore[union-attr]
+        pos = v.next_pos[stripe]
+        while pos < len(chunks) and (v.have[chunks[pos]] or chunks[pos] in v.in_flight):
+            pos += 1
+        v.next_pos[stripe] = pos
+        return (chunks[pos], False) if pos < len(chunks) else (None, False)
+
+    def _issue_one(self, now: float, v: _Version, stripe: int, effects: list[Any]) -> bool:
+        index, from_retry = self._next_index(v, stripe)
+        if index is None:
+            return False
+        source = self._choose_source(now, v, stripe, index)
+        if source is None:
+            if from_retry:
+                v.retry[stripe].popleft()
+            else:
+                v.next_pos[stripe] += 1
+            v.parked.append(index)  # nobody usable now; retried on the next tick
+            return False
+        if v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
+            return False
+        if from_retry:
+            v.retry[stripe].popleft()
+        else:
+            v.next_pos[stripe] += 1
+        v.in_flight[index] = (source, stripe, now)
+        self._in_flight += 1
+        v.link_load[(source, stripe)] = v.link_load.get((source, stripe), 0) + 1
+        src = v.sources.setdefault(source, _Source())
+        if src.outstanding == 0:
+            src.since = now
+        src.outstanding += 1
+        effects.append(Fetch(source, v.version, index, v.signed.manifest.chunk_digests[index],
+                             _size(v.signed, index), stripe == v.forwards))
+        return True
+
+    def _choose_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
+        tried = v.tried.get(index, ())
+        for peer in v.chains[stripe]:
+            if peer not in tried and self._usable(now, peer):
+                return peer
+        holders = [p for p in v.holders if p not in tried and self._usable(now, p)]
+        if holders:
+            return max(holders, key=lambda p: (self._rates.get(p, 0.0), p))
+        return None
+
+    def _usable(self, now: float, peer: str) -> bool:
+        if peer == self.self_id or peer in self._banned:
+            return False
+        until = self._excluded.get(peer)
+        return until is None or until <= now
+
+    def _settle(self, now: float, v: _Version, index: int, entry: tuple[str, int, float], progress: bool) -> None:
+        peer, stripe, _ = entry
+        del v.in_flight[index]
+        self._in_flight -= 1
+        key = (peer, stripe)
+        v.link_load[key] -= 1
+        if v.link_load[key] <= 0:
+            del v.link_load[key]
+        src = v.sources[peer]
+        src.outstanding -= 1
+        if progress:
+            src.since = now
+
+    # -- internals: failures --------------------------------------------------------------
+
+    def _check_stalls(self, now: float, v: _Version, effects: list[Any]) -> None:
+        horizon = now - self.config.stall_timeout_s
+        stalled = [p for p, s in v.sources.items() if s.outstanding > 0 and s.since < horizon]
+        for peer in stalled:
+            self._exclude(now, peer, "stalled", effects)
+            effects.append(DropSource(peer))
+
+    def _exclude(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
+        self._excluded[peer] = now + self.config.exclude_s
+        self._release_peer(now, peer, why, effects)
+
+    def _ban(self, now: float, peer: str, effects: list[Any]) -> None:
+        if peer not in self._banned:
+            self._banned.add(peer)
+            effects.append(Penalise(peer, self.config.corrupt_penalty, "corrupt chunk"))
+            effects.append(DropSource(peer))
+        self._release_peer(now, peer, "corrupt", effects)
+
+    def _release_peer(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
+        """Move every chunk outstanding at `peer` back to its stripe's retry queue."""
+        for v in self._versions.values():
+            mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer]
+            for index, entry in mine:
+                self._settle(now, v, index, entry, progress=False)
+                v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+            if mine:
+                effects.append(Emit(SourceDropped(peer, v.version, why)))
+            v.holders.discard(peer)
+
+    # -- internals: holding and announcing ------------------------------------------------
+
+    def _on_holding(self, now: float, sender: str, body: Holding) -> list[Any]:
+        effects: list[Any] = []
+        for held in body.versions:
+            v = self._versions.get(held.version)
+            if v is None:
+                asked = self._manifest_asked.get(held.version)
+                if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
+                    self._manifest_asked[held.version] = (now, sender)
+                    effects.append(FetchManifest(sender, held.version))
+                continue
+            if held.manifest_id != v.signed.manifest_id or sender in v.holders or sender in self._banned:
+                continue
+            v.holders.add(sender)
+            if not v.complete and v.parked:
+                for index in v.parked:
+                    v.tried.pop(index, None)
+                    v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+                v.parked.clear()
+                self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def _completed(self, now: float, v: _Version, effects: list[Any]) -> None:
+        v.completed_at = now
+        v.parked.clear()
+        effects.append(Emit(VersionComplete(v.version, v.signed.manifest_id, v.fetched_chunks, now - v.known_at)))
+        if v.plan is not None:  # our children pull from us: tell them we can now serve anything
+            held = Holding((HeldVersion(v.version, v.signed.manifest_id),))
+            children = {c for s in range(v.plan.stripes) for c in v.plan.children(s, self.self_id)}
+            effects.extend(Send(child, held) for child in sorted(children))
+
+    def _announce(self, now: float, effects: list[Any]) -> None:
+        held = self._held_list()
+        if held:
+            effects.append(Publish(HOLDING_TOPIC, held))
+
+    def _held_list(self) -> Holding | None:
+        held = [HeldVersion(n, self._versions[n].signed.manifest_id) for n in self.complete_versions()]
+        return Holding(tuple(held[-MAX_HELD_VERSIONS:])) if held else None
+
+    def _my_turn_to_announce(self, now: float) -> bool:
+        """Gossip `Holding` with probability announce_sample / members, per interval: O(N)
+        deliveries network-wide per interval instead of O(N^2). Pseudo-random, but pure."""
+        chance = self.config.announce_sample / max(len(self._members), 1)
+        if chance >= 1:
+            return True
+        rounds = int(now / self.config.announce_interval_s)
+        draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{rounds}".encode()).digest(8), "big") / 2**64
+        return draw < chance
+
+    def _arm(self, now: float, effects: list[Any]) -> list[Any]:
+        """Keep one tick pending: soon while transfers run, at the announce interval otherwise."""
+        if self._tick_at is not None and self._tick_at > now and self._tick_at <= now + self._tick_s:
+            return effects  # a tick soon enough is already pending
+        if not self._versions:
+            return effects
+        busy = any(not v.complete for v in self._versions.values())
+        interval = min(self.config.announce_interval_s, self._tick_s) if busy else self.config.announce_interval_s
+        at = now + interval
+        if self._tick_at is None or at < self._tick_at - 1e-9 or self._tick_at <= now:
+            self._tick_at = at
+            effects.append(SetTimer(at, TIMER_TICK))
+        return effects
+
+    def _newest_first(self) -> list[_Version]:
+        return [self._versions[n] for n in sorted(self._versions, reverse=True)]
+
+
+def _spread(peer: str, n: int) -> int:
+    """A stable pseudo-random pick in [0, n) per peer (Python's str hash differs per process)."""
+    return int.from_bytes(blake3.blake3(peer.encode()).digest(8), "big") % n
+
+
+def _size(signed: SignedManifest, index: int) -> int:
+    start, end = chunk_range(signed.manifest, index)
+    return end - start

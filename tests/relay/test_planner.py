@@ -1,0 +1,88 @@
+"""The striped-tree planner: every member reachable in every stripe, balanced, deterministic."""
+
+import random
+
+import pytest
+
+from relay.planner import Membership, lower_bound_s, plan_broadcast, plan_tree
+
+ORIGIN = "origin"
+
+
+def members(n: int, seed: int = 0, low: float = 12.5e6, high: float = 1.25e9) -> Membership:
+    rng = random.Random(seed)
+    uploads = {f"p{i:04d}": rng.uniform(low, high) for i in range(n)}
+    uploads[ORIGIN] = 1.25e9
+    return Membership.of(uploads)
+
+
+@pytest.mark.parametrize("n,stripes,chunks", [(1, 8, 10), (5, 16, 40), (60, 8, 200), (300, 16, 64), (7, 4, 2)])
+def test_every_member_has_a_parent_chain_to_the_origin_in_every_stripe(n, stripes, chunks):
+    m = members(n)
+    plan = plan_broadcast(ORIGIN, 1.25e9, m, chunks, stripes)
+    peers = [p for p in m.uploads if p != ORIGIN]
+    assert plan.stripes == max(1, min(stripes, n, chunks))
+    for s in range(plan.stripes):
+        assert set(plan.parent[s]) == set(peers)
+        for p in peers:
+            chain = plan.ancestors(s, p)
+            assert chain[-1] == ORIGIN and p not in chain and len(chain) == len(set(chain))
+        # fan-outs are respected
+        counts: dict[str, int] = {}
+        for parent in plan.parent[s].values():
+            counts[parent] = counts.get(parent, 0) + 1
+        assert all(counts[q] <= plan.fanout[s][q] for q in counts)
+
+
+def test_each_member_forwards_in_at_most_one_stripe_and_parents_feed_children_at_the_stripe_rate():
+    m = members(200, seed=3)
+    plan = plan_broadcast(ORIGIN, 1.25e9, m, 256, 8)
+    for p in m.uploads:
+        if p == ORIGIN:
+            continue
+        forwarding = [s for s in range(plan.stripes) if plan.fanout[s].get(p, 0) > 0]
+        assert forwarding in ([], [plan.home[p]])
+    for s in range(plan.stripes):
+        rate = plan.capacity_bps[s] / 200
+        for p, f in plan.fanout[s].items():
+            if f and p != ORIGIN:
+                assert m.uploads[p] / f >= 0.8 * rate  # nobody is a slow parent
+    caps = plan.capacity_bps
+    assert max(caps) / min(caps) < 1.05  # LPT balances the stripes
+
+
+def test_chunks_are_dealt_once_each_in_proportion_to_stripe_capacity():
+    m = members(50, seed=1)
+    plan = plan_broadcast(ORIGIN, 1.25e9, m, 400, 8)
+    dealt = sorted(i for chunks in plan.chunks_of_stripe for i in chunks)
+    assert dealt == list(range(400))
+    total = sum(plan.capacity_bps)
+    for s, chunks in enumerate(plan.chunks_of_stripe):
+        assert abs(len(chunks) - 400 * plan.capacity_bps[s] / total) <= 1.5
+
+
+def test_plans_are_deterministic_cached_and_depend_on_the_salt():
+    a = plan_broadcast(ORIGIN, 1e9, members(40), 100, 8, salt=b"x")
+    b = plan_broadcast(ORIGIN, 1e9, members(40), 100, 8, salt=b"x")
+    assert a is b  # same membership contents: one plan, computed once
+    uploads = {f"p{i}": 1e8 for i in range(40)} | {ORIGIN: 1e9}  # ties are broken by the salt
+    c = plan_broadcast(ORIGIN, 1e9, Membership.of(uploads), 100, 8, salt=b"x")
+    d = plan_broadcast(ORIGIN, 1e9, Membership.of(uploads), 100, 8, salt=b"y")
+    assert c.home != d.home
+
+
+def test_tree_baseline_has_fixed_fanout_and_star_is_flat():
+    m = members(30)
+    tree = plan_tree(ORIGIN, m, 10, 4)
+    fan: dict[str, int] = {}
+    for parent in tree.parent[0].values():
+        fan[parent] = fan.get(parent, 0) + 1
+    assert max(fan.values()) <= 4 and tree.stripes == 1
+    star = plan_tree(ORIGIN, m, 10, 31)
+    assert set(star.parent[0].values()) == {ORIGIN}
+
+
+def test_lower_bound_is_the_larger_of_origin_and_aggregate_limits():
+    assert lower_bound_s(1000, 10.0, [10.0] * 4) == pytest.approx(max(100, 4 * 1000 / 50))
+    assert lower_bound_s(1000, 1.0, [1000.0] * 2) == pytest.approx(1000)
+    assert lower_bound_s(1000, 1.0, []) == 0.0

@@ -1,0 +1,119 @@
+"""The relay shell's data plane against scripted servers on loopback: what a fetcher believes."""
+
+from types import SimpleNamespace
+
+import trio
+import trio.testing
+
+from p2pnet.dataplane import FrameReader, send_frame
+from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
+from relay.role import _parse_request, _Upstream, _UploadSlots
+from relay.transfer import Fetch
+
+DIGEST = bytes(32)
+
+
+class FakeRole:
+    """Just what `_Upstream` uses of the role; records what it is told."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.node = SimpleNamespace(peer_id="me")
+        self.told: list[tuple] = []
+
+    def data_addr(self, peer: str) -> str:
+        return self.address
+
+    async def report_fetched(self, peer, fetch, data, elapsed_s) -> None:
+        self.told.append(("fetched", fetch.index, len(data)))
+
+    async def report_failed(self, peer, fetch, reason) -> None:
+        self.told.append((reason, fetch.index))
+
+
+async def scripted_server(nursery: trio.Nursery, script) -> str:
+    """A data-plane listener whose one connection runs `script(stream, requests)`."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        reader = FrameReader(stream, max_frame_bytes=4096)
+        assert await reader.frame() == b"relay/chunks"
+        assert await reader.frame() == b"me"
+        requests = []
+        for _ in range(2):
+            frame = await reader.frame()
+            requests.append(_parse_request(frame))
+        await script(stream, requests)
+        await stream.aclose()
+
+    listeners = await nursery.start(trio.serve_tcp, handle, 0)
+    host, port = listeners[0].socket.getsockname()[:2]
+    return f"{host}:{port}"
+
+
+async def fetch_two(script) -> list[tuple]:
+    async with trio.open_nursery() as nursery:
+        address = await scripted_server(nursery, script)
+        role = FakeRole(address)
+        upstream = _Upstream(role, "source")
+        upstream.submit(Fetch("source", 1, 0, DIGEST, 1000, urgent=True))
+        upstream.submit(Fetch("source", 1, 1, DIGEST, 1000))
+        with trio.fail_after(5):
+            await upstream.run()
+        nursery.cancel_scope.cancel()
+    return role.told
+
+
+async def test_a_source_that_dies_inside_a_chunk_is_unreachable_never_a_short_chunk():
+    async def script(stream, requests):
+        (first, urgent), _ = requests
+        assert urgent and first.index == 0
+        await send_frame(stream, ChunkResponse(first.request_id, STATUS_OK, 1000).pack())
+        await stream.send_all(b"x" * 500)  # then the process is killed
+
+    told = await fetch_two(script)
+    assert sorted(told) == [("unreachable", 0), ("unreachable", 1)]
+
+
+async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apart():
+    async def script(stream, requests):
+        (a, _), (b, _) = requests
+        await send_frame(stream, ChunkResponse(b.request_id, STATUS_UNAVAILABLE, 0).pack())
+        await send_frame(stream, ChunkResponse(a.request_id, STATUS_OK, 1000).pack())
+        await stream.send_all(b"y" * 1000)
+
+    assert await fetch_two(script) == [("unavailable", 1), ("fetched", 0, 1000)]
+
+    async def liar(stream, requests):
+        (a, _), _ = requests
+        await send_frame(stream, ChunkResponse(a.request_id, STATUS_OK, 999_999).pack())
+
+    told = await fetch_two(liar)
+    assert ("corrupt", 0) in told and ("unreachable", 1) in told
+
+
+async def test_upload_slots_go_to_urgent_waiters_first():
+    slots = _UploadSlots(1)
+    order = []
+    await slots.acquire(urgent=False)
+
+    async def waiter(name, urgent):
+        await slots.acquire(urgent)
+        order.append(name)
+        slots.release()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter, "normal", False)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(waiter, "urgent", True)
+        await trio.testing.wait_all_tasks_blocked()
+        slots.release()
+    assert order == ["urgent", "normal"]
+    assert slots.free == 1
+
+
+def test_request_headers_round_trip_with_the_urgent_bit():
+    req = ChunkRequest(1, 7, 3, 9, DIGEST)
+    assert _parse_request(req.pack()) == (req, False)
+    urgent = bytearray(req.pack())
+    urgent[0] |= 0x80
+    assert _parse_request(bytes(urgent)) == (req, True)

@@ -1,0 +1,183 @@
+"""The transfer core, alone and in the simulated world: completion, crashes, stalls, byzantine peers."""
+
+import pytest
+
+from p2pnet.core import Publish, Send
+from p2pnet.identity import Identity
+from p2pnet.wire import Envelope
+from relay.errors import ManifestRejected
+from relay.manifest import open_manifest
+from relay.messages import HeldVersion, Holding, ManifestAnnounce
+from relay.transfer import Fetch, FetchManifest, SourceDropped, TransferConfig, TransferCore
+from simulations.broadcast import MBIT, build_broadcast, fake_manifest, simulate_broadcast
+from simulations.world import EPOCH_S
+
+PUBLISHER = Identity.from_seed_text("publisher")
+MALLORY = Identity.from_seed_text("mallory")
+SIGNED = fake_manifest(PUBLISHER, 10 * 2**20, 2**20)
+FAST = TransferConfig(stall_timeout_s=2.0, exclude_s=6.0, announce_interval_s=3600.0)
+
+
+def opener(frame: bytes, now: float):
+    return open_manifest(frame, trusted_publishers={PUBLISHER.peer_id}, now_s=EPOCH_S + now)
+
+
+def core(name: str = "me", **kw) -> TransferCore:
+    return TransferCore(FAST, name, open_frame=opener, self_upload_bps=1e8, **kw)
+
+
+def envelope(sender: str, body) -> Envelope:
+    return Envelope(body.KIND, sender, b"", 0, body, 0)
+
+
+def fetches(effects):
+    return [e for e in effects if isinstance(e, Fetch)]
+
+
+# -- the core alone -------------------------------------------------------------------------
+
+
+def test_a_manifest_from_an_untrusted_publisher_is_ignored():
+    c = core()
+    forged = fake_manifest(MALLORY, 2**20, 2**20)
+    with pytest.raises(ManifestRejected):
+        opener(forged.frame, 0.0)
+    assert c.on_message(0.0, envelope("x", ManifestAnnounce(forged.frame))) == []
+    assert not c.knows(1) and c.rejected_manifests == 1
+
+
+def test_an_accepted_manifest_starts_pulling_from_the_plan_and_holding_waits_for_completion():
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "other": 1e8})
+    effects = c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    asked = fetches(effects)
+    assert asked and all(f.digest == SIGNED.manifest.chunk_digests[f.index] for f in asked)
+    assert not any(isinstance(e, Publish) for e in effects)  # nothing to announce yet
+    done = []
+    pending = list(asked)
+    t = 0.0
+    while pending:
+        f = pending.pop()
+        t += 0.01
+        out = c.fetched(t, f.peer, f.version, f.index, 0.01)
+        pending += fetches(out)
+        done += out
+    assert c.complete_versions() == [1]
+    assert sum(1 for e in done if isinstance(e, Send) and isinstance(e.body, Holding)) <= 2  # told its children
+
+
+def test_holding_for_an_unknown_version_asks_that_peer_for_the_manifest_once():
+    c = core()
+    body = Holding((HeldVersion(1, SIGNED.manifest_id),))
+    first = c.on_message(0.0, envelope("holder", body))
+    assert [e for e in first if isinstance(e, FetchManifest)] == [FetchManifest("holder", 1)]
+    assert not any(isinstance(e, FetchManifest) for e in c.on_message(1.0, envelope("holder", body)))
+    effects = c.manifest_frame(1.5, "holder", SIGNED.frame)
+    assert {f.peer for f in fetches(effects)} <= {"holder", PUBLISHER.peer_id}
+
+
+def test_resuming_from_held_chunks_fetches_only_the_missing_ones():
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    held = [0, 1, 2, 5, 9]
+    effects = c.add_version(0.0, SIGNED, held)
+    seen = set()
+    pending = fetches(effects)
+    while pending:
+        f = pending.pop()
+        seen.add(f.index)
+        pending += fetches(c.fetched(1.0, f.peer, f.version, f.index, 0.1))
+    assert seen == {3, 4, 6, 7, 8}
+    assert c.progress(2.0, 1)["fetched_chunks"] == 5
+
+
+def test_a_corrupt_chunk_bans_and_penalises_the_source_and_the_chunk_is_fetched_elsewhere():
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "bad": 1e10})
+    effects = c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    from_bad = [f for f in fetches(effects) if f.peer == "bad"]
+    assert from_bad, "the fast peer should be a parent in some stripe"
+    out = c.fetch_failed(0.1, "bad", 1, from_bad[0].index, "corrupt")
+    penalties = [e for e in out if type(e).__name__ == "Penalise"]
+    assert [p.peer for p in penalties] == ["bad"]
+    again = [f for f in fetches(out) if f.index == from_bad[0].index]
+    assert again and again[0].peer == PUBLISHER.peer_id
+    assert "bad" in c.status(0.2)["banned"]
+
+
+# -- the simulated world ------------------------------------------------------------------
+
+
+def run(sim, until: float = 600.0):
+    sim.publish()
+    sim.engine.run(until=until, stop=sim.done)
+
+
+def test_every_peer_completes_near_the_bound():
+    result = simulate_broadcast(40, 200 * 2**20, seed=7, chunk_bytes=2**20)
+    assert len(result.per_peer_completion) == 40
+    assert result.ratio < 1.4, result.summary()
+
+
+def test_striping_beats_a_single_tree_and_a_star():
+    kw = dict(seed=3, chunk_bytes=2**20)
+    relay = simulate_broadcast(60, 100 * 2**20, strategy="relay", **kw)
+    tree = simulate_broadcast(60, 100 * 2**20, strategy="tree4", **kw)
+    star = simulate_broadcast(60, 100 * 2**20, strategy="star", **kw)
+    assert relay.time_to_all_s < tree.time_to_all_s < star.time_to_all_s
+
+
+@pytest.mark.parametrize("failure", ["crash", "hang"])
+def test_an_interior_relay_that_fails_mid_transfer_does_not_stop_the_others(failure):
+    sim = build_broadcast(30, 100 * 2**20, seed=5, chunk_bytes=2**20, config=FAST,
+                          upload_bps=(100 * MBIT, 1000 * MBIT))
+    some = sim.cores[sim.peer_ids[0]]
+    sim.publish()
+    sim.engine.run(until=0.05)
+    plan = some._versions[1].plan
+    victim = max(sim.peer_ids, key=lambda p: sum(plan.fanout[s].get(p, 0) for s in range(plan.stripes)))
+    assert not sim.cores[victim].complete_versions()
+    (sim.world.crash if failure == "crash" else sim.world.hang)(victim)
+    others = [p for p in sim.peer_ids if p != victim]
+    sim.engine.run(until=600.0, stop=lambda: sim.done(others))
+    assert sim.done(others), f"{len(sim.completed)} of {len(others)} completed"
+    why = {"crash": "unreachable", "hang": "stalled"}[failure]
+    dropped = [e for _, _, e in sim.world.events if isinstance(e, SourceDropped) and e.peer == victim]
+    assert dropped and all(e.why == why for e in dropped)
+
+
+def test_a_byzantine_relay_is_detected_penalised_and_every_honest_peer_completes():
+    probe = build_broadcast(20, 50 * 2**20, seed=11, chunk_bytes=2**20, config=FAST)
+    probe.publish()
+    probe.engine.run(until=0.01)
+    plan = probe.cores[probe.peer_ids[0]]._versions[1].plan
+    liar = max(probe.peer_ids, key=lambda p: sum(plan.fanout[s].get(p, 0) for s in range(plan.stripes)))
+    sim = build_broadcast(20, 50 * 2**20, seed=11, chunk_bytes=2**20, config=FAST, corrupt=frozenset({liar}))
+    honest = [p for p in sim.peer_ids if p != liar]
+    sim.publish()
+    sim.engine.run(until=600.0, stop=lambda: sim.done(honest))
+    assert sim.done(honest)
+    assert sim.world.transfer_stats["corrupt_served"] > 0
+    accusers = {by for _, by, peer, _ in sim.world.penalties if peer == liar}
+    assert accusers and all(by in honest for by in accusers)
+    assert all(liar in sim.cores[p].status(sim.engine.now)["banned"] for p in accusers)
+
+
+def test_membership_changing_mid_transfer_replans_without_losing_chunks():
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "a": 1e8})
+    pending = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    c.set_members(0.5, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i}": 1e8 for i in range(20)}})
+    t = 1.0
+    failed_once = False
+    while pending:
+        f = pending.pop(0)
+        t += 0.01
+        if not failed_once:
+            failed_once = True
+            pending += fetches(c.fetch_failed(t, f.peer, f.version, f.index, "unreachable"))
+            continue
+        pending += fetches(c.fetched(t, f.peer, f.version, f.index, 0.01))
+        if not pending and not c.complete_versions():
+            pending += fetches(c.on_timer(t + 10, "relay/tick"))
+    assert c.complete_versions() == [1]

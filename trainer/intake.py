@@ -1,0 +1,232 @@
+"""The trainer's intake: which submitted batches may be trained on, and the ledger of who sent what.
+
+A pure core (p2pnet.core contract). It listens to worker submissions, validator claims and
+verdicts, and relay `Holding` announcements, and decides nothing by itself about proofs: a
+batch is admitted only when an admitted validator verdict accepted it (`verify.verdicts` rules:
+known validator, genuine eligible ticket, no duplicates), its worker is not banned, and no
+verdict rejected it. With a sample rate below 1, a batch that no validator claimed within
+`unchecked_after_s` was not drawn for checking and is admitted unchecked, as the assignment
+rules intend. Failed verdicts feed `verify.reputation`: one invalidates that batch, repeated
+ones ban the worker, and a banned worker's batches are never admitted again.
+
+Rewards, advantages and training are not here (`trainer.learner`); neither are sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pnet.config import validated
+from p2pnet.core import Effect, Emit
+from p2pnet.errors import MessageRejected
+from p2pnet.wire import Envelope
+from relay.messages import HOLDING_TOPIC, Holding
+from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
+                             submission_id)
+from verify.reputation import Reputation, ReputationConfig, WorkerBanned
+from verify.verdicts import Directory, Membership, SubmissionInfo, VerdictLedger
+
+
+@validated
+@dataclass(frozen=True)
+class IntakeConfig:
+    sample_rate: float = 1.0
+    async_level: int = 2
+    unchecked_after_s: float = 30.0
+    ban_after_failures: int = 2
+    ban_min_validators: int = 1
+    workers: tuple[str, ...] = ()
+    validators: tuple[str, ...] = ()
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if not 0.0 < self.sample_rate <= 1.0:
+            problems["sample_rate"] = "must be in (0, 1]"
+        if self.async_level < 0:
+            problems["async_level"] = "must be >= 0"
+        if not self.unchecked_after_s > 0:
+            problems["unchecked_after_s"] = "must be > 0"
+        return problems
+
+
+@dataclass(frozen=True)
+class Penalise:
+    """A peer sent something that cannot be an honest mistake; the shell charges the peer table."""
+
+    peer: str
+    reason: str
+
+
+@dataclass
+class Batch:
+    sid: bytes
+    worker: str
+    submission: Submission
+    seen_at: float
+    claimed: bool = False
+    trained: bool = False
+
+
+@dataclass
+class WorkerLedger:
+    submitted: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    trained_batches: int = 0
+    banned: bool = False
+    outcomes: dict[bytes, str] = field(default_factory=dict)
+
+
+class Intake:
+    topics = (SUBMISSIONS_TOPIC, CLAIMS_TOPIC, VERDICTS_TOPIC, HOLDING_TOPIC)
+    kinds = (Submission.KIND, Claim.KIND, Verdict.KIND, Holding.KIND)  # type: ignore[attr-defined]
+
+    def __init__(self, config: IntakeConfig, self_id: str, directory: Directory | None) -> None:
+        self.config = config
+        membership = Membership(self_id, directory, validators=frozenset(config.validators),
+                                workers=frozenset(config.workers), self_is_validator=False)
+        self.membership = membership
+        self.ledger = VerdictLedger(membership, rate=config.sample_rate)
+        self.reputation = Reputation(ReputationConfig(ban_after_failures=config.ban_after_failures,
+                                                      ban_min_validators=config.ban_min_validators))
+        self.batches: dict[bytes, Batch] = {}
+        self.workers: dict[str, WorkerLedger] = {}
+        self.holders: dict[int, dict[str, float]] = {}  # version -> peer -> first heard holding it
+        self.dropped: dict[str, int] = {}
+
+    # -- core inputs ----------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Effect]:
+        return []
+
+    def on_timer(self, now: float, key: str) -> list[Effect]:
+        return []
+
+    def on_rejected(self, now: float, peer: str, reason: str) -> list[Effect]:
+        return []
+
+    def on_message(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
+        body = envelope.body
+        if isinstance(body, Submission):
+            return self._on_submission(now, envelope)
+        if isinstance(body, Claim):
+            batch = self.batches.get(body.submission_id)
+            if batch is not None and self.membership.is_validator(envelope.sender):
+                batch.claimed = True
+            return []
+        if isinstance(body, Verdict):
+            return self._on_verdict(now, envelope)
+        if isinstance(body, Holding):
+            for held in body.versions:
+                self.holders.setdefault(held.version, {}).setdefault(envelope.sender, now)
+        return []
+
+    def _drop(self, reason: str) -> list[Effect]:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        return []
+
+    def _on_submission(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
+        worker, sub = envelope.sender, envelope.body
+        sid = submission_id(envelope)
+        if sid in self.batches:
+            return []  # a gossip duplicate
+        if not self.membership.is_worker(worker):
+            return self._drop("unknown_worker")
+        if self.reputation.is_banned(worker, now):
+            return self._drop("banned_worker")
+        ledger = self.workers.setdefault(worker, WorkerLedger())
+        ledger.submitted += 1
+        self.batches[sid] = Batch(sid, worker, sub, now)
+        self.ledger.note_submission(sid, SubmissionInfo(worker, sub.step, sub.model_version, now))
+        return []
+
+    def _on_verdict(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
+        verdict = envelope.body
+        try:
+            self.ledger.admit(envelope.sender, envelope.sender_bytes, verdict)
+        except MessageRejected as exc:
+            if exc.reason in ("unknown_submission", "duplicate"):
+                return self._drop(exc.reason)  # races and gossip echoes, not malice
+            return [Emit(Penalise(envelope.sender, exc.reason))]
+        batch = self.batches.get(verdict.submission_id)
+        if batch is None:
+            return []
+        ledger = self.workers.setdefault(batch.worker, WorkerLedger())
+        outcome = self.ledger.outcome(batch.sid) or "pending"
+        previous = ledger.outcomes.get(batch.sid)
+        if previous != outcome:
+            if previous == "accepted":
+                ledger.accepted -= 1
+            if outcome == "accepted":
+                ledger.accepted += 1
+            elif outcome == "rejected":
+                ledger.rejected += 1
+            ledger.outcomes[batch.sid] = outcome
+        effects: list[Effect] = []
+        for event in self.reputation.record(now, batch.worker, batch.sid, envelope.sender,
+                                            verdict.accepted, verdict.reasons):
+            if isinstance(event, WorkerBanned):
+                ledger.banned = True
+            effects.append(Emit(event))
+        return effects
+
+    # -- what the trainer asks ---------------------------------------------------------------
+
+    def admissible(self, now: float, version: int) -> list[Batch]:
+        """Untrained batches for steps version-async_level..version that may be trained on now."""
+        out = []
+        for batch in self.batches.values():
+            sub = batch.submission
+            if batch.trained or not 0 <= version - sub.step <= self.config.async_level:
+                continue
+            if self.reputation.is_banned(batch.worker, now):
+                continue
+            outcome = self.ledger.outcome(batch.sid)
+            if outcome == "accepted":
+                out.append(batch)
+            elif (outcome is None and self.config.sample_rate < 1.0 and not batch.claimed
+                  and now - batch.seen_at >= self.config.unchecked_after_s):
+                out.append(batch)
+        return sorted(out, key=lambda b: (b.submission.step, b.worker))
+
+    def mark_trained(self, batches: list[Batch]) -> None:
+        for batch in batches:
+            batch.trained = True
+            self.workers[batch.worker].trained_batches += 1
+
+    def forget_before_step(self, step: int) -> None:
+        for sid in [sid for sid, b in self.batches.items() if b.submission.step < step]:
+            del self.batches[sid]
+
+    def step_counts(self, step: int) -> tuple[int, int]:
+        """(accepted, rejected) batches submitted for `step` so far."""
+        accepted = rejected = 0
+        for ledger in self.workers.values():
+            for sid, outcome in ledger.outcomes.items():
+                batch = self.batches.get(sid)
+                if batch is not None and batch.submission.step == step:
+                    accepted += outcome == "accepted"
+                    rejected += outcome == "rejected"
+        return accepted, rejected
+
+    def live_workers(self, now: float) -> list[str]:
+        directory = [e.peer_id for e in self.membership.directory.with_role("worker")] \
+            if self.membership.directory is not None else list(self.config.workers)
+        return [w for w in directory if not self.reputation.is_banned(w, now)]
+
+    def undecided_workers(self, now: float, version: int) -> list[str]:
+        """Live workers with no decided (accepted or rejected) untrained batch in the step window."""
+        decided = set()
+        for batch in self.batches.values():
+            step = batch.submission.step
+            if batch.trained or not 0 <= version - step <= self.config.async_level:
+                continue
+            if self.ledger.outcome(batch.sid) is not None:
+                decided.add(batch.worker)
+        return [w for w in self.live_workers(now) if w not in decided]
+
+    def workers_json(self) -> list[dict[str, Any]]:
+        return [{"peer_id": w, "submitted": l.submitted, "accepted": l.accepted, "rejected": l.rejected,
+                 "banned": l.banned, "trained_batches": l.trained_batches}
+                for w, l in sorted(self.workers.items())]

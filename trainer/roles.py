@@ -1,0 +1,308 @@
+"""The worker and trainer roles: the thin trio shells that put the trainer package on the network.
+
+`WorkerRole` follows new checkpoint versions through the relay role, generates its assigned
+prompts' rollouts with proofs (in a worker thread), signs and gossips them as a `Submission`,
+and never runs more than `async_level` versions behind the newest it knows. `TrainerRole` runs
+the `Intake` core, trains (GRPO, `trainer.learner`) only on batches validators accepted, and
+publishes every new version through the relay role; the checkpoint write and the publish run
+beside the next step, never in its way. Both need the relay role in the same peer.
+
+A worker's `byzantine` setting exists for devnets and tests that must show cheaters caught: it
+makes the worker lie on purpose, and the worker says so loudly in its log and status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from p2pnet.config import from_mapping, validated
+from p2pnet.errors import ConfigError
+from trainer.intake import Intake, IntakeConfig, Penalise
+
+log = logging.getLogger(__name__)
+BYZANTINE_MODES = ("", "substitute_tokens", "other_model")
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _relay(node: Any, role: str) -> Any:
+    relay = node.roles.get("relay")
+    if relay is None:
+        raise ConfigError("peer.roles", f"the {role} role needs the relay role in the same peer (--role relay)")
+    return relay
+
+
+def load_version(base_dir: Path, store: Any, version: int) -> tuple[Any, Any]:
+    """The base model folder's architecture and tokenizer with version `version`'s weights (thread)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from relay.loader import load_state_dict
+    from trainer.model import load_model_dir, load_weights_into
+
+    model, tokenizer = load_model_dir(base_dir)
+    load_weights_into(model, load_state_dict(store, version))
+    model.eval()
+    return model, tokenizer
+
+
+@validated
+@dataclass(frozen=True)
+class WorkerConfig:
+    model_dir: Path
+    model_name: str = "tiny"
+    task_seed: int = 0
+    prompts_per_batch: int = 16
+    group_size: int = 8
+    max_new_tokens: int = 3
+    temperature: float = 1.0
+    async_level: int = 2
+    byzantine: str = ""
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if self.byzantine not in BYZANTINE_MODES:
+            problems["byzantine"] = f"must be one of {BYZANTINE_MODES}"
+        if self.prompts_per_batch < 1 or self.group_size < 2:
+            problems["group_size" if self.group_size < 2 else "prompts_per_batch"] = "too small"
+        if self.async_level < 0:
+            problems["async_level"] = "must be >= 0"
+        return problems
+
+
+class WorkerRole:
+    def __init__(self, node: Any, section: dict[str, Any]) -> None:
+        self.node = node
+        self.config = from_mapping(WorkerConfig, section, "worker")
+        self.relay = _relay(node, "worker")
+        self.submitted: list[dict[str, Any]] = []
+        self.version = -1
+        if self.config.byzantine:
+            log.error("worker.byzantine=%s: this worker CHEATS on purpose (devnet/test setting)",
+                      self.config.byzantine)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from trainer.rollout import GenerationConfig
+
+        cfg = self.config
+        generation = GenerationConfig(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                                      temperature=cfg.temperature)
+        task_status.started()
+        model = tokenizer = None
+        last_step = -1
+        while True:
+            newest = await self.relay.wait_for_version(max(0, last_step + 1 - cfg.async_level))
+            newest = max(newest, self.relay.watcher.latest)
+            if newest != self.version or model is None:
+                model, tokenizer = await trio.to_thread.run_sync(load_version, cfg.model_dir, self.relay.store, newest)
+                self.version = newest
+            step = max(last_step + 1, newest)
+            started = time.monotonic()
+            batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation)
+            await self._submit(batch)
+            last_step = step
+            self.submitted.append({"step": step, "model_version": self.version, "rows": len(batch.rollouts),
+                                   "tokens": batch.n_output_tokens, "generate_s": round(timing.generate_s, 4),
+                                   "proof_s": round(timing.proof_s, 4), "wall_s": round(time.monotonic() - started, 3)})
+            # one batch per step: wait for the trainer to move on before the next one
+            await self.relay.wait_for_version(step + 1)
+
+    def _generate(self, model: Any, tokenizer: Any, step: int, generation: Any) -> tuple[Any, Any]:
+        from trainer.rollout import generate_batch
+        from trainer.tasks import assign_prompts
+
+        tasks = assign_prompts(self.node.peer_id, step, self.config.task_seed, self.config.prompts_per_batch)
+        if self.config.byzantine == "other_model":
+            from trainer.model import build_model
+
+            model = build_model(self.config.model_name, seed=12345)[0]  # not the published weights
+        batch, timing = generate_batch(model, tokenizer, tasks, worker_id=self.node.peer_id, step=step,
+                                       model_version=self.version, seed=self.config.task_seed, config=generation)
+        if self.config.byzantine == "substitute_tokens":
+            batch = _substitute_answers(batch, tokenizer)
+        return batch, timing
+
+    async def _submit(self, batch: Any) -> None:
+        from verify.messages import SUBMISSIONS_TOPIC, submission_from_batch
+
+        submission = submission_from_batch(batch, model=self.config.model_name,
+                                           prompts_per_submission=self.config.prompts_per_batch,
+                                           nonce=os.urandom(16))
+        await self.node.publish(SUBMISSIONS_TOPIC, submission)
+
+    def status(self) -> dict[str, Any]:
+        return {"version": self.version, "byzantine": self.config.byzantine, "submitted": self.submitted[-20:],
+                "batches_submitted": len(self.submitted)}
+
+
+def _substitute_answers(batch: Any, tokenizer: Any) -> Any:
+    """The cheat: replace each sequence's first generated token by the correct answer's first digit."""
+    from dataclasses import replace
+
+    from trainer.tasks import assign_prompts
+
+    tasks = assign_prompts(batch.worker_id, batch.step, batch.seed, batch.n_prompts)
+    rollouts = []
+    for r in batch.rollouts:
+        answer = tokenizer.encode(str(tasks[r.row // batch.group_size].answer))
+        out = list(r.output_ids)
+        out[0] = answer[0]
+        rollouts.append(replace(r, output_ids=tuple(out)))
+    return replace(batch, rollouts=tuple(rollouts))
+
+
+@validated
+@dataclass(frozen=True)
+class TrainerConfig:
+    model_dir: Path
+    out_dir: Path
+    model_name: str = "tiny"
+    steps: int = 20
+    batches_per_step: int = 0  # 0: wait until every live, unbanned worker's batch is decided
+    step_timeout_s: float = 20.0
+    lr: float = 3e-3
+    task_seed: int = 0
+    prompts_per_batch: int = 16
+    group_size: int = 8
+    max_new_tokens: int = 3
+    temperature: float = 1.0
+    async_level: int = 2
+    sample_rate: float = 1.0
+    ban_after_failures: int = 2
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if self.steps < 1:
+            problems["steps"] = "must be >= 1"
+        if self.batches_per_step < 0:
+            problems["batches_per_step"] = "must be >= 0"
+        if not self.step_timeout_s > 0:
+            problems["step_timeout_s"] = "must be > 0"
+        return problems
+
+
+class TrainerRole:
+    def __init__(self, node: Any, section: dict[str, Any]) -> None:
+        self.node = node
+        self.config = from_mapping(TrainerConfig, section, "trainer")
+        self.relay = _relay(node, "trainer")
+        cfg = self.config
+        self.intake = Intake(IntakeConfig(sample_rate=cfg.sample_rate, async_level=cfg.async_level,
+                                          ban_after_failures=cfg.ban_after_failures),
+                             node.peer_id, node.peertable)
+        self.history: list[dict[str, Any]] = []
+        self.published_at: dict[int, float] = {}
+        self.version = -1
+        self.done = False
+        self.learner: Any = None
+
+    def _build_learner(self) -> Any:
+        import torch
+
+        torch.set_num_threads(1)
+        from trainer.learner import Learner, LearnerConfig
+
+        cfg = self.config
+        config = LearnerConfig(lr=cfg.lr, async_level=cfg.async_level, task_seed=cfg.task_seed,
+                               prompts_per_batch=cfg.prompts_per_batch, group_size=cfg.group_size,
+                               temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+                               keep_last=cfg.async_level + 2)
+        return Learner(config, cfg.model_dir, cfg.out_dir)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node.on_event(self._on_event)
+        runner = await self.node.add_core(self.intake, "intake")
+        self.learner = await trio.to_thread.run_sync(self._build_learner)
+        self.version = self.learner.version
+        async with trio.open_nursery() as nursery:
+            await self._publish(self.version)
+            task_status.started()
+            while self.version < self.config.steps:
+                batches = await self._gather(runner)
+                stats = await trio.to_thread.run_sync(self.learner.step, [_to_batch(b) for b in batches])
+                self.intake.mark_trained(batches if stats.trained else [])
+                self._record(stats, batches)
+                if stats.trained:
+                    self.version = stats.version
+                    nursery.start_soon(self._flush_and_publish, stats.version)
+            self.done = True
+            log.info("trainer: reached %d steps", self.config.steps)
+
+    async def _gather(self, runner: Any) -> list[Any]:
+        """Admitted batches for this step, once every live worker's batch is decided (or on timeout)."""
+        first_at = None
+        while True:
+            now = trio.current_time()
+            ready = self.intake.admissible(now, self.version)
+            if self.config.batches_per_step and len(ready) >= self.config.batches_per_step:
+                return ready
+            if ready and not self.config.batches_per_step and not self.intake.undecided_workers(now, self.version):
+                return ready
+            if ready and first_at is None:
+                first_at = now
+            if first_at is not None and now - first_at >= self.config.step_timeout_s:
+                return ready
+            await trio.sleep(0.05)
+
+    async def _flush_and_publish(self, version: int) -> None:
+        await trio.to_thread.run_sync(self.learner.flush)
+        await self._publish(version)
+
+    async def _publish(self, version: int) -> None:
+        from trainer.checkpoint import version_dir
+
+        path = version_dir(self.config.out_dir, version) / WEIGHTS_FILE
+        if self.relay.watcher.is_complete(version):
+            self.published_at.setdefault(version, trio.current_time())
+            return  # published before a restart: the relay already holds and announces it
+        await self.relay.publish([path], model=self.config.model_name, version=version,
+                                 previous_version=version - 1)
+        self.published_at[version] = trio.current_time()
+
+    def _record(self, stats: Any, batches: list[Any]) -> None:
+        step = stats.version - 1 if stats.trained else self.version
+        accepted, rejected = self.intake.step_counts(step)
+        self.history.append({
+            "step": step, "trained": stats.trained, "version": stats.version,
+            "reward_mean": round(stats.reward_mean, 4), "accuracy": round(stats.accuracy, 4),
+            "batches": len(batches), "accepted_batches": accepted, "rejected_batches": rejected,
+            "learner_rejected": stats.rejected, "loss": round(stats.loss, 5), "train_s": round(stats.train_s, 4),
+            "workers": sorted({b.worker for b in batches}),
+        })
+
+    def propagation_s(self, version: int) -> float | None:
+        """Seconds from publishing `version` until every live worker announced it holds it."""
+        published = self.published_at.get(version)
+        holders = self.intake.holders.get(version, {})
+        workers = [e.peer_id for e in self.node.peertable.with_role("worker")]
+        if published is None or not workers or any(w not in holders for w in workers):
+            return None
+        return round(max(holders[w] for w in workers) - published, 4)
+
+    def _on_event(self, origin: str, event: Any) -> None:
+        if origin == "intake" and isinstance(event, Penalise):
+            for effect in self.node.peertable.penalise(trio.current_time(), event.peer, 2.0):
+                self.node.carry_out("peertable", effect)
+
+    def status(self) -> dict[str, Any]:
+        steps = [dict(h, propagation_s=self.propagation_s(h["step"])) for h in self.history]
+        return {"version": self.version, "steps_target": self.config.steps, "done": self.done,
+                "history": steps, "workers": self.intake.workers_json(), "dropped": dict(self.intake.dropped)}
+
+
+def _to_batch(batch: Any) -> Any:
+    """A learner RolloutBatch from an admitted Submission (the worker is the envelope's sender)."""
+    from trainer.rollout import Rollout, RolloutBatch
+
+    sub = batch.submission
+    rollouts = tuple(Rollout(row=r.row, prompt_ids=r.prompt, output_ids=r.output, logprobs=r.logprob_values,
+                             stop_reason=r.stop_reason, proofs=r.proofs) for r in sub.rollouts)
+    return RolloutBatch(worker_id=batch.worker, step=sub.step, model_version=sub.model_version, seed=sub.task_seed,
+                        group_size=sub.group_size, temperature=sub.temperature, max_new_tokens=sub.max_new_tokens,
+                        rollouts=rollouts)
