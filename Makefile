@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(VENV)/bin/p2pnet demo
+	$(VENV)/bin/p2pnet devnet
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_gossip.py

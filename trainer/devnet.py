@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from p2pnet.errors import ConfigError, PeerUnavailable
 from p2pnet.identity import load_or_create_identity
@@ -29,8 +29,8 @@ from p2pnet.localnet import PeerProcess, control_call, start_peer
 
 @dataclass(frozen=True)
 class DevnetConfig:
-    steps: int = 20
-    workers: int = 2
+    steps: int = 30
+    workers: int = 3
     validators: int = 1
     relays: int = 1
     byzantine: int = 1
@@ -39,6 +39,7 @@ class DevnetConfig:
     timeout_s: float = 900.0
     prompts_per_batch: int = 16
     group_size: int = 8
+    max_new_tokens: int = 3
     lr: float = 3e-3
 
     def __post_init__(self) -> None:
@@ -46,25 +47,30 @@ class DevnetConfig:
             "--steps": self.steps >= 1, "--workers": 1 <= self.workers <= 16,
             "--validators": 1 <= self.validators <= 8, "--relays": 0 <= self.relays <= 16,
             "--byzantine": 0 <= self.byzantine < self.workers, "--timeout-s": self.timeout_s > 0,
+            "--prompts-per-batch": self.prompts_per_batch >= 1, "--group-size": self.group_size >= 2,
+            "--max-new-tokens": self.max_new_tokens >= 1,
         }
         for flag, ok in checks.items():
             if not ok:
                 raise ConfigError(flag, "out of range (workers 1-16, validators 1-8, relays 0-16, "
-                                        "byzantine fewer than workers, steps >= 1)")
+                                        "byzantine fewer than workers, steps >= 1, group size >= 2)")
 
 
 def register(commands) -> None:
     devnet = commands.add_parser(
         "devnet", help="run a whole training network on this machine (trainer, relays, workers, validators)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    devnet.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    devnet.add_argument("--workers", type=int, default=2, help="rollout workers, byzantine included (default 2)")
+    devnet.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    devnet.add_argument("--workers", type=int, default=3, help="rollout workers, byzantine included (default 3)")
     devnet.add_argument("--validators", type=int, default=1, help="validators (default 1)")
     devnet.add_argument("--relays", type=int, default=1, help="relay-only peers (default 1)")
     devnet.add_argument("--byzantine", type=int, default=1, help="workers that cheat on purpose (default 1)")
     devnet.add_argument("--model", default="tiny",
                         help="tiny, micro, small, or the path of a model folder (`p2pnet model prepare smollm2`)")
     devnet.add_argument("--seed", type=int, default=0, help="task seed of the network")
+    devnet.add_argument("--prompts-per-batch", type=int, default=16, help="prompts per worker batch (default 16)")
+    devnet.add_argument("--group-size", type=int, default=8, help="samples per prompt (default 8)")
+    devnet.add_argument("--max-new-tokens", type=int, default=3, help="generated tokens at most (default 3)")
     devnet.add_argument("--json", type=Path, help="write a machine-readable summary here")
     devnet.add_argument("--out", type=Path, help="keep data dirs, logs and the reward plot here (default: temporary)")
     devnet.add_argument("--timeout-s", type=float, default=900.0, help="give up after this long")
@@ -73,7 +79,9 @@ def register(commands) -> None:
 
 def cmd_devnet(args: argparse.Namespace) -> int:
     config = DevnetConfig(steps=args.steps, workers=args.workers, validators=args.validators, relays=args.relays,
-                          byzantine=args.byzantine, model=args.model, seed=args.seed, timeout_s=args.timeout_s)
+                          byzantine=args.byzantine, model=args.model, seed=args.seed, timeout_s=args.timeout_s,
+                          prompts_per_batch=args.prompts_per_batch, group_size=args.group_size,
+                          max_new_tokens=args.max_new_tokens)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         summary = run_devnet(config, args.out)
@@ -114,7 +122,11 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None) -> dict[str, Any]:
+def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None,
+               observe: Callable[[dict[str, PeerProcess]], None] | None = None) -> dict[str, Any]:
+    """Run the devnet to `config.steps` steps. `observe(procs)`, if given, is called on every poll of
+    the trainer's status and once more after the last step, while every peer still runs
+    (benchmarks read the peers' statuses there)."""
     _stop_on_sigterm()
     started = time.monotonic()
     print(f"devnet: preparing model {config.model} under {root}", flush=True)
@@ -125,7 +137,8 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None) ->
                   "stall_timeout_s": 10.0, "fsync": False},
         "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
     }
-    task = {"task_seed": config.seed, "prompts_per_batch": config.prompts_per_batch, "group_size": config.group_size}
+    task = {"task_seed": config.seed, "prompts_per_batch": config.prompts_per_batch, "group_size": config.group_size,
+            "max_new_tokens": config.max_new_tokens}
     plan: list[tuple[str, tuple[str, ...], dict[str, dict[str, Any]]]] = [
         ("trainer", ("relay", "trainer"), {"trainer": {"model_dir": model_dir, "out_dir": root / "trainer" / "ckpt",
                                                        "model_name": model_name, "steps": config.steps,
@@ -154,7 +167,7 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None) ->
         for proc in procs.values():
             proc.wait_ready(60)
         print(f"devnet: {len(procs)} peers up: " + ", ".join(procs), flush=True)
-        status = _follow(procs, config, started)
+        status = _follow(procs, config, started, observe)
         ids = {name: p.peer_id for name, p in procs.items()}
         validators = {name: procs[name].status().get("role_status", {}).get("validator", {})
                       for name in procs if name.startswith("validator")}
@@ -170,7 +183,8 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None) ->
     return summary
 
 
-def _follow(procs: dict[str, PeerProcess], config: DevnetConfig, started: float) -> dict[str, Any]:
+def _follow(procs: dict[str, PeerProcess], config: DevnetConfig, started: float,
+            observe: Callable[[dict[str, PeerProcess]], None] | None = None) -> dict[str, Any]:
     trainer = procs["trainer"]
     deadline = started + config.timeout_s
     shown = 0
@@ -187,8 +201,12 @@ def _follow(procs: dict[str, PeerProcess], config: DevnetConfig, started: float)
                   f"{row['rejected_batches']}  peers {len(status['peers']) + 1}  "
                   f"t={time.monotonic() - started:.0f}s", flush=True)
             shown += 1
+        if observe is not None:
+            observe(procs)
         if role["done"]:
             time.sleep(2.0)  # let the last version propagate before the final read
+            if observe is not None:
+                observe(procs)
             return trainer.status(timeout_s=30)["role_status"]["trainer"]
         if time.monotonic() > deadline:
             raise PeerUnavailable(f"devnet did not finish {config.steps} steps within {config.timeout_s}s")

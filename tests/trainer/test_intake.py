@@ -1,0 +1,145 @@
+"""The trainer's intake admits only batches that validators accepted, within the async window."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from p2pnet.core import Emit
+from p2pnet.identity import Identity
+from p2pnet.wire import Codec
+from trainer.intake import Intake, IntakeConfig, Penalise
+from verify.assign import make_ticket
+from verify.messages import Claim, Submission, Verdict, rollout_record, submission_id
+from verify.reputation import WorkerBanned
+
+WALL_S = 1_800_000_000.0
+VALIDATOR, WORKER, CHEAT, STRANGER = (Identity.from_seed_text(n) for n in ("val", "w", "cheat", "stranger"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    peer_id: str
+    roles: tuple[str, ...]
+
+
+class Directory:
+    def __init__(self) -> None:
+        self.entries = {VALIDATOR.peer_id: Entry(VALIDATOR.peer_id, ("validator",)),
+                        WORKER.peer_id: Entry(WORKER.peer_id, ("worker",)),
+                        CHEAT.peer_id: Entry(CHEAT.peer_id, ("worker",))}
+
+    def get(self, peer):
+        return self.entries.get(peer)
+
+    def with_role(self, role):
+        return [e for e in self.entries.values() if role in e.roles]
+
+
+def envelope(identity, body):
+    return Codec(None).decode(Codec(identity).encode(body, WALL_S), WALL_S)
+
+
+def submit(intake, worker, step, version=None, now=1.0):
+    rollouts = tuple(rollout_record(prompt_ids=[1, 5], output_ids=[7, 2], logprobs=[-0.5, -0.1],
+                                    proofs=[b"\x01" * 258], stop_reason="eos", row=r) for r in range(2))
+    body = Submission(model="tiny", model_version=step if version is None else version, step=step, seed=1,
+                      task_seed=0, prompts_per_submission=1, group_size=2, temperature=1.0, max_new_tokens=3,
+                      rollouts=rollouts, nonce=random.Random(f"{worker.peer_id}{step}").randbytes(16))
+    env = envelope(worker, body)
+    intake.on_message(now, env)
+    return env, submission_id(env)
+
+
+def verdict(intake, sid, worker, step, accepted, sender=VALIDATOR, now=2.0, version=None):
+    body = Verdict(sid, worker.peer_id, step if version is None else version, step, accepted,
+                   () if accepted else ("row0:sampling_mismatch",), 2, make_ticket(sender, sid))
+    return intake.on_message(now, envelope(sender, body))
+
+
+def make(**kw) -> Intake:
+    return Intake(IntakeConfig(**kw), "trainer-id", Directory())
+
+
+def test_unverified_batches_are_not_admitted_and_accepted_ones_are():
+    intake = make()
+    _, sid = submit(intake, WORKER, 0)
+    assert intake.admissible(3.0, 0) == []
+    assert set(intake.undecided_workers(3.0, 0)) == {WORKER.peer_id, CHEAT.peer_id}
+    verdict(intake, sid, WORKER, 0, True)
+    assert [b.sid for b in intake.admissible(3.0, 0)] == [sid]
+    assert intake.undecided_workers(3.0, 0) == [CHEAT.peer_id]
+
+
+def test_rejected_batches_never_reach_training_and_repeat_offenders_are_banned():
+    intake = make(ban_after_failures=2)
+    _, sid0 = submit(intake, CHEAT, 0)
+    verdict(intake, sid0, CHEAT, 0, False)
+    assert intake.admissible(3.0, 0) == []
+    _, sid1 = submit(intake, CHEAT, 1)
+    effects = verdict(intake, sid1, CHEAT, 1, False, now=4.0)
+    assert any(isinstance(e, Emit) and isinstance(e.event, WorkerBanned) for e in effects)
+    _, sid2 = submit(intake, CHEAT, 2, now=5.0)  # a banned worker's later batches are dropped
+    assert intake.dropped.get("banned_worker") == 1
+    assert intake.admissible(6.0, 2) == []
+    [ledger] = [w for w in intake.workers_json() if w["peer_id"] == CHEAT.peer_id]
+    assert ledger["banned"] and ledger["rejected"] == 2 and ledger["trained_batches"] == 0
+
+
+def test_one_rejection_outweighs_an_acceptance():
+    intake = make()
+    _, sid = submit(intake, WORKER, 0)
+    verdict(intake, sid, WORKER, 0, True)
+    other = Identity.from_seed_text("val2")
+    intake.membership.directory.entries[other.peer_id] = Entry(other.peer_id, ("validator",))
+    verdict(intake, sid, WORKER, 0, False, sender=other)
+    assert intake.admissible(3.0, 0) == []
+
+
+def test_the_async_window_is_respected():
+    intake = make(async_level=2)
+    _, sid = submit(intake, WORKER, 1, version=1)
+    verdict(intake, sid, WORKER, 1, True)
+    assert [b.sid for b in intake.admissible(3.0, 3)] == [sid]  # 2 steps behind: allowed
+    assert intake.admissible(3.0, 4) == []                        # 3 behind: too stale
+    assert intake.admissible(3.0, 0) == []                        # from the future: no
+
+
+def test_trained_batches_are_counted_once():
+    intake = make()
+    _, sid = submit(intake, WORKER, 0)
+    verdict(intake, sid, WORKER, 0, True)
+    batches = intake.admissible(3.0, 0)
+    intake.mark_trained(batches)
+    assert intake.admissible(3.0, 0) == []
+    [ledger] = [w for w in intake.workers_json() if w["peer_id"] == WORKER.peer_id]
+    assert ledger["trained_batches"] == 1 and ledger["accepted"] == 1
+
+
+def test_forged_and_foreign_verdicts_are_penalised_not_believed():
+    intake = make()
+    _, sid = submit(intake, WORKER, 0)
+    effects = verdict(intake, sid, WORKER, 0, True, sender=STRANGER)  # not a validator
+    assert [e.event for e in effects] == [Penalise(STRANGER.peer_id, "not_validator")]
+    body = Verdict(sid, WORKER.peer_id, 0, 0, True, (), 2, make_ticket(STRANGER, sid))  # someone else's ticket
+    effects = intake.on_message(2.0, envelope(VALIDATOR, body))
+    assert [e.event.reason for e in effects] == ["bad_ticket"]
+    assert intake.admissible(3.0, 0) == []
+
+
+def test_submissions_from_non_workers_are_dropped():
+    intake = make()
+    submit(intake, STRANGER, 0)
+    assert intake.dropped == {"unknown_worker": 1} and intake.batches == {}
+
+
+def test_unclaimed_batches_pass_unchecked_only_below_full_sample_rate():
+    intake = make(sample_rate=0.5, unchecked_after_s=10.0)
+    _, sid = submit(intake, WORKER, 0, now=1.0)
+    assert intake.admissible(5.0, 0) == []
+    assert [b.sid for b in intake.admissible(11.5, 0)] == [sid]
+    claimed = make(sample_rate=0.5, unchecked_after_s=10.0)
+    _, sid = submit(claimed, WORKER, 0, now=1.0)
+    claimed.on_message(1.5, envelope(VALIDATOR, Claim(sid, make_ticket(VALIDATOR, sid))))
+    assert claimed.admissible(11.5, 0) == []  # a validator took it: wait for the verdict
+    assert make().admissible(100.0, 0) == []
