@@ -34,20 +34,23 @@ def gossip_run(n: int, notices: int, seed: int) -> dict:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="bench-gossip-") as tmp:
         started = time.monotonic()
-        peers = start_network(Path(tmp), n, extra_args=["--heartbeat-interval-s", "5", "--peer-expiry-s", "60"],
-                              ready_timeout_s=180)
+        # every heartbeat costs every peer ~10 ms of CPU in py-libp2p gossip; on 2 cores, space them out
+        interval_s = max(2.0, n / 2.5)
+        peers = start_network(Path(tmp), n, ready_timeout_s=180,
+                              extra_args=["--heartbeat-interval-s", str(interval_s), "--peer-expiry-s", str(5 * interval_s)])
         try:
             startup_s = time.monotonic() - started
-            table_s = wait_for_full_tables(peers, timeout_s=180, poll_s=1.0)
+            table_s = wait_for_full_tables(peers, timeout_s=300, poll_s=1.0, status_timeout_s=60)
             ids = []
             for i in range(notices):
                 sender = rng.choice(peers)
-                ids.append(control_call(sender.data_dir, {"cmd": "announce", "notice_id": f"n{i}", "text": "x"})["notice_id"])
+                ids.append(control_call(sender.data_dir, {"cmd": "announce", "notice_id": f"n{i}", "text": "x"},
+                                        timeout_s=60)["notice_id"])
                 time.sleep(0.25)
             time.sleep(5.0)  # let the last notices land
             received: dict[str, list[float]] = {i: [] for i in ids}
             for p in peers:
-                for notice in p.status(timeout_s=30)["notices"]:
+                for notice in p.status(timeout_s=60)["notices"]:
                     if notice["notice_id"] in received:
                         received[notice["notice_id"]].append(notice["latency_ms"])
         finally:
