@@ -215,7 +215,7 @@ class SimWorld:
         queue = deque([source])
         while queue:
             current = queue.popleft()
-            for neighbour in self.edges.get(current, ()):
+            for neighbour in sorted(self.edges.get(current, ())):  # sorted: set order varies by hash seed
                 peer = self.peers[neighbour]
                 if neighbour not in seen and peer.alive and peer.group == group:
                     seen[neighbour] = seen[current] + 1

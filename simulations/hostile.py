@@ -1,0 +1,392 @@
+"""Broadcast scenarios in a hostile world: regions, churn, partitions and byzantine relays.
+
+`run_broadcast(scenario)` builds N+1 peers (an origin and N relays), each running the real
+`relay.transfer.TransferCore` over `simulations.dataplane`'s bandwidth model, publishes one
+signed checkpoint manifest at t=0 and runs until every live honest relay holds every chunk.
+What the world does to them comes from `simulations.models`, drawn from the scenario's seed:
+
+- regions: each relay lives in US, EU or Asia; requests and gossip pay one-way latency.
+- churn: at drawn times relays leave or crash (their connections reset), hang (they stop
+  answering, only stall detection notices) or join (a fresh peer that learns the version
+  from `Holding` gossip). `membership_lag_s` later, like a peer table's expiry, every live
+  relay is given the new membership and replans.
+- partition: a share of the relays (or a region) is cut off from the rest between start_s and
+  end_s: gossip, requests and running flows across the cut go silent, then heal.
+- byzantine relays: each chunk they serve is corrupt with probability `corrupt_rate`; with
+  `forge` they also gossip a manifest signed with their own key and claim `Holding` of the
+  genuine version to attract requests.
+
+Theory of operation. `ScenarioWorld` is the relay developer's `RelayWorld` with three changes
+made here, from outside, until the data plane offers them itself: gossip fans out in sorted
+peer order (SimWorld's BFS walks sets of strings, whose order changes with PYTHONHASHSEED);
+the data plane respects partitions; a byzantine source corrupts a chunk at a given rate.
+Nothing of the protocol is reimplemented: fetching, verifying, banning, replanning and
+recovery are the transfer core's.
+
+Results: time to all surviving honest relays against the lower bound (of the initial
+membership), per-peer completion, and whether every surviving honest relay ends with the
+genuine manifest and every chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pnet.core import Publish
+from p2pnet.identity import Identity
+from relay.errors import ManifestRejected
+from relay.manifest import SignedManifest, open_manifest
+from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HeldVersion, Holding, ManifestAnnounce
+from relay.planner import Membership, lower_bound_s
+from relay.transfer import SourceDropped, TransferConfig, TransferCore, VersionComplete
+from simulations.broadcast import default_chunk_bytes, fake_manifest, identity
+from simulations.dataplane import RelayWorld
+from simulations.engine import Engine
+from simulations.models import CRASH, HANG, JOIN, LEAVE, ChurnEvent, network_model
+from simulations.scenarios import BroadcastScenario
+from simulations.world import EPOCH_S
+
+LAYOUTS = {"relay": ("striped", 4), "tree4": ("tree", 4), "star": ("star", 4), "chain": ("tree", 1)}
+ORIGIN_REGION = "us"
+
+
+class ScenarioWorld(RelayWorld):
+    """RelayWorld + deterministic gossip order, partition-aware data plane, corruption rate."""
+
+    def __init__(self, *args: Any, byzantine: frozenset[str] = frozenset(), corrupt_rate: float = 1.0,
+                 corrupt_seed: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.byzantine = byzantine
+        self.corrupt_rate = corrupt_rate
+        self._corrupt_rng = random.Random(f"corrupt/{corrupt_seed}")
+        self.accepted_from_byzantine = 0
+
+    # gossip: SimWorld's BFS iterates sets of peer ids; walk them sorted so runs replay exactly
+    def _reach(self, source: str) -> list[tuple[str, int]]:
+        cached = self._reach_cache.get(source)
+        if cached is not None:
+            return cached
+        group = self.peers[source].group
+        seen = {source: 0}
+        queue = deque([source])
+        while queue:
+            current = queue.popleft()
+            for neighbour in sorted(self.edges.get(current, ())):
+                peer = self.peers[neighbour]
+                if neighbour not in seen and peer.alive and peer.group == group:
+                    seen[neighbour] = seen[current] + 1
+                    queue.append(neighbour)
+        del seen[source]
+        result = list(seen.items())
+        self._reach_cache[source] = result
+        return result
+
+    # byzantine sources: decide per chunk, then let RelayWorld report it as it does
+    def _finish(self, flow: Any) -> None:
+        source = flow.source
+        if source in self.byzantine:
+            if self._corrupt_rng.random() < self.corrupt_rate:
+                self.corrupt_peers.add(source)
+            else:
+                self.corrupt_peers.discard(source)
+                self.accepted_from_byzantine += 1
+        super()._finish(flow)
+
+    # partitions: requests and flows across the cut go silent (only stall detection notices)
+    def partition(self, groups: list[list[str]]) -> None:
+        super().partition(groups)
+        for peer_id in sorted(self.ports):
+            port = self.ports[peer_id]
+            for flow in [f for f in port.up if not self._reachable(peer_id, f.request.sink)]:
+                self._end_flow(flow)
+            port.ready = deque(r for r in port.ready if self._reachable(peer_id, r.sink))
+            port.urgent = deque(r for r in port.urgent if self._reachable(peer_id, r.sink))
+            for key in list(port.waiting):
+                kept = [r for r in port.waiting[key] if self._reachable(peer_id, r.sink)]
+                if kept:
+                    port.waiting[key] = kept
+                else:
+                    del port.waiting[key]
+
+    def _request_arrives(self, request: Any) -> None:
+        if not self._reachable(request.sink, request.fetch.peer):
+            return
+        super()._request_arrives(request)
+
+    def _answer_manifest(self, sink: Any, index: int, effect: Any) -> None:
+        if self._reachable(sink.peer_id, effect.peer):
+            super()._answer_manifest(sink, index, effect)
+
+
+@dataclass
+class BroadcastRun:
+    """A built broadcast scenario: the world, its peers and what happened to them."""
+
+    scenario: BroadcastScenario
+    engine: Engine
+    world: ScenarioWorld
+    origin: Identity
+    signed: SignedManifest
+    config: TransferConfig
+    cores: dict[str, TransferCore]
+    uploads: dict[str, float]
+    regions: dict[str, str]
+    initial: list[str]
+    byzantine: frozenset[str]
+    churn: list[ChurnEvent]
+    rng: random.Random
+    members: Membership
+    fate: dict[str, str] = field(default_factory=dict)  # peer -> leave / crash / hang
+    joined: dict[str, float] = field(default_factory=dict)  # joiner -> when
+    completed: dict[str, float] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)  # live honest relays not complete yet
+    replans: int = 0
+    _replan_pending: bool = False
+    _opened: dict[bytes, SignedManifest | ManifestRejected] = field(default_factory=dict)
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        sc = self.scenario
+        origin = self.world.peers[self.origin.peer_id]
+        self.world._apply(origin, 0, self.cores[self.origin.peer_id].publish(0.0, self.signed))
+        if sc.forge:
+            self.engine.at(0.001, self._forge)
+        for event in self.churn:
+            self.engine.at(event.at_s, self._churn, event)
+        if sc.partition.active:
+            self.engine.at(sc.partition.start_s, self._cut)
+            self.engine.at(sc.partition.end_s, self.world.heal)
+
+    def run(self) -> None:
+        settle_s = max([e.at_s for e in self.churn] + [self.scenario.partition.end_s if
+                                                       self.scenario.partition.active else 0.0])
+        engine = self.engine
+        engine.run(until=self.scenario.until_s, stop=lambda: not self.waiting and engine.now >= settle_s)
+
+    # -- what the world does ----------------------------------------------------------------
+
+    def _forge(self) -> None:
+        genuine = Holding((HeldVersion(self.signed.version, self.signed.manifest_id),))
+        for peer_id in sorted(self.byzantine):
+            peer = self.world.peers[peer_id]
+            if not peer.alive:
+                continue
+            forged = fake_manifest(peer.identity, self.signed.manifest.total_bytes,
+                                   self.signed.manifest.chunk_bytes, version=self.signed.version)
+            self.world._apply(peer, 0, [Publish(MANIFEST_TOPIC, ManifestAnnounce(forged.frame)),
+                                        Publish(HOLDING_TOPIC, genuine)])
+
+    def _churn(self, event: ChurnEvent) -> None:
+        if event.kind == JOIN:
+            self._join(event)
+        else:
+            peer_id = self.initial[event.peer]
+            if not self.world.peers[peer_id].alive:
+                return
+            self.fate[peer_id] = event.kind
+            self.waiting.discard(peer_id)
+            if event.kind == HANG:
+                self.world.hang(peer_id)
+            else:  # a clean leave and a crash look alike to the data plane: connections reset
+                self.world.crash(peer_id)
+        self._schedule_replan()
+
+    def _join(self, event: ChurnEvent) -> None:
+        sc = self.scenario
+        ident = identity(f"sim/join-{event.peer}")
+        peer_id = ident.peer_id
+        self.uploads[peer_id] = sc.upload.draw(self.rng)
+        self.regions[peer_id] = sc.regions.assign(self.rng, 1)[0]
+        core = self._core(peer_id)
+        self.world.add_relay_peer(ident, [core], upload_bps=self.uploads[peer_id],
+                                  download_bps=sc.download.draw(self.rng), region=self.regions[peer_id])
+        self.world.connect(self.origin.peer_id, peer_id)
+        # the joiner starts from what the others believe right now (it is not in it: it borrows a parent)
+        self.world._apply(self.world.peers[peer_id], 0, core.set_members(self.engine.now, self.members))
+        self.cores[peer_id] = core
+        self.joined[peer_id] = self.engine.now
+        self.waiting.add(peer_id)
+
+    def _schedule_replan(self) -> None:
+        if not self._replan_pending:
+            self._replan_pending = True
+            self.engine.after(self.scenario.membership_lag_s, self._replan)
+
+    def _replan(self) -> None:
+        self._replan_pending = False
+        self.replans += 1
+        live = [p for p in self.cores if self.world.peers[p].alive]
+        self.members = Membership.of({p: self.uploads[p] for p in live})
+        for peer_id in live:
+            self.world._apply(self.world.peers[peer_id], 0,
+                              self.cores[peer_id].set_members(self.engine.now, self.members))
+
+    def _cut(self) -> None:
+        sc = self.scenario
+        regions = [self.regions[p] for p in self.initial]
+        far = [self.initial[i] for i in sc.partition.cut_off(random.Random(f"partition/{sc.seed}"), regions)]
+        self.world.partition([far])
+
+    # -- building ---------------------------------------------------------------------------
+
+    def open_frame(self, frame: bytes, now: float) -> SignedManifest:
+        """The origin is the one trusted publisher; every peer would open the same frame, so
+        each distinct frame is checked once (its outcome, acceptance or rejection, is kept)."""
+        outcome = self._opened.get(frame)
+        if outcome is None:
+            try:
+                outcome = open_manifest(frame, trusted_publishers={self.origin.peer_id}, now_s=EPOCH_S + now)
+            except ManifestRejected as exc:
+                outcome = exc
+            self._opened[frame] = outcome
+        if isinstance(outcome, ManifestRejected):
+            raise outcome
+        return outcome
+
+    def _core(self, peer_id: str) -> TransferCore:
+        return TransferCore(self.config, peer_id, open_frame=self.open_frame, self_upload_bps=self.uploads[peer_id])
+
+    def on_event(self, now: float, peer: str, event: object) -> None:
+        if isinstance(event, VersionComplete) and peer in self.waiting:
+            self.completed[peer] = now
+            self.waiting.discard(peer)
+        elif isinstance(event, VersionComplete) and peer != self.origin.peer_id:
+            self.completed.setdefault(peer, now)
+
+
+def transfer_config(sc: BroadcastScenario) -> TransferConfig:
+    layout, fanout = LAYOUTS.get(sc.strategy, ("tree", sc.tree_fanout))
+    return TransferConfig(stripes=sc.stripes, window_per_source=sc.window_per_source,
+                          stall_timeout_s=sc.stall_timeout_s, exclude_s=3 * sc.stall_timeout_s,
+                          announce_interval_s=sc.announce_interval_s, layout=layout, tree_fanout=fanout)
+
+
+def build(sc: BroadcastScenario) -> BroadcastRun:
+    """The world of `sc`, every relay started and given the membership, nothing published yet."""
+    rng = random.Random(sc.seed)
+    chunk_bytes = sc.chunk_bytes or default_chunk_bytes(sc.checkpoint_bytes)
+    engine = Engine(sc.seed)
+    origin = identity("sim/origin")
+    idents = {origin.peer_id: origin}
+    idents.update((i.peer_id, i) for i in (identity(f"sim/peer-{n}") for n in range(sc.peers)))
+    ids = list(idents)[1:]
+    uploads = {origin.peer_id: float(sc.origin_upload_bps)}
+    uploads.update({p: float(sc.upload.draw(rng)) for p in ids})
+    downloads = [sc.download.draw(rng) for _ in ids]
+    regions = {origin.peer_id: ORIGIN_REGION}
+    regions.update(zip(ids, sc.regions.assign(rng, sc.peers)))
+    byzantine = frozenset(rng.sample(ids, round(sc.byzantine * sc.peers)))
+    churn = sc.churn.draw(random.Random(f"churn/{sc.seed}"), sc.peers)
+    model = network_model(loss=sc.loss, local_latency_s=sc.local_latency_s, regional=sc.regional_latency)
+    world = ScenarioWorld(engine, model, byzantine=byzantine, corrupt_rate=sc.corrupt_rate,
+                          corrupt_seed=str(sc.seed))
+    run = BroadcastRun(sc, engine, world, origin, fake_manifest(origin, sc.checkpoint_bytes, chunk_bytes),
+                       transfer_config(sc), {}, uploads, regions, ids, byzantine, churn, rng, Membership.of(uploads))
+    for peer_id, download in [(origin.peer_id, math.inf)] + list(zip(ids, downloads)):
+        core = run._core(peer_id)
+        run.cores[peer_id] = core
+        world.add_relay_peer(idents[peer_id], [core], upload_bps=uploads[peer_id], download_bps=download,
+                             region=regions[peer_id])
+    for peer_id in ids:
+        world.connect(origin.peer_id, peer_id)
+    for peer_id, core in run.cores.items():
+        world._apply(world.peers[peer_id], 0, core.set_members(0.0, run.members))
+    run.waiting = {p for p in ids if p not in byzantine}
+    world.listeners.append(run.on_event)
+    return run
+
+
+def run_broadcast(sc: BroadcastScenario) -> tuple[dict[str, Any], list[dict[str, Any]], BroadcastRun]:
+    """Run `sc`: (summary for results.json, one row per relay, the finished run)."""
+    wall = time.perf_counter()
+    run = build(sc)
+    run.start()
+    run.run()
+    wall_s = time.perf_counter() - wall
+    return summarize(run, wall_s), peer_rows(run), run
+
+
+def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
+    sc = run.scenario
+    honest_initial = [p for p in run.initial if p not in run.byzantine]
+    survivors = [p for p in honest_initial if p not in run.fate]
+    done = [run.completed[p] for p in survivors if p in run.completed]
+    joiners = [p for p in run.joined if run.world.peers[p].alive]
+    right = [p for p in survivors + joiners if _holds_genuine(run, p)]
+    bound = lower_bound_s(sc.checkpoint_bytes, sc.origin_upload_bps, [run.uploads[p] for p in run.initial])
+    finished = max(done) if len(done) == len(survivors) and done else None
+    penalised = sorted({peer for _, _, peer, _ in run.world.penalties})
+    dropped: dict[str, int] = {}
+    for _, _, event in run.world.events:
+        if isinstance(event, SourceDropped):
+            dropped[event.why] = dropped.get(event.why, 0) + 1
+    join_s = [run.completed[p] - run.joined[p] for p in joiners if p in run.completed]
+    return {
+        "scenario": sc.name,
+        "strategy": sc.strategy,
+        "seed": sc.seed,
+        "peers": sc.peers,
+        "checkpoint_bytes": sc.checkpoint_bytes,
+        "chunk_bytes": run.signed.manifest.chunk_bytes,
+        "chunks": len(run.signed.manifest.chunk_digests),
+        "time_to_all_s": _round(finished),
+        "lower_bound_s": _round(bound),
+        "ratio": _round(finished / bound if finished is not None else None),
+        "mean_completion_s": _round(sum(done) / len(done) if done else None),
+        "survivors": len(survivors),
+        "survivors_complete": len(done),
+        "survivors_right_checkpoint": sum(1 for p in survivors if p in right),
+        "departed": {kind: sum(1 for f in run.fate.values() if f == kind) for kind in (LEAVE, CRASH, HANG)},
+        "joined": len(run.joined),
+        "joiners_complete": len(join_s),
+        "joiners_right_checkpoint": sum(1 for p in joiners if p in right),
+        "joiner_mean_time_s": _round(sum(join_s) / len(join_s) if join_s else None),
+        "byzantine": len(run.byzantine),
+        "byzantine_penalised": sum(1 for p in penalised if p in run.byzantine),
+        "honest_penalised": sum(1 for p in penalised if p not in run.byzantine),
+        "chunks_accepted_from_byzantine": run.world.accepted_from_byzantine,
+        "forged_manifests_rejected": sum(c.rejected_manifests for c in run.cores.values()),
+        "sources_dropped": dict(sorted(dropped.items())),
+        "replans": run.replans,
+        "transfer": dict(sorted(run.world.transfer_stats.items())),
+        "messages": dict(sorted(run.world.stats.items())),
+        "bytes_moved_over_needed": _round(run.world.transfer_stats["bytes"] / (sc.checkpoint_bytes * sc.peers)),
+        "virtual_end_s": _round(run.engine.now),
+        "events": run.engine.events_run,
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def _holds_genuine(run: BroadcastRun, peer_id: str) -> bool:
+    core = run.cores[peer_id]
+    signed = core.signed(run.signed.version)
+    return signed is not None and signed.manifest_id == run.signed.manifest_id and \
+        run.signed.version in core.complete_versions()
+
+
+def peer_rows(run: BroadcastRun) -> list[dict[str, Any]]:
+    rows = []
+    for number, peer_id in enumerate(run.initial + list(run.joined)):
+        kind = "byzantine" if peer_id in run.byzantine else "joiner" if peer_id in run.joined else "honest"
+        done = run.completed.get(peer_id)
+        rows.append({
+            "peer": number,
+            "peer_id": peer_id,
+            "kind": kind,
+            "region": run.regions[peer_id],
+            "upload_bps": round(run.uploads[peer_id], 1),
+            "fate": run.fate.get(peer_id, "stayed"),
+            "joined_s": _round(run.joined.get(peer_id)),
+            "completed_s": _round(done),
+        })
+    return rows
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
