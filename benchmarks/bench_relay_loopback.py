@@ -1,16 +1,24 @@
-"""Loopback benchmark: one checkpoint to 8 peer processes, relay vs star vs raw TCP fan-out.
+"""Loopback benchmark: one checkpoint to N peer processes, relay vs star vs raw TCP fan-out.
 
-    python benchmarks/bench_relay_loopback.py --mib 1024 --peers 8
+    python benchmarks/bench_relay_loopback.py --mib 1024 --peers 8 [--fsync off|on]
 
-1. relay: 1 + N `p2pnet peer start --role relay` processes; the first publishes the checkpoint
+All three run in the same invocation, one after the other, on the same file:
+
+1. raw: N client processes download the file from one origin (sendfile) over plain TCP, with
+   no hashing and no disk: what the sockets alone allow.
+2. star: the same fan-out, each client hashing every chunk (`--chunk-mib`) with blake3 and
+   writing it to disk: the relay's work per byte, without relaying or a control plane.
+3. relay: 1 + N `p2pnet peer start --role relay` processes; the first publishes the checkpoint
    (hashing and storing it is not timed); timed from the publish reply until every other peer
-   reports the version complete, every chunk verified and on disk (fsync off, as in tests).
-2. star: every peer process downloads the whole file straight from one origin server over
-   plain TCP, hashing each chunk with blake3 and writing it to disk: the same work per byte,
-   no relaying.
-3. raw: the same fan-out with no hashing and no disk: what the sockets alone allow.
+   has every chunk verified and on disk. Split into `announce` (publish reply -> the last peer
+   accepted the signed manifest, gossip over libp2p) and `data` (the rest).
 
-On loopback nobody's upload is the bottleneck (two CPU cores are), so this measures the cost of
+fsync is the same for star and relay: `off` (no fsync; the default, as in tests) or `on` (star
+fsyncs its file every 32 chunks and at the end; relay peers run with `fsync = true`, fsync
+batched every `fsync_batch_chunks` = 32 chunks and at completion). CPU-seconds are those of the
+client (or peer) processes and, for the baselines, the origin's server threads.
+
+On loopback nobody's upload is the bottleneck (the CPU cores are), so this measures the cost of
 the relay's machinery against plain TCP; the bandwidth-bound comparison is bench_relay_sim.py.
 """
 
@@ -29,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CHUNK = 1 << 20
+FSYNC_EVERY_CHUNKS = 32  # the relay's fsync_batch_chunks, for star with --fsync on
 
 
 def make_checkpoint(path: Path, mib: int) -> Path:
@@ -68,18 +76,19 @@ def serve_file(path: Path, clients: int) -> tuple[int, threading.Thread]:
     return port, thread
 
 
-def client_main(port: int, mode: str, out: str) -> None:
+def client_main(port: int, mode: str, out: str, chunk: int, fsync: bool) -> None:
     """Child process: download everything; in `star` mode hash per chunk and write to disk."""
     import blake3
 
     got = 0
     sock = socket.create_connection(("127.0.0.1", port))
-    buf = bytearray(CHUNK)
+    buf = bytearray(chunk)
     view = memoryview(buf)
-    fh = open(out, "wb") if mode == "star" else None
+    fh = open(out, "wb", buffering=0) if mode == "star" else None
+    chunks = 0
     while True:
         filled = 0
-        while filled < CHUNK:
+        while filled < chunk:
             n = sock.recv_into(view[filled:])
             if n == 0:
                 break
@@ -90,38 +99,62 @@ def client_main(port: int, mode: str, out: str) -> None:
         if fh is not None:
             blake3.blake3(view[:filled], max_threads=1).digest()
             fh.write(view[:filled])
-        if filled < CHUNK:
+            chunks += 1
+            if fsync and chunks % FSYNC_EVERY_CHUNKS == 0:
+                os.fsync(fh.fileno())
+        if filled < chunk:
             break
     if fh is not None:
+        if fsync:
+            os.fsync(fh.fileno())
         fh.close()
     print(got, flush=True)
 
 
-def run_baseline(path: Path, peers: int, mode: str, tmp: Path) -> float:
+def _cpu_s(rusage_who: int) -> float:
+    import resource
+
+    r = resource.getrusage(rusage_who)
+    return r.ru_utime + r.ru_stime
+
+
+def run_baseline(path: Path, peers: int, mode: str, tmp: Path, chunk: int, fsync: bool) -> tuple[float, float]:
+    """(seconds, CPU-seconds of the clients and the origin) for one fan-out."""
+    import resource
+
+    cpu0 = _cpu_s(resource.RUSAGE_CHILDREN) + _cpu_s(resource.RUSAGE_SELF)
     port, server = serve_file(path, peers)
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, __file__, "--client", str(port), mode, str(tmp / f"{mode}{i}")],
-                              stdout=subprocess.PIPE) for i in range(peers)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--client", str(port), mode, str(tmp / f"{mode}{i}"),
+                               str(chunk), str(int(fsync))], stdout=subprocess.PIPE) for i in range(peers)]
     sizes = [int(p.communicate(timeout=900)[0]) for p in procs]
     took = time.perf_counter() - start
     server.join()
+    cpu = _cpu_s(resource.RUSAGE_CHILDREN) + _cpu_s(resource.RUSAGE_SELF) - cpu0
     assert all(s == path.stat().st_size for s in sizes), sizes
-    return took
+    for f in tmp.glob(f"{mode}*"):
+        f.unlink()
+    return took, cpu
 
 
 # -- the relay --------------------------------------------------------------------------
 
 
-def run_relay(path: Path, peers: int, tmp: Path) -> tuple[float, dict]:
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_relay(path: Path, peers: int, tmp: Path, chunk: int, fsync: bool) -> dict:
     from p2pnet.localnet import control_call, start_peer, wait_for_full_tables
 
     root = tmp / "relay"
     publisher = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
                                          str(root / "peer0")], text=True).strip()
     config = root / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nfsync = false\n'
-                      f'budget_bytes = {8 * path.stat().st_size}\n')
-    args = ["--config", str(config), "--heartbeat-interval-s", "1", "--peer-expiry-s", "10"]
+    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nfsync = {str(fsync).lower()}\n'
+                      f'fsync_batch_chunks = {FSYNC_EVERY_CHUNKS}\nbudget_bytes = {8 * path.stat().st_size}\n')
+    args = ["--config", str(config)]  # default heartbeat interval: the control plane's real load
     procs = [start_peer("peer0", root / "peer0", roles=["relay"], extra_args=args)]
     try:
         procs[0].wait_ready(30)
@@ -131,20 +164,25 @@ def run_relay(path: Path, peers: int, tmp: Path) -> tuple[float, dict]:
             p.wait_ready(30)
         wait_for_full_tables(procs, 60)
         reply = control_call(procs[0].data_dir, {"cmd": "checkpoint.publish", "paths": [str(path)], "model": "bench",
-                                                 "version": 1, "chunk_bytes": 4 << 20}, timeout_s=600)
-        start = time.perf_counter()
-        pending = set(range(1, peers + 1))
-        while pending:
-            for i in list(pending):
-                rows = procs[i].status(timeout_s=30)["role_status"]["relay"]["transfers"]["progress"]
-                if rows and rows[0]["complete"]:
-                    pending.discard(i)
-            if time.perf_counter() - start > 900:
-                raise TimeoutError(f"peers {sorted(pending)} incomplete after 900s")
-            time.sleep(0.1)
-        took = time.perf_counter() - start
+                                                 "version": 1, "chunk_bytes": chunk}, timeout_s=600)
+        published_at = time.time()
+        cpu0 = sum(_proc_cpu_s(p.proc.pid) for p in procs)
+        times: dict[int, dict] = {}
+        while len(times) < peers:  # completion times come from the peers' own wall clock
+            for i in range(1, peers + 1):
+                if i not in times:
+                    timeline = procs[i].status(timeout_s=30)["role_status"]["relay"]["timeline"].get("1", {})
+                    if "complete_at_s" in timeline:
+                        times[i] = timeline
+            if time.time() - published_at > 900:
+                raise TimeoutError(f"peers {sorted(set(range(1, peers + 1)) - set(times))} incomplete after 900s")
+            time.sleep(0.5)
+        cpu = sum(_proc_cpu_s(p.proc.pid) for p in procs) - cpu0  # includes up to 0.5 s idle
         served = {p.name: sum(p.status()["role_status"]["relay"]["served_to"].values()) for p in procs}
-        return took, {"chunks": reply["chunks"], "served": served}
+        announced = max(t["manifest_at_s"] for t in times.values()) - published_at
+        took = max(t["complete_at_s"] for t in times.values()) - published_at
+        return {"seconds": took, "announce_s": announced, "cpu_s": cpu, "chunks": reply["chunks"],
+                "served": served}
     finally:
         for p in procs:
             p.stop()
@@ -152,25 +190,32 @@ def run_relay(path: Path, peers: int, tmp: Path) -> tuple[float, dict]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        client_main(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        client_main(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB")
     parser.add_argument("--peers", type=int, default=8, help="receiving peers")
+    parser.add_argument("--chunk-mib", type=int, default=4, help="relay chunk size, and star's hashing unit")
+    parser.add_argument("--fsync", choices=("off", "on"), default="off", help="fsync in star and relay alike")
     args = parser.parse_args()
+    chunk, fsync = args.chunk_mib << 20, args.fsync == "on"
     tmp = Path(tempfile.mkdtemp(prefix="bench-relay-", dir=os.environ.get("BENCH_TMP")))
     try:
         path = make_checkpoint(tmp / "ckpt.safetensors", args.mib)
         total = args.peers * path.stat().st_size
-        raw = run_baseline(path, args.peers, "raw", tmp)
-        star = run_baseline(path, args.peers, "star", tmp)
-        for f in tmp.glob("star*"):
-            f.unlink()
-        relay, info = run_relay(path, args.peers, tmp)
-        print(f"{args.mib} MiB to {args.peers} peers ({total / 1e9:.2f} GB delivered), loopback, 2 cores")
-        for name, took in (("raw TCP fan-out", raw), ("star (TCP+blake3+disk)", star), ("relay", relay)):
-            print(f"  {name:<24} {took:7.2f} s  {total / took / 1e6:8.0f} MB/s delivered  relay/this = {relay / took:.2f}")
-        print(f"  relay: {info['chunks']} chunks of 4 MiB; chunks served per peer: {info['served']}")
+        raw = run_baseline(path, args.peers, "raw", tmp, chunk, fsync)
+        star = run_baseline(path, args.peers, "star", tmp, chunk, fsync)
+        relay = run_relay(path, args.peers, tmp, chunk, fsync)
+        print(f"{args.mib} MiB to {args.peers} peers ({total / 1e9:.2f} GB delivered), loopback, "
+              f"{os.cpu_count()} cores, fsync {args.fsync}, {args.chunk_mib} MiB chunks")
+        rows = (("raw TCP fan-out", raw), ("star (TCP+blake3+disk)", star),
+                ("relay", (relay["seconds"], relay["cpu_s"])))
+        for name, (took, cpu) in rows:
+            print(f"  {name:<24} {took:7.2f} s  {total / took / 1e6:8.0f} MB/s delivered  "
+                  f"{cpu:7.1f} CPU-s  relay/this = {relay['seconds'] / took:.2f}")
+        print(f"  relay split: announce (manifest gossip to the last peer) {relay['announce_s']:.2f} s, "
+              f"data {relay['seconds'] - relay['announce_s']:.2f} s")
+        print(f"  relay: {relay['chunks']} chunks; chunks served per peer: {relay['served']}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -7,6 +7,8 @@ serves all roles. Nothing here is trusted: receivers hash everything they read.
 
 Frames are `u32 big-endian length || bytes`. `FrameReader` refuses frames over its limit and
 reports a connection that ends inside a frame as `TruncatedStream`, never as a short frame.
+Bulk payloads (`exactly_into`) are received straight into one fresh buffer with `recv_into`:
+no intermediate bytes objects, no copies out of a shared buffer.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ class TruncatedStream(PeerUnavailable):
 class FrameReader:
     """Reads length-prefixed frames (and raw byte runs) from a trio stream, buffered."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream, *, max_frame_bytes: int, read_bytes: int = 1 << 20) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream, *, max_frame_bytes: int, read_bytes: int = 64 << 10) -> None:
         self._stream = stream
         self._buffer = bytearray()
         self.max_frame_bytes = max_frame_bytes
-        self._read_bytes = read_bytes
+        self._read_bytes = read_bytes  # per read while looking for frames; bulk bytes bypass it
+        sock = getattr(stream, "socket", None)  # a trio SocketStream: receive bulk bytes in place
+        self._recv_into = getattr(sock, "recv_into", None)
 
     async def _fill(self, n: int) -> bool:
         while len(self._buffer) < n:
@@ -69,6 +73,32 @@ class FrameReader:
         data = bytes(self._buffer[:n])
         del self._buffer[:n]
         return data
+
+    async def exactly_into(self, n: int) -> bytearray:
+        """The next `n` raw bytes in a new bytearray of their own (for bulk payloads).
+
+        Whatever is already buffered is copied once; the rest is received in place. A
+        connection that ends (or breaks) first raises `TruncatedStream`.
+        """
+        out = bytearray(n)
+        view = memoryview(out)
+        filled = min(len(self._buffer), n)
+        view[:filled] = self._buffer[:filled]
+        del self._buffer[:filled]
+        while filled < n:
+            if self._recv_into is not None:
+                try:
+                    got = await self._recv_into(view[filled:])
+                except OSError as exc:
+                    raise TruncatedStream(f"stream broke after {filled} of {n} bytes: {exc}") from exc
+            else:
+                data = await self._stream.receive_some(n - filled)
+                got = len(data)
+                view[filled:filled + got] = data
+            if not got:
+                raise TruncatedStream(f"stream ended after {filled} of {n} bytes")
+            filled += got
+        return out
 
 
 async def send_frame(stream: trio.abc.SendStream, frame: bytes) -> None:

@@ -33,6 +33,7 @@ class RelayConfig:
     announce_interval_s: float = 5.0  # how often we gossip what we hold
     store_dir: str = "relay"  # under the data directory
     fsync: bool = True  # fsync chunks and directories (off only for simulations/benchmarks)
+    fsync_batch_chunks: int = 32  # chunks written before one batched fsync (1: fsync each chunk)
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -45,7 +46,7 @@ class RelayConfig:
             problems["chunk_bytes"] = f"must be in [1024, {MAX_CHUNK_BYTES}]"
         if self.budget_bytes <= 0:
             problems["budget_bytes"] = "must be > 0"
-        for name in ("keep_versions", "max_concurrent_uploads", "max_concurrent_downloads"):
+        for name in ("keep_versions", "max_concurrent_uploads", "max_concurrent_downloads", "fsync_batch_chunks"):
             if getattr(self, name) < 1:
                 problems[name] = "must be >= 1"
         for name in ("stall_timeout_s", "request_timeout_s", "announce_interval_s"):

@@ -10,7 +10,9 @@ relay events are peeled off the core's effect list by `_Peeler` and queued, in o
 dispatcher task; everything else goes to the node as usual. A `Fetch` goes to the `_Upstream`
 of its peer: one TCP connection to the peer's advertised `data_addr`, many pipelined requests,
 responses in any order (header frame, then exactly `length` raw bytes). A response is believed
-only if it has the expected length and `put_chunk` finds it hashes to the manifest's digest;
+only if it has the expected length and `put_chunk` finds it hashes to the manifest's digest
+(a chunk's bytes are received straight into their own buffer, then hashed and stored in a
+worker thread while the connection reads on; the buffer is what we cache and serve onwards);
 a connection that ends inside a chunk (a killed peer) fails every request still outstanding
 on it as `unreachable`, never as a short chunk. The server side answers a request once it
 holds the chunk (waiting up to `request_timeout_s` for it to arrive: this is how chunks are
@@ -130,7 +132,8 @@ class RelayRole:
         self.config: RelayConfig = relay_config(section).trusting(node.peer_id)
         self.store = ChunkStore(self.config.store_root(node.config.data_dir), budget_bytes=self.config.budget_bytes,
                                 keep_versions=self.config.keep_versions,
-                                trusted_publishers=self.config.trusted_publishers, fsync=self.config.fsync)
+                                trusted_publishers=self.config.trusted_publishers, fsync=self.config.fsync,
+                                fsync_batch_chunks=self.config.fsync_batch_chunks)
         self.watcher = VersionWatcher(self.store.complete_versions())
         self.corrupt_chunks = os.environ.get(CORRUPT_ENV) == "1"
         if self.corrupt_chunks:
@@ -151,17 +154,25 @@ class RelayRole:
         self._upstreams: dict[str, _Upstream] = {}
         self._slots = _UploadSlots(self.config.max_concurrent_uploads)
         self._arrivals: dict[bytes, trio.Event] = {}
-        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cache: OrderedDict[bytes, bytes | bytearray] = OrderedDict()
         self._cache_bytes = 0
         self._members_changed = trio.Event()
         self.served: dict[str, int] = {}  # peer -> chunks served to it
         self.fetched_from: dict[str, int] = {}  # peer -> chunks fetched from it
         self.serving_now: dict[str, int] = {}
         self.bytes_served = 0
+        self.timeline: dict[int, dict[str, float]] = {}  # version -> wall-clock times (status, benchmarks)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._run(task_status)
+        finally:
+            with trio.CancelScope(shield=True):  # chunks still waiting for a batched fsync
+                await self._flush_store()
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.node.dataplane.register(CHANNEL, self._serve)
@@ -216,9 +227,12 @@ class RelayRole:
                     self.node.carry_out("peertable", effect)
                 log.warning("penalised %s by %s: %s", item.peer, item.amount, item.reason)
             elif isinstance(item, ManifestAccepted):
+                self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
                 await self._keep_manifest(item.signed)
             elif isinstance(item, VersionComplete):
+                self.timeline.setdefault(item.version, {})["complete_at_s"] = time.time()
                 self.watcher.mark_complete(item.version)
+                self._nursery.start_soon(self._flush_store)  # type: ignore[union-attr]
                 log.info("version %d complete (%d chunks fetched in %.1fs)", item.version, item.fetched_chunks,
                          item.seconds)
 
@@ -241,15 +255,15 @@ class RelayRole:
         entry = self.node.peertable.get(peer)
         return entry.data_addr if entry is not None else None
 
-    async def report_fetched(self, peer: str, fetch: Fetch, data: bytes, elapsed_s: float) -> None:
-        """Verify and store one chunk from `peer`; tell the core either way."""
+    async def report_fetched(self, peer: str, fetch: Fetch, data: bytes | bytearray, elapsed_s: float) -> None:
+        """Verify and store one chunk from `peer`; tell the core either way. `data` is never mutated."""
         try:
             await trio.to_thread.run_sync(lambda: self.store.put_chunk(fetch.digest, data, sender=peer))
         except ChunkCorrupt:
             log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
             await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, "corrupt"))
             return
-        except StoreFull as exc:
+        except (StoreFull, OSError) as exc:
             log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
             await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
                                                                    "unavailable"))
@@ -260,6 +274,13 @@ class RelayRole:
         if arrived is not None:
             arrived.set()
         await self._command(lambda now: self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s))
+
+    async def _flush_store(self) -> None:
+        """Make every chunk stored so far durable (the store batches its fsyncs)."""
+        try:
+            await trio.to_thread.run_sync(self.store.flush)
+        except OSError as exc:
+            log.error("flushing the chunk store failed: %s", exc)
 
     async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
         await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
@@ -300,7 +321,7 @@ class RelayRole:
 
     # -- serving --------------------------------------------------------------------------
 
-    def _remember(self, digest: bytes, data: bytes) -> None:
+    def _remember(self, digest: bytes, data: bytes | bytearray) -> None:
         """Keep recently verified chunks in memory: the next hop asks for them right away."""
         if digest in self._cache:
             return
@@ -380,7 +401,7 @@ class RelayRole:
         return self.store.has_chunk(digest)
 
     async def _respond(self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int,
-                       payload: bytes | None) -> None:
+                       payload: bytes | bytearray | None) -> None:
         status, length = (STATUS_OK, len(payload)) if payload is not None else (STATUS_UNAVAILABLE, 0)
         async with send_lock:
             await send_frame(stream, ChunkResponse(request_id, status, length).pack())
@@ -429,6 +450,7 @@ class RelayRole:
             complete_versions=self.core.complete_versions(),
             transfers=self.core.status(now),
             fetching_from={p: u.outstanding for p, u in self._upstreams.items() if u.outstanding},
+            timeline={str(v): dict(t) for v, t in self.timeline.items()},
             fetched_from=dict(self.fetched_from),
             serving_to=dict(self.serving_now),
             served_to=dict(self.served),
@@ -477,7 +499,7 @@ class _Upstream:
                     nursery.start_soon(self._write, stream, nursery.cancel_scope)
                     try:
                         await send_frame(stream, self.role.node.peer_id.encode())
-                        await self._read(stream)
+                        await self._read(stream, nursery)
                     except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                         log.info("source %s: %s", self.peer, exc)
                     except (_CorruptSource, ValueError) as exc:
@@ -499,8 +521,8 @@ class _Upstream:
             log.info("requests to %s ended: %s", self.peer, exc)
             connection.cancel()
 
-    async def _read(self, stream: trio.SocketStream) -> None:
-        reader = FrameReader(stream, max_frame_bytes=RESPONSE.size, read_bytes=4 << 20)
+    async def _read(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
         while True:
             header = ChunkResponse.unpack(await _frame(reader))
             entry = self._pending.get(header.request_id)
@@ -515,9 +537,14 @@ class _Upstream:
                 del self._pending[header.request_id]
                 await self.role.report_failed(self.peer, fetch, "corrupt")
                 raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
-            data = await reader.exactly(header.length)  # TruncatedStream if the source dies mid-chunk
+            data = await reader.exactly_into(header.length)  # TruncatedStream if the source dies mid-chunk
             del self._pending[header.request_id]
-            await self.role.report_fetched(self.peer, fetch, data, trio.current_time() - sent_at)
+            # hash and store it while we read on (the core's in-flight limit bounds how many)
+            nursery.start_soon(self._report, fetch, data, trio.current_time() - sent_at)
+
+    async def _report(self, fetch: Fetch, data: bytearray, elapsed_s: float) -> None:
+        with trio.CancelScope(shield=True):  # a received chunk is always stored and told, even as we close
+            await self.role.report_fetched(self.peer, fetch, data, elapsed_s)
 
     async def _fail_all(self) -> None:
         pending, self._pending = list(self._pending.values()), {}

@@ -5,13 +5,21 @@ Layout under `root`:
     chunks/ab/abcdef...   one file per chunk, named by the hex blake3 digest of its bytes
     manifests/000000000042-<manifest id hex>.manifest   the signed manifest frame, as received
 
-Theory of operation. A chunk enters only through `put_chunk`, which hashes the bytes first,
-writes them to a `.tmp-` name in the chunk's directory, fsyncs, renames and fsyncs the
-directory, so a chunk name on disk always means a complete chunk that once hashed right. The
-in-memory index (digest -> size) is rebuilt at startup from the names on disk after deleting
-leftover temp files; contents are re-verified lazily: every `read_chunk` hashes what it read,
-and a chunk whose bytes no longer match its name is deleted and reported as `ChunkMissing`.
-`verify_all()` does the same eagerly. Chunks are shared between versions (stored once).
+Theory of operation. A chunk enters only through `put_chunk`, which hashes the bytes first and
+writes them to a `.tmp-` name in the chunk's directory. Only once those bytes are fsynced is the
+file renamed to its digest (and the directory fsynced), so a chunk name on disk always means a
+complete, durable chunk that once hashed right. With `fsync_batch_chunks` > 1 (the relay
+peer's setting) fsyncs are batched: a written chunk waits under its temp name (held, readable,
+servable) until that many are waiting or `flush()` is called (the relay calls it when a version
+completes and when it stops; `publish_files` before returning); then all of them are fsynced,
+renamed, and their directories fsynced once. With the default of 1, `put_chunk` returns only
+once its chunk is durable; with `fsync=False`
+chunks are renamed at once, unsynced (benchmarks and simulations only). The in-memory index
+(digest -> size) is rebuilt at startup from the names on disk after deleting leftover temp
+files, so a chunk that was not yet durable when the process died is fetched again, never
+believed; contents are re-verified lazily: every `read_chunk` hashes what it read, and a chunk
+whose bytes no longer match its name is deleted and reported as `ChunkMissing`. `verify_all()`
+does the same eagerly. Chunks are shared between versions (stored once).
 
 Manifests are re-opened and re-verified against the trusted publishers when loaded; untrusted
 or malformed ones are skipped with a warning (left on disk: trust lists change). `collect()`
@@ -65,20 +73,24 @@ class ChunkStore:
         keep_versions: int = 3,
         trusted_publishers: Collection[str] | None = None,
         fsync: bool = True,
+        fsync_batch_chunks: int = 1,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Open (or create) the store at `root`, resuming what is there.
 
         With `trusted_publishers`, the stored manifests are loaded now; otherwise call `load`.
         """
-        if budget_bytes <= 0 or keep_versions < 1:
-            raise ConfigError("relay", "budget_bytes must be > 0 and keep_versions >= 1")
+        if budget_bytes <= 0 or keep_versions < 1 or fsync_batch_chunks < 1:
+            raise ConfigError("relay", "budget_bytes must be > 0, keep_versions and fsync_batch_chunks >= 1")
         self.root = Path(root)
         self.budget_bytes = budget_bytes
         self.keep_versions = keep_versions
         self._fsync = fsync
+        self._batch = fsync_batch_chunks
         self._clock = clock
         self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()  # one flush at a time; taken before _lock, never inside it
+        self._unsynced: dict[bytes, Path] = {}  # held chunks still under their temp name, not yet fsynced
         self._sizes: dict[bytes, int] = {}
         self._used_bytes = 0
         self._reserved_bytes = 0
@@ -163,8 +175,12 @@ class ChunkStore:
         if self.has_chunk(digest):
             return False
         self._reserve(len(data))
+        staged = None
         try:
-            self._write_atomically(self.chunk_path(digest), data)
+            if self._fsync and self._batch > 1:
+                staged = self._write_temp(self.chunk_path(digest), data)
+            else:
+                self._write_atomically(self.chunk_path(digest), data)
         finally:
             with self._lock:
                 self._reserved_bytes -= len(data)
@@ -172,7 +188,45 @@ class ChunkStore:
             if digest not in self._sizes:
                 self._sizes[digest] = len(data)
                 self._used_bytes += len(data)
+                if staged is not None:
+                    self._unsynced[digest] = staged
+            elif staged is not None:
+                staged.unlink(missing_ok=True)  # another thread stored it meanwhile
+            flush_now = len(self._unsynced) >= self._batch
+        if flush_now:
+            self.flush()
         return True
+
+    def flush(self) -> int:
+        """Make every chunk written so far durable: fsync, rename to its digest, fsync its
+        directory. Returns how many chunks it made durable."""
+        with self._flush_lock:
+            with self._lock:
+                batch = dict(self._unsynced)
+            for tmp in batch.values():
+                try:
+                    fd = os.open(tmp, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue  # forgotten (garbage collected) meanwhile
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            dirs = set()
+            with self._lock:
+                for digest, tmp in batch.items():
+                    if self._unsynced.get(digest) != tmp:
+                        continue
+                    os.replace(tmp, self.chunk_path(digest))
+                    del self._unsynced[digest]
+                    dirs.add(tmp.parent)
+            for path in dirs:
+                _fsync_dir(path)
+            return len(batch)
+
+    @property
+    def unsynced_chunks(self) -> int:
+        return len(self._unsynced)
 
     def _reserve(self, nbytes: int) -> None:
         with self._lock:
@@ -183,20 +237,30 @@ class ChunkStore:
                                 f"({self.used_bytes} used); raise relay.budget_bytes or keep fewer versions")
             self._reserved_bytes += nbytes
 
-    def _write_atomically(self, path: Path, data: bytes | bytearray | memoryview) -> None:
+    def _write_temp(self, path: Path, data: bytes | bytearray | memoryview, sync: bool = False) -> Path:
+        """`data` in a new temp file next to `path` (fsynced if `sync`); its name."""
         path.parent.mkdir(exist_ok=True)
         tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_ident()}")
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                if self._fsync:
+            with open(tmp, "wb", buffering=0) as fh:
+                view = memoryview(data)
+                while view:
+                    view = view[fh.write(view):]
+                if sync:
                     os.fsync(fh.fileno())
-            os.replace(tmp, path)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             if exc.errno in _NO_SPACE:
                 raise StoreFull(f"no space left for the chunk store at {self.root}: {exc}") from exc
+            raise
+        return tmp
+
+    def _write_atomically(self, path: Path, data: bytes | bytearray | memoryview) -> None:
+        tmp = self._write_temp(path, data, sync=self._fsync)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
             raise
         if self._fsync:
             _fsync_dir(path.parent)
@@ -205,10 +269,15 @@ class ChunkStore:
         """The chunk's bytes, re-hashed; ChunkMissing if not held or found rotten (then deleted)."""
         if not self.has_chunk(digest):
             raise ChunkMissing(f"chunk {digest.hex()[:16]} is not in the store")
-        try:
-            data = self.chunk_path(digest).read_bytes()
-        except FileNotFoundError:
-            data = b""
+        data = b""
+        for path in (self._unsynced.get(digest), self.chunk_path(digest)):  # a flush may rename it meanwhile
+            if path is None:
+                continue
+            try:
+                data = path.read_bytes()
+                break
+            except FileNotFoundError:
+                continue
         if digest_of(data) != digest:
             log.warning("chunk %s on disk no longer matches its digest; deleting it", digest.hex()[:16])
             self._forget(digest)
@@ -218,6 +287,9 @@ class ChunkStore:
     def _forget(self, digest: bytes) -> None:
         with self._lock:
             self._used_bytes -= self._sizes.pop(digest, 0)
+            staged = self._unsynced.pop(digest, None)
+            if staged is not None:
+                staged.unlink(missing_ok=True)
             self.chunk_path(digest).unlink(missing_ok=True)
 
     # -- manifests and versions -------------------------------------------------------------
@@ -407,6 +479,7 @@ class ChunkStore:
             raise
         with self._lock:
             del self._manifests[version]
+        self.flush()
         self.add_manifest(signed)
         return signed
 

@@ -230,3 +230,25 @@ def test_concurrent_puts_from_threads(tmp_path):
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda b: store.put_chunk(digest_of(b), b), blobs))
     assert store.used_bytes == 40 * 500 and len(chunk_files(tmp_path)) == 40
+
+
+def test_batched_fsync_serves_staged_chunks_and_a_restart_drops_unflushed_ones(tmp_path):
+    root = tmp_path / "store"
+    store = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    chunks = [os.urandom(CHUNK) + bytes([i]) for i in range(6)]
+    digests = [digest_of(c) for c in chunks]
+    for digest, data in zip(digests, chunks):
+        store.put_chunk(digest, data)
+    # the first batch of 4 was flushed under final names; the last 2 wait under temp names
+    assert all(store.has_chunk(d) for d in digests)
+    assert store.read_chunk(digests[5]) == chunks[5]
+    final = {p.name for p in (root / "chunks").rglob("*") if p.is_file() and not p.name.startswith(TMP_PREFIX)}
+    assert {d.hex() for d in digests[:4]} <= final and digests[5].hex() not in final
+    del store  # a crash before flush: staged chunks were never durable, so they must be fetched again
+    again = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    assert [again.has_chunk(d) for d in digests] == [True] * 4 + [False] * 2
+    assert not [p for p in (root / "chunks").rglob(f"{TMP_PREFIX}*")]
+    for digest, data in zip(digests[4:], chunks[4:]):
+        again.put_chunk(digest, data)
+    assert again.flush() == 2
+    assert all(again.has_chunk(d) for d in digests)
