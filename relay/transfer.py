@@ -154,24 +154,27 @@ class TransferConfig:
         return problems
 
 
-@dataclass
+@dataclass(slots=True)
 class _Source:
     outstanding: int = 0
     since: float = 0.0  # last completion, or when outstanding went from 0 to 1
 
 
-@dataclass
+@dataclass(slots=True)
 class _Version:
     signed: SignedManifest
     count: int
     have: bytearray
     have_count: int
     known_at: float
+    digests: tuple[bytes, ...] = ()
+    chunk_bytes: int = 0  # every chunk's size but the last one's
+    last_bytes: int = 0
     is_origin: bool = False
     plan: StripePlan | None = None
     chains: list[list[str]] = field(default_factory=list)
     next_pos: list[int] = field(default_factory=list)
-    retry: list[deque[int]] = field(default_factory=list)
+    retry: list[deque[int] | None] = field(default_factory=list)  # per stripe: chunks to ask for again
     parked: list[int] = field(default_factory=list)
     in_flight: dict[int, tuple[str, int, float]] = field(default_factory=dict)  # index -> peer, stripe, t
     link_load: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -191,6 +194,9 @@ class _Version:
     @property
     def complete(self) -> bool:
         return self.have_count == self.count
+
+    def size(self, index: int) -> int:
+        return self.last_bytes if index == self.count - 1 else self.chunk_bytes
 
 
 OpenFrame = Callable[[bytes, float], SignedManifest]
@@ -245,7 +251,7 @@ class TransferCore:
                 if v.parked:
                     for index in v.parked:
                         v.tried.pop(index, None)
-                        v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+                        _requeue(v, index)
                     v.parked.clear()
                 self._pump(now, v, effects)
         if now - self._last_announce >= self.config.announce_interval_s:
@@ -325,7 +331,7 @@ class TransferCore:
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=True)
             stripe = entry[1]
-        size = _size(v.signed, index)
+        size = v.size(index)
         if elapsed_s > 0:
             rate = size / elapsed_s
             old = self._rates.get(peer)
@@ -336,7 +342,8 @@ class TransferCore:
             v.have_count += 1
             v.fetched_chunks += 1
             v.fetched_bytes += size
-            v.tried.pop(index, None)
+            if v.tried:
+                v.tried.pop(index, None)
             if v.complete:
                 self._completed(now, v, effects)
                 return self._arm(now, effects)
@@ -358,7 +365,7 @@ class TransferCore:
             self._settle(now, v, index, entry, progress=False)
             if not v.have[index]:
                 v.tried.setdefault(index, set()).add(peer)
-                v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+                _requeue(v, index)
         if not v.complete:
             self._pump(now, v, effects)
         return self._arm(now, effects)
@@ -427,7 +434,9 @@ class TransferCore:
             held = [i for i, d in enumerate(digests) if self._held(d)]
         for i in held:
             have[i] = 1
-        v = _Version(signed, len(digests), have, sum(have), now)
+        last = len(digests) - 1
+        v = _Version(signed, len(digests), have, sum(have), now, digests, signed.manifest.chunk_bytes,
+                     _size(signed, last) if last >= 0 else 0)
         self._versions[signed.version] = v
         effects.append(Emit(ManifestAccepted(signed)))
         self._replan(v)
@@ -448,11 +457,11 @@ class TransferCore:
         home = v.plan.home.get(self.self_id, -1)
         v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
         v.next_pos = [0] * v.plan.stripes
-        old = [i for q in v.retry for i in q] + v.parked
-        v.retry = [deque() for _ in range(v.plan.stripes)]
+        old = [i for q in v.retry if q for i in q] + v.parked
+        v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
         v.parked = []
         for index in old:
-            v.retry[v.plan.stripe_of_chunk[index]].append(index)
+            _requeue(v, index)
 
     def _chain(self, plan: StripePlan, stripe: int) -> list[str]:
         chain = plan.ancestors(stripe, self.self_id)
@@ -489,57 +498,80 @@ class TransferCore:
 
     def _next_index(self, v: _Version, stripe: int) -> tuple[int | None, bool]:
         """The next chunk of `stripe` to request, and whether it came from the retry queue."""
+        have, in_flight = v.have, v.in_flight
         queue = v.retry[stripe]
         while queue:
             index = queue[0]
-            if v.have[index] or index in v.in_flight:
+            if have[index] or index in in_flight:
                 queue.popleft()
                 continue
             return index, True
         chunks = v.plan.chunks_of_stripe[stripe]  # type: ignore[union-attr]
         pos = v.next_pos[stripe]
-        while pos < len(chunks) and (v.have[chunks[pos]] or chunks[pos] in v.in_flight):
+        end = len(chunks)
+        while pos < end and (have[chunks[pos]] or chunks[pos] in in_flight):
             pos += 1
         v.next_pos[stripe] = pos
-        return (chunks[pos], False) if pos < len(chunks) else (None, False)
+        return (chunks[pos], False) if pos < end else (None, False)
 
     def _issue_one(self, now: float, v: _Version, stripe: int, effects: list[Any]) -> bool:
+        source = None
+        if not v.tried:  # nothing failed: the source is the first usable ancestor, whichever the chunk
+            source = self._first_usable(now, v.chains[stripe], ())
+            if source is not None and v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
+                return False  # its window is full: no need to look for the next chunk
         index, from_retry = self._next_index(v, stripe)
         if index is None:
             return False
-        source = self._choose_source(now, v, stripe, index)
+        if source is None:
+            source = self._choose_source(now, v, stripe, index)
         if source is None:
             if from_retry:
-                v.retry[stripe].popleft()
+                v.retry[stripe].popleft()  # type: ignore[union-attr]
             else:
                 v.next_pos[stripe] += 1
             v.parked.append(index)  # nobody usable now; retried on the next tick
             return False
-        if v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
+        link = (source, stripe)
+        load = v.link_load.get(link, 0)
+        if load >= self.config.window_per_source:
             return False
         if from_retry:
-            v.retry[stripe].popleft()
+            v.retry[stripe].popleft()  # type: ignore[union-attr]
         else:
             v.next_pos[stripe] += 1
         v.in_flight[index] = (source, stripe, now)
         self._in_flight += 1
-        v.link_load[(source, stripe)] = v.link_load.get((source, stripe), 0) + 1
-        src = v.sources.setdefault(source, _Source())
+        v.link_load[link] = load + 1
+        src = v.sources.get(source)
+        if src is None:
+            src = v.sources[source] = _Source()
         if src.outstanding == 0:
             src.since = now
         src.outstanding += 1
-        effects.append(Fetch(source, v.version, index, v.signed.manifest.chunk_digests[index],
-                             _size(v.signed, index), stripe == v.forwards))
+        effects.append(Fetch(source, v.signed.manifest.version, index, v.digests[index], v.size(index),
+                             stripe == v.forwards))
         return True
 
     def _choose_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
         tried = v.tried.get(index, ())
-        for peer in v.chains[stripe]:
-            if peer not in tried and self._usable(now, peer):
-                return peer
+        peer = self._first_usable(now, v.chains[stripe], tried)
+        if peer is not None:
+            return peer
         holders = [p for p in v.holders if p not in tried and self._usable(now, p)]
         if holders:
             return max(holders, key=lambda p: (self._rates.get(p, 0.0), p))
+        return None
+
+    def _first_usable(self, now: float, chain: list[str], tried: Any) -> str | None:
+        """The first of `chain` not in `tried` that is usable (`_usable`, inlined: once per chunk)."""
+        banned, excluded = self._banned, self._excluded
+        for peer in chain:
+            if peer in tried or peer == self.self_id or peer in banned:
+                continue
+            until = excluded.get(peer)
+            if until is None or until <= now:
+                return peer
         return None
 
     def _usable(self, now: float, peer: str) -> bool:
@@ -553,9 +585,11 @@ class TransferCore:
         del v.in_flight[index]
         self._in_flight -= 1
         key = (peer, stripe)
-        v.link_load[key] -= 1
-        if v.link_load[key] <= 0:
+        load = v.link_load[key] - 1
+        if load <= 0:
             del v.link_load[key]
+        else:
+            v.link_load[key] = load
         src = v.sources[peer]
         src.outstanding -= 1
         if progress:
@@ -587,7 +621,7 @@ class TransferCore:
             mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer]
             for index, entry in mine:
                 self._settle(now, v, index, entry, progress=False)
-                v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+                _requeue(v, index)
             if mine:
                 effects.append(Emit(SourceDropped(peer, v.version, why)))
             v.holders.discard(peer)
@@ -610,7 +644,7 @@ class TransferCore:
             if not v.complete and v.parked:
                 for index in v.parked:
                     v.tried.pop(index, None)
-                    v.retry[v.plan.stripe_of_chunk[index]].append(index)  # type: ignore[union-attr]
+                    _requeue(v, index)
                 v.parked.clear()
                 self._pump(now, v, effects)
         return self._arm(now, effects)
@@ -664,6 +698,15 @@ class TransferCore:
 def _spread(peer: str, n: int) -> int:
     """A stable pseudo-random pick in [0, n) per peer (Python's str hash differs per process)."""
     return int.from_bytes(blake3.blake3(peer.encode()).digest(8), "big") % n
+
+
+def _requeue(v: _Version, index: int) -> None:
+    """Put chunk `index` back on its stripe's retry queue."""
+    stripe = v.plan.stripe_of_chunk[index]  # type: ignore[union-attr]
+    queue = v.retry[stripe]
+    if queue is None:
+        queue = v.retry[stripe] = deque()
+    queue.append(index)
 
 
 def _size(signed: SignedManifest, index: int) -> int:

@@ -10,8 +10,12 @@ holds joins its ready queue; one for a chunk it does not hold yet waits until it
 stores that chunk (the long poll of the real shell), then joins the queue. A running flow moves
 bytes at min(source upload / its active uploads, sink download / its active downloads); when a
 flow starts or ends, only the flows of its two endpoints are re-rated and rescheduled, so an
-event costs O(slots), never O(N). At the last byte the sink's core is told `fetched` (or
-`fetch_failed("corrupt")` when the source is a byzantine peer, see `corrupt_peers`).
+event costs O(slots), never O(N); when every download is unlimited and a finished flow is
+replaced at once, the others' shares are unchanged and only the new flow is scheduled. Flows
+and requests hold their endpoints' ports and peers, so the per-chunk path does no lookups by id
+(10,000 peers x 150+ chunks is millions of chunks: see `simulations.scale`). At the last byte
+the sink's core is told `fetched` (or `fetch_failed("corrupt")` when the source is a byzantine
+peer, see `corrupt_peers`).
 
 Failures: `crash(p)` is a killed process: flows from p fail at once as `unreachable` (a reset
 connection), requests queued at p fail, later requests to p fail after one latency.
@@ -34,28 +38,36 @@ from simulations.world import NetworkModel, SimPeer, SimWorld
 
 
 class _Request:
-    __slots__ = ("sink", "core_index", "fetch", "issued")
+    """A `Fetch` on its way to, or queued at, its source. `peer` and `port` are the sink's."""
 
-    def __init__(self, sink: str, core_index: int, fetch: Fetch, issued: float) -> None:
-        self.sink = sink
+    __slots__ = ("sink", "core_index", "fetch", "issued", "peer", "port")
+
+    def __init__(self, sink: SimPeer, core_index: int, fetch: Fetch, issued: float, port: _Port | None) -> None:
+        self.sink = sink.peer_id
         self.core_index = core_index
         self.fetch = fetch
         self.issued = issued
+        self.peer = sink
+        self.port = port
 
 
 class _Flow:
-    __slots__ = ("source", "request", "remaining", "rate", "since", "handle")
+    """A running chunk transfer; `src` and `dst` are the two endpoints' ports (no lookups per event)."""
 
-    def __init__(self, source: str, request: _Request, now: float) -> None:
+    __slots__ = ("source", "request", "remaining", "rate", "since", "handle", "src", "dst")
+
+    def __init__(self, source: str, request: _Request, now: float, src: _Port, dst: _Port) -> None:
         self.source = source
         self.request = request
         self.remaining = float(request.fetch.size)
         self.rate = 0.0
         self.since = now
         self.handle: Handle | None = None
+        self.src = src
+        self.dst = dst
 
 
-@dataclass
+@dataclass(slots=True)
 class _Port:
     """One peer's data plane: capacities, upload slots, queues and active flows."""
 
@@ -71,6 +83,7 @@ class _Port:
     hung: bool = False
     bytes_up: int = 0
     bytes_down: int = 0
+    rated_for: int = 0  # len(up) when `up` was last re-rated as a whole
 
 
 class RelayWorld(SimWorld):
@@ -82,12 +95,18 @@ class RelayWorld(SimWorld):
         self.ports: dict[str, _Port] = {}
         self.penalties: list[tuple[float, str, str, float]] = []  # (t, by, peer, amount)
         self.transfer_stats = {"fetches": 0, "flows": 0, "corrupt_served": 0, "failed": 0, "bytes": 0}
+        self._unlimited_downloads = True  # then a flow's rate depends on its source's uploads alone
+        self._arrives, self._finishes = self._request_arrives, self._finish  # bound once: engine callbacks
+        self._latency_model: NetworkModel | None = None
+        self._latency_cache: dict[tuple[str, str], float] = {}
 
     def add_relay_peer(self, identity: Identity, cores: list[Any], *, upload_bps: float,
                        download_bps: float = math.inf, region: str = "eu", core_index: int = 0) -> SimPeer:
         """A peer whose `cores[core_index]` is its `TransferCore`. Ports exist before cores start."""
         self.ports[identity.peer_id] = _Port(float(upload_bps), float(download_bps), self.max_concurrent_uploads,
                                              core_index)
+        if download_bps != math.inf:
+            self._unlimited_downloads = False
         return self.add_peer(identity, cores, region=region)
 
     # -- failures -------------------------------------------------------------------------
@@ -140,10 +159,20 @@ class RelayWorld(SimWorld):
 
     def _fetch(self, sink: SimPeer, index: int, fetch: Fetch) -> None:
         self.transfer_stats["fetches"] += 1
-        request = _Request(sink.peer_id, index, fetch, self.engine.now)
+        request = _Request(sink, index, fetch, self.engine.now, self.ports.get(sink.peer_id))
         source = self.peers.get(fetch.peer)
-        delay = self.model.latency(sink.region, source.region) if source else self.model.local_latency_s
-        self.engine.after(delay, self._request_arrives, request)
+        delay = self._region_latency(sink.region, source.region) if source else self.model.local_latency_s
+        self.engine.at(self.engine.now + delay, self._arrives, request)
+
+    def _region_latency(self, a: str, b: str) -> float:
+        """`model.latency(a, b)`, memoised per region pair (the model is a pure function of them)."""
+        if self._latency_model is not self.model:
+            self._latency_model, self._latency_cache = self.model, {}
+        key = (a, b)
+        value = self._latency_cache.get(key)
+        if value is None:
+            value = self._latency_cache[key] = self.model.latency(a, b)
+        return value
 
     def _request_arrives(self, request: _Request) -> None:
         source_id = request.fetch.peer
@@ -154,75 +183,86 @@ class RelayWorld(SimWorld):
         if source is None or port is None or not source.alive:
             self._fail(request, source_id, "unreachable", delay=self._latency(request.sink, source_id))
             return
-        core = source.cores[port.core_index]
         fetch = request.fetch
-        if core.has(fetch.version, fetch.index):
+        if source.cores[port.core_index].has(fetch.version, fetch.index):
             (port.urgent if fetch.urgent else port.ready).append(request)
-            self._start_flows(source_id, port)
+            if len(port.up) < port.slots:
+                self._start_flows(source_id, port)
         else:
             port.waiting.setdefault((fetch.version, fetch.index), []).append(request)
 
     def _start_flows(self, source_id: str, port: _Port) -> None:
         now = self.engine.now
+        up = port.up
         started = []
-        while (port.urgent or port.ready) and len(port.up) < port.slots:
+        while (port.urgent or port.ready) and len(up) < port.slots:
             request = port.urgent.popleft() if port.urgent else port.ready.popleft()
-            sink_port = self.ports.get(request.sink)
-            sink = self.peers.get(request.sink)
-            if sink_port is None or sink is None or not sink.alive:
+            sink_port = request.port
+            if sink_port is None or not request.peer.alive:
                 continue
-            flow = _Flow(source_id, request, now)
-            port.up.append(flow)
+            flow = _Flow(source_id, request, now, port, sink_port)
+            up.append(flow)
             sink_port.down.append(flow)
-            started.append(sink_port)
+            started.append(flow)
             self.transfer_stats["flows"] += 1
-        if port.up:
-            self._rerate(port.up)
-        if started:
-            for sink_port in started:
-                if sink_port.download_bps != math.inf:
-                    self._rerate(sink_port.down)
+        if not up:
+            return
+        if self._unlimited_downloads and len(up) == port.rated_for:
+            self._rerate(started)  # a finished flow was replaced: the others keep their share
+            return
+        self._rerate(up)
+        port.rated_for = len(up)
+        for flow in started:
+            if flow.dst.download_bps != math.inf:
+                self._rerate(flow.dst.down)
 
     def _rerate(self, flows: list[_Flow]) -> None:
+        """Give each flow min(source upload / its uploads, sink download / its downloads)."""
         now = self.engine.now
+        at = self.engine.at
+        finish = self._finishes
         for flow in flows:
-            source = self.ports[flow.source]
-            sink = self.ports[flow.request.sink]
-            rate = source.upload_bps / len(source.up)
-            if sink.download_bps != math.inf:
-                rate = min(rate, sink.download_bps / len(sink.down))
-            if flow.handle is not None:
+            src, dst = flow.src, flow.dst
+            rate = src.upload_bps / len(src.up)
+            if dst.download_bps != math.inf:
+                rate = min(rate, dst.download_bps / len(dst.down))
+            handle = flow.handle
+            if handle is not None:
                 if rate == flow.rate:
                     continue
                 flow.remaining -= (now - flow.since) * flow.rate
-                flow.handle.cancel()
+                handle.cancel()
             flow.since = now
             flow.rate = rate
-            flow.handle = self.engine.at(now + max(flow.remaining, 0.0) / rate, self._finish, flow)
+            remaining = flow.remaining
+            flow.handle = at(now + (remaining if remaining > 0.0 else 0.0) / rate, finish, flow)
 
     def _end_flow(self, flow: _Flow, rerate_source: bool = True) -> None:
         if flow.handle is not None:
             flow.handle.cancel()
             flow.handle = None
-        source = self.ports[flow.source]
-        sink = self.ports[flow.request.sink]
+        source, sink = flow.src, flow.dst
         source.up.remove(flow)
         sink.down.remove(flow)
         if source.up and rerate_source:
             self._rerate(source.up)
+            source.rated_for = len(source.up)
         if sink.down and sink.download_bps != math.inf:
             self._rerate(sink.down)
 
     def _finish(self, flow: _Flow) -> None:
         flow.handle = None
-        self._end_flow(flow, rerate_source=False)  # _start_flows below re-rates the source
+        source_port, sink_port = flow.src, flow.dst
+        source_port.up.remove(flow)  # `_end_flow` without re-rating the source: _start_flows below does
+        sink_port.down.remove(flow)
+        if sink_port.down and sink_port.download_bps != math.inf:
+            self._rerate(sink_port.down)
         request, fetch = flow.request, flow.request.fetch
-        source_port = self.ports[flow.source]
-        sink_port = self.ports[request.sink]
-        source_port.bytes_up += fetch.size
-        sink_port.bytes_down += fetch.size
-        self.transfer_stats["bytes"] += fetch.size
-        sink = self.peers[request.sink]
+        size = fetch.size
+        source_port.bytes_up += size
+        sink_port.bytes_down += size
+        self.transfer_stats["bytes"] += size
+        sink = request.peer
         core = sink.cores[request.core_index]
         now = self.engine.now
         if flow.source in self.corrupt_peers:
@@ -230,11 +270,11 @@ class RelayWorld(SimWorld):
             self._apply(sink, request.core_index, core.fetch_failed(now, flow.source, fetch.version, fetch.index,
                                                                     "corrupt"))
         else:
-            had = core.has(fetch.version, fetch.index)
             self._apply(sink, request.core_index, core.fetched(now, flow.source, fetch.version, fetch.index,
                                                                now - request.issued))
-            if not had and core.has(fetch.version, fetch.index):
-                self._release_waiting(request.sink, sink_port, (fetch.version, fetch.index))
+            key = (fetch.version, fetch.index)
+            if key in sink_port.waiting and core.has(fetch.version, fetch.index):
+                self._release_waiting(request.sink, sink_port, key)  # long polls for it are answered
         self._start_flows(flow.source, source_port)
 
     def _release_waiting(self, peer_id: str, port: _Port, key: tuple[int, int]) -> None:

@@ -10,6 +10,7 @@ from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
 from relay.transfer import Fetch, FetchManifest, SourceDropped, TransferConfig, TransferCore
 from simulations.broadcast import MBIT, build_broadcast, fake_manifest, simulate_broadcast
+from simulations.scale import scale_chunk_bytes, simulate_at_scale
 from simulations.world import EPOCH_S
 
 PUBLISHER = Identity.from_seed_text("publisher")
@@ -181,3 +182,26 @@ def test_membership_changing_mid_transfer_replans_without_losing_chunks():
         if not pending and not c.complete_versions():
             pending += fetches(c.on_timer(t + 10, "relay/tick"))
     assert c.complete_versions() == [1]
+
+
+def test_the_unlimited_download_fast_path_matches_the_general_bandwidth_model():
+    # with unlimited downloads a finished flow's replacement keeps the others' shares untouched;
+    # a download too large to bind takes the general re-rating path and must give the same run
+    kw = dict(seed=9, chunk_bytes=2**20)
+    fast = simulate_broadcast(40, 60 * 2**20, **kw)
+    general = simulate_broadcast(40, 60 * 2**20, download_bps=1e15, **kw)
+    assert fast.per_peer_completion == pytest.approx(general.per_peer_completion, rel=1e-9)
+    assert fast.stats == general.stats
+
+
+def test_the_scale_simulation_uses_a_few_hundred_whole_mib_chunks_and_reports_its_costs():
+    assert scale_chunk_bytes(10**10) == 64 * 2**20  # 150 chunks: the manifest's largest chunk
+    assert scale_chunk_bytes(10**10, 256) == 38 * 2**20 and -(-10**10 // (38 * 2**20)) <= 256
+    assert scale_chunk_bytes(10**11) == 64 * 2**20 and scale_chunk_bytes(10**6) == 2**20
+    r = simulate_at_scale(60, 60 * 10**6, target_chunks=32, seed=2)
+    row = r.row()
+    assert row["chunks"] <= 32 and row["chunk_bytes"] % 2**20 == 0
+    assert row["deliveries"] == 60 * row["chunks"] and row["sources_dropped"] == 0
+    assert 1.0 <= row["ratio"] < 2.0
+    assert row["events"] > 2 * row["deliveries"] and row["events_per_s"] > 0 and row["peak_rss_mib"] > 0
+    assert row["wall_s"] == pytest.approx(row["build_s"] + row["run_s"], abs=0.02)
