@@ -142,9 +142,13 @@ def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def cmd_peer_start(args: argparse.Namespace) -> int:
-    from p2pnet.node import run_node
-
     config, table, sections = peer_configs(args)
+    return run_peer(config, table, sections)
+
+
+def run_peer(config: Any, table: Any, sections: dict[str, Any]) -> int:
+    """Run one peer in this process until SIGINT/SIGTERM, printing its addresses once it listens."""
+    from p2pnet.node import run_node
 
     def announce(node: Any) -> None:
         print(f"peer {node.peer_id} started (data dir {config.data_dir})", flush=True)

@@ -19,6 +19,7 @@ import nacl.exceptions
 import nacl.signing
 
 from p2pnet.errors import LocalStateError, MessageRejected
+from p2pnet.files import atomic_write_bytes
 
 KEY_FILE = "identity.key"
 SEED_BYTES = 32
@@ -137,21 +138,5 @@ def load_or_create_identity(data_dir: Path) -> Identity:
             os.chmod(path, 0o600)
         return Identity(seed)
     identity = Identity.generate()
-    tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, identity.seed)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(data_dir)
+    atomic_write_bytes(path, identity.seed, mode=0o600)
     return identity
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

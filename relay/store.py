@@ -47,6 +47,7 @@ from typing import Callable, Collection, Iterable, Sequence
 import blake3
 
 from p2pnet.errors import ConfigError
+from p2pnet.files import fsync_dir
 from p2pnet.identity import Identity
 from relay.errors import (ChunkCorrupt, ChunkMissing, ManifestRejected, NotSafetensors, StoreFull,
                           VersionIncomplete, VersionUnknown)
@@ -221,7 +222,7 @@ class ChunkStore:
                     del self._unsynced[digest]
                     dirs.add(tmp.parent)
             for path in dirs:
-                _fsync_dir(path)
+                fsync_dir(path)
             return len(batch)
 
     @property
@@ -263,7 +264,7 @@ class ChunkStore:
             tmp.unlink(missing_ok=True)
             raise
         if self._fsync:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
 
     def read_chunk(self, digest: bytes) -> bytes:
         """The chunk's bytes, re-hashed; ChunkMissing if not held or found rotten (then deleted)."""
@@ -426,7 +427,7 @@ class ChunkStore:
                 tmp.unlink(missing_ok=True)
             paths.append(path)
         if self._fsync:
-            _fsync_dir(out_dir)
+            fsync_dir(out_dir)
         return paths
 
     def iter_file(self, signed: SignedManifest, name: str) -> Iterable[bytes]:
@@ -525,9 +526,3 @@ def _parse_digest(name: str) -> bytes | None:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

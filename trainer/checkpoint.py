@@ -32,7 +32,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from trainer.model import (WEIGHTS_FILE, CONFIG_FILE, Tokenizer, atomic_write_bytes, fsync_dir,
+from p2pnet.files import atomic_write_bytes, fsync_dir
+from trainer.model import (WEIGHTS_FILE, CONFIG_FILE, Tokenizer,
                            write_model_files)
 
 OPTIMIZER_FILE = "optimizer.pt"

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 import torch
+
+from p2pnet.files import atomic_write_bytes, fsync_dir
 from safetensors.torch import load_file, save_file
 
 from trainer.tokenizer import CharTokenizer, is_char_tokenizer_folder
@@ -123,25 +125,6 @@ def forward_hidden_logits(model, input_ids: torch.Tensor) -> tuple[torch.Tensor,
 
 
 # -- model folders ------------------------------------------------------------------------
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write to a temporary name beside `path`, fsync, rename; readers never see a partial file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_weights(state: Mapping[str, torch.Tensor], path: str | os.PathLike[str]) -> None:

@@ -68,9 +68,8 @@ def validator_section(args: argparse.Namespace, sections: dict[str, Any]) -> dic
 
 
 def cmd_validator_start(args: argparse.Namespace) -> int:
-    from p2pnet.cli import peer_configs, serve_until_signal
+    from p2pnet.cli import peer_configs, run_peer
     from p2pnet.config import from_mapping
-    from p2pnet.node import run_node
     from verify.daemon import ValidatorConfig
 
     if "validator" not in args.role:
@@ -79,16 +78,7 @@ def cmd_validator_start(args: argparse.Namespace) -> int:
     sections = {**sections, "validator": validator_section(args, sections)}
     from_mapping(ValidatorConfig, sections["validator"], "validator")  # fail early on bad flags
 
-    def announce(node: Any) -> None:
-        print(f"peer {node.peer_id} started (data dir {config.data_dir})", flush=True)
-        for addr in node.host.addrs():
-            print(f"listening on {addr}", flush=True)
-        print(f"data plane on {node.dataplane.address}; roles: {', '.join(config.roles)}", flush=True)
-
-    trio.run(serve_until_signal, lambda task_status: run_node(
-        config, sections=sections, peertable_config=table, on_ready=announce, task_status=task_status))
-    print("peer stopped", flush=True)
-    return 0
+    return run_peer(config, table, sections)
 
 
 def cmd_validator_status(args: argparse.Namespace) -> int:
