@@ -128,6 +128,23 @@ class Host:
             await self._frame_handler(frame, peer)
 
 
+def _guarded_gossip_handler(pubsub):
+    """py-libp2p's pubsub lets a protobuf DecodeError from a peer's garbage RPC escape its stream
+    handler, which takes the whole host down. Drop that peer's stream instead."""
+    from google.protobuf.message import DecodeError
+
+    async def handler(stream) -> None:
+        try:
+            await pubsub.stream_handler(stream)
+        except DecodeError as exc:
+            peer = stream.muxed_conn.peer_id
+            log.info("gossip from %s is not a pubsub RPC (%s); stream dropped", peer, exc)
+            await _quiet_reset(stream)
+            pubsub._handle_dead_peer(peer)
+
+    return handler
+
+
 async def _quiet_reset(stream) -> None:
     try:
         await stream.reset()
@@ -195,6 +212,7 @@ async def open_host(
     pubsub = Pubsub(raw_host, gossip, max_inbound_rpc_size=max_frame_bytes + 64 * 1024)
     host = Host(raw_host, pubsub, identity, max_frame_bytes)
     raw_host.set_stream_handler(MSG_PROTOCOL, host._on_stream)
+    raw_host.set_stream_handler(GOSSIP_PROTOCOL, _guarded_gossip_handler(pubsub))
     try:
         async with raw_host.run(listen_addrs=[listen_addr]):
             try:
