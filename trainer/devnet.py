@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from p2pnet.errors import ConfigError, PeerUnavailable
 from p2pnet.identity import load_or_create_identity
-from p2pnet.localnet import PeerProcess, control_call, start_peer
+from p2pnet.localnet import PeerProcess, start_peer
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,12 @@ class DevnetConfig:
             "--validators": 1 <= self.validators <= 8, "--relays": 0 <= self.relays <= 16,
             "--byzantine": 0 <= self.byzantine < self.workers, "--timeout-s": self.timeout_s > 0,
             "--prompts-per-batch": self.prompts_per_batch >= 1, "--group-size": self.group_size >= 2,
-            "--max-new-tokens": self.max_new_tokens >= 1,
+            "--max-new-tokens": self.max_new_tokens >= 1, "--lr": 0 < self.lr < 1,
         }
         for flag, ok in checks.items():
             if not ok:
                 raise ConfigError(flag, "out of range (workers 1-16, validators 1-8, relays 0-16, "
-                                        "byzantine fewer than workers, steps >= 1, group size >= 2)")
+                                        "byzantine fewer than workers, steps >= 1, group size >= 2, 0 < lr < 1)")
 
 
 def register(commands) -> None:
@@ -73,6 +73,8 @@ def register(commands) -> None:
     devnet.add_argument("--max-new-tokens", type=int, default=3, help="generated tokens at most (default 3)")
     devnet.add_argument("--json", type=Path, help="write a machine-readable summary here")
     devnet.add_argument("--out", type=Path, help="keep data dirs, logs and the reward plot here (default: temporary)")
+    devnet.add_argument("--lr", type=float, default=3e-3,
+                        help="trainer learning rate (default 3e-3, for the tiny model; SmolLM2 wants ~1e-5)")
     devnet.add_argument("--timeout-s", type=float, default=900.0, help="give up after this long")
     devnet.set_defaults(func=cmd_devnet)
 
@@ -81,7 +83,7 @@ def cmd_devnet(args: argparse.Namespace) -> int:
     config = DevnetConfig(steps=args.steps, workers=args.workers, validators=args.validators, relays=args.relays,
                           byzantine=args.byzantine, model=args.model, seed=args.seed, timeout_s=args.timeout_s,
                           prompts_per_batch=args.prompts_per_batch, group_size=args.group_size,
-                          max_new_tokens=args.max_new_tokens)
+                          max_new_tokens=args.max_new_tokens, lr=args.lr)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         summary = run_devnet(config, args.out)
@@ -194,12 +196,10 @@ def _follow(procs: dict[str, PeerProcess], config: DevnetConfig, started: float,
                 raise PeerUnavailable(f"{name} exited early; see {proc.log_path}")
         status = trainer.status(timeout_s=30)
         role = status["role_status"]["trainer"]
+        names = {p.peer_id: name for name, p in procs.items()}
         for row in role["history"][shown:]:
-            prop = row.get("propagation_s")
-            print(f"step {row['step'] + 1:>3}/{config.steps}  reward {row['reward_mean']:.3f}  "
-                  f"batches trained {row['batches']}  accepted {row['accepted_batches']} rejected "
-                  f"{row['rejected_batches']}  peers {len(status['peers']) + 1}  "
-                  f"t={time.monotonic() - started:.0f}s", flush=True)
+            print(_progress_line(row, role, names, config.steps, len(status["peers"]) + 1,
+                                 time.monotonic() - started), flush=True)
             shown += 1
         if observe is not None:
             observe(procs)
@@ -211,6 +211,18 @@ def _follow(procs: dict[str, PeerProcess], config: DevnetConfig, started: float,
         if time.monotonic() > deadline:
             raise PeerUnavailable(f"devnet did not finish {config.steps} steps within {config.timeout_s}s")
         time.sleep(0.5)
+
+
+def _progress_line(row: dict[str, Any], role: dict[str, Any], names: dict[str, str], steps: int, peers: int,
+                   elapsed_s: float) -> str:
+    """One live line: step, reward, how fast the step's checkpoint spread, per-worker verdicts."""
+    spread = row.get("propagation_s")  # of the version this step's batches were generated with
+    spread_text = f"v{row['step']} reached all workers in {spread:.2f}s" if spread is not None else "-"
+    workers = ", ".join(
+        f"{names.get(w['peer_id'], w['peer_id'][-6:])} {w['accepted']}ok/{w['rejected']}bad"
+        + (" BANNED" if w["banned"] else "") for w in role["workers"])
+    return (f"step {row['step'] + 1:>3}/{steps}  reward {row['reward_mean']:.3f}  {spread_text}  "
+            f"[{workers}]  peers {peers}  t={elapsed_s:.0f}s")
 
 
 def _summarise(status: dict[str, Any], ids: dict[str, str], byzantine: set[str], codes: dict[str, int],
