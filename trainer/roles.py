@@ -28,6 +28,7 @@ from trainer.intake import Intake, IntakeConfig, Penalise
 
 log = logging.getLogger(__name__)
 BYZANTINE_MODES = ("", "substitute_tokens", "other_model")
+WORKER_BACKENDS = ("auto", "torch", "vllm")  # trainer.vllm_backend.select_generator
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -64,11 +65,14 @@ class WorkerConfig:
     temperature: float = 1.0
     async_level: int = 2
     byzantine: str = ""
+    backend: str = "auto"  # auto: vLLM when vllm imports and CUDA is available, else torch
 
     def check(self) -> dict[str, str]:
         problems = {}
         if self.byzantine not in BYZANTINE_MODES:
             problems["byzantine"] = f"must be one of {BYZANTINE_MODES}"
+        if self.backend not in WORKER_BACKENDS:
+            problems["backend"] = f"must be one of {WORKER_BACKENDS}"
         if self.prompts_per_batch < 1 or self.group_size < 2:
             problems["group_size" if self.group_size < 2 else "prompts_per_batch"] = "too small"
         if self.async_level < 0:
@@ -99,9 +103,12 @@ class WorkerRole:
         while True:
             newest = await self.relay.wait_for_version(max(0, last_step + 1 - cfg.async_level))
             newest = max(newest, self.relay.watcher.latest)
+            load_s = 0.0
             if newest != self.version or model is None:
+                loading = time.monotonic()
                 model, tokenizer = await trio.to_thread.run_sync(load_version, cfg.model_dir, self.relay.store, newest)
                 self.version = newest
+                load_s = time.monotonic() - loading
             step = max(last_step + 1, newest)
             started = time.monotonic()
             batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation)
@@ -109,14 +116,16 @@ class WorkerRole:
             last_step = step
             self.submitted.append({"step": step, "model_version": self.version, "rows": len(batch.rollouts),
                                    "tokens": batch.n_output_tokens, "generate_s": round(timing.generate_s, 4),
-                                   "proof_s": round(timing.proof_s, 4), "wall_s": round(time.monotonic() - started, 3)})
+                                   "proof_s": round(timing.proof_s, 4), "wall_s": round(time.monotonic() - started, 3),
+                                   "load_s": round(load_s, 3)})
             # one batch per step: wait for the trainer to move on before the next one
             await self.relay.wait_for_version(step + 1)
 
     def _generate(self, model: Any, tokenizer: Any, step: int, generation: Any) -> tuple[Any, Any]:
-        from trainer.rollout import generate_batch
         from trainer.tasks import assign_prompts
+        from trainer.vllm_backend import select_generator
 
+        generate_batch = select_generator(self.config.backend)
         tasks = assign_prompts(self.node.peer_id, step, self.config.task_seed, self.config.prompts_per_batch)
         if self.config.byzantine == "other_model":
             from trainer.model import build_model
@@ -198,6 +207,8 @@ class TrainerRole:
                              node.peer_id, node.peertable)
         self.history: list[dict[str, Any]] = []
         self.published_at: dict[int, float] = {}
+        self.publish_timing: dict[int, dict[str, float]] = {}  # version -> write_s, publish_s
+        self.started_at = 0.0
         self.version = -1
         self.done = False
         self.learner: Any = None
@@ -218,16 +229,19 @@ class TrainerRole:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node.on_event(self._on_event)
         runner = await self.node.add_core(self.intake, "intake")
+        self.started_at = trio.current_time()
         self.learner = await trio.to_thread.run_sync(self._build_learner)
         self.version = self.learner.version
         async with trio.open_nursery() as nursery:
             await self._publish(self.version)
             task_status.started()
             while self.version < self.config.steps:
+                gathering = trio.current_time()
                 batches = await self._gather(runner)
+                gather_s = trio.current_time() - gathering
                 stats = await trio.to_thread.run_sync(self.learner.step, [_to_batch(b) for b in batches])
                 self.intake.mark_trained(batches if stats.trained else [])
-                self._record(stats, batches)
+                self._record(stats, batches, gather_s)
                 if stats.trained:
                     self.version = stats.version
                     nursery.start_soon(self._flush_and_publish, stats.version)
@@ -251,8 +265,12 @@ class TrainerRole:
             await trio.sleep(0.05)
 
     async def _flush_and_publish(self, version: int) -> None:
+        flushing = trio.current_time()
         await trio.to_thread.run_sync(self.learner.flush)
+        publishing = trio.current_time()
         await self._publish(version)
+        self.publish_timing[version] = {"write_s": round(publishing - flushing, 4),
+                                        "publish_s": round(trio.current_time() - publishing, 4)}
 
     async def _publish(self, version: int) -> None:
         from trainer.checkpoint import version_dir
@@ -265,7 +283,7 @@ class TrainerRole:
                                  previous_version=version - 1)
         self.published_at[version] = trio.current_time()
 
-    def _record(self, stats: Any, batches: list[Any]) -> None:
+    def _record(self, stats: Any, batches: list[Any], gather_s: float = 0.0) -> None:
         step = stats.version - 1 if stats.trained else self.version
         accepted, rejected = self.intake.step_counts(step)
         self.history.append({
@@ -274,6 +292,7 @@ class TrainerRole:
             "batches": len(batches), "accepted_batches": accepted, "rejected_batches": rejected,
             "learner_rejected": stats.rejected, "loss": round(stats.loss, 5), "train_s": round(stats.train_s, 4),
             "workers": sorted({b.worker for b in batches}),
+            "gather_s": round(gather_s, 4), "t_s": round(trio.current_time() - self.started_at, 3),
         })
 
     def propagation_s(self, version: int) -> float | None:
@@ -291,7 +310,8 @@ class TrainerRole:
                 self.node.carry_out("peertable", effect)
 
     def status(self) -> dict[str, Any]:
-        steps = [dict(h, propagation_s=self.propagation_s(h["step"])) for h in self.history]
+        steps = [dict(h, propagation_s=self.propagation_s(h["step"]), **self.publish_timing.get(h["version"], {}))
+                 for h in self.history]
         return {"version": self.version, "steps_target": self.config.steps, "done": self.done,
                 "history": steps, "workers": self.intake.workers_json(), "dropped": dict(self.intake.dropped)}
 

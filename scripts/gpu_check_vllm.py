@@ -1,0 +1,145 @@
+"""Device check for trainer/vllm_backend.py: generate with vLLM, verify with a transformers recomputation.
+
+Run on a machine with a CUDA GPU and vllm installed (it exits with status 2 otherwise):
+
+    python scripts/gpu_check_vllm.py                       # tiny random "small" model, eager
+    python scripts/gpu_check_vllm.py --cuda-graphs         # the same with CUDA graphs on
+    python scripts/gpu_check_vllm.py --model-dir models/smollm2 --max-new-tokens 64
+
+What it checks and prints (and writes as JSON to $OUT/gpu_check_vllm.json when $OUT is set):
+- the engine starts with our logits processor, worker extension and capture hook;
+- every rollout passes `verify.check.check_rollout` against a transformers recomputation
+  (fp32 on the GPU, hidden states cast to bf16): acceptance rate, the worst sampling-replay
+  deficit (margin 1.0), TOPLOC exponent mismatches and mantissa mean / median per chunk;
+- after pushing a second model's weights into the running engine, rollouts verify against that
+  second model and not against the first (the weight push really took);
+- timing: engine start, weight push, generation, proofs; token agreement with the torch
+  generator on the same weights (informational: bf16 and fp32 logits may split near-ties).
+Exit status 0 only when every rollout of both models is accepted and the cross-check rejects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from trainer.model import build_model, load_model_dir  # noqa: E402
+from trainer.rollout import GenerationConfig, generate_batch  # noqa: E402
+from trainer.tasks import assign_prompts  # noqa: E402
+from trainer.vllm_backend import VllmConfig, VllmGenerator, vllm_status  # noqa: E402
+from verify.check import check_rollout  # noqa: E402
+
+
+def make_forward(model, device: str):
+    ref = model.to(device=device, dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def forward(ids):
+        x = torch.tensor([list(ids)], dtype=torch.long, device=device)
+        hidden = ref.model(input_ids=x, use_cache=False).last_hidden_state
+        logits = ref.lm_head(hidden).float()
+        return hidden[0].to(torch.bfloat16).cpu(), logits[0].cpu()
+
+    return forward
+
+
+def verify(batch, forward, eos_id) -> dict:
+    verdicts = [check_rollout(forward, r.prompt_ids, r.output_ids, r.proofs, seed=batch.sampling_seed,
+                              row=r.row, temperature=batch.temperature, eos_token_id=eos_id,
+                              max_new_tokens=batch.max_new_tokens)
+                for r in batch.rollouts]
+    chunks = [c for v in verdicts for c in v.chunk_stats]
+    reasons: dict[str, int] = {}
+    for v in verdicts:
+        for reason in v.reasons:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    deficits = [v.sampling.max_deficit for v in verdicts if v.sampling is not None]
+    return {
+        "rollouts": len(verdicts),
+        "accepted": sum(v.accepted for v in verdicts),
+        "acceptance_rate": round(sum(v.accepted for v in verdicts) / max(1, len(verdicts)), 4),
+        "reasons": reasons,
+        "sampling_max_deficit": round(max(deficits, default=0.0), 4),
+        "sampling_median_deficit": round(statistics.median(deficits), 4) if deficits else 0.0,
+        "chunks": len(chunks),
+        "exp_mismatches_max": max((c.exp_mismatches for c in chunks), default=0),
+        "mant_mean_max": round(max((c.mant_err_mean for c in chunks), default=0.0), 3),
+        "mant_median_max": round(max((c.mant_err_median for c in chunks), default=0.0), 3),
+        "stop_reasons": {s: sum(r.stop_reason == s for r in batch.rollouts) for s in ("eos", "length")},
+        "tokens": batch.n_output_tokens,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", default="", help="a model folder (trainer.model layout); default: tiny 'small'")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=40)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--cuda-graphs", action="store_true", help="enforce_eager=False")
+    args = ap.parse_args()
+
+    usable, why = vllm_status()
+    if not usable:
+        print(f"SKIP: vLLM backend unusable here: {why}")
+        return 2
+    import vllm
+
+    if args.model_dir:
+        model, tok = load_model_dir(args.model_dir)
+        other = None
+    else:
+        model, tok = build_model("small", seed=0)
+        other = build_model("small", seed=1)[0]
+    device = "cuda"
+    cfg = GenerationConfig(group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature)
+    tasks = assign_prompts("gpu-check", 0, 7, args.prompts)
+    kw = dict(worker_id="gpu-check", step=0, model_version=0, seed=7, config=cfg)
+    report: dict = {"vllm": vllm.__version__, "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(0), "cuda_graphs": args.cuda_graphs,
+                    "model": args.model_dir or "tiny small (random init)"}
+
+    torch_batch, _ = generate_batch(model, tok, tasks, **dict(kw, config=GenerationConfig(
+        group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        proofs=False)))
+    gen = VllmGenerator(VllmConfig(enforce_eager=not args.cuda_graphs, gpu_memory_utilization=0.4))
+    t0 = time.perf_counter()
+    batch, timing = gen(model, tok, tasks, **kw)
+    report["first_call_s"] = round(time.perf_counter() - t0, 3)
+    report["timing"] = {"generate_s": round(timing.generate_s, 4), "proof_s": round(timing.proof_s, 4),
+                        **{k: round(v, 3) for k, v in timing.extra.items()}}
+    same = [a.output_ids == b.output_ids for a, b in zip(torch_batch.rollouts, batch.rollouts)]
+    report["torch_token_agreement"] = round(sum(same) / len(same), 4)
+    report["model_a"] = verify(batch, make_forward(model, device), tok.eos_id)
+    ok = report["model_a"]["acceptance_rate"] == 1.0
+
+    if other is not None:
+        batch_b, timing_b = gen(other, tok, tasks, **dict(kw, model_version=1))
+        report["weights_push"] = {k: round(v, 3) for k, v in timing_b.extra.items()}
+        report["model_b"] = verify(batch_b, make_forward(other, device), tok.eos_id)
+        report["model_b_against_a"] = verify(batch_b, make_forward(model, device), tok.eos_id)
+        ok = ok and report["model_b"]["acceptance_rate"] == 1.0
+        ok = ok and report["model_b_against_a"]["acceptance_rate"] < 0.5
+
+    report["ok"] = ok
+    text = json.dumps(report, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        suffix = "_graphs" if args.cuda_graphs else ""
+        Path(os.environ["OUT"], f"gpu_check_vllm{suffix}.json").write_text(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
