@@ -108,7 +108,23 @@ class StripePlan:
         return sorted(index[stripe].get(peer, ()))
 
     def interior(self, stripe: int) -> list[str]:
-        return sorted(p for p, s in self.home.items() if s == stripe and self.fanout[stripe].get(p, 0) > 0)
+        return sorted(p for p, _ in self.ranked_interior(stripe))
+
+    def ranked_interior(self, stripe: int) -> tuple[tuple[str, int], ...]:
+        """`stripe`'s interior members (those with children) and their depths, by (depth, peer id).
+
+        This rank orders substitute parents (see `relay.transfer`): a peer only ever borrows a
+        parent ranked before itself, and plan parents are shallower than their children, so
+        parent links, planned or borrowed, never form a cycle. Built once per plan, O(N)."""
+        index = self.__dict__.get("_ranked")
+        if index is None:
+            index = [[] for _ in range(self.stripes)]
+            for p, s in self.home.items():
+                if self.fanout[s].get(p, 0) > 0:
+                    index[s].append((p, self.depth(s, p)))
+            index = [tuple(sorted(members, key=lambda m: (m[1], m[0]))) for members in index]
+            object.__setattr__(self, "_ranked", index)
+        return index[stripe]
 
 
 def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,

@@ -31,6 +31,22 @@ then peers that announced `Holding` the whole version (fastest measured first). 
 announces `Holding` only once every chunk of the version is verified, and again every
 `announce_interval_s`; learning of a holder of an unknown version asks it for the manifest.
 
+Reattaching orphans. When our parent in s is dropped (crashed, stalled, unreachable) or banned,
+walking up the ancestor chain would send every orphan of a relay near the root to the origin,
+which then serves that stripe like a star until the next membership update replans. Instead we
+borrow a substitute parent at once: an interior member of s whose own planned chain holds no
+peer we know to be dropped or banned, ranked before us by (depth, peer id) (so borrowed and
+planned parent links never form a cycle), picked by rendezvous hashing of (us, stripe, member)
+weighted by upload / (1 + depth), so the orphans of one relay spread over the stripe's interior
+in proportion to capacity rather than pile onto one peer. The substitute goes in front of our
+ancestor chain; if it fails too, the next one is picked. A late joiner (not in the plan)
+borrows its parent the same way. The origin is never replaced (nobody else has the chunks
+first), and with no eligible member the chain falls back to the ancestors as before.
+A parent that only stalled is not replaced this way but by its ancestors: a stall is a silent
+failure (a hung peer, a partition) that may hold the substitute too, unseen by us, and each
+wrong pick costs another `stall_timeout_s` (measured in the simulator: substituting after
+stalls made hangs and partitions slower).
+
 Per-chunk work is O(stripes) (pointer per stripe, cached ancestor chains): no O(N) per event.
 """
 
@@ -39,6 +55,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+
+import math
 
 import blake3
 
@@ -275,7 +293,7 @@ class TransferCore:
         effects: list[Any] = []
         for v in self._newest_first():
             if not v.complete:
-                self._replan(v)
+                self._replan(now, v)
                 self._pump(now, v, effects)
         return self._arm(now, effects)
 
@@ -439,12 +457,12 @@ class TransferCore:
                      _size(signed, last) if last >= 0 else 0)
         self._versions[signed.version] = v
         effects.append(Emit(ManifestAccepted(signed)))
-        self._replan(v)
+        self._replan(now, v)
         if v.complete:
             v.completed_at = now
         return v
 
-    def _replan(self, v: _Version) -> None:
+    def _replan(self, now: float, v: _Version) -> None:
         origin = v.signed.publisher
         origin_upload = self._members.uploads.get(origin, self._self_upload)
         if self.config.layout == "striped":
@@ -453,7 +471,7 @@ class TransferCore:
         else:
             fanout = self.config.tree_fanout if self.config.layout == "tree" else len(self._members)
             v.plan = plan_tree(origin, self._members, v.count, fanout, salt=v.signed.manifest_id)
-        v.chains = [self._chain(v.plan, s) for s in range(v.plan.stripes)]
+        v.chains = [self._chain(now, v.plan, s) for s in range(v.plan.stripes)]
         home = v.plan.home.get(self.self_id, -1)
         v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
         v.next_pos = [0] * v.plan.stripes
@@ -463,13 +481,49 @@ class TransferCore:
         for index in old:
             _requeue(v, index)
 
-    def _chain(self, plan: StripePlan, stripe: int) -> list[str]:
+    def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]:
+        """Where to fetch `stripe` from, in order: our parent (or a substitute, see the top),
+        then its ancestors up to the origin."""
         chain = plan.ancestors(stripe, self.self_id)
-        if chain or self.self_id == plan.origin:
+        if self.self_id == plan.origin:
             return chain
-        interior = plan.interior(stripe)  # we joined after the plan: borrow an interior member
-        pick = interior[_spread(self.self_id, len(interior))] if interior else None
-        return [p for p in (pick, plan.origin) if p is not None]
+        if chain and (chain[0] == plan.origin or self._usable(now, chain[0])):
+            return chain
+        pick = self._substitute(now, plan, stripe, (len(chain), self.self_id) if chain else None)
+        if not chain:  # we joined after the plan
+            return [p for p in (pick, plan.origin) if p is not None]
+        return [pick] + chain if pick is not None else chain
+
+    def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None) -> str | None:
+        """A live interior member of `stripe` to fetch from instead of our dropped parent.
+
+        Eligible: ranked before us by (depth, peer id) (any member, if we are not in the plan,
+        depth 0), usable, and no planned ancestor of it but the origin dropped or banned by us.
+        Among them the one with the highest upload / (1 + depth) / -ln(hash(us, stripe, member)):
+        weighted rendezvous hashing, deterministic, spread in proportion to capacity and leaning
+        toward shallow members (fewer ancestors that may have failed unknown to us)."""
+        uploads = self._members.uploads
+        best, best_score = None, -1.0
+        for peer, peer_depth in plan.ranked_interior(stripe):
+            if below is not None and (peer_depth, peer) >= below:
+                break  # the rest are ranked after us: borrowing from them could close a cycle
+            if not self._usable(now, peer) or not self._healthy_above(now, plan, stripe, peer):
+                continue
+            draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{stripe}/{peer}".encode()).digest(8), "big")
+            score = uploads.get(peer, 1.0) / (1 + peer_depth) / -math.log((draw + 1) / (2**64 + 1))
+            if score > best_score:
+                best, best_score = peer, score
+        return best
+
+    def _healthy_above(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
+        """No planned ancestor of `peer` in `stripe` (the origin aside) is dropped or banned by us."""
+        parents = plan.parent[stripe]
+        current = parents.get(peer)
+        while current is not None and current != plan.origin:
+            if not self._usable(now, current):
+                return False
+            current = parents.get(current)
+        return True
 
     # -- internals: issuing requests ------------------------------------------------------
 
@@ -616,8 +670,14 @@ class TransferCore:
         self._release_peer(now, peer, "corrupt", effects)
 
     def _release_peer(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
-        """Move every chunk outstanding at `peer` back to its stripe's retry queue."""
+        """Move every chunk outstanding at `peer` back to its stripe's retry queue, and (unless it
+        only stalled, see the top) borrow a substitute parent in each stripe where `peer` was the
+        one we fetched from."""
         for v in self._versions.values():
+            if why != "stalled" and not v.complete and v.plan is not None:
+                for s, chain in enumerate(v.chains):
+                    if chain and chain[0] == peer:
+                        v.chains[s] = self._chain(now, v.plan, s)
             mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer]
             for index, entry in mine:
                 self._settle(now, v, index, entry, progress=False)
@@ -693,11 +753,6 @@ class TransferCore:
 
     def _newest_first(self) -> list[_Version]:
         return [self._versions[n] for n in sorted(self._versions, reverse=True)]
-
-
-def _spread(peer: str, n: int) -> int:
-    """A stable pseudo-random pick in [0, n) per peer (Python's str hash differs per process)."""
-    return int.from_bytes(blake3.blake3(peer.encode()).digest(8), "big") % n
 
 
 def _requeue(v: _Version, index: int) -> None:

@@ -10,7 +10,9 @@ Strategies run the same core and the same bandwidth model; only the layout diffe
 `relay` (striped capacity-weighted trees, the default), `tree4` (one pipelined tree of fan-out
 4, fastest peers nearest the root) and `star` (every peer pulls from the origin).
 
-`build_broadcast` returns the world before it runs, for tests that crash, hang or corrupt peers.
+`build_broadcast` returns the world before it runs, for tests that crash, hang or corrupt peers
+and for `simulations.hostile`, which builds its scenarios with it (regions, per-relay downloads,
+its own world class, network model, stall timeout, corruption rate).
 Run from a shell: `python -m simulations.broadcast --peers 1000 --bytes 1e9 --seed 1`.
 """
 
@@ -22,11 +24,12 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import blake3
 
 from p2pnet.identity import Identity
+from relay.errors import ManifestRejected
 from relay.manifest import FileEntry, Manifest, SignedManifest, open_manifest, sign_manifest
 from relay.planner import Membership, lower_bound_s
 from relay.transfer import TransferConfig, TransferCore, VersionComplete
@@ -70,10 +73,13 @@ class BroadcastSim:
     uploads: dict[str, float]
     signed: SignedManifest
     completed: dict[str, float]
+    config: TransferConfig | None = None
+    regions: dict[str, str] = field(default_factory=dict)
+    rng: random.Random | None = None  # drew uploads, downloads and regions; draw what comes next from it
+    open_frame: Callable[[bytes, float], SignedManifest] | None = None  # trusts the origin alone
 
     def publish(self) -> None:
-        origin = self.world.peers[self.origin]
-        self.world._apply(origin, 0, self.cores[self.origin].publish(self.engine.now, self.signed))
+        self.world.apply(self.origin, self.cores[self.origin].publish(self.engine.now, self.signed))
 
     def done(self, among: list[str] | None = None) -> bool:
         among = among if among is not None else self.peer_ids
@@ -125,47 +131,78 @@ def build_broadcast(
     *,
     upload_bps: Callable[[random.Random], float] | tuple[float, float] = (100 * MBIT, 10_000 * MBIT),
     origin_upload_bps: float = 10_000 * MBIT,
-    download_bps: float = math.inf,
+    download_bps: float | Callable[[random.Random], float] = math.inf,
     seed: int = 0,
-    strategy: str = "relay",
+    strategy: str | None = "relay",
     chunk_bytes: int | None = None,
     latency_s: float = 0.005,
     config: TransferConfig | None = None,
     corrupt: frozenset[str] = frozenset(),
+    corrupt_rate: float = 1.0,
+    regions: Callable[[random.Random, int], Sequence[str]] | Sequence[str] | None = None,
+    origin_region: str = "eu",
+    network: NetworkModel | None = None,
+    world_class: type[RelayWorld] = RelayWorld,
+    stall_timeout_s: float | None = None,
 ) -> BroadcastSim:
-    if strategy not in STRATEGIES:
+    """The world of one broadcast, every relay started and given the membership, nothing published.
+
+    Per relay, drawn from `random.Random(seed)` in this order (`sim.rng` goes on from there):
+    its upload (`upload_bps`: a (low, high) log-uniform range or a draw), its download
+    (`download_bps`: one rate for all, or a draw), its region (`regions`: one per relay, or
+    `assign(rng, n)`; default: all in `origin_region`). `network` replaces the plain model of
+    `latency_s`; `world_class` is a `RelayWorld` subclass. `strategy` None keeps `config`'s
+    layout; `stall_timeout_s` sets the stall timeout (and excludes a stalled source for 3x that).
+    `corrupt` peers serve each chunk corrupt with probability `corrupt_rate`."""
+    if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}")
     draw = log_uniform(*upload_bps) if isinstance(upload_bps, tuple) else upload_bps
     rng = random.Random(seed)
     chunk_bytes = chunk_bytes or default_chunk_bytes(checkpoint_bytes)
     engine = Engine(seed)
-    world = RelayWorld(engine, NetworkModel(local_latency_s=latency_s), corrupt_peers=corrupt)
+    world = world_class(engine, network or NetworkModel(local_latency_s=latency_s), corrupt_peers=corrupt,
+                        corrupt_rate=corrupt_rate, corrupt_seed=str(seed))
     origin = identity("sim/origin")
     ids = [identity(f"sim/peer-{i}") for i in range(peers)]
     uploads = {origin.peer_id: float(origin_upload_bps)}
     uploads.update({i.peer_id: float(draw(rng)) for i in ids})
+    downloads = [download_bps(rng) for _ in ids] if callable(download_bps) else [download_bps] * peers
+    placed = regions(rng, peers) if callable(regions) else regions or [origin_region] * peers
+    where = {origin.peer_id: origin_region, **{i.peer_id: r for i, r in zip(ids, placed)}}
     signed = fake_manifest(origin, checkpoint_bytes, chunk_bytes)
-    opened: dict[bytes, SignedManifest] = {}
+    opened: dict[bytes, SignedManifest | ManifestRejected] = {}
 
     def open_frame(frame: bytes, now: float) -> SignedManifest:
-        if frame not in opened:  # every peer would open the same frame: check it once
-            opened[frame] = open_manifest(frame, trusted_publishers={origin.peer_id}, now_s=EPOCH_S + now)
-        return opened[frame]
+        """Every peer would open the same frame: check each once and keep the outcome."""
+        outcome = opened.get(frame)
+        if outcome is None:
+            try:
+                outcome = open_manifest(frame, trusted_publishers={origin.peer_id}, now_s=EPOCH_S + now)
+            except ManifestRejected as exc:
+                outcome = exc
+            opened[frame] = outcome
+        if isinstance(outcome, ManifestRejected):
+            raise outcome
+        return outcome
 
     base = config or TransferConfig(stall_timeout_s=10.0, exclude_s=30.0, announce_interval_s=3600.0)
-    layout = STRATEGIES[strategy]
-    cfg = TransferConfig(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, **layout})
+    changes = dict(STRATEGIES[strategy]) if strategy is not None else {}
+    if stall_timeout_s is not None:
+        changes.update(stall_timeout_s=stall_timeout_s, exclude_s=3 * stall_timeout_s)
+    cfg = TransferConfig(**{**{f: getattr(base, f) for f in base.__dataclass_fields__}, **changes})
     cores: dict[str, TransferCore] = {}
-    for ident in [origin] + ids:
+    for ident, download in [(origin, math.inf)] + list(zip(ids, downloads)):
         core = TransferCore(cfg, ident.peer_id, open_frame=open_frame, self_upload_bps=uploads[ident.peer_id])
         cores[ident.peer_id] = core
-        world.add_relay_peer(ident, [core], upload_bps=uploads[ident.peer_id], download_bps=download_bps)
+        world.add_relay_peer(ident, [core], upload_bps=uploads[ident.peer_id], download_bps=download,
+                             region=where[ident.peer_id])
     for ident in ids:
         world.connect(origin.peer_id, ident.peer_id)
     members = Membership.of(uploads)
     for peer_id, core in cores.items():
-        world._apply(world.peers[peer_id], 0, core.set_members(engine.now, members))
-    sim = BroadcastSim(engine, world, origin.peer_id, [i.peer_id for i in ids], cores, uploads, signed, {})
+        world.apply(peer_id, core.set_members(engine.now, members))
+    sim = BroadcastSim(engine, world, origin.peer_id, [i.peer_id for i in ids], cores, uploads, signed, {},
+                       cfg, where, rng, open_frame)
 
     def on_event(now: float, peer: str, event: object) -> None:
         if isinstance(event, VersionComplete) and peer != origin.peer_id:

@@ -14,18 +14,24 @@ event costs O(slots), never O(N); when every download is unlimited and a finishe
 replaced at once, the others' shares are unchanged and only the new flow is scheduled. Flows
 and requests hold their endpoints' ports and peers, so the per-chunk path does no lookups by id
 (10,000 peers x 150+ chunks is millions of chunks: see `simulations.scale`). At the last byte
-the sink's core is told `fetched` (or `fetch_failed("corrupt")` when the source is a byzantine
-peer, see `corrupt_peers`).
+the sink's core is told `fetched`, or `fetch_failed("corrupt")` when the source is one of
+`corrupt_peers` (byzantine) and the chunk is corrupt: each chunk such a peer serves is corrupt
+with probability `corrupt_rate` (1.0: always), drawn from a generator seeded by `corrupt_seed`.
 
 Failures: `crash(p)` is a killed process: flows from p fail at once as `unreachable` (a reset
 connection), requests queued at p fail, later requests to p fail after one latency.
 `hang(p)` is a stopped process: p answers nothing and its flows freeze, so only the requester's
-stall detection can notice.
+stall detection can notice. `partition(groups)` cuts the data plane too: flows and queued
+requests across the cut are dropped silently, requests and manifest fetches across it are never
+answered (again, only stall detection notices), until `heal()`.
+
+Drivers hand a core's effects to `apply(peer_id, effects)`.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,10 +94,16 @@ class _Port:
 
 class RelayWorld(SimWorld):
     def __init__(self, engine: Engine, model: NetworkModel | None = None, *, sign: bool = False,
-                 max_concurrent_uploads: int = 4, corrupt_peers: frozenset[str] = frozenset()) -> None:
+                 max_concurrent_uploads: int = 4, corrupt_peers: frozenset[str] = frozenset(),
+                 corrupt_rate: float = 1.0, corrupt_seed: str = "") -> None:
         super().__init__(engine, model, sign=sign)
+        if not 0.0 <= corrupt_rate <= 1.0:
+            raise ValueError("corrupt_rate must be within [0, 1]")
         self.max_concurrent_uploads = max_concurrent_uploads
         self.corrupt_peers = set(corrupt_peers)
+        self.corrupt_rate = corrupt_rate
+        self._corrupt_rng = random.Random(f"corrupt/{corrupt_seed}")
+        self.genuine_from_corrupt_peers = 0  # chunks a corrupt peer served intact (corrupt_rate < 1)
         self.ports: dict[str, _Port] = {}
         self.penalties: list[tuple[float, str, str, float]] = []  # (t, by, peer, amount)
         self.transfer_stats = {"fetches": 0, "flows": 0, "corrupt_served": 0, "failed": 0, "bytes": 0}
@@ -138,7 +150,28 @@ class RelayWorld(SimWorld):
         port.ready.clear()
         port.waiting.clear()
 
+    def partition(self, groups: list[list[str]]) -> None:
+        """Split the network; flows and queued requests across the cut go silent (see the top)."""
+        super().partition(groups)
+        reachable = self._reachable
+        for peer_id in sorted(self.ports):
+            port = self.ports[peer_id]
+            for flow in [f for f in port.up if not reachable(peer_id, f.request.sink)]:
+                self._end_flow(flow)
+            port.ready = deque(r for r in port.ready if reachable(peer_id, r.sink))
+            port.urgent = deque(r for r in port.urgent if reachable(peer_id, r.sink))
+            for key in list(port.waiting):
+                kept = [r for r in port.waiting[key] if reachable(peer_id, r.sink)]
+                if kept:
+                    port.waiting[key] = kept
+                else:
+                    del port.waiting[key]
+
     # -- effects --------------------------------------------------------------------------
+
+    def apply(self, peer_id: str, effects: list[Any], core_index: int = 0) -> None:
+        """Carry out `effects` returned by `peer_id`'s core number `core_index`."""
+        self._apply(self.peers[peer_id], core_index, effects)
 
     def _apply(self, peer: SimPeer, index: int, effects: list[Any]) -> None:
         plain = []
@@ -178,6 +211,8 @@ class RelayWorld(SimWorld):
         source_id = request.fetch.peer
         port = self.ports.get(source_id)
         source = self.peers.get(source_id)
+        if source is not None and source.group != request.peer.group:
+            return  # across a partition: never answered
         if port is not None and port.hung:
             return  # a stopped process reads nothing
         if source is None or port is None or not source.alive:
@@ -265,7 +300,7 @@ class RelayWorld(SimWorld):
         sink = request.peer
         core = sink.cores[request.core_index]
         now = self.engine.now
-        if flow.source in self.corrupt_peers:
+        if flow.source in self.corrupt_peers and self._corrupts():
             self.transfer_stats["corrupt_served"] += 1
             self._apply(sink, request.core_index, core.fetch_failed(now, flow.source, fetch.version, fetch.index,
                                                                     "corrupt"))
@@ -276,6 +311,13 @@ class RelayWorld(SimWorld):
             if key in sink_port.waiting and core.has(fetch.version, fetch.index):
                 self._release_waiting(request.sink, sink_port, key)  # long polls for it are answered
         self._start_flows(flow.source, source_port)
+
+    def _corrupts(self) -> bool:
+        """Whether a chunk a corrupt peer serves is corrupt (no draw at rate 1: replays stay exact)."""
+        if self.corrupt_rate >= 1.0 or self._corrupt_rng.random() < self.corrupt_rate:
+            return True
+        self.genuine_from_corrupt_peers += 1
+        return False
 
     def _release_waiting(self, peer_id: str, port: _Port, key: tuple[int, int]) -> None:
         waiters = port.waiting.pop(key, None)
@@ -321,7 +363,8 @@ class RelayWorld(SimWorld):
     def _answer_manifest(self, sink: SimPeer, index: int, effect: FetchManifest) -> None:
         source = self.peers.get(effect.peer)
         port = self.ports.get(effect.peer)
-        if not sink.alive or source is None or port is None or not source.alive or port.hung:
+        if not sink.alive or source is None or port is None or not source.alive or port.hung or \
+                not self._reachable(sink.peer_id, effect.peer):
             return
         signed = source.cores[port.core_index].signed(effect.version)
         if signed is not None:

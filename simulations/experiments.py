@@ -207,15 +207,11 @@ def exp_churn_byzantine(img: Path, quick: bool) -> str:
         "",
         integrity + f" The cost in time is large, though: 10% crashes or clean leaves take the time to all from "
         f"{churn_times[0]['time_to_all_s']:.1f} s to {kinds[0]:.1f} s, and hangs to {kinds[2]:.1f} s (a hang "
-        f"is seen only by stall detection, 10 s). The mechanism, visible in the runs: when an interior relay "
-        f"dies, its children in its home stripe fall back along their ancestor chain, which for relays near "
-        f"the root is the origin; the origin then serves those stripes as a star (hundreds of requests queued "
-        f"behind its upload slots) until the membership update {base.membership_lag_s:g} s later replans the "
-        f"trees. Byzantine relays hurt the same way, since a banned parent is replaced by its ancestors too, "
-        f"and each corrupt chunk costs a full chunk time before its hash check fails. Reattaching orphans to "
-        f"a live interior member of the stripe at once (as the transfer core already does for late joiners), "
-        f"instead of walking up to the origin, should remove most of this; the simulator is the place to "
-        f"check it.",
+        f"is seen only by stall detection, 10 s). When an interior relay crashes or is banned, its orphans "
+        f"borrow a live interior member of the same stripe at once (relay/transfer.py, 'Reattaching "
+        f"orphans') instead of walking up to the origin, so the origin is not turned into a star. A "
+        f"stalled parent is still replaced by its ancestors, because a substitute may be cut off too; each "
+        f"hang costs a stall timeout, and each corrupt chunk a full chunk time before its hash check fails.",
     ])
 
 

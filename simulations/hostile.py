@@ -16,12 +16,13 @@ What the world does to them comes from `simulations.models`, drawn from the scen
   `forge` they also gossip a manifest signed with their own key and claim `Holding` of the
   genuine version to attract requests.
 
-Theory of operation. `ScenarioWorld` is the relay developer's `RelayWorld` with three changes
-made here, from outside, until the data plane offers them itself: gossip fans out in sorted
-peer order (SimWorld's BFS walks sets of strings, whose order changes with PYTHONHASHSEED);
-the data plane respects partitions; a byzantine source corrupts a chunk at a given rate.
-Nothing of the protocol is reimplemented: fetching, verifying, banning, replanning and
-recovery are the transfer core's.
+Theory of operation. The world is built by `simulations.broadcast.build_broadcast` (regions,
+per-relay downloads, network model, stall timeout, corruption rate are its options) with
+`ScenarioWorld`: the data plane's `RelayWorld` (which respects partitions and corrupts a
+byzantine source's chunks at a rate itself) with one change, gossip fanning out in sorted peer
+order (SimWorld's BFS walks sets of strings, whose order changes with PYTHONHASHSEED). Nothing
+of the protocol is reimplemented: fetching, verifying, banning, replanning and recovery are the
+transfer core's.
 
 Results: time to all surviving honest relays against the lower bound (of the initial
 membership), per-peer completion, and whether every surviving honest relay ends with the
@@ -30,7 +31,6 @@ genuine manifest and every chunk.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections import deque
@@ -39,32 +39,22 @@ from typing import Any
 
 from p2pnet.core import Publish
 from p2pnet.identity import Identity
-from relay.errors import ManifestRejected
-from relay.manifest import SignedManifest, open_manifest
+from relay.manifest import SignedManifest
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HeldVersion, Holding, ManifestAnnounce
 from relay.planner import Membership, lower_bound_s
 from relay.transfer import SourceDropped, TransferConfig, TransferCore, VersionComplete
-from simulations.broadcast import default_chunk_bytes, fake_manifest, identity
+from simulations.broadcast import build_broadcast, fake_manifest, identity
 from simulations.dataplane import RelayWorld
 from simulations.engine import Engine
 from simulations.models import CRASH, HANG, JOIN, LEAVE, ChurnEvent, network_model
 from simulations.scenarios import BroadcastScenario
-from simulations.world import EPOCH_S
 
 LAYOUTS = {"relay": ("striped", 4), "tree4": ("tree", 4), "star": ("star", 4), "chain": ("tree", 1)}
 ORIGIN_REGION = "us"
 
 
 class ScenarioWorld(RelayWorld):
-    """RelayWorld + deterministic gossip order, partition-aware data plane, corruption rate."""
-
-    def __init__(self, *args: Any, byzantine: frozenset[str] = frozenset(), corrupt_rate: float = 1.0,
-                 corrupt_seed: str = "", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.byzantine = byzantine
-        self.corrupt_rate = corrupt_rate
-        self._corrupt_rng = random.Random(f"corrupt/{corrupt_seed}")
-        self.accepted_from_byzantine = 0
+    """RelayWorld with gossip in a deterministic order."""
 
     # gossip: SimWorld's BFS iterates sets of peer ids; walk them sorted so runs replay exactly
     def _reach(self, source: str) -> list[tuple[str, int]]:
@@ -85,42 +75,6 @@ class ScenarioWorld(RelayWorld):
         result = list(seen.items())
         self._reach_cache[source] = result
         return result
-
-    # byzantine sources: decide per chunk, then let RelayWorld report it as it does
-    def _finish(self, flow: Any) -> None:
-        source = flow.source
-        if source in self.byzantine:
-            if self._corrupt_rng.random() < self.corrupt_rate:
-                self.corrupt_peers.add(source)
-            else:
-                self.corrupt_peers.discard(source)
-                self.accepted_from_byzantine += 1
-        super()._finish(flow)
-
-    # partitions: requests and flows across the cut go silent (only stall detection notices)
-    def partition(self, groups: list[list[str]]) -> None:
-        super().partition(groups)
-        for peer_id in sorted(self.ports):
-            port = self.ports[peer_id]
-            for flow in [f for f in port.up if not self._reachable(peer_id, f.request.sink)]:
-                self._end_flow(flow)
-            port.ready = deque(r for r in port.ready if self._reachable(peer_id, r.sink))
-            port.urgent = deque(r for r in port.urgent if self._reachable(peer_id, r.sink))
-            for key in list(port.waiting):
-                kept = [r for r in port.waiting[key] if self._reachable(peer_id, r.sink)]
-                if kept:
-                    port.waiting[key] = kept
-                else:
-                    del port.waiting[key]
-
-    def _request_arrives(self, request: Any) -> None:
-        if not self._reachable(request.sink, request.fetch.peer):
-            return
-        super()._request_arrives(request)
-
-    def _answer_manifest(self, sink: Any, index: int, effect: Any) -> None:
-        if self._reachable(sink.peer_id, effect.peer):
-            super()._answer_manifest(sink, index, effect)
 
 
 @dataclass
@@ -147,14 +101,13 @@ class BroadcastRun:
     waiting: set[str] = field(default_factory=set)  # live honest relays not complete yet
     replans: int = 0
     _replan_pending: bool = False
-    _opened: dict[bytes, SignedManifest | ManifestRejected] = field(default_factory=dict)
+    _open: Any = None  # the built world's manifest check (`BroadcastSim.open_frame`)
 
     # -- the run ------------------------------------------------------------------------------
 
     def start(self) -> None:
         sc = self.scenario
-        origin = self.world.peers[self.origin.peer_id]
-        self.world._apply(origin, 0, self.cores[self.origin.peer_id].publish(0.0, self.signed))
+        self.world.apply(self.origin.peer_id, self.cores[self.origin.peer_id].publish(0.0, self.signed))
         if sc.forge:
             self.engine.at(0.001, self._forge)
         for event in self.churn:
@@ -179,7 +132,7 @@ class BroadcastRun:
                 continue
             forged = fake_manifest(peer.identity, self.signed.manifest.total_bytes,
                                    self.signed.manifest.chunk_bytes, version=self.signed.version)
-            self.world._apply(peer, 0, [Publish(MANIFEST_TOPIC, ManifestAnnounce(forged.frame)),
+            self.world.apply(peer_id, [Publish(MANIFEST_TOPIC, ManifestAnnounce(forged.frame)),
                                         Publish(HOLDING_TOPIC, genuine)])
 
     def _churn(self, event: ChurnEvent) -> None:
@@ -208,7 +161,7 @@ class BroadcastRun:
                                   download_bps=sc.download.draw(self.rng), region=self.regions[peer_id])
         self.world.connect(self.origin.peer_id, peer_id)
         # the joiner starts from what the others believe right now (it is not in it: it borrows a parent)
-        self.world._apply(self.world.peers[peer_id], 0, core.set_members(self.engine.now, self.members))
+        self.world.apply(peer_id, core.set_members(self.engine.now, self.members))
         self.cores[peer_id] = core
         self.joined[peer_id] = self.engine.now
         self.waiting.add(peer_id)
@@ -224,8 +177,7 @@ class BroadcastRun:
         live = [p for p in self.cores if self.world.peers[p].alive]
         self.members = Membership.of({p: self.uploads[p] for p in live})
         for peer_id in live:
-            self.world._apply(self.world.peers[peer_id], 0,
-                              self.cores[peer_id].set_members(self.engine.now, self.members))
+            self.world.apply(peer_id, self.cores[peer_id].set_members(self.engine.now, self.members))
 
     def _cut(self) -> None:
         sc = self.scenario
@@ -235,22 +187,12 @@ class BroadcastRun:
 
     # -- building ---------------------------------------------------------------------------
 
-    def open_frame(self, frame: bytes, now: float) -> SignedManifest:
-        """The origin is the one trusted publisher; every peer would open the same frame, so
-        each distinct frame is checked once (its outcome, acceptance or rejection, is kept)."""
-        outcome = self._opened.get(frame)
-        if outcome is None:
-            try:
-                outcome = open_manifest(frame, trusted_publishers={self.origin.peer_id}, now_s=EPOCH_S + now)
-            except ManifestRejected as exc:
-                outcome = exc
-            self._opened[frame] = outcome
-        if isinstance(outcome, ManifestRejected):
-            raise outcome
-        return outcome
-
     def _core(self, peer_id: str) -> TransferCore:
         return TransferCore(self.config, peer_id, open_frame=self.open_frame, self_upload_bps=self.uploads[peer_id])
+
+    def open_frame(self, frame: bytes, now: float) -> SignedManifest:
+        """The origin is the one trusted publisher (each distinct frame is checked once)."""
+        return self._open(frame, now)
 
     def on_event(self, now: float, peer: str, event: object) -> None:
         if isinstance(event, VersionComplete) and peer in self.waiting:
@@ -269,36 +211,25 @@ def transfer_config(sc: BroadcastScenario) -> TransferConfig:
 
 def build(sc: BroadcastScenario) -> BroadcastRun:
     """The world of `sc`, every relay started and given the membership, nothing published yet."""
-    rng = random.Random(sc.seed)
-    chunk_bytes = sc.chunk_bytes or default_chunk_bytes(sc.checkpoint_bytes)
-    engine = Engine(sc.seed)
-    origin = identity("sim/origin")
-    idents = {origin.peer_id: origin}
-    idents.update((i.peer_id, i) for i in (identity(f"sim/peer-{n}") for n in range(sc.peers)))
-    ids = list(idents)[1:]
-    uploads = {origin.peer_id: float(sc.origin_upload_bps)}
-    uploads.update({p: float(sc.upload.draw(rng)) for p in ids})
-    downloads = [sc.download.draw(rng) for _ in ids]
-    regions = {origin.peer_id: ORIGIN_REGION}
-    regions.update(zip(ids, sc.regions.assign(rng, sc.peers)))
-    byzantine = frozenset(rng.sample(ids, round(sc.byzantine * sc.peers)))
+    config = transfer_config(sc)
+    sim = build_broadcast(sc.peers, sc.checkpoint_bytes, upload_bps=sc.upload.draw,
+                          origin_upload_bps=sc.origin_upload_bps, download_bps=sc.download.draw, seed=sc.seed,
+                          strategy=None, chunk_bytes=sc.chunk_bytes or None, config=config,
+                          corrupt_rate=sc.corrupt_rate, regions=sc.regions.assign, origin_region=ORIGIN_REGION,
+                          network=network_model(loss=sc.loss, local_latency_s=sc.local_latency_s,
+                                                regional=sc.regional_latency),
+                          world_class=ScenarioWorld)
+    rng = sim.rng
+    assert rng is not None
+    byzantine = frozenset(rng.sample(sim.peer_ids, round(sc.byzantine * sc.peers)))
+    sim.world.corrupt_peers = set(byzantine)
     churn = sc.churn.draw(random.Random(f"churn/{sc.seed}"), sc.peers)
-    model = network_model(loss=sc.loss, local_latency_s=sc.local_latency_s, regional=sc.regional_latency)
-    world = ScenarioWorld(engine, model, byzantine=byzantine, corrupt_rate=sc.corrupt_rate,
-                          corrupt_seed=str(sc.seed))
-    run = BroadcastRun(sc, engine, world, origin, fake_manifest(origin, sc.checkpoint_bytes, chunk_bytes),
-                       transfer_config(sc), {}, uploads, regions, ids, byzantine, churn, rng, Membership.of(uploads))
-    for peer_id, download in [(origin.peer_id, math.inf)] + list(zip(ids, downloads)):
-        core = run._core(peer_id)
-        run.cores[peer_id] = core
-        world.add_relay_peer(idents[peer_id], [core], upload_bps=uploads[peer_id], download_bps=download,
-                             region=regions[peer_id])
-    for peer_id in ids:
-        world.connect(origin.peer_id, peer_id)
-    for peer_id, core in run.cores.items():
-        world._apply(world.peers[peer_id], 0, core.set_members(0.0, run.members))
-    run.waiting = {p for p in ids if p not in byzantine}
-    world.listeners.append(run.on_event)
+    origin = identity("sim/origin")
+    run = BroadcastRun(sc, sim.engine, sim.world, origin, sim.signed, config, sim.cores,  # type: ignore[arg-type]
+                       sim.uploads, sim.regions, list(sim.peer_ids), byzantine, churn, rng,
+                       Membership.of(sim.uploads), _open=sim.open_frame)
+    run.waiting = {p for p in sim.peer_ids if p not in byzantine}
+    sim.world.listeners.append(run.on_event)
     return run
 
 
@@ -350,7 +281,7 @@ def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
         "byzantine": len(run.byzantine),
         "byzantine_penalised": sum(1 for p in penalised if p in run.byzantine),
         "honest_penalised": sum(1 for p in penalised if p not in run.byzantine),
-        "chunks_accepted_from_byzantine": run.world.accepted_from_byzantine,
+        "chunks_accepted_from_byzantine": run.world.genuine_from_corrupt_peers,
         "forged_manifests_rejected": sum(c.rejected_manifests for c in run.cores.values()),
         "sources_dropped": dict(sorted(dropped.items())),
         "replans": run.replans,

@@ -86,3 +86,13 @@ def test_lower_bound_is_the_larger_of_origin_and_aggregate_limits():
     assert lower_bound_s(1000, 10.0, [10.0] * 4) == pytest.approx(max(100, 4 * 1000 / 50))
     assert lower_bound_s(1000, 1.0, [1000.0] * 2) == pytest.approx(1000)
     assert lower_bound_s(1000, 1.0, []) == 0.0
+
+
+def test_ranked_interior_lists_each_stripes_interior_by_depth_then_id():
+    m = members(300, seed=4)
+    plan = plan_broadcast(ORIGIN, 1.25e9, m, 64, 16)
+    for s in range(plan.stripes):
+        ranked = plan.ranked_interior(s)
+        assert [p for p, _ in ranked] and sorted(p for p, _ in ranked) == plan.interior(s)
+        assert all(d == plan.depth(s, p) for p, d in ranked)
+        assert [(d, p) for p, d in ranked] == sorted((d, p) for p, d in ranked)

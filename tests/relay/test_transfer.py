@@ -205,3 +205,59 @@ def test_the_scale_simulation_uses_a_few_hundred_whole_mib_chunks_and_reports_it
     assert 1.0 <= row["ratio"] < 2.0
     assert row["events"] > 2 * row["deliveries"] and row["events_per_s"] > 0 and row["peak_rss_mib"] > 0
     assert row["wall_s"] == pytest.approx(row["build_s"] + row["run_s"], abs=0.02)
+
+
+def _origin_bytes_after_crashing(victim_of, n=80):
+    config = TransferConfig(stripes=4, stall_timeout_s=2.0, exclude_s=6.0, announce_interval_s=3600.0)
+    sim = build_broadcast(n, 200 * 2**20, seed=7, chunk_bytes=2**20, config=config)
+    sim.publish()
+    sim.engine.run(until=0.05)
+    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
+    victim = victim_of(sim, plan)
+    if victim is not None:
+        sim.world.crash(victim)
+    others = [p for p in sim.peer_ids if p != victim]
+    sim.engine.run(until=600.0, stop=lambda: sim.done(others))
+    assert sim.done(others)
+    return sim, plan, victim, sim.world.ports[sim.origin].bytes_up
+
+
+def test_the_orphans_of_a_crashed_interior_relay_reattach_inside_its_stripe_not_to_the_origin():
+    # the origin's child with the most children in its home stripe: without reattachment its orphans
+    # walk up their ancestor chain to the origin, which then serves that stripe to them like a star
+    def child_of_the_origin(sim, plan):
+        return max((p for p in sim.peer_ids if plan.parent[plan.home[p]][p] == sim.origin),
+                   key=lambda p: (len(plan.children(plan.home[p], p)), p))
+
+    _, _, _, calm = _origin_bytes_after_crashing(lambda sim, plan: None)
+    sim, plan, victim, crashed = _origin_bytes_after_crashing(child_of_the_origin)
+    stripe = plan.home[victim]
+    orphans = plan.children(stripe, victim)
+    assert len(orphans) >= 3
+    assert crashed <= calm * 1.05, (crashed / 2**20, calm / 2**20)  # it was ~1.5-2x before
+    for orphan in orphans:  # each borrowed a live interior member of the stripe, ranked before it
+        parent = sim.cores[orphan].progress(sim.engine.now, 1)["parents"][stripe]
+        assert parent not in (victim, sim.origin) and parent in plan.interior(stripe)
+        assert plan.depth(stripe, parent) <= plan.depth(stripe, orphan)
+    assert len({sim.cores[o].progress(sim.engine.now, 1)["parents"][stripe] for o in orphans}) > 1  # spread
+
+
+def test_a_banned_parent_is_replaced_by_a_live_interior_member_not_by_the_origin():
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e6, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(60)}}
+    runs = []
+    for _ in range(2):  # and the same one twice: the choice is deterministic
+        c = core()
+        c.set_members(0.0, uploads)
+        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+        plan = c._versions[1].plan
+        # a stripe where our parent is a child of the origin: walking up would land on the origin
+        stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) == 2)
+        parent = plan.parent[stripe]["me"]
+        bad = next(f for f in first if plan.stripe_of_chunk[f.index] == stripe)
+        effects = c.fetch_failed(0.1, parent, 1, bad.index, "corrupt")
+        again = [f for f in fetches(effects) if plan.stripe_of_chunk[f.index] == stripe]
+        assert again and all(f.peer not in (parent, PUBLISHER.peer_id) for f in again)
+        assert again[0].peer in plan.interior(stripe)
+        assert parent in c.status(0.1)["banned"]
+        runs.append(again[0].peer)
+    assert runs[0] == runs[1]

@@ -57,3 +57,36 @@ def test_a_partitioned_region_catches_up_after_the_heal() -> None:
     assert max(others) < 4.0 or sorted(others)[len(others) // 2] < 4.0
     baseline, _, _ = run_broadcast(_small(seed=4))
     assert baseline["time_to_all_s"] < 4.0 < s["time_to_all_s"]
+
+
+def test_build_broadcast_takes_regions_downloads_a_world_class_and_a_corruption_rate() -> None:
+    from simulations.broadcast import build_broadcast, run_broadcast_sim
+    from simulations.dataplane import RelayWorld
+
+    class Marked(RelayWorld):
+        pass
+
+    sim = build_broadcast(30, 40 * 2**20, seed=2, chunk_bytes=2**20, regions=["us", "eu", "asia"] * 10,
+                          origin_region="us", download_bps=lambda rng: rng.uniform(1e8, 1e9), world_class=Marked,
+                          stall_timeout_s=3.0, corrupt_rate=0.5)
+    assert isinstance(sim.world, Marked) and sim.config.stall_timeout_s == 3.0 and sim.config.exclude_s == 9.0
+    assert sim.world.peers[sim.peer_ids[2]].region == "asia" and sim.regions[sim.origin] == "us"
+    assert len({sim.world.ports[p].download_bps for p in sim.peer_ids}) == 30
+    liar = sim.peer_ids[0]
+    sim.world.corrupt_peers.add(liar)
+    result = run_broadcast_sim(sim, seed=2)
+    assert result.stats["corrupt_served"] > 0 and sim.world.genuine_from_corrupt_peers > 0
+
+
+def test_the_data_plane_goes_silent_across_a_partition_and_resumes_after_the_heal() -> None:
+    from simulations.broadcast import build_broadcast
+
+    sim = build_broadcast(20, 40 * 2**20, seed=3, chunk_bytes=2**20, stall_timeout_s=1.0)
+    cut = sim.peer_ids[:5]
+    sim.engine.at(0.05, sim.world.partition, [cut])  # after the manifest reached everyone
+    sim.engine.at(3.0, sim.world.heal)
+    sim.publish()
+    sim.engine.run(until=2.9)
+    assert not any(p in sim.completed for p in cut) and sim.world.transfer_stats["failed"] == 0
+    sim.engine.run(until=60.0, stop=lambda: sim.done())
+    assert sim.done() and min(sim.completed[p] for p in cut) > 3.0
