@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -38,6 +38,7 @@ from p2pnet.config import from_mapping, validated
 from p2pnet.control import Reply
 from p2pnet.errors import ConfigError, LocalStateError
 from verify.errors import ProofError
+from verify.policy import SAME_STACK, Thresholds
 from verify.reputation import BatchInvalidated, WorkerBanned
 from verify.validator import (CheckDropped, CheckRequested, Penalise, ValidatorCore, ValidatorCoreConfig,
                               VerdictPublished)
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 
 CORE_NAME = "validator"
 RECENT_EVENTS = 50
+
+
+THRESHOLD_PRESETS = {"paper": Thresholds(), "same_stack": SAME_STACK}
 
 
 class ModelUnavailable(RuntimeError):
@@ -76,6 +80,7 @@ class ValidatorConfig:
     penalty: float = 2.0
     thresholds: dict[str, float] = field(default_factory=dict)
     version_wait_s: float = 60.0
+    threshold_preset: str = "paper"  # "paper" (cross-hardware) or "same_stack" (see verify.policy.SAME_STACK)
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -85,6 +90,8 @@ class ValidatorConfig:
             problems["device"] = "must be 'cpu' or 'cuda[:N]'"
         if not self.penalty >= 0:
             problems["penalty"] = "must be >= 0"
+        if self.threshold_preset not in THRESHOLD_PRESETS:
+            problems["threshold_preset"] = f"must be one of {sorted(THRESHOLD_PRESETS)}"
         if not isinstance(self.thresholds, dict):
             problems["thresholds"] = "must be a table of threshold overrides"
         else:
@@ -238,9 +245,11 @@ class SubmissionChecker:
     """`checker(request) -> (accepted, reasons)`: recompute the chosen rows of a submission."""
 
     def __init__(self, models: Callable[[int], LoadedModel], *, thresholds: dict[str, float] | None = None,
-                 rules: TaskRules | Callable[[], TaskRules | None] | None = None, check_prompts: bool = True) -> None:
+                 rules: TaskRules | Callable[[], TaskRules | None] | None = None, check_prompts: bool = True,
+                 preset: str = "paper") -> None:
         self.models = models
         self.threshold_overrides = dict(thresholds or {})
+        self.preset = THRESHOLD_PRESETS[preset]
         self._rules = rules  # a TaskRules, or a factory resolved on the first check (imports torch)
         self.check_prompts = check_prompts
 
@@ -252,7 +261,6 @@ class SubmissionChecker:
 
     def __call__(self, request: CheckRequested) -> tuple[bool, tuple[str, ...]]:
         from verify.check import check_rollout
-        from verify.policy import Thresholds
 
         sub = request.submission
         model = self.models(sub.model_version)
@@ -263,7 +271,7 @@ class SubmissionChecker:
         if self.rules is not None and self.check_prompts:
             expected_prompts = self.rules.prompt_ids(request.worker, sub.step, sub.task_seed,
                                                      sub.prompts_per_submission, model.tokenizer)
-        thresholds = Thresholds(**self.threshold_overrides)
+        thresholds = replace(self.preset, **self.threshold_overrides)
         results: list[tuple[int, bool, Sequence[str]]] = []
         for row in request.rows:
             record = sub.rollouts[row]
@@ -310,7 +318,8 @@ class ValidatorRole:
                                                   cache_size=self.config.model_cache, device=self.config.device)
         self.checker = checker or SubmissionChecker(self.models, thresholds=self.config.thresholds,
                                                     rules=_optional_trainer_rules,
-                                                    check_prompts=self.config.check_prompts)
+                                                    check_prompts=self.config.check_prompts,
+                                                    preset=self.config.threshold_preset)
         self.core = ValidatorCore(self.config.core_config(), node.identity, node.peertable)
         self.runner: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)

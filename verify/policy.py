@@ -59,6 +59,14 @@ class Thresholds:
                 raise ValueError(f"{name} must lie in [0, 127], got {value!r}")
 
 
+#: For networks whose workers and validators run the same model dtype and kernels (one hardware
+#: stack, e.g. a devnet): honest recomputation there is bit-exact (docs/calibration.md), so the
+#: limits can sit just above zero, which rejects int8 weights and near-identical models that
+#: the paper's cross-hardware defaults let through. Never use it across GPU kinds or dtypes.
+SAME_STACK = Thresholds(exp_mismatches_max=2, mant_err_mean_max=1.0, mant_err_median_max=1.0,
+                        sign_mismatches_max=2)
+
+
 @dataclass(frozen=True)
 class ChunkFailure:
     """One failing chunk: its index and the reason codes of the statistics over the limit."""
