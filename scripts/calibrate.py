@@ -41,7 +41,7 @@ import torch
 from verify.check import check_rollout
 from verify.policy import Thresholds
 from verify.sampling import replay_check
-from verify.testing import TinyModelConfig, generate, make_forward, tiny_model
+from verify.testing import TinyModelConfig, fake_quantize, generate, make_forward, tiny_model
 from verify.toploc import PRIME, build_proofs, encode_proof
 
 TEMPERATURE = 1.0
@@ -56,22 +56,6 @@ CHAT_PROMPTS = (
     "How does a computer store numbers?",
     "Summarize the plot of a detective novel of your choice.",
 )
-
-
-def fake_quantize(model, bits: int):
-    """Symmetric per-output-channel round-to-nearest of every Linear weight (not the norms).
-
-    With tied embeddings (SmolLM2) the LM head's weight is the embedding table, so it is
-    quantized too, as GGUF Q8_0 / Q4 files do."""
-    q = copy.deepcopy(model)
-    levels = (1 << (bits - 1)) - 1
-    with torch.no_grad():
-        for mod in q.modules():
-            if isinstance(mod, torch.nn.Linear):
-                w = mod.weight.float()
-                scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-8) / levels
-                mod.weight.copy_((w / scale).round().clamp(-levels, levels) * scale)
-    return q
 
 
 def perturbed(model, rel_std: float, seed: int = 1):

@@ -18,9 +18,9 @@ What the world does to them comes from `simulations.models`, drawn from the scen
 
 Theory of operation. The world is built by `simulations.broadcast.build_broadcast` (regions,
 per-relay downloads, network model, stall timeout, corruption rate are its options) with
-`ScenarioWorld`: the data plane's `RelayWorld` (which respects partitions and corrupts a
-byzantine source's chunks at a rate itself) with one change, gossip fanning out in sorted peer
-order (SimWorld's BFS walks sets of strings, whose order changes with PYTHONHASHSEED). Nothing
+the data plane's `RelayWorld`, which respects partitions and corrupts a byzantine source's
+chunks at a rate itself (its gossip fans out in sorted peer order, so runs replay exactly
+whatever PYTHONHASHSEED is). Nothing
 of the protocol is reimplemented: fetching, verifying, banning, replanning and recovery are the
 transfer core's.
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,37 +52,13 @@ LAYOUTS = {"relay": ("striped", 4), "tree4": ("tree", 4), "star": ("star", 4), "
 ORIGIN_REGION = "us"
 
 
-class ScenarioWorld(RelayWorld):
-    """RelayWorld with gossip in a deterministic order."""
-
-    # gossip: SimWorld's BFS iterates sets of peer ids; walk them sorted so runs replay exactly
-    def _reach(self, source: str) -> list[tuple[str, int]]:
-        cached = self._reach_cache.get(source)
-        if cached is not None:
-            return cached
-        group = self.peers[source].group
-        seen = {source: 0}
-        queue = deque([source])
-        while queue:
-            current = queue.popleft()
-            for neighbour in sorted(self.edges.get(current, ())):
-                peer = self.peers[neighbour]
-                if neighbour not in seen and peer.alive and peer.group == group:
-                    seen[neighbour] = seen[current] + 1
-                    queue.append(neighbour)
-        del seen[source]
-        result = list(seen.items())
-        self._reach_cache[source] = result
-        return result
-
-
 @dataclass
 class BroadcastRun:
     """A built broadcast scenario: the world, its peers and what happened to them."""
 
     scenario: BroadcastScenario
     engine: Engine
-    world: ScenarioWorld
+    world: RelayWorld
     origin: Identity
     signed: SignedManifest
     config: TransferConfig
@@ -218,7 +193,7 @@ def build(sc: BroadcastScenario) -> BroadcastRun:
                           corrupt_rate=sc.corrupt_rate, regions=sc.regions.assign, origin_region=ORIGIN_REGION,
                           network=network_model(loss=sc.loss, local_latency_s=sc.local_latency_s,
                                                 regional=sc.regional_latency),
-                          world_class=ScenarioWorld)
+                          world_class=RelayWorld)
     rng = sim.rng
     assert rng is not None
     byzantine = frozenset(rng.sample(sim.peer_ids, round(sc.byzantine * sc.peers)))

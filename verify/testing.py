@@ -12,6 +12,8 @@ lazily, inside the functions that need it.
 
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -185,3 +187,19 @@ def make_forward(model) -> Callable[[list[int]], tuple[torch.Tensor, torch.Tenso
         return h[0].to(torch.bfloat16), logits[0]
 
     return forward
+
+
+def fake_quantize(model, bits: int):
+    """Symmetric per-output-channel round-to-nearest of every Linear weight (not the norms).
+
+    With tied embeddings (SmolLM2) the LM head's weight is the embedding table, so it is
+    quantized too, as GGUF Q8_0 / Q4 files do."""
+    q = copy.deepcopy(model)
+    levels = (1 << (bits - 1)) - 1
+    with torch.no_grad():
+        for mod in q.modules():
+            if isinstance(mod, torch.nn.Linear):
+                w = mod.weight.float()
+                scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-8) / levels
+                mod.weight.copy_((w / scale).round().clamp(-levels, levels) * scale)
+    return q

@@ -5,8 +5,6 @@ One module-scoped bf16 model and a handful of honest rollouts keep this file fas
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -18,7 +16,7 @@ from verify.check import (
     check_rollout,
     generated_hidden_slice,
 )
-from verify.testing import TinyModelConfig, generate, make_forward, tiny_model
+from verify.testing import TinyModelConfig, fake_quantize, generate, make_forward, tiny_model
 from verify.policy import SAME_STACK
 from verify.toploc import PRIME, build_proofs, encode_proof
 
@@ -57,18 +55,6 @@ def _check(forward, row, prompt, output, proofs, **kw):
                          eos_token_id=EOS, max_new_tokens=MAX_NEW, **kw)
 
 
-def _fake_quantize(model, bits):
-    q = copy.deepcopy(model)
-    levels = (1 << (bits - 1)) - 1
-    with torch.no_grad():
-        for mod in q.modules():
-            if isinstance(mod, torch.nn.Linear):
-                w = mod.weight.float()
-                scale = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-8) / levels
-                mod.weight.copy_((w / scale).round().clamp(-levels, levels) * scale)
-    return q
-
-
 def test_slice_convention():
     rows = torch.arange(10)[:, None]
     assert generated_hidden_slice(rows, 4, 6)[:, 0].tolist() == [3, 4, 5, 6, 7, 8]
@@ -103,7 +89,7 @@ def test_other_model_rejected(forward):
 
 
 def test_int4_weights_rejected(worker, forward):
-    vs = [_check(forward, r, *x) for r, x in enumerate(_rollouts(_fake_quantize(worker, 4)))]
+    vs = [_check(forward, r, *x) for r, x in enumerate(_rollouts(fake_quantize(worker, 4)))]
     _assert_rejected(vs, "toploc_exp")
 
 
@@ -112,7 +98,7 @@ def test_int8_weights_rejected_when_validators_run_the_workers_stack(worker, for
     (docs/calibration.md); on one stack honest recomputation is exact, and SAME_STACK rejects it."""
     for row, (p, o, pr) in enumerate(honest):
         assert _check(forward, row, p, o, pr, thresholds=SAME_STACK).accepted
-    vs = [_check(forward, r, *x, thresholds=SAME_STACK) for r, x in enumerate(_rollouts(_fake_quantize(worker, 8)))]
+    vs = [_check(forward, r, *x, thresholds=SAME_STACK) for r, x in enumerate(_rollouts(fake_quantize(worker, 8)))]
     for v in vs:
         assert not v.accepted and any(code.startswith("toploc_") for code in v.reasons), v.reasons
         assert max(s.mant_err_mean for s in v.chunk_stats) > 1.0
