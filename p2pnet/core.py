@@ -16,6 +16,8 @@ Effects:
 - `SetTimer(at, key)`: call `on_timer(now, key)` at time `at` (one pending timer per key; a new
   one replaces it).
 - `Emit(event)`: hand an event to the local application (for example `PeerJoined`).
+
+`ReactiveCore` gives the no-op inputs to cores that only react to messages.
 """
 
 from __future__ import annotations
@@ -73,3 +75,19 @@ class Core(Protocol):
     def on_timer(self, now: float, key: str) -> list[Effect]: ...
 
     def on_rejected(self, now: float, peer: str, reason: str) -> list[Effect]: ...
+
+
+class ReactiveCore:
+    """A base for cores that only react to messages: no start-up work, timers or rejection logic."""
+
+    topics: Sequence[str] = ()
+    kinds: Sequence[str] = ()
+
+    def start(self, now: float) -> list[Effect]:
+        return []
+
+    def on_timer(self, now: float, key: str) -> list[Effect]:
+        return []
+
+    def on_rejected(self, now: float, peer: str, reason: str) -> list[Effect]:
+        return []

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from p2pnet.core import Effect, Publish
+from p2pnet.core import Effect, Publish, ReactiveCore
 from p2pnet.wire import Envelope, message
 
 NOTICE_TOPIC = "p2pnet/v1/notices"
@@ -38,22 +38,13 @@ class Received:
     received_ms: int
 
 
-class Notices:
+class Notices(ReactiveCore):
     topics = (NOTICE_TOPIC,)
     kinds = (Notice.KIND,)  # type: ignore[attr-defined]
 
     def __init__(self, wall_ms: Any) -> None:
         self._wall_ms = wall_ms  # injected wall clock: received times are compared to senders' stamps
         self.received: deque[Received] = deque(maxlen=KEEP_NOTICES)
-
-    def start(self, now: float) -> list[Effect]:
-        return []
-
-    def on_timer(self, now: float, key: str) -> list[Effect]:
-        return []
-
-    def on_rejected(self, now: float, peer: str, reason: str) -> list[Effect]:
-        return []
 
     def on_message(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
         notice = envelope.body

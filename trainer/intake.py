@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2pnet.config import validated
-from p2pnet.core import Effect, Emit
+from p2pnet.core import Effect, Emit, ReactiveCore
 from p2pnet.errors import MessageRejected
 from p2pnet.wire import Envelope
 from relay.messages import HOLDING_TOPIC, Holding
@@ -78,7 +78,7 @@ class WorkerLedger:
     outcomes: dict[bytes, str] = field(default_factory=dict)
 
 
-class Intake:
+class Intake(ReactiveCore):
     topics = (SUBMISSIONS_TOPIC, CLAIMS_TOPIC, VERDICTS_TOPIC, HOLDING_TOPIC)
     kinds = (Submission.KIND, Claim.KIND, Verdict.KIND, Holding.KIND)  # type: ignore[attr-defined]
 
@@ -96,15 +96,6 @@ class Intake:
         self.dropped: dict[str, int] = {}
 
     # -- core inputs ----------------------------------------------------------------------
-
-    def start(self, now: float) -> list[Effect]:
-        return []
-
-    def on_timer(self, now: float, key: str) -> list[Effect]:
-        return []
-
-    def on_rejected(self, now: float, peer: str, reason: str) -> list[Effect]:
-        return []
 
     def on_message(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
         body = envelope.body
