@@ -39,15 +39,18 @@ def _relay(node: Any, role: str) -> Any:
     return relay
 
 
-def load_version(base_dir: Path, store: Any, version: int) -> tuple[Any, Any]:
-    """The base model folder's architecture and tokenizer with version `version`'s weights (thread)."""
+def load_version(base_dir: Path, store: Any, version: int, loaded: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """The base model folder's architecture and tokenizer with version `version`'s weights (thread).
+
+    With `loaded` (a model and tokenizer from an earlier version), only the weights are swapped:
+    a new version never rebuilds the model."""
     import torch
 
     torch.set_num_threads(1)
     from relay.loader import load_state_dict
     from trainer.model import load_model_dir, load_weights_into
 
-    model, tokenizer = load_model_dir(base_dir)
+    model, tokenizer = loaded if loaded is not None else load_model_dir(base_dir)
     load_weights_into(model, load_state_dict(store, version))
     model.eval()
     return model, tokenizer
@@ -106,7 +109,9 @@ class WorkerRole:
             load_s = 0.0
             if newest != self.version or model is None:
                 loading = time.monotonic()
-                model, tokenizer = await trio.to_thread.run_sync(load_version, cfg.model_dir, self.relay.store, newest)
+                loaded = (model, tokenizer) if model is not None else None
+                model, tokenizer = await trio.to_thread.run_sync(load_version, cfg.model_dir, self.relay.store,
+                                                                 newest, loaded)
                 self.version = newest
                 load_s = time.monotonic() - loading
             step = max(last_step + 1, newest)
