@@ -129,10 +129,33 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{row['chunks_have']}/{row['chunks_total']} chunks  {_mb(row['bytes_have'])} of {_mb(row['total_bytes'])}")
     if not status.get("versions"):
         print("  no versions held")
-    for key, value in status.items():
-        if key not in {"store", "used_bytes", "budget_bytes", "keep_versions", "versions", "running"}:
-            print(f"  {key}: {json.dumps(value)}")
+    if status["running"]:
+        _print_traffic(status)
     return 0
+
+
+def _short(peer: str) -> str:
+    return f"...{peer[-8:]}" if len(peer) > 12 else peer
+
+
+def _print_traffic(status: dict[str, Any]) -> None:
+    """Who serves whom, from a running relay's status (the --json output has everything)."""
+    for row in status.get("transfers", {}).get("progress", []):
+        parents = ", ".join(sorted({_short(p) for p in row.get("parents", []) if p})) or "-"
+        rate = f"{row['bytes_per_s'] / 1e6:.1f} MB/s" if row.get("bytes_per_s") else "-"
+        role = "published here" if row.get("origin") else f"parents {parents}"
+        print(f"  v{row['version']:<6} {role}; fetched {row.get('fetched_chunks', 0)} chunks at {rate}; "
+              f"{row.get('holders', 0)} peers hold it complete")
+    for label, key in (("fetched from", "fetched_from"), ("serving now", "serving_to"), ("served to", "served_to")):
+        counts = status.get(key) or {}
+        if counts:
+            print(f"  {label}: " + ", ".join(f"{_short(p)} {n} chunks" if key != "serving_to" else
+                                             f"{_short(p)} {n}" for p, n in sorted(counts.items())))
+    banned = status.get("transfers", {}).get("banned", [])
+    if banned:
+        print("  banned sources: " + ", ".join(_short(p) for p in banned))
+    if status.get("corrupting_chunks"):
+        print("  WARNING: this peer corrupts the chunks it serves (test hook P2PNET_TEST_CORRUPT_CHUNKS=1)")
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
