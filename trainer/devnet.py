@@ -112,8 +112,12 @@ def _prepare_model(config: DevnetConfig, root: Path) -> tuple[Path, str]:
         return candidate.resolve(), candidate.name
     from trainer.model import prepare_model
 
+    from trainer.model import TINY_CONFIGS
+
     if config.model == "smollm2":
         raise ConfigError("--model", "run `p2pnet model prepare smollm2 --out DIR` once, then pass --model DIR")
+    if config.model not in TINY_CONFIGS:
+        raise ConfigError("--model", f"{config.model!r} is neither a model folder nor one of {sorted(TINY_CONFIGS)}")
     return prepare_model(config.model, root / "model", seed=config.seed), config.model
 
 
