@@ -121,6 +121,7 @@ class LoadedModel:
     eos_token_id: int
     vocab_size: int
     source: str
+    module: Any = None  # the torch model behind `forward`, so a newer version can reuse it
 
 
 class ModelSource:
@@ -183,30 +184,37 @@ class RelayModelSource:
             if model is not None:
                 self._cache.move_to_end(version)
                 return model
+            # at capacity, the least recently used model is evicted anyway: swap the new weights
+            # into it instead of building the architecture again
+            reuse = self._cache.popitem(last=False)[1] if len(self._cache) >= self.cache_size else None
             try:
-                model = load_model_folder(self.base_dir, self.device, weights=(self.store, version))
+                model = load_model_folder(self.base_dir, self.device, weights=(self.store, version),
+                                          reuse=reuse)
             except (OSError, RuntimeError, ValueError, LocalStateError) as exc:
                 raise ModelUnavailable(f"cannot load version {version}: {exc}") from exc
             self._cache[version] = model
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
             return model
 
     def cached(self) -> list[str]:
         return [f"v{v}" for v in self._cache]
 
 
-def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None = None) -> LoadedModel:
+def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None = None,
+                      reuse: LoadedModel | None = None) -> LoadedModel:
     """Load a trainer model folder and wrap its one-prefill forward (torch imported here).
 
     With `weights=(store, version)`, the folder gives the architecture and tokenizer and the
-    relay store gives that checkpoint version's weights."""
+    relay store gives that checkpoint version's weights; with `reuse`, an evicted model of the
+    same folder takes those weights instead of a new model being built."""
     import torch
 
     torch.set_num_threads(1)
     from trainer.model import load_model_dir, load_weights_into
 
-    model, tokenizer = load_model_dir(folder)
+    if reuse is not None and reuse.module is not None and weights is not None:
+        model, tokenizer = reuse.module, reuse.tokenizer
+    else:
+        model, tokenizer = load_model_dir(folder)
     if weights is not None:
         from relay.loader import load_state_dict
 
@@ -220,7 +228,8 @@ def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None
         logits = model.lm_head(hidden).float()
         return hidden[0].to(torch.bfloat16).cpu(), logits[0].cpu()
 
-    return LoadedModel(forward, tokenizer, int(tokenizer.eos_id), int(model.config.vocab_size), str(folder))
+    return LoadedModel(forward, tokenizer, int(tokenizer.eos_id), int(model.config.vocab_size), str(folder),
+                       module=model)
 
 
 @dataclass(frozen=True)

@@ -181,3 +181,31 @@ def test_model_source_prefers_checkpoint_versions_and_keeps_an_lru(tmp_path: Pat
     assert loads == [tmp_path / "ckpt" / "v3", tmp_path / "base", tmp_path / "ckpt" / "v3"]
     with pytest.raises(ModelUnavailable):
         ModelSource(None, tmp_path / "ckpt")(5)
+
+
+def test_relay_model_source_swaps_weights_into_the_evicted_model(tmp_path: Path) -> None:
+    import torch
+
+    from relay.store import ChunkStore
+    from trainer.model import build_model, save_model_dir, save_weights, snapshot_state
+    from verify.daemon import RelayModelSource
+
+    publisher = Identity.from_seed_text("trainer")
+    base = save_model_dir(*build_model("micro", seed=0), tmp_path / "base")
+    store = ChunkStore(tmp_path / "store", budget_bytes=10**9, trusted_publishers=[publisher.peer_id], fsync=False)
+    for version, seed in ((0, 0), (1, 1)):
+        weights = tmp_path / f"v{version}.safetensors"
+        save_weights(snapshot_state(build_model("micro", seed=seed)[0]), weights)
+        store.publish_files(publisher, [weights], model="micro", version=version, previous_version=version - 1,
+                            now_s=1_800_000_000.0)
+    source = RelayModelSource(base, store, cache_size=1)
+    first = source(0)
+    ids = [1, 5, 6, 7]
+    _, logits0 = first.forward(ids)
+    second = source(1)
+    assert second.module is first.module  # the architecture was not built again
+    _, logits1 = second.forward(ids)
+    fresh = RelayModelSource(base, store, cache_size=1)(1)
+    assert fresh.module is not second.module
+    assert torch.equal(logits1, fresh.forward(ids)[1]) and not torch.equal(logits0, logits1)
+    assert source.cached() == ["v1"]
