@@ -48,8 +48,8 @@ from relay.manifest import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, SignedManifest, 
 from relay.messages import (OP_CHUNK, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse)
 from relay.store import ChunkStore
-from relay.transfer import (DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, TransferConfig,
-                            TransferCore, VersionComplete)
+from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, VersionComplete
+from relay.transfer import TransferConfig, TransferCore
 
 log = logging.getLogger(__name__)
 

@@ -63,6 +63,8 @@ import blake3
 from p2pnet.config import validated
 from p2pnet.core import Emit, Publish, Send, SetTimer
 from p2pnet.wire import Envelope
+from relay.effects import (DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, SourceDropped,
+                           VersionComplete)
 from relay.errors import ManifestRejected
 from relay.manifest import SignedManifest, chunk_range
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, MAX_HELD_VERSIONS, HeldVersion, Holding, ManifestAnnounce
@@ -71,73 +73,6 @@ from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
 TIMER_TICK = "relay/tick"
 LAYOUTS = ("striped", "tree", "star")
 RATE_EWMA = 0.3
-
-
-# -- effects the relay shell (or the simulator) carries out ---------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Fetch:
-    """Fetch chunk `index` of `version` from `peer`, check it hashes to `digest`, store it, and
-    report with `fetched` or `fetch_failed`. The source may hold the request until it has it."""
-
-    peer: str
-    version: int
-    index: int
-    digest: bytes
-    size: int
-    urgent: bool = False  # we forward this stripe: serve us before peers that only keep it
-
-
-@dataclass(frozen=True, slots=True)
-class FetchManifest:
-    """Ask `peer` (who announced holding it) for the manifest frame of `version`; report with
-    `manifest_frame`."""
-
-    peer: str
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class DropSource:
-    """Abandon every outstanding request to `peer` (it stalled): close the connection."""
-
-    peer: str
-
-
-@dataclass(frozen=True, slots=True)
-class Penalise:
-    """Lower `peer`'s score in the peer table by `amount`: it served bytes that do not verify."""
-
-    peer: str
-    amount: float
-    reason: str
-
-
-RelayEffect = Fetch | FetchManifest | DropSource | Penalise
-
-
-# -- events for the local application (Emit) -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ManifestAccepted:
-    signed: SignedManifest
-
-
-@dataclass(frozen=True)
-class VersionComplete:
-    version: int
-    manifest_id: bytes
-    fetched_chunks: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class SourceDropped:
-    peer: str
-    version: int
-    why: str
 
 
 @validated

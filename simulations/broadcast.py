@@ -32,7 +32,8 @@ from p2pnet.identity import Identity
 from relay.errors import ManifestRejected
 from relay.manifest import FileEntry, Manifest, SignedManifest, open_manifest, sign_manifest
 from relay.planner import Membership, lower_bound_s
-from relay.transfer import TransferConfig, TransferCore, VersionComplete
+from relay.effects import VersionComplete
+from relay.transfer import TransferConfig, TransferCore
 from simulations.dataplane import RelayWorld
 from simulations.engine import Engine
 from simulations.world import EPOCH_S, NetworkModel

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2pnet.identity import Identity
-from relay.transfer import DropSource, Fetch, FetchManifest, Penalise
+from relay.effects import DropSource, Fetch, FetchManifest, Penalise
 from simulations.engine import Engine, Handle
 from simulations.world import NetworkModel, SimPeer, SimWorld
 

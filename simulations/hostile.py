@@ -41,7 +41,8 @@ from p2pnet.identity import Identity
 from relay.manifest import SignedManifest
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HeldVersion, Holding, ManifestAnnounce
 from relay.planner import Membership, lower_bound_s
-from relay.transfer import SourceDropped, TransferConfig, TransferCore, VersionComplete
+from relay.effects import SourceDropped, VersionComplete
+from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import build_broadcast, fake_manifest, identity
 from simulations.dataplane import RelayWorld
 from simulations.engine import Engine

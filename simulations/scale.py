@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from relay.manifest import MAX_CHUNK_BYTES
-from relay.transfer import SourceDropped, TransferConfig
+from relay.effects import SourceDropped
+from relay.transfer import TransferConfig
 from simulations.broadcast import MBIT, BroadcastResult, build_broadcast, run_broadcast_sim
 
 MIB = 2**20

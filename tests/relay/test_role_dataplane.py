@@ -8,7 +8,7 @@ import trio.testing
 from p2pnet.dataplane import FrameReader, send_frame
 from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.role import _parse_request, _Upstream, _UploadSlots
-from relay.transfer import Fetch
+from relay.effects import Fetch
 
 DIGEST = bytes(32)
 

@@ -8,7 +8,8 @@ from p2pnet.wire import Envelope
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
-from relay.transfer import Fetch, FetchManifest, SourceDropped, TransferConfig, TransferCore
+from relay.effects import Fetch, FetchManifest, SourceDropped
+from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import MBIT, build_broadcast, fake_manifest, simulate_broadcast
 from simulations.scale import scale_chunk_bytes, simulate_at_scale
 from simulations.world import EPOCH_S

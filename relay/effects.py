@@ -1,0 +1,81 @@
+"""What the relay transfer core asks of the world that runs it, and what it tells the application.
+
+Effects (beside p2pnet's Publish/Send/SetTimer/Emit) that the relay shell (`relay.role`) or the
+simulator (`simulations.dataplane`) carries out: `Fetch` a chunk over the data plane,
+`FetchManifest` from a holder, `DropSource` (close a stalled connection), `Penalise` a peer that
+served bytes that do not verify. Events (inside `Emit`): `ManifestAccepted`, `VersionComplete`,
+`SourceDropped`. Plain frozen data; no behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relay.manifest import SignedManifest
+
+
+# -- effects the relay shell (or the simulator) carries out ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Fetch chunk `index` of `version` from `peer`, check it hashes to `digest`, store it, and
+    report with `fetched` or `fetch_failed`. The source may hold the request until it has it."""
+
+    peer: str
+    version: int
+    index: int
+    digest: bytes
+    size: int
+    urgent: bool = False  # we forward this stripe: serve us before peers that only keep it
+
+
+@dataclass(frozen=True, slots=True)
+class FetchManifest:
+    """Ask `peer` (who announced holding it) for the manifest frame of `version`; report with
+    `manifest_frame`."""
+
+    peer: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class DropSource:
+    """Abandon every outstanding request to `peer` (it stalled): close the connection."""
+
+    peer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Penalise:
+    """Lower `peer`'s score in the peer table by `amount`: it served bytes that do not verify."""
+
+    peer: str
+    amount: float
+    reason: str
+
+
+RelayEffect = Fetch | FetchManifest | DropSource | Penalise
+
+
+# -- events for the local application (Emit) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestAccepted:
+    signed: SignedManifest
+
+
+@dataclass(frozen=True)
+class VersionComplete:
+    version: int
+    manifest_id: bytes
+    fetched_chunks: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SourceDropped:
+    peer: str
+    version: int
+    why: str
