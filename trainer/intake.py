@@ -25,6 +25,7 @@ from relay.messages import HOLDING_TOPIC, Holding
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              submission_id)
 from verify.reputation import Reputation, ReputationConfig, WorkerBanned
+from verify.validator import Penalise
 from verify.verdicts import Directory, Membership, SubmissionInfo, VerdictLedger
 
 
@@ -48,14 +49,6 @@ class IntakeConfig:
         if not self.unchecked_after_s > 0:
             problems["unchecked_after_s"] = "must be > 0"
         return problems
-
-
-@dataclass(frozen=True)
-class Penalise:
-    """A peer sent something that cannot be an honest mistake; the shell charges the peer table."""
-
-    peer: str
-    reason: str
 
 
 @dataclass

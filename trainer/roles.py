@@ -24,7 +24,8 @@ import trio
 
 from p2pnet.config import from_mapping, validated
 from p2pnet.errors import ConfigError
-from trainer.intake import Intake, IntakeConfig, Penalise
+from trainer.intake import Intake, IntakeConfig
+from verify.validator import Penalise
 
 log = logging.getLogger(__name__)
 BYZANTINE_MODES = ("", "substitute_tokens", "other_model")

@@ -135,6 +135,10 @@ class VerdictIgnored:
 
 @dataclass(frozen=True)
 class Penalise:
+    """A peer sent something that cannot be an honest race; the shell charges the peer table.
+
+    Emitted by the validator core and by the trainer's intake alike."""
+
     peer: str
     reason: str
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from p2pnet.core import Emit
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
-from trainer.intake import Intake, IntakeConfig, Penalise
+from trainer.intake import Intake, IntakeConfig
+from verify.validator import Penalise
 from verify.assign import make_ticket
 from verify.messages import Claim, Submission, Verdict, rollout_record, submission_id
 from verify.reputation import WorkerBanned
