@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
+	bash scripts/lab_deps.sh
 	$(PY) -m pytest -q
 
 demo: $(STAMP)

@@ -24,7 +24,7 @@ from p2pnet import __version__
 from p2pnet.errors import ConfigError, LocalStateError, PeerUnavailable
 
 USER_ERRORS = (ConfigError, LocalStateError, PeerUnavailable)
-EXTENSIONS = ("p2pnet.demo", "relay.cli", "verify.cli", "trainer.cli", "simulations.cli")
+EXTENSIONS = ("p2pnet.demo", "relay.cli", "verify.cli", "trainer.cli", "simulations.cli", "p2pnet.labcli")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,16 +91,7 @@ def _register_peer(commands: Any) -> None:
         description="Start a peer: a libp2p host (Noise, yamux) that gossips signed heartbeats, keeps a "
         "peer table and runs the given roles. Prints its full multiaddr; stops cleanly on Ctrl-C.",
     )
-    start.add_argument("--data-dir", type=Path, required=True, help="identity key, state and control socket live here")
-    start.add_argument("--listen", help="libp2p listen multiaddr (default /ip4/127.0.0.1/tcp/0)")
-    start.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
-                       help="full multiaddr (with /p2p/ID) of a peer to join through; repeatable")
-    start.add_argument("--role", action="append", default=[], metavar="NAME",
-                       help="relay, worker, validator or trainer; repeatable (default: none, a plain peer)")
-    start.add_argument("--config", type=Path, help="TOML file with [peer], [peertable] and per-role sections")
-    start.add_argument("--heartbeat-interval-s", type=float, help="seconds between heartbeats (default 2)")
-    start.add_argument("--peer-expiry-s", type=float, help="forget peers silent this long (default 10)")
-    start.add_argument("--upload-bps", type=int, help="upload bandwidth to advertise, bytes/s")
+    add_peer_arguments(start, roles_help="relay, worker, validator or trainer; repeatable (default: none, a plain peer)")
     start.set_defaults(func=cmd_peer_start)
 
     status = sub.add_parser("status", help="show a running peer's id, addresses and peer table")
@@ -118,6 +109,28 @@ def _register_peer(commands: Any) -> None:
     ident.set_defaults(func=cmd_peer_id)
 
 
+def add_peer_arguments(start: argparse.ArgumentParser, *, roles_help: str) -> None:
+    """The flags every command that starts a peer takes (`peer start`, `validator start`)."""
+    start.add_argument("--data-dir", type=Path, required=True, help="identity key, state and control socket live here")
+    start.add_argument("--listen", help="libp2p listen multiaddr (default /ip4/127.0.0.1/tcp/0; /ip4/0.0.0.0/tcp/4001 "
+                       "listens on every interface and advertises each interface's address, never 0.0.0.0)")
+    start.add_argument("--announce", action="append", default=[], metavar="MULTIADDR",
+                       help="advertise this libp2p address instead of the listen addresses (a public IP, a "
+                       "forwarded port); repeatable; [peer] announce in TOML")
+    start.add_argument("--data-announce", metavar="HOST:PORT",
+                       help="advertise this data-plane address instead of the bound one (a forwarded port)")
+    start.add_argument("--data-port", type=int, help="data-plane TCP port (default 0: any free port); it binds the "
+                       "listen address's IP")
+    start.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                       help="full multiaddr (with /p2p/ID) of a peer to join through; repeatable, any one is enough; "
+                       "retried with backoff for as long as the peer runs, and again whenever it has no connections")
+    start.add_argument("--role", action="append", default=[], metavar="NAME", help=roles_help)
+    start.add_argument("--config", type=Path, help="TOML file with [peer], [peertable] and per-role sections")
+    start.add_argument("--heartbeat-interval-s", type=float, help="seconds between heartbeats (default 2)")
+    start.add_argument("--peer-expiry-s", type=float, help="forget peers silent this long (default 10)")
+    start.add_argument("--upload-bps", type=int, help="upload bandwidth to advertise, bytes/s")
+
+
 def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """PeerConfig, PeerTableConfig and the remaining TOML sections, from --config and flags."""
     from p2pnet.config import from_mapping, load_toml
@@ -129,6 +142,9 @@ def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
         PeerConfig, sections.get("peer", {}), "peer",
         data_dir=args.data_dir,
         listen=args.listen,
+        announce=tuple(args.announce) or None,
+        data_announce=args.data_announce,
+        data_port=args.data_port,
         bootstrap=tuple(args.bootstrap) or None,
         roles=tuple(args.role) or None,
         upload_bps=args.upload_bps,
@@ -185,13 +201,17 @@ def cmd_peer_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
+    reachable = {True: "yes", False: "no (others cannot dial it)", None: "unknown"}[status.get("reachable")]
     print(f"peer {status['peer_id']}  up {status['uptime_s']:.0f}s  roles: {', '.join(status['roles']) or 'none'}")
+    print(f"advertised (listening on {', '.join(status['listen_addrs'])}):")
     for addr in status["addrs"]:
         print(f"  {addr}")
+    print(f"data plane {status['data_addr']} (bound {status['data_listen']})  reachable: {reachable}")
     print(f"{len(status['peers'])} peers known, {len(status['connected'])} connected")
     for p in status["peers"]:
         print(f"  {p['peer_id']}  roles={','.join(p['roles']) or '-'}  up={p['upload_bps'] / 1e6:.0f}MB/s  "
-              f"heard {p['last_heard_s_ago']:.1f}s ago  score={p['score']:.1f}")
+              f"data={p['data_addr']}  reachable={p['reachable']}  heard {p['last_heard_s_ago']:.1f}s ago  "
+              f"score={p['score']:.1f}")
     return 0
 
 

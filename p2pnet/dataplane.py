@@ -19,7 +19,8 @@ from typing import Awaitable, Callable
 
 import trio
 
-from p2pnet.errors import MessageRejected, PeerUnavailable
+from p2pnet.addresses import advertised_data_addr, interface_ips, join_host_port
+from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +113,13 @@ def frame_header(length: int) -> bytes:
 class DataPlane:
     """A TCP listener whose connections are routed by their first frame, the channel name."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, announce: str = "") -> None:
         self.host = host
         self.port = port
+        self.announce = announce
         self._handlers: dict[str, DataHandler] = {}
-        self.address = ""
+        self.address = ""  # what other peers dial (see p2pnet.addresses)
+        self.bound = ""  # what we listen on
 
     def register(self, channel: str, handler: DataHandler) -> None:
         if channel in self._handlers:
@@ -124,9 +127,13 @@ class DataPlane:
         self._handlers[channel] = handler
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as exc:
+            raise ConfigError("peer.data_host", f"cannot listen on {self.host}:{self.port}: {exc}") from exc
         sockname = listeners[0].socket.getsockname()
-        self.address = f"{sockname[0]}:{sockname[1]}"
+        self.bound = join_host_port(sockname[0], sockname[1])
+        self.address = advertised_data_addr(sockname[0], sockname[1], self.announce, interface_ips())
         task_status.started(self.address)
         await trio.serve_listeners(self._on_connection, listeners)
 
@@ -153,6 +160,7 @@ class DataPlane:
 async def open_data_stream(address: str, channel: str, *, timeout_s: float = 10.0) -> trio.SocketStream:
     """Connect to a peer's data plane at `host:port` and select `channel`."""
     host, _, port = address.rpartition(":")
+    host = host.strip("[]")
     if not host or not port.isdigit():
         raise PeerUnavailable(f"bad data address {address!r}")
     try:

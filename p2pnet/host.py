@@ -20,6 +20,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import multiaddr
 import trio
 
+from p2pnet.addresses import advertised_addrs, interface_ips
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import Identity
 
@@ -30,6 +31,7 @@ GOSSIP_PROTOCOL = "/meshsub/1.0.0"
 _LEN = struct.Struct(">I")
 
 FrameHandler = Callable[[bytes, str], Awaitable[None]]
+RequestHandler = Callable[[bytes, str, "str | None"], Awaitable["bytes | None"]]
 
 
 def parse_multiaddr(text: str, field: str) -> multiaddr.Multiaddr:
@@ -42,20 +44,28 @@ def parse_multiaddr(text: str, field: str) -> multiaddr.Multiaddr:
 class Host:
     """A started libp2p host with gossip. Use `open_host`; do not construct directly."""
 
-    def __init__(self, host, pubsub, identity: Identity, max_frame_bytes: int) -> None:
+    def __init__(self, host, pubsub, identity: Identity, max_frame_bytes: int, announce: tuple[str, ...] = ()) -> None:
         self._host = host
         self._pubsub = pubsub
         self.identity = identity
         self.max_frame_bytes = max_frame_bytes
+        self.announce = announce
         self._frame_handler: FrameHandler | None = None
+        self._advertised: list[str] | None = None
 
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
 
-    def addrs(self) -> list[str]:
-        """Full multiaddrs, with the /p2p/ id."""
+    def bound_addrs(self) -> list[str]:
+        """What the host listens on, ports resolved (may be a wildcard such as 0.0.0.0)."""
         return [str(a) for a in self._host.get_addrs()]
+
+    def addrs(self) -> list[str]:
+        """Full multiaddrs (with the /p2p/ id) that other hosts can dial: see `p2pnet.addresses`."""
+        if self._advertised is None:
+            self._advertised = advertised_addrs(self.bound_addrs(), self.announce, interface_ips(), self.peer_id)
+        return list(self._advertised)
 
     def connected_peers(self) -> list[str]:
         return [p.to_base58() for p in self._host.get_connected_peers()]
@@ -106,6 +116,58 @@ class Host:
             raise PeerUnavailable(f"{addr}: {type(exc).__name__}: {exc}") from exc
         return info.peer_id.to_base58()
 
+    # -- request/response streams ------------------------------------------------------------
+
+    def set_request_handler(self, protocol: str, handler: RequestHandler, *, timeout_s: float = 30.0) -> None:
+        """Serve `protocol`: one request frame in, one answer frame out, per stream.
+
+        `handler(frame, peer, observed_ip)` gets the IP the requester's connection comes from
+        (None when unknown); it returns the answer frame, or None to close without one."""
+
+        async def on_stream(stream) -> None:
+            try:
+                peer = stream.muxed_conn.peer_id.to_base58()
+                with trio.fail_after(timeout_s):
+                    frame = await self._read_frame(stream, peer)
+                    remote = stream.get_remote_address()
+                    answer = await handler(frame, peer, remote[0] if remote else None)
+                    if answer is not None:
+                        await stream.write(_LEN.pack(len(answer)) + answer)
+                await stream.close()
+            except MessageRejected as exc:
+                log.info("%s request rejected: %s", protocol, exc)
+                await _quiet_reset(stream)
+            except Exception as exc:  # noqa: BLE001 - a broken inbound stream is the remote's problem
+                log.debug("%s inbound stream failed: %s: %s", protocol, type(exc).__name__, exc)
+                await _quiet_reset(stream)
+
+        self._host.set_stream_handler(protocol, on_stream)
+
+    async def request(self, peer: str, protocol: str, frame: bytes, *, timeout_s: float = 10.0) -> bytes:
+        """Send one frame on a new `protocol` stream to `peer` and return the answer frame."""
+        from libp2p.peer.id import ID
+
+        try:
+            with trio.fail_after(timeout_s):
+                stream = await self._host.new_stream(ID.from_base58(peer), [protocol])
+                try:
+                    await stream.write(_LEN.pack(len(frame)) + frame)
+                    return await self._read_frame(stream, peer)
+                finally:
+                    await _quiet_close(stream)
+        except trio.TooSlowError as exc:
+            raise PeerUnavailable(f"{peer}: no answer on {protocol} within {timeout_s}s") from exc
+        except MessageRejected:
+            raise
+        except Exception as exc:  # libp2p signals unreachable peers with many exception types
+            raise PeerUnavailable(f"{peer}: {protocol}: {type(exc).__name__}: {exc}") from exc
+
+    async def _read_frame(self, stream, peer: str) -> bytes:
+        (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+        if length > self.max_frame_bytes:
+            raise MessageRejected("oversized", f"{length} bytes", peer)
+        return await _read_exactly(stream, length)
+
     async def _on_stream(self, stream) -> None:
         try:
             peer = stream.muxed_conn.peer_id.to_base58()
@@ -145,6 +207,13 @@ def _guarded_gossip_handler(pubsub):
     return handler
 
 
+async def _quiet_close(stream) -> None:
+    try:
+        await stream.close()
+    except Exception as exc:  # closing a stream the remote already broke tells us nothing new
+        log.debug("close of broken stream failed: %s", exc)
+
+
 async def _quiet_reset(stream) -> None:
     try:
         await stream.reset()
@@ -179,6 +248,7 @@ async def open_host(
     *,
     max_frame_bytes: int = 4 * 1024 * 1024,
     gossip_heartbeat_s: int = 1,
+    announce: tuple[str, ...] = (),
 ) -> AsyncIterator[Host]:
     """Start a Noise+yamux libp2p host with GossipSub on `listen`; close everything on exit."""
     from libp2p import new_host
@@ -210,7 +280,7 @@ async def open_host(
         max_messages_per_topic_per_second=1000.0,
     )
     pubsub = Pubsub(raw_host, gossip, max_inbound_rpc_size=max_frame_bytes + 64 * 1024)
-    host = Host(raw_host, pubsub, identity, max_frame_bytes)
+    host = Host(raw_host, pubsub, identity, max_frame_bytes, announce)
     raw_host.set_stream_handler(MSG_PROTOCOL, host._on_stream)
     raw_host.set_stream_handler(GOSSIP_PROTOCOL, _guarded_gossip_handler(pubsub))
     try:

@@ -108,11 +108,15 @@ def start_peer(
     extra_args: Sequence[str] = (),
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
+    wrap: Sequence[str] = (),
 ) -> PeerProcess:
-    """Start `p2pnet peer start` as a child process; call `wait_ready` before using it."""
+    """Start `p2pnet peer start` as a child process; call `wait_ready` before using it.
+
+    `wrap` is a command prefix, for example `Lab.wrap(host)` (`ip netns exec NS`) to run the
+    peer on a lab host; it execs the peer, so the child's PID is still the peer's."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = (log_dir or data_dir) / f"{name}.log"
-    args = [sys.executable, "-m", "p2pnet", "--log-level", "info", "peer", "start", "--data-dir", str(data_dir)]
+    args = [*wrap, sys.executable, "-m", "p2pnet", "--log-level", "info", "peer", "start", "--data-dir", str(data_dir)]
     for addr in bootstrap:
         args += ["--bootstrap", addr]
     for role in roles:
@@ -150,6 +154,24 @@ def start_network(
             peer.kill()
         raise
     return peers
+
+
+def wait_for(check: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> Any:
+    """Call `check()` until it returns something truthy (returned) or `timeout_s` passes
+    (PeerUnavailable naming `what` and the last value). Peers that are not up yet are retried."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while True:
+        try:
+            last = check()
+        except PeerUnavailable as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise PeerUnavailable(f"{what}: not true after {timeout_s}s (last: {str(last)[:300]})")
+        time.sleep(poll_s)
 
 
 def wait_for_full_tables(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25,

@@ -7,6 +7,7 @@ are checked in `__post_init__`, so a decoded body is always a valid one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 from p2pnet.wire import message
 
@@ -36,6 +37,10 @@ class Heartbeat:
     """A peer is alive, reachable at `addrs` (libp2p) and `data_addr` (host:port, direct TCP).
 
     `seq` increases with every heartbeat of one run; `started_ms` tells runs apart.
+    `reachable` is what dial-back checks by other peers found (`p2pnet.reachability`): True
+    when others can dial both its data plane and its libp2p address, False when one of them
+    cannot be dialled (behind NAT, a firewall), None while unknown. Only reachable peers are
+    ever asked to serve others.
     """
 
     seq: int
@@ -44,6 +49,7 @@ class Heartbeat:
     data_addr: str
     roles: tuple[str, ...]
     capacity: Capacity
+    reachable: bool | None = None
 
     def __post_init__(self) -> None:
         if self.seq < 0:
@@ -54,3 +60,50 @@ class Heartbeat:
             raise ValueError("too many or too long roles")
         if len(self.data_addr) > 256:
             raise ValueError("data_addr too long")
+
+
+class DialResult(IntEnum):
+    """The outcome of one dial-back attempt, as the dialling peer reports it."""
+
+    OK = 0  # dialled and answered: reachable from there
+    FAILED = 1  # the address matches where the asker connects from, but the dial failed
+    REFUSED = 2  # no asked address is at the IP the asker connects from (NAT): not dialled at all
+    BUSY = 3  # asked again too soon; no information
+
+
+NONCE_BYTES = 16
+
+
+@message("dialback/ask", max_bytes=4096)
+@dataclass(frozen=True, slots=True)
+class DialBackAsk:
+    """Please dial me back at these addresses and tell me if it worked.
+
+    The answering peer dials only addresses at the IP this request's connection comes from
+    (so nobody can aim its dials at a third party), and proves a data-plane dial by the
+    data plane echoing `nonce`."""
+
+    nonce: bytes
+    data_addr: str
+    addrs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nonce) != NONCE_BYTES:
+            raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+        if len(self.data_addr) > 256 or len(self.addrs) > MAX_ADDRS or any(len(a) > 256 for a in self.addrs):
+            raise ValueError("too many or too long addresses")
+
+
+@message("dialback/answer", max_bytes=1024)
+@dataclass(frozen=True, slots=True)
+class DialBackAnswer:
+    nonce: bytes
+    data: int  # a DialResult
+    libp2p: int  # a DialResult
+
+    def __post_init__(self) -> None:
+        if len(self.nonce) != NONCE_BYTES:
+            raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+        for value in (self.data, self.libp2p):
+            if value not in DialResult._value2member_map_:
+                raise ValueError(f"unknown dial result {value}")

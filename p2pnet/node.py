@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import random
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from typing import Any, Callable
 
 import trio
 
+from p2pnet.addresses import listen_host
 from p2pnet.config import validated
+from p2pnet.connectivity import Backoff, keep_connected
 from p2pnet.control import ControlServer, Reply
 from p2pnet.core import Connect, Core, Effect, Emit, Publish, Send
 from p2pnet.dataplane import DataPlane
@@ -33,6 +36,7 @@ from p2pnet.identity import Identity, load_or_create_identity
 from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
+from p2pnet.reachability import Reachability
 from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
 
 log = logging.getLogger(__name__)
@@ -46,22 +50,32 @@ OUTBOX_SIZE = 4096
 class PeerConfig:
     data_dir: Path
     listen: str = "/ip4/127.0.0.1/tcp/0"
+    announce: tuple[str, ...] = ()  # multiaddrs to advertise instead of the listen addresses
     bootstrap: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
-    data_host: str = "127.0.0.1"
+    data_host: str = ""  # the data plane binds this IP; "" means the listen address's IP
     data_port: int = 0
+    data_announce: str = ""  # HOST:PORT to advertise for the data plane instead of the bound one
     upload_bps: int = 1_000_000_000
     download_bps: int = 1_000_000_000
     max_message_bytes: int = MAX_FRAME_BYTES
     max_message_age_s: float = 300.0
     max_future_s: float = 30.0
     send_timeout_s: float = 10.0
-    bootstrap_retry_s: float = 60.0
+    bootstrap_backoff_max_s: float = 30.0
+    reachability_interval_s: float = 60.0
 
     def check(self) -> dict[str, str]:
         problems = {}
         if not self.listen.startswith("/"):
             problems["listen"] = "must be a multiaddr such as /ip4/127.0.0.1/tcp/0"
+        for addr in self.announce:
+            if not addr.startswith("/") or addr.startswith("/ip4/0.0.0.0/") or addr.startswith("/ip6/::/"):
+                problems["announce"] = f"{addr!r} must be a concrete multiaddr such as /ip4/203.0.113.7/tcp/4001"
+        if self.data_announce:
+            host, _, port = self.data_announce.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536 or host.strip("[]") in ("0.0.0.0", "::"):
+                problems["data_announce"] = "must be a concrete HOST:PORT such as 203.0.113.7:4002"
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
                 problems["bootstrap"] = f"{addr!r} must be a full multiaddr ending in /p2p/<peer id>"
@@ -74,7 +88,8 @@ class PeerConfig:
             problems["upload_bps" if self.upload_bps <= 0 else "download_bps"] = "must be > 0"
         if not 1024 <= self.max_message_bytes <= MAX_FRAME_BYTES:
             problems["max_message_bytes"] = f"must be in [1024, {MAX_FRAME_BYTES}]"
-        for name in ("max_message_age_s", "max_future_s", "send_timeout_s", "bootstrap_retry_s"):
+        for name in ("max_message_age_s", "max_future_s", "send_timeout_s", "bootstrap_backoff_max_s",
+                     "reachability_interval_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
         return problems
@@ -99,6 +114,7 @@ class Node:
     _topics: set[str] = field(default_factory=set)
     _listeners: list[Callable[[str, Any], None]] = field(default_factory=list)
     roles: dict[str, Any] = field(default_factory=dict)
+    reachability: Reachability | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"received": 0, "rejected": 0, "sent": 0, "send_failed": 0})
 
     @property
@@ -207,7 +223,11 @@ class Node:
         return {
             "peer_id": self.peer_id,
             "addrs": self.host.addrs(),
+            "listen_addrs": self.host.bound_addrs(),
             "data_addr": self.dataplane.address,
+            "data_listen": self.dataplane.bound,
+            "reachable": self.peertable.local.reachable,
+            "reachability": self.reachability.status() if self.reachability else None,
             "roles": list(self.config.roles),
             "uptime_s": round(now - self.started_at, 3),
             "connected": sorted(self.host.connected_peers()),
@@ -252,9 +272,11 @@ async def run_node(
     try:
         identity = identity or load_or_create_identity(config.data_dir)
         codec = Codec(identity, max_age_s=config.max_message_age_s, max_future_s=config.max_future_s)
-        dataplane = DataPlane(config.data_host, config.data_port)
+        dataplane = DataPlane(config.data_host or listen_host(config.listen), config.data_port,
+                              announce=config.data_announce)
         control = ControlServer(config.data_dir)
-        async with open_host(identity, config.listen, max_frame_bytes=config.max_message_bytes) as host, \
+        async with open_host(identity, config.listen, max_frame_bytes=config.max_message_bytes,
+                             announce=config.announce) as host, \
                 trio.open_nursery() as nursery:
             data_addr = await nursery.start(dataplane.serve)
             free_disk = shutil.disk_usage(config.data_dir).free
@@ -269,6 +291,7 @@ async def run_node(
             node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(),
                         nursery, outbox_send)
             host.set_frame_handler(node._on_direct)
+            node.reachability = Reachability(node, config.reachability_interval_s)
             for _ in range(SENDER_TASKS):
                 nursery.start_soon(node._sender, outbox_receive.clone())
             await node.add_core(table, "peertable")
@@ -294,8 +317,9 @@ async def run_node(
                 node.roles[role_name] = role
                 await nursery.start(role.run)
             await nursery.start(control.serve)
-            for addr in config.bootstrap:
-                nursery.start_soon(_bootstrap, node, addr)
+            await nursery.start(node.reachability.run)
+            backoff = Backoff(0.2, config.bootstrap_backoff_max_s, random.Random())
+            nursery.start_soon(keep_connected, node, config.bootstrap, backoff)
             _write_peer_file(peer_file, {"peer_id": node.peer_id, "addrs": host.addrs(),
                                           "data_addr": data_addr, "pid": os.getpid()})
             if on_ready is not None:
@@ -304,21 +328,3 @@ async def run_node(
     finally:
         peer_file.unlink(missing_ok=True)
         os.close(lock_fd)
-
-
-async def _bootstrap(node: Node, addr: str) -> None:
-    """Dial a bootstrap peer, retrying with backoff for `bootstrap_retry_s`."""
-    deadline = trio.current_time() + node.config.bootstrap_retry_s
-    delay_s = 0.2
-    while True:
-        try:
-            await node.host.connect(addr)
-            log.info("connected to bootstrap peer %s", addr)
-            return
-        except PeerUnavailable as exc:
-            if trio.current_time() + delay_s > deadline:
-                log.warning("bootstrap peer %s unreachable, giving up: %s", addr, exc)
-                return
-            log.info("bootstrap %s not reachable yet (%s); retrying in %.1fs", addr, exc, delay_s)
-            await trio.sleep(delay_s)
-            delay_s = min(delay_s * 2, 5.0)

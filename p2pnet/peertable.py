@@ -56,6 +56,7 @@ class LocalInfo:
     data_addr: str
     roles: tuple[str, ...]
     capacity: Capacity
+    reachable: bool | None = None  # what dial-back checks found (see p2pnet.reachability)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ class PeerEntry:
     first_seen: float
     last_heard: float
     score: float
+    reachable: bool | None = None
+
+    @property
+    def can_serve(self) -> bool:
+        """Others have dialled it back: it may be asked to serve (be a relay parent)."""
+        return self.reachable is True
 
     def to_json(self, now: float) -> dict[str, Any]:
         return {
@@ -80,6 +87,7 @@ class PeerEntry:
             "upload_bps": self.capacity.upload_bps,
             "download_bps": self.capacity.download_bps,
             "free_disk_bytes": self.capacity.free_disk_bytes,
+            "reachable": self.reachable,
             "last_heard_s_ago": round(now - self.last_heard, 3),
             "score": self.score,
         }
@@ -140,11 +148,14 @@ class PeerTable:
             first_seen=known.first_seen if known else now,
             last_heard=now,
             score=self._scores.get(peer, 0.0),
+            reachable=beat.reachable,
         )
         self._peers[peer] = entry
         if known is not None:
             return []
         effects: list[Effect] = [Emit(PeerJoined(peer))]
+        if beat.reachable is False:
+            return effects  # nobody can dial it (behind NAT): it dials us, we never dial it
         if len(self._connect_asked) < self.config.target_connections and peer not in self._connect_asked:
             self._connect_asked.add(peer)
             effects.append(Connect(peer, beat.addrs))
@@ -205,6 +216,7 @@ class PeerTable:
             data_addr=self.local.data_addr,
             roles=self.local.roles,
             capacity=self.local.capacity,
+            reachable=self.local.reachable,
         )
         return [
             Publish(HEARTBEAT_TOPIC, beat),

@@ -34,6 +34,8 @@ class RelayConfig:
     store_dir: str = "relay"  # under the data directory
     fsync: bool = True  # fsync chunks and directories (off only for simulations/benchmarks)
     fsync_batch_chunks: int = 32  # chunks written before one batched fsync (1: fsync each chunk)
+    layout: str = "striped"  # "tree" (one tree of tree_fanout) and "star" are baselines for benchmarks
+    tree_fanout: int = 4
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -52,6 +54,10 @@ class RelayConfig:
         for name in ("stall_timeout_s", "request_timeout_s", "announce_interval_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
+        if self.layout not in ("striped", "tree", "star"):
+            problems["layout"] = "must be striped, tree or star"
+        if self.tree_fanout < 1:
+            problems["tree_fanout"] = "must be >= 1"
         if not self.store_dir or self.store_dir.startswith(("/", ".")) or "/" in self.store_dir:
             problems["store_dir"] = "must be a plain directory name"
         return problems

@@ -33,7 +33,7 @@ import os
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
@@ -50,6 +50,9 @@ from relay.messages import (OP_CHUNK, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_U
 from relay.store import ChunkStore
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
+
+if TYPE_CHECKING:
+    from p2pnet.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,15 @@ class _UploadSlots:
         self.free += 1
 
 
+def serving_uploads(node: Node) -> dict[str, float]:
+    """Relay members and their advertised upload, 0 for peers that others cannot dial (or not
+    yet known to be dialable: `Heartbeat.reachable`), so the planner never makes them parents."""
+    uploads = {e.peer_id: float(e.capacity.upload_bps) if e.can_serve else 0.0
+               for e in node.peertable.with_role("relay")}
+    uploads[node.peer_id] = float(node.config.upload_bps) if node.peertable.local.reachable else 0.0
+    return uploads
+
+
 class RelayRole:
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
@@ -142,7 +154,8 @@ class RelayRole:
         transfer = TransferConfig(
             stall_timeout_s=self.config.stall_timeout_s, exclude_s=2 * self.config.stall_timeout_s,
             announce_interval_s=self.config.announce_interval_s,
-            max_in_flight=2 * self.config.max_concurrent_downloads)
+            max_in_flight=2 * self.config.max_concurrent_downloads, layout=self.config.layout,
+            tree_fanout=self.config.tree_fanout)
         self.core = TransferCore(
             transfer, node.peer_id,
             open_frame=lambda frame, now: open_manifest(frame, trusted_publishers=trusted, now_s=time.time()),
@@ -313,7 +326,7 @@ class RelayRole:
 
     async def _follow_members(self) -> None:
         while True:
-            uploads = {e.peer_id: float(e.capacity.upload_bps) for e in self.node.peertable.with_role("relay")}
+            uploads = serving_uploads(self.node)
             await self._command(lambda now: self.core.set_members(now, uploads))
             with trio.move_on_after(MEMBERS_POLL_S):
                 await self._members_changed.wait()

@@ -219,9 +219,11 @@ class TransferCore:
     # -- commands from the shell ------------------------------------------------------------
 
     def set_members(self, now: float, uploads: dict[str, float] | Membership) -> list[Any]:
-        """The relay peers we know (ourselves included) and their upload capacities (bytes/s)."""
+        """The relay peers we know and their upload capacities (bytes/s); a peer that must not
+        serve (not dialable) is given 0, so it is planned as a leaf only. Our own entry defaults
+        to `self_upload_bps` when `uploads` leaves it out."""
         members = uploads if isinstance(uploads, Membership) else Membership.of(
-            {**uploads, self.self_id: self._self_upload})
+            {self.self_id: self._self_upload, **uploads})
         if members == self._members:
             return []
         self._members = members

@@ -4,3 +4,5 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+from tests.lab_fixtures import lab_factory  # noqa: E402,F401  (the network lab fixture)

@@ -25,15 +25,9 @@ def register(commands: Any) -> None:
         "start", help="start a validator peer and run until SIGINT/SIGTERM",
         description="Start a peer with the validator role: it draws tickets for rollout submissions, "
         "recomputes the ones it is drawn for and publishes signed verdicts.")
-    start.add_argument("--data-dir", type=Path, required=True, help="identity key, state and control socket live here")
-    start.add_argument("--listen", help="libp2p listen multiaddr (default /ip4/127.0.0.1/tcp/0)")
-    start.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
-                       help="full multiaddr (with /p2p/ID) of a peer to join through; repeatable")
-    start.add_argument("--role", action="append", default=[], metavar="NAME", help="further roles; repeatable")
-    start.add_argument("--config", type=Path, help="TOML file with [peer], [peertable] and [validator] sections")
-    start.add_argument("--heartbeat-interval-s", type=float, help="seconds between heartbeats (default 2)")
-    start.add_argument("--peer-expiry-s", type=float, help="forget peers silent this long (default 10)")
-    start.add_argument("--upload-bps", type=int, help="upload bandwidth to advertise, bytes/s")
+    from p2pnet.cli import add_peer_arguments
+
+    add_peer_arguments(start, roles_help="further roles; repeatable")
     start.add_argument("--model", type=Path, dest="model_path", help="model folder serving every policy version")
     start.add_argument("--checkpoint-dir", type=Path, help="folder of v{version}/ model folders")
     start.add_argument("--sample-rate", type=float, help="probability a submission is checked at all (default 1.0)")
