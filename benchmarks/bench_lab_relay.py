@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import secrets
 import subprocess
@@ -46,6 +47,23 @@ def make_checkpoint(path: Path, mib: int) -> Path:
 
     save_file({"w": np.random.default_rng(0).integers(0, 256, size=mib * 2**20, dtype=np.uint8)}, str(path))
     return path
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by these processes (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> dict[str, float]:
+    """Machine-wide CPU seconds so far by kind (/proc/stat): where the lab's work goes."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:8]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq = (int(f) / tick for f in fields)
+    return {"user": user + nice, "system": system, "softirq": softirq + irq, "idle": idle + iowait}
 
 
 def lower_bound_s(size: int, origin_bps: float, uploads: list[float], downloads: list[float]) -> float:
@@ -74,8 +92,9 @@ def run_layout(lab: Lab, layout: str, root: Path, source: Path, args: argparse.N
                                          str(root / "origin")], text=True).strip()
     config = root / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{origin_id}"]\nchunk_bytes = {args.chunk_kib * 1024}\n'
-                      f'layout = "{layout}"\nfsync = false\nannounce_interval_s = 1.0\nstall_timeout_s = 30.0\n'
-                      '[peertable]\nheartbeat_interval_s = 1.0\nexpiry_s = 15.0\n')
+                      f'layout = "{layout}"\nfsync = false\nannounce_interval_s = {args.heartbeat_s}\n'
+                      f'stall_timeout_s = 30.0\n[peertable]\nheartbeat_interval_s = {args.heartbeat_s}\n'
+                      f'expiry_s = {4 * args.heartbeat_s}\n')
     peers: list[PeerProcess] = []
 
     def start(name: str, bootstrap: list[str]) -> PeerProcess:
@@ -99,6 +118,11 @@ def run_layout(lab: Lab, layout: str, root: Path, source: Path, args: argparse.N
                      and {e["peer_id"] for e in s["peers"] if e["reachable"]} == ids - {peer.peer_id},
                      180, f"{peer.name} knows every peer as reachable", poll_s=1.0)
         time.sleep(3.0)  # one more membership refresh everywhere (the relays poll it every second)
+        pids = [p.proc.pid for p in peers]
+        idle_cpu = cpu_seconds(pids)
+        time.sleep(args.heartbeat_s * 2)
+        idle_cores = (cpu_seconds(pids) - idle_cpu) / (args.heartbeat_s * 2)  # gossip and heartbeats alone
+        cpu_before, machine_before = cpu_seconds(pids), machine_cpu()
         started = time.time()
         control_call(origin.data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)], "model": "bench",
                                        "version": 1, "chunk_bytes": args.chunk_kib * 1024}, timeout_s=300)
@@ -106,13 +130,18 @@ def run_layout(lab: Lab, layout: str, root: Path, source: Path, args: argparse.N
         receivers = [p for p in peers if p.name != "origin"]
         wait_for(lambda: all("version 1 complete" in p.log_path.read_text() for p in receivers),
                  args.timeout_s, f"{layout}: every peer completes", poll_s=0.5)
+        cpu_s = cpu_seconds(pids) - cpu_before
+        busy_s = time.time() - started
+        machine = {k: round((v - machine_before[k]) / busy_s, 2) for k, v in machine_cpu().items()}
         done = {p.name: p.status()["role_status"]["relay"]["timeline"]["1"]["complete_at_s"] for p in receivers}
         origin_served = origin.status()["role_status"]["relay"]["bytes_served"]
     finally:
         for peer in peers:
             peer.stop(timeout_s=20)
     return {"layout": layout, "time_to_all_s": max(done.values()) - started, "publish_s": published - started,
-            "first_s": min(done.values()) - started, "origin_upload_copies": origin_served / source.stat().st_size}
+            "first_s": min(done.values()) - started, "origin_upload_copies": origin_served / source.stat().st_size,
+            "peers_cpu_s": cpu_s, "peers_cores_busy": cpu_s / busy_s, "idle_cores_busy": idle_cores,
+            "machine_cores": machine}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-kib", type=int, default=1024)
     parser.add_argument("--layouts", nargs="+", default=["striped", "tree", "star"])
     parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--mtu", type=int, default=9000,
+                        help="link MTU in the lab (default 9000: a sixth of the packets per byte of 1500)")
+    parser.add_argument("--heartbeat-s", type=float, default=15.0,
+                        help="heartbeat and Holding interval: gossip costs ~10 ms CPU per message per peer")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     reason = lab_unavailable()
@@ -147,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         bound = lower_bound_s(size, uploads["origin"], peer_uploads, downloads)
         print(f"{args.peers} peers, uploads {min(up_mbit.values())}-{max(up_mbit.values())} Mbit/s "
               f"(sum {sum(up_mbit.values()):.0f}), origin {args.origin_mbit} Mbit/s, checkpoint {size / 2**20:.1f} MiB, "
-              f"chunks {args.chunk_kib} KiB; lower bound {bound:.2f}s", flush=True)
-        with Lab.up(LabSpec(tuple(hosts), f"b{secrets.token_hex(3)}"), root / "lab") as lab:
+              f"chunks {args.chunk_kib} KiB, MTU {args.mtu}, heartbeats every {args.heartbeat_s}s; lower bound {bound:.2f}s", flush=True)
+        with Lab.up(LabSpec(tuple(hosts), f"b{secrets.token_hex(3)}", mtu=args.mtu), root / "lab") as lab:
             for layout in args.layouts:
                 row = run_layout(lab, layout, root / layout, source, args, uploads)
                 wall = time.perf_counter()
@@ -161,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(row)
                 print(f"{layout:8} time-to-all {row['time_to_all_s']:7.2f}s  {row['ratio_to_bound']:5.2f}x bound  "
                       f"simulated {row['simulated_s']:7.2f}s ({row['sim_error']:+.0%})  "
-                      f"origin uploaded {row['origin_upload_copies']:.2f} copies", flush=True)
+                      f"origin uploaded {row['origin_upload_copies']:.2f} copies  peers used "
+                      f"{row['peers_cores_busy']:.2f} cores ({row['idle_cores_busy']:.2f} idle); machine "
+                      + " ".join(f"{k} {v:.2f}" for k, v in row["machine_cores"].items()), flush=True)
     by = {r["layout"]: r for r in results}
     if "striped" in by:
         for other in ("star", "tree"):

@@ -6,7 +6,9 @@ stream each on `MSG_PROTOCOL`, carrying one length-prefixed frame. Frames are op
 node decodes and checks them with the codec.
 
 py-libp2p leaks sockets, tasks and a thread unless the host is closed inside `run()` and the
-pubsub seen-message cache is stopped; `open_host` does both on the way out. Bulk bytes never
+pubsub seen-message cache is stopped; `open_host` does both on the way out. It also blocks
+every dial to a peer for 60 s after one failed (a negative cache); `connect` lifts that block,
+since the callers pace their retries themselves. Bulk bytes never
 travel here (see `p2pnet.dataplane`).
 """
 
@@ -110,6 +112,11 @@ class Host:
             info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
         except Exception as exc:
             raise ConfigError("bootstrap", f"not a full multiaddr with /p2p/: {addr!r}") from exc
+        # py-libp2p refuses to dial a peer for 60 s after a failed dial (its negative cache);
+        # our callers pace their own retries (p2pnet.connectivity), so a dial here is a real one
+        negative = getattr(self._host.get_network(), "_negative_peer_cache", None)
+        if negative is not None:
+            negative.evict(str(info.peer_id))
         try:
             await self._host.connect(info)
         except Exception as exc:
@@ -247,7 +254,8 @@ async def open_host(
     listen: str,
     *,
     max_frame_bytes: int = 4 * 1024 * 1024,
-    gossip_heartbeat_s: int = 1,
+    gossip_heartbeat_s: float = 1.0,
+    gossip_degree: int = 6,
     announce: tuple[str, ...] = (),
 ) -> AsyncIterator[Host]:
     """Start a Noise+yamux libp2p host with GossipSub on `listen`; close everything on exit."""
@@ -272,9 +280,9 @@ async def open_host(
     )
     gossip = GossipSub(
         protocols=[GOSSIP_PROTOCOL],
-        degree=6,
-        degree_low=4,
-        degree_high=12,
+        degree=gossip_degree,
+        degree_low=max(1, gossip_degree * 2 // 3),
+        degree_high=2 * gossip_degree,
         heartbeat_interval=gossip_heartbeat_s,
         heartbeat_initial_delay=0.1,
         max_messages_per_topic_per_second=1000.0,

@@ -99,9 +99,12 @@ class LabSpec:
 
     hosts: tuple[HostSpec, ...]
     lab_id: str
+    mtu: int = 1500  # of every link; 9000 cuts the kernel's per-packet work when many hosts share few cores
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hosts", tuple(self.hosts))
+        if not isinstance(self.mtu, int) or not 576 <= self.mtu <= 9000:
+            raise ConfigError("lab.mtu", f"must be an integer in [576, 9000] (got {self.mtu!r})")
         if not isinstance(self.lab_id, str) or not _LAB_ID.fullmatch(self.lab_id):
             raise ConfigError("lab.id", f"must match [a-z0-9]{{1,16}} (got {self.lab_id!r})")
         if not self.hosts:
@@ -235,7 +238,8 @@ def setup_commands(spec: LabSpec) -> list[list[str]]:
     for r in p.routers:
         wire = f"r-{r.group}"
         cmds += [
-            ["ip", "link", "add", "wan", "netns", r.netns, "type", "veth", "peer", "name", wire, "netns", sw],
+            ["ip", "link", "add", "wan", "mtu", str(spec.mtu), "netns", r.netns, "type", "veth", "peer", "name", wire,
+             "mtu", str(spec.mtu), "netns", sw],
             ["ip", "-n", sw, "link", "set", wire, "master", "br0"],
             ["ip", "-n", sw, "link", "set", wire, "up"],
             ["ip", "-n", r.netns, "addr", "add", f"{r.public_ip}/16", "dev", "wan"],
@@ -251,8 +255,8 @@ def setup_commands(spec: LabSpec) -> list[list[str]]:
         bridge = "br0" if h.nat is None else "lan"
         prefix = 16 if h.nat is None else 24
         cmds += [
-            ["ip", "link", "add", "eth0", "netns", h.netns, "type", "veth", "peer", "name", h.link_dev,
-             "netns", h.link_netns],
+            ["ip", "link", "add", "eth0", "mtu", str(spec.mtu), "netns", h.netns, "type", "veth", "peer",
+             "name", h.link_dev, "mtu", str(spec.mtu), "netns", h.link_netns],
             ["ip", "-n", h.link_netns, "link", "set", h.link_dev, "master", bridge],
             ["ip", "-n", h.link_netns, "link", "set", h.link_dev, "up"],
             ["ip", "-n", h.netns, "addr", "add", f"{h.ip}/{prefix}", "dev", "eth0"],
@@ -485,7 +489,7 @@ class Lab:
             record = json.loads(path.read_bytes())
             hosts = tuple(HostSpec(h["name"], h["upload_mbit"], h["download_mbit"], h["nat"])
                           for h in record["hosts"])
-            return cls(LabSpec(hosts, record["lab_id"]), Path(state_dir), record["owner_pid"])
+            return cls(LabSpec(hosts, record["lab_id"], record.get("mtu", 1500)), Path(state_dir), record["owner_pid"])
         except FileNotFoundError as exc:
             raise LabError(f"lab: no lab in {state_dir} (no {LAB_FILE}); start one with p2pnet lab up") from exc
         except (ValueError, KeyError, TypeError) as exc:
@@ -555,6 +559,7 @@ class Lab:
         record = {
             "format": 1,
             "lab_id": self.lab_id,
+            "mtu": self.spec.mtu,
             "owner_pid": self.owner_pid,
             "state_dir": str(self.state_dir.resolve()),
             "namespaces": list(self.namespaces),

@@ -64,6 +64,8 @@ class PeerConfig:
     send_timeout_s: float = 10.0
     bootstrap_backoff_max_s: float = 30.0
     reachability_interval_s: float = 60.0
+    gossip_degree: int = 6  # GossipSub mesh degree D (D_low = 2D/3, D_high = 2D)
+    gossip_heartbeat_s: float = 1.0  # GossipSub's own mesh upkeep, not the peer table's heartbeats
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -82,6 +84,8 @@ class PeerConfig:
         unknown = [r for r in self.roles if r not in ROLE_NAMES]
         if unknown:
             problems["roles"] = f"unknown role(s) {unknown}; known: {list(ROLE_NAMES)}"
+        if not 1 <= self.gossip_degree <= 32:
+            problems["gossip_degree"] = "must be in [1, 32]"
         if not 0 <= self.data_port < 65536:
             problems["data_port"] = "must be a TCP port (0 picks one)"
         if self.upload_bps <= 0 or self.download_bps <= 0:
@@ -89,7 +93,7 @@ class PeerConfig:
         if not 1024 <= self.max_message_bytes <= MAX_FRAME_BYTES:
             problems["max_message_bytes"] = f"must be in [1024, {MAX_FRAME_BYTES}]"
         for name in ("max_message_age_s", "max_future_s", "send_timeout_s", "bootstrap_backoff_max_s",
-                     "reachability_interval_s"):
+                     "reachability_interval_s", "gossip_heartbeat_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
         return problems
@@ -276,7 +280,8 @@ async def run_node(
                               announce=config.data_announce)
         control = ControlServer(config.data_dir)
         async with open_host(identity, config.listen, max_frame_bytes=config.max_message_bytes,
-                             announce=config.announce) as host, \
+                             announce=config.announce, gossip_degree=config.gossip_degree,
+                             gossip_heartbeat_s=config.gossip_heartbeat_s) as host, \
                 trio.open_nursery() as nursery:
             data_addr = await nursery.start(dataplane.serve)
             free_disk = shutil.disk_usage(config.data_dir).free

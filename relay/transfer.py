@@ -549,7 +549,8 @@ class TransferCore:
         peer = self._first_usable(now, v.chains[stripe], tried)
         if peer is not None:
             return peer
-        holders = [p for p in v.holders if p not in tried and self._usable(now, p)]
+        uploads = self._members.uploads  # a member with upload 0 cannot be dialled: never a source
+        holders = [p for p in v.holders if p not in tried and self._usable(now, p) and uploads.get(p, 1.0) > 0]
         if holders:
             return max(holders, key=lambda p: (self._rates.get(p, 0.0), p))
         return None

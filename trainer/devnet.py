@@ -8,6 +8,12 @@ then prints a summary table, writes a reward-curve PNG and, with `--json`, a mac
 summary. Byzantine workers (`--byzantine N`) substitute generated tokens on purpose; the
 summary shows whether they were caught, banned, and kept out of training. Every child is
 stopped by its own PID when the devnet ends, also on Ctrl-C or failure.
+
+With `--lab` (root) every peer runs on a host of its own in a network lab (`p2pnet.lab`:
+network namespaces on one switch), listening on 0.0.0.0, with real bandwidth limits on its
+link (`--link-mbit`, or per host from `--lab-profile`, whose `[[host]]` names are the devnet's
+peer names: trainer, relay0, validator0, worker0, ...; a host may sit behind NAT with `nat`).
+Each peer advertises its link's upload, and the lab is removed when the devnet ends.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import signal
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -41,6 +48,9 @@ class DevnetConfig:
     group_size: int = 8
     max_new_tokens: int = 3
     lr: float = 3e-3
+    lab: bool = False
+    link_mbit: float | None = None  # with lab: every host's upload and download limit
+    lab_profile: Path | None = None  # with lab: per-host limits (and NAT) by peer name
 
     def __post_init__(self) -> None:
         checks = {
@@ -49,7 +59,10 @@ class DevnetConfig:
             "--byzantine": 0 <= self.byzantine < self.workers, "--timeout-s": self.timeout_s > 0,
             "--prompts-per-batch": self.prompts_per_batch >= 1, "--group-size": self.group_size >= 2,
             "--max-new-tokens": self.max_new_tokens >= 1, "--lr": 0 < self.lr < 1,
+            "--link-mbit": self.link_mbit is None or self.link_mbit > 0,
         }
+        if (self.link_mbit is not None or self.lab_profile is not None) and not self.lab:
+            raise ConfigError("--link-mbit", "link limits need --lab (peers on loopback share one host)")
         for flag, ok in checks.items():
             if not ok:
                 raise ConfigError(flag, "out of range (workers 1-16, validators 1-8, relays 0-16, "
@@ -76,6 +89,13 @@ def register(commands) -> None:
     devnet.add_argument("--lr", type=float, default=3e-3,
                         help="trainer learning rate (default 3e-3, for the tiny model; SmolLM2 wants ~1e-5)")
     devnet.add_argument("--timeout-s", type=float, default=900.0, help="give up after this long")
+    devnet.add_argument("--lab", action="store_true",
+                        help="run every peer on a host of its own (network namespaces, root only) over real links")
+    devnet.add_argument("--link-mbit", type=float, metavar="M",
+                        help="with --lab: every host's upload and download limit in Mbit/s (default: unlimited)")
+    devnet.add_argument("--lab-profile", type=Path, metavar="FILE",
+                        help="with --lab: a TOML file of [[host]] tables (name = a devnet peer name such as "
+                        "worker0, upload_mbit, download_mbit, nat = group) overriding --link-mbit per host")
     devnet.set_defaults(func=cmd_devnet)
 
 
@@ -83,7 +103,8 @@ def cmd_devnet(args: argparse.Namespace) -> int:
     config = DevnetConfig(steps=args.steps, workers=args.workers, validators=args.validators, relays=args.relays,
                           byzantine=args.byzantine, model=args.model, seed=args.seed, timeout_s=args.timeout_s,
                           prompts_per_batch=args.prompts_per_batch, group_size=args.group_size,
-                          max_new_tokens=args.max_new_tokens, lr=args.lr)
+                          max_new_tokens=args.max_new_tokens, lr=args.lr, lab=args.lab, link_mbit=args.link_mbit,
+                          lab_profile=args.lab_profile)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         summary = run_devnet(config, args.out)
@@ -160,33 +181,70 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None,
                           "byzantine": "substitute_tokens" if f"worker{i}" in byzantine_names else ""}})
              for i in range(config.workers)]
     procs: dict[str, PeerProcess] = {}
-    try:
-        for name, roles, sections in plan:
-            data_dir = root / name
-            data_dir.mkdir(parents=True, exist_ok=True)
-            (data_dir / "peer.toml").write_text(_toml({**common, **sections}))
-            bootstrap = [procs["trainer"].addr] if "trainer" in procs else []
-            procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap,
-                                     extra_args=["--config", str(data_dir / "peer.toml")], log_dir=root)
-            if name == "trainer":
-                procs[name].wait_ready(60)
-        for proc in procs.values():
-            proc.wait_ready(60)
-        print(f"devnet: {len(procs)} peers up: " + ", ".join(procs), flush=True)
-        status = _follow(procs, config, started, observe)
-        ids = {name: p.peer_id for name, p in procs.items()}
-        validators = {name: procs[name].status().get("role_status", {}).get("validator", {})
-                      for name in procs if name.startswith("validator")}
-    finally:
-        print("devnet: stopping peers ...", flush=True)
-        codes = {name: proc.stop(timeout_s=15) for name, proc in procs.items()}
+    with ExitStack() as stack:
+        lab = stack.enter_context(_open_lab(config, [name for name, _, _ in plan], root)) if config.lab else None
+        try:
+            for name, roles, sections in plan:
+                data_dir = root / name
+                data_dir.mkdir(parents=True, exist_ok=True)
+                (data_dir / "peer.toml").write_text(_toml({**common, **sections}))
+                bootstrap = [procs["trainer"].addr] if "trainer" in procs else []
+                extra = ["--config", str(data_dir / "peer.toml")]
+                if lab is not None:
+                    extra += ["--listen", "/ip4/0.0.0.0/tcp/0", *_lab_upload_args(lab, name)]
+                procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, extra_args=extra,
+                                         log_dir=root, wrap=lab.wrap(name) if lab is not None else ())
+                if name == "trainer":
+                    procs[name].wait_ready(60)
+            for proc in procs.values():
+                proc.wait_ready(60)
+            where = f" on lab hosts ({_lab_line(lab)})" if lab is not None else ""
+            lab_hosts = {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit,
+                                  "nat": h.nat} for h in lab.hosts.values()} if lab is not None else None
+            print(f"devnet: {len(procs)} peers up{where}: " + ", ".join(procs), flush=True)
+            status = _follow(procs, config, started, observe)
+            ids = {name: p.peer_id for name, p in procs.items()}
+            validators = {name: procs[name].status().get("role_status", {}).get("validator", {})
+                          for name in procs if name.startswith("validator")}
+        finally:
+            print("devnet: stopping peers ...", flush=True)
+            codes = {name: proc.stop(timeout_s=15) for name, proc in procs.items()}
     summary = _summarise(status, ids, byzantine_names, codes, validators, time.monotonic() - started)
+    summary["lab"] = lab_hosts
     _print_summary(summary)
     plot = plot_to or root / "reward.png"
     _plot(summary, plot)
     summary["reward_plot"] = str(plot)
     print(f"reward curve: {plot}")
     return summary
+
+
+def _open_lab(config: DevnetConfig, names: list[str], root: Path) -> Any:
+    """A lab with one host per devnet peer, limits from the profile, else --link-mbit."""
+    import secrets
+
+    from p2pnet.lab import HostSpec, Lab, LabSpec
+    from p2pnet.labcli import load_profile
+
+    profile = {h.name: h for h in load_profile(config.lab_profile)} if config.lab_profile else {}
+    unknown = sorted(set(profile) - set(names))
+    if unknown:
+        raise ConfigError("--lab-profile", f"host {unknown[0]!r} is not a devnet peer (peers: {', '.join(names)})")
+    hosts = tuple(profile.get(name) or HostSpec(name, config.link_mbit, config.link_mbit) for name in names)
+    return Lab.up(LabSpec(hosts, f"d{secrets.token_hex(4)}"), root / "lab")
+
+
+def _lab_upload_args(lab: Any, name: str) -> list[str]:
+    """Advertise the host's real upload limit, so relays plan with what the link gives."""
+    upload_mbit = lab.host(name).upload_mbit
+    return ["--upload-bps", str(int(upload_mbit * 1e6 / 8))] if upload_mbit else []
+
+
+def _lab_line(lab: Any) -> str:
+    limits = {(h.upload_mbit, h.download_mbit) for h in lab.hosts.values()}
+    nat = sum(1 for h in lab.hosts.values() if h.nat)
+    text = ", ".join(f"{u or 'unlimited'}/{d or 'unlimited'} Mbit/s up/down" for u, d in sorted(limits, key=str))
+    return text + (f", {nat} behind NAT" if nat else "")
 
 
 def _follow(procs: dict[str, PeerProcess], config: DevnetConfig, started: float,

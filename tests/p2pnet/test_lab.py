@@ -96,10 +96,10 @@ def test_no_command_touches_the_root_namespace():
             assert c[2 if c[1] == "-n" else 3] in ours, c
             continue
         # a veth pair created straight into two of our namespaces: neither end exists in the root one
-        assert c[:3] == ["ip", "link", "add"] and c[4] == "netns" and c[6:11] == ["type", "veth", "peer", "name",
-                                                                                   c[10]], c
-        assert c[5] in ours and c[11] == "netns" and c[12] in ours and len(c) == 13, c
-        assert len(c[3]) <= 15 and len(c[10]) <= 15
+        assert c[:3] == ["ip", "link", "add"] and c[4:7] == ["mtu", "1500", "netns"], c
+        assert c[8:12] == ["type", "veth", "peer", "name"] and c[13:16] == ["mtu", "1500", "netns"], c
+        assert c[7] in ours and c[16] in ours and len(c) == 17, c
+        assert len(c[3]) <= 15 and len(c[12]) <= 15
 
 
 @pytest.mark.parametrize("make", [

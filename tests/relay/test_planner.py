@@ -96,3 +96,18 @@ def test_ranked_interior_lists_each_stripes_interior_by_depth_then_id():
         assert [p for p, _ in ranked] and sorted(p for p, _ in ranked) == plan.interior(s)
         assert all(d == plan.depth(s, p) for p, d in ranked)
         assert [(d, p) for p, d in ranked] == sorted((d, p) for p, d in ranked)
+
+
+def test_members_that_cannot_be_dialled_are_never_parents():
+    """Unreachable peers (behind NAT) are members with upload 0 (relay.role.serving_uploads):
+    they get every chunk but no children, in every stripe."""
+    uploads = {f"p{i}": 1e6 * (i + 1) for i in range(40)}
+    nat = {f"p{i}" for i in range(0, 40, 3)}
+    members = Membership.of({"origin": 5e6, **{p: (0.0 if p in nat else u) for p, u in uploads.items()}})
+    plan = plan_broadcast("origin", 5e6, members, chunk_count=64, stripes=8)
+    for s in range(plan.stripes):
+        parents = set(plan.parent[s].values())
+        assert not parents & nat
+        assert set(plan.parent[s]) == set(uploads)  # everyone still gets the stripe
+    alone = plan_broadcast("origin", 5e6, Membership.of({"origin": 5e6, "a": 0.0, "b": 0.0}), 8, 4)
+    assert all(set(p.values()) == {"origin"} for p in alone.parent)  # nobody dialable: a star from the origin

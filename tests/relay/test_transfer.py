@@ -262,3 +262,18 @@ def test_a_banned_parent_is_replaced_by_a_live_interior_member_not_by_the_origin
         assert parent in c.status(0.1)["banned"]
         runs.append(again[0].peer)
     assert runs[0] == runs[1]
+
+
+def test_a_holder_that_cannot_be_dialled_is_never_asked_for_chunks():
+    """A peer behind NAT (upload 0 in the membership) may hold the whole version and say so;
+    when the plan's source fails, chunks are asked of dialable holders only."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "zz-nat": 0.0, "open": 1e8})
+    first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    held = Holding((HeldVersion(1, SIGNED.manifest_id),))
+    c.on_message(0.1, envelope("zz-nat", held))  # sorts after "open": picked first if not filtered
+    c.on_message(0.1, envelope("open", held))
+    asked = []
+    for f in first:
+        asked += fetches(c.fetch_failed(0.3, f.peer, f.version, f.index, "unreachable"))
+    assert asked and {f.peer for f in asked} == {"open"}

@@ -34,3 +34,41 @@ def test_devnet_learns_on_verified_batches_and_bans_the_cheater(tmp_path):
         assert set(w) >= {"peer_id", "byzantine", "accepted", "rejected", "banned", "trained_batches"}
     assert all(code == 0 for code in summary["exit_codes"].values())
     assert (tmp_path / "net" / "reward.png").stat().st_size > 1000
+
+
+def test_devnet_on_lab_hosts_with_a_worker_behind_nat(tmp_path):
+    """`devnet --lab`: every peer on its own host over 100 Mbit/s links; an honest worker behind
+    NAT still gets every version, and its verified batches are trained on."""
+    from p2pnet.lab import nat_unavailable
+
+    reason = nat_unavailable()
+    if reason:
+        pytest.skip(reason)
+    profile = tmp_path / "links.toml"
+    profile.write_text('[[host]]\nname = "worker1"\nupload_mbit = 20\ndownload_mbit = 80\nnat = "home"\n')
+    out = tmp_path / "summary.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "p2pnet", "devnet", "--lab", "--link-mbit", "100", "--lab-profile", str(profile),
+         "--steps", "6", "--workers", "2", "--byzantine", "1", "--validators", "1", "--relays", "0",
+         "--out", str(tmp_path / "net"), "--json", str(out), "--timeout-s", "400"],
+        capture_output=True, text=True, timeout=480)
+    assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr[-3000:]  # 1: cheater not yet banned
+    assert "on lab hosts" in run.stdout
+    summary = json.loads(out.read_text())
+    assert summary["lab"]["worker1"]["nat"] == "home" and summary["lab"]["trainer"]["upload_mbit"] == 100
+    assert len(summary["steps"]) == 6
+    workers = {w["name"]: w for w in summary["workers"]}
+    assert workers["worker1"]["trained_batches"] > 0 and workers["worker1"]["rejected"] == 0
+    assert workers["worker0"]["trained_batches"] == 0
+    assert all(code == 0 for code in summary["exit_codes"].values())
+
+
+def test_link_limits_without_the_lab_are_refused():
+    from p2pnet.errors import ConfigError
+    from trainer.devnet import DevnetConfig
+
+    with pytest.raises(ConfigError, match="need --lab"):
+        DevnetConfig(link_mbit=100.0)
+    with pytest.raises(ConfigError, match="link-mbit"):
+        DevnetConfig(lab=True, link_mbit=0.0)
+    assert DevnetConfig(lab=True, link_mbit=50.0).link_mbit == 50.0
