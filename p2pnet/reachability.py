@@ -15,7 +15,8 @@ cannot see that from inside, so it asks: every peer runs
   most `MAX_CONCURRENT_ANSWERS` dials at once (else BUSY).
 - a *client*: asks up to `PROBERS` connected peers it has not asked for `interval_s`, as soon
   as it has connections and again every `interval_s` (every `UNKNOWN_RETRY_S` while the answer
-  is still unknown), and keeps each peer's latest answer in `ReachabilityState`, the pure part.
+  is still unknown), and keeps each peer's latest answer, for three intervals at most, in
+  `ReachabilityState`, the pure part.
 
 Verdicts, per address kind: True when any peer's latest answer is OK (one successful dial
 from another host proves it), False when answers exist and none is OK, None (unknown) with
@@ -23,9 +24,11 @@ no answers. The peer is `reachable` when both kinds are True, not reachable when
 False. The verdict goes into this peer's heartbeats (`Heartbeat.reachable`); relays plan only
 peers whose heartbeat says True as parents (see `relay.role`).
 
-py-libp2p 0.8.1 ships an AutoNAT service, but its server dials back with `host.connect`,
-which returns the connection the asker already has open, so it reports every connected peer
-as reachable, NAT or not; hence this check of our own.
+py-libp2p 0.8.1 ships AutoNAT v1, but it checks only the libp2p address, waits for four
+agreeing servers (a small network never decides), and its server dials back with
+`host.connect`, which returns the connection the asker already has open: measured in the lab
+(`scripts/autonat_check.py`), a public IP advertised with a port nobody listens on is answered
+OK. Hence this check of our own, which opens new connections and covers the data plane.
 """
 
 from __future__ import annotations
@@ -93,6 +96,11 @@ class ReachabilityState:
                 del self._asked[peer]
         return chosen
 
+    def expire(self, now: float, max_age_s: float) -> None:
+        """Forget answers older than `max_age_s`: a verdict rests on recent dials only."""
+        for peer in [p for p, a in self._answers.items() if now - a.at > max_age_s]:
+            del self._answers[peer]
+
     def record(self, now: float, peer: str, data: DialResult, libp2p: DialResult) -> None:
         if data is DialResult.BUSY and libp2p is DialResult.BUSY:
             return
@@ -149,7 +157,9 @@ class Reachability:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            probers = self.state.probers(trio.current_time(), self.node.host.connected_peers(), self.interval_s)
+            now = trio.current_time()
+            self.state.expire(now, 3 * self.interval_s)
+            probers = self.state.probers(now, self.node.host.connected_peers(), self.interval_s)
             if probers:
                 async with trio.open_nursery() as nursery:
                     for peer in probers:

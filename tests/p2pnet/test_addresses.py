@@ -80,3 +80,5 @@ def test_reachability_verdicts():
     state.record(3.0, "b", DialResult.OK, DialResult.FAILED)
     assert state.data is True and state.libp2p is False and state.reachable is False
     assert state.to_json(4.0)["answers"]["b"] == {"data": "ok", "libp2p": "failed", "s_ago": 1.0}
+    state.expire(200.0, 180.0)  # both answers are older than three minutes
+    assert state.reachable is None and state.to_json(200.0)["answers"] == {}

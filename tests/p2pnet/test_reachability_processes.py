@@ -23,19 +23,21 @@ def free_port() -> int:
 
 
 def test_dialback_finds_who_can_be_dialled_and_announce_is_advertised(tmp_path):
-    """b announces an address it does not listen on: a's dial-back refuses it (b's connection
-    comes from another IP), so b is not reachable; a is dialled back and is."""
+    """b announces a libp2p address where nothing listens (a port that is not forwarded): a
+    dials it back with a new connection, which fails, so b is not reachable; a is."""
+    closed = free_port()
     a = start_peer("a", tmp_path / "a", extra_args=FAST)
     a.wait_ready(30)
     b = start_peer("b", tmp_path / "b", bootstrap=[a.addr],
-                   extra_args=[*FAST, "--announce", "/ip4/127.0.0.9/tcp/4999"])
+                   extra_args=[*FAST, "--announce", f"/ip4/127.0.0.1/tcp/{closed}"])
     try:
         b.wait_ready(30)
-        assert b.addrs == [f"/ip4/127.0.0.9/tcp/4999/p2p/{b.peer_id}"]  # what `listening on` shows
+        assert b.addrs == [f"/ip4/127.0.0.1/tcp/{closed}/p2p/{b.peer_id}"]  # what `listening on` shows
         status_b = wait_for(lambda: (s := b.status())["reachable"] is not None and s, 60, "b's reachability")
         assert status_b["reachable"] is False
         assert status_b["reachability"]["libp2p"] is False and status_b["reachability"]["data"] is True
-        assert status_b["addrs"] == [f"/ip4/127.0.0.9/tcp/4999/p2p/{b.peer_id}"]
+        assert {x["libp2p"] for x in status_b["reachability"]["answers"].values()} == {"failed"}
+        assert status_b["addrs"] == [f"/ip4/127.0.0.1/tcp/{closed}/p2p/{b.peer_id}"]
         assert status_b["listen_addrs"][0].startswith("/ip4/127.0.0.1/tcp/")
         status_a = wait_for(lambda: (s := a.status())["reachable"] is not None and s, 60, "a's reachability")
         assert status_a["reachable"] is True
@@ -43,9 +45,17 @@ def test_dialback_finds_who_can_be_dialled_and_announce_is_advertised(tmp_path):
         seen = wait_for(lambda: {p["peer_id"]: p["reachable"] for p in a.status()["peers"]}.get(b.peer_id) is False,
                         30, "a sees b unreachable")
         assert seen
+        text = run_cli("peer", "status", "--data-dir", str(b.data_dir))
+        assert "reachable: no" in text and f"/ip4/127.0.0.1/tcp/{closed}/p2p/{b.peer_id}" in text
     finally:
         assert b.stop() == 0 and a.stop() == 0
     assert "Traceback" not in a.log_path.read_text() + b.log_path.read_text()
+
+
+def run_cli(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "p2pnet", *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def test_a_bootstrap_peer_that_starts_late_is_still_joined(tmp_path):
