@@ -1,9 +1,12 @@
 """The data plane: direct trio TCP connections for bulk bytes, with length-prefixed frames.
 
 libp2p streams move 13-18x fewer bytes per second than plain TCP here (DESIGN.md), so bulk
-transfers open a direct TCP connection to the address a peer advertises in its heartbeat. The
-first frame on every connection names the channel (for example `relay/chunks`) so one listener
-serves all roles. Nothing here is trusted: receivers hash everything they read.
+transfers open a direct TCP connection to the address a peer advertises in its heartbeat. Every
+connection starts with a handshake in which both ends prove their peer ids and the client names
+the channel (for example `relay/chunks`), so one listener serves all roles and each handler
+knows who it serves (`p2pnet.handshake`). Connections are bounded in all and per peer, and a
+handshake must finish within a deadline (`DataPlaneLimits`). Bytes are still not trusted:
+receivers hash everything they read.
 
 Frames are `u32 big-endian length || bytes`. `FrameReader` refuses frames over its limit and
 reports a connection that ends inside a frame as `TruncatedStream`, never as a short frame.
@@ -15,19 +18,22 @@ from __future__ import annotations
 
 import logging
 import struct
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import trio
 
 from p2pnet.addresses import advertised_data_addr, interface_ips, join_host_port
-from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
+from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUnavailable
+from p2pnet.handshake import WrongPeer, client_handshake, server_handshake  # noqa: F401 (WrongPeer re-exported)
+from p2pnet.wire import Codec
 
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
 HELLO_MAX_BYTES = 4096
 
-DataHandler = Callable[[trio.SocketStream, "FrameReader"], Awaitable[None]]
+DataHandler = Callable[[trio.SocketStream, "FrameReader", str], Awaitable[None]]  # stream, reader, peer id
 
 
 class TruncatedStream(PeerUnavailable):
@@ -110,21 +116,44 @@ def frame_header(length: int) -> bytes:
     return _LEN.pack(length)
 
 
-class DataPlane:
-    """A TCP listener whose connections are routed by their first frame, the channel name."""
+@dataclass(frozen=True)
+class DataPlaneLimits:
+    """What one remote peer, and everyone together, can make our data plane hold."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, announce: str = "") -> None:
+    max_connections: int = 512  # open connections in all, handshaking ones included
+    max_connections_per_peer: int = 8  # authenticated connections of one peer
+    handshake_timeout_s: float = 5.0  # to finish the handshake after connecting
+
+
+class DataPlane:
+    """A TCP listener whose connections prove their peer ids (`p2pnet.handshake`) and are then
+    routed by channel. A channel registered `known_only` (the default) serves only peers that
+    `admit` accepts (the node: present in the peer table and not banned)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, announce: str = "", codec: Codec | None = None,
+                 self_id: str = "", admit: Callable[[str], str | None] | None = None,
+                 limits: DataPlaneLimits = DataPlaneLimits()) -> None:
         self.host = host
         self.port = port
         self.announce = announce
-        self._handlers: dict[str, DataHandler] = {}
+        self.codec = codec
+        self.self_id = self_id
+        self.admit_peer = admit or (lambda peer: "this peer is still starting")  # the node sets its own
+        self.limits = limits
+        self._handlers: dict[str, tuple[DataHandler, bool]] = {}
+        self._open = 0
+        self._per_peer: dict[str, int] = {}
+        self.refused: dict[str, int] = {}  # why -> connections refused
         self.address = ""  # what other peers dial (see p2pnet.addresses)
         self.bound = ""  # what we listen on
 
-    def register(self, channel: str, handler: DataHandler) -> None:
+    def register(self, channel: str, handler: DataHandler, *, known_only: bool = True) -> None:
         if channel in self._handlers:
             raise ValueError(f"data channel {channel!r} registered twice")
-        self._handlers[channel] = handler
+        self._handlers[channel] = (handler, known_only)
+
+    def connections(self) -> dict[str, int]:
+        return dict(self._per_peer)
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -137,28 +166,62 @@ class DataPlane:
         task_status.started(self.address)
         await trio.serve_listeners(self._on_connection, listeners)
 
+    def _admit(self, peer: str, channel: str) -> str | None:
+        entry = self._handlers.get(channel)
+        if entry is None:
+            return f"unknown channel {channel[:64]!r}"
+        if entry[1]:
+            refusal = self.admit_peer(peer)
+            if refusal is not None:
+                return refusal
+        if self._per_peer.get(peer, 0) >= self.limits.max_connections_per_peer:
+            return f"already {self.limits.max_connections_per_peer} connections from this peer"
+        return None
+
+    def _refuse(self, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
+
     async def _on_connection(self, stream: trio.SocketStream) -> None:
         async with stream:
-            reader = FrameReader(stream, max_frame_bytes=HELLO_MAX_BYTES)
-            try:
-                with trio.fail_after(10):
-                    hello = await reader.frame()
-            except (trio.TooSlowError, MessageRejected, PeerUnavailable, trio.BrokenResourceError) as exc:
-                log.info("data connection dropped before hello: %s", exc)
+            if self._open >= self.limits.max_connections:
+                self._refuse("too_many_connections")
                 return
-            channel = (hello or b"").decode("utf-8", "replace")
-            handler = self._handlers.get(channel)
-            if handler is None:
-                log.info("data connection for unknown channel %r dropped", channel[:64])
-                return
+            self._open += 1
             try:
-                await handler(stream, reader)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, PeerUnavailable, MessageRejected) as exc:
-                log.info("data connection on %s ended: %s", channel, exc)
+                await self._handle(stream)
+            finally:
+                self._open -= 1
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        if self.codec is None:
+            raise LocalStateError("data plane started without an identity to prove")
+        try:
+            with trio.fail_after(self.limits.handshake_timeout_s):
+                peer, channel = await server_handshake(stream, self.codec, self.self_id, self._admit)
+        except MessageRejected as exc:
+            self._refuse(exc.reason)
+            log.info("data connection refused: %s", exc)
+            return
+        except (trio.TooSlowError, PeerUnavailable, trio.BrokenResourceError, OSError) as exc:
+            self._refuse("handshake_failed")
+            log.debug("data connection dropped in the handshake: %s", exc)
+            return
+        handler = self._handlers[channel][0]
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        try:
+            await handler(stream, FrameReader(stream, max_frame_bytes=HELLO_MAX_BYTES), peer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, PeerUnavailable, MessageRejected) as exc:
+            log.info("data connection from %s on %s ended: %s", peer, channel, exc)
+        finally:
+            self._per_peer[peer] -= 1
+            if not self._per_peer[peer]:
+                del self._per_peer[peer]
 
 
-async def open_data_stream(address: str, channel: str, *, timeout_s: float = 10.0) -> trio.SocketStream:
-    """Connect to a peer's data plane at `host:port` and select `channel`."""
+async def open_data_stream(address: str, channel: str, *, codec: Codec, peer: str,
+                           timeout_s: float = 10.0) -> trio.SocketStream:
+    """Connect to `peer`'s data plane at `host:port`, prove who we are and make sure it is
+    `peer` (WrongPeer otherwise), and select `channel`."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     if not host or not port.isdigit():
@@ -166,7 +229,13 @@ async def open_data_stream(address: str, channel: str, *, timeout_s: float = 10.
     try:
         with trio.fail_after(timeout_s):
             stream = await trio.open_tcp_stream(host, int(port))
-            await send_frame(stream, channel.encode())
-    except (OSError, trio.TooSlowError) as exc:
-        raise PeerUnavailable(f"data plane {address}: {exc}") from exc
+            try:
+                await client_handshake(stream, codec, channel, peer)
+            except BaseException:
+                await stream.aclose()
+                raise
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        raise PeerUnavailable(f"data plane {address}: {type(exc).__name__}: {exc}") from exc
+    except MessageRejected as exc:
+        raise PeerUnavailable(f"data plane {address}: handshake refused ({exc})") from exc
     return stream

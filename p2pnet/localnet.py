@@ -174,6 +174,20 @@ def wait_for(check: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> A
         time.sleep(poll_s)
 
 
+def wait_for_reachable(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25) -> None:
+    """Wait until every peer has been dialled back and sees every other as reachable: from then
+    on relays plan each other as parents (`relay.role.serving_uploads`)."""
+    ids = {p.peer_id for p in peers}
+
+    def settled(peer: PeerProcess) -> bool:
+        status = peer.status()
+        seen = {e["peer_id"] for e in status["peers"] if e["reachable"]}
+        return status["reachable"] is True and seen >= ids - {peer.peer_id}
+
+    for peer in peers:
+        wait_for(lambda: settled(peer), timeout_s, f"{peer.name} reachable and sees every peer reachable", poll_s)
+
+
 def wait_for_full_tables(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25,
                          on_progress: Any = None, status_timeout_s: float = 10.0) -> float:
     """Poll until every peer knows every other; returns seconds taken; raises on timeout."""

@@ -220,6 +220,14 @@ class Node:
     async def send(self, peer: str, body: object) -> None:
         await self.host.send_frame(peer, self.codec.encode(body, time.time()), timeout_s=self.config.send_timeout_s)
 
+    def admit_data_peer(self, peer: str) -> str | None:
+        """Whom our data plane serves: peers in the peer table that are not banned."""
+        if self.peertable.is_banned(peer, trio.current_time()):
+            return "banned"
+        if self.peertable.get(peer) is None:
+            return "not in our peer table (no heartbeat heard)"
+        return None
+
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -230,6 +238,8 @@ class Node:
             "listen_addrs": self.host.bound_addrs(),
             "data_addr": self.dataplane.address,
             "data_listen": self.dataplane.bound,
+            "data_connections": self.dataplane.connections(),
+            "data_refused": dict(self.dataplane.refused),
             "reachable": self.peertable.local.reachable,
             "reachability": self.reachability.status() if self.reachability else None,
             "roles": list(self.config.roles),
@@ -277,7 +287,7 @@ async def run_node(
         identity = identity or load_or_create_identity(config.data_dir)
         codec = Codec(identity, max_age_s=config.max_message_age_s, max_future_s=config.max_future_s)
         dataplane = DataPlane(config.data_host or listen_host(config.listen), config.data_port,
-                              announce=config.data_announce)
+                              announce=config.data_announce, codec=codec, self_id=identity.peer_id)
         control = ControlServer(config.data_dir)
         async with open_host(identity, config.listen, max_frame_bytes=config.max_message_bytes,
                              announce=config.announce, gossip_degree=config.gossip_degree,
@@ -296,6 +306,7 @@ async def run_node(
             node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(),
                         nursery, outbox_send)
             host.set_frame_handler(node._on_direct)
+            dataplane.admit_peer = node.admit_data_peer
             node.reachability = Reachability(node, config.reachability_interval_s)
             for _ in range(SENDER_TASKS):
                 nursery.start_soon(node._sender, outbox_receive.clone())

@@ -45,6 +45,7 @@ from p2pnet.addresses import parse_host_port, same_ip
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.messages import NONCE_BYTES, DialBackAnswer, DialBackAsk, DialResult
+from p2pnet.wire import Codec
 
 if TYPE_CHECKING:
     from p2pnet.node import Node
@@ -147,7 +148,7 @@ class Reachability:
         self._last_ask: dict[str, float] = {}
         self._answering = trio.CapacityLimiter(MAX_CONCURRENT_ANSWERS)
         node.host.set_request_handler(DIALBACK_PROTOCOL, self._answer, timeout_s=ASK_TIMEOUT_S)
-        node.dataplane.register(DIALBACK_CHANNEL, self._echo)
+        node.dataplane.register(DIALBACK_CHANNEL, self._echo, known_only=False)  # before its heartbeat reaches us
 
     def status(self) -> dict[str, Any]:
         return self.state.to_json(trio.current_time())
@@ -198,7 +199,7 @@ class Reachability:
         elif verdict is True:
             log.info("reachable: other peers dialled this peer back")
 
-    async def _echo(self, stream: trio.SocketStream, reader: FrameReader) -> None:
+    async def _echo(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
         """Data-plane side of a dial-back: echo a nonce we are waiting for, and nothing else."""
         with trio.move_on_after(DIAL_TIMEOUT_S):
             nonce = await reader.frame()
@@ -222,14 +223,15 @@ class Reachability:
             answer = DialBackAnswer(ask.nonce, DialResult.BUSY, DialResult.BUSY)
         else:
             async with self._answering:
-                data = await dial_data(ask.data_addr, observed_ip, ask.nonce)
+                data = await dial_data(ask.data_addr, observed_ip, ask.nonce, self.node.codec, peer)
                 libp2p = await dial_libp2p(ask.addrs, observed_ip)
             answer = DialBackAnswer(ask.nonce, int(data), int(libp2p))
         return self.node.codec.encode(answer, time.time())
 
 
-async def dial_data(data_addr: str, observed_ip: str, nonce: bytes) -> DialResult:
-    """Dial `data_addr` if it is at `observed_ip`; OK only if its data plane echoes `nonce`."""
+async def dial_data(data_addr: str, observed_ip: str, nonce: bytes, codec: Codec, peer: str) -> DialResult:
+    """Dial `data_addr` if it is at `observed_ip`; OK only if the data plane there proves to be
+    `peer`'s (the handshake) and echoes `nonce`."""
     try:
         host, _ = parse_host_port(data_addr, "data_addr")
     except ConfigError:
@@ -237,7 +239,7 @@ async def dial_data(data_addr: str, observed_ip: str, nonce: bytes) -> DialResul
     if not same_ip(host, observed_ip):
         return DialResult.REFUSED
     try:
-        stream = await open_data_stream(data_addr, DIALBACK_CHANNEL, timeout_s=DIAL_TIMEOUT_S)
+        stream = await open_data_stream(data_addr, DIALBACK_CHANNEL, codec=codec, peer=peer, timeout_s=DIAL_TIMEOUT_S)
     except PeerUnavailable:
         return DialResult.FAILED
     async with stream:

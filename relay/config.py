@@ -30,6 +30,8 @@ class RelayConfig:
     max_concurrent_downloads: int = 8  # chunks we fetch at once
     stall_timeout_s: float = 30.0  # a transfer that moves no byte this long is abandoned
     request_timeout_s: float = 10.0  # a chunk request unanswered this long is retried elsewhere
+    send_timeout_s: float = 30.0  # a requester that does not take an answer this long is cut off
+    idle_timeout_s: float = 120.0  # a data connection with nothing asked or owed this long is closed
     announce_interval_s: float = 5.0  # how often we gossip what we hold
     store_dir: str = "relay"  # under the data directory
     fsync: bool = True  # fsync chunks and directories (off only for simulations/benchmarks)
@@ -51,7 +53,8 @@ class RelayConfig:
         for name in ("keep_versions", "max_concurrent_uploads", "max_concurrent_downloads", "fsync_batch_chunks"):
             if getattr(self, name) < 1:
                 problems[name] = "must be >= 1"
-        for name in ("stall_timeout_s", "request_timeout_s", "announce_interval_s"):
+        for name in ("stall_timeout_s", "request_timeout_s", "announce_interval_s", "send_timeout_s",
+                     "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
         if self.layout not in ("striped", "tree", "star"):

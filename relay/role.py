@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from p2pnet.core import Emit
-from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, P2PNetError, PeerUnavailable
 from p2pnet.peertable import PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
@@ -62,6 +62,8 @@ OP_URGENT = 0x80  # or-ed into the op byte: the requester forwards this chunk
 MEMBERS_POLL_S = 1.0
 CACHE_BYTES = 256 * 1024 * 1024
 MAX_REQUESTS_PER_CONNECTION = 256
+WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
+STALLED_READER_PENALTY = 3.0  # asked for chunks and stopped reading the answers
 _RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise)
 
 
@@ -99,34 +101,57 @@ class _Peeler:
 
 
 class _UploadSlots:
-    """At most `slots` chunks served at once; urgent waiters go first, FIFO within a class."""
+    """At most `slots` chunks served at once and at most `per_peer` of them to one peer, so one
+    requester cannot hold them all. Waiters are served urgent first, then round-robin across
+    peers (FIFO within a peer)."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, per_peer: int | None = None) -> None:
         self.free = slots
-        self._waiters: list[list[trio.Event]] = [[], []]  # [urgent, normal]
+        self.per_peer = per_peer or max(1, slots // 2)
+        self._held: dict[str, int] = {}
+        self._waiters: list[OrderedDict[str, list[trio.Event]]] = [OrderedDict(), OrderedDict()]  # urgent, normal
 
-    async def acquire(self, urgent: bool) -> None:
-        if self.free > 0 and not self._waiters[0] and not self._waiters[1]:
-            self.free -= 1
+    def _may_take(self, peer: str) -> bool:
+        return self.free > 0 and self._held.get(peer, 0) < self.per_peer
+
+    async def acquire(self, urgent: bool, peer: str = "") -> None:
+        if self._may_take(peer) and not any(self._may_take(p) for queues in self._waiters for p in queues):
+            self._take(peer)
             return
         event = trio.Event()
-        queue = self._waiters[0 if urgent else 1]
+        queue = self._waiters[0 if urgent else 1].setdefault(peer, [])
         queue.append(event)
         try:
             await event.wait()
         except BaseException:
             if event in queue:
                 queue.remove(event)
+                if not queue:
+                    self._waiters[0 if urgent else 1].pop(peer, None)
             elif event.is_set():
-                self.release()  # we were handed a slot while being cancelled: pass it on
+                self.release(peer)  # we were handed a slot while being cancelled: pass it on
             raise
 
-    def release(self) -> None:
-        for queue in self._waiters:
-            if queue:
-                queue.pop(0).set()  # the slot moves straight to this waiter
-                return
+    def _take(self, peer: str) -> None:
+        self.free -= 1
+        self._held[peer] = self._held.get(peer, 0) + 1
+
+    def release(self, peer: str = "") -> None:
         self.free += 1
+        self._held[peer] -= 1
+        if not self._held[peer]:
+            del self._held[peer]
+        for queues in self._waiters:
+            for waiting_peer in list(queues):
+                if not self._may_take(waiting_peer):
+                    continue
+                queue = queues.pop(waiting_peer)  # round robin: this peer goes to the back
+                event = queue.pop(0)
+                if queue:
+                    queues[waiting_peer] = queue
+                self._take(waiting_peer)  # the slot moves straight to this waiter
+                event.set()
+                return
 
 
 def serving_uploads(node: Node) -> dict[str, float]:
@@ -235,10 +260,7 @@ class RelayRole:
                 if upstream is not None:
                     upstream.close()
             elif isinstance(item, Penalise):
-                now = trio.current_time()
-                for effect in self.node.peertable.penalise(now, item.peer, item.amount):
-                    self.node.carry_out("peertable", effect)
-                log.warning("penalised %s by %s: %s", item.peer, item.amount, item.reason)
+                self.penalise(item.peer, item.amount, item.reason)
             elif isinstance(item, ManifestAccepted):
                 self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
                 await self._keep_manifest(item.signed)
@@ -295,24 +317,37 @@ class RelayRole:
         except OSError as exc:
             log.error("flushing the chunk store failed: %s", exc)
 
+    def penalise(self, peer: str, amount: float, reason: str) -> None:
+        """Score `peer` down in the peer table (banned when it repeats); say so once."""
+        for effect in self.node.peertable.penalise(trio.current_time(), peer, amount):
+            self.node.carry_out("peertable", effect)
+        log.warning("penalised %s by %s: %s", peer, amount, reason)
+
+    def open_stream(self, peer: str) -> Any:
+        """A data connection to `peer`'s relay channel, both ends authenticated. An address that
+        answers as another peer costs the peer that advertised it."""
+        address = self.data_addr(peer)
+        if address is None:
+            raise PeerUnavailable(f"no data address known for {peer}")
+        return open_data_stream(address, CHANNEL, codec=self.node.codec, peer=peer)
+
     async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
         await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
 
     async def _fetch_manifest(self, ask: FetchManifest) -> None:
-        address = self.data_addr(ask.peer)
         try:
-            if address is None:
-                raise PeerUnavailable(f"no data address for {ask.peer}")
             with trio.fail_after(self.config.request_timeout_s):
-                stream = await open_data_stream(address, CHANNEL)
+                stream = await self.open_stream(ask.peer)
                 async with stream:
-                    await send_frame(stream, self.node.peer_id.encode())
                     await send_frame(stream, ChunkRequest(OP_MANIFEST, 0, ask.version, 0, bytes(32)).pack())
                     reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
                     header = ChunkResponse.unpack(await _frame(reader))
                     if header.status != STATUS_OK or header.length > MAX_MANIFEST_BYTES:
                         return
                     frame = await reader.exactly(header.length)
+        except WrongPeer as exc:
+            self.penalise(ask.peer, WRONG_ADDRESS_PENALTY, f"its data address is not its own: {exc}")
+            return
         except (PeerUnavailable, trio.TooSlowError, trio.BrokenResourceError, OSError, ValueError) as exc:
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             return
@@ -344,15 +379,22 @@ class RelayRole:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= len(old)
 
-    async def _serve(self, stream: trio.SocketStream, reader: FrameReader) -> None:
-        """One requester's connection: answer each request when we can, in any order."""
-        client = (await _frame(reader)).decode("utf-8", "replace")[:64]  # informational only
+    async def _serve(self, stream: trio.SocketStream, reader: FrameReader, client: str) -> None:
+        """One requester's connection (`client`, authenticated by the data plane): answer each
+        request when we can, in any order. A connection with nothing asked and nothing owed for
+        `idle_timeout_s` is closed; so is one whose requester stops reading (see `_respond`)."""
         send_lock = trio.Lock()
         pending = trio.CapacityLimiter(MAX_REQUESTS_PER_CONNECTION)
         async with trio.open_nursery() as nursery:
             try:
                 while True:
-                    frame = await reader.frame()
+                    with trio.move_on_after(self.config.idle_timeout_s) as idle:
+                        frame = await reader.frame()
+                    if idle.cancelled_caught:
+                        if pending.borrowed_tokens:
+                            continue  # we still owe answers: not idle
+                        log.info("closing the idle data connection of %s", client)
+                        break
                     if frame is None:
                         break  # the requester hung up: drop what it still waits for
                     request = _parse_request(frame)
@@ -381,7 +423,7 @@ class RelayRole:
             if not await self._wait_for(req.digest):
                 await self._respond(stream, send_lock, req.request_id, None)
                 return
-            await self._slots.acquire(urgent)
+            await self._slots.acquire(urgent, client)
             try:
                 self.serving_now[client] = self.serving_now.get(client, 0) + 1
                 data = self._cache.get(req.digest)
@@ -398,9 +440,13 @@ class RelayRole:
                 self.serving_now[client] -= 1
                 if not self.serving_now[client]:
                     del self.serving_now[client]
-                self._slots.release()
+                self._slots.release(client)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.info("chunk answers to %s ended: %s", client, exc)
+            connection.cancel()
+        except trio.TooSlowError:
+            self.penalise(client, STALLED_READER_PENALTY,
+                          f"did not read an answer within {self.config.send_timeout_s}s (holding an upload slot)")
             connection.cancel()
         finally:
             pending.release_on_behalf_of(request)
@@ -415,11 +461,14 @@ class RelayRole:
 
     async def _respond(self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int,
                        payload: bytes | bytearray | None) -> None:
+        """Send one answer; TooSlowError if the requester does not take it within `send_timeout_s`
+        (a reader that stops reading must not hold an upload slot)."""
         status, length = (STATUS_OK, len(payload)) if payload is not None else (STATUS_UNAVAILABLE, 0)
         async with send_lock:
-            await send_frame(stream, ChunkResponse(request_id, status, length).pack())
-            if payload:
-                await stream.send_all(payload)
+            with trio.fail_after(self.config.send_timeout_s):
+                await send_frame(stream, ChunkResponse(request_id, status, length).pack())
+                if payload:
+                    await stream.send_all(payload)
 
     # -- control commands and status --------------------------------------------------------
 
@@ -500,18 +549,16 @@ class _Upstream:
 
     async def run(self) -> None:
         with self._scope:
-            address = self.role.data_addr(self.peer)
             try:
-                if address is None:
-                    raise PeerUnavailable(f"no data address known for {self.peer}")
-                stream = await open_data_stream(address, CHANNEL)
+                stream = await self.role.open_stream(self.peer)
+            except WrongPeer as exc:
+                self.role.penalise(self.peer, WRONG_ADDRESS_PENALTY, f"its data address is not its own: {exc}")
             except PeerUnavailable as exc:
                 log.info("source %s: %s", self.peer, exc)
             else:
                 async with stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._write, stream, nursery.cancel_scope)
                     try:
-                        await send_frame(stream, self.role.node.peer_id.encode())
                         await self._read(stream, nursery)
                     except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                         log.info("source %s: %s", self.peer, exc)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import PeerProcess, control_call, start_peer, wait_for_full_tables
+from p2pnet.localnet import PeerProcess, control_call, start_peer, wait_for_full_tables, wait_for_reachable
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,7 @@ def network(tmp_path_factory):
         for peer in peers[1:]:
             peer.wait_ready(30)
         wait_for_full_tables(peers, 30)
+        wait_for_reachable(peers, 60)  # else the byzantine relay may not be anyone's parent yet
         yield root, config, peers
     finally:
         for peer in peers:

@@ -5,12 +5,18 @@ from types import SimpleNamespace
 import trio
 import trio.testing
 
-from p2pnet.dataplane import FrameReader, send_frame
+from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.errors import MessageRejected
+from p2pnet.handshake import server_handshake
+from p2pnet.identity import Identity
+from p2pnet.wire import Codec
 from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.role import _parse_request, _Upstream, _UploadSlots
 from relay.effects import Fetch
 
 DIGEST = bytes(32)
+ME = Identity.from_seed_text("fetcher")
+SOURCE = Identity.from_seed_text("source")
 
 
 class FakeRole:
@@ -18,11 +24,14 @@ class FakeRole:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.node = SimpleNamespace(peer_id="me")
+        self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME))
         self.told: list[tuple] = []
 
-    def data_addr(self, peer: str) -> str:
-        return self.address
+    def open_stream(self, peer: str):
+        return open_data_stream(self.address, "relay/chunks", codec=self.node.codec, peer=peer)
+
+    def penalise(self, peer, amount, reason) -> None:
+        self.told.append(("penalised", peer))
 
     async def report_fetched(self, peer, fetch, data, elapsed_s) -> None:
         self.told.append(("fetched", fetch.index, len(data)))
@@ -35,9 +44,12 @@ async def scripted_server(nursery: trio.Nursery, script) -> str:
     """A data-plane listener whose one connection runs `script(stream, requests)`."""
 
     async def handle(stream: trio.SocketStream) -> None:
+        try:
+            peer, channel = await server_handshake(stream, Codec(SOURCE), SOURCE.peer_id, lambda p, c: None)
+        except MessageRejected:
+            return  # a hello meant for another peer (the impostor test); the real data plane logs it
+        assert (peer, channel) == (ME.peer_id, "relay/chunks")
         reader = FrameReader(stream, max_frame_bytes=4096)
-        assert await reader.frame() == b"relay/chunks"
-        assert await reader.frame() == b"me"
         requests = []
         for _ in range(2):
             frame = await reader.frame()
@@ -54,9 +66,9 @@ async def fetch_two(script) -> list[tuple]:
     async with trio.open_nursery() as nursery:
         address = await scripted_server(nursery, script)
         role = FakeRole(address)
-        upstream = _Upstream(role, "source")
-        upstream.submit(Fetch("source", 1, 0, DIGEST, 1000, urgent=True))
-        upstream.submit(Fetch("source", 1, 1, DIGEST, 1000))
+        upstream = _Upstream(role, SOURCE.peer_id)
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
         with trio.fail_after(5):
             await upstream.run()
         nursery.cancel_scope.cancel()
@@ -91,6 +103,22 @@ async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apar
     assert ("corrupt", 0) in told and ("unreachable", 1) in told
 
 
+async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_from():
+    async def never(stream, requests):
+        raise AssertionError("no request may reach an impostor")
+
+    async with trio.open_nursery() as nursery:
+        address = await scripted_server(nursery, never)
+        role = FakeRole(address)
+        claimed = Identity.from_seed_text("claimed").peer_id  # advertised SOURCE's address as its own
+        upstream = _Upstream(role, claimed)
+        upstream.submit(Fetch(claimed, 1, 0, DIGEST, 1000))
+        with trio.fail_after(5):
+            await upstream.run()
+        nursery.cancel_scope.cancel()
+    assert role.told == [("penalised", claimed), ("unreachable", 0)]
+
+
 async def test_upload_slots_go_to_urgent_waiters_first():
     slots = _UploadSlots(1)
     order = []
@@ -109,6 +137,29 @@ async def test_upload_slots_go_to_urgent_waiters_first():
         slots.release()
     assert order == ["urgent", "normal"]
     assert slots.free == 1
+
+
+async def test_one_peer_cannot_hold_every_upload_slot_and_waiters_take_turns():
+    slots = _UploadSlots(4)  # at most 2 per peer
+    for _ in range(2):
+        await slots.acquire(False, "greedy")
+    served = []
+
+    async def waiter(peer):
+        await slots.acquire(False, peer)
+        served.append(peer)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter, "greedy")  # over its share: waits although 2 slots are free
+        await trio.testing.wait_all_tasks_blocked()
+        assert served == [] and slots.free == 2
+        nursery.start_soon(waiter, "other")
+        nursery.start_soon(waiter, "other")
+        await trio.testing.wait_all_tasks_blocked()
+        assert served == ["other", "other"] and slots.free == 0
+        slots.release("greedy")  # greedy is back under its share and first in line
+        await trio.testing.wait_all_tasks_blocked()
+    assert served == ["other", "other", "greedy"]
 
 
 def test_request_headers_round_trip_with_the_urgent_bit():

@@ -1,0 +1,150 @@
+"""The data plane's handshake and its bounds: who we serve, who serves us, and what strangers get."""
+
+import pytest
+import trio
+import trio.testing
+
+from p2pnet.dataplane import DataPlane, DataPlaneLimits, open_data_stream, send_frame
+from p2pnet.errors import MessageRejected, PeerUnavailable
+from p2pnet.handshake import WrongPeer, client_handshake, server_handshake
+from p2pnet.identity import Identity
+from p2pnet.wire import Codec
+
+SERVER = Identity.from_seed_text("server")
+CLIENT = Identity.from_seed_text("client")
+STRANGER = Identity.from_seed_text("stranger")
+
+
+def admit_only(*peers):
+    return lambda peer, channel: None if peer in peers else "unknown peer"
+
+
+async def run_pair(client_side, server_side):
+    a, b = trio.testing.memory_stream_pair()
+    results = {}
+
+    async def side(name, fn, stream):
+        try:
+            results[name] = await fn(stream)
+        except Exception as exc:  # the test inspects what each side raised
+            results[name] = exc
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(side, "client", client_side, a)
+        nursery.start_soon(side, "server", server_side, b)
+    return results
+
+
+async def test_both_ends_learn_who_the_other_is():
+    results = await run_pair(
+        lambda s: client_handshake(s, Codec(CLIENT), "relay/chunks", SERVER.peer_id),
+        lambda s: server_handshake(s, Codec(SERVER), SERVER.peer_id, admit_only(CLIENT.peer_id)))
+    assert results == {"client": None, "server": (CLIENT.peer_id, "relay/chunks")}
+
+
+async def test_an_address_that_is_another_peers_is_told_apart():
+    results = await run_pair(
+        lambda s: client_handshake(s, Codec(CLIENT), "relay/chunks", STRANGER.peer_id),
+        lambda s: server_handshake(s, Codec(SERVER), SERVER.peer_id, admit_only(CLIENT.peer_id)))
+    assert isinstance(results["client"], WrongPeer) and SERVER.peer_id in str(results["client"])
+    assert isinstance(results["server"], MessageRejected) and results["server"].reason == "wrong_peer"
+
+
+async def test_strangers_get_no_challenge():
+    results = await run_pair(
+        lambda s: client_handshake(s, Codec(STRANGER), "relay/chunks", SERVER.peer_id),
+        lambda s: server_handshake(s, Codec(SERVER), SERVER.peer_id, admit_only(CLIENT.peer_id)))
+    assert isinstance(results["server"], MessageRejected) and results["server"].reason == "not_admitted"
+    assert isinstance(results["client"], PeerUnavailable)
+
+
+async def test_a_recorded_handshake_cannot_be_replayed():
+    """An eavesdropper replays a real client's hello and proof: the server's nonce is new, so
+    the old proof does not answer it."""
+    recorded = []
+
+    class Recorder(trio.abc.Stream):
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def send_all(self, data):
+            recorded.append(bytes(data))
+            await self.inner.send_all(data)
+
+        async def receive_some(self, max_bytes=None):
+            return await self.inner.receive_some(max_bytes)
+
+        async def wait_send_all_might_not_block(self):
+            await self.inner.wait_send_all_might_not_block()
+
+        async def send_eof(self):
+            pass
+
+        async def aclose(self):
+            await self.inner.aclose()
+
+    first = await run_pair(
+        lambda s: client_handshake(Recorder(s), Codec(CLIENT), "relay/chunks", SERVER.peer_id),
+        lambda s: server_handshake(s, Codec(SERVER), SERVER.peer_id, admit_only(CLIENT.peer_id)))
+    assert first["server"] == (CLIENT.peer_id, "relay/chunks") and len(recorded) == 2
+
+    async def replay(stream):
+        await stream.send_all(recorded[0])  # the old hello
+        await stream.receive_some(4096)  # a new challenge
+        await stream.send_all(recorded[1])  # the old proof
+        while await stream.receive_some(4096):
+            pass
+
+    again = await run_pair(replay, lambda s: server_handshake(s, Codec(SERVER), SERVER.peer_id,
+                                                               admit_only(CLIENT.peer_id)))
+    assert isinstance(again["server"], MessageRejected)
+
+
+async def serve(nursery, limits=DataPlaneLimits(), known=(CLIENT.peer_id,)):
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(SERVER), self_id=SERVER.peer_id,
+                      admit=lambda peer: None if peer in known else "not in our peer table", limits=limits)
+    served = []
+
+    async def echo(stream, reader, peer):
+        served.append(peer)
+        frame = await reader.frame()
+        await send_frame(stream, frame)
+        await trio.sleep_forever()
+
+    plane.register("echo", echo)
+    address = await nursery.start(plane.serve)
+    return plane, address, served
+
+
+async def test_the_data_plane_serves_known_peers_only_and_bounds_connections_per_peer():
+    async with trio.open_nursery() as nursery:
+        plane, address, served = await serve(nursery, DataPlaneLimits(max_connections_per_peer=2))
+        streams = [await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id)
+                   for _ in range(2)]
+        for stream in streams:
+            await send_frame(stream, b"hi")
+        with trio.fail_after(10):
+            while len(served) < 2:
+                await trio.sleep(0.01)
+        with pytest.raises(PeerUnavailable):  # a third from the same peer
+            await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id)
+        with pytest.raises(PeerUnavailable):
+            await open_data_stream(address, "echo", codec=Codec(STRANGER), peer=SERVER.peer_id)
+        assert served == [CLIENT.peer_id, CLIENT.peer_id]
+        assert plane.connections() == {CLIENT.peer_id: 2}
+        assert plane.refused == {"not_admitted": 2}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_that_never_finishes_the_handshake_is_dropped():
+    async with trio.open_nursery() as nursery:
+        plane, address, _ = await serve(nursery, DataPlaneLimits(handshake_timeout_s=0.2, max_connections=1))
+        host, port = address.rsplit(":", 1)
+        idle = await trio.open_tcp_stream(host, int(port))  # says nothing
+        with trio.fail_after(10):
+            assert await idle.receive_some(10) == b""  # closed by the server at the deadline
+        assert plane.refused == {"handshake_failed": 1}
+        stream = await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id)
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
