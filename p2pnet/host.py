@@ -77,8 +77,15 @@ class Host:
     async def publish(self, topic: str, frame: bytes) -> None:
         await self._pubsub.publish(topic, frame)
 
-    async def subscribe(self, topic: str, handler: FrameHandler) -> None:
-        """Deliver every frame gossiped on `topic` to `handler(frame, forwarding_peer)`; runs forever."""
+    async def subscribe(self, topic: str, handler: FrameHandler,
+                        validator: Callable[[bytes, str], bool] | None = None) -> None:
+        """Deliver every frame gossiped on `topic` to `handler(frame, forwarding_peer)`; runs forever.
+
+        `validator(frame, forwarding_peer)`, if given, runs before GossipSub forwards a frame to
+        anyone: a frame it refuses is neither forwarded nor delivered."""
+        if validator is not None:
+            self._pubsub.set_topic_validator(
+                topic, lambda forwarder, msg: validator(msg.data, _peer_text(forwarder.to_bytes())), False)
         subscription = await self._pubsub.subscribe(topic)
         async for msg in subscription:
             source = _peer_text(msg.from_id)

@@ -324,6 +324,9 @@ def open_manifest(
     """
     codec = Codec(None, max_age_s=max_age_s, max_future_s=max_future_s)
     try:
+        kind, signer = codec.precheck(frame)  # the signer is checked before the body is decoded
+        if kind == MANIFEST_KIND and signer not in trusted_publishers:
+            raise ManifestRejected("untrusted_publisher", f"signed by {signer}", signer)
         envelope = codec.decode(frame, now_s)
     except MessageRejected as exc:
         raise ManifestRejected(exc.reason, exc.detail, exc.sender) from exc
