@@ -120,8 +120,10 @@ def frame_header(length: int) -> bytes:
 class DataPlaneLimits:
     """What one remote peer, and everyone together, can make our data plane hold."""
 
-    max_connections: int = 512  # open connections in all, handshaking ones included
+    max_connections: int = 512  # authenticated connections in all
     max_connections_per_peer: int = 8  # authenticated connections of one peer
+    max_handshaking: int = 128  # connections not yet authenticated, in all
+    max_handshaking_per_ip: int = 16  # ... from one IP address (strangers cannot crowd out the rest)
     handshake_timeout_s: float = 5.0  # to finish the handshake after connecting
 
 
@@ -142,6 +144,7 @@ class DataPlane:
         self.limits = limits
         self._handlers: dict[str, tuple[DataHandler, bool]] = {}
         self._open = 0
+        self._handshaking: dict[str, int] = {}  # remote IP -> connections in the handshake
         self._per_peer: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # why -> connections refused
         self.address = ""  # what other peers dial (see p2pnet.addresses)
@@ -183,29 +186,45 @@ class DataPlane:
 
     async def _on_connection(self, stream: trio.SocketStream) -> None:
         async with stream:
+            ip = _remote_ip(stream)
+            if (sum(self._handshaking.values()) >= self.limits.max_handshaking
+                    or self._handshaking.get(ip, 0) >= self.limits.max_handshaking_per_ip):
+                self._refuse("too_many_handshakes")
+                return
+            self._handshaking[ip] = self._handshaking.get(ip, 0) + 1
+            try:
+                admitted = await self._authenticate(stream)
+            finally:
+                self._handshaking[ip] -= 1
+                if not self._handshaking[ip]:
+                    del self._handshaking[ip]
+            if admitted is None:
+                return
             if self._open >= self.limits.max_connections:
                 self._refuse("too_many_connections")
                 return
             self._open += 1
             try:
-                await self._handle(stream)
+                await self._handle(stream, *admitted)
             finally:
                 self._open -= 1
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _authenticate(self, stream: trio.SocketStream) -> tuple[str, str] | None:
+        """(peer, channel) once the handshake succeeds; None (counted, logged) otherwise."""
         if self.codec is None:
             raise LocalStateError("data plane started without an identity to prove")
         try:
             with trio.fail_after(self.limits.handshake_timeout_s):
-                peer, channel = await server_handshake(stream, self.codec, self.self_id, self._admit)
+                return await server_handshake(stream, self.codec, self.self_id, self._admit)
         except MessageRejected as exc:
             self._refuse(exc.reason)
             log.info("data connection refused: %s", exc)
-            return
         except (trio.TooSlowError, PeerUnavailable, trio.BrokenResourceError, OSError) as exc:
             self._refuse("handshake_failed")
             log.debug("data connection dropped in the handshake: %s", exc)
-            return
+        return None
+
+    async def _handle(self, stream: trio.SocketStream, peer: str, channel: str) -> None:
         handler = self._handlers[channel][0]
         self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         try:
@@ -216,6 +235,13 @@ class DataPlane:
             self._per_peer[peer] -= 1
             if not self._per_peer[peer]:
                 del self._per_peer[peer]
+
+
+def _remote_ip(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, AttributeError, IndexError):
+        return "?"
 
 
 async def open_data_stream(address: str, channel: str, *, codec: Codec, peer: str,

@@ -148,3 +148,25 @@ async def test_a_connection_that_never_finishes_the_handshake_is_dropped():
         stream = await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id)
         await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_connections_that_stay_silent_cannot_crowd_out_more_than_their_ips_share():
+    async with trio.open_nursery() as nursery:
+        plane, address, _ = await serve(nursery, DataPlaneLimits(max_handshaking_per_ip=2, handshake_timeout_s=30))
+        host, port = address.rsplit(":", 1)
+        silent = [await trio.open_tcp_stream(host, int(port)) for _ in range(2)]
+        extra = await trio.open_tcp_stream(host, int(port))
+        with trio.fail_after(10):
+            assert await extra.receive_some(10) == b""  # closed at once, not after 30 s
+        assert plane.refused == {"too_many_handshakes": 1}
+        for stream in silent:
+            await stream.aclose()
+        with trio.fail_after(10):  # their handshakes end; the IP's share is free again
+            while True:
+                try:
+                    stream = await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id)
+                    break
+                except PeerUnavailable:
+                    await trio.sleep(0.05)
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
