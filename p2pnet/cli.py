@@ -3,8 +3,9 @@
 Subcommands of other packages (checkpoint, validator, devnet, sim, model) register themselves
 through a `register(subparsers)` function in their own `cli` module; this module only lists
 where those live. Errors that are the user's (`ConfigError`, `LocalStateError`,
-`PeerUnavailable`) print one line and exit with status 2; anything else is a bug and shows its
-traceback.
+`PeerUnavailable`, and `CommandRefused`: an error answer from the running peer) print one line
+and exit with status 2; a closed stdout (`p2pnet peer status | head -1`) ends quietly; anything
+else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -21,9 +23,10 @@ from typing import Any, Callable
 import trio
 
 from p2pnet import __version__
+from p2pnet.control import CommandRefused
 from p2pnet.errors import ConfigError, LocalStateError, PeerUnavailable
 
-USER_ERRORS = (ConfigError, LocalStateError, PeerUnavailable)
+USER_ERRORS = (ConfigError, LocalStateError, PeerUnavailable, CommandRefused)
 EXTENSIONS = ("p2pnet.demo", "relay.cli", "verify.cli", "trainer.cli", "simulations.cli", "p2pnet.labcli")
 
 
@@ -38,19 +41,42 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except USER_ERRORS as exc:
-        print(f"p2pnet: error: {exc}", file=sys.stderr)
+        _print_error(exc)
         return 2
+    except BrokenPipeError:
+        return _stdout_gone()
     except BaseExceptionGroup as group:  # trio nurseries wrap errors raised inside them
-        ours, rest = group.split(USER_ERRORS)
+        ours, rest = group.split(USER_ERRORS + (BrokenPipeError,))
         if ours is None or rest is not None:
             raise
-        for exc in _leaves(ours):
-            print(f"p2pnet: error: {exc}", file=sys.stderr)
+        leaves = _leaves(ours)
+        if all(isinstance(exc, BrokenPipeError) for exc in leaves):
+            return _stdout_gone()
+        for exc in leaves:
+            if not isinstance(exc, BrokenPipeError):
+                _print_error(exc)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _print_error(exc: BaseException) -> None:
+    """One line on stderr, whatever the error's text holds."""
+    print(f"p2pnet: error: {' '.join(str(exc).split())}", file=sys.stderr)
+
+
+def _stdout_gone() -> int:
+    """Whoever read our output (`| head -1`) has gone: stop quietly, with nothing left to flush."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit
+    finally:
+        os.close(devnull)
+    return 0
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

@@ -38,6 +38,16 @@ class MessageRejected(P2PNetError):
         self.sender = sender
 
 
+class StaleMessage(MessageRejected):
+    """A message whose timestamp is too far from our clock (reason "stale"). `age_s` is our clock
+    minus its timestamp: positive when it looks old, negative when it comes from our future.
+    Many of these from many peers mean our own clock is wrong (see `p2pnet.peertable.ClockSkew`)."""
+
+    def __init__(self, age_s: float, sender: str | None = None) -> None:
+        super().__init__("stale", f"timestamp off by {age_s:.1f}s", sender)
+        self.age_s = age_s
+
+
 class PeerUnavailable(P2PNetError):
     """A remote peer could not be reached, or did not answer within its deadline."""
 

@@ -5,7 +5,9 @@ stopped (cancelled by the CLI on SIGINT/SIGTERM). The node is also the `EffectSi
 cores: publishes, sends and connects are queued on a bounded outbox and carried out by a few
 sender tasks, so a slow peer never stalls a core. Inbound frames are decoded once, dropped if
 they are our own, routed by message kind to the cores that handle it; rejected frames penalise
-the claimed sender (or the forwarding peer when no sender could be read) in the peer table.
+the claimed sender (or the forwarding peer when no sender could be read) in the peer table,
+except stale ones: a skewed clock (ours or theirs) is reported as a WARNING, not scored, or one
+wrong clock would ban every neighbour within seconds.
 """
 
 from __future__ import annotations
@@ -198,6 +200,10 @@ class Node:
             culprit = exc.sender or via
             log.info("rejected %s from %s", exc, culprit)
             if culprit != self.peer_id:
+                if (skew := self.peertable.clock_skew.observe(trio.current_time(), culprit, exc)) is not None:
+                    log.warning("%s", skew)
+                if exc.reason == "stale":
+                    return  # a clock off (theirs or ours) is no misbehaviour: dropped, not scored
                 for runner in self._runners:
                     runner.rejected(culprit, exc.reason)
             return

@@ -8,15 +8,21 @@ whose score falls to `ban_score` is dropped and ignored for `ban_s`.
 
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
 than the last one taken from that peer.
+
+`ClockSkew` (pure, owned by the table as `clock_skew`, fed by the node with every rejected frame)
+notices when messages are rejected as stale because of a clock offset, ours most likely, and
+words one warning per interval: a wrong clock otherwise looks like a network with no peers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from p2pnet.config import validated
 from p2pnet.core import Connect, Effect, Emit, Publish, SetTimer
+from p2pnet.errors import MessageRejected, StaleMessage
 from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
 from p2pnet.wire import Envelope
 
@@ -118,6 +124,7 @@ class PeerTable:
         self._scores: dict[str, float] = {}
         self._banned_until: dict[str, float] = {}
         self._connect_asked: set[str] = set()
+        self.clock_skew = ClockSkew()
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -230,3 +237,55 @@ class PeerTable:
             del self._peers[peer]
             self._connect_asked.discard(peer)
         return [Emit(PeerLeft(peer, "expired")) for peer in gone]
+
+
+class ClockSkew:
+    """Whether our clock looks wrong, from frames rejected as stale (pure: times passed in).
+
+    `observe(now, peer, rejection)` remembers, per peer, the offset of its last stale frame
+    (`StaleMessage.age_s`: positive when its timestamp is behind our clock). At most once per
+    `interval_s` it returns a warning naming how many peers sent stale frames within `window_s`
+    and their median offset; otherwise None. Other rejections are ignored. One peer with a wrong
+    clock warns too, but the count tells them apart: many peers mean it is our clock. At most
+    `max_peers` peers are remembered (the oldest go first).
+    """
+
+    def __init__(self, window_s: float = 60.0, interval_s: float = 60.0, max_peers: int = 1024) -> None:
+        self.window_s = window_s
+        self.interval_s = interval_s
+        self.max_peers = max_peers
+        self._recent: dict[str, tuple[float, float]] = {}  # peer -> (when, offset in s), oldest first
+        self._warned_at = -math.inf
+        self.stale_frames = 0
+
+    def observe(self, now: float, peer: str, rejection: MessageRejected) -> str | None:
+        if not isinstance(rejection, StaleMessage):
+            return None
+        self.stale_frames += 1
+        self._recent.pop(peer, None)
+        self._recent[peer] = (now, rejection.age_s)
+        self._forget_before(now - self.window_s)
+        if now - self._warned_at < self.interval_s:
+            return None
+        self._warned_at = now
+        return self._warning()
+
+    def offsets(self) -> dict[str, float]:
+        """Each recent peer's last stale offset (s)."""
+        return {peer: age for peer, (_, age) in self._recent.items()}
+
+    def _forget_before(self, horizon: float) -> None:
+        while self._recent:
+            peer, (when, _) = next(iter(self._recent.items()))
+            if when >= horizon and len(self._recent) <= self.max_peers:
+                return
+            del self._recent[peer]
+
+    def _warning(self) -> str:
+        ages = sorted(age for _, age in self._recent.values())
+        median = ages[len(ages) // 2]
+        count = len(ages)
+        side = "behind" if median > 0 else "ahead of"
+        peers, whose = (f"{count} peers", "they agree") if count > 1 else ("1 peer", "or that peer's is")
+        return (f"messages from {peers} are ~{abs(median):.0f} s {side} our clock and are rejected as stale: "
+                f"is this machine's clock wrong? ({whose}; check NTP)")

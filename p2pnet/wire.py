@@ -28,7 +28,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 import cbor2
 
-from p2pnet.errors import MessageRejected
+from p2pnet.errors import MessageRejected, StaleMessage
 from p2pnet.identity import Identity, SignatureChecker, peer_id_to_str
 
 WIRE_VERSION = 1
@@ -174,7 +174,7 @@ class Codec:
             raise MessageRejected("garbage", "timestamp is not an integer", sender_text)
         age_s = now_s - ts_ms / 1000.0
         if age_s > self.max_age_s or -age_s > self.max_future_s:
-            raise MessageRejected("stale", f"timestamp off by {age_s:.1f}s", sender_text)
+            raise StaleMessage(age_s, sender_text)
         try:
             body = spec.from_wire(fields)
         except (TypeError, ValueError, OverflowError) as exc:

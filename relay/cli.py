@@ -16,7 +16,8 @@ Control commands (served by the relay role, relay/role.py):
         -> progress lines {"progress": {"version", "chunks_have", "chunks_total", "bytes_per_s"}},
            then {"version": int, "files": [abs path...], "total_bytes": int}
 
-Any reply may instead be {"error": "..."}. This module must not import torch.
+Any reply may instead be {"error": "...", "reason": CODE}; it fails the command with one line (exit 2).
+`fetch --out` is checked before the peer is asked. This module must not import torch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from typing import Any, Iterator
 import trio
 
 from p2pnet.config import load_toml
-from p2pnet.errors import LocalStateError
+from p2pnet.control import CommandRefused
+from p2pnet.errors import ConfigError, LocalStateError
 from p2pnet.identity import KEY_FILE, Identity, load_or_create_identity
 from relay.config import RelayConfig, relay_config
 from relay.errors import VersionIncomplete
@@ -160,7 +162,7 @@ def _print_traffic(status: dict[str, Any]) -> None:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     config = _config(args)
-    out_dir = args.out.resolve()
+    out_dir = _output_directory(args.out)
     with _offline(args.data_dir, create=False) as offline:
         if offline:
             store = _open_store(args.data_dir, _trusted(args.data_dir, config))
@@ -189,6 +191,22 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+def _output_directory(out: Path) -> Path:
+    """`--out`, made absolute; a ConfigError now, before any peer is asked, if it cannot be written."""
+    out_dir = out.resolve()
+    try:
+        existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())  # "/" always exists
+    except OSError as exc:
+        raise ConfigError("--out", f"{out_dir}: {exc.strerror or exc}") from exc
+    if existing == out_dir and not out_dir.is_dir():
+        raise ConfigError("--out", f"{out_dir} exists and is not a directory")
+    if not existing.is_dir():
+        raise ConfigError("--out", f"cannot create {out_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError("--out", f"cannot write into {existing}: permission denied")
+    return out_dir
 
 
 @contextlib.contextmanager
@@ -238,7 +256,7 @@ def _call(data_dir: Path, request: dict[str, Any], *, timeout_s: float = 30.0,
 
     reply = trio.run(run)
     if "error" in reply:
-        raise LocalStateError(f"the running peer refused {request['cmd']}: {reply['error']}")
+        raise CommandRefused(request["cmd"], reply)
     return reply
 
 

@@ -3,6 +3,8 @@
 - `ManifestRejected`: the publisher's (or forwarder's) fault: an unknown or bad signer, a
   malformed or inconsistent manifest, a conflicting manifest for a version we already hold.
 - `ChunkCorrupt`: the sending peer's fault: the bytes do not hash to the digest asked for.
+- `VersionUnloadable`: the publisher's fault: a version whose every chunk verified, but whose
+  files do not load (safetensors refuses them, or their tensors do not fit the model).
 - `NotSafetensors`: the user's fault: a file given to publish is not a safetensors file.
 - `StoreFull`: ours: the disk budget or the disk itself is exhausted.
 - `ChunkMissing`: ours: a chunk is not (or no longer) held; a chunk found rotten is deleted.
@@ -26,6 +28,14 @@ class ChunkCorrupt(MessageRejected):
     def __init__(self, digest: bytes, detail: str = "", sender: str | None = None) -> None:
         super().__init__("chunk_corrupt", detail or f"chunk {digest.hex()[:16]} does not match its digest", sender)
         self.digest = digest
+
+
+class VersionUnloadable(MessageRejected):
+    """A complete, verified version that does not load; `sender` is its publisher."""
+
+    def __init__(self, version: int, detail: str, sender: str | None = None) -> None:
+        super().__init__("unloadable", f"checkpoint version {version}: {detail}", sender)
+        self.version = version
 
 
 class NotSafetensors(ConfigError):

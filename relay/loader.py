@@ -3,7 +3,14 @@
 `load_state_dict(store, version)` rebuilds each safetensors file from the store's chunks (each
 chunk re-hashed on read, so no byte is believed that does not match the signed manifest) and
 parses it with safetensors. This is the only relay module that imports torch, and it does so
-lazily inside the function, so a relay peer never loads torch.
+lazily inside the function, so a relay peer never loads torch. A version that does not load
+raises one of `LOAD_FAILURES`: `VersionUnloadable` (the publisher's: safetensors refuses the
+bytes, or, with `like`, the tensors do not fit the model) or a `LocalStateError` (ours: a chunk
+found rotten on read, which the store deletes and the relay fetches again).
+
+`RejectedVersions` (pure) is how a worker or validator remembers versions that did not load, so
+it keeps running on the one it has and tries a rejected version again only once the store's
+`version_stamp` for it changed (its chunks were fetched again).
 
 `VersionWatcher` tells interested code (a worker's weight reloader, `checkpoint fetch`) when a
 version becomes complete. It is a plain object: the relay role calls `mark_complete` (or
@@ -16,20 +23,29 @@ This module must not do network I/O.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import trio
 
-from relay.errors import VersionIncomplete
+from p2pnet.errors import LocalStateError
+from relay.errors import VersionIncomplete, VersionUnloadable
 from relay.store import ChunkStore
 
+LOAD_FAILURES = (VersionUnloadable, LocalStateError)  # what "this version does not load here" raises
 
-def load_state_dict(store: ChunkStore, version: int) -> dict[str, Any]:
+
+def load_state_dict(store: ChunkStore, version: int, like: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The tensors of a complete version, by name: `dict[str, torch.Tensor]` on the CPU.
 
-    Raises VersionUnknown / VersionIncomplete, and ChunkMissing if a chunk rotted on disk.
+    With `like` (a model's `state_dict()`), the tensors must match its names and shapes (a name
+    that shares storage with a loaded one may be absent: tied weights), checked before anything
+    is loaded into the model. Raises VersionUnknown / VersionIncomplete, ChunkMissing if a chunk
+    rotted on disk, and VersionUnloadable if the files do not load or do not fit `like`.
     """
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import load
 
     torch.set_num_threads(1)
@@ -38,13 +54,71 @@ def load_state_dict(store: ChunkStore, version: int) -> dict[str, Any]:
         raise VersionIncomplete(f"checkpoint version {version} is not complete in {store.root}")
     state: dict[str, Any] = {}
     for entry in signed.manifest.files:
-        tensors = load(b"".join(store.iter_file(signed, entry.name)))
+        try:
+            tensors = load(b"".join(store.iter_file(signed, entry.name)))
+        except SafetensorError as exc:
+            raise VersionUnloadable(version, f"{entry.name}: {exc}", signed.publisher) from exc
         expected = {t.name for t in entry.tensors}
         if set(tensors) != expected:  # cannot happen for hashed bytes unless the parsers disagree
-            raise VersionIncomplete(f"{entry.name}: tensors {sorted(set(tensors) ^ expected)[:5]} "
-                                    "disagree with the manifest")
+            raise VersionUnloadable(version, f"{entry.name}: tensors {sorted(set(tensors) ^ expected)[:5]} "
+                                    "disagree with the manifest", signed.publisher)
         state.update(tensors)
+    if like is not None:
+        problem = _misfit(state, like)
+        if problem:
+            raise VersionUnloadable(version, problem, signed.publisher)
     return state
+
+
+def _misfit(state: Mapping[str, Any], like: Mapping[str, Any]) -> str:
+    """What keeps `state` from loading into a model whose state dict is `like` ("" if nothing)."""
+    unexpected = sorted(k for k in state if k not in like)
+    if unexpected:
+        return f"unexpected tensors {unexpected[:5]}"
+    shapes = sorted(f"{k} {tuple(state[k].shape)} != {tuple(like[k].shape)}"
+                    for k in state if tuple(state[k].shape) != tuple(like[k].shape))
+    if shapes:
+        return f"wrong shapes: {shapes[:3]}"
+    loaded = {like[k].untyped_storage().data_ptr() for k in state}
+    missing = sorted(k for k in like if k not in state and like[k].untyped_storage().data_ptr() not in loaded)
+    return f"missing tensors {missing[:5]}" if missing else ""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    version: int
+    stamp: Hashable  # the store's `version_stamp` when it failed
+    reason: str
+    at_s: float
+
+
+class RejectedVersions:
+    """Versions that did not load, each with the stamp of the files that failed (pure).
+
+    A version is `blocked` while its stamp is the one that failed: it is not tried again in a
+    loop, only once its files change. At most `keep` rejections are remembered (oldest go)."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._by_version: OrderedDict[int, Rejection] = OrderedDict()
+
+    def reject(self, version: int, stamp: Hashable, reason: str, at_s: float) -> None:
+        self._by_version.pop(version, None)
+        self._by_version[version] = Rejection(version, stamp, reason, at_s)
+        while len(self._by_version) > self.keep:
+            self._by_version.popitem(last=False)
+
+    def blocked(self, version: int, stamp: Hashable) -> Rejection | None:
+        """The rejection that still holds for these exact files, if any."""
+        rejection = self._by_version.get(version)
+        return rejection if rejection is not None and rejection.stamp == stamp else None
+
+    def loaded(self, version: int) -> None:
+        """The version loaded after all (its files changed): no longer rejected."""
+        self._by_version.pop(version, None)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [{"version": r.version, "reason": r.reason, "at_s": round(r.at_s, 3)} for r in self._by_version.values()]
 
 
 class VersionWatcher:
@@ -63,6 +137,9 @@ class VersionWatcher:
     def is_complete(self, version: int) -> bool:
         return version in self._complete
 
+    def complete_versions(self) -> list[int]:
+        return sorted(self._complete)
+
     def on_complete(self, callback: Callable[[int], None]) -> None:
         """Call `callback(version)` for every version marked complete from now on."""
         self._callbacks.append(callback)
@@ -79,8 +156,13 @@ class VersionWatcher:
         return True
 
     def forget(self, version: int) -> None:
-        """A version was garbage-collected; it is no longer complete here."""
+        """A version was garbage-collected or lost a chunk; it is no longer complete here (until
+        it is marked complete again)."""
         self._complete.discard(version)
+
+    async def wait_change(self) -> None:
+        """Wait until a version is next marked complete: a new one, or one complete again."""
+        await self._changed.wait()
 
     def update_from(self, store: ChunkStore) -> list[int]:
         """Mark every version the store holds in full; returns the newly complete ones."""

@@ -17,8 +17,6 @@ not import torch.
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Collection, Sequence
@@ -29,6 +27,7 @@ from p2pnet.errors import MessageRejected
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec, message
 from relay.errors import ManifestRejected, NotSafetensors
+from relay.safetensors_check import HeaderTensor, read_safetensors_header
 
 MANIFEST_KIND = "relay/manifest"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
@@ -39,7 +38,6 @@ MAX_FILES = 10_000
 MAX_NAME_CHARS = 255
 MAX_TENSOR_NAME_CHARS = 1024
 MAX_DIMS = 16
-MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 READ_BLOCK_BYTES = 1024 * 1024
 TEN_YEARS_S = 10 * 365 * 24 * 3600.0
 
@@ -249,42 +247,21 @@ class _ChunkHasher:
 
 
 def read_safetensors_index(fh: BinaryIO, size: int, path: object = "<bytes>") -> tuple[TensorEntry, ...]:
-    """Parse a safetensors header (u64 little-endian length, then JSON) into tensor entries."""
-    head = fh.read(8)
-    if len(head) < 8:
-        raise NotSafetensors(path, "shorter than the 8-byte header length")
-    (header_len,) = struct.unpack("<Q", head)
-    if header_len > min(MAX_HEADER_BYTES, size - 8):
-        raise NotSafetensors(path, f"header length {header_len} exceeds the file or {MAX_HEADER_BYTES}")
-    raw = fh.read(header_len)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotSafetensors(path, f"header is not JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise NotSafetensors(path, "header is not a JSON object")
-    data_start = 8 + header_len
-    tensors = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        tensors.append(_tensor_entry(path, name, info, data_start, size))
-    tensors.sort(key=lambda t: (t.start, t.name))
-    return tuple(tensors)
+    """A safetensors file's tensor entries (byte ranges relative to the file), in data order.
+
+    NotSafetensors unless `safetensors.torch.load` would load the file (relay.safetensors_check)
+    and the manifest can hold its entries (names, dtypes and ranks within the manifest's limits).
+    """
+    tensors = read_safetensors_header(fh, size, path)
+    data_start = size - (tensors[-1].end if tensors else 0)  # the tensors end exactly at the file's end
+    return tuple(_tensor_entry(path, t, data_start) for t in tensors)
 
 
-def _tensor_entry(path: object, name: str, info: object, data_start: int, size: int) -> TensorEntry:
+def _tensor_entry(path: object, t: HeaderTensor, data_start: int) -> TensorEntry:
     try:
-        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]  # type: ignore[index]
-        if not (isinstance(dtype, str) and isinstance(shape, list) and all(type(d) is int for d in shape)
-                and type(begin) is int and type(end) is int):
-            raise TypeError("wrong field types")
-        entry = TensorEntry(name, dtype, tuple(shape), data_start + begin, data_start + end)
-    except (TypeError, KeyError, ValueError) as exc:
-        raise NotSafetensors(path, f"bad entry for tensor {name[:64]!r}: {exc}") from exc
-    if entry.end > size:
-        raise NotSafetensors(path, f"tensor {name[:64]!r} lies beyond the end of the file")
-    return entry
+        return TensorEntry(t.name, t.dtype, t.shape, data_start + t.begin, data_start + t.end)
+    except ValueError as exc:
+        raise NotSafetensors(path, f"tensor {t.name[:64]!r} does not fit a manifest: {exc}") from exc
 
 
 # -- signing ------------------------------------------------------------------------------

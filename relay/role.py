@@ -20,6 +20,13 @@ forwarded as soon as they are verified), serving at most `max_concurrent_uploads
 requests flagged urgent (the requester forwards that stripe) first, recently verified chunks
 from memory.
 
+Our own store's faults. The store tells us (`ChunkStore.listener`, from any thread) when a read
+found a chunk rotten (deleted: the core is told it `lost` it, so the version is incomplete, not
+announced, and the chunk is fetched again) and when garbage collection dropped a version (the
+core and the watcher forget it). A store that is full (StoreFull, ENOSPC) holds new requests
+(`StoreBackoff`: 1 s doubling to 60 s, one warning per hold); while it backs off, a fetch is
+downloaded only if the store has room by then, and the first chunk stored ends the backoff.
+
 Test hook: with the environment variable P2PNET_TEST_CORRUPT_CHUNKS=1 this peer flips a byte in
 every chunk it serves (a byzantine relay for the tests). It is read once at start, logged as an
 error, and reported in `status()`; nothing else enables it.
@@ -42,12 +49,12 @@ from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_fram
 from p2pnet.errors import ConfigError, MessageRejected, P2PNetError, PeerUnavailable
 from p2pnet.peertable import PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
-from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionUnknown
+from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.loader import VersionWatcher
 from relay.manifest import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, SignedManifest, open_manifest
 from relay.messages import (OP_CHUNK, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse, ManifestAnnounce)
-from relay.store import ChunkStore
+from relay.store import NO_SPACE_ERRNOS, ChunkRotten, ChunkStore, StoreBackoff, StoreEvent, VersionCollected
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
 
@@ -200,10 +207,14 @@ class RelayRole:
         self.serving_now: dict[str, int] = {}
         self.bytes_served = 0
         self.timeline: dict[int, dict[str, float]] = {}  # version -> wall-clock times (status, benchmarks)
+        self.backoff = StoreBackoff()  # a full store holds new requests: 1 s doubling to 60 s
+        self._token: trio.lowlevel.TrioToken | None = None
+        self.store.listener = self._from_store
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._token = trio.lowlevel.current_trio_token()
         try:
             await self._run(task_status)
         finally:
@@ -253,7 +264,14 @@ class RelayRole:
     async def _dispatch(self) -> None:
         async for item in self._queue:
             if isinstance(item, Fetch):
-                self._upstream(item.peer).submit(item)
+                if self.backoff.active and not await self._room_for(item.size):
+                    await self._not_stored(item.peer, item, "still no room after the hold")  # not downloaded
+                else:
+                    self._upstream(item.peer).submit(item)
+            elif isinstance(item, ChunkRotten):
+                await self._chunk_rotten(item.digest)
+            elif isinstance(item, VersionCollected):
+                await self._version_collected(item.version)
             elif isinstance(item, FetchManifest):
                 self._nursery.start_soon(self._fetch_manifest, item)  # type: ignore[union-attr]
             elif isinstance(item, DropSource):
@@ -299,11 +317,20 @@ class RelayRole:
             log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
             await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, "corrupt"))
             return
-        except (StoreFull, OSError) as exc:
+        except StoreFull as exc:
+            await self._not_stored(peer, fetch, str(exc))
+            return
+        except OSError as exc:
+            if exc.errno in NO_SPACE_ERRNOS:  # e.g. a batched fsync found the disk full
+                await self._not_stored(peer, fetch, str(exc))
+                return
             log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
             await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
                                                                    "unavailable"))
             return
+        if self.backoff.succeeded():
+            log.warning("the chunk store has room again: fetching resumes")
+            await self._command(lambda now: self.core.hold_requests(now, now))
         self._remember(fetch.digest, data)
         self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
         arrived = self._arrivals.pop(fetch.digest, None)
@@ -317,6 +344,58 @@ class RelayRole:
             await trio.to_thread.run_sync(self.store.flush)
         except OSError as exc:
             log.error("flushing the chunk store failed: %s", exc)
+
+    # -- what the store tells us, and a full store --------------------------------------------
+
+    def _from_store(self, event: StoreEvent) -> None:
+        """The store's listener, called from whichever thread found it: queue it for `_dispatch`."""
+        if self._token is None:  # before `run`: the startup path reads the store as it is then
+            log.info("store event before the relay started: %s", event)
+            return
+        try:
+            self._token.run_sync_soon(self._queue_send.send_nowait, event)
+        except trio.RunFinishedError:
+            log.info("store event after the relay stopped: %s", event)
+
+    async def _chunk_rotten(self, digest: bytes) -> None:
+        """A chunk was corrupt on disk and is deleted: each version using it is incomplete (not
+        reported, not announced) until the chunk is fetched again."""
+        if self.store.has_chunk(digest):
+            return  # stored again meanwhile
+        for signed in self.store.manifests():
+            indices = [i for i, d in enumerate(signed.manifest.chunk_digests) if d == digest]
+            if not indices or not self.core.knows(signed.version):
+                continue
+            self.watcher.forget(signed.version)
+            log.warning("chunk %d of version %d was corrupt on disk and is deleted: the version is incomplete "
+                        "until it is fetched again", indices[0], signed.version)
+            await self._command(lambda now, v=signed.version, ii=indices:
+                                [e for i in ii for e in self.core.lost(now, v, i)])
+
+    async def _version_collected(self, version: int) -> None:
+        self.watcher.forget(version)
+        await self._command(lambda now: self.core.collected(version))
+        log.info("version %d was garbage-collected: no longer held or announced", version)
+
+    async def _room_for(self, nbytes: int) -> bool:
+        """Whether the store has room for a chunk now (asked before fetching while backing off)."""
+        if trio.current_time() < self.backoff.until:
+            return False  # a request issued just before the hold began
+        try:
+            return await trio.to_thread.run_sync(self.store.has_room, nbytes)
+        except OSError as exc:
+            log.error("cannot check the chunk store's free space: %s", exc)
+            return False
+
+    async def _not_stored(self, peer: str, fetch: Fetch, why: str) -> None:
+        """Our store had no room for a chunk: fetch it again later, blaming nobody, and hold new
+        requests (1 s, doubling up to 60 s while the store stays full); say so once per hold."""
+        until = self.backoff.failed(trio.current_time())
+        if until is not None:
+            log.warning("chunk store full (%s): no new chunk requests for %.0fs (%d failed stores so far)",
+                        why, until - trio.current_time(), self.backoff.failures)
+        await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else [])
+                            + self.core.fetch_failed(now, peer, fetch.version, fetch.index, "store_full"))
 
     def _manifest_gate(self, frame: bytes) -> str | None:
         """A gossiped manifest goes on only if a publisher we trust signed it: checked from its
@@ -504,17 +583,23 @@ class RelayRole:
         if not out_dir.is_absolute():
             raise ConfigError("out_dir", "an absolute directory path")
         timeout_s = float(request.get("timeout_s", 600.0))
+        files: list[Path] = []
         with trio.move_on_after(timeout_s) as scope:
-            while not self.watcher.is_complete(version):
-                if self.core.knows(version):
-                    p = self.core.progress(trio.current_time(), version)
-                    await reply({"progress": {k: p[k] for k in ("version", "chunks_have", "chunks_total",
-                                                                  "bytes_per_s")}})
-                with trio.move_on_after(0.5):
-                    await self.watcher.wait_newer(version - 1, at_least=version)
+            while True:
+                while not self._holds(version):
+                    if self.core.knows(version):
+                        p = self.core.progress(trio.current_time(), version)
+                        await reply({"progress": {k: p[k] for k in ("version", "chunks_have", "chunks_total",
+                                                                      "bytes_per_s")}})
+                    with trio.move_on_after(0.5):
+                        await self.watcher.wait_change()
+                try:
+                    files = await trio.to_thread.run_sync(self.store.export_version, version, out_dir)
+                    break
+                except (ChunkMissing, VersionIncomplete) as exc:  # rotten on disk: deleted, fetched again
+                    log.warning("exporting version %d: %s; waiting until it is complete again", version, exc)
         if scope.cancelled_caught:
             raise PeerUnavailable(f"version {version} not complete after {timeout_s}s")
-        files = await trio.to_thread.run_sync(self.store.export_version, version, out_dir)
         return {"version": version, "files": [str(f) for f in files],
                 "total_bytes": self.store.manifest(version).manifest.total_bytes}
 
@@ -531,8 +616,14 @@ class RelayRole:
             served_to=dict(self.served),
             bytes_served=self.bytes_served,
             corrupting_chunks=self.corrupt_chunks,
+            store_backoff=self.backoff.to_json(now),
         )
         return status
+
+    def _holds(self, version: int) -> bool:
+        """Complete here: the core has every chunk of `version` and the store still does."""
+        signed = self.core.signed(version)
+        return self.watcher.is_complete(version) and signed is not None and self.store.is_complete(signed)
 
 
 class _Upstream:

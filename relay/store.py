@@ -21,6 +21,13 @@ believed; contents are re-verified lazily: every `read_chunk` hashes what it rea
 whose bytes no longer match its name is deleted and reported as `ChunkMissing`. `verify_all()`
 does the same eagerly. Chunks are shared between versions (stored once).
 
+What the owner hears. A chunk found rotten and deleted (`ChunkRotten`) and a version dropped by
+garbage collection (`VersionCollected`) are told to `listener`, from whichever thread found
+them, so the relay fetches the chunk again and stops reporting the version complete.
+`version_stamp(version)` changes whenever a chunk of the version is stored again, so a loader
+that refused a version can tell when its files changed. `StoreBackoff` (pure: no clock, no I/O)
+says when a full store may be tried again.
+
 Manifests are re-opened and re-verified against the trusted publishers when loaded; untrusted
 or malformed ones are skipped with a warning (left on disk: trust lists change). `collect()`
 keeps the newest `keep_versions` complete versions plus any newer incomplete one (a download
@@ -39,8 +46,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Sequence
 
@@ -58,11 +67,28 @@ log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
 MANIFEST_SUFFIX = ".manifest"
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # what a full disk raises (as OSError.errno)
 
 
 def digest_of(data: bytes | bytearray | memoryview) -> bytes:
     return blake3.blake3(data, max_threads=1).digest()
+
+
+@dataclass(frozen=True)
+class ChunkRotten:
+    """A held chunk no longer matched its digest on disk; it has been deleted."""
+
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class VersionCollected:
+    """Garbage collection dropped this version's manifest (and its unshared chunks)."""
+
+    version: int
+
+
+StoreEvent = ChunkRotten | VersionCollected
 
 
 class ChunkStore:
@@ -93,10 +119,13 @@ class ChunkStore:
         self._flush_lock = threading.Lock()  # one flush at a time; taken before _lock, never inside it
         self._unsynced: dict[bytes, Path] = {}  # held chunks still under their temp name, not yet fsynced
         self._sizes: dict[bytes, int] = {}
+        self._stamps: dict[bytes, int] = {}  # digest -> `_puts` when it was stored (0: found at startup)
+        self._puts = 0
         self._used_bytes = 0
         self._reserved_bytes = 0
         self._manifests: dict[int, SignedManifest] = {}
         self._trusted: frozenset[str] = frozenset()
+        self.listener: Callable[[StoreEvent], None] | None = None  # called from any thread
         (self.root / "chunks").mkdir(parents=True, exist_ok=True)
         (self.root / "manifests").mkdir(parents=True, exist_ok=True)
         self._scan_chunks()
@@ -189,6 +218,8 @@ class ChunkStore:
             if digest not in self._sizes:
                 self._sizes[digest] = len(data)
                 self._used_bytes += len(data)
+                self._puts += 1
+                self._stamps[digest] = self._puts
                 if staged is not None:
                     self._unsynced[digest] = staged
             elif staged is not None:
@@ -238,6 +269,16 @@ class ChunkStore:
                                 f"({self.used_bytes} used); raise relay.budget_bytes or keep fewer versions")
             self._reserved_bytes += nbytes
 
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a chunk of `nbytes` would fit now: within the budget (after `collect()` if
+        needed) and on the disk. A cheap check before fetching while the store was full."""
+        with self._lock:
+            if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
+                self.collect()
+            if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
+                return False
+        return shutil.disk_usage(self.root).free >= nbytes
+
     def _write_temp(self, path: Path, data: bytes | bytearray | memoryview, sync: bool = False) -> Path:
         """`data` in a new temp file next to `path` (fsynced if `sync`); its name."""
         path.parent.mkdir(exist_ok=True)
@@ -251,7 +292,7 @@ class ChunkStore:
                     os.fsync(fh.fileno())
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            if exc.errno in _NO_SPACE:
+            if exc.errno in NO_SPACE_ERRNOS:
                 raise StoreFull(f"no space left for the chunk store at {self.root}: {exc}") from exc
             raise
         return tmp
@@ -282,12 +323,14 @@ class ChunkStore:
         if digest_of(data) != digest:
             log.warning("chunk %s on disk no longer matches its digest; deleting it", digest.hex()[:16])
             self._forget(digest)
+            self._tell(ChunkRotten(digest))
             raise ChunkMissing(f"chunk {digest.hex()[:16]} was corrupt on disk and has been deleted")
         return data
 
     def _forget(self, digest: bytes) -> None:
         with self._lock:
             self._used_bytes -= self._sizes.pop(digest, 0)
+            self._stamps.pop(digest, None)
             staged = self._unsynced.pop(digest, None)
             if staged is not None:
                 staged.unlink(missing_ok=True)
@@ -340,6 +383,14 @@ class ChunkStore:
     def complete_versions(self) -> list[int]:
         return [s.version for s in self.manifests() if self.is_complete(s)]
 
+    def version_stamp(self, version: int) -> tuple[bytes, int]:
+        """Changes whenever one of the version's chunks is stored (again): a loader that refused
+        the version tries it again only once its stamp changed. VersionUnknown if not held."""
+        with self._lock:
+            signed = self.manifest(version)
+            stamps = self._stamps
+            return signed.manifest_id, max((stamps.get(d, 0) for d in signed.manifest.chunk_digests), default=0)
+
     def progress(self, signed: SignedManifest) -> dict[str, int]:
         """Chunks and bytes held of one version."""
         m = signed.manifest
@@ -380,7 +431,13 @@ class ChunkStore:
             freed = sum(self._sizes[d] for d in garbage)
             for digest in garbage:
                 self._forget(digest)
+            for version in dropped:
+                self._tell(VersionCollected(version))
             return {"dropped_versions": dropped, "deleted_chunks": len(garbage), "freed_bytes": freed}
+
+    def _tell(self, event: StoreEvent) -> None:
+        if self.listener is not None:
+            self.listener(event)
 
     def _versions_to_keep(self) -> set[int]:
         complete = self.complete_versions()
@@ -483,6 +540,51 @@ class ChunkStore:
         self.flush()
         self.add_manifest(signed)
         return signed
+
+
+class StoreBackoff:
+    """When to try a full store again: pure (times are passed in), for the relay's fetching.
+
+    The first failure starts a hold of `first_s`; a failure after a hold ended (the probe found
+    the store still full) starts the next one, twice as long, up to `max_s`; failures inside a
+    hold (requests that were already out) change nothing. `failed` returns the end of a new hold,
+    once per hold, so the caller says so once per interval, not once per chunk. A store that
+    succeeds ends the backoff (`succeeded` is True when one was running).
+    """
+
+    def __init__(self, first_s: float = 1.0, max_s: float = 60.0) -> None:
+        if not 0 < first_s <= max_s:
+            raise ConfigError("relay", "store backoff needs 0 < first_s <= max_s")
+        self.first_s = first_s
+        self.max_s = max_s
+        self.hold_s = 0.0  # the current (or last) hold's length; 0 when not backing off
+        self.until = -float("inf")
+        self.failures = 0
+
+    @property
+    def active(self) -> bool:
+        """The store was full and nothing has been stored since."""
+        return self.hold_s > 0
+
+    def failed(self, now: float) -> float | None:
+        """A store failed for lack of space: the end of a new hold, or None inside the current one."""
+        self.failures += 1
+        if now < self.until:
+            return None
+        self.hold_s = self.first_s if not self.active else min(2 * self.hold_s, self.max_s)
+        self.until = now + self.hold_s
+        return self.until
+
+    def succeeded(self) -> bool:
+        """A store succeeded: back to normal. True if that ended a backoff."""
+        was = self.active
+        self.hold_s, self.until = 0.0, -float("inf")
+        return was
+
+    def to_json(self, now: float) -> dict[str, object]:
+        return {"backing_off": self.active, "hold_s": self.hold_s,
+                "retry_in_s": round(max(self.until - now, 0.0), 3) if self.active else 0.0,
+                "failed_stores": self.failures}
 
 
 def _read_range(paths: Sequence[Path], manifest: Manifest, index: int) -> bytes:

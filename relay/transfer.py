@@ -25,6 +25,13 @@ Failures, by who is at fault:
 - stall (detected here on the tick): a source with requests outstanding and no completion for
   `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
   so it closes the connection.
+- `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
+  is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
+
+Our store changes under us, too: `lost` (a held chunk was found corrupt on disk and deleted)
+makes the version incomplete again (no longer announced) and fetches the chunk again, from
+holders if we are the origin; `collected` (garbage collection dropped a version) forgets the
+version and refuses it, and any older version we do not know, from then on.
 
 Candidates for a chunk of stripe s, in order: our parent in s, its ancestors up to the origin,
 then peers that announced `Holding` the whole version (fastest measured first). A peer
@@ -178,6 +185,8 @@ class TransferCore:
         self._in_flight = 0  # requests outstanding over all versions
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
         self._last_announce = -float("inf")
+        self._hold_until = -float("inf")  # no new requests before this (our store is full)
+        self._collected_through = -1  # versions up to this one were garbage-collected: never again
         self.rejected_manifests = 0
 
     # -- core contract --------------------------------------------------------------------
@@ -319,7 +328,8 @@ class TransferCore:
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=False)
             if not v.have[index]:
-                v.tried.setdefault(index, set()).add(peer)
+                if reason != "store_full":  # our disk, not the source: it may be asked again
+                    v.tried.setdefault(index, set()).add(peer)
                 _requeue(v, index)
         if not v.complete:
             self._pump(now, v, effects)
@@ -330,6 +340,39 @@ class TransferCore:
         v = self._versions.pop(version, None)
         if v is not None:
             self._in_flight -= len(v.in_flight)
+
+    def collected(self, version: int) -> list[Any]:
+        """Garbage collection dropped `version`: forget it, and never take it (or an older
+        version we do not know) again, or we would fetch what the next collection drops."""
+        self.forget(version)
+        self._collected_through = max(self._collected_through, version)
+        return []
+
+    def lost(self, now: float, version: int, index: int) -> list[Any]:
+        """Our store no longer holds chunk `index` of `version` (it was corrupt on disk and has
+        been deleted): the version is incomplete (and not announced) until it is fetched again."""
+        v = self._versions.get(version)
+        if v is None or not 0 <= index < v.count or not v.have[index]:
+            return []
+        v.have[index] = 0
+        v.have_count -= 1
+        v.completed_at = None
+        v.tried.pop(index, None)
+        _requeue(v, index)
+        effects: list[Any] = []
+        self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def hold_requests(self, now: float, until: float) -> list[Any]:
+        """Issue no new chunk requests before `until` (our store is full); requests already out
+        stay out. An `until` not after `now` lifts the hold at once."""
+        self._hold_until = until
+        effects: list[Any] = []
+        if until <= now:
+            for v in self._newest_first():
+                if not v.complete:
+                    self._pump(now, v, effects)
+        return self._arm(now, effects)
 
     # -- queries --------------------------------------------------------------------------
 
@@ -381,7 +424,7 @@ class TransferCore:
 
     def _admit(self, now: float, signed: SignedManifest, effects: list[Any],
                held: Iterable[int] | None) -> _Version | None:
-        if signed.version in self._versions:
+        if signed.version in self._versions or signed.version <= self._collected_through:
             return None
         digests = signed.manifest.chunk_digests
         have = bytearray(len(digests))
@@ -465,8 +508,9 @@ class TransferCore:
     # -- internals: issuing requests ------------------------------------------------------
 
     def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None:
-        """Issue requests while windows and the in-flight budget allow; `stripe` first if given."""
-        if v.complete or v.plan is None or v.is_origin:
+        """Issue requests while windows and the in-flight budget allow; `stripe` first if given.
+        The origin holds everything unless a chunk was `lost`; then it fetches it from holders."""
+        if v.complete or v.plan is None or now < self._hold_until:
             return
         budget = self.config.max_in_flight - self._in_flight
         if stripe is not None and stripe < v.plan.stripes:
@@ -631,6 +675,8 @@ class TransferCore:
         for held in body.versions:
             v = self._versions.get(held.version)
             if v is None:
+                if held.version <= self._collected_through:
+                    continue  # collected here: we do not want it back
                 asked = self._manifest_asked.get(held.version)
                 if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
                     self._manifest_asked[held.version] = (now, sender)
@@ -676,14 +722,17 @@ class TransferCore:
         return draw < chance
 
     def _arm(self, now: float, effects: list[Any]) -> list[Any]:
-        """Keep one tick pending: soon while transfers run, at the announce interval otherwise."""
-        if self._tick_at is not None and self._tick_at > now and self._tick_at <= now + self._tick_s:
+        """Keep one tick pending: soon while transfers run, at the announce interval otherwise,
+        and when a hold on requests ends."""
+        held = now < self._hold_until
+        soon = min(now + self._tick_s, self._hold_until) if held else now + self._tick_s
+        if self._tick_at is not None and self._tick_at > now and self._tick_at <= soon:
             return effects  # a tick soon enough is already pending
         if not self._versions:
             return effects
         busy = any(not v.complete for v in self._versions.values())
         interval = min(self.config.announce_interval_s, self._tick_s) if busy else self.config.announce_interval_s
-        at = now + interval
+        at = min(now + interval, self._hold_until) if held else now + interval
         if self._tick_at is None or at < self._tick_at - 1e-9 or self._tick_at <= now:
             self._tick_at = at
             effects.append(SetTimer(at, TIMER_TICK))

@@ -2,7 +2,10 @@
 
 `WorkerRole` follows new checkpoint versions through the relay role, generates its assigned
 prompts' rollouts with proofs (in a worker thread), signs and gossips them as a `Submission`,
-and never runs more than `async_level` versions behind the newest it knows. `TrainerRole` runs
+and never runs more than `async_level` versions behind the newest it knows. A version that does
+not load (a chunk rotten on disk, files safetensors refuses, tensors that do not fit the model)
+is rejected: logged, listed in `rejected_versions`, and the worker keeps the version it has; it
+tries that version again only once its files change (the relay fetched them again). `TrainerRole` runs
 the `Intake` core, trains (GRPO, `trainer.learner`) only on batches validators accepted, and
 publishes every new version through the relay role; the checkpoint write and the publish run
 beside the next step, never in its way. Both need the relay role in the same peer.
@@ -24,6 +27,7 @@ import trio
 
 from p2pnet.config import from_mapping, validated
 from p2pnet.errors import ConfigError
+from relay.loader import LOAD_FAILURES, RejectedVersions
 from trainer.intake import Intake, IntakeConfig
 from verify.validator import Penalise
 
@@ -44,7 +48,9 @@ def load_version(base_dir: Path, store: Any, version: int, loaded: tuple[Any, An
     """The base model folder's architecture and tokenizer with version `version`'s weights (thread).
 
     With `loaded` (a model and tokenizer from an earlier version), only the weights are swapped:
-    a new version never rebuilds the model."""
+    a new version never rebuilds the model. The weights are read and checked against the model
+    before any is copied in, so a version that does not load (`relay.loader.LOAD_FAILURES`)
+    leaves `loaded` as it was."""
     import torch
 
     torch.set_num_threads(1)
@@ -52,7 +58,7 @@ def load_version(base_dir: Path, store: Any, version: int, loaded: tuple[Any, An
     from trainer.model import load_model_dir, load_weights_into
 
     model, tokenizer = loaded if loaded is not None else load_model_dir(base_dir)
-    load_weights_into(model, load_state_dict(store, version))
+    load_weights_into(model, load_state_dict(store, version, like=model.state_dict()))
     model.eval()
     return model, tokenizer
 
@@ -91,6 +97,8 @@ class WorkerRole:
         self.relay = _relay(node, "worker")
         self.submitted: list[dict[str, Any]] = []
         self.version = -1
+        self.loaded: tuple[Any, Any] | None = None  # the model and tokenizer of `version`
+        self.rejected = RejectedVersions()
         if self.config.byzantine:
             log.error("worker.byzantine=%s: this worker CHEATS on purpose (devnet/test setting)",
                       self.config.byzantine)
@@ -102,20 +110,15 @@ class WorkerRole:
         generation = GenerationConfig(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                                       temperature=cfg.temperature)
         task_status.started()
-        model = tokenizer = None
         last_step = -1
         while True:
-            newest = await self.relay.wait_for_version(max(0, last_step + 1 - cfg.async_level))
-            newest = max(newest, self.relay.watcher.latest)
-            load_s = 0.0
-            if newest != self.version or model is None:
-                loading = time.monotonic()
-                loaded = (model, tokenizer) if model is not None else None
-                model, tokenizer = await trio.to_thread.run_sync(load_version, cfg.model_dir, self.relay.store,
-                                                                 newest, loaded)
-                self.version = newest
-                load_s = time.monotonic() - loading
-            step = max(last_step + 1, newest)
+            await self.relay.wait_for_version(max(0, last_step + 1 - cfg.async_level))
+            load_s = await self.switch_version()
+            if self.loaded is None:  # every complete version was rejected: wait for a new or re-fetched one
+                await self.relay.watcher.wait_change()
+                continue
+            model, tokenizer = self.loaded
+            step = max(last_step + 1, self.relay.watcher.latest)
             started = time.monotonic()
             batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation)
             await self._submit(batch)
@@ -126,6 +129,35 @@ class WorkerRole:
                                    "load_s": round(load_s, 3)})
             # one batch per step: wait for the trainer to move on before the next one
             await self.relay.wait_for_version(step + 1)
+
+    async def switch_version(self) -> float:
+        """Load the newest complete version not rejected, if it is newer than ours (or we have
+        none); the seconds spent loading. A version that does not load is rejected and we keep
+        ours (or try the next older one when we have none)."""
+        store = self.relay.store
+        for version in reversed(self.relay.watcher.complete_versions()):
+            if self.loaded is not None and version <= self.version:
+                return 0.0
+            try:
+                stamp = store.version_stamp(version)
+            except LOAD_FAILURES as exc:  # collected meanwhile
+                log.info("worker: version %d is gone: %s", version, exc)
+                continue
+            if self.rejected.blocked(version, stamp) is not None:
+                continue  # the same files that failed: not again
+            loading = time.monotonic()
+            try:
+                self.loaded = await trio.to_thread.run_sync(load_version, self.config.model_dir, store, version,
+                                                            self.loaded)
+            except LOAD_FAILURES as exc:
+                self.rejected.reject(version, stamp, str(exc), time.time())
+                log.warning("worker: checkpoint version %d does not load (%s); %s", version, exc,
+                            f"keeping version {self.version}" if self.loaded is not None else "no version loaded yet")
+                continue
+            self.rejected.loaded(version)
+            self.version = version
+            return time.monotonic() - loading
+        return 0.0
 
     def _generate(self, model: Any, tokenizer: Any, step: int, generation: Any) -> tuple[Any, Any]:
         from trainer.tasks import assign_prompts
@@ -153,7 +185,7 @@ class WorkerRole:
 
     def status(self) -> dict[str, Any]:
         return {"version": self.version, "byzantine": self.config.byzantine, "submitted": self.submitted[-20:],
-                "batches_submitted": len(self.submitted)}
+                "batches_submitted": len(self.submitted), "rejected_versions": self.rejected.to_json()}
 
 
 def _substitute_answers(batch: Any, tokenizer: Any) -> Any:

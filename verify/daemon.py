@@ -9,9 +9,12 @@ registers the control command `validator.status`.
 Where models come from: `ModelSource(version)` returns a loaded model for a policy version:
 `<checkpoint_dir>/v{version}` when that folder exists (the trainer's checkpoint layout),
 else `model_path` (a single model folder serving every version: fixed-policy networks and
-tests). It keeps the last `model_cache` models (LRU). Relay integration will plug another
-source in here. Model folders are trainer.model's format (config.json, tokenizer,
-model.safetensors).
+tests). It keeps the last `model_cache` models (LRU). `RelayModelSource(version)` instead
+takes the weights of checkpoint `version` from the relay store; a version that does not load
+(a chunk rotten on disk, files safetensors refuses, tensors that do not fit) is rejected:
+logged once, listed in `rejected_versions`, its checks dropped without a verdict, the models
+already loaded kept, and it is tried again only once its files change (the relay fetched them
+again). Model folders are trainer.model's format (config.json, tokenizer, model.safetensors).
 
 `SubmissionChecker` is the default checker: it recomputes the sampling seed and the
 assigned prompts (trainer.tasks rules) and runs `verify.check.check_rollout` on the rows the
@@ -36,7 +39,8 @@ import trio
 
 from p2pnet.config import from_mapping, validated
 from p2pnet.control import Reply
-from p2pnet.errors import ConfigError, LocalStateError
+from p2pnet.errors import ConfigError
+from relay.loader import LOAD_FAILURES, RejectedVersions
 from verify.errors import ProofError
 from verify.policy import SAME_STACK, Thresholds
 from verify.reputation import BatchInvalidated, WorkerBanned
@@ -177,6 +181,7 @@ class RelayModelSource:
         self.device = device
         self._cache: OrderedDict[int, LoadedModel] = OrderedDict()
         self._lock = threading.Lock()
+        self.rejected = RejectedVersions()
 
     def __call__(self, version: int) -> LoadedModel:
         with self._lock:
@@ -184,19 +189,38 @@ class RelayModelSource:
             if model is not None:
                 self._cache.move_to_end(version)
                 return model
+            try:
+                stamp = self.store.version_stamp(version)
+            except LOAD_FAILURES as exc:
+                raise ModelUnavailable(f"version {version}: {exc}") from exc
+            rejection = self.rejected.blocked(version, stamp)
+            if rejection is not None:
+                raise ModelUnavailable(f"version {version} was rejected: {rejection.reason}")
             # at capacity, the least recently used model is evicted anyway: swap the new weights
-            # into it instead of building the architecture again
-            reuse = self._cache.popitem(last=False)[1] if len(self._cache) >= self.cache_size else None
+            # into it instead of building the architecture again (only once they loaded and fit)
+            reuse = next(iter(self._cache.items())) if len(self._cache) >= self.cache_size else None
             try:
                 model = load_model_folder(self.base_dir, self.device, weights=(self.store, version),
-                                          reuse=reuse)
-            except (OSError, RuntimeError, ValueError, LocalStateError) as exc:
+                                          reuse=reuse[1] if reuse is not None else None)
+            except LOAD_FAILURES as exc:
+                self.rejected.reject(version, stamp, str(exc), time.time())
+                log.warning("validator: checkpoint version %d does not load (%s); its checks are dropped "
+                            "until its files change", version, exc)
+                raise ModelUnavailable(f"version {version} does not load: {exc}") from exc
+            except (OSError, RuntimeError, ValueError) as exc:
                 raise ModelUnavailable(f"cannot load version {version}: {exc}") from exc
+            if reuse is not None:
+                del self._cache[reuse[0]]
+            self.rejected.loaded(version)
             self._cache[version] = model
             return model
 
     def cached(self) -> list[str]:
         return [f"v{v}" for v in self._cache]
+
+    def rejected_versions(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.rejected.to_json()
 
 
 def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None = None,
@@ -205,7 +229,9 @@ def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None
 
     With `weights=(store, version)`, the folder gives the architecture and tokenizer and the
     relay store gives that checkpoint version's weights; with `reuse`, an evicted model of the
-    same folder takes those weights instead of a new model being built."""
+    same folder takes those weights instead of a new model being built. The weights are read and
+    checked against the model first: a version that does not load (`LOAD_FAILURES`) leaves
+    `reuse` untouched."""
     import torch
 
     torch.set_num_threads(1)
@@ -218,7 +244,7 @@ def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None
     if weights is not None:
         from relay.loader import load_state_dict
 
-        load_weights_into(model, load_state_dict(*weights))
+        load_weights_into(model, load_state_dict(*weights, like=model.state_dict()))
     model.to(device)
 
     @torch.no_grad()
@@ -395,8 +421,9 @@ class ValidatorRole:
     def status(self) -> dict[str, Any]:
         stats = self.core.status(trio.current_time())
         cached = self.models.cached() if isinstance(self.models, (ModelSource, RelayModelSource)) else []
+        rejected = self.models.rejected_versions() if isinstance(self.models, RelayModelSource) else []
         return {**stats, "sample_rate": self.config.sample_rate, "models_cached": cached,
-                "recent": list(self.recent)}
+                "rejected_versions": rejected, "recent": list(self.recent)}
 
 
 def _optional_trainer_rules() -> TaskRules | None:

@@ -243,10 +243,22 @@ def encode_proof(modulus: int, coeffs: np.ndarray) -> bytes:
 
 
 def decode_proof(data: bytes | bytearray | memoryview, n_points: int) -> tuple[int, np.ndarray]:
-    """Parse one proof of ``n_points`` coefficients; ProofError if it is malformed."""
+    """Parse one proof of ``n_points`` coefficients; ProofError if it is malformed.
+
+    ``n_points`` must be an int in [1, 4096] (a proof commits to at least one point); the
+    bytes must be exactly ``proof_length(n_points)`` long, with 1 <= m <= P and every
+    coefficient < P. Nothing but ProofError escapes, whatever the arguments.
+    """
+    is_count = isinstance(n_points, (int, np.integer)) and not isinstance(n_points, bool)
+    if not is_count or not 1 <= n_points <= _MAX_TOPK:
+        raise ProofError(f"a proof has 1 to {_MAX_TOPK} points, not {str(n_points)[:32]}")
+    n_points = int(n_points)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProofError(f"proof must be bytes, got {type(data).__name__}")
-    raw = bytes(data)
+    try:
+        raw = bytes(data)
+    except (TypeError, ValueError, BufferError) as exc:  # a memoryview of a non-byte format
+        raise ProofError(f"proof is not a byte buffer ({exc})") from exc
     if len(raw) != proof_length(n_points):
         raise ProofError(f"proof has {len(raw)} bytes, expected {proof_length(n_points)}")
     words = np.frombuffer(raw, dtype=">u2").astype(np.int64)

@@ -1,0 +1,268 @@
+"""The relay role's trio shell when its own store fails it, in virtual time (MockClock): a full
+disk backs off and resumes, a chunk found rotten on disk is fetched again (and the version is not
+reported complete meanwhile), a garbage-collected version is no longer reported.
+
+The role runs its real core, runner, dispatcher and store; only the network is replaced: every
+`Fetch` goes to `Source`, which answers from the publisher's store (when its gate is open). The
+role's worker-thread calls run inline (`inline_threads`), so virtual time does not race real
+threads and every run is the same.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from safetensors.numpy import save_file
+
+from p2pnet.driver import CoreRunner
+from p2pnet.identity import Identity
+from relay.errors import ChunkMissing
+from relay.messages import Holding
+from relay.role import RelayRole
+from relay.store import ChunkStore
+
+PUBLISHER = Identity.from_seed_text("publisher")
+ME = Identity.from_seed_text("relay")
+CHUNK = 1024
+CHUNKS = 16
+
+
+@pytest.fixture
+def clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+@pytest.fixture(autouse=True)
+def inline_threads(monkeypatch):
+    """`trio.to_thread.run_sync` runs the function in the trio thread (after a checkpoint)."""
+
+    async def run_sync(fn, *args, **kwargs):
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+
+
+class FakeNode:
+    """What the role uses of a node; records the effects it carries out."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.identity = ME
+        self.peer_id = ME.peer_id
+        self.config = SimpleNamespace(data_dir=data_dir, upload_bps=10**8)
+        self.peertable = SimpleNamespace(penalise=lambda now, peer, amount: [])
+        self.carried: list = []
+
+    def carry_out(self, origin: str, effect) -> None:
+        self.carried.append(effect)
+
+
+class Source:
+    """The publisher, as the role's upstream for every peer: answers fetches from its store."""
+
+    def __init__(self, role: RelayRole, store: ChunkStore, nursery: trio.Nursery) -> None:
+        self.role, self.store, self.nursery = role, store, nursery
+        self.downloads: list[tuple[float, int, int]] = []  # (virtual time, version, index)
+        self.gate = trio.Event()
+        self.gate.set()
+
+    def submit(self, fetch) -> None:
+        self.nursery.start_soon(self._answer, fetch)
+
+    async def _answer(self, fetch) -> None:
+        await self.gate.wait()
+        self.downloads.append((trio.current_time(), fetch.version, fetch.index))
+        data = self.store.read_chunk(fetch.digest)
+        await self.role.report_fetched(PUBLISHER.peer_id, fetch, data, 0.01)
+
+
+def publish(store: ChunkStore, root: Path, version: int):
+    path = root / f"v{version}.safetensors"
+    save_file({"w": np.random.default_rng(version).standard_normal(CHUNKS * CHUNK // 4 - 40).astype(np.float32)},
+              str(path))
+    return store.publish_files(PUBLISHER, [path], model="m", version=version, previous_version=version - 1,
+                               chunk_bytes=CHUNK, now_s=time.time())
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, **relay) -> None:
+        self.origin = ChunkStore(tmp_path / "origin", budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id],
+                                 fsync=False)
+        self.root = tmp_path
+        section = {"trusted_publishers": [PUBLISHER.peer_id], "fsync": False, "max_concurrent_downloads": 2,
+                   "stall_timeout_s": 30.0, **relay}
+        self.node = FakeNode(tmp_path / "relay")
+        self.role = RelayRole(self.node, section)
+        self.source: Source | None = None
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        role = self.role
+        role._token = trio.lowlevel.current_trio_token()
+        role._nursery = nursery
+        role._runner = CoreRunner(role._peeler, self.node, name="relay")
+        await nursery.start(role._runner.run)
+        nursery.start_soon(role._dispatch)
+        self.source = Source(role, self.origin, nursery)
+        role._upstream = lambda peer: self.source  # every fetch goes to the publisher's store
+        await role._command(lambda now: role.core.set_members(now, {PUBLISHER.peer_id: 1e9}))
+
+    async def announce(self, version: int):
+        signed = publish(self.origin, self.root, version)
+        await self.role._command(lambda now: self.role.core.manifest_frame(now, PUBLISHER.peer_id, signed.frame))
+        return signed
+
+    async def until(self, check, limit_s: float) -> float:
+        """Virtual seconds until `check()` holds (checked whenever every task is blocked)."""
+        start = trio.current_time()
+        with trio.fail_after(limit_s):
+            while not check():
+                await trio.testing.wait_all_tasks_blocked()
+                if not check():
+                    await trio.sleep(0.1)  # virtual: MockClock jumps
+        return trio.current_time() - start
+
+    def complete(self, version: int) -> bool:
+        return version in self.role.status()["complete_versions"] and self.role.watcher.is_complete(version)
+
+
+def store_full_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "relay.role" and r.levelno >= logging.WARNING and "store full" in r.getMessage()]
+
+
+async def test_a_full_store_backs_off_says_so_once_per_hold_and_resumes_when_space_returns(tmp_path, clock, caplog):
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, budget_bytes=3 * CHUNK)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        await h.announce(1)
+        await h.until(lambda: h.role.backoff.active, 5)
+        start = trio.current_time()
+        with trio.move_on_after(300):  # five virtual minutes of a full disk
+            await trio.sleep_forever()
+        full_downloads = len(h.source.downloads)
+        warnings = store_full_warnings(caplog)
+        # holds of 1, 2, 4, 8, 16, 32, 60, 60, 60, 60 s: one warning each, not one per chunk
+        assert 8 <= len(warnings) <= 11, warnings
+        assert "60s" in warnings[-1] and "1s" in warnings[0]
+        # only what was already in flight when the store first filled was downloaded: the probes
+        # at the end of each hold ask the store for room before downloading anything
+        assert full_downloads <= 3 + 2 * 4, h.source.downloads
+        assert all(t - start < 1.0 for t, _, _ in h.source.downloads[3:])
+        status = h.role.status()["store_backoff"]
+        assert status["backing_off"] and status["hold_s"] == 60.0
+        assert not h.complete(1)
+
+        h.role.store.budget_bytes = 10**9  # space returns
+        waited = await h.until(lambda: h.complete(1), 120)
+        assert waited <= 61.0  # at the end of the current hold at the latest
+        assert not h.role.status()["store_backoff"]["backing_off"]
+        assert [r for r in caplog.records if "room again" in r.getMessage()]
+        assert len(store_full_warnings(caplog)) == len(warnings)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_chunk_rotten_on_disk_is_fetched_again_and_the_version_is_not_complete_meanwhile(tmp_path, clock):
+    h = Harness(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = await h.announce(1)
+        await h.until(lambda: h.complete(1), 30)
+        digest = signed.manifest.chunk_digests[5]
+        h.role.store.chunk_path(digest).write_bytes(b"bit rot")
+        h.source.gate = trio.Event()  # hold the re-fetch so the gap can be seen
+        with pytest.raises(ChunkMissing):
+            h.role.store.read_chunk(digest)  # a read finds it: deleted, and the role is told
+        await h.until(lambda: not h.role.watcher.is_complete(1), 5)
+        status = h.role.status()
+        assert status["complete_versions"] == [] and not status["versions"][0]["complete"]
+        assert h.role.core.progress(trio.current_time(), 1)["chunks_have"] == CHUNKS - 1
+        h.node.carried.clear()
+        await h.until(lambda: h.role.core.status(trio.current_time())["progress"][0]["in_flight"] == 1, 5)
+        with trio.move_on_after(12):  # a few announce intervals: the incomplete version is not announced
+            await trio.sleep_forever()
+        assert not [e for e in h.node.carried if isinstance(getattr(e, "body", None), Holding)]
+        h.source.gate.set()
+        await h.until(lambda: h.complete(1), 30)
+        assert h.source.downloads[-1][1:] == (1, 5)
+        out = tmp_path / "out"
+        reply = await h.role._cmd_fetch({"version": 1, "out_dir": str(out)}, lambda progress: None)
+        assert Path(reply["files"][0]).read_bytes() == (tmp_path / "v1.safetensors").read_bytes()
+        nursery.cancel_scope.cancel()
+
+
+async def test_checkpoint_fetch_that_finds_a_rotten_chunk_waits_for_it_and_exports_byte_identical_files(
+        tmp_path, clock):
+    h = Harness(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = await h.announce(1)
+        await h.until(lambda: h.complete(1), 30)
+        h.role.store.chunk_path(signed.manifest.chunk_digests[0]).write_bytes(b"rot")
+        replies: list = []
+
+        async def reply(message) -> None:
+            replies.append(message)
+
+        with trio.fail_after(60):
+            answer = await h.role._cmd_fetch({"version": 1, "out_dir": str(tmp_path / "out"), "timeout_s": 50},
+                                             reply)
+        assert Path(answer["files"][0]).read_bytes() == (tmp_path / "v1.safetensors").read_bytes()
+        assert h.source.downloads[-1][1:] == (1, 0) and h.complete(1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_garbage_collected_version_is_no_longer_reported_or_announced(tmp_path, clock):
+    one_version = CHUNKS * CHUNK
+    h = Harness(tmp_path, keep_versions=1, budget_bytes=int(2.5 * one_version))
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        for version in (1, 2):
+            await h.announce(version)
+            await h.until(lambda v=version: h.complete(v), 30)
+        assert h.role.status()["complete_versions"] == [1, 2]
+        await h.announce(3)  # over budget halfway: collection drops version 1
+        await h.until(lambda: h.complete(3), 60)
+        status = h.role.status()
+        assert status["complete_versions"] == [2, 3] and [v["version"] for v in status["versions"]] == [2, 3]
+        assert not h.role.watcher.is_complete(1) and not h.role.core.knows(1)
+        h.node.carried.clear()
+        with trio.move_on_after(30):
+            await trio.sleep_forever()
+        announced = {hv.version for e in h.node.carried if isinstance(getattr(e, "body", None), Holding)
+                     for hv in e.body.versions}
+        assert announced == {2, 3}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_disk_that_raises_enospc_backs_off_the_same_way(tmp_path, clock, caplog, monkeypatch):
+    h = Harness(tmp_path)
+    real_put = h.role.store.put_chunk
+    disk = {"full": True}
+
+    def put_chunk(digest, data, **kwargs):
+        if disk["full"]:
+            raise OSError(errno.ENOSPC, "No space left on device")  # e.g. a batched fsync
+        return real_put(digest, data, **kwargs)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        await h.announce(1)
+        with trio.move_on_after(30):
+            await trio.sleep_forever()
+        warnings = store_full_warnings(caplog)
+        assert 4 <= len(warnings) <= 6, warnings  # holds of 1, 2, 4, 8, 16 s
+        assert len(h.source.downloads) <= 4 * (len(warnings) + 1)  # one window of probes per hold
+        disk["full"] = False
+        await h.until(lambda: h.complete(1), 40)
+        assert not h.role.backoff.active
+        nursery.cancel_scope.cancel()
