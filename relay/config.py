@@ -32,6 +32,7 @@ class RelayConfig:
     request_timeout_s: float = 10.0  # a chunk request unanswered this long is retried elsewhere
     send_timeout_s: float = 30.0  # a requester that does not take an answer this long is cut off
     idle_timeout_s: float = 120.0  # a data connection with nothing asked or owed this long is closed
+    serve_bytes_per_peer_s: int = 0  # 0: no cap; else bytes a second served to one peer at most
     announce_interval_s: float = 5.0  # how often we gossip what we hold
     store_dir: str = "relay"  # under the data directory
     fsync: bool = True  # fsync chunks and directories (off only for simulations/benchmarks)
@@ -57,6 +58,8 @@ class RelayConfig:
                      "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
+        if self.serve_bytes_per_peer_s < 0:
+            problems["serve_bytes_per_peer_s"] = "must be >= 0 (0: no cap)"
         if self.layout not in ("striped", "tree", "star"):
             problems["layout"] = "must be striped, tree or star"
         if self.tree_fanout < 1:

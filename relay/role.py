@@ -161,6 +161,23 @@ class _UploadSlots:
                 return
 
 
+class ByteBudget:
+    """Bytes served to one peer per second at most: a token bucket of `rate_bps` with one second
+    of burst. `reserve(now, n)` takes `n` bytes and says how long to wait before sending them
+    (0 while within budget). Pure: the caller sleeps."""
+
+    def __init__(self, rate_bps: float) -> None:
+        self.rate_bps = rate_bps
+        self._tokens = rate_bps
+        self._at = 0.0
+
+    def reserve(self, now: float, nbytes: int) -> float:
+        self._tokens = min(self.rate_bps, self._tokens + (now - self._at) * self.rate_bps)
+        self._at = now
+        self._tokens -= nbytes
+        return max(0.0, -self._tokens / self.rate_bps)
+
+
 def serving_uploads(node: Node) -> dict[str, float]:
     """Relay members and their advertised upload, 0 for peers that others cannot dial (or not
     yet known to be dialable: `Heartbeat.reachable`), so the planner never makes them parents."""
@@ -198,6 +215,7 @@ class RelayRole:
         self._nursery: trio.Nursery | None = None
         self._upstreams: dict[str, _Upstream] = {}
         self._slots = _UploadSlots(self.config.max_concurrent_uploads)
+        self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
         self._arrivals: dict[bytes, trio.Event] = {}
         self._cache: OrderedDict[bytes, bytes | bytearray] = OrderedDict()
         self._cache_bytes = 0
@@ -515,6 +533,10 @@ class RelayRole:
             if not await self._wait_for(req.digest):
                 await self._respond(stream, send_lock, req.request_id, None)
                 return
+            if self.config.serve_bytes_per_peer_s:  # a peer's budget is spent waiting, not holding a slot
+                budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
+                signed = self.core.signed(req.version)
+                await trio.sleep(budget.reserve(trio.current_time(), signed.manifest.chunk_bytes if signed else 0))
             await self._slots.acquire(urgent, client)
             try:
                 self.serving_now[client] = self.serving_now.get(client, 0) + 1

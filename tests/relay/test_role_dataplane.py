@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+import pytest
 import trio
 import trio.testing
 
@@ -168,3 +169,15 @@ def test_request_headers_round_trip_with_the_urgent_bit():
     urgent = bytearray(req.pack())
     urgent[0] |= 0x80
     assert _parse_request(bytes(urgent)) == (req, True)
+
+
+def test_a_byte_budget_lets_a_burst_through_then_paces_a_peer_to_its_rate():
+    from relay.role import ByteBudget
+
+    budget = ByteBudget(1_000_000)  # 1 MB/s, one second of burst
+    assert budget.reserve(0.0, 600_000) == 0.0
+    assert budget.reserve(0.0, 400_000) == 0.0  # the burst is spent
+    assert budget.reserve(0.0, 500_000) == pytest.approx(0.5)  # wait half a second before sending
+    assert budget.reserve(0.5, 500_000) == pytest.approx(0.5)  # half a second later: still in debt
+    assert budget.reserve(10.0, 1) == 0.0  # a quiet peer gets its burst back (never more than one second)
+    assert budget.reserve(10.0, 1_000_000) == pytest.approx(1e-6)
