@@ -124,14 +124,7 @@ class Codec:
         """(kind, sender) of a frame whose signature is good, without decoding its body: what
         gossip checks before it forwards a frame or spends a full decode on it (a manifest
         body can take 0.1 s). Raises only MessageRejected."""
-        if not isinstance(frame, (bytes, bytearray, memoryview)):
-            raise MessageRejected("garbage", "frame is not bytes")
-        frame = bytes(frame)
-        if len(frame) > MAX_FRAME_BYTES:
-            raise MessageRejected("oversized", f"{len(frame)} bytes")
-        if len(frame) <= SIGNATURE_BYTES:
-            raise MessageRejected("unsigned", "frame too short to carry a signature")
-        payload = frame[:-SIGNATURE_BYTES]
+        frame, payload, signature = _split(frame)
         version, kind, sender = _peek_header(payload)
         if version != WIRE_VERSION:
             raise MessageRejected("bad_version", f"version {version!r}")
@@ -140,19 +133,12 @@ class Codec:
             raise MessageRejected("unknown_type", kind[:64])
         if len(frame) > spec.max_bytes:
             raise MessageRejected("oversized", f"{kind} of {len(frame)} bytes > {spec.max_bytes}")
-        self._checker.verify(sender, DOMAIN + payload, frame[-SIGNATURE_BYTES:])
+        self._checker.verify(sender, DOMAIN + payload, signature)
         return kind, peer_id_to_str(sender)
 
     def decode(self, frame: bytes, now_s: float) -> Envelope[Any]:
         """Decode and check one frame; raises only MessageRejected."""
-        if not isinstance(frame, (bytes, bytearray, memoryview)):
-            raise MessageRejected("garbage", "frame is not bytes")
-        frame = bytes(frame)
-        if len(frame) > MAX_FRAME_BYTES:
-            raise MessageRejected("oversized", f"{len(frame)} bytes")
-        if len(frame) <= SIGNATURE_BYTES:
-            raise MessageRejected("unsigned", "frame too short to carry a signature")
-        payload, signature = frame[:-SIGNATURE_BYTES], frame[-SIGNATURE_BYTES:]
+        frame, payload, signature = _split(frame)
         outer = _loads(payload)
         if not (isinstance(outer, list) and len(outer) == 5):
             raise MessageRejected("garbage", "envelope is not a 5-element array")
@@ -180,6 +166,18 @@ class Codec:
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageRejected("invalid_field", f"{kind}: {exc}", sender_text) from exc
         return Envelope(kind, sender_text, sender, ts_ms, body, len(frame))
+
+
+def _split(frame: bytes) -> tuple[bytes, bytes, bytes]:
+    """(frame, payload, signature), after the checks every frame passes first."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise MessageRejected("garbage", "frame is not bytes")
+    frame = bytes(frame)
+    if len(frame) > MAX_FRAME_BYTES:
+        raise MessageRejected("oversized", f"{len(frame)} bytes")
+    if len(frame) <= SIGNATURE_BYTES:
+        raise MessageRejected("unsigned", "frame too short to carry a signature")
+    return frame, frame[:-SIGNATURE_BYTES], frame[-SIGNATURE_BYTES:]
 
 
 def _peek_header(payload: bytes) -> tuple[int, str, bytes]:
