@@ -36,10 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
@@ -62,6 +59,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# third-party loggers that drown everything else at DEBUG (measured: `multiaddr` wrote 99% of
+# 4,242 lines in 12 s of one peer); they stay at WARNING unless `--log-level trace`
+CHATTY_LOGGERS = ("multiaddr",)
+
+
+def configure_logging(level_name: str) -> None:
+    """Every logger, libp2p's included (see `p2pnet.host.adopt_libp2p_logging`), in one format on
+    stderr. `trace` is `debug` with the chatty third-party loggers let through as well."""
+    level = logging.DEBUG if level_name == "trace" else getattr(logging, level_name.upper())
+    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level_name == "trace" else max(level, logging.WARNING))
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: Any) -> None:
+    """`--log-level` before or after the subcommand: every parser takes it."""
+    parser.add_argument("--log-level", default=default, choices=LOG_LEVELS,
+                        help="log verbosity on stderr (default: warning); trace also shows the chatty "
+                        f"third-party loggers ({', '.join(CHATTY_LOGGERS)}) that debug keeps at WARNING")
+    for action in parser._actions:  # argparse has no public way to list subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _add_log_level(sub, argparse.SUPPRESS)
 
 
 def _print_error(exc: BaseException) -> None:
@@ -92,8 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Peer-to-peer weight distribution and verification for decentralized RL training.",
     )
     parser.add_argument("--version", action="version", version=f"p2pnet {__version__}")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                        help="log verbosity on stderr (default: warning)")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _register_peer(commands)
     for module_name in EXTENSIONS:
@@ -104,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that package has no CLI (yet)
             raise
         module.register(commands)
+    _add_log_level(parser, "warning")
     return parser
 
 

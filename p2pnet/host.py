@@ -15,6 +15,8 @@ travel here (see `p2pnet.dataplane`).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import struct
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
@@ -276,7 +278,10 @@ async def open_host(
     from libp2p.stream_muxer.yamux.yamux import Yamux
     from libp2p.tools.anyio_service import background_trio_service
 
+    adopt_libp2p_logging()
     listen_addr = parse_multiaddr(listen, "peer.listen")
+    ip, port = _tcp_listen_target(listen_addr, listen)
+    _probe_bind(ip, port, listen)
     key_pair = identity.libp2p_key_pair()
     security = {NOISE_ID: NoiseTransport(key_pair, noise_privkey=new_x25519().private_key)}
     raw_host = new_host(
@@ -298,16 +303,64 @@ async def open_host(
     host = Host(raw_host, pubsub, identity, max_frame_bytes, announce)
     raw_host.set_stream_handler(MSG_PROTOCOL, host._on_stream)
     raw_host.set_stream_handler(GOSSIP_PROTOCOL, _guarded_gossip_handler(pubsub))
-    try:
-        async with raw_host.run(listen_addrs=[listen_addr]):
-            try:
-                async with background_trio_service(pubsub), background_trio_service(gossip):
-                    await pubsub.wait_until_ready()
-                    yield host
-            finally:
-                with trio.CancelScope(shield=True):
-                    pubsub.seen_messages.stop()  # its sweeper thread outlives the host otherwise
-                    with trio.move_on_after(5):
-                        await raw_host.close()
-    except OSError as exc:
-        raise ConfigError("peer.listen", f"cannot listen on {listen}: {exc}") from exc
+    async with raw_host.run(listen_addrs=[listen_addr]):
+        try:
+            _check_listening(host.bound_addrs(), port, listen)
+            async with background_trio_service(pubsub), background_trio_service(gossip):
+                await pubsub.wait_until_ready()
+                yield host
+        finally:
+            with trio.CancelScope(shield=True):
+                pubsub.seen_messages.stop()  # its sweeper thread outlives the host otherwise
+                with trio.move_on_after(5):
+                    await raw_host.close()
+
+
+def adopt_libp2p_logging() -> None:
+    """Send libp2p's log records through our handlers, levels and format.
+
+    Importing py-libp2p 0.8.1 makes its `libp2p` logger stop propagating, at WARNING, with no
+    handler (so its lines reach stderr bare, through logging's last resort), unless LIBP2P_DEBUG
+    is set, in which case its own setup stands."""
+    if os.environ.get("LIBP2P_DEBUG"):
+        return
+    root = logging.getLogger("libp2p")
+    root.handlers.clear()
+    root.setLevel(logging.NOTSET)
+    root.propagate = True
+
+
+def _tcp_listen_target(addr: multiaddr.Multiaddr, listen: str) -> tuple[str, int]:
+    """The (ip, port) of an /ip4|ip6/.../tcp/PORT listen multiaddr; ConfigError for anything else."""
+    names = [p.name for p in addr.protocols()]
+    if len(names) != 2 or names[0] not in ("ip4", "ip6") or names[1] != "tcp":
+        raise ConfigError("peer.listen", f"cannot listen on {listen}: only /ip4/IP/tcp/PORT or /ip6/IP/tcp/PORT "
+                          "is supported")
+    return addr.value_for_protocol(names[0]), int(addr.value_for_protocol("tcp"))
+
+
+def _probe_bind(ip: str, port: int, listen: str) -> None:
+    """Bind (ip, port) once, without SO_REUSEPORT, and let go: ConfigError when that fails.
+
+    py-libp2p 0.8.1 listens with SO_REUSEADDR and SO_REUSEPORT (for hole punching), so a second
+    peer on a port a running one holds would bind too, and the kernel would split incoming
+    connections between them. A socket without SO_REUSEPORT cannot share a port with a listening
+    one, so this probe refuses a taken port, and an IP this host does not have, before libp2p
+    starts. SO_REUSEADDR keeps a port whose old connections linger in TIME_WAIT usable."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ip, port))
+            probe.listen(1)
+        except OSError as exc:
+            raise ConfigError("peer.listen", f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+
+
+def _check_listening(bound: list[str], port: int, listen: str) -> None:
+    """py-libp2p logs a failed listen and runs on listening on nothing: refuse that here."""
+    if not bound:
+        raise ConfigError("peer.listen", f"cannot listen on {listen}: the libp2p host bound no address")
+    if port and not any(a.split("/p2p/")[0].endswith(f"/tcp/{port}") for a in bound):
+        raise ConfigError("peer.listen", f"cannot listen on {listen}: the libp2p host bound {', '.join(bound)} "
+                          f"instead")
