@@ -38,7 +38,9 @@ HANDSHAKE_MAX_BYTES = 1024
 
 
 class WrongPeer(PeerUnavailable):
-    """The address answered, but not as the peer we meant to reach (a stale or false address)."""
+    """The address answered, but not as the peer we meant to reach: another peer, or something
+    that is no p2pnet data plane (a stale or false address; the peer that advertised it is to
+    blame). A refused or silent address is plain PeerUnavailable: that may be transient."""
 
 
 @message("data/hello", max_bytes=HANDSHAKE_MAX_BYTES)
@@ -103,12 +105,15 @@ async def client_handshake(stream: trio.abc.Stream, codec: Codec, channel: str, 
     MessageRejected or PeerUnavailable otherwise). Reads nothing beyond the challenge."""
     nonce = os.urandom(NONCE_BYTES)
     await stream.send_all(_frame(codec.encode(DataHello(channel, nonce, server), time.time())))
-    envelope = codec.decode(await _read_frame(stream, bytearray()), time.time())
+    try:
+        envelope = codec.decode(await _read_frame(stream, bytearray()), time.time())
+    except MessageRejected as exc:  # something answered, but not a p2pnet data plane
+        raise WrongPeer(f"the address answered with {exc.reason}, not a handshake") from exc
     challenge = envelope.body
     if envelope.sender != server:
         raise WrongPeer(f"the address answered as {envelope.sender}, not {server}")
     if not isinstance(challenge, DataChallenge) or challenge.nonce != nonce:
-        raise MessageRejected("invalid_field", "not a challenge to our hello", server)
+        raise WrongPeer(f"{server} answered our hello with something else than its challenge")
     await stream.send_all(_frame(codec.encode(DataProof(challenge.server_nonce, server), time.time())))
 
 

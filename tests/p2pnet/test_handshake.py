@@ -170,3 +170,13 @@ async def test_connections_that_stay_silent_cannot_crowd_out_more_than_their_ips
                     await trio.sleep(0.05)
         await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_an_address_that_answers_with_something_else_is_a_wrong_peer():
+    async def not_a_data_plane(stream):
+        await stream.receive_some(4096)
+        await stream.send_all(b"\x00\x00\x00\x0bHTTP/1.1 200")  # a framed answer that is no handshake
+
+    results = await run_pair(lambda s: client_handshake(s, Codec(CLIENT), "relay/chunks", SERVER.peer_id),
+                             not_a_data_plane)
+    assert isinstance(results["client"], WrongPeer) and "not a handshake" in str(results["client"])
