@@ -64,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # third-party loggers that drown everything else at DEBUG (measured: `multiaddr` wrote 99% of
-# 4,242 lines in 12 s of one peer); they stay at WARNING unless `--log-level trace`
-CHATTY_LOGGERS = ("multiaddr",)
+# 4,242 lines in 12 s of one peer; with it quiet, yamux, noise and pubsub (which dumps whole
+# protobufs over several lines) wrote 90% of the rest); they stay at WARNING unless `trace`
+CHATTY_LOGGERS = ("multiaddr", "libp2p.stream_muxer", "libp2p.security", "libp2p.pubsub",
+                  "libp2p.protocol_muxer", "libp2p.network.stream")
 
 
 def configure_logging(level_name: str) -> None:
@@ -185,8 +187,10 @@ def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     from p2pnet.config import from_mapping, load_toml
     from p2pnet.node import PeerConfig
     from p2pnet.peertable import PeerTableConfig
+    from p2pnet.roles import check_sections
 
     sections = load_toml(args.config)
+    check_sections(sections)
     config = from_mapping(
         PeerConfig, sections.get("peer", {}), "peer",
         data_dir=args.data_dir,

@@ -37,10 +37,20 @@ def validated(cls: type[C]) -> type[C]:
         check = getattr(self, "check", None)
         if check is not None:
             for name, problem in check().items():
-                raise ConfigError(name, f"{problem} (got {getattr(self, name, None)!r})")
+                raise ConfigError(name, _with_value(problem, getattr(self, name, None)))
 
     cls.__init__ = __init__  # type: ignore[method-assign]
     return cls
+
+
+def _with_value(problem: str, value: Any) -> str:
+    """The problem and the value it is about, unless the problem already quotes it (a tuple's
+    check names its bad item; the whole tuple would print as Python, not as the user wrote it)."""
+    if isinstance(value, tuple):
+        if any(repr(item) in problem for item in value):
+            return problem
+        return f"{problem} (got {', '.join(str(item) for item in value) or 'nothing'})"
+    return f"{problem} (got {value!r})"
 
 
 def _coerce(name: str, value: Any, hint: Any) -> Any:
@@ -84,6 +94,9 @@ def from_mapping(cls: type[C], values: Mapping[str, Any], section: str, **overri
             raise ConfigError(f"{section}.{key}", f"unknown setting; known: {', '.join(sorted(known))}")
     merged = dict(values)
     merged.update({k: v for k, v in overrides.items() if v is not None})
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in merged and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{section}.{f.name}", "required setting missing")
     try:
         return cls(**merged)
     except ConfigError as exc:
@@ -99,6 +112,8 @@ def load_toml(path: Path | None) -> dict[str, Any]:
             data = tomllib.load(fh)
     except FileNotFoundError as exc:
         raise ConfigError("--config", f"no such file: {path}") from exc
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
     for section, table in data.items():

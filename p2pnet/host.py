@@ -8,8 +8,11 @@ node decodes and checks them with the codec.
 py-libp2p leaks sockets, tasks and a thread unless the host is closed inside `run()` and the
 pubsub seen-message cache is stopped; `open_host` does both on the way out. It also blocks
 every dial to a peer for 60 s after one failed (a negative cache); `connect` lifts that block,
-since the callers pace their retries themselves. Bulk bytes never
-travel here (see `p2pnet.dataplane`).
+since the callers pace their retries themselves. Its AutoConnector (which re-dials every peer
+it ever met, forever) is turned off: whom to dial is p2pnet's decision. It listens with
+SO_REUSEPORT and runs on, listening on nothing, when a listen fails; `open_host` probes the
+address first and checks what was bound, so both are a `ConfigError("peer.listen")`. Bulk bytes
+never travel here (see `p2pnet.dataplane`).
 """
 
 from __future__ import annotations
@@ -290,6 +293,7 @@ async def open_host(
         muxer_opt={YAMUX_ID: Yamux},
         listen_addrs=[listen_addr],
     )
+    _disable_auto_connector(raw_host.get_network())
     gossip = GossipSub(
         protocols=[GOSSIP_PROTOCOL],
         degree=gossip_degree,
@@ -328,6 +332,35 @@ def adopt_libp2p_logging() -> None:
     root.handlers.clear()
     root.setLevel(logging.NOTSET)
     root.propagate = True
+    tcp = logging.getLogger("libp2p.transport.tcp.tcp")
+    if not any(isinstance(f, _QuietDialFailures) for f in tcp.filters):
+        tcp.addFilter(_QuietDialFailures())
+
+
+class _QuietDialFailures(logging.Filter):
+    """py-libp2p logs every failed TCP dial as an ERROR; our callers report dial failures
+    themselves, so that line is a DEBUG one (dropped unless DEBUG is on for its logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and record.getMessage().startswith("Failed to open TCP stream"):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def _disable_auto_connector(network) -> None:
+    """Turn off py-libp2p's AutoConnector, which dials every peer its peerstore ever held
+    whenever we have fewer than 100 connections, forever (reported: 84 failed-dial ERROR lines per
+    departed peer in 20 minutes, 3 attempts per dial). Whom we dial is p2pnet's business: peers
+    that join our peer table (its Connect effects) and, when we are alone, bootstrap and known
+    peers (`p2pnet.connectivity`); a peer that expired from the table is not dialled again."""
+    from libp2p.network.auto_connector import AutoConnector
+
+    class Disabled(AutoConnector):
+        async def start(self) -> None:  # never started: maybe_connect and its task do nothing
+            return
+
+    network.auto_connector = Disabled(network, network.connection_config.auto_connect_interval)
 
 
 def _tcp_listen_target(addr: multiaddr.Multiaddr, listen: str) -> tuple[str, int]:

@@ -123,12 +123,32 @@ class Identity:
         return KeyPair(private, private.get_public_key())
 
 
+def ensure_data_dir(data_dir: Path) -> None:
+    """Create `data_dir` (and its parents) if missing; LocalStateError, naming it, when it cannot
+    be created, is not a directory, or is not writable by us."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise LocalStateError(f"data directory {data_dir} is not a directory; choose another --data-dir") from None
+    except OSError as exc:
+        raise LocalStateError(f"cannot create data directory {data_dir}: {exc.strerror or exc}") from exc
+    if not data_dir.is_dir():
+        raise LocalStateError(f"data directory {data_dir} is not a directory; choose another --data-dir")
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        raise LocalStateError(f"data directory {data_dir} is not writable by this user; fix its permissions "
+                              "or choose another --data-dir")
+
+
 def load_or_create_identity(data_dir: Path) -> Identity:
     """The peer's identity from `data_dir/identity.key`, created (mode 0600) when missing."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_data_dir(data_dir)
     path = data_dir / KEY_FILE
-    if path.exists():
-        seed = path.read_bytes()
+    if path.exists() or path.is_symlink():
+        try:
+            seed = path.read_bytes()
+        except OSError as exc:
+            raise LocalStateError(f"cannot read the identity key {path}: {exc.strerror or exc}; fix its "
+                                  "permissions, or restore it from a backup") from exc
         if len(seed) != SEED_BYTES:
             raise LocalStateError(
                 f"{path} holds {len(seed)} bytes, not a {SEED_BYTES}-byte Ed25519 seed; "
@@ -138,5 +158,8 @@ def load_or_create_identity(data_dir: Path) -> Identity:
             os.chmod(path, 0o600)
         return Identity(seed)
     identity = Identity.generate()
-    atomic_write_bytes(path, identity.seed, mode=0o600)
+    try:
+        atomic_write_bytes(path, identity.seed, mode=0o600)
+    except OSError as exc:
+        raise LocalStateError(f"cannot write the identity key {path}: {exc.strerror or exc}") from exc
     return identity

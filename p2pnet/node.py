@@ -34,7 +34,7 @@ from p2pnet.dataplane import DataPlane
 from p2pnet.driver import CoreRunner
 from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUnavailable
 from p2pnet.host import Host, open_host
-from p2pnet.identity import Identity, load_or_create_identity
+from p2pnet.identity import Identity, ensure_data_dir, load_or_create_identity
 from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
@@ -82,7 +82,8 @@ class PeerConfig:
                 problems["data_announce"] = "must be a concrete HOST:PORT such as 203.0.113.7:4002"
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
-                problems["bootstrap"] = f"{addr!r} must be a full multiaddr ending in /p2p/<peer id>"
+                problems["bootstrap"] = (f"{addr!r} has no /p2p/<peer id>: give the full address a peer prints "
+                                         "when it starts (/ip4/IP/tcp/PORT/p2p/12D3KooW...)")
         unknown = [r for r in self.roles if r not in ROLE_NAMES]
         if unknown:
             problems["roles"] = f"unknown role(s) {unknown}; known: {list(ROLE_NAMES)}"
@@ -285,8 +286,11 @@ class Node:
 
 
 def _lock_data_dir(data_dir: Path) -> int:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / "peer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    ensure_data_dir(data_dir)
+    try:
+        fd = os.open(data_dir / "peer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise LocalStateError(f"cannot open {data_dir / 'peer.lock'}: {exc.strerror or exc}") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

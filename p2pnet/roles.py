@@ -27,6 +27,35 @@ ROLE_FACTORIES = {
 }
 
 
+# each role's typed config, checked for every [section] in the file whether or not its role runs
+ROLE_CONFIGS = {
+    "relay": "relay.config:RelayConfig",
+    "worker": "trainer.roles:WorkerConfig",
+    "validator": "verify.daemon:ValidatorConfig",
+    "trainer": "trainer.roles:TrainerConfig",
+}
+PEER_SECTIONS = ("peer", "peertable")  # checked by the command that starts the peer
+
+
+def check_sections(sections: dict[str, Any]) -> None:
+    """Refuse unknown TOML sections (a typo'd `[peeer]`) and check each role's section that is
+    present, so a bad value fails at start even when that role is not enabled."""
+    from p2pnet.config import from_mapping
+
+    known = [*PEER_SECTIONS, *ROLE_FACTORIES]
+    for name, table in sections.items():
+        if name not in known:
+            raise ConfigError(name, f"unknown section [{name}]; known: {', '.join(f'[{k}]' for k in known)}")
+        if name in ROLE_CONFIGS:
+            module_name, _, attr = ROLE_CONFIGS[name].partition(":")
+            try:
+                config_class = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ConfigError(name, f"role {name!r} is not available in this install: {exc}") from exc
+            from_mapping(config_class, table, name)
+
+
+
 class Role(Protocol):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
 

@@ -10,6 +10,7 @@ Argument parsing only; the work is in `simulations.run`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,21 @@ def _overrides(specs: list[str]) -> dict[str, str]:
     return out
 
 
+def _output_dir(path: Path) -> Path:
+    """Create `--out` now, so a path we cannot write fails before the simulation runs."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError("--out", f"{path} exists and is not a directory") from None
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot create {path}: {exc.strerror or exc}") from exc
+    if not path.is_dir():
+        raise ConfigError("--out", f"{path} exists and is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError("--out", f"{path} is not writable by this user")
+    return path
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from simulations.scenarios import SCENARIOS
 
@@ -74,6 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.peers is not None and args.peers < 1:
         raise ConfigError("--peers", "must be >= 1")
     config = with_params(scenario(args.scenario, args.peers, args.seed), _overrides(args.set))
+    _output_dir(args.out)
     result = run_scenario(config)
     written = write_outputs(result, args.out)
     metric = result.main_metric
@@ -90,6 +107,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise ConfigError("--seeds", "must be >= 1")
     params = parse_params(args.param)
+    _output_dir(args.out)
     rows = sweep(args.scenario, params, seeds=args.seeds, peers=args.peers, fixed=_overrides(args.set),
                  out_dir=args.out, progress=sys.stderr)
     print(f"{len(rows)} runs; wrote {args.out / 'sweep.csv'}, {args.out / 'sweep.json'}"
