@@ -23,7 +23,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from p2pnet.addresses import advertised_data_addr, interface_ips, join_host_port
+from p2pnet.addresses import advertised_data_addr, interface_ips, join_host_port, parse_host_port
 from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUnavailable
 from p2pnet.handshake import WrongPeer, client_handshake, server_handshake  # noqa: F401 (WrongPeer re-exported)
 from p2pnet.wire import Codec
@@ -248,13 +248,13 @@ async def open_data_stream(address: str, channel: str, *, codec: Codec, peer: st
                            timeout_s: float = 10.0) -> trio.SocketStream:
     """Connect to `peer`'s data plane at `host:port`, prove who we are and make sure it is
     `peer` (WrongPeer otherwise), and select `channel`."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit():
-        raise PeerUnavailable(f"bad data address {address!r}")
+    try:
+        host, port = parse_host_port(address, "data_addr")
+    except ConfigError as exc:
+        raise PeerUnavailable(f"bad data address {address!r}") from exc
     try:
         with trio.fail_after(timeout_s):
-            stream = await trio.open_tcp_stream(host, int(port))
+            stream = await trio.open_tcp_stream(host, port)
             try:
                 await client_handshake(stream, codec, channel, peer)
             except BaseException:

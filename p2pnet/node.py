@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import trio
 
-from p2pnet.addresses import listen_host
+from p2pnet.addresses import is_wildcard, listen_host, parse_host_port
 from p2pnet.config import validated
 from p2pnet.connectivity import Backoff, keep_connected
 from p2pnet.control import ControlServer, Reply
@@ -77,8 +77,11 @@ class PeerConfig:
             if not addr.startswith("/") or addr.startswith("/ip4/0.0.0.0/") or addr.startswith("/ip6/::/"):
                 problems["announce"] = f"{addr!r} must be a concrete multiaddr such as /ip4/203.0.113.7/tcp/4001"
         if self.data_announce:
-            host, _, port = self.data_announce.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536 or host.strip("[]") in ("0.0.0.0", "::"):
+            try:
+                host, port = parse_host_port(self.data_announce, "data_announce")
+            except ConfigError:
+                host, port = "", 0
+            if not port or is_wildcard(host):
                 problems["data_announce"] = "must be a concrete HOST:PORT such as 203.0.113.7:4002"
         for addr in self.bootstrap:
             if "/p2p/" not in addr:

@@ -421,7 +421,7 @@ class RelayRole:
         try:
             inner = self.node.codec.decode(frame, time.time()).body.frame
             kind, signer = self.node.codec.precheck(inner)
-        except (MessageRejected, AttributeError) as exc:
+        except MessageRejected as exc:  # the gate runs only for this kind: the body is a ManifestAnnounce
             return f"not a signed manifest announcement ({exc})"
         if signer not in self.config.trusted_publishers:
             return f"manifest signed by {signer}, whom we do not trust"
@@ -433,13 +433,18 @@ class RelayRole:
             self.node.carry_out("peertable", effect)
         log.warning("penalised %s by %s: %s", peer, amount, reason)
 
-    def open_stream(self, peer: str) -> Any:
+    async def open_stream(self, peer: str) -> trio.SocketStream:
         """A data connection to `peer`'s relay channel, both ends authenticated. An address that
-        answers as another peer costs the peer that advertised it."""
+        answers as another peer (WrongPeer, still a PeerUnavailable) costs the peer that
+        advertised it."""
         address = self.data_addr(peer)
         if address is None:
             raise PeerUnavailable(f"no data address known for {peer}")
-        return open_data_stream(address, CHANNEL, codec=self.node.codec, peer=peer)
+        try:
+            return await open_data_stream(address, CHANNEL, codec=self.node.codec, peer=peer)
+        except WrongPeer as exc:
+            self.penalise(peer, WRONG_ADDRESS_PENALTY, f"its data address is not its own: {exc}")
+            raise
 
     async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
         await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
@@ -455,9 +460,6 @@ class RelayRole:
                     if header.status != STATUS_OK or header.length > MAX_MANIFEST_BYTES:
                         return
                     frame = await reader.exactly(header.length)
-        except WrongPeer as exc:
-            self.penalise(ask.peer, WRONG_ADDRESS_PENALTY, f"its data address is not its own: {exc}")
-            return
         except (PeerUnavailable, trio.TooSlowError, trio.BrokenResourceError, OSError, ValueError) as exc:
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             return
@@ -677,8 +679,6 @@ class _Upstream:
         with self._scope:
             try:
                 stream = await self.role.open_stream(self.peer)
-            except WrongPeer as exc:
-                self.role.penalise(self.peer, WRONG_ADDRESS_PENALTY, f"its data address is not its own: {exc}")
             except PeerUnavailable as exc:
                 log.info("source %s: %s", self.peer, exc)
             else:

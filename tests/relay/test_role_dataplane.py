@@ -6,13 +6,13 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected
 from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
-from relay.role import _parse_request, _Upstream, _UploadSlots
+from relay.role import RelayRole, _parse_request, _Upstream, _UploadSlots
 from relay.effects import Fetch
 
 DIGEST = bytes(32)
@@ -28,8 +28,10 @@ class FakeRole:
         self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME))
         self.told: list[tuple] = []
 
-    def open_stream(self, peer: str):
-        return open_data_stream(self.address, "relay/chunks", codec=self.node.codec, peer=peer)
+    def data_addr(self, peer: str) -> str:
+        return self.address
+
+    open_stream = RelayRole.open_stream  # the real one: authenticates, and penalises a wrong address
 
     def penalise(self, peer, amount, reason) -> None:
         self.told.append(("penalised", peer))
