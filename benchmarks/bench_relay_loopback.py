@@ -1,224 +1,423 @@
-"""Loopback benchmark: one checkpoint to N peer processes, relay vs star vs raw TCP fan-out.
+"""Loopback race: one checkpoint to N peer processes, p2pnet against what a user would pick instead.
 
-    python benchmarks/bench_relay_loopback.py --mib 1024 --peers 8 [--fsync off|on]
+    python benchmarks/bench_relay_loopback.py --mib 1024 --peers 8 --runs 3 [--tmp DIR] [--json FILE]
 
-All three run in the same invocation, one after the other, on the same file:
+Three contenders, all in every round (the order rotates), on the same file; medians over rounds:
 
-1. raw: N client processes download the file from one origin (sendfile) over plain TCP, with
-   no hashing and no disk: what the sockets alone allow.
-2. star: the same fan-out, each client hashing every chunk (`--chunk-mib`) with blake3 and
-   writing it to disk: the relay's work per byte, without relaying or a control plane.
-3. relay: 1 + N `p2pnet peer start --role relay` processes; the first publishes the checkpoint
-   (hashing and storing it is not timed); timed from the publish reply until every other peer
-   has every chunk verified and on disk. Split into `announce` (publish reply -> the last peer
-   accepted the signed manifest, gossip over libp2p) and `data` (the rest).
+1. raw: an origin process sends the file to N client processes over plain TCP (`os.sendfile`,
+   one thread per client); each client writes it to its own file and fsyncs it. No hashing,
+   no protocol: what moving these bytes onto this disk costs at the least.
+2. http: python's `http.server` (ThreadingHTTPServer) serves the file; N client processes
+   download it with urllib, hash it with blake3 as they go, write it, fsync it and check the
+   digest: the plain star a user would set up.
+3. p2pnet: 1 + N `p2pnet peer start --role relay` processes (fsync on, as by default), a fresh
+   network each round; timed from the `checkpoint.publish` request to the publisher until every
+   other peer's `checkpoint.wait` returned (the version verified, complete and durable in its
+   store: a folder of the version's files).
 
-fsync is the same for star and relay: `off` (no fsync; the default, as in tests) or `on` (star
-fsyncs its file every 32 chunks and at the end; relay peers run with `fsync = true`, fsync
-batched every `fsync_batch_chunks` = 32 chunks and at completion). CPU-seconds are those of the
-client (or peer) processes and, for the baselines, the origin's server threads.
-
-On loopback nobody's upload is the bottleneck (the CPU cores are), so this measures the cost of
-the relay's machinery against plain TCP; the bandwidth-bound comparison is bench_relay_sim.py.
+Every process is started (and the baselines' connections made) before the clock starts, and
+the same amount of page cache is written and freed just before it (`warm`). Per
+contender: wall seconds; CPU core-seconds of all its processes (/proc/PID/stat) and of the whole
+machine (/proc/stat: kernel threads too, such as the flusher that writes back what a process
+wrote without fsync, and loopback's softirqs; the harness's sampling adds a little); bytes its
+processes wrote to the storage layer (/proc/PID/io write_bytes - cancelled_write_bytes; tmpfs has
+no storage layer and reads 0); the peak private memory of each process (Private_* of
+/proc/PID/smaps_rollup, sampled every 0.1 s). With `--tmp` on tmpfs (/dev/shm) the disk leaves
+the race and what remains is CPU and protocol; on a disk, fsync makes everyone wait for it.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.server
+import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FSYNC_EVERY_CHUNKS = 32  # the relay's fsync_batch_chunks, for star with --fsync on
+BUFFER = 4 << 20
+CONTENDERS = ("raw", "http", "p2pnet")
 
 
-def make_checkpoint(path: Path, mib: int) -> Path:
+def make_checkpoint(path: Path, mib: int) -> str:
+    """A safetensors file of `mib` MiB of random bytes, on disk; its blake3 hex digest."""
+    import blake3
     import numpy as np
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(0)
     save_file({"w": rng.integers(0, 256, size=mib * 2**20, dtype=np.uint8)}, str(path))
-    return path
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+        return blake3.blake3(fh.read(), max_threads=1).hexdigest()
 
 
-# -- baselines: one server thread per client, sendfile -------------------------------------------
+# -- child processes of the baselines (this file, run with a role flag) ---------------------------
 
 
-def serve_file(path: Path, clients: int) -> tuple[int, threading.Thread]:
+def _write_all(fh, view) -> None:  # type: ignore[no-untyped-def]
+    while view:
+        view = view[fh.write(view):]
+
+
+def raw_origin(path: str, clients: int) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
+    print(listener.getsockname()[1], flush=True)
+    conns = [listener.accept()[0] for _ in range(clients)]
+    print("ready", flush=True)
+    sys.stdin.readline()  # go
 
-    def one(conn: socket.socket) -> None:
+    def send(conn: socket.socket) -> None:
         with conn, open(path, "rb") as fh:
             conn.sendfile(fh)
 
-    def accept_all() -> None:
-        threads = []
-        with listener:
-            for _ in range(clients):
-                conn, _ = listener.accept()
-                t = threading.Thread(target=one, args=(conn,))
-                t.start()
-                threads.append(t)
-        for t in threads:
-            t.join()
-
-    thread = threading.Thread(target=accept_all)
-    thread.start()
-    return port, thread
+    threads = [threading.Thread(target=send, args=(c,)) for c in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("done", flush=True)
+    sys.stdin.read()
 
 
-def client_main(port: int, mode: str, out: str, chunk: int, fsync: bool) -> None:
-    """Child process: download everything; in `star` mode hash per chunk and write to disk."""
+def raw_client(port: int, out: str) -> None:
+    sock = socket.create_connection(("127.0.0.1", port))
+    print("ready", flush=True)
+    buf = bytearray(BUFFER)
+    view = memoryview(buf)
+    with open(out, "wb", buffering=0) as fh:
+        while True:
+            filled = 0
+            while filled < BUFFER:  # whole buffers: one write per 4 MiB, as the http client does
+                n = sock.recv_into(view[filled:])
+                if not n:
+                    break
+                filled += n
+            _write_all(fh, view[:filled])
+            if filled < BUFFER:
+                break
+        os.fsync(fh.fileno())
+    print("done", flush=True)
+    sys.stdin.read()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def http_server(directory: str) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=directory))
+    print(server.server_address[1], flush=True)
+    print("ready", flush=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sys.stdin.read()
+
+
+def http_client(url: str, out: str, digest: str) -> None:
+    import urllib.request
+
     import blake3
 
-    got = 0
-    sock = socket.create_connection(("127.0.0.1", port))
-    buf = bytearray(chunk)
+    print("ready", flush=True)
+    sys.stdin.readline()  # go
+    hasher = blake3.blake3(max_threads=1)
+    buf = bytearray(BUFFER)
     view = memoryview(buf)
-    fh = open(out, "wb", buffering=0) if mode == "star" else None
-    chunks = 0
-    while True:
-        filled = 0
-        while filled < chunk:
-            n = sock.recv_into(view[filled:])
-            if n == 0:
+    with urllib.request.urlopen(url) as response, open(out, "wb", buffering=0) as fh:
+        while True:
+            n = response.readinto(view)
+            if not n:
                 break
-            filled += n
-        if filled == 0:
-            break
-        got += filled
-        if fh is not None:
-            blake3.blake3(view[:filled], max_threads=1).digest()
-            fh.write(view[:filled])
-            chunks += 1
-            if fsync and chunks % FSYNC_EVERY_CHUNKS == 0:
-                os.fsync(fh.fileno())
-        if filled < chunk:
-            break
-    if fh is not None:
-        if fsync:
-            os.fsync(fh.fileno())
-        fh.close()
-    print(got, flush=True)
+            hasher.update(view[:n])
+            _write_all(fh, view[:n])
+        os.fsync(fh.fileno())
+    if hasher.hexdigest() != digest:
+        raise SystemExit(f"{out}: digest mismatch")
+    print("done", flush=True)
+    sys.stdin.read()
 
 
-def _cpu_s(rusage_who: int) -> float:
-    import resource
-
-    r = resource.getrusage(rusage_who)
-    return r.ru_utime + r.ru_stime
+# -- measuring processes --------------------------------------------------------------------------
 
 
-def run_baseline(path: Path, peers: int, mode: str, tmp: Path, chunk: int, fsync: bool) -> tuple[float, float]:
-    """(seconds, CPU-seconds of the clients and the origin) for one fan-out."""
-    import resource
-
-    cpu0 = _cpu_s(resource.RUSAGE_CHILDREN) + _cpu_s(resource.RUSAGE_SELF)
-    port, server = serve_file(path, peers)
-    start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, __file__, "--client", str(port), mode, str(tmp / f"{mode}{i}"),
-                               str(chunk), str(int(fsync))], stdout=subprocess.PIPE) for i in range(peers)]
-    sizes = [int(p.communicate(timeout=900)[0]) for p in procs]
-    took = time.perf_counter() - start
-    server.join()
-    cpu = _cpu_s(resource.RUSAGE_CHILDREN) + _cpu_s(resource.RUSAGE_SELF) - cpu0
-    assert all(s == path.stat().st_size for s in sizes), sizes
-    for f in tmp.glob(f"{mode}*"):
-        f.unlink()
-    return took, cpu
-
-
-# -- the relay --------------------------------------------------------------------------
-
-
-def _proc_cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
-def run_relay(path: Path, peers: int, tmp: Path, chunk: int, fsync: bool) -> dict:
+def written(pid: int) -> int:
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(io["write_bytes"]) - int(io["cancelled_write_bytes"])
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of this machine spent busy so far (kernel threads included)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def private_bytes(pid: int) -> int:
+    total = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+class Watch:
+    """CPU, bytes written and peak private memory of some processes, from `start` to `stop`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.peak = {name: private_bytes(pid) for name, pid in pids.items()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            for name, pid in self.pids.items():
+                try:
+                    self.peak[name] = max(self.peak[name], private_bytes(pid))
+                except (FileNotFoundError, ProcessLookupError):
+                    pass
+
+    def start(self) -> None:
+        self.cpu0 = {n: cpu_s(p) for n, p in self.pids.items()}
+        self.io0 = {n: written(p) for n, p in self.pids.items()}
+        self._thread.start()
+        self.busy0 = machine_busy_s()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> dict:
+        took = time.perf_counter() - self.t0
+        busy = machine_busy_s() - self.busy0
+        self._stop.set()
+        self._thread.join()
+        user = sum(cpu_s(p)[0] - self.cpu0[n][0] for n, p in self.pids.items())
+        system = sum(cpu_s(p)[1] - self.cpu0[n][1] for n, p in self.pids.items())
+        per = {n: [round(a - b, 2) for a, b in zip(cpu_s(p), self.cpu0[n])] for n, p in self.pids.items()}
+        return {"seconds": took, "cpu_s": user + system, "user_s": user, "sys_s": system, "machine_cpu_s": busy,
+                "per_process": per,
+                "written_bytes": sum(written(p) - self.io0[n] for n, p in self.pids.items()),
+                "peak_private": dict(self.peak)}
+
+
+def warm(folder: Path, nbytes: int) -> None:
+    """Write and delete `nbytes` of page cache right before a clock starts. In a VM that hands
+    freed memory back to its host (free page reporting, as here), the first writer into fresh
+    memory pays the host's page faults: warming the same amount before every contender keeps
+    that cost out of the comparison (measured: it decides which contender wins otherwise)."""
+    block = bytes(64 << 20)
+    path = folder / "warm"
+    with open(path, "wb", buffering=0) as fh:
+        for _ in range(nbytes // len(block)):
+            fh.write(block)
+    path.unlink()
+
+
+def _child(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def _expect(proc: subprocess.Popen, word: str) -> None:
+    line = proc.stdout.readline().strip()  # type: ignore[union-attr]
+    if line != word:
+        raise RuntimeError(f"child said {line!r}, expected {word!r}")
+
+
+def _finish(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.stdin.close()  # type: ignore[union-attr]
+        p.wait(timeout=60)
+
+
+# -- the three contenders -------------------------------------------------------------------------
+
+
+def run_raw(path: Path, peers: int, work: Path) -> dict:
+    origin = _child("--raw-origin", str(path), str(peers))
+    port = origin.stdout.readline().strip()  # type: ignore[union-attr]
+    clients = [_child("--raw-client", port, str(work / f"raw{i}")) for i in range(peers)]
+    for c in clients:
+        _expect(c, "ready")
+    _expect(origin, "ready")
+    warm(work, peers * path.stat().st_size)
+    watch = Watch({"origin": origin.pid, **{f"client{i}": c.pid for i, c in enumerate(clients)}})
+    watch.start()
+    origin.stdin.write("go\n")  # type: ignore[union-attr]
+    origin.stdin.flush()  # type: ignore[union-attr]
+    for c in clients:
+        _expect(c, "done")
+    result = watch.stop()
+    _expect(origin, "done")
+    _finish(clients + [origin])
+    return result
+
+
+def run_http(path: Path, peers: int, work: Path, digest: str) -> dict:
+    server = _child("--http-server", str(path.parent))
+    port = server.stdout.readline().strip()  # type: ignore[union-attr]
+    _expect(server, "ready")
+    url = f"http://127.0.0.1:{port}/{path.name}"
+    clients = [_child("--http-client", url, str(work / f"http{i}"), digest) for i in range(peers)]
+    for c in clients:
+        _expect(c, "ready")
+    warm(work, peers * path.stat().st_size)
+    watch = Watch({"server": server.pid, **{f"client{i}": c.pid for i, c in enumerate(clients)}})
+    watch.start()
+    for c in clients:
+        c.stdin.write("go\n")  # type: ignore[union-attr]
+        c.stdin.flush()  # type: ignore[union-attr]
+    for c in clients:
+        _expect(c, "done")
+    result = watch.stop()
+    _finish(clients + [server])
+    return result
+
+
+def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
     from p2pnet.localnet import control_call, start_peer, wait_for_full_tables
 
-    root = tmp / "relay"
+    root = work / "p2pnet"
     publisher = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
                                          str(root / "peer0")], text=True).strip()
     config = root / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nfsync = {str(fsync).lower()}\n'
-                      f'fsync_batch_chunks = {FSYNC_EVERY_CHUNKS}\nbudget_bytes = {8 * path.stat().st_size}\n')
-    args = ["--config", str(config)]  # default heartbeat interval: the control plane's real load
+    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nbudget_bytes = {4 * path.stat().st_size}\n' + os.environ.get("BENCH_RELAY_EXTRA", ""))
+    args = ["--config", str(config)]
     procs = [start_peer("peer0", root / "peer0", roles=["relay"], extra_args=args)]
     try:
-        procs[0].wait_ready(30)
+        procs[0].wait_ready(60)
         procs += [start_peer(f"peer{i}", root / f"peer{i}", roles=["relay"], extra_args=args,
                              bootstrap=[procs[0].addr]) for i in range(1, peers + 1)]
         for p in procs[1:]:
-            p.wait_ready(30)
-        wait_for_full_tables(procs, 60)
-        reply = control_call(procs[0].data_dir, {"cmd": "checkpoint.publish", "paths": [str(path)], "model": "bench",
-                                                 "version": 1, "chunk_bytes": chunk}, timeout_s=600)
-        published_at = time.time()
-        cpu0 = sum(_proc_cpu_s(p.proc.pid) for p in procs)
-        times: dict[int, dict] = {}
-        while len(times) < peers:  # completion times come from the peers' own wall clock
-            for i in range(1, peers + 1):
-                if i not in times:
-                    timeline = procs[i].status(timeout_s=30)["role_status"]["relay"]["timeline"].get("1", {})
-                    if "complete_at_s" in timeline:
-                        times[i] = timeline
-            if time.time() - published_at > 900:
-                raise TimeoutError(f"peers {sorted(set(range(1, peers + 1)) - set(times))} incomplete after 900s")
-            time.sleep(0.5)
-        cpu = sum(_proc_cpu_s(p.proc.pid) for p in procs) - cpu0  # includes up to 0.5 s idle
-        served = {p.name: sum(p.status()["role_status"]["relay"]["served_to"].values()) for p in procs}
-        announced = max(t["manifest_at_s"] for t in times.values()) - published_at
-        took = max(t["complete_at_s"] for t in times.values()) - published_at
-        return {"seconds": took, "announce_s": announced, "cpu_s": cpu, "chunks": reply["chunks"],
-                "served": served}
+            p.wait_ready(60)
+        wait_for_full_tables(procs, 120)
+        done: dict[str, float] = {}
+        failed: list[BaseException] = []
+
+        def wait(peer) -> None:  # type: ignore[no-untyped-def]
+            try:
+                control_call(peer.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": 900},
+                             timeout_s=910)
+                done[peer.name] = time.perf_counter()
+            except BaseException as exc:  # reported below
+                failed.append(exc)
+
+        waiters = [threading.Thread(target=wait, args=(p,)) for p in procs[1:]]
+        for t in waiters:
+            t.start()
+        time.sleep(1.0)  # the waits are in place (they cost nothing while they wait)
+        warm(work, peers * path.stat().st_size)
+        watch = Watch({p.name: p.proc.pid for p in procs})
+        watch.start()
+        control_call(procs[0].data_dir, {"cmd": "checkpoint.publish", "paths": [str(path)], "model": "bench",
+                                         "version": 1, "chunk_bytes": chunk}, timeout_s=600)
+        published = time.perf_counter() - watch.t0
+        for t in waiters:
+            t.join()
+        result = watch.stop()
+        if failed:
+            raise RuntimeError(f"checkpoint.wait failed: {failed[0]}")
+        result["seconds"] = max(done.values()) - watch.t0  # the last peer's answer, not the harness's join
+        result["publish_s"] = published
+        result["served"] = {p.name: p.status()["role_status"]["relay"]["bytes_served"] for p in procs}
+        return result
     finally:
         for p in procs:
             p.stop()
 
 
+# -- the race -------------------------------------------------------------------------------------
+
+
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        client_main(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1")
+    roles = {"--raw-origin": lambda a: raw_origin(a[0], int(a[1])), "--raw-client": lambda a: raw_client(int(a[0]), a[1]),
+             "--http-server": lambda a: http_server(a[0]), "--http-client": lambda a: http_client(a[0], a[1], a[2])}
+    if len(sys.argv) > 1 and sys.argv[1] in roles:
+        roles[sys.argv[1]](sys.argv[2:])
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB")
-    parser.add_argument("--peers", type=int, default=8, help="receiving peers")
-    parser.add_argument("--chunk-mib", type=int, default=4, help="relay chunk size, and star's hashing unit")
-    parser.add_argument("--fsync", choices=("off", "on"), default="off", help="fsync in star and relay alike")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB (default 1024)")
+    parser.add_argument("--peers", type=int, default=8, help="receiving peers (default 8)")
+    parser.add_argument("--runs", type=int, default=3, help="rounds; medians are reported (default 3)")
+    parser.add_argument("--chunk-mib", type=int, default=4, help="p2pnet chunk size in MiB (default 4)")
+    parser.add_argument("--tmp", type=Path, help="where the files go (default: the system temp folder)")
+    parser.add_argument("--json", type=Path, help="write every round's figures here")
+    parser.add_argument("--only", choices=CONTENDERS, action="append", help="run only this contender (repeatable)")
     args = parser.parse_args()
-    chunk, fsync = args.chunk_mib << 20, args.fsync == "on"
-    tmp = Path(tempfile.mkdtemp(prefix="bench-relay-", dir=os.environ.get("BENCH_TMP")))
+    contenders = tuple(args.only or CONTENDERS)
+    work = Path(tempfile.mkdtemp(prefix="bench-relay-", dir=args.tmp))
+    rounds: dict[str, list[dict]] = {c: [] for c in contenders}
     try:
-        path = make_checkpoint(tmp / "ckpt.safetensors", args.mib)
-        total = args.peers * path.stat().st_size
-        raw = run_baseline(path, args.peers, "raw", tmp, chunk, fsync)
-        star = run_baseline(path, args.peers, "star", tmp, chunk, fsync)
-        relay = run_relay(path, args.peers, tmp, chunk, fsync)
-        print(f"{args.mib} MiB to {args.peers} peers ({total / 1e9:.2f} GB delivered), loopback, "
-              f"{os.cpu_count()} cores, fsync {args.fsync}, {args.chunk_mib} MiB chunks")
-        rows = (("raw TCP fan-out", raw), ("star (TCP+blake3+disk)", star),
-                ("relay", (relay["seconds"], relay["cpu_s"])))
-        for name, (took, cpu) in rows:
-            print(f"  {name:<24} {took:7.2f} s  {total / took / 1e6:8.0f} MB/s delivered  "
-                  f"{cpu:7.1f} CPU-s  relay/this = {relay['seconds'] / took:.2f}")
-        print(f"  relay split: announce (manifest gossip to the last peer) {relay['announce_s']:.2f} s, "
-              f"data {relay['seconds'] - relay['announce_s']:.2f} s")
-        print(f"  relay: {relay['chunks']} chunks; chunks served per peer: {relay['served']}")
+        src = work / "src"
+        src.mkdir()
+        path = src / "ckpt.safetensors"
+        digest = make_checkpoint(path, args.mib)
+        for r in range(args.runs):
+            order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
+            for name in order:
+                scratch = work / f"round{r}-{name}"
+                scratch.mkdir()
+                if name == "raw":
+                    result = run_raw(path, args.peers, scratch)
+                elif name == "http":
+                    result = run_http(path, args.peers, scratch, digest)
+                else:
+                    result = run_p2pnet(path, args.peers, scratch, args.chunk_mib << 20)
+                shutil.rmtree(scratch, ignore_errors=True)
+                rounds[name].append(result)
+                print(f"round {r + 1} {name:<7} {result['seconds']:7.2f} s {result['cpu_s']:7.1f} CPU-s "
+                      f"({result['user_s']:.1f} user, {result['machine_cpu_s']:.1f} machine) "
+                      f"{result['written_bytes'] / 2**30:6.2f} GiB written", flush=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    report(rounds, args, path_bytes=args.mib * 2**20)
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rounds": rounds},
+                                        indent=1))
     return 0
+
+
+def report(rounds: dict[str, list[dict]], args: argparse.Namespace, path_bytes: int) -> None:
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "cpu_s", "machine_cpu_s",
+                                                                      "written_bytes")}
+           for name, rs in rounds.items()}
+    for name, rs in rounds.items():
+        receivers = [max(v for k, v in r["peak_private"].items() if k not in ("origin", "server", "peer0"))
+                     for r in rs]
+        med[name]["peak_private_mib"] = statistics.median(receivers) / 2**20
+    payload = path_bytes * args.peers
+    print(f"\n{args.mib} MiB to {args.peers} peers on loopback, {os.cpu_count()} cores, files in "
+          f"{args.tmp or tempfile.gettempdir()}, median of {args.runs}")
+    print(f"{'':8} {'seconds':>8} {'p2pnet/x':>9} {'CPU-s':>7} {'p2pnet/x':>9} {'machine CPU-s':>14} "
+          f"{'p2pnet/x':>9} {'written/payload':>16} {'peak private MiB per receiver':>30}")
+    p = med.get("p2pnet", next(iter(med.values())))
+    for name in med:
+        m = med[name]
+        print(f"{name:<8} {m['seconds']:8.2f} {p['seconds'] / m['seconds']:9.2f} {m['cpu_s']:7.1f} "
+              f"{p['cpu_s'] / m['cpu_s']:9.2f} {m['machine_cpu_s']:14.1f} {p['machine_cpu_s'] / m['machine_cpu_s']:9.2f} "
+              f"{m['written_bytes'] / payload:16.2f} {m['peak_private_mib']:30.0f}")
+    if "p2pnet" not in rounds:
+        return
+    publish = statistics.median(r["publish_s"] for r in rounds["p2pnet"])
+    served = statistics.median(sum(r["served"].values()) for r in rounds["p2pnet"])
+    print(f"p2pnet: the publish request returned after {publish:.2f} s (median); peak private MiB of the "
+          f"publisher {statistics.median(r['peak_private']['peer0'] for r in rounds['p2pnet']) / 2**20:.0f}; "
+          f"bytes served / payload {served / payload:.3f}")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,17 @@ receivers hash everything they read.
 
 Frames are `u32 big-endian length || bytes`. `FrameReader` refuses frames over its limit and
 reports a connection that ends inside a frame as `TruncatedStream`, never as a short frame.
-Bulk payloads (`exactly_into`) are received straight into one fresh buffer with `recv_into`:
-no intermediate bytes objects, no copies out of a shared buffer.
+Bulk payloads (`exactly_into`) are received straight into a buffer (the caller's, reused, or a
+fresh one) with `recv_into`: no intermediate bytes objects, no copies out of a shared buffer.
+`send_file` sends a byte range of a file with `os.sendfile`: the kernel copies from the page
+cache to the socket, and the bytes never enter Python.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import struct
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -81,14 +85,17 @@ class FrameReader:
         del self._buffer[:n]
         return data
 
-    async def exactly_into(self, n: int) -> bytearray:
-        """The next `n` raw bytes in a new bytearray of their own (for bulk payloads).
+    async def exactly_into(self, n: int, into: bytearray | None = None) -> bytearray:
+        """The next `n` raw bytes (bulk payloads), in the first `n` bytes of `into` (a buffer the
+        caller reuses) or in a new bytearray of their own.
 
         Whatever is already buffered is copied once; the rest is received in place. A
         connection that ends (or breaks) first raises `TruncatedStream`.
         """
-        out = bytearray(n)
-        view = memoryview(out)
+        out = into if into is not None else bytearray(n)
+        if len(out) < n:
+            raise ValueError(f"a buffer of {len(out)} bytes cannot take {n}")
+        view = memoryview(out)[:n]
         filled = min(len(self._buffer), n)
         view[:filled] = self._buffer[:filled]
         del self._buffer[:filled]
@@ -110,6 +117,26 @@ class FrameReader:
 
 async def send_frame(stream: trio.abc.SendStream, frame: bytes) -> None:
     await stream.send_all(_LEN.pack(len(frame)) + frame)
+
+
+async def send_file(stream: trio.SocketStream, fd: int, offset: int, count: int) -> None:
+    """Send `count` bytes of the open file `fd` from `offset` with `os.sendfile` (no copy into
+    Python). The caller must be the stream's only sender meanwhile (hold its send lock). A peer
+    that hangs up raises `trio.BrokenResourceError`; a file shorter than asked, OSError."""
+    sock = stream.socket
+    while count:
+        try:
+            sent = os.sendfile(sock.fileno(), fd, offset, count)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise trio.BrokenResourceError(f"the peer hung up: {exc}") from exc
+        if sent == 0:
+            raise OSError(errno.EIO, f"the file ended {count} bytes early")
+        offset += sent
+        count -= sent
+        await trio.lowlevel.checkpoint()
 
 
 def frame_header(length: int) -> bytes:

@@ -24,7 +24,7 @@ GIB = 1024**3
 class RelayConfig:
     trusted_publishers: tuple[str, ...] = ()  # base58 peer ids whose manifests we believe
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # chunk size when we publish
-    budget_bytes: int = 64 * GIB  # disk the chunk store may use
+    budget_bytes: int = 64 * GIB  # disk the store may use (each version counted whole)
     keep_versions: int = 3  # complete versions kept by garbage collection
     max_concurrent_uploads: int = 4  # chunks we serve at once
     max_concurrent_downloads: int = 8  # chunks we fetch at once
@@ -36,7 +36,7 @@ class RelayConfig:
     announce_interval_s: float = 5.0  # how often we gossip what we hold
     store_dir: str = "relay"  # under the data directory
     fsync: bool = True  # fsync chunks and directories (off only for simulations/benchmarks)
-    fsync_batch_chunks: int = 32  # chunks written before one batched fsync (1: fsync each chunk)
+    fsync_batch_chunks: int = 32  # chunks written per fsync of files and bitmap (a version's last chunk: always)
     layout: str = "striped"  # "tree" (one tree of tree_fanout) and "star" are baselines for benchmarks
     tree_fanout: int = 4
 

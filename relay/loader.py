@@ -1,18 +1,26 @@
 """Loading a complete checkpoint version into torch, and watching for new complete versions.
 
-`load_state_dict(store, version)` rebuilds each safetensors file from the store's chunks (each
-chunk re-hashed on read, so no byte is believed that does not match the signed manifest) and
-parses it with safetensors. This is the only relay module that imports torch, and it does so
-lazily inside the function, so a relay peer never loads torch. A version that does not load
-raises one of `LOAD_FAILURES`: `VersionUnloadable` (the publisher's: safetensors refuses the
-bytes, or, with `like`, the tensors do not fit the model) or a `LocalStateError` (ours: a chunk
-found rotten on read, which the store deletes and the relay fetches again).
+A complete version is a folder of its files (`relay.store`), so loading memory-maps them with
+safetensors: no file is joined in memory, and `load_into` copies tensor by tensor straight into
+a model's parameters, so the extra memory is about one tensor. Every chunk is hashed again just
+before loading (`ChunkStore.verify`, chunk by chunk from the page cache: blake3 hashes about
+5 GB/s on one core here, a small part of a load), so no byte is used that does not match the
+signed manifest, even if the disk rotted it since it arrived. Before any
+tensor is copied, every file's header is checked against the manifest's tensor index and the
+model (names, shapes), so a version that does not fit leaves the model as it was. Only files
+named `*.safetensors` are loaded; others (tokenizer, config) travel with the version unread.
+
+This is the only relay module that imports torch, and it does so lazily inside the functions,
+so a relay peer never loads torch. A version that does not load raises one of `LOAD_FAILURES`:
+`VersionUnloadable` (the publisher's: safetensors refuses the files, or the tensors do not fit
+the model) or a `LocalStateError` (ours: a chunk found rotten, which the store drops and the
+relay fetches again).
 
 `RejectedVersions` (pure) is how a worker or validator remembers versions that did not load, so
 it keeps running on the one it has and tries a rejected version again only once the store's
 `version_stamp` for it changed (its chunks were fetched again).
 
-`VersionWatcher` tells interested code (a worker's weight reloader, `checkpoint fetch`) when a
+`VersionWatcher` tells interested code (a worker's weight reloader, `checkpoint wait`) when a
 version becomes complete. It is a plain object: the relay role calls `mark_complete` (or
 `update_from(store)`) from the trio thread; consumers register callbacks or iterate
 `async for version in watcher.subscribe()`.
@@ -24,16 +32,53 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import trio
 
 from p2pnet.errors import LocalStateError
-from relay.errors import VersionIncomplete, VersionUnloadable
+from relay.errors import ChunkMissing, VersionIncomplete, VersionUnloadable
+from relay.manifest import is_safetensors
 from relay.store import ChunkStore
 
 LOAD_FAILURES = (VersionUnloadable, LocalStateError)  # what "this version does not load here" raises
+
+
+class _Shape:
+    """A tensor known only by its shape (from a safetensors header), for `_misfit`."""
+
+    def __init__(self, shape: Iterable[int]) -> None:
+        self.shape = tuple(shape)
+
+
+def _open_version(store: ChunkStore, version: int, stack: ExitStack) -> dict[str, Any]:
+    """Verify what needs it, open every safetensors file of the version (memory maps) and check
+    their headers against the manifest: tensor name -> the open file holding it."""
+    from safetensors import SafetensorError, safe_open
+
+    signed = store.manifest(version)
+    if not store.is_complete(signed):
+        raise VersionIncomplete(f"checkpoint version {version} is not complete in {store.root}")
+    rotten = store.verify(version, everything=True)
+    if rotten:
+        raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk")
+    where: dict[str, Any] = {}
+    for entry, path in zip(signed.manifest.files, store.version_files(version)):
+        if not is_safetensors(entry.name):
+            continue
+        try:
+            handle = stack.enter_context(safe_open(str(path), framework="pt"))
+        except (SafetensorError, OSError) as exc:
+            raise VersionUnloadable(version, f"{entry.name}: {exc}", signed.publisher) from exc
+        names = set(handle.keys())
+        expected = {t.name for t in entry.tensors}
+        if names != expected:  # cannot happen for hashed bytes unless the parsers disagree
+            raise VersionUnloadable(version, f"{entry.name}: tensors {sorted(names ^ expected)[:5]} "
+                                    "disagree with the manifest", signed.publisher)
+        where.update((name, handle) for name in names)
+    return where
 
 
 def load_state_dict(store: ChunkStore, version: int, like: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -41,33 +86,40 @@ def load_state_dict(store: ChunkStore, version: int, like: Mapping[str, Any] | N
 
     With `like` (a model's `state_dict()`), the tensors must match its names and shapes (a name
     that shares storage with a loaded one may be absent: tied weights), checked before anything
-    is loaded into the model. Raises VersionUnknown / VersionIncomplete, ChunkMissing if a chunk
-    rotted on disk, and VersionUnloadable if the files do not load or do not fit `like`.
+    is read. Raises VersionUnknown / VersionIncomplete, ChunkMissing if a chunk rotted on disk,
+    and VersionUnloadable if the files do not load or do not fit `like`. To fill a model, use
+    `load_into`: it never holds a second copy of the weights.
     """
     import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load
 
     torch.set_num_threads(1)
-    signed = store.manifest(version)
-    if not store.is_complete(signed):
-        raise VersionIncomplete(f"checkpoint version {version} is not complete in {store.root}")
-    state: dict[str, Any] = {}
-    for entry in signed.manifest.files:
-        try:
-            tensors = load(b"".join(store.iter_file(signed, entry.name)))
-        except SafetensorError as exc:
-            raise VersionUnloadable(version, f"{entry.name}: {exc}", signed.publisher) from exc
-        expected = {t.name for t in entry.tensors}
-        if set(tensors) != expected:  # cannot happen for hashed bytes unless the parsers disagree
-            raise VersionUnloadable(version, f"{entry.name}: tensors {sorted(set(tensors) ^ expected)[:5]} "
-                                    "disagree with the manifest", signed.publisher)
-        state.update(tensors)
-    if like is not None:
-        problem = _misfit(state, like)
-        if problem:
-            raise VersionUnloadable(version, problem, signed.publisher)
-    return state
+    with ExitStack() as stack:
+        where = _open_version(store, version, stack)
+        if like is not None:
+            _check_fit(store, version, where, like)
+        return {name: handle.get_tensor(name) for name, handle in where.items()}
+
+
+def load_into(model: Any, store: ChunkStore, version: int) -> None:
+    """Copy a complete version's tensors into `model`'s parameters and buffers, one at a time
+    (peak extra memory: about one tensor). Everything is checked first (`load_state_dict`'s
+    errors); the model is changed only once the version is known to fit it."""
+    import torch
+
+    torch.set_num_threads(1)
+    target = model.state_dict(keep_vars=True)
+    with ExitStack() as stack, torch.no_grad():
+        where = _open_version(store, version, stack)
+        _check_fit(store, version, where, target)
+        for name, handle in where.items():
+            target[name].copy_(handle.get_tensor(name))
+
+
+def _check_fit(store: ChunkStore, version: int, where: Mapping[str, Any], like: Mapping[str, Any]) -> None:
+    shapes = {name: _Shape(handle.get_slice(name).get_shape()) for name, handle in where.items()}
+    problem = _misfit(shapes, like)
+    if problem:
+        raise VersionUnloadable(version, problem, store.manifest(version).publisher)
 
 
 def _misfit(state: Mapping[str, Any], like: Mapping[str, Any]) -> str:

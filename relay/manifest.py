@@ -1,10 +1,11 @@
-"""The checkpoint format: a signed manifest of safetensors files cut into blake3-named chunks.
+"""The checkpoint format: a signed manifest of files cut into blake3-named chunks.
 
-Theory of operation. A checkpoint version is one or more safetensors files. Concatenated in
-manifest order they form one byte string of `total_bytes`, cut into chunks of `chunk_bytes`
-(the last one shorter). The manifest lists each file (name, size, offset in the concatenation,
-and its safetensors tensor index with byte ranges relative to the file) and the 32-byte blake3
-digest of every chunk. The trainer signs the manifest with its peer key through the one wire
+Theory of operation. A checkpoint version is one or more files: safetensors weights and
+whatever else travels with them (tokenizer, config, data shards). Concatenated in manifest order
+they form one byte string of `total_bytes`, cut into chunks of `chunk_bytes` (the last one
+shorter). The manifest lists each file (name, size, offset in the concatenation, and, for a
+file named `*.safetensors`, its tensor index with byte ranges relative to the file; other files
+have none) and the 32-byte blake3 digest of every chunk. The trainer signs the manifest with its peer key through the one wire
 codec; a peer believes a manifest only when `open_manifest` finds it well formed and signed by
 a trusted publisher, and believes a chunk only when its bytes hash to the manifest's digest.
 
@@ -23,7 +24,7 @@ from typing import BinaryIO, Collection, Sequence
 
 import blake3
 
-from p2pnet.errors import MessageRejected
+from p2pnet.errors import ConfigError, MessageRejected
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec, message
 from relay.errors import ManifestRejected, NotSafetensors
@@ -183,10 +184,12 @@ def build_manifest(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     now_ms: int,
 ) -> Manifest:
-    """Index and hash safetensors files (streamed, never whole in memory) into a Manifest.
+    """Index and hash files (streamed, never whole in memory) into a Manifest; each file is
+    read once. Files named `*.safetensors` are indexed (`is_safetensors`), others carried as bytes.
 
-    Raises NotSafetensors for a missing file or one that is not safetensors, and ValueError
-    for bad arguments (no files, a version or chunk size the Manifest invariants refuse).
+    Raises ConfigError for a missing file, NotSafetensors for a `*.safetensors` file that is
+    not one, and ValueError for bad arguments (no files, a version or chunk size the Manifest
+    invariants refuse).
     """
     if not paths:
         raise ValueError("publish at least one file")
@@ -198,17 +201,22 @@ def build_manifest(
         try:
             with open(path, "rb") as fh:
                 size = _file_size(fh)
-                tensors = read_safetensors_index(fh, size, path)
+                tensors = read_safetensors_index(fh, size, path) if is_safetensors(path.name) else ()
                 fh.seek(0)
                 hasher.feed_file(fh)
         except FileNotFoundError as exc:
-            raise NotSafetensors(path, "no such file") from exc
+            raise ConfigError(str(path), "no such file to publish") from exc
         except IsADirectoryError as exc:
-            raise NotSafetensors(path, "is a directory") from exc
+            raise ConfigError(str(path), "is a directory; publish the files in it") from exc
         entries.append(FileEntry(path.name, size, offset, tensors))
         offset += size
     return Manifest(model, version, previous_version, tuple(entries), chunk_bytes, offset,
                     hasher.finish(), now_ms)
+
+
+def is_safetensors(name: str) -> bool:
+    """Whether a checkpoint file is safetensors weights (indexed, loaded) by its name."""
+    return name.endswith(".safetensors")
 
 
 def _file_size(fh: BinaryIO) -> int:

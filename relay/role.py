@@ -10,15 +10,21 @@ relay events are peeled off the core's effect list by `_Peeler` and queued, in o
 dispatcher task; everything else goes to the node as usual. A `Fetch` goes to the `_Upstream`
 of its peer: one TCP connection to the peer's advertised `data_addr`, many pipelined requests,
 responses in any order (header frame, then exactly `length` raw bytes). A response is believed
-only if it has the expected length and `put_chunk` finds it hashes to the manifest's digest
-(a chunk's bytes are received straight into their own buffer, then hashed and stored in a
-worker thread while the connection reads on; the buffer is what we cache and serve onwards);
-a connection that ends inside a chunk (a killed peer) fails every request still outstanding
-on it as `unreachable`, never as a short chunk. The server side answers a request once it
-holds the chunk (waiting up to `request_timeout_s` for it to arrive: this is how chunks are
-forwarded as soon as they are verified), serving at most `max_concurrent_uploads` at once,
-requests flagged urgent (the requester forwards that stripe) first, recently verified chunks
-from memory.
+only if it has the expected length and `put_chunk` finds it hashes to the manifest's digest: a
+chunk's bytes are received straight into a reused buffer (at most `STORING_CHUNKS` of them in
+all, whatever the number of sources: a slow disk slows the reading, it does not fill memory), then hashed and written at its
+offsets in a worker thread while the connection reads on; completions reach the core in
+batches, one round trip for all that finished meanwhile. A connection that ends inside a chunk
+(a killed peer) fails every request still outstanding on it as `unreachable`, never as a short
+chunk. The server side answers a request once it holds the chunk (waiting up to
+`request_timeout_s` for it to arrive: this is how chunks are forwarded as soon as they are
+verified), serving at most `max_concurrent_uploads` at once, requests flagged urgent (the
+requester forwards that stripe) first, each chunk sent from its file by `os.sendfile` (the page
+cache is the cache), never more than `[peer] upload_bps` a second in all.
+
+Durability. The store makes a version durable (files fsynced, then its bitmap) before the put
+that completes it returns, so the core hears of the last chunk, reports the version complete,
+announces it and hands it to workers only once a crash can no longer lose it.
 
 Our own store's faults. The store tells us (`ChunkStore.listener`, from any thread) when a read
 found a chunk rotten (deleted: the core is told it `lost` it, so the version is incomplete, not
@@ -45,13 +51,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from p2pnet.core import Emit
-from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_frame
+from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_file, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, P2PNetError, PeerUnavailable
 from p2pnet.peertable import PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.loader import VersionWatcher
-from relay.manifest import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, SignedManifest, open_manifest
+from relay.manifest import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, SignedManifest, chunk_size, open_manifest
 from relay.messages import (OP_CHUNK, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse, ManifestAnnounce)
 from relay.store import NO_SPACE_ERRNOS, ChunkRotten, ChunkStore, StoreBackoff, StoreEvent, VersionCollected
@@ -67,7 +73,7 @@ CHANNEL = "relay/chunks"
 CORRUPT_ENV = "P2PNET_TEST_CORRUPT_CHUNKS"
 OP_URGENT = 0x80  # or-ed into the op byte: the requester forwards this chunk
 MEMBERS_POLL_S = 1.0
-CACHE_BYTES = 256 * 1024 * 1024
+STORING_CHUNKS = 6  # received chunks being hashed and written at once: the chunk buffers this peer holds
 MAX_REQUESTS_PER_CONNECTION = 256
 WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
 STALLED_READER_PENALTY = 3.0  # asked for chunks and stopped reading the answers
@@ -208,7 +214,7 @@ class RelayRole:
         self.core = TransferCore(
             transfer, node.peer_id,
             open_frame=lambda frame, now: open_manifest(frame, trusted_publishers=trusted, now_s=time.time()),
-            self_upload_bps=node.config.upload_bps, held=self.store.has_chunk)
+            self_upload_bps=node.config.upload_bps)
         self._queue_send, self._queue = trio.open_memory_channel[Any](math.inf)
         self._peeler = _Peeler(self.core, self._queue_send.send_nowait)
         self._runner: Any = None
@@ -216,9 +222,10 @@ class RelayRole:
         self._upstreams: dict[str, _Upstream] = {}
         self._slots = _UploadSlots(self.config.max_concurrent_uploads)
         self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
-        self._arrivals: dict[bytes, trio.Event] = {}
-        self._cache: OrderedDict[bytes, bytes | bytearray] = OrderedDict()
-        self._cache_bytes = 0
+        self._upload = ByteBudget(float(node.config.upload_bps))  # everything we serve, together
+        self._arrivals: dict[tuple[int, int], trio.Event] = {}
+        self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](math.inf)
+        self.buffers = _Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
         self._members_changed = trio.Event()
         self.served: dict[str, int] = {}  # peer -> chunks served to it
         self.fetched_from: dict[str, int] = {}  # peer -> chunks fetched from it
@@ -246,6 +253,7 @@ class RelayRole:
             self.node.add_gossip_gate(ManifestAnnounce.KIND, self._manifest_gate)
             self._runner = await self.node.add_core(self._peeler, "relay")
             nursery.start_soon(self._dispatch)
+            nursery.start_soon(self._tell_fetched)
             nursery.start_soon(self._follow_members)
             self.node.on_event(self._on_node_event)
             for signed in self.store.manifests():
@@ -253,7 +261,7 @@ class RelayRole:
                 held = [i for i in range(len(signed.manifest.chunk_digests)) if i not in missing]
                 await self._command(lambda now, s=signed, h=held: self.core.add_version(now, s, h))
             for name, fn in (("checkpoint.publish", self._cmd_publish), ("checkpoint.status", self._cmd_status),
-                             ("checkpoint.fetch", self._cmd_fetch)):
+                             ("checkpoint.fetch", self._cmd_fetch), ("checkpoint.wait", self._cmd_wait)):
                 self.node.control.register(name, _refusing_errors(fn))
             task_status.started()
 
@@ -263,12 +271,13 @@ class RelayRole:
     # -- what trainers and workers use ------------------------------------------------------
 
     async def publish(self, paths: list[Path], model: str, version: int, previous_version: int = -1,
-                      chunk_bytes: int | None = None) -> SignedManifest:
-        """Sign and store `paths` as checkpoint `version`, then announce it to the network."""
+                      chunk_bytes: int | None = None, place: str = "link") -> SignedManifest:
+        """Sign and store `paths` as checkpoint `version` (`place`: how the files come into the
+        store, see `ChunkStore.publish_files`), then announce it to the network."""
         signed = await trio.to_thread.run_sync(lambda: self.store.publish_files(
             self.node.identity, [Path(p) for p in paths], model=model, version=version,
             previous_version=previous_version, chunk_bytes=chunk_bytes or self.config.chunk_bytes,
-            now_s=time.time()))
+            now_s=time.time(), place=place))
         await self._command(lambda now: self.core.publish(now, signed))
         self.watcher.mark_complete(version)
         return signed
@@ -282,12 +291,14 @@ class RelayRole:
     async def _dispatch(self) -> None:
         async for item in self._queue:
             if isinstance(item, Fetch):
+                if self.store.holds(item.version, item.index):
+                    continue  # copied from a held version meanwhile (`TransferCore.found`)
                 if self.backoff.active and not await self._room_for(item.size):
                     await self._not_stored(item.peer, item, "still no room after the hold")  # not downloaded
                 else:
                     self._upstream(item.peer).submit(item)
             elif isinstance(item, ChunkRotten):
-                await self._chunk_rotten(item.digest)
+                await self._chunk_rotten(item.version, item.index)
             elif isinstance(item, VersionCollected):
                 await self._version_collected(item.version)
             elif isinstance(item, FetchManifest):
@@ -303,17 +314,28 @@ class RelayRole:
                 await self._keep_manifest(item.signed)
             elif isinstance(item, VersionComplete):
                 self.timeline.setdefault(item.version, {})["complete_at_s"] = time.time()
-                self.watcher.mark_complete(item.version)
-                self._nursery.start_soon(self._flush_store)  # type: ignore[union-attr]
+                self.watcher.mark_complete(item.version)  # durable: the store flushed it first
                 log.info("version %d complete (%d chunks fetched in %.1fs)", item.version, item.fetched_chunks,
                          item.seconds)
 
     async def _keep_manifest(self, signed: SignedManifest) -> None:
+        """Keep the manifest and create the version's files (before any of its fetches is sent:
+        `_dispatch` awaits this); chunks shared with a version we hold are copied, not fetched."""
         try:
             await trio.to_thread.run_sync(self.store.add_manifest, signed)
+            adopted = await trio.to_thread.run_sync(self.store.adopt_shared, signed.version)
         except ManifestRejected as exc:  # the publisher signed two manifests for one version
             log.error("manifest for version %d refused by the store: %s", signed.version, exc)
             self.core.forget(signed.version)
+            return
+        except (StoreFull, OSError) as exc:
+            log.error("cannot keep version %d: %s", signed.version, exc)
+            self.core.forget(signed.version)
+            return
+        if adopted:
+            log.info("version %d: %d chunks shared with a held version, copied locally", signed.version,
+                     len(adopted))
+            await self._command(lambda now: self.core.found(now, signed.version, adopted))
 
     def _upstream(self, peer: str) -> _Upstream:
         upstream = self._upstreams.get(peer)
@@ -327,10 +349,15 @@ class RelayRole:
         entry = self.node.peertable.get(peer)
         return entry.data_addr if entry is not None else None
 
-    async def report_fetched(self, peer: str, fetch: Fetch, data: bytes | bytearray, elapsed_s: float) -> None:
-        """Verify and store one chunk from `peer`; tell the core either way. `data` is never mutated."""
+    async def report_fetched(self, peer: str, fetch: Fetch, data: bytes | bytearray | memoryview,
+                             elapsed_s: float) -> None:
+        """Verify and store one chunk from `peer`; tell the core either way (a stored chunk in
+        the next batch of completions). `data` is not used after this returns."""
         try:
-            await trio.to_thread.run_sync(lambda: self.store.put_chunk(fetch.digest, data, sender=peer))
+            await trio.to_thread.run_sync(lambda: self.store.put_chunk(fetch.version, fetch.index, data, sender=peer))
+        except VersionUnknown:
+            log.info("chunk %d of version %d arrived after the version was dropped", fetch.index, fetch.version)
+            return
         except ChunkCorrupt:
             log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
             await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, "corrupt"))
@@ -349,12 +376,24 @@ class RelayRole:
         if self.backoff.succeeded():
             log.warning("the chunk store has room again: fetching resumes")
             await self._command(lambda now: self.core.hold_requests(now, now))
-        self._remember(fetch.digest, data)
         self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
-        arrived = self._arrivals.pop(fetch.digest, None)
+        arrived = self._arrivals.pop((fetch.version, fetch.index), None)
         if arrived is not None:
             arrived.set()
-        await self._command(lambda now: self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s))
+        self._fetched_send.send_nowait((peer, fetch, elapsed_s))
+
+    async def _tell_fetched(self) -> None:
+        """Stored chunks reach the core in batches: one round trip for all that completed while
+        the previous one ran."""
+        while True:
+            batch = [await self._fetched.receive()]
+            while True:
+                try:
+                    batch.append(self._fetched.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await self._command(lambda now, b=batch: [e for peer, f, took in b
+                                                      for e in self.core.fetched(now, peer, f.version, f.index, took)])
 
     async def _flush_store(self) -> None:
         """Make every chunk stored so far durable (the store batches its fsyncs)."""
@@ -375,20 +414,15 @@ class RelayRole:
         except trio.RunFinishedError:
             log.info("store event after the relay stopped: %s", event)
 
-    async def _chunk_rotten(self, digest: bytes) -> None:
-        """A chunk was corrupt on disk and is deleted: each version using it is incomplete (not
-        reported, not announced) until the chunk is fetched again."""
-        if self.store.has_chunk(digest):
-            return  # stored again meanwhile
-        for signed in self.store.manifests():
-            indices = [i for i, d in enumerate(signed.manifest.chunk_digests) if d == digest]
-            if not indices or not self.core.knows(signed.version):
-                continue
-            self.watcher.forget(signed.version)
-            log.warning("chunk %d of version %d was corrupt on disk and is deleted: the version is incomplete "
-                        "until it is fetched again", indices[0], signed.version)
-            await self._command(lambda now, v=signed.version, ii=indices:
-                                [e for i in ii for e in self.core.lost(now, v, i)])
+    async def _chunk_rotten(self, version: int, index: int) -> None:
+        """A chunk was corrupt on disk and is dropped: its version is incomplete (not reported,
+        not announced) until the chunk is fetched again."""
+        if self.store.holds(version, index) or not self.core.knows(version):
+            return  # stored again meanwhile, or a version we no longer follow
+        self.watcher.forget(version)
+        log.warning("chunk %d of version %d was corrupt on disk and is dropped: the version is incomplete "
+                    "until it is fetched again", index, version)
+        await self._command(lambda now: self.core.lost(now, version, index))
 
     async def _version_collected(self, version: int) -> None:
         self.watcher.forget(version)
@@ -481,16 +515,6 @@ class RelayRole:
 
     # -- serving --------------------------------------------------------------------------
 
-    def _remember(self, digest: bytes, data: bytes | bytearray) -> None:
-        """Keep recently verified chunks in memory: the next hop asks for them right away."""
-        if digest in self._cache:
-            return
-        self._cache[digest] = data
-        self._cache_bytes += len(data)
-        while self._cache_bytes > CACHE_BYTES:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= len(old)
-
     async def _serve(self, stream: trio.SocketStream, reader: FrameReader, client: str) -> None:
         """One requester's connection (`client`, authenticated by the data plane): answer each
         request when we can, in any order. A connection with nothing asked and nothing owed for
@@ -527,30 +551,33 @@ class RelayRole:
         try:
             if req.op == OP_MANIFEST:
                 try:
-                    payload = self.store.manifest(req.version).frame
+                    frame: bytes | None = self.store.manifest(req.version).frame
                 except VersionUnknown:
-                    payload = None
-                await self._respond(stream, send_lock, req.request_id, payload)
+                    frame = None
+                await self._respond(stream, send_lock, req.request_id, frame)
                 return
-            if not await self._wait_for(req.digest):
+            if not await self._wait_for(req.version, req.index, req.digest):
                 await self._respond(stream, send_lock, req.request_id, None)
                 return
+            size = chunk_size(self.store.manifest(req.version).manifest, req.index)
             if self.config.serve_bytes_per_peer_s:  # a peer's budget is spent waiting, not holding a slot
                 budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
-                signed = self.core.signed(req.version)
-                await trio.sleep(budget.reserve(trio.current_time(), signed.manifest.chunk_bytes if signed else 0))
+                await trio.sleep(budget.reserve(trio.current_time(), size))
             await self._slots.acquire(urgent, client)
             try:
                 self.serving_now[client] = self.serving_now.get(client, 0) + 1
-                data = self._cache.get(req.digest)
-                if data is None:
-                    data = await trio.to_thread.run_sync(self.store.read_chunk, req.digest)
+                await trio.sleep(self._upload.reserve(trio.current_time(), size))
+                if not await self._verified(req.version, req.index):
+                    raise ChunkMissing(f"chunk {req.index} of version {req.version} was rotten")
                 if self.corrupt_chunks:
-                    data = bytes([data[0] ^ 0xFF]) + data[1:]
-                await self._respond(stream, send_lock, req.request_id, data)
+                    data = await trio.to_thread.run_sync(self.store.read_chunk, req.version, req.index)
+                    await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:])
+                else:
+                    await self._respond(stream, send_lock, req.request_id, self.store.segments(req.version, req.index),
+                                        size)
                 self.served[client] = self.served.get(client, 0) + 1
-                self.bytes_served += len(data)
-            except ChunkMissing:
+                self.bytes_served += size
+            except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile
                 await self._respond(stream, send_lock, req.request_id, None)
             finally:
                 self.serving_now[client] -= 1
@@ -564,27 +591,54 @@ class RelayRole:
             self.penalise(client, STALLED_READER_PENALTY,
                           f"did not read an answer within {self.config.send_timeout_s}s (holding an upload slot)")
             connection.cancel()
+        except OSError as exc:  # our disk: the requester asks elsewhere
+            log.error("serving chunk %d of version %d: %s", req.index, req.version, exc)
+            connection.cancel()
         finally:
             pending.release_on_behalf_of(request)
 
-    async def _wait_for(self, digest: bytes) -> bool:
-        if self.store.has_chunk(digest):
+    async def _wait_for(self, version: int, index: int, digest: bytes) -> bool:
+        """Whether we hold the chunk asked for, waiting up to `request_timeout_s` for it to arrive."""
+        if not self.store.holds(version, index):
+            event = self._arrivals.setdefault((version, index), trio.Event())
+            with trio.move_on_after(self.config.request_timeout_s):
+                await event.wait()
+        try:
+            signed = self.store.manifest(version)
+        except VersionUnknown:
+            return False
+        return 0 <= index < len(signed.manifest.chunk_digests) and signed.manifest.chunk_digests[index] == digest \
+            and self.store.holds(version, index)
+
+    async def _verified(self, version: int, index: int) -> bool:
+        """Held and good: a chunk only claimed by the bitmap since a restart is hashed first."""
+        if self.store.is_verified(version, index):
             return True
-        event = self._arrivals.setdefault(digest, trio.Event())
-        with trio.move_on_after(self.config.request_timeout_s):
-            await event.wait()
-        return self.store.has_chunk(digest)
+        return await trio.to_thread.run_sync(self.store.ensure_verified, version, index)
 
     async def _respond(self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int,
-                       payload: bytes | bytearray | None) -> None:
-        """Send one answer; TooSlowError if the requester does not take it within `send_timeout_s`
-        (a reader that stops reading must not hold an upload slot)."""
-        status, length = (STATUS_OK, len(payload)) if payload is not None else (STATUS_UNAVAILABLE, 0)
-        async with send_lock:
-            with trio.fail_after(self.config.send_timeout_s):
-                await send_frame(stream, ChunkResponse(request_id, status, length).pack())
-                if payload:
-                    await stream.send_all(payload)
+                       payload: bytes | list[tuple[Path, int, int]] | None, length: int = 0) -> None:
+        """Send one answer: `payload` bytes, the file pieces a chunk lies in (sent by the kernel,
+        `length` bytes in all), or None for "unavailable". TooSlowError if the requester does not
+        take it within `send_timeout_s` (a reader that stops reading must not hold a slot)."""
+        if payload is None:
+            status, length = STATUS_UNAVAILABLE, 0
+        else:
+            status, length = STATUS_OK, (len(payload) if isinstance(payload, bytes) else length)
+        fds: list[tuple[int, int, int]] = []
+        try:
+            for path, offset, count in payload if isinstance(payload, list) else ():
+                fds.append((os.open(path, os.O_RDONLY), offset, count))  # before the header: it may be gone
+            async with send_lock:
+                with trio.fail_after(self.config.send_timeout_s):
+                    await send_frame(stream, ChunkResponse(request_id, status, length).pack())
+                    if isinstance(payload, bytes):
+                        await stream.send_all(payload)
+                    for fd, offset, count in fds:
+                        await send_file(stream, fd, offset, count)
+        finally:
+            for fd, _, _ in fds:
+                os.close(fd)
 
     # -- control commands and status --------------------------------------------------------
 
@@ -594,7 +648,7 @@ class RelayRole:
             raise ConfigError("paths", "a non-empty list of file paths")
         signed = await self.publish([Path(p) for p in paths], str(request.get("model", "model")),
                                     int(request["version"]), int(request.get("previous_version", -1)),
-                                    request.get("chunk_bytes"))
+                                    request.get("chunk_bytes"), str(request.get("place", "link")))
         return {"manifest_id": signed.manifest_id.hex(), "version": signed.version,
                 "chunks": len(signed.manifest.chunk_digests), "total_bytes": signed.manifest.total_bytes}
 
@@ -602,30 +656,59 @@ class RelayRole:
         return self.status()
 
     async def _cmd_fetch(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
-        version = int(request["version"])
+        """Wait until the version is complete here, then hand its files out into `out_dir`
+        (verified, hard-linked where the filesystem allows)."""
         out_dir = Path(str(request.get("out_dir") or request.get("out") or ""))
         if not out_dir.is_absolute():
             raise ConfigError("out_dir", "an absolute directory path")
-        timeout_s = float(request.get("timeout_s", 600.0))
-        files: list[Path] = []
-        with trio.move_on_after(timeout_s) as scope:
+        timeout_s = _timeout(request)
+        with trio.move_on_after(timeout_s):
             while True:
-                while not self._holds(version):
-                    if self.core.knows(version):
-                        p = self.core.progress(trio.current_time(), version)
-                        await reply({"progress": {k: p[k] for k in ("version", "chunks_have", "chunks_total",
-                                                                      "bytes_per_s")}})
-                    with trio.move_on_after(0.5):
-                        await self.watcher.wait_change()
+                version = await self._until_held(request.get("version"), reply)
                 try:
                     files = await trio.to_thread.run_sync(self.store.export_version, version, out_dir)
-                    break
-                except (ChunkMissing, VersionIncomplete) as exc:  # rotten on disk: deleted, fetched again
+                except (ChunkMissing, VersionIncomplete) as exc:  # rotten on disk: dropped, fetched again
                     log.warning("exporting version %d: %s; waiting until it is complete again", version, exc)
-        if scope.cancelled_caught:
-            raise PeerUnavailable(f"version {version} not complete after {timeout_s}s")
-        return {"version": version, "files": [str(f) for f in files],
-                "total_bytes": self.store.manifest(version).manifest.total_bytes}
+                    continue
+                return {"version": version, "files": [str(f) for f in files],
+                        "total_bytes": self.store.manifest(version).manifest.total_bytes}
+        raise PeerUnavailable(self._not_yet(request.get("version"), timeout_s))
+
+    async def _cmd_wait(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
+        """Block until the version (or, for "latest", any version) is complete and durable here;
+        where its files are. Costs nothing while it waits (no polling, no status)."""
+        timeout_s = _timeout(request)
+        with trio.move_on_after(timeout_s):
+            version = await self._until_held(request.get("version"), None)
+            return {"version": version, "dir": str(self.store.version_dir(version)),
+                    "files": [str(p) for p in self.store.version_files(version)]}
+        raise PeerUnavailable(self._not_yet(request.get("version"), timeout_s))
+
+    async def _until_held(self, wanted: Any, reply: Any) -> int:
+        """The version asked for (an int, or "latest": the newest complete one, waiting for a
+        first if none), once complete here; progress is sent to `reply` every 0.5 s if given."""
+        if wanted != "latest" and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0):
+            raise ConfigError("version", 'a version number >= 0, or "latest"')
+        while True:
+            version = self.watcher.latest if wanted == "latest" else wanted
+            if version >= 0 and self._holds(version):
+                return version
+            if reply is not None and version >= 0 and self.core.knows(version):
+                p = self.core.progress(trio.current_time(), version)
+                await reply({"progress": {k: p[k] for k in ("version", "chunks_have", "chunks_total",
+                                                              "bytes_per_s")}})
+            with trio.move_on_after(0.5 if reply is not None else math.inf):
+                await self.watcher.wait_change()
+
+    def _not_yet(self, wanted: Any, timeout_s: float) -> str:
+        if wanted == "latest":
+            return f"no version became complete here within {timeout_s:g}s"
+        if self.core.knows(wanted):
+            p = self.core.progress(trio.current_time(), wanted)
+            return (f"version {wanted} is not complete here after {timeout_s:g}s "
+                    f"({p['chunks_have']} of {p['chunks_total']} chunks)")
+        return (f"version {wanted} is unknown here after {timeout_s:g}s: no trusted publisher's manifest for it "
+                "has arrived (is it published, and is its publisher trusted?)")
 
     def status(self) -> dict[str, Any]:
         now = trio.current_time()
@@ -661,6 +744,7 @@ class _Upstream:
         self._next_id = 0
         self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
         self._scope = trio.CancelScope()
+        self._buffers = role.buffers
 
     @property
     def outstanding(self) -> int:
@@ -723,14 +807,22 @@ class _Upstream:
                 del self._pending[header.request_id]
                 await self.role.report_failed(self.peer, fetch, "corrupt")
                 raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
-            data = await reader.exactly_into(header.length)  # TruncatedStream if the source dies mid-chunk
+            buffer = await self._buffers.take(header.length)  # waits while STORING_CHUNKS are being stored
+            try:
+                await reader.exactly_into(header.length, buffer)  # TruncatedStream if the source dies mid-chunk
+            except BaseException:
+                self._buffers.give(buffer)
+                raise
             del self._pending[header.request_id]
-            # hash and store it while we read on (the core's in-flight limit bounds how many)
-            nursery.start_soon(self._report, fetch, data, trio.current_time() - sent_at)
+            # hash and store it while we read on
+            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - sent_at)
 
-    async def _report(self, fetch: Fetch, data: bytearray, elapsed_s: float) -> None:
-        with trio.CancelScope(shield=True):  # a received chunk is always stored and told, even as we close
-            await self.role.report_fetched(self.peer, fetch, data, elapsed_s)
+    async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float) -> None:
+        try:
+            with trio.CancelScope(shield=True):  # a received chunk is always stored and told, even as we close
+                await self.role.report_fetched(self.peer, fetch, memoryview(buffer)[:fetch.size], elapsed_s)
+        finally:
+            self._buffers.give(buffer)
 
     async def _fail_all(self) -> None:
         pending, self._pending = list(self._pending.values()), {}
@@ -743,6 +835,26 @@ class _Upstream:
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 await self.role.report_failed(self.peer, fetch, "unreachable")
+
+
+class _Buffers:
+    """At most `count` chunk buffers lent at once, reused: `take` waits for one to come back."""
+
+    def __init__(self, count: int) -> None:
+        self._lendable = trio.Semaphore(count)
+        self._free: list[bytearray] = []
+
+    async def take(self, nbytes: int) -> bytearray:
+        await self._lendable.acquire()
+        while self._free:
+            buffer = self._free.pop()
+            if len(buffer) >= nbytes:
+                return buffer
+        return bytearray(nbytes)
+
+    def give(self, buffer: bytearray) -> None:
+        self._free.append(buffer)
+        self._lendable.release()
 
 
 class _CorruptSource(Exception):
@@ -762,13 +874,22 @@ async def _frame(reader: FrameReader) -> bytes:
     return frame
 
 
+def _timeout(request: dict[str, Any]) -> float:
+    timeout_s = request.get("timeout_s", 600.0)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ConfigError("timeout_s", "a number of seconds > 0")
+    return float(timeout_s)
+
+
 def _refusing_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A control command that answers {"error": ...} for our named errors instead of crashing."""
 
     async def command(request: dict[str, Any], reply: Any) -> dict[str, Any]:
         try:
             return await fn(request, reply)
-        except (P2PNetError, KeyError, TypeError, ValueError) as exc:
-            return {"error": f"{type(exc).__name__}: {exc}"}
+        except KeyError as exc:
+            return {"error": f"the request lacks {exc}"}
+        except (P2PNetError, TypeError, ValueError) as exc:  # said for a user: no class names
+            return {"error": str(exc)}
 
     return command

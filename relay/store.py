@@ -1,40 +1,45 @@
-"""The content-addressed chunk store on disk, and the manifests of the versions it holds.
+"""The checkpoint store on disk: each version held as a folder of its own files, the bitmap of
+its durable chunks, and the signed manifests.
 
 Layout under `root`:
 
-    chunks/ab/abcdef...   one file per chunk, named by the hex blake3 digest of its bytes
     manifests/000000000042-<manifest id hex>.manifest   the signed manifest frame, as received
+    versions/000000000042-<manifest id hex>/            the version's files, by their manifest names
+    versions/000000000042-<manifest id hex>.have        which chunks are durable in them (bitmap)
 
-Theory of operation. A chunk enters only through `put_chunk`, which hashes the bytes first and
-writes them to a `.tmp-` name in the chunk's directory. Only once those bytes are fsynced is the
-file renamed to its digest (and the directory fsynced), so a chunk name on disk always means a
-complete, durable chunk that once hashed right. With `fsync_batch_chunks` > 1 (the relay
-peer's setting) fsyncs are batched: a written chunk waits under its temp name (held, readable,
-servable) until that many are waiting or `flush()` is called (the relay calls it when a version
-completes and when it stops; `publish_files` before returning); then all of them are fsynced,
-renamed, and their directories fsynced once. With the default of 1, `put_chunk` returns only
-once its chunk is durable; with `fsync=False`
-chunks are renamed at once, unsynced (benchmarks and simulations only). The in-memory index
-(digest -> size) is rebuilt at startup from the names on disk after deleting leftover temp
-files, so a chunk that was not yet durable when the process died is fetched again, never
-believed; contents are re-verified lazily: every `read_chunk` hashes what it read, and a chunk
-whose bytes no longer match its name is deleted and reported as `ChunkMissing`. `verify_all()`
-does the same eagerly. Chunks are shared between versions (stored once).
+Theory of operation. A version enters by its manifest (`add_manifest`: the manifest is written
+first, then the files are created at full size, sparse) or whole (`publish_files`: the
+trainer's files are linked, moved or, across filesystems, copied in, hashed once in one read
+to build the manifest, fsynced, made read-only). A chunk enters only through `put_chunk`, which
+checks its length and blake3 digest against the manifest before writing it at its offsets
+(`relay.versionfiles`); from then on it is held: readable, servable, counted. It becomes durable
+when a flush fsyncs the files and then rewrites the bitmap (temp name, fsync, rename), so the
+bitmap never claims a chunk whose bytes were not on disk. Flushes come every
+`fsync_batch_chunks` chunks (the relay peer's setting; 1: every chunk) and, always, before the
+`put_chunk` that completes a version returns: a version is complete (and can be announced,
+reported, handed to a worker) only once all of it is durable. With `fsync=False` nothing is
+fsynced and the bitmap is rewritten after every chunk (benchmarks, tests, simulations).
 
-What the owner hears. A chunk found rotten and deleted (`ChunkRotten`) and a version dropped by
-garbage collection (`VersionCollected`) are told to `listener`, from whichever thread found
-them, so the relay fetches the chunk again and stops reporting the version complete.
-`version_stamp(version)` changes whenever a chunk of the version is stored again, so a loader
-that refused a version can tell when its files changed. `StoreBackoff` (pure: no clock, no I/O)
-says when a full store may be tried again.
+After a restart the bitmap's chunks are held but unverified: each is hashed before its first
+use (`ensure_verified` before serving, `verify` before loading), and one that no longer matches
+is dropped from the bitmap and reported; chunks not in the bitmap are fetched again, never
+believed. Chunks received in this run were hashed on arrival and are served without hashing
+again (`segments`, for `os.sendfile`). `export_version` (what `checkpoint fetch --out` hands
+out) re-hashes the whole version first, then hard-links its files (a reflink or a copy across
+filesystems): a user gets verified bytes without a second copy on disk.
 
-Manifests are re-opened and re-verified against the trusted publishers when loaded; untrusted
-or malformed ones are skipped with a warning (left on disk: trust lists change). `collect()`
-keeps the newest `keep_versions` complete versions plus any newer incomplete one (a download
-in progress), then drops older complete versions (never the newest complete one) while the full
-size of what is kept, counting chunks still to come, exceeds `budget_bytes`; it then deletes
-every chunk no kept manifest references. `put_chunk` runs it when a write would exceed the
-budget. Add a manifest before putting its chunks, or they are garbage.
+What the owner hears. A chunk found rotten (`ChunkRotten`) and a version dropped by garbage
+collection (`VersionCollected`) are told to `listener`, from whichever thread found them, so the
+relay fetches the chunk again and stops reporting the version complete. `version_stamp(version)`
+changes whenever a chunk of the version is stored again. `StoreBackoff` (pure) says when a full
+store may be tried again.
+
+Manifests are re-opened and re-verified against the trusted publishers when loaded; untrusted or
+malformed ones are skipped with a warning (left on disk, with their files: trust lists change).
+`collect()` keeps the newest `keep_versions` complete versions plus any newer incomplete one (a
+download in progress), then drops older complete versions (never the newest complete one) while
+their full size exceeds `budget_bytes`. `put_chunk` runs it when a write would exceed the budget.
+`adopt_shared` copies chunks a new version shares with a held one instead of fetching them.
 
 The methods are synchronous and thread-safe (the relay role calls the slow ones through
 `trio.to_thread`); one process owns a store at a time (the data directory's lock says which).
@@ -43,13 +48,12 @@ This module must not do network I/O and must not import torch.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Sequence
 
@@ -58,16 +62,18 @@ import blake3
 from p2pnet.errors import ConfigError
 from p2pnet.files import fsync_dir
 from p2pnet.identity import Identity
-from relay.errors import (ChunkCorrupt, ChunkMissing, ManifestRejected, NotSafetensors, StoreFull,
-                          VersionIncomplete, VersionUnknown)
-from relay.manifest import (DEFAULT_CHUNK_BYTES, DIGEST_BYTES, Manifest, SignedManifest, build_manifest,
-                            TEN_YEARS_S, chunk_range, chunks_of_file, open_manifest, sign_manifest)
+from relay.errors import (ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete,
+                          VersionUnknown)
+from relay.manifest import (DEFAULT_CHUNK_BYTES, SignedManifest, TEN_YEARS_S, build_manifest, chunk_size,
+                            open_manifest, sign_manifest)
+from relay.versionfiles import (NO_SPACE_ERRNOS, PLACE_MODES, VersionFiles, load_bitmap, place_file, remove_path,
+                                save_bitmap)
 
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
 MANIFEST_SUFFIX = ".manifest"
-NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # what a full disk raises (as OSError.errno)
+BITMAP_SUFFIX = ".have"
 
 
 def digest_of(data: bytes | bytearray | memoryview) -> bytes:
@@ -76,19 +82,38 @@ def digest_of(data: bytes | bytearray | memoryview) -> bytes:
 
 @dataclass(frozen=True)
 class ChunkRotten:
-    """A held chunk no longer matched its digest on disk; it has been deleted."""
+    """A held chunk no longer matched its digest on disk; it is no longer held."""
 
-    digest: bytes
+    version: int
+    index: int
 
 
 @dataclass(frozen=True)
 class VersionCollected:
-    """Garbage collection dropped this version's manifest (and its unshared chunks)."""
+    """Garbage collection dropped this version (manifest, files and bitmap)."""
 
     version: int
 
 
 StoreEvent = ChunkRotten | VersionCollected
+
+
+@dataclass
+class _Version:
+    signed: SignedManifest
+    files: VersionFiles
+    have: set[int] = field(default_factory=set)  # held: verified on arrival, or claimed by the bitmap
+    unverified: set[int] = field(default_factory=set)  # claimed by the bitmap at startup, not hashed since
+    unsynced: set[int] = field(default_factory=set)  # written since the last flush: not in the bitmap yet
+    stamp: int = 0  # the store's put counter when a chunk of this version was last stored
+
+    @property
+    def count(self) -> int:
+        return len(self.signed.manifest.chunk_digests)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.have) == self.count
 
 
 class ChunkStore:
@@ -117,45 +142,45 @@ class ChunkStore:
         self._clock = clock
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()  # one flush at a time; taken before _lock, never inside it
-        self._unsynced: dict[bytes, Path] = {}  # held chunks still under their temp name, not yet fsynced
-        self._sizes: dict[bytes, int] = {}
-        self._stamps: dict[bytes, int] = {}  # digest -> `_puts` when it was stored (0: found at startup)
+        self._versions: dict[int, _Version] = {}
         self._puts = 0
         self._used_bytes = 0
         self._reserved_bytes = 0
-        self._manifests: dict[int, SignedManifest] = {}
         self._trusted: frozenset[str] = frozenset()
         self.listener: Callable[[StoreEvent], None] | None = None  # called from any thread
-        (self.root / "chunks").mkdir(parents=True, exist_ok=True)
-        (self.root / "manifests").mkdir(parents=True, exist_ok=True)
-        self._scan_chunks()
+        for sub in ("manifests", "versions"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._sweep()
         if trusted_publishers is not None:
             self.load(trusted_publishers)
 
     # -- startup ----------------------------------------------------------------------------
 
-    def _scan_chunks(self) -> None:
-        for sub in (self.root / "chunks").iterdir():
-            if not sub.is_dir():
+    def _sweep(self) -> None:
+        """Delete what a crash left behind: temp files, and version folders or bitmaps that no
+        stored manifest (trusted or not) names."""
+        named = set()
+        for path in (self.root / "manifests").iterdir():
+            if path.name.startswith(TMP_PREFIX):
+                path.unlink(missing_ok=True)
+            elif path.name.endswith(MANIFEST_SUFFIX):
+                named.add(path.name[:-len(MANIFEST_SUFFIX)])
+        for path in (self.root / "versions").iterdir():
+            base = path.name[:-len(BITMAP_SUFFIX)] if path.name.endswith(BITMAP_SUFFIX) else path.name
+            if base in named:
                 continue
-            for path in sub.iterdir():
-                if path.name.startswith(TMP_PREFIX):
-                    path.unlink(missing_ok=True)
-                    continue
-                digest = _parse_digest(path.name)
-                if digest is None or path.name[:2] != sub.name:
-                    log.warning("ignoring stray file %s in the chunk store", path)
-                    continue
-                self._sizes[digest] = path.stat().st_size
-                self._used_bytes += self._sizes[digest]
-        for path in (self.root / "manifests").glob(TMP_PREFIX + "*"):
-            path.unlink(missing_ok=True)
+            log.info("removing %s from the store: no manifest names it", path.name)
+            remove_path(path)
 
     def load(self, trusted_publishers: Collection[str]) -> list[SignedManifest]:
-        """(Re)load the stored manifests, believing only those signed by `trusted_publishers`."""
+        """(Re)load the stored manifests, believing only those signed by `trusted_publishers`;
+        a version's chunks are what its bitmap claims (unverified until used)."""
         with self._lock:
             self._trusted = frozenset(trusted_publishers)
-            self._manifests = {}
+            for held in self._versions.values():
+                held.files.close()
+            self._versions = {}
+            self._used_bytes = 0
             for path in sorted((self.root / "manifests").glob("*" + MANIFEST_SUFFIX)):
                 try:
                     # its timestamp was checked on arrival; only signature and trust matter now
@@ -164,108 +189,113 @@ class ChunkStore:
                 except ManifestRejected as exc:
                     log.warning("skipping stored manifest %s: %s", path.name, exc)
                     continue
-                if path.name != _manifest_name(signed):
+                if path.name != _name(signed) + MANIFEST_SUFFIX:
                     log.warning("skipping stored manifest %s: its name does not match its content", path.name)
                     continue
-                self._manifests[signed.version] = signed
+                self._open_version(signed)
             return self.manifests()
 
-    def verify_all(self) -> list[bytes]:
-        """Re-hash every chunk; delete and return the digests of those that no longer match."""
-        rotten = []
-        for digest in list(self._sizes):
-            try:
-                self.read_chunk(digest)
-            except ChunkMissing:
-                rotten.append(digest)
-        return rotten
+    def _open_version(self, signed: SignedManifest) -> _Version:
+        files = VersionFiles(self.version_dir_of(signed), signed.manifest)
+        intact = files.create()
+        claimed = load_bitmap(self._bitmap_path(signed), signed.manifest_id, len(signed.manifest.chunk_digests))
+        if not intact and claimed:
+            log.warning("version %d: its files were missing or resized; fetching it again", signed.version)
+            claimed = set()
+        held = _Version(signed, files, have=set(claimed), unverified=set(claimed))
+        self._versions[signed.version] = held
+        self._used_bytes += sum(chunk_size(signed.manifest, i) for i in claimed)
+        return held
 
     # -- chunks -----------------------------------------------------------------------------
 
-    def chunk_path(self, digest: bytes) -> Path:
-        name = digest.hex()
-        return self.root / "chunks" / name[:2] / name
-
-    def has_chunk(self, digest: bytes) -> bool:
-        return digest in self._sizes
+    def holds(self, version: int, index: int) -> bool:
+        held = self._versions.get(version)
+        return held is not None and index in held.have
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of the chunks held (manifests not counted)."""
+        """Bytes of the chunks held (manifests and bitmaps not counted)."""
         return self._used_bytes
 
-    def put_chunk(self, digest: bytes, data: bytes | bytearray | memoryview, *, sender: str | None = None) -> bool:
-        """Store a chunk after checking it hashes to `digest`; False if it was already held.
+    def put_chunk(self, version: int, index: int, data: bytes | bytearray | memoryview, *,
+                  sender: str | None = None) -> bool:
+        """Store chunk `index` of `version` after checking it against the manifest; False if it
+        was already held. The put that completes the version returns once all of it is durable.
 
-        Raises ChunkCorrupt (blaming `sender`) on a mismatch and StoreFull when the budget or
-        the disk is exhausted even after `collect()`; in both cases nothing is left on disk.
+        Raises VersionUnknown (no such manifest held: add it first), ChunkCorrupt (blaming
+        `sender`) on a wrong length or digest, and StoreFull when the budget or the disk is
+        exhausted even after `collect()`; in each case nothing is recorded as held.
         """
-        if len(digest) != DIGEST_BYTES or digest_of(data) != digest:
+        held = self._held(version)
+        manifest = held.signed.manifest
+        if not 0 <= index < held.count:
+            raise ChunkCorrupt(b"", f"version {version} has no chunk {index}", sender)
+        digest = manifest.chunk_digests[index]
+        if len(data) != chunk_size(manifest, index) or digest_of(data) != digest:
             raise ChunkCorrupt(digest, sender=sender)
-        if self.has_chunk(digest):
+        if index in held.have:
             return False
         self._reserve(len(data))
-        staged = None
         try:
-            if self._fsync and self._batch > 1:
-                staged = self._write_temp(self.chunk_path(digest), data)
-            else:
-                self._write_atomically(self.chunk_path(digest), data)
+            held.files.write_chunk(index, data)
+        except OSError as exc:
+            if exc.errno in NO_SPACE_ERRNOS:
+                raise StoreFull(f"no space left for the store at {self.root}: {exc}") from exc
+            raise
         finally:
             with self._lock:
                 self._reserved_bytes -= len(data)
         with self._lock:
-            if digest not in self._sizes:
-                self._sizes[digest] = len(data)
-                self._used_bytes += len(data)
-                self._puts += 1
-                self._stamps[digest] = self._puts
-                if staged is not None:
-                    self._unsynced[digest] = staged
-            elif staged is not None:
-                staged.unlink(missing_ok=True)  # another thread stored it meanwhile
-            flush_now = len(self._unsynced) >= self._batch
+            if self._versions.get(version) is not held or index in held.have:
+                return False  # collected meanwhile, or another thread stored it
+            held.have.add(index)
+            held.unverified.discard(index)
+            held.unsynced.add(index)
+            self._used_bytes += len(data)
+            self._puts += 1
+            held.stamp = self._puts
+            # without fsync there is nothing to batch: the bitmap is rewritten at once (cheap)
+            flush_now = held.complete or not self._fsync or \
+                sum(len(h.unsynced) for h in self._versions.values()) >= self._batch
         if flush_now:
             self.flush()
         return True
 
     def flush(self) -> int:
-        """Make every chunk written so far durable: fsync, rename to its digest, fsync its
-        directory. Returns how many chunks it made durable."""
+        """Make every chunk written so far durable: fsync the files, then record the chunks in
+        their version's bitmap. Returns how many chunks it made durable."""
         with self._flush_lock:
             with self._lock:
-                batch = dict(self._unsynced)
-            for tmp in batch.values():
-                try:
-                    fd = os.open(tmp, os.O_RDONLY)
-                except FileNotFoundError:
-                    continue  # forgotten (garbage collected) meanwhile
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            dirs = set()
-            with self._lock:
-                for digest, tmp in batch.items():
-                    if self._unsynced.get(digest) != tmp:
-                        continue
-                    os.replace(tmp, self.chunk_path(digest))
-                    del self._unsynced[digest]
-                    dirs.add(tmp.parent)
-            for path in dirs:
-                fsync_dir(path)
-            return len(batch)
+                batches = {v: (h, set(h.unsynced)) for v, h in self._versions.items() if h.unsynced}
+            done = 0
+            for version, (held, batch) in batches.items():
+                if self._fsync:
+                    held.files.sync()
+                with self._lock:
+                    if self._versions.get(version) is not held:
+                        continue  # collected meanwhile
+                    held.unsynced -= batch
+                    durable = held.have - held.unsynced
+                self._save_bitmap(held, durable)
+                done += len(batch)
+            return done
 
     @property
     def unsynced_chunks(self) -> int:
-        return len(self._unsynced)
+        return sum(len(h.unsynced) for h in self._versions.values())
 
-    def _reserve(self, nbytes: int) -> None:
+    def _save_bitmap(self, held: _Version, durable: set[int]) -> None:
+        save_bitmap(self._bitmap_path(held.signed), held.signed.manifest_id, durable, held.count, fsync=self._fsync)
+
+    def _reserve(self, nbytes: int, *, incoming: bool = False) -> None:
+        """Count `nbytes` about to be written against the budget, collecting first if needed;
+        `incoming`: they are a whole new complete version, which may replace every held one."""
         with self._lock:
             if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
-                self.collect()
+                self.collect(room_for=nbytes if incoming else 0)
             if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
-                raise StoreFull(f"chunk store {self.root} would exceed its budget of {self.budget_bytes} bytes "
+                raise StoreFull(f"store {self.root} would exceed its budget of {self.budget_bytes} bytes "
                                 f"({self.used_bytes} used); raise relay.budget_bytes or keep fewer versions")
             self._reserved_bytes += nbytes
 
@@ -279,125 +309,192 @@ class ChunkStore:
                 return False
         return shutil.disk_usage(self.root).free >= nbytes
 
-    def _write_temp(self, path: Path, data: bytes | bytearray | memoryview, sync: bool = False) -> Path:
-        """`data` in a new temp file next to `path` (fsynced if `sync`); its name."""
-        path.parent.mkdir(exist_ok=True)
-        tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_ident()}")
+    def read_chunk(self, version: int, index: int) -> bytes:
+        """The chunk's bytes, hashed; ChunkMissing if not held or found rotten (then dropped)."""
+        held = self._versions.get(version)
+        if held is None or index not in held.have:
+            raise ChunkMissing(f"chunk {index} of version {version} is not in the store")
         try:
-            with open(tmp, "wb", buffering=0) as fh:
-                view = memoryview(data)
-                while view:
-                    view = view[fh.write(view):]
-                if sync:
-                    os.fsync(fh.fileno())
+            data = held.files.read_chunk(index)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            if exc.errno in NO_SPACE_ERRNOS:
-                raise StoreFull(f"no space left for the chunk store at {self.root}: {exc}") from exc
-            raise
-        return tmp
-
-    def _write_atomically(self, path: Path, data: bytes | bytearray | memoryview) -> None:
-        tmp = self._write_temp(path, data, sync=self._fsync)
-        try:
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        if self._fsync:
-            fsync_dir(path.parent)
-
-    def read_chunk(self, digest: bytes) -> bytes:
-        """The chunk's bytes, re-hashed; ChunkMissing if not held or found rotten (then deleted)."""
-        if not self.has_chunk(digest):
-            raise ChunkMissing(f"chunk {digest.hex()[:16]} is not in the store")
-        data = b""
-        for path in (self._unsynced.get(digest), self.chunk_path(digest)):  # a flush may rename it meanwhile
-            if path is None:
-                continue
-            try:
-                data = path.read_bytes()
-                break
-            except FileNotFoundError:
-                continue
-        if digest_of(data) != digest:
-            log.warning("chunk %s on disk no longer matches its digest; deleting it", digest.hex()[:16])
-            self._forget(digest)
-            self._tell(ChunkRotten(digest))
-            raise ChunkMissing(f"chunk {digest.hex()[:16]} was corrupt on disk and has been deleted")
+            log.warning("reading chunk %d of version %d: %s", index, version, exc)
+            data = b""
+        if digest_of(data) != held.signed.manifest.chunk_digests[index]:
+            self._rotten(held, index)
+            raise ChunkMissing(f"chunk {index} of version {version} was corrupt on disk and is dropped")
+        with self._lock:
+            held.unverified.discard(index)
         return data
 
-    def _forget(self, digest: bytes) -> None:
+    def _rotten(self, held: _Version, index: int) -> None:
+        log.warning("chunk %d of version %d on disk no longer matches its digest; dropping it",
+                    index, held.signed.version)
         with self._lock:
-            self._used_bytes -= self._sizes.pop(digest, 0)
-            self._stamps.pop(digest, None)
-            staged = self._unsynced.pop(digest, None)
-            if staged is not None:
-                staged.unlink(missing_ok=True)
-            self.chunk_path(digest).unlink(missing_ok=True)
+            if index not in held.have:
+                return
+            held.have.discard(index)
+            held.unverified.discard(index)
+            held.unsynced.discard(index)
+            self._used_bytes -= chunk_size(held.signed.manifest, index)
+            durable = held.have - held.unsynced
+        self._save_bitmap(held, durable)
+        self._tell(ChunkRotten(held.signed.version, index))
+
+    def is_verified(self, version: int, index: int) -> bool:
+        """Held and hashed since it was written or since startup (cheap: no I/O)."""
+        held = self._versions.get(version)
+        return held is not None and index in held.have and index not in held.unverified
+
+    def ensure_verified(self, version: int, index: int) -> bool:
+        """Whether the chunk is held and good, hashing it first if the bitmap only claims it."""
+        held = self._versions.get(version)
+        if held is None or index not in held.have:
+            return False
+        if index not in held.unverified:
+            return True
+        try:
+            self.read_chunk(version, index)
+        except ChunkMissing:
+            return False
+        return True
+
+    def verify(self, version: int, *, everything: bool = False) -> list[int]:
+        """Hash the version's unverified chunks (with `everything`, all it holds); those that no
+        longer match are dropped (and told). Returns their indices."""
+        held = self._held(version)
+        with self._lock:
+            todo = sorted(held.have if everything else held.unverified)
+        rotten = []
+        for index in todo:
+            try:
+                self.read_chunk(version, index)
+            except ChunkMissing:
+                rotten.append(index)
+        return rotten
+
+    def verify_all(self) -> list[tuple[int, int]]:
+        """Re-hash every chunk held; drop and return (version, index) of those that no longer match."""
+        return [(v, i) for v in self.versions() for i in self.verify(v, everything=True)]
+
+    def segments(self, version: int, index: int) -> list[tuple[Path, int, int]]:
+        """Where a held chunk lies: (file, offset, length) pieces, for `os.sendfile`. ChunkMissing
+        if it is not held. Call `ensure_verified` first after a restart."""
+        held = self._versions.get(version)
+        if held is None or index not in held.have:
+            raise ChunkMissing(f"chunk {index} of version {version} is not in the store")
+        return [(held.files.paths[s.file], s.offset, s.length) for s in held.files.segments(index)]
+
+    def adopt_shared(self, version: int) -> list[int]:
+        """Copy into `version` the chunks it shares (by digest) with versions held here, instead
+        of fetching them; returns the indices now held."""
+        target = self._held(version)
+        with self._lock:
+            found: dict[bytes, tuple[int, int]] = {}
+            for other in self._versions.values():
+                if other is not target:
+                    for i in other.have:
+                        found.setdefault(other.signed.manifest.chunk_digests[i], (other.signed.version, i))
+            wanted = [(i, found[d]) for i, d in enumerate(target.signed.manifest.chunk_digests)
+                      if i not in target.have and d in found]
+        adopted = []
+        for index, (other, other_index) in wanted:
+            try:
+                self.put_chunk(version, index, self.read_chunk(other, other_index))
+            except (ChunkMissing, ChunkCorrupt, VersionUnknown):
+                continue  # rotten or collected meanwhile: fetched instead
+            adopted.append(index)
+        return adopted
 
     # -- manifests and versions -------------------------------------------------------------
 
     def add_manifest(self, signed: SignedManifest) -> bool:
-        """Keep a checked manifest (from `open_manifest`); False if this exact one is held.
-
-        Raises ManifestRejected('version_conflict') for a different manifest of a held version.
-        """
+        """Keep a checked manifest (from `open_manifest`) and create its files; False if this
+        exact one is held. Raises ManifestRejected('version_conflict') for a different manifest
+        of a held version."""
         with self._lock:
-            held = self._manifests.get(signed.version)
+            held = self._versions.get(signed.version)
             if held is not None:
-                if held.manifest_id == signed.manifest_id:
+                if held.signed.manifest_id == signed.manifest_id:
                     return False
                 raise ManifestRejected("version_conflict", f"version {signed.version} is already held as "
-                                       f"{held.manifest_id.hex()[:16]}", signed.publisher)
-            self._write_atomically(self.root / "manifests" / _manifest_name(signed), signed.frame)
-            self._manifests[signed.version] = signed
+                                       f"{held.signed.manifest_id.hex()[:16]}", signed.publisher)
+            self._write_manifest(signed)
+            self._open_version(signed)
             return True
+
+    def _write_manifest(self, signed: SignedManifest) -> None:
+        path = self.root / "manifests" / (_name(signed) + MANIFEST_SUFFIX)
+        tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+        with open(tmp, "wb") as fh:
+            fh.write(signed.frame)
+            if self._fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        if self._fsync:
+            fsync_dir(path.parent)
 
     def manifests(self) -> list[SignedManifest]:
         """Every held manifest, oldest version first."""
         with self._lock:
-            return [self._manifests[v] for v in sorted(self._manifests)]
+            return [self._versions[v].signed for v in sorted(self._versions)]
 
     def manifest(self, version: int) -> SignedManifest:
+        return self._held(version).signed
+
+    def _held(self, version: int) -> _Version:
         try:
-            return self._manifests[version]
+            return self._versions[version]
         except KeyError:
             raise VersionUnknown(f"checkpoint version {version} is not held "
-                                 f"(held: {sorted(self._manifests) or 'none'})") from None
+                                 f"(held: {sorted(self._versions) or 'none'})") from None
 
     def versions(self) -> list[int]:
-        return sorted(self._manifests)
+        return sorted(self._versions)
+
+    def version_dir(self, version: int) -> Path:
+        """The folder holding the version's files (complete or not)."""
+        return self._held(version).files.folder
+
+    def version_dir_of(self, signed: SignedManifest) -> Path:
+        return self.root / "versions" / _name(signed)
+
+    def version_files(self, version: int) -> list[Path]:
+        return list(self._held(version).files.paths)
+
+    def _bitmap_path(self, signed: SignedManifest) -> Path:
+        return self.root / "versions" / (_name(signed) + BITMAP_SUFFIX)
 
     def missing(self, signed: SignedManifest) -> list[int]:
         """Indices of the manifest's chunks not held yet, in order."""
-        return [i for i, d in enumerate(signed.manifest.chunk_digests) if d not in self._sizes]
+        held = self._versions.get(signed.version)
+        have = held.have if held is not None and held.signed.manifest_id == signed.manifest_id else set()
+        return [i for i in range(len(signed.manifest.chunk_digests)) if i not in have]
 
     def have_bitmap(self, signed: SignedManifest) -> bytes:
         """Bit i (most significant bit first) set when chunk i is held."""
-        return pack_bitmap(d in self._sizes for d in signed.manifest.chunk_digests)
+        missing = set(self.missing(signed))
+        return pack_bitmap(i not in missing for i in range(len(signed.manifest.chunk_digests)))
 
     def is_complete(self, signed: SignedManifest) -> bool:
-        return all(d in self._sizes for d in signed.manifest.chunk_digests)
+        held = self._versions.get(signed.version)
+        return held is not None and held.signed.manifest_id == signed.manifest_id and held.complete
 
     def complete_versions(self) -> list[int]:
-        return [s.version for s in self.manifests() if self.is_complete(s)]
+        with self._lock:
+            return sorted(v for v, h in self._versions.items() if h.complete)
 
     def version_stamp(self, version: int) -> tuple[bytes, int]:
         """Changes whenever one of the version's chunks is stored (again): a loader that refused
         the version tries it again only once its stamp changed. VersionUnknown if not held."""
-        with self._lock:
-            signed = self.manifest(version)
-            stamps = self._stamps
-            return signed.manifest_id, max((stamps.get(d, 0) for d in signed.manifest.chunk_digests), default=0)
+        held = self._held(version)
+        return held.signed.manifest_id, held.stamp
 
     def progress(self, signed: SignedManifest) -> dict[str, int]:
         """Chunks and bytes held of one version."""
         m = signed.manifest
-        held = [i for i, d in enumerate(m.chunk_digests) if d in self._sizes]
-        held_bytes = sum(chunk_range(m, i)[1] - chunk_range(m, i)[0] for i in held)
+        held = [i for i in range(len(m.chunk_digests)) if i not in set(self.missing(signed))]
         return {"version": m.version, "chunks_have": len(held), "chunks_total": len(m.chunk_digests),
-                "bytes_have": held_bytes, "total_bytes": m.total_bytes}
+                "bytes_have": sum(chunk_size(m, i) for i in held), "total_bytes": m.total_bytes}
 
     def status(self) -> dict[str, object]:
         """What `p2pnet checkpoint status` shows: budget, usage and progress per version."""
@@ -406,7 +503,7 @@ class ChunkStore:
             row = self.progress(signed)
             row.update(model=signed.manifest.model, complete=row["chunks_have"] == row["chunks_total"],
                        publisher=signed.publisher, manifest_id=signed.manifest_id.hex(),
-                       files=[f.name for f in signed.manifest.files])
+                       files=[f.name for f in signed.manifest.files], dir=str(self.version_dir_of(signed)))
             versions.append(row)
         return {"store": str(self.root), "used_bytes": self.used_bytes, "budget_bytes": self.budget_bytes,
                 "keep_versions": self.keep_versions, "versions": versions}
@@ -418,86 +515,80 @@ class ChunkStore:
 
     # -- garbage collection -----------------------------------------------------------------
 
-    def collect(self) -> dict[str, object]:
-        """Drop old versions and unreferenced chunks (see the module docstring); a summary."""
+    def collect(self, room_for: int = 0) -> dict[str, object]:
+        """Drop old versions: manifest, files and bitmap (see the module docstring); a summary.
+        With `room_for`, a new complete version of that size is coming (a publish): it counts
+        as the newest, so every held complete version may go to make room for it."""
         with self._lock:
-            keep = self._versions_to_keep()
-            dropped = sorted(v for v in self._manifests if v not in keep)
+            keep = self._versions_to_keep(room_for)
+            dropped = sorted(v for v in self._versions if v not in keep)
+            freed = 0
             for version in dropped:
-                signed = self._manifests.pop(version)
-                (self.root / "manifests" / _manifest_name(signed)).unlink(missing_ok=True)
-            referenced = {d for s in self._manifests.values() for d in s.manifest.chunk_digests}
-            garbage = [d for d in self._sizes if d not in referenced]
-            freed = sum(self._sizes[d] for d in garbage)
-            for digest in garbage:
-                self._forget(digest)
-            for version in dropped:
-                self._tell(VersionCollected(version))
-            return {"dropped_versions": dropped, "deleted_chunks": len(garbage), "freed_bytes": freed}
+                held = self._versions.pop(version)
+                freed += sum(chunk_size(held.signed.manifest, i) for i in held.have)
+                self._used_bytes -= sum(chunk_size(held.signed.manifest, i) for i in held.have)
+                held.files.close()
+                (self.root / "manifests" / (_name(held.signed) + MANIFEST_SUFFIX)).unlink(missing_ok=True)
+                self._bitmap_path(held.signed).unlink(missing_ok=True)
+                remove_path(held.files.folder)
+        for version in dropped:
+            self._tell(VersionCollected(version))
+        return {"dropped_versions": dropped, "freed_bytes": freed}
 
     def _tell(self, event: StoreEvent) -> None:
         if self.listener is not None:
             self.listener(event)
 
-    def _versions_to_keep(self) -> set[int]:
+    def _versions_to_keep(self, room_for: int = 0) -> set[int]:
         complete = self.complete_versions()
         newest_complete = complete[-1] if complete else -1
         keep_complete = complete[-self.keep_versions:]
-        downloading = [v for v in self._manifests if v > newest_complete]
-        while len(keep_complete) > 1 and self._footprint(keep_complete + downloading) > self.budget_bytes:
+        downloading = [v for v in self._versions if v > newest_complete]
+        while len(keep_complete) > (0 if room_for else 1) and \
+                self._footprint(keep_complete + downloading) + room_for > self.budget_bytes:
             keep_complete = keep_complete[1:]  # over budget: drop the oldest, never the newest
         return set(keep_complete) | set(downloading)
 
-    def _footprint(self, versions: Iterable[int]) -> int:
-        """Bytes these versions take once complete (shared chunks counted once)."""
-        sizes: dict[bytes, int] = {}
-        for v in versions:
-            m = self._manifests[v].manifest
-            for i, d in enumerate(m.chunk_digests):
-                sizes[d] = min(m.chunk_bytes, m.total_bytes - i * m.chunk_bytes)
-        return sum(sizes.values())
+    def _footprint(self, versions: list[int]) -> int:
+        """Bytes these versions take once complete."""
+        return sum(self._versions[v].signed.manifest.total_bytes for v in versions)
+
+    def close(self) -> None:
+        """Flush and close every open file (the store may be opened again)."""
+        self.flush()
+        with self._lock:
+            for held in self._versions.values():
+                held.files.close()
 
     # -- files in and out -------------------------------------------------------------------
 
     def export_version(self, version: int, out_dir: Path) -> list[Path]:
-        """Write the version's files byte-identically into `out_dir` (each atomically)."""
-        signed = self.manifest(version)
-        missing = self.missing(signed)
-        if missing:
-            raise VersionIncomplete(f"checkpoint version {version} lacks {len(missing)} of "
-                                    f"{len(signed.manifest.chunk_digests)} chunks")
+        """The version's files, byte-identical, in `out_dir`: re-hashed, then hard-linked (a
+        reflink or a copy across filesystems), each under its name atomically. ChunkMissing if
+        a chunk was found rotten (it is dropped and told), VersionIncomplete if not all held."""
+        held = self._held(version)
+        if not held.complete:
+            raise VersionIncomplete(f"checkpoint version {version} lacks {held.count - len(held.have)} of "
+                                    f"{held.count} chunks")
+        rotten = self.verify(version, everything=True)
+        if rotten:
+            raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk "
+                               "and are fetched again")
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         paths = []
-        for entry in signed.manifest.files:
-            path = out_dir / entry.name
-            tmp = out_dir / f"{TMP_PREFIX}{entry.name}.{os.getpid()}"
+        for src in held.files.paths:
+            dst = out_dir / src.name
+            tmp = out_dir / f"{TMP_PREFIX}{src.name}.{os.getpid()}.{threading.get_ident()}"
             try:
-                with open(tmp, "wb") as fh:
-                    for block in self.iter_file(signed, entry.name):
-                        fh.write(block)
-                    fh.flush()
-                    if self._fsync:
-                        os.fsync(fh.fileno())
-                os.replace(tmp, path)
+                place_file(src, tmp, "link", fsync=self._fsync)
+                os.replace(tmp, dst)
             finally:
                 tmp.unlink(missing_ok=True)
-            paths.append(path)
+            paths.append(dst)
         if self._fsync:
             fsync_dir(out_dir)
         return paths
-
-    def iter_file(self, signed: SignedManifest, name: str) -> Iterable[bytes]:
-        """The bytes of one file of a complete version, chunk by chunk (each re-verified)."""
-        m = signed.manifest
-        entry = next((f for f in m.files if f.name == name), None)
-        if entry is None:
-            raise VersionUnknown(f"version {m.version} has no file {name!r}")
-        file_start, file_end = entry.offset, entry.offset + entry.size
-        for index in chunks_of_file(m, entry):
-            start, end = chunk_range(m, index)
-            data = self.read_chunk(m.chunk_digests[index])
-            yield data[max(file_start, start) - start: min(file_end, end) - start]
 
     def publish_files(
         self,
@@ -509,36 +600,65 @@ class ChunkStore:
         previous_version: int = -1,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         now_s: float,
+        place: str = "link",
     ) -> SignedManifest:
-        """The trainer's side: build and sign a manifest, store every chunk, then the manifest."""
-        if version in self._manifests:
+        """The trainer's side: bring the files in (`place`: hard `link` them, falling back to a
+        reflink or copy across filesystems; `move` them by rename; or `copy` them), hash them
+        once to build and sign the manifest, make them durable and read-only, keep it all.
+
+        Linked files share their inode with the caller's: they become read-only (mode 0444),
+        so the published bytes cannot be edited in place; write a new file for the next version.
+        """
+        if place not in PLACE_MODES:
+            raise ConfigError("place", f"must be one of {', '.join(PLACE_MODES)}")
+        if version in self._versions:
             raise ConfigError("version", f"version {version} is already published in {self.root}")
+        sources = [Path(p) for p in paths]
+        for src in sources:
+            if not src.is_file():
+                raise ConfigError(str(src), "no such file to publish" if not src.exists() else "not a regular file")
+        if len({src.name for src in sources}) != len(sources):
+            raise ConfigError("checkpoint", "two files to publish have the same name")
+        reserved = sum(src.stat().st_size for src in sources)
+        self._reserve(reserved, incoming=True)
+        stage = self.root / "versions" / f"{TMP_PREFIX}publish-{version}-{os.getpid()}"
+        placed: list[tuple[Path, Path]] = []
         try:
-            manifest = build_manifest(paths, model=model, version=version, previous_version=previous_version,
-                                      chunk_bytes=chunk_bytes, now_ms=int(now_s * 1000))
-        except NotSafetensors:
-            raise
-        except ValueError as exc:
-            raise ConfigError("checkpoint", str(exc)) from exc
-        signed = sign_manifest(identity, manifest, now_s)
-        with self._lock:
-            self._manifests[version] = signed  # so collect() during the puts keeps its chunks
-        try:
-            for index, digest in enumerate(manifest.chunk_digests):
-                if not self.has_chunk(digest):
-                    self.put_chunk(digest, _read_range(paths, manifest, index))
-        except ChunkCorrupt as exc:
-            with self._lock:
-                del self._manifests[version]
-            raise ConfigError("checkpoint", "a file changed while it was being published") from exc
+            stage.mkdir()
+            for src in sources:
+                place_file(src, stage / src.name, place, fsync=self._fsync)
+                placed.append((src, stage / src.name))
+            staged = [dst for _, dst in placed]
+            for path in staged:
+                os.chmod(path, 0o444)  # before hashing: an edit in place after this fails
+            try:
+                manifest = build_manifest(staged, model=model, version=version,
+                                          previous_version=previous_version, chunk_bytes=chunk_bytes,
+                                          now_ms=int(now_s * 1000))
+            except ValueError as exc:
+                raise ConfigError("checkpoint", str(exc)) from exc
+            signed = sign_manifest(identity, manifest, now_s)
+            final = self.version_dir_of(signed)
+            os.replace(stage, final)
+            if self._fsync:
+                fsync_dir(final)
+                fsync_dir(final.parent)
+            placed = []
         except BaseException:
-            with self._lock:
-                del self._manifests[version]
+            if place == "move":
+                for src, dst in placed:  # give the caller its files back
+                    os.replace(dst, src)
+            remove_path(stage)
             raise
+        finally:
+            with self._lock:
+                self._reserved_bytes -= reserved
         with self._lock:
-            del self._manifests[version]
-        self.flush()
-        self.add_manifest(signed)
+            self._write_manifest(signed)
+            held = _Version(signed, VersionFiles(final, manifest), have=set(range(len(manifest.chunk_digests))))
+            self._versions[version] = held
+            self._used_bytes += manifest.total_bytes
+        self._save_bitmap(held, held.have)
         return signed
 
 
@@ -587,19 +707,6 @@ class StoreBackoff:
                 "failed_stores": self.failures}
 
 
-def _read_range(paths: Sequence[Path], manifest: Manifest, index: int) -> bytes:
-    """Chunk `index` of the concatenated files, read back from the source files."""
-    start, end = chunk_range(manifest, index)
-    parts = []
-    for path, entry in zip(paths, manifest.files):
-        lo, hi = max(start, entry.offset), min(end, entry.offset + entry.size)
-        if lo < hi:
-            with open(path, "rb") as fh:
-                fh.seek(lo - entry.offset)
-                parts.append(fh.read(hi - lo))
-    return b"".join(parts)
-
-
 def pack_bitmap(bits: Iterable[bool]) -> bytes:
     out = bytearray()
     for i, bit in enumerate(bits):
@@ -615,16 +722,5 @@ def unpack_bitmap(bitmap: bytes, count: int) -> list[bool]:
     return [i // 8 < len(bitmap) and bool(bitmap[i // 8] & (0x80 >> (i % 8))) for i in range(count)]
 
 
-def _manifest_name(signed: SignedManifest) -> str:
-    return f"{signed.version:012d}-{signed.manifest_id.hex()}{MANIFEST_SUFFIX}"
-
-
-def _parse_digest(name: str) -> bytes | None:
-    if len(name) != 2 * DIGEST_BYTES:
-        return None
-    try:
-        return bytes.fromhex(name)
-    except ValueError:
-        return None
-
-
+def _name(signed: SignedManifest) -> str:
+    return f"{signed.version:012d}-{signed.manifest_id.hex()}"

@@ -314,6 +314,28 @@ class TransferCore:
         self._pump(now, v, effects, stripe)
         return self._arm(now, effects)
 
+    def found(self, now: float, version: int, indices: Iterable[int]) -> list[Any]:
+        """Our store now holds these chunks of `version` without fetching them (it copied them
+        from a version it holds that shares them); requests for them still out are forgotten
+        (the shell does not send those it has not sent yet)."""
+        v = self._versions.get(version)
+        if v is None:
+            return []
+        for index in indices:
+            if 0 <= index < v.count and not v.have[index]:
+                v.have[index] = 1
+                v.have_count += 1
+                v.tried.pop(index, None)
+                entry = v.in_flight.get(index)
+                if entry is not None:  # asked for before the store found it: no longer awaited
+                    self._settle(now, v, index, entry, progress=False)
+        effects: list[Any] = []
+        if v.complete and v.completed_at is None:
+            self._completed(now, v, effects)
+        elif not v.complete:
+            self._pump(now, v, effects)
+        return self._arm(now, effects)
+
     def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
         """A fetch from `peer` failed: `corrupt`, `unreachable` or `unavailable` (see the top)."""
         v = self._versions.get(version)

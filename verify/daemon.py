@@ -235,16 +235,16 @@ def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None
     import torch
 
     torch.set_num_threads(1)
-    from trainer.model import load_model_dir, load_weights_into
+    from trainer.model import load_model_dir
 
     if reuse is not None and reuse.module is not None and weights is not None:
         model, tokenizer = reuse.module, reuse.tokenizer
     else:
         model, tokenizer = load_model_dir(folder)
     if weights is not None:
-        from relay.loader import load_state_dict
+        from relay.loader import load_into
 
-        load_weights_into(model, load_state_dict(*weights, like=model.state_dict()))
+        load_into(model, *weights)
     model.to(device)
 
     @torch.no_grad()

@@ -8,9 +8,10 @@ from safetensors.torch import save_file
 import pytest
 
 from p2pnet.identity import Identity
-from relay.errors import VersionIncomplete, VersionUnknown
-from relay.loader import VersionWatcher, load_state_dict
+from relay.errors import ChunkMissing, VersionIncomplete, VersionUnknown, VersionUnloadable
+from relay.loader import VersionWatcher, load_into, load_state_dict
 from relay.store import ChunkStore
+from tests.relay.disk import rot_chunk
 
 torch.set_num_threads(1)
 NOW = 1_800_000_000.0
@@ -49,6 +50,42 @@ def test_load_refuses_an_incomplete_version(tmp_path):
     sink.add_manifest(signed)
     with pytest.raises(VersionIncomplete):
         load_state_dict(sink, 1)
+
+
+class Net(torch.nn.Module):
+    """A model whose state dict has the names `tensors()` publishes in its first file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.ModuleList([torch.nn.Linear(17, 9)])
+        self.layer[0].weight = torch.nn.Parameter(torch.zeros(9, 17))
+        self.layer[0].bias = torch.nn.Parameter(torch.zeros(9))
+
+
+def test_load_into_copies_the_tensors_into_the_model_and_a_misfit_changes_nothing(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    good = {"layer.0.weight": torch.randn(9, 17, generator=g), "layer.0.bias": torch.randn(9, generator=g)}
+    save_file(good, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text('{"layers": 1}')  # travels with the version, not loaded
+    store = ChunkStore(tmp_path / "store", budget_bytes=10**8, trusted_publishers=[TRAINER.peer_id], fsync=False)
+    store.publish_files(TRAINER, [tmp_path / "model.safetensors", tmp_path / "config.json"], model="m", version=1,
+                        chunk_bytes=256, now_s=NOW, place="copy")
+    model = Net()
+    weight = model.layer[0].weight
+    load_into(model, store, 1)
+    assert model.layer[0].weight is weight  # filled in place, not replaced
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in good.items())
+
+    save_file({"layer.0.weight": torch.ones(9, 16), "layer.0.bias": torch.ones(9)}, str(tmp_path / "bad.safetensors"))
+    store.publish_files(TRAINER, [tmp_path / "bad.safetensors"], model="m", version=2, chunk_bytes=256, now_s=NOW,
+                        place="copy")
+    with pytest.raises(VersionUnloadable, match="wrong shapes"):
+        load_into(model, store, 2)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in good.items())  # the bias was not copied either
+
+    rot_chunk(store, 1, 3)
+    with pytest.raises(ChunkMissing):
+        load_into(model, store, 1)
 
 
 async def test_watcher_yields_each_newer_version_once_in_order():

@@ -85,7 +85,7 @@ def test_tensor_out_of_file_and_missing_file_are_refused(tmp_path):
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\x00" * 8)
     with pytest.raises(NotSafetensors, match="beyond"):
         build_manifest([path], model="m", version=0, now_ms=0)
-    with pytest.raises(NotSafetensors, match="no such file"):
+    with pytest.raises(ConfigError, match="no such file"):
         build_manifest([tmp_path / "nope.safetensors"], model="m", version=0, now_ms=0)
 
 

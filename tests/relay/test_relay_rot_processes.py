@@ -1,4 +1,4 @@
-"""Real relay processes whose chunk files rot on disk after a version completed: the next
+"""Real relay processes whose stored files rot on disk after a version completed: the next
 `checkpoint fetch` finds the rotten chunk, the relay fetches it again from the others, and the
 files it returns are byte-identical. The publisher (the origin) recovers the same way, from the
 relays that hold the version. Every wait is bounded and scales with the checkpoint size.
@@ -35,14 +35,22 @@ def fetch(peer: PeerProcess, version: int, out: Path, timeout_s: float) -> list[
     return reply["files"]
 
 
-def rot_one_chunk(peer: PeerProcess, skip: set[str]) -> str:
-    """Flip a byte in the middle of one of the peer's chunk files; its name."""
-    files = sorted(p for p in (peer.data_dir / "relay" / "chunks").rglob("*") if p.is_file() and p.name not in skip)
-    victim = files[len(files) // 2]
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    victim.write_bytes(bytes(data))
-    return victim.name
+def stored_file(peer: PeerProcess) -> Path:
+    """The peer's copy of the version's one file, in its store's version folder."""
+    (path,) = (peer.data_dir / "relay" / "versions").glob("*/v1.safetensors")
+    return path
+
+
+def rot_one_chunk(peer: PeerProcess, index: int) -> None:
+    """Flip a byte in the middle of chunk `index` of the peer's stored file (read-only: chmod)."""
+    path = stored_file(peer)
+    path.chmod(0o644)
+    with open(path, "r+b") as fh:
+        fh.seek(index * CHUNK + CHUNK // 2)
+        byte = fh.read(1)
+        fh.seek(index * CHUNK + CHUNK // 2)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    path.chmod(0o444)
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +93,16 @@ def test_a_chunk_rotten_on_disk_is_fetched_again_and_checkpoint_fetch_returns_id
     wait_for(lambda: all(1 in relay_status(p)["complete_versions"] for p in peers), deadline_s, "all complete")
     before = {p.name: relay_status(p)["transfers"]["progress"][0]["fetched_chunks"] for p in peers}
 
-    rotten = rot_one_chunk(peers[1], set())
+    rot_one_chunk(peers[1], chunks // 2)
     files = fetch(peers[1], 1, root / "again-peer1", deadline_s)
     assert Path(files[0]).read_bytes() == want
     status = relay_status(peers[1])
     assert status["complete_versions"] == [1] and status["versions"][0]["complete"]
     assert status["transfers"]["progress"][0]["fetched_chunks"] == before["peer1"] + 1  # only the rotten one
-    assert (peers[1].data_dir / "relay" / "chunks" / rotten[:2] / rotten).is_file()  # stored again, whole
+    assert stored_file(peers[1]).read_bytes() == want  # the chunk was stored again, in place
     assert "was corrupt on disk" in peers[1].log_path.read_text()
 
-    rot_one_chunk(peers[0], {rotten})  # the origin: nobody to fetch from but the relays that hold it
+    rot_one_chunk(peers[0], chunks // 3)  # the origin: nobody to fetch from but the relays that hold it
     files = fetch(peers[0], 1, root / "again-peer0", deadline_s)
     assert Path(files[0]).read_bytes() == want
     progress = relay_status(peers[0])["transfers"]["progress"][0]

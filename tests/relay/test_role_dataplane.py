@@ -12,7 +12,7 @@ from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
-from relay.role import RelayRole, _parse_request, _Upstream, _UploadSlots
+from relay.role import _Buffers, RelayRole, _parse_request, _Upstream, _UploadSlots
 from relay.effects import Fetch
 
 DIGEST = bytes(32)
@@ -27,6 +27,7 @@ class FakeRole:
         self.address = address
         self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME))
         self.told: list[tuple] = []
+        self.buffers = _Buffers(2)
 
     def data_addr(self, peer: str) -> str:
         return self.address

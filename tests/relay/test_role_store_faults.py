@@ -24,10 +24,12 @@ from safetensors.numpy import save_file
 
 from p2pnet.driver import CoreRunner
 from p2pnet.identity import Identity
+from p2pnet.errors import ConfigError, PeerUnavailable
 from relay.errors import ChunkMissing
 from relay.messages import Holding
 from relay.role import RelayRole
 from relay.store import ChunkStore
+from tests.relay.disk import rot_chunk
 
 PUBLISHER = Identity.from_seed_text("publisher")
 ME = Identity.from_seed_text("relay")
@@ -80,7 +82,7 @@ class Source:
     async def _answer(self, fetch) -> None:
         await self.gate.wait()
         self.downloads.append((trio.current_time(), fetch.version, fetch.index))
-        data = self.store.read_chunk(fetch.digest)
+        data = self.store.read_chunk(fetch.version, fetch.index)
         await self.role.report_fetched(PUBLISHER.peer_id, fetch, data, 0.01)
 
 
@@ -110,6 +112,7 @@ class Harness:
         role._runner = CoreRunner(role._peeler, self.node, name="relay")
         await nursery.start(role._runner.run)
         nursery.start_soon(role._dispatch)
+        nursery.start_soon(role._tell_fetched)
         self.source = Source(role, self.origin, nursery)
         role._upstream = lambda peer: self.source  # every fetch goes to the publisher's store
         await role._command(lambda now: role.core.set_members(now, {PUBLISHER.peer_id: 1e9}))
@@ -176,11 +179,10 @@ async def test_a_chunk_rotten_on_disk_is_fetched_again_and_the_version_is_not_co
         await h.start(nursery)
         signed = await h.announce(1)
         await h.until(lambda: h.complete(1), 30)
-        digest = signed.manifest.chunk_digests[5]
-        h.role.store.chunk_path(digest).write_bytes(b"bit rot")
+        rot_chunk(h.role.store, 1, 5)
         h.source.gate = trio.Event()  # hold the re-fetch so the gap can be seen
         with pytest.raises(ChunkMissing):
-            h.role.store.read_chunk(digest)  # a read finds it: deleted, and the role is told
+            h.role.store.read_chunk(1, 5)  # a read finds it: dropped, and the role is told
         await h.until(lambda: not h.role.watcher.is_complete(1), 5)
         status = h.role.status()
         assert status["complete_versions"] == [] and not status["versions"][0]["complete"]
@@ -206,7 +208,7 @@ async def test_checkpoint_fetch_that_finds_a_rotten_chunk_waits_for_it_and_expor
         await h.start(nursery)
         signed = await h.announce(1)
         await h.until(lambda: h.complete(1), 30)
-        h.role.store.chunk_path(signed.manifest.chunk_digests[0]).write_bytes(b"rot")
+        rot_chunk(h.role.store, 1, 0)
         replies: list = []
 
         async def reply(message) -> None:
@@ -248,10 +250,10 @@ async def test_a_disk_that_raises_enospc_backs_off_the_same_way(tmp_path, clock,
     real_put = h.role.store.put_chunk
     disk = {"full": True}
 
-    def put_chunk(digest, data, **kwargs):
+    def put_chunk(version, index, data, **kwargs):
         if disk["full"]:
             raise OSError(errno.ENOSPC, "No space left on device")  # e.g. a batched fsync
-        return real_put(digest, data, **kwargs)
+        return real_put(version, index, data, **kwargs)
 
     monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
     async with trio.open_nursery() as nursery:
@@ -265,4 +267,62 @@ async def test_a_disk_that_raises_enospc_backs_off_the_same_way(tmp_path, clock,
         disk["full"] = False
         await h.until(lambda: h.complete(1), 40)
         assert not h.role.backoff.active
+        nursery.cancel_scope.cancel()
+
+
+async def test_checkpoint_wait_answers_once_the_version_is_complete_with_its_folder(tmp_path, clock):
+    h = Harness(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        answers: dict = {}
+
+        async def wait(key, version) -> None:
+            answers[key] = await h.role._cmd_wait({"version": version, "timeout_s": 100}, None)
+
+        nursery.start_soon(wait, "one", 1)
+        nursery.start_soon(wait, "latest", "latest")
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers == {}  # nothing is complete yet: both wait
+        await h.announce(1)
+        await h.until(lambda: len(answers) == 2, 30)
+        assert answers["one"] == answers["latest"]
+        folder = Path(answers["one"]["dir"])
+        assert answers["one"]["version"] == 1 and folder.is_dir()
+        assert [Path(f).read_bytes() for f in answers["one"]["files"]] == [(tmp_path / "v1.safetensors").read_bytes()]
+        with pytest.raises(PeerUnavailable, match="version 7 is unknown here after 5s"):
+            await h.role._cmd_wait({"version": 7, "timeout_s": 5}, None)
+        with pytest.raises(ConfigError, match="latest"):
+            await h.role._cmd_wait({"version": "newest"}, None)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_version_that_shares_chunks_with_a_held_one_fetches_only_the_rest(tmp_path, clock):
+    h = Harness(tmp_path)
+    shared = tmp_path / "frozen.safetensors"
+    save_file({"frozen": np.random.default_rng(9).standard_normal(8 * CHUNK // 4).astype(np.float32)}, str(shared))
+
+    def version_files(version: int) -> list[Path]:
+        folder = tmp_path / f"src{version}"
+        folder.mkdir()
+        moving = folder / "moving.safetensors"
+        save_file({"moving": np.full(4 * CHUNK // 4, version, dtype=np.float32)}, str(moving))
+        return [shared, moving]
+
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = {}
+        for version in (1, 2):
+            signed[version] = h.origin.publish_files(PUBLISHER, version_files(version), model="m", version=version,
+                                                     chunk_bytes=CHUNK, now_s=time.time(), place="copy")
+            await h.role._command(lambda now, v=version: h.role.core.manifest_frame(now, PUBLISHER.peer_id,
+                                                                                    signed[v].frame))
+            await h.until(lambda v=version: h.complete(v), 30)
+        one, two = (set(signed[v].manifest.chunk_digests) for v in (1, 2))
+        fetched_for_two = [index for _, version, index in h.source.downloads if version == 2]
+        reused = [i for i, d in enumerate(signed[2].manifest.chunk_digests) if d in one]
+        count = len(signed[2].manifest.chunk_digests)
+        assert len(two) > 1 and len(reused) >= 8
+        assert sorted(fetched_for_two) == [i for i in range(count) if i not in reused]
+        out = await h.role._cmd_fetch({"version": 2, "out_dir": str(tmp_path / "out")}, lambda progress: None)
+        assert [Path(f).read_bytes() for f in out["files"]] == [p.read_bytes() for p in h.origin.version_files(2)]
         nursery.cancel_scope.cancel()

@@ -1,7 +1,10 @@
-"""The chunk store: atomic verified puts, restart, garbage collection, budget, export."""
+"""The store: a version is a folder of its files, written at chunk offsets, a crash-safe bitmap of
+durable chunks, restart and lazy re-verification, publish and export without copies, garbage
+collection and the budget."""
 
 import errno
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,8 @@ from p2pnet.errors import ConfigError
 from p2pnet.identity import Identity
 from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.manifest import build_manifest, sign_manifest
-from relay.store import TMP_PREFIX, ChunkStore, digest_of, pack_bitmap, unpack_bitmap
+from relay.store import TMP_PREFIX, ChunkRotten, ChunkStore, pack_bitmap, unpack_bitmap
+from tests.relay.disk import rot_chunk
 
 NOW = 1_800_000_000.0
 TRAINER = Identity.from_seed_text("trainer")
@@ -21,102 +25,161 @@ CHUNK = 1024
 
 
 def checkpoint(directory: Path, version: int, shared_seed: int = 0) -> list[Path]:
-    """Two files; the first is identical across versions (shared chunks), the second is not."""
+    """Three files: the first identical across versions (shared chunks), the second not, the third
+    not safetensors at all (it travels as bytes)."""
     directory.mkdir(parents=True, exist_ok=True)
     frozen = directory / "frozen.safetensors"
     moving = directory / "moving.safetensors"
+    tokenizer = directory / "tokenizer.json"
     save_file({"frozen": np.random.default_rng(shared_seed).standard_normal(1024).astype(np.float32)}, str(frozen))
     save_file({"moving": np.full(700, version, dtype=np.float32)}, str(moving))
-    return [frozen, moving]
+    tokenizer.write_text('{"vocab": {"a": 0, "b": 1}}' * 20)
+    return [frozen, moving, tokenizer]
 
 
 def open_store(root: Path, **kwargs) -> ChunkStore:
     kwargs.setdefault("budget_bytes", 10**9)
-    return ChunkStore(root, trusted_publishers=TRUSTED, fsync=False, **kwargs)
+    kwargs.setdefault("fsync", False)
+    return ChunkStore(root, trusted_publishers=TRUSTED, **kwargs)
 
 
-def publish(store: ChunkStore, tmp_path: Path, version: int):
+def publish(store: ChunkStore, tmp_path: Path, version: int, **kwargs):
     paths = checkpoint(tmp_path / f"src{version}", version)
     return store.publish_files(TRAINER, paths, model="tiny", version=version, previous_version=version - 1,
-                               chunk_bytes=CHUNK, now_s=NOW)
+                               chunk_bytes=CHUNK, now_s=NOW, **kwargs)
 
 
-def chunk_files(root: Path) -> list[Path]:
-    return [p for p in (root / "chunks").rglob("*") if p.is_file()]
+def fill(sink: ChunkStore, source: ChunkStore, version: int, indices) -> None:
+    for i in indices:
+        sink.put_chunk(version, i, source.read_chunk(version, i))
 
 
-def test_publish_then_export_is_byte_identical(tmp_path):
+def test_a_published_version_is_its_files_and_export_hard_links_them(tmp_path):
     store = open_store(tmp_path / "store")
     signed = publish(store, tmp_path, 1)
     assert store.is_complete(signed) and store.complete_versions() == [1] and store.missing(signed) == []
+    assert [f.name for f in signed.manifest.files] == ["frozen.safetensors", "moving.safetensors", "tokenizer.json"]
+    assert signed.manifest.files[2].tensors == ()  # carried as bytes, not indexed
+    folder = store.version_dir(1)
+    sources = checkpoint(tmp_path / "again", 1)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in sources)
     out = store.export_version(1, tmp_path / "out")
-    for src, dst in zip(checkpoint(tmp_path / "again", 1), out):
-        assert src.name == dst.name and src.read_bytes() == dst.read_bytes()
+    for src, stored, exported in zip(sources, store.version_files(1), out):
+        assert src.read_bytes() == stored.read_bytes() == exported.read_bytes()
+        assert os.stat(stored).st_ino == os.stat(exported).st_ino  # a link, not a copy
+        assert stored.stat().st_mode & 0o777 == 0o444
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(TMP_PREFIX)]
 
 
-def test_put_chunk_with_wrong_digest_is_rejected_and_nothing_is_written(tmp_path):
-    store = open_store(tmp_path)
+@pytest.mark.parametrize("place", ["link", "move", "copy"])
+def test_publish_brings_the_files_in_as_asked(tmp_path, place):
+    store = open_store(tmp_path / "store")
+    paths = checkpoint(tmp_path / "src", 1)
+    before = [(p.read_bytes(), os.stat(p).st_ino) for p in paths]
+    store.publish_files(TRAINER, paths, model="m", version=1, chunk_bytes=CHUNK, now_s=NOW, place=place)
+    for (data, inode), src, stored in zip(before, paths, store.version_files(1)):
+        assert stored.read_bytes() == data
+        if place == "move":
+            assert not src.exists() and os.stat(stored).st_ino == inode
+        elif place == "link":
+            assert os.stat(stored).st_ino == inode and src.stat().st_mode & 0o777 == 0o444
+        else:
+            assert os.stat(stored).st_ino != inode and src.stat().st_mode & 0o777 != 0o444
+
+
+def test_a_failed_publish_leaves_nothing_and_gives_moved_files_back(tmp_path):
+    store = open_store(tmp_path / "store")
+    paths = checkpoint(tmp_path / "src", 1)
+    paths[1].write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")  # a .safetensors file that is not one
+    with pytest.raises(ConfigError, match="not a safetensors file"):
+        store.publish_files(TRAINER, paths, model="m", version=1, chunk_bytes=CHUNK, now_s=NOW, place="move")
+    assert all(p.exists() for p in paths)
+    assert store.versions() == [] and list((tmp_path / "store" / "versions").iterdir()) == []
+    with pytest.raises(ConfigError, match="no such file"):
+        store.publish_files(TRAINER, [tmp_path / "nope.safetensors"], model="m", version=1, now_s=NOW)
+
+
+def test_chunks_are_written_at_their_offsets_and_checked_first(tmp_path):
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    sink = open_store(tmp_path / "sink")
+    assert sink.add_manifest(signed) is True
+    assert [p.stat().st_size for p in sink.version_files(1)] == [f.size for f in signed.manifest.files]
+    good = source.read_chunk(1, 3)
     with pytest.raises(ChunkCorrupt) as info:
-        store.put_chunk(digest_of(b"right"), b"wrong", sender="12D3peer")
+        sink.put_chunk(1, 3, b"x" + good[1:], sender="12D3peer")
     assert info.value.sender == "12D3peer" and info.value.reason == "chunk_corrupt"
-    assert chunk_files(tmp_path) == [] and not store.has_chunk(digest_of(b"right"))
     with pytest.raises(ChunkCorrupt):
-        store.put_chunk(b"short", b"short")
+        sink.put_chunk(1, 3, good[:-1])
+    with pytest.raises(VersionUnknown):
+        sink.put_chunk(2, 0, good)
+    assert not sink.holds(1, 3) and sink.used_bytes == 0
+    assert sink.put_chunk(1, 3, good) is True and sink.put_chunk(1, 3, memoryview(good)) is False
+    assert sink.read_chunk(1, 3) == good and sink.used_bytes == len(good)
+    fill(sink, source, 1, sink.missing(signed))
+    assert sink.is_complete(signed)
+    for mine, theirs in zip(sink.version_files(1), source.version_files(1)):
+        assert mine.read_bytes() == theirs.read_bytes()
 
 
-def test_put_read_and_duplicates(tmp_path):
+def test_segments_say_where_a_chunk_lies_even_across_two_files(tmp_path):
     store = open_store(tmp_path)
-    digest = digest_of(b"hello")
-    assert store.put_chunk(digest, b"hello") is True
-    assert store.put_chunk(digest, memoryview(b"hello")) is False
-    assert store.read_chunk(digest) == b"hello" and store.used_bytes == 5
-    assert store.chunk_path(digest).read_bytes() == b"hello"
-    with pytest.raises(ChunkMissing):
-        store.read_chunk(digest_of(b"other"))
-
-
-def test_restart_resumes_keeps_chunks_and_cleans_temp_files(tmp_path):
-    store = open_store(tmp_path / "s")
     signed = publish(store, tmp_path, 1)
-    held = chunk_files(tmp_path / "s")
-    stray = held[0].with_name(TMP_PREFIX + held[0].name + ".123")
-    stray.write_bytes(b"half a chunk")
-    (tmp_path / "s" / "manifests" / (TMP_PREFIX + "x")).write_bytes(b"half")
-    again = open_store(tmp_path / "s")
-    assert not stray.exists() and sorted(chunk_files(tmp_path / "s")) == sorted(held)
-    assert again.manifests() == [signed] and again.is_complete(signed)
-    assert again.used_bytes == store.used_bytes
+    first_size = signed.manifest.files[0].size
+    straddling = first_size // CHUNK  # starts in the first file, ends in the second
+    assert first_size % CHUNK
+    pieces = store.segments(1, straddling)
+    assert [p[0].name for p in pieces] == ["frozen.safetensors", "moving.safetensors"]
+    joined = b"".join(path.read_bytes()[offset:offset + length] for path, offset, length in pieces)
+    assert joined == store.read_chunk(1, straddling)
+    with pytest.raises(ChunkMissing):
+        store.segments(2, 0)
 
 
-def test_partial_download_resumes_after_restart(tmp_path):
+def test_a_partial_download_resumes_after_restart_unverified_until_used(tmp_path):
     source = open_store(tmp_path / "src")
     signed = publish(source, tmp_path, 1)
     sink = open_store(tmp_path / "sink")
     sink.add_manifest(signed)
-    digests = signed.manifest.chunk_digests
-    for i in range(0, len(digests), 2):
-        sink.put_chunk(digests[i], source.read_chunk(digests[i]))
+    count = len(signed.manifest.chunk_digests)
+    fill(sink, source, 1, range(0, count, 2))
+    (tmp_path / "sink" / "manifests" / (TMP_PREFIX + "x")).write_bytes(b"half")
+    (tmp_path / "sink" / "versions" / "000000000009-orphan").mkdir()
     resumed = open_store(tmp_path / "sink")
-    assert resumed.missing(signed) == list(range(1, len(digests), 2))
-    bits = unpack_bitmap(resumed.have_bitmap(signed), len(digests))
-    assert bits == [i % 2 == 0 for i in range(len(digests))]
-    assert resumed.progress(signed)["chunks_have"] == (len(digests) + 1) // 2
+    assert resumed.missing(signed) == list(range(1, count, 2))
+    assert unpack_bitmap(resumed.have_bitmap(signed), count) == [i % 2 == 0 for i in range(count)]
+    assert resumed.progress(signed)["chunks_have"] == (count + 1) // 2
+    assert not resumed.is_verified(1, 0) and resumed.ensure_verified(1, 0) and resumed.is_verified(1, 0)
+    assert sorted(p.name for p in (tmp_path / "sink" / "versions").iterdir()) == sorted(
+        [resumed.version_dir(1).name, resumed.version_dir(1).name + ".have"])  # leftovers swept
+    assert not list((tmp_path / "sink" / "manifests").glob(TMP_PREFIX + "*"))
     with pytest.raises(VersionIncomplete):
         resumed.export_version(1, tmp_path / "out")
 
 
-def test_rotten_chunk_is_deleted_on_read_and_by_verify_all(tmp_path):
+def test_a_rotten_chunk_is_dropped_when_read_and_found_after_a_restart(tmp_path):
     store = open_store(tmp_path)
+    told = []
+    store.listener = told.append
     signed = publish(store, tmp_path, 1)
-    first, second = signed.manifest.chunk_digests[:2]
-    store.chunk_path(first).write_bytes(b"bit rot")
-    store.chunk_path(second).write_bytes(b"more rot")
+    rot_chunk(store, 1, 0)
+    rot_chunk(store, 1, 1)
     with pytest.raises(ChunkMissing):
-        store.read_chunk(first)
-    assert not store.has_chunk(first) and not store.chunk_path(first).exists()
-    assert open_store(tmp_path).verify_all() == [second]
-    assert open_store(tmp_path).missing(signed) == [0, 1]
+        store.read_chunk(1, 0)
+    assert not store.holds(1, 0) and told == [ChunkRotten(1, 0)] and not store.is_complete(signed)
+    again = open_store(tmp_path)
+    assert again.missing(signed) == [0]  # the bitmap was rewritten without it
+    assert not again.ensure_verified(1, 1) and again.missing(signed) == [0, 1]
+    assert open_store(tmp_path).verify_all() == []
+
+
+def test_export_re_verifies_the_whole_version(tmp_path):
+    store = open_store(tmp_path)
+    publish(store, tmp_path, 1)
+    rot_chunk(store, 1, 2)
+    with pytest.raises(ChunkMissing, match="corrupt on disk"):
+        store.export_version(1, tmp_path / "out")
+    assert not store.holds(1, 2)
 
 
 def test_untrusted_stored_manifest_is_skipped_not_deleted(tmp_path):
@@ -124,7 +187,8 @@ def test_untrusted_stored_manifest_is_skipped_not_deleted(tmp_path):
     publish(store, tmp_path, 1)
     other = ChunkStore(tmp_path, budget_bytes=10**9, trusted_publishers=[Identity.from_seed_text("x").peer_id])
     assert other.manifests() == [] and len(list((tmp_path / "manifests").iterdir())) == 1
-    assert len(other.load(TRUSTED)) == 1
+    assert len(list((tmp_path / "versions").iterdir())) == 2  # its files and bitmap stay too
+    assert len(other.load(TRUSTED)) == 1 and other.complete_versions() == [1]
 
 
 def test_conflicting_manifest_for_a_held_version_is_rejected(tmp_path):
@@ -139,18 +203,30 @@ def test_conflicting_manifest_for_a_held_version_is_rejected(tmp_path):
         publish(store, tmp_path, 1)
 
 
-def test_gc_keeps_last_k_versions_and_shared_chunks_once(tmp_path):
+def test_shared_chunks_are_copied_from_a_held_version_not_fetched(tmp_path):
+    source = open_store(tmp_path / "src")
+    one, two = publish(source, tmp_path, 1), publish(source, tmp_path, 2)
+    sink = open_store(tmp_path / "sink")
+    sink.add_manifest(one)
+    fill(sink, source, 1, range(len(one.manifest.chunk_digests)))
+    sink.add_manifest(two)
+    adopted = sink.adopt_shared(2)
+    shared = [i for i, d in enumerate(two.manifest.chunk_digests) if d in set(one.manifest.chunk_digests)]
+    assert adopted == shared and len(shared) >= 3  # the frozen file
+    assert sink.missing(two) == [i for i in range(len(two.manifest.chunk_digests)) if i not in shared]
+
+
+def test_gc_keeps_the_last_k_versions_and_removes_the_others_files(tmp_path):
     store = open_store(tmp_path, keep_versions=2)
-    versions = [publish(store, tmp_path, v) for v in (1, 2, 3, 4)]
-    shared = set(versions[0].manifest.chunk_digests) & set(versions[3].manifest.chunk_digests)
-    assert shared  # the frozen file's chunks are stored once
-    assert len(chunk_files(tmp_path)) == len({d for s in versions for d in s.manifest.chunk_digests})
+    for v in (1, 2, 3, 4):
+        publish(store, tmp_path, v)
+    exported = store.export_version(1, tmp_path / "o1")
+    old_folder = store.version_dir(1)
     summary = store.collect()
     assert summary["dropped_versions"] == [1, 2] and store.versions() == [3, 4]
-    kept = {d for s in versions[2:] for d in s.manifest.chunk_digests}
-    assert {bytes.fromhex(p.name) for p in chunk_files(tmp_path)} == kept
-    assert all(store.has_chunk(d) for d in shared)
-    assert store.export_version(3, tmp_path / "o3")[1].read_bytes() == checkpoint(tmp_path / "c3", 3)[1].read_bytes()
+    assert not old_folder.exists() and len(list((tmp_path / "versions").iterdir())) == 4
+    assert exported[1].read_bytes() == checkpoint(tmp_path / "c1", 1)[1].read_bytes()  # a link outlives it
+    assert store.used_bytes == sum(store.manifest(v).manifest.total_bytes for v in (3, 4))
     assert open_store(tmp_path, keep_versions=2).versions() == [3, 4]
     assert not store.should_fetch(2) and store.should_fetch(5)
 
@@ -161,55 +237,70 @@ def test_gc_keeps_an_incomplete_newer_version(tmp_path):
     source = open_store(tmp_path / "src")
     newer = publish(source, tmp_path, 2)
     store.add_manifest(newer)
-    store.put_chunk(newer.manifest.chunk_digests[-1], source.read_chunk(newer.manifest.chunk_digests[-1]))
+    fill(store, source, 2, [len(newer.manifest.chunk_digests) - 1])
     store.collect()
     assert store.versions() == [1, 2] and store.complete_versions() == [1]
-    assert store.has_chunk(newer.manifest.chunk_digests[-1])
 
 
-def test_store_full_on_budget_leaves_no_partial_file(tmp_path):
-    store = open_store(tmp_path, budget_bytes=3000)
+def test_over_budget_publish_is_refused_and_older_versions_make_room(tmp_path):
+    store = open_store(tmp_path / "small", budget_bytes=3000)
     with pytest.raises(StoreFull):
         publish(store, tmp_path, 1)
-    assert not [p for p in chunk_files(tmp_path) if p.name.startswith(TMP_PREFIX)]
-    assert store.versions() == [] and store.used_bytes <= 3000
-    assert store.used_bytes == sum(p.stat().st_size for p in chunk_files(tmp_path))
-
-
-def test_budget_drops_older_versions_but_never_the_newest(tmp_path):
+    assert store.versions() == [] and list((tmp_path / "small" / "versions").iterdir()) == []
     probe = open_store(tmp_path / "probe")
-    one = publish(probe, tmp_path, 1)
+    publish(probe, tmp_path, 1)
     store = open_store(tmp_path / "s", keep_versions=3, budget_bytes=int(probe.used_bytes * 1.8))
     for v in (1, 2, 3):
         publish(store, tmp_path, v)
-    assert store.versions() == [2, 3]
-    assert store.used_bytes <= store.budget_bytes and one.manifest.total_bytes > 0
+    assert store.versions() == [3]  # each version is stored whole: two never fit
+    assert store.used_bytes <= store.budget_bytes
 
 
-def test_enospc_becomes_store_full_with_no_partial_file(tmp_path, monkeypatch):
-    store = open_store(tmp_path)
-    real_open = open
+def test_a_full_disk_is_store_full_and_nothing_is_held(tmp_path, monkeypatch):
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    sink = open_store(tmp_path / "sink")
+    sink.add_manifest(signed)
 
-    class Full:
-        def __init__(self, path, mode):
-            self.fh = real_open(path, mode)
+    def pwrite(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.fh.close()
-
-        def write(self, data):
-            self.fh.write(data[: len(data) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr("builtins.open", lambda path, mode="r", *a, **k: Full(path, mode) if "w" in mode
-                        else real_open(path, mode, *a, **k))
+    monkeypatch.setattr(os, "pwrite", pwrite)
     with pytest.raises(StoreFull):
-        store.put_chunk(digest_of(b"x" * 100), b"x" * 100)
+        fill(sink, source, 1, [0])
     monkeypatch.undo()
-    assert chunk_files(tmp_path) == [] and store.used_bytes == 0
+    assert not sink.holds(1, 0) and sink.used_bytes == 0
+    assert open_store(tmp_path / "sink").missing(signed)[0] == 0
+
+
+def test_concurrent_puts_from_threads(tmp_path):
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    sink = open_store(tmp_path / "sink")
+    sink.add_manifest(signed)
+    count = len(signed.manifest.chunk_digests)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: sink.put_chunk(1, i, source.read_chunk(1, i)), list(range(count)) * 2))
+    assert sink.is_complete(signed) and sink.used_bytes == signed.manifest.total_bytes
+    assert [p.read_bytes() for p in sink.version_files(1)] == [p.read_bytes() for p in source.version_files(1)]
+
+
+def test_batched_fsync_a_crash_loses_only_unflushed_chunks_and_completion_is_durable(tmp_path):
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    count = len(signed.manifest.chunk_digests)
+    root = tmp_path / "sink"
+    sink = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    sink.add_manifest(signed)
+    fill(sink, source, 1, range(6))
+    assert all(sink.holds(1, i) for i in range(6)) and sink.unsynced_chunks == 2
+    # a crash now: the bitmap names only the flushed batch; the rest is fetched again, never believed
+    crashed = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    assert crashed.missing(signed) == list(range(4, count))
+    assert sink.flush() == 2 and sink.unsynced_chunks == 0
+    fill(sink, source, 1, range(6, count))  # the put that completes the version flushes it
+    after = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    assert after.is_complete(signed) and after.verify(1) == []
 
 
 def test_unknown_version_and_bitmaps(tmp_path):
@@ -220,35 +311,3 @@ def test_unknown_version_and_bitmaps(tmp_path):
         store.export_version(7, tmp_path / "o")
     assert pack_bitmap([True, False] * 5) == bytes([0b10101010, 0b10000000])
     assert unpack_bitmap(b"\xff", 10) == [True] * 8 + [False, False]
-
-
-def test_concurrent_puts_from_threads(tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
-
-    store = open_store(tmp_path)
-    blobs = [os.urandom(500) for _ in range(40)] * 2
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda b: store.put_chunk(digest_of(b), b), blobs))
-    assert store.used_bytes == 40 * 500 and len(chunk_files(tmp_path)) == 40
-
-
-def test_batched_fsync_serves_staged_chunks_and_a_restart_drops_unflushed_ones(tmp_path):
-    root = tmp_path / "store"
-    store = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
-    chunks = [os.urandom(CHUNK) + bytes([i]) for i in range(6)]
-    digests = [digest_of(c) for c in chunks]
-    for digest, data in zip(digests, chunks):
-        store.put_chunk(digest, data)
-    # the first batch of 4 was flushed under final names; the last 2 wait under temp names
-    assert all(store.has_chunk(d) for d in digests)
-    assert store.read_chunk(digests[5]) == chunks[5]
-    final = {p.name for p in (root / "chunks").rglob("*") if p.is_file() and not p.name.startswith(TMP_PREFIX)}
-    assert {d.hex() for d in digests[:4]} <= final and digests[5].hex() not in final
-    del store  # a crash before flush: staged chunks were never durable, so they must be fetched again
-    again = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
-    assert [again.has_chunk(d) for d in digests] == [True] * 4 + [False] * 2
-    assert not [p for p in (root / "chunks").rglob(f"{TMP_PREFIX}*")]
-    for digest, data in zip(digests[4:], chunks[4:]):
-        again.put_chunk(digest, data)
-    assert again.flush() == 2
-    assert all(again.has_chunk(d) for d in digests)

@@ -11,6 +11,7 @@ from safetensors.numpy import save_file
 from p2pnet.identity import Identity
 from relay.errors import ChunkMissing, VersionUnknown
 from relay.store import ChunkRotten, ChunkStore, StoreBackoff, VersionCollected
+from tests.relay.disk import rot_chunk
 
 TRAINER = Identity.from_seed_text("trainer")
 
@@ -43,15 +44,14 @@ def test_a_rotten_chunk_is_told_once_and_its_version_is_incomplete(tmp_path):
     store = open_store(tmp_path / "store")
     signed = publish(store, tmp_path, 1)
     heard = listening(store)
-    digest = signed.manifest.chunk_digests[2]
-    store.chunk_path(digest).write_bytes(b"bit rot")
+    rot_chunk(store, 1, 2)
     with pytest.raises(ChunkMissing):
         store.export_version(1, tmp_path / "out")
-    assert heard == [ChunkRotten(digest)]
+    assert heard == [ChunkRotten(1, 2)]
     assert store.complete_versions() == [] and store.missing(signed) == [2]
     with pytest.raises(ChunkMissing):  # not held any more: nothing more to tell
-        store.read_chunk(digest)
-    assert heard == [ChunkRotten(digest)]
+        store.read_chunk(1, 2)
+    assert heard == [ChunkRotten(1, 2)]
 
 
 def test_collected_versions_are_told(tmp_path):
@@ -70,13 +70,13 @@ def test_the_stamp_changes_only_when_a_chunk_of_the_version_is_stored_again(tmp_
     other = publish(store, tmp_path, 2)
     before = store.version_stamp(1)
     assert store.version_stamp(1) == before
-    digest = signed.manifest.chunk_digests[-1]
-    data = store.read_chunk(digest)
-    assert not store.put_chunk(digest, data) and store.version_stamp(1) == before  # already held
-    store.chunk_path(digest).write_bytes(b"rot")
+    last = len(signed.manifest.chunk_digests) - 1
+    data = store.read_chunk(1, last)
+    assert not store.put_chunk(1, last, data) and store.version_stamp(1) == before  # already held
+    rot_chunk(store, 1, last)
     with pytest.raises(ChunkMissing):
-        store.read_chunk(digest)
-    store.put_chunk(digest, data)  # fetched again
+        store.read_chunk(1, last)
+    store.put_chunk(1, last, data)  # fetched again
     assert store.version_stamp(1) != before
     assert store.version_stamp(1)[0] == signed.manifest_id and store.version_stamp(2)[0] == other.manifest_id
     reopened = open_store(tmp_path / "store")

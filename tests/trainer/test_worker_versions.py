@@ -21,6 +21,7 @@ from p2pnet.identity import Identity
 from relay.loader import VersionWatcher
 from relay.manifest import FileEntry, Manifest, TensorEntry, sign_manifest
 from relay.store import ChunkStore, digest_of
+from tests.relay.disk import rot_chunk
 from trainer.model import build_model, save_model_dir, save_weights, snapshot_state
 
 torch.set_num_threads(1)
@@ -55,8 +56,8 @@ def publish_refused_by_safetensors(store: ChunkStore, version: int):
                         int(time.time() * 1000))
     signed = sign_manifest(PUBLISHER, manifest, time.time())
     store.add_manifest(signed)
-    for part in parts:
-        store.put_chunk(digest_of(part), part)
+    for index, part in enumerate(parts):
+        store.put_chunk(version, index, part)
     return signed
 
 
@@ -80,9 +81,8 @@ def logits(model) -> torch.Tensor:
 
 
 def rot(store: ChunkStore, signed, index: int) -> bytes:
-    digest = signed.manifest.chunk_digests[index]
-    data = store.read_chunk(digest)
-    store.chunk_path(digest).write_bytes(b"rot" + data[3:])
+    data = store.read_chunk(signed.version, index)
+    rot_chunk(store, signed.version, index, b"rot")
     return data
 
 
@@ -129,7 +129,7 @@ async def test_a_worker_keeps_its_version_when_a_newer_one_does_not_load(world, 
     assert "corrupt on disk" in warnings_about(caplog, 3)[0]
     assert loads == [3] and not world.store.is_complete(world.signed[3])
 
-    world.store.put_chunk(world.signed[3].manifest.chunk_digests[1], good)  # the relay fetched it again
+    world.store.put_chunk(3, 1, good)  # the relay fetched it again
     assert await worker.switch_version() > 0 and worker.version == 3
     assert {r["version"] for r in worker.status()["rejected_versions"]} == {1, 2}
     fresh = build_model("micro", seed=3)[0]
