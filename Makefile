@@ -11,11 +11,16 @@ TORCH := torch==2.13.0
 
 install: $(STAMP)
 
+# the first install takes about 2-3 minutes (torch alone is about 200 MB); pip shows its progress
 $(STAMP): pyproject.toml
+	@echo "== setting up $(VENV) (first time only: about 2-3 minutes)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@echo "== 1/2 installing $(TORCH) (CPU build)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on $(TORCH)
+	@echo "== 2/2 installing p2pnet and its dependencies (libp2p, transformers, ...)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e '.[test]'
 	touch $(STAMP)
+	@echo "== $(VENV) is ready"
 
 test: $(STAMP)
 	bash scripts/lab_deps.sh

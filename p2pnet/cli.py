@@ -1,11 +1,17 @@
-"""The `p2pnet` command line: argument parsing and the trio entry points, nothing else.
+"""The `p2pnet` command line: argument parsing, logging, the `peer` commands and the trio entry
+points, nothing else.
 
-Subcommands of other packages (checkpoint, validator, devnet, sim, model) register themselves
-through a `register(subparsers)` function in their own `cli` module; this module only lists
-where those live. Errors that are the user's (`ConfigError`, `LocalStateError`,
-`PeerUnavailable`, and `CommandRefused`: an error answer from the running peer) print one line
-and exit with status 2; a closed stdout (`p2pnet peer status | head -1`) ends quietly; anything
-else is a bug and shows its traceback.
+Subcommands of other packages (checkpoint, validator, worker, trainer, devnet, sim, model, ...)
+register themselves through a `register(subparsers)` function in their own `cli` module; this
+module only lists where those live. Every command that starts a peer goes through
+`peer_configs` (the data directory's config.toml or --config, then flags, every enabled role's
+section checked before anything starts) and `run_peer`, which records what the peer runs with in
+the data directory's last-start.toml. Errors that are the user's (`ConfigError`,
+`LocalStateError`, `PeerUnavailable`, and `CommandRefused`: an error answer from the running
+peer) print one line and exit with status 2, as do usage mistakes; a closed stdout (`p2pnet peer
+status | head -1`) ends quietly; anything else is a bug and shows its traceback. `--log-level`,
+`-v` and `-q` are accepted before or after any subcommand; every log line has time, level and
+source.
 """
 
 from __future__ import annotations
@@ -23,20 +29,25 @@ from typing import Any, Callable
 import trio
 
 from p2pnet import __version__
+from p2pnet.cliargs import Parser, add_peer_arguments, command, data_dir_argument, examples, group, json_argument
+from p2pnet.config import LAST_START_FILE, default_data_dir
 from p2pnet.control import CommandRefused
 from p2pnet.errors import ConfigError, LocalStateError, PeerUnavailable
 
 USER_ERRORS = (ConfigError, LocalStateError, PeerUnavailable, CommandRefused)
-EXTENSIONS = ("p2pnet.demo", "relay.cli", "verify.cli", "trainer.cli", "simulations.cli", "p2pnet.labcli")
+EXTENSIONS = ("relay.cli", "verify.cli", "trainer.cli", "p2pnet.configcli", "p2pnet.demo", "simulations.cli",
+              "p2pnet.labcli")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help()
+    if getattr(args, "func", None) is None:
+        getattr(args, "_group", parser).print_help()  # `p2pnet peer` alone lists the peer commands
         return 2
-    configure_logging(args.log_level)
+    configure_logging(log_level(args))
+    if getattr(args, "data_dir", "") is None:
+        args.data_dir = default_data_dir()
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
@@ -70,24 +81,39 @@ CHATTY_LOGGERS = ("multiaddr", "libp2p.stream_muxer", "libp2p.security", "libp2p
                   "libp2p.protocol_muxer", "libp2p.network.stream")
 
 
+def log_level(args: argparse.Namespace) -> str:
+    """`--log-level` (default warning), one step more verbose per -v and quieter per -q."""
+    steps = sum(getattr(args, f"_verbose{depth}", 0) - getattr(args, f"_quiet{depth}", 0) for depth in range(4))
+    index = LOG_LEVELS.index(args.log_level) - steps
+    return LOG_LEVELS[min(max(index, 0), len(LOG_LEVELS) - 1)]
+
+
 def configure_logging(level_name: str) -> None:
-    """Every logger, libp2p's included (see `p2pnet.host.adopt_libp2p_logging`), in one format on
-    stderr. `trace` is `debug` with the chatty third-party loggers let through as well."""
+    """Every logger, libp2p's included (see `p2pnet.host.adopt_libp2p_logging`), and Python's
+    warnings, in one format on stderr: time, level, source, message. `trace` is `debug` with the
+    chatty third-party loggers let through as well."""
     level = logging.DEBUG if level_name == "trace" else getattr(logging, level_name.upper())
     logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+    logging.captureWarnings(True)
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if level_name == "trace" else max(level, logging.WARNING))
 
 
-def _add_log_level(parser: argparse.ArgumentParser, default: Any) -> None:
-    """`--log-level` before or after the subcommand: every parser takes it."""
-    parser.add_argument("--log-level", default=default, choices=LOG_LEVELS,
-                        help="log verbosity on stderr (default: warning); trace also shows the chatty "
-                        f"third-party loggers ({', '.join(CHATTY_LOGGERS)}) that debug keeps at WARNING")
+def _add_log_level(parser: argparse.ArgumentParser, default: Any, depth: int = 0) -> None:
+    """`--log-level`, `-v` and `-q` before or after any subcommand: every parser takes them."""
+    logs = parser.add_argument_group("logging")
+    logs.add_argument("--log-level", default=default, choices=LOG_LEVELS,
+                      help="log verbosity on stderr (default: warning); trace is debug with the chatty "
+                      "third-party loggers (multiaddr, libp2p internals) let through")
+    counted = 0 if depth == 0 else argparse.SUPPRESS  # each depth counts apart: a subparser's copy would win
+    logs.add_argument("-v", "--verbose", dest=f"_verbose{depth}", action="count", default=counted,
+                      help="log more: -v info, -vv debug, -vvv trace")
+    logs.add_argument("-q", "--quiet", dest=f"_quiet{depth}", action="count", default=counted,
+                      help="log less: -q errors only")
     for action in parser._actions:  # argparse has no public way to list subparsers
         if isinstance(action, argparse._SubParsersAction):
             for sub in set(action.choices.values()):
-                _add_log_level(sub, argparse.SUPPRESS)
+                _add_log_level(sub, argparse.SUPPRESS, depth + 1)
 
 
 def _print_error(exc: BaseException) -> None:
@@ -113,9 +139,14 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="p2pnet",
         description="Peer-to-peer weight distribution and verification for decentralized RL training.",
+        epilog=examples("""
+            p2pnet peer start --role relay          # a peer in ~/.p2pnet (or $P2PNET_HOME)
+            p2pnet peer status
+            p2pnet COMMAND --help                   # each command's options and an example"""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"p2pnet {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -133,64 +164,67 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_peer(commands: Any) -> None:
-    peer = commands.add_parser("peer", help="run and inspect a peer")
-    sub = peer.add_subparsers(title="peer commands", metavar="COMMAND")
+    sub = group(commands, "peer", "run and inspect a peer", example="""
+        p2pnet peer start --data-dir ~/.p2pnet/a --role relay
+        p2pnet peer status --data-dir ~/.p2pnet/a""")
 
-    start = sub.add_parser(
-        "start",
-        help="start a peer and run until SIGINT/SIGTERM",
-        description="Start a peer: a libp2p host (Noise, yamux) that gossips signed heartbeats, keeps a "
-        "peer table and runs the given roles. Prints its full multiaddr; stops cleanly on Ctrl-C.",
-    )
-    add_peer_arguments(start, roles_help="relay, worker, validator or trainer; repeatable (default: none, a plain peer)")
+    start = command(
+        sub, "start", "start a peer and run until SIGINT/SIGTERM",
+        description="A libp2p host (Noise, yamux) that gossips signed heartbeats, keeps a peer table and runs "
+        "the given roles. It prints its full multiaddr (give it to others as --bootstrap) and stops cleanly on "
+        "Ctrl-C. Settings come from the data directory's config.toml (or --config), then these flags. Workers, "
+        "trainers and validators have their own commands with the flags they need: `p2pnet worker start`, "
+        "`p2pnet trainer start`, `p2pnet validator start`.",
+        example="""
+        p2pnet peer start --data-dir ~/.p2pnet/a --listen /ip4/0.0.0.0/tcp/4001 --role relay
+        p2pnet peer start --data-dir ~/.p2pnet/b --role relay --trust 12D3KooW... \\
+            --bootstrap /ip4/192.0.2.10/tcp/4001/p2p/12D3KooW...""")
+    add_peer_arguments(start, roles_help="relay, worker, validator or trainer; repeatable (default: none, a plain "
+                       "peer); worker and trainer bring the relay role with them")
     start.set_defaults(func=cmd_peer_start)
 
-    status = sub.add_parser("status", help="show a running peer's id, addresses and peer table")
-    status.add_argument("--data-dir", type=Path, required=True)
-    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    status = command(sub, "status", "show a running peer's id, addresses and peer table",
+                     example="p2pnet peer status --data-dir ~/.p2pnet/a --json")
+    data_dir_argument(status)
+    json_argument(status)
     status.set_defaults(func=cmd_peer_status)
 
-    announce = sub.add_parser("announce", help="gossip a signed notice to every peer (a network-wide ping)")
-    announce.add_argument("--data-dir", type=Path, required=True)
-    announce.add_argument("text", help="up to 1024 characters")
+    announce = command(sub, "announce", "gossip a signed notice to every peer (a network-wide ping)",
+                       example='p2pnet peer announce --data-dir ~/.p2pnet/a "hello"')
+    data_dir_argument(announce)
+    announce.add_argument("text", help="the notice, up to 1024 characters")
     announce.set_defaults(func=cmd_peer_announce)
 
-    ident = sub.add_parser("id", help="print the peer id of a data directory (creates the key if missing)")
-    ident.add_argument("--data-dir", type=Path, required=True)
+    ident = command(sub, "id", "print the peer id of a data directory (creates the key if missing)",
+                    example="p2pnet peer id --data-dir ~/.p2pnet/a")
+    data_dir_argument(ident)
     ident.set_defaults(func=cmd_peer_id)
 
 
-def add_peer_arguments(start: argparse.ArgumentParser, *, roles_help: str) -> None:
-    """The flags every command that starts a peer takes (`peer start`, `validator start`)."""
-    start.add_argument("--data-dir", type=Path, required=True, help="identity key, state and control socket live here")
-    start.add_argument("--listen", help="libp2p listen multiaddr (default /ip4/127.0.0.1/tcp/0; /ip4/0.0.0.0/tcp/4001 "
-                       "listens on every interface and advertises each interface's address, never 0.0.0.0)")
-    start.add_argument("--announce", action="append", default=[], metavar="MULTIADDR",
-                       help="advertise this libp2p address instead of the listen addresses (a public IP, a "
-                       "forwarded port); repeatable; [peer] announce in TOML")
-    start.add_argument("--data-announce", metavar="HOST:PORT",
-                       help="advertise this data-plane address instead of the bound one (a forwarded port)")
-    start.add_argument("--data-port", type=int, help="data-plane TCP port (default 0: any free port); it binds the "
-                       "listen address's IP")
-    start.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
-                       help="full multiaddr (with /p2p/ID) of a peer to join through; repeatable, any one is enough; "
-                       "retried with backoff for as long as the peer runs, and again whenever it has no connections")
-    start.add_argument("--role", action="append", default=[], metavar="NAME", help=roles_help)
-    start.add_argument("--config", type=Path, help="TOML file with [peer], [peertable] and per-role sections")
-    start.add_argument("--heartbeat-interval-s", type=float, help="seconds between heartbeats (default 2)")
-    start.add_argument("--peer-expiry-s", type=float, help="forget peers silent this long (default 10)")
-    start.add_argument("--upload-bps", type=int, help="upload bandwidth to advertise, bytes/s")
+# what to run, or which key to set, when a role's required setting is missing
+ROLE_COMMANDS = {
+    "worker": "p2pnet worker start --model DIR --trust TRAINER_ID",
+    "trainer": "p2pnet trainer start --model DIR",
+    "validator": "p2pnet validator start --model DIR",
+}
+NEEDS_RELAY = ("worker", "trainer")  # they get or publish their weights through the relay role
 
 
-def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
-    """PeerConfig, PeerTableConfig and the remaining TOML sections, from --config and flags."""
-    from p2pnet.config import from_mapping, load_toml
+def peer_configs(args: argparse.Namespace, overlay: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 ) -> tuple[Any, Any, dict[str, Any]]:
+    """PeerConfig, PeerTableConfig and the remaining TOML sections, from the configuration file
+    (--config, else the data directory's config.toml) and the flags; `overlay` lays a role
+    command's flags over the sections before they are checked."""
+    from p2pnet.config import from_mapping, load_config
     from p2pnet.node import PeerConfig
     from p2pnet.peertable import PeerTableConfig
     from p2pnet.roles import check_sections
 
-    sections = load_toml(args.config)
+    _, sections = load_config(args.data_dir, args.config)
     check_sections(sections)
+    roles = list(args.role) or sections.get("peer", {}).get("roles", [])
+    if isinstance(roles, list) and any(role in NEEDS_RELAY for role in roles) and "relay" not in roles:
+        roles = ["relay", *roles]
     config = from_mapping(
         PeerConfig, sections.get("peer", {}), "peer",
         data_dir=args.data_dir,
@@ -199,7 +233,7 @@ def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
         data_announce=args.data_announce,
         data_port=args.data_port,
         bootstrap=tuple(args.bootstrap) or None,
-        roles=tuple(args.role) or None,
+        roles=tuple(roles) if isinstance(roles, list) and roles else None,
         upload_bps=args.upload_bps,
     )
     table = from_mapping(
@@ -207,7 +241,79 @@ def peer_configs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
         heartbeat_interval_s=args.heartbeat_interval_s,
         expiry_s=args.peer_expiry_s,
     )
+    sections = with_trust(sections, args.trust)
+    if overlay is not None:
+        sections = overlay(sections)
+    check_roles(config.roles, sections)
     return config, table, sections
+
+
+def start_role(args: argparse.Namespace, role: str,
+               section_from_flags: Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]) -> int:
+    """`p2pnet ROLE start`: `peer start` with ROLE added and ROLE's section filled from the flags
+    (`section_from_flags(args, sections)`; a flag given wins over the file)."""
+    if role not in args.role:
+        args.role = [*args.role, role]
+    config, table, sections = peer_configs(args, lambda s: {**s, role: section_from_flags(args, s)})
+    return run_peer(config, table, sections)
+
+
+def with_trust(sections: dict[str, Any], peer_ids: list[str]) -> dict[str, Any]:
+    """The sections with `--trust` peer ids added to [relay] trusted_publishers."""
+    from p2pnet.identity import peer_id_from_str
+
+    for peer in peer_ids:
+        try:
+            peer_id_from_str(peer)
+        except ValueError:
+            raise ConfigError("--trust", f"{peer!r} is not a peer id; give the id a peer prints when it starts "
+                              "(12D3KooW...), or `p2pnet peer id --data-dir DIR`") from None
+    if not peer_ids:
+        return sections
+    relay = dict(sections.get("relay", {}))
+    known = list(relay.get("trusted_publishers", []))
+    relay["trusted_publishers"] = known + [p for p in peer_ids if p not in known]
+    return {**sections, "relay": relay}
+
+
+def check_roles(roles: tuple[str, ...], sections: dict[str, Any]) -> None:
+    """Each enabled role's section complete, before anything starts; a missing setting names its
+    TOML key and the command whose flags set it."""
+    from p2pnet.config import from_mapping
+    from p2pnet.settings import config_class
+
+    for role in roles:
+        section = sections.get(role, {})
+        command = f", or start with `{ROLE_COMMANDS[role]}`" if role in ROLE_COMMANDS else ""
+        try:
+            from_mapping(config_class(role), section, role)
+        except ConfigError as exc:
+            if exc.problem == "required setting missing":
+                key = exc.field.rpartition(".")[2]
+                raise ConfigError(exc.field, f"required setting missing for the {role} role; set {key} in the "
+                                  f"[{role}] section of the config file (docs/configuration.md){command}") from None
+            raise
+        if role == "validator" and not (section.get("model_path") or section.get("checkpoint_dir")):
+            raise ConfigError("validator.model_path", "the validator needs a model folder; set model_path (or "
+                              f"checkpoint_dir) in the [validator] section of the config file{command}")
+        _check_folders(role, section)
+
+
+# the model folders a role reads (a validator's checkpoint_dir may be made later, by a trainer)
+ROLE_FOLDERS = {"worker": "model_dir", "trainer": "model_dir", "validator": "model_path"}
+
+
+def _check_folders(role: str, section: dict[str, Any]) -> None:
+    """A role's model folder is one now, not only when it is first used (a worker loads its model
+    once the first checkpoint arrives)."""
+    key = ROLE_FOLDERS.get(role)
+    if key is None or not section.get(key):
+        return
+    folder = Path(section[key]).expanduser()
+    if not (folder / "config.json").is_file():
+        what = "is not a model folder (no config.json)" if folder.is_dir() else "does not exist"
+        raise ConfigError(f"{role}.{key}", f"{folder} {what}; make a model folder with "
+                          "`p2pnet model prepare tiny --out DIR`")
 
 
 def cmd_peer_start(args: argparse.Namespace) -> int:
@@ -220,6 +326,7 @@ def run_peer(config: Any, table: Any, sections: dict[str, Any]) -> int:
     from p2pnet.node import run_node
 
     def announce(node: Any) -> None:
+        record_start(config, table, sections)
         print(f"peer {node.peer_id} started (data dir {config.data_dir})", flush=True)
         for addr in node.host.addrs():
             print(f"listening on {addr}", flush=True)
@@ -232,6 +339,18 @@ def run_peer(config: Any, table: Any, sections: dict[str, Any]) -> int:
     except BrokenPipeError:
         pass  # whoever read our stdout is gone; the stop itself was clean
     return 0
+
+
+def record_start(config: Any, table: Any, sections: dict[str, Any]) -> None:
+    """Write what this peer runs with, flags included, to the data directory's last-start.toml
+    (the offline `p2pnet checkpoint` commands read the trust from it)."""
+    from p2pnet.config import to_jsonable
+    from p2pnet.files import atomic_write_bytes
+    from p2pnet.settings import to_toml
+
+    text = to_toml({"peer": to_jsonable(config), "peertable": to_jsonable(table), **sections})
+    header = "# What the last peer started with this data directory ran with (written at its start).\n\n"
+    atomic_write_bytes(config.data_dir / LAST_START_FILE, (header + text).encode())
 
 
 async def serve_until_signal(start: Callable[..., Any]) -> None:

@@ -6,12 +6,16 @@ then the class's optional `check()` returns `{field: problem}` for values out of
 problem raises `ConfigError` naming the field, prefixed with its TOML section when loaded from a
 file: `peer.heartbeat_interval_s: must be > 0`.
 
+It also says where configuration lives: the default data directory (`~/.p2pnet`, or
+`$P2PNET_HOME`) and the data directory's own `config.toml`, read when no `--config` is given.
+
 This module must not know which components exist; callers name the section and class.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import typing
 from pathlib import Path
@@ -20,6 +24,26 @@ from typing import Any, Mapping, TypeVar
 from p2pnet.errors import ConfigError
 
 C = TypeVar("C")
+
+DATA_DIR_ENV = "P2PNET_HOME"  # the default data directory, when set
+CONFIG_FILE = "config.toml"  # a data directory's own configuration (`p2pnet config init` writes it)
+# what the last peer started in a data directory ran with, flags included (written by the CLI
+# once the peer runs): the offline `p2pnet checkpoint` commands read the trust from it
+LAST_START_FILE = "last-start.toml"
+
+
+def default_data_dir() -> Path:
+    """`$P2PNET_HOME`, else `~/.p2pnet`: the data directory of commands given no `--data-dir`."""
+    return Path(os.environ.get(DATA_DIR_ENV) or "~/.p2pnet").expanduser()
+
+
+def config_path(data_dir: Path, explicit: Path | None) -> Path | None:
+    """The TOML file a command reads: `--config` when given, else the data directory's
+    `config.toml` when it has one, else none (every setting at its default)."""
+    if explicit is not None:
+        return explicit
+    own = data_dir / CONFIG_FILE
+    return own if own.exists() or own.is_symlink() else None
 
 
 def validated(cls: type[C]) -> type[C]:
@@ -103,23 +127,30 @@ def from_mapping(cls: type[C], values: Mapping[str, Any], section: str, **overri
         raise ConfigError(f"{section}.{exc.field}", exc.problem) from None
 
 
-def load_toml(path: Path | None) -> dict[str, Any]:
-    """The TOML file as a dict of sections; an empty dict when no file is given."""
+def load_toml(path: Path | None, field: str = "--config") -> dict[str, Any]:
+    """The TOML file as a dict of sections; an empty dict when no file is given. `field` names
+    where the path came from in errors (`--config`, or `config file` for a data directory's own)."""
     if path is None:
         return {}
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError as exc:
-        raise ConfigError("--config", f"no such file: {path}") from exc
+        raise ConfigError(field, f"no such file: {path}") from exc
     except OSError as exc:  # a directory, no permission, an I/O error
-        raise ConfigError("--config", f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+        raise ConfigError(field, f"{path} is not valid TOML: {exc}") from exc
     for section, table in data.items():
         if not isinstance(table, dict):
             raise ConfigError(section, "expected a [section] table")
     return data
+
+
+def load_config(data_dir: Path, explicit: Path | None) -> tuple[Path | None, dict[str, Any]]:
+    """(the file read, its sections): `--config`, else the data directory's `config.toml`."""
+    path = config_path(data_dir, explicit)
+    return path, load_toml(path, "--config" if explicit is not None else "config file")
 
 
 def to_jsonable(config: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection
 
@@ -82,11 +83,16 @@ class RequestRefused(ConfigError):
         self.reason = reason
 
 
+# a Python class name opening an error text ("PeerUnavailable: version 9 ..."): not for users' eyes
+_CLASS_PREFIX = re.compile(r"^(?:[A-Z][a-z0-9]+){2,}: ")
+
+
 class CommandRefused(P2PNetError):
-    """The running peer answered a control request with `{"error": ...}`."""
+    """The running peer answered a control request with `{"error": ...}`; the message is the
+    peer's sentence without any Python class name in front of it."""
 
     def __init__(self, cmd: str, answer: dict[str, Any]) -> None:
-        super().__init__(f"the running peer refused {cmd}: {answer.get('error')}")
+        super().__init__(f"the running peer refused {cmd}: {_CLASS_PREFIX.sub('', str(answer.get('error')))}")
         self.reason = str(answer.get("reason", ""))
         self.answer = answer
 
@@ -341,7 +347,8 @@ async def call(data_dir: Path, request: dict[str, Any], *, on_progress: Callable
     """
     path = data_dir / SOCKET_NAME
     if not path.exists():
-        raise PeerUnavailable(f"no peer is running with data directory {data_dir} (no {path})")
+        raise PeerUnavailable(f"no peer is running with data directory {data_dir} (no {path}); start one with "
+                              f"`p2pnet peer start --data-dir {data_dir}`, or give the --data-dir of a running peer")
     try:
         with trio.fail_after(timeout_s):
             stream = await trio.open_unix_socket(str(path))

@@ -8,25 +8,30 @@ cleanly. The full training network is `p2pnet devnet`.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from p2pnet.cliargs import command
+from p2pnet.errors import ConfigError
 from p2pnet.localnet import start_network, wait_for_full_tables
 
 
 def register(commands) -> None:
-    demo = commands.add_parser("demo", help="start a few peers on loopback and watch them find each other")
-    demo.add_argument("--peers", type=int, default=5, help="number of peer processes (default 5)")
-    demo.add_argument("--timeout-s", type=float, default=60.0, help="give up after this long")
+    demo = command(commands, "demo", "start a few peers on loopback and watch them find each other",
+                   description="Peer processes (`p2pnet peer start` children) in a temporary folder, the first as "
+                   "bootstrap for the rest; shows discovery progress and one peer's table, then stops them. The "
+                   "whole training network is `p2pnet devnet`.",
+                   example="p2pnet demo --peers 8")
+    demo.add_argument("--peers", type=int, default=5, metavar="N", help="number of peer processes, 2-50 (default 5)")
+    demo.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
+                      help="give up after this long (default 60)")
     demo.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if not 2 <= args.peers <= 50:
-        print("p2pnet: error: --peers must be between 2 and 50", file=sys.stderr)
-        return 2
+        raise ConfigError("--peers", "must be between 2 and 50")
     with tempfile.TemporaryDirectory(prefix="p2pnet-demo-") as tmp:
         root = Path(tmp)
         started = time.monotonic()

@@ -23,6 +23,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from p2pnet.cliargs import command, group
 from p2pnet.errors import ConfigError
 from p2pnet.lab import HostSpec, Lab, LabSpec
 
@@ -30,13 +31,16 @@ PROFILE_KEYS = ("name", "upload_mbit", "download_mbit", "nat")
 
 
 def register(commands: Any) -> None:
-    lab = commands.add_parser("lab", help="real hosts on this machine: network namespaces with bandwidth "
-                              "limits and NAT (root)")
-    sub = lab.add_subparsers(title="lab commands", metavar="COMMAND")
+    sub = group(commands, "lab", "real hosts on this machine: network namespaces with bandwidth limits and NAT "
+                "(root)", example="""
+        sudo p2pnet lab up --dir /tmp/lab --hosts 4 --upload-mbit 100
+        sudo p2pnet lab down --dir /tmp/lab""")
 
-    up = sub.add_parser("up", help="build a lab and print its hosts and addresses",
-                        description="Build a lab of hosts (network namespaces) on one switch, with tbf "
-                        "bandwidth limits and NAT routers. It stays until `p2pnet lab down`.")
+    up = command(sub, "up", "build a lab and print its hosts and addresses",
+                 description="Hosts (network namespaces) on one switch, with tbf bandwidth limits and NAT "
+                 "routers. It stays until `p2pnet lab down`.",
+                 example="sudo p2pnet lab up --dir /tmp/lab --hosts 4 --upload-mbit 100 --download-mbit 400 "
+                 "--nat-hosts 1")
     up.add_argument("--dir", type=Path, required=True, help="the lab's state directory (lab.json)")
     shape = up.add_mutually_exclusive_group(required=True)
     shape.add_argument("--hosts", type=int, metavar="N", help="N hosts named h1..hN")
@@ -49,19 +53,21 @@ def register(commands: Any) -> None:
     up.add_argument("--json", action="store_true", help="print machine-readable JSON")
     up.set_defaults(func=cmd_up)
 
-    status = sub.add_parser("status", help="show a lab's hosts, addresses and whether they are up")
-    status.add_argument("--dir", type=Path, required=True)
+    status = command(sub, "status", "show a lab's hosts, addresses and whether they are up",
+                     example="sudo p2pnet lab status --dir /tmp/lab")
+    status.add_argument("--dir", type=Path, required=True, help="the lab's state directory")
     status.add_argument("--json", action="store_true", help="print machine-readable JSON")
     status.set_defaults(func=cmd_status)
 
-    down = sub.add_parser("down", help="stop every process in a lab and remove it")
-    down.add_argument("--dir", type=Path, required=True)
+    down = command(sub, "down", "stop every process in a lab and remove it", example="sudo p2pnet lab down --dir /tmp/lab")
+    down.add_argument("--dir", type=Path, required=True, help="the lab's state directory")
     down.set_defaults(func=cmd_down)
 
-    run = sub.add_parser("exec", help="run a command inside one host; exits with its status")
-    run.add_argument("--dir", type=Path, required=True)
-    run.add_argument("host", metavar="HOST")
-    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    run = command(sub, "exec", "run a command inside one host; exits with its status",
+                  example="sudo p2pnet lab exec --dir /tmp/lab h1 -- ip addr")
+    run.add_argument("--dir", type=Path, required=True, help="the lab's state directory")
+    run.add_argument("host", metavar="HOST", help="a host name (h1, ... or a profile's name)")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the command and its arguments")
     run.set_defaults(func=cmd_exec)
 
 

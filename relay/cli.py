@@ -1,9 +1,12 @@
-"""`p2pnet checkpoint ...`: publish, inspect and fetch checkpoints from the command line.
+"""`p2pnet checkpoint ...`: publish, inspect, fetch and wait for checkpoints from the command line.
 
 Each command first asks whether a peer runs with the data directory (it holds `peer.lock`).
 If one does, the command goes through its control socket, because that peer owns the store;
 if none does, the command takes the lock itself and works on the store offline (a checkpoint
-published offline is announced by the peer on its next start).
+published offline is announced by the peer on its next start). Offline, the `[relay]` section
+comes from the data directory's configuration, and the publishers trusted are the ones the last
+peer started there trusted (`last-start.toml`, its `--trust` flags included), its own key and
+`--trust`: what that peer stored is believed again.
 
 Control commands (served by the relay role, relay/role.py):
 
@@ -15,6 +18,8 @@ Control commands (served by the relay role, relay/role.py):
     {"cmd": "checkpoint.fetch", "version": int, "out_dir": abs path, "timeout_s": float}
         -> progress lines {"progress": {"version", "chunks_have", "chunks_total", "bytes_per_s"}},
            then {"version": int, "files": [abs path...], "total_bytes": int}
+    {"cmd": "checkpoint.wait", "version": int | "latest", "timeout_s": float}
+        -> {"version": int, "dir": str, "files": [str...]} once the version is complete and durable
 
 Any reply may instead be {"error": "...", "reason": CODE}; it fails the command with one line (exit 2).
 `fetch --out` is checked before the peer is asked. This module must not import torch.
@@ -34,10 +39,12 @@ from typing import Any, Iterator
 
 import trio
 
-from p2pnet.config import load_toml
+from p2pnet.cliargs import command, data_dir_argument, group, json_argument, path
+from p2pnet.config import LAST_START_FILE, load_config, load_toml
 from p2pnet.control import CommandRefused
 from p2pnet.errors import ConfigError, LocalStateError
-from p2pnet.identity import KEY_FILE, Identity, load_or_create_identity
+from p2pnet.settings import SECTIONS
+from p2pnet.identity import KEY_FILE, Identity, ensure_data_dir, load_or_create_identity
 from relay.config import RelayConfig, relay_config
 from relay.errors import VersionIncomplete
 from relay.store import ChunkStore
@@ -46,40 +53,92 @@ LOCK_FILE = "peer.lock"
 
 
 def register(commands: Any) -> None:
-    checkpoint = commands.add_parser("checkpoint", help="publish, inspect and fetch signed checkpoints")
-    sub = checkpoint.add_subparsers(title="checkpoint commands", metavar="COMMAND")
+    sub = group(commands, "checkpoint", "publish, inspect, fetch and wait for signed checkpoints", example="""
+        p2pnet checkpoint publish model.safetensors --model my-model --version 7
+        p2pnet checkpoint fetch latest --out ./weights""")
 
-    publish = sub.add_parser("publish", help="sign safetensors files as checkpoint VERSION and store its chunks",
-                             description="Publish safetensors files as one checkpoint version, signed with the "
-                             "data directory's key: through the running peer, or into its store offline.")
-    publish.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="safetensors files, in order")
+    publish = command(sub, "publish", "sign files as checkpoint VERSION and keep them in the store",
+                      description="The files are signed with the data directory's key: through the running "
+                      "peer, which announces the version at once, or into its store offline (announced on the "
+                      "peer's next start). Peers believe it only if they trust this key (--trust PEER_ID, or "
+                      "[relay] trusted_publishers). Files named *.safetensors are checked and indexed; any "
+                      "other file (tokenizer, config) travels as it is. By default the files are hard-linked "
+                      "into the store (no copy) and become read-only: write each version to new files.",
+                      example="p2pnet checkpoint publish model.safetensors --data-dir ~/.p2pnet/a --model my-model "
+                      "--version 7")
+    publish.add_argument("paths", nargs="+", type=path, metavar="PATH",
+                         help="the version's files, in order (safetensors weights and anything else)")
+    publish.add_argument("--place", choices=("link", "move", "copy"), default="link",
+                         help="how the files enter the store: hard link (default; a copy across filesystems), "
+                         "move (rename them in), or copy")
     publish.add_argument("--model", required=True, help="model name recorded in the manifest")
-    publish.add_argument("--version", dest="ckpt_version", type=int, required=True, metavar="N")
+    publish.add_argument("--version", dest="ckpt_version", type=int, required=True, metavar="N",
+                         help="the checkpoint version (a training step; newer versions have larger numbers)")
     publish.add_argument("--previous", type=int, default=-1, metavar="N",
                          help="the version this one follows (default: none)")
-    publish.add_argument("--chunk-bytes", type=int, help="chunk size (default from [relay], 4 MiB)")
-    publish.add_argument("--timeout-s", type=float, default=600.0, help="give up after this long")
+    publish.add_argument("--chunk-bytes", type=int, metavar="BYTES", help="chunk size (default from [relay], 4 MiB)")
+    publish.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
+                         help="give up after this long (default 600)")
     _common(publish)
     publish.set_defaults(func=cmd_publish)
 
-    status = sub.add_parser("status", help="versions held, progress per version (and who serves whom)")
+    status = command(sub, "status", "versions held, progress per version (and who serves whom)",
+                     description="Through the running peer when one runs with the data directory, else from its "
+                     "store on disk.", example="p2pnet checkpoint status --data-dir ~/.p2pnet/b --json")
     _common(status)
     status.set_defaults(func=cmd_status)
 
-    fetch = sub.add_parser("fetch", help="write checkpoint VERSION's files into --out, fetching it if needed")
-    fetch.add_argument("fetch_version", type=int, metavar="VERSION")
-    fetch.add_argument("--out", type=Path, required=True, help="directory to write the files into")
-    fetch.add_argument("--timeout-s", type=float, default=600.0, help="give up after this long")
+    fetch = command(sub, "fetch", "write checkpoint VERSION's files into --out, fetching it if needed",
+                    description="Through the running peer (with a progress bar), which fetches the version from "
+                    "the network if it does not hold it yet; offline, only a version held complete. `latest` is "
+                    "the newest version complete in the peer (the first to complete, if none is yet). The "
+                    "files are hard links of the verified files in the store (read-only; a copy across "
+                    "filesystems).",
+                    example="p2pnet checkpoint fetch 7 --data-dir ~/.p2pnet/b --out ./v7\n"
+                    "p2pnet checkpoint fetch latest --out ./weights")
+    fetch.add_argument("fetch_version", type=version_arg, metavar="VERSION", help="a version number, or latest")
+    fetch.add_argument("--out", type=path, required=True, metavar="DIR", help="directory to write the files into")
+    fetch.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
+                       help="give up after this long (default 600)")
     _common(fetch)
     fetch.set_defaults(func=cmd_fetch)
 
+    wait = command(sub, "wait", "block until checkpoint VERSION is complete and durable in the running peer",
+                   description="Cheap to leave running: the peer answers once it holds every chunk of the version "
+                   "on disk. Prints the version, the folder holding its files and the files (ordinary files that "
+                   "any loader opens; kept until garbage collection drops the version). `latest` is the newest "
+                   "version complete in the peer, or the first to complete. Exit status 2 when the timeout "
+                   "passes first.",
+                   example="p2pnet checkpoint wait 7 --data-dir ~/.p2pnet/b --timeout-s 60\n"
+                   "p2pnet checkpoint wait latest --json")
+    wait.add_argument("wait_version", type=version_arg, metavar="VERSION", help="a version number, or latest")
+    wait.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
+                      help="give up after this long (default 600)")
+    data_dir_argument(wait)
+    json_argument(wait)
+    wait.set_defaults(func=cmd_wait)
+
+
+def version_arg(text: str) -> int | str:
+    """A checkpoint version: a number >= 0, or `latest`."""
+    if text == "latest":
+        return text
+    try:
+        version = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a version number nor latest") from None
+    if version < 0:
+        raise argparse.ArgumentTypeError("versions are >= 0")
+    return version
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, required=True, help="the peer's data directory")
-    parser.add_argument("--config", type=Path, help="TOML file; its [relay] section is read")
+    data_dir_argument(parser)
+    parser.add_argument("--config", type=path, metavar="FILE",
+                        help="TOML file whose [relay] section is read (default: the data directory's config.toml)")
     parser.add_argument("--trust", action="append", default=[], metavar="PEER_ID",
                         help="also trust manifests signed by this peer id; repeatable")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    json_argument(parser)
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -94,14 +153,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
             store = _open_store(args.data_dir, config.trusting(identity.peer_id))
             signed = store.publish_files(identity, paths, model=args.model, version=args.ckpt_version,
                                          previous_version=args.previous, chunk_bytes=config.chunk_bytes,
-                                         now_s=time.time())
+                                         now_s=time.time(), place=args.place)
             result = {"manifest_id": signed.manifest_id.hex(), "version": signed.version,
                       "chunks": len(signed.manifest.chunk_digests), "total_bytes": signed.manifest.total_bytes,
                       "offline": True}
         else:
             result = _call(args.data_dir, {"cmd": "checkpoint.publish", "paths": [str(p) for p in paths],
                                            "model": args.model, "version": args.ckpt_version,
-                                           "previous_version": args.previous, "chunk_bytes": config.chunk_bytes},
+                                           "previous_version": args.previous, "chunk_bytes": config.chunk_bytes,
+                                           "place": args.place},
                            timeout_s=args.timeout_s)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -116,7 +176,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = _config(args)
     with _offline(args.data_dir, create=False) as offline:
         if offline:
-            status = dict(_open_store(args.data_dir, _trusted(args.data_dir, config)).status(), running=False)
+            status = dict(_open_store(args.data_dir, config).status(), running=False)
         else:
             status = dict(_call(args.data_dir, {"cmd": "checkpoint.status"}), running=True)
     if args.json:
@@ -165,29 +225,58 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     out_dir = _output_directory(args.out)
     with _offline(args.data_dir, create=False) as offline:
         if offline:
-            store = _open_store(args.data_dir, _trusted(args.data_dir, config))
-            signed = store.manifest(args.fetch_version)
+            store = _open_store(args.data_dir, config)
+            version = _newest_held(store) if args.fetch_version == "latest" else args.fetch_version
+            signed = store.manifest(version)
             if not store.is_complete(signed):
                 held = store.progress(signed)
-                raise VersionIncomplete(f"version {args.fetch_version} is incomplete here ({held['chunks_have']}/"
+                raise VersionIncomplete(f"version {version} is incomplete here ({held['chunks_have']}/"
                                         f"{held['chunks_total']} chunks) and no peer is running to fetch the rest; "
                                         f"start one with `p2pnet peer start --role relay --data-dir {args.data_dir}`")
-            files = store.export_version(args.fetch_version, out_dir)
-            result = {"version": args.fetch_version, "files": [str(p) for p in files],
+            files = store.export_version(version, out_dir)
+            result = {"version": version, "files": [str(p) for p in files],
                       "total_bytes": signed.manifest.total_bytes, "offline": True}
         else:
+            version, remaining = args.fetch_version, args.timeout_s
+            if version == "latest":  # the newest version the peer knows of, once it holds it
+                started = time.monotonic()
+                version = _call_waiting(args.data_dir, {"cmd": "checkpoint.wait", "version": "latest",
+                                                        "timeout_s": args.timeout_s}, args.timeout_s)["version"]
+                remaining = max(args.timeout_s - (time.monotonic() - started), 1.0)
             bar = _ProgressBar(sys.stderr)
-            result = _call(args.data_dir, {"cmd": "checkpoint.fetch", "version": args.fetch_version,
-                                           "out_dir": str(out_dir), "timeout_s": args.timeout_s},
-                           timeout_s=args.timeout_s + 10, on_progress=bar.update)
+            result = _call_waiting(args.data_dir, {"cmd": "checkpoint.fetch", "version": version,
+                                                   "out_dir": str(out_dir), "timeout_s": remaining},
+                                   remaining, on_progress=bar.update)
             bar.done()
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"version {result['version']}: {len(result['files'])} files, {_mb(result['total_bytes'])} in {out_dir}")
-        for path in result["files"]:
-            print(f"  {path}")
+        for name in result["files"]:
+            print(f"  {name}")
     return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Control command (relay/role.py): {"cmd": "checkpoint.wait", "version": int | "latest",
+    "timeout_s": float} -> {"version": int, "dir": str, "files": [str, ...]} once the version
+    is complete and durable, or an error answer."""
+    result = _call_waiting(args.data_dir, {"cmd": "checkpoint.wait", "version": args.wait_version,
+                                           "timeout_s": args.timeout_s}, args.timeout_s)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"version {result['version']} is complete in {result['dir']}")
+        for name in result.get("files", []):
+            print(f"  {name}")
+    return 0
+
+
+def _newest_held(store: ChunkStore) -> int:
+    complete = [row["version"] for row in store.status()["versions"] if row.get("complete")]
+    if not complete:
+        raise LocalStateError(f"no complete version is held in {store.root}; start a peer to fetch one")
+    return max(complete)
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -212,11 +301,18 @@ def _output_directory(out: Path) -> Path:
 @contextlib.contextmanager
 def _offline(data_dir: Path, *, create: bool) -> Iterator[bool]:
     """True (holding the data directory's lock) when no peer runs there, else False."""
-    if not data_dir.is_dir():
-        if not create:
-            raise LocalStateError(f"no data directory {data_dir}")
-        data_dir.mkdir(parents=True)
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    if create:
+        ensure_data_dir(data_dir)
+    elif not data_dir.exists():
+        raise LocalStateError(f"no data directory {data_dir}: give the --data-dir of a peer (nothing was "
+                              "ever stored here)")
+    elif not data_dir.is_dir():
+        raise LocalStateError(f"data directory {data_dir} is not a directory; choose another --data-dir")
+    try:
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise LocalStateError(f"cannot open {data_dir / LOCK_FILE}: {exc.strerror or exc}; is {data_dir} "
+                              "another user's data directory?") from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -229,16 +325,39 @@ def _offline(data_dir: Path, *, create: bool) -> Iterator[bool]:
 
 
 def _config(args: argparse.Namespace, **overrides: Any) -> RelayConfig:
-    config = relay_config(load_toml(args.config).get("relay"), **overrides)
-    return config.trusting(*args.trust) if args.trust else config
+    """[relay] from the configuration file (--config, else the data directory's config.toml),
+    trusting also what the last peer started here trusted (its --trust flags), the data
+    directory's own key, and --trust."""
+    _, sections = load_config(args.data_dir, args.config)
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:  # a typo'd [relay] would silently leave every setting at its default
+        raise ConfigError(unknown[0], f"unknown section [{unknown[0]}]; known: "
+                          + ", ".join(f"[{name}]" for name in SECTIONS))
+    config = relay_config(sections.get("relay"), **overrides)
+    last = _last_start_trust(args.data_dir)
+    own = _own_peer_id(args.data_dir)
+    return config.trusting(*last, *([own] if own else []), *args.trust)
 
 
-def _trusted(data_dir: Path, config: RelayConfig) -> RelayConfig:
-    """The config, also trusting the data directory's own key when it has one."""
+def _last_start_trust(data_dir: Path) -> list[str]:
+    path = data_dir / LAST_START_FILE
+    if not path.is_file():
+        return []
+    try:
+        trusted = load_toml(path, LAST_START_FILE).get("relay", {}).get("trusted_publishers", [])
+    except ConfigError:
+        return []  # a record we cannot read trusts nobody; the peer's own start rewrites it
+    return [p for p in trusted if isinstance(p, str)]
+
+
+def _own_peer_id(data_dir: Path) -> str | None:
     key = data_dir / KEY_FILE
-    if key.is_file() and key.stat().st_size == 32:
-        return config.trusting(Identity(key.read_bytes()).peer_id)
-    return config
+    try:
+        if key.is_file() and key.stat().st_size == 32:
+            return Identity(key.read_bytes()).peer_id
+    except OSError:
+        return None
+    return None
 
 
 def _open_store(data_dir: Path, config: RelayConfig) -> ChunkStore:
@@ -254,10 +373,53 @@ def _call(data_dir: Path, request: dict[str, Any], *, timeout_s: float = 30.0,
     async def run() -> dict[str, Any]:
         return await call(data_dir, request, on_progress=on_progress, timeout_s=timeout_s)
 
-    reply = trio.run(run)
-    if "error" in reply:
-        raise CommandRefused(request["cmd"], reply)
-    return reply
+    return _checked(data_dir, request, trio.run(run))
+
+
+def _checked(data_dir: Path, request: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply, or CommandRefused saying what to do about its error."""
+    if "error" not in reply:
+        return reply
+    if reply.get("reason") == "unknown_command":
+        if "checkpoint.status" in str(reply["error"]):
+            fix = f"the peer running with {data_dir} is older than this command; restart it"
+        else:
+            fix = f"the peer running with {data_dir} has no relay role; stop it and start it again with --role relay"
+        reply = {**reply, "error": fix}
+    raise CommandRefused(request["cmd"], reply)
+
+
+def _call_waiting(data_dir: Path, request: dict[str, Any], timeout_s: float, *, on_progress: Any = None,
+                  note_after_s: float = 3.0) -> dict[str, Any]:
+    """`_call` for a request that may wait for the network (`timeout_s` is the peer's own limit):
+    a line on stderr says what it waits for when the peer has shown no progress after
+    `note_after_s`, so a long wait is never silent."""
+    from p2pnet.control import call
+
+    shown: list[bool] = []
+    if request["cmd"] == "checkpoint.fetch":
+        what = f"waiting for version {request['version']}: no peer has offered it yet"
+    else:
+        what = f"waiting until version {request['version']} is complete in the peer"
+
+    def progress(update: dict[str, Any]) -> None:
+        shown.append(True)
+        if on_progress is not None:
+            on_progress(update)
+
+    async def note() -> None:
+        await trio.sleep(note_after_s)
+        if not shown:
+            print(f"{what} (giving up after {timeout_s:.0f} s; --timeout-s to change)", file=sys.stderr, flush=True)
+
+    async def run() -> dict[str, Any]:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(note)
+            reply = await call(data_dir, request, on_progress=progress, timeout_s=timeout_s + 10)
+            nursery.cancel_scope.cancel()
+            return reply
+
+    return _checked(data_dir, request, trio.run(run))
 
 
 class _ProgressBar:

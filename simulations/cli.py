@@ -10,43 +10,51 @@ Argument parsing only; the work is in `simulations.run`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from p2pnet.cliargs import command, group, output_dir
+from p2pnet.cliargs import path as path_arg
 from p2pnet.errors import ConfigError
 
 
 def register(commands: Any) -> None:
     from simulations.scenarios import SCENARIOS
 
-    sim = commands.add_parser("sim", help="simulate the network in virtual time (scenarios, sweeps)")
-    sub = sim.add_subparsers(title="sim commands", metavar="COMMAND")
+    sub = group(commands, "sim", "simulate the network in virtual time (scenarios, sweeps)", example="""
+        p2pnet sim list
+        p2pnet sim run broadcast --peers 1000 --seed 1 --out runs/broadcast""")
     names = ", ".join(SCENARIOS)
 
-    listing = sub.add_parser("list", help="list the scenarios")
+    listing = command(sub, "list", "list the scenarios", example="p2pnet sim list")
     listing.set_defaults(func=cmd_list)
 
-    run = sub.add_parser("run", help="run one scenario; write results.json, a CSV table and a plot",
-                         description=f"Scenarios: {names}.")
-    run.add_argument("scenario", metavar="SCENARIO")
-    run.add_argument("--peers", type=int, help="relays (broadcast), cheaters (audit) or workers (inference_wait)")
-    run.add_argument("--seed", type=int, default=0)
+    run = command(sub, "run", "run one scenario; write results.json, a CSV table and a plot",
+                  description=f"Scenarios: {names}. A broadcast prints its time against the lower bound.",
+                  example="p2pnet sim run broadcast --peers 1000 --seed 1 --out runs/broadcast\n"
+                  "p2pnet sim run broadcast --peers 200 --set churn.departures=0.1")
+    run.add_argument("scenario", metavar="SCENARIO", help=f"one of {names}")
+    run.add_argument("--peers", type=int, metavar="N",
+                     help="relays (broadcast), cheaters (audit) or workers (inference_wait)")
+    run.add_argument("--seed", type=int, default=0, help="random seed; a run is replayed exactly by its seed (default 0)")
     run.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                      help="override a scenario field, dotted for nested ones (churn.departures=0.1); repeatable")
-    run.add_argument("--out", type=Path, default=Path("sim-out"), help="output directory (default: sim-out)")
+    run.add_argument("--out", type=path_arg, default=Path("sim-out"), metavar="DIR",
+                     help="output directory (default: sim-out)")
     run.set_defaults(func=cmd_run)
 
-    sweep = sub.add_parser("sweep", help="run a scenario over parameter values and seeds",
-                           description=f"Scenarios: {names}. Writes sweep.csv, sweep.json and sweep.png.")
-    sweep.add_argument("scenario", metavar="SCENARIO")
+    sweep = command(sub, "sweep", "run a scenario over parameter values and seeds",
+                    description=f"Scenarios: {names}. Writes sweep.csv, sweep.json and sweep.png.",
+                    example="p2pnet sim sweep broadcast --param peers=10,100,1000 --seeds 3 --out runs/sweep")
+    sweep.add_argument("scenario", metavar="SCENARIO", help=f"one of {names}")
     sweep.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
                        help="a field and its values; repeatable (the cartesian product is run)")
-    sweep.add_argument("--seeds", type=int, default=1, help="seeds 0..K-1 per combination (default 1)")
-    sweep.add_argument("--peers", type=int)
-    sweep.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a fixed override")
-    sweep.add_argument("--out", type=Path, required=True)
+    sweep.add_argument("--seeds", type=int, default=1, metavar="K", help="seeds 0..K-1 per combination (default 1)")
+    sweep.add_argument("--peers", type=int, metavar="N", help="as for `sim run`, when not swept")
+    sweep.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                       help="a fixed override, as for `sim run`; repeatable")
+    sweep.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="output directory")
     sweep.set_defaults(func=cmd_sweep)
 
 
@@ -58,21 +66,6 @@ def _overrides(specs: list[str]) -> dict[str, str]:
             raise ConfigError("--set", f"expected NAME=VALUE, got {spec!r}")
         out[name.strip()] = value.strip()
     return out
-
-
-def _output_dir(path: Path) -> Path:
-    """Create `--out` now, so a path we cannot write fails before the simulation runs."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError("--out", f"{path} exists and is not a directory") from None
-    except OSError as exc:
-        raise ConfigError("--out", f"cannot create {path}: {exc.strerror or exc}") from exc
-    if not path.is_dir():
-        raise ConfigError("--out", f"{path} exists and is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError("--out", f"{path} is not writable by this user")
-    return path
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -90,12 +83,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.peers is not None and args.peers < 1:
         raise ConfigError("--peers", "must be >= 1")
     config = with_params(scenario(args.scenario, args.peers, args.seed), _overrides(args.set))
-    _output_dir(args.out)
+    output_dir(args.out)
     result = run_scenario(config)
     written = write_outputs(result, args.out)
     metric = result.main_metric
     print(f"{config.name} seed {args.seed}: {metric} = {result.summary.get(metric)}  "
           f"({result.summary.get('wall_s', 0):.1f}s wall)")
+    bound, ratio = result.summary.get("lower_bound_s"), result.summary.get("ratio")
+    if bound is not None and ratio is not None:
+        print(f"  {ratio:.2f}x the lower bound ({bound:.3f} s: max(S/U_origin, N*S/(U_origin + sum of uploads)))")
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -107,7 +103,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise ConfigError("--seeds", "must be >= 1")
     params = parse_params(args.param)
-    _output_dir(args.out)
+    output_dir(args.out)
     rows = sweep(args.scenario, params, seeds=args.seeds, peers=args.peers, fixed=_overrides(args.set),
                  out_dir=args.out, progress=sys.stderr)
     print(f"{len(rows)} runs; wrote {args.out / 'sweep.csv'}, {args.out / 'sweep.json'}"

@@ -3,7 +3,8 @@
 Owns the layout `out_dir/v{version}/` (a model folder plus `optimizer.pt` and
 `trainer_state.json`), written into a hidden temporary folder, fsynced and renamed, so
 a version folder exists only when complete; finding the latest complete version;
-pruning old ones; and `CheckpointWriter`, a single background thread with a bounded
+pruning old ones, and the optimizer state of all but the newest few (it is as large as
+two copies of the weights, and only the newest is needed to resume); and `CheckpointWriter`, a single background thread with a bounded
 queue so that writing version n overlaps the training of version n+1.
 
 Theory: the caller snapshots (copies) weights and optimizer state on its own thread,
@@ -50,7 +51,8 @@ def version_dir(out_dir: str | os.PathLike[str], version: int) -> Path:
 
 
 def is_complete(folder: Path) -> bool:
-    return all((folder / f).is_file() for f in (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, STATE_FILE))
+    """A finished version folder (its optimizer state may have been pruned: `prune_optimizer_states`)."""
+    return all((folder / f).is_file() for f in (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE))
 
 
 def complete_versions(out_dir: str | os.PathLike[str]) -> list[int]:
@@ -117,12 +119,14 @@ def write_version(out_dir: str | os.PathLike[str], snap: Snapshot) -> Path:
     return final
 
 
-def read_version(out_dir: str | os.PathLike[str], version: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(optimizer state, trainer state) of a complete version."""
+def read_version(out_dir: str | os.PathLike[str], version: int) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(optimizer state, trainer state) of a complete version; the optimizer state is None when
+    it was pruned."""
     folder = version_dir(out_dir, version)
     if not is_complete(folder):
         raise CheckpointError(f"{folder} is not a complete version")
-    optim = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    optim_path = folder / OPTIMIZER_FILE
+    optim = torch.load(optim_path, map_location="cpu", weights_only=True) if optim_path.is_file() else None
     state = json.loads((folder / STATE_FILE).read_text())
     return optim, state
 
@@ -135,6 +139,15 @@ def prune(out_dir: str | os.PathLike[str], keep_last: int) -> None:
         shutil.rmtree(version_dir(out_dir, v), ignore_errors=True)
 
 
+def prune_optimizer_states(out_dir: str | os.PathLike[str], keep: int) -> None:
+    """Delete `optimizer.pt` from all but the newest `keep` complete versions (0 keeps every one).
+    The newest version is written, with its optimizer state, before any older one loses its own."""
+    if keep <= 0:
+        return
+    for v in complete_versions(out_dir)[:-keep]:
+        (version_dir(out_dir, v) / OPTIMIZER_FILE).unlink(missing_ok=True)
+
+
 class CheckpointWriter:
     """One daemon thread writing snapshots in order; `flush()` waits and re-raises its error.
 
@@ -143,11 +156,12 @@ class CheckpointWriter:
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], *, max_pending: int = 1, keep_last: int = 3,
-                 on_saved: Callable[[int, Path], None] | None = None) -> None:
+                 keep_optimizer_states: int = 1, on_saved: Callable[[int, Path], None] | None = None) -> None:
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         self.out_dir = Path(out_dir)
         self.keep_last = keep_last
+        self.keep_optimizer_states = keep_optimizer_states
         self.on_saved = on_saved
         self.last_saved: int | None = None
         self.last_write_s: float = 0.0
@@ -188,6 +202,7 @@ class CheckpointWriter:
                     t0 = time.perf_counter()
                     path = write_version(self.out_dir, snap)
                     prune(self.out_dir, self.keep_last)
+                    prune_optimizer_states(self.out_dir, self.keep_optimizer_states)
                     self.last_write_s = time.perf_counter() - t0
                     self.last_saved = snap.version
                     if self.on_saved is not None:

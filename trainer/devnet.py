@@ -9,6 +9,14 @@ summary. Byzantine workers (`--byzantine N`) substitute generated tokens on purp
 summary shows whether they were caught, banned, and kept out of training. Every child is
 stopped by its own PID when the devnet ends, also on Ctrl-C or failure.
 
+Deadlines are per step (`step_timeout_s`: the time allowed for one training step, the first
+one including model loading), so a longer devnet gets proportionally longer, and a busy
+machine only has to keep each step under the limit. When the devnet stops early (a step
+too slow, a peer exited, Ctrl-C), the summary so far, the reward plot and every peer's log
+are kept (`DevnetStopped` says where). Disk: the trainer keeps `keep_last` checkpoint
+versions, only the newest with optimizer state, and every relay keeps `keep_last` versions;
+the size on disk is reported at the end.
+
 With `--lab` (root) every peer runs on a host of its own in a network lab (`p2pnet.lab`:
 network namespaces on one switch), listening on 0.0.0.0, with real bandwidth limits on its
 link (`--link-mbit`, or per host from `--lab-profile`, whose `[[host]]` names are the devnet's
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -29,9 +38,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from p2pnet.cliargs import command, output_dir, path
 from p2pnet.errors import ConfigError, PeerUnavailable
 from p2pnet.identity import load_or_create_identity
 from p2pnet.localnet import PeerProcess, start_peer
+from p2pnet.settings import to_toml
+from trainer.devnet_report import disk_usage, plot_rewards, print_summary, progress_line, summarise
+
+ASYNC_LEVEL = 2  # the trainer's and workers' default (trainer.roles)
+
+
+class DevnetStopped(Exception):
+    """The devnet ended before its last step; `summary` is what it had done by then (also
+    written, with the plot, into the devnet's folder beside the logs)."""
+
+    def __init__(self, reason: str, summary: dict[str, Any], interrupted: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.summary = summary
+        self.interrupted = interrupted
 
 
 @dataclass(frozen=True)
@@ -43,7 +68,9 @@ class DevnetConfig:
     byzantine: int = 1
     model: str = "tiny"
     seed: int = 0
-    timeout_s: float = 900.0
+    step_timeout_s: float = 300.0  # one training step (the first one includes loading the model)
+    timeout_s: float | None = None  # the whole devnet, when given
+    keep_last: int = ASYNC_LEVEL + 1  # checkpoint versions kept by the trainer and by every relay
     prompts_per_batch: int = 16
     group_size: int = 8
     max_new_tokens: int = 3
@@ -56,7 +83,9 @@ class DevnetConfig:
         checks = {
             "--steps": self.steps >= 1, "--workers": 1 <= self.workers <= 16,
             "--validators": 1 <= self.validators <= 8, "--relays": 0 <= self.relays <= 16,
-            "--byzantine": 0 <= self.byzantine < self.workers, "--timeout-s": self.timeout_s > 0,
+            "--byzantine": 0 <= self.byzantine < self.workers,
+            "--timeout-s": self.timeout_s is None or self.timeout_s > 0, "--step-timeout-s": self.step_timeout_s > 0,
+            "--keep-last": self.keep_last > ASYNC_LEVEL,
             "--prompts-per-batch": self.prompts_per_batch >= 1, "--group-size": self.group_size >= 2,
             "--max-new-tokens": self.max_new_tokens >= 1, "--lr": 0 < self.lr < 1,
             "--link-mbit": self.link_mbit is None or self.link_mbit > 0,
@@ -66,65 +95,99 @@ class DevnetConfig:
         for flag, ok in checks.items():
             if not ok:
                 raise ConfigError(flag, "out of range (workers 1-16, validators 1-8, relays 0-16, "
-                                        "byzantine fewer than workers, steps >= 1, group size >= 2, 0 < lr < 1)")
+                                        "byzantine fewer than workers, steps >= 1, group size >= 2, 0 < lr < 1, "
+                                        f"keep-last > {ASYNC_LEVEL}, timeouts > 0)")
 
 
 def register(commands) -> None:
-    devnet = commands.add_parser(
-        "devnet", help="run a whole training network on this machine (trainer, relays, workers, validators)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    devnet.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
-    devnet.add_argument("--workers", type=int, default=3, help="rollout workers, byzantine included (default 3)")
-    devnet.add_argument("--validators", type=int, default=1, help="validators (default 1)")
-    devnet.add_argument("--relays", type=int, default=1, help="relay-only peers (default 1)")
-    devnet.add_argument("--byzantine", type=int, default=1, help="workers that cheat on purpose (default 1)")
-    devnet.add_argument("--model", default="tiny",
-                        help="tiny, micro, small, or the path of a model folder (`p2pnet model prepare smollm2`)")
-    devnet.add_argument("--seed", type=int, default=0, help="task seed of the network")
-    devnet.add_argument("--prompts-per-batch", type=int, default=16, help="prompts per worker batch (default 16)")
-    devnet.add_argument("--group-size", type=int, default=8, help="samples per prompt (default 8)")
-    devnet.add_argument("--max-new-tokens", type=int, default=3, help="generated tokens at most (default 3)")
-    devnet.add_argument("--json", type=Path, help="write a machine-readable summary here")
-    devnet.add_argument("--out", type=Path, help="keep data dirs, logs and the reward plot here (default: temporary)")
-    devnet.add_argument("--lr", type=float, default=3e-3,
-                        help="trainer learning rate (default 3e-3, for the tiny model; SmolLM2 wants ~1e-5)")
-    devnet.add_argument("--timeout-s", type=float, default=900.0, help="give up after this long")
-    devnet.add_argument("--lab", action="store_true",
-                        help="run every peer on a host of its own (network namespaces, root only) over real links")
-    devnet.add_argument("--link-mbit", type=float, metavar="M",
-                        help="with --lab: every host's upload and download limit in Mbit/s (default: unlimited)")
-    devnet.add_argument("--lab-profile", type=Path, metavar="FILE",
-                        help="with --lab: a TOML file of [[host]] tables (name = a devnet peer name such as "
-                        "worker0, upload_mbit, download_mbit, nat = group) overriding --link-mbit per host")
+    devnet = command(
+        commands, "devnet", "run a whole training network on this machine (trainer, relays, workers, validators)",
+        description="Every peer is a separate process on loopback: a trainer publishes signed checkpoints, relays "
+        "pass them on, workers generate rollouts with TOPLOC proofs (--byzantine of them cheat on purpose), "
+        "validators check them, and the trainer learns only from accepted batches. Live progress per step, then "
+        "a summary table, a reward plot and the size on disk. Each step must finish within --step-timeout-s; "
+        "when the devnet stops early (too slow, a peer failed, Ctrl-C) the summary so far, the plot and every "
+        "peer's log are kept and the message says where. With --lab (root), every peer runs on a host of its "
+        "own with real bandwidth limits.",
+        example="""
+        p2pnet devnet --steps 40 --workers 4 --byzantine 1 --validators 2 --json summary.json
+        p2pnet devnet --model models/smollm2 --steps 3 --workers 1 --byzantine 0 --lr 1e-5 --out runs/smollm2""")
+    net = devnet.add_argument_group("network")
+    net.add_argument("--workers", type=int, metavar="N", default=3, help="rollout workers, byzantine included (default 3)")
+    net.add_argument("--byzantine", type=int, metavar="N", default=1, help="workers that cheat on purpose (default 1)")
+    net.add_argument("--validators", type=int, metavar="N", default=1, help="validators (default 1)")
+    net.add_argument("--relays", type=int, metavar="N", default=1, help="relay-only peers (default 1)")
+    training = devnet.add_argument_group("training")
+    training.add_argument("--steps", type=int, metavar="N", default=30, help="training steps (default 30)")
+    training.add_argument("--model", default="tiny", metavar="NAME|DIR",
+                          help="tiny, micro, small, or the path of a model folder (`p2pnet model prepare smollm2`)")
+    training.add_argument("--seed", type=int, metavar="N", default=0, help="task seed of the network (default 0)")
+    training.add_argument("--prompts-per-batch", type=int, metavar="N", default=16, help="prompts per worker batch (default 16)")
+    training.add_argument("--group-size", type=int, metavar="N", default=8, help="samples per prompt (default 8)")
+    training.add_argument("--max-new-tokens", type=int, metavar="N", default=3, help="generated tokens at most (default 3)")
+    training.add_argument("--lr", type=float, default=3e-3, metavar="LR",
+                          help="trainer learning rate (default 3e-3, for the tiny model; SmolLM2 wants ~1e-5)")
+    output = devnet.add_argument_group("time, disk and output")
+    output.add_argument("--step-timeout-s", type=float, default=300.0, metavar="S",
+                        help="stop when one training step takes longer than this (default 300; the first step "
+                        "includes loading the model)")
+    output.add_argument("--timeout-s", type=float, metavar="S", help="also stop after this long in all (default: none)")
+    output.add_argument("--keep-last", type=int, default=ASYNC_LEVEL + 1, metavar="N",
+                        help=f"checkpoint versions kept by the trainer and by each relay (default {ASYNC_LEVEL + 1}; "
+                        "only the newest keeps optimizer state)")
+    output.add_argument("--out", type=path, metavar="DIR",
+                        help="keep data dirs, logs, summary and reward plot here (default: a temporary folder, "
+                        "removed at the end; kept as ./devnet-stopped-TIME when the devnet stops early)")
+    output.add_argument("--json", type=path, metavar="FILE", help="write a machine-readable summary here")
+    lab = devnet.add_argument_group("lab (root)")
+    lab.add_argument("--lab", action="store_true",
+                     help="run every peer on a host of its own (network namespaces, root only) over real links")
+    lab.add_argument("--link-mbit", type=float, metavar="M",
+                     help="with --lab: every host's upload and download limit in Mbit/s (default: unlimited)")
+    lab.add_argument("--lab-profile", type=path, metavar="FILE",
+                     help="with --lab: a TOML file of [[host]] tables (name = a devnet peer name such as "
+                     "worker0, upload_mbit, download_mbit, nat = group) overriding --link-mbit per host")
     devnet.set_defaults(func=cmd_devnet)
 
 
 def cmd_devnet(args: argparse.Namespace) -> int:
     config = DevnetConfig(steps=args.steps, workers=args.workers, validators=args.validators, relays=args.relays,
-                          byzantine=args.byzantine, model=args.model, seed=args.seed, timeout_s=args.timeout_s,
+                          byzantine=args.byzantine, model=args.model, seed=args.seed,
+                          step_timeout_s=args.step_timeout_s, timeout_s=args.timeout_s, keep_last=args.keep_last,
                           prompts_per_batch=args.prompts_per_batch, group_size=args.group_size,
                           max_new_tokens=args.max_new_tokens, lr=args.lr, lab=args.lab, link_mbit=args.link_mbit,
                           lab_profile=args.lab_profile)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        summary = run_devnet(config, args.out)
-    else:
-        with tempfile.TemporaryDirectory(prefix="p2pnet-devnet-") as tmp:
-            summary = run_devnet(config, Path(tmp), plot_to=Path.cwd() / "devnet-reward.png")
+    with ExitStack() as stack:
+        if args.out is not None:
+            root, plot_to = output_dir(args.out), None
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="p2pnet-devnet-")))
+            plot_to = Path.cwd() / "devnet-reward.png"
+        try:
+            summary = run_devnet(config, root, plot_to=plot_to)
+        except DevnetStopped as stop:
+            kept = args.out or keep_for_inspection(root, Path.cwd() / time.strftime("devnet-stopped-%Y%m%d-%H%M%S"))
+            if args.json is not None:
+                args.json.write_text(json.dumps(stop.summary, indent=2))
+            message = (f"devnet stopped: {stop.reason}; the summary so far, the reward plot and every peer's log "
+                       f"are in {kept}")
+            if stop.interrupted:
+                print(message, file=sys.stderr, flush=True)
+                return 130
+            raise PeerUnavailable(message) from None
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2))
         print(f"summary written to {args.json}")
     return 0 if summary["ok"] else 1
 
 
-def _toml(sections: dict[str, dict[str, Any]]) -> str:
-    lines = []
-    for name, table in sections.items():
-        lines.append(f"[{name}]")
-        for key, value in table.items():
-            lines.append(f"{key} = {json.dumps(str(value) if isinstance(value, Path) else value)}")
-        lines.append("")
-    return "\n".join(lines)
+def keep_for_inspection(root: Path, kept: Path) -> Path:
+    """Copy what a stopped devnet leaves worth reading (logs, summary, plot), not its data, to `kept`."""
+    kept.mkdir(parents=True, exist_ok=True)
+    for item in [*root.glob("*.log"), root / "summary.json", root / "reward.png"]:
+        if item.is_file():
+            shutil.copy2(item, kept / item.name)
+    return kept
 
 
 def _prepare_model(config: DevnetConfig, root: Path) -> tuple[Path, str]:
@@ -153,15 +216,54 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None,
                observe: Callable[[dict[str, PeerProcess]], None] | None = None) -> dict[str, Any]:
     """Run the devnet to `config.steps` steps. `observe(procs)`, if given, is called on every poll of
     the trainer's status and once more after the last step, while every peer still runs
-    (benchmarks read the peers' statuses there)."""
+    (benchmarks read the peers' statuses there). Raises DevnetStopped, after printing and writing
+    the summary so far, when it ends early."""
     _stop_on_sigterm()
     started = time.monotonic()
     print(f"devnet: preparing model {config.model} under {root}", flush=True)
     model_dir, model_name = _prepare_model(config, root)
+    plan, byzantine_names = _plan(config, root, model_dir, model_name)
+    procs: dict[str, PeerProcess] = {}
+    seen: dict[str, Any] = {"trainer": {"history": [], "workers": []}, "validators": {}, "lab": None}
+    stopped, interrupted = "", False
+    with ExitStack() as stack:
+        lab = stack.enter_context(_open_lab(config, [name for name, _, _ in plan], root)) if config.lab else None
+        try:
+            _start_peers(plan, procs, root, lab, seen, ready_timeout_s=max(60.0, config.step_timeout_s))
+            _follow(procs, config, time.monotonic(), observe, seen)
+            seen["validators"] = {name: procs[name].status().get("role_status", {}).get("validator", {})
+                                  for name in procs if name.startswith("validator")}
+        except PeerUnavailable as exc:
+            stopped = str(exc)
+        except KeyboardInterrupt:
+            stopped, interrupted = "interrupted (Ctrl-C or SIGTERM)", True
+        finally:
+            print("devnet: stopping peers ...", flush=True)
+            codes = {name: proc.stop(timeout_s=15) for name, proc in procs.items()}
+    ids = {name: p.peer_id for name, p in procs.items()}
+    summary = summarise(seen["trainer"], ids, byzantine_names, codes, seen["validators"], time.monotonic() - started)
+    summary["lab"] = seen["lab"]
+    summary["disk"] = disk_usage(root)
+    if stopped:
+        summary.update(ok=False, stopped=stopped)
+        print(f"\ndevnet stopped early: {stopped}. What it did until then:", flush=True)
+    print_summary(summary, config.byzantine)
+    plot = plot_to if plot_to is not None and not stopped else root / "reward.png"
+    plot_rewards(summary, plot)
+    summary["reward_plot"] = str(plot)
+    if stopped:
+        (root / "summary.json").write_text(json.dumps(summary, indent=2))
+        raise DevnetStopped(stopped, summary, interrupted)
+    print(f"reward curve: {plot}")
+    return summary
+
+
+def _plan(config: DevnetConfig, root: Path, model_dir: Path, model_name: str) -> tuple[list[Any], set[str]]:
+    """(name, roles, TOML sections) of every peer, trainer first; and the byzantine workers' names."""
     trainer_id = load_or_create_identity(root / "trainer").peer_id
     common = {
         "relay": {"trusted_publishers": [trainer_id], "chunk_bytes": 256 * 1024, "announce_interval_s": 1.0,
-                  "stall_timeout_s": 10.0, "fsync": False},
+                  "stall_timeout_s": 10.0, "fsync": False, "keep_versions": config.keep_last},
         "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
     }
     task = {"task_seed": config.seed, "prompts_per_batch": config.prompts_per_batch, "group_size": config.group_size,
@@ -169,7 +271,7 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None,
     plan: list[tuple[str, tuple[str, ...], dict[str, dict[str, Any]]]] = [
         ("trainer", ("relay", "trainer"), {"trainer": {"model_dir": model_dir, "out_dir": root / "trainer" / "ckpt",
                                                        "model_name": model_name, "steps": config.steps,
-                                                       "lr": config.lr, **task}}),
+                                                       "lr": config.lr, "keep_last": config.keep_last, **task}}),
     ]
     plan += [(f"relay{i}", ("relay",), {}) for i in range(config.relays)]
     plan += [(f"validator{i}", ("relay", "validator"),
@@ -180,43 +282,33 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None,
               {"worker": {"model_dir": model_dir, "model_name": model_name, **task,
                           "byzantine": "substitute_tokens" if f"worker{i}" in byzantine_names else ""}})
              for i in range(config.workers)]
-    procs: dict[str, PeerProcess] = {}
-    with ExitStack() as stack:
-        lab = stack.enter_context(_open_lab(config, [name for name, _, _ in plan], root)) if config.lab else None
-        try:
-            for name, roles, sections in plan:
-                data_dir = root / name
-                data_dir.mkdir(parents=True, exist_ok=True)
-                (data_dir / "peer.toml").write_text(_toml({**common, **sections}))
-                bootstrap = [procs["trainer"].addr] if "trainer" in procs else []
-                extra = ["--config", str(data_dir / "peer.toml")]
-                if lab is not None:
-                    extra += ["--listen", "/ip4/0.0.0.0/tcp/0", *_lab_upload_args(lab, name)]
-                procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, extra_args=extra,
-                                         log_dir=root, wrap=lab.wrap(name) if lab is not None else ())
-                if name == "trainer":
-                    procs[name].wait_ready(60)
-            for proc in procs.values():
-                proc.wait_ready(60)
-            where = f" on lab hosts ({_lab_line(lab)})" if lab is not None else ""
-            lab_hosts = {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit,
-                                  "nat": h.nat} for h in lab.hosts.values()} if lab is not None else None
-            print(f"devnet: {len(procs)} peers up{where}: " + ", ".join(procs), flush=True)
-            status = _follow(procs, config, started, observe)
-            ids = {name: p.peer_id for name, p in procs.items()}
-            validators = {name: procs[name].status().get("role_status", {}).get("validator", {})
-                          for name in procs if name.startswith("validator")}
-        finally:
-            print("devnet: stopping peers ...", flush=True)
-            codes = {name: proc.stop(timeout_s=15) for name, proc in procs.items()}
-    summary = _summarise(status, ids, byzantine_names, codes, validators, time.monotonic() - started)
-    summary["lab"] = lab_hosts
-    _print_summary(summary)
-    plot = plot_to or root / "reward.png"
-    _plot(summary, plot)
-    summary["reward_plot"] = str(plot)
-    print(f"reward curve: {plot}")
-    return summary
+    return [(name, roles, {**common, **sections}) for name, roles, sections in plan], byzantine_names
+
+
+def _start_peers(plan: list[Any], procs: dict[str, PeerProcess], root: Path, lab: Any, seen: dict[str, Any],
+                 ready_timeout_s: float) -> None:
+    """Start every peer of the plan (the trainer first: the others bootstrap from it) and wait
+    until each listens; a busy machine gets as long as one step for it."""
+    for name, roles, sections in plan:
+        data_dir = root / name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / "peer.toml").write_text(to_toml(sections))
+        bootstrap = [procs["trainer"].addr] if "trainer" in procs else []
+        extra = ["--config", str(data_dir / "peer.toml")]
+        if lab is not None:
+            extra += ["--listen", "/ip4/0.0.0.0/tcp/0", *_lab_upload_args(lab, name)]
+        procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, extra_args=extra,
+                                 log_dir=root, wrap=lab.wrap(name) if lab is not None else ())
+        if name == "trainer":
+            procs[name].wait_ready(ready_timeout_s)
+    for proc in procs.values():
+        proc.wait_ready(ready_timeout_s)
+    where = f" on lab hosts ({_lab_line(lab)})" if lab is not None else ""
+    if lab is not None:
+        seen["lab"] = {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit,
+                                "nat": h.nat} for h in lab.hosts.values()}
+    print(f"devnet: {len(procs)} peers up{where}: " + ", ".join(procs), flush=True)
+
 
 
 def _open_lab(config: DevnetConfig, names: list[str], root: Path) -> Any:
@@ -248,105 +340,36 @@ def _lab_line(lab: Any) -> str:
 
 
 def _follow(procs: dict[str, PeerProcess], config: DevnetConfig, started: float,
-            observe: Callable[[dict[str, PeerProcess]], None] | None = None) -> dict[str, Any]:
+            observe: Callable[[dict[str, PeerProcess]], None] | None, seen: dict[str, Any]) -> None:
+    """Print each step as the trainer reports it, until it is done; `seen["trainer"]` holds its
+    last status. PeerUnavailable when a peer exits or a step takes longer than step_timeout_s."""
     trainer = procs["trainer"]
-    deadline = started + config.timeout_s
     shown = 0
+    step_started = started
     while True:
         for name, proc in procs.items():
             if not proc.alive():
                 raise PeerUnavailable(f"{name} exited early; see {proc.log_path}")
         status = trainer.status(timeout_s=30)
-        role = status["role_status"]["trainer"]
+        role = seen["trainer"] = status["role_status"]["trainer"]
         names = {p.peer_id: name for name, p in procs.items()}
         for row in role["history"][shown:]:
-            print(_progress_line(row, role, names, config.steps, len(status["peers"]) + 1,
+            print(progress_line(row, role, names, config.steps, len(status["peers"]) + 1,
                                  time.monotonic() - started), flush=True)
             shown += 1
+            step_started = time.monotonic()
         if observe is not None:
             observe(procs)
         if role["done"]:
             time.sleep(2.0)  # let the last version propagate before the final read
             if observe is not None:
                 observe(procs)
-            return trainer.status(timeout_s=30)["role_status"]["trainer"]
-        if time.monotonic() > deadline:
-            raise PeerUnavailable(f"devnet did not finish {config.steps} steps within {config.timeout_s}s")
+            seen["trainer"] = trainer.status(timeout_s=30)["role_status"]["trainer"]
+            return
+        now = time.monotonic()
+        if now - step_started > config.step_timeout_s:
+            raise PeerUnavailable(f"step {shown + 1} of {config.steps} took longer than {config.step_timeout_s:.0f} s "
+                                  "(--step-timeout-s; a busy machine may need more)")
+        if config.timeout_s is not None and now - started > config.timeout_s:
+            raise PeerUnavailable(f"{shown} of {config.steps} steps done after {config.timeout_s:.0f} s (--timeout-s)")
         time.sleep(0.5)
-
-
-def _progress_line(row: dict[str, Any], role: dict[str, Any], names: dict[str, str], steps: int, peers: int,
-                   elapsed_s: float) -> str:
-    """One live line: step, reward, how fast the step's checkpoint spread, per-worker verdicts."""
-    spread = row.get("propagation_s")  # of the version this step's batches were generated with
-    spread_text = f"v{row['step']} reached all workers in {spread:.2f}s" if spread is not None else "-"
-    workers = ", ".join(
-        f"{names.get(w['peer_id'], w['peer_id'][-6:])} {w['accepted']}ok/{w['rejected']}bad"
-        + (" BANNED" if w["banned"] else "") for w in role["workers"])
-    return (f"step {row['step'] + 1:>3}/{steps}  reward {row['reward_mean']:.3f}  {spread_text}  "
-            f"[{workers}]  peers {peers}  t={elapsed_s:.0f}s")
-
-
-def _summarise(status: dict[str, Any], ids: dict[str, str], byzantine: set[str], codes: dict[str, int],
-               validators: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    by_id = {w["peer_id"]: w for w in status["workers"]}
-    workers = []
-    for name, peer_id in ids.items():
-        if not name.startswith("worker"):
-            continue
-        w = by_id.get(peer_id, {})
-        workers.append({"name": name, "peer_id": peer_id, "byzantine": name in byzantine,
-                        "submitted": w.get("submitted", 0), "accepted": w.get("accepted", 0),
-                        "rejected": w.get("rejected", 0), "banned": w.get("banned", False),
-                        "trained_batches": w.get("trained_batches", 0)})
-    steps = [{"step": h["step"], "reward_mean": h["reward_mean"], "accuracy": h["accuracy"],
-              "propagation_s": h.get("propagation_s"), "accepted_batches": h["accepted_batches"],
-              "rejected_batches": h["rejected_batches"], "trained_batches": h["batches"], "train_s": h["train_s"]}
-             for h in status["history"] if h["trained"]]
-    caught = all(w["banned"] and w["trained_batches"] == 0 for w in workers if w["byzantine"])
-    return {"ok": bool(steps) and caught and all(c == 0 for c in codes.values()), "wall_s": round(wall_s, 1),
-            "steps": steps, "workers": workers, "validators": validators, "exit_codes": codes,
-            "byzantine_caught": caught}
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    steps = summary["steps"]
-    print("\nstep  reward  accuracy  propagation_s  accepted  rejected")
-    for s in steps:
-        prop = "-" if s["propagation_s"] is None else f"{s['propagation_s']:.2f}"
-        print(f"{s['step'] + 1:>4}  {s['reward_mean']:.3f}   {s['accuracy']:.3f}     {prop:>9}      "
-              f"{s['accepted_batches']:>4}      {s['rejected_batches']:>4}")
-    print("\nworker    byzantine  submitted  accepted  rejected  banned  trained")
-    for w in summary["workers"]:
-        print(f"{w['name']:<9} {str(w['byzantine']):<9}  {w['submitted']:>9}  {w['accepted']:>8}  "
-              f"{w['rejected']:>8}  {str(w['banned']):<6}  {w['trained_batches']:>7}")
-    if len(steps) >= 2:
-        k = max(1, len(steps) // 4)
-        first = sum(s["reward_mean"] for s in steps[:k]) / k
-        last = sum(s["reward_mean"] for s in steps[-k:]) / k
-        print(f"\nreward mean: first {k} steps {first:.3f} -> last {k} steps {last:.3f}")
-    print(f"byzantine workers caught and kept out of training: {summary['byzantine_caught']}; "
-          f"wall {summary['wall_s']:.0f}s")
-
-
-def _plot(summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = summary["steps"]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([s["step"] + 1 for s in steps], [s["reward_mean"] for s in steps], marker="o", label="reward mean")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("reward (exact answers)")
-    ax.set_title("p2pnet devnet: GRPO on verified batches")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-if __name__ == "__main__":
-    sys.exit(0)

@@ -6,7 +6,7 @@ no replays), recomputing every reward itself from the task (a worker's reward is
 never read), one optimizer step per call, and handing a snapshot of each new
 version to the background `CheckpointWriter` so the write overlaps the next step.
 A new Learner on an `out_dir` that holds versions resumes from the latest complete
-one, optimizer state included.
+one, optimizer state included (only the newest `keep_optimizer_states` versions keep it).
 
 Versions: version 0 is the starting model; each `step` that trains produces version
 n+1 and (every `save_every_steps`) the folder `out_dir/v{n+1}/`.
@@ -18,6 +18,7 @@ disk writes except when `max_pending_saves` snapshots are already queued.
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,8 @@ from trainer.grpo import GRPOConfig, group_advantages, grpo_loss
 from trainer.model import load_model_dir, snapshot_state
 from trainer.rollout import RolloutBatch, prompt_ids_for
 from trainer.tasks import DEFAULT_TASKS, TaskConfig, assign_prompts, reward
+
+log = logging.getLogger(__name__)
 
 
 def admissible(batch_version: int, trainer_step: int, async_level: int) -> bool:
@@ -55,6 +58,7 @@ class LearnerConfig:
     micro_batch_rows: int = 256
     save_every_steps: int = 1
     keep_last: int = 3           # versions kept on disk; 0 keeps all
+    keep_optimizer_states: int = 1  # versions that keep optimizer.pt; 0 keeps it in every version kept
     max_pending_saves: int = 1
     use_worker_logprobs: bool = True
     grpo: GRPOConfig = GRPOConfig()
@@ -69,6 +73,8 @@ class LearnerConfig:
             raise ValueError("prompts_per_batch >= 1, group_size >= 2, micro_batch_rows >= 1")
         if not self.temperature > 0 or self.max_new_tokens < 1:
             raise ValueError("temperature > 0 and max_new_tokens >= 1")
+        if self.keep_optimizer_states < 0:
+            raise ValueError("keep_optimizer_states must be >= 0")
         if self.keep_last and self.keep_last <= self.async_level:
             raise ValueError("keep_last must be 0 (keep all) or exceed async_level, "
                              "so every version a worker may still use stays on disk")
@@ -107,13 +113,18 @@ class Learner:
         self._seen: set[tuple[str, int]] = set()
         if resume is not None:
             optim_state, state = read_version(self.out_dir, resume)
-            self.optimizer.load_state_dict(optim_state)
+            if optim_state is None:
+                log.warning("resuming from %s without optimizer state (it was pruned): AdamW starts afresh",
+                            version_dir(self.out_dir, resume))
+            else:
+                self.optimizer.load_state_dict(optim_state)
             self.version = int(state["version"])
             self._seen = {(w, int(s)) for w, s in state.get("seen", [])}
         else:
             write_version(self.out_dir, self._snapshot())
         self._writer = CheckpointWriter(self.out_dir, max_pending=config.max_pending_saves,
-                                        keep_last=config.keep_last, on_saved=on_saved)
+                                        keep_last=config.keep_last,
+                                        keep_optimizer_states=config.keep_optimizer_states, on_saved=on_saved)
 
     # -- public API ----------------------------------------------------------------------
 

