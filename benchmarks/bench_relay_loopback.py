@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BUFFER = 4 << 20
 CONTENDERS = ("raw", "http", "p2pnet")
+IDLE_S = 5.0
 
 
 def make_checkpoint(path: Path, mib: int) -> str:
@@ -320,6 +321,9 @@ def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
         for t in waiters:
             t.start()
         time.sleep(1.0)  # the waits are in place (they cost nothing while they wait)
+        idle0 = [cpu_s(p.proc.pid) for p in procs]
+        time.sleep(IDLE_S)  # what the network costs doing nothing: heartbeats and gossip
+        idle_cpu_per_s = sum(sum(b) - sum(a) for a, b in zip(idle0, (cpu_s(p.proc.pid) for p in procs))) / IDLE_S
         warm(work, peers * path.stat().st_size)
         watch = Watch({p.name: p.proc.pid for p in procs})
         watch.start()
@@ -333,6 +337,7 @@ def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
             raise RuntimeError(f"checkpoint.wait failed: {failed[0]}")
         result["seconds"] = max(done.values()) - watch.t0  # the last peer's answer, not the harness's join
         result["publish_s"] = published
+        result["idle_cpu_per_s"] = idle_cpu_per_s
         result["served"] = {p.name: p.status()["role_status"]["relay"]["bytes_served"] for p in procs}
         return result
     finally:
@@ -417,7 +422,8 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, path_bytes: 
     served = statistics.median(sum(r["served"].values()) for r in rounds["p2pnet"])
     print(f"p2pnet: the publish request returned after {publish:.2f} s (median); peak private MiB of the "
           f"publisher {statistics.median(r['peak_private']['peer0'] for r in rounds['p2pnet']) / 2**20:.0f}; "
-          f"bytes served / payload {served / payload:.3f}")
+          f"bytes served / payload {served / payload:.3f}; idle, the {args.peers + 1} peers use "
+          f"{statistics.median(r['idle_cpu_per_s'] for r in rounds['p2pnet']):.2f} CPU-s per second")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,12 @@ chunk. The server side answers a request once it holds the chunk (waiting up to
 `request_timeout_s` for it to arrive: this is how chunks are forwarded as soon as they are
 verified), serving at most `max_concurrent_uploads` at once, requests flagged urgent (the
 requester forwards that stripe) first, each chunk sent from its file by `os.sendfile` (the page
-cache is the cache), never more than `[peer] upload_bps` a second in all.
+cache is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a
+token bucket with one second of burst, paid before a chunk is sent. What the uploads deliver
+while every slot is busy is measured (`relay.serving.UploadMeter`) and shown in the status; it
+is not advertised (yet): on loopback, advertising it made every peer replan mid-transfer and
+stall on requests to parents that no longer forwarded those chunks (measured: 13 s became
+23-29 s), which is the relay issue's problem of plans that disagree.
 
 Durability. The store makes a version durable (files fsynced, then its bitmap) before the put
 that completes it returns, so the core hears of the last chunk, reports the version complete,
@@ -44,7 +49,6 @@ import logging
 import math
 import os
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -60,6 +64,7 @@ from relay.loader import VersionWatcher
 from relay.manifest import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, SignedManifest, chunk_size, open_manifest
 from relay.messages import (OP_CHUNK, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse, ManifestAnnounce)
+from relay.serving import ByteBudget, UploadMeter, UploadSlots
 from relay.store import NO_SPACE_ERRNOS, ChunkRotten, ChunkStore, StoreBackoff, StoreEvent, VersionCollected
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
@@ -113,83 +118,12 @@ class _Peeler:
         return self.peel(self.core.on_rejected(now, peer, reason))
 
 
-class _UploadSlots:
-    """At most `slots` chunks served at once and at most `per_peer` of them to one peer, so one
-    requester cannot hold them all. Waiters are served urgent first, then round-robin across
-    peers (FIFO within a peer)."""
-
-    def __init__(self, slots: int, per_peer: int | None = None) -> None:
-        self.free = slots
-        self.per_peer = per_peer or max(1, slots // 2)
-        self._held: dict[str, int] = {}
-        self._waiters: list[OrderedDict[str, list[trio.Event]]] = [OrderedDict(), OrderedDict()]  # urgent, normal
-
-    def _may_take(self, peer: str) -> bool:
-        return self.free > 0 and self._held.get(peer, 0) < self.per_peer
-
-    async def acquire(self, urgent: bool, peer: str = "") -> None:
-        if self._may_take(peer) and not any(self._may_take(p) for queues in self._waiters for p in queues):
-            self._take(peer)
-            return
-        event = trio.Event()
-        queue = self._waiters[0 if urgent else 1].setdefault(peer, [])
-        queue.append(event)
-        try:
-            await event.wait()
-        except BaseException:
-            if event in queue:
-                queue.remove(event)
-                if not queue:
-                    self._waiters[0 if urgent else 1].pop(peer, None)
-            elif event.is_set():
-                self.release(peer)  # we were handed a slot while being cancelled: pass it on
-            raise
-
-    def _take(self, peer: str) -> None:
-        self.free -= 1
-        self._held[peer] = self._held.get(peer, 0) + 1
-
-    def release(self, peer: str = "") -> None:
-        self.free += 1
-        self._held[peer] -= 1
-        if not self._held[peer]:
-            del self._held[peer]
-        for queues in self._waiters:
-            for waiting_peer in list(queues):
-                if not self._may_take(waiting_peer):
-                    continue
-                queue = queues.pop(waiting_peer)  # round robin: this peer goes to the back
-                event = queue.pop(0)
-                if queue:
-                    queues[waiting_peer] = queue
-                self._take(waiting_peer)  # the slot moves straight to this waiter
-                event.set()
-                return
-
-
-class ByteBudget:
-    """Bytes served to one peer per second at most: a token bucket of `rate_bps` with one second
-    of burst. `reserve(now, n)` takes `n` bytes and says how long to wait before sending them
-    (0 while within budget). Pure: the caller sleeps."""
-
-    def __init__(self, rate_bps: float) -> None:
-        self.rate_bps = rate_bps
-        self._tokens = rate_bps
-        self._at = 0.0
-
-    def reserve(self, now: float, nbytes: int) -> float:
-        self._tokens = min(self.rate_bps, self._tokens + (now - self._at) * self.rate_bps)
-        self._at = now
-        self._tokens -= nbytes
-        return max(0.0, -self._tokens / self.rate_bps)
-
-
 def serving_uploads(node: Node) -> dict[str, float]:
     """Relay members and their advertised upload, 0 for peers that others cannot dial (or not
     yet known to be dialable: `Heartbeat.reachable`), so the planner never makes them parents."""
     uploads = {e.peer_id: float(e.capacity.upload_bps) if e.can_serve else 0.0
                for e in node.peertable.with_role("relay")}
-    uploads[node.peer_id] = float(node.config.upload_bps) if node.peertable.local.reachable else 0.0
+    uploads[node.peer_id] = float(node.peertable.local.capacity.upload_bps) if node.peertable.local.reachable else 0.0
     return uploads
 
 
@@ -220,7 +154,8 @@ class RelayRole:
         self._runner: Any = None
         self._nursery: trio.Nursery | None = None
         self._upstreams: dict[str, _Upstream] = {}
-        self._slots = _UploadSlots(self.config.max_concurrent_uploads)
+        self._meter = UploadMeter()
+        self._slots = UploadSlots(self.config.max_concurrent_uploads, on_full=self._uploads_full)
         self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
         self._upload = ByteBudget(float(node.config.upload_bps))  # everything we serve, together
         self._arrivals: dict[tuple[int, int], trio.Event] = {}
@@ -231,6 +166,7 @@ class RelayRole:
         self.fetched_from: dict[str, int] = {}  # peer -> chunks fetched from it
         self.serving_now: dict[str, int] = {}
         self.bytes_served = 0
+        self._serving_window: tuple[float, float] | None = None  # first and last chunk sent (trio clock)
         self.timeline: dict[int, dict[str, float]] = {}  # version -> wall-clock times (status, benchmarks)
         self.backoff = StoreBackoff()  # a full store holds new requests: 1 s doubling to 60 s
         self._token: trio.lowlevel.TrioToken | None = None
@@ -505,6 +441,9 @@ class RelayRole:
         if isinstance(event, (PeerJoined, PeerLeft)):
             self._members_changed.set()
 
+    def _uploads_full(self, full: bool) -> None:
+        (self._meter.full if full else self._meter.not_full)(trio.current_time(), self.bytes_served)
+
     async def _follow_members(self) -> None:
         while True:
             uploads = serving_uploads(self.node)
@@ -577,6 +516,8 @@ class RelayRole:
                                         size)
                 self.served[client] = self.served.get(client, 0) + 1
                 self.bytes_served += size
+                now = trio.current_time()
+                self._serving_window = (self._serving_window or (now, now))[0], now
             except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile
                 await self._respond(stream, send_lock, req.request_id, None)
             finally:
@@ -722,6 +663,10 @@ class RelayRole:
             serving_to=dict(self.serving_now),
             served_to=dict(self.served),
             bytes_served=self.bytes_served,
+            upload_limit_bps=self._upload.rate_bps,
+            upload_measured_bps=self._meter.rate(now, self.bytes_served),
+            upload_advertised_bps=self.node.peertable.local.capacity.upload_bps,
+            serving_window_s=round(self._serving_window[1] - self._serving_window[0], 3) if self._serving_window else 0.0,
             corrupting_chunks=self.corrupt_chunks,
             store_backoff=self.backoff.to_json(now),
         )

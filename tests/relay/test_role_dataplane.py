@@ -12,7 +12,8 @@ from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
-from relay.role import _Buffers, RelayRole, _parse_request, _Upstream, _UploadSlots
+from relay.role import _Buffers, RelayRole, _parse_request, _Upstream
+from relay.serving import ByteBudget, UploadMeter, UploadSlots
 from relay.effects import Fetch
 
 DIGEST = bytes(32)
@@ -124,7 +125,7 @@ async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_
 
 
 async def test_upload_slots_go_to_urgent_waiters_first():
-    slots = _UploadSlots(1)
+    slots = UploadSlots(1)
     order = []
     await slots.acquire(urgent=False)
 
@@ -144,7 +145,7 @@ async def test_upload_slots_go_to_urgent_waiters_first():
 
 
 async def test_one_peer_cannot_hold_every_upload_slot_and_waiters_take_turns():
-    slots = _UploadSlots(4)  # at most 2 per peer
+    slots = UploadSlots(4)  # at most 2 per peer
     for _ in range(2):
         await slots.acquire(False, "greedy")
     served = []
@@ -175,8 +176,6 @@ def test_request_headers_round_trip_with_the_urgent_bit():
 
 
 def test_a_byte_budget_lets_a_burst_through_then_paces_a_peer_to_its_rate():
-    from relay.role import ByteBudget
-
     budget = ByteBudget(1_000_000)  # 1 MB/s, one second of burst
     assert budget.reserve(0.0, 600_000) == 0.0
     assert budget.reserve(0.0, 400_000) == 0.0  # the burst is spent
@@ -184,3 +183,35 @@ def test_a_byte_budget_lets_a_burst_through_then_paces_a_peer_to_its_rate():
     assert budget.reserve(0.5, 500_000) == pytest.approx(0.5)  # half a second later: still in debt
     assert budget.reserve(10.0, 1) == 0.0  # a quiet peer gets its burst back (never more than one second)
     assert budget.reserve(10.0, 1_000_000) == pytest.approx(1e-6)
+
+
+async def test_the_slots_say_when_they_are_all_taken_and_when_one_is_free_again():
+    told = []
+    slots = UploadSlots(2, per_peer=2, on_full=told.append)
+    await slots.acquire(False, "a")
+    await slots.acquire(False, "b")
+    assert told == [True]
+
+    async def waiter():
+        await slots.acquire(False, "c")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        slots.release("a")  # straight to the waiter: still full, nothing to say
+        await trio.testing.wait_all_tasks_blocked()
+    assert told == [True]
+    slots.release("b")
+    assert told == [True, False]
+
+
+def test_the_upload_meter_counts_only_time_when_every_slot_was_busy():
+    meter = UploadMeter(window_s=30.0, min_full_s=2.0)
+    assert meter.rate(0.0, 0) is None
+    meter.full(10.0, 0)
+    assert meter.rate(11.0, 5_000_000) is None  # one second is not enough to judge
+    meter.not_full(13.0, 30_000_000)  # 30 MB in 3 s of saturation
+    meter.full(20.0, 90_000_000)  # bytes sent while not saturated do not count
+    meter.not_full(21.0, 100_000_000)
+    assert meter.rate(21.0, 100_000_000) == pytest.approx(40_000_000 / 4)
+    assert meter.rate(52.0, 100_000_000) is None  # the window moved past both stretches

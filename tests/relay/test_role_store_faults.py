@@ -60,7 +60,8 @@ class FakeNode:
         self.identity = ME
         self.peer_id = ME.peer_id
         self.config = SimpleNamespace(data_dir=data_dir, upload_bps=10**8)
-        self.peertable = SimpleNamespace(penalise=lambda now, peer, amount: [])
+        self.peertable = SimpleNamespace(penalise=lambda now, peer, amount: [],
+                                         local=SimpleNamespace(capacity=SimpleNamespace(upload_bps=10**8)))
         self.carried: list = []
 
     def carry_out(self, origin: str, effect) -> None:
@@ -177,7 +178,7 @@ async def test_a_chunk_rotten_on_disk_is_fetched_again_and_the_version_is_not_co
     h = Harness(tmp_path)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
-        signed = await h.announce(1)
+        await h.announce(1)
         await h.until(lambda: h.complete(1), 30)
         rot_chunk(h.role.store, 1, 5)
         h.source.gate = trio.Event()  # hold the re-fetch so the gap can be seen
@@ -206,7 +207,7 @@ async def test_checkpoint_fetch_that_finds_a_rotten_chunk_waits_for_it_and_expor
     h = Harness(tmp_path)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
-        signed = await h.announce(1)
+        await h.announce(1)
         await h.until(lambda: h.complete(1), 30)
         rot_chunk(h.role.store, 1, 0)
         replies: list = []
@@ -326,3 +327,14 @@ async def test_a_version_that_shares_chunks_with_a_held_one_fetches_only_the_res
         out = await h.role._cmd_fetch({"version": 2, "out_dir": str(tmp_path / "out")}, lambda progress: None)
         assert [Path(f).read_bytes() for f in out["files"]] == [p.read_bytes() for p in h.origin.version_files(2)]
         nursery.cancel_scope.cancel()
+
+
+async def test_the_status_shows_what_uploads_deliver_while_every_slot_is_busy(tmp_path, clock):
+    h = Harness(tmp_path)
+    role = h.role
+    assert role.status()["upload_measured_bps"] is None  # nothing measured yet
+    role._uploads_full(True)  # every upload slot taken: our upload is the bottleneck
+    await trio.sleep(5)
+    role.bytes_served = 50_000_000
+    assert role.status()["upload_measured_bps"] == 10_000_000
+    assert role.status()["upload_limit_bps"] == 10**8
