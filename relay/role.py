@@ -22,10 +22,8 @@ verified), serving at most `max_concurrent_uploads` at once, requests flagged ur
 requester forwards that stripe) first, each chunk sent from its file by `os.sendfile` (the page
 cache is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a
 token bucket with one second of burst, paid before a chunk is sent. What the uploads deliver
-while every slot is busy is measured (`relay.serving.UploadMeter`) and shown in the status; it
-is not advertised (yet): on loopback, advertising it made every peer replan mid-transfer and
-stall on requests to parents that no longer forwarded those chunks (measured: 13 s became
-23-29 s), which is the relay issue's problem of plans that disagree.
+while every slot is busy is measured (`relay.serving.UploadMeter`); when it is lower than
+`upload_bps`, the heartbeat advertises it, and peers plan their next version with it.
 
 Durability. The store makes a version durable (files fsynced, then its bitmap) before the put
 that completes it returns, so the core hears of the last chunk, reports the version complete,
@@ -49,6 +47,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -444,8 +443,23 @@ class RelayRole:
     def _uploads_full(self, full: bool) -> None:
         (self._meter.full if full else self._meter.not_full)(trio.current_time(), self.bytes_served)
 
+    def _advertise_upload(self) -> None:
+        """Advertise what our uploads measurably deliver when that is below `upload_bps` by more
+        than 10% (no flapping); the configured figure again once nothing recent was measured.
+        Peers plan their next version with it (a transfer in progress keeps its plan)."""
+        configured = self.node.config.upload_bps
+        measured = self._meter.rate(trio.current_time(), self.bytes_served)
+        upload = int(min(configured, measured)) if measured is not None else configured
+        local = self.node.peertable.local
+        if abs(upload - local.capacity.upload_bps) <= 0.1 * local.capacity.upload_bps:
+            return
+        log.info("advertising an upload of %.1f MB/s (%s)", upload / 1e6,
+                 "measured while every upload slot was busy" if upload < configured else "as configured")
+        self.node.peertable.set_local(replace(local, capacity=replace(local.capacity, upload_bps=upload)))
+
     async def _follow_members(self) -> None:
         while True:
+            self._advertise_upload()
             uploads = serving_uploads(self.node)
             await self._command(lambda now: self.core.set_members(now, uploads))
             with trio.move_on_after(MEMBERS_POLL_S):

@@ -6,7 +6,7 @@ urgent requests (the requester forwards that stripe) first, then round robin acr
 `ByteBudget`: a token bucket (one second of burst) for bytes served, to one peer or to all.
 `UploadMeter`: bytes sent while every upload slot was taken, over that time, in a sliding
 window: when the slots are all busy our upload is the bottleneck, so that rate is what we can
-deliver (the relay shows it in its status).
+deliver; the relay advertises it instead of its configured `upload_bps` when it is lower.
 
 `ByteBudget` and `UploadMeter` are pure (the caller passes the time); `UploadSlots` uses trio
 events for its waiters. This module must not do I/O.

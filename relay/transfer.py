@@ -54,6 +54,11 @@ failure (a hung peer, a partition) that may hold the substitute too, unseen by u
 wrong pick costs another `stall_timeout_s` (measured in the simulator: substituting after
 stalls made hangs and partitions slower).
 
+Membership changes (`set_members`) replan the versions in progress only when peers join or
+leave or start or stop serving; a peer's new upload figure alone (a relay advertising what its
+uploads measurably deliver) applies from the next version on: replanning mid-way sent requests
+to parents that no longer forwarded those chunks, and they stalled (measured on loopback).
+
 Per-chunk work is O(stripes) (pointer per stripe, cached ancestor chains): no O(N) per event.
 """
 
@@ -235,7 +240,10 @@ class TransferCore:
             {self.self_id: self._self_upload, **uploads})
         if members == self._members:
             return []
+        only_figures = _serving(members) == _serving(self._members)
         self._members = members
+        if only_figures:  # the same peers serve, at other rates: a transfer in progress keeps its
+            return []     # plan (replanning mid-way strands requests); the next version uses them
         effects: list[Any] = []
         for v in self._newest_first():
             if not v.complete:
@@ -762,6 +770,11 @@ class TransferCore:
 
     def _newest_first(self) -> list[_Version]:
         return [self._versions[n] for n in sorted(self._versions, reverse=True)]
+
+
+def _serving(members: Membership) -> tuple[frozenset[str], frozenset[str]]:
+    """Who is a member and who may serve (advertises an upload > 0): what a replan must follow."""
+    return frozenset(members.uploads), frozenset(p for p, u in members.uploads.items() if u > 0)
 
 
 def _requeue(v: _Version, index: int) -> None:

@@ -24,6 +24,8 @@ from safetensors.numpy import save_file
 
 from p2pnet.driver import CoreRunner
 from p2pnet.identity import Identity
+from p2pnet.messages import Capacity
+from p2pnet.peertable import LocalInfo
 from p2pnet.errors import ConfigError, PeerUnavailable
 from relay.errors import ChunkMissing
 from relay.messages import Holding
@@ -338,3 +340,22 @@ async def test_the_status_shows_what_uploads_deliver_while_every_slot_is_busy(tm
     role.bytes_served = 50_000_000
     assert role.status()["upload_measured_bps"] == 10_000_000
     assert role.status()["upload_limit_bps"] == 10**8
+
+
+async def test_uploads_that_deliver_less_than_configured_are_advertised_as_measured(tmp_path, clock):
+    h = Harness(tmp_path)  # configured: 100 MB/s
+    local = LocalInfo(addrs=(), data_addr="", roles=("relay",), capacity=Capacity(10**8, 10**8, 10**9))
+    h.node.peertable = SimpleNamespace(local=local, set_local=lambda info: setattr(h.node.peertable, "local", info))
+    role = h.role
+    role._advertise_upload()
+    assert h.node.peertable.local.capacity.upload_bps == 10**8  # nothing measured: as configured
+    role._uploads_full(True)  # every upload slot taken: our upload is the bottleneck
+    await trio.sleep(5)
+    role.bytes_served = 50_000_000  # 10 MB/s delivered meanwhile
+    role._advertise_upload()
+    assert h.node.peertable.local.capacity.upload_bps == 10_000_000
+    assert role.status()["upload_advertised_bps"] == 10_000_000
+    role._uploads_full(False)
+    await trio.sleep(40)  # the measure has left the window: the configured figure again
+    role._advertise_upload()
+    assert h.node.peertable.local.capacity.upload_bps == 10**8

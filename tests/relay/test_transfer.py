@@ -277,3 +277,19 @@ def test_a_holder_that_cannot_be_dialled_is_never_asked_for_chunks():
     for f in first:
         asked += fetches(c.fetch_failed(0.3, f.peer, f.version, f.index, "unreachable"))
     assert asked and {f.peer for f in asked} == {"open"}
+
+
+def test_a_new_upload_figure_alone_does_not_replan_a_transfer_in_progress():
+    from relay.manifest import FileEntry, Manifest, sign_manifest
+
+    manifest = Manifest("m", 1, 0, (FileEntry("w.bin", 64 * 1024, 0, ()),), 1024, 64 * 1024,
+                        tuple(bytes([i]) * 32 for i in range(64)), 0)
+    signed = sign_manifest(PUBLISHER, manifest, 0.0)
+    core = TransferCore(TransferConfig(), "me", open_frame=lambda frame, now: signed, self_upload_bps=1e8)
+    core.set_members(0.0, {"a": 1e8, "b": 1e8, PUBLISHER.peer_id: 1e8})
+    core.manifest_frame(0.0, PUBLISHER.peer_id, signed.frame)
+    parents = core.progress(0.0, 1)["parents"]
+    assert core.set_members(1.0, {"a": 1e6, "b": 1e9, PUBLISHER.peer_id: 1e8}) == []  # only the figures moved
+    assert core.progress(1.0, 1)["parents"] == parents
+    core.set_members(2.0, {"a": 1e6, PUBLISHER.peer_id: 1e8})  # b left: that replans
+    assert "b" not in core.progress(2.0, 1)["parents"]
