@@ -1,28 +1,25 @@
 """`RelayRole`: the trio shell that runs the transfer core, serves chunks and fetches them.
 
-What it owns: the chunk store of this peer, one `TransferCore` (driven by the node's
-`CoreRunner`), the data-plane channel `relay/chunks` (serving), one upstream connection per
-source peer (fetching), the control commands `checkpoint.publish|status|fetch`, and the
+What it owns: the store of this peer, one `TransferCore` (driven by the node's `CoreRunner`),
+the data-plane channel `relay/chunks` (serving), one `relay.upstream.Upstream` per source peer
+(fetching), the control commands `checkpoint.publish|status|fetch|wait`, and the
 `VersionWatcher` that tells trainers and workers when a version is complete.
 
 Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Penalise`) and
 relay events are peeled off the core's effect list by `_Peeler` and queued, in order, for the
-dispatcher task; everything else goes to the node as usual. A `Fetch` goes to the `_Upstream`
-of its peer: one TCP connection to the peer's advertised `data_addr`, many pipelined requests,
-responses in any order (header frame, then exactly `length` raw bytes). A response is believed
-only if it has the expected length and `put_chunk` finds it hashes to the manifest's digest: a
-chunk's bytes are received straight into a reused buffer (at most `STORING_CHUNKS` of them in
-all, whatever the number of sources: a slow disk slows the reading, it does not fill memory), then hashed and written at its
-offsets in a worker thread while the connection reads on; completions reach the core in
-batches, one round trip for all that finished meanwhile. A connection that ends inside a chunk
-(a killed peer) fails every request still outstanding on it as `unreachable`, never as a short
-chunk. The server side answers a request once it holds the chunk (waiting up to
-`request_timeout_s` for it to arrive: this is how chunks are forwarded as soon as they are
-verified), serving at most `max_concurrent_uploads` at once, requests flagged urgent (the
-requester forwards that stripe) first, each chunk sent from its file by `os.sendfile` (the page
-cache is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a
-token bucket with one second of burst, paid before a chunk is sent. What the uploads deliver
-while every slot is busy is measured (`relay.serving.UploadMeter`); when it is lower than
+dispatcher task; everything else goes to the node as usual. A `Fetch` goes to the upstream of
+its peer, which hands each chunk it receives whole (into one of `STORING_CHUNKS` reused buffers
+shared by all upstreams) to `report_fetched`: hashed against the manifest and written at its
+offsets in a worker thread while the connection reads on. Stored chunks reach the core in
+batches, one round trip for all that finished meanwhile.
+
+The server side answers a request once it holds the chunk (waiting up to `request_timeout_s`
+for it to arrive: this is how chunks are forwarded as soon as they are verified), serving at
+most `max_concurrent_uploads` at once, requests flagged urgent (the requester forwards that
+stripe) first (`relay.serving`), each chunk sent from its file by `os.sendfile` (the page cache
+is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a token
+bucket with one second of burst, paid before a chunk is sent. What the uploads deliver while
+every slot is busy is measured (`relay.serving.UploadMeter`); when it is lower than
 `upload_bps`, the heartbeat advertises it, and peers plan their next version with it.
 
 Durability. The store makes a version durable (files fsynced, then its bitmap) before the put
@@ -60,13 +57,14 @@ from p2pnet.peertable import PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.loader import VersionWatcher
-from relay.manifest import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, SignedManifest, chunk_size, open_manifest
-from relay.messages import (OP_CHUNK, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
+from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, chunk_size, open_manifest
+from relay.messages import (OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse, ManifestAnnounce)
 from relay.serving import ByteBudget, UploadMeter, UploadSlots
 from relay.store import NO_SPACE_ERRNOS, ChunkRotten, ChunkStore, StoreBackoff, StoreEvent, VersionCollected
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
+from relay.upstream import OP_URGENT, Buffers, Upstream, read_frame
 
 if TYPE_CHECKING:
     from p2pnet.node import Node
@@ -75,7 +73,6 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "relay/chunks"
 CORRUPT_ENV = "P2PNET_TEST_CORRUPT_CHUNKS"
-OP_URGENT = 0x80  # or-ed into the op byte: the requester forwards this chunk
 MEMBERS_POLL_S = 1.0
 STORING_CHUNKS = 6  # received chunks being hashed and written at once: the chunk buffers this peer holds
 MAX_REQUESTS_PER_CONNECTION = 256
@@ -152,14 +149,14 @@ class RelayRole:
         self._peeler = _Peeler(self.core, self._queue_send.send_nowait)
         self._runner: Any = None
         self._nursery: trio.Nursery | None = None
-        self._upstreams: dict[str, _Upstream] = {}
+        self._upstreams: dict[str, Upstream] = {}
         self._meter = UploadMeter()
         self._slots = UploadSlots(self.config.max_concurrent_uploads, on_full=self._uploads_full)
         self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
         self._upload = ByteBudget(float(node.config.upload_bps))  # everything we serve, together
         self._arrivals: dict[tuple[int, int], trio.Event] = {}
         self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](math.inf)
-        self.buffers = _Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
+        self.buffers = Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
         self._members_changed = trio.Event()
         self.served: dict[str, int] = {}  # peer -> chunks served to it
         self.fetched_from: dict[str, int] = {}  # peer -> chunks fetched from it
@@ -272,10 +269,10 @@ class RelayRole:
                      len(adopted))
             await self._command(lambda now: self.core.found(now, signed.version, adopted))
 
-    def _upstream(self, peer: str) -> _Upstream:
+    def _upstream(self, peer: str) -> Upstream:
         upstream = self._upstreams.get(peer)
         if upstream is None or upstream.closed:
-            upstream = _Upstream(self, peer)
+            upstream = Upstream(self, peer)
             self._upstreams[peer] = upstream
             self._nursery.start_soon(upstream.run)  # type: ignore[union-attr]
         return upstream
@@ -425,7 +422,7 @@ class RelayRole:
                 async with stream:
                     await send_frame(stream, ChunkRequest(OP_MANIFEST, 0, ask.version, 0, bytes(32)).pack())
                     reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
-                    header = ChunkResponse.unpack(await _frame(reader))
+                    header = ChunkResponse.unpack(await read_frame(reader))
                     if header.status != STATUS_OK or header.length > MAX_MANIFEST_BYTES:
                         return
                     frame = await reader.exactly(header.length)
@@ -692,145 +689,10 @@ class RelayRole:
         return self.watcher.is_complete(version) and signed is not None and self.store.is_complete(signed)
 
 
-class _Upstream:
-    """Our connection to one source: pipelined chunk requests, responses in any order."""
-
-    def __init__(self, role: RelayRole, peer: str) -> None:
-        self.role = role
-        self.peer = peer
-        self.closed = False
-        self._pending: dict[int, tuple[Fetch, float]] = {}
-        self._next_id = 0
-        self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
-        self._scope = trio.CancelScope()
-        self._buffers = role.buffers
-
-    @property
-    def outstanding(self) -> int:
-        return len(self._pending)
-
-    def submit(self, fetch: Fetch) -> None:
-        self._send.send_nowait(fetch)
-
-    def close(self) -> None:
-        """Abandon this source (the core gave up on it); outstanding requests are not reported."""
-        self.closed = True
-        self._pending.clear()
-        self._scope.cancel()
-
-    async def run(self) -> None:
-        with self._scope:
-            try:
-                stream = await self.role.open_stream(self.peer)
-            except PeerUnavailable as exc:
-                log.info("source %s: %s", self.peer, exc)
-            else:
-                async with stream, trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write, stream, nursery.cancel_scope)
-                    try:
-                        await self._read(stream, nursery)
-                    except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                        log.info("source %s: %s", self.peer, exc)
-                    except (_CorruptSource, ValueError) as exc:
-                        log.warning("source %s broke the chunk protocol: %s", self.peer, exc)
-                    finally:
-                        nursery.cancel_scope.cancel()
-        self.closed = True
-        await self._fail_all()
-
-    async def _write(self, stream: trio.SocketStream, connection: trio.CancelScope) -> None:
-        try:
-            async for fetch in self._receive:
-                self._next_id += 1
-                self._pending[self._next_id] = (fetch, trio.current_time())
-                op = OP_CHUNK | (OP_URGENT if fetch.urgent else 0)
-                request = ChunkRequest(op, self._next_id, fetch.version, fetch.index, fetch.digest)
-                await send_frame(stream, request.pack())
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.info("requests to %s ended: %s", self.peer, exc)
-            connection.cancel()
-
-    async def _read(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
-        reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
-        while True:
-            header = ChunkResponse.unpack(await _frame(reader))
-            entry = self._pending.get(header.request_id)
-            if entry is None:
-                raise _CorruptSource(f"answer to request {header.request_id}, which we never sent")
-            fetch, sent_at = entry
-            if header.status != STATUS_OK:
-                del self._pending[header.request_id]
-                await self.role.report_failed(self.peer, fetch, "unavailable")
-                continue
-            if header.length != fetch.size or header.length > MAX_CHUNK_BYTES:
-                del self._pending[header.request_id]
-                await self.role.report_failed(self.peer, fetch, "corrupt")
-                raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
-            buffer = await self._buffers.take(header.length)  # waits while STORING_CHUNKS are being stored
-            try:
-                await reader.exactly_into(header.length, buffer)  # TruncatedStream if the source dies mid-chunk
-            except BaseException:
-                self._buffers.give(buffer)
-                raise
-            del self._pending[header.request_id]
-            # hash and store it while we read on
-            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - sent_at)
-
-    async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float) -> None:
-        try:
-            with trio.CancelScope(shield=True):  # a received chunk is always stored and told, even as we close
-                await self.role.report_fetched(self.peer, fetch, memoryview(buffer)[:fetch.size], elapsed_s)
-        finally:
-            self._buffers.give(buffer)
-
-    async def _fail_all(self) -> None:
-        pending, self._pending = list(self._pending.values()), {}
-        with trio.CancelScope(shield=True):
-            for fetch, _ in pending:
-                await self.role.report_failed(self.peer, fetch, "unreachable")
-            while True:  # requests not yet sent fail too
-                try:
-                    fetch = self._receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                await self.role.report_failed(self.peer, fetch, "unreachable")
-
-
-class _Buffers:
-    """At most `count` chunk buffers lent at once, reused: `take` waits for one to come back."""
-
-    def __init__(self, count: int) -> None:
-        self._lendable = trio.Semaphore(count)
-        self._free: list[bytearray] = []
-
-    async def take(self, nbytes: int) -> bytearray:
-        await self._lendable.acquire()
-        while self._free:
-            buffer = self._free.pop()
-            if len(buffer) >= nbytes:
-                return buffer
-        return bytearray(nbytes)
-
-    def give(self, buffer: bytearray) -> None:
-        self._free.append(buffer)
-        self._lendable.release()
-
-
-class _CorruptSource(Exception):
-    """The source broke the data-plane protocol; internal to `_Upstream`."""
-
-
 def _parse_request(frame: bytes) -> tuple[ChunkRequest, bool]:
     if frame and frame[0] & OP_URGENT:
         return ChunkRequest.unpack(bytes([frame[0] & ~OP_URGENT & 0xFF]) + frame[1:]), True
     return ChunkRequest.unpack(frame), False
-
-
-async def _frame(reader: FrameReader) -> bytes:
-    frame = await reader.frame()
-    if frame is None:
-        raise PeerUnavailable("the connection ended")
-    return frame
 
 
 def _timeout(request: dict[str, Any]) -> float:

@@ -12,7 +12,8 @@ from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
-from relay.role import _Buffers, RelayRole, _parse_request, _Upstream
+from relay.role import RelayRole, _parse_request
+from relay.upstream import Buffers, Upstream
 from relay.serving import ByteBudget, UploadMeter, UploadSlots
 from relay.effects import Fetch
 
@@ -22,13 +23,13 @@ SOURCE = Identity.from_seed_text("source")
 
 
 class FakeRole:
-    """Just what `_Upstream` uses of the role; records what it is told."""
+    """Just what `Upstream` uses of the role; records what it is told."""
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME))
         self.told: list[tuple] = []
-        self.buffers = _Buffers(2)
+        self.buffers = Buffers(2)
 
     def data_addr(self, peer: str) -> str:
         return self.address
@@ -71,7 +72,7 @@ async def fetch_two(script) -> list[tuple]:
     async with trio.open_nursery() as nursery:
         address = await scripted_server(nursery, script)
         role = FakeRole(address)
-        upstream = _Upstream(role, SOURCE.peer_id)
+        upstream = Upstream(role, SOURCE.peer_id)
         upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
         upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
         with trio.fail_after(5):
@@ -116,7 +117,7 @@ async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_
         address = await scripted_server(nursery, never)
         role = FakeRole(address)
         claimed = Identity.from_seed_text("claimed").peer_id  # advertised SOURCE's address as its own
-        upstream = _Upstream(role, claimed)
+        upstream = Upstream(role, claimed)
         upstream.submit(Fetch(claimed, 1, 0, DIGEST, 1000))
         with trio.fail_after(5):
             await upstream.run()

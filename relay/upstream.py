@@ -1,0 +1,171 @@
+"""Fetching chunks from one source peer: one authenticated data connection, many pipelined
+requests, answers in any order, each chunk received into one of a few reused buffers.
+
+`Upstream` is the relay role's connection to one source (`relay.role` creates one per peer it
+fetches from and closes it when the core drops the source). A request is a `ChunkRequest`
+frame (the urgent bit set when we forward that chunk's stripe); an answer is a `ChunkResponse`
+frame followed by exactly `length` raw bytes. An answer is handed to the role only with the
+expected length, received whole into a `Buffers` buffer (shared by every upstream, so a slow
+disk slows the reading instead of filling memory); the role hashes and stores it while the
+connection reads on. A connection that ends inside a chunk (a killed peer) fails every request
+still outstanding as `unreachable`, never as a short chunk; a source that answers a request we
+never sent, or with the wrong length, broke the protocol and is reported `corrupt`.
+
+This module must not touch the store or the transfer core directly: it reports to the role.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import trio
+
+from p2pnet.dataplane import FrameReader, send_frame
+from p2pnet.errors import PeerUnavailable
+from relay.effects import Fetch
+from relay.manifest import MAX_CHUNK_BYTES
+from relay.messages import OP_CHUNK, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse
+
+if TYPE_CHECKING:
+    from relay.role import RelayRole
+
+log = logging.getLogger(__name__)
+
+OP_URGENT = 0x80  # or-ed into the op byte: the requester forwards this chunk
+
+
+class Upstream:
+    """Our connection to one source: pipelined chunk requests, responses in any order."""
+
+    def __init__(self, role: RelayRole, peer: str) -> None:
+        self.role = role
+        self.peer = peer
+        self.closed = False
+        self._pending: dict[int, tuple[Fetch, float]] = {}
+        self._next_id = 0
+        self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
+        self._scope = trio.CancelScope()
+        self._buffers = role.buffers
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def submit(self, fetch: Fetch) -> None:
+        self._send.send_nowait(fetch)
+
+    def close(self) -> None:
+        """Abandon this source (the core gave up on it); outstanding requests are not reported."""
+        self.closed = True
+        self._pending.clear()
+        self._scope.cancel()
+
+    async def run(self) -> None:
+        with self._scope:
+            try:
+                stream = await self.role.open_stream(self.peer)
+            except PeerUnavailable as exc:
+                log.info("source %s: %s", self.peer, exc)
+            else:
+                async with stream, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write, stream, nursery.cancel_scope)
+                    try:
+                        await self._read(stream, nursery)
+                    except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                        log.info("source %s: %s", self.peer, exc)
+                    except (_CorruptSource, ValueError) as exc:
+                        log.warning("source %s broke the chunk protocol: %s", self.peer, exc)
+                    finally:
+                        nursery.cancel_scope.cancel()
+        self.closed = True
+        await self._fail_all()
+
+    async def _write(self, stream: trio.SocketStream, connection: trio.CancelScope) -> None:
+        try:
+            async for fetch in self._receive:
+                self._next_id += 1
+                self._pending[self._next_id] = (fetch, trio.current_time())
+                op = OP_CHUNK | (OP_URGENT if fetch.urgent else 0)
+                request = ChunkRequest(op, self._next_id, fetch.version, fetch.index, fetch.digest)
+                await send_frame(stream, request.pack())
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.info("requests to %s ended: %s", self.peer, exc)
+            connection.cancel()
+
+    async def _read(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
+        while True:
+            header = ChunkResponse.unpack(await read_frame(reader))
+            entry = self._pending.get(header.request_id)
+            if entry is None:
+                raise _CorruptSource(f"answer to request {header.request_id}, which we never sent")
+            fetch, sent_at = entry
+            if header.status != STATUS_OK:
+                del self._pending[header.request_id]
+                await self.role.report_failed(self.peer, fetch, "unavailable")
+                continue
+            if header.length != fetch.size or header.length > MAX_CHUNK_BYTES:
+                del self._pending[header.request_id]
+                await self.role.report_failed(self.peer, fetch, "corrupt")
+                raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
+            buffer = await self._buffers.take(header.length)  # waits while STORING_CHUNKS are being stored
+            try:
+                await reader.exactly_into(header.length, buffer)  # TruncatedStream if the source dies mid-chunk
+            except BaseException:
+                self._buffers.give(buffer)
+                raise
+            del self._pending[header.request_id]
+            # hash and store it while we read on
+            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - sent_at)
+
+    async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float) -> None:
+        try:
+            with trio.CancelScope(shield=True):  # a received chunk is always stored and told, even as we close
+                await self.role.report_fetched(self.peer, fetch, memoryview(buffer)[:fetch.size], elapsed_s)
+        finally:
+            self._buffers.give(buffer)
+
+    async def _fail_all(self) -> None:
+        pending, self._pending = list(self._pending.values()), {}
+        with trio.CancelScope(shield=True):
+            for fetch, _ in pending:
+                await self.role.report_failed(self.peer, fetch, "unreachable")
+            while True:  # requests not yet sent fail too
+                try:
+                    fetch = self._receive.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                await self.role.report_failed(self.peer, fetch, "unreachable")
+
+
+class Buffers:
+    """At most `count` chunk buffers lent at once, reused: `take` waits for one to come back."""
+
+    def __init__(self, count: int) -> None:
+        self._lendable = trio.Semaphore(count)
+        self._free: list[bytearray] = []
+
+    async def take(self, nbytes: int) -> bytearray:
+        await self._lendable.acquire()
+        while self._free:
+            buffer = self._free.pop()
+            if len(buffer) >= nbytes:
+                return buffer
+        return bytearray(nbytes)
+
+    def give(self, buffer: bytearray) -> None:
+        self._free.append(buffer)
+        self._lendable.release()
+
+
+class _CorruptSource(Exception):
+    """The source broke the data-plane protocol; internal to `Upstream`."""
+
+
+async def read_frame(reader: FrameReader) -> bytes:
+    frame = await reader.frame()
+    if frame is None:
+        raise PeerUnavailable("the connection ended")
+    return frame
