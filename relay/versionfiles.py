@@ -151,16 +151,19 @@ class VersionFiles:
         """fsync every file written since the last sync."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
-            fds = {f: self._fds.get(f) for f in dirty}
-        for file, fd in fds.items():
-            if fd is None:  # closed meanwhile (it was fsynced then)
-                continue
-            try:
-                os.fsync(fd)
-            except OSError:
-                with self._lock:
-                    self._dirty.add(file)
-                raise
+            # duplicates: an eviction may close (and the OS reuse) the original while we fsync
+            fds = {f: os.dup(self._fds[f]) for f in dirty if f in self._fds}  # absent: fsynced on eviction
+        try:
+            for file, fd in fds.items():
+                try:
+                    os.fsync(fd)
+                except OSError:
+                    with self._lock:
+                        self._dirty.add(file)
+                    raise
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def make_read_only(self) -> None:
         """Mode 0444 on every file: a complete version is never written again, and a hard link

@@ -311,3 +311,25 @@ def test_unknown_version_and_bitmaps(tmp_path):
         store.export_version(7, tmp_path / "o")
     assert pack_bitmap([True, False] * 5) == bytes([0b10101010, 0b10000000])
     assert unpack_bitmap(b"\xff", 10) == [True] * 8 + [False, False]
+
+
+def test_a_version_of_more_files_than_stay_open_is_written_and_made_durable(tmp_path):
+    from relay.versionfiles import MAX_OPEN_FILES
+
+    files = []
+    for i in range(MAX_OPEN_FILES + 6):
+        path = tmp_path / "src" / f"shard-{i:03d}.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(os.urandom(700 + i))
+        files.append(path)
+    source = open_store(tmp_path / "source")
+    signed = source.publish_files(TRAINER, files, model="m", version=1, chunk_bytes=CHUNK, now_s=NOW, place="copy")
+    root = tmp_path / "sink"
+    sink = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    sink.add_manifest(signed)
+    count = len(signed.manifest.chunk_digests)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: sink.put_chunk(1, i, source.read_chunk(1, i)), range(count)))
+    again = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True)
+    assert again.is_complete(signed) and again.verify(1, everything=True) == []
+    assert [p.read_bytes() for p in again.version_files(1)] == [p.read_bytes() for p in files]
