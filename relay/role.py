@@ -267,6 +267,10 @@ class RelayRole:
         if adopted:
             log.info("version %d: %d chunks shared with a held version, copied locally", signed.version,
                      len(adopted))
+            for index in adopted:  # requests already waiting for them are answered now
+                arrived = self._arrivals.pop((signed.version, index), None)
+                if arrived is not None:
+                    arrived.set()
             await self._command(lambda now: self.core.found(now, signed.version, adopted))
 
     def _upstream(self, peer: str) -> Upstream:
