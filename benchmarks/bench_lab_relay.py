@@ -27,7 +27,6 @@ import json
 import os
 import random
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from p2pnet.lab import HostSpec, Lab, LabSpec, lab_unavailable  # noqa: E402
-from p2pnet.localnet import PeerProcess, control_call, start_peer, wait_for  # noqa: E402
+from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for  # noqa: E402
 
 MBIT = 1e6 / 8
 
@@ -88,8 +87,7 @@ def simulate(layout: str, size: int, chunk_bytes: int, origin_bps: float, upload
 def run_layout(lab: Lab, layout: str, root: Path, source: Path, args: argparse.Namespace,
                uploads: dict[str, float]) -> dict:
     root.mkdir(parents=True)
-    origin_id = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
-                                         str(root / "origin")], text=True).strip()
+    origin_id = peer_id_of(root / "origin")
     config = root / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{origin_id}"]\nchunk_bytes = {args.chunk_kib * 1024}\n'
                       f'layout = "{layout}"\nfsync = false\nannounce_interval_s = {args.heartbeat_s}\n'

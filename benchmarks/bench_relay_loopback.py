@@ -290,11 +290,10 @@ def run_http(path: Path, peers: int, work: Path, digest: str) -> dict:
 
 
 def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
-    from p2pnet.localnet import control_call, start_peer, wait_for_full_tables
+    from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables
 
     root = work / "p2pnet"
-    publisher = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
-                                         str(root / "peer0")], text=True).strip()
+    publisher = peer_id_of(root / "peer0")
     config = root / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nbudget_bytes = {4 * path.stat().st_size}\n' + os.environ.get("BENCH_RELAY_EXTRA", ""))
     args = ["--config", str(config)]

@@ -101,12 +101,11 @@ def sample(pid: int) -> tuple[int, int]:
 
 
 def run(lab, root: Path, source: Path, args: argparse.Namespace, attacked: bool) -> dict:
-    from p2pnet.localnet import control_call, start_peer, wait_for, wait_for_reachable
+    from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for, wait_for_reachable
 
     root.mkdir(parents=True)
     names = [f"r{i}" for i in range(args.relays)]
-    origin_id = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
-                                         str(root / names[0])], text=True).strip()
+    origin_id = peer_id_of(root / names[0])
     config = root / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{origin_id}"]\nchunk_bytes = 1048576\nfsync = false\n'
                       'announce_interval_s = 5.0\n[peertable]\nheartbeat_interval_s = 5.0\nexpiry_s = 20.0\n')

@@ -92,6 +92,12 @@ class PeerProcess:
         return self.stop(timeout_s=5.0, sig=signal.SIGKILL)
 
 
+def peer_id_of(data_dir: Path) -> str:
+    """The peer id of the key in `data_dir` (`p2pnet peer id`; creates the key if there is none)."""
+    return subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir", str(data_dir)],
+                                   text=True, timeout=60).strip()
+
+
 def control_call(data_dir: Path, request: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
     reply = trio.run(lambda: call(data_dir, request, timeout_s=timeout_s))
     if "error" in reply:

@@ -17,17 +17,12 @@ import pytest
 from safetensors.numpy import save_file
 
 from p2pnet.lab import HostSpec, Lab
-from p2pnet.localnet import PeerProcess, control_call, start_peer, wait_for
+from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for
 
 pytestmark = pytest.mark.slow
 FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 ANY = "/ip4/0.0.0.0/tcp/0"
 LATE_S = 90.0  # the scenario: the bootstrap peer comes up this long after the others
-
-
-def peer_id_of(data_dir: Path) -> str:
-    return subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir", str(data_dir)],
-                                   text=True, timeout=60).strip()
 
 
 def relay_toml(path: Path, publisher: str) -> Path:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from p2pnet.localnet import start_peer, wait_for
+from p2pnet.localnet import peer_id_of, start_peer, wait_for
 
 pytestmark = pytest.mark.slow
 FAST = ["--heartbeat-interval-s", "0.3", "--peer-expiry-s", "3"]
@@ -64,7 +64,7 @@ def test_a_bootstrap_peer_that_starts_late_is_still_joined(tmp_path):
     port = free_port()
     config = tmp_path / "peer.toml"
     config.write_text("[peer]\nbootstrap_backoff_max_s = 2.0\n")
-    boot_id = start_id(tmp_path / "a")
+    boot_id = peer_id_of(tmp_path / "a")
     boot = f"/ip4/127.0.0.1/tcp/{port}/p2p/{boot_id}"
     late = [start_peer(n, tmp_path / n, bootstrap=[boot], extra_args=[*FAST, "--config", str(config)])
             for n in ("b", "c")]
@@ -84,8 +84,3 @@ def test_a_bootstrap_peer_that_starts_late_is_still_joined(tmp_path):
         codes = [p.stop() for p in [*late, *([a] if a else [])]]
     assert codes == [0] * len(codes)
 
-
-def start_id(data_dir):
-    out = subprocess.run([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir", str(data_dir)],
-                         capture_output=True, text=True, timeout=60, check=True)
-    return out.stdout.strip()

@@ -9,15 +9,13 @@ missing after a restart. The fsync before that is the store's `put_chunk`; see r
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from p2pnet.localnet import control_call, start_peer, wait_for_full_tables
+from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +26,7 @@ PER_MIB_S = 5.0  # generous seconds per MiB moved, on a loaded 2-core machine
 
 
 def test_a_relay_killed_as_soon_as_a_version_is_complete_keeps_it(tmp_path):
-    publisher = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
-                                         str(tmp_path / "pub")], text=True).strip()
+    publisher = peer_id_of(tmp_path / "pub")
     config = tmp_path / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nannounce_interval_s = 1.0\n')
     args = ["--config", str(config), "--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]

@@ -7,8 +7,6 @@ and corrupts every chunk it serves. Every wait is bounded.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import PeerProcess, control_call, start_peer, wait_for_full_tables, wait_for_reachable
+from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for_full_tables, wait_for_reachable
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +58,7 @@ def start_relay(root: Path, i: int, config: Path, bootstrap: list[str]) -> PeerP
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     root = tmp_path_factory.mktemp("relaynet")
-    publisher = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
-                                         str(root / "peer0")], text=True).strip()
+    publisher = peer_id_of(root / "peer0")
     config = root / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nstall_timeout_s = 3.0\n'
                       'request_timeout_s = 5.0\nannounce_interval_s = 1.0\nfsync = false\n')

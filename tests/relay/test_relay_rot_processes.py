@@ -6,15 +6,13 @@ relays that hold the version. Every wait is bounded and scales with the checkpoi
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import PeerProcess, control_call, start_peer, wait_for, wait_for_full_tables
+from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for, wait_for_full_tables
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +54,7 @@ def rot_one_chunk(peer: PeerProcess, index: int) -> None:
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     root = tmp_path_factory.mktemp("rotnet")
-    publisher = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
-                                         str(root / "peer0")], text=True).strip()
+    publisher = peer_id_of(root / "peer0")
     config = root / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nstall_timeout_s = 3.0\n'
                       'request_timeout_s = 5.0\nannounce_interval_s = 1.0\nfsync = false\n')

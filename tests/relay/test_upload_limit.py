@@ -4,14 +4,12 @@ an upper bound on speed, so a slow machine cannot break it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import control_call, start_peer, wait_for_full_tables
+from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +19,7 @@ CHUNK = 256 * 1024
 
 
 def test_a_relay_never_serves_faster_than_its_upload_limit(tmp_path):
-    publisher = subprocess.check_output([sys.executable, "-m", "p2pnet", "peer", "id", "--data-dir",
-                                         str(tmp_path / "pub")], text=True).strip()
+    publisher = peer_id_of(tmp_path / "pub")
     config = tmp_path / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nfsync = false\n')
     args = ["--config", str(config), "--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
