@@ -31,11 +31,22 @@ This module is pure: no I/O, no clock, no randomness (ties are broken by hashed 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Mapping
 
 import blake3
+
+
+#: a stable plan needs this many members per stripe: home stripes drawn by hash leave fewer
+#: unevenly loaded (at 32 per stripe, log-uniform uploads over 100x give stripes within about
+#: 20% of each other); smaller networks are dealt by capacity (their views rarely disagree)
+STABLE_MIN_MEMBERS_PER_STRIPE = 32
+#: when the members' uploads are at least this share of a stripe's capacity, the origin sends the
+#: stripe once (to its root) and the members carry it on: the origin's upload is the scarcest
+#: (every version starts there) and what it would add is under 1/(share) - 1 of the stripe's rate
+MEMBERS_CARRY_SHARE = 0.8
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,19 +139,29 @@ class StripePlan:
 
 
 def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,
-                   stripes: int, salt: bytes = b"") -> StripePlan:
-    """The striped trees for sending `chunk_count` chunks from `origin` to every member."""
-    return _plan_cached(origin, float(origin_upload_bps), members, chunk_count, stripes, salt)
+                   stripes: int, salt: bytes = b"", stable: bool = False) -> StripePlan:
+    """The striped trees for sending `chunk_count` chunks from `origin` to every member.
+
+    `stable` (with at least `STABLE_MIN_MEMBERS_PER_STRIPE` members per stripe): home stripes by
+    hashed peer id and chunk i in stripe i mod K, so two peers whose memberships differ by a
+    few peers still agree on every chunk's stripe and on every peer's home stripe (dealing by
+    capacity moves most chunks to other stripes when one peer is missing from a view)."""
+    return _plan_cached(origin, float(origin_upload_bps), members, chunk_count, stripes, salt, stable)
 
 
 @lru_cache(maxsize=64)
 def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,
-                 stripes: int, salt: bytes) -> StripePlan:
+                 stripes: int, salt: bytes, stable: bool = False) -> StripePlan:
     uploads = members.uploads
     order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
     n = len(order)
     k = max(1, min(stripes, n, chunk_count)) if n and chunk_count else 1
-    home = _deal_home_stripes(order, uploads, k)
+    stable_now = stable and n >= STABLE_MIN_MEMBERS_PER_STRIPE * stripes
+    if stable_now:
+        k = max(1, min(stripes, chunk_count)) if chunk_count else 1
+        home = {p: int.from_bytes(_tiebreak(salt, p), "big") % k for p in order}
+    else:
+        home = _deal_home_stripes(order, uploads, k)
     parents: list[dict[str, str]] = []
     fanouts: list[dict[str, int]] = []
     capacities: list[float] = []
@@ -148,12 +169,12 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
     for s in range(k):
         interior = [p for p in order if home[p] == s]
         capacity = origin_share + sum(uploads[p] for p in interior)
-        fanout = _fanouts(origin, origin_share, interior, uploads, n, capacity)
+        fanout = _fanouts(origin, origin_share, interior, uploads, n, capacity, one_copy=stable_now)
         leaves = [p for p in order if home[p] != s]
         parents.append(_attach(origin, interior + leaves, fanout))
         fanouts.append(fanout)
         capacities.append(capacity)
-    stripe_of_chunk = _deal_chunks(chunk_count, capacities)
+    stripe_of_chunk = tuple(i % k for i in range(chunk_count)) if stable_now else _deal_chunks(chunk_count, capacities)
     chunks_of_stripe = tuple(tuple(i for i, s in enumerate(stripe_of_chunk) if s == t) for t in range(k))
     return StripePlan(origin, k, home, tuple(parents), tuple(fanouts), stripe_of_chunk, chunks_of_stripe,
                       tuple(capacities))
@@ -192,20 +213,28 @@ def _deal_home_stripes(order: list[str], uploads: Mapping[str, float], k: int) -
 
 
 def _fanouts(origin: str, origin_share: float, interior: list[str], uploads: Mapping[str, float],
-             n: int, capacity: float) -> dict[str, int]:
+             n: int, capacity: float, one_copy: bool = False) -> dict[str, int]:
     """Integer fan-outs with every parent feeding each child at >= R, for the largest such R.
 
     Rounding a slow parent's fan-out up would make its children slower than the stripe, so we
     search the per-child rate R (at most capacity / n) for which the floors still add up to n
-    slots; the origin keeps at least one child.
+    slots; the origin keeps at least one child, and with `one_copy` (the stable plans of large
+    networks) only one when the members carry at least `MEMBERS_CARRY_SHARE` of the stripe's
+    capacity. (A stripe's root is then a single point: if it fails, its orphans can only fetch
+    the rest of the stripe from the origin, after their stall timeout.)
     """
     if n == 0:
         return {origin: 0}  # nobody to send to yet (a publisher alone)
     names = [origin] + interior
     caps = [origin_share] + [uploads[p] for p in interior]
 
+    members_alone = one_copy and sum(caps[1:]) >= capacity * MEMBERS_CARRY_SHARE
+
+    def origin_slots(rate: float) -> int:
+        return 1 if members_alone else max(1, int(caps[0] / rate))
+
     def slots(rate: float) -> int:
-        return max(1, int(caps[0] / rate)) + sum(int(c / rate) for c in caps[1:])
+        return origin_slots(rate) + sum(int(c / rate) for c in caps[1:])
 
     high = capacity / n
     if slots(high) >= n:
@@ -218,7 +247,7 @@ def _fanouts(origin: str, origin_share: float, interior: list[str], uploads: Map
             mid = (low + high) / 2
             low, high = (mid, high) if slots(mid) >= n else (low, mid)
         rate = low
-    counts = [max(1, int(caps[0] / rate))] + [int(c / rate) for c in caps[1:]]
+    counts = [origin_slots(rate)] + [int(c / rate) for c in caps[1:]]
     return dict(zip(names, counts))
 
 
@@ -255,10 +284,15 @@ def _deal_chunks(chunk_count: int, capacities: list[float]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def lower_bound_s(total_bytes: int, origin_upload_bps: float, uploads: Iterable[float]) -> float:
-    """max(S/U_origin, N*S/(U_origin + sum of peers' upload)): no schedule can beat it."""
+def lower_bound_s(total_bytes: int, origin_upload_bps: float, uploads: Iterable[float],
+                  downloads: Iterable[float] = ()) -> float:
+    """max(S/U_origin, N*S/(U_origin + sum of peers' upload), S/min(peers' download)): no schedule
+    can beat it (the origin sends every byte once; N copies need N*S bytes uploaded; the slowest
+    downloader must receive all S bytes)."""
     uploads = list(uploads)
     if not uploads:
         return 0.0
     n = len(uploads)
-    return max(total_bytes / origin_upload_bps, n * total_bytes / (origin_upload_bps + sum(uploads)))
+    slowest = min(downloads, default=math.inf)
+    return max(total_bytes / origin_upload_bps, n * total_bytes / (origin_upload_bps + sum(uploads)),
+               total_bytes / slowest if slowest > 0 else math.inf)

@@ -60,7 +60,8 @@ from relay.loader import VersionWatcher
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, chunk_size, open_manifest
 from relay.messages import (OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse, ManifestAnnounce)
-from relay.serving import ByteBudget, UploadMeter, UploadSlots
+from relay.serving import ByteBudget, ServingConfig, UploadMeter
+from relay.uploads import Uploads
 from relay.store import NO_SPACE_ERRNOS, ChunkRotten, ChunkStore, StoreBackoff, StoreEvent, VersionCollected
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
@@ -151,10 +152,10 @@ class RelayRole:
         self._nursery: trio.Nursery | None = None
         self._upstreams: dict[str, Upstream] = {}
         self._meter = UploadMeter()
-        self._slots = UploadSlots(self.config.max_concurrent_uploads, on_full=self._uploads_full)
+        self._uploads = Uploads(ServingConfig(slots=self.config.max_concurrent_uploads,
+                                              wait_limit_s=self.config.request_timeout_s), on_full=self._uploads_full)
         self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
         self._upload = ByteBudget(float(node.config.upload_bps))  # everything we serve, together
-        self._arrivals: dict[tuple[int, int], trio.Event] = {}
         self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](math.inf)
         self.buffers = Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
         self._members_changed = trio.Event()
@@ -186,6 +187,7 @@ class RelayRole:
             self._runner = await self.node.add_core(self._peeler, "relay")
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._tell_fetched)
+            nursery.start_soon(self._uploads.run)
             nursery.start_soon(self._follow_members)
             self.node.on_event(self._on_node_event)
             for signed in self.store.manifests():
@@ -212,6 +214,7 @@ class RelayRole:
             now_s=time.time(), place=place))
         await self._command(lambda now: self.core.publish(now, signed))
         self.watcher.mark_complete(version)
+        await self._collect()
         return signed
 
     async def wait_for_version(self, min_version: int = 0) -> int:
@@ -249,6 +252,7 @@ class RelayRole:
                 self.watcher.mark_complete(item.version)  # durable: the store flushed it first
                 log.info("version %d complete (%d chunks fetched in %.1fs)", item.version, item.fetched_chunks,
                          item.seconds)
+                await self._collect()
 
     async def _keep_manifest(self, signed: SignedManifest) -> None:
         """Keep the manifest and create the version's files (before any of its fetches is sent:
@@ -268,9 +272,7 @@ class RelayRole:
             log.info("version %d: %d chunks shared with a held version, copied locally", signed.version,
                      len(adopted))
             for index in adopted:  # requests already waiting for them are answered now
-                arrived = self._arrivals.pop((signed.version, index), None)
-                if arrived is not None:
-                    arrived.set()
+                self._uploads.arrived(signed.version, index)
             await self._command(lambda now: self.core.found(now, signed.version, adopted))
 
     def _upstream(self, peer: str) -> Upstream:
@@ -313,9 +315,7 @@ class RelayRole:
             log.warning("the chunk store has room again: fetching resumes")
             await self._command(lambda now: self.core.hold_requests(now, now))
         self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
-        arrived = self._arrivals.pop((fetch.version, fetch.index), None)
-        if arrived is not None:
-            arrived.set()
+        self._uploads.arrived(fetch.version, fetch.index)
         self._fetched_send.send_nowait((peer, fetch, elapsed_s))
 
     async def _tell_fetched(self) -> None:
@@ -360,8 +360,17 @@ class RelayRole:
                     "until it is fetched again", index, version)
         await self._command(lambda now: self.core.lost(now, version, index))
 
+    async def _collect(self) -> None:
+        """A version became complete: keep the newest `keep_versions` complete ones (the store
+        tells us what it dropped, and the core forgets those)."""
+        try:
+            await trio.to_thread.run_sync(self.store.collect)
+        except OSError as exc:  # our disk: the versions stay until the next collection
+            log.error("garbage collection of the chunk store failed: %s", exc)
+
     async def _version_collected(self, version: int) -> None:
         self.watcher.forget(version)
+        self.timeline.pop(version, None)
         await self._command(lambda now: self.core.collected(version))
         log.info("version %d was garbage-collected: no longer held or announced", version)
 
@@ -510,36 +519,36 @@ class RelayRole:
                     frame = None
                 await self._respond(stream, send_lock, req.request_id, frame)
                 return
-            if not await self._wait_for(req.version, req.index, req.digest):
-                await self._respond(stream, send_lock, req.request_id, None)
-                return
-            size = chunk_size(self.store.manifest(req.version).manifest, req.index)
-            if self.config.serve_bytes_per_peer_s:  # a peer's budget is spent waiting, not holding a slot
+            held = self.store.holds(req.version, req.index)
+            if self.config.serve_bytes_per_peer_s and held:  # a peer's budget is spent waiting, not holding a slot
                 budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
-                await trio.sleep(budget.reserve(trio.current_time(), size))
-            await self._slots.acquire(urgent, client)
-            try:
+                await trio.sleep(budget.reserve(trio.current_time(), self._size_of(req)))
+            async with self._uploads.turn(client, req.version, req.index, urgent, held) as granted:
+                if not granted or not self._matches(req.version, req.index, req.digest):
+                    await self._respond(stream, send_lock, req.request_id, None)  # not here in time, or not this
+                    return
+                size = self._size_of(req)
                 self.serving_now[client] = self.serving_now.get(client, 0) + 1
-                await trio.sleep(self._upload.reserve(trio.current_time(), size))
-                if not await self._verified(req.version, req.index):
-                    raise ChunkMissing(f"chunk {req.index} of version {req.version} was rotten")
-                if self.corrupt_chunks:
-                    data = await trio.to_thread.run_sync(self.store.read_chunk, req.version, req.index)
-                    await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:])
-                else:
-                    await self._respond(stream, send_lock, req.request_id, self.store.segments(req.version, req.index),
-                                        size)
-                self.served[client] = self.served.get(client, 0) + 1
-                self.bytes_served += size
-                now = trio.current_time()
-                self._serving_window = (self._serving_window or (now, now))[0], now
-            except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile
-                await self._respond(stream, send_lock, req.request_id, None)
-            finally:
-                self.serving_now[client] -= 1
-                if not self.serving_now[client]:
-                    del self.serving_now[client]
-                self._slots.release(client)
+                try:
+                    await trio.sleep(self._upload.reserve(trio.current_time(), size))
+                    if not await self._verified(req.version, req.index):
+                        raise ChunkMissing(f"chunk {req.index} of version {req.version} was rotten")
+                    if self.corrupt_chunks:
+                        data = await trio.to_thread.run_sync(self.store.read_chunk, req.version, req.index)
+                        await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:])
+                    else:
+                        await self._respond(stream, send_lock, req.request_id,
+                                            self.store.segments(req.version, req.index), size)
+                    self.served[client] = self.served.get(client, 0) + 1
+                    self.bytes_served += size
+                    now = trio.current_time()
+                    self._serving_window = (self._serving_window or (now, now))[0], now
+                except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile
+                    await self._respond(stream, send_lock, req.request_id, None)
+                finally:
+                    self.serving_now[client] -= 1
+                    if not self.serving_now[client]:
+                        del self.serving_now[client]
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.info("chunk answers to %s ended: %s", client, exc)
             connection.cancel()
@@ -553,18 +562,20 @@ class RelayRole:
         finally:
             pending.release_on_behalf_of(request)
 
-    async def _wait_for(self, version: int, index: int, digest: bytes) -> bool:
-        """Whether we hold the chunk asked for, waiting up to `request_timeout_s` for it to arrive."""
-        if not self.store.holds(version, index):
-            event = self._arrivals.setdefault((version, index), trio.Event())
-            with trio.move_on_after(self.config.request_timeout_s):
-                await event.wait()
+    def _matches(self, version: int, index: int, digest: bytes) -> bool:
+        """Whether we hold chunk `index` of `version` and it is the one asked for (by digest)."""
         try:
             signed = self.store.manifest(version)
         except VersionUnknown:
             return False
         return 0 <= index < len(signed.manifest.chunk_digests) and signed.manifest.chunk_digests[index] == digest \
             and self.store.holds(version, index)
+
+    def _size_of(self, req: ChunkRequest) -> int:
+        try:
+            return chunk_size(self.store.manifest(req.version).manifest, req.index)
+        except (VersionUnknown, IndexError, ValueError):
+            return 0
 
     async def _verified(self, version: int, index: int) -> bool:
         """Held and good: a chunk only claimed by the bitmap since a restart is hashed first."""

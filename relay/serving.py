@@ -1,84 +1,249 @@
-"""The serving policy's parts that hold no sockets: upload slots, byte budgets and the meter
-of what our uploads really deliver.
+"""The serving policy, with no sockets: who gets our upload next, byte budgets and the meter
+of what our uploads really deliver. The relay role (real world) and `simulations.dataplane`
+(virtual time) both drive `ServingCore`: no serving decision lives only in one of them.
 
-`UploadSlots`: at most `slots` chunks served at once, at most `per_peer` to one requester,
-urgent requests (the requester forwards that stripe) first, then round robin across peers.
+`ServingCore`: at most `slots` chunks served at once, at most `per_peer` to one requester,
+urgent requests (the requester forwards that stripe) first, then round robin across peers; a
+request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`.
 `ByteBudget`: a token bucket (one second of burst) for bytes served, to one peer or to all.
 `UploadMeter`: bytes sent while every upload slot was taken, over that time, in a sliding
 window: when the slots are all busy our upload is the bottleneck, so that rate is what we can
 deliver; the relay advertises it instead of its configured `upload_bps` when it is lower.
 
-`ByteBudget` and `UploadMeter` are pure (the caller passes the time); `UploadSlots` uses trio
-events for its waiters. This module must not do I/O.
+Everything here is pure (the caller passes the time). This module must not do I/O.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Callable
+from dataclasses import dataclass
+from typing import Hashable
 
-import trio
+from p2pnet.config import validated
 
 
-class UploadSlots:
-    """At most `slots` chunks served at once and at most `per_peer` of them to one peer, so one
-    requester cannot hold them all. Waiters are served urgent first, then round-robin across
-    peers (FIFO within a peer)."""
+@validated
+@dataclass(frozen=True)
+class ServingConfig:
+    """`slots`: chunks served at once; `per_peer`: of them to one requester at most (0: half the
+    slots); `wait_limit_s`: how long a request for a chunk we do not hold yet waits for it
+    before it is answered "unavailable" (the requester then asks elsewhere)."""
 
-    def __init__(self, slots: int, per_peer: int | None = None,
-                 on_full: Callable[[bool], None] = lambda full: None) -> None:
-        self.free = slots
-        self._on_full = on_full  # told True when the last slot is taken, False when one stays free
-        self.per_peer = per_peer or max(1, slots // 2)
-        self._held: dict[str, int] = {}
-        self._waiters: list[OrderedDict[str, list[trio.Event]]] = [OrderedDict(), OrderedDict()]  # urgent, normal
+    slots: int = 16
+    per_peer: int = 0
+    wait_limit_s: float = 10.0
 
-    def _may_take(self, peer: str) -> bool:
-        return self.free > 0 and self._held.get(peer, 0) < self.per_peer
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if self.slots < 1:
+            problems["slots"] = "must be >= 1"
+        if self.per_peer < 0:
+            problems["per_peer"] = "must be >= 0 (0: half the slots)"
+        if not self.wait_limit_s > 0:
+            problems["wait_limit_s"] = "must be > 0"
+        return problems
 
-    async def acquire(self, urgent: bool, peer: str = "") -> None:
-        if self._may_take(peer) and not any(self._may_take(p) for queues in self._waiters for p in queues):
-            self._take(peer)
-            return
-        event = trio.Event()
-        queue = self._waiters[0 if urgent else 1].setdefault(peer, [])
-        queue.append(event)
-        try:
-            await event.wait()
-        except BaseException:
-            if event in queue:
-                queue.remove(event)
-                if not queue:
-                    self._waiters[0 if urgent else 1].pop(peer, None)
-            elif event.is_set():
-                self.release(peer)  # we were handed a slot while being cancelled: pass it on
-            raise
 
-    def _take(self, peer: str) -> None:
-        self.free -= 1
-        self._held[peer] = self._held.get(peer, 0) + 1
-        if self.free == 0:
-            self._on_full(True)
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Send the chunk asked for by `token` now (it holds an upload slot until `done`)."""
 
-    def release(self, peer: str = "") -> None:
+    token: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer `token` "unavailable": the chunk did not arrive within the wait limit."""
+
+    token: Hashable
+
+
+@dataclass(slots=True)
+class _Ask:
+    token: Hashable
+    peer: str
+    urgent: bool
+    key: tuple[int, int]
+    deadline: float
+
+
+class ServingCore:
+    """Who gets our upload next: a pure core (no I/O, no clock; the caller passes `now`).
+
+    A request (`ask`) for a chunk we hold joins the queue; one for a chunk we do not hold yet
+    waits for it (`arrived`) up to `wait_limit_s` (`expire` refuses the late ones), so a
+    child is answered as soon as we verified the chunk (cut-through). Queued requests get
+    slots urgent first (the requester forwards that chunk's stripe to others), then round
+    robin across peers, first come first served within a peer, and one peer holds at most
+    `per_peer` slots. `done` frees a slot; `drop_peer` forgets a requester that went away.
+    Every method returns the `Serve` / `Refuse` actions for the shell to carry out.
+    `full` says whether every slot is taken (our upload is the bottleneck then)."""
+
+    def __init__(self, config: ServingConfig | None = None) -> None:
+        self.config = config or ServingConfig()
+        self.per_peer = self.config.per_peer or max(1, self.config.slots // 2)
+        self.free = self.config.slots
+        self._serving: dict[Hashable, str] = {}  # token -> peer, while it holds a slot
+        self._held: dict[str, int] = {}  # peer -> slots it holds
+        self._queues: tuple[OrderedDict[str, deque[_Ask]], ...] = (OrderedDict(), OrderedDict())  # urgent, normal
+        self._queued: dict[Hashable, _Ask] = {}
+        self._waiting: dict[tuple[int, int], list[_Ask]] = {}
+        self._deadlines: deque[_Ask] = deque()  # waiting asks in deadline order (one wait limit for all)
+
+    @property
+    def full(self) -> bool:
+        return self.free == 0
+
+    def ask(self, now: float, token: Hashable, peer: str, version: int, index: int, urgent: bool,
+            held: bool) -> list[Serve | Refuse]:
+        ask = _Ask(token, peer, urgent, (version, index), now + self.config.wait_limit_s)
+        if not held:
+            self._waiting.setdefault(ask.key, []).append(ask)
+            self._deadlines.append(ask)
+            return []
+        self._enqueue(ask)
+        return self._grant()
+
+    def arrived(self, now: float, version: int, index: int) -> list[Serve | Refuse]:
+        """We now hold chunk `index` of `version`: the requests waiting for it are queued."""
+        waiting = self._waiting.pop((version, index), None)
+        if not waiting:
+            return []
+        for ask in waiting:
+            ask.deadline = -1.0  # no longer waiting (its entry in `_deadlines` is skipped)
+            self._enqueue(ask)
+        return self._grant()
+
+    def done(self, now: float, token: Hashable) -> list[Serve | Refuse]:
+        """The answer to `token` was sent (or failed): its slot is free."""
+        peer = self._serving.pop(token, None)
+        if peer is None:
+            return []
         self.free += 1
-        self._held[peer] -= 1
-        if not self._held[peer]:
+        held = self._held[peer] - 1
+        if held:
+            self._held[peer] = held
+        else:
             del self._held[peer]
-        for queues in self._waiters:
-            for waiting_peer in list(queues):
-                if not self._may_take(waiting_peer):
+        return self._grant()
+
+    def cancel(self, token: Hashable) -> None:
+        """Forget a request that is queued or waiting (its requester is gone); a request being
+        served is ended with `done`."""
+        ask = self._queued.pop(token, None)
+        if ask is not None:
+            queues = self._queues[0 if ask.urgent else 1]
+            mine = queues.get(ask.peer)
+            if mine is not None:
+                mine.remove(ask)
+                if not mine:
+                    del queues[ask.peer]
+            return
+        for key, asks in list(self._waiting.items()):
+            for ask in asks:
+                if ask.token == token:
+                    asks.remove(ask)
+                    ask.deadline = -1.0
+                    if not asks:
+                        del self._waiting[key]
+                    return
+
+    def drop_peer(self, peer: str) -> list[Hashable]:
+        """Forget every request of `peer` that is queued or waiting; their tokens."""
+        dropped = []
+        for queues in self._queues:
+            for ask in queues.pop(peer, ()):
+                self._queued.pop(ask.token, None)
+                dropped.append(ask.token)
+        for key in list(self._waiting):
+            kept = []
+            for ask in self._waiting[key]:
+                if ask.peer == peer:
+                    ask.deadline = -1.0
+                    dropped.append(ask.token)
+                else:
+                    kept.append(ask)
+            if kept:
+                self._waiting[key] = kept
+            else:
+                del self._waiting[key]
+        return dropped
+
+    def clear(self) -> list[Hashable]:
+        """Forget every request queued or waiting (we stopped or crashed); their tokens. Those
+        being served keep their slots until `done`."""
+        tokens = list(self._queued) + [a.token for asks in self._waiting.values() for a in asks]
+        for queues in self._queues:
+            queues.clear()
+        self._queued.clear()
+        self._waiting.clear()
+        self._deadlines.clear()
+        return tokens
+
+    def requesters(self) -> set[str]:
+        """Peers with a request queued or waiting here."""
+        return {a.peer for a in self._queued.values()} | {a.peer for asks in self._waiting.values() for a in asks}
+
+    def expire(self, now: float) -> list[Serve | Refuse]:
+        """Refuse the waiting requests whose wait limit has passed."""
+        out: list[Serve | Refuse] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0].deadline <= now:
+            ask = deadlines.popleft()
+            if ask.deadline < 0:
+                continue  # answered or forgotten meanwhile
+            asks = self._waiting.get(ask.key)
+            if asks is not None:
+                asks.remove(ask)
+                if not asks:
+                    del self._waiting[ask.key]
+            out.append(Refuse(ask.token))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """When the earliest waiting request expires (None: nothing waits)."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0].deadline < 0:
+            deadlines.popleft()
+        return deadlines[0].deadline if deadlines else None
+
+    def status(self) -> dict[str, int]:
+        return {"slots": self.config.slots, "serving": len(self._serving), "queued": len(self._queued),
+                "waiting": sum(len(a) for a in self._waiting.values())}
+
+    def _enqueue(self, ask: _Ask) -> None:
+        queues = self._queues[0 if ask.urgent else 1]
+        mine = queues.get(ask.peer)
+        if mine is None:
+            mine = queues[ask.peer] = deque()
+        mine.append(ask)
+        self._queued[ask.token] = ask
+
+    def _grant(self) -> list[Serve | Refuse]:
+        out: list[Serve | Refuse] = []
+        while self.free > 0:
+            ask = self._next()
+            if ask is None:
+                break
+            self.free -= 1
+            self._held[ask.peer] = self._held.get(ask.peer, 0) + 1
+            self._serving[ask.token] = ask.peer
+            out.append(Serve(ask.token))
+        return out
+
+    def _next(self) -> _Ask | None:
+        """The first queued ask, urgent first, round robin across peers under their cap."""
+        for queues in self._queues:
+            for peer in queues:
+                if self._held.get(peer, 0) >= self.per_peer:
                     continue
-                queue = queues.pop(waiting_peer)  # round robin: this peer goes to the back
-                event = queue.pop(0)
-                if queue:
-                    queues[waiting_peer] = queue
-                self.free -= 1  # the slot moves straight to this waiter: still full if it was
-                self._held[waiting_peer] = self._held.get(waiting_peer, 0) + 1
-                event.set()
-                return
-        if self.free == 1:
-            self._on_full(False)
+                mine = queues.pop(peer)  # round robin: this peer goes to the back
+                ask = mine.popleft()
+                if mine:
+                    queues[peer] = mine
+                del self._queued[ask.token]
+                return ask
+        return None
 
 
 class ByteBudget:

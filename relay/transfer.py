@@ -85,6 +85,8 @@ from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
 TIMER_TICK = "relay/tick"
 LAYOUTS = ("striped", "tree", "star")
 RATE_EWMA = 0.3
+SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
+SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
 
 
 @validated
@@ -101,6 +103,7 @@ class TransferConfig:
     announce_sample: int = 8  # about this many holders gossip `Holding` per interval, network-wide
     layout: str = "striped"  # "tree" and "star" exist as baselines for the simulator
     tree_fanout: int = 4
+    stable_plan: bool = True  # see `relay.planner.plan_broadcast`
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -184,7 +187,8 @@ class TransferCore:
         self._versions: dict[int, _Version] = {}
         self._excluded: dict[str, float] = {}
         self._banned: set[str] = set()
-        self._rates: dict[str, float] = {}
+        self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
+        self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._manifest_asked: dict[int, tuple[float, str]] = {}  # version -> (when, whom)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
@@ -304,11 +308,15 @@ class TransferCore:
             self._settle(now, v, index, entry, progress=True)
             stripe = entry[1]
         size = v.size(index)
+        effects: list[Any] = []
         if elapsed_s > 0:
             rate = size / elapsed_s
             old = self._rates.get(peer)
             self._rates[peer] = rate if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * rate
-        effects: list[Any] = []
+            self._samples[peer] = self._samples.get(peer, 0) + 1
+            if stripe is not None and self._delivers_too_little(v, stripe, peer):
+                self._exclude(now, peer, "slow", effects)  # its children borrow substitutes
+                effects.append(DropSource(peer))
         if not v.have[index]:
             v.have[index] = 1
             v.have_count += 1
@@ -477,7 +485,7 @@ class TransferCore:
         origin_upload = self._members.uploads.get(origin, self._self_upload)
         if self.config.layout == "striped":
             v.plan = plan_broadcast(origin, origin_upload, self._members, v.count, self.config.stripes,
-                                    salt=v.signed.manifest_id)
+                                    salt=v.signed.manifest_id, stable=self.config.stable_plan)
         else:
             fanout = self.config.tree_fanout if self.config.layout == "tree" else len(self._members)
             v.plan = plan_tree(origin, self._members, v.count, fanout, salt=v.signed.manifest_id)
@@ -660,6 +668,23 @@ class TransferCore:
         src.outstanding -= 1
         if progress:
             src.since = now
+
+    def _delivers_too_little(self, v: _Version, stripe: int, peer: str) -> bool:
+        """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
+        sources of this version deliver to us (the median, over at least 3 of them) and less
+        than half of the stripe's planned rate (capacity / members) too. Judged on measured
+        delivery, never on what the peer advertises; relative to our other sources, so our own
+        slow download does not make every parent look slow. The origin is never replaced."""
+        chain = v.chains[stripe] if v.plan is not None else ()
+        if not chain or chain[0] != peer or peer == v.plan.origin or \
+                self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:  # type: ignore[union-attr]
+            return False
+        rate = self._rates[peer]
+        planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)  # type: ignore[union-attr]
+        if rate >= SLOW_RATIO * planned:
+            return False
+        others = sorted(self._rates[p] for p in v.sources if p != peer and self._samples.get(p, 0) >= SLOW_MIN_SAMPLES)
+        return len(others) >= 3 and rate < SLOW_RATIO * others[len(others) // 2]
 
     # -- internals: failures --------------------------------------------------------------
 

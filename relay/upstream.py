@@ -101,7 +101,7 @@ class Upstream:
             entry = self._pending.get(header.request_id)
             if entry is None:
                 raise _CorruptSource(f"answer to request {header.request_id}, which we never sent")
-            fetch, sent_at = entry
+            fetch, _ = entry
             if header.status != STATUS_OK:
                 del self._pending[header.request_id]
                 await self.role.report_failed(self.peer, fetch, "unavailable")
@@ -111,6 +111,7 @@ class Upstream:
                 await self.role.report_failed(self.peer, fetch, "corrupt")
                 raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
             buffer = await self._buffers.take(header.length)  # waits while STORING_CHUNKS are being stored
+            started = trio.current_time()  # the source's delivery is timed from here, not from the ask
             try:
                 await reader.exactly_into(header.length, buffer)  # TruncatedStream if the source dies mid-chunk
             except BaseException:
@@ -118,7 +119,7 @@ class Upstream:
                 raise
             del self._pending[header.request_id]
             # hash and store it while we read on
-            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - sent_at)
+            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started)
 
     async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float) -> None:
         try:

@@ -78,6 +78,7 @@ class BroadcastSim:
     regions: dict[str, str] = field(default_factory=dict)
     rng: random.Random | None = None  # drew uploads, downloads and regions; draw what comes next from it
     open_frame: Callable[[bytes, float], SignedManifest] | None = None  # trusts the origin alone
+    downloads: dict[str, float] = field(default_factory=dict)
 
     def publish(self) -> None:
         self.world.apply(self.origin, self.cores[self.origin].publish(self.engine.now, self.signed))
@@ -145,6 +146,8 @@ def build_broadcast(
     network: NetworkModel | None = None,
     world_class: type[RelayWorld] = RelayWorld,
     stall_timeout_s: float | None = None,
+    download_ratio: float = math.inf,
+    window_bytes: float = math.inf,
 ) -> BroadcastSim:
     """The world of one broadcast, every relay started and given the membership, nothing published.
 
@@ -154,7 +157,9 @@ def build_broadcast(
     `assign(rng, n)`; default: all in `origin_region`). `network` replaces the plain model of
     `latency_s`; `world_class` is a `RelayWorld` subclass. `strategy` None keeps `config`'s
     layout; `stall_timeout_s` sets the stall timeout (and excludes a stalled source for 3x that).
-    `corrupt` peers serve each chunk corrupt with probability `corrupt_rate`."""
+    `corrupt` peers serve each chunk corrupt with probability `corrupt_rate`. A relay's download
+    is at most `download_ratio` times its upload (1: symmetric links); `window_bytes` limits
+    each connection to window / round trip (TCP)."""
     if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}")
     draw = log_uniform(*upload_bps) if isinstance(upload_bps, tuple) else upload_bps
@@ -162,12 +167,13 @@ def build_broadcast(
     chunk_bytes = chunk_bytes or default_chunk_bytes(checkpoint_bytes)
     engine = Engine(seed)
     world = world_class(engine, network or NetworkModel(local_latency_s=latency_s), corrupt_peers=corrupt,
-                        corrupt_rate=corrupt_rate, corrupt_seed=str(seed))
+                        corrupt_rate=corrupt_rate, corrupt_seed=str(seed), window_bytes=window_bytes)
     origin = identity("sim/origin")
     ids = [identity(f"sim/peer-{i}") for i in range(peers)]
     uploads = {origin.peer_id: float(origin_upload_bps)}
     uploads.update({i.peer_id: float(draw(rng)) for i in ids})
     downloads = [download_bps(rng) for _ in ids] if callable(download_bps) else [download_bps] * peers
+    downloads = [min(d, uploads[i.peer_id] * download_ratio) for i, d in zip(ids, downloads)]
     placed = regions(rng, peers) if callable(regions) else regions or [origin_region] * peers
     where = {origin.peer_id: origin_region, **{i.peer_id: r for i, r in zip(ids, placed)}}
     signed = fake_manifest(origin, checkpoint_bytes, chunk_bytes)
@@ -203,7 +209,7 @@ def build_broadcast(
     for peer_id, core in cores.items():
         world.apply(peer_id, core.set_members(engine.now, members))
     sim = BroadcastSim(engine, world, origin.peer_id, [i.peer_id for i in ids], cores, uploads, signed, {},
-                       cfg, where, rng, open_frame)
+                       cfg, where, rng, open_frame, {i.peer_id: d for i, d in zip(ids, downloads)})
 
     def on_event(now: float, peer: str, event: object) -> None:
         if isinstance(event, VersionComplete) and peer != origin.peer_id:
@@ -246,7 +252,8 @@ def run_broadcast_sim(sim: BroadcastSim, *, strategy: str = "relay", seed: int =
         raise RuntimeError(f"seed {seed}: only {len(sim.completed)} of {peers} peers completed by {until_s}s")
     finished = max(sim.completed.values())
     total = sim.signed.manifest.total_bytes
-    bound = lower_bound_s(total, sim.uploads[sim.origin], [sim.uploads[p] for p in sim.peer_ids])
+    bound = lower_bound_s(total, sim.uploads[sim.origin], [sim.uploads[p] for p in sim.peer_ids],
+                          [sim.downloads[p] for p in sim.peer_ids])
     return BroadcastResult(strategy, peers, total, sim.signed.manifest.chunk_bytes, finished, bound,
                            finished / bound, dict(sim.completed), time.perf_counter() - wall,
                            sim.engine.events_run, dict(sim.world.transfer_stats))

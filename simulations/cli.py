@@ -42,6 +42,15 @@ def register(commands: Any) -> None:
                      help="override a scenario field, dotted for nested ones (churn.departures=0.1); repeatable")
     run.add_argument("--out", type=path_arg, default=Path("sim-out"), metavar="DIR",
                      help="output directory (default: sim-out)")
+    world = run.add_argument_group("the broadcast's world (shorthands for --set; default: the scenario's)")
+    world.add_argument("--view-miss", type=float, metavar="FRACTION",
+                       help="each relay's membership misses this share of the others (0: exact, agreeing views)")
+    world.add_argument("--slow-fraction", type=float, metavar="F",
+                       help="this share of relays deliver 1/K of the upload they advertise (see --slow-factor)")
+    world.add_argument("--slow-factor", type=float, metavar="K", help="how much slower the slow relays are (K >= 1)")
+    world.add_argument("--symmetric", action="store_true", help="download = upload (default: download <= 4x upload)")
+    world.add_argument("--layout", choices=sorted(LAYOUT_STRATEGY),
+                       help="how the relays are organised: striped trees (default), one tree, a star")
     run.set_defaults(func=cmd_run)
 
     sweep = command(sub, "sweep", "run a scenario over parameter values and seeds",
@@ -56,6 +65,31 @@ def register(commands: Any) -> None:
                        help="a fixed override, as for `sim run`; repeatable")
     sweep.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="output directory")
     sweep.set_defaults(func=cmd_sweep)
+
+
+#: `--layout` names -> the scenario's strategy field
+LAYOUT_STRATEGY = {"striped": "relay", "tree": "tree4", "star": "star"}
+
+
+def _world_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.view_miss is not None:
+        if not 0.0 <= args.view_miss < 1.0:
+            raise ConfigError("--view-miss", "must lie in [0, 1)")
+        out["view_miss"] = args.view_miss
+    if args.slow_fraction is not None:
+        if not 0.0 <= args.slow_fraction <= 1.0:
+            raise ConfigError("--slow-fraction", "must lie in [0, 1]")
+        out["slow_fraction"] = args.slow_fraction
+    if args.slow_factor is not None:
+        if not args.slow_factor >= 1.0:
+            raise ConfigError("--slow-factor", "must be >= 1")
+        out["slow_factor"] = args.slow_factor
+    if args.symmetric:
+        out["download_ratio"] = 1.0
+    if args.layout is not None:
+        out["strategy"] = LAYOUT_STRATEGY[args.layout]
+    return out
 
 
 def _overrides(specs: list[str]) -> dict[str, str]:
@@ -78,11 +112,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from simulations.run import run_scenario, write_outputs
-    from simulations.scenarios import scenario, with_params
+    from simulations.scenarios import BroadcastScenario, scenario, with_params
 
     if args.peers is not None and args.peers < 1:
         raise ConfigError("--peers", "must be >= 1")
-    config = with_params(scenario(args.scenario, args.peers, args.seed), _overrides(args.set))
+    config = scenario(args.scenario, args.peers, args.seed)
+    world = _world_overrides(args)
+    if world and not isinstance(config, BroadcastScenario):
+        raise ConfigError("--view-miss/--slow-*/--symmetric/--layout", f"only for broadcast scenarios, not {args.scenario}")
+    config = with_params(with_params(config, world), _overrides(args.set))
     output_dir(args.out)
     result = run_scenario(config)
     written = write_outputs(result, args.out)
@@ -91,7 +129,11 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"({result.summary.get('wall_s', 0):.1f}s wall)")
     bound, ratio = result.summary.get("lower_bound_s"), result.summary.get("ratio")
     if bound is not None and ratio is not None:
-        print(f"  {ratio:.2f}x the lower bound ({bound:.3f} s: max(S/U_origin, N*S/(U_origin + sum of uploads)))")
+        print(f"  {ratio:.2f}x the lower bound ({bound:.3f} s: max(S/U_origin, N*S/(U_origin + sum of uploads), "
+              f"S/min(download)))")
+    copies = result.summary.get("origin_upload_copies")
+    if copies is not None:
+        print(f"  the origin uploaded {copies:.2f} copies of the checkpoint")
     for path in written:
         print(f"wrote {path}")
     return 0

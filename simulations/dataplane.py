@@ -4,19 +4,24 @@
 It carries out the transfer core's relay effects (`relay.transfer.Fetch`, `FetchManifest`,
 `DropSource`, `Penalise`) in virtual time and hands everything else to `SimWorld`.
 
-Theory of operation. A `Fetch` travels to the source in one link latency. The source serves at
-most `max_concurrent_uploads` chunks at once, first come first served: a request for a chunk it
-holds joins its ready queue; one for a chunk it does not hold yet waits until its own core
-stores that chunk (the long poll of the real shell), then joins the queue. A running flow moves
-bytes at min(source upload / its active uploads, sink download / its active downloads); when a
-flow starts or ends, only the flows of its two endpoints are re-rated and rescheduled, so an
-event costs O(slots), never O(N); when every download is unlimited and a finished flow is
-replaced at once, the others' shares are unchanged and only the new flow is scheduled. Flows
-and requests hold their endpoints' ports and peers, so the per-chunk path does no lookups by id
-(10,000 peers x 150+ chunks is millions of chunks: see `simulations.scale`). At the last byte
-the sink's core is told `fetched`, or `fetch_failed("corrupt")` when the source is one of
-`corrupt_peers` (byzantine) and the chunk is corrupt: each chunk such a peer serves is corrupt
-with probability `corrupt_rate` (1.0: always), drawn from a generator seeded by `corrupt_seed`.
+Theory of operation. A `Fetch` travels to the source in one link latency. What the source does
+with it is decided by its serving core, the real relay's (`relay.serving.ServingCore`): at most
+`slots` chunks served at once, urgent first, round robin across requesters; a request for a
+chunk it does not hold yet waits until its own transfer core stores that chunk (the long poll)
+and is answered "unavailable" after the wait limit. A running flow moves bytes at min(its share
+of the source's upload, sink download / its active downloads, window / round trip of its
+connection (TCP, with `window_bytes`)); a source's upload is shared max-min fairly among its
+flows. When a flow starts or ends, only the flows of its two endpoints are re-rated and
+rescheduled, so an event costs O(slots), never O(N); when every download is unlimited and no
+connection is window-limited, a finished flow replaced at once leaves the others' shares
+unchanged and only the new flow is scheduled. Flows and requests hold their endpoints' ports
+and peers, so the per-chunk path does no lookups by id (10,000 peers x 150+ chunks is millions
+of chunks: see `simulations.scale`). At the last byte the sink's core is told `fetched` (with
+the time the bytes took to move, as the real shell measures from the answer's header: waiting
+in a long poll or a queue is not the link's speed), or `fetch_failed("corrupt")` when the
+source is one of `corrupt_peers` (byzantine) and the chunk is corrupt: each chunk such a peer
+serves is corrupt with probability `corrupt_rate` (1.0: always), drawn from a generator seeded
+by `corrupt_seed`.
 
 Failures: `crash(p)` is a killed process: flows from p fail at once as `unreachable` (a reset
 connection), requests queued at p fail, later requests to p fail after one latency.
@@ -38,6 +43,7 @@ from typing import Any
 
 from p2pnet.identity import Identity
 from relay.effects import DropSource, Fetch, FetchManifest, Penalise
+from relay.serving import Refuse, ServingConfig, ServingCore
 from simulations.engine import Engine, Handle
 from simulations.world import NetworkModel, SimPeer, SimWorld
 
@@ -58,32 +64,35 @@ class _Request:
 
 
 class _Flow:
-    """A running chunk transfer; `src` and `dst` are the two endpoints' ports (no lookups per event)."""
+    """A running chunk transfer; `src` and `dst` are the two endpoints' ports (no lookups per event).
+    `cap` is the most one connection carries: TCP window / round-trip time (inf: no limit)."""
 
-    __slots__ = ("source", "request", "remaining", "rate", "since", "handle", "src", "dst")
+    __slots__ = ("source", "request", "remaining", "rate", "since", "handle", "src", "dst", "cap", "started")
 
-    def __init__(self, source: str, request: _Request, now: float, src: _Port, dst: _Port) -> None:
+    def __init__(self, source: str, request: _Request, now: float, src: _Port, dst: _Port,
+                 cap: float = math.inf) -> None:
         self.source = source
         self.request = request
         self.remaining = float(request.fetch.size)
         self.rate = 0.0
         self.since = now
+        self.started = now
         self.handle: Handle | None = None
         self.src = src
         self.dst = dst
+        self.cap = cap
 
 
 @dataclass(slots=True)
 class _Port:
-    """One peer's data plane: capacities, upload slots, queues and active flows."""
+    """One peer's data plane: capacities, its serving core (the real one: who is served next, the
+    long poll and its wait limit) and active flows. The serving core's tokens are `_Request`s."""
 
     upload_bps: float
     download_bps: float
-    slots: int
+    serving: ServingCore
     core_index: int
-    ready: deque[_Request] = field(default_factory=deque)
-    urgent: deque[_Request] = field(default_factory=deque)  # served before `ready`
-    waiting: dict[tuple[int, int], list[_Request]] = field(default_factory=dict)
+    expiry: Handle | None = None  # when the serving core next refuses a request that waited too long
     up: list[_Flow] = field(default_factory=list)
     down: list[_Flow] = field(default_factory=list)
     hung: bool = False
@@ -94,12 +103,15 @@ class _Port:
 
 class RelayWorld(SimWorld):
     def __init__(self, engine: Engine, model: NetworkModel | None = None, *, sign: bool = False,
-                 max_concurrent_uploads: int = 4, corrupt_peers: frozenset[str] = frozenset(),
-                 corrupt_rate: float = 1.0, corrupt_seed: str = "") -> None:
+                 serving: ServingConfig | None = None, corrupt_peers: frozenset[str] = frozenset(),
+                 corrupt_rate: float = 1.0, corrupt_seed: str = "", window_bytes: float = math.inf) -> None:
         super().__init__(engine, model, sign=sign)
         if not 0.0 <= corrupt_rate <= 1.0:
             raise ValueError("corrupt_rate must be within [0, 1]")
-        self.max_concurrent_uploads = max_concurrent_uploads
+        if not window_bytes > 0:
+            raise ValueError("window_bytes must be > 0 (inf: no per-connection limit)")
+        self.serving = serving or ServingConfig()
+        self.window_bytes = float(window_bytes)
         self.corrupt_peers = set(corrupt_peers)
         self.corrupt_rate = corrupt_rate
         self._corrupt_rng = random.Random(f"corrupt/{corrupt_seed}")
@@ -115,7 +127,7 @@ class RelayWorld(SimWorld):
     def add_relay_peer(self, identity: Identity, cores: list[Any], *, upload_bps: float,
                        download_bps: float = math.inf, region: str = "eu", core_index: int = 0) -> SimPeer:
         """A peer whose `cores[core_index]` is its `TransferCore`. Ports exist before cores start."""
-        self.ports[identity.peer_id] = _Port(float(upload_bps), float(download_bps), self.max_concurrent_uploads,
+        self.ports[identity.peer_id] = _Port(float(upload_bps), float(download_bps), ServingCore(self.serving),
                                              core_index)
         if download_bps != math.inf:
             self._unlimited_downloads = False
@@ -133,22 +145,22 @@ class RelayWorld(SimWorld):
             self._fail(flow.request, peer_id, "unreachable", delay=0.0)
         for flow in list(port.down):
             self._end_flow(flow)
-        for request in list(port.urgent) + list(port.ready) + [r for rs in port.waiting.values() for r in rs]:
-            self._fail(request, peer_id, "unreachable", delay=0.0)
-        port.urgent.clear()
-        port.ready.clear()
-        port.waiting.clear()
+            self._done(flow)
+        for request in port.serving.clear():
+            self._fail(request, peer_id, "unreachable", delay=0.0)  # type: ignore[arg-type]
+        port.serving = ServingCore(self.serving)
 
     def hang(self, peer_id: str) -> None:
         """The peer stops: no timers, no answers, its flows freeze (nobody is told)."""
         SimWorld.crash(self, peer_id)
         port = self.ports[peer_id]
         port.hung = True
-        for flow in list(port.up) + list(port.down):
+        for flow in list(port.up):
             self._end_flow(flow)
-        port.urgent.clear()
-        port.ready.clear()
-        port.waiting.clear()
+        for flow in list(port.down):  # its sources stop sending to it: their slots serve others
+            self._end_flow(flow)
+            self._done(flow)
+        port.serving = ServingCore(self.serving)
 
     def partition(self, groups: list[list[str]]) -> None:
         """Split the network; flows and queued requests across the cut go silent (see the top)."""
@@ -156,16 +168,12 @@ class RelayWorld(SimWorld):
         reachable = self._reachable
         for peer_id in sorted(self.ports):
             port = self.ports[peer_id]
+            for sink in sorted(port.serving.requesters()):
+                if not reachable(peer_id, sink):
+                    port.serving.drop_peer(sink)
             for flow in [f for f in port.up if not reachable(peer_id, f.request.sink)]:
                 self._end_flow(flow)
-            port.ready = deque(r for r in port.ready if reachable(peer_id, r.sink))
-            port.urgent = deque(r for r in port.urgent if reachable(peer_id, r.sink))
-            for key in list(port.waiting):
-                kept = [r for r in port.waiting[key] if reachable(peer_id, r.sink)]
-                if kept:
-                    port.waiting[key] = kept
-                else:
-                    del port.waiting[key]
+                self._done(flow)  # a cut flow goes silent; its slot serves a reachable requester
 
     # -- effects --------------------------------------------------------------------------
 
@@ -219,30 +227,63 @@ class RelayWorld(SimWorld):
             self._fail(request, source_id, "unreachable", delay=self._latency(request.sink, source_id))
             return
         fetch = request.fetch
-        if source.cores[port.core_index].has(fetch.version, fetch.index):
-            (port.urgent if fetch.urgent else port.ready).append(request)
-            if len(port.up) < port.slots:
-                self._start_flows(source_id, port)
-        else:
-            port.waiting.setdefault((fetch.version, fetch.index), []).append(request)
+        held = source.cores[port.core_index].has(fetch.version, fetch.index)
+        actions = port.serving.ask(self.engine.now, request, request.sink, fetch.version, fetch.index, fetch.urgent,
+                                   held)
+        if actions:
+            self._serve(source_id, port, actions)
+        if not held and port.expiry is None:
+            self._arm_expiry(source_id, port)
 
-    def _start_flows(self, source_id: str, port: _Port) -> None:
+    def _arm_expiry(self, source_id: str, port: _Port) -> None:
+        deadline = port.serving.next_deadline()
+        if deadline is not None:
+            port.expiry = self.engine.at(deadline, self._expire, source_id, port)
+
+    def _expire(self, source_id: str, port: _Port) -> None:
+        port.expiry = None
+        if self.ports.get(source_id) is not port or port.hung:
+            return
+        actions = port.serving.expire(self.engine.now)
+        if actions:
+            self._serve(source_id, port, actions)
+        self._arm_expiry(source_id, port)
+
+    def _done(self, flow: _Flow) -> None:
+        """`flow` ended without finishing (its sink crashed or gave up): its slot is free
+        (`_end_flow` re-rated the source's other flows)."""
+        port = flow.src
+        actions = port.serving.done(self.engine.now, flow.request)
+        if actions:
+            self._serve(flow.source, port, actions)
+
+    def _serve(self, source_id: str, port: _Port, actions: list[Any], ended: bool = False) -> None:
+        """Carry out the serving core's decisions: start a flow per `Serve`, answer each `Refuse`
+        "unavailable" (the requester hears it one latency later). `ended`: one of the source's
+        flows just ended, so its others are re-rated even if nothing new starts."""
         now = self.engine.now
         up = port.up
         started = []
-        while (port.urgent or port.ready) and len(up) < port.slots:
-            request = port.urgent.popleft() if port.urgent else port.ready.popleft()
+        for action in actions:  # `actions` may grow: a slot freed at once is given again
+            request = action.token
+            if type(action) is Refuse:
+                self._fail(request, source_id, "unavailable", delay=self._latency(request.sink, source_id))
+                continue
             sink_port = request.port
             if sink_port is None or not request.peer.alive:
+                actions.extend(port.serving.done(now, request))
                 continue
-            flow = _Flow(source_id, request, now, port, sink_port)
+            flow = _Flow(source_id, request, now, port, sink_port, self._flow_cap(source_id, request))
             up.append(flow)
             sink_port.down.append(flow)
             started.append(flow)
             self.transfer_stats["flows"] += 1
-        if not up:
+        if not started:
+            if ended and up:
+                self._rerate(up)
+                port.rated_for = len(up)
             return
-        if self._unlimited_downloads and len(up) == port.rated_for:
+        if self._unlimited_downloads and self.window_bytes == math.inf and len(up) == port.rated_for:
             self._rerate(started)  # a finished flow was replaced: the others keep their share
             return
         self._rerate(up)
@@ -251,16 +292,35 @@ class RelayWorld(SimWorld):
             if flow.dst.download_bps != math.inf:
                 self._rerate(flow.dst.down)
 
+    def _flow_cap(self, source_id: str, request: _Request) -> float:
+        """What one TCP connection carries at most: window / round trip (two one-way latencies)."""
+        if self.window_bytes == math.inf:
+            return math.inf
+        source = self.peers.get(source_id)
+        one_way = self._region_latency(request.peer.region, source.region) if source else self.model.local_latency_s
+        return self.window_bytes / max(2 * one_way, 1e-6)
+
     def _rerate(self, flows: list[_Flow]) -> None:
-        """Give each flow min(source upload / its uploads, sink download / its downloads)."""
+        """Give each flow min(its connection's cap, sink download / its downloads, its share of the
+        source's upload), the upload shared max-min fairly: what a capped flow cannot use goes to
+        the source's other flows."""
         now = self.engine.now
         at = self.engine.at
         finish = self._finishes
+        capped = self.window_bytes != math.inf
+        shares: dict[_Flow, float] = {}
         for flow in flows:
             src, dst = flow.src, flow.dst
-            rate = src.upload_bps / len(src.up)
+            if capped:
+                if flow not in shares:
+                    shares.update(self._upload_shares(src))
+                rate = shares[flow]
+            else:
+                rate = src.upload_bps / len(src.up)
             if dst.download_bps != math.inf:
                 rate = min(rate, dst.download_bps / len(dst.down))
+            if flow.cap < rate:
+                rate = flow.cap
             handle = flow.handle
             if handle is not None:
                 if rate == flow.rate:
@@ -271,6 +331,18 @@ class RelayWorld(SimWorld):
             flow.rate = rate
             remaining = flow.remaining
             flow.handle = at(now + (remaining if remaining > 0.0 else 0.0) / rate, finish, flow)
+
+    @staticmethod
+    def _upload_shares(port: _Port) -> dict[_Flow, float]:
+        """Water-filling of `port`'s upload over its flows, each limited by its connection cap."""
+        flows = sorted(port.up, key=lambda f: f.cap)
+        left, count, out = port.upload_bps, len(flows), {}
+        for flow in flows:
+            share = min(flow.cap, left / count)
+            out[flow] = share
+            left -= share
+            count -= 1
+        return out
 
     def _end_flow(self, flow: _Flow, rerate_source: bool = True) -> None:
         if flow.handle is not None:
@@ -288,10 +360,8 @@ class RelayWorld(SimWorld):
     def _finish(self, flow: _Flow) -> None:
         flow.handle = None
         source_port, sink_port = flow.src, flow.dst
-        source_port.up.remove(flow)  # `_end_flow` without re-rating the source: _start_flows below does
+        source_port.up.remove(flow)  # `_end_flow` without re-rating the source: `_serve` below does
         sink_port.down.remove(flow)
-        if sink_port.down and sink_port.download_bps != math.inf:
-            self._rerate(sink_port.down)
         request, fetch = flow.request, flow.request.fetch
         size = fetch.size
         source_port.bytes_up += size
@@ -306,11 +376,13 @@ class RelayWorld(SimWorld):
                                                                     "corrupt"))
         else:
             self._apply(sink, request.core_index, core.fetched(now, flow.source, fetch.version, fetch.index,
-                                                               now - request.issued))
+                                                               now - flow.started))
             key = (fetch.version, fetch.index)
-            if key in sink_port.waiting and core.has(fetch.version, fetch.index):
+            if core.has(fetch.version, fetch.index):
                 self._release_waiting(request.sink, sink_port, key)  # long polls for it are answered
-        self._start_flows(flow.source, source_port)
+        self._serve(flow.source, source_port, source_port.serving.done(now, request), ended=True)
+        if sink_port.down and sink_port.download_bps != math.inf:  # after the source: its share is settled
+            self._rerate(sink_port.down)
 
     def _corrupts(self) -> bool:
         """Whether a chunk a corrupt peer serves is corrupt (no draw at rate 1: replays stay exact)."""
@@ -320,11 +392,9 @@ class RelayWorld(SimWorld):
         return False
 
     def _release_waiting(self, peer_id: str, port: _Port, key: tuple[int, int]) -> None:
-        waiters = port.waiting.pop(key, None)
-        if waiters:
-            for request in waiters:
-                (port.urgent if request.fetch.urgent else port.ready).append(request)
-            self._start_flows(peer_id, port)
+        actions = port.serving.arrived(self.engine.now, *key)
+        if actions:
+            self._serve(peer_id, port, actions)
 
     def _fail(self, request: _Request, source_id: str, reason: str, delay: float) -> None:
         self.transfer_stats["failed"] += 1
@@ -344,17 +414,10 @@ class RelayWorld(SimWorld):
         port = self.ports.get(source_id)
         if port is None:
             return
-        port.ready = deque(r for r in port.ready if r.sink != sink_id)
-        port.urgent = deque(r for r in port.urgent if r.sink != sink_id)
-        for key in list(port.waiting):
-            kept = [r for r in port.waiting[key] if r.sink != sink_id]
-            if kept:
-                port.waiting[key] = kept
-            else:
-                del port.waiting[key]
+        port.serving.drop_peer(sink_id)
         for flow in [f for f in port.up if f.request.sink == sink_id]:
             self._end_flow(flow)
-        self._start_flows(source_id, port)
+            self._done(flow)
 
     def _fetch_manifest(self, sink: SimPeer, index: int, effect: FetchManifest) -> None:
         delay = 2 * self._latency(sink.peer_id, effect.peer)

@@ -71,6 +71,10 @@ class BroadcastRun:
     churn: list[ChurnEvent]
     rng: random.Random
     members: Membership
+    downloads: dict[str, float] = field(default_factory=dict)
+    slow: frozenset[str] = frozenset()  # deliver 1/slow_factor of the upload they advertise
+    view_class: dict[str, int] = field(default_factory=dict)  # relay -> the view it shares
+    unseen: list[frozenset[str]] = field(default_factory=list)  # per view class: relays it misses
     fate: dict[str, str] = field(default_factory=dict)  # peer -> leave / crash / hang
     joined: dict[str, float] = field(default_factory=dict)  # joiner -> when
     completed: dict[str, float] = field(default_factory=dict)
@@ -137,7 +141,8 @@ class BroadcastRun:
                                   download_bps=sc.download.draw(self.rng), region=self.regions[peer_id])
         self.world.connect(self.origin.peer_id, peer_id)
         # the joiner starts from what the others believe right now (it is not in it: it borrows a parent)
-        self.world.apply(peer_id, core.set_members(self.engine.now, self.members))
+        self.view_class[peer_id] = self.rng.randrange(max(len(self.unseen), 1))
+        self.world.apply(peer_id, core.set_members(self.engine.now, self.view_of(peer_id, self.members)))
         self.cores[peer_id] = core
         self.joined[peer_id] = self.engine.now
         self.waiting.add(peer_id)
@@ -152,8 +157,23 @@ class BroadcastRun:
         self.replans += 1
         live = [p for p in self.cores if self.world.peers[p].alive]
         self.members = Membership.of({p: self.uploads[p] for p in live})
+        views: dict[int, Membership] = {}
         for peer_id in live:
-            self.world.apply(peer_id, self.cores[peer_id].set_members(self.engine.now, self.members))
+            self.world.apply(peer_id, self.cores[peer_id].set_members(self.engine.now,
+                                                                      self.view_of(peer_id, self.members, views)))
+
+    def view_of(self, peer_id: str, members: Membership, cache: dict[int, Membership] | None = None) -> Membership:
+        """`members` as `peer_id` sees them: without the relays its view class misses."""
+        cls = self.view_class.get(peer_id)
+        if cls is None or not self.unseen or not self.unseen[cls]:
+            return members
+        view = cache.get(cls) if cache is not None else None
+        if view is None:
+            unseen = self.unseen[cls]
+            view = Membership.of({p: u for p, u in members.uploads.items() if p not in unseen})
+            if cache is not None:
+                cache[cls] = view
+        return view
 
     def _cut(self) -> None:
         sc = self.scenario
@@ -194,16 +214,29 @@ def build(sc: BroadcastScenario) -> BroadcastRun:
                           corrupt_rate=sc.corrupt_rate, regions=sc.regions.assign, origin_region=ORIGIN_REGION,
                           network=network_model(loss=sc.loss, local_latency_s=sc.local_latency_s,
                                                 regional=sc.regional_latency),
-                          world_class=RelayWorld)
+                          world_class=RelayWorld, download_ratio=sc.download_ratio, window_bytes=sc.window_bytes)
     rng = sim.rng
     assert rng is not None
     byzantine = frozenset(rng.sample(sim.peer_ids, round(sc.byzantine * sc.peers)))
     sim.world.corrupt_peers = set(byzantine)
     churn = sc.churn.draw(random.Random(f"churn/{sc.seed}"), sc.peers)
     origin = identity("sim/origin")
+    world_rng = random.Random(f"world/{sc.seed}")  # what the real world adds, apart from the draws above
+    slow = frozenset(world_rng.sample(sim.peer_ids, round(sc.slow_fraction * sc.peers)))
+    for peer_id in sorted(slow):
+        sim.world.ports[peer_id].upload_bps /= sc.slow_factor  # advertised (planned with) stays
     run = BroadcastRun(sc, sim.engine, sim.world, origin, sim.signed, config, sim.cores,  # type: ignore[arg-type]
                        sim.uploads, sim.regions, list(sim.peer_ids), byzantine, churn, rng,
-                       Membership.of(sim.uploads), _open=sim.open_frame)
+                       Membership.of(sim.uploads), dict(sim.downloads), slow, _open=sim.open_frame)
+    if sc.view_miss > 0:
+        classes = min(sc.view_classes, sc.peers)
+        run.view_class = {p: world_rng.randrange(classes) for p in sim.peer_ids}
+        for cls in range(classes):
+            others = [p for p in sim.peer_ids if run.view_class[p] != cls]
+            run.unseen.append(frozenset(world_rng.sample(others, round(sc.view_miss * len(others)))))
+        views: dict[int, Membership] = {}
+        for peer_id in sim.peer_ids:
+            sim.world.apply(peer_id, sim.cores[peer_id].set_members(0.0, run.view_of(peer_id, run.members, views)))
     run.waiting = {p for p in sim.peer_ids if p not in byzantine}
     sim.world.listeners.append(run.on_event)
     return run
@@ -226,7 +259,9 @@ def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
     done = [run.completed[p] for p in survivors if p in run.completed]
     joiners = [p for p in run.joined if run.world.peers[p].alive]
     right = [p for p in survivors + joiners if _holds_genuine(run, p)]
-    bound = lower_bound_s(sc.checkpoint_bytes, sc.origin_upload_bps, [run.uploads[p] for p in run.initial])
+    delivered = [run.world.ports[p].upload_bps for p in run.initial]  # what slow relays really upload
+    bound = lower_bound_s(sc.checkpoint_bytes, sc.origin_upload_bps, delivered, [run.downloads[p] for p in run.initial])
+    origin_sent = run.world.ports[run.origin.peer_id].bytes_up
     finished = max(done) if len(done) == len(survivors) and done else None
     penalised = sorted({peer for _, _, peer, _ in run.world.penalties})
     dropped: dict[str, int] = {}
@@ -245,6 +280,10 @@ def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
         "time_to_all_s": _round(finished),
         "lower_bound_s": _round(bound),
         "ratio": _round(finished / bound if finished is not None else None),
+        "ratio_to_bound": _round(finished / bound if finished is not None else None),
+        "origin_upload_copies": _round(origin_sent / sc.checkpoint_bytes),
+        "slow_relays": len(run.slow),
+        "view_classes": len(run.unseen),
         "mean_completion_s": _round(sum(done) / len(done) if done else None),
         "survivors": len(survivors),
         "survivors_complete": len(done),

@@ -46,6 +46,16 @@ class BroadcastScenario:
     take to notice a departure or a join (the peer table's expiry) before replanning.
     `stall_timeout_s` (the transfer core's default, 30 s) must exceed the time a slow parent
     needs for a chunk, or big chunks over slow links are mistaken for stalls.
+
+    What a real peer sees, on by default (set to 0 / inf to switch each off):
+    `view_miss`: each relay's membership misses this share of the other relays (peer tables
+    disagree: heartbeats arrive late or are lost, a peer joined a moment ago); relays fall into
+    `view_classes` groups that share one view (two relays of different groups disagree as two
+    independent views would; one view per relay would cost a plan per relay).
+    `download_ratio`: a relay downloads at most this many times its upload (home links are
+    asymmetric; 1 is symmetric). `slow_fraction` of the relays deliver 1/`slow_factor` of the
+    upload they advertise. `window_bytes`: one connection carries at most window / round trip
+    (TCP; 6 MiB is Linux's default tcp_rmem maximum).
     """
 
     name: str = "broadcast"
@@ -72,12 +82,29 @@ class BroadcastScenario:
     stall_timeout_s: float = 30.0
     announce_interval_s: float = 5.0
     until_s: float = 100_000.0
+    view_miss: float = 0.01
+    view_classes: int = 32
+    download_ratio: float = 4.0
+    slow_fraction: float = 0.1
+    slow_factor: float = 2.0
+    window_bytes: float = 6 * 2**20
     seed: int = 0
 
     def check(self) -> dict[str, str]:
         problems = {}
         if self.peers < 1:
             problems["peers"] = "must be >= 1"
+        if not 0.0 <= self.view_miss < 1.0:
+            problems["view_miss"] = "must lie in [0, 1)"
+        if not 0.0 <= self.slow_fraction <= 1.0:
+            problems["slow_fraction"] = "must lie in [0, 1]"
+        if self.view_classes < 1:
+            problems["view_classes"] = "must be >= 1"
+        for name in ("download_ratio", "slow_factor"):
+            if not getattr(self, name) >= 1.0:
+                problems[name] = "must be >= 1 (inf: no limit)" if name == "download_ratio" else "must be >= 1"
+        if not self.window_bytes > 0:
+            problems["window_bytes"] = "must be > 0 (inf: no per-connection limit)"
         if self.checkpoint_bytes < 1:
             problems["checkpoint_bytes"] = "must be >= 1"
         if self.chunk_bytes < 0:
@@ -193,6 +220,11 @@ Scenario = Union[BroadcastScenario, AuditScenario, InferenceWaitScenario]
 
 # -- the named scenarios ------------------------------------------------------------------------
 
+#: switches off what the default broadcast models of the real world (views that disagree, asymmetric
+#: downloads, peers slower than they claim, TCP windows): for validating against closed forms
+EXACT_WORLD: dict[str, Any] = {"view_miss": 0.0, "download_ratio": math.inf, "slow_fraction": 0.0,
+                               "window_bytes": math.inf}
+
 
 def broadcast(peers: int | None = None, seed: int = 0) -> BroadcastScenario:
     """A 1 GB checkpoint to 1,000 relays (log-uniform 100 Mbit/s to 10 Gbit/s, three regions)."""
@@ -227,7 +259,8 @@ def chain(peers: int | None = None, seed: int = 0) -> BroadcastScenario:
     """Validation: a pipelined chain, equal 1 Gbit/s links, one request in flight per link."""
     return BroadcastScenario(name="chain", peers=peers or 20, checkpoint_bytes=64 * 2**24, chunk_bytes=2**24,
                              strategy="chain", upload=Bandwidth.fixed(GBIT), origin_upload_bps=GBIT,
-                             regional_latency=False, local_latency_s=0.0005, window_per_source=1, seed=seed)
+                             regional_latency=False, local_latency_s=0.0005, window_per_source=1,
+                             **EXACT_WORLD, seed=seed)
 
 
 def kary_tree(peers: int | None = None, seed: int = 0, fanout: int = 3) -> BroadcastScenario:

@@ -14,7 +14,8 @@ from p2pnet.wire import Codec
 from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
-from relay.serving import ByteBudget, UploadMeter, UploadSlots
+from relay.serving import ByteBudget, Refuse, Serve, ServingConfig, ServingCore, UploadMeter
+from relay.uploads import Uploads
 from relay.effects import Fetch
 
 DIGEST = bytes(32)
@@ -125,47 +126,76 @@ async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_
     assert role.told == [("penalised", claimed), ("unreachable", 0)]
 
 
-async def test_upload_slots_go_to_urgent_waiters_first():
-    slots = UploadSlots(1)
+def test_upload_slots_go_to_urgent_requests_first():
+    core = ServingCore(ServingConfig(slots=1))
+    assert core.ask(0.0, "first", "a", 1, 0, False, held=True) == [Serve("first")]
+    assert core.ask(0.0, "normal", "b", 1, 1, False, held=True) == []
+    assert core.ask(0.0, "urgent", "c", 1, 2, True, held=True) == []
+    assert core.done(1.0, "first") == [Serve("urgent")]
+    assert core.done(2.0, "urgent") == [Serve("normal")]
+    assert core.done(3.0, "normal") == [] and core.free == 1
+
+
+def test_one_peer_cannot_hold_every_upload_slot_and_peers_take_turns():
+    core = ServingCore(ServingConfig(slots=4))  # at most 2 per peer
+    assert core.ask(0, "g1", "greedy", 1, 0, False, True) + core.ask(0, "g2", "greedy", 1, 1, False, True) == \
+        [Serve("g1"), Serve("g2")]
+    assert core.ask(0, "g3", "greedy", 1, 2, False, True) == []  # over its share: waits with 2 slots free
+    assert core.ask(0, "o1", "other", 1, 0, False, True) == [Serve("o1")]
+    assert core.ask(0, "o2", "other", 1, 1, False, True) == [Serve("o2")]
+    assert core.ask(0, "o3", "other", 1, 2, False, True) == []
+    assert core.done(1, "g1") == [Serve("g3")]  # greedy is back under its share and first in line
+    assert core.done(2, "g2") == []  # a free slot, but "other" holds its share already
+    assert core.done(3, "o1") == [Serve("o3")]
+
+
+def test_a_request_for_a_chunk_not_held_waits_for_it_then_is_refused_at_the_wait_limit():
+    core = ServingCore(ServingConfig(slots=2, wait_limit_s=10.0))
+    assert core.ask(0.0, "early", "a", 1, 5, False, held=False) == []
+    assert core.ask(4.0, "later", "b", 1, 6, False, held=False) == []
+    assert core.next_deadline() == 10.0 and core.expire(9.9) == []
+    assert core.arrived(5.0, 1, 5) == [Serve("early")]  # cut-through: served as soon as we hold it
+    assert core.next_deadline() == 14.0
+    assert core.expire(14.0) == [Refuse("later")]
+    assert core.next_deadline() is None and core.arrived(20.0, 1, 6) == []
+
+
+def test_a_departed_peer_is_forgotten_and_the_core_says_when_every_slot_is_taken():
+    core = ServingCore(ServingConfig(slots=2, per_peer=2))
+    core.ask(0, "a1", "a", 1, 0, False, True)
+    assert not core.full
+    core.ask(0, "a2", "a", 1, 1, False, True)
+    assert core.full
+    core.ask(0, "a3", "a", 1, 2, False, True)
+    core.ask(0, "a4", "a", 1, 9, False, False)
+    assert sorted(core.drop_peer("a")) == ["a3", "a4"]
+    assert core.done(1, "a1") == [] and not core.full
+    assert core.status() == {"slots": 2, "serving": 1, "queued": 0, "waiting": 0}
+
+
+async def test_the_trio_shell_waits_for_its_turn_and_tells_when_the_slots_are_full(autojump_clock):
+    told = []
+    uploads = Uploads(ServingConfig(slots=1, wait_limit_s=5.0), on_full=told.append)
     order = []
-    await slots.acquire(urgent=False)
 
-    async def waiter(name, urgent):
-        await slots.acquire(urgent)
-        order.append(name)
-        slots.release()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter, "normal", False)
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(waiter, "urgent", True)
-        await trio.testing.wait_all_tasks_blocked()
-        slots.release()
-    assert order == ["urgent", "normal"]
-    assert slots.free == 1
-
-
-async def test_one_peer_cannot_hold_every_upload_slot_and_waiters_take_turns():
-    slots = UploadSlots(4)  # at most 2 per peer
-    for _ in range(2):
-        await slots.acquire(False, "greedy")
-    served = []
-
-    async def waiter(peer):
-        await slots.acquire(False, peer)
-        served.append(peer)
+    async def answer(name, index, held):
+        async with uploads.turn(name, 1, index, False, held) as granted:
+            order.append((name, granted, trio.current_time()))
+            await trio.sleep(1)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter, "greedy")  # over its share: waits although 2 slots are free
+        nursery.start_soon(uploads.run)
+        nursery.start_soon(answer, "held", 0, True)
         await trio.testing.wait_all_tasks_blocked()
-        assert served == [] and slots.free == 2
-        nursery.start_soon(waiter, "other")
-        nursery.start_soon(waiter, "other")
-        await trio.testing.wait_all_tasks_blocked()
-        assert served == ["other", "other"] and slots.free == 0
-        slots.release("greedy")  # greedy is back under its share and first in line
-        await trio.testing.wait_all_tasks_blocked()
-    assert served == ["other", "other", "greedy"]
+        nursery.start_soon(answer, "comes", 1, False)
+        nursery.start_soon(answer, "never", 2, False)
+        await trio.sleep(2)
+        uploads.arrived(1, 1)
+        await trio.sleep(10)
+        nursery.cancel_scope.cancel()
+    assert [(name, granted) for name, granted, _ in order] == [("held", True), ("comes", True), ("never", False)]
+    assert order[2][2] == pytest.approx(5.0)  # refused at the wait limit
+    assert told == [True, False, True, False]
 
 
 def test_request_headers_round_trip_with_the_urgent_bit():
@@ -184,26 +214,6 @@ def test_a_byte_budget_lets_a_burst_through_then_paces_a_peer_to_its_rate():
     assert budget.reserve(0.5, 500_000) == pytest.approx(0.5)  # half a second later: still in debt
     assert budget.reserve(10.0, 1) == 0.0  # a quiet peer gets its burst back (never more than one second)
     assert budget.reserve(10.0, 1_000_000) == pytest.approx(1e-6)
-
-
-async def test_the_slots_say_when_they_are_all_taken_and_when_one_is_free_again():
-    told = []
-    slots = UploadSlots(2, per_peer=2, on_full=told.append)
-    await slots.acquire(False, "a")
-    await slots.acquire(False, "b")
-    assert told == [True]
-
-    async def waiter():
-        await slots.acquire(False, "c")
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter)
-        await trio.testing.wait_all_tasks_blocked()
-        slots.release("a")  # straight to the waiter: still full, nothing to say
-        await trio.testing.wait_all_tasks_blocked()
-    assert told == [True]
-    slots.release("b")
-    assert told == [True, False]
 
 
 def test_the_upload_meter_counts_only_time_when_every_slot_was_busy():

@@ -203,7 +203,7 @@ def test_the_scale_simulation_uses_a_few_hundred_whole_mib_chunks_and_reports_it
     row = r.row()
     assert row["chunks"] <= 32 and row["chunk_bytes"] % 2**20 == 0
     assert row["deliveries"] == 60 * row["chunks"] and row["sources_dropped"] == 0
-    assert 1.0 <= row["ratio"] < 2.0
+    assert 1.0 <= row["ratio"] < 2.5  # 1.70 with 4 upload slots, 2.05 with 16 (more chunks share each upload)
     assert row["events"] > 2 * row["deliveries"] and row["events_per_s"] > 0 and row["peak_rss_mib"] > 0
     assert row["wall_s"] == pytest.approx(row["build_s"] + row["run_s"], abs=0.02)
 
@@ -224,10 +224,11 @@ def _origin_bytes_after_crashing(victim_of, n=80):
 
 
 def test_the_orphans_of_a_crashed_interior_relay_reattach_inside_its_stripe_not_to_the_origin():
-    # the origin's child with the most children in its home stripe: without reattachment its orphans
-    # walk up their ancestor chain to the origin, which then serves that stripe to them like a star
+    # a child of its stripe's root with the most children: without reattachment its orphans walk up
+    # their ancestor chain to the root and the origin, which then serve that stripe to them like a star
+    # (the root itself is the origin's one child in its stripe: its orphans can only go to the origin)
     def child_of_the_origin(sim, plan):
-        return max((p for p in sim.peer_ids if plan.parent[plan.home[p]][p] == sim.origin),
+        return max((p for p in sim.peer_ids if plan.depth(plan.home[p], p) == 2),
                    key=lambda p: (len(plan.children(plan.home[p], p)), p))
 
     _, _, _, calm = _origin_bytes_after_crashing(lambda sim, plan: None)
@@ -251,8 +252,9 @@ def test_a_banned_parent_is_replaced_by_a_live_interior_member_not_by_the_origin
         c.set_members(0.0, uploads)
         first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
         plan = c._versions[1].plan
-        # a stripe where our parent is a child of the origin: walking up would land on the origin
-        stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) == 2)
+        # a stripe where our parent is below the stripe's root: walking up would land on the root, then
+        # the origin (the root is the origin's only child in the stripe)
+        stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) == 3)
         parent = plan.parent[stripe]["me"]
         bad = next(f for f in first if plan.stripe_of_chunk[f.index] == stripe)
         effects = c.fetch_failed(0.1, parent, 1, bad.index, "corrupt")

@@ -1,0 +1,79 @@
+"""`Uploads`: the trio shell of the serving core (`relay.serving.ServingCore`).
+
+Each answer task of the relay role takes its turn here: `async with uploads.turn(...) as
+granted` waits until the core gives the request an upload slot (`granted` True: send the
+chunk; the slot is freed when the block ends) or refuses it because the chunk did not arrive
+within the wait limit (`granted` False: answer "unavailable"). `arrived(version, index)` tells
+the core a chunk is now held; `run()` refuses requests whose wait limit passed. The decisions
+are the core's; this module only waits on trio events and keeps no policy of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import trio
+
+from relay.serving import Refuse, Serve, ServingConfig, ServingCore
+
+
+class Uploads:
+    def __init__(self, config: ServingConfig, on_full: Callable[[bool], None] = lambda full: None) -> None:
+        self.core = ServingCore(config)
+        self._on_full = on_full  # told True when the last slot is taken, False when one is free again
+        self._events: dict[object, trio.Event] = {}
+        self._granted: dict[object, bool] = {}
+        self._waits_changed = trio.Event()
+        self._full = False
+
+    async def run(self) -> None:
+        """Refuse waiting requests as their wait limit passes (runs until cancelled)."""
+        while True:
+            deadline = self.core.next_deadline()
+            with trio.move_on_at(deadline if deadline is not None else math.inf):
+                await self._waits_changed.wait()
+            self._waits_changed = trio.Event()
+            self._apply(self.core.expire(trio.current_time()))
+
+    @asynccontextmanager
+    async def turn(self, peer: str, version: int, index: int, urgent: bool, held: bool) -> AsyncIterator[bool]:
+        token = object()
+        event = self._events[token] = trio.Event()
+        self._apply(self.core.ask(trio.current_time(), token, peer, version, index, urgent, held))
+        if not held:
+            self._waits_changed.set()
+        try:
+            await event.wait()
+        except BaseException:
+            self._events.pop(token, None)
+            if self._granted.pop(token, False):
+                self._apply(self.core.done(trio.current_time(), token))  # handed a slot while cancelled
+            else:
+                self.core.cancel(token)
+            raise
+        granted = self._granted.pop(token)
+        if not granted:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._apply(self.core.done(trio.current_time(), token))
+
+    def arrived(self, version: int, index: int) -> None:
+        self._apply(self.core.arrived(trio.current_time(), version, index))
+
+    def status(self) -> dict[str, int]:
+        return self.core.status()
+
+    def _apply(self, actions: list[Serve | Refuse]) -> None:
+        for action in actions:
+            event = self._events.pop(action.token, None)
+            if event is not None:
+                self._granted[action.token] = isinstance(action, Serve)
+                event.set()
+        if self.core.full != self._full:
+            self._full = self.core.full
+            self._on_full(self._full)
