@@ -26,7 +26,7 @@ class RelayConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # chunk size when we publish
     budget_bytes: int = 64 * GIB  # disk the store may use (each version counted whole)
     keep_versions: int = 3  # complete versions kept by garbage collection
-    max_concurrent_uploads: int = 4  # chunks we serve at once
+    max_concurrent_uploads: int = 16  # chunks we serve at once (window-limited links need several)
     max_concurrent_downloads: int = 8  # chunks we fetch at once
     stall_timeout_s: float = 30.0  # a transfer that moves no byte this long is abandoned
     request_timeout_s: float = 10.0  # a chunk request unanswered this long is retried elsewhere

@@ -16,7 +16,8 @@ batches, one round trip for all that finished meanwhile.
 The server side answers a request once it holds the chunk (waiting up to `request_timeout_s`
 for it to arrive: this is how chunks are forwarded as soon as they are verified), serving at
 most `max_concurrent_uploads` at once, requests flagged urgent (the requester forwards that
-stripe) first (`relay.serving`), each chunk sent from its file by `os.sendfile` (the page cache
+stripe) first (`relay.serving.ServingCore`, the same core the simulator drives, through
+`relay.uploads`), each chunk sent from its file by `os.sendfile` (the page cache
 is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a token
 bucket with one second of burst, paid before a chunk is sent. What the uploads deliver while
 every slot is busy is measured (`relay.serving.UploadMeter`); when it is lower than

@@ -33,6 +33,7 @@ from relay.errors import ManifestRejected
 from relay.manifest import FileEntry, Manifest, SignedManifest, open_manifest, sign_manifest
 from relay.planner import Membership, lower_bound_s
 from relay.effects import VersionComplete
+from relay.serving import ServingConfig
 from relay.transfer import TransferConfig, TransferCore
 from simulations.dataplane import RelayWorld
 from simulations.engine import Engine
@@ -148,6 +149,7 @@ def build_broadcast(
     stall_timeout_s: float | None = None,
     download_ratio: float = math.inf,
     window_bytes: float = math.inf,
+    serving: ServingConfig | None = None,
 ) -> BroadcastSim:
     """The world of one broadcast, every relay started and given the membership, nothing published.
 
@@ -167,7 +169,8 @@ def build_broadcast(
     chunk_bytes = chunk_bytes or default_chunk_bytes(checkpoint_bytes)
     engine = Engine(seed)
     world = world_class(engine, network or NetworkModel(local_latency_s=latency_s), corrupt_peers=corrupt,
-                        corrupt_rate=corrupt_rate, corrupt_seed=str(seed), window_bytes=window_bytes)
+                        corrupt_rate=corrupt_rate, corrupt_seed=str(seed), window_bytes=window_bytes,
+                        serving=serving)
     origin = identity("sim/origin")
     ids = [identity(f"sim/peer-{i}") for i in range(peers)]
     uploads = {origin.peer_id: float(origin_upload_bps)}

@@ -42,6 +42,7 @@ from relay.manifest import SignedManifest
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HeldVersion, Holding, ManifestAnnounce
 from relay.planner import Membership, lower_bound_s
 from relay.effects import SourceDropped, VersionComplete
+from relay.serving import ServingConfig
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import build_broadcast, fake_manifest, identity
 from simulations.dataplane import RelayWorld
@@ -202,7 +203,8 @@ def transfer_config(sc: BroadcastScenario) -> TransferConfig:
     layout, fanout = LAYOUTS.get(sc.strategy, ("tree", sc.tree_fanout))
     return TransferConfig(stripes=sc.stripes, window_per_source=sc.window_per_source,
                           stall_timeout_s=sc.stall_timeout_s, exclude_s=3 * sc.stall_timeout_s,
-                          announce_interval_s=sc.announce_interval_s, layout=layout, tree_fanout=fanout)
+                          announce_interval_s=sc.announce_interval_s, layout=layout, tree_fanout=fanout,
+                          stable_plan=sc.stable_plan)
 
 
 def build(sc: BroadcastScenario) -> BroadcastRun:
@@ -214,7 +216,8 @@ def build(sc: BroadcastScenario) -> BroadcastRun:
                           corrupt_rate=sc.corrupt_rate, regions=sc.regions.assign, origin_region=ORIGIN_REGION,
                           network=network_model(loss=sc.loss, local_latency_s=sc.local_latency_s,
                                                 regional=sc.regional_latency),
-                          world_class=RelayWorld, download_ratio=sc.download_ratio, window_bytes=sc.window_bytes)
+                          world_class=RelayWorld, download_ratio=sc.download_ratio, window_bytes=sc.window_bytes,
+                          serving=ServingConfig(slots=sc.upload_slots))
     rng = sim.rng
     assert rng is not None
     byzantine = frozenset(rng.sample(sim.peer_ids, round(sc.byzantine * sc.peers)))

@@ -55,7 +55,9 @@ class BroadcastScenario:
     `download_ratio`: a relay downloads at most this many times its upload (home links are
     asymmetric; 1 is symmetric). `slow_fraction` of the relays deliver 1/`slow_factor` of the
     upload they advertise. `window_bytes`: one connection carries at most window / round trip
-    (TCP; 6 MiB is Linux's default tcp_rmem maximum).
+    (TCP; 6 MiB is Linux's default tcp_rmem maximum). `upload_slots`: chunks a relay serves at
+    once (`[relay] max_concurrent_uploads`). `stable_plan` False plans stripes by capacity as
+    before (see `relay.planner.plan_broadcast`): the baseline for experiments.
     """
 
     name: str = "broadcast"
@@ -88,6 +90,8 @@ class BroadcastScenario:
     slow_fraction: float = 0.1
     slow_factor: float = 2.0
     window_bytes: float = 6 * 2**20
+    upload_slots: int = 16
+    stable_plan: bool = True
     seed: int = 0
 
     def check(self) -> dict[str, str]:
@@ -98,8 +102,9 @@ class BroadcastScenario:
             problems["view_miss"] = "must lie in [0, 1)"
         if not 0.0 <= self.slow_fraction <= 1.0:
             problems["slow_fraction"] = "must lie in [0, 1]"
-        if self.view_classes < 1:
-            problems["view_classes"] = "must be >= 1"
+        for name in ("view_classes", "upload_slots"):
+            if getattr(self, name) < 1:
+                problems[name] = "must be >= 1"
         for name in ("download_ratio", "slow_factor"):
             if not getattr(self, name) >= 1.0:
                 problems[name] = "must be >= 1 (inf: no limit)" if name == "download_ratio" else "must be >= 1"

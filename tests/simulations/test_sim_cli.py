@@ -44,3 +44,34 @@ def test_sim_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["sim", "run", "audit", "--set", "sample_rate=2", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("p2pnet: error:") == 3
+
+
+def test_sim_run_takes_the_world_a_real_peer_sees_and_reports_against_the_true_bound(tmp_path: Path) -> None:
+    def run(name: str, *flags: str) -> dict:
+        out = tmp_path / name
+        assert main(["sim", "run", "broadcast", "--peers", "40", "--seed", "3", "--set", "checkpoint_bytes=5e7",
+                     "--out", str(out), *flags]) == 0
+        return json.loads((out / "results.json").read_text())
+
+    exact = run("exact", "--view-miss", "0", "--slow-fraction", "0", "--symmetric", "--layout", "tree")
+    config = exact["config"]
+    assert config["view_miss"] == 0 and config["slow_fraction"] == 0 and config["download_ratio"] == 1.0
+    assert config["strategy"] == "tree4" and exact["slow_relays"] == 0 and exact["view_classes"] == 0
+    # symmetric links: the slowest relay's download (its upload) bounds the time from below
+    peers = list(csv.DictReader((tmp_path / "exact" / "peers.csv").open()))
+    slowest = min(float(r["upload_bps"]) for r in peers)
+    assert exact["lower_bound_s"] >= 5e7 / slowest * (1 - 1e-6)
+    assert exact["ratio_to_bound"] == pytest.approx(exact["time_to_all_s"] / exact["lower_bound_s"], rel=1e-4)
+    assert exact["ratio_to_bound"] >= 1.0 and exact["origin_upload_copies"] >= 1.0
+
+    skewed = run("skewed", "--view-miss", "0.05", "--slow-fraction", "0.25", "--slow-factor", "4")
+    assert skewed["slow_relays"] == 10 and skewed["view_classes"] == 32 and skewed["config"]["slow_factor"] == 4.0
+    assert skewed["survivors_complete"] == 40 and skewed["ratio_to_bound"] >= 1.0
+
+
+def test_sim_run_refuses_world_flags_that_make_no_sense(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "run", "broadcast", "--view-miss", "1.5", "--out", str(tmp_path)]) == 2
+    assert main(["sim", "run", "broadcast", "--slow-factor", "0.5", "--out", str(tmp_path)]) == 2
+    assert main(["sim", "run", "audit", "--symmetric", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("p2pnet: error:") == 3 and "--view-miss" in err and "broadcast" in err

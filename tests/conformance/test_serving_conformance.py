@@ -1,0 +1,125 @@
+"""The serving core in both of its worlds: the relay role's trio shell (`relay.uploads.Uploads`,
+MockClock) and the simulator's data plane (`simulations.dataplane.RelayWorld`, virtual time).
+
+One script, run in each world: a source with 2 upload slots (1 per requester) that holds some
+chunks; requests arrive, urgent and not, for chunks held, arriving later, and never arriving;
+each answer takes one second to send. Both worlds must serve the same requests in the same
+order at the same times and refuse the same one at the wait limit, because both run the same
+`relay.serving.ServingCore`: a serving decision that lived in only one world would show here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+import trio.testing
+
+from p2pnet.identity import Identity
+from relay.effects import Fetch
+from relay.serving import ServingConfig
+from relay.uploads import Uploads
+from simulations.dataplane import RelayWorld
+from simulations.engine import Engine
+from simulations.world import NetworkModel
+
+CONFIG = ServingConfig(slots=2, per_peer=1, wait_limit_s=5.0)
+SEND_S = 1.0
+# (requester, chunk index, urgent, asked at); chunk 9 arrives at the source at ARRIVES_AT, 8 never
+SCRIPT = [("a", 0, False, 0.0), ("b", 1, False, 0.5), ("c", 2, False, 0.1), ("d", 3, True, 0.6),
+          ("e", 9, False, 0.3), ("f", 8, False, 0.4)]
+HELD = {0, 1, 2, 3}
+ARRIVES_AT = 1.5
+# served: (requester, when its answer was complete); refused: (requester, when)
+# a and c take the slots; when a's ends at 1.0, urgent d goes before b, who asked first; e waits
+# for its chunk (held from 1.5), then for a slot; f is refused at its wait limit
+EXPECTED = {"served": [("a", 1.0), ("c", 1.1), ("d", 2.0), ("b", 2.1), ("e", 3.0)], "refused": [("f", 5.4)]}
+
+
+async def run_trio() -> dict[str, list[tuple[str, float]]]:
+    uploads = Uploads(CONFIG)
+    held = set(HELD)
+    out: dict[str, list[tuple[str, float]]] = {"served": [], "refused": []}
+
+    async def answer(name: str, index: int, urgent: bool, at: float) -> None:
+        await trio.sleep_until(at)
+        async with uploads.turn(name, 1, index, urgent, index in held) as granted:
+            if granted:
+                await trio.sleep(SEND_S)
+                out["served"].append((name, trio.current_time()))
+            else:
+                out["refused"].append((name, trio.current_time()))
+
+    async def arrive() -> None:
+        await trio.sleep_until(ARRIVES_AT)
+        held.add(9)
+        uploads.arrived(1, 9)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(uploads.run)
+        for step in SCRIPT:
+            nursery.start_soon(answer, *step)
+        nursery.start_soon(arrive)
+        await trio.sleep(20)
+        nursery.cancel_scope.cancel()
+    return out
+
+
+class _Source:
+    kinds, topics = (), ()
+
+    def __init__(self) -> None:
+        self.held = set(HELD)
+
+    def start(self, now):
+        return []
+
+    def has(self, version: int, index: int) -> bool:
+        return index in self.held
+
+
+class _Sink(_Source):
+    def __init__(self, name: str, out: dict) -> None:
+        self.name, self.out, self.held = name, out, set()
+
+    def fetched(self, now, peer, version, index, elapsed_s):
+        self.out["served"].append((self.name, now))
+        return []
+
+    def fetch_failed(self, now, peer, version, index, reason):
+        assert reason == "unavailable"
+        self.out["refused"].append((self.name, now))
+        return []
+
+
+def run_sim() -> dict[str, list[tuple[str, float]]]:
+    engine = Engine(1)
+    world = RelayWorld(engine, NetworkModel(local_latency_s=0.0), serving=CONFIG)
+    out: dict[str, list[tuple[str, float]]] = {"served": [], "refused": []}
+    source, chunk_bytes = Identity.from_seed_text("source"), 1000
+    core = _Source()
+    world.add_relay_peer(source, [core], upload_bps=math.inf)
+    for name, index, urgent, at in SCRIPT:
+        sink = Identity.from_seed_text(name)
+        world.add_relay_peer(sink, [_Sink(name, out)], upload_bps=1.0, download_bps=chunk_bytes / SEND_S)
+        fetch = Fetch(source.peer_id, 1, index, b"\0" * 32, chunk_bytes, urgent)
+        engine.at(at, lambda sink_id=sink.peer_id, f=fetch: world.apply(sink_id, [f]))
+
+    def arrive() -> None:
+        core.held.add(9)
+        world._release_waiting(source.peer_id, world.ports[source.peer_id], (1, 9))  # as a stored chunk does
+
+    engine.at(ARRIVES_AT, arrive)
+    engine.run(until=20.0)
+    return out
+
+
+def _rounded(out: dict[str, list[tuple[str, float]]]) -> dict[str, list[tuple[str, float]]]:
+    return {kind: sorted((name, round(t, 6)) for name, t in events) for kind, events in out.items()}
+
+
+@pytest.mark.parametrize("world", ["trio", "sim"])
+async def test_both_worlds_serve_the_same_requests_in_the_same_order_at_the_same_times(world, autojump_clock):
+    out = await run_trio() if world == "trio" else run_sim()
+    assert _rounded(out) == _rounded(EXPECTED)
