@@ -2,6 +2,7 @@
 
     python benchmarks/bench_relay_world.py                       # 1,000 relays, 1 GB, seed 1
     python benchmarks/bench_relay_world.py --peers 200 --gb 0.2  # a quick look
+    python benchmarks/bench_relay_world.py --mww                 # homogeneous: against the optimum
 
 One run per (world, protocol), all in this process, same seed, same drawn links (log-uniform
 uploads 100 Mbit/s-10 Gbit/s, downloads at most 4x upload, three regions, one-way latency
@@ -11,6 +12,10 @@ uploads 100 Mbit/s-10 Gbit/s, downloads at most 4x upload, three regions, one-wa
 - miss1%: each relay's view misses 1% of the others;
 - slow10%x10: 10% of the relays deliver a tenth of the upload they advertise;
 - default: the scenario's defaults (1% missed, 10% of relays at half their advertised upload).
+
+`--mww` instead runs the homogeneous case with a known optimum: N = 1,023 relays and the origin
+all at 1 Gbit/s up and down, exact views, no TCP window, 0.5 ms latency, the checkpoint in 64
+and 256 chunks; Mundinger, Weber and Weiss's optimal schedule takes (1 + floor(log2 N) / M) S/U.
 
 Protocols: `striped` (stable stripes, the origin sends each stripe once, 16 upload slots: the
 relay today), `striped-v1` (stripes dealt by capacity, the origin feeding several children per
@@ -23,6 +28,7 @@ of the checkpoint the origin uploaded.
 from __future__ import annotations
 
 import argparse
+import math
 import dataclasses
 import json
 import sys
@@ -31,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulations.hostile import run_broadcast  # noqa: E402
-from simulations.scenarios import broadcast  # noqa: E402
+from simulations.models import GBIT, Bandwidth  # noqa: E402
+from simulations.scenarios import EXACT_WORLD, broadcast  # noqa: E402
 
 WORLDS = {
     "exact": {"view_miss": 0.0, "slow_fraction": 0.0},
@@ -54,7 +61,11 @@ def main() -> int:
     parser.add_argument("--worlds", nargs="+", choices=sorted(WORLDS), default=list(WORLDS))
     parser.add_argument("--protocols", nargs="+", choices=sorted(PROTOCOLS), default=list(PROTOCOLS))
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--mww", action="store_true", help="the homogeneous case against its optimum")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also plot the ratios (matplotlib)")
     args = parser.parse_args()
+    if args.mww:
+        return mww(args)
     rows = []
     print(f"{'world':>11} {'protocol':>10} {'time s':>8} {'bound s':>8} {'ratio':>6} {'origin copies':>13} "
           f"{'slow drops':>10} {'stall drops':>11} {'wall s':>6}", flush=True)
@@ -71,6 +82,59 @@ def main() -> int:
             print(f"{world:>11} {protocol:>10} {s['time_to_all_s']:>8.2f} {s['lower_bound_s']:>8.2f} "
                   f"{s['ratio_to_bound']:>6.2f} {s['origin_upload_copies']:>13.2f} {dropped.get('slow', 0):>10} "
                   f"{dropped.get('stalled', 0):>11} {s['wall_s']:>6.1f}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = list(dict.fromkeys(r["world"] for r in rows))
+    protocols = list(dict.fromkeys(r["protocol"] for r in rows))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(protocols)
+    for i, protocol in enumerate(protocols):
+        mine = {r["world"]: r for r in rows if r["protocol"] == protocol}
+        xs = [w + i * width for w in range(len(worlds))]
+        ax.bar(xs, [mine[w]["ratio_to_bound"] for w in worlds], width, label=protocol)
+        bx.bar(xs, [mine[w]["origin_upload_copies"] for w in worlds], width, label=protocol)
+    for axis, title in ((ax, "time to all / lower bound (log)"), (bx, "copies the origin uploaded (log)")):
+        axis.set_xticks([w + 0.4 - width / 2 for w in range(len(worlds))], worlds)
+        axis.set_yscale("log")
+        axis.set_title(title)
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.legend()
+    n = rows[0]["peers"]
+    fig.suptitle(f"{n} relays, {rows[0]['checkpoint_bytes'] / 1e9:g} GB: the relay in the world a real peer sees")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def mww(args: argparse.Namespace) -> int:
+    peers, total = 1023, int(args.gb * 1e9)
+    rows = []
+    print(f"{'chunks':>6} {'protocol':>10} {'time s':>8} {'optimum s':>9} {'ratio':>6} {'origin copies':>13} "
+          f"{'wall s':>6}", flush=True)
+    for chunks in (64, 256):
+        optimum = (1 + math.floor(math.log2(peers)) / chunks) * total / GBIT
+        for protocol, settings in ((p, PROTOCOLS[p]) for p in args.protocols):
+            sc = dataclasses.replace(broadcast(peers, args.seed), checkpoint_bytes=total, chunk_bytes=-(-total // chunks),
+                                     upload=Bandwidth.fixed(GBIT), origin_upload_bps=GBIT,
+                                     regional_latency=False, local_latency_s=0.0005,
+                                     **{**EXACT_WORLD, "download_ratio": 1.0}, **settings)
+            s, _, _ = run_broadcast(sc)
+            rows.append({"chunks": chunks, "protocol": protocol, "time_to_all_s": s["time_to_all_s"],
+                         "optimum_s": round(optimum, 6), "ratio_to_optimum": round(s["time_to_all_s"] / optimum, 4),
+                         "origin_upload_copies": s["origin_upload_copies"], "wall_s": s["wall_s"]})
+            r = rows[-1]
+            print(f"{chunks:>6} {protocol:>10} {r['time_to_all_s']:>8.2f} {optimum:>9.2f} {r['ratio_to_optimum']:>6.2f} "
+                  f"{r['origin_upload_copies']:>13.2f} {r['wall_s']:>6.1f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
