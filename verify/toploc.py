@@ -10,9 +10,12 @@ The hidden states of the generated tokens, ``hidden`` [T, H] in bf16, are cut in
 ``chunk_tokens`` rows (the last chunk may be shorter; it is proven too, as toploc does). For
 each chunk, flattened:
 
-1. take the ``k = min(topk, numel)`` entries of largest absolute value, ties going to the
-   lower flat index (toploc uses ``abs().topk(k)``, whose tie order is unspecified and
-   differs between CPU and GPU; without a tie at the k-th place both pick the same set);
+1. take the ``k = min(topk, numel)`` entries of largest absolute value, ties at the k-th
+   place broken exactly as toploc's ``flat.abs().topk(k)`` does on CPU (torch's CPU kernel:
+   a heap selection for numel >= 64 k, nth_element below; see ``_select_topk``), so proofs
+   are byte-identical to toploc's for every chunk, tie-heavy real hidden states included
+   (tests/verify/test_toploc_ties.py, a golden file made by toploc 0.1.6). Proofs are always
+   built and measured on CPU: a CUDA topk breaks ties otherwise;
 2. x = flat index mod m, with m the largest modulus <= 65497 that keeps the k indices
    distinct (searching downward, as toploc's C++ ``ProofPoly.from_points`` does);
 3. y = the bf16 bit pattern (u16) reduced mod P = 65497 (only NaN patterns are >= P);
@@ -27,8 +30,6 @@ entries whose exponents match; ``inf`` when none match, where toploc reports 2**
 the sign bit 15 (toploc ignores it; we count it).
 
 Differences from toploc 0.1.6, all deliberate:
-- a total order for top-k (|value| desc, then index asc): worker and validator agree on the
-  set whenever their bits agree, on any platform;
 - only bf16 input is accepted (toploc silently emits all-zero "null" proofs on errors);
 - its Python verify path forgets ``idx % m``; we reduce, as its C++ path does;
 - median is the upper median (C++ path), not ``statistics.median`` (Python path);
@@ -41,7 +42,9 @@ matrix products. With M(t) = prod_j (t - x_j), the coefficients are
 S, M'(x_i) and every evaluation use baby-step/giant-step power tables
 (x^t = (x^B)^g * x^b, B = 16) and small matrix products; c is a Hankel matrix of M times S.
 All entries are < P, so float64 products are exact (n * P^2 < 2^53). M comes from a
-batched product tree of convolutions.
+batched product tree of convolutions. Top-k: chunks without a tie at the k-th place take a
+threshold from group maxima and sort only the few entries above it; tied chunks replay
+torch's heap selection on the few entries that can enter the heap (``_heap_select``).
 """
 
 from __future__ import annotations
@@ -299,35 +302,90 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
     return groups
 
 
-def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest ``keys`` per row, ties to the lower position: [C, k].
+_HEAP_FACTOR = 64  # torch's CPU topk heap-selects (std::partial_sort) when k * 64 <= n
+_GROUP = 16  # group width of the maxima that bound the running k-th largest
+_EXACT_PREFIX = 4096  # below this prefix length, _heap_select bounds by an exact partition
 
-    keys: uint16 [C, N] (|bf16| bit patterns, whose integer order is the order of |value|).
-    The rule "larger |value| first, then lower index" is a total order, so the worker and
-    the validator pick the same set from the same bits on any platform (torch.topk breaks
-    ties in an unspecified way). Fast path: a threshold t with at least k entries >= t per
-    row comes from maxima of 16-entry groups (two levels), so only the few entries >= t are
-    ever sorted. Any t with k group maxima >= t is safe: every top-k entry is >= t.
+
+def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
+    """torch.topk's positions of the k largest |bf16| patterns per row (what toploc picks)."""
+    values = torch.from_numpy(np.ascontiguousarray(keys).view(np.int16)).view(torch.bfloat16)
+    return values.topk(k, dim=1).indices.numpy()
+
+
+def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
+
+    keys: uint16 [C, N], the |bf16| bit patterns (their integer order is the order of
+    |value|, as torch compares them). Where the k-th and (k+1)-th largest differ the set is
+    unique and comes from a fast threshold (maxima of 16-entry groups, two levels: any t
+    with k group maxima >= t has every top-k entry >= t, so only the few entries >= t are
+    sorted). Rows with a tie at the k-th place go to ``_heap_select``.
     """
     rows, n = keys.shape
     thresh = np.zeros(rows, dtype=np.uint16)
     level = keys
     for _ in range(2):  # each level: maxima of 16 strided groups
-        if level.shape[1] % 16 or level.shape[1] // 16 < k:
+        if level.shape[1] % _GROUP or level.shape[1] // _GROUP < k:
             break
-        level = level.reshape(rows, 16, -1).max(axis=1)
+        level = level.reshape(rows, _GROUP, -1).max(axis=1)
     if level is not keys:
         thresh = np.partition(level, level.shape[1] - k, axis=1)[:, level.shape[1] - k]
     row_id, pos = np.divmod(np.flatnonzero(keys >= thresh[:, None]), n)  # 2-D nonzero is slow
-    composite = (
-        (row_id.astype(np.int64) << 48)
-        | (keys[row_id, pos].astype(np.int64) << 32)
-        | (0xFFFFFFFF - pos.astype(np.int64))
-    )
-    order = np.argsort(composite, kind="stable")
+    composite = (row_id.astype(np.int64) << 48) | (keys[row_id, pos].astype(np.int64) << 32) | pos
+    order = np.argsort(composite)
     ends = np.cumsum(np.bincount(row_id, minlength=rows))
     take = ends[:, None] - k + np.arange(k)[None, :]
-    return pos[order[take]].astype(np.int64)
+    chosen = pos[order[take]].astype(np.int64)
+    # a tie at the k-th place: the entry just below the top k (if any) has the same key
+    below = np.maximum(ends - k - 1, 0)
+    has_below = ends - k - 1 >= np.concatenate([[0], ends[:-1]])
+    tied = has_below & (keys[row_id[order[below]], pos[order[below]]] == keys[np.arange(rows), chosen[:, 0]])
+    if tied.any():
+        chosen[tied] = _heap_select(keys[tied], k)
+    return chosen
+
+
+def _heap_select(keys: np.ndarray, k: int) -> np.ndarray:
+    """The positions torch.topk(k) picks per row of ``keys`` (uint16 |bf16| patterns): [C, k].
+
+    For k * 64 <= N torch's CPU kernel heap-selects (std::partial_sort): the first k entries
+    form a heap whose root is the smallest; each later entry replaces the root only when it
+    is strictly larger, and which of several equal entries is evicted depends on the heap's
+    layout. Entries that never enter change nothing, so the same heap run on the
+    subsequence of the head and every entry that can enter, padded at the end with zeros
+    (which never enter), keeps the same set. An entry at position i can enter only if it
+    exceeds the k-th largest of [0, i), which is at least the k-th largest of [0, s) for the
+    doubling segment [s, 2s) holding i (exact for small s, from 16-entry group maxima for
+    large s): a few hundred to a few thousand entries of N survive. torch.topk then runs on
+    rows of 64 * k entries instead of N. Shorter rows (torch's nth_element path) go whole.
+    """
+    rows, n = keys.shape
+    if k * _HEAP_FACTOR > n:
+        return _torch_topk(keys, k)
+    keep = np.empty((rows, n), dtype=bool)
+    keep[:, :k] = True
+    maxima = keys[:, : n - n % _GROUP].reshape(rows, -1, _GROUP).max(axis=2)
+    start = k
+    while start < n:
+        stop = min(2 * start, n)
+        if start <= _EXACT_PREFIX:
+            bound = np.partition(keys[:, :start], start - k, axis=1)[:, start - k]
+        else:
+            groups = start // _GROUP  # groups wholly before ``start``
+            bound = np.partition(maxima[:, :groups], groups - k, axis=1)[:, groups - k]
+        np.greater(keys[:, start:stop], bound[:, None], out=keep[:, start:stop])
+        start = stop
+    width = k * _HEAP_FACTOR
+    counts = keep.sum(axis=1)
+    width = max(width, int(counts.max()))
+    reduced = np.zeros((rows, width), dtype=np.uint16)
+    where = np.zeros((rows, width), dtype=np.int64)
+    for r in range(rows):
+        pos = np.flatnonzero(keep[r])
+        reduced[r, : pos.size] = keys[r, pos]
+        where[r, : pos.size] = pos
+    return np.take_along_axis(where, _torch_topk(reduced, k), axis=1)
 
 
 def _topk(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
