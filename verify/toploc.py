@@ -43,8 +43,8 @@ S, M'(x_i) and every evaluation use baby-step/giant-step power tables
 (x^t = (x^B)^g * x^b, B = 16) and small matrix products; c is a Hankel matrix of M times S.
 All entries are < P, so float64 products are exact (n * P^2 < 2^53). M comes from a
 batched product tree of convolutions. Top-k: chunks without a tie at the k-th place take a
-threshold from group maxima and sort only the few entries above it; tied chunks replay
-torch's heap selection on the few entries that can enter the heap (``_heap_select``).
+threshold from group maxima and sort only the few entries above it; tied chunks go to
+torch.topk, as toploc's do.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _windows(arr: np.ndarray, width: int) -> np.ndarray:
     )
 
 
-def _poly_from_roots(x: np.ndarray) -> np.ndarray:
+def _product_tree(x: np.ndarray) -> np.ndarray:
     """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1]."""
     batch, n = x.shape
     width = 1 << max(0, (n - 1).bit_length())
@@ -152,6 +152,45 @@ def _poly_from_roots(x: np.ndarray) -> np.ndarray:
         conv = np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
         polys = np.fmod(conv, PRIME)  # exact: entries are integers below 2^53
     return polys[:, 0, : n + 1].astype(np.int64)
+
+
+_LAGRANGE: dict[int, np.ndarray] = {}
+
+
+def _lagrange_matrix(size: int) -> np.ndarray:
+    """L [size, size], float64: row r holds the coefficients of the Lagrange basis polynomial
+    of the points 0..size-1 that is 1 at r, so values at 0..size-1 times L are coefficients."""
+    cached = _LAGRANGE.get(size)
+    if cached is not None:
+        return cached
+    points = np.arange(size, dtype=np.int64)
+    whole = _product_tree(points[None])[0]  # W(t) = prod_s (t - s), degree ``size``
+    quotients = np.zeros((size, size), dtype=np.int64)  # W(t) / (t - r), by synthetic division
+    carry = np.zeros(size, dtype=np.int64)
+    for degree in range(size, 0, -1):
+        carry = (whole[degree] + carry * points) % PRIME
+        quotients[:, degree - 1] = carry
+    scale = _INV[evaluate(quotients, points[:, None])[:, 0]]  # 1 / prod_{s != r} (r - s)
+    matrix = (quotients * scale[:, None] % PRIME).astype(np.float64)
+    _LAGRANGE[size] = matrix
+    return matrix
+
+
+def _poly_from_roots(x: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
+
+    Evaluated at t = 0..n (products of differences, halving the factor count per step) and
+    turned into coefficients by one product with the cached Lagrange matrix of 0..n: far
+    fewer numpy calls than a product tree of convolutions, which matters for one chunk.
+    """
+    batch, n = x.shape
+    width = 1 << max(0, (n - 1).bit_length())
+    factors = np.ones((batch, n + 1, width), dtype=np.int64)
+    factors[:, :, :n] = (np.arange(n + 1, dtype=np.int64)[None, :, None] - x[:, None, :]) % PRIME
+    while factors.shape[2] > 1:
+        factors = factors[:, :, 0::2] * factors[:, :, 1::2] % PRIME
+    values = factors[:, :, 0].astype(np.float64)
+    return np.matmul(values, _lagrange_matrix(n + 1)).astype(np.int64) % PRIME
 
 
 def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.ndarray:
@@ -302,9 +341,7 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
     return groups
 
 
-_HEAP_FACTOR = 64  # torch's CPU topk heap-selects (std::partial_sort) when k * 64 <= n
 _GROUP = 16  # group width of the maxima that bound the running k-th largest
-_EXACT_PREFIX = 4096  # below this prefix length, _heap_select bounds by an exact partition
 
 
 def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
@@ -320,7 +357,10 @@ def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
     |value|, as torch compares them). Where the k-th and (k+1)-th largest differ the set is
     unique and comes from a fast threshold (maxima of 16-entry groups, two levels: any t
     with k group maxima >= t has every top-k entry >= t, so only the few entries >= t are
-    sorted). Rows with a tie at the k-th place go to ``_heap_select``.
+    sorted). Rows with a tie at the k-th place go to torch.topk itself: which of several
+    equal |values| it keeps is a property of torch's CPU kernel (a heap selection for
+    N >= 64 k, nth_element below), and byte equality with toploc depends on it. Replaying
+    that heap on the few entries that can enter it was measured slower than torch.topk.
     """
     rows, n = keys.shape
     thresh = np.zeros(rows, dtype=np.uint16)
@@ -342,50 +382,8 @@ def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
     has_below = ends - k - 1 >= np.concatenate([[0], ends[:-1]])
     tied = has_below & (keys[row_id[order[below]], pos[order[below]]] == keys[np.arange(rows), chosen[:, 0]])
     if tied.any():
-        chosen[tied] = _heap_select(keys[tied], k)
+        chosen[tied] = _torch_topk(keys[tied], k)
     return chosen
-
-
-def _heap_select(keys: np.ndarray, k: int) -> np.ndarray:
-    """The positions torch.topk(k) picks per row of ``keys`` (uint16 |bf16| patterns): [C, k].
-
-    For k * 64 <= N torch's CPU kernel heap-selects (std::partial_sort): the first k entries
-    form a heap whose root is the smallest; each later entry replaces the root only when it
-    is strictly larger, and which of several equal entries is evicted depends on the heap's
-    layout. Entries that never enter change nothing, so the same heap run on the
-    subsequence of the head and every entry that can enter, padded at the end with zeros
-    (which never enter), keeps the same set. An entry at position i can enter only if it
-    exceeds the k-th largest of [0, i), which is at least the k-th largest of [0, s) for the
-    doubling segment [s, 2s) holding i (exact for small s, from 16-entry group maxima for
-    large s): a few hundred to a few thousand entries of N survive. torch.topk then runs on
-    rows of 64 * k entries instead of N. Shorter rows (torch's nth_element path) go whole.
-    """
-    rows, n = keys.shape
-    if k * _HEAP_FACTOR > n:
-        return _torch_topk(keys, k)
-    keep = np.empty((rows, n), dtype=bool)
-    keep[:, :k] = True
-    maxima = keys[:, : n - n % _GROUP].reshape(rows, -1, _GROUP).max(axis=2)
-    start = k
-    while start < n:
-        stop = min(2 * start, n)
-        if start <= _EXACT_PREFIX:
-            bound = np.partition(keys[:, :start], start - k, axis=1)[:, start - k]
-        else:
-            groups = start // _GROUP  # groups wholly before ``start``
-            bound = np.partition(maxima[:, :groups], groups - k, axis=1)[:, groups - k]
-        np.greater(keys[:, start:stop], bound[:, None], out=keep[:, start:stop])
-        start = stop
-    width = k * _HEAP_FACTOR
-    counts = keep.sum(axis=1)
-    width = max(width, int(counts.max()))
-    reduced = np.zeros((rows, width), dtype=np.uint16)
-    where = np.zeros((rows, width), dtype=np.int64)
-    for r in range(rows):
-        pos = np.flatnonzero(keep[r])
-        reduced[r, : pos.size] = keys[r, pos]
-        where[r, : pos.size] = pos
-    return np.take_along_axis(where, _torch_topk(reduced, k), axis=1)
 
 
 def _topk(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
