@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verify.calibration import tables_to_json
+from verify.calibration import model_fingerprint, tables_to_json
 from verify.check import check_rollout
 from verify.policy import (AGGREGATE_STATS, SAME_STACK, PairCalibration, StatCalibration, decide,
                            decide_aggregate, exceed_fractions, kl_upper_bound)
@@ -411,7 +411,8 @@ def main() -> None:
         held_out.append((cal, decide_all(f"honest {w} worker, {v} validator (held out)", cs[1::2], cal, args.alpha),
                          decide_all("all", cs, cal, args.alpha)))
     cal_by = {(p.worker, p.validator): p for p in pairs}
-    meta = {"source": "scripts/calibrate.py", "model": setup.name, "quantile": args.quantile, "delta": args.delta,
+    meta = {"source": "scripts/calibrate.py", "model": setup.name, "model_config": model_fingerprint(setup.base.config),
+            "quantile": args.quantile, "delta": args.delta,
             "tokens": args.tokens, "group": args.group, "torch": torch.__version__}
     if args.table:
         Path(args.table).write_text(tables_to_json(pairs, meta))

@@ -5,6 +5,10 @@ from measured honest runs), reading and validating it into ``verify.policy.PairC
 values, and the lookup by stack keys.
 Must not: measure anything or decide anything (verify.policy decides with these tables).
 
+Tables are per model as well: honest noise depends on the model. A table file names the
+model it was measured on (``model_config``: model type and sizes from its config) and applies
+only to validators whose loaded model has that config; a file without it applies to any.
+
 A stack key is "dtype/backend/device" (verify.messages.Stack.key): for example
 "bf16/torch/cpu" for a worker generating with trainer.rollout in bf16 on a CPU. Pairs absent
 from the table are uncalibrated: the submission-level test cannot run for them, and the
@@ -19,10 +23,16 @@ from typing import Any
 
 from verify.policy import AGGREGATE_STATS, PairCalibration, StatCalibration
 
-__all__ = ["DEFAULT_TABLES", "CalibrationTables", "load_tables", "tables_to_json"]
+__all__ = ["DEFAULT_TABLES", "CalibrationTables", "load_tables", "model_fingerprint", "tables_to_json"]
 
 DEFAULT_TABLES = Path(__file__).with_name("calibration_tables.json")
 FORMAT = 1
+MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+
+
+def model_fingerprint(config: Any) -> dict[str, Any]:
+    """The config fields that identify which model a table was measured on."""
+    return {key: getattr(config, key, None) for key in MODEL_KEYS}
 
 
 class CalibrationTables:
@@ -31,6 +41,11 @@ class CalibrationTables:
     def __init__(self, pairs: list[PairCalibration], meta: dict[str, Any] | None = None) -> None:
         self.pairs = {(p.worker, p.validator): p for p in pairs}
         self.meta = dict(meta or {})
+
+    def applies_to(self, model_config: Any) -> bool:
+        """True when these tables were measured on a model with this config (or name none)."""
+        wanted = self.meta.get("model_config")
+        return wanted is None or model_fingerprint(model_config) == wanted
 
     def get(self, worker: str, validator: str) -> PairCalibration | None:
         return self.pairs.get((worker, validator))

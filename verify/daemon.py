@@ -320,6 +320,7 @@ class SubmissionChecker:
         self.recent = RecentRollouts(aggregate_window)
         self.device_type = device.split(":")[0]
         self.aggregate_counts = {"tested": 0, "rejected": 0, "uncalibrated": 0}
+        self._unfit_warned: set[str] = set()
 
     def _own_stack_key(self, model: LoadedModel) -> str:
         module = model.module
@@ -328,6 +329,20 @@ class SubmissionChecker:
         from verify.messages import stack_of
 
         return stack_of(module, "torch").key
+
+    def _pair(self, worker_stack: str, model: LoadedModel) -> Any:
+        """The calibration of (declared worker stack, our stack), if the tables fit our model."""
+        if self.tables is None:
+            return None
+        config = getattr(model.module, "config", None)
+        if config is None or not self.tables.applies_to(config):
+            if model.source not in self._unfit_warned:
+                self._unfit_warned.add(model.source)
+                log.warning("validator: the calibration tables were measured on another model than %s; the "
+                            "submission-level test and same_stack do not apply to it (scripts/calibrate.py "
+                            "measures a table for it)", model.source)
+            return None
+        return self.tables.get(worker_stack, self._own_stack_key(model))
 
     def _thresholds(self, pair: Any) -> Thresholds:
         """same_stack applies only to pairs the table measured bit-exact; others get the paper's."""
@@ -354,7 +369,7 @@ class SubmissionChecker:
         if self.rules is not None and self.check_prompts:
             expected_prompts = self.rules.prompt_ids(request.worker, sub.step, sub.task_seed,
                                                      sub.prompts_per_submission, model.tokenizer)
-        pair = self.tables.get(sub.stack.key, self._own_stack_key(model)) if self.tables is not None else None
+        pair = self._pair(sub.stack.key, model)
         thresholds = self._thresholds(pair)
         results: list[tuple[int, bool, Sequence[str]]] = []
         checked_chunks: list[Sequence[Any]] = []

@@ -203,3 +203,28 @@ def test_checker_rejects_an_implausible_submission_that_every_chunk_threshold_pa
     plain = checker(0.0, 0.01)
     assert plain(CheckRequested(b"s" * 32, "worker", undeclared, b"t" * 64, tuple(range(8)))) == (True, ())
     assert plain.aggregate_counts["uncalibrated"] == 1
+
+
+def test_tables_measured_on_another_model_do_not_apply():
+    """A table names the model it was measured on; a validator serving another model does not
+    use it (no pooled test, no same_stack), it counts the submission as uncalibrated."""
+    from verify.calibration import model_fingerprint
+    from verify.daemon import LoadedModel, SubmissionChecker
+    from verify.messages import Stack
+    from verify.testing import make_forward, tiny_model
+    from verify.validator import CheckRequested
+
+    fp32 = tiny_model(dtype=torch.float32)
+    model = LoadedModel(make_forward(fp32), None, 2, 512, "tiny", module=fp32)
+    strict = PairCalibration("bf16/torch/cpu", "fp32/torch/cpu", True,
+                             (("mant_err_mean", StatCalibration(0.0, 0.01)),
+                              ("exp_mismatches", StatCalibration(0, 0.01))), 10, 5)
+    other = dict(model_fingerprint(fp32.config), hidden_size=576)
+    checker = SubmissionChecker(lambda v: model, tables=CalibrationTables([strict], {"model_config": other}),
+                                aggregate_alpha=1e-3, preset="same_stack")
+    assert checker._pair("bf16/torch/cpu", model) is None
+    sub = _tiny_submission(Stack("bf16", "torch", "cpu"))
+    assert checker(CheckRequested(b"s" * 32, "w", sub, b"t" * 64, tuple(range(8)))) == (True, ())
+    assert checker.aggregate_counts["uncalibrated"] == 1
+    same = SubmissionChecker(lambda v: model, tables=CalibrationTables([strict], {"model_config": model_fingerprint(fp32.config)}))
+    assert same._pair("bf16/torch/cpu", model) == strict
