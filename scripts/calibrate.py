@@ -172,16 +172,20 @@ def generate(model, prompts: list[list[int]], *, rows: int, group: int, tokens: 
 # ----------------------------------------------------------------------------- validation
 
 
+PREFILL_BATCH = [1]  # rows per validator prefill (--prefill-batch); verify.daemon uses 1
+
+
 @torch.no_grad()
 def prefill(model, sequences: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(hidden bf16 [T, H], logits fp32 [T, V]) per sequence; equal lengths share one batch."""
+    """(hidden bf16 [T, H], logits fp32 [T, V]) per sequence; equal lengths may share a batch."""
     out: list = [None] * len(sequences)
     by_len: dict[int, list[int]] = {}
     for i, s in enumerate(sequences):
         by_len.setdefault(len(s), []).append(i)
+    batch = PREFILL_BATCH[0]
     for idx in by_len.values():
-        for start in range(0, len(idx), 16):
-            part = idx[start:start + 16]
+        for start in range(0, len(idx), batch):
+            part = idx[start:start + batch]
             x = torch.tensor([sequences[i] for i in part], dtype=torch.long)
             h = model.model(input_ids=x, use_cache=False).last_hidden_state
             logits = model.lm_head(h).float()
@@ -379,7 +383,10 @@ def main() -> None:
     ap.add_argument("--table", default=None, help="write calibration tables here (verify/calibration_tables.json)")
     ap.add_argument("--json", default=None, help="write every figure as JSON here")
     ap.add_argument("--skip-attacks", action="store_true", help="honest runs and tables only")
+    ap.add_argument("--prefill-batch", type=int, default=1,
+                    help="rows per validator prefill (1: as verify.daemon; more is faster but may round differently)")
     args = ap.parse_args()
+    PREFILL_BATCH[0] = max(1, args.prefill_batch)
     if args.rows % args.group:
         ap.error("--rows must be a multiple of --group")
     torch.set_num_threads(1)
@@ -413,7 +420,8 @@ def main() -> None:
     cal_by = {(p.worker, p.validator): p for p in pairs}
     meta = {"source": "scripts/calibrate.py", "model": setup.name, "model_config": model_fingerprint(setup.base.config),
             "quantile": args.quantile, "delta": args.delta,
-            "tokens": args.tokens, "group": args.group, "torch": torch.__version__}
+            "tokens": args.tokens, "group": args.group, "torch": torch.__version__,
+            "prefill_batch": args.prefill_batch}
     if args.table:
         Path(args.table).write_text(tables_to_json(pairs, meta))
         say(f"wrote {args.table}")
@@ -463,13 +471,13 @@ def render(args, setup: Setup, pairs, held_out, attacks, runtime_s: float) -> st
     cmd = ("PYTHONPATH=. flock /tmp/p2pnet-cpu.lock .venv/bin/python scripts/calibrate.py "
            f"--model {args.model if args.model == 'tiny' else '/tmp/smol/smollm2'} --prompts {args.prompts} "
            f"--attack-prompts {args.attack_prompts} --rows {args.rows} --group {args.group} --tokens {args.tokens} "
-           f"--quantile {args.quantile} --delta {args.delta} --alpha {args.alpha} "
+           f"--quantile {args.quantile} --delta {args.delta} --alpha {args.alpha} --prefill-batch {args.prefill_batch} "
            "--doc docs/calibration.md --table verify/calibration_tables.json")
     honest_chunks = sum(o.chunks for _, o, _ in held_out)
     honest_fr = sum(o.subs_either for _, o, _ in held_out)
     lines = [TEXT_HEAD.format(cmd=cmd, model=setup.name, runtime=runtime_s / 60, alpha=args.alpha,
                               quantile=args.quantile, delta=args.delta, group=args.group, tokens=args.tokens,
-                              rows=args.rows),
+                              rows=args.rows, prefill_batch=args.prefill_batch),
              "## Honest stack pairs (all chunks; calibration figures from the even-numbered half)", "",
              PAIR_HEAD]
     lines += [pair_row(cal, everything) for cal, _, everything in held_out]
@@ -519,7 +527,7 @@ Model: {model}. Runtime {runtime:.1f} min on one thread. Honest workers generate
 `trainer.rollout.generate_rows` does ({rows} rows of one prompt per batch, KV cache, seeded
 sampling at temperature 1.0, up to {tokens} new tokens) and prove their LM-head inputs; a
 submission is {group} rollouts of one prompt. Validators recompute each rollout in one prefill
-(rows of equal length batched) and run `verify.check.check_rollout` (TOPLOC per chunk with the
+({prefill_batch} row(s) of equal length per batch) and run `verify.check.check_rollout` (TOPLOC per chunk with the
 paper's thresholds, the sampling replay, termination). Stack keys are dtype/backend/device.
 
 The submission-level test (`verify.policy.decide_aggregate`, alpha = {alpha}) pools each
@@ -548,8 +556,8 @@ TEXT_TAIL = """## How to read this
   and points `validator.calibration_file` at the result. Pairs not in the table (a GPU worker,
   vLLM) are uncalibrated: the submission-level test does not run for them (the validator's
   status counts them) and only the per-chunk thresholds apply.
-* Prefills of equal-length rows run batched here; the daemon prefills one row at a time. On
-  these CPU kernels the batch size does not change the results (checked on the tiny model).
+* Validators prefill `--prefill-batch` rows of equal length at once; the daemon prefills one
+  row at a time, and batching can change the rounding of fp32 results.
 
 ## Per-chunk defaults
 
