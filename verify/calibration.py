@@ -56,6 +56,18 @@ class CalibrationTables:
     def validators_with_bit_exact_pair(self) -> set[str]:
         return {v for (_, v), p in self.pairs.items() if p.bit_exact}
 
+    def loosest_for(self, validator: str) -> PairCalibration | None:
+        """For workers whose declared stack has no pair: per statistic the largest limit and
+        exceed rate of any measured pair with this validator stack (never bit-exact), or None."""
+        mine = [p for (_, v), p in self.pairs.items() if v == validator]
+        if not mine:
+            return None
+        stats = tuple((name, StatCalibration(max(p.stat(name).limit for p in mine),
+                                             max(p.stat(name).exceed_rate for p in mine)))
+                      for name in AGGREGATE_STATS)
+        return PairCalibration("*", validator, False, stats, min(p.honest_chunks for p in mine),
+                               min(p.honest_rollouts for p in mine))
+
 
 def _pair(raw: Any) -> PairCalibration:
     if not isinstance(raw, dict):

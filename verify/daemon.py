@@ -91,6 +91,7 @@ class ValidatorConfig:
     threshold_preset: str = "paper"  # "paper" (cross-hardware) or "same_stack" (only where measured bit-exact)
     aggregate_alpha: float = 1e-4  # false-rejection rate of the submission-level test; 0 turns it off
     aggregate_window: int = 256  # a worker's recent checked rollouts pooled per stack pair
+    uncalibrated_stacks: str = "per_chunk_only"  # or "loosest": test undeclared/unmeasured stacks against the loosest pair
     calibration_file: Path | None = None  # default: the shipped verify/calibration_tables.json
 
     def own_stack_key(self) -> str:
@@ -111,6 +112,8 @@ class ValidatorConfig:
             problems["aggregate_alpha"] = "must lie in [0, 1) (0 turns the submission-level test off)"
         if self.aggregate_window < 1:
             problems["aggregate_window"] = "must be >= 1"
+        if self.uncalibrated_stacks not in ("per_chunk_only", "loosest"):
+            problems["uncalibrated_stacks"] = "must be 'per_chunk_only' or 'loosest'"
         try:
             tables = load_tables(self.calibration_file)
         except ValueError as exc:
@@ -309,7 +312,7 @@ class SubmissionChecker:
     def __init__(self, models: Callable[[int], LoadedModel], *, thresholds: dict[str, float] | None = None,
                  rules: TaskRules | Callable[[], TaskRules | None] | None = None, check_prompts: bool = True,
                  preset: str = "paper", tables: CalibrationTables | None = None, aggregate_alpha: float = 0.0,
-                 aggregate_window: int = 256, device: str = "cpu") -> None:
+                 aggregate_window: int = 256, device: str = "cpu", uncalibrated_stacks: str = "per_chunk_only") -> None:
         self.models = models
         self.threshold_overrides = dict(thresholds or {})
         self.preset = THRESHOLD_PRESETS[preset]
@@ -321,6 +324,7 @@ class SubmissionChecker:
         self.device_type = device.split(":")[0]
         self.aggregate_counts = {"tested": 0, "rejected": 0, "uncalibrated": 0}
         self._unfit_warned: set[str] = set()
+        self.uncalibrated_stacks = uncalibrated_stacks
 
     def _own_stack_key(self, model: LoadedModel) -> str:
         module = model.module
@@ -342,7 +346,11 @@ class SubmissionChecker:
                             "submission-level test and same_stack do not apply to it (scripts/calibrate.py "
                             "measures a table for it)", model.source)
             return None
-        return self.tables.get(worker_stack, self._own_stack_key(model))
+        own = self._own_stack_key(model)
+        pair = self.tables.get(worker_stack, own)
+        if pair is None and self.uncalibrated_stacks == "loosest":
+            pair = self.tables.loosest_for(own)  # a worker cannot dodge the test by declaring nothing
+        return pair
 
     def _thresholds(self, pair: Any) -> Thresholds:
         """same_stack applies only to pairs the table measured bit-exact; others get the paper's."""
@@ -434,7 +442,8 @@ class ValidatorRole:
                                                     tables=load_tables(self.config.calibration_file),
                                                     aggregate_alpha=self.config.aggregate_alpha,
                                                     aggregate_window=self.config.aggregate_window,
-                                                    device=self.config.device)
+                                                    device=self.config.device,
+                                                    uncalibrated_stacks=self.config.uncalibrated_stacks)
         self.core = ValidatorCore(self.config.core_config(), node.identity, node.peertable)
         self.runner: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)

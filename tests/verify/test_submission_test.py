@@ -228,3 +228,22 @@ def test_tables_measured_on_another_model_do_not_apply():
     assert checker.aggregate_counts["uncalibrated"] == 1
     same = SubmissionChecker(lambda v: model, tables=CalibrationTables([strict], {"model_config": model_fingerprint(fp32.config)}))
     assert same._pair("bf16/torch/cpu", model) == strict
+
+
+def test_undeclared_stacks_can_be_held_to_the_loosest_measured_pair():
+    """uncalibrated_stacks = "loosest": a worker that declares nothing (or an unmeasured stack)
+    is tested against the loosest pair measured with this validator's stack."""
+    from verify.daemon import LoadedModel, SubmissionChecker
+    from verify.testing import make_forward, tiny_model
+
+    fp32 = tiny_model(dtype=torch.float32)
+    model = LoadedModel(make_forward(fp32), None, 2, 512, "tiny", module=fp32)
+    tables = CalibrationTables([_pair(0.1), _pair(0.3, worker="fp32/torch/cpu"),
+                                _pair(0.5, validator="bf16/torch/cpu")])
+    loosest = tables.loosest_for("fp32/torch/cpu")
+    assert loosest.stat("mant_err_mean").exceed_rate == 0.3 and not loosest.bit_exact
+    assert tables.loosest_for("fp16/torch/cuda") is None
+    assert SubmissionChecker(lambda v: model, tables=tables)._pair("unknown/unknown/unknown", model) is None
+    strict = SubmissionChecker(lambda v: model, tables=tables, uncalibrated_stacks="loosest")
+    assert strict._pair("unknown/unknown/unknown", model) == loosest
+    assert strict._pair("bf16/torch/cpu", model) == _pair(0.1)
