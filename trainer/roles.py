@@ -98,6 +98,7 @@ class WorkerRole:
         self.submitted: list[dict[str, Any]] = []
         self.version = -1
         self.loaded: tuple[Any, Any] | None = None  # the model and tokenizer of `version`
+        self.backend_used = "torch"  # what generated the last batch (trainer.vllm_backend.select_generator)
         self.rejected = RejectedVersions()
         if self.config.byzantine:
             log.error("worker.byzantine=%s: this worker CHEATS on purpose (devnet/test setting)",
@@ -164,6 +165,7 @@ class WorkerRole:
         from trainer.vllm_backend import select_generator
 
         generate_batch = select_generator(self.config.backend)
+        self.backend_used = "vllm" if "vllm" in generate_batch.__module__ else "torch"  # declared in submissions
         tasks = assign_prompts(self.node.peer_id, step, self.config.task_seed, self.config.prompts_per_batch)
         if self.config.byzantine == "other_model":
             from trainer.model import build_model
@@ -176,11 +178,14 @@ class WorkerRole:
         return batch, timing
 
     async def _submit(self, batch: Any) -> None:
-        from verify.messages import SUBMISSIONS_TOPIC, submission_from_batch
+        from verify.messages import SUBMISSIONS_TOPIC, Stack, stack_of, submission_from_batch
 
+        stack = stack_of(self.loaded[0], self.backend_used) if self.loaded is not None else None
+        if stack is not None and self.backend_used == "vllm":  # vLLM runs its own copy on the GPU
+            stack = Stack(stack.dtype, "vllm", "cuda")
         submission = submission_from_batch(batch, model=self.config.model_name,
                                            prompts_per_submission=self.config.prompts_per_batch,
-                                           nonce=os.urandom(16))
+                                           nonce=os.urandom(16), **({"stack": stack} if stack else {}))
         await self.node.publish(SUBMISSIONS_TOPIC, submission)
 
     def status(self) -> dict[str, Any]:

@@ -18,7 +18,9 @@ again). Model folders are trainer.model's format (config.json, tokenizer, model.
 
 `SubmissionChecker` is the default checker: it recomputes the sampling seed and the
 assigned prompts (trainer.tasks rules) and runs `verify.check.check_rollout` on the rows the
-ticket chose. Anything it cannot do for our own reasons (no model for that version) raises
+ticket chose, then the submission-level test (verify.policy.RecentRollouts) with the
+calibration table of (the submission's declared stack, this validator's stack), from
+verify/calibration_tables.json unless `calibration_file` names another. Anything it cannot do for our own reasons (no model for that version) raises
 `ModelUnavailable`: the core drops the check without a verdict.
 
 Must not: decide anything the core decides; import torch or transformers before the first
@@ -42,10 +44,12 @@ from p2pnet.control import Reply
 from p2pnet.errors import ConfigError
 from relay.loader import LOAD_FAILURES, RejectedVersions
 from verify.errors import ProofError
-from verify.policy import SAME_STACK, Thresholds
+from verify.calibration import CalibrationTables, load_tables
+from verify.policy import SAME_STACK, RecentRollouts, Thresholds
 from verify.reputation import BatchInvalidated, WorkerBanned
 from verify.validator import (CheckDropped, CheckRequested, Penalise, ValidatorCore, ValidatorCoreConfig,
                               VerdictPublished)
+from verify.messages import MAX_REASONS
 from verify.verdicts import summarize
 
 log = logging.getLogger(__name__)
@@ -84,7 +88,15 @@ class ValidatorConfig:
     penalty: float = 2.0
     thresholds: dict[str, float] = field(default_factory=dict)
     version_wait_s: float = 60.0
-    threshold_preset: str = "paper"  # "paper" (cross-hardware) or "same_stack" (see verify.policy.SAME_STACK)
+    threshold_preset: str = "paper"  # "paper" (cross-hardware) or "same_stack" (only where measured bit-exact)
+    aggregate_alpha: float = 1e-4  # false-rejection rate of the submission-level test; 0 turns it off
+    aggregate_window: int = 256  # a worker's recent checked rollouts pooled per stack pair
+    uncalibrated_stacks: str = "per_chunk_only"  # or "loosest": test undeclared/unmeasured stacks against the loosest pair
+    calibration_file: Path | None = None  # default: the shipped verify/calibration_tables.json
+
+    def own_stack_key(self) -> str:
+        """This validator's stack before a model is loaded: model folders hold fp32 weights."""
+        return f"fp32/torch/{self.device.split(':')[0]}"
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -96,6 +108,24 @@ class ValidatorConfig:
             problems["penalty"] = "must be >= 0"
         if self.threshold_preset not in THRESHOLD_PRESETS:
             problems["threshold_preset"] = f"must be one of {sorted(THRESHOLD_PRESETS)}"
+        if not 0.0 <= self.aggregate_alpha < 1.0:
+            problems["aggregate_alpha"] = "must lie in [0, 1) (0 turns the submission-level test off)"
+        if self.aggregate_window < 1:
+            problems["aggregate_window"] = "must be >= 1"
+        if self.uncalibrated_stacks not in ("per_chunk_only", "loosest"):
+            problems["uncalibrated_stacks"] = "must be 'per_chunk_only' or 'loosest'"
+        try:
+            tables = load_tables(self.calibration_file)
+        except ValueError as exc:
+            problems["calibration_file"] = str(exc)
+        else:
+            if self.threshold_preset == "same_stack" and \
+                    self.own_stack_key() not in tables.validators_with_bit_exact_pair():
+                exact = ", ".join(f"{w} -> {v}" for w, v in tables.bit_exact_pairs()) or "none"
+                problems["threshold_preset"] = (
+                    f"same_stack is allowed only for a validator stack measured bit-exact against some worker "
+                    f"stack (docs/calibration.md; bit-exact pairs: {exact}); this validator is "
+                    f"{self.own_stack_key()}: use threshold_preset = \"paper\"")
         if not isinstance(self.thresholds, dict):
             problems["thresholds"] = "must be a table of threshold overrides"
         else:
@@ -281,12 +311,53 @@ class SubmissionChecker:
 
     def __init__(self, models: Callable[[int], LoadedModel], *, thresholds: dict[str, float] | None = None,
                  rules: TaskRules | Callable[[], TaskRules | None] | None = None, check_prompts: bool = True,
-                 preset: str = "paper") -> None:
+                 preset: str = "paper", tables: CalibrationTables | None = None, aggregate_alpha: float = 0.0,
+                 aggregate_window: int = 256, device: str = "cpu", uncalibrated_stacks: str = "per_chunk_only") -> None:
         self.models = models
         self.threshold_overrides = dict(thresholds or {})
         self.preset = THRESHOLD_PRESETS[preset]
         self._rules = rules  # a TaskRules, or a factory resolved on the first check (imports torch)
         self.check_prompts = check_prompts
+        self.tables = tables
+        self.aggregate_alpha = aggregate_alpha
+        self.recent = RecentRollouts(aggregate_window)
+        self.device_type = device.split(":")[0]
+        self.aggregate_counts = {"tested": 0, "rejected": 0, "uncalibrated": 0}
+        self._unfit_warned: set[str] = set()
+        self.uncalibrated_stacks = uncalibrated_stacks
+
+    def _own_stack_key(self, model: LoadedModel) -> str:
+        module = model.module
+        if module is None or not hasattr(module, "parameters"):
+            return f"fp32/torch/{self.device_type}"
+        from verify.messages import stack_of
+
+        return stack_of(module, "torch").key
+
+    def _pair(self, worker_stack: str, model: LoadedModel) -> Any:
+        """The calibration of (declared worker stack, our stack), if the tables fit our model."""
+        if self.tables is None:
+            return None
+        config = getattr(model.module, "config", None)
+        if config is None or not self.tables.applies_to(config):
+            if model.source not in self._unfit_warned:
+                self._unfit_warned.add(model.source)
+                log.warning("validator: the calibration tables were measured on another model than %s; the "
+                            "submission-level test and same_stack do not apply to it (scripts/calibrate.py "
+                            "measures a table for it)", model.source)
+            return None
+        own = self._own_stack_key(model)
+        pair = self.tables.get(worker_stack, own)
+        if pair is None and self.uncalibrated_stacks == "loosest":
+            pair = self.tables.loosest_for(own)  # a worker cannot dodge the test by declaring nothing
+        return pair
+
+    def _thresholds(self, pair: Any) -> Thresholds:
+        """same_stack applies only to pairs the table measured bit-exact; others get the paper's."""
+        preset = self.preset
+        if preset is SAME_STACK and (pair is None or not pair.bit_exact):
+            preset = THRESHOLD_PRESETS["paper"]
+        return replace(preset, **self.threshold_overrides)
 
     @property
     def rules(self) -> TaskRules | None:
@@ -306,8 +377,10 @@ class SubmissionChecker:
         if self.rules is not None and self.check_prompts:
             expected_prompts = self.rules.prompt_ids(request.worker, sub.step, sub.task_seed,
                                                      sub.prompts_per_submission, model.tokenizer)
-        thresholds = replace(self.preset, **self.threshold_overrides)
+        pair = self._pair(sub.stack.key, model)
+        thresholds = self._thresholds(pair)
         results: list[tuple[int, bool, Sequence[str]]] = []
+        checked_chunks: list[Sequence[Any]] = []
         for row in request.rows:
             record = sub.rollouts[row]
             prompt, output = record.prompt, record.output
@@ -326,7 +399,18 @@ class SubmissionChecker:
                 results.append((row, False, ("malformed_proof",)))
                 continue
             results.append((row, verdict.accepted, verdict.reasons))
-        return summarize(results)
+            checked_chunks.append(verdict.chunk_stats)
+        accepted, reasons = summarize(results)
+        if self.aggregate_alpha > 0.0 and checked_chunks:
+            if pair is None:
+                self.aggregate_counts["uncalibrated"] += 1
+            else:
+                self.aggregate_counts["tested"] += 1
+                decision = self.recent.decide(request.worker, checked_chunks, pair, self.aggregate_alpha)
+                if not decision.accepted:
+                    self.aggregate_counts["rejected"] += 1
+                    accepted, reasons = False, (tuple(reasons) + decision.reasons)[:MAX_REASONS]
+        return accepted, reasons
 
 
 # -- the role ---------------------------------------------------------------------------------------
@@ -354,7 +438,12 @@ class ValidatorRole:
         self.checker = checker or SubmissionChecker(self.models, thresholds=self.config.thresholds,
                                                     rules=_optional_trainer_rules,
                                                     check_prompts=self.config.check_prompts,
-                                                    preset=self.config.threshold_preset)
+                                                    preset=self.config.threshold_preset,
+                                                    tables=load_tables(self.config.calibration_file),
+                                                    aggregate_alpha=self.config.aggregate_alpha,
+                                                    aggregate_window=self.config.aggregate_window,
+                                                    device=self.config.device,
+                                                    uncalibrated_stacks=self.config.uncalibrated_stacks)
         self.core = ValidatorCore(self.config.core_config(), node.identity, node.peertable)
         self.runner: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
@@ -422,8 +511,9 @@ class ValidatorRole:
         stats = self.core.status(trio.current_time())
         cached = self.models.cached() if isinstance(self.models, (ModelSource, RelayModelSource)) else []
         rejected = self.models.rejected_versions() if isinstance(self.models, RelayModelSource) else []
+        aggregate = dict(getattr(self.checker, "aggregate_counts", {}))
         return {**stats, "sample_rate": self.config.sample_rate, "models_cached": cached,
-                "rejected_versions": rejected, "recent": list(self.recent)}
+                "rejected_versions": rejected, "submission_test": aggregate, "recent": list(self.recent)}
 
 
 def _optional_trainer_rules() -> TaskRules | None:

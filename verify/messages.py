@@ -43,6 +43,8 @@ MAX_REASONS = 32
 MAX_REASON_CHARS = 128
 MAX_ROLLOUTS = 4096
 STOP_REASONS = ("eos", "length")
+STACK_DTYPES = ("fp32", "bf16", "fp16", "unknown")
+_STACK_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 _U32 = struct.Struct("<I")
 _F32 = struct.Struct("<f")
 
@@ -123,6 +125,40 @@ class RolloutRecord:
         return unpack_f32(self.logprobs)
 
 
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """What computed a rollout's hidden states: model dtype, inference backend ("torch" for
+    trainer.rollout, "vllm"), and device type ("cpu", "cuda"). Validators pick the calibration
+    table of (worker stack, their own stack) by ``key``. "unknown" everywhere: not declared
+    (no calibration table matches it)."""
+
+    dtype: str
+    backend: str
+    device: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in STACK_DTYPES:
+            raise ValueError(f"stack dtype must be one of {STACK_DTYPES}")
+        for name in ("backend", "device"):
+            value = getattr(self, name)
+            if not 0 < len(value) <= 32 or not set(value) <= _STACK_CHARS:
+                raise ValueError(f"stack {name} must be 1..32 characters of [a-z0-9_.-]")
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}/{self.backend}/{self.device}"
+
+
+UNDECLARED_STACK = Stack("unknown", "unknown", "unknown")
+
+
+def stack_of(model: Any, backend: str) -> Stack:
+    """The stack of a torch model (duck-typed: verify.messages does not import torch)."""
+    param = next(iter(model.parameters()))
+    dtype = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(param.dtype), "unknown")
+    return Stack(dtype, backend, str(param.device.type))
+
+
 @message("verify/submission", max_bytes=SUBMISSION_MAX_BYTES)
 @dataclass(frozen=True, slots=True)
 class Submission:
@@ -131,7 +167,8 @@ class Submission:
     `seed` is the u64 sampling seed the worker used (validators recompute it from
     `task_seed`, the worker and `step`); `task_seed` keys the prompt assignment. Rollout i
     has row i; rows i*G .. i*G+G-1 answer prompt i (G = group_size). `nonce` (16-32 bytes)
-    makes every submission unique; a reused nonce is a replay.
+    makes every submission unique; a reused nonce is a replay. `stack` declares what
+    computed the hidden states (signed with the rest; validators calibrate per stack pair).
     """
 
     model: str
@@ -145,6 +182,7 @@ class Submission:
     max_new_tokens: int
     rollouts: tuple[RolloutRecord, ...]
     nonce: bytes
+    stack: Stack = UNDECLARED_STACK
 
     def __post_init__(self) -> None:
         if not 0 < len(self.model) <= 256:
@@ -244,10 +282,12 @@ def rollout_record(*, prompt_ids: Sequence[int], output_ids: Sequence[int], logp
                          tuple(bytes(p) for p in proofs), stop_reason, row)
 
 
-def submission_from_batch(batch: Any, *, model: str, prompts_per_submission: int, nonce: bytes) -> Submission:
+def submission_from_batch(batch: Any, *, model: str, prompts_per_submission: int, nonce: bytes,
+                          stack: Stack = UNDECLARED_STACK) -> Submission:
     """A Submission from a trainer `RolloutBatch` (duck-typed: verify does not import trainer).
 
-    The batch's `seed` is the network (task) seed; its `sampling_seed` is what it sampled with.
+    The batch's `seed` is the network (task) seed; its `sampling_seed` is what it sampled with;
+    `stack` is what generated it (`stack_of(model, backend)`).
     """
     rollouts = tuple(
         rollout_record(prompt_ids=r.prompt_ids, output_ids=r.output_ids, logprobs=r.logprobs,
@@ -258,4 +298,4 @@ def submission_from_batch(batch: Any, *, model: str, prompts_per_submission: int
                       seed=batch.sampling_seed, task_seed=batch.seed,
                       prompts_per_submission=prompts_per_submission, group_size=batch.group_size,
                       temperature=float(batch.temperature), max_new_tokens=batch.max_new_tokens,
-                      rollouts=rollouts, nonce=nonce)
+                      rollouts=rollouts, nonce=nonce, stack=stack)

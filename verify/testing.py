@@ -25,6 +25,7 @@ from verify.sampling import sample_tokens
 __all__ = [
     "Generation",
     "TinyModelConfig",
+    "bf16_gaussian",
     "bf16_test_tensor",
     "generate",
     "boundary_tie_free",
@@ -53,6 +54,24 @@ def bf16_test_tensor(seed: int, tokens: int, hidden: int) -> torch.Tensor:
     bits32 = (z * scale).astype(np.float32).view(np.uint32).astype(np.uint64)
     rounded = (bits32 + 0x7FFF + ((bits32 >> 16) & 1)) >> 16
     bits16 = rounded.astype(np.uint16).reshape(tokens, hidden)
+    return torch.from_numpy(bits16.view(np.int16).copy()).view(torch.bfloat16)
+
+
+def bf16_gaussian(seed: int, tokens: int, hidden: int, *, massive_channels: int = 0) -> torch.Tensor:
+    """A standard-normal bf16 [tokens, hidden] tensor from Philox raw bits (platform-independent).
+
+    Tie-heavy on purpose: with hidden 4096 most 32-token chunks have several equal |values|
+    at the 128th place. ``massive_channels`` > 0 multiplies that many fixed channels by 30,
+    as the few huge channels of real LM-head inputs do (SmolLM2: |h| 8-41 in 17, 25, ...).
+    """
+    n = tokens * hidden
+    raw = np.random.Philox(key=seed).random_raw(2 * n)
+    u = ((raw >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
+    z = (np.sqrt(-2.0 * np.log(u[:n])) * np.cos(2.0 * np.pi * u[n:])).reshape(tokens, hidden)
+    if massive_channels:
+        z[:, np.arange(massive_channels) * (hidden // massive_channels)] *= 30.0
+    bits32 = z.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits16 = ((bits32 + 0x7FFF + ((bits32 >> 16) & 1)) >> 16).astype(np.uint16)
     return torch.from_numpy(bits16.view(np.int16).copy()).view(torch.bfloat16)
 
 

@@ -10,9 +10,12 @@ The hidden states of the generated tokens, ``hidden`` [T, H] in bf16, are cut in
 ``chunk_tokens`` rows (the last chunk may be shorter; it is proven too, as toploc does). For
 each chunk, flattened:
 
-1. take the ``k = min(topk, numel)`` entries of largest absolute value, ties going to the
-   lower flat index (toploc uses ``abs().topk(k)``, whose tie order is unspecified and
-   differs between CPU and GPU; without a tie at the k-th place both pick the same set);
+1. take the ``k = min(topk, numel)`` entries of largest absolute value, ties at the k-th
+   place broken exactly as toploc's ``flat.abs().topk(k)`` does on CPU (torch's CPU kernel:
+   a heap selection for numel >= 64 k, nth_element below; see ``_select_topk``), so proofs
+   are byte-identical to toploc's for every chunk, tie-heavy real hidden states included
+   (tests/verify/test_toploc_ties.py, a golden file made by toploc 0.1.6). Proofs are always
+   built and measured on CPU: a CUDA topk breaks ties otherwise;
 2. x = flat index mod m, with m the largest modulus <= 65497 that keeps the k indices
    distinct (searching downward, as toploc's C++ ``ProofPoly.from_points`` does);
 3. y = the bf16 bit pattern (u16) reduced mod P = 65497 (only NaN patterns are >= P);
@@ -27,8 +30,6 @@ entries whose exponents match; ``inf`` when none match, where toploc reports 2**
 the sign bit 15 (toploc ignores it; we count it).
 
 Differences from toploc 0.1.6, all deliberate:
-- a total order for top-k (|value| desc, then index asc): worker and validator agree on the
-  set whenever their bits agree, on any platform;
 - only bf16 input is accepted (toploc silently emits all-zero "null" proofs on errors);
 - its Python verify path forgets ``idx % m``; we reduce, as its C++ path does;
 - median is the upper median (C++ path), not ``statistics.median`` (Python path);
@@ -41,7 +42,9 @@ matrix products. With M(t) = prod_j (t - x_j), the coefficients are
 S, M'(x_i) and every evaluation use baby-step/giant-step power tables
 (x^t = (x^B)^g * x^b, B = 16) and small matrix products; c is a Hankel matrix of M times S.
 All entries are < P, so float64 products are exact (n * P^2 < 2^53). M comes from a
-batched product tree of convolutions.
+batched product tree of convolutions. Top-k: chunks without a tie at the k-th place take a
+threshold from group maxima and sort only the few entries above it; tied chunks go to
+torch.topk, as toploc's do.
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ def _windows(arr: np.ndarray, width: int) -> np.ndarray:
     )
 
 
-def _poly_from_roots(x: np.ndarray) -> np.ndarray:
+def _product_tree(x: np.ndarray) -> np.ndarray:
     """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1]."""
     batch, n = x.shape
     width = 1 << max(0, (n - 1).bit_length())
@@ -149,6 +152,45 @@ def _poly_from_roots(x: np.ndarray) -> np.ndarray:
         conv = np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
         polys = np.fmod(conv, PRIME)  # exact: entries are integers below 2^53
     return polys[:, 0, : n + 1].astype(np.int64)
+
+
+_LAGRANGE: dict[int, np.ndarray] = {}
+
+
+def _lagrange_matrix(size: int) -> np.ndarray:
+    """L [size, size], float64: row r holds the coefficients of the Lagrange basis polynomial
+    of the points 0..size-1 that is 1 at r, so values at 0..size-1 times L are coefficients."""
+    cached = _LAGRANGE.get(size)
+    if cached is not None:
+        return cached
+    points = np.arange(size, dtype=np.int64)
+    whole = _product_tree(points[None])[0]  # W(t) = prod_s (t - s), degree ``size``
+    quotients = np.zeros((size, size), dtype=np.int64)  # W(t) / (t - r), by synthetic division
+    carry = np.zeros(size, dtype=np.int64)
+    for degree in range(size, 0, -1):
+        carry = (whole[degree] + carry * points) % PRIME
+        quotients[:, degree - 1] = carry
+    scale = _INV[evaluate(quotients, points[:, None])[:, 0]]  # 1 / prod_{s != r} (r - s)
+    matrix = (quotients * scale[:, None] % PRIME).astype(np.float64)
+    _LAGRANGE[size] = matrix
+    return matrix
+
+
+def _poly_from_roots(x: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
+
+    Evaluated at t = 0..n (products of differences, halving the factor count per step) and
+    turned into coefficients by one product with the cached Lagrange matrix of 0..n: far
+    fewer numpy calls than a product tree of convolutions, which matters for one chunk.
+    """
+    batch, n = x.shape
+    width = 1 << max(0, (n - 1).bit_length())
+    factors = np.ones((batch, n + 1, width), dtype=np.int64)
+    factors[:, :, :n] = (np.arange(n + 1, dtype=np.int64)[None, :, None] - x[:, None, :]) % PRIME
+    while factors.shape[2] > 1:
+        factors = factors[:, :, 0::2] * factors[:, :, 1::2] % PRIME
+    values = factors[:, :, 0].astype(np.float64)
+    return np.matmul(values, _lagrange_matrix(n + 1)).astype(np.int64) % PRIME
 
 
 def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.ndarray:
@@ -270,6 +312,21 @@ def decode_proof(data: bytes | bytearray | memoryview, n_points: int) -> tuple[i
     return modulus, coeffs
 
 
+def _decode_many(proofs: Sequence[bytes], n_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """``decode_proof`` for many proofs at once: (moduli [C], coefficients [C, n_points]).
+    The same checks and errors, with one buffer parse instead of one per proof."""
+    length = proof_length(n_points)
+    if any(type(p) is not bytes or len(p) != length for p in proofs):
+        for p in proofs:  # the slow path names the first bad proof exactly as decode_proof does
+            decode_proof(p, n_points)
+    words = np.frombuffer(b"".join(proofs), dtype=">u2").astype(np.int64).reshape(len(proofs), -1)
+    moduli, coeffs = words[:, 0], words[:, 1:]
+    if np.any((moduli < 1) | (moduli > PRIME)) or np.any(coeffs >= PRIME):
+        for p in proofs:
+            decode_proof(p, n_points)
+    return moduli, coeffs
+
+
 # --------------------------------------------------------------------------- chunks
 
 
@@ -299,35 +356,49 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
     return groups
 
 
-def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest ``keys`` per row, ties to the lower position: [C, k].
+_GROUP = 16  # group width of the maxima that bound the running k-th largest
 
-    keys: uint16 [C, N] (|bf16| bit patterns, whose integer order is the order of |value|).
-    The rule "larger |value| first, then lower index" is a total order, so the worker and
-    the validator pick the same set from the same bits on any platform (torch.topk breaks
-    ties in an unspecified way). Fast path: a threshold t with at least k entries >= t per
-    row comes from maxima of 16-entry groups (two levels), so only the few entries >= t are
-    ever sorted. Any t with k group maxima >= t is safe: every top-k entry is >= t.
+
+def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
+    """torch.topk's positions of the k largest |bf16| patterns per row (what toploc picks)."""
+    values = torch.from_numpy(np.ascontiguousarray(keys).view(np.int16)).view(torch.bfloat16)
+    return values.topk(k, dim=1).indices.numpy()
+
+
+def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
+
+    keys: uint16 [C, N], the |bf16| bit patterns (their integer order is the order of
+    |value|, as torch compares them). Where the k-th and (k+1)-th largest differ the set is
+    unique and comes from a fast threshold (maxima of 16-entry groups, two levels: any t
+    with k group maxima >= t has every top-k entry >= t, so only the few entries >= t are
+    sorted). Rows with a tie at the k-th place go to torch.topk itself: which of several
+    equal |values| it keeps is a property of torch's CPU kernel (a heap selection for
+    N >= 64 k, nth_element below), and byte equality with toploc depends on it. Replaying
+    that heap on the few entries that can enter it was measured slower than torch.topk.
     """
     rows, n = keys.shape
     thresh = np.zeros(rows, dtype=np.uint16)
     level = keys
     for _ in range(2):  # each level: maxima of 16 strided groups
-        if level.shape[1] % 16 or level.shape[1] // 16 < k:
+        if level.shape[1] % _GROUP or level.shape[1] // _GROUP < k:
             break
-        level = level.reshape(rows, 16, -1).max(axis=1)
+        level = level.reshape(rows, _GROUP, -1).max(axis=1)
     if level is not keys:
         thresh = np.partition(level, level.shape[1] - k, axis=1)[:, level.shape[1] - k]
     row_id, pos = np.divmod(np.flatnonzero(keys >= thresh[:, None]), n)  # 2-D nonzero is slow
-    composite = (
-        (row_id.astype(np.int64) << 48)
-        | (keys[row_id, pos].astype(np.int64) << 32)
-        | (0xFFFFFFFF - pos.astype(np.int64))
-    )
-    order = np.argsort(composite, kind="stable")
+    composite = (row_id.astype(np.int64) << 48) | (keys[row_id, pos].astype(np.int64) << 32) | pos
+    order = np.argsort(composite)
     ends = np.cumsum(np.bincount(row_id, minlength=rows))
     take = ends[:, None] - k + np.arange(k)[None, :]
-    return pos[order[take]].astype(np.int64)
+    chosen = pos[order[take]].astype(np.int64)
+    # a tie at the k-th place: the entry just below the top k (if any) has the same key
+    below = np.maximum(ends - k - 1, 0)
+    has_below = ends - k - 1 >= np.concatenate([[0], ends[:-1]])
+    tied = has_below & (keys[row_id[order[below]], pos[order[below]]] == keys[np.arange(rows), chosen[:, 0]])
+    if tied.any():
+        chosen[tied] = _torch_topk(keys[tied], k)
+    return chosen
 
 
 def _topk(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
@@ -421,9 +492,7 @@ def measure(
     stats: list[ChunkStats] = []
     for start, first_row, count, rows in _chunk_groups(hidden.shape[0], chunk_tokens):
         k = min(topk, rows * hidden.shape[1])
-        decoded = [decode_proof(p, k) for p in proofs[start : start + count]]
-        moduli = np.array([m for m, _ in decoded], dtype=np.int64)
-        coeffs = np.stack([c for _, c in decoded])
+        moduli, coeffs = _decode_many(proofs[start : start + count], k)
         idx, bits = _topk(hidden, first_row, count, rows, topk)
         committed = evaluate(coeffs, idx % moduli[:, None])
         stats.extend(_compare(committed, bits))

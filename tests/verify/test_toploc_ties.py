@@ -1,0 +1,97 @@
+"""Byte equality with toploc 0.1.6 where ties decide the top-k set (tests/fixtures/toploc_ties.json).
+
+toploc takes ``flat.abs().topk(128)``; which of several equal |values| at the 128th place it
+keeps is decided by torch's CPU kernel. The fixture was made by the real toploc
+(tests/fixtures/make_toploc_ties.py) on tie-heavy inputs: normal hidden states at hidden 4096,
+heavy-tailed ones, massive channels, a coarse grid, and real SmolLM2-135M last hidden states.
+Every chunk's proof must be byte-equal, and measuring a perturbed copy must give toploc's
+numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from verify.testing import bf16_gaussian, boundary_tie_free, perturb_bits
+from verify.toploc import _topk, build_proofs, measure
+
+torch.set_num_threads(1)
+
+FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures"
+GOLDEN = json.loads((FIXTURES / "toploc_ties.json").read_text())
+
+
+def _load(name: str) -> torch.Tensor:
+    if name.startswith("smollm2_"):
+        stored = np.load(FIXTURES / "smollm2_hidden.npz")[name.removeprefix("smollm2_")]
+        return torch.from_numpy(stored.view(np.int16).copy()).view(torch.bfloat16)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("maker", FIXTURES / "make_toploc_ties.py")
+    maker = importlib.util.module_from_spec(spec)
+    source = (FIXTURES / "make_toploc_ties.py").read_text().replace("import toploc\n", "")
+    exec(compile(source, str(spec.origin), "exec"), maker.__dict__)
+    return maker.synthetic_cases()[name]
+
+
+CASES = {c["name"]: c for c in GOLDEN["cases"]}
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return {name: _load(name) for name in CASES}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_chunk_byte_equal_to_toploc(name, inputs):
+    case, hidden = CASES[name], inputs[name]
+    digest = hashlib.sha256(hidden.contiguous().view(torch.int16).numpy().tobytes()).hexdigest()
+    assert digest == case["input_sha256"], "fixture input drifted"
+    assert [p.hex() for p in build_proofs(hidden)] == case["proofs_hex"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_measure_matches_toploc_on_perturbed_copy(name, inputs):
+    case = CASES[name]
+    perturbed = perturb_bits(inputs[name], case["perturb_seed"])
+    proofs = [bytes.fromhex(h) for h in case["proofs_hex"]]
+    ours = [(s.exp_mismatches, s.mant_err_mean, s.mant_err_median) for s in measure(perturbed, proofs)]
+    theirs = case["perturbed_results"]
+    assert [o[0] for o in ours] == [t[0] for t in theirs]
+    assert np.allclose([o[1:] for o in ours], [t[1:] for t in theirs], rtol=1e-12, atol=0)
+
+
+def test_fixture_is_tie_heavy(inputs):
+    """Most chunks have a tie at the 128th place: the cases test tie breaking, not luck."""
+    tied = total = 0
+    for hidden in inputs.values():
+        for start in range(0, hidden.shape[0], 32):
+            total += 1
+            tied += not boundary_tie_free(hidden[start : start + 32])
+    assert tied >= total * 2 // 3
+
+
+@pytest.mark.parametrize("hidden_size", [256, 576, 4096])
+def test_batched_selection_is_torch_topk_per_chunk(hidden_size):
+    """Many chunks selected at once pick, chunk by chunk, what torch.topk picks alone."""
+    hidden = bf16_gaussian(hidden_size, 32 * 12 + 5, hidden_size, massive_channels=hidden_size // 256)
+    for first_row, count, rows in ((0, 12, 32), (384, 1, 5)):
+        idx, _ = _topk(hidden, first_row, count, rows, 128)
+        for c in range(count):
+            flat = hidden[first_row + c * rows : first_row + (c + 1) * rows].reshape(-1)
+            expected = flat.abs().topk(128).indices.numpy()
+            assert sorted(idx[c].tolist()) == sorted(expected.tolist())
+
+
+def test_live_toploc_random_ties():
+    toploc = pytest.importorskip("toploc")
+    for seed in range(3):
+        hidden = bf16_gaussian(100 + seed, 130, 4096)
+        theirs = toploc.build_proofs_bytes([hidden[i : i + 1] for i in range(130)], 32, 128, skip_prefill=True)
+        assert build_proofs(hidden) == theirs
