@@ -245,6 +245,7 @@ def peer_configs(args: argparse.Namespace, overlay: Callable[[dict[str, Any]], d
         roles=tuple(roles) if isinstance(roles, list) and roles else None,
         upload_bps=args.upload_bps,
         metrics_listen=getattr(args, "metrics_listen", None),
+        display_name=getattr(args, "display_name", None),
     )
     table = from_mapping(
         PeerTableConfig, sections.get("peertable", {}), "peertable",

@@ -87,13 +87,14 @@ def dashboard_data(status: dict[str, Any], rows: list[dict[str, Any]] | None = N
     """Everything the page shows, from a peer's status and the trainer's metrics rows."""
     trainer = status.get("role_status", {}).get("trainer")
     connected = set(status.get("connected", []))
-    me = {"peer_id": status["peer_id"], "roles": status["roles"], "reachable": status.get("reachable"),
+    me = {"peer_id": status["peer_id"], "name": status.get("name", ""), "roles": status["roles"], "reachable": status.get("reachable"),
           "connected": True, "upload_bps": None, "download_bps": None, "score": 0.0, "last_heard_s_ago": 0.0,
           "self": True}
     relay = status.get("role_status", {}).get("relay") or {}
     if relay:
         me["upload_bps"] = relay.get("upload_advertised_bps")
-    peers = [me] + [{"peer_id": p["peer_id"], "roles": p["roles"], "reachable": p["reachable"],
+    peers = [me] + [{"peer_id": p["peer_id"], "name": p.get("name", ""), "roles": p["roles"],
+                     "reachable": p["reachable"],
                      "connected": p["peer_id"] in connected, "upload_bps": p["upload_bps"],
                      "download_bps": p["download_bps"], "score": p["score"],
                      "last_heard_s_ago": p["last_heard_s_ago"], "self": False} for p in status.get("peers", [])]

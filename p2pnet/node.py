@@ -69,6 +69,7 @@ class PeerConfig:
     reachability_interval_s: float = 60.0
     gossip_degree: int = 6  # GossipSub mesh degree D (D_low = 2D/3, D_high = 2D)
     gossip_heartbeat_s: float = 1.0  # GossipSub's own mesh upkeep, not the peer table's heartbeats
+    display_name: str = ""  # shown beside this peer's id on dashboards and leaderboards (at most 64 characters)
     metrics_listen: str = ""  # HOST:PORT serving /metrics (Prometheus), /healthz and the dashboard; "" is off
 
     def check(self) -> dict[str, str]:
@@ -92,6 +93,8 @@ class PeerConfig:
         unknown = [r for r in self.roles if r not in ROLE_NAMES]
         if unknown:
             problems["roles"] = f"unknown role(s) {unknown}; known: {list(ROLE_NAMES)}"
+        if len(self.display_name) > 64 or not self.display_name.isprintable():
+            problems["display_name"] = "must be at most 64 printable characters"
         if self.metrics_listen:
             try:
                 parse_host_port(self.metrics_listen, "metrics_listen")
@@ -282,6 +285,7 @@ class Node:
         now = trio.current_time()
         return {
             "peer_id": self.peer_id,
+            "name": self.config.display_name,
             "addrs": self.host.addrs(),
             "listen_addrs": self.host.bound_addrs(),
             "data_addr": self.dataplane.address,
@@ -353,6 +357,7 @@ async def run_node(
                 data_addr=data_addr,
                 roles=config.roles,
                 capacity=Capacity(config.upload_bps, config.download_bps, free_disk),
+                name=config.display_name,
             )
             table = PeerTable(peertable_config or PeerTableConfig(), identity.peer_id, local, int(time.time() * 1000))
             outbox_send, outbox_receive = trio.open_memory_channel[tuple[str, Effect]](OUTBOX_SIZE)

@@ -296,7 +296,7 @@ def _start_peers(plan: list[Any], procs: dict[str, PeerProcess], root: Path, lab
     for name, roles, sections in plan:
         data_dir = root / name
         data_dir.mkdir(parents=True, exist_ok=True)
-        (data_dir / "peer.toml").write_text(to_toml(sections))
+        (data_dir / "peer.toml").write_text(to_toml({"peer": {"display_name": name}, **sections}))
         bootstrap = [procs["trainer"].addr] if "trainer" in procs else []
         extra = ["--config", str(data_dir / "peer.toml")]
         if lab is None:

@@ -379,7 +379,8 @@ class TrainerRole:
         spread = {str(v): {"published_s": round(published[v] - self.started_at, 3),
                            "holders": {p: round(t - published[v], 3) for p, t in self.intake.holders.get(v, {}).items()}}
                   for v in sorted(published)[-50:]}
-        return {"leaderboard": self.intake.contributions.rows(published, relayed=relayed),
+        names = {entry.peer_id: entry.name for entry in self.node.peertable.peers() if entry.name}
+        return {"leaderboard": self.intake.contributions.rows(published, names=names, relayed=relayed),
                 "verdict_log": list(self.intake.contributions.verdict_log)[-1000:], "spread": spread,
                 "started_at": self.started_at}
 

@@ -98,6 +98,7 @@ def test_peers_serve_metrics_health_and_dashboard_api(tmp_path):
         code, page = get(url + "/")
         assert code == 200 and "<svg" in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
         assert get(url + "/nope")[0] == 404
+        check_dashboard_command(peers[1])
     finally:
         codes = [p.stop(timeout_s=15) for p in peers]
     assert codes == [0, 0]
@@ -106,6 +107,26 @@ def test_peers_serve_metrics_health_and_dashboard_api(tmp_path):
     assert any(r["logger"] == "hypercorn.error" for r in records)  # third-party records in the same form
     if shutil.which("promtool") is None:
         pytest.skip("promtool not installed (Debian package prometheus; scripts/ops_deps.sh installs it as root)")
+
+
+def check_dashboard_command(peer):
+    """`p2pnet dashboard` serves the page and API of a peer running elsewhere (through its control
+    socket); `p2pnet leaderboard` on a peer without the trainer role says whose data dir to give."""
+    proc = subprocess.Popen([sys.executable, "-m", "p2pnet", "dashboard", "--data-dir", str(peer.data_dir),
+                             "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("dashboard on http://127.0.0.1:"), line + proc.stderr.read()
+        url = line.split()[2].rstrip("/")
+        code, body = get(url + "/api/dashboard")
+        assert code == 200 and json.loads(body)["self"]["peer_id"] == peer.peer_id
+        assert get(url + "/")[0] == 200 and get(url + "/metrics")[0] == 404  # metrics are the peer's own
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    board = subprocess.run([sys.executable, "-m", "p2pnet", "leaderboard", "--data-dir", str(peer.data_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert board.returncode == 2 and "runs no trainer" in board.stderr and len(board.stderr.splitlines()) == 1
 
 
 def test_metrics_listen_errors_are_one_line(tmp_path):

@@ -107,6 +107,8 @@ def test_metrics_dashboard_and_leaderboard_after_a_devnet(tmp_path, capsys):
     assert board == seen["api_board"]["leaderboard"] == seen["api"]["leaderboard"]
     by_peer = {r["peer_id"]: r for r in board}
     honest, cheater, validator = by_peer[ids["worker1"]], by_peer[ids["worker0"]], by_peer[ids["validator0"]]
+    assert {p["name"] for p in seen["api"]["peers"]} == set(ids)  # display names from the heartbeats
+    assert (honest["name"], cheater["name"], validator["name"]) == ("worker1", "worker0", "validator0")
     assert honest["rank"] == 1 and honest["accepted_tokens"] > 0 and honest["trained_batches"] >= STEPS - 1
     assert cheater["accepted_tokens"] == 0 and cheater["banned"] and cheater["rejected_batches"] >= 2
     assert validator["checks"] >= STEPS + 2
@@ -124,7 +126,7 @@ def test_metrics_dashboard_and_leaderboard_after_a_devnet(tmp_path, capsys):
     api_rows = seen["dom_api"]["leaderboard"]
     assert [peer for peer, _ in rendered] == [r["peer_id"] for r in api_rows]
     for (peer, cells), row in zip(rendered, api_rows):
-        assert cells[0] == str(row["rank"]) and cells[3] == str(row["accepted_tokens"])
+        assert cells[0] == str(row["rank"]) and cells[2] == row["name"] and cells[3] == str(row["accepted_tokens"])
         assert cells[4] == str(row["accepted_rollouts"]) and cells[9] == str(row["checks"])
         assert cells[8] == ("banned" if row["banned"] else "")
     for series in ("reward_mean", "loss", "tokens_per_s"):

@@ -4,6 +4,7 @@ crash mid-line."""
 
 from p2pnet.identity import Identity
 from p2pnet.messages import Capacity, Heartbeat
+from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
 from relay.messages import Holding, HeldVersion
 from tests.trainer.test_intake import CHEAT, VALIDATOR, WORKER, envelope, make, submit, verdict
 from trainer.metricsfile import MetricsFile, read_metrics
@@ -28,16 +29,21 @@ def test_a_lying_worker_gains_nothing_and_honest_work_counts():
     # heartbeats whatever it likes, signs a verdict accepting its own batch, replays its submission,
     # and reuses the validator's ticket under its own signature
     intake.on_message(0.5, envelope(CHEAT, Holding((HeldVersion(0, b"\x02" * 32),))))
-    intake.on_message(1.0, envelope(CHEAT, Heartbeat(1, 1, (), "127.0.0.1:1", ("worker", "validator"),
-                                                     Capacity(10**12, 10**12, 10**15))))
+    boast = envelope(CHEAT, Heartbeat(1, 1, (), "127.0.0.1:1", ("worker", "validator"),
+                                      Capacity(10**12, 10**12, 10**15), True, "top: 10M tokens, 5k checks"))
+    intake.on_message(1.0, boast)
+    table = PeerTable(PeerTableConfig(), "trainer-id", LocalInfo((), "", ("trainer",), Capacity(1, 1, 1)), 0)
+    table.on_message(1.0, boast)
+    names = {e.peer_id: e.name for e in table.peers()}
     sub_env, cheat = submit(intake, CHEAT, 0, now=30.0)
     intake.on_message(30.5, sub_env)  # the same signed submission again
     own = Verdict(cheat, CHEAT.peer_id, 0, 0, True, (), 2, make_ticket(CHEAT, cheat))
     intake.on_message(31.0, envelope(CHEAT, own))
     stolen = Verdict(cheat, CHEAT.peer_id, 0, 0, True, (), 2, make_ticket(VALIDATOR, cheat))
     intake.on_message(31.5, envelope(CHEAT, stolen))
-    rows = intake.contributions.rows(published_at)
+    rows = intake.contributions.rows(published_at, names=names)
     liar = row_of(rows, CHEAT)
+    assert liar["name"] == "top: 10M tokens, 5k checks"  # shown as its name, counted for nothing
     assert liar["accepted_tokens"] == liar["accepted_rollouts"] == liar["accepted_batches"] == 0
     assert liar["checks"] == 0 and liar["compute_s"] == 0.0 and liar["submitted"] == 1
     assert all(b.worker != CHEAT.peer_id for b in intake.admissible(32.0, 0))
