@@ -23,14 +23,11 @@ This module must not change any state it reads, nor block: a scrape is a read.
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import Any, Iterable, Iterator
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
-log = logging.getLogger(__name__)
 
 ROLE_METRICS = {
     "relay": "relay.metrics:RelayMetrics",
@@ -141,12 +138,6 @@ class PeerCollector:
         yield labelled(CounterMetricFamily("p2pnet_gossip_messages_rejected",
                                            "Messages rejected on decode, by reason (stale, bad_signature, ...).",
                                            labels=["reason"]), node.rejections)
-
-
-def registry_for(node: Any) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(PeerCollector(node))
-    return registry
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -1,6 +1,5 @@
 """A peer's /metrics, /healthz and dashboard API over real HTTP, and `--log-format json`."""
 
-import io
 import json
 import logging
 import shutil
