@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	bash scripts/lab_deps.sh
+	bash scripts/ops_deps.sh
 	$(PY) -m pytest -q
 
 demo: $(STAMP)

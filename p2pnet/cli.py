@@ -36,7 +36,7 @@ from p2pnet.errors import ConfigError, LocalStateError, PeerUnavailable
 
 USER_ERRORS = (ConfigError, LocalStateError, PeerUnavailable, CommandRefused)
 EXTENSIONS = ("relay.cli", "verify.cli", "trainer.cli", "p2pnet.configcli", "p2pnet.demo", "simulations.cli",
-              "p2pnet.labcli")
+              "p2pnet.labcli", "p2pnet.dashboard")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         getattr(args, "_group", parser).print_help()  # `p2pnet peer` alone lists the peer commands
         return 2
-    configure_logging(log_level(args))
+    configure_logging(log_level(args), getattr(args, "log_format", "text"))
     if getattr(args, "data_dir", "") is None:
         args.data_dir = default_data_dir()
     try:
@@ -88,12 +88,18 @@ def log_level(args: argparse.Namespace) -> str:
     return LOG_LEVELS[min(max(index, 0), len(LOG_LEVELS) - 1)]
 
 
-def configure_logging(level_name: str) -> None:
+def configure_logging(level_name: str, log_format: str = "text") -> None:
     """Every logger, libp2p's included (see `p2pnet.host.adopt_libp2p_logging`), and Python's
-    warnings, in one format on stderr: time, level, source, message. `trace` is `debug` with the
-    chatty third-party loggers let through as well."""
+    warnings, in one format on stderr: time, level, source, message (`json`: one object per
+    line, `p2pnet.logformat`). `trace` is `debug` with the chatty third-party loggers let through
+    as well."""
     level = logging.DEBUG if level_name == "trace" else getattr(logging, level_name.upper())
     logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+    if log_format == "json":
+        from p2pnet.logformat import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     logging.captureWarnings(True)
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if level_name == "trace" else max(level, logging.WARNING))
@@ -106,6 +112,9 @@ def _add_log_level(parser: argparse.ArgumentParser, default: Any, depth: int = 0
                       help="log verbosity on stderr (default: warning); trace is debug with the chatty "
                       "third-party loggers (multiaddr, libp2p internals) let through")
     counted = 0 if depth == 0 else argparse.SUPPRESS  # each depth counts apart: a subparser's copy would win
+    logs.add_argument("--log-format", default=default if default is argparse.SUPPRESS else "text",
+                      choices=("text", "json"), help="text (default) or json: one JSON object per line with time, "
+                      "level, peer_id, role, event, logger and message")
     logs.add_argument("-v", "--verbose", dest=f"_verbose{depth}", action="count", default=counted,
                       help="log more: -v info, -vv debug, -vvv trace")
     logs.add_argument("-q", "--quiet", dest=f"_quiet{depth}", action="count", default=counted,
@@ -235,6 +244,8 @@ def peer_configs(args: argparse.Namespace, overlay: Callable[[dict[str, Any]], d
         bootstrap=tuple(args.bootstrap) or None,
         roles=tuple(roles) if isinstance(roles, list) and roles else None,
         upload_bps=args.upload_bps,
+        metrics_listen=getattr(args, "metrics_listen", None),
+        display_name=getattr(args, "display_name", None),
     )
     table = from_mapping(
         PeerTableConfig, sections.get("peertable", {}), "peertable",
@@ -331,6 +342,8 @@ def run_peer(config: Any, table: Any, sections: dict[str, Any]) -> int:
         for addr in node.host.addrs():
             print(f"listening on {addr}", flush=True)
         print(f"data plane on {node.dataplane.address}; roles: {', '.join(config.roles) or 'none'}", flush=True)
+        if node.metrics_url:
+            print(f"metrics on {node.metrics_url}/metrics (health {node.metrics_url}/healthz)", flush=True)
 
     trio.run(serve_until_signal, lambda task_status: run_node(
         config, sections=sections, peertable_config=table, on_ready=announce, task_status=task_status))

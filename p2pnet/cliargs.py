@@ -93,6 +93,12 @@ def add_peer_arguments(start: argparse.ArgumentParser, *, roles_help: str) -> No
                      help="data-plane TCP port (default 0: any free port); it binds the listen address's IP")
     net.add_argument("--data-announce", metavar="HOST:PORT",
                      help="advertise this data-plane address instead of the bound one (a forwarded port)")
+    net.add_argument("--metrics-listen", metavar="HOST:PORT",
+                     help="serve Prometheus /metrics, /healthz and the dashboard page on this address (port 0 picks "
+                     "one; default: off); [peer] metrics_listen in TOML")
+    net.add_argument("--display-name", metavar="TEXT",
+                     help="a name shown beside this peer's id on dashboards and leaderboards (at most 64 characters; "
+                     "never trusted for anything); [peer] display_name in TOML")
     roles = start.add_argument_group("roles and trust")
     roles.add_argument("--role", action="append", default=[], metavar="NAME", help=roles_help)
     roles.add_argument("--trust", action="append", default=[], metavar="PEER_ID",

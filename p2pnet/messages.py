@@ -14,6 +14,7 @@ from p2pnet.wire import message
 HEARTBEAT_TOPIC = "p2pnet/v1/heartbeat"
 MAX_ROLES = 16
 MAX_ADDRS = 16
+MAX_NAME_CHARS = 64
 ROLE_NAMES = ("relay", "worker", "validator", "trainer")
 
 
@@ -36,7 +37,9 @@ class Capacity:
 class Heartbeat:
     """A peer is alive, reachable at `addrs` (libp2p) and `data_addr` (host:port, direct TCP).
 
-    `seq` increases with every heartbeat of one run; `started_ms` tells runs apart.
+    `seq` increases with every heartbeat of one run; `started_ms` tells runs apart. `name` is
+    an optional display name the operator chose (at most `MAX_NAME_CHARS` printable characters),
+    shown beside the peer id and never counted for anything.
     `reachable` is what dial-back checks by other peers found (`p2pnet.reachability`): True
     when others can dial both its data plane and its libp2p address, False when one of them
     cannot be dialled (behind NAT, a firewall), None while unknown. Only reachable peers are
@@ -50,8 +53,11 @@ class Heartbeat:
     roles: tuple[str, ...]
     capacity: Capacity
     reachable: bool | None = None
+    name: str = ""
 
     def __post_init__(self) -> None:
+        if len(self.name) > MAX_NAME_CHARS or not self.name.isprintable():
+            raise ValueError(f"name must be at most {MAX_NAME_CHARS} printable characters")
         if self.seq < 0:
             raise ValueError("seq must be >= 0")
         if len(self.addrs) > MAX_ADDRS or any(len(a) > 256 for a in self.addrs):

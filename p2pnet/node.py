@@ -35,6 +35,7 @@ from p2pnet.driver import CoreRunner
 from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUnavailable
 from p2pnet.host import Host, open_host
 from p2pnet.identity import Identity, ensure_data_dir, load_or_create_identity
+from p2pnet.logformat import set_log_context
 from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
@@ -68,6 +69,8 @@ class PeerConfig:
     reachability_interval_s: float = 60.0
     gossip_degree: int = 6  # GossipSub mesh degree D (D_low = 2D/3, D_high = 2D)
     gossip_heartbeat_s: float = 1.0  # GossipSub's own mesh upkeep, not the peer table's heartbeats
+    display_name: str = ""  # shown beside this peer's id on dashboards and leaderboards (at most 64 characters)
+    metrics_listen: str = ""  # HOST:PORT serving /metrics (Prometheus), /healthz and the dashboard; "" is off
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -90,6 +93,13 @@ class PeerConfig:
         unknown = [r for r in self.roles if r not in ROLE_NAMES]
         if unknown:
             problems["roles"] = f"unknown role(s) {unknown}; known: {list(ROLE_NAMES)}"
+        if len(self.display_name) > 64 or not self.display_name.isprintable():
+            problems["display_name"] = "must be at most 64 printable characters"
+        if self.metrics_listen:
+            try:
+                parse_host_port(self.metrics_listen, "metrics_listen")
+            except ConfigError:
+                problems["metrics_listen"] = "must be HOST:PORT such as 127.0.0.1:9100 (port 0 picks one)"
         if not 1 <= self.gossip_degree <= 32:
             problems["gossip_degree"] = "must be in [1, 32]"
         if not 0 <= self.data_port < 65536:
@@ -126,6 +136,9 @@ class Node:
     _gates: dict[str, Callable[[bytes], str | None]] = field(default_factory=dict)
     roles: dict[str, Any] = field(default_factory=dict)
     reachability: Reachability | None = None
+    roles_running: bool = False  # every role started (what /healthz reports)
+    metrics_url: str = ""  # http://HOST:PORT of /metrics and /healthz, when metrics_listen is set
+    rejections: dict[str, int] = field(default_factory=dict)  # rejected frames by reason (metrics)
     stats: dict[str, int] = field(default_factory=lambda: {"received": 0, "rejected": 0, "sent": 0, "send_failed": 0})
 
     @property
@@ -201,6 +214,7 @@ class Node:
             envelope = self.codec.decode(frame, time.time())
         except MessageRejected as exc:
             self.stats["rejected"] += 1
+            self.rejections[exc.reason] = self.rejections.get(exc.reason, 0) + 1
             culprit = exc.sender or via
             log.info("rejected %s from %s", exc, culprit)
             if culprit != self.peer_id:
@@ -271,6 +285,7 @@ class Node:
         now = trio.current_time()
         return {
             "peer_id": self.peer_id,
+            "name": self.config.display_name,
             "addrs": self.host.addrs(),
             "listen_addrs": self.host.bound_addrs(),
             "data_addr": self.dataplane.address,
@@ -284,6 +299,7 @@ class Node:
             "connected": sorted(self.host.connected_peers()),
             "peers": [entry.to_json(now) for entry in self.peertable.peers()],
             "messages": dict(self.stats),
+            "metrics_url": self.metrics_url,
             "role_status": {name: role.status() for name, role in self.roles.items()},
         }
 
@@ -325,6 +341,7 @@ async def run_node(
     peer_file = config.data_dir / "peer.json"
     try:
         identity = identity or load_or_create_identity(config.data_dir)
+        set_log_context(identity.peer_id, config.roles)
         codec = Codec(identity, max_age_s=config.max_message_age_s, max_future_s=config.max_future_s)
         dataplane = DataPlane(config.data_host or listen_host(config.listen), config.data_port,
                               announce=config.data_announce, codec=codec, self_id=identity.peer_id)
@@ -340,6 +357,7 @@ async def run_node(
                 data_addr=data_addr,
                 roles=config.roles,
                 capacity=Capacity(config.upload_bps, config.download_bps, free_disk),
+                name=config.display_name,
             )
             table = PeerTable(peertable_config or PeerTableConfig(), identity.peer_id, local, int(time.time() * 1000))
             outbox_send, outbox_receive = trio.open_memory_channel[tuple[str, Effect]](OUTBOX_SIZE)
@@ -350,6 +368,10 @@ async def run_node(
             node.reachability = Reachability(node, config.reachability_interval_s)
             for _ in range(SENDER_TASKS):
                 nursery.start_soon(node._sender, outbox_receive.clone())
+            if config.metrics_listen:
+                from p2pnet.web import serve_peer_http
+
+                node.metrics_url = await nursery.start(serve_peer_http, node, config.metrics_listen)
             await node.add_core(table, "peertable")
             notices = Notices(lambda: int(time.time() * 1000))
             notice_runner = await node.add_core(notices, "notices")
@@ -372,12 +394,14 @@ async def run_node(
                 role = build_role(role_name, node, sections.get(role_name, {}))
                 node.roles[role_name] = role
                 await nursery.start(role.run)
+            node.roles_running = True
             await nursery.start(control.serve)
             await nursery.start(node.reachability.run)
             backoff = Backoff(0.2, config.bootstrap_backoff_max_s, random.Random())
             nursery.start_soon(keep_connected, node, config.bootstrap, backoff)
             _write_peer_file(peer_file, {"peer_id": node.peer_id, "addrs": host.addrs(),
-                                          "data_addr": data_addr, "pid": os.getpid()})
+                                          "data_addr": data_addr, "pid": os.getpid(),
+                                          "metrics_url": node.metrics_url})
             if on_ready is not None:
                 on_ready(node)
             task_status.started(node)

@@ -63,6 +63,7 @@ class LocalInfo:
     roles: tuple[str, ...]
     capacity: Capacity
     reachable: bool | None = None  # what dial-back checks found (see p2pnet.reachability)
+    name: str = ""  # display name, shown to others ([peer] display_name)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class PeerEntry:
     last_heard: float
     score: float
     reachable: bool | None = None
+    name: str = ""  # the display name it chose (shown, never trusted)
 
     @property
     def can_serve(self) -> bool:
@@ -94,6 +96,7 @@ class PeerEntry:
             "download_bps": self.capacity.download_bps,
             "free_disk_bytes": self.capacity.free_disk_bytes,
             "reachable": self.reachable,
+            "name": self.name,
             "last_heard_s_ago": round(now - self.last_heard, 3),
             "score": self.score,
         }
@@ -156,6 +159,7 @@ class PeerTable:
             last_heard=now,
             score=self._scores.get(peer, 0.0),
             reachable=beat.reachable,
+            name=beat.name,
         )
         self._peers[peer] = entry
         if known is not None:
@@ -224,6 +228,7 @@ class PeerTable:
             roles=self.local.roles,
             capacity=self.local.capacity,
             reachable=self.local.reachable,
+            name=self.local.name,
         )
         return [
             Publish(HEARTBEAT_TOPIC, beat),

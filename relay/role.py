@@ -164,6 +164,9 @@ class RelayRole:
         self.fetched_from: dict[str, int] = {}  # peer -> chunks fetched from it
         self.serving_now: dict[str, int] = {}
         self.bytes_served = 0
+        self.bytes_served_to: dict[str, int] = {}  # peer -> bytes served to it (metrics)
+        self.bytes_fetched_from: dict[str, int] = {}  # peer -> verified bytes fetched from it (metrics)
+        self.chunk_checks = {"verified": 0, "rejected": 0}  # fetched chunks by digest check (metrics)
         self._serving_window: tuple[float, float] | None = None  # first and last chunk sent (trio clock)
         self.timeline: dict[int, dict[str, float]] = {}  # version -> wall-clock times (status, benchmarks)
         self.backoff = StoreBackoff()  # a full store holds new requests: 1 s doubling to 60 s
@@ -292,12 +295,14 @@ class RelayRole:
                              elapsed_s: float) -> None:
         """Verify and store one chunk from `peer`; tell the core either way (a stored chunk in
         the next batch of completions). `data` is not used after this returns."""
+        fetched_bytes = len(data)
         try:
             await trio.to_thread.run_sync(lambda: self.store.put_chunk(fetch.version, fetch.index, data, sender=peer))
         except VersionUnknown:
             log.info("chunk %d of version %d arrived after the version was dropped", fetch.index, fetch.version)
             return
         except ChunkCorrupt:
+            self.chunk_checks["rejected"] += 1
             log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
             await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, "corrupt"))
             return
@@ -316,6 +321,8 @@ class RelayRole:
             log.warning("the chunk store has room again: fetching resumes")
             await self._command(lambda now: self.core.hold_requests(now, now))
         self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
+        self.chunk_checks["verified"] += 1
+        self.bytes_fetched_from[peer] = self.bytes_fetched_from.get(peer, 0) + fetched_bytes
         self._uploads.arrived(fetch.version, fetch.index)
         self._fetched_send.send_nowait((peer, fetch, elapsed_s))
 
@@ -542,6 +549,7 @@ class RelayRole:
                                             self.store.segments(req.version, req.index), size)
                     self.served[client] = self.served.get(client, 0) + 1
                     self.bytes_served += size
+                    self.bytes_served_to[client] = self.bytes_served_to.get(client, 0) + size
                     now = trio.current_time()
                     self._serving_window = (self._serving_window or (now, now))[0], now
                 except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile

@@ -243,6 +243,10 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None,
     ids = {name: p.peer_id for name, p in procs.items()}
     summary = summarise(seen["trainer"], ids, byzantine_names, codes, seen["validators"], time.monotonic() - started)
     summary["lab"] = seen["lab"]
+    names = {p.peer_id: name for name, p in procs.items()}
+    summary["leaderboard"] = [dict(row, devnet_name=names.get(row["peer_id"], ""))
+                              for row in seen["trainer"].get("leaderboard", [])]
+    summary["metrics_urls"] = seen.get("metrics_urls", {})
     summary["disk"] = disk_usage(root)
     if stopped:
         summary.update(ok=False, stopped=stopped)
@@ -292,9 +296,11 @@ def _start_peers(plan: list[Any], procs: dict[str, PeerProcess], root: Path, lab
     for name, roles, sections in plan:
         data_dir = root / name
         data_dir.mkdir(parents=True, exist_ok=True)
-        (data_dir / "peer.toml").write_text(to_toml(sections))
+        (data_dir / "peer.toml").write_text(to_toml({"peer": {"display_name": name}, **sections}))
         bootstrap = [procs["trainer"].addr] if "trainer" in procs else []
         extra = ["--config", str(data_dir / "peer.toml")]
+        if lab is None:
+            extra += ["--metrics-listen", "127.0.0.1:0"]  # /metrics, /healthz and the dashboard of each peer
         if lab is not None:
             extra += ["--listen", "/ip4/0.0.0.0/tcp/0", *_lab_upload_args(lab, name)]
         procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, extra_args=extra,
@@ -308,6 +314,10 @@ def _start_peers(plan: list[Any], procs: dict[str, PeerProcess], root: Path, lab
         seen["lab"] = {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit,
                                 "nat": h.nat} for h in lab.hosts.values()}
     print(f"devnet: {len(procs)} peers up{where}: " + ", ".join(procs), flush=True)
+    if lab is None:
+        seen["metrics_urls"] = {name: proc.status().get("metrics_url", "") for name, proc in procs.items()}
+        print(f"devnet: dashboard on {seen['metrics_urls']['trainer']}/ (metrics of every peer at its /metrics)",
+              flush=True)
 
 
 

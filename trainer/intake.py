@@ -22,6 +22,7 @@ from p2pnet.core import Effect, Emit, ReactiveCore
 from p2pnet.errors import MessageRejected
 from p2pnet.wire import Envelope
 from relay.messages import HOLDING_TOPIC, Holding
+from trainer.leaderboard import Contributions
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              submission_id)
 from verify.reputation import Reputation, ReputationConfig, WorkerBanned
@@ -87,6 +88,7 @@ class Intake(ReactiveCore):
         self.workers: dict[str, WorkerLedger] = {}
         self.holders: dict[int, dict[str, float]] = {}  # version -> peer -> first heard holding it
         self.dropped: dict[str, int] = {}
+        self.contributions = Contributions()  # the leaderboard: admitted facts only (trainer.leaderboard)
 
     # -- core inputs ----------------------------------------------------------------------
 
@@ -121,6 +123,7 @@ class Intake(ReactiveCore):
             return self._drop("banned_worker")
         ledger = self.workers.setdefault(worker, WorkerLedger())
         ledger.submitted += 1
+        self.contributions.submitted(worker)
         self.batches[sid] = Batch(sid, worker, sub, now)
         self.ledger.note_submission(sid, SubmissionInfo(worker, sub.step, sub.model_version, now))
         return []
@@ -147,11 +150,14 @@ class Intake(ReactiveCore):
             elif outcome == "rejected":
                 ledger.rejected += 1
             ledger.outcomes[batch.sid] = outcome
+        self.contributions.verdict(now, envelope.sender, verdict, batch, previous, outcome,
+                                   self.holders.get(batch.submission.model_version, {}).get(batch.worker))
         effects: list[Effect] = []
         for event in self.reputation.record(now, batch.worker, batch.sid, envelope.sender,
                                             verdict.accepted, verdict.reasons):
             if isinstance(event, WorkerBanned):
                 ledger.banned = True
+                self.contributions.banned(batch.worker)
             effects.append(Emit(event))
         return effects
 
@@ -178,6 +184,7 @@ class Intake(ReactiveCore):
         for batch in batches:
             batch.trained = True
             self.workers[batch.worker].trained_batches += 1
+            self.contributions.trained(batch)
 
     def forget_before_step(self, step: int) -> None:
         for sid in [sid for sid, b in self.batches.items() if b.submission.step < step]:

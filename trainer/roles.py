@@ -29,6 +29,7 @@ from p2pnet.config import from_mapping, validated
 from p2pnet.errors import ConfigError
 from relay.loader import LOAD_FAILURES, RejectedVersions
 from trainer.intake import Intake, IntakeConfig
+from trainer.metricsfile import METRICS_FILE, MetricsFile, tokens_of
 from verify.validator import Penalise
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class WorkerRole:
         self.config = from_mapping(WorkerConfig, section, "worker")
         self.relay = _relay(node, "worker")
         self.submitted: list[dict[str, Any]] = []
+        self.totals = {"batches": 0, "rollouts": 0, "tokens": 0, "generate_s": 0.0, "proof_s": 0.0}  # metrics
         self.version = -1
         self.loaded: tuple[Any, Any] | None = None  # the model and tokenizer of `version`
         self.backend_used = "torch"  # what generated the last batch (trainer.vllm_backend.select_generator)
@@ -124,6 +126,9 @@ class WorkerRole:
             batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation)
             await self._submit(batch)
             last_step = step
+            for key, value in (("batches", 1), ("rollouts", len(batch.rollouts)), ("tokens", batch.n_output_tokens),
+                               ("generate_s", timing.generate_s), ("proof_s", timing.proof_s)):
+                self.totals[key] += value
             self.submitted.append({"step": step, "model_version": self.version, "rows": len(batch.rollouts),
                                    "tokens": batch.n_output_tokens, "generate_s": round(timing.generate_s, 4),
                                    "proof_s": round(timing.proof_s, 4), "wall_s": round(time.monotonic() - started, 3),
@@ -261,6 +266,7 @@ class TrainerRole:
         self.version = -1
         self.done = False
         self.learner: Any = None
+        self.metrics_file = MetricsFile(node.config.data_dir / METRICS_FILE)  # one line per step
 
     def _build_learner(self) -> Any:
         import torch
@@ -343,7 +349,12 @@ class TrainerRole:
             "learner_rejected": stats.rejected, "loss": round(stats.loss, 5), "train_s": round(stats.train_s, 4),
             "workers": sorted({b.worker for b in batches}),
             "gather_s": round(gather_s, 4), "t_s": round(trio.current_time() - self.started_at, 3),
+            "tokens": tokens_of(batches),
         })
+        row = self.history[-1]
+        wall_s = row["gather_s"] + row["train_s"]
+        self.metrics_file.append({**row, "time": round(time.time(), 3),
+                                  "tokens_per_s": round(row["tokens"] / wall_s, 2) if wall_s > 0 else 0.0})
 
     def propagation_s(self, version: int) -> float | None:
         """Seconds from publishing `version` until every live worker announced it holds it."""
@@ -363,7 +374,20 @@ class TrainerRole:
         steps = [dict(h, propagation_s=self.propagation_s(h["step"]), **self.publish_timing.get(h["version"], {}))
                  for h in self.history]
         return {"version": self.version, "steps_target": self.config.steps, "done": self.done,
-                "history": steps, "workers": self.intake.workers_json(), "dropped": dict(self.intake.dropped)}
+                "history": steps, "workers": self.intake.workers_json(), "dropped": dict(self.intake.dropped),
+                **self.contributions_json()}
+
+    def contributions_json(self) -> dict[str, Any]:
+        """The leaderboard, the admitted-verdict log and each version's spread (the dashboard's)."""
+        relayed = getattr(self.relay, "bytes_fetched_from", {})
+        published = self.published_at
+        spread = {str(v): {"published_s": round(published[v] - self.started_at, 3),
+                           "holders": {p: round(t - published[v], 3) for p, t in self.intake.holders.get(v, {}).items()}}
+                  for v in sorted(published)[-50:]}
+        names = {entry.peer_id: entry.name for entry in self.node.peertable.peers() if entry.name}
+        return {"leaderboard": self.intake.contributions.rows(published, names=names, relayed=relayed),
+                "verdict_log": list(self.intake.contributions.verdict_log)[-1000:], "spread": spread,
+                "started_at": self.started_at}
 
 
 def _to_batch(batch: Any) -> Any:

@@ -59,7 +59,7 @@ def test_other_rejections_are_not_clock_trouble_and_old_peers_are_forgotten():
 async def test_the_node_logs_the_skew_at_warning_where_it_rejects_the_frame(caplog):
     rejected = []
     fake = SimpleNamespace(
-        codec=Codec(None), stats={"rejected": 0}, peer_id="me",
+        codec=Codec(None), stats={"rejected": 0}, rejections={}, peer_id="me",
         peertable=SimpleNamespace(clock_skew=ClockSkew()),
         _runners=[SimpleNamespace(rejected=lambda peer, reason: rejected.append((peer, reason)))])
     frame = Codec(PEERS[0]).encode(beat(), 4_000_000_000.0)  # far in our future

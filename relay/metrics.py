@@ -1,0 +1,59 @@
+"""The relay role's Prometheus metrics (a provider for `p2pnet.metrics.PeerCollector`).
+
+Read at scrape time from the role's own counters: data-plane bytes served and fetched, per
+role of the peer on the other end; fetched chunks verified and rejected against their digest;
+the versions held; how long the newest versions took to become complete here (from the first
+manifest heard to the last chunk stored); the store's use. Nothing here changes the role.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from p2pnet.metrics import counter, gauge, labelled, peer_role
+
+
+class RelayMetrics:
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def unhealthy(self, role: Any) -> str | None:
+        if role.backoff.active:
+            return "chunk store full or failing: fetching is held"
+        return None
+
+    def _by_role(self, per_peer: dict[str, int]) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for peer, amount in per_peer.items():
+            out[peer_role(self.node, peer)] += amount
+        return dict(out)
+
+    def collect(self, role: Any) -> Iterator[Metric]:
+        yield labelled(CounterMetricFamily("p2pnet_relay_bytes_served", "Checkpoint bytes served on the data plane, "
+                                           "by the receiving peer's role.", labels=["peer_role"]),
+                       self._by_role(role.bytes_served_to))
+        yield labelled(CounterMetricFamily("p2pnet_relay_bytes_received", "Verified checkpoint bytes fetched on the "
+                                           "data plane, by the sending peer's role.", labels=["peer_role"]),
+                       self._by_role(role.bytes_fetched_from))
+        yield counter("p2pnet_relay_chunks_verified", "Fetched chunks whose blake3 digest matched.",
+                      role.chunk_checks["verified"])
+        yield counter("p2pnet_relay_chunks_rejected", "Fetched chunks whose digest did not match (dropped).",
+                      role.chunk_checks["rejected"])
+        complete = role.core.complete_versions()
+        yield gauge("p2pnet_relay_versions_held", "Checkpoint versions complete in the store.", len(complete))
+        yield gauge("p2pnet_relay_latest_version", "Newest complete checkpoint version (absent before the first).",
+                    max(complete) if complete else None)
+        took = GaugeMetricFamily("p2pnet_relay_version_complete_seconds", "Seconds from first hearing a version's "
+                                 "manifest to holding all its chunks, for the versions held.", labels=["version"])
+        for version in sorted(complete):
+            times = role.timeline.get(version, {})
+            if "complete_at_s" in times and "manifest_at_s" in times:
+                took.add_metric([str(version)], max(0.0, times["complete_at_s"] - times["manifest_at_s"]))
+        yield took
+        store = role.store
+        yield gauge("p2pnet_relay_store_used_bytes", "Bytes the chunk store uses.", store.used_bytes)
+        yield gauge("p2pnet_relay_upload_limit_bytes_per_second", "Upload rate the data plane keeps to.",
+                    role._upload.rate_bps)
