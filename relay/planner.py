@@ -142,10 +142,11 @@ def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, c
                    stripes: int, salt: bytes = b"", stable: bool = False) -> StripePlan:
     """The striped trees for sending `chunk_count` chunks from `origin` to every member.
 
-    `stable` (with at least `STABLE_MIN_MEMBERS_PER_STRIPE` members per stripe): home stripes by
-    hashed peer id and chunk i in stripe i mod K, so two peers whose memberships differ by a
-    few peers still agree on every chunk's stripe and on every peer's home stripe (dealing by
-    capacity moves most chunks to other stripes when one peer is missing from a view)."""
+    `stable` (from 64 members; fewer stripes than `stripes` below 512, so that each has at
+    least `STABLE_MIN_MEMBERS_PER_STRIPE` members): home stripes by hashed peer id and chunk i
+    in stripe i mod K, so two peers whose memberships differ by a few peers still agree on
+    every chunk's stripe and on every peer's home stripe (dealing by capacity moves most chunks
+    to other stripes when one peer is missing from a view)."""
     return _plan_cached(origin, float(origin_upload_bps), members, chunk_count, stripes, salt, stable)
 
 
@@ -156,9 +157,9 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
     order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
     n = len(order)
     k = max(1, min(stripes, n, chunk_count)) if n and chunk_count else 1
-    stable_now = stable and n >= STABLE_MIN_MEMBERS_PER_STRIPE * stripes
+    stable_now = stable and n >= 2 * STABLE_MIN_MEMBERS_PER_STRIPE and chunk_count > 0
     if stable_now:
-        k = max(1, min(stripes, chunk_count)) if chunk_count else 1
+        k = _stable_stripes(n, min(stripes, chunk_count))
         home = {p: int.from_bytes(_tiebreak(salt, p), "big") % k for p in order}
     else:
         home = _deal_home_stripes(order, uploads, k)
@@ -196,6 +197,16 @@ def _tree_cached(origin: str, members: Membership, chunk_count: int, fanout: int
     home = {p: 0 for p in order}
     return StripePlan(origin, 1, home, (parent,), (slots,), (0,) * chunk_count, (tuple(range(chunk_count)),),
                       (float(sum(uploads.values())),))
+
+
+def _stable_stripes(n: int, most: int) -> int:
+    """Stripes of a stable plan: the largest power of two <= `most` that leaves at least
+    `STABLE_MIN_MEMBERS_PER_STRIPE` members per stripe. Powers of two, so views of slightly
+    different sizes agree on it except near 64, 128, 256, ... members."""
+    k = 1
+    while 2 * k <= most and n >= 2 * k * STABLE_MIN_MEMBERS_PER_STRIPE:
+        k *= 2
+    return k
 
 
 def _tiebreak(salt: bytes, peer: str) -> bytes:
