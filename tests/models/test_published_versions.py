@@ -13,7 +13,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from models.folder import WEIGHTS_INDEX_FILE, save_model_dir, weight_files  # noqa: E402
+from models.folder import WEIGHTS_INDEX_FILE, _dtype_kwarg, save_model_dir, weight_files  # noqa: E402
 from models.tiny import build_model  # noqa: E402
 from models.tokenizer import TEXT_ALPHABET, CharTokenizer, HFTokenizer, load_tokenizer  # noqa: E402
 from tasks.prompts import TaskConfig, assign_prompts, prompt_ids, reward  # noqa: E402
@@ -49,7 +49,8 @@ def test_every_bf16_version_loads_with_transformers_and_keeps_fp32_masters(tmp_p
         with safe_open(str(shards[0]), framework="pt") as f:
             assert f.metadata() == {"format": "pt"}
             assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
-        loaded = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+        loaded = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
+                                                      **_dtype_kwarg("auto"))  # 4.x defaults to float32
         assert loaded.dtype == torch.bfloat16
         hf_tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         assert hf_tok.encode("3+4=", add_special_tokens=False) == tok.encode("3+4=")
