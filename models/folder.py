@@ -150,9 +150,7 @@ def skeleton(model: Any, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(model.config)
-    config.torch_dtype = dtype
-    if hasattr(config, "dtype"):
-        config.dtype = dtype
+    setattr(config, "dtype" if _dtype_kwarg(dtype).keys() == {"dtype"} else "torch_dtype", dtype)
     with torch.device("meta"), torch.random.fork_rng(devices=[]):
         shell = AutoModelForCausalLM.from_config(config)
     generation = getattr(model, "generation_config", None)
