@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH := torch==2.13.0
 
-.PHONY: test demo install bench clean
+.PHONY: test demo install bench clean test-transformers-lowest
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ test: $(STAMP)
 	bash scripts/lab_deps.sh
 	bash scripts/ops_deps.sh
 	$(PY) -m pytest -q
+
+# the model tests against the lowest transformers pyproject.toml allows (the venv keeps the highest)
+test-transformers-lowest: $(STAMP)
+	bash scripts/test_transformers_bounds.sh
 
 demo: $(STAMP)
 	$(VENV)/bin/p2pnet devnet

@@ -11,8 +11,11 @@ What it checks and prints (and writes as JSON to $OUT/gpu_check_vllm.json when $
 - every rollout passes `verify.check.check_rollout` against a transformers recomputation
   (fp32 on the GPU, hidden states cast to bf16): acceptance rate, the worst sampling-replay
   deficit (margin 1.0), TOPLOC exponent mismatches and mantissa mean / median per chunk;
-- after pushing a second model's weights into the running engine, rollouts verify against that
-  second model and not against the first (the weight push really took);
+- two consecutive policy versions, as a worker runs them: version 0 and version 1 are model
+  folders (sharded safetensors); the engine starts from version 0's folder as it is, then
+  version 1 is swapped into the SAME torch model object and the engine is handed version 1's
+  files: the push is keyed by the version number and streamed from the files, and version 1's
+  rollouts verify against version 1 and not against version 0 (the weight push really took);
 - timing: engine start, weight push, generation, proofs; token agreement with the torch
   generator on the same weights (informational: bf16 and fp32 logits may split near-ties).
 Exit status 0 only when every rollout of both models is accepted and the cross-check rejects.
@@ -32,9 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from trainer.model import build_model, load_model_dir  # noqa: E402
+import tempfile  # noqa: E402
+
+from models.folder import load_model_dir, save_model_dir, weight_files  # noqa: E402
+from models.tiny import build_model  # noqa: E402
+from models.weights import stream_tensors  # noqa: E402
+from tasks.prompts import assign_prompts  # noqa: E402
 from trainer.rollout import GenerationConfig, generate_batch  # noqa: E402
-from trainer.tasks import assign_prompts  # noqa: E402
 from trainer.vllm_backend import VllmConfig, VllmGenerator, vllm_status  # noqa: E402
 from verify.check import check_rollout  # noqa: E402
 
@@ -79,6 +86,20 @@ def verify(batch, forward, eos_id) -> dict:
     }
 
 
+def version_folders(model_dir: str, work: Path) -> list[Path]:
+    """Two consecutive versions as model folders of sharded safetensors: `model_dir` and a copy with
+    every weight moved by 5% of its spread, or two random "small" models."""
+    if model_dir:
+        model, tok = load_model_dir(model_dir)
+        first = save_model_dir(model, tok, work / "v0", max_shard_bytes=50_000_000)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen).to(p.dtype) * p.float().std().to(p.dtype) * 0.05)
+        return [first, save_model_dir(model, tok, work / "v1", max_shard_bytes=50_000_000)]
+    return [save_model_dir(*build_model("small", seed=s), work / f"v{s}", max_shard_bytes=1_000_000) for s in (0, 1)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", default="", help="a model folder (trainer.model layout); default: tiny 'small'")
@@ -95,12 +116,9 @@ def main() -> int:
         return 2
     import vllm
 
-    if args.model_dir:
-        model, tok = load_model_dir(args.model_dir)
-        other = None
-    else:
-        model, tok = build_model("small", seed=0)
-        other = build_model("small", seed=1)[0]
+    work = tempfile.TemporaryDirectory(prefix="gpu-check-")
+    folders = version_folders(args.model_dir, Path(work.name))
+    model, tok = load_model_dir(folders[0])
     device = "cuda"
     cfg = GenerationConfig(group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature)
@@ -115,22 +133,29 @@ def main() -> int:
         proofs=False)))
     gen = VllmGenerator(VllmConfig(enforce_eager=not args.cuda_graphs, gpu_memory_utilization=0.4))
     t0 = time.perf_counter()
-    batch, timing = gen(model, tok, tasks, **kw)
+    batch, timing = gen(model, tok, tasks, weight_files=weight_files(folders[0]), **kw)
     report["first_call_s"] = round(time.perf_counter() - t0, 3)
+    report["started_from_version_folder"] = gen.engine.started_from == folders[0]
     report["timing"] = {"generate_s": round(timing.generate_s, 4), "proof_s": round(timing.proof_s, 4),
                         **{k: round(v, 3) for k, v in timing.extra.items()}}
     same = [a.output_ids == b.output_ids for a, b in zip(torch_batch.rollouts, batch.rollouts)]
     report["torch_token_agreement"] = round(sum(same) / len(same), 4)
-    report["model_a"] = verify(batch, make_forward(model, device), tok.eos_id)
-    ok = report["model_a"]["acceptance_rate"] == 1.0
+    v0 = make_forward(load_model_dir(folders[0])[0], device)
+    report["version_0"] = verify(batch, v0, tok.eos_id)
+    ok = report["version_0"]["acceptance_rate"] == 1.0 and report["started_from_version_folder"]
 
-    if other is not None:
-        batch_b, timing_b = gen(other, tok, tasks, **dict(kw, model_version=1))
-        report["weights_push"] = {k: round(v, 3) for k, v in timing_b.extra.items()}
-        report["model_b"] = verify(batch_b, make_forward(other, device), tok.eos_id)
-        report["model_b_against_a"] = verify(batch_b, make_forward(model, device), tok.eos_id)
-        ok = ok and report["model_b"]["acceptance_rate"] == 1.0
-        ok = ok and report["model_b_against_a"]["acceptance_rate"] < 0.5
+    with torch.no_grad():  # the worker's swap: version 1 into the same object
+        params = model.state_dict()
+        for name, tensor in stream_tensors(weight_files(folders[1])):
+            params[name].copy_(tensor)
+    batch_b, timing_b = gen(model, tok, tasks, weight_files=weight_files(folders[1]),
+                            **dict(kw, step=1, model_version=1))
+    report["weights_push"] = {k: round(v, 3) for k, v in timing_b.extra.items()}
+    report["pushed_versions"] = list(gen.engine.pushes)
+    report["version_1"] = verify(batch_b, make_forward(load_model_dir(folders[1])[0], device), tok.eos_id)
+    report["version_1_against_0"] = verify(batch_b, v0, tok.eos_id)
+    ok = ok and report["pushed_versions"] == [1] and report["version_1"]["acceptance_rate"] == 1.0
+    ok = ok and report["version_1_against_0"]["acceptance_rate"] < 0.5
 
     report["ok"] = ok
     text = json.dumps(report, indent=2)

@@ -1,7 +1,11 @@
 """Versioned checkpoints of the learner: atomic folders, a background writer, resume.
 
-Owns the layout `out_dir/v{version}/` (a model folder plus `optimizer.pt` and
-`trainer_state.json`), written into a hidden temporary folder, fsynced and renamed, so
+Owns the layout `out_dir/v{version}/`: a standard model folder (config, generation config,
+tokenizer, sharded safetensors in the compute dtype: `models.folder`), loadable as it is by
+`AutoModelForCausalLM.from_pretrained`, with `optimizer.pt` (the optimizer state and, when the
+compute dtype is not float32, the float32 master weights) and `trainer_state.json` beside it.
+`published_files` is the model folder alone: what workers fetch, never the optimizer state.
+Each version is written into a hidden temporary folder, fsynced and renamed, so
 a version folder exists only when complete; finding the latest complete version;
 pruning old ones, and the optimizer state of all but the newest few (it is as large as
 two copies of the weights, and only the newest is needed to resume); and `CheckpointWriter`, a single background thread with a bounded
@@ -33,9 +37,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from models.folder import (CONFIG_FILE, DEFAULT_SHARD_BYTES, ModelFolderError, model_files, weight_files,
+                           write_model_folder)
 from p2pnet.files import atomic_write_bytes, fsync_dir
-from trainer.model import (WEIGHTS_FILE, CONFIG_FILE, Tokenizer,
-                           write_model_files)
 
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
@@ -52,7 +56,18 @@ def version_dir(out_dir: str | os.PathLike[str], version: int) -> Path:
 
 def is_complete(folder: Path) -> bool:
     """A finished version folder (its optimizer state may have been pruned: `prune_optimizer_states`)."""
-    return all((folder / f).is_file() for f in (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE))
+    if not all((folder / f).is_file() for f in (CONFIG_FILE, STATE_FILE)):
+        return False
+    try:
+        weight_files(folder)
+    except ModelFolderError:
+        return False
+    return True
+
+
+def published_files(folder: Path) -> list[Path]:
+    """The files of a version that workers fetch: the model folder, without optimizer or trainer state."""
+    return model_files(folder)
 
 
 def complete_versions(out_dir: str | os.PathLike[str]) -> list[int]:
@@ -84,14 +99,20 @@ def remove_temporaries(out_dir: str | os.PathLike[str]) -> None:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Everything one version holds, already copied off the live model and optimizer."""
+    """Everything one version holds, already copied off the live model and optimizer.
+
+    `shell` is a weightless copy of the architecture whose config says the compute dtype
+    (`models.folder.skeleton`); `weights` are in that dtype; `optimizer_state` is what
+    `optimizer.pt` holds (the optimizer's state dict, and the float32 master weights when they
+    differ from `weights`)."""
 
     version: int
-    config_json: str
-    tokenizer: Tokenizer
+    shell: Any
+    tokenizer: Any
     weights: Mapping[str, torch.Tensor]
     optimizer_state: Mapping[str, Any]
     trainer_state: Mapping[str, Any]
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES
 
 
 def write_version(out_dir: str | os.PathLike[str], snap: Snapshot) -> Path:
@@ -102,7 +123,7 @@ def write_version(out_dir: str | os.PathLike[str], snap: Snapshot) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".v{snap.version}.tmp", dir=out))
     os.chmod(tmp, 0o755)
     try:
-        write_model_files(tmp, snap.config_json, snap.tokenizer, snap.weights)
+        write_model_folder(tmp, snap.shell, snap.tokenizer, snap.weights, max_shard_bytes=snap.max_shard_bytes)
         buf = io.BytesIO()
         torch.save(dict(snap.optimizer_state), buf)
         atomic_write_bytes(tmp / OPTIMIZER_FILE, buf.getvalue())

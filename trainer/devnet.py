@@ -67,6 +67,7 @@ class DevnetConfig:
     relays: int = 1
     byzantine: int = 1
     model: str = "tiny"
+    tasks: str = "arithmetic"  # task families, comma-separated (tasks.prompts.TaskConfig.from_spec)
     seed: int = 0
     step_timeout_s: float = 300.0  # one training step (the first one includes loading the model)
     timeout_s: float | None = None  # the whole devnet, when given
@@ -90,6 +91,10 @@ class DevnetConfig:
             "--max-new-tokens": self.max_new_tokens >= 1, "--lr": 0 < self.lr < 1,
             "--link-mbit": self.link_mbit is None or self.link_mbit > 0,
         }
+        from tasks.prompts import check_spec
+
+        if check_spec(self.tasks):
+            raise ConfigError("--tasks", check_spec(self.tasks))
         if (self.link_mbit is not None or self.lab_profile is not None) and not self.lab:
             raise ConfigError("--link-mbit", "link limits need --lab (peers on loopback share one host)")
         for flag, ok in checks.items():
@@ -122,6 +127,9 @@ def register(commands) -> None:
     training.add_argument("--model", default="tiny", metavar="NAME|DIR",
                           help="tiny, micro, small, or the path of a model folder (`p2pnet model prepare smollm2`)")
     training.add_argument("--seed", type=int, metavar="N", default=0, help="task seed of the network (default 0)")
+    training.add_argument("--tasks", default="arithmetic", metavar="FAMILIES",
+                          help="task families, comma-separated: arithmetic, word_problems (default arithmetic; "
+                          "a tiny model gets a tokenizer with letters when word problems are drawn)")
     training.add_argument("--prompts-per-batch", type=int, metavar="N", default=16, help="prompts per worker batch (default 16)")
     training.add_argument("--group-size", type=int, metavar="N", default=8, help="samples per prompt (default 8)")
     training.add_argument("--max-new-tokens", type=int, metavar="N", default=3, help="generated tokens at most (default 3)")
@@ -152,7 +160,7 @@ def register(commands) -> None:
 
 def cmd_devnet(args: argparse.Namespace) -> int:
     config = DevnetConfig(steps=args.steps, workers=args.workers, validators=args.validators, relays=args.relays,
-                          byzantine=args.byzantine, model=args.model, seed=args.seed,
+                          byzantine=args.byzantine, model=args.model, tasks=args.tasks, seed=args.seed,
                           step_timeout_s=args.step_timeout_s, timeout_s=args.timeout_s, keep_last=args.keep_last,
                           prompts_per_batch=args.prompts_per_batch, group_size=args.group_size,
                           max_new_tokens=args.max_new_tokens, lr=args.lr, lab=args.lab, link_mbit=args.link_mbit,
@@ -202,7 +210,8 @@ def _prepare_model(config: DevnetConfig, root: Path) -> tuple[Path, str]:
         raise ConfigError("--model", "run `p2pnet model prepare smollm2 --out DIR` once, then pass --model DIR")
     if config.model not in TINY_CONFIGS:
         raise ConfigError("--model", f"{config.model!r} is neither a model folder nor one of {sorted(TINY_CONFIGS)}")
-    return prepare_model(config.model, root / "model", seed=config.seed), config.model
+    text = "word_problems" in config.tasks
+    return prepare_model(config.model, root / "model", seed=config.seed, text=text), config.model
 
 
 def _stop_on_sigterm() -> None:
@@ -270,7 +279,7 @@ def _plan(config: DevnetConfig, root: Path, model_dir: Path, model_name: str) ->
                   "stall_timeout_s": 10.0, "fsync": False, "keep_versions": config.keep_last},
         "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
     }
-    task = {"task_seed": config.seed, "prompts_per_batch": config.prompts_per_batch, "group_size": config.group_size,
+    task = {"task_seed": config.seed, "tasks": config.tasks, "prompts_per_batch": config.prompts_per_batch, "group_size": config.group_size,
             "max_new_tokens": config.max_new_tokens}
     plan: list[tuple[str, tuple[str, ...], dict[str, dict[str, Any]]]] = [
         ("trainer", ("relay", "trainer"), {"trainer": {"model_dir": model_dir, "out_dir": root / "trainer" / "ckpt",
@@ -279,7 +288,8 @@ def _plan(config: DevnetConfig, root: Path, model_dir: Path, model_name: str) ->
     ]
     plan += [(f"relay{i}", ("relay",), {}) for i in range(config.relays)]
     plan += [(f"validator{i}", ("relay", "validator"),
-              {"validator": {"model_path": model_dir, "sample_rate": 1.0, "task_seed": config.seed}})
+              {"validator": {"model_path": model_dir, "sample_rate": 1.0, "task_seed": config.seed,
+                             "tasks": config.tasks}})
              for i in range(config.validators)]
     byzantine_names = {f"worker{i}" for i in range(config.byzantine)}
     plan += [(f"worker{i}", ("relay", "worker"),

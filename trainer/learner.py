@@ -9,7 +9,13 @@ A new Learner on an `out_dir` that holds versions resumes from the latest comple
 one, optimizer state included (only the newest `keep_optimizer_states` versions keep it).
 
 Versions: version 0 is the starting model; each `step` that trains produces version
-n+1 and (every `save_every_steps`) the folder `out_dir/v{n+1}/`.
+n+1 and (every `save_every_steps`) the folder `out_dir/v{n+1}/`, a standard model folder in the
+starting folder's compute dtype (sharded at `max_shard_bytes`).
+
+Precision: the weights trained are float32 master weights whatever the folder's dtype; where
+the folder is bfloat16 (or float16) the forward and backward passes run in that dtype
+(autocast), the version is published in it, and the master weights are kept beside the
+optimizer state, so a resumed run continues from them and not from rounded weights.
 
 Must not: open sockets, check proofs (batches arrive already verified), or block on
 disk writes except when `max_pending_saves` snapshots are already queued.
@@ -17,6 +23,7 @@ disk writes except when `max_pending_saves` snapshots are already queued.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -27,12 +34,12 @@ from typing import Callable, Sequence
 
 import torch
 
+from models.folder import DEFAULT_SHARD_BYTES, compute_dtype, load_model_dir, skeleton, state_in_dtype
+from tasks.prompts import DEFAULT_TASKS, TaskConfig, assign_prompts, prompt_ids_for, reward, uses_chat
 from trainer.checkpoint import (CheckpointWriter, Snapshot, latest_version, read_version,
                                 remove_temporaries, version_dir, write_version)
 from trainer.grpo import GRPOConfig, group_advantages, grpo_loss
-from trainer.model import load_model_dir, snapshot_state
-from trainer.rollout import RolloutBatch, prompt_ids_for
-from trainer.tasks import DEFAULT_TASKS, TaskConfig, assign_prompts, reward
+from trainer.rollout import RolloutBatch
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,7 @@ class LearnerConfig:
     keep_last: int = 3           # versions kept on disk; 0 keeps all
     keep_optimizer_states: int = 1  # versions that keep optimizer.pt; 0 keeps it in every version kept
     max_pending_saves: int = 1
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES  # safetensors shard size of published versions
     use_worker_logprobs: bool = True
     grpo: GRPOConfig = GRPOConfig()
     tasks: TaskConfig = DEFAULT_TASKS
@@ -75,6 +83,8 @@ class LearnerConfig:
             raise ValueError("temperature > 0 and max_new_tokens >= 1")
         if self.keep_optimizer_states < 0:
             raise ValueError("keep_optimizer_states must be >= 0")
+        if self.max_shard_bytes < 1:
+            raise ValueError("max_shard_bytes must be positive")
         if self.keep_last and self.keep_last <= self.async_level:
             raise ValueError("keep_last must be 0 (keep all) or exceed async_level, "
                              "so every version a worker may still use stays on disk")
@@ -106,7 +116,10 @@ class Learner:
         remove_temporaries(self.out_dir)
         resume = latest_version(self.out_dir)
         source = version_dir(self.out_dir, resume) if resume is not None else Path(model_dir)
-        self.model, self.tokenizer = load_model_dir(source)
+        self.compute_dtype = compute_dtype(source)
+        self.model, self.tokenizer = load_model_dir(source, dtype=torch.float32)  # master weights
+        self._shell = skeleton(self.model, self.compute_dtype)
+        self.chat = uses_chat(self.tokenizer)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
                                            betas=(0.9, 0.99), weight_decay=config.weight_decay)
         self.version = 0
@@ -117,7 +130,7 @@ class Learner:
                 log.warning("resuming from %s without optimizer state (it was pruned): AdamW starts afresh",
                             version_dir(self.out_dir, resume))
             else:
-                self.optimizer.load_state_dict(optim_state)
+                self._restore(optim_state)
             self.version = int(state["version"])
             self._seen = {(w, int(s)) for w, s in state.get("seen", [])}
         else:
@@ -158,7 +171,7 @@ class Learner:
         tasks = assign_prompts(batch.worker_id, batch.step, self.config.task_seed, batch.n_prompts,
                                self.config.tasks)
         return [reward(tasks[r.row // batch.group_size], self.tokenizer.decode(r.output_ids),
-                       self.config.tasks)
+                       self.config.tasks, chat=self.chat)
                 for r in batch.rollouts]
 
     def flush(self) -> None:
@@ -229,7 +242,8 @@ class Learner:
         for start in range(0, len(rows), cfg.micro_batch_rows):
             part = rows[start:start + cfg.micro_batch_rows]
             ids, mask, old = pack_rows(part, self.tokenizer.pad_id)
-            logp = sequence_logprobs(self.model, ids, cfg.temperature)
+            with self._autocast():
+                logp = sequence_logprobs(self.model, ids, cfg.temperature)
             if not cfg.use_worker_logprobs:
                 old = logp.detach()
             loss, ls = grpo_loss(logp, old, advantages[start:start + len(part)], mask, cfg.grpo)
@@ -245,15 +259,40 @@ class Learner:
                     accuracy=float((rewards_t == 1.0).float().mean()), loss=loss_sum,
                     clip_fraction=clipped, grad_norm=float(grad_norm))
 
+    def _autocast(self):
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=self.compute_dtype)
+
     def _snapshot(self) -> Snapshot:
+        optimizer_state: dict = {"optimizer": copy.deepcopy(self.optimizer.state_dict())}
+        if self.compute_dtype != torch.float32:
+            optimizer_state["master_weights"] = state_in_dtype(self.model, torch.float32)
         return Snapshot(
             version=self.version,
-            config_json=self.model.config.to_json_string(),
+            shell=self._shell,
             tokenizer=self.tokenizer,
-            weights=snapshot_state(self.model),
-            optimizer_state=copy.deepcopy(self.optimizer.state_dict()),
-            trainer_state={"seen": sorted(self._seen), "config": _jsonable(asdict(self.config))},
+            weights=state_in_dtype(self.model, self.compute_dtype),
+            optimizer_state=optimizer_state,
+            trainer_state={"seen": sorted(self._seen), "config": _jsonable(asdict(self.config)),
+                           "compute_dtype": str(self.compute_dtype).removeprefix("torch.")},
+            max_shard_bytes=self.config.max_shard_bytes,
         )
+
+    def _restore(self, saved: dict) -> None:
+        """Optimizer state (and master weights) from `optimizer.pt`; a file of earlier versions
+        holds the optimizer's state dict alone."""
+        if "optimizer" not in saved:
+            self.optimizer.load_state_dict(saved)
+            return
+        master = saved.get("master_weights")
+        if master is not None:
+            with torch.no_grad():
+                params = self.model.state_dict()
+                for name, tensor in master.items():
+                    params[name].copy_(tensor)
+        self.optimizer.load_state_dict(saved["optimizer"])
 
 
 def pack_rows(rows, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -74,10 +74,9 @@ def verify_batch(model, batch: RolloutBatch, eos_id: int, vocab_size: int,
 def run_local(config: LocalConfig, work_dir: str | Path,
               report: Callable[[int, LocalStep], None] | None = None) -> list[LocalStep]:
     work = Path(work_dir)
-    model, tokenizer = build_model(config.model, seed=config.model_seed)
-    base = work / "base"
+    base = Path(config.model) if Path(config.model).is_dir() else work / "base"
     if not base.exists():
-        save_model_dir(model, tokenizer, base)
+        save_model_dir(*build_model(config.model, seed=config.model_seed), base)
     learner = Learner(config.learner, base, work / "versions")
     gen = config.generation()
     lc = config.learner
@@ -120,7 +119,9 @@ def print_step(step: int, s: LocalStep) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model", default="tiny", help="tiny, micro, small, or a model folder")
+    parser.add_argument("--tasks", default="arithmetic", help="task families, e.g. arithmetic,word_problems")
+    parser.add_argument("--max-new-tokens", type=int, default=LearnerConfig.max_new_tokens)
     parser.add_argument("--seed", type=int, default=0, help="task and model seed")
     parser.add_argument("--lr", type=float, default=LearnerConfig.lr)
     parser.add_argument("--prompts", type=int, default=LearnerConfig.prompts_per_batch)
@@ -130,8 +131,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work-dir", default=None, help="keep checkpoints here (default: temp)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    from tasks.prompts import TaskConfig
+
     learner_cfg = LearnerConfig(lr=args.lr, task_seed=args.seed, prompts_per_batch=args.prompts,
-                                group_size=args.group_size)
+                                group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                                tasks=TaskConfig.from_spec(args.tasks))
     config = LocalConfig(steps=args.steps, model=args.model, model_seed=args.seed,
                          verify_rows=args.verify_rows, learner=learner_cfg)
     t0 = time.perf_counter()

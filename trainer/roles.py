@@ -27,7 +27,9 @@ import trio
 
 from p2pnet.config import from_mapping, validated
 from p2pnet.errors import ConfigError
+from models.weights import load_version
 from relay.loader import LOAD_FAILURES, RejectedVersions
+from tasks.prompts import check_spec
 from trainer.intake import Intake, IntakeConfig
 from trainer.metricsfile import METRICS_FILE, MetricsFile, tokens_of
 from verify.validator import Penalise
@@ -35,7 +37,6 @@ from verify.validator import Penalise
 log = logging.getLogger(__name__)
 BYZANTINE_MODES = ("", "substitute_tokens", "other_model")
 WORKER_BACKENDS = ("auto", "torch", "vllm")  # trainer.vllm_backend.select_generator
-WEIGHTS_FILE = "model.safetensors"
 
 
 def _relay(node: Any, role: str) -> Any:
@@ -45,31 +46,13 @@ def _relay(node: Any, role: str) -> Any:
     return relay
 
 
-def load_version(base_dir: Path, store: Any, version: int, loaded: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
-    """The base model folder's architecture and tokenizer with version `version`'s weights (thread).
-
-    With `loaded` (a model and tokenizer from an earlier version), only the weights are swapped:
-    a new version never rebuilds the model. The weights are read and checked against the model
-    before any is copied in (tensor by tensor, from memory-mapped files), so a version that does
-    not load (`relay.loader.LOAD_FAILURES`) leaves `loaded` as it was."""
-    import torch
-
-    torch.set_num_threads(1)
-    from relay.loader import load_into
-    from trainer.model import load_model_dir
-
-    model, tokenizer = loaded if loaded is not None else load_model_dir(base_dir)
-    load_into(model, store, version)
-    model.eval()
-    return model, tokenizer
-
-
 @validated
 @dataclass(frozen=True)
 class WorkerConfig:
     model_dir: Path  # the base model folder (architecture, tokenizer); weights come from checkpoints
     model_name: str = "tiny"  # the model name written into submissions (the trainer's model_name)
     task_seed: int = 0  # the network's task seed (the trainer's task_seed)
+    tasks: str = "arithmetic"  # task families, comma-separated: arithmetic, word_problems (as the trainer's)
     prompts_per_batch: int = 16  # prompts per submitted batch (as the trainer's)
     group_size: int = 8  # samples per prompt (as the trainer's)
     max_new_tokens: int = 3  # tokens generated per sample at most (as the trainer's)
@@ -88,6 +71,8 @@ class WorkerConfig:
             problems["group_size" if self.group_size < 2 else "prompts_per_batch"] = "too small"
         if self.async_level < 0:
             problems["async_level"] = "must be >= 0"
+        if check_spec(self.tasks):
+            problems["tasks"] = check_spec(self.tasks)
         return problems
 
 
@@ -123,7 +108,8 @@ class WorkerRole:
             model, tokenizer = self.loaded
             step = max(last_step + 1, self.relay.watcher.latest)
             started = time.monotonic()
-            batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation)
+            files = self._version_files()
+            batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation, files)
             await self._submit(batch)
             last_step = step
             for key, value in (("batches", 1), ("rollouts", len(batch.rollouts)), ("tokens", batch.n_output_tokens),
@@ -165,21 +151,33 @@ class WorkerRole:
             return time.monotonic() - loading
         return 0.0
 
-    def _generate(self, model: Any, tokenizer: Any, step: int, generation: Any) -> tuple[Any, Any]:
-        from trainer.tasks import assign_prompts
+    def _version_files(self) -> tuple[Path, ...]:
+        """The verified files of the loaded version (an engine with weights of its own streams
+        them); () when the store no longer holds it (the engine then takes the model's)."""
+        try:
+            return tuple(self.relay.store.version_files(self.version))
+        except LOAD_FAILURES:
+            return ()
+
+    def _generate(self, model: Any, tokenizer: Any, step: int, generation: Any,
+                  files: tuple[Path, ...] = ()) -> tuple[Any, Any]:
+        from tasks.prompts import TaskConfig, assign_prompts
         from trainer.vllm_backend import select_generator
 
         generate_batch = select_generator(self.config.backend)
         self.backend_used = "vllm" if "vllm" in generate_batch.__module__ else "torch"  # declared in submissions
-        tasks = assign_prompts(self.node.peer_id, step, self.config.task_seed, self.config.prompts_per_batch)
+        tasks = assign_prompts(self.node.peer_id, step, self.config.task_seed, self.config.prompts_per_batch,
+                               TaskConfig.from_spec(self.config.tasks))
         if self.config.byzantine == "other_model":
-            from trainer.model import build_model
+            from models.tiny import build_model
 
             model = build_model(self.config.model_name, seed=12345)[0]  # not the published weights
+            files = ()
         batch, timing = generate_batch(model, tokenizer, tasks, worker_id=self.node.peer_id, step=step,
-                                       model_version=self.version, seed=self.config.task_seed, config=generation)
+                                       model_version=self.version, seed=self.config.task_seed, config=generation,
+                                       weight_files=files)
         if self.config.byzantine == "substitute_tokens":
-            batch = _substitute_answers(batch, tokenizer)
+            batch = _substitute_answers(batch, tokenizer, self.config.tasks)
         return batch, timing
 
     async def _submit(self, batch: Any) -> None:
@@ -198,13 +196,13 @@ class WorkerRole:
                 "batches_submitted": len(self.submitted), "rejected_versions": self.rejected.to_json()}
 
 
-def _substitute_answers(batch: Any, tokenizer: Any) -> Any:
+def _substitute_answers(batch: Any, tokenizer: Any, spec: str = "arithmetic") -> Any:
     """The cheat: replace each sequence's first generated token by the correct answer's first digit."""
     from dataclasses import replace
 
-    from trainer.tasks import assign_prompts
+    from tasks.prompts import TaskConfig, assign_prompts
 
-    tasks = assign_prompts(batch.worker_id, batch.step, batch.seed, batch.n_prompts)
+    tasks = assign_prompts(batch.worker_id, batch.step, batch.seed, batch.n_prompts, TaskConfig.from_spec(spec))
     rollouts = []
     for r in batch.rollouts:
         answer = tokenizer.encode(str(tasks[r.row // batch.group_size].answer))
@@ -225,6 +223,8 @@ class TrainerConfig:
     step_timeout_s: float = 20.0  # after the first admitted batch, wait at most this long for the others
     lr: float = 3e-3  # AdamW learning rate
     task_seed: int = 0  # the network's task seed (workers and validators must use the same)
+    tasks: str = "arithmetic"  # task families, comma-separated: arithmetic, word_problems (workers and validators must use the same)
+    max_shard_bytes: int = 1_000_000_000  # published versions are safetensors shards of at most this many bytes
     prompts_per_batch: int = 16  # prompts per worker batch
     group_size: int = 8  # samples per prompt (GRPO group)
     max_new_tokens: int = 3  # tokens generated per sample at most
@@ -247,6 +247,10 @@ class TrainerConfig:
             problems["batches_per_step"] = "must be >= 0"
         if not self.step_timeout_s > 0:
             problems["step_timeout_s"] = "must be > 0"
+        if check_spec(self.tasks):
+            problems["tasks"] = check_spec(self.tasks)
+        if self.max_shard_bytes < 1:
+            problems["max_shard_bytes"] = "must be >= 1"
         return problems
 
 
@@ -272,6 +276,7 @@ class TrainerRole:
         import torch
 
         torch.set_num_threads(1)
+        from tasks.prompts import TaskConfig
         from trainer.learner import Learner, LearnerConfig
 
         cfg = self.config
@@ -279,7 +284,8 @@ class TrainerRole:
                                prompts_per_batch=cfg.prompts_per_batch, group_size=cfg.group_size,
                                temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                                keep_last=cfg.keep_last or cfg.async_level + 2,
-                               keep_optimizer_states=cfg.keep_optimizer_states)
+                               keep_optimizer_states=cfg.keep_optimizer_states,
+                               max_shard_bytes=cfg.max_shard_bytes, tasks=TaskConfig.from_spec(cfg.tasks))
         return Learner(config, cfg.model_dir, cfg.out_dir)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -329,13 +335,14 @@ class TrainerRole:
                                         "publish_s": round(trio.current_time() - publishing, 4)}
 
     async def _publish(self, version: int) -> None:
-        from trainer.checkpoint import version_dir
+        from trainer.checkpoint import published_files, version_dir
 
-        path = version_dir(self.config.out_dir, version) / WEIGHTS_FILE
         if self.relay.watcher.is_complete(version):
             self.published_at.setdefault(version, trio.current_time())
             return  # published before a restart: the relay already holds and announces it
-        await self.relay.publish([path], model=self.config.model_name, version=version,
+        # the model folder (config, generation config, tokenizer, shards, index); never the optimizer state
+        paths = published_files(version_dir(self.config.out_dir, version))
+        await self.relay.publish(paths, model=self.config.model_name, version=version,
                                  previous_version=version - 1)
         self.published_at[version] = trio.current_time()
 

@@ -12,6 +12,10 @@ group needs no padding; every row's numbers are those of an unpadded run.
 Proven positions: the hidden state that produced generated token i (prompt_len-1+i in
 the full sequence), which is what `verify.check.generated_hidden_slice` selects.
 
+The forward passes are `models.forward` (transformers' stable `past_key_values` API), the
+prompt ids and the sampling seed `tasks.prompts` (chat template for instruct models), shared
+with validators.
+
 Must not: open sockets, compute rewards (the learner does, from the task), or sign
 anything (the peer does).
 """
@@ -21,13 +25,13 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
-import blake3
 import torch
 
-from trainer.model import Tokenizer
-from trainer.tasks import Task
+from models.forward import decode_step, lm_head_logits, prefill
+from tasks.base import Task
+from tasks.prompts import prompt_ids_for, sampling_seed
 from verify.sampling import sample_tokens, token_logprobs
 
 STOP_EOS = "eos"
@@ -116,12 +120,6 @@ class RolloutTiming:
         return self.proof_s / self.generate_s if self.generate_s > 0 else 0.0
 
 
-def sampling_seed(seed: int, worker_id: str, step: int) -> int:
-    """The u64 seed of Gumbel noise for (network seed, worker, step); validators recompute it."""
-    key = blake3.blake3(f"p2pnet-sampling|{seed}|{step}|{worker_id}".encode()).digest()
-    return int.from_bytes(key[:8], "little")
-
-
 @dataclass(frozen=True)
 class _RowOut:
     output_ids: list[int]
@@ -134,32 +132,27 @@ class _RowOut:
 def generate_rows(model, prompts: Sequence[Sequence[int]], rows: Sequence[int], *, seed: int,
                   eos_id: int, config: GenerationConfig) -> list[_RowOut]:
     """Generate for prompts of one length in one batch; row numbers select the sampling noise."""
-    from transformers import DynamicCache
-
     if len({len(p) for p in prompts}) != 1:
         raise ValueError("generate_rows needs prompts of one length")
     ids = torch.tensor([list(p) for p in prompts], dtype=torch.long)
     batch = ids.shape[0]
-    cache = DynamicCache(config=model.config)
-    out = model.model(input_ids=ids, cache=cache, use_cache=True)
-    hidden = out.last_hidden_state[:, -1]
+    hidden, cache = prefill(model, ids)
     tokens, logps, hiddens = [], [], []
     done = torch.zeros(batch, dtype=torch.bool)
     n_out = torch.full((batch,), config.max_new_tokens, dtype=torch.long)
     for pos in range(config.max_new_tokens):
-        logits = model.lm_head(hidden).float()
+        logits = lm_head_logits(model, hidden)
         tok = sample_tokens(logits, seed=seed, rows=list(rows), position=pos,
                             temperature=config.temperature)
         tokens.append(tok)
         logps.append(token_logprobs(logits, tok, config.temperature))
-        hiddens.append(hidden.to(torch.bfloat16))
+        hiddens.append(hidden.to("cpu", torch.bfloat16))
         newly = (tok == eos_id) & ~done
         n_out[newly] = pos + 1
         done |= newly
         if bool(done.all()) or pos + 1 == config.max_new_tokens:
             break
-        out = model.model(input_ids=tok[:, None], cache=out.cache, use_cache=True)
-        hidden = out.last_hidden_state[:, -1]
+        hidden, cache = decode_step(model, tok, cache)
     tok_t, lp_t, h_t = torch.stack(tokens, 1), torch.stack(logps, 1), torch.stack(hiddens, 1)
     results = []
     for b in range(batch):
@@ -173,14 +166,13 @@ def generate_rows(model, prompts: Sequence[Sequence[int]], rows: Sequence[int], 
     return results
 
 
-def prompt_ids_for(tasks: Sequence[Task], tokenizer: Tokenizer) -> list[list[int]]:
-    return [tokenizer.encode(t.prompt, bos=tokenizer.bos_id is not None) for t in tasks]
-
-
-def generate_batch(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, worker_id: str, step: int,
+def generate_batch(model, tokenizer: Any, tasks: Sequence[Task], *, worker_id: str, step: int,
                    model_version: int, seed: int, config: GenerationConfig = GenerationConfig(),
-                   ) -> tuple[RolloutBatch, RolloutTiming]:
-    """G samples for each task, with proofs; returns the batch and where the time went."""
+                   weight_files: Sequence[Any] = ()) -> tuple[RolloutBatch, RolloutTiming]:
+    """G samples for each task, with proofs; returns the batch and where the time went.
+
+    `weight_files` (the version's verified files) matter only to engines that hold weights of
+    their own (`trainer.vllm_backend`); this generator runs `model` itself."""
     timing = RolloutTiming()
     prompts = prompt_ids_for(tasks, tokenizer)
     row_prompts = [prompts[r // config.group_size] for r in range(len(prompts) * config.group_size)]

@@ -12,9 +12,15 @@ sockets, sign, or compute rewards.
 
 How one call works
 ------------------
-1. The engine is built once from a model folder written from the worker's torch model
-   (`trainer.model.save_model_dir`); a later call with another model object (a new policy
-   version) pushes its weights into the running engine (`load_weights`, the RLHF pattern).
+1. The engine is built once, from the folder that already holds the version's verified files
+   (the relay store keeps a version as the trainer's model folder: config, tokenizer, shards),
+   or, for a model with no files (tests, tools), from a folder written from it. Every call
+   names its policy version; a call with a version other than the engine's pushes that
+   version's weights into the running engine (`load_weights`, the RLHF pattern), keyed by the
+   version number and never by the model object (a worker swaps each version into the same
+   object). The push streams tensor by tensor from the verified safetensors files, memory-
+   mapped (`models.weights.stream_tensors`), inside the engine's worker: no CPU copy of the
+   whole model is made, and only file names cross the RPC.
 2. Each row is one request: its prompt ids (`{"prompt_token_ids": ...}`, no tokenizer in the
    engine), `SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True,
    stop_token_ids=[eos], detokenize=False, extra_args={"p2pnet": {call, row, seed, T}})`.
@@ -91,7 +97,6 @@ import os
 import tempfile
 import time
 import uuid
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -399,6 +404,21 @@ class ProofWorkerExtension:
         self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
         return len(weights)
 
+    def p2pnet_load_weight_files(self, paths: list[str]) -> int:
+        """Stream the tensors of verified safetensors files into the engine's weight loader."""
+        from models.weights import stream_tensors
+
+        count = 0
+
+        def counted():
+            nonlocal count
+            for item in stream_tensors(paths):
+                count += 1
+                yield item
+
+        self.model_runner.model.load_weights(weights=counted())  # type: ignore[attr-defined]
+        return count
+
     def p2pnet_take(self, call: str) -> tuple[dict[int, RowRecord], list[str]]:
         return STORE.take(call)
 
@@ -413,9 +433,13 @@ class RowRequest:
 
 
 class Engine(Protocol):
-    """What VllmGenerator needs from an engine; tests substitute an emulation."""
+    """What VllmGenerator needs from an engine; tests substitute an emulation.
 
-    def ensure(self, model: Any, tokenizer: Any) -> dict[str, float]: ...
+    `ensure` makes the engine hold policy `version` (the weights of `weight_files`, or of
+    `model` when there are no files) and returns what that cost, in seconds by name."""
+
+    def ensure(self, model: Any, tokenizer: Any, *, version: int,
+               weight_files: Sequence[Any] = ()) -> dict[str, float]: ...
 
     def run(self, call: str, requests: Sequence[RowRequest], *, seed: int, eos_id: int,
             config: GenerationConfig) -> dict[int, list[int]]: ...
@@ -450,25 +474,38 @@ class VllmEngine:
     def __init__(self, config: VllmConfig = VllmConfig()) -> None:
         self.config = config
         self.llm: Any = None
-        self._model_ref: Any = None
+        self.version: int | None = None  # the policy version the engine holds
+        self.started_from: Path | None = None  # the existing model folder it was started from
+        self.pushes: list[int] = []  # versions pushed into the running engine, in order
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
-    def ensure(self, model: Any, tokenizer: Any) -> dict[str, float]:
-        if self.llm is not None and self._model_ref is not None and self._model_ref() is model:
+    def ensure(self, model: Any, tokenizer: Any, *, version: int,
+               weight_files: Sequence[Any] = ()) -> dict[str, float]:
+        if self.llm is not None and self.version == version:
             return {}
         t0 = time.perf_counter()
-        if self.llm is None:
-            self._start(model, tokenizer)
+        if self.llm is None:  # from the version's own folder, or from `model`: it holds `version`
+            self._start(model, tokenizer, _model_folder_of(weight_files))
             key = "engine_start_s"
         else:
-            from trainer.model import snapshot_state
-
-            self.llm.collective_rpc("p2pnet_load_weights", args=(list(snapshot_state(model).items()),))
+            self._push(model, [str(f) for f in weight_files if str(f).endswith(".safetensors")])
+            self.pushes.append(version)
             key = "weights_push_s"
-        self._model_ref = weakref.ref(model)
+        self.version = version
         return {key: time.perf_counter() - t0}
 
-    def _start(self, model: Any, tokenizer: Any) -> None:
+    def _push(self, model: Any, files: list[str]) -> None:
+        """New weights into the running engine: streamed from `files`, else copied off `model`."""
+        if files:
+            self.llm.collective_rpc("p2pnet_load_weight_files", args=(files,))
+            return
+        from models.weights import snapshot_state
+
+        self.llm.collective_rpc("p2pnet_load_weights", args=(list(snapshot_state(model).items()),))
+
+    def _start(self, model: Any, tokenizer: Any, folder: Path | None = None) -> None:
+        """Start the engine from `folder` (a complete model folder that exists: no copy), or from
+        a temporary folder written from `model`."""
         usable, why = vllm_status()
         if not usable:
             raise VllmUnavailable(why)
@@ -477,13 +514,15 @@ class VllmEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM, EngineArgs
 
-        from trainer.model import save_model_dir
+        self.started_from = folder
+        if folder is None:
+            from models.folder import save_model_dir
 
-        root = self.config.work_dir
-        if not root:
-            self._tmp = tempfile.TemporaryDirectory(prefix="p2pnet-vllm-")
-            root = self._tmp.name
-        folder = save_model_dir(model, tokenizer, Path(root) / f"model-{uuid.uuid4().hex[:8]}")
+            root = self.config.work_dir
+            if not root:
+                self._tmp = tempfile.TemporaryDirectory(prefix="p2pnet-vllm-")
+                root = self._tmp.name
+            folder = save_model_dir(model, tokenizer, Path(root) / f"model-{uuid.uuid4().hex[:8]}")
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         for needed in ("logits_processors", "worker_extension_cls"):
             if needed not in known:
@@ -516,6 +555,23 @@ class VllmEngine:
 
     def take(self, call: str) -> tuple[dict[int, RowRecord], list[str]]:
         return self.llm.collective_rpc("p2pnet_take", args=(call,))[0]
+
+
+def _model_folder_of(weight_files: Sequence[Any]) -> Path | None:
+    """The folder holding a version's files when it is a complete model folder (config and every
+    weight file of its index), else None."""
+    if not weight_files:
+        return None
+    from models.folder import ModelFolderError, weight_files as folder_weights
+
+    folder = Path(weight_files[0]).parent
+    if not (folder / "config.json").is_file():
+        return None
+    try:
+        folder_weights(folder)
+    except ModelFolderError:
+        return None
+    return folder
 
 
 def assemble_rows(reported: Mapping[int, Sequence[int]], records: Mapping[int, RowRecord],
@@ -551,9 +607,12 @@ class VllmGenerator:
 
     def __call__(self, model: Any, tokenizer: Any, tasks: Sequence[Any], *, worker_id: str, step: int,
                  model_version: int, seed: int, config: GenerationConfig = GenerationConfig(),
-                 ) -> tuple[RolloutBatch, RolloutTiming]:
+                 weight_files: Sequence[Any] = ()) -> tuple[RolloutBatch, RolloutTiming]:
+        """`weight_files`: the verified files of `model_version` (pushed into the engine from
+        disk); without them the engine takes the weights of `model`."""
         timing = RolloutTiming()
-        timing.extra.update(self.engine.ensure(model, tokenizer))
+        timing.extra.update(self.engine.ensure(model, tokenizer, version=model_version,
+                                               weight_files=weight_files))
         prompts = prompt_ids_for(tasks, tokenizer)
         g = config.group_size
         requests = [RowRequest(row=r, prompt_ids=tuple(prompts[r // g])) for r in range(len(prompts) * g)]

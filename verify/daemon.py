@@ -14,17 +14,19 @@ takes the weights of checkpoint `version` from the relay store; a version that d
 (a chunk rotten on disk, files safetensors refuses, tensors that do not fit) is rejected:
 logged once, listed in `rejected_versions`, its checks dropped without a verdict, the models
 already loaded kept, and it is tried again only once its files change (the relay fetched them
-again). Model folders are trainer.model's format (config.json, tokenizer, model.safetensors).
+again). Model folders, loading, weight swapping and the forward pass are `models` (the home the
+worker role uses too: `models.folder`, `models.weights`, `models.forward`).
 
 `SubmissionChecker` is the default checker: it recomputes the sampling seed and the
-assigned prompts (trainer.tasks rules) and runs `verify.check.check_rollout` on the rows the
-ticket chose, then the submission-level test (verify.policy.RecentRollouts) with the
-calibration table of (the submission's declared stack, this validator's stack), from
-verify/calibration_tables.json unless `calibration_file` names another. Anything it cannot do for our own reasons (no model for that version) raises
+assigned prompts (`tasks.prompts`, the rules the trainer and workers use) and runs
+`verify.check.check_rollout` on the rows the ticket chose, then the submission-level test
+(verify.policy.RecentRollouts) with the calibration table of (the submission's declared stack,
+this validator's stack), from verify/calibration_tables.json unless `calibration_file` names
+another. Anything it cannot do for our own reasons (no model for that version) raises
 `ModelUnavailable`: the core drops the check without a verdict.
 
-Must not: decide anything the core decides; import torch or transformers before the first
-check (a plain peer never loads them).
+Must not: decide anything the core decides; import anything from `trainer`; import torch or
+transformers before the first check (a plain peer never loads them).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class ValidatorConfig:
     def own_stack_key(self) -> str:
         """This validator's stack before a model is loaded: model folders hold fp32 weights."""
         return f"fp32/torch/{self.device.split(':')[0]}"
+    tasks: str = "arithmetic"  # task families the network draws prompts from (the trainer's `tasks`)
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -106,6 +109,8 @@ class ValidatorConfig:
             problems["device"] = "must be 'cpu' or 'cuda[:N]'"
         if not self.penalty >= 0:
             problems["penalty"] = "must be >= 0"
+        if not isinstance(self.tasks, str) or not self.tasks.strip():
+            problems["tasks"] = "must name task families, e.g. 'arithmetic' or 'arithmetic,word_problems'"
         if self.threshold_preset not in THRESHOLD_PRESETS:
             problems["threshold_preset"] = f"must be one of {sorted(THRESHOLD_PRESETS)}"
         if not 0.0 <= self.aggregate_alpha < 1.0:
@@ -255,34 +260,29 @@ class RelayModelSource:
 
 def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None = None,
                       reuse: LoadedModel | None = None) -> LoadedModel:
-    """Load a trainer model folder and wrap its one-prefill forward (torch imported here).
+    """Load a model folder and wrap its one-prefill forward (torch imported here).
 
     With `weights=(store, version)`, the folder gives the architecture and tokenizer and the
-    relay store gives that checkpoint version's weights; with `reuse`, an evicted model of the
-    same folder takes those weights instead of a new model being built. The weights are read and
-    checked against the model first: a version that does not load (`LOAD_FAILURES`) leaves
-    `reuse` untouched."""
+    relay store gives that checkpoint version's weights (`models.weights.load_version`); with
+    `reuse`, an evicted model of the same folder takes those weights instead of a new model being
+    built. The weights are read and checked against the model first: a version that does not load
+    (`LOAD_FAILURES`) leaves `reuse` untouched."""
     import torch
 
     torch.set_num_threads(1)
-    from trainer.model import load_model_dir
+    from models.folder import load_model_dir
+    from models.forward import hidden_and_logits
+    from models.weights import load_version
 
-    if reuse is not None and reuse.module is not None and weights is not None:
-        model, tokenizer = reuse.module, reuse.tokenizer
+    if weights is not None:
+        loaded = (reuse.module, reuse.tokenizer) if reuse is not None and reuse.module is not None else None
+        model, tokenizer = load_version(folder, *weights, loaded=loaded)
     else:
         model, tokenizer = load_model_dir(folder)
-    if weights is not None:
-        from relay.loader import load_into
-
-        load_into(model, *weights)
     model.to(device)
 
-    @torch.no_grad()
     def forward(input_ids: list[int]) -> tuple[Any, Any]:
-        ids = torch.tensor([list(input_ids)], dtype=torch.long, device=device)
-        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
-        logits = model.lm_head(hidden).float()
-        return hidden[0].to(torch.bfloat16).cpu(), logits[0].cpu()
+        return hidden_and_logits(model, input_ids)
 
     return LoadedModel(forward, tokenizer, int(tokenizer.eos_id), int(model.config.vocab_size), str(folder),
                        module=model)
@@ -290,18 +290,20 @@ def load_model_folder(folder: Path, device: str, weights: tuple[Any, int] | None
 
 @dataclass(frozen=True)
 class TaskRules:
-    """How a worker's sampling seed and prompts are derived (trainer's rules, injected)."""
+    """How a worker's sampling seed and prompts are derived (`tasks.prompts`, injected)."""
 
     sampling_seed: Callable[[int, str, int], int]
     prompt_ids: Callable[[str, int, int, int, Any], list[list[int]]]  # worker, step, task_seed, n, tokenizer
 
 
-def trainer_task_rules() -> TaskRules:
-    from trainer.rollout import prompt_ids_for, sampling_seed
-    from trainer.tasks import assign_prompts
+def task_rules(spec: str = "arithmetic") -> TaskRules:
+    """The network's rules for task families `spec` (the trainer's and the workers' `tasks`)."""
+    from tasks.prompts import TaskConfig, assign_prompts, prompt_ids_for, sampling_seed
+
+    config = TaskConfig.from_spec(spec)
 
     def prompt_ids(worker: str, step: int, task_seed: int, n: int, tokenizer: Any) -> list[list[int]]:
-        return prompt_ids_for(assign_prompts(worker, step, task_seed, n), tokenizer)
+        return prompt_ids_for(assign_prompts(worker, step, task_seed, n, config), tokenizer)
 
     return TaskRules(sampling_seed=lambda seed, worker, step: sampling_seed(seed, worker, step), prompt_ids=prompt_ids)
 
@@ -436,7 +438,7 @@ class ValidatorRole:
         self.models = model_source or ModelSource(self.config.model_path, self.config.checkpoint_dir,
                                                   cache_size=self.config.model_cache, device=self.config.device)
         self.checker = checker or SubmissionChecker(self.models, thresholds=self.config.thresholds,
-                                                    rules=_optional_trainer_rules,
+                                                    rules=lambda: task_rules(self.config.tasks),
                                                     check_prompts=self.config.check_prompts,
                                                     preset=self.config.threshold_preset,
                                                     tables=load_tables(self.config.calibration_file),
@@ -515,10 +517,3 @@ class ValidatorRole:
         return {**stats, "sample_rate": self.config.sample_rate, "models_cached": cached,
                 "rejected_versions": rejected, "submission_test": aggregate, "recent": list(self.recent)}
 
-
-def _optional_trainer_rules() -> TaskRules | None:
-    try:
-        return trainer_task_rules()
-    except ImportError as exc:
-        log.warning("trainer rules unavailable (%s): seeds and prompts are not checked", exc)
-        return None

@@ -68,7 +68,7 @@ def test_module_imports_without_vllm_and_the_processor_class_is_lazy():
     with pytest.raises(vb.VllmUnavailable, match="not installed"):
         vb.ProofLogitsProcessor  # noqa: B018
     with pytest.raises(vb.VllmUnavailable):
-        vb.VllmEngine().ensure(torch.nn.Linear(1, 1), None)
+        vb.VllmEngine().ensure(torch.nn.Linear(1, 1), None, version=0)
 
 
 def test_worker_config_backend_field(tmp_path):
@@ -172,7 +172,7 @@ class EmulatedEngine:
         self.core = vb.ProofSamplingCore(self.store)
         self.model = None
 
-    def ensure(self, model, tokenizer):
+    def ensure(self, model, tokenizer, **_):
         if self.model is not model:
             self.store.hook_handle = None
             vb.install_capture_hook(model.lm_head, self.store)
