@@ -65,9 +65,6 @@ class Uploads:
     def arrived(self, version: int, index: int) -> None:
         self._apply(self.core.arrived(trio.current_time(), version, index))
 
-    def status(self) -> dict[str, int]:
-        return self.core.status()
-
     def _apply(self, actions: list[Serve | Refuse]) -> None:
         for action in actions:
             event = self._events.pop(action.token, None)

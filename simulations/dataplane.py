@@ -52,13 +52,12 @@ from simulations.world import NetworkModel, SimPeer, SimWorld
 class _Request:
     """A `Fetch` on its way to, or queued at, its source. `peer` and `port` are the sink's."""
 
-    __slots__ = ("sink", "core_index", "fetch", "issued", "peer", "port")
+    __slots__ = ("sink", "core_index", "fetch", "peer", "port")
 
-    def __init__(self, sink: SimPeer, core_index: int, fetch: Fetch, issued: float, port: _Port | None) -> None:
+    def __init__(self, sink: SimPeer, core_index: int, fetch: Fetch, port: _Port | None) -> None:
         self.sink = sink.peer_id
         self.core_index = core_index
         self.fetch = fetch
-        self.issued = issued
         self.peer = sink
         self.port = port
 
@@ -200,7 +199,7 @@ class RelayWorld(SimWorld):
 
     def _fetch(self, sink: SimPeer, index: int, fetch: Fetch) -> None:
         self.transfer_stats["fetches"] += 1
-        request = _Request(sink, index, fetch, self.engine.now, self.ports.get(sink.peer_id))
+        request = _Request(sink, index, fetch, self.ports.get(sink.peer_id))
         source = self.peers.get(fetch.peer)
         delay = self._region_latency(sink.region, source.region) if source else self.model.local_latency_s
         self.engine.at(self.engine.now + delay, self._arrives, request)
