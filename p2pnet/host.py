@@ -209,6 +209,38 @@ class Host:
             await self._frame_handler(frame, peer)
 
 
+def _serial_pubsub(pubsub_class):
+    """py-libp2p's Pubsub with one writer at a time per gossip stream.
+
+    yamux writes a message over 64 KiB as several frames and takes the stream's lock per frame,
+    and py-libp2p 0.8.1 writes to a peer's gossip stream from more than one task (its outbound
+    queue, and the flush of messages held until the peer's subscriptions arrive), so two large
+    messages interleaved and the receiver dropped the stream as "not a pubsub RPC": a manifest
+    over 64 KiB published at start-up cut a relay off from the trainer's gossip for good. A
+    write that fails or is cancelled part way leaves a message cut short, so the stream is
+    reset then rather than left to be misread."""
+    import weakref
+
+    class SerialPubsub(pubsub_class):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._write_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+        async def write_msg(self, stream, rpc_msg) -> bool:
+            lock = self._write_locks.get(stream)
+            if lock is None:
+                lock = self._write_locks[stream] = trio.Lock()
+            async with lock:
+                try:
+                    return await super().write_msg(stream, rpc_msg)
+                except BaseException:
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        await _quiet_reset(stream)
+                    raise
+
+    return SerialPubsub
+
+
 def _guarded_gossip_handler(pubsub):
     """py-libp2p's pubsub lets a protobuf DecodeError from a peer's garbage RPC escape its stream
     handler, which takes the whole host down. Drop that peer's stream instead."""
@@ -303,7 +335,7 @@ async def open_host(
         heartbeat_initial_delay=0.1,
         max_messages_per_topic_per_second=1000.0,
     )
-    pubsub = Pubsub(raw_host, gossip, max_inbound_rpc_size=max_frame_bytes + 64 * 1024)
+    pubsub = _serial_pubsub(Pubsub)(raw_host, gossip, max_inbound_rpc_size=max_frame_bytes + 64 * 1024)
     host = Host(raw_host, pubsub, identity, max_frame_bytes, announce)
     raw_host.set_stream_handler(MSG_PROTOCOL, host._on_stream)
     raw_host.set_stream_handler(GOSSIP_PROTOCOL, _guarded_gossip_handler(pubsub))
