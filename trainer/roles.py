@@ -87,6 +87,7 @@ class WorkerRole:
         self.loaded: tuple[Any, Any] | None = None  # the model and tokenizer of `version`
         self.backend_used = "torch"  # what generated the last batch (trainer.vllm_backend.select_generator)
         self.rejected = RejectedVersions()
+        self._cheat_model: Any = None  # byzantine = other_model: the other weights it generates with
         if self.config.byzantine:
             log.error("worker.byzantine=%s: this worker CHEATS on purpose (devnet/test setting)",
                       self.config.byzantine)
@@ -169,16 +170,25 @@ class WorkerRole:
         tasks = assign_prompts(self.node.peer_id, step, self.config.task_seed, self.config.prompts_per_batch,
                                TaskConfig.from_spec(self.config.tasks))
         if self.config.byzantine == "other_model":
-            from models.tiny import build_model
-
-            model = build_model(self.config.model_name, seed=12345)[0]  # not the published weights
-            files = ()
+            model, files = self._other_model(model), ()
         batch, timing = generate_batch(model, tokenizer, tasks, worker_id=self.node.peer_id, step=step,
                                        model_version=self.version, seed=self.config.task_seed, config=generation,
                                        weight_files=files)
         if self.config.byzantine == "substitute_tokens":
             batch = _substitute_answers(batch, tokenizer, self.config.tasks)
         return batch, timing
+
+    def _other_model(self, model: Any) -> Any:
+        """The cheat: the published model's architecture and vocabulary with other weights (a
+        seeded random init), so its rollouts look well-formed; built once."""
+        import torch
+
+        if self._cheat_model is None:
+            with torch.random.fork_rng():
+                torch.manual_seed(12345)
+                other = type(model)(model.config).to(dtype=next(model.parameters()).dtype)
+            self._cheat_model = other.eval()
+        return self._cheat_model
 
     async def _submit(self, batch: Any) -> None:
         from verify.messages import SUBMISSIONS_TOPIC, Stack, stack_of, submission_from_batch
