@@ -123,6 +123,7 @@ class LearnerGroup:
         self.out_dir = Path(out_dir)
         self.spool = Path(tempfile.mkdtemp(prefix="p2pnet-ranks-"))
         self._seq = 0
+        self.last_checkpoint: Any = None  # trainer.sharded.CheckpointTiming of the newest finished DCP save
         settings = {"learner": config_to_json(config), "model_dir": str(model_dir), "out_dir": str(out_dir),
                     "device": group.device, "checkpoint_every_steps": group.checkpoint_every_steps,
                     "keep_checkpoints": group.keep_checkpoints, "parent_pid": os.getpid()}
@@ -142,7 +143,16 @@ class LearnerGroup:
         reply = self._call({"op": "step", "batches": [batch_to_json(b) for b in batches]})
         stats = StepStats(**reply["stats"])
         self.version = stats.version
+        if reply.get("checkpoint") is not None:
+            from trainer.sharded import CheckpointTiming
+
+            self.last_checkpoint = CheckpointTiming(**reply["checkpoint"])
         return stats
+
+    def memory(self) -> list[dict[str, int]]:
+        """Each rank's peak memory so far, by rank: `max_rss_bytes` (the process) and, on a GPU,
+        `cuda_max_allocated_bytes`."""
+        return self._call({"op": "memory"})["ranks"]
 
     def flush(self) -> None:
         """Return once the newest version trained when called is on disk (its folder complete)."""
@@ -213,6 +223,18 @@ class LearnerGroup:
 
 # -- each rank's end ----------------------------------------------------------------------------------
 
+def peak_memory(device: Any) -> dict[str, int]:
+    """This process's peak resident memory and, on a GPU, the peak the caching allocator handed out."""
+    import resource
+
+    import torch
+
+    out = {"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
+    if device.type == "cuda":
+        out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    return out
+
+
 def _next_request(spool: Path, seq: int, parent_pid: int) -> dict[str, Any]:
     path = _request(spool, seq)
     while not path.is_file():
@@ -252,7 +274,13 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 if request["op"] == "step":
                     stats = learner.step([batch_from_json(b) for b in request["batches"]])
-                    reply: dict[str, Any] = {"ok": True, "stats": asdict(stats)}
+                    timing = learner.last_checkpoint
+                    reply: dict[str, Any] = {"ok": True, "stats": asdict(stats),
+                                             "checkpoint": asdict(timing) if timing is not None else None}
+                elif request["op"] == "memory":
+                    ranks: list[Any] = [None] * dist.get_world_size()
+                    dist.all_gather_object(ranks, peak_memory(learner.device))
+                    reply = {"ok": True, "ranks": ranks}
                 elif request["op"] == "close":
                     learner.close()
                     reply = {"ok": True}

@@ -84,7 +84,7 @@ class ShardingConfig:
 @dataclass(frozen=True)
 class CheckpointTiming:
     """One DCP save: `blocking_s` is what the step paid (state dict and staging), `total_s` the
-    time until the folder was complete on disk (measured when the next step or `flush` saw it)."""
+    time from its start until DCP's thread had written every file and the metadata."""
 
     version: int
     blocking_s: float
@@ -140,7 +140,7 @@ class ShardedLearner:
         self.device = rank_device()
         self.out_dir = Path(out_dir)
         self.last_checkpoint: CheckpointTiming | None = None
-        self._pending: tuple[int, Path, Any, float, float, dict] | None = None
+        self._pending: tuple[int, Path, Any, float, float, list[float], dict] | None = None
         self._ckpt_group = dist.new_group(backend="gloo")  # DCP's thread must not share the step's group
         resume, start = self._prepare_out_dir()
         source = version_dir(self.out_dir, start) if start is not None else Path(model_dir)
@@ -285,13 +285,15 @@ class ShardedLearner:
         future = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp),
                                 process_group=self._ckpt_group)
         blocking = time.perf_counter() - started
-        self._pending = (self.version, tmp, future, started, blocking, self._trainer_state())
+        done_at: list[float] = []  # appended once, by DCP's thread, when its files are written
+        future.add_done_callback(lambda _future: done_at.append(time.perf_counter()))
+        self._pending = (self.version, tmp, future, started, blocking, done_at, self._trainer_state())
 
     def _finish_checkpoint(self, *, wait: bool) -> None:
         """Once the save in flight is done: rank 0 adds the trainer state and renames the folder."""
         if self._pending is None:
             return
-        version, tmp, future, started, blocking, state = self._pending
+        version, tmp, future, started, blocking, done_at, state = self._pending
         if not wait and not future.done():
             return
         self._pending = None
@@ -309,7 +311,8 @@ class ShardedLearner:
             fsync_dir(final.parent)
             for old in complete_checkpoints(self.out_dir)[:-self.sharding.keep_checkpoints]:
                 shutil.rmtree(checkpoint_dir(self.out_dir, old), ignore_errors=True)
-        self.last_checkpoint = CheckpointTiming(version, blocking, time.perf_counter() - started)
+        self.last_checkpoint = CheckpointTiming(version, blocking, (done_at[0] if done_at else time.perf_counter())
+                                                - started)
 
     def _prepare_out_dir(self) -> tuple[int | None, int | None]:
         """Rank 0 clears torn writes and versions newer than the resume point. Returns (the

@@ -15,7 +15,6 @@ TOL_SHARE of them beyond 1e-6, and each step's loss within TOL_LOSS.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -28,9 +27,8 @@ from models.folder import weight_files
 from trainer.checkpoint import published_files, version_dir
 from trainer.learner import Learner
 from trainer.ranks import GroupConfig, LearnerGroup
-from trainer.rollout import GenerationConfig, generate_batch
 from trainer.sharded import complete_checkpoints
-from trainer.tasks import assign_prompts
+from trainer.teaching import teaching_batches
 
 TOL_WEIGHT = 5e-5  # absolute, per element, float32 weights after STEPS steps
 TOL_SHARE = 1e-4   # share of elements allowed to differ by more than 1e-6
@@ -43,25 +41,6 @@ def published_weights(out_dir: Path, version: int) -> dict[str, torch.Tensor]:
     for path in weight_files(version_dir(out_dir, version)):
         state.update(load_file(str(path)))
     return state
-
-
-def teaching_batches(model, tok, cfg, steps: int) -> list:
-    """One batch per step. In each group of samples the first two answer correctly (their outputs
-    are replaced by the answer), so advantages differ and every step has a gradient."""
-    gen = GenerationConfig(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    out = []
-    for step in range(steps):
-        tasks = assign_prompts("w", step, cfg.task_seed, cfg.prompts_per_batch, cfg.tasks)
-        batch, _ = generate_batch(model, tok, tasks, worker_id="w", step=step, model_version=step,
-                                  seed=cfg.task_seed, config=gen)
-        rollouts = []
-        for r in batch.rollouts:
-            if r.row % cfg.group_size < 2:
-                answer = tuple(tok.encode(str(tasks[r.row // cfg.group_size].answer)))[:cfg.max_new_tokens]
-                r = dataclasses.replace(r, output_ids=answer, logprobs=(-1.0,) * len(answer))
-            rollouts.append(r)
-        out.append(dataclasses.replace(batch, rollouts=tuple(rollouts)))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +74,10 @@ def two_ranks(setting):
         assert group.version == 0
         stats = [group.step([b]) for b in batches]
         group.flush()
+        memory = group.memory()
     finally:
         group.close()
+    assert len(memory) == 2 and all(m["max_rss_bytes"] > 0 for m in memory)
     return root / "two", stats
 
 
@@ -145,3 +126,26 @@ def test_killed_group_resumes_from_its_checkpoint(setting, two_ranks):
         group.close()
     expected, resumed = published_weights(two_ranks[0], STEPS), published_weights(out, STEPS)
     assert all(torch.equal(expected[k], resumed[k]) for k in expected)
+
+
+@pytest.mark.slow
+def test_devnet_trains_with_a_two_rank_learner(tmp_path):
+    """The real trainer role feeds its torchrun group; workers get every version it publishes."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "summary.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "p2pnet", "devnet", "--steps", "3", "--workers", "1", "--byzantine", "0",
+         "--validators", "1", "--relays", "0", "--trainer-ranks", "2", "--out", str(tmp_path / "net"),
+         "--json", str(out), "--timeout-s", "600"],
+        capture_output=True, text=True, timeout=720)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert [s["step"] for s in summary["steps"]] == [0, 1, 2]
+    assert all(s["propagation_s"] is not None for s in summary["steps"])  # each version reached the worker
+    assert all(code == 0 for code in summary["exit_codes"].values())
+    ckpt = tmp_path / "net" / "trainer" / "ckpt"
+    assert complete_checkpoints(ckpt)[-1] == 3
+    assert published_weights(ckpt, 3).keys() == load_file(str(tmp_path / "net" / "model" / "model.safetensors")).keys()
