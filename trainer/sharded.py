@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from models.folder import compute_dtype, load_model_dir, skeleton
+from models.folder import ModelFolderError, compute_dtype, load_model_dir, skeleton
 from p2pnet.files import atomic_write_bytes, fsync_dir
 from tasks.prompts import uses_chat
 from trainer.checkpoint import (STATE_FILE, CheckpointError, CheckpointWriter, Snapshot, complete_versions,
@@ -113,7 +113,7 @@ def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
     """The repeated blocks of a transformers causal LM (`model.model.layers`): FSDP's units."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise CheckpointError(f"{type(model).__name__} has no model.layers to shard")
+        raise ModelFolderError(f"{type(model).__name__} has no model.layers to shard (not a decoder-only causal LM)")
     return layers
 
 

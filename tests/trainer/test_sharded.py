@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from models.folder import weight_files
 from trainer.checkpoint import published_files, version_dir
 from trainer.learner import Learner
-from trainer.ranks import GroupConfig, LearnerGroup
+from trainer.ranks import GroupConfig, LearnerGroup, LearnerGroupError
 from trainer.sharded import complete_checkpoints
 from trainer.teaching import teaching_batches
 
@@ -149,3 +149,9 @@ def test_devnet_trains_with_a_two_rank_learner(tmp_path):
     ckpt = tmp_path / "net" / "trainer" / "ckpt"
     assert complete_checkpoints(ckpt)[-1] == 3
     assert published_weights(ckpt, 3).keys() == load_file(str(tmp_path / "net" / "model" / "model.safetensors")).keys()
+
+
+def test_a_group_that_cannot_start_says_so(setting):
+    root, base, cfg, batches = setting
+    with pytest.raises(LearnerGroupError, match="exited"):
+        LearnerGroup(cfg, root / "no-such-model", root / "never", GroupConfig(ranks=2, device="cpu"))
