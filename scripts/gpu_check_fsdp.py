@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -127,8 +126,7 @@ def main() -> int:
                 group.step([b])
             group.flush()
         finally:
-            os.killpg(group.pid, signal.SIGKILL)
-            group.close()
+            group.kill()
         saved = complete_checkpoints(out)
         group = LearnerGroup(cfg, base, out, GroupConfig(ranks=ranks, device=device))
         try:

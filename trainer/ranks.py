@@ -176,6 +176,11 @@ class LearnerGroup:
             self._kill()
             shutil.rmtree(self.spool, ignore_errors=True)
 
+    def kill(self) -> None:
+        """Stop every rank at once (SIGKILL to the group), as a crash would; nothing is flushed."""
+        self._kill()
+        shutil.rmtree(self.spool, ignore_errors=True)
+
     @property
     def last_saved_version(self) -> int | None:
         from trainer.checkpoint import latest_version
