@@ -134,7 +134,7 @@ class LearnerGroup:
         try:
             ready = self._wait_for(self.spool / READY_FILE, group.start_timeout_s, "starting")
         except BaseException:
-            self._kill()
+            self.kill()
             raise
         self.version = int(ready["version"])
 
