@@ -104,13 +104,14 @@ class Snapshot:
     `shell` is a weightless copy of the architecture whose config says the compute dtype
     (`models.folder.skeleton`); `weights` are in that dtype; `optimizer_state` is what
     `optimizer.pt` holds (the optimizer's state dict, and the float32 master weights when they
-    differ from `weights`)."""
+    differ from `weights`), or None when the optimizer state is checkpointed elsewhere (the
+    sharded learner's, `trainer.sharded`): the folder then has no `optimizer.pt`."""
 
     version: int
     shell: Any
     tokenizer: Any
     weights: Mapping[str, torch.Tensor]
-    optimizer_state: Mapping[str, Any]
+    optimizer_state: Mapping[str, Any] | None  # None: kept elsewhere (a sharded learner's DCP checkpoint)
     trainer_state: Mapping[str, Any]
     max_shard_bytes: int = DEFAULT_SHARD_BYTES
 
@@ -124,9 +125,10 @@ def write_version(out_dir: str | os.PathLike[str], snap: Snapshot) -> Path:
     os.chmod(tmp, 0o755)
     try:
         write_model_folder(tmp, snap.shell, snap.tokenizer, snap.weights, max_shard_bytes=snap.max_shard_bytes)
-        buf = io.BytesIO()
-        torch.save(dict(snap.optimizer_state), buf)
-        atomic_write_bytes(tmp / OPTIMIZER_FILE, buf.getvalue())
+        if snap.optimizer_state is not None:
+            buf = io.BytesIO()
+            torch.save(dict(snap.optimizer_state), buf)
+            atomic_write_bytes(tmp / OPTIMIZER_FILE, buf.getvalue())
         state = dict(snap.trainer_state, version=snap.version)
         atomic_write_bytes(tmp / STATE_FILE, json.dumps(state, sort_keys=True).encode())
         fsync_dir(tmp)

@@ -116,6 +116,9 @@ def _register_trainer(commands: Any) -> None:
     trainer.add_argument("--sample-rate", type=float, metavar="P", help="share of batches validators check (default 1)")
     trainer.add_argument("--keep-last", type=int, metavar="N",
                          help="checkpoint versions kept in --out-dir (default: async level + 2)")
+    trainer.add_argument("--ranks", type=int, metavar="N",
+                         help="learner processes (default 1); above 1 the learner runs as a torchrun group of FSDP2 "
+                         "ranks, one GPU each where CUDA is available, else CPU processes")
     _generation_flags(trainer)
     start.set_defaults(func=cmd_trainer_start)
 
@@ -141,7 +144,8 @@ def worker_section(args: argparse.Namespace, sections: dict[str, Any]) -> dict[s
 
 def trainer_section(args: argparse.Namespace, sections: dict[str, Any]) -> dict[str, Any]:
     section = _section(args, sections, "trainer", ("model_dir", "out_dir", "steps", "lr", "batches_per_step",
-                                                   "step_timeout_s", "sample_rate", "keep_last", *GENERATION))
+                                                   "step_timeout_s", "sample_rate", "keep_last", "ranks",
+                                                   *GENERATION))
     section.setdefault("out_dir", str(args.data_dir / "checkpoints"))
     return section
 

@@ -79,6 +79,7 @@ class DevnetConfig:
     lab: bool = False
     link_mbit: float | None = None  # with lab: every host's upload and download limit
     lab_profile: Path | None = None  # with lab: per-host limits (and NAT) by peer name
+    trainer_ranks: int = 1  # the trainer's learner processes (FSDP2 ranks under torchrun when above 1)
 
     def __post_init__(self) -> None:
         checks = {
@@ -90,6 +91,7 @@ class DevnetConfig:
             "--prompts-per-batch": self.prompts_per_batch >= 1, "--group-size": self.group_size >= 2,
             "--max-new-tokens": self.max_new_tokens >= 1, "--lr": 0 < self.lr < 1,
             "--link-mbit": self.link_mbit is None or self.link_mbit > 0,
+            "--trainer-ranks": 1 <= self.trainer_ranks <= 8,
         }
         from tasks.prompts import check_spec
 
@@ -100,7 +102,7 @@ class DevnetConfig:
         for flag, ok in checks.items():
             if not ok:
                 raise ConfigError(flag, "out of range (workers 1-16, validators 1-8, relays 0-16, "
-                                        "byzantine fewer than workers, steps >= 1, group size >= 2, 0 < lr < 1, "
+                                        "byzantine fewer than workers, trainer ranks 1-8, steps >= 1, group size >= 2, 0 < lr < 1, "
                                         f"keep-last > {ASYNC_LEVEL}, timeouts > 0)")
 
 
@@ -135,6 +137,8 @@ def register(commands) -> None:
     training.add_argument("--max-new-tokens", type=int, metavar="N", default=3, help="generated tokens at most (default 3)")
     training.add_argument("--lr", type=float, default=3e-3, metavar="LR",
                           help="trainer learning rate (default 3e-3, for the tiny model; SmolLM2 wants ~1e-5)")
+    training.add_argument("--trainer-ranks", type=int, default=1, metavar="N",
+                          help="the trainer's learner processes, FSDP2 ranks under torchrun (default 1, at most 8)")
     output = devnet.add_argument_group("time, disk and output")
     output.add_argument("--step-timeout-s", type=float, default=300.0, metavar="S",
                         help="stop when one training step takes longer than this (default 300; the first step "
@@ -164,7 +168,7 @@ def cmd_devnet(args: argparse.Namespace) -> int:
                           step_timeout_s=args.step_timeout_s, timeout_s=args.timeout_s, keep_last=args.keep_last,
                           prompts_per_batch=args.prompts_per_batch, group_size=args.group_size,
                           max_new_tokens=args.max_new_tokens, lr=args.lr, lab=args.lab, link_mbit=args.link_mbit,
-                          lab_profile=args.lab_profile)
+                          lab_profile=args.lab_profile, trainer_ranks=args.trainer_ranks)
     with ExitStack() as stack:
         if args.out is not None:
             root, plot_to = output_dir(args.out), None
@@ -284,7 +288,8 @@ def _plan(config: DevnetConfig, root: Path, model_dir: Path, model_name: str) ->
     plan: list[tuple[str, tuple[str, ...], dict[str, dict[str, Any]]]] = [
         ("trainer", ("relay", "trainer"), {"trainer": {"model_dir": model_dir, "out_dir": root / "trainer" / "ckpt",
                                                        "model_name": model_name, "steps": config.steps,
-                                                       "lr": config.lr, "keep_last": config.keep_last, **task}}),
+                                                       "lr": config.lr, "keep_last": config.keep_last,
+                                                       "ranks": config.trainer_ranks, **task}}),
     ]
     plan += [(f"relay{i}", ("relay",), {}) for i in range(config.relays)]
     plan += [(f"validator{i}", ("relay", "validator"),

@@ -168,11 +168,7 @@ class Learner:
 
     def rewards(self, batch: RolloutBatch) -> list[float]:
         """The trainer's own rewards for every rollout of a batch, from the assigned tasks."""
-        tasks = assign_prompts(batch.worker_id, batch.step, self.config.task_seed, batch.n_prompts,
-                               self.config.tasks)
-        return [reward(tasks[r.row // batch.group_size], self.tokenizer.decode(r.output_ids),
-                       self.config.tasks, chat=self.chat)
-                for r in batch.rollouts]
+        return trainer_rewards(self.config, self.tokenizer, self.chat, batch)
 
     def flush(self) -> None:
         """Wait until every queued version is on disk (raises if a write failed)."""
@@ -194,32 +190,7 @@ class Learner:
 
     def _check(self, batch: RolloutBatch) -> str | None:
         """None if the batch may be trained on, else a short reason (the worker's fault)."""
-        cfg = self.config
-        if batch.model_version > self.version:
-            return "future_version"
-        if not admissible(batch.model_version, self.version, cfg.async_level):
-            return "stale_version"
-        if not admissible(batch.step, self.version, cfg.async_level) or batch.model_version > batch.step:
-            return "wrong_step"
-        if batch.seed != cfg.task_seed:
-            return "wrong_seed"
-        if (batch.worker_id, batch.step) in self._seen:
-            return "duplicate"
-        if (batch.n_prompts != cfg.prompts_per_batch or batch.group_size != cfg.group_size
-                or batch.temperature != cfg.temperature or batch.max_new_tokens != cfg.max_new_tokens):
-            return "wrong_settings"
-        tasks = assign_prompts(batch.worker_id, batch.step, cfg.task_seed, batch.n_prompts, cfg.tasks)
-        expected = prompt_ids_for(tasks, self.tokenizer)
-        vocab = self.tokenizer.vocab_size
-        for r in batch.rollouts:
-            if list(r.prompt_ids) != expected[r.row // batch.group_size]:
-                return "wrong_prompt"
-            n = len(r.output_ids)
-            if not 1 <= n <= cfg.max_new_tokens or len(r.logprobs) != n:
-                return "bad_lengths"
-            if any(not 0 <= t < vocab for t in r.output_ids):
-                return "bad_token"
-        return None
+        return admission_reason(self.config, self.tokenizer, self.version, self._seen, batch)
 
     def _forget_old_keys(self) -> None:
         horizon = self.version - self.config.async_level - 1
@@ -229,32 +200,17 @@ class Learner:
 
     def _train(self, admitted: list[tuple[RolloutBatch, list[float]]]) -> dict[str, float | int]:
         cfg = self.config
-        rows, advs, all_rewards = [], [], []
-        for batch, rewards in admitted:
-            advs.append(group_advantages(torch.tensor(rewards), batch.group_size, cfg.grpo.adv_eps))
-            rows.extend(batch.rollouts)
-            all_rewards.extend(rewards)
-        advantages = torch.cat(advs)
+        rows, advantages, rewards_t = flatten_admitted(admitted, cfg)
         n_tokens = sum(len(r.output_ids) for r in rows)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, clipped = 0.0, 0.0
-        for start in range(0, len(rows), cfg.micro_batch_rows):
-            part = rows[start:start + cfg.micro_batch_rows]
-            ids, mask, old = pack_rows(part, self.tokenizer.pad_id)
-            with self._autocast():
-                logp = sequence_logprobs(self.model, ids, cfg.temperature)
-            if not cfg.use_worker_logprobs:
-                old = logp.detach()
-            loss, ls = grpo_loss(logp, old, advantages[start:start + len(part)], mask, cfg.grpo)
-            weight = ls.n_tokens / max(n_tokens, 1)
-            (loss * weight).backward()
-            loss_sum += ls.loss * weight
-            clipped += ls.clip_fraction * weight
+        micro = [MicroBatch(rows[s:s + cfg.micro_batch_rows], advantages[s:s + cfg.micro_batch_rows])
+                 for s in range(0, len(rows), cfg.micro_batch_rows)]
+        loss_sum, clipped = backward_micro_batches(self.model, micro, n_tokens, cfg, self.tokenizer.pad_id,
+                                                   self._autocast)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.model.eval()
-        rewards_t = torch.tensor(all_rewards)
         return dict(n_rollouts=len(rows), n_tokens=n_tokens, reward_mean=float(rewards_t.mean()),
                     accuracy=float((rewards_t == 1.0).float().mean()), loss=loss_sum,
                     clip_fraction=clipped, grad_norm=float(grad_norm))
@@ -294,6 +250,93 @@ class Learner:
                     params[name].copy_(tensor)
         self.optimizer.load_state_dict(saved["optimizer"])
 
+
+
+# -- shared by the one-process learner and the sharded one (trainer.sharded) -------------------
+
+def admission_reason(cfg: LearnerConfig, tokenizer, version: int, seen: set[tuple[str, int]],
+                     batch: RolloutBatch) -> str | None:
+    """None if `batch` may train the step after `version`, else a short reason (the worker's
+    fault). Deterministic: every rank of a sharded learner reaches the same answer."""
+    if batch.model_version > version:
+        return "future_version"
+    if not admissible(batch.model_version, version, cfg.async_level):
+        return "stale_version"
+    if not admissible(batch.step, version, cfg.async_level) or batch.model_version > batch.step:
+        return "wrong_step"
+    if batch.seed != cfg.task_seed:
+        return "wrong_seed"
+    if (batch.worker_id, batch.step) in seen:
+        return "duplicate"
+    if (batch.n_prompts != cfg.prompts_per_batch or batch.group_size != cfg.group_size
+            or batch.temperature != cfg.temperature or batch.max_new_tokens != cfg.max_new_tokens):
+        return "wrong_settings"
+    tasks = assign_prompts(batch.worker_id, batch.step, cfg.task_seed, batch.n_prompts, cfg.tasks)
+    expected = prompt_ids_for(tasks, tokenizer)
+    vocab = tokenizer.vocab_size
+    for r in batch.rollouts:
+        if list(r.prompt_ids) != expected[r.row // batch.group_size]:
+            return "wrong_prompt"
+        n = len(r.output_ids)
+        if not 1 <= n <= cfg.max_new_tokens or len(r.logprobs) != n:
+            return "bad_lengths"
+        if any(not 0 <= t < vocab for t in r.output_ids):
+            return "bad_token"
+    return None
+
+
+def trainer_rewards(cfg: LearnerConfig, tokenizer, chat: bool, batch: RolloutBatch) -> list[float]:
+    """The trainer's own rewards for every rollout of a batch, from the assigned tasks."""
+    tasks = assign_prompts(batch.worker_id, batch.step, cfg.task_seed, batch.n_prompts, cfg.tasks)
+    return [reward(tasks[r.row // batch.group_size], tokenizer.decode(r.output_ids), cfg.tasks, chat=chat)
+            for r in batch.rollouts]
+
+
+def flatten_admitted(admitted: Sequence[tuple[RolloutBatch, list[float]]],
+                     cfg: LearnerConfig) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """(every rollout in order, its group-normalised advantage, its reward)."""
+    rows, advs, all_rewards = [], [], []
+    for batch, rewards in admitted:
+        advs.append(group_advantages(torch.tensor(rewards), batch.group_size, cfg.grpo.adv_eps))
+        rows.extend(batch.rollouts)
+        all_rewards.extend(rewards)
+    return rows, torch.cat(advs), torch.tensor(all_rewards)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rollouts run through one forward and backward pass. `live=False` marks a placeholder: a
+    rank of a sharded learner with no rows left still runs the pass (the others wait on its
+    collectives) with every token masked out, so it adds nothing to the gradient."""
+
+    rows: Sequence
+    advantages: torch.Tensor
+    live: bool = True
+
+
+def backward_micro_batches(model, micro: Sequence[MicroBatch], n_tokens: int, cfg: LearnerConfig, pad_id: int,
+                           autocast: Callable[[], contextlib.AbstractContextManager],
+                           loss_scale: float = 1.0) -> tuple[float, float]:
+    """Accumulate the gradient of the token-mean GRPO loss over `n_tokens` (the whole step's
+    tokens, not only these rows') times `loss_scale`; returns (this share of the loss, of the
+    clip fraction), unscaled."""
+    device = next(model.parameters()).device
+    loss_sum, clipped = 0.0, 0.0
+    for part in micro:
+        ids, mask, old = pack_rows(part.rows, pad_id)
+        ids, mask, old = ids.to(device), mask.to(device), old.to(device)
+        if not part.live:
+            mask = torch.zeros_like(mask)
+        with autocast():
+            logp = sequence_logprobs(model, ids, cfg.temperature)
+        if not cfg.use_worker_logprobs or not part.live:
+            old = logp.detach()
+        loss, ls = grpo_loss(logp, old, part.advantages.to(device), mask, cfg.grpo)
+        weight = ls.n_tokens / max(n_tokens, 1)
+        (loss * (weight * loss_scale)).backward()
+        loss_sum += ls.loss * weight
+        clipped += ls.clip_fraction * weight
+    return loss_sum, clipped
 
 def pack_rows(rows, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded prompt+output ids [N, L] and, aligned with next-token positions [N, L-1],

@@ -6,8 +6,9 @@ and never runs more than `async_level` versions behind the newest it knows. A ve
 not load (a chunk rotten on disk, files safetensors refuses, tensors that do not fit the model)
 is rejected: logged, listed in `rejected_versions`, and the worker keeps the version it has; it
 tries that version again only once its files change (the relay fetched them again). `TrainerRole` runs
-the `Intake` core, trains (GRPO, `trainer.learner`) only on batches validators accepted, and
-publishes every new version through the relay role; the checkpoint write and the publish run
+the `Intake` core, trains (GRPO, `trainer.learner`, or with `ranks` above 1 a torchrun group of
+FSDP2 ranks, `trainer.ranks`) only on batches validators accepted, and publishes every new version
+through the relay role; the checkpoint write and the publish run
 beside the next step, never in its way. Both need the relay role in the same peer.
 
 A worker's `byzantine` setting exists for devnets and tests that must show cheaters caught: it
@@ -244,9 +245,12 @@ class TrainerConfig:
     ban_after_failures: int = 2  # rejected batches after which a worker's batches are refused
     keep_last: int = 0  # checkpoint versions kept in out_dir (0: async_level + 2); older ones are deleted
     keep_optimizer_states: int = 1  # versions that keep optimizer.pt (0: all kept); resuming needs the newest
+    ranks: int = 1  # learner processes: above 1, a torchrun group of FSDP2 ranks (one GPU each where CUDA is, else CPU) with DCP checkpoints in out_dir/sharded/
 
     def check(self) -> dict[str, str]:
         problems = {}
+        if self.ranks < 1:
+            problems["ranks"] = "must be >= 1"
         if self.keep_last and self.keep_last <= self.async_level:
             problems["keep_last"] = f"must be 0 or exceed async_level ({self.async_level})"
         if self.keep_optimizer_states < 0:
@@ -296,6 +300,10 @@ class TrainerRole:
                                keep_last=cfg.keep_last or cfg.async_level + 2,
                                keep_optimizer_states=cfg.keep_optimizer_states,
                                max_shard_bytes=cfg.max_shard_bytes, tasks=TaskConfig.from_spec(cfg.tasks))
+        if cfg.ranks > 1:
+            from trainer.ranks import GroupConfig, LearnerGroup
+
+            return LearnerGroup(config, cfg.model_dir, cfg.out_dir, GroupConfig(ranks=cfg.ranks))
         return Learner(config, cfg.model_dir, cfg.out_dir)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -319,6 +327,7 @@ class TrainerRole:
                     nursery.start_soon(self._flush_and_publish, stats.version)
             self.done = True
             log.info("trainer: reached %d steps", self.config.steps)
+        await trio.to_thread.run_sync(self.learner.close)  # a learner group's ranks checkpoint and exit
 
     async def _gather(self, runner: Any) -> list[Any]:
         """Admitted batches for this step, once every live worker's batch is decided (or on timeout)."""
@@ -390,7 +399,7 @@ class TrainerRole:
     def status(self) -> dict[str, Any]:
         steps = [dict(h, propagation_s=self.propagation_s(h["step"]), **self.publish_timing.get(h["version"], {}))
                  for h in self.history]
-        return {"version": self.version, "steps_target": self.config.steps, "done": self.done,
+        return {"version": self.version, "steps_target": self.config.steps, "done": self.done, "ranks": self.config.ranks,
                 "history": steps, "workers": self.intake.workers_json(), "dropped": dict(self.intake.dropped),
                 **self.contributions_json()}
 
