@@ -1,12 +1,17 @@
 """The all-reduce of one DiLoCo round, and who takes part in it: pure state machines.
 
-Theory of operation. `Membership` decides a round's members. A peer that finished its inner
-steps sends `Join(round, digest of its global weights)` to every trainer peer it knows; the
-members are decided once a Join arrived from every peer it expects (the trainer peers of its
-peer table), or at the join deadline. The reference digest is the one most joins carry (ties:
-the lowest peer id's); the members are the peers that carry it. A peer whose own digest is not
-the reference has drifted (it missed a round, or resumed from an older checkpoint): it sits the
-round out and fetches the state from a member instead.
+Theory of operation. A round's members are decided by one peer, the round's leader: the
+lowest peer id among the trainer peers a peer expects and does not take for dead. A peer that
+finished its inner steps sends `Join(round, digest of its global weights, the peers it
+expects)` to every trainer peer it knows. The leader's `Membership` collects them; once a Join
+arrived from every peer it expects (its own list and the peers the Joins name), or at the join
+deadline, the leader decides: the reference digest is the one most Joins carry (ties: the
+lowest peer id's), the members are the peers that carry it, and it sends `Members` to everyone
+that joined. One decision, so every member runs the all-reduce over the same list. A newcomer
+whose Join reaches the leader in time takes part at once. A peer whose digest is not the
+reference (it missed a round, or resumed from an older checkpoint), or that is left out, sits
+the round out and fetches the state from a member instead. A follower that hears no Members
+by twice the deadline takes the leader for dead and the next lowest peer leads.
 
 `AllReduce` averages one vector over the members by reduce-scatter then all-gather. The
 vector is cut into one contiguous shard per member; shard i is first owned by members[i].
@@ -84,33 +89,48 @@ class Finished:
 # -- membership -------------------------------------------------------------------------------
 
 
+def leader_of(candidates: set[str]) -> str:
+    """The round's leader among the peers a peer expects (itself included) and trusts alive."""
+    return min(candidates)
+
+
 class Membership:
-    """The members of one round, decided from the Joins that arrive by a deadline."""
+    """The members of one round as its leader decides them, from the Joins that arrive by a deadline."""
 
     def __init__(self, self_id: str, round: int, weights_digest: bytes, now: float, deadline_s: float) -> None:
         self.self_id = self_id
         self.round = round
         self.joins: dict[str, bytes] = {self_id: weights_digest}
         self.deadline_at = now + deadline_s
-        self.expected: set[str] = set()
+        self.known: set[str] = set()
+        self.told: set[str] = set()  # peers named in the Joins we received
+        self.excluded: set[str] = set()
 
-    def expect(self, peers: set[str]) -> None:
-        """The trainer peers we know of now (refreshed by the shell from its peer table)."""
-        self.expected = set(peers) - {self.self_id}
+    @property
+    def expected(self) -> set[str]:
+        return (self.known | self.told) - self.excluded - {self.self_id}
+
+    def expect(self, peers: set[str], excluded: set[str] = frozenset()) -> None:
+        """The trainer peers we know of now, and those we take for dead (refreshed by the shell)."""
+        self.known = set(peers)
+        self.excluded = set(excluded) - set(self.joins)
 
     def receive(self, sender: str, join: Join) -> None:
         if join.round == self.round:
             self.joins[sender] = join.weights_digest
+            self.told |= set(join.known)
+            self.excluded.discard(sender)
 
     def decided(self, now: float) -> tuple[tuple[str, ...], bytes] | None:
         """(members, reference digest) once every expected peer joined or at the deadline."""
         if not self.expected <= set(self.joins) and now < self.deadline_at:
             return None
-        counts = Counter(self.joins.values())
+        joins = self.joins
+        counts = Counter(joins.values())
         best = max(counts.values())
         tied = {d for d, c in counts.items() if c == best}
-        reference = self.joins[min(p for p, d in self.joins.items() if d in tied)]
-        return tuple(sorted(p for p, d in self.joins.items() if d == reference)), reference
+        reference = joins[min(p for p, d in joins.items() if d in tied)]
+        return tuple(sorted(p for p, d in joins.items() if d == reference)), reference
 
 
 # -- the all-reduce ---------------------------------------------------------------------------

@@ -22,14 +22,34 @@ STAGE_REDUCED = 1  # the owner's mean of one shard, to every member
 @dataclass(frozen=True)
 class Join:
     """`sender` finished its inner steps of `round`, starting from global weights whose
-    digest is `weights_digest` (16 bytes), and asks to take part in the all-reduce."""
+    digest is `weights_digest` (16 bytes), and asks to take part in the all-reduce. `known`
+    are the trainer peers it knows of: the receiver waits for their Joins too."""
 
     round: int
     weights_digest: bytes
+    known: tuple[str, ...]
 
     def __post_init__(self) -> None:
         if self.round < 0 or len(self.weights_digest) != 16:
             raise ValueError("a Join needs round >= 0 and a 16-byte digest")
+        if len(self.known) > 256 or any(len(p) > 64 for p in self.known):
+            raise ValueError("a Join names at most 256 known peers")
+
+
+@dataclass(frozen=True)
+class Members:
+    """The round's leader decided: `members` (sorted) average this round, all starting from
+    the global weights whose digest is `weights_digest`."""
+
+    round: int
+    weights_digest: bytes
+    members: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.round < 0 or len(self.weights_digest) != 16 or not self.members:
+            raise ValueError("Members needs round >= 0, a 16-byte digest and at least one member")
+        if len(self.members) > 256 or list(self.members) != sorted(set(self.members)):
+            raise ValueError("members must be sorted, unique, at most 256")
 
 
 @dataclass(frozen=True)
@@ -90,7 +110,8 @@ class StatePiece:
             raise ValueError("state piece bytes do not match its length")
 
 
-message("diloco/join", max_bytes=1024)(Join)
+message("diloco/join", max_bytes=256 * 64 + 1024)(Join)
+message("diloco/members", max_bytes=256 * 64 + 1024)(Members)
 message("diloco/part", max_bytes=MAX_PART_BYTES + 64 * 1024)(Part)
 message("diloco/state_request", max_bytes=512)(StateRequest)
 STATE_PIECE_VALUES = PIECE_VALUES // 4  # weights + momentum: 2 x 256 KiB per piece

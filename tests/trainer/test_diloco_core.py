@@ -188,12 +188,14 @@ def test_membership_waits_for_expected_peers_and_drops_a_drifted_one():
     same, other = b"a" * 16, b"b" * 16
     m = Membership("peer0", 2, same, now=0.0, deadline_s=10.0)
     m.expect({"peer1", "peer2", "peer3"})
-    m.receive("peer1", Join(2, same))
-    m.receive("peer2", Join(1, same))  # an older round does not count
+    m.receive("peer1", Join(2, same, ("peer0", "peer4")))  # peer1 knows of peer4, which we have not heard of
+    m.receive("peer2", Join(1, same, ()))  # an older round does not count
     assert m.decided(1.0) is None
-    m.receive("peer2", Join(2, other))
-    m.receive("peer3", Join(2, same))
-    assert m.decided(1.0) == (("peer0", "peer1", "peer3"), same)
+    m.receive("peer2", Join(2, other, ()))
+    m.receive("peer3", Join(2, same, ()))
+    assert m.decided(1.0) is None  # still waiting for peer4
+    m.receive("peer4", Join(2, same, ()))
+    assert m.decided(1.0) == (("peer0", "peer1", "peer3", "peer4"), same)
     late = Membership("peer0", 2, same, now=0.0, deadline_s=10.0)
-    late.expect({"peer1"})
+    late.expect({"peer1", "peer2"}, excluded={"peer2"})  # peer2 failed us: not waited for
     assert late.decided(9.9) is None and late.decided(10.0) == (("peer0",), same)
