@@ -59,20 +59,20 @@ INBOX = 256
 class DilocoConfig:
     model_dir: Path  # the starting model folder (round 0's global weights)
     out_dir: Path  # the durable global state, and published versions v{round}/ on the publisher
-    model_name: str = "tiny"
+    model_name: str = "tiny"  # the model name in published manifests
     rounds: int = 10  # outer rounds, then stop training (the peer keeps serving its state)
     inner_steps: int = 20  # H: inner AdamW steps per round
-    inner_lr: float = 3e-3
-    batch_size: int = 32
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    inner_lr: float = 3e-3  # inner AdamW learning rate
+    batch_size: int = 32  # sequences per inner step
+    outer_lr: float = 0.7  # outer Nesterov SGD learning rate (DiLoCo's default)
+    outer_momentum: float = 0.9  # outer Nesterov momentum (DiLoCo's default)
     encoding: str = "int8"  # how pseudo-gradients travel: int8 (per-block scales) or fp32
     block: int = 4096  # values per int8 scale
     deadline_s: float = 30.0  # join and reduce deadline; an owner is taken for dead after twice this
     data_seed: int = -1  # this peer's data shard (-1: derived from its peer id)
     publish: bool = False  # publish each round's global weights through this peer's relay role
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
-    max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' median are rejected
+    max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
 
     def check(self) -> dict[str, str]:
         problems = {}
