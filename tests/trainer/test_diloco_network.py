@@ -83,3 +83,32 @@ async def test_trainer_peers_finish_rounds_when_one_dies_mid_round_and_one_joins
     assert rows[ROUNDS - 1]["loss"] < rows[0]["loss"]
     assert all(row["bytes_sent"] > 0 for row in rows.values())
     nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_sending_outsized_pseudo_gradients_is_left_out_penalised_and_banned(tmp_path, model_dir, nursery):
+    rounds = 6
+    sections = {name: _section(tmp_path, model_dir, name, min_peers=3) for name in ("h0", "h1", "cheat")}
+    for section in sections.values():
+        section["diloco"]["rounds"] = rounds
+    first = await _start(nursery, tmp_path, "h0", sections["h0"])
+    boot = (first.host.addrs()[0],)
+    second = await _start(nursery, tmp_path, "h1", sections["h1"], boot)
+    cheat = await _start(nursery, tmp_path, "cheat", sections["cheat"], boot)
+    cheat_role = cheat.roles["diloco"]
+    original = cheat_role._all_reduce
+
+    async def outsized(round, members, pseudo, *rest):
+        return await original(round, members, pseudo * 1000.0, *rest)
+
+    cheat_role._all_reduce = outsized
+    honest = [first.roles["diloco"], second.roles["diloco"]]
+    await _until(lambda: all(r.done for r in honest), "the honest peers done")
+
+    assert honest[0].status()["weights_digest"] == honest[1].status()["weights_digest"]
+    for role, node in zip(honest, (first, second)):
+        assert role.rejected.get("norm_outlier", 0) >= 1  # checked before reduction, and named
+        assert all(cheat.peer_id not in row["contributors"] for row in role.history)
+        assert node.peertable.is_banned(cheat.peer_id, trio.current_time())  # penalised until banned
+    rows = honest[0].history
+    assert rows[-1]["loss"] < rows[0]["loss"] * 1.2 and all(row["loss"] < 10 for row in rows)
+    nursery.cancel_scope.cancel()
