@@ -199,3 +199,18 @@ def test_membership_waits_for_expected_peers_and_drops_a_drifted_one():
     late = Membership("peer0", 2, same, now=0.0, deadline_s=10.0)
     late.expect({"peer1", "peer2"}, excluded={"peer2"})  # peer2 failed us: not waited for
     assert late.decided(9.9) is None and late.decided(10.0) == (("peer0",), same)
+
+
+def test_global_state_is_written_atomically_and_read_back(tmp_path):
+    from trainer.diloco_local import STATE_FILE, GlobalState, read_state, write_state
+
+    assert read_state(tmp_path, 10) is None
+    first = GlobalState(3, torch.arange(10.0), torch.ones(10))
+    write_state(tmp_path, first)
+    (tmp_path / f".{STATE_FILE}.999.tmp").write_bytes(b"half a write")  # a crash mid-write leaves only this
+    back = read_state(tmp_path, 10)
+    assert back.round == 3 and torch.equal(back.weights, first.weights) and torch.equal(back.momentum, first.momentum)
+    write_state(tmp_path, GlobalState(4, torch.zeros(10), torch.zeros(10)))
+    assert read_state(tmp_path, 10).round == 4
+    with pytest.raises(ValueError):
+        read_state(tmp_path, 11)  # another model's state is refused, not loaded
