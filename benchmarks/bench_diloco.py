@@ -17,7 +17,7 @@ number of inner steps:
 Must not: download anything. Heavy: run it under `flock /tmp/p2pnet-cpu.lock`.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_diloco.py --peers 4 --rounds 15 --inner-steps 20 \\
-         --json results.json --plot docs/img/diloco.png
+         --net-rounds 30 --json results.json --plot docs/img/diloco.png
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ def run_faults(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from trainer.devnet_diloco import DilocoDevnetConfig, run_diloco_devnet
 
     rng = random.Random(args.seed)
-    kill_at = rng.randint(1, max(1, args.net_rounds // 2))
-    join_at = min(args.net_rounds - 2, kill_at + 2)
+    kill_at = rng.randint(1, max(1, args.net_rounds // 3))
+    join_at = min(args.net_rounds - 2, kill_at + 2)  # early enough to take part: a new process needs seconds
     config = DilocoDevnetConfig(trainers=args.peers, inner_steps=args.inner_steps, rounds=args.net_rounds,
                                 relays=1, model=args.model, encoding="int8", inner_lr=args.inner_lr,
                                 batch_size=args.batch_size, kill_at_round=kill_at, join_at_round=join_at,
@@ -225,7 +225,7 @@ def main() -> None:
     parser.add_argument("--inner-lr", type=float, default=3e-3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--net-rounds", type=int, default=12, help="rounds of the real-network run (0: skip it)")
+    parser.add_argument("--net-rounds", type=int, default=30, help="rounds of the real-network run (0: skip it)")
     parser.add_argument("--deadline-s", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
