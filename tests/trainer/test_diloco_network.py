@@ -112,3 +112,36 @@ async def test_a_peer_sending_outsized_pseudo_gradients_is_left_out_penalised_an
     rows = honest[0].history
     assert rows[-1]["loss"] < rows[0]["loss"] * 1.2 and all(row["loss"] < 10 for row in rows)
     nursery.cancel_scope.cancel()
+
+
+async def test_a_leader_that_dies_before_deciding_is_replaced(tmp_path, model_dir, nursery):
+    rounds = 4
+    scopes = {name: trio.CancelScope() for name in ("l0", "l1", "l2")}
+    sections = {name: _section(tmp_path, model_dir, name, min_peers=3) for name in scopes}
+    for section in sections.values():
+        section["diloco"]["rounds"] = rounds
+    nodes = {"l0": await _start(nursery, tmp_path, "l0", sections["l0"], scope=scopes["l0"])}
+    boot = (nodes["l0"].host.addrs()[0],)
+    for name in ("l1", "l2"):
+        nodes[name] = await _start(nursery, tmp_path, name, sections[name], boot, scopes[name])
+    leader = min(nodes, key=lambda n: nodes[n].peer_id)  # the lowest peer id leads while it lives
+    role = nodes[leader].roles["diloco"]
+    original, stalled = role._decide, trio.Event()
+
+    async def stall_at_round_1(round, *args):
+        if round == 1:
+            stalled.set()
+            await trio.sleep_forever()
+        return await original(round, *args)
+
+    role._decide = stall_at_round_1
+    with trio.fail_after(300):
+        await stalled.wait()
+    scopes[leader].cancel()
+    survivors = [nodes[n].roles["diloco"] for n in nodes if n != leader]
+    await _until(lambda: all(r.done for r in survivors), "the survivors done")
+    assert survivors[0].status()["weights_digest"] == survivors[1].status()["weights_digest"]
+    for r in survivors:
+        assert [row["round"] for row in r.history] == list(range(rounds))
+        assert all(nodes[leader].peer_id not in row["members"] for row in r.history[1:])
+    nursery.cancel_scope.cancel()
