@@ -15,7 +15,7 @@ HEARTBEAT_TOPIC = "p2pnet/v1/heartbeat"
 MAX_ROLES = 16
 MAX_ADDRS = 16
 MAX_NAME_CHARS = 64
-ROLE_NAMES = ("relay", "worker", "validator", "trainer")
+ROLE_NAMES = ("relay", "worker", "validator", "trainer", "diloco")
 
 
 @dataclass(frozen=True, slots=True)

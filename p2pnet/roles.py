@@ -24,6 +24,7 @@ ROLE_FACTORIES = {
     "worker": "trainer.roles:WorkerRole",
     "validator": "verify.daemon:ValidatorRole",
     "trainer": "trainer.roles:TrainerRole",
+    "diloco": "trainer.diloco_role:DilocoRole",
 }
 
 
@@ -33,6 +34,7 @@ ROLE_CONFIGS = {
     "worker": "trainer.roles:WorkerConfig",
     "validator": "verify.daemon:ValidatorConfig",
     "trainer": "trainer.roles:TrainerConfig",
+    "diloco": "trainer.diloco_role:DilocoConfig",
 }
 PEER_SECTIONS = ("peer", "peertable")  # checked by the command that starts the peer
 

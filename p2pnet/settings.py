@@ -51,6 +51,10 @@ SUMMARIES = {
                  "submissions are checked, and the proof thresholds.",
     "trainer": "The trainer role (`p2pnet trainer start`): the starting model, where checkpoints are written, "
                "the training settings, and how batches are admitted.",
+    "diloco": "The diloco role (`--role diloco`, `p2pnet devnet --trainers N`): one trainer peer of a DiLoCo "
+              "group: inner steps on its own data shard, pseudo-gradients averaged with the other trainer peers "
+              "over the data plane each round, an outer Nesterov step; with `publish`, the global weights go out "
+              "through this peer's relay role.",
 }
 
 # keys whose class has no comment beside them
@@ -60,7 +64,7 @@ DESCRIPTIONS: dict[str, str] = {
     "peer.listen": "libp2p listen multiaddr; /ip4/0.0.0.0/tcp/4001 listens on every interface and advertises "
                    "each interface's address",
     "peer.bootstrap": "full multiaddrs (with /p2p/ID) of peers to join through; any one is enough",
-    "peer.roles": "roles this peer runs: relay, worker, validator, trainer",
+    "peer.roles": "roles this peer runs: relay, worker, validator, trainer, diloco",
     "peer.data_port": "data-plane TCP port (0: any free port)",
     "peer.upload_bps": "upload bandwidth to advertise, bytes/s",
     "peer.download_bps": "download bandwidth to advertise, bytes/s",

@@ -125,7 +125,16 @@ def register(commands) -> None:
     net.add_argument("--validators", type=int, metavar="N", default=1, help="validators (default 1)")
     net.add_argument("--relays", type=int, metavar="N", default=1, help="relay-only peers (default 1)")
     training = devnet.add_argument_group("training")
-    training.add_argument("--steps", type=int, metavar="N", default=30, help="training steps (default 30)")
+    training.add_argument("--steps", type=int, metavar="N", default=30,
+                          help="training steps (default 30); with --trainers above 1, outer DiLoCo rounds")
+    training.add_argument("--trainers", type=int, metavar="N", default=1,
+                          help="trainer peers (default 1: one GRPO trainer fed by workers). Above 1: a DiLoCo group "
+                          "that averages int8 pseudo-gradients over the data plane each round; trainer0 publishes "
+                          "the global weights through the relays (workers and validators are not started)")
+    training.add_argument("--inner-steps", type=int, metavar="H", default=20,
+                          help="with --trainers above 1: inner AdamW steps per round on each trainer (default 20)")
+    training.add_argument("--encoding", choices=("int8", "fp32"), default="int8",
+                          help="with --trainers above 1: how pseudo-gradients travel (default int8)")
     training.add_argument("--model", default="tiny", metavar="NAME|DIR",
                           help="tiny, micro, small, or the path of a model folder (`p2pnet model prepare smollm2`)")
     training.add_argument("--seed", type=int, metavar="N", default=0, help="task seed of the network (default 0)")
@@ -163,6 +172,8 @@ def register(commands) -> None:
 
 
 def cmd_devnet(args: argparse.Namespace) -> int:
+    if args.trainers != 1:
+        return _cmd_diloco(args)
     config = DevnetConfig(steps=args.steps, workers=args.workers, validators=args.validators, relays=args.relays,
                           byzantine=args.byzantine, model=args.model, tasks=args.tasks, seed=args.seed,
                           step_timeout_s=args.step_timeout_s, timeout_s=args.timeout_s, keep_last=args.keep_last,
@@ -190,6 +201,30 @@ def cmd_devnet(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2))
         print(f"summary written to {args.json}")
+    return 0 if summary["ok"] else 1
+
+
+def _cmd_diloco(args: argparse.Namespace) -> int:
+    from trainer.devnet_diloco import DilocoDevnetConfig, run_diloco_devnet
+
+    if args.lab:
+        raise ConfigError("--lab", "the DiLoCo devnet (--trainers above 1) runs on loopback only for now")
+    config = DilocoDevnetConfig(trainers=args.trainers, inner_steps=args.inner_steps, rounds=args.steps,
+                                relays=args.relays, model=args.model, encoding=args.encoding,
+                                step_timeout_s=args.step_timeout_s, seed=args.seed)
+    with ExitStack() as stack:
+        root = output_dir(args.out) if args.out is not None else Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="p2pnet-diloco-")))
+        summary = run_diloco_devnet(config, root)
+        kept = args.out
+        if summary.get("stopped") and kept is None:
+            kept = keep_for_inspection(root, Path.cwd() / time.strftime("devnet-stopped-%Y%m%d-%H%M%S"))
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2))
+        print(f"summary written to {args.json}")
+    if summary.get("stopped"):
+        raise PeerUnavailable(f"devnet stopped: {summary['stopped']}; the summary so far and every peer's log "
+                              f"are in {kept}")
     return 0 if summary["ok"] else 1
 
 

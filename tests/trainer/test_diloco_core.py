@@ -1,0 +1,216 @@
+"""DiLoCo's pure cores: int8 quantization, the outer Nesterov step, contribution checks, and the
+all-reduce state machine driven in memory (several peers, a dead one, a cheating one)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, shard_bounds
+from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Rejection, check_contribution,
+                            max_quantization_error, pack, packed_bytes, unpack)
+from trainer.diloco_messages import PIECE_VALUES, Join
+
+
+def test_int8_error_is_within_half_a_block_scale_and_bytes_are_a_quarter():
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randn(300_001, generator=gen) * torch.linspace(0.01, 3.0, 300_001)
+    packed = pack(v, Encoding.INT8, 4096)
+    back = unpack(packed)
+    err = (back - v).abs()
+    # per block: at most half that block's scale
+    for start in range(0, v.numel(), 4096):
+        block = v[start:start + 4096]
+        assert float(err[start:start + 4096].max()) <= float(block.abs().max()) / 127 / 2 * 1.0001
+    assert float(err.max()) <= max_quantization_error(v, 4096)
+    assert packed.nbytes == packed_bytes(v.numel(), Encoding.INT8, 4096)
+    assert 3.9 < packed_bytes(v.numel(), Encoding.FP32) / packed.nbytes < 4.0
+    assert torch.equal(unpack(pack(v, Encoding.FP32)), v)
+
+
+def test_unpack_refuses_sizes_that_do_not_add_up():
+    packed = pack(torch.ones(10), Encoding.INT8, 4096)
+    with pytest.raises(ValueError):
+        unpack(type(packed)(packed.encoding, 11, packed.block, packed.values, packed.scales))
+
+
+def test_outer_step_matches_torch_sgd_nesterov():
+    gen = torch.Generator().manual_seed(1)
+    weights = torch.randn(50, generator=gen)
+    param = torch.nn.Parameter(weights.clone())
+    sgd = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=True)
+    outer = OuterOptimizer(OuterConfig(), 50)
+    g = weights.clone()
+    for _ in range(4):
+        delta = torch.randn(50, generator=gen)
+        param.grad = delta.clone()
+        sgd.step()
+        g = outer.step(g, delta)
+    assert torch.allclose(g, param.detach(), atol=1e-5)
+
+
+def test_contribution_checks_name_the_fault():
+    others = [1.0, 1.1, 0.9]
+    assert check_contribution(torch.ones(4) / 2, 4, others) is None
+    assert check_contribution(torch.ones(5), 4, others) is Rejection.WRONG_SHAPE
+    assert check_contribution(torch.tensor([1.0, math.nan, 0, 0]), 4, others) is Rejection.NOT_FINITE
+    assert check_contribution(torch.tensor([1.0, math.inf, 0, 0]), 4, others) is Rejection.NOT_FINITE
+    assert check_contribution(torch.ones(4) * 100, 4, others) is Rejection.NORM_OUTLIER
+
+
+def _peers(n: int) -> list[str]:
+    return [f"peer{i}" for i in range(n)]
+
+
+def _run(reducers: dict[str, AllReduce], *, dead: set[str] = frozenset(), drop_to: set[str] = frozenset(),
+         max_time: float = 1000.0) -> tuple[dict[str, Finished], list[tuple[str, Penalise]]]:
+    """Deliver every Send in memory, in order; a `dead` peer neither sends nor receives, and its
+    senders learn it at once when `drop_to` lists it (a refused connection) or by deadlines."""
+    now = 0.0
+    queue: list[tuple[str, object]] = []
+    finished: dict[str, Finished] = {}
+    penalties: list[tuple[str, Penalise]] = []
+    for peer, r in reducers.items():
+        if peer not in dead:
+            queue += [(peer, e) for e in r.start(now)]
+    while len(finished) < len(reducers) - len(dead) and now < max_time:
+        while queue:
+            origin, effect = queue.pop(0)
+            if isinstance(effect, Send):
+                if effect.peer in dead:
+                    if effect.peer in drop_to:
+                        queue += [(origin, e) for e in reducers[origin].peer_failed(now, effect.peer)]
+                    continue
+                queue += [(effect.peer, e) for e in reducers[effect.peer].receive(now, origin, effect.body)]
+            elif isinstance(effect, Finished):
+                finished[origin] = effect
+            elif isinstance(effect, Penalise):
+                penalties.append((origin, effect))
+        live = [r for p, r in reducers.items() if p not in dead]
+        now = max(now, min(r.next_deadline() for r in live)) if live else max_time
+        for peer, r in reducers.items():
+            if peer not in dead:
+                queue += [(peer, e) for e in r.tick(now)]
+    return finished, penalties
+
+
+def _vectors(n: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {p: torch.randn(length, generator=gen) for p in _peers(n)}
+
+
+@pytest.mark.parametrize("encoding", [Encoding.INT8, Encoding.FP32])
+def test_all_reduce_gives_everyone_the_same_mean_within_int8_error(encoding):
+    vectors = _vectors(4, PIECE_VALUES * 2 + 123)  # shards of several pieces
+    members = tuple(sorted(vectors))
+    cfg = AllReduceConfig(encoding=encoding)
+    reducers = {p: AllReduce(p, 3, members, v, cfg) for p, v in vectors.items()}
+    finished, penalties = _run(reducers)
+    assert set(finished) == set(members) and not penalties
+    exact = torch.stack(list(vectors.values())).mean(0)
+    means = [f.mean for f in finished.values()]
+    assert all(torch.equal(m, means[0]) for m in means)  # bit-identical on every peer
+    bound = 2 * max_quantization_error(torch.stack(list(vectors.values())).abs().amax(0)) + 1e-6
+    tolerance = bound if encoding is Encoding.INT8 else 1e-6
+    assert float((means[0] - exact).abs().max()) <= tolerance
+    assert all(f.contributors == (members,) * 4 for f in finished.values())
+    # reduce-scatter + all-gather: 2 (N-1)/N of the vector per peer, not (N-1) x the vector
+    one = packed_bytes(exact.numel(), encoding)
+    for r in reducers.values():
+        assert r.bytes_sent <= 2 * 3 / 4 * one * 1.01 + 64
+
+
+def test_a_dead_peer_s_shard_is_redone_by_its_successor():
+    vectors = _vectors(4, 10_000, seed=2)
+    members = tuple(sorted(vectors))
+    reducers = {p: AllReduce(p, 0, members, v, AllReduceConfig(deadline_s=5.0)) for p, v in vectors.items()}
+    # peer1 dies before the round: nobody can reach it (some learn by a refused send, all by deadlines)
+    finished, _ = _run(reducers, dead={"peer1"})
+    assert set(finished) == {"peer0", "peer2", "peer3"}
+    means = [f.mean for f in finished.values()]
+    assert all(torch.equal(m, means[0]) for m in means)
+    survivors = ("peer0", "peer2", "peer3")
+    exact = torch.stack([vectors[p] for p in survivors]).mean(0)
+    assert float((means[0] - exact).abs().max()) < 0.05
+    for f in finished.values():
+        assert all(c == survivors for c in f.contributors)
+    assert all(r.shards[1].owner == "peer2" for p, r in reducers.items() if p != "peer1")  # the next in the chain
+
+
+def test_a_refused_connection_reassigns_at_once():
+    vectors = _vectors(3, 999, seed=3)
+    members = tuple(sorted(vectors))
+    reducers = {p: AllReduce(p, 0, members, v, AllReduceConfig(deadline_s=5.0)) for p, v in vectors.items()}
+    finished, _ = _run(reducers, dead={"peer2"}, drop_to={"peer2"})
+    assert set(finished) == {"peer0", "peer1"}
+    assert reducers["peer0"].shards[2].owner == "peer0"  # the chain wraps around
+    assert all(torch.equal(finished["peer0"].mean, f.mean) for f in finished.values())
+
+
+def test_bad_contributions_are_rejected_penalised_and_left_out():
+    vectors = _vectors(4, 5000, seed=4)
+    vectors["peer3"] = vectors["peer3"] * 1000  # a norm far outside the others'
+    vectors["peer2"][7] = math.nan
+    members = tuple(sorted(vectors))
+    reducers = {p: AllReduce(p, 0, members, v, AllReduceConfig(encoding=Encoding.FP32)) for p, v in vectors.items()}
+    finished, penalties = _run(reducers)
+    assert {(p.peer, p.why) for _, p in penalties} >= {("peer3", Rejection.NORM_OUTLIER), ("peer2", Rejection.NOT_FINITE)}
+    good = ("peer0", "peer1")
+    exact = torch.stack([vectors[p] for p in good]).mean(0)
+    mean = finished["peer0"].mean
+    assert finished["peer0"].contributors[0] == good  # shard 0 holds the NaN
+    assert finished["peer0"].contributors[1] == ("peer0", "peer1", "peer2")  # shard 1 does not: peer2 counts
+    # shard 0 (which holds the NaN) is the mean of the honest two
+    start, end = shard_bounds(5000, 4)[0]
+    assert torch.allclose(mean[start:end], exact[start:end], atol=1e-6)
+    assert bool(torch.isfinite(mean).all())
+
+
+def test_parts_of_another_view_or_round_are_ignored_and_bad_shapes_penalised():
+    vectors = _vectors(2, 100)
+    members = tuple(sorted(vectors))
+    a = AllReduce("peer0", 5, members, vectors["peer0"], AllReduceConfig())
+    b = AllReduce("peer1", 5, members, vectors["peer1"], AllReduceConfig())
+    sends = [e for e in b.start(0.0) if isinstance(e, Send)]
+    part = sends[0].body
+    from dataclasses import replace
+
+    assert a.receive(0.0, "peer1", replace(part, round=4)) == []
+    assert a.receive(0.0, "stranger", part) == []
+    assert a.receive(0.0, "peer1", replace(part, shard_length=part.shard_length + 1)) == [
+        Penalise("peer1", Rejection.WRONG_SHAPE)]
+    assert a.receive(0.0, "peer1", replace(part, values=part.values[:-1])) == [Penalise("peer1", Rejection.WRONG_SHAPE)]
+
+
+def test_membership_waits_for_expected_peers_and_drops_a_drifted_one():
+    same, other = b"a" * 16, b"b" * 16
+    m = Membership("peer0", 2, same, now=0.0, deadline_s=10.0)
+    m.expect({"peer1", "peer2", "peer3"})
+    m.receive("peer1", Join(2, same, ("peer0", "peer4")))  # peer1 knows of peer4, which we have not heard of
+    m.receive("peer2", Join(1, same, ()))  # an older round does not count
+    assert m.decided(1.0) is None
+    m.receive("peer2", Join(2, other, ()))
+    m.receive("peer3", Join(2, same, ()))
+    assert m.decided(1.0) is None  # still waiting for peer4
+    m.receive("peer4", Join(2, same, ()))
+    assert m.decided(1.0) == (("peer0", "peer1", "peer3", "peer4"), same)
+    late = Membership("peer0", 2, same, now=0.0, deadline_s=10.0)
+    late.expect({"peer1", "peer2"}, excluded={"peer2"})  # peer2 failed us: not waited for
+    assert late.decided(9.9) is None and late.decided(10.0) == (("peer0",), same)
+
+
+def test_global_state_is_written_atomically_and_read_back(tmp_path):
+    from trainer.diloco_local import STATE_FILE, GlobalState, read_state, write_state
+
+    assert read_state(tmp_path, 10) is None
+    first = GlobalState(3, torch.arange(10.0), torch.ones(10))
+    write_state(tmp_path, first)
+    (tmp_path / f".{STATE_FILE}.999.tmp").write_bytes(b"half a write")  # a crash mid-write leaves only this
+    back = read_state(tmp_path, 10)
+    assert back.round == 3 and torch.equal(back.weights, first.weights) and torch.equal(back.momentum, first.momentum)
+    write_state(tmp_path, GlobalState(4, torch.zeros(10), torch.zeros(10)))
+    assert read_state(tmp_path, 10).round == 4
+    with pytest.raises(ValueError):
+        read_state(tmp_path, 11)  # another model's state is refused, not loaded

@@ -1,0 +1,348 @@
+"""The all-reduce of one DiLoCo round, and who takes part in it: pure state machines.
+
+Theory of operation. A round's members are decided by one peer, the round's leader: the
+lowest peer id among the trainer peers a peer expects and does not take for dead. A peer that
+finished its inner steps sends `Join(round, digest of its global weights, the peers it
+expects)` to every trainer peer it knows. The leader's `Membership` collects them; once a Join
+arrived from every peer it expects (its own list and the peers the Joins name), or at the join
+deadline, the leader decides: the reference digest is the one most Joins carry (ties: the
+lowest peer id's), the members are the peers that carry it, and it sends `Members` to everyone
+that joined. One decision, so every member runs the all-reduce over the same list. A newcomer
+whose Join reaches the leader in time takes part at once. A peer whose digest is not the
+reference (it missed a round, or resumed from an older checkpoint), or that is left out, sits
+the round out and fetches the state from a member instead. A follower that hears no Members
+by twice the deadline takes the leader for dead and the next lowest peer leads.
+
+`AllReduce` averages one vector over the members by reduce-scatter then all-gather. The
+vector is cut into one contiguous shard per member; shard i is first owned by members[i].
+
+  1. Reduce-scatter: each peer sends its piece of shard i to the shard's owner (quantized,
+     in `Part`s of at most PIECE_VALUES values) and keeps its own shard.
+  2. The owner reduces a shard when every live member's contribution is in, or at
+     `reduce_at` (start + deadline): contributions are screened (`trainer.diloco.screen`:
+     shape, finite, norm against the others'), the rejected are reported (`Penalise`), the
+     rest averaged; the mean is quantized once and sent to every live member.
+  3. All-gather: a peer is done when it holds the reduced value of every shard. Everyone,
+     owner included, uses the dequantized mean, so every member applies the same update.
+
+Failures. A peer we cannot send to (`peer_failed`) or an owner whose reduced shard has not
+arrived by `gather_at` (start + 2 x deadline) is taken for dead. Its shards pass to the next
+live member in the shard's chain (members[i], members[i+1], ..., wrapping around): the same
+successor on every peer that saw the same failures, without any vote. We send our
+contribution to the successor, or, if that is us, adopt the shard and reduce it at now +
+deadline with what has arrived. A peer that receives a contribution for a shard it did not own
+adopts it too (the sender saw the owner die first). A contribution that arrives after its
+shard was reduced is dropped; the first reduced value of a shard to arrive is the one used.
+The bytes a peer sends are counted in `bytes_sent` (payload bytes, before framing).
+
+Bytes. With N members and S bytes of vector each peer sends (N-1)/N x S in each phase,
+2 (N-1)/N x S in all, where sending the whole vector to everyone costs (N-1) x S.
+
+This module must not do I/O, read a clock or hold global random state: time comes in as
+`now`, messages as arguments, and effects go out as return values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.diloco import Encoding, Packed, Rejection, pack, screen, unpack
+from trainer.diloco_messages import PIECE_VALUES, STAGE_CONTRIBUTION, STAGE_REDUCED, Join, Part
+
+
+def members_digest(members: tuple[str, ...]) -> bytes:
+    import blake3
+
+    return blake3.blake3("\n".join(members).encode()).digest()[:16]
+
+
+def shard_bounds(length: int, n: int) -> list[tuple[int, int]]:
+    """[start, end) of each of `n` contiguous shards of a vector of `length` values."""
+    return [(i * length // n, (i + 1) * length // n) for i in range(n)]
+
+
+# -- effects ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    peer: str
+    body: Part
+
+
+@dataclass(frozen=True)
+class Penalise:
+    peer: str
+    why: Rejection | str
+
+
+@dataclass(frozen=True)
+class Finished:
+    mean: torch.Tensor
+    contributors: tuple[tuple[str, ...], ...]  # per shard
+
+
+# -- membership -------------------------------------------------------------------------------
+
+
+def leader_of(candidates: set[str]) -> str:
+    """The round's leader among the peers a peer expects (itself included) and trusts alive."""
+    return min(candidates)
+
+
+class Membership:
+    """The members of one round as its leader decides them, from the Joins that arrive by a deadline."""
+
+    def __init__(self, self_id: str, round: int, weights_digest: bytes, now: float, deadline_s: float) -> None:
+        self.self_id = self_id
+        self.round = round
+        self.joins: dict[str, bytes] = {self_id: weights_digest}
+        self.deadline_at = now + deadline_s
+        self.known: set[str] = set()
+        self.told: set[str] = set()  # peers named in the Joins we received
+        self.excluded: set[str] = set()
+
+    @property
+    def expected(self) -> set[str]:
+        return (self.known | self.told) - self.excluded - {self.self_id}
+
+    def expect(self, peers: set[str], excluded: set[str] = frozenset()) -> None:
+        """The trainer peers we know of now, and those we take for dead (refreshed by the shell)."""
+        self.known = set(peers)
+        self.excluded = set(excluded) - set(self.joins)
+
+    def receive(self, sender: str, join: Join) -> None:
+        if join.round == self.round:
+            self.joins[sender] = join.weights_digest
+            self.told |= set(join.known)
+            self.excluded.discard(sender)
+
+    def decided(self, now: float) -> tuple[tuple[str, ...], bytes] | None:
+        """(members, reference digest) once every expected peer joined or at the deadline."""
+        if not self.expected <= set(self.joins) and now < self.deadline_at:
+            return None
+        joins = self.joins
+        counts = Counter(joins.values())
+        best = max(counts.values())
+        tied = {d for d, c in counts.items() if c == best}
+        reference = joins[min(p for p, d in joins.items() if d in tied)]
+        return tuple(sorted(p for p, d in joins.items() if d == reference)), reference
+
+
+# -- the all-reduce ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllReduceConfig:
+    encoding: Encoding = Encoding.INT8
+    block: int = 4096
+    deadline_s: float = 30.0  # the reduce deadline; an owner is taken for dead after twice this
+    max_norm_ratio: float = 10.0
+
+    def __post_init__(self) -> None:
+        if PIECE_VALUES % self.block:
+            raise ValueError(f"block must divide {PIECE_VALUES}")
+        if not self.deadline_s > 0 or not self.max_norm_ratio > 1:
+            raise ValueError("deadline_s must be > 0 and max_norm_ratio > 1")
+
+
+@dataclass
+class _Shard:
+    start: int
+    end: int
+    owner: str
+    reduce_at: float | None = None  # set while we own it
+    gather_at: float = math.inf
+    pieces: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)  # sender -> offset -> values
+    contributions: dict[str, torch.Tensor] = field(default_factory=dict)
+    reduced_pieces: dict[int, torch.Tensor] = field(default_factory=dict)
+    reduced: torch.Tensor | None = None
+    contributors: tuple[str, ...] = ()
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+class AllReduce:
+    """One round's reduce-scatter and all-gather at one peer; see the module docstring."""
+
+    def __init__(self, self_id: str, round: int, members: tuple[str, ...], vector: torch.Tensor,
+                 config: AllReduceConfig) -> None:
+        if self_id not in members or list(members) != sorted(set(members)):
+            raise ValueError("members must be sorted, unique and include this peer")
+        self.self_id = self_id
+        self.round = round
+        self.members = members
+        self.digest = members_digest(members)
+        self.vector = vector.reshape(-1).to(torch.float32)
+        self.config = config
+        self.dead: set[str] = set()
+        self.shards = [_Shard(a, b, members[i]) for i, (a, b) in enumerate(shard_bounds(self.vector.numel(), len(members)))]
+        self.bytes_sent = 0
+        self.finished = False
+        self.rejected: dict[str, str] = {}
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def start(self, now: float) -> list[object]:
+        effects: list[object] = []
+        for i, shard in enumerate(self.shards):
+            shard.gather_at = now + 2 * self.config.deadline_s
+            if shard.owner == self.self_id:
+                self._adopt(i, now)
+            else:
+                effects += self._contribute(i, shard.owner)
+        return effects + self._progress(now)
+
+    def receive(self, now: float, sender: str, part: Part) -> list[object]:
+        """A Part from `sender` (signature already checked by the codec)."""
+        if part.round != self.round or part.members_digest != self.digest or sender not in self.members:
+            return []  # another round or another view of the members: not ours to judge
+        if not 0 <= part.shard < len(self.shards) or part.shard_length != self.shards[part.shard].length:
+            return [Penalise(sender, Rejection.WRONG_SHAPE)]
+        shard_length = part.shard_length
+        if part.offset % PIECE_VALUES or part.length != min(PIECE_VALUES, shard_length - part.offset):
+            return [Penalise(sender, Rejection.WRONG_SHAPE)]
+        try:
+            values = unpack(Packed(Encoding(part.encoding), part.length, part.block, part.values, part.scales))
+        except ValueError:
+            return [Penalise(sender, Rejection.WRONG_SHAPE)]
+        shard = self.shards[part.shard]
+        if part.stage == STAGE_CONTRIBUTION:
+            return self._on_contribution(now, sender, part, shard, values)
+        if shard.reduced is None:
+            shard.reduced_pieces[part.offset] = values
+            if _complete(shard.reduced_pieces, shard.length):
+                shard.reduced = _join_pieces(shard.reduced_pieces, shard.length)
+                shard.contributors = part.contributors
+        return self._progress(now)
+
+    def peer_failed(self, now: float, peer: str) -> list[object]:
+        """We could not deliver to `peer`: take it for dead."""
+        if peer == self.self_id or peer in self.dead:
+            return []
+        self.dead.add(peer)
+        effects: list[object] = []
+        for i, shard in enumerate(self.shards):
+            if shard.reduced is None and shard.owner == peer:
+                effects += self._reassign(i, now)
+        return effects + self._progress(now)
+
+    def tick(self, now: float) -> list[object]:
+        effects: list[object] = []
+        for i, shard in enumerate(self.shards):
+            if shard.reduced is None and shard.owner != self.self_id and now >= shard.gather_at:
+                self.dead.add(shard.owner)
+                effects += self._reassign(i, now)
+        return effects + self._progress(now)
+
+    def next_deadline(self) -> float:
+        times = [s.reduce_at if s.owner == self.self_id and s.reduce_at is not None else s.gather_at
+                 for s in self.shards if s.reduced is None]
+        return min(times, default=math.inf)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _on_contribution(self, now: float, sender: str, part: Part, shard: _Shard,
+                         values: torch.Tensor) -> list[object]:
+        if shard.reduced is not None or sender in shard.contributions:
+            return []
+        index = self.shards.index(shard)
+        if shard.owner != self.self_id:
+            self._adopt(index, now)  # the sender saw the owners before us fail
+        pieces = shard.pieces.setdefault(sender, {})
+        pieces[part.offset] = values
+        if _complete(pieces, shard.length):
+            shard.contributions[sender] = _join_pieces(pieces, shard.length)
+            del shard.pieces[sender]
+        return self._progress(now)
+
+    def _adopt(self, index: int, now: float) -> None:
+        shard = self.shards[index]
+        shard.owner = self.self_id
+        shard.reduce_at = now + self.config.deadline_s
+        shard.contributions.setdefault(self.self_id, self.vector[shard.start:shard.end].clone())
+
+    def _reassign(self, index: int, now: float) -> list[object]:
+        shard = self.shards[index]
+        n = len(self.members)
+        for k in range(1, n + 1):
+            candidate = self.members[(index + k) % n]
+            if candidate not in self.dead:
+                break
+        shard.owner = candidate
+        shard.gather_at = now + 2 * self.config.deadline_s
+        if candidate == self.self_id:
+            self._adopt(index, now)
+            return []
+        return self._contribute(index, candidate)
+
+    def _contribute(self, index: int, owner: str) -> list[object]:
+        shard = self.shards[index]
+        return self._parts(index, STAGE_CONTRIBUTION, self.vector[shard.start:shard.end], (owner,), ())
+
+    def _parts(self, index: int, stage: int, values: torch.Tensor, to: tuple[str, ...],
+               contributors: tuple[str, ...]) -> list[object]:
+        shard = self.shards[index]
+        effects: list[object] = []
+        for offset in range(0, max(shard.length, 1), PIECE_VALUES):
+            piece = values[offset:offset + PIECE_VALUES]
+            packed = pack(piece, self.config.encoding, self.config.block)
+            body = Part(self.round, self.digest, stage, index, shard.length, offset, packed.length,
+                        packed.encoding.value, packed.block, packed.values, packed.scales, contributors)
+            for peer in to:
+                effects.append(Send(peer, body))
+                self.bytes_sent += packed.nbytes
+        return effects
+
+    def _waiting_for(self, shard: _Shard) -> set[str]:
+        return set(self.members) - self.dead - set(shard.contributions)
+
+    def _progress(self, now: float) -> list[object]:
+        effects: list[object] = []
+        for i, shard in enumerate(self.shards):
+            if shard.reduced is not None or shard.owner != self.self_id or shard.reduce_at is None:
+                continue
+            if self._waiting_for(shard) and now < shard.reduce_at:
+                continue
+            effects += self._reduce(i)
+        if not self.finished and all(s.reduced is not None for s in self.shards):
+            self.finished = True
+            mean = torch.cat([s.reduced for s in self.shards]) if self.shards else torch.zeros(0)
+            effects.append(Finished(mean, tuple(s.contributors for s in self.shards)))
+        return effects
+
+    def _reduce(self, index: int) -> list[object]:
+        shard = self.shards[index]
+        accepted, rejected = screen(shard.contributions, shard.length, self.config.max_norm_ratio)
+        effects: list[object] = [Penalise(peer, why) for peer, why in sorted(rejected.items())]
+        for peer, why in rejected.items():
+            self.rejected[peer] = why.value
+        if not accepted:  # only possible if our own contribution was rejected: keep ours, flagged
+            accepted = {self.self_id: shard.contributions[self.self_id]}
+        mean = torch.stack(list(accepted.values())).mean(dim=0)
+        contributors = tuple(sorted(accepted))
+        to = tuple(p for p in self.members if p != self.self_id and p not in self.dead)
+        effects += self._parts(index, STAGE_REDUCED, mean, to, contributors)
+        # use exactly what the others will decode, so every member applies the same update
+        shard.reduced = torch.cat([unpack(pack(mean[o:o + PIECE_VALUES], self.config.encoding, self.config.block))
+                                   for o in range(0, max(shard.length, 1), PIECE_VALUES)])[:shard.length]
+        shard.contributors = contributors
+        shard.contributions.clear()
+        return effects
+
+
+def _complete(pieces: dict[int, torch.Tensor], length: int) -> bool:
+    return sum(p.numel() for p in pieces.values()) >= length and all(
+        o in pieces for o in range(0, length, PIECE_VALUES))
+
+
+def _join_pieces(pieces: dict[int, torch.Tensor], length: int) -> torch.Tensor:
+    if length == 0:
+        return torch.zeros(0)
+    return torch.cat([pieces[o] for o in range(0, length, PIECE_VALUES)])

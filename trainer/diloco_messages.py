@@ -1,0 +1,118 @@
+"""The wire messages of DiLoCo rounds, sent on the `diloco` data channel with the one codec.
+
+Every frame is signed by its sender's identity key (`p2pnet.wire`), so a contribution is
+attributable: what fails its checks costs the peer that signed it.
+
+This module must not do I/O or know how a round proceeds (`trainer.allreduce` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2pnet.wire import message
+
+CHANNEL = "diloco"
+PIECE_VALUES = 256 * 1024  # values per Part: 256 KiB as int8, 1 MiB as fp32 (a multiple of any block below)
+MAX_PART_BYTES = 2 * 1024 * 1024
+STAGE_CONTRIBUTION = 0  # a peer's pseudo-gradient for one shard, to the shard's owner
+STAGE_REDUCED = 1  # the owner's mean of one shard, to every member
+
+
+@dataclass(frozen=True)
+class Join:
+    """`sender` finished its inner steps of `round`, starting from global weights whose
+    digest is `weights_digest` (16 bytes), and asks to take part in the all-reduce. `known`
+    are the trainer peers it knows of: the receiver waits for their Joins too."""
+
+    round: int
+    weights_digest: bytes
+    known: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.round < 0 or len(self.weights_digest) != 16:
+            raise ValueError("a Join needs round >= 0 and a 16-byte digest")
+        if len(self.known) > 256 or any(len(p) > 64 for p in self.known):
+            raise ValueError("a Join names at most 256 known peers")
+
+
+@dataclass(frozen=True)
+class Members:
+    """The round's leader decided: `members` (sorted) average this round, all starting from
+    the global weights whose digest is `weights_digest`."""
+
+    round: int
+    weights_digest: bytes
+    members: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.round < 0 or len(self.weights_digest) != 16 or not self.members:
+            raise ValueError("Members needs round >= 0, a 16-byte digest and at least one member")
+        if len(self.members) > 256 or list(self.members) != sorted(set(self.members)):
+            raise ValueError("members must be sorted, unique, at most 256")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of one shard. `offset` and `length` are in values, within the shard of
+    `shard_length` values; `values`/`scales` are a `trainer.diloco.Packed` of that piece.
+    `contributors` (stage REDUCED only) are the peers whose contributions were averaged."""
+
+    round: int
+    members_digest: bytes
+    stage: int
+    shard: int
+    shard_length: int
+    offset: int
+    length: int
+    encoding: str
+    block: int
+    values: bytes
+    scales: bytes
+    contributors: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.stage not in (STAGE_CONTRIBUTION, STAGE_REDUCED):
+            raise ValueError(f"unknown stage {self.stage}")
+        if min(self.round, self.shard, self.offset, self.length) < 0 or self.block < 1:
+            raise ValueError("negative round, shard, offset or length, or block < 1")
+        if self.offset + self.length > self.shard_length or self.length > PIECE_VALUES:
+            raise ValueError("piece outside its shard or too long")
+        if self.encoding not in ("int8", "fp32") or len(self.members_digest) != 16:
+            raise ValueError("unknown encoding or bad members digest")
+        if len(self.contributors) > 1024:
+            raise ValueError("too many contributors")
+
+
+@dataclass(frozen=True)
+class StateRequest:
+    """Ask a trainer peer for its global weights and outer momentum (a joining peer)."""
+
+    have_round: int
+
+
+@dataclass(frozen=True)
+class StatePiece:
+    """One piece of the global state at the start of `round`: fp32 bytes of the weights and of
+    the outer momentum from value `offset`, of `length` values out of `total` in all."""
+
+    round: int
+    total: int
+    offset: int
+    length: int
+    weights: bytes
+    momentum: bytes
+
+    def __post_init__(self) -> None:
+        if min(self.round, self.total, self.offset, self.length) < 0 or self.offset + self.length > self.total:
+            raise ValueError("piece outside the state")
+        if len(self.weights) != 4 * self.length or len(self.momentum) != 4 * self.length:
+            raise ValueError("state piece bytes do not match its length")
+
+
+message("diloco/join", max_bytes=256 * 64 + 1024)(Join)
+message("diloco/members", max_bytes=256 * 64 + 1024)(Members)
+message("diloco/part", max_bytes=MAX_PART_BYTES + 64 * 1024)(Part)
+message("diloco/state_request", max_bytes=512)(StateRequest)
+STATE_PIECE_VALUES = PIECE_VALUES // 4  # weights + momentum: 2 x 256 KiB per piece
+message("diloco/state_piece", max_bytes=2 * 4 * STATE_PIECE_VALUES + 4096)(StatePiece)

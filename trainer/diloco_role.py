@@ -1,0 +1,531 @@
+"""The `diloco` role: one trainer peer of a DiLoCo group, the trio shell of `trainer.allreduce`.
+
+Each round: take H inner AdamW steps from the global weights (in a worker thread), decide the
+round's members (`Membership`: Joins over the data plane), average the pseudo-gradients with
+`AllReduce` over direct authenticated connections on the `diloco` data channel, apply the outer
+Nesterov step, then, without waiting for either, write the global state durably (a worker
+thread: the next inner steps start at once) and, on the publishing peer, write the global
+weights as version `round` and publish them through the relay role, as the GRPO trainer does,
+so inference workers fetch them as before.
+
+Joining and drifting. A peer that starts (fresh, restarted, or resumed from its own durable
+state) asks a live trainer peer for its global state with a direct `StateRequest` on the data
+channel and takes it when it is newer than its own. The state is fetched directly, not as a
+relay version, because the outer momentum is trainer-private (the relay carries what inference
+workers need, signed by one publisher) and any live trainer can answer, also when the publisher
+is the peer that died. A peer that learns during a join that the others are at a later round,
+or whose weights digest is not the round's reference, fetches the state the same way and sits
+that round out.
+
+Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
+not be reached, closed a connection or missed a deadline, until a message from them arrives),
+and, after our first round, only peers that have spoken to us on the diloco channel,
+so a newcomer still loading its model does not hold a round up: it is waited for from its
+state fetch on. Contributions the core rejects cost their sender a peer
+table penalty.
+
+This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from p2pnet.config import from_mapping, validated
+from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
+from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, leader_of
+from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
+from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state, write_state
+from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Join, Members, Part, StatePiece,
+                                     StateRequest)
+
+log = logging.getLogger(__name__)
+
+PENALTY = 2.0
+MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
+INBOX = 256
+
+
+@validated
+@dataclass(frozen=True)
+class DilocoConfig:
+    model_dir: Path  # the starting model folder (round 0's global weights)
+    out_dir: Path  # the durable global state, and published versions v{round}/ on the publisher
+    model_name: str = "tiny"  # the model name in published manifests
+    rounds: int = 10  # outer rounds, then stop training (the peer keeps serving its state)
+    inner_steps: int = 20  # H: inner AdamW steps per round
+    inner_lr: float = 3e-3  # inner AdamW learning rate
+    batch_size: int = 32  # sequences per inner step
+    outer_lr: float = 0.7  # outer Nesterov SGD learning rate (DiLoCo's default)
+    outer_momentum: float = 0.9  # outer Nesterov momentum (DiLoCo's default)
+    encoding: str = "int8"  # how pseudo-gradients travel: int8 (per-block scales) or fp32
+    block: int = 4096  # values per int8 scale
+    deadline_s: float = 30.0  # join and reduce deadline; an owner is taken for dead after twice this
+    data_seed: int = -1  # this peer's data shard (-1: derived from its peer id)
+    publish: bool = False  # publish each round's global weights through this peer's relay role
+    min_peers: int = 1  # trainer peers (this one included) to see before the first round
+    max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
+
+    def check(self) -> dict[str, str]:
+        problems = {}
+        if self.rounds < 1 or self.inner_steps < 1 or self.batch_size < 1 or self.min_peers < 1:
+            problems["rounds"] = "rounds, inner_steps, batch_size and min_peers must be >= 1"
+        if self.encoding not in ("int8", "fp32"):
+            problems["encoding"] = "must be int8 or fp32"
+        if not self.deadline_s > 0:
+            problems["deadline_s"] = "must be > 0"
+        try:
+            AllReduceConfig(Encoding(self.encoding) if self.encoding in ("int8", "fp32") else Encoding.INT8,
+                            self.block, max(self.deadline_s, 1e-9), self.max_norm_ratio)
+            OuterConfig(self.outer_lr, self.outer_momentum)
+            InnerConfig(lr=self.inner_lr, batch_size=max(self.batch_size, 1))
+        except ValueError as exc:
+            problems["block"] = str(exc)
+        return problems
+
+
+class _Behind(Exception):
+    """Another trainer peer is at a later round, or our weights are not the round's reference."""
+
+    def __init__(self, peer: str) -> None:
+        super().__init__(peer)
+        self.peer = peer
+
+
+class _Links:
+    """One round's outgoing connections: opened on first use, one sender at a time per peer,
+    every send bounded by the deadline. A failed send, or a connection the other end closes
+    (it died: the receiving end never writes on these), is reported to the round's inbox."""
+
+    def __init__(self, role: DilocoRole, timeout_s: float, nursery: trio.Nursery) -> None:
+        self.role = role
+        self.timeout_s = timeout_s
+        self.nursery = nursery
+        self.streams: dict[str, trio.SocketStream] = {}
+        self.locks: dict[str, trio.Lock] = {}
+        self.watchers: list[trio.CancelScope] = []
+        self.bytes_sent = 0
+
+    async def send(self, peer: str, body: object, *, report_refusal: bool = True) -> bool:
+        """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
+        peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused
+        (it is alive but has not heard our heartbeat yet)."""
+        frame = self.role.node.codec.encode(body, time.time())
+        lock = self.locks.setdefault(peer, trio.Lock())
+        try:
+            with trio.fail_after(self.timeout_s):
+                async with lock:
+                    stream = self.streams.get(peer)
+                    if stream is None:
+                        stream = self.streams[peer] = await self.role.open_stream(peer)
+                        self.nursery.start_soon(self._watch, peer, stream)
+                    await send_frame(stream, frame)
+                    self.bytes_sent += len(frame) + 4
+                    return True
+        except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
+            log.info("diloco: sending to %s failed: %s", peer, exc)
+            self.streams.pop(peer, None)
+            refused = isinstance(exc, PeerUnavailable) and isinstance(exc.__cause__, MessageRejected)
+            if report_refusal or not refused:
+                await self.role.inbox_send.send(("failed", peer, None))
+            return False
+
+    def stop_watching(self) -> None:
+        for scope in self.watchers:
+            scope.cancel()
+
+    async def _watch(self, peer: str, stream: trio.SocketStream) -> None:
+        scope = trio.CancelScope()
+        self.watchers.append(scope)
+        with scope:
+            try:
+                data = await stream.receive_some(1)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                log.info("diloco: %s closed its connection", peer)
+                await self.role.inbox_send.send(("failed", peer, None))
+
+    async def aclose(self) -> None:
+        self.stop_watching()
+        for stream in self.streams.values():
+            await stream.aclose()
+        self.streams.clear()
+
+
+class DilocoRole:
+    def __init__(self, node: Any, section: dict[str, Any]) -> None:
+        self.node = node
+        self.config = from_mapping(DilocoConfig, section, "diloco")
+        self.relay = None
+        if self.config.publish:
+            self.relay = node.roles.get("relay")
+            if self.relay is None:
+                raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
+        self.inbox_send, self.inbox = trio.open_memory_channel[tuple[str, str, Any]](INBOX)
+        self.reduce_config = AllReduceConfig(Encoding(self.config.encoding), self.config.block,
+                                             self.config.deadline_s, self.config.max_norm_ratio)
+        self.inner: InnerTrainer | None = None
+        self.state: GlobalState | None = None  # replaced whole after each outer step, never mutated
+        self.outer: OuterOptimizer | None = None
+        self.suspects: set[str] = set()  # failed us lately: joins do not wait for them
+        self.heard: set[str] = set()  # trainer peers that sent us anything on the diloco channel
+        self.joins: dict[int, dict[str, Join]] = {}
+        self.early_parts: list[tuple[str, Part]] = []
+        self.history: list[dict[str, Any]] = []
+        self.fetched: list[dict[str, Any]] = []
+        self.rejected: dict[str, int] = {}
+        self.done = False
+        self.published: list[int] = []
+        self.publishing = trio.Lock()
+        self.phase = "starting"  # inner, join, reduce, done (what tests and the devnet watch)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node.dataplane.register(CHANNEL, self._serve)
+        await trio.to_thread.run_sync(self._load)
+        assert self.state is not None and self.inner is not None
+        async with trio.open_nursery() as background:
+            if self.relay is not None:
+                background.start_soon(self._publish, self.state)
+            task_status.started()
+            await self._wait_for_peers()
+            await self._catch_up(None)
+            while self.state.round < self.config.rounds:
+                try:
+                    await self._round(background)
+                except _Behind as behind:
+                    await self._catch_up(behind.peer)
+            self.done = True
+            self.phase = "done"
+            log.info("diloco: reached %d rounds", self.config.rounds)
+
+    def _load(self) -> None:
+        torch.set_num_threads(1)
+        from models.folder import load_model_dir
+
+        cfg = self.config
+        model, tokenizer = load_model_dir(cfg.model_dir, dtype=torch.float32)
+        seed = cfg.data_seed if cfg.data_seed >= 0 else int.from_bytes(self.node.identity.peer_id_bytes[-8:], "big")
+        self.inner = InnerTrainer(model, tokenizer, InnerConfig(lr=cfg.inner_lr, batch_size=cfg.batch_size), seed)
+        weights = self.inner.weights()
+        saved = read_state(cfg.out_dir, weights.numel())
+        state = saved or GlobalState(0, weights, torch.zeros_like(weights))
+        self._adopt(state)
+        if saved is not None:
+            log.info("diloco: resumed at round %d from %s", saved.round, cfg.out_dir)
+
+    def _adopt(self, state: GlobalState) -> None:
+        self.state = state
+        self.outer = OuterOptimizer(OuterConfig(self.config.outer_lr, self.config.outer_momentum),
+                                    state.weights.numel(), state.momentum)
+        self.inner.load(state.weights)  # type: ignore[union-attr]
+
+    async def _round(self, background: trio.Nursery) -> None:
+        state, inner = self.state, self.inner
+        assert state is not None and inner is not None and self.outer is not None
+        started = trio.current_time()
+        self.phase = "inner"
+        train_loss = await trio.to_thread.run_sync(inner.train, self.config.inner_steps)
+        local = inner.weights()
+        pseudo = state.weights - local
+        behind: _Behind | None = None
+        async with trio.open_nursery() as sends:
+            links = _Links(self, self.config.deadline_s, sends)
+            try:
+                self.phase = "join"
+                members = await self._decide(state.round, digest(state.weights), links, sends)
+                self.phase = "reduce"
+                reducing = trio.current_time()
+                result = await self._all_reduce(state.round, members, pseudo, links, sends)
+            except _Behind as exc:  # raised out of the nursery it would come wrapped in a group
+                behind = exc
+            links.stop_watching()
+            sends.cancel_scope.deadline = trio.current_time() + self.config.deadline_s  # finish sends, bounded
+        await links.aclose()
+        if behind is not None:
+            raise behind
+        new_weights = self.outer.step(state.weights, result.mean)
+        new_state = GlobalState(state.round + 1, new_weights, self.outer.momentum_buffer.clone())
+        self.state = new_state
+        inner.load(new_weights)
+        contributors = sorted({p for shard in result.contributors for p in shard})
+        eval_loss = await trio.to_thread.run_sync(inner.eval_loss)
+        self.history.append({
+            "round": state.round, "from_digest": digest(state.weights).hex(), "loss": round(eval_loss, 5), "train_loss": round(train_loss, 5),
+            "bytes_sent": links.bytes_sent, "contributors": contributors, "members": list(members),
+            "allreduce_s": round(trio.current_time() - reducing, 4), "round_s": round(trio.current_time() - started, 4),
+        })
+        background.start_soon(self._checkpoint, new_state)
+        if self.relay is not None:
+            background.start_soon(self._publish, new_state)
+
+    async def _decide(self, round: int, weights_digest: bytes, links: _Links,
+                      sends: trio.Nursery) -> tuple[str, ...]:
+        """The members of this round: decided here when we lead, else told by the leader."""
+        me = self.node.peer_id
+        membership = Membership(me, round, weights_digest, trio.current_time(), self.config.deadline_s)
+        for sender, join in self.joins.pop(round, {}).items():
+            membership.receive(sender, join)
+        self.joins = {r: j for r, j in self.joins.items() if r > round}
+        delivered: dict[str, frozenset[str]] = {}  # peer -> the peers our Join to it named
+        invited = self._known_trainers()  # whom we wait for, fixed for the round
+        if self.history:  # a newcomer is waited for once it spoke to us (a state fetch, a Join)
+            invited &= self.heard
+        leader_deadline = trio.current_time() + 2 * self.config.deadline_s
+        while True:
+            membership.expect(invited, self.suspects)
+            alive = frozenset(invited - self.suspects)  # what our Join names: not the peers we take for dead
+            for peer in sorted(invited):  # (re)send when not delivered yet or when a peer failed us since
+                if delivered.get(peer) != alive:
+                    delivered[peer] = alive
+                    sends.start_soon(self._send_join, links, peer, Join(round, weights_digest, tuple(sorted(alive))),
+                                     delivered)
+            now = trio.current_time()
+            leader = leader_of(set(alive) | {me})
+            if leader == me:
+                decided = membership.decided(now)
+                if decided is not None:
+                    members, reference = decided
+                    for peer in sorted(set(membership.joins) - {me}):
+                        sends.start_soon(links.send, peer, Members(round, reference, members))
+                    return self._check_members(round, members, reference, weights_digest, me)
+            elif now >= leader_deadline:
+                log.info("diloco: no members from leader %s for round %d", leader, round)
+                self.suspects.add(leader)
+                leader_deadline = now + 2 * self.config.deadline_s
+                continue
+            wake = membership.deadline_at if leader == me else leader_deadline
+            event = await self._next_event(min(wake, trio.current_time() + 0.5))
+            if event is None:
+                continue
+            kind, sender, body = event
+            if kind == "failed":
+                self.suspects.add(sender)
+            elif isinstance(body, (Join, Members)) and body.round > round:
+                raise _Behind(sender)
+            elif isinstance(body, Join) and body.round == round:
+                membership.receive(sender, body)
+            elif isinstance(body, Members) and body.round == round:
+                return self._check_members(round, body.members, body.weights_digest, weights_digest, sender)
+            elif isinstance(body, Part) and body.round == round and len(self.early_parts) < INBOX * 4:
+                self.early_parts.append((sender, body))
+
+    def _check_members(self, round: int, members: tuple[str, ...], reference: bytes, ours: bytes,
+                       source: str) -> tuple[str, ...]:
+        """`members` if we are one of them on the reference weights; else we sit the round out
+        and fetch the state (from `source`, a member). Never a round alone while others live."""
+        me = self.node.peer_id
+        if me not in members or reference != ours:
+            raise _Behind(source if source != me else members[0])
+        others = self._known_trainers() - self.suspects
+        if members == (me,) and others:
+            raise _Behind(min(others))
+        return members
+
+    async def _send_join(self, links: _Links, peer: str, join: Join, delivered: dict[str, frozenset[str]]) -> None:
+        if not await links.send(peer, join, report_refusal=False):
+            delivered.pop(peer, None)  # again at the next poll: a newcomer may not have our heartbeat yet
+
+    async def _all_reduce(self, round: int, members: tuple[str, ...], pseudo: torch.Tensor, links: _Links,
+                          sends: trio.Nursery) -> Finished:
+        core = AllReduce(self.node.peer_id, round, members, pseudo, self.reduce_config)
+        effects = core.start(trio.current_time())
+        for sender, part in self.early_parts:
+            effects += core.receive(trio.current_time(), sender, part)
+        self.early_parts.clear()
+        while True:
+            for effect in effects:
+                if isinstance(effect, Finished):
+                    self.suspects |= core.dead
+                    return effect
+                if isinstance(effect, Send):
+                    sends.start_soon(links.send, effect.peer, effect.body)
+                elif isinstance(effect, Penalise):
+                    self._penalise(effect.peer, str(getattr(effect.why, "value", effect.why)))
+            event = await self._next_event(core.next_deadline())
+            now = trio.current_time()
+            if event is None:
+                effects = core.tick(now)
+                continue
+            kind, sender, body = event
+            if kind == "failed":
+                effects = core.peer_failed(now, sender)
+            elif isinstance(body, Part) and body.round == round and body.members_digest != core.digest:
+                effects = core.peer_failed(now, sender)  # it decided other members: not in this reduction
+            elif isinstance(body, Part):
+                effects = core.receive(now, sender, body)
+            else:
+                if isinstance(body, Join) and body.round > round:
+                    self.joins.setdefault(body.round, {})[sender] = body
+                effects = core.tick(now)
+
+    async def _next_event(self, deadline: float) -> tuple[str, str, Any] | None:
+        with trio.move_on_at(deadline):
+            event = await self.inbox.receive()
+            if event[0] == "msg":
+                self.suspects.discard(event[1])
+                self.heard.add(event[1])
+            return event
+        return None
+
+    # -- peers ------------------------------------------------------------------------------
+
+    def _known_trainers(self) -> set[str]:
+        """Trainer peers in our peer table (those that stopped heartbeating expire from it)."""
+        now = trio.current_time()
+        table = self.node.peertable
+        return {e.peer_id for e in table.with_role("diloco")
+                if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)}
+
+    async def _wait_for_peers(self) -> None:
+        while len(self._known_trainers()) + 1 < self.config.min_peers:
+            await trio.sleep(0.2)
+
+    def _penalise(self, peer: str, why: str) -> None:
+        self.rejected[why] = self.rejected.get(why, 0) + 1
+        for effect in self.node.peertable.penalise(trio.current_time(), peer, PENALTY):
+            self.node.carry_out("peertable", effect)
+        log.warning("diloco: rejected a contribution of %s (%s)", peer, why)
+
+    async def open_stream(self, peer: str) -> trio.SocketStream:
+        entry = self.node.peertable.get(peer)
+        if entry is None or not entry.data_addr:
+            raise PeerUnavailable(f"no data address known for {peer}")
+        return await open_data_stream(entry.data_addr, CHANNEL, codec=self.node.codec, peer=peer,
+                                      timeout_s=self.config.deadline_s)
+
+    # -- serving ----------------------------------------------------------------------------
+
+    async def _serve(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
+        reader.max_frame_bytes = MAX_FRAME_BYTES
+        while True:
+            frame = await reader.frame()
+            if frame is None:
+                return
+            envelope = self.node.codec.decode(frame, time.time())  # MessageRejected ends the connection
+            if envelope.sender != peer:
+                raise MessageRejected("wrong_sender", "a frame signed by another peer than the connection's")
+            if isinstance(envelope.body, StateRequest):
+                self.heard.add(peer)
+                await self._send_state(stream)
+            elif isinstance(envelope.body, (Join, Members, Part)):
+                if isinstance(envelope.body, Join) and self.state is not None and envelope.body.round < self.state.round:
+                    await self._tell_ahead(peer)
+                await self.inbox_send.send(("msg", peer, envelope.body))
+            else:
+                raise MessageRejected("unexpected", f"{envelope.kind} on the diloco channel")
+
+    async def _tell_ahead(self, peer: str) -> None:
+        """A peer joins an older round: our Join of the round we are in tells it it is behind."""
+        if self.state is not None:
+            async with trio.open_nursery() as nursery:
+                links = _Links(self, self.config.deadline_s, nursery)
+                await links.send(peer, Join(self.state.round, digest(self.state.weights), ()))
+                await links.aclose()
+
+    async def _send_state(self, stream: trio.SocketStream) -> None:
+        state = self.state
+        assert state is not None
+        total = state.weights.numel()
+        weights, momentum = state.weights.numpy(), state.momentum.numpy()
+        for offset in range(0, max(total, 1), STATE_PIECE_VALUES):
+            end = min(total, offset + STATE_PIECE_VALUES)
+            piece = StatePiece(state.round, total, offset, end - offset, weights[offset:end].tobytes(),
+                               momentum[offset:end].tobytes())
+            await send_frame(stream, self.node.codec.encode(piece, time.time()))
+
+    async def fetch_state(self, peer: str) -> GlobalState:
+        """The global state of `peer` (a direct fetch on the data channel)."""
+        total = self.state.weights.numel()  # type: ignore[union-attr]
+        weights, momentum = torch.empty(total), torch.empty(total)
+        stream = await self.open_stream(peer)
+        async with stream:
+            with trio.fail_after(self.config.deadline_s * 4):
+                await send_frame(stream, self.node.codec.encode(StateRequest(self.state.round), time.time()))  # type: ignore[union-attr]
+                reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
+                got, round = 0, -1
+                while got < total:
+                    frame = await reader.frame()
+                    if frame is None:
+                        raise PeerUnavailable(f"{peer} ended the state after {got} of {total} values")
+                    piece = self.node.codec.decode(frame, time.time()).body
+                    if not isinstance(piece, StatePiece) or piece.total != total or piece.offset != got or (
+                            round >= 0 and piece.round != round):
+                        raise MessageRejected("bad_state", f"{peer} sent a state piece that does not fit", peer)
+                    round = piece.round
+                    weights[got:got + piece.length] = torch.frombuffer(bytearray(piece.weights), dtype=torch.float32)
+                    momentum[got:got + piece.length] = torch.frombuffer(bytearray(piece.momentum), dtype=torch.float32)
+                    got += piece.length
+        if not (bool(torch.isfinite(weights).all()) and bool(torch.isfinite(momentum).all())):
+            raise MessageRejected("bad_state", f"{peer} sent weights that are not finite", peer)
+        return GlobalState(round, weights, momentum)
+
+    async def _catch_up(self, hint: str | None) -> None:
+        """Take the newest global state a live trainer peer has (hint first), if newer than ours;
+        also when we are told we drifted (hint given), take the hinted peer's at its round."""
+        peers = ([hint] if hint else []) + sorted(self._known_trainers() - {hint} - self.suspects)
+        for peer in peers:
+            try:
+                fetched = await self.fetch_state(peer)
+            except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                log.info("diloco: state from %s failed: %s", peer, exc)
+                continue
+            assert self.state is not None
+            if fetched.round > self.state.round or (hint is not None and fetched.round == self.state.round):
+                self._adopt(fetched)
+                self.fetched.append({"from": peer, "round": fetched.round, "at_round": self.state.round})
+                log.info("diloco: took the global state of round %d from %s", fetched.round, peer)
+            return
+        if hint is not None:
+            await trio.sleep(self.config.deadline_s / 10)  # nobody answered: join again later
+
+    # -- background: durable state and published versions ------------------------------------
+
+    async def _checkpoint(self, state: GlobalState) -> None:
+        await trio.to_thread.run_sync(write_state, self.config.out_dir, state)
+
+    async def _publish(self, state: GlobalState) -> None:
+        from models.folder import save_model_dir
+        from trainer.checkpoint import published_files, version_dir
+
+        relay = self.relay
+        assert relay is not None and self.inner is not None
+        if relay.watcher.is_complete(state.round):
+            return
+        async with self.publishing:  # versions go out in order
+            folder = version_dir(self.config.out_dir, state.round)
+            if not folder.exists():
+                model, tokenizer = self.inner.model, self.inner.tokenizer
+                await trio.to_thread.run_sync(lambda: save_model_dir(_shell_with(model, state.weights), tokenizer, folder))
+            await relay.publish(published_files(folder), model=self.config.model_name, version=state.round,
+                                previous_version=state.round - 1)
+            self.published.append(state.round)
+
+    def status(self) -> dict[str, Any]:
+        state = self.state
+        return {"round": state.round if state else -1, "rounds_target": self.config.rounds, "done": self.done,
+                "phase": self.phase, "weights_digest": digest(state.weights).hex() if state else "",
+                "history": self.history[-200:], "fetched": self.fetched, "rejected": dict(self.rejected),
+                "suspects": sorted(self.suspects), "published": self.published[-20:],
+                "encoding": self.config.encoding, "inner_steps": self.config.inner_steps}
+
+
+def _shell_with(model: Any, weights: torch.Tensor) -> Any:
+    """A copy of `model` holding `weights` (the inner model trains on meanwhile)."""
+    import copy
+
+    from trainer.diloco import unflatten_into
+
+    shell = copy.deepcopy(model)
+    unflatten_into(weights, shell.state_dict())
+    return shell
