@@ -63,6 +63,7 @@ __all__ = [
     "PRIME",
     "ChunkStats",
     "build_proofs",
+    "build_proofs_many",
     "decode_proof",
     "encode_proof",
     "evaluate",
@@ -116,10 +117,29 @@ def _powers(x: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+_TABLE_GIANT = 8  # giant steps kept in the power tables: covers n <= 16 * 8 = 128 points
+_POWER_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
+
+
+def _power_tables() -> tuple[np.ndarray, np.ndarray]:
+    """x^b (b < 16) and x^(16 g) (g < 8) for every x in GF(P), as uint16 [P, 16] and [P, 8]
+    (3 MiB, built on first use in a few ms): a table lookup replaces the repeated modular
+    products of ``_powers`` for the usual 128 points."""
+    if not _POWER_TABLES:
+        x = np.arange(PRIME, dtype=np.int64)
+        baby = _powers(x, _BABY + 1)
+        giant = _powers(baby[:, _BABY], _TABLE_GIANT)
+        _POWER_TABLES.append((baby[:, :_BABY].astype(np.uint16), giant.astype(np.uint16)))
+    return _POWER_TABLES[0]
+
+
 def _bsgs_tables(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Baby steps x^b (b < B) and giant steps (x^B)^g (g < G), with B*G >= n."""
+    """Baby steps x^b (b < B) and giant steps (x^B)^g (g < G), with B*G >= n. x in [0, P)."""
     baby = min(_BABY, n)
     giant = -(-n // baby)
+    if baby == _BABY and giant <= _TABLE_GIANT:
+        small, big = _power_tables()
+        return small[x].astype(np.int64), big[x, :giant].astype(np.int64)
     small = _powers(x, baby + 1)
     return small[..., :baby], _powers(small[..., baby], giant)
 
@@ -136,21 +156,50 @@ def _windows(arr: np.ndarray, width: int) -> np.ndarray:
     )
 
 
+def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact integer convolution of the last axes of a and b ([..., L] each, entries in
+    [0, P)) -> [..., 2L-1], by a float64 FFT, checked: every result must lie within 1/4 of
+    an integer (the FFT's rounding error is about 1e-4 here: sums below L P^2 < 2^39), or
+    the exact matrix product of sliding windows is used instead."""
+    length = a.shape[-1]
+    size = 1 << (2 * length - 2).bit_length()
+    conv = np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[..., : 2 * length - 1]
+    rounded = np.rint(conv)
+    if np.abs(conv - rounded).max(initial=0.0) < 0.25:
+        return rounded
+    padded = np.zeros(b.shape[:-1] + (3 * length - 2,), dtype=np.float64)  # pragma: no cover
+    padded[..., length - 1 : 2 * length - 1] = b
+    return np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
+
+
 def _product_tree(x: np.ndarray) -> np.ndarray:
-    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1]."""
+    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
+
+    Neighbouring factors are multiplied level by level (n/2 products of linear factors, then
+    n/4 of quadratics, ...), all chunks and pairs of a level at once, in float64 (every
+    product and sum of a level stays an integer below 2^53, so it is exact; one reduction
+    per level, in int64: np.fmod is about 30x slower). Low levels, where polynomials are
+    short, convolve by summing the diagonals of outer products; high levels by a checked
+    float64 FFT (``_fft_convolve``).
+    """
     batch, n = x.shape
     width = 1 << max(0, (n - 1).bit_length())
     polys = np.zeros((batch, width, 2), dtype=np.float64)
     polys[:, :, 0] = 1.0  # padding factors are the constant 1
     polys[:, :n, 0] = (-x) % PRIME
     polys[:, :n, 1] = 1.0
-    while polys.shape[1] > 1:  # multiply neighbours: one batched convolution per level
+    while polys.shape[1] > 1:  # multiply neighbours
         a, b = polys[:, 0::2], polys[:, 1::2]
         length = a.shape[2]
-        padded = np.zeros(b.shape[:2] + (3 * length - 2,), dtype=np.float64)
-        padded[..., length - 1 : 2 * length - 1] = b
-        conv = np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
-        polys = np.fmod(conv, PRIME)  # exact: entries are integers below 2^53
+        if length <= 5:  # out[i + j] += a[i] b[j]: row i of the outer product shifted by i
+            pairs = a.shape[:2]
+            skew = np.zeros(pairs + (length, 2 * length), dtype=np.float64)
+            skew[..., :length] = a[..., :, None] * b[..., None, :]
+            rows = skew.reshape(pairs + (2 * length * length,))[..., : length * (2 * length - 1)]
+            conv = rows.reshape(pairs + (length, 2 * length - 1)).sum(axis=2)
+        else:
+            conv = _fft_convolve(a, b)
+        polys = (conv.astype(np.int64) % PRIME).astype(np.float64)  # np.fmod is ~30x slower
     return polys[:, 0, : n + 1].astype(np.int64)
 
 
@@ -201,8 +250,9 @@ def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.n
     padded[:, :n] = coeffs
     blocks = padded.reshape(batch, giant, baby).swapaxes(1, 2)  # [C, baby, giant]
     inner = np.matmul(small.astype(np.float64), blocks.astype(np.float64))
-    inner = inner.astype(np.int64) % PRIME  # [C, k, giant]
-    return (inner * big % PRIME).sum(axis=-1) % PRIME
+    inner = (inner.astype(np.int64) % PRIME).astype(np.float64)  # [C, k, giant]
+    # sum_g inner * big: each product < P^2, the sum of <= 4096 / 16 of them < 2^53: exact
+    return np.einsum("ckg,ckg->ck", inner, big.astype(np.float64)).astype(np.int64) % PRIME
 
 
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -217,7 +267,7 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if single:
         x, y = x[None], y[None]
     batch, n = x.shape
-    roots = _poly_from_roots(x)  # M(t), [C, n+1]
+    roots = _product_tree(x)  # M(t), [C, n+1]
     deriv = roots[:, 1:] * np.arange(1, n + 1, dtype=np.int64) % PRIME  # M'(t), [C, n]
     small, big = _bsgs_tables(x, n)
     weights = _INV[_eval_tables(deriv, small, big)]  # 1 / M'(x_i)
@@ -356,7 +406,10 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
     return groups
 
 
-_GROUP = 16  # group width of the maxima that bound the running k-th largest
+_GROUP = 16  # entries per group: a group's maximum bounds its members
+_SPREAD = 128  # a group's members lie 128 apart inside one block
+_BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
+_HEAP_RATIO = 64  # torch's CPU topk takes std::partial_sort (a heap) when k * 64 <= n
 
 
 def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
@@ -365,39 +418,106 @@ def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
     return values.topk(k, dim=1).indices.numpy()
 
 
-def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
+def _abs_keys(rows: int, n: int) -> np.ndarray:
+    """An empty key array [rows, n rounded up to whole blocks], its padding zeroed (a zero never
+    outranks a real entry: keys are compared strictly or filtered to positions < n)."""
+    width = -(-n // _BLOCK) * _BLOCK
+    keys = np.empty((rows, width), dtype=np.uint16)
+    keys[:, n:] = 0
+    return keys
+
+
+def _group_maxima(keys: np.ndarray) -> np.ndarray:
+    """Maximum of each group [C, width / 16]: group b * 128 + j holds entries b * 2048 + j + 128 i."""
+    rows, width = keys.shape
+    return keys.reshape(rows, width // _BLOCK, _GROUP, _SPREAD).max(axis=2).reshape(rows, -1)
+
+
+def _gather(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Members of the wanted groups ([C, G] bool) as flat arrays: (row, position, key)."""
+    row, group = np.nonzero(wanted)
+    base = group // _SPREAD * _BLOCK + group % _SPREAD + row * keys.shape[1]
+    flat = (base[:, None] + _SPREAD * np.arange(_GROUP)[None, :]).reshape(-1)
+    row_of, pos = np.divmod(flat, keys.shape[1])
+    return row_of, pos, keys.reshape(-1).take(flat)
+
+
+def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarray:
+    """torch.topk's positions for rows of ``keys`` [R, n padded] (n >= 64 k), from a short subsequence.
+
+    torch runs std::partial_sort here: a heap of the first k entries, then each later entry
+    replaces the heap's least one if it is strictly larger (the heap then holds the k largest
+    values seen so far, so its least value before entry i is the k-th largest of entries
+    0..i-1). An entry no larger than that never touches the heap. So running torch.topk on a
+    subsequence, in the original order, that keeps the first k entries and every entry that
+    can enter, padded with zeros to 64 k entries so torch again takes the heap path (zeros
+    never enter: keys are >= 0), replays the same heap and picks the same entries. The
+    subsequence: all of block 0 (2048 entries, which hold the first k), then the entries of
+    each later block above a lower bound of the heap's least value there: the larger of the
+    exact k-th largest of block 0 and the k-th largest of the group maxima of the blocks
+    before it (k distinct earlier entries at least that large), the prefix doubling each step.
+    """
+    rows, width = keys.shape
+    blocks = width // _BLOCK
+    bound = np.empty((rows, blocks), dtype=keys.dtype)
+    bound[:, 1:] = np.partition(keys[:, :_BLOCK], _BLOCK - k, axis=1)[:, _BLOCK - k, None]
+    done = 2
+    while done < blocks:
+        seen = done * _SPREAD  # group maxima before block ``done``
+        kth = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k]
+        bound[:, done : 2 * done] = np.maximum(bound[:, done : 2 * done], kth[:, None])
+        done *= 2
+    later = keys[:, _BLOCK:].reshape(rows, blocks - 1, _BLOCK) > bound[:, 1:, None]
+    picks = [np.flatnonzero(r) + _BLOCK for r in later.reshape(rows, -1)]
+    sub_width = max(_HEAP_RATIO * k, _BLOCK + max(p.size for p in picks))
+    sub = np.zeros((rows, sub_width), dtype=keys.dtype)
+    where = np.zeros((rows, sub_width), dtype=np.int64)
+    sub[:, :_BLOCK] = keys[:, :_BLOCK]
+    where[:, :_BLOCK] = np.arange(_BLOCK)
+    for r, p in enumerate(picks):
+        sub[r, _BLOCK : _BLOCK + p.size] = keys[r, p]
+        where[r, _BLOCK : _BLOCK + p.size] = p
+    return np.take_along_axis(where, _torch_topk(sub, k), axis=1)
+
+
+def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
     """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
 
-    keys: uint16 [C, N], the |bf16| bit patterns (their integer order is the order of
-    |value|, as torch compares them). Where the k-th and (k+1)-th largest differ the set is
-    unique and comes from a fast threshold (maxima of 16-entry groups, two levels: any t
-    with k group maxima >= t has every top-k entry >= t, so only the few entries >= t are
-    sorted). Rows with a tie at the k-th place go to torch.topk itself: which of several
-    equal |values| it keeps is a property of torch's CPU kernel (a heap selection for
-    N >= 64 k, nth_element below), and byte equality with toploc depends on it. Replaying
-    that heap on the few entries that can enter it was measured slower than torch.topk.
+    keys: uint16 [C, n padded to whole blocks] (``_abs_keys``), the |bf16| bit patterns
+    (their integer order is the order of |value|, as torch compares them). A threshold t
+    comes from group maxima (any t with k group maxima >= t has every top-k entry >= t; a
+    second level of maxima makes t cheap to find), and only the groups whose maximum
+    reaches t are read: one pass over the data in all. Where the k-th and (k+1)-th largest
+    differ the set is unique. Rows with a tie at the k-th place take torch.topk's choice,
+    which depends on its CPU kernel (a heap for n >= 64 k, replayed on a short subsequence
+    by ``_heap_topk``; nth_element below, where torch.topk itself runs on the short row).
     """
-    rows, n = keys.shape
-    thresh = np.zeros(rows, dtype=np.uint16)
-    level = keys
-    for _ in range(2):  # each level: maxima of 16 strided groups
-        if level.shape[1] % _GROUP or level.shape[1] // _GROUP < k:
-            break
+    rows = keys.shape[0]
+    maxima = _group_maxima(keys)
+    level = maxima
+    if level.shape[1] // _GROUP >= k:
         level = level.reshape(rows, _GROUP, -1).max(axis=1)
-    if level is not keys:
+    if level.shape[1] >= k:
         thresh = np.partition(level, level.shape[1] - k, axis=1)[:, level.shape[1] - k]
-    row_id, pos = np.divmod(np.flatnonzero(keys >= thresh[:, None]), n)  # 2-D nonzero is slow
-    composite = (row_id.astype(np.int64) << 48) | (keys[row_id, pos].astype(np.int64) << 32) | pos
-    order = np.argsort(composite)
-    ends = np.cumsum(np.bincount(row_id, minlength=rows))
+    else:  # more points than groups (topk above 128 on a short chunk): read every entry
+        thresh = np.zeros(rows, dtype=keys.dtype)
+    row, pos, key = _gather(keys, maxima >= thresh[:, None])
+    take = (key >= thresh[row]) & (pos < n)
+    row, pos, key = row[take], pos[take], key[take]
+    order = np.argsort((row.astype(np.int64) << 48) | (key.astype(np.int64) << 32) | pos)
+    row, pos, key = row[order], pos[order], key[order]
+    ends = np.cumsum(np.bincount(row, minlength=rows))
     take = ends[:, None] - k + np.arange(k)[None, :]
-    chosen = pos[order[take]].astype(np.int64)
+    chosen = pos[take].astype(np.int64)
     # a tie at the k-th place: the entry just below the top k (if any) has the same key
-    below = np.maximum(ends - k - 1, 0)
-    has_below = ends - k - 1 >= np.concatenate([[0], ends[:-1]])
-    tied = has_below & (keys[row_id[order[below]], pos[order[below]]] == keys[np.arange(rows), chosen[:, 0]])
+    below = ends - k - 1
+    has_below = below >= np.concatenate([[0], ends[:-1]])
+    tied = has_below & (key[np.maximum(below, 0)] == key[take[:, 0]])
     if tied.any():
-        chosen[tied] = _torch_topk(keys[tied], k)
+        if n >= _HEAP_RATIO * k and k <= _SPREAD:  # block 0 must hold the first k
+            chosen[tied] = _heap_topk(keys[tied], n, k, maxima[tied])
+        else:
+            chosen[tied] = _torch_topk(keys[tied, :n], k)
     return chosen
 
 
@@ -407,10 +527,83 @@ def _topk(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int
     Returns (flat indices int64 [count, k], bf16 bit patterns int64 [count, k]).
     """
     block = hidden[first_row : first_row + count * rows].reshape(count, -1)
-    bits = block.view(torch.int16).numpy().view(np.uint16)
-    k = min(topk, bits.shape[1])
-    idx = _select_topk(bits & np.uint16(0x7FFF), k)
-    return idx, np.take_along_axis(bits, idx, axis=1).astype(np.int64)
+    return _topk_of([block.view(torch.int16).numpy().view(np.uint16)], topk)
+
+
+def _topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_topk`` over chunks given as uint16 bit-pattern arrays [c_i, n] (one n for all)."""
+    n = parts[0].shape[1]
+    keys = _abs_keys(sum(p.shape[0] for p in parts), n)
+    start = 0
+    for p in parts:  # the sign mask doubles as the copy into one padded array
+        np.bitwise_and(p, np.uint16(0x7FFF), out=keys[start : start + p.shape[0], :n])
+        start += p.shape[0]
+    k = min(topk, n)
+    idx = _select_topk(keys, n, k)
+    bits = np.empty(idx.shape, dtype=np.int64)
+    start = 0
+    for p in parts:
+        stop = start + p.shape[0]
+        bits[start:stop] = np.take_along_axis(p, idx[start:stop], axis=1)
+        start = stop
+    return idx, bits
+
+
+_PASS_BYTES = 16 << 20  # hidden-state bytes proven per pass (bounds the temporaries)
+
+
+def _moduli(idx: np.ndarray) -> np.ndarray:
+    """find_injective_modulus per row of idx [C, k]: P wherever the indices are distinct mod P
+    (always when a chunk has at most P entries), found for all rows with one sort."""
+    rem = np.sort(idx % PRIME, axis=1)
+    moduli = np.full(idx.shape[0], PRIME, dtype=np.int64)
+    for row in np.flatnonzero(np.any(rem[:, 1:] == rem[:, :-1], axis=1)):
+        moduli[row] = find_injective_modulus(idx[row])
+    return moduli
+
+
+def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
+    """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k]."""
+    idx, bits = selected
+    count = idx.shape[0]
+    if np.any(bits & 0x7F80 == 0x7F80):  # non-finite entries always rank in the top k
+        raise ProofError("hidden states contain NaN or infinity")
+    moduli = _moduli(idx)
+    coeffs = interpolate(idx % moduli[:, None], bits)
+    words = np.concatenate([moduli[:, None], coeffs], axis=1).astype(">u2").tobytes()
+    size = proof_length(coeffs.shape[1])
+    return [words[i * size : (i + 1) * size] for i in range(count)]
+
+
+def build_proofs_many(
+    hiddens: Sequence[torch.Tensor], *, chunk_tokens: int = 32, topk: int = 128
+) -> list[list[bytes]]:
+    """``build_proofs`` for many rollouts at once: the same bytes, one list per rollout.
+
+    A worker proves all rows of a generation batch when the batch ends
+    (``trainer.rollout.build_row_proofs``): the chunks of every row are stacked and proven
+    together (top-k selection, moduli and interpolation each batched over all of them), so
+    the fixed cost of each step is paid once per pass instead of once per rollout.
+    """
+    _check_params(chunk_tokens, topk)
+    checked = [_check_hidden(h) for h in hiddens]
+    out: list[list[bytes]] = [[b""] * math.ceil(h.shape[0] / chunk_tokens) for h in checked]
+    # (rows per chunk, hidden size) -> [(rollout, first chunk, first row, chunk count)]
+    groups: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    for i, h in enumerate(checked):
+        for first, first_row, count, rows in _chunk_groups(h.shape[0], chunk_tokens):
+            groups.setdefault((rows, h.shape[1]), []).append((i, first, first_row, count))
+    for (rows, width), parts in groups.items():
+        per_pass = max(1, _PASS_BYTES // (2 * rows * width))
+        pieces = [(i, first + j, first_row + j * rows) for i, first, first_row, count in parts
+                  for j in range(count)]  # one entry per chunk
+        for start in range(0, len(pieces), per_pass):
+            todo = pieces[start : start + per_pass]
+            bits = [checked[i][r : r + rows].reshape(1, -1).view(torch.int16).numpy().view(np.uint16)
+                    for i, _, r in todo]
+            for (i, chunk, _), proof in zip(todo, _prove(_topk_of(bits, topk))):
+                out[i][chunk] = proof
+    return out
 
 
 def build_proofs(hidden: torch.Tensor, *, chunk_tokens: int = 32, topk: int = 128) -> list[bytes]:
@@ -423,12 +616,7 @@ def build_proofs(hidden: torch.Tensor, *, chunk_tokens: int = 32, topk: int = 12
     hidden = _check_hidden(hidden)
     proofs: list[bytes] = []
     for _, first_row, count, rows in _chunk_groups(hidden.shape[0], chunk_tokens):
-        idx, bits = _topk(hidden, first_row, count, rows, topk)
-        if np.any(bits & 0x7F80 == 0x7F80):  # non-finite entries always rank in the top k
-            raise ProofError("hidden states contain NaN or infinity")
-        moduli = np.array([find_injective_modulus(row) for row in idx], dtype=np.int64)
-        coeffs = interpolate(idx % moduli[:, None], bits)
-        proofs.extend(encode_proof(int(m), c) for m, c in zip(moduli, coeffs))
+        proofs.extend(_prove(_topk(hidden, first_row, count, rows, topk)))
     return proofs
 
 
