@@ -24,7 +24,7 @@ def test_tiny_calibration_run_writes_tables_and_report(tmp_path: Path):
     tables = load_tables(table)
     assert len(tables.pairs) == 4 and tables.meta["model_config"]["hidden_size"] == 128
     text = doc.read_text()
-    assert "## Targets (issue 14), judged from this run" in text and "| int8 weights |" in text
+    assert "## Targets (issue 14), judged from these runs" in text and "| int8 weights |" in text
     outcomes = {o["name"]: o for o in json.loads(results.read_text())["outcomes"]}
     for name in ("int4 weights", "another model (random init)", "proofs copied from another rollout",
                  "another sampling seed"):
