@@ -448,7 +448,8 @@ TARGET_99 = ("int8 weights", "weights + 1% noise")  # the issue's 99% attacks; e
 
 
 def outcome_from_json(raw: dict) -> Outcome:
-    return Outcome(**{**raw, "reasons": set(raw.get("reasons", ()))})
+    known = set(Outcome.__dataclass_fields__)
+    return Outcome(**{k: v for k, v in raw.items() if k in known} | {"reasons": set(raw.get("reasons", ()))})
 
 
 def main() -> None:
@@ -470,6 +471,10 @@ def main() -> None:
                     help="use these calibration tables and skip the honest runs (detection only)")
     ap.add_argument("--honest-from", default=None,
                     help="with --tables: a --json file of the run that made the tables, for the honest rows")
+    ap.add_argument("--honest-command", default=None,
+                    help="with --honest-from: the command of that run, quoted in the report")
+    ap.add_argument("--honest-runtime-min", type=float, default=0.0,
+                    help="with --honest-from: that run's runtime in minutes, added to the report's total")
     ap.add_argument("--merge", nargs="*", default=[],
                     help="--json files of earlier detection runs (same tables) whose attacks join the report")
     ap.add_argument("--doc", default=None, help="write the markdown report here (docs/calibration.md)")
@@ -510,7 +515,7 @@ def main() -> None:
         tables = load_tables(args.tables)
         if not tables.applies_to(setup.base.config):
             ap.error(f"{args.tables} was measured on {tables.meta.get('model')}, not on this model")
-        pairs = list(tables.pairs)
+        pairs = list(tables.pairs.values())
         if args.honest_from:
             old = json.loads(Path(args.honest_from).read_text())
             honest_rows = [outcome_from_json(o) for o in old["outcomes"] if o["name"].startswith("honest")]
@@ -570,13 +575,16 @@ def main() -> None:
             attacks.append(decide_all(ATTACKS[key], validate(check, subs, **val), claimed, args.alpha))
             say(f"attack {ATTACKS[key]}: {outcome_row(attacks[-1])}")
 
-    runs = [{"argv": sys.argv[1:], "runtime_s": time.time() - t0}]
+    runs = []
+    if args.honest_command:  # the run that wrote the tables and the honest rows
+        runs.append({"command": args.honest_command, "runtime_s": 60.0 * args.honest_runtime_min})
     for path in args.merge:
         old = json.loads(Path(path).read_text())
-        runs += old["meta"].get("runs", [])
+        runs += [r for r in old["meta"].get("runs", []) if "command" not in r]
         have = {o.name for o in attacks}
         attacks += [outcome_from_json(o) for o in old["outcomes"]
                     if not o["name"].startswith("honest") and o["name"] not in have]
+    runs.append({"argv": sys.argv[1:], "runtime_s": time.time() - t0})
     order = list(ATTACKS.values())
     attacks.sort(key=lambda o: order.index(o.name) if o.name in order else len(order))
     bounds = {o.name: escape_bound(o, claimed, args.alpha, args.group, args.bound_delta) for o in attacks}
@@ -602,7 +610,7 @@ def command_line(argv: list[str]) -> str:
 
 
 def render(args, setup: Setup, pairs, held_out, attacks, runs: list[dict], bounds: dict) -> str:
-    cmds = "\n".join(f"    {command_line(r['argv'])}" for r in runs)
+    cmds = "\n".join(f"    {r.get('command') or command_line(r['argv'])}" for r in runs)
     runtime_s = sum(r["runtime_s"] for r in runs)
     honest_chunks = sum(o.chunks for _, o, _ in held_out)
     honest_fr = sum(o.subs_either for _, o, _ in held_out)
@@ -612,6 +620,9 @@ def render(args, setup: Setup, pairs, held_out, attacks, runs: list[dict], bound
              "## Honest stack pairs (calibration figures from the even-numbered half)", "",
              PAIR_HEAD]
     lines += [pair_row(cal, everything) for cal, _, everything in held_out]
+    if args.tables:
+        lines += ["", f"Tables from `{args.tables}`; honest rows from `{args.honest_from}` (worst figures over the "
+                  "held-out half); the first command above made both."]
     lines += ["", "## Decisions", "",
               "Held-out honest submissions (odd-numbered half) under the table of their own pair; attacks claim "
               "the bf16 worker's stack (bf16/torch/cpu) and are checked by the fp32 validator (fp32/torch/cpu), "
