@@ -12,7 +12,7 @@ each chunk, flattened:
 
 1. take the ``k = min(topk, numel)`` entries of largest absolute value, ties at the k-th
    place broken exactly as toploc's ``flat.abs().topk(k)`` does on CPU (torch's CPU kernel:
-   a heap selection for numel >= 64 k, nth_element below; see ``_select_topk``), so proofs
+   a heap selection for numel >= 64 k, nth_element below; see ``verify.topk``), so proofs
    are byte-identical to toploc's for every chunk, tie-heavy real hidden states included
    (tests/verify/test_toploc_ties.py, a golden file made by toploc 0.1.6). Proofs are always
    built and measured on CPU: a CUDA topk breaks ties otherwise;
@@ -39,12 +39,13 @@ Differences from toploc 0.1.6, all deliberate:
 How it is fast (no per-element Python loops): interpolation is done in Lagrange form with
 matrix products. With M(t) = prod_j (t - x_j), the coefficients are
 ``c_k = sum_t M[k+1+t] * S_t`` with ``S_t = sum_i a_i x_i^t`` and ``a_i = y_i / M'(x_i)``:
-S, M'(x_i) and every evaluation use baby-step/giant-step power tables
-(x^t = (x^B)^g * x^b, B = 16) and small matrix products; c is a Hankel matrix of M times S.
-All entries are < P, so float64 products are exact (n * P^2 < 2^53). M comes from a
-batched product tree of convolutions. Top-k: chunks without a tie at the k-th place take a
-threshold from group maxima and sort only the few entries above it; tied chunks go to
-torch.topk, as toploc's do.
+S, M'(x_i) and every evaluation use baby-step/giant-step powers (x^t = (x^B)^g * x^b,
+B = 16; looked up in tables of every x in GF(P) for the usual 128 points) and small matrix
+products; c is a Hankel matrix of M times S. All entries are < P, so float64 products are
+exact (n * P^2 < 2^53). M comes from a batched product tree (``_product_tree``). Every step
+is batched over chunks, and ``build_proofs_many`` batches the chunks of many rollouts (a
+worker's generation batch), so fixed numpy costs are paid once per batch. Top-k selection
+is ``verify.topk``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ import torch
 from numpy.lib.stride_tricks import as_strided
 
 from verify.errors import ProofError
+from verify.topk import topk_chunks as _topk
+from verify.topk import topk_of as _topk_of
 
 __all__ = [
     "PRIME",
@@ -95,12 +98,6 @@ _INV = _inverse_table()
 
 
 # --------------------------------------------------------------------------- field algebra
-
-
-def _matvec_mod(mat: np.ndarray, vec: np.ndarray) -> np.ndarray:
-    """(mat @ vec) mod P for entries in [0, P): exact in float64. Batched over leading dims."""
-    prod = np.matmul(mat.astype(np.float64), vec.astype(np.float64)[..., None])[..., 0]
-    return prod.astype(np.int64) % PRIME
 
 
 def _powers(x: np.ndarray, n: int) -> np.ndarray:
@@ -201,45 +198,6 @@ def _product_tree(x: np.ndarray) -> np.ndarray:
             conv = _fft_convolve(a, b)
         polys = (conv.astype(np.int64) % PRIME).astype(np.float64)  # np.fmod is ~30x slower
     return polys[:, 0, : n + 1].astype(np.int64)
-
-
-_LAGRANGE: dict[int, np.ndarray] = {}
-
-
-def _lagrange_matrix(size: int) -> np.ndarray:
-    """L [size, size], float64: row r holds the coefficients of the Lagrange basis polynomial
-    of the points 0..size-1 that is 1 at r, so values at 0..size-1 times L are coefficients."""
-    cached = _LAGRANGE.get(size)
-    if cached is not None:
-        return cached
-    points = np.arange(size, dtype=np.int64)
-    whole = _product_tree(points[None])[0]  # W(t) = prod_s (t - s), degree ``size``
-    quotients = np.zeros((size, size), dtype=np.int64)  # W(t) / (t - r), by synthetic division
-    carry = np.zeros(size, dtype=np.int64)
-    for degree in range(size, 0, -1):
-        carry = (whole[degree] + carry * points) % PRIME
-        quotients[:, degree - 1] = carry
-    scale = _INV[evaluate(quotients, points[:, None])[:, 0]]  # 1 / prod_{s != r} (r - s)
-    matrix = (quotients * scale[:, None] % PRIME).astype(np.float64)
-    _LAGRANGE[size] = matrix
-    return matrix
-
-
-def _poly_from_roots(x: np.ndarray) -> np.ndarray:
-    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
-
-    Evaluated at t = 0..n (products of differences, halving the factor count per step) and
-    turned into coefficients by one product with the cached Lagrange matrix of 0..n: far
-    fewer numpy calls than a product tree of convolutions, which matters for one chunk.
-    """
-    batch, n = x.shape
-    width = 1 << max(0, (n - 1).bit_length())
-    factors = np.ones((batch, n + 1, width), dtype=np.int64)
-    factors[:, :, :n] = (np.arange(n + 1, dtype=np.int64)[None, :, None] - x[:, None, :]) % PRIME
-    while factors.shape[2] > 1:
-        factors = factors[:, :, 0::2] * factors[:, :, 1::2] % PRIME
-    values = factors[:, :, 0].astype(np.float64)
-    return np.matmul(values, _lagrange_matrix(n + 1)).astype(np.int64) % PRIME
 
 
 def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.ndarray:
@@ -404,149 +362,6 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
     if tail:
         groups.append((full, full * chunk_tokens, 1, tail))
     return groups
-
-
-_GROUP = 16  # entries per group: a group's maximum bounds its members
-_SPREAD = 128  # a group's members lie 128 apart inside one block
-_BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
-_HEAP_RATIO = 64  # torch's CPU topk takes std::partial_sort (a heap) when k * 64 <= n
-
-
-def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
-    """torch.topk's positions of the k largest |bf16| patterns per row (what toploc picks)."""
-    values = torch.from_numpy(np.ascontiguousarray(keys).view(np.int16)).view(torch.bfloat16)
-    return values.topk(k, dim=1).indices.numpy()
-
-
-def _abs_keys(rows: int, n: int) -> np.ndarray:
-    """An empty key array [rows, n rounded up to whole blocks], its padding zeroed (a zero never
-    outranks a real entry: keys are compared strictly or filtered to positions < n)."""
-    width = -(-n // _BLOCK) * _BLOCK
-    keys = np.empty((rows, width), dtype=np.uint16)
-    keys[:, n:] = 0
-    return keys
-
-
-def _group_maxima(keys: np.ndarray) -> np.ndarray:
-    """Maximum of each group [C, width / 16]: group b * 128 + j holds entries b * 2048 + j + 128 i."""
-    rows, width = keys.shape
-    return keys.reshape(rows, width // _BLOCK, _GROUP, _SPREAD).max(axis=2).reshape(rows, -1)
-
-
-def _gather(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Members of the wanted groups ([C, G] bool) as flat arrays: (row, position, key)."""
-    row, group = np.nonzero(wanted)
-    base = group // _SPREAD * _BLOCK + group % _SPREAD + row * keys.shape[1]
-    flat = (base[:, None] + _SPREAD * np.arange(_GROUP)[None, :]).reshape(-1)
-    row_of, pos = np.divmod(flat, keys.shape[1])
-    return row_of, pos, keys.reshape(-1).take(flat)
-
-
-def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarray:
-    """torch.topk's positions for rows of ``keys`` [R, n padded] (n >= 64 k), from a short subsequence.
-
-    torch runs std::partial_sort here: a heap of the first k entries, then each later entry
-    replaces the heap's least one if it is strictly larger (the heap then holds the k largest
-    values seen so far, so its least value before entry i is the k-th largest of entries
-    0..i-1). An entry no larger than that never touches the heap. So running torch.topk on a
-    subsequence, in the original order, that keeps the first k entries and every entry that
-    can enter, padded with zeros to 64 k entries so torch again takes the heap path (zeros
-    never enter: keys are >= 0), replays the same heap and picks the same entries. The
-    subsequence: all of block 0 (2048 entries, which hold the first k), then the entries of
-    each later block above a lower bound of the heap's least value there: the larger of the
-    exact k-th largest of block 0 and the k-th largest of the group maxima of the blocks
-    before it (k distinct earlier entries at least that large), the prefix doubling each step.
-    """
-    rows, width = keys.shape
-    blocks = width // _BLOCK
-    bound = np.empty((rows, blocks), dtype=keys.dtype)
-    bound[:, 1:] = np.partition(keys[:, :_BLOCK], _BLOCK - k, axis=1)[:, _BLOCK - k, None]
-    done = 2
-    while done < blocks:
-        seen = done * _SPREAD  # group maxima before block ``done``
-        kth = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k]
-        bound[:, done : 2 * done] = np.maximum(bound[:, done : 2 * done], kth[:, None])
-        done *= 2
-    later = keys[:, _BLOCK:].reshape(rows, blocks - 1, _BLOCK) > bound[:, 1:, None]
-    picks = [np.flatnonzero(r) + _BLOCK for r in later.reshape(rows, -1)]
-    sub_width = max(_HEAP_RATIO * k, _BLOCK + max(p.size for p in picks))
-    sub = np.zeros((rows, sub_width), dtype=keys.dtype)
-    where = np.zeros((rows, sub_width), dtype=np.int64)
-    sub[:, :_BLOCK] = keys[:, :_BLOCK]
-    where[:, :_BLOCK] = np.arange(_BLOCK)
-    for r, p in enumerate(picks):
-        sub[r, _BLOCK : _BLOCK + p.size] = keys[r, p]
-        where[r, _BLOCK : _BLOCK + p.size] = p
-    return np.take_along_axis(where, _torch_topk(sub, k), axis=1)
-
-
-def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
-    """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
-
-    keys: uint16 [C, n padded to whole blocks] (``_abs_keys``), the |bf16| bit patterns
-    (their integer order is the order of |value|, as torch compares them). A threshold t
-    comes from group maxima (any t with k group maxima >= t has every top-k entry >= t; a
-    second level of maxima makes t cheap to find), and only the groups whose maximum
-    reaches t are read: one pass over the data in all. Where the k-th and (k+1)-th largest
-    differ the set is unique. Rows with a tie at the k-th place take torch.topk's choice,
-    which depends on its CPU kernel (a heap for n >= 64 k, replayed on a short subsequence
-    by ``_heap_topk``; nth_element below, where torch.topk itself runs on the short row).
-    """
-    rows = keys.shape[0]
-    maxima = _group_maxima(keys)
-    level = maxima
-    if level.shape[1] // _GROUP >= k:
-        level = level.reshape(rows, _GROUP, -1).max(axis=1)
-    if level.shape[1] >= k:
-        thresh = np.partition(level, level.shape[1] - k, axis=1)[:, level.shape[1] - k]
-    else:  # more points than groups (topk above 128 on a short chunk): read every entry
-        thresh = np.zeros(rows, dtype=keys.dtype)
-    row, pos, key = _gather(keys, maxima >= thresh[:, None])
-    take = (key >= thresh[row]) & (pos < n)
-    row, pos, key = row[take], pos[take], key[take]
-    order = np.argsort((row.astype(np.int64) << 48) | (key.astype(np.int64) << 32) | pos)
-    row, pos, key = row[order], pos[order], key[order]
-    ends = np.cumsum(np.bincount(row, minlength=rows))
-    take = ends[:, None] - k + np.arange(k)[None, :]
-    chosen = pos[take].astype(np.int64)
-    # a tie at the k-th place: the entry just below the top k (if any) has the same key
-    below = ends - k - 1
-    has_below = below >= np.concatenate([[0], ends[:-1]])
-    tied = has_below & (key[np.maximum(below, 0)] == key[take[:, 0]])
-    if tied.any():
-        if n >= _HEAP_RATIO * k and k <= _SPREAD:  # block 0 must hold the first k
-            chosen[tied] = _heap_topk(keys[tied], n, k, maxima[tied])
-        else:
-            chosen[tied] = _torch_topk(keys[tied, :n], k)
-    return chosen
-
-
-def _topk(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
-    """Top-|value| entries of ``count`` chunks of ``rows`` rows, starting at ``first_row``.
-
-    Returns (flat indices int64 [count, k], bf16 bit patterns int64 [count, k]).
-    """
-    block = hidden[first_row : first_row + count * rows].reshape(count, -1)
-    return _topk_of([block.view(torch.int16).numpy().view(np.uint16)], topk)
-
-
-def _topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndarray]:
-    """``_topk`` over chunks given as uint16 bit-pattern arrays [c_i, n] (one n for all)."""
-    n = parts[0].shape[1]
-    keys = _abs_keys(sum(p.shape[0] for p in parts), n)
-    start = 0
-    for p in parts:  # the sign mask doubles as the copy into one padded array
-        np.bitwise_and(p, np.uint16(0x7FFF), out=keys[start : start + p.shape[0], :n])
-        start += p.shape[0]
-    k = min(topk, n)
-    idx = _select_topk(keys, n, k)
-    bits = np.empty(idx.shape, dtype=np.int64)
-    start = 0
-    for p in parts:
-        stop = start + p.shape[0]
-        bits[start:stop] = np.take_along_axis(p, idx[start:stop], axis=1)
-        start = stop
-    return idx, bits
 
 
 _PASS_BYTES = 16 << 20  # hidden-state bytes proven per pass (bounds the temporaries)

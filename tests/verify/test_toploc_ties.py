@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from verify.testing import bf16_gaussian, boundary_tie_free, perturb_bits
-from verify.toploc import _group_maxima, _heap_topk, _topk, build_proofs, build_proofs_many, measure
+from verify.topk import _group_maxima, _heap_topk
+from verify.topk import topk_chunks as _topk
+from verify.toploc import build_proofs, build_proofs_many, measure
 
 torch.set_num_threads(1)
 
