@@ -169,15 +169,18 @@ def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
 
 
+_SKEW_MAX = 1 << 16  # outer-product entries per level below which skewed sums beat the FFT's call overhead
+
+
 def _product_tree(x: np.ndarray) -> np.ndarray:
     """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
 
     Neighbouring factors are multiplied level by level (n/2 products of linear factors, then
     n/4 of quadratics, ...), all chunks and pairs of a level at once, in float64 (every
     product and sum of a level stays an integer below 2^53, so it is exact; one reduction
-    per level, in int64: np.fmod is about 30x slower). Low levels, where polynomials are
-    short, convolve by summing the diagonals of outer products; high levels by a checked
-    float64 FFT (``_fft_convolve``).
+    per level, in int64: np.fmod is about 30x slower). Levels with few coefficients in all
+    (low levels; every level of one chunk) convolve by summing the diagonals of outer
+    products; larger ones by a checked float64 FFT (``_fft_convolve``).
     """
     batch, n = x.shape
     width = 1 << max(0, (n - 1).bit_length())
@@ -188,7 +191,7 @@ def _product_tree(x: np.ndarray) -> np.ndarray:
     while polys.shape[1] > 1:  # multiply neighbours
         a, b = polys[:, 0::2], polys[:, 1::2]
         length = a.shape[2]
-        if length <= 5:  # out[i + j] += a[i] b[j]: row i of the outer product shifted by i
+        if length <= 5 or a.size * length <= _SKEW_MAX:  # out[i + j] += a[i] b[j]: skewed outer product
             pairs = a.shape[:2]
             skew = np.zeros(pairs + (length, 2 * length), dtype=np.float64)
             skew[..., :length] = a[..., :, None] * b[..., None, :]
