@@ -369,40 +369,65 @@ def aggregate_cut(rate: float, rollouts: int, alpha: float) -> float:
     return hi
 
 
+def binomial_tail(n: int, at_least: int, p: float) -> float:
+    """P(X >= at_least) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, j) * p**j * (1.0 - p) ** (n - j) for j in range(max(at_least, 0), n + 1))
+
+
+LOW_LEVELS = (1.0, 0.75, 0.5)  # exceed-fraction levels of the binomial-tail bound
+
+
 def escape_bound(o: Outcome, cal: PairCalibration | None, alpha: float, group: int, delta: float) -> float:
     """An upper bound, at confidence 1 - delta, on the chance that a submission of ``group``
-    rollouts of this attack is accepted, averaged over the attack's prompts.
+    rollouts of this attack is accepted, from its rollouts pooled over prompts.
 
-    Assumes the rollouts of one prompt are independent given the prompt (each row samples with
-    its own noise; nothing else differs). Per prompt, from its measured rollouts: an upper
-    confidence bound q on a rollout passing check_rollout gives P(all pass) <= q^group; for each
-    aggregated statistic, a lower confidence bound mu on a rollout's expected exceed fraction
-    gives, by Chernoff, P(mean fraction < cut) <= exp(-group KL(cut || mu)) when mu > cut,
-    where cut is the smallest mean the submission test rejects. A submission escapes only if
-    both let it pass, so the smaller bound holds. Confidence is split over every bound taken.
+    Model: a submission's rollouts are independent draws from the attack's measured rollouts
+    (the prompt effect is taken as negligible; ``prompt_spread`` shows how far prompts
+    differ). A submission escapes only if every rollout passes check_rollout and the
+    submission test lets its mean exceed fraction (per statistic) stay below ``cut``, the
+    smallest mean it rejects. Bounds, the smallest taken: q^group, q an upper confidence
+    bound on a rollout passing; Chernoff, exp(-group KL(cut || mu)) with mu a lower
+    confidence bound on a rollout's mean exceed fraction; and a binomial tail: with p an
+    upper confidence bound on a rollout's fraction being below h, the mean stays below cut
+    only if more than group (1 - cut / h) rollouts are below h. Confidence is split over
+    every bound taken.
     """
+    accepted = [a for r in o.records for a in r["accepted"]]
+    if not accepted:
+        return 1.0
+    per_test = delta / (1 + len(AGGREGATE_STATS) * (1 + len(LOW_LEVELS)))
+    bound = kl_upper_bound(sum(accepted) / len(accepted), len(accepted), per_test) ** group
+    for name in AGGREGATE_STATS if cal is not None else ():
+        fractions = [f for r in o.records for f in r["fractions"].get(name, [])]
+        if not fractions:
+            continue
+        cut = aggregate_cut(cal.stat(name).exceed_rate, group, alpha)
+        if cut > 1.0:
+            continue
+        mu = kl_lower_bound(sum(fractions) / len(fractions), len(fractions), per_test)
+        if mu > cut:
+            bound = min(bound, math.exp(-group * kl_bernoulli(cut, mu)))
+        for level in LOW_LEVELS:
+            if level <= cut:
+                continue
+            low = kl_upper_bound(sum(f < level for f in fractions) / len(fractions), len(fractions), per_test)
+            bound = min(bound, binomial_tail(group, math.floor(group * (1.0 - cut / level)) + 1, low))
+    return bound
+
+
+def prompt_spread(o: Outcome) -> str:
+    """Across prompts: the lowest mean exceed fraction (mantissa mean) and the highest share
+    of rollouts passing check_rollout."""
     by: dict[int, list[dict]] = {}
     for rec in o.records:
         by.setdefault(rec["prompt"], []).append(rec)
     if not by:
-        return 1.0
-    per_test = delta / (len(by) * (1 + len(AGGREGATE_STATS)))
-    bounds = []
-    for recs in by.values():
-        accepted = [a for r in recs for a in r["accepted"]]
-        q = kl_upper_bound(sum(accepted) / len(accepted), len(accepted), per_test)
-        bound = q ** group
-        if cal is not None:
-            for name in AGGREGATE_STATS:
-                fr = [f for r in recs for f in r["fractions"].get(name, [])]
-                if not fr:
-                    continue
-                mu = kl_lower_bound(sum(fr) / len(fr), len(fr), per_test)
-                cut = aggregate_cut(cal.stat(name).exceed_rate, group, alpha)
-                if mu > cut:
-                    bound = min(bound, math.exp(-group * kl_bernoulli(cut, mu)))
-        bounds.append(bound)
-    return sum(bounds) / len(bounds)
+        return "-"
+    low = min((sum(f for r in recs for f in r["fractions"].get("mant_err_mean", [])) /
+               max(1, sum(len(r["fractions"].get("mant_err_mean", [])) for r in recs))) for recs in by.values())
+    high = max(sum(a for r in recs for a in r["accepted"]) / max(1, sum(len(r["accepted"]) for r in recs))
+               for recs in by.values())
+    return f"{low:.2f} / {high:.2f}"
 
 
 # ----------------------------------------------------------------------------- report
@@ -658,16 +683,18 @@ def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) 
         "NOT met" + ("" if fr == 0 else " (false rejections)") + ("" if chunks >= 2000 else " (too few chunks)"))
     out = ["## Targets (issue 14), judged from these runs", "",
            f"Escape bound: an upper bound, at confidence 1 - {bound_delta:g}, on the chance that a "
-           "submission of this attack is accepted, from its measured per-rollout statistics (scripts/calibrate.py "
-           "`escape_bound`: per prompt, the chance that all rollouts pass check_rollout and a Chernoff bound on the "
-           "submission test; it assumes rollouts of one prompt are independent given the prompt). It is a bound "
-           "computed from the measurements, not a count. 'Counts alone' is the one-sided 95% lower bound on the "
-           "rejection rate that the submission counts give without any model.", "",
+           "submission of this attack is accepted, computed from its measured rollouts (scripts/calibrate.py "
+           "`escape_bound`: the chance that all rollouts pass check_rollout, and Chernoff and binomial-tail "
+           "bounds on the submission test). It is a bound from a model, not a count: it takes a submission's "
+           "rollouts as independent draws from the attack's measured rollouts, pooled over prompts. 'Prompt "
+           "spread' checks that model: the lowest per-prompt mean exceed fraction (mantissa mean) and the "
+           "highest per-prompt share of rollouts passing check_rollout. 'Counts alone' is the one-sided 95% "
+           "lower bound on the rejection rate that the submission counts give without any model.", "",
            "| condition | prompts | submissions | rollouts | chunks | submissions rejected | rejection rate, "
-           "95% lower bound from counts alone | escape bound | target | verdict |",
-           "|---|---|---|---|---|---|---|---|---|---|",
+           "95% lower bound from counts alone | prompt spread | escape bound | target | verdict |",
+           "|---|---|---|---|---|---|---|---|---|---|---|",
            f"| honest, all held-out pairs | - | {subs} | {sum(o.rollouts for _, o, _ in held_out)} | {chunks} | "
-           f"{fr} | - | - | 0 rejected over >= 2,000 chunks | {honest_ok} |"]
+           f"{fr} | - | - | - | 0 rejected over >= 2,000 chunks | {honest_ok} |"]
     for o in attacks:
         need = 0.99 if o.name in TARGET_99 else 0.999
         rate = o.subs_either / o.submissions if o.submissions else 0.0
@@ -681,7 +708,7 @@ def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) 
             verdict = "NOT shown (escape bound above target)"
         out.append(f"| {o.name} | {prompts} | {o.submissions} | {o.rollouts} | {o.chunks} | "
                    f"{pct(o.subs_either, o.submissions)} | {lower_95(o.subs_either, o.submissions):.1%} | "
-                   f"{bound:.2g} | >= {need:.1%} | {verdict} |")
+                   f"{prompt_spread(o)} | {bound:.2g} | >= {need:.1%} | {verdict} |")
     return out + [""]
 
 
