@@ -38,6 +38,7 @@ import argparse
 import copy
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -631,7 +632,7 @@ def main() -> None:
 def command_line(argv: list[str]) -> str:
     shown = ["/tmp/smol/smollm2" if i > 0 and argv[i - 1] == "--model" and a != "tiny" else a
              for i, a in enumerate(argv)]
-    return "PYTHONPATH=. flock /tmp/p2pnet-cpu.lock .venv/bin/python scripts/calibrate.py " + " ".join(shown)
+    return "PYTHONPATH=. flock /tmp/p2pnet-cpu.lock .venv/bin/python scripts/calibrate.py " + shlex.join(shown)
 
 
 def render(args, setup: Setup, pairs, held_out, attacks, runs: list[dict], bounds: dict) -> str:
@@ -702,10 +703,12 @@ def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) 
         prompts = len({r["prompt"] for r in o.records}) if o.records else "-"
         if rate < need:
             verdict = "NOT met"
+        elif lower_95(o.subs_either, o.submissions) >= need:
+            verdict = "met by counts"
         elif bound <= 1 - need:
-            verdict = "met (all measured rejected; escape bound below target)"
+            verdict = "every one rejected; the rate shown by the escape bound (a model), not by counts"
         else:
-            verdict = "NOT shown (escape bound above target)"
+            verdict = "NOT shown (too few submissions, escape bound above target)"
         out.append(f"| {o.name} | {prompts} | {o.submissions} | {o.rollouts} | {o.chunks} | "
                    f"{pct(o.subs_either, o.submissions)} | {lower_95(o.subs_either, o.submissions):.1%} | "
                    f"{prompt_spread(o)} | {bound:.2g} | >= {need:.1%} | {verdict} |")
