@@ -15,8 +15,9 @@ What is timed, as a worker and a validator use it:
   the batch ends, with ``build_proofs_many`` (all rows' chunks in one pass); toploc has no
   such call, so its figure is ``build_proofs_bytes`` once per row, as a worker using it would;
 - ``build_1024``: the proofs of one 1,024-token rollout;
-- ``verify_1024``: verifying 1,024 tokens (32 chunks, what a validator does per rollout). Inputs: standard
-normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
+- ``verify_1024``: verifying 1,024 tokens (32 chunks, what a validator does per rollout).
+
+Inputs: standard normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
 and the same with a few massive channels, as real LM-head inputs have. Both libraries run
 alternately in one loop, so load on this shared machine hits both alike; times are medians.
 Every chunk's proof is compared byte for byte. toploc's C++ verify starts one thread per
