@@ -6,20 +6,31 @@ toploc is never a dependency of p2pnet: ``--toploc-path`` names a folder where i
 (its prebuilt wheel does not load with torch 2.13; build the wheel's sources with
 ``python setup.py build_ext --inplace``). Without it only our figures are printed.
 
-What is timed, as a worker and a validator use it: building the proof of one 32-token chunk
-(a worker proves each chunk as it is generated), building the proofs of 1,024 tokens, and
-verifying 1,024 tokens (32 chunks, what a validator does per rollout). Inputs: standard
-normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
+What is timed, as a worker and a validator use it:
+- ``build_chunk``: the proof of one 32-token chunk alone (a worker that proved each chunk
+  the moment it was generated would pay this per chunk);
+- ``build_batch``: the proofs of a generation batch, ``--batch-rows`` rollouts of
+  ``--batch-tokens`` tokens each, divided by its chunk count. This is how this project's
+  worker builds them: ``trainer.rollout.build_row_proofs`` proves every row of a batch when
+  the batch ends, with ``build_proofs_many`` (all rows' chunks in one pass); toploc has no
+  such call, so its figure is ``build_proofs_bytes`` once per row, as a worker using it would;
+- ``build_1024``: the proofs of one 1,024-token rollout;
+- ``verify_1024``: verifying 1,024 tokens (32 chunks, what a validator does per rollout).
+
+Inputs: standard normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
 and the same with a few massive channels, as real LM-head inputs have. Both libraries run
 alternately in one loop, so load on this shared machine hits both alike; times are medians.
 Every chunk's proof is compared byte for byte. toploc's C++ verify starts one thread per
-hardware thread whatever torch.set_num_threads says, so its verify uses every core; ours one.
+hardware thread whatever torch.set_num_threads says, so its verify uses every core and ours
+one; ``--one-core`` pins the whole process to one CPU so both run on one core (the issue's
+"one thread" comparison).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -28,7 +39,7 @@ import time
 import torch
 
 from verify.testing import bf16_gaussian
-from verify.toploc import build_proofs, measure
+from verify.toploc import build_proofs, build_proofs_many, measure
 
 SIZES = (576, 896, 2048, 4096, 5120)
 
@@ -46,32 +57,47 @@ def paired_ms(fns: list, repeats: int) -> list[float]:
     return [1e3 * statistics.median(t) for t in times]
 
 
-def bench_one(toploc, hidden_size: int, massive: int, repeats: int) -> dict:
+COLUMNS = ("build_chunk", "build_batch", "build_1024", "verify_1024")
+
+
+def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: int, batch_tokens: int) -> dict:
     h = bf16_gaussian(hidden_size, 1024, hidden_size, massive_channels=massive)
     chunk = h[:32]
+    batch = [bf16_gaussian(hidden_size * 1000 + r, batch_tokens, hidden_size, massive_channels=massive)
+             for r in range(batch_rows)]
+    batch_chunks = batch_rows * -(-batch_tokens // 32)
     ours = build_proofs(h)
-    row = {"hidden": hidden_size, "massive_channels": massive, "chunks": len(ours)}
+    ours_batch = build_proofs_many(batch)
+    row = {"hidden": hidden_size, "massive_channels": massive, "chunks": len(ours) + batch_chunks,
+           "batch_rows": batch_rows, "batch_tokens": batch_tokens}
     fns = {
         "build_chunk": lambda: build_proofs(chunk),
+        "build_batch": lambda: build_proofs_many(batch),
         "build_1024": lambda: build_proofs(h),
         "verify_1024": lambda: measure(h, ours),
     }
+    per = {"build_batch": batch_chunks}  # reported per chunk
+    counts = {name: repeats if name == "build_chunk" else max(3, repeats // 3) for name in fns}
     if toploc is None:
         for name, fn in fns.items():
-            row[name] = paired_ms([fn], repeats if name == "build_chunk" else max(3, repeats // 3))[0]
+            row[name] = paired_ms([fn], counts[name])[0] / per.get(name, 1)
         return row
     rows_chunk = [chunk[i : i + 1] for i in range(32)]
     rows_all = [h[i : i + 1] for i in range(1024)]
+    rows_batch = [[b[i : i + 1] for i in range(batch_tokens)] for b in batch]
     theirs = toploc.build_proofs_bytes(rows_all, 32, 128, skip_prefill=True)
-    row["byte_equal_chunks"] = sum(a == b for a, b in zip(ours, theirs))
+    theirs_batch = [toploc.build_proofs_bytes(r, 32, 128, skip_prefill=True) for r in rows_batch]
+    row["byte_equal_chunks"] = sum(a == b for a, b in zip(ours, theirs)) + sum(
+        a == b for mine, its in zip(ours_batch, theirs_batch) for a, b in zip(mine, its))
     their_fns = {
         "build_chunk": lambda: toploc.build_proofs_bytes(rows_chunk, 32, 128, skip_prefill=True),
+        "build_batch": lambda: [toploc.build_proofs_bytes(r, 32, 128, skip_prefill=True) for r in rows_batch],
         "build_1024": lambda: toploc.build_proofs_bytes(rows_all, 32, 128, skip_prefill=True),
         "verify_1024": lambda: toploc.verify_proofs_bytes(h, theirs, 32, 128, skip_prefill=True),
     }
     for name, fn in fns.items():
-        n = repeats if name == "build_chunk" else max(3, repeats // 3)
-        row[name], row[f"toploc_{name}"] = paired_ms([fn, their_fns[name]], n)
+        mine, its = paired_ms([fn, their_fns[name]], counts[name])
+        row[name], row[f"toploc_{name}"] = mine / per.get(name, 1), its / per.get(name, 1)
         row[f"speedup_{name}"] = row[f"toploc_{name}"] / row[name]
     return row
 
@@ -81,9 +107,15 @@ def main() -> None:
     ap.add_argument("--toploc-path", default=None, help="folder holding a built toploc package")
     ap.add_argument("--repeats", type=int, default=15, help="timed runs per figure (a third for 1024 tokens)")
     ap.add_argument("--sizes", type=int, nargs="*", default=list(SIZES), help="hidden sizes")
+    ap.add_argument("--batch-rows", type=int, default=32, help="rollouts in the worker's generation batch")
+    ap.add_argument("--batch-tokens", type=int, default=64, help="tokens per rollout of that batch")
+    ap.add_argument("--one-core", action="store_true",
+                    help="pin the process to one CPU (toploc's verify threads included)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.one_core:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     toploc = None
     if args.toploc_path:
         sys.path.insert(0, args.toploc_path)
@@ -91,16 +123,19 @@ def main() -> None:
     results = []
     for massive in (0, 8):
         for size in args.sizes:
-            results.append(bench_one(toploc, size, massive, args.repeats))
+            results.append(bench_one(toploc, size, massive, args.repeats, args.batch_rows, args.batch_tokens))
             if not args.json:
                 print(f"# hidden {size}, massive channels {massive}: done", file=sys.stderr, flush=True)
     meta = {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-            "toploc": getattr(toploc, "__version__", None), "repeats": args.repeats}
+            "toploc": getattr(toploc, "__version__", None), "repeats": args.repeats,
+            "one_core": args.one_core, "batch_rows": args.batch_rows, "batch_tokens": args.batch_tokens}
     if args.json:
         print(json.dumps({"meta": meta, "results": results}, indent=1))
         return
-    print(f"torch {meta['torch']}, {meta['cpu']}, 1 torch thread, toploc {meta['toploc'] or 'not given'}\n")
-    cols = ["build_chunk", "build_1024", "verify_1024"]
+    print(f"torch {meta['torch']}, {meta['cpu']}, 1 torch thread, toploc {meta['toploc'] or 'not given'}, "
+          f"{'pinned to one core' if args.one_core else 'all cores allowed'}, worker batch "
+          f"{args.batch_rows} rows x {args.batch_tokens} tokens\n")
+    cols = list(COLUMNS)
     head = "| hidden | massive ch. | " + " | ".join(f"ours {c}" for c in cols)
     sep = "|---|---|" + "---|" * len(cols)
     if toploc is not None:
@@ -114,7 +149,7 @@ def main() -> None:
             cells += [f"{r['toploc_' + c]:.3f}" for c in cols] + [f"{r['speedup_' + c]:.2f}" for c in cols]
             cells.append(f"{r['byte_equal_chunks']}/{r['chunks']}")
         print("| " + " | ".join(cells) + " |")
-    print("\nTimes in ms (medians); x = toploc time / ours (above 1: ours is faster).")
+    print("\nTimes in ms (medians); build_batch is per chunk; x = toploc time / ours (above 1: ours is faster).")
 
 
 if __name__ == "__main__":

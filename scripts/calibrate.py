@@ -38,6 +38,7 @@ import argparse
 import copy
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -47,10 +48,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verify.calibration import model_fingerprint, tables_to_json
+from verify.calibration import load_tables, model_fingerprint, tables_to_json
 from verify.check import check_rollout
 from verify.policy import (AGGREGATE_STATS, SAME_STACK, PairCalibration, StatCalibration, decide,
-                           decide_aggregate, exceed_fractions, kl_upper_bound)
+                           decide_aggregate, exceed_fractions, kl_bernoulli, kl_upper_bound)
 from verify.testing import fake_quantize
 from verify.toploc import build_proofs
 
@@ -61,7 +62,9 @@ TOPICS = ("a robot who learns to paint", "the ocean at night", "a city under sno
           "a garden in spring", "a train that never stops", "a clockmaker's apprentice", "a quiet library",
           "a storm at sea", "a friendly ghost", "a mountain village", "the last tree on Earth")
 FORMS = ("Write a short story about {}.", "Write a poem about {}.", "Describe {} in vivid detail.",
-         "Write a diary entry about {}.")
+         "Write a diary entry about {}.", "Write a letter about {}.", "Write a song about {}.",
+         "Explain {} to a child.", "Write a news report about {}.")  # prompt i: FORMS[i // 16], so
+# prompts 0-63 are the same whatever forms are appended (the shipped table rests on 0-15)
 
 
 # ----------------------------------------------------------------------------- setup
@@ -146,6 +149,7 @@ class Sub:
     outputs: list[list[int]]
     proofs: list[list[bytes]]
     temperature: float = TEMPERATURE
+    prompt_id: int = 0  # index in the prompt list (the submission's population unit for bounds)
 
 
 @torch.no_grad()
@@ -165,7 +169,7 @@ def generate(model, prompts: list[list[int]], *, rows: int, group: int, tokens: 
         for start in range(0, rows, group):
             part = outs[start:start + group]
             subs.append(Sub(prompt, seed, list(range(start, start + len(part))), [o.output_ids for o in part],
-                            [build_proofs(o.hidden) for o in part]))
+                            [build_proofs(o.hidden) for o in part], temperature=TEMPERATURE, prompt_id=i))
     return subs
 
 
@@ -199,6 +203,7 @@ class Checked:
     """A submission's per-rollout verdicts under the paper's thresholds."""
 
     verdicts: list
+    prompt_id: int = 0
 
     @property
     def chunk_stats(self) -> list[list]:
@@ -215,7 +220,7 @@ def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int) -> li
             verdicts.append(check_rollout(lambda ids, h=h, lg=lg: (h, lg), sub.prompt, output, proofs,
                                           seed=sub.seed, row=row, temperature=sub.temperature,
                                           eos_token_id=eos, max_new_tokens=tokens, vocab_size=vocab))
-        out.append(Checked(verdicts))
+        out.append(Checked(verdicts, sub.prompt_id))
     return out
 
 
@@ -232,7 +237,7 @@ def changed_prompt(subs: list[Sub], setup: Setup) -> list[Sub]:
         p = list(s.prompt)
         at = setup.change_at[tuple(s.prompt)]
         p[at] = bump(p[at], setup.vocab)
-        out.append(Sub(p, s.seed, s.rows, s.outputs, s.proofs))
+        out.append(Sub(p, s.seed, s.rows, s.outputs, s.proofs, prompt_id=s.prompt_id))
     return out
 
 
@@ -249,7 +254,7 @@ def substituted(subs: list[Sub], worker, setup: Setup) -> list[Sub]:
             outputs.append(o2)
         hidden = prefill(worker, [s.prompt + o for o in outputs])
         proofs = [build_proofs(h[len(s.prompt) - 1:len(s.prompt) - 1 + len(o)]) for (h, _), o in zip(hidden, outputs)]
-        out.append(Sub(s.prompt, s.seed, s.rows, outputs, proofs))
+        out.append(Sub(s.prompt, s.seed, s.rows, outputs, proofs, prompt_id=s.prompt_id))
     return out
 
 
@@ -262,7 +267,7 @@ def copied(subs: list[Sub]) -> list[Sub]:
             donor = s.proofs[(i + 1) % len(s.proofs)]
             need = -(-len(o) // 32)
             proofs.append([donor[j % len(donor)] for j in range(need)])
-        out.append(Sub(s.prompt, s.seed, s.rows, s.outputs, proofs))
+        out.append(Sub(s.prompt, s.seed, s.rows, s.outputs, proofs, prompt_id=s.prompt_id))
     return out
 
 
@@ -305,6 +310,8 @@ class Outcome:
     subs_same_stack: int | None = None  # per-chunk rule with SAME_STACK thresholds, where bit-exact
     reasons: set = field(default_factory=set)
     worst: dict = field(default_factory=dict)
+    # per submission: prompt id, per-rollout check_rollout verdicts and exceed fractions, decisions
+    records: list = field(default_factory=list)
 
 
 def decide_all(name: str, checked: list[Checked], cal: PairCalibration | None, alpha: float) -> Outcome:
@@ -324,6 +331,13 @@ def decide_all(name: str, checked: list[Checked], cal: PairCalibration | None, a
                 for stat in ("exp_mismatches", "mant_err_mean", "mant_err_median", "sign_mismatches"):
                     o.worst[stat] = max(o.worst.get(stat, 0.0), float(getattr(s, stat)))
         agg = decide_aggregate(c.chunk_stats, cal, alpha).accepted if cal is not None else True
+        o.records.append({
+            "prompt": c.prompt_id, "accepted": [bool(v.accepted) for v in c.verdicts],
+            "chunks": [len(v.chunk_stats) for v in c.verdicts],
+            "fractions": {} if cal is None else {
+                name: exceed_fractions([v.chunk_stats for v in c.verdicts], name, cal.stat(name))
+                for name in AGGREGATE_STATS},
+            "chunk_rule": bool(rule), "aggregate": not agg})
         o.subs_chunk_rule += rule
         o.subs_aggregate += not agg
         o.subs_either += rule or not agg
@@ -333,6 +347,88 @@ def decide_all(name: str, checked: list[Checked], cal: PairCalibration | None, a
             tight = any(not decide(v.chunk_stats, SAME_STACK).accepted for v in c.verdicts)
             o.subs_same_stack += other or tight
     return o
+
+
+# ----------------------------------------------------------------------------- bounds
+
+
+def kl_lower_bound(mean: float, n: int, delta: float) -> float:
+    """Lower confidence bound (level 1 - delta) on the expectation of n independent [0, 1] samples."""
+    return 1.0 - kl_upper_bound(1.0 - mean, n, delta)
+
+
+def aggregate_cut(rate: float, rollouts: int, alpha: float) -> float:
+    """The smallest mean exceed fraction at which decide_aggregate rejects ``rollouts`` rollouts
+    (inf when even 1.0 is not enough)."""
+    limit = math.log(len(AGGREGATE_STATS) / alpha)
+    if rollouts * kl_bernoulli(1.0, rate) < limit:
+        return math.inf
+    lo, hi = rate, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if rollouts * kl_bernoulli(mid, rate) >= limit else (mid, hi)
+    return hi
+
+
+def binomial_tail(n: int, at_least: int, p: float) -> float:
+    """P(X >= at_least) for X ~ Binomial(n, p)."""
+    return sum(math.comb(n, j) * p**j * (1.0 - p) ** (n - j) for j in range(max(at_least, 0), n + 1))
+
+
+LOW_LEVELS = (1.0, 0.75, 0.5)  # exceed-fraction levels of the binomial-tail bound
+
+
+def escape_bound(o: Outcome, cal: PairCalibration | None, alpha: float, group: int, delta: float) -> float:
+    """An upper bound, at confidence 1 - delta, on the chance that a submission of ``group``
+    rollouts of this attack is accepted, from its rollouts pooled over prompts.
+
+    Model: a submission's rollouts are independent draws from the attack's measured rollouts
+    (the prompt effect is taken as negligible; ``prompt_spread`` shows how far prompts
+    differ). A submission escapes only if every rollout passes check_rollout and the
+    submission test lets its mean exceed fraction (per statistic) stay below ``cut``, the
+    smallest mean it rejects. Bounds, the smallest taken: q^group, q an upper confidence
+    bound on a rollout passing; Chernoff, exp(-group KL(cut || mu)) with mu a lower
+    confidence bound on a rollout's mean exceed fraction; and a binomial tail: with p an
+    upper confidence bound on a rollout's fraction being below h, the mean stays below cut
+    only if more than group (1 - cut / h) rollouts are below h. Confidence is split over
+    every bound taken.
+    """
+    accepted = [a for r in o.records for a in r["accepted"]]
+    if not accepted:
+        return 1.0
+    per_test = delta / (1 + len(AGGREGATE_STATS) * (1 + len(LOW_LEVELS)))
+    bound = kl_upper_bound(sum(accepted) / len(accepted), len(accepted), per_test) ** group
+    for name in AGGREGATE_STATS if cal is not None else ():
+        fractions = [f for r in o.records for f in r["fractions"].get(name, [])]
+        if not fractions:
+            continue
+        cut = aggregate_cut(cal.stat(name).exceed_rate, group, alpha)
+        if cut > 1.0:
+            continue
+        mu = kl_lower_bound(sum(fractions) / len(fractions), len(fractions), per_test)
+        if mu > cut:
+            bound = min(bound, math.exp(-group * kl_bernoulli(cut, mu)))
+        for level in LOW_LEVELS:
+            if level <= cut:
+                continue
+            low = kl_upper_bound(sum(f < level for f in fractions) / len(fractions), len(fractions), per_test)
+            bound = min(bound, binomial_tail(group, math.floor(group * (1.0 - cut / level)) + 1, low))
+    return bound
+
+
+def prompt_spread(o: Outcome) -> str:
+    """Across prompts: the lowest mean exceed fraction (mantissa mean) and the highest share
+    of rollouts passing check_rollout."""
+    by: dict[int, list[dict]] = {}
+    for rec in o.records:
+        by.setdefault(rec["prompt"], []).append(rec)
+    if not by:
+        return "-"
+    low = min((sum(f for r in recs for f in r["fractions"].get("mant_err_mean", [])) /
+               max(1, sum(len(r["fractions"].get("mant_err_mean", [])) for r in recs))) for recs in by.values())
+    high = max(sum(a for r in recs for a in r["accepted"]) / max(1, sum(len(r["accepted"]) for r in recs))
+               for recs in by.values())
+    return f"{low:.2f} / {high:.2f}"
 
 
 # ----------------------------------------------------------------------------- report
@@ -368,6 +464,20 @@ PAIR_HEAD = ("| worker stack | validator stack | calibration chunks / rollouts |
              "|---|---|---|---|---|---|---|---|---|---|")
 
 
+ATTACKS = {"int8": "int8 weights", "int4": "int4 weights", "noise1": "weights + 1% noise",
+           "noise5": "weights + 5% noise", "random": "another model (random init)",
+           "seed": "another sampling seed", "temp": "temperature 0.7 claimed as 1.0",
+           "prompt": "one prompt token changed", "subst": "one token per chunk changed, proofs rebuilt",
+           "copied": "proofs copied from another rollout"}
+DERIVED = ("prompt", "subst", "copied")  # built from honest bf16 submissions
+TARGET_99 = ("int8 weights", "weights + 1% noise")  # the issue's 99% attacks; every other one 99.9%
+
+
+def outcome_from_json(raw: dict) -> Outcome:
+    known = set(Outcome.__dataclass_fields__)
+    return Outcome(**{k: v for k, v in raw.items() if k in known} | {"reasons": set(raw.get("reasons", ()))})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Calibrate the verification policy and measure detection.")
     ap.add_argument("--model", default="tiny", help="a model folder (p2pnet model prepare smollm2), or 'tiny'")
@@ -379,6 +489,20 @@ def main() -> None:
     ap.add_argument("--quantile", type=float, default=0.9, help="honest per-chunk quantile used as limit")
     ap.add_argument("--delta", type=float, default=0.01, help="1 - confidence of the honest exceed rate")
     ap.add_argument("--alpha", type=float, default=1e-4, help="false-rejection rate of the submission test")
+    ap.add_argument("--bound-delta", type=float, default=1e-3,
+                    help="1 - confidence of the per-attack escape bounds (see escape_bound)")
+    ap.add_argument("--attacks", default=",".join(ATTACKS),
+                    help=f"comma-separated attacks to run, of: {', '.join(ATTACKS)}")
+    ap.add_argument("--tables", default=None,
+                    help="use these calibration tables and skip the honest runs (detection only)")
+    ap.add_argument("--honest-from", default=None,
+                    help="with --tables: a --json file of the run that made the tables, for the honest rows")
+    ap.add_argument("--honest-command", default=None,
+                    help="with --honest-from: the command of that run, quoted in the report")
+    ap.add_argument("--honest-runtime-min", type=float, default=0.0,
+                    help="with --honest-from: that run's runtime in minutes, added to the report's total")
+    ap.add_argument("--merge", nargs="*", default=[],
+                    help="--json files of earlier detection runs (same tables) whose attacks join the report")
     ap.add_argument("--doc", default=None, help="write the markdown report here (docs/calibration.md)")
     ap.add_argument("--table", default=None, help="write calibration tables here (verify/calibration_tables.json)")
     ap.add_argument("--json", default=None, help="write every figure as JSON here")
@@ -389,6 +513,11 @@ def main() -> None:
     PREFILL_BATCH[0] = max(1, args.prefill_batch)
     if args.rows % args.group:
         ap.error("--rows must be a multiple of --group")
+    chosen = [a.strip() for a in args.attacks.split(",") if a.strip()]
+    if unknown := [a for a in chosen if a not in ATTACKS]:
+        ap.error(f"unknown attacks {unknown}; choose from {', '.join(ATTACKS)}")
+    if args.table and args.tables:
+        ap.error("--table writes tables from honest runs, which --tables skips")
     torch.set_num_threads(1)
     t0 = time.time()
 
@@ -396,65 +525,96 @@ def main() -> None:
         print(f"[{time.time() - t0:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
     setup = make_setup(args.model, args.prompts, args.attack_prompts)
+    if args.tables:  # attack prompts stay the ones after the honest prompts of the table's run
+        setup.prompts = []
     gen = dict(rows=args.rows, group=args.group, tokens=args.tokens, eos=setup.eos)
     val = dict(eos=setup.eos, tokens=args.tokens, vocab=setup.vocab)
     models = {"fp32": setup.base.eval(), "bf16": in_dtype(setup.base, torch.bfloat16)}
-
-    honest: dict[str, list[Sub]] = {}
-    for w, model in models.items():
-        honest[w] = generate(model, setup.prompts, **gen)
-        say(f"honest {w} worker: {len(honest[w])} submissions, "
-            f"{sum(len(p) for s in honest[w] for p in s.proofs)} chunks")
-    checked: dict[tuple[str, str], list[Checked]] = {}
-    for w in models:
-        for v, vmodel in models.items():
-            checked[w, v] = validate(vmodel, honest[w], **val)
-            say(f"validated {w} worker with {v} validator")
-
-    pairs, held_out = [], []
-    for (w, v), cs in checked.items():
-        cal = calibrate_pair(w, v, cs[0::2], args.quantile, args.delta)
-        pairs.append(cal)
-        held_out.append((cal, decide_all(f"honest {w} worker, {v} validator (held out)", cs[1::2], cal, args.alpha),
-                         decide_all("all", cs, cal, args.alpha)))
-    cal_by = {(p.worker, p.validator): p for p in pairs}
     meta = {"source": "scripts/calibrate.py", "model": setup.name, "model_config": model_fingerprint(setup.base.config),
             "quantile": args.quantile, "delta": args.delta,
             "tokens": args.tokens, "group": args.group, "torch": torch.__version__,
             "prefill_batch": args.prefill_batch}
-    if args.table:
-        Path(args.table).write_text(tables_to_json(pairs, meta))
-        say(f"wrote {args.table}")
+
+    honest: dict[str, list[Sub]] = {}
+    pairs, held_out = [], []
+    if args.tables:
+        tables = load_tables(args.tables)
+        if not tables.applies_to(setup.base.config):
+            ap.error(f"{args.tables} was measured on {tables.meta.get('model')}, not on this model")
+        pairs = list(tables.pairs.values())
+        if args.honest_from:
+            old = json.loads(Path(args.honest_from).read_text())
+            honest_rows = [outcome_from_json(o) for o in old["outcomes"] if o["name"].startswith("honest")]
+            held_out = [(cal, o, o) for cal, o in zip(pairs, honest_rows)]
+    else:
+        for w, model in models.items():
+            honest[w] = generate(model, setup.prompts, **gen)
+            say(f"honest {w} worker: {len(honest[w])} submissions, "
+                f"{sum(len(p) for s in honest[w] for p in s.proofs)} chunks")
+        checked: dict[tuple[str, str], list[Checked]] = {}
+        for w in models:
+            for v, vmodel in models.items():
+                checked[w, v] = validate(vmodel, honest[w], **val)
+                say(f"validated {w} worker with {v} validator")
+        for (w, v), cs in checked.items():
+            cal = calibrate_pair(w, v, cs[0::2], args.quantile, args.delta)
+            pairs.append(cal)
+            held_out.append((cal, decide_all(f"honest {w} worker, {v} validator (held out)", cs[1::2], cal,
+                                             args.alpha), decide_all("all", cs, cal, args.alpha)))
+        if args.table:
+            Path(args.table).write_text(tables_to_json(pairs, meta))
+            say(f"wrote {args.table}")
+    cal_by = {(p.worker, p.validator): p for p in pairs}
+    claimed = cal_by.get((stack_key("bf16"), stack_key("fp32")))
 
     attacks: list[Outcome] = []
     if not args.skip_attacks:
         worker = models["bf16"]
-        claimed = cal_by[stack_key("bf16"), stack_key("fp32")]
         check = models["fp32"]
         bf16 = lambda m: m.to(torch.bfloat16).eval()  # noqa: E731
         generated: dict[str, Callable[[], list[Sub]]] = {
-            "int8 weights": lambda: generate(fake_quantize(worker, 8), setup.attack_prompts, **gen),
-            "int4 weights": lambda: generate(fake_quantize(worker, 4), setup.attack_prompts, **gen),
-            "weights + 1% noise": lambda: generate(bf16(noisy(setup.base, 0.01)), setup.attack_prompts, **gen),
-            "weights + 5% noise": lambda: generate(bf16(noisy(setup.base, 0.05)), setup.attack_prompts, **gen),
-            "another model (random init)": lambda: generate(bf16(random_init(setup.base)), setup.attack_prompts,
-                                                           **gen),
-            "another sampling seed": lambda: generate(worker, setup.attack_prompts, seed_offset=7, **gen),
-            "temperature 0.7 claimed as 1.0": lambda: generate(worker, setup.attack_prompts, temperature=0.7,
-                                                               **gen),
+            "int8": lambda: generate(fake_quantize(worker, 8), setup.attack_prompts, **gen),
+            "int4": lambda: generate(fake_quantize(worker, 4), setup.attack_prompts, **gen),
+            "noise1": lambda: generate(bf16(noisy(setup.base, 0.01)), setup.attack_prompts, **gen),
+            "noise5": lambda: generate(bf16(noisy(setup.base, 0.05)), setup.attack_prompts, **gen),
+            "random": lambda: generate(bf16(random_init(setup.base)), setup.attack_prompts, **gen),
+            "seed": lambda: generate(worker, setup.attack_prompts, seed_offset=7, **gen),
+            "temp": lambda: generate(worker, setup.attack_prompts, temperature=0.7, **gen),
         }
-        base_subs = honest["bf16"][1::2]  # held-out honest bf16 submissions, edited
-        derived: dict[str, Callable[[], list[Sub]]] = {
-            "one prompt token changed": lambda: changed_prompt(base_subs, setup),
-            "one token per chunk changed, proofs rebuilt": lambda: substituted(base_subs, worker, setup),
-            "proofs copied from another rollout": lambda: copied(base_subs),
-        }
-        for name, make in {**generated, **derived}.items():
-            subs = make()
-            attacks.append(decide_all(name, validate(check, subs, **val), claimed, args.alpha))
-            say(f"attack {name}: {outcome_row(attacks[-1])}")
+        base: list[list[Sub]] = []
 
-    report = render(args, setup, pairs, held_out, attacks, time.time() - t0)
+        def base_subs() -> list[Sub]:
+            """Honest bf16 submissions to edit: the held-out half, or (--tables) the attack prompts'."""
+            if not base:
+                base.append(honest["bf16"][1::2] if honest else generate(worker, setup.attack_prompts, **gen))
+            return base[0]
+
+        derived: dict[str, Callable[[], list[Sub]]] = {
+            "prompt": lambda: changed_prompt(base_subs(), setup),
+            "subst": lambda: substituted(base_subs(), worker, setup),
+            "copied": lambda: copied(base_subs()),
+        }
+        for key in ATTACKS:
+            if key not in chosen:
+                continue
+            subs = {**generated, **derived}[key]()
+            attacks.append(decide_all(ATTACKS[key], validate(check, subs, **val), claimed, args.alpha))
+            say(f"attack {ATTACKS[key]}: {outcome_row(attacks[-1])}")
+
+    runs = []
+    if args.honest_command:  # the run that wrote the tables and the honest rows
+        runs.append({"command": args.honest_command, "runtime_s": 60.0 * args.honest_runtime_min})
+    for path in args.merge:
+        old = json.loads(Path(path).read_text())
+        runs += [r for r in old["meta"].get("runs", []) if "command" not in r]
+        have = {o.name for o in attacks}
+        attacks += [outcome_from_json(o) for o in old["outcomes"]
+                    if not o["name"].startswith("honest") and o["name"] not in have]
+    runs.append({"argv": sys.argv[1:], "runtime_s": time.time() - t0})
+    order = list(ATTACKS.values())
+    attacks.sort(key=lambda o: order.index(o.name) if o.name in order else len(order))
+    bounds = {o.name: escape_bound(o, claimed, args.alpha, args.group, args.bound_delta) for o in attacks}
+    report = render(args, setup, pairs, held_out, attacks, runs, bounds)
     if args.doc:
         Path(args.doc).write_text(report)
         say(f"wrote {args.doc}")
@@ -462,25 +622,33 @@ def main() -> None:
         print(report)
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "meta": meta, "pairs": json.loads(tables_to_json(pairs, meta))["pairs"],
+            "meta": meta | {"runs": runs, "alpha": args.alpha, "bound_delta": args.bound_delta},
+            "pairs": json.loads(tables_to_json(pairs, meta))["pairs"],
             "outcomes": [vars(o) | {"reasons": sorted(o.reasons)} for _, o, _ in held_out] +
-                        [vars(o) | {"reasons": sorted(o.reasons)} for o in attacks]}, indent=1, default=str))
+                        [vars(o) | {"reasons": sorted(o.reasons), "escape_bound": bounds[o.name]} for o in attacks]},
+            indent=None, default=str))
 
 
-def render(args, setup: Setup, pairs, held_out, attacks, runtime_s: float) -> str:
-    cmd = ("PYTHONPATH=. flock /tmp/p2pnet-cpu.lock .venv/bin/python scripts/calibrate.py "
-           f"--model {args.model if args.model == 'tiny' else '/tmp/smol/smollm2'} --prompts {args.prompts} "
-           f"--attack-prompts {args.attack_prompts} --rows {args.rows} --group {args.group} --tokens {args.tokens} "
-           f"--quantile {args.quantile} --delta {args.delta} --alpha {args.alpha} --prefill-batch {args.prefill_batch} "
-           "--doc docs/calibration.md --table verify/calibration_tables.json")
+def command_line(argv: list[str]) -> str:
+    shown = ["/tmp/smol/smollm2" if i > 0 and argv[i - 1] == "--model" and a != "tiny" else a
+             for i, a in enumerate(argv)]
+    return "PYTHONPATH=. flock /tmp/p2pnet-cpu.lock .venv/bin/python scripts/calibrate.py " + shlex.join(shown)
+
+
+def render(args, setup: Setup, pairs, held_out, attacks, runs: list[dict], bounds: dict) -> str:
+    cmds = "\n".join(f"    {r.get('command') or command_line(r['argv'])}" for r in runs)
+    runtime_s = sum(r["runtime_s"] for r in runs)
     honest_chunks = sum(o.chunks for _, o, _ in held_out)
     honest_fr = sum(o.subs_either for _, o, _ in held_out)
-    lines = [TEXT_HEAD.format(cmd=cmd, model=setup.name, runtime=runtime_s / 60, alpha=args.alpha,
+    lines = [TEXT_HEAD.format(cmds=cmds, model=setup.name, runtime=runtime_s / 60, alpha=args.alpha,
                               quantile=args.quantile, delta=args.delta, group=args.group, tokens=args.tokens,
                               rows=args.rows, prefill_batch=args.prefill_batch),
-             "## Honest stack pairs (all chunks; calibration figures from the even-numbered half)", "",
+             "## Honest stack pairs (calibration figures from the even-numbered half)", "",
              PAIR_HEAD]
     lines += [pair_row(cal, everything) for cal, _, everything in held_out]
+    if args.tables:
+        lines += ["", f"Tables from `{args.tables}`; honest rows from `{args.honest_from}` (worst figures over the "
+                  "held-out half); the first command above made both."]
     lines += ["", "## Decisions", "",
               "Held-out honest submissions (odd-numbered half) under the table of their own pair; attacks claim "
               "the bf16 worker's stack (bf16/torch/cpu) and are checked by the fp32 validator (fp32/torch/cpu), "
@@ -489,7 +657,7 @@ def render(args, setup: Setup, pairs, held_out, attacks, runtime_s: float) -> st
     lines += [outcome_row(o) for o in attacks]
     lines += ["", f"Honest held-out: {honest_fr} of {sum(o.submissions for _, o, _ in held_out)} submissions "
               f"rejected, over {honest_chunks} chunks.", ""]
-    lines += targets(held_out, attacks)
+    lines += targets(held_out, attacks, bounds, args.bound_delta)
     if attacks:
         lines += ["Reason codes seen per attack:", ""]
         lines += [f"* {o.name}: {', '.join(sorted(o.reasons)) or '-'}" for o in attacks]
@@ -498,32 +666,63 @@ def render(args, setup: Setup, pairs, held_out, attacks, runtime_s: float) -> st
     return "\n".join(lines) + "\n"
 
 
-def targets(held_out, attacks: list[Outcome]) -> list[str]:
-    """Issue 14's targets, judged from the figures above (never assumed)."""
+def lower_95(rejected: int, n: int) -> float:
+    """One-sided 95% lower confidence bound on a rejection rate from counts alone (Clopper-Pearson)."""
+    if n == 0:
+        return 0.0
+    if rejected == n:
+        return 0.05 ** (1.0 / n)
+    return kl_lower_bound(rejected / n, n, 0.05)  # Chernoff form: conservative
+
+
+def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) -> list[str]:
+    """Issue 14's targets in one table, judged from the figures above (never assumed)."""
     chunks = sum(o.chunks for _, o, _ in held_out)
+    subs = sum(o.submissions for _, o, _ in held_out)
     fr = sum(o.subs_either for _, o, _ in held_out)
-    out = ["## Targets (issue 14), judged from this run", "",
-           f"* 0 false rejections over >= 2,000 honest chunks: {fr} rejected over {chunks} held-out chunks: "
-           f"{'met' if fr == 0 and chunks >= 2000 else 'NOT met' + ('' if fr == 0 else ' (false rejections)') + ('' if chunks >= 2000 else ' (too few chunks)')}."]
+    honest_ok = "met" if fr == 0 and chunks >= 2000 else (
+        "NOT met" + ("" if fr == 0 else " (false rejections)") + ("" if chunks >= 2000 else " (too few chunks)"))
+    out = ["## Targets (issue 14), judged from these runs", "",
+           f"Escape bound: an upper bound, at confidence 1 - {bound_delta:g}, on the chance that a "
+           "submission of this attack is accepted, computed from its measured rollouts (scripts/calibrate.py "
+           "`escape_bound`: the chance that all rollouts pass check_rollout, and Chernoff and binomial-tail "
+           "bounds on the submission test). It is a bound from a model, not a count: it takes a submission's "
+           "rollouts as independent draws from the attack's measured rollouts, pooled over prompts. 'Prompt "
+           "spread' checks that model: the lowest per-prompt mean exceed fraction (mantissa mean) and the "
+           "highest per-prompt share of rollouts passing check_rollout. 'Counts alone' is the one-sided 95% "
+           "lower bound on the rejection rate that the submission counts give without any model.", "",
+           "| condition | prompts | submissions | rollouts | chunks | submissions rejected | rejection rate, "
+           "95% lower bound from counts alone | prompt spread | escape bound | target | verdict |",
+           "|---|---|---|---|---|---|---|---|---|---|---|",
+           f"| honest, all held-out pairs | - | {subs} | {sum(o.rollouts for _, o, _ in held_out)} | {chunks} | "
+           f"{fr} | - | - | - | 0 rejected over >= 2,000 chunks | {honest_ok} |"]
     for o in attacks:
-        need = 0.99 if o.name in ("int8 weights", "weights + 1% noise") else 0.999
+        need = 0.99 if o.name in TARGET_99 else 0.999
         rate = o.subs_either / o.submissions if o.submissions else 0.0
-        # with n submissions, a rate >= need is only demonstrated when n is large enough to tell
-        enough = o.submissions >= math.ceil(1 / (1 - need))
-        verdict = ("met" if rate >= need and enough else
-                   f"NOT shown (all rejected, but {o.submissions} submissions cannot show {need:.1%})"
-                   if rate >= need else "NOT met")
-        out.append(f"* {o.name}: {o.subs_either}/{o.submissions} submissions rejected, target {need:.1%}: {verdict}.")
+        bound = bounds.get(o.name, 1.0)
+        prompts = len({r["prompt"] for r in o.records}) if o.records else "-"
+        if rate < need:
+            verdict = "NOT met"
+        elif lower_95(o.subs_either, o.submissions) >= need:
+            verdict = "met by counts"
+        elif bound <= 1 - need:
+            verdict = "every one rejected; the rate shown by the escape bound (a model), not by counts"
+        else:
+            verdict = "NOT shown (too few submissions, escape bound above target)"
+        out.append(f"| {o.name} | {prompts} | {o.submissions} | {o.rollouts} | {o.chunks} | "
+                   f"{pct(o.subs_either, o.submissions)} | {lower_95(o.subs_either, o.submissions):.1%} | "
+                   f"{prompt_spread(o)} | {bound:.2g} | >= {need:.1%} | {verdict} |")
     return out + [""]
 
 
 TEXT_HEAD = """# Calibration of the verify policy
 
-Generated by `scripts/calibrate.py` (do not edit by hand; rerun it). Command:
+Generated by `scripts/calibrate.py` (do not edit by hand; rerun it). Commands (the report is
+the last one, which merges the JSON of the others):
 
-    {cmd}
+{cmds}
 
-Model: {model}. Runtime {runtime:.1f} min on one thread. Honest workers generate as
+Model: {model}. Runtime {runtime:.1f} min on one thread (all runs). Honest workers generate as
 `trainer.rollout.generate_rows` does ({rows} rows of one prompt per batch, KV cache, seeded
 sampling at temperature 1.0, up to {tokens} new tokens) and prove their LM-head inputs; a
 submission is {group} rollouts of one prompt. Validators recompute each rollout in one prefill

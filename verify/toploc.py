@@ -12,7 +12,7 @@ each chunk, flattened:
 
 1. take the ``k = min(topk, numel)`` entries of largest absolute value, ties at the k-th
    place broken exactly as toploc's ``flat.abs().topk(k)`` does on CPU (torch's CPU kernel:
-   a heap selection for numel >= 64 k, nth_element below; see ``_select_topk``), so proofs
+   a heap selection for numel >= 64 k, nth_element below; see ``verify.topk``), so proofs
    are byte-identical to toploc's for every chunk, tie-heavy real hidden states included
    (tests/verify/test_toploc_ties.py, a golden file made by toploc 0.1.6). Proofs are always
    built and measured on CPU: a CUDA topk breaks ties otherwise;
@@ -39,12 +39,13 @@ Differences from toploc 0.1.6, all deliberate:
 How it is fast (no per-element Python loops): interpolation is done in Lagrange form with
 matrix products. With M(t) = prod_j (t - x_j), the coefficients are
 ``c_k = sum_t M[k+1+t] * S_t`` with ``S_t = sum_i a_i x_i^t`` and ``a_i = y_i / M'(x_i)``:
-S, M'(x_i) and every evaluation use baby-step/giant-step power tables
-(x^t = (x^B)^g * x^b, B = 16) and small matrix products; c is a Hankel matrix of M times S.
-All entries are < P, so float64 products are exact (n * P^2 < 2^53). M comes from a
-batched product tree of convolutions. Top-k: chunks without a tie at the k-th place take a
-threshold from group maxima and sort only the few entries above it; tied chunks go to
-torch.topk, as toploc's do.
+S, M'(x_i) and every evaluation use baby-step/giant-step powers (x^t = (x^B)^g * x^b,
+B = 16; looked up in tables of every x in GF(P) for the usual 128 points) and small matrix
+products; c is a Hankel matrix of M times S. All entries are < P, so float64 products are
+exact (n * P^2 < 2^53). M comes from a batched product tree (``_product_tree``). Every step
+is batched over chunks, and ``build_proofs_many`` batches the chunks of many rollouts (a
+worker's generation batch), so fixed numpy costs are paid once per batch. Top-k selection
+is ``verify.topk``.
 """
 
 from __future__ import annotations
@@ -58,11 +59,14 @@ import torch
 from numpy.lib.stride_tricks import as_strided
 
 from verify.errors import ProofError
+from verify.topk import topk_chunks as _topk
+from verify.topk import topk_of as _topk_of
 
 __all__ = [
     "PRIME",
     "ChunkStats",
     "build_proofs",
+    "build_proofs_many",
     "decode_proof",
     "encode_proof",
     "evaluate",
@@ -96,12 +100,6 @@ _INV = _inverse_table()
 # --------------------------------------------------------------------------- field algebra
 
 
-def _matvec_mod(mat: np.ndarray, vec: np.ndarray) -> np.ndarray:
-    """(mat @ vec) mod P for entries in [0, P): exact in float64. Batched over leading dims."""
-    prod = np.matmul(mat.astype(np.float64), vec.astype(np.float64)[..., None])[..., 0]
-    return prod.astype(np.int64) % PRIME
-
-
 def _powers(x: np.ndarray, n: int) -> np.ndarray:
     """x^t mod P for t in [0, n): shape x.shape + (n,), by doubling."""
     out = np.ones(x.shape + (n,), dtype=np.int64)
@@ -116,10 +114,29 @@ def _powers(x: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+_TABLE_GIANT = 8  # giant steps kept in the power tables: covers n <= 16 * 8 = 128 points
+_POWER_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
+
+
+def _power_tables() -> tuple[np.ndarray, np.ndarray]:
+    """x^b (b < 16) and x^(16 g) (g < 8) for every x in GF(P), as uint16 [P, 16] and [P, 8]
+    (3 MiB, built on first use in a few ms): a table lookup replaces the repeated modular
+    products of ``_powers`` for the usual 128 points."""
+    if not _POWER_TABLES:
+        x = np.arange(PRIME, dtype=np.int64)
+        baby = _powers(x, _BABY + 1)
+        giant = _powers(baby[:, _BABY], _TABLE_GIANT)
+        _POWER_TABLES.append((baby[:, :_BABY].astype(np.uint16), giant.astype(np.uint16)))
+    return _POWER_TABLES[0]
+
+
 def _bsgs_tables(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Baby steps x^b (b < B) and giant steps (x^B)^g (g < G), with B*G >= n."""
+    """Baby steps x^b (b < B) and giant steps (x^B)^g (g < G), with B*G >= n. x in [0, P)."""
     baby = min(_BABY, n)
     giant = -(-n // baby)
+    if baby == _BABY and giant <= _TABLE_GIANT:
+        small, big = _power_tables()
+        return small[x].astype(np.int64), big[x, :giant].astype(np.int64)
     small = _powers(x, baby + 1)
     return small[..., :baby], _powers(small[..., baby], giant)
 
@@ -136,61 +153,54 @@ def _windows(arr: np.ndarray, width: int) -> np.ndarray:
     )
 
 
+def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact integer convolution of the last axes of a and b ([..., L] each, entries in
+    [0, P)) -> [..., 2L-1], by a float64 FFT, checked: every result must lie within 1/4 of
+    an integer (the FFT's rounding error is about 1e-4 here: sums below L P^2 < 2^39), or
+    the exact matrix product of sliding windows is used instead."""
+    length = a.shape[-1]
+    size = 1 << (2 * length - 2).bit_length()
+    conv = np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[..., : 2 * length - 1]
+    rounded = np.rint(conv)
+    if np.abs(conv - rounded).max(initial=0.0) < 0.25:
+        return rounded
+    padded = np.zeros(b.shape[:-1] + (3 * length - 2,), dtype=np.float64)  # pragma: no cover
+    padded[..., length - 1 : 2 * length - 1] = b
+    return np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
+
+
+_SKEW_MAX = 1 << 16  # outer-product entries per level below which skewed sums beat the FFT's call overhead
+
+
 def _product_tree(x: np.ndarray) -> np.ndarray:
-    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1]."""
+    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
+
+    Neighbouring factors are multiplied level by level (n/2 products of linear factors, then
+    n/4 of quadratics, ...), all chunks and pairs of a level at once, in float64 (every
+    product and sum of a level stays an integer below 2^53, so it is exact; one reduction
+    per level, in int64: np.fmod is about 30x slower). Levels with few coefficients in all
+    (low levels; every level of one chunk) convolve by summing the diagonals of outer
+    products; larger ones by a checked float64 FFT (``_fft_convolve``).
+    """
     batch, n = x.shape
     width = 1 << max(0, (n - 1).bit_length())
     polys = np.zeros((batch, width, 2), dtype=np.float64)
     polys[:, :, 0] = 1.0  # padding factors are the constant 1
     polys[:, :n, 0] = (-x) % PRIME
     polys[:, :n, 1] = 1.0
-    while polys.shape[1] > 1:  # multiply neighbours: one batched convolution per level
+    while polys.shape[1] > 1:  # multiply neighbours
         a, b = polys[:, 0::2], polys[:, 1::2]
         length = a.shape[2]
-        padded = np.zeros(b.shape[:2] + (3 * length - 2,), dtype=np.float64)
-        padded[..., length - 1 : 2 * length - 1] = b
-        conv = np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
-        polys = np.fmod(conv, PRIME)  # exact: entries are integers below 2^53
+        if length <= 5 or a.size * length <= _SKEW_MAX:  # out[i + j] += a[i] b[j]: skewed outer product
+            pairs = a.shape[:2]
+            skew = np.zeros(pairs + (length, 2 * length), dtype=np.float64)
+            skew[..., :length] = a[..., :, None] * b[..., None, :]
+            rows = skew.reshape(pairs + (2 * length * length,))[..., : length * (2 * length - 1)]
+            conv = rows.reshape(pairs + (length, 2 * length - 1)).sum(axis=2)
+        else:
+            conv = _fft_convolve(a, b)
+        polys = (conv.astype(np.int64) % PRIME).astype(np.float64)  # np.fmod is ~30x slower
     return polys[:, 0, : n + 1].astype(np.int64)
-
-
-_LAGRANGE: dict[int, np.ndarray] = {}
-
-
-def _lagrange_matrix(size: int) -> np.ndarray:
-    """L [size, size], float64: row r holds the coefficients of the Lagrange basis polynomial
-    of the points 0..size-1 that is 1 at r, so values at 0..size-1 times L are coefficients."""
-    cached = _LAGRANGE.get(size)
-    if cached is not None:
-        return cached
-    points = np.arange(size, dtype=np.int64)
-    whole = _product_tree(points[None])[0]  # W(t) = prod_s (t - s), degree ``size``
-    quotients = np.zeros((size, size), dtype=np.int64)  # W(t) / (t - r), by synthetic division
-    carry = np.zeros(size, dtype=np.int64)
-    for degree in range(size, 0, -1):
-        carry = (whole[degree] + carry * points) % PRIME
-        quotients[:, degree - 1] = carry
-    scale = _INV[evaluate(quotients, points[:, None])[:, 0]]  # 1 / prod_{s != r} (r - s)
-    matrix = (quotients * scale[:, None] % PRIME).astype(np.float64)
-    _LAGRANGE[size] = matrix
-    return matrix
-
-
-def _poly_from_roots(x: np.ndarray) -> np.ndarray:
-    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
-
-    Evaluated at t = 0..n (products of differences, halving the factor count per step) and
-    turned into coefficients by one product with the cached Lagrange matrix of 0..n: far
-    fewer numpy calls than a product tree of convolutions, which matters for one chunk.
-    """
-    batch, n = x.shape
-    width = 1 << max(0, (n - 1).bit_length())
-    factors = np.ones((batch, n + 1, width), dtype=np.int64)
-    factors[:, :, :n] = (np.arange(n + 1, dtype=np.int64)[None, :, None] - x[:, None, :]) % PRIME
-    while factors.shape[2] > 1:
-        factors = factors[:, :, 0::2] * factors[:, :, 1::2] % PRIME
-    values = factors[:, :, 0].astype(np.float64)
-    return np.matmul(values, _lagrange_matrix(n + 1)).astype(np.int64) % PRIME
 
 
 def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.ndarray:
@@ -201,8 +211,9 @@ def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.n
     padded[:, :n] = coeffs
     blocks = padded.reshape(batch, giant, baby).swapaxes(1, 2)  # [C, baby, giant]
     inner = np.matmul(small.astype(np.float64), blocks.astype(np.float64))
-    inner = inner.astype(np.int64) % PRIME  # [C, k, giant]
-    return (inner * big % PRIME).sum(axis=-1) % PRIME
+    inner = (inner.astype(np.int64) % PRIME).astype(np.float64)  # [C, k, giant]
+    # sum_g inner * big: each product < P^2, the sum of <= 4096 / 16 of them < 2^53: exact
+    return np.einsum("ckg,ckg->ck", inner, big.astype(np.float64)).astype(np.int64) % PRIME
 
 
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -217,7 +228,7 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if single:
         x, y = x[None], y[None]
     batch, n = x.shape
-    roots = _poly_from_roots(x)  # M(t), [C, n+1]
+    roots = _product_tree(x)  # M(t), [C, n+1]
     deriv = roots[:, 1:] * np.arange(1, n + 1, dtype=np.int64) % PRIME  # M'(t), [C, n]
     small, big = _bsgs_tables(x, n)
     weights = _INV[_eval_tables(deriv, small, big)]  # 1 / M'(x_i)
@@ -356,61 +367,61 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
     return groups
 
 
-_GROUP = 16  # group width of the maxima that bound the running k-th largest
+_PASS_BYTES = 16 << 20  # hidden-state bytes proven per pass (bounds the temporaries)
 
 
-def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
-    """torch.topk's positions of the k largest |bf16| patterns per row (what toploc picks)."""
-    values = torch.from_numpy(np.ascontiguousarray(keys).view(np.int16)).view(torch.bfloat16)
-    return values.topk(k, dim=1).indices.numpy()
+def _moduli(idx: np.ndarray) -> np.ndarray:
+    """find_injective_modulus per row of idx [C, k]: P wherever the indices are distinct mod P
+    (always when a chunk has at most P entries), found for all rows with one sort."""
+    rem = np.sort(idx % PRIME, axis=1)
+    moduli = np.full(idx.shape[0], PRIME, dtype=np.int64)
+    for row in np.flatnonzero(np.any(rem[:, 1:] == rem[:, :-1], axis=1)):
+        moduli[row] = find_injective_modulus(idx[row])
+    return moduli
 
 
-def _select_topk(keys: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
+def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
+    """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k]."""
+    idx, bits = selected
+    count = idx.shape[0]
+    if np.any(bits & 0x7F80 == 0x7F80):  # non-finite entries always rank in the top k
+        raise ProofError("hidden states contain NaN or infinity")
+    moduli = _moduli(idx)
+    coeffs = interpolate(idx % moduli[:, None], bits)
+    words = np.concatenate([moduli[:, None], coeffs], axis=1).astype(">u2").tobytes()
+    size = proof_length(coeffs.shape[1])
+    return [words[i * size : (i + 1) * size] for i in range(count)]
 
-    keys: uint16 [C, N], the |bf16| bit patterns (their integer order is the order of
-    |value|, as torch compares them). Where the k-th and (k+1)-th largest differ the set is
-    unique and comes from a fast threshold (maxima of 16-entry groups, two levels: any t
-    with k group maxima >= t has every top-k entry >= t, so only the few entries >= t are
-    sorted). Rows with a tie at the k-th place go to torch.topk itself: which of several
-    equal |values| it keeps is a property of torch's CPU kernel (a heap selection for
-    N >= 64 k, nth_element below), and byte equality with toploc depends on it. Replaying
-    that heap on the few entries that can enter it was measured slower than torch.topk.
+
+def build_proofs_many(
+    hiddens: Sequence[torch.Tensor], *, chunk_tokens: int = 32, topk: int = 128
+) -> list[list[bytes]]:
+    """``build_proofs`` for many rollouts at once: the same bytes, one list per rollout.
+
+    A worker proves all rows of a generation batch when the batch ends
+    (``trainer.rollout.build_row_proofs``): the chunks of every row are stacked and proven
+    together (top-k selection, moduli and interpolation each batched over all of them), so
+    the fixed cost of each step is paid once per pass instead of once per rollout.
     """
-    rows, n = keys.shape
-    thresh = np.zeros(rows, dtype=np.uint16)
-    level = keys
-    for _ in range(2):  # each level: maxima of 16 strided groups
-        if level.shape[1] % _GROUP or level.shape[1] // _GROUP < k:
-            break
-        level = level.reshape(rows, _GROUP, -1).max(axis=1)
-    if level is not keys:
-        thresh = np.partition(level, level.shape[1] - k, axis=1)[:, level.shape[1] - k]
-    row_id, pos = np.divmod(np.flatnonzero(keys >= thresh[:, None]), n)  # 2-D nonzero is slow
-    composite = (row_id.astype(np.int64) << 48) | (keys[row_id, pos].astype(np.int64) << 32) | pos
-    order = np.argsort(composite)
-    ends = np.cumsum(np.bincount(row_id, minlength=rows))
-    take = ends[:, None] - k + np.arange(k)[None, :]
-    chosen = pos[order[take]].astype(np.int64)
-    # a tie at the k-th place: the entry just below the top k (if any) has the same key
-    below = np.maximum(ends - k - 1, 0)
-    has_below = ends - k - 1 >= np.concatenate([[0], ends[:-1]])
-    tied = has_below & (keys[row_id[order[below]], pos[order[below]]] == keys[np.arange(rows), chosen[:, 0]])
-    if tied.any():
-        chosen[tied] = _torch_topk(keys[tied], k)
-    return chosen
-
-
-def _topk(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
-    """Top-|value| entries of ``count`` chunks of ``rows`` rows, starting at ``first_row``.
-
-    Returns (flat indices int64 [count, k], bf16 bit patterns int64 [count, k]).
-    """
-    block = hidden[first_row : first_row + count * rows].reshape(count, -1)
-    bits = block.view(torch.int16).numpy().view(np.uint16)
-    k = min(topk, bits.shape[1])
-    idx = _select_topk(bits & np.uint16(0x7FFF), k)
-    return idx, np.take_along_axis(bits, idx, axis=1).astype(np.int64)
+    _check_params(chunk_tokens, topk)
+    checked = [_check_hidden(h) for h in hiddens]
+    out: list[list[bytes]] = [[b""] * math.ceil(h.shape[0] / chunk_tokens) for h in checked]
+    # (rows per chunk, hidden size) -> [(rollout, first chunk, first row, chunk count)]
+    groups: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+    for i, h in enumerate(checked):
+        for first, first_row, count, rows in _chunk_groups(h.shape[0], chunk_tokens):
+            groups.setdefault((rows, h.shape[1]), []).append((i, first, first_row, count))
+    for (rows, width), parts in groups.items():
+        per_pass = max(1, _PASS_BYTES // (2 * rows * width))
+        pieces = [(i, first + j, first_row + j * rows) for i, first, first_row, count in parts
+                  for j in range(count)]  # one entry per chunk
+        for start in range(0, len(pieces), per_pass):
+            todo = pieces[start : start + per_pass]
+            bits = [checked[i][r : r + rows].reshape(1, -1).view(torch.int16).numpy().view(np.uint16)
+                    for i, _, r in todo]
+            for (i, chunk, _), proof in zip(todo, _prove(_topk_of(bits, topk))):
+                out[i][chunk] = proof
+    return out
 
 
 def build_proofs(hidden: torch.Tensor, *, chunk_tokens: int = 32, topk: int = 128) -> list[bytes]:
@@ -423,12 +434,7 @@ def build_proofs(hidden: torch.Tensor, *, chunk_tokens: int = 32, topk: int = 12
     hidden = _check_hidden(hidden)
     proofs: list[bytes] = []
     for _, first_row, count, rows in _chunk_groups(hidden.shape[0], chunk_tokens):
-        idx, bits = _topk(hidden, first_row, count, rows, topk)
-        if np.any(bits & 0x7F80 == 0x7F80):  # non-finite entries always rank in the top k
-            raise ProofError("hidden states contain NaN or infinity")
-        moduli = np.array([find_injective_modulus(row) for row in idx], dtype=np.int64)
-        coeffs = interpolate(idx % moduli[:, None], bits)
-        proofs.extend(encode_proof(int(m), c) for m, c in zip(moduli, coeffs))
+        proofs.extend(_prove(_topk(hidden, first_row, count, rows, topk)))
     return proofs
 
 

@@ -24,10 +24,50 @@ def test_tiny_calibration_run_writes_tables_and_report(tmp_path: Path):
     tables = load_tables(table)
     assert len(tables.pairs) == 4 and tables.meta["model_config"]["hidden_size"] == 128
     text = doc.read_text()
-    assert "## Targets (issue 14), judged from this run" in text and "| int8 weights |" in text
+    assert "## Targets (issue 14), judged from these runs" in text and "| int8 weights |" in text
     outcomes = {o["name"]: o for o in json.loads(results.read_text())["outcomes"]}
     for name in ("int4 weights", "another model (random init)", "proofs copied from another rollout",
                  "another sampling seed"):
         assert outcomes[name]["subs_either"] == outcomes[name]["submissions"] > 0, name
     honest = [o for n, o in outcomes.items() if n.startswith("honest")]
     assert len(honest) == 4 and all(o["subs_either"] == 0 for o in honest)
+
+
+def _calibrate_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calibrate", REPO / "scripts" / "calibrate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["calibrate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_escape_bound_covers_the_true_escape_rate_and_shrinks_with_evidence():
+    """escape_bound is an upper bound: rollouts that each pass with probability 1/2 and never
+    exceed a limit escape as a submission of 16 with probability 2^-16; the bound must not go
+    below that. Rollouts that all fail and all exceed give a small bound, smaller with more
+    rollouts measured."""
+    import numpy as np
+
+    from verify.policy import PairCalibration, StatCalibration
+
+    cal = _calibrate_module()
+    pair = PairCalibration("bf16/torch/cpu", "fp32/torch/cpu", False,
+                           (("mant_err_mean", StatCalibration(1.7, 0.17)),
+                            ("exp_mismatches", StatCalibration(4.0, 0.15))), 512, 256)
+    rng = np.random.default_rng(0)
+
+    def outcome(prompts: int, accept_p: float, exceed: float, per_prompt: int = 2):
+        o = cal.Outcome("attack")
+        for p in range(prompts):
+            for _ in range(per_prompt):
+                o.records.append({"prompt": p, "accepted": [bool(a) for a in rng.random(16) < accept_p],
+                                  "fractions": {"mant_err_mean": [exceed] * 16, "exp_mismatches": [exceed] * 16}})
+        return o
+
+    assert cal.escape_bound(outcome(8, 0.5, 0.0), pair, 1e-4, 16, 1e-3) >= 0.5**16
+    few, many = (cal.escape_bound(outcome(8, 0.0, 1.0, n), pair, 1e-4, 16, 1e-3) for n in (2, 8))
+    assert many < few < 1e-3
+    assert cal.aggregate_cut(0.17, 16, 1e-4) > 0.17
+    assert abs(cal.binomial_tail(16, 0, 0.3) - 1.0) < 1e-12 and abs(cal.binomial_tail(4, 3, 0.5) - 5 / 16) < 1e-12

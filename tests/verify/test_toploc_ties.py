@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from verify.testing import bf16_gaussian, boundary_tie_free, perturb_bits
-from verify.toploc import _topk, build_proofs, measure
+from verify.topk import _group_maxima, _heap_topk
+from verify.topk import topk_chunks as _topk
+from verify.toploc import build_proofs, build_proofs_many, measure
 
 torch.set_num_threads(1)
 
@@ -95,3 +97,36 @@ def test_live_toploc_random_ties():
         hidden = bf16_gaussian(100 + seed, 130, 4096)
         theirs = toploc.build_proofs_bytes([hidden[i : i + 1] for i in range(130)], 32, 128, skip_prefill=True)
         assert build_proofs(hidden) == theirs
+
+
+def _abs_keys(hidden: torch.Tensor, rows: int) -> np.ndarray:
+    return hidden.reshape(-1, rows * hidden.shape[1]).view(torch.int16).numpy().view(np.uint16) & np.uint16(0x7FFF)
+
+
+@pytest.mark.parametrize("hidden_size,rows", [(576, 32), (1000, 32), (1000, 20), (4096, 32), (5120, 7)])
+def test_heap_replay_picks_what_torch_topk_picks(hidden_size, rows):
+    """_heap_topk runs torch.topk on a short subsequence; on inputs where most chunks have many
+    equal |values| at the 128th place (coarse grids, heavy tails) it must pick torch's set."""
+    gen = torch.Generator().manual_seed(hidden_size + rows)
+    normal = torch.randn(6 * rows, hidden_size, generator=gen)
+    for hidden in ((normal * 4).round().to(torch.bfloat16), (normal**3).to(torch.bfloat16),
+                   normal.to(torch.bfloat16)):
+        keys = _abs_keys(hidden, rows)
+        expected = torch.from_numpy(keys.view(np.int16)).view(torch.bfloat16).topk(128, dim=1).indices.numpy()
+        padded = np.zeros((keys.shape[0], -(-keys.shape[1] // 2048) * 2048), dtype=np.uint16)
+        padded[:, : keys.shape[1]] = keys
+        got = _heap_topk(padded, keys.shape[1], 128, _group_maxima(padded))
+        assert [sorted(r) for r in got.tolist()] == [sorted(r) for r in expected.tolist()]
+
+
+def test_build_proofs_many_is_build_proofs_per_rollout(monkeypatch):
+    """Proving many rollouts at once (as a worker does when a batch ends) gives each rollout the
+    bytes build_proofs gives it alone: lengths with tails, two hidden sizes, several passes."""
+    import verify.toploc as toploc_module
+
+    monkeypatch.setattr(toploc_module, "_PASS_BYTES", 5 * 32 * 896 * 2)  # 5 chunks per pass
+    hiddens = [bf16_gaussian(7 + i, tokens, size, massive_channels=i % 2)
+               for i, (tokens, size) in enumerate([(64, 896), (37, 896), (5, 896), (100, 576), (32, 896),
+                                                   (1, 576), (96, 896)])]
+    assert build_proofs_many(hiddens) == [build_proofs(h) for h in hiddens]
+    assert build_proofs_many([]) == []

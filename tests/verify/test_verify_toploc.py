@@ -190,3 +190,21 @@ def test_fabricated_well_formed_proofs_are_rejected(coeffs, modulus):
     hidden = bf16_test_tensor(16, 32, 256)
     stats = measure(hidden, [encode_proof(modulus, np.array(coeffs))])
     assert not decide(stats).accepted
+
+
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_product_tree_is_the_product_of_the_linear_factors(batch):
+    """M(t) = prod (t - x_j) from the batched tree (skewed sums for small levels, the FFT for
+    large ones) equals the product taken one factor at a time; largest values included."""
+    from verify.toploc import _product_tree
+
+    rng = np.random.default_rng(batch)
+    x = np.stack([rng.choice(PRIME, 128, replace=False) for _ in range(batch)]).astype(np.int64)
+    x[0, :8] = np.arange(PRIME - 8, PRIME)  # factors (t - x) with -x mod P small and large
+    expected = np.zeros((batch, 129), dtype=object)
+    expected[:, 0] = 1
+    for j in range(128):  # multiply by (t - x_j): shift up, subtract x_j times
+        shifted = np.zeros_like(expected)
+        shifted[:, 1:] = expected[:, :-1]
+        expected = (shifted - expected * x[:, j : j + 1].astype(object)) % PRIME
+    assert (_product_tree(x) == expected.astype(np.int64)).all()

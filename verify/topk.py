@@ -1,0 +1,163 @@
+"""Which k entries of a TOPLOC chunk are committed: the k largest |bf16| values, ties at the
+k-th place broken exactly as toploc's ``flat.abs().topk(k)`` breaks them on CPU.
+
+Owns: top-k selection over many chunks at once (bit patterns in, flat positions out).
+Must not: build or measure proofs (``verify.toploc``), run a model, or do I/O.
+
+Which of several equal |values| torch.topk keeps is a property of its CPU kernel: for a
+row of n entries it runs std::partial_sort (a heap) when k * 64 <= n and std::nth_element
+below. Chunks without a tie at the k-th place have a unique answer, found from group maxima
+with one pass over the data; tied chunks take torch's answer, the heap one replayed on a
+short subsequence (``_heap_topk``), the nth_element one from torch.topk on the (short) row.
+Exactness is checked against toploc 0.1.6 itself (tests/verify/test_toploc_ties.py) and
+against torch.topk on tie-heavy rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+_GROUP = 16  # entries per group: a group's maximum bounds its members
+_SPREAD = 128  # a group's members lie 128 apart inside one block
+_BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
+_HEAP_RATIO = 64  # torch's CPU topk takes std::partial_sort (a heap) when k * 64 <= n
+
+
+def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
+    """torch.topk's positions of the k largest |bf16| patterns per row (what toploc picks)."""
+    values = torch.from_numpy(np.ascontiguousarray(keys).view(np.int16)).view(torch.bfloat16)
+    return values.topk(k, dim=1).indices.numpy()
+
+
+def _abs_keys(rows: int, n: int) -> np.ndarray:
+    """An empty key array [rows, n rounded up to whole blocks], its padding zeroed (a zero never
+    outranks a real entry: keys are compared strictly or filtered to positions < n)."""
+    width = -(-n // _BLOCK) * _BLOCK
+    keys = np.empty((rows, width), dtype=np.uint16)
+    keys[:, n:] = 0
+    return keys
+
+
+def _group_maxima(keys: np.ndarray) -> np.ndarray:
+    """Maximum of each group [C, width / 16]: group b * 128 + j holds entries b * 2048 + j + 128 i."""
+    rows, width = keys.shape
+    return keys.reshape(rows, width // _BLOCK, _GROUP, _SPREAD).max(axis=2).reshape(rows, -1)
+
+
+def _gather(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Members of the wanted groups ([C, G] bool) as flat arrays: (row, position, key)."""
+    row, group = np.nonzero(wanted)
+    base = group // _SPREAD * _BLOCK + group % _SPREAD + row * keys.shape[1]
+    flat = (base[:, None] + _SPREAD * np.arange(_GROUP)[None, :]).reshape(-1)
+    row_of, pos = np.divmod(flat, keys.shape[1])
+    return row_of, pos, keys.reshape(-1).take(flat)
+
+
+def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarray:
+    """torch.topk's positions for rows of ``keys`` [R, n padded] (n >= 64 k), from a short subsequence.
+
+    torch runs std::partial_sort here: a heap of the first k entries, then each later entry
+    replaces the heap's least one if it is strictly larger (the heap then holds the k largest
+    values seen so far, so its least value before entry i is the k-th largest of entries
+    0..i-1). An entry no larger than that never touches the heap. So running torch.topk on a
+    subsequence, in the original order, that keeps the first k entries and every entry that
+    can enter, padded with zeros to 64 k entries so torch again takes the heap path (zeros
+    never enter: keys are >= 0), replays the same heap and picks the same entries. The
+    subsequence: all of block 0 (2048 entries, which hold the first k), then the entries of
+    each later block above a lower bound of the heap's least value there: the larger of the
+    exact k-th largest of block 0 and the k-th largest of the group maxima of the blocks
+    before it (k distinct earlier entries at least that large), the prefix doubling each step.
+    """
+    rows, width = keys.shape
+    blocks = width // _BLOCK
+    bound = np.empty((rows, blocks), dtype=keys.dtype)
+    bound[:, 1:] = np.partition(keys[:, :_BLOCK], _BLOCK - k, axis=1)[:, _BLOCK - k, None]
+    done = 2
+    while done < blocks:
+        seen = done * _SPREAD  # group maxima before block ``done``
+        kth = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k]
+        bound[:, done : 2 * done] = np.maximum(bound[:, done : 2 * done], kth[:, None])
+        done *= 2
+    later = keys[:, _BLOCK:].reshape(rows, blocks - 1, _BLOCK) > bound[:, 1:, None]
+    picks = [np.flatnonzero(r) + _BLOCK for r in later.reshape(rows, -1)]
+    sub_width = max(_HEAP_RATIO * k, _BLOCK + max(p.size for p in picks))
+    sub = np.zeros((rows, sub_width), dtype=keys.dtype)
+    where = np.zeros((rows, sub_width), dtype=np.int64)
+    sub[:, :_BLOCK] = keys[:, :_BLOCK]
+    where[:, :_BLOCK] = np.arange(_BLOCK)
+    for r, p in enumerate(picks):
+        sub[r, _BLOCK : _BLOCK + p.size] = keys[r, p]
+        where[r, _BLOCK : _BLOCK + p.size] = p
+    return np.take_along_axis(where, _torch_topk(sub, k), axis=1)
+
+
+def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
+
+    keys: uint16 [C, n padded to whole blocks] (``_abs_keys``), the |bf16| bit patterns
+    (their integer order is the order of |value|, as torch compares them). A threshold t
+    comes from group maxima (any t with k group maxima >= t has every top-k entry >= t; a
+    second level of maxima makes t cheap to find), and only the groups whose maximum
+    reaches t are read: one pass over the data in all. Where the k-th and (k+1)-th largest
+    differ the set is unique. Rows with a tie at the k-th place take torch.topk's choice,
+    which depends on its CPU kernel (a heap for n >= 64 k, replayed on a short subsequence
+    by ``_heap_topk``; nth_element below, where torch.topk itself runs on the short row).
+    """
+    rows = keys.shape[0]
+    maxima = _group_maxima(keys)
+    level = maxima
+    if level.shape[1] // _GROUP >= k:
+        level = level.reshape(rows, _GROUP, -1).max(axis=1)
+    if level.shape[1] >= k:
+        thresh = np.partition(level, level.shape[1] - k, axis=1)[:, level.shape[1] - k]
+    else:  # more points than groups (topk above 128 on a short chunk): read every entry
+        thresh = np.zeros(rows, dtype=keys.dtype)
+    row, pos, key = _gather(keys, maxima >= thresh[:, None])
+    take = (key >= thresh[row]) & (pos < n)
+    row, pos, key = row[take], pos[take], key[take]
+    order = np.argsort((row.astype(np.int64) << 48) | (key.astype(np.int64) << 32) | pos)
+    row, pos, key = row[order], pos[order], key[order]
+    ends = np.cumsum(np.bincount(row, minlength=rows))
+    take = ends[:, None] - k + np.arange(k)[None, :]
+    chosen = pos[take].astype(np.int64)
+    # a tie at the k-th place: the entry just below the top k (if any) has the same key
+    below = ends - k - 1
+    has_below = below >= np.concatenate([[0], ends[:-1]])
+    tied = has_below & (key[np.maximum(below, 0)] == key[take[:, 0]])
+    if tied.any():
+        if n >= _HEAP_RATIO * k and k <= _SPREAD:  # block 0 must hold the first k
+            chosen[tied] = _heap_topk(keys[tied], n, k, maxima[tied])
+        else:
+            chosen[tied] = _torch_topk(keys[tied, :n], k)
+    return chosen
+
+
+def topk_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
+    """Top-|value| entries of ``count`` chunks of ``rows`` rows, starting at ``first_row``.
+
+    Returns (flat indices int64 [count, k], bf16 bit patterns int64 [count, k]).
+    """
+    block = hidden[first_row : first_row + count * rows].reshape(count, -1)
+    return topk_of([block.view(torch.int16).numpy().view(np.uint16)], topk)
+
+
+def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """``topk_chunks`` over chunks given as uint16 bit-pattern arrays [c_i, n] (one n for all)."""
+    n = parts[0].shape[1]
+    keys = _abs_keys(sum(p.shape[0] for p in parts), n)
+    start = 0
+    for p in parts:  # the sign mask doubles as the copy into one padded array
+        np.bitwise_and(p, np.uint16(0x7FFF), out=keys[start : start + p.shape[0], :n])
+        start += p.shape[0]
+    k = min(topk, n)
+    idx = _select_topk(keys, n, k)
+    bits = np.empty(idx.shape, dtype=np.int64)
+    start = 0
+    for p in parts:
+        stop = start + p.shape[0]
+        bits[start:stop] = np.take_along_axis(p, idx[start:stop], axis=1)
+        start = stop
+    return idx, bits
