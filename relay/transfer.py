@@ -52,8 +52,8 @@ first), and with no eligible member the chain falls back to the ancestors as bef
 Siblings (the other children of the dropped parent, ranked before us) are eligible too: they
 drop it as we do and borrow in their turn, and for the children of a stripe's root (the
 origin's one child in a stable plan) they are the only members above nobody failed; without
-them every child of a slow root fell back to the origin (measured: 9.6-12.5 copies of the
-checkpoint from the origin at 1,000 relays instead of 1.0-1.3).
+them every child of a slow root fell back to the origin (measured at 1,000 relays, 0.25 GB:
+9.6-12.5 copies of the checkpoint from the origin instead of 1.0-1.3).
 
 Parents are judged by measured delivery (`_delivers_too_little`): each chunk's time is the time
 its bytes took plus the time the request waited in the source's queue for an upload slot (the
