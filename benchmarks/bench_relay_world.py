@@ -20,7 +20,9 @@ and 256 chunks; Mundinger, Weber and Weiss's optimal schedule takes (1 + floor(l
 Protocols: `striped` (stable stripes, the origin sends each stripe once, 16 upload slots: the
 relay today), `striped-v1` (stripes dealt by capacity, the origin feeding several children per
 stripe, 4 upload slots: the relay before this change, with today's serving core and slow-parent
-rule), `tree` (one tree of fan-out 4). Printed: time-to-all over the lower bound
+rule), `tree` (one tree of fan-out 4), `swarm` (a BitTorrent-style baseline run by the same
+transfer core: no plan, chunk bitmaps sent to 8 hashed neighbours at most every 0.2 s,
+rarest-first pulls from any neighbour known to hold a chunk, no tit-for-tat). Printed: time-to-all over the lower bound
 max(S/U_origin, N*S/(U_origin + sum of delivered uploads), S/min(download)), and how many copies
 of the checkpoint the origin uploaded.
 """
@@ -50,6 +52,7 @@ PROTOCOLS = {
     "striped": {"strategy": "relay"},
     "striped-v1": {"strategy": "relay", "stable_plan": False, "upload_slots": 4},
     "tree": {"strategy": "tree4"},
+    "swarm": {"strategy": "swarm"},
 }
 
 

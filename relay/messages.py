@@ -6,6 +6,8 @@
 - `Holding` (topic `relay/v1/holding`): "I hold every chunk of these versions", sent once a
   peer has verified all of a version (never earlier) and repeated every `announce_interval_s`,
   so restarted and late peers learn where complete copies live.
+- `HaveChunks` (direct, to swarm neighbours; the "swarm" layout only): which chunks of a version
+  the sender holds so far, as a bitmap.
 
 Chunk bytes go over the data plane (`relay.role`, channel `relay/chunks`), whose request and
 response headers are the small fixed structs at the bottom of this module (not wire messages:
@@ -69,13 +71,40 @@ class Holding:
             raise ValueError("a version is listed twice")
 
 
+MAX_HAVE_BITMAP_BYTES = 16 * 1024  # 131,072 chunks: more than a 4 MiB manifest can list
+
+
+@message("relay/have", max_bytes=2 * MAX_HAVE_BITMAP_BYTES)
+@dataclass(frozen=True, slots=True)
+class HaveChunks:
+    """The sender holds, verified, the chunks of `version` whose bits are set in `bitmap` (chunk
+    i is bit i % 8 of byte i // 8). Sent directly to the sender's swarm neighbours (layout
+    "swarm" only, see `relay.swarm`), whole each time, so a lost or late one is made good by the
+    next. A claim to hold a chunk is never trusted further than a request: chunks are hashed."""
+
+    version: int
+    manifest_id: bytes
+    bitmap: bytes
+
+    def __post_init__(self) -> None:
+        if self.version < 0:
+            raise ValueError("version must be >= 0")
+        if len(self.manifest_id) != DIGEST_BYTES:
+            raise ValueError(f"manifest_id must have {DIGEST_BYTES} bytes")
+        if len(self.bitmap) > MAX_HAVE_BITMAP_BYTES:
+            raise ValueError(f"bitmap of more than {MAX_HAVE_BITMAP_BYTES} bytes")
+
+
 # -- data plane headers (channel relay/chunks) ----------------------------------------------
 #
 # Client -> server, one frame per request (pipelined, any number outstanding):
 #     REQUEST = op u8 | request id u32 | version u64 | index u32 | digest 32 bytes
 # Server -> client, per request, in any order (responses are never interleaved):
-#     frame(RESPONSE = request id u32 | status u8 | length u64) then, when status is OK,
-#     exactly `length` raw bytes (no frame: the length is in the header).
+#     frame(RESPONSE = request id u32 | status u8 | length u64 | queued us u32) then, when
+#     status is OK, exactly `length` raw bytes (no frame: the length is in the header).
+#     `queued us`: microseconds the request waited for an upload slot after the server held the
+#     chunk (its queue, not the long poll); the requester adds it to the time the bytes took,
+#     so a server with more requesters than its upload can feed is timed as slow as it is.
 # OP_MANIFEST asks for the signed manifest frame of `version` (digest is ignored, zeros).
 
 OP_CHUNK = 1
@@ -85,7 +114,8 @@ STATUS_UNAVAILABLE = 1  # not held, and did not arrive within the server's wait 
 STATUS_BUSY = 2  # the server is shutting down or refusing this request
 
 REQUEST = struct.Struct(">BIQI32s")
-RESPONSE = struct.Struct(">IBQ")
+RESPONSE = struct.Struct(">IBQI")
+MAX_QUEUED_US = 2**32 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +145,14 @@ class ChunkResponse:
     request_id: int
     status: int
     length: int
+    queued_us: int = 0
+
+    @property
+    def queued_s(self) -> float:
+        return self.queued_us / 1e6
 
     def pack(self) -> bytes:
-        return RESPONSE.pack(self.request_id, self.status, self.length)
+        return RESPONSE.pack(self.request_id, self.status, self.length, self.queued_us)
 
     @classmethod
     def unpack(cls, data: bytes) -> ChunkResponse:

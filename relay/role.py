@@ -59,7 +59,7 @@ from relay.config import RelayConfig, relay_config
 from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.loader import VersionWatcher
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, chunk_size, open_manifest
-from relay.messages import (OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
+from relay.messages import (MAX_QUEUED_US, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse, ManifestAnnounce)
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.uploads import Uploads
@@ -531,22 +531,25 @@ class RelayRole:
             if self.config.serve_bytes_per_peer_s and held:  # a peer's budget is spent waiting, not holding a slot
                 budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
                 await trio.sleep(budget.reserve(trio.current_time(), self._size_of(req)))
-            async with self._uploads.turn(client, req.version, req.index, urgent, held) as granted:
-                if not granted or not self._matches(req.version, req.index, req.digest):
+            async with self._uploads.turn(client, req.version, req.index, urgent, held) as queued_s:
+                if queued_s is None or not self._matches(req.version, req.index, req.digest):
                     await self._respond(stream, send_lock, req.request_id, None)  # not here in time, or not this
                     return
                 size = self._size_of(req)
                 self.serving_now[client] = self.serving_now.get(client, 0) + 1
                 try:
-                    await trio.sleep(self._upload.reserve(trio.current_time(), size))
+                    paced_s = self._upload.reserve(trio.current_time(), size)
+                    await trio.sleep(paced_s)
+                    queued_s += paced_s  # our upload budget is our slowness too: the requester times it
                     if not await self._verified(req.version, req.index):
                         raise ChunkMissing(f"chunk {req.index} of version {req.version} was rotten")
                     if self.corrupt_chunks:
                         data = await trio.to_thread.run_sync(self.store.read_chunk, req.version, req.index)
-                        await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:])
+                        await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:],
+                                            queued_s=queued_s)
                     else:
                         await self._respond(stream, send_lock, req.request_id,
-                                            self.store.segments(req.version, req.index), size)
+                                            self.store.segments(req.version, req.index), size, queued_s)
                     self.served[client] = self.served.get(client, 0) + 1
                     self.bytes_served += size
                     self.bytes_served_to[client] = self.bytes_served_to.get(client, 0) + size
@@ -593,10 +596,12 @@ class RelayRole:
         return await trio.to_thread.run_sync(self.store.ensure_verified, version, index)
 
     async def _respond(self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int,
-                       payload: bytes | list[tuple[Path, int, int]] | None, length: int = 0) -> None:
+                       payload: bytes | list[tuple[Path, int, int]] | None, length: int = 0,
+                       queued_s: float = 0.0) -> None:
         """Send one answer: `payload` bytes, the file pieces a chunk lies in (sent by the kernel,
-        `length` bytes in all), or None for "unavailable". TooSlowError if the requester does not
-        take it within `send_timeout_s` (a reader that stops reading must not hold a slot)."""
+        `length` bytes in all), or None for "unavailable"; `queued_s` (how long it waited for our
+        upload) goes in the header. TooSlowError if the requester does not take it within
+        `send_timeout_s` (a reader that stops reading must not hold a slot)."""
         if payload is None:
             status, length = STATUS_UNAVAILABLE, 0
         else:
@@ -607,7 +612,8 @@ class RelayRole:
                 fds.append((os.open(path, os.O_RDONLY), offset, count))  # before the header: it may be gone
             async with send_lock:
                 with trio.fail_after(self.config.send_timeout_s):
-                    await send_frame(stream, ChunkResponse(request_id, status, length).pack())
+                    queued_us = min(MAX_QUEUED_US, max(0, round(queued_s * 1e6)))
+                    await send_frame(stream, ChunkResponse(request_id, status, length, queued_us).pack())
                     if isinstance(payload, bytes):
                         await stream.send_all(payload)
                     for fd, offset, count in fds:

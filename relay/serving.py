@@ -46,9 +46,14 @@ class ServingConfig:
 
 @dataclass(frozen=True, slots=True)
 class Serve:
-    """Send the chunk asked for by `token` now (it holds an upload slot until `done`)."""
+    """Send the chunk asked for by `token` now (it holds an upload slot until `done`).
+    `queued_s`: how long it waited for a slot after we held the chunk (the long poll's wait for
+    the chunk itself is not counted). The shell tells the requester in the answer's header, so
+    that a requester times our delivery with our queue in it: a relay with more children than
+    its upload can feed serves each chunk fast but each child rarely."""
 
     token: Hashable
+    queued_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,7 @@ class _Ask:
     urgent: bool
     key: tuple[int, int]
     deadline: float
+    ready_at: float = 0.0  # when we held the chunk and the ask joined the queue
 
 
 class ServingCore:
@@ -96,13 +102,13 @@ class ServingCore:
 
     def ask(self, now: float, token: Hashable, peer: str, version: int, index: int, urgent: bool,
             held: bool) -> list[Serve | Refuse]:
-        ask = _Ask(token, peer, urgent, (version, index), now + self.config.wait_limit_s)
+        ask = _Ask(token, peer, urgent, (version, index), now + self.config.wait_limit_s, now)
         if not held:
             self._waiting.setdefault(ask.key, []).append(ask)
             self._deadlines.append(ask)
             return []
         self._enqueue(ask)
-        return self._grant()
+        return self._grant(now)
 
     def arrived(self, now: float, version: int, index: int) -> list[Serve | Refuse]:
         """We now hold chunk `index` of `version`: the requests waiting for it are queued."""
@@ -111,8 +117,9 @@ class ServingCore:
             return []
         for ask in waiting:
             ask.deadline = -1.0  # no longer waiting (its entry in `_deadlines` is skipped)
+            ask.ready_at = now
             self._enqueue(ask)
-        return self._grant()
+        return self._grant(now)
 
     def done(self, now: float, token: Hashable) -> list[Serve | Refuse]:
         """The answer to `token` was sent (or failed): its slot is free."""
@@ -125,7 +132,7 @@ class ServingCore:
             self._held[peer] = held
         else:
             del self._held[peer]
-        return self._grant()
+        return self._grant(now)
 
     def cancel(self, token: Hashable) -> None:
         """Forget a request that is queued or waiting (its requester is gone); a request being
@@ -219,7 +226,7 @@ class ServingCore:
         mine.append(ask)
         self._queued[ask.token] = ask
 
-    def _grant(self) -> list[Serve | Refuse]:
+    def _grant(self, now: float) -> list[Serve | Refuse]:
         out: list[Serve | Refuse] = []
         while self.free > 0:
             ask = self._next()
@@ -228,7 +235,7 @@ class ServingCore:
             self.free -= 1
             self._held[ask.peer] = self._held.get(ask.peer, 0) + 1
             self._serving[ask.token] = ask.peer
-            out.append(Serve(ask.token))
+            out.append(Serve(ask.token, max(0.0, now - ask.ready_at)))
         return out
 
     def _next(self) -> _Ask | None:

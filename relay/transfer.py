@@ -49,6 +49,22 @@ in proportion to capacity rather than pile onto one peer. The substitute goes in
 ancestor chain; if it fails too, the next one is picked. A late joiner (not in the plan)
 borrows its parent the same way. The origin is never replaced (nobody else has the chunks
 first), and with no eligible member the chain falls back to the ancestors as before.
+Siblings (the other children of the dropped parent, ranked before us) are eligible too: they
+drop it as we do and borrow in their turn, and for the children of a stripe's root (the
+origin's one child in a stable plan) they are the only members above nobody failed; without
+them every child of a slow root fell back to the origin (measured at 1,000 relays, 0.25 GB:
+9.6-12.5 copies of the checkpoint from the origin instead of 1.0-1.3).
+
+Parents are judged by measured delivery (`_delivers_too_little`): each chunk's time is the time
+its bytes took plus the time the request waited in the source's queue for an upload slot (the
+source's answer header says; its long poll, waiting for the chunk itself, is not counted, so a
+parent is not blamed for its own parent's pace). A parent with more children than its real
+upload can feed moves each chunk fast but serves each child rarely; only its queue shows that.
+
+The "swarm" layout (a baseline, `relay.swarm`) has no plan: peers send their chunk bitmaps
+(`HaveChunks`) to their neighbours and pull any chunk from any neighbour known to hold it,
+rarest first.
+
 A parent that only stalled is not replaced this way but by its ancestors: a stall is a silent
 failure (a hung peer, a partition) that may hold the substitute too, unseen by us, and each
 wrong pick costs another `stall_timeout_s` (measured in the simulator: substituting after
@@ -79,11 +95,15 @@ from relay.effects import (DropSource, Fetch, FetchManifest, ManifestAccepted, P
                            VersionComplete)
 from relay.errors import ManifestRejected
 from relay.manifest import SignedManifest, chunk_range
-from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, MAX_HELD_VERSIONS, HeldVersion, Holding, ManifestAnnounce
+from relay.messages import (HOLDING_TOPIC, MANIFEST_TOPIC, MAX_HELD_VERSIONS, HaveChunks, HeldVersion, Holding,
+                            ManifestAnnounce)
 from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
+from relay.swarm import SwarmVersion, bitmap_bits, bitmap_bytes, neighbours, rotation
 
 TIMER_TICK = "relay/tick"
-LAYOUTS = ("striped", "tree", "star")
+TIMER_HAVE = "relay/have"  # the swarm layout: tell our neighbours what we hold now
+LAYOUTS = ("striped", "tree", "star", "swarm")
+SWARM = -1  # the "stripe" of a swarm request (no plan, no stripes)
 RATE_EWMA = 0.3
 SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
 SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
@@ -101,9 +121,11 @@ class TransferConfig:
     corrupt_penalty: float = 5.0
     manifest_retry_s: float = 5.0
     announce_sample: int = 8  # about this many holders gossip `Holding` per interval, network-wide
-    layout: str = "striped"  # "tree" and "star" exist as baselines for the simulator
+    layout: str = "striped"  # "tree", "star" and "swarm" exist as baselines for the simulator
     tree_fanout: int = 4
     stable_plan: bool = True  # see `relay.planner.plan_broadcast`
+    swarm_degree: int = 8  # the swarm layout: neighbours we pick (those that pick us come on top)
+    have_interval_s: float = 0.2  # the swarm layout: our bitmap goes out at most this often
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -111,10 +133,10 @@ class TransferConfig:
             problems["layout"] = f"must be one of {LAYOUTS}"
         if self.tree_fanout < 1:
             problems["tree_fanout"] = "must be >= 1"
-        for name in ("stripes", "window_per_source", "max_in_flight", "announce_sample"):
+        for name in ("stripes", "window_per_source", "max_in_flight", "announce_sample", "swarm_degree"):
             if getattr(self, name) < 1:
                 problems[name] = "must be >= 1"
-        for name in ("stall_timeout_s", "exclude_s", "announce_interval_s", "manifest_retry_s"):
+        for name in ("stall_timeout_s", "exclude_s", "announce_interval_s", "manifest_retry_s", "have_interval_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
         if self.corrupt_penalty < 0:
@@ -154,6 +176,7 @@ class _Version:
     completed_at: float | None = None
     starved: bool = False  # the in-flight budget, not a window, stopped the last pump
     forwards: int = -1  # the stripe in which we have children (our home stripe), or -1
+    swarm: SwarmVersion | None = None  # the swarm layout's bookkeeping (no plan then)
 
     @property
     def version(self) -> int:
@@ -174,7 +197,7 @@ class TransferCore:
     """One peer's relay transfers. Inputs are the core contract plus the commands below."""
 
     topics = (MANIFEST_TOPIC, HOLDING_TOPIC)
-    kinds = (ManifestAnnounce.KIND, Holding.KIND)  # type: ignore[attr-defined]
+    kinds = (ManifestAnnounce.KIND, Holding.KIND, HaveChunks.KIND)  # type: ignore[attr-defined]
 
     def __init__(self, config: TransferConfig, self_id: str, *, open_frame: OpenFrame,
                  self_upload_bps: float, held: Callable[[bytes], bool] = lambda digest: False) -> None:
@@ -197,6 +220,9 @@ class TransferCore:
         self._hold_until = -float("inf")  # no new requests before this (our store is full)
         self._collected_through = -1  # versions up to this one were garbage-collected: never again
         self.rejected_manifests = 0
+        self._neighbours: frozenset[str] = frozenset()  # the swarm layout: whom we tell what we hold
+        self._have_at: float | None = None  # the swarm layout: when our bitmaps next go out
+        self._have_sent = -float("inf")
 
     # -- core contract --------------------------------------------------------------------
 
@@ -209,9 +235,16 @@ class TransferCore:
             return self.manifest_frame(now, envelope.sender, body.frame)
         if isinstance(body, Holding):
             return self._on_holding(now, envelope.sender, body)
+        if isinstance(body, HaveChunks):
+            return self._on_have(now, envelope.sender, body)
         return []
 
     def on_timer(self, now: float, key: str) -> list[Any]:
+        if key == TIMER_HAVE:
+            self._have_at = None
+            effects: list[Any] = []
+            self._send_haves(now, effects)
+            return effects
         if key != TIMER_TICK:
             return []
         self._tick_at = None
@@ -246,6 +279,8 @@ class TransferCore:
             return []
         only_figures = _serving(members) == _serving(self._members)
         self._members = members
+        if self.config.layout == "swarm":
+            self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
         if only_figures:  # the same peers serve, at other rates: a transfer in progress keeps its
             return []     # plan (replanning mid-way strands requests); the next version uses them
         effects: list[Any] = []
@@ -314,7 +349,7 @@ class TransferCore:
             old = self._rates.get(peer)
             self._rates[peer] = rate if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * rate
             self._samples[peer] = self._samples.get(peer, 0) + 1
-            if stripe is not None and self._delivers_too_little(v, stripe, peer):
+            if stripe is not None and stripe != SWARM and self._delivers_too_little(now, v, stripe, peer):
                 self._exclude(now, peer, "slow", effects)  # its children borrow substitutes
                 effects.append(DropSource(peer))
         if not v.have[index]:
@@ -324,6 +359,8 @@ class TransferCore:
             v.fetched_bytes += size
             if v.tried:
                 v.tried.pop(index, None)
+            if v.swarm is not None:
+                self._gained(now, v, 1 << index, effects)
             if v.complete:
                 self._completed(now, v, effects)
                 return self._arm(now, effects)
@@ -346,6 +383,8 @@ class TransferCore:
                 if entry is not None:  # asked for before the store found it: no longer awaited
                     self._settle(now, v, index, entry, progress=False)
         effects: list[Any] = []
+        if v.swarm is not None:
+            self._gained(now, v, sum(1 << i for i in range(v.count) if v.have[i]) & ~v.swarm.mine, effects)
         if v.complete and v.completed_at is None:
             self._completed(now, v, effects)
         elif not v.complete:
@@ -395,6 +434,8 @@ class TransferCore:
         v.have[index] = 0
         v.have_count -= 1
         v.completed_at = None
+        if v.swarm is not None:
+            v.swarm.mine &= ~(1 << index)
         v.tried.pop(index, None)
         _requeue(v, index)
         effects: list[Any] = []
@@ -476,11 +517,18 @@ class TransferCore:
         self._versions[signed.version] = v
         effects.append(Emit(ManifestAccepted(signed)))
         self._replan(now, v)
+        if v.swarm is not None:
+            self._gained(now, v, 0, effects)  # tell our neighbours we take part (and what we hold)
         if v.complete:
             v.completed_at = now
         return v
 
     def _replan(self, now: float, v: _Version) -> None:
+        if self.config.layout == "swarm":
+            if v.swarm is None:  # no plan to redo: membership only changes our neighbours
+                mine = sum(1 << i for i in range(v.count) if v.have[i])
+                v.swarm = SwarmVersion(v.count, rotation(self.self_id, v.count), mine)
+            return
         origin = v.signed.publisher
         origin_upload = self._members.uploads.get(origin, self._self_upload)
         if self.config.layout == "striped":
@@ -507,16 +555,22 @@ class TransferCore:
             return chain
         if chain and (chain[0] == plan.origin or self._usable(now, chain[0])):
             return chain
-        pick = self._substitute(now, plan, stripe, (len(chain), self.self_id) if chain else None)
+        pick = self._substitute(now, plan, stripe, (len(chain), self.self_id) if chain else None,
+                                chain[0] if chain else None)
         if not chain:  # we joined after the plan
             return [p for p in (pick, plan.origin) if p is not None]
         return [pick] + chain if pick is not None else chain
 
-    def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None) -> str | None:
-        """A live interior member of `stripe` to fetch from instead of our dropped parent.
+    def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
+                    lost: str | None = None, skip: str | None = None) -> str | None:
+        """A live interior member of `stripe` to fetch from instead of our dropped parent `lost`.
 
         Eligible: ranked before us by (depth, peer id) (any member, if we are not in the plan,
-        depth 0), usable, and no planned ancestor of it but the origin dropped or banned by us.
+        depth 0), usable, and no planned ancestor of it but the origin and `lost` dropped or
+        banned by us. `lost` is allowed above it so that our siblings (its other children, which
+        drop it too and borrow in their turn) are eligible: the children of a stripe's root have
+        no other member above them, and without siblings they would all fall back to the origin.
+        `skip`: a member not to pick (asking whether a substitute exists before dropping it).
         Among them the one with the highest upload / (1 + depth) / -ln(hash(us, stripe, member)):
         weighted rendezvous hashing, deterministic, spread in proportion to capacity and leaning
         toward shallow members (fewer ancestors that may have failed unknown to us)."""
@@ -525,7 +579,7 @@ class TransferCore:
         for peer, peer_depth in plan.ranked_interior(stripe):
             if below is not None and (peer_depth, peer) >= below:
                 break  # the rest are ranked after us: borrowing from them could close a cycle
-            if not self._usable(now, peer) or not self._healthy_above(now, plan, stripe, peer):
+            if peer == skip or not self._usable(now, peer) or not self._healthy_above(now, plan, stripe, peer, lost):
                 continue
             draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{stripe}/{peer}".encode()).digest(8), "big")
             score = uploads.get(peer, 1.0) / (1 + peer_depth) / -math.log((draw + 1) / (2**64 + 1))
@@ -533,12 +587,13 @@ class TransferCore:
                 best, best_score = peer, score
         return best
 
-    def _healthy_above(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
-        """No planned ancestor of `peer` in `stripe` (the origin aside) is dropped or banned by us."""
+    def _healthy_above(self, now: float, plan: StripePlan, stripe: int, peer: str, lost: str | None = None) -> bool:
+        """No planned ancestor of `peer` in `stripe` (the origin and `lost` aside) is dropped or
+        banned by us."""
         parents = plan.parent[stripe]
         current = parents.get(peer)
         while current is not None and current != plan.origin:
-            if not self._usable(now, current):
+            if current != lost and not self._usable(now, current):
                 return False
             current = parents.get(current)
         return True
@@ -548,6 +603,10 @@ class TransferCore:
     def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None:
         """Issue requests while windows and the in-flight budget allow; `stripe` first if given.
         The origin holds everything unless a chunk was `lost`; then it fetches it from holders."""
+        if v.swarm is not None:
+            if not v.complete and now >= self._hold_until:
+                self._pump_swarm(now, v, effects)
+            return
         if v.complete or v.plan is None or now < self._hold_until:
             return
         budget = self.config.max_in_flight - self._in_flight
@@ -658,6 +717,8 @@ class TransferCore:
         peer, stripe, _ = entry
         del v.in_flight[index]
         self._in_flight -= 1
+        if v.swarm is not None:
+            v.swarm.asked &= ~(1 << index)
         key = (peer, stripe)
         load = v.link_load[key] - 1
         if load <= 0:
@@ -669,22 +730,37 @@ class TransferCore:
         if progress:
             src.since = now
 
-    def _delivers_too_little(self, v: _Version, stripe: int, peer: str) -> bool:
+    def _delivers_too_little(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
         """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
         sources of this version deliver to us (the median, over at least 3 of them) and less
-        than half of the stripe's planned rate (capacity / members) too. Judged on measured
-        delivery, never on what the peer advertises; relative to our other sources, so our own
-        slow download does not make every parent look slow. The origin is never replaced."""
+        than half of the stripe's planned rate (capacity / members) too, and some member other
+        than the origin could replace it. Judged on measured delivery, never on what the peer
+        advertises; relative to our other sources, so our own slow download does not make every
+        parent look slow. The origin is never replaced, and never takes over from a slow parent:
+        the first-ranked child of a slow stripe root keeps it (once its siblings have borrowed
+        each other, the root serves it alone, at the root's whole upload) instead of making the
+        origin serve the stripe a second time."""
         chain = v.chains[stripe] if v.plan is not None else ()
         if not chain or chain[0] != peer or peer == v.plan.origin or \
                 self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:  # type: ignore[union-attr]
             return False
         rate = self._rates[peer]
         planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)  # type: ignore[union-attr]
-        if rate >= SLOW_RATIO * planned:
-            return False
+        if rate * self.config.window_per_source >= SLOW_RATIO * planned:
+            return False  # (each request's time includes its queue behind our others to this peer)
         others = sorted(self._rates[p] for p in v.sources if p != peer and self._samples.get(p, 0) >= SLOW_MIN_SAMPLES)
-        return len(others) >= 3 and rate < SLOW_RATIO * others[len(others) // 2]
+        if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2]:
+            return False
+        return self._replaceable(now, v.plan, stripe, peer)  # type: ignore[arg-type]
+
+    def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
+        """Whether a member other than the origin could take over from `peer`, our source in
+        `stripe`: a substitute (see the top) or a usable planned ancestor."""
+        planned = plan.ancestors(stripe, self.self_id)
+        if any(p != peer and p != plan.origin and self._usable(now, p) for p in planned):
+            return True
+        below = (len(planned), self.self_id) if planned else None
+        return self._substitute(now, plan, stripe, below, planned[0] if planned else None, skip=peer) is not None
 
     # -- internals: failures --------------------------------------------------------------
 
@@ -723,6 +799,103 @@ class TransferCore:
                 effects.append(Emit(SourceDropped(peer, v.version, why)))
             v.holders.discard(peer)
 
+    # -- internals: the swarm layout (see `relay.swarm`) ------------------------------------
+
+    def _pump_swarm(self, now: float, v: _Version, effects: list[Any]) -> None:
+        """Ask neighbours (and complete holders) for chunks we lack, rarest first, up to the
+        window per source and the in-flight budget."""
+        swarm = v.swarm
+        assert swarm is not None
+        budget = self.config.max_in_flight - self._in_flight
+        if budget <= 0:
+            return
+        everything = (1 << v.count) - 1
+        peers = sorted(set(swarm.peer_bits) | v.holders)
+        if not peers:
+            return
+        start = v.fetched_chunks % len(peers)  # a different neighbour goes first each time
+        uploads, window = self._members.uploads, self.config.window_per_source
+        for peer in peers[start:] + peers[:start]:
+            if not self._usable(now, peer) or uploads.get(peer, 1.0) <= 0:
+                continue
+            bits = everything if peer in v.holders else swarm.peer_bits.get(peer, 0)
+            link = (peer, SWARM)
+            load = v.link_load.get(link, 0)
+            while load < window and budget > 0:
+                index = swarm.pick(bits, v.tried, peer)
+                if index is None:
+                    break
+                v.in_flight[index] = (peer, SWARM, now)
+                swarm.asked |= 1 << index
+                self._in_flight += 1
+                load += 1
+                budget -= 1
+                v.link_load[link] = load
+                src = v.sources.get(peer)
+                if src is None:
+                    src = v.sources[peer] = _Source()
+                if src.outstanding == 0:
+                    src.since = now
+                src.outstanding += 1
+                effects.append(Fetch(peer, v.version, index, v.digests[index], v.size(index), False))
+            if budget <= 0:
+                return
+
+    def _gained(self, now: float, v: _Version, bits: int, effects: list[Any]) -> None:
+        """We hold `bits` more of `v`: our neighbours hear of it now, or at most `have_interval_s`
+        after they last heard from us."""
+        swarm = v.swarm
+        assert swarm is not None
+        swarm.mine |= bits
+        swarm.dirty = True
+        due = self._have_sent + self.config.have_interval_s
+        if now >= due:
+            self._send_haves(now, effects)
+        elif self._have_at is None:
+            self._have_at = due
+            effects.append(SetTimer(due, TIMER_HAVE))
+
+    def _send_haves(self, now: float, effects: list[Any]) -> None:
+        self._have_sent = now
+        for v in self._versions.values():
+            swarm = v.swarm
+            if swarm is None or not swarm.dirty:
+                continue
+            swarm.dirty = False
+            swarm.sent_bits = swarm.mine
+            have = HaveChunks(v.version, v.signed.manifest_id, bitmap_bytes(swarm.mine, v.count))
+            for peer in sorted(self._neighbours | set(swarm.peer_bits)):
+                if peer != self.self_id and peer not in self._banned:
+                    effects.append(Send(peer, have))
+
+    def _on_have(self, now: float, sender: str, body: HaveChunks) -> list[Any]:
+        v = self._versions.get(body.version)
+        effects: list[Any] = []
+        if v is None:
+            self._ask_manifest(now, sender, body.version, effects, holds_all=False)
+            return self._arm(now, effects)
+        swarm = v.swarm
+        if swarm is None or body.manifest_id != v.signed.manifest_id or sender in self._banned:
+            return []
+        if sender not in swarm.peer_bits:
+            swarm.peer_bits[sender] = 0
+            if sender not in self._neighbours and swarm.sent_bits >= 0:  # it chose us: it has not heard from us
+                effects.append(Send(sender, HaveChunks(v.version, v.signed.manifest_id,
+                                                       bitmap_bytes(swarm.mine, v.count))))
+        if swarm.told(sender, bitmap_bits(body.bitmap, v.count)) and not v.complete:
+            self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any], holds_all: bool = True) -> None:
+        """`sender` holds a version we do not know (all of it, or with `holds_all` False some
+        chunks of it): ask it for the manifest; its answer makes it a holder only in the first case."""
+        if version <= self._collected_through:
+            return  # collected here: we do not want it back
+        asked = self._manifest_asked.get(version)
+        if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
+            self._manifest_asked[version] = (now, sender if holds_all else "")
+            effects.append(FetchManifest(sender, version))
+
     # -- internals: holding and announcing ------------------------------------------------
 
     def _on_holding(self, now: float, sender: str, body: Holding) -> list[Any]:
@@ -730,12 +903,7 @@ class TransferCore:
         for held in body.versions:
             v = self._versions.get(held.version)
             if v is None:
-                if held.version <= self._collected_through:
-                    continue  # collected here: we do not want it back
-                asked = self._manifest_asked.get(held.version)
-                if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
-                    self._manifest_asked[held.version] = (now, sender)
-                    effects.append(FetchManifest(sender, held.version))
+                self._ask_manifest(now, sender, held.version, effects)
                 continue
             if held.manifest_id != v.signed.manifest_id or sender in v.holders or sender in self._banned:
                 continue
@@ -803,8 +971,11 @@ def _serving(members: Membership) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _requeue(v: _Version, index: int) -> None:
-    """Put chunk `index` back on its stripe's retry queue."""
-    stripe = v.plan.stripe_of_chunk[index]  # type: ignore[union-attr]
+    """Put chunk `index` back on its stripe's retry queue (the swarm layout has none: a chunk
+    neither held nor asked for is wanted anyway)."""
+    if v.plan is None:
+        return
+    stripe = v.plan.stripe_of_chunk[index]
     queue = v.retry[stripe]
     if queue is None:
         queue = v.retry[stripe] = deque()

@@ -1,9 +1,10 @@
 """`Uploads`: the trio shell of the serving core (`relay.serving.ServingCore`).
 
 Each answer task of the relay role takes its turn here: `async with uploads.turn(...) as
-granted` waits until the core gives the request an upload slot (`granted` True: send the
-chunk; the slot is freed when the block ends) or refuses it because the chunk did not arrive
-within the wait limit (`granted` False: answer "unavailable"). `arrived(version, index)` tells
+queued_s` waits until the core gives the request an upload slot (`queued_s`: the seconds it
+waited for the slot once we held the chunk, told to the requester in the answer's header; send
+the chunk, the slot is freed when the block ends) or refuses it because the chunk did not
+arrive within the wait limit (`queued_s` None: answer "unavailable"). `arrived(version, index)` tells
 the core a chunk is now held; `run()` refuses requests whose wait limit passed. The decisions
 are the core's; this module only waits on trio events and keeps no policy of its own.
 """
@@ -24,7 +25,7 @@ class Uploads:
         self.core = ServingCore(config)
         self._on_full = on_full  # told True when the last slot is taken, False when one is free again
         self._events: dict[object, trio.Event] = {}
-        self._granted: dict[object, bool] = {}
+        self._granted: dict[object, float | None] = {}  # token -> seconds queued, None: refused
         self._waits_changed = trio.Event()
         self._full = False
 
@@ -38,7 +39,8 @@ class Uploads:
             self._apply(self.core.expire(trio.current_time()))
 
     @asynccontextmanager
-    async def turn(self, peer: str, version: int, index: int, urgent: bool, held: bool) -> AsyncIterator[bool]:
+    async def turn(self, peer: str, version: int, index: int, urgent: bool,
+                   held: bool) -> AsyncIterator[float | None]:
         token = object()
         event = self._events[token] = trio.Event()
         self._apply(self.core.ask(trio.current_time(), token, peer, version, index, urgent, held))
@@ -48,17 +50,17 @@ class Uploads:
             await event.wait()
         except BaseException:
             self._events.pop(token, None)
-            if self._granted.pop(token, False):
+            if self._granted.pop(token, None) is not None:
                 self._apply(self.core.done(trio.current_time(), token))  # handed a slot while cancelled
             else:
                 self.core.cancel(token)
             raise
-        granted = self._granted.pop(token)
-        if not granted:
-            yield False
+        queued_s = self._granted.pop(token)
+        if queued_s is None:
+            yield None
             return
         try:
-            yield True
+            yield queued_s
         finally:
             self._apply(self.core.done(trio.current_time(), token))
 
@@ -69,7 +71,7 @@ class Uploads:
         for action in actions:
             event = self._events.pop(action.token, None)
             if event is not None:
-                self._granted[action.token] = isinstance(action, Serve)
+                self._granted[action.token] = action.queued_s if isinstance(action, Serve) else None
                 event.set()
         if self.core.full != self._full:
             self._full = self.core.full

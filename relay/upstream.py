@@ -111,7 +111,7 @@ class Upstream:
                 await self.role.report_failed(self.peer, fetch, "corrupt")
                 raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
             buffer = await self._buffers.take(header.length)  # waits while STORING_CHUNKS are being stored
-            started = trio.current_time()  # the source's delivery is timed from here, not from the ask
+            started = trio.current_time()  # the bytes are timed from here, not from the ask
             try:
                 await reader.exactly_into(header.length, buffer)  # TruncatedStream if the source dies mid-chunk
             except BaseException:
@@ -119,7 +119,9 @@ class Upstream:
                 raise
             del self._pending[header.request_id]
             # hash and store it while we read on
-            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started)
+            # the source's queue counts (it told us how long we waited for its upload); its long
+            # poll, waiting for the chunk itself, does not
+            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started + header.queued_s)
 
     async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float) -> None:
         try:

@@ -41,7 +41,7 @@ from simulations.world import EPOCH_S, NetworkModel
 
 MBIT = 1e6 / 8
 STRATEGIES = {"relay": {"layout": "striped"}, "tree4": {"layout": "tree", "tree_fanout": 4},
-              "star": {"layout": "star"}}
+              "star": {"layout": "star"}, "swarm": {"layout": "swarm"}}
 _IDENTITIES: dict[str, Identity] = {}
 
 

@@ -50,7 +50,8 @@ def register(commands: Any) -> None:
     world.add_argument("--slow-factor", type=float, metavar="K", help="how much slower the slow relays are (K >= 1)")
     world.add_argument("--symmetric", action="store_true", help="download = upload (default: download <= 4x upload)")
     world.add_argument("--layout", choices=sorted(LAYOUT_STRATEGY),
-                       help="how the relays are organised: striped trees (default), one tree, a star")
+                       help="how the relays are organised: striped trees (default), one tree, a star, or a "
+                            "BitTorrent-style swarm (rarest-first pulls from neighbours that sent their bitmaps)")
     run.set_defaults(func=cmd_run)
 
     sweep = command(sub, "sweep", "run a scenario over parameter values and seeds",
@@ -68,7 +69,7 @@ def register(commands: Any) -> None:
 
 
 #: `--layout` names -> the scenario's strategy field
-LAYOUT_STRATEGY = {"striped": "relay", "tree": "tree4", "star": "star"}
+LAYOUT_STRATEGY = {"striped": "relay", "tree": "tree4", "star": "star", "swarm": "swarm"}
 
 
 def _world_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -17,9 +17,10 @@ connection is window-limited, a finished flow replaced at once leaves the others
 unchanged and only the new flow is scheduled. Flows and requests hold their endpoints' ports
 and peers, so the per-chunk path does no lookups by id (10,000 peers x 150+ chunks is millions
 of chunks: see `simulations.scale`). At the last byte the sink's core is told `fetched` (with
-the time the bytes took to move, as the real shell measures from the answer's header: waiting
-in a long poll or a queue is not the link's speed), or `fetch_failed("corrupt")` when the
-source is one of `corrupt_peers` (byzantine) and the chunk is corrupt: each chunk such a peer
+the time the bytes took to move plus the time the request waited in the source's queue for an
+upload slot, as the real shell measures: from the answer's header, plus the queue time the
+header reports; waiting in a long poll for the chunk itself is not the source's slowness), or
+`fetch_failed("corrupt")` when the source is one of `corrupt_peers` (byzantine) and the chunk is corrupt: each chunk such a peer
 serves is corrupt with probability `corrupt_rate` (1.0: always), drawn from a generator seeded
 by `corrupt_seed`.
 
@@ -66,10 +67,11 @@ class _Flow:
     """A running chunk transfer; `src` and `dst` are the two endpoints' ports (no lookups per event).
     `cap` is the most one connection carries: TCP window / round-trip time (inf: no limit)."""
 
-    __slots__ = ("source", "request", "remaining", "rate", "since", "handle", "src", "dst", "cap", "started")
+    __slots__ = ("source", "request", "remaining", "rate", "since", "handle", "src", "dst", "cap", "started",
+                 "queued_s")
 
     def __init__(self, source: str, request: _Request, now: float, src: _Port, dst: _Port,
-                 cap: float = math.inf) -> None:
+                 cap: float = math.inf, queued_s: float = 0.0) -> None:
         self.source = source
         self.request = request
         self.remaining = float(request.fetch.size)
@@ -80,6 +82,7 @@ class _Flow:
         self.src = src
         self.dst = dst
         self.cap = cap
+        self.queued_s = queued_s  # waited for the source's upload slot (told in the answer's header)
 
 
 @dataclass(slots=True)
@@ -272,7 +275,8 @@ class RelayWorld(SimWorld):
             if sink_port is None or not request.peer.alive:
                 actions.extend(port.serving.done(now, request))
                 continue
-            flow = _Flow(source_id, request, now, port, sink_port, self._flow_cap(source_id, request))
+            flow = _Flow(source_id, request, now, port, sink_port, self._flow_cap(source_id, request),
+                         action.queued_s)
             up.append(flow)
             sink_port.down.append(flow)
             started.append(flow)
@@ -375,7 +379,7 @@ class RelayWorld(SimWorld):
                                                                     "corrupt"))
         else:
             self._apply(sink, request.core_index, core.fetched(now, flow.source, fetch.version, fetch.index,
-                                                               now - flow.started))
+                                                               now - flow.started + flow.queued_s))
             key = (fetch.version, fetch.index)
             if core.has(fetch.version, fetch.index):
                 self._release_waiting(request.sink, sink_port, key)  # long polls for it are answered

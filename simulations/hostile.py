@@ -50,7 +50,8 @@ from simulations.engine import Engine
 from simulations.models import CRASH, HANG, JOIN, LEAVE, ChurnEvent, network_model
 from simulations.scenarios import BroadcastScenario
 
-LAYOUTS = {"relay": ("striped", 4), "tree4": ("tree", 4), "star": ("star", 4), "chain": ("tree", 1)}
+LAYOUTS = {"relay": ("striped", 4), "tree4": ("tree", 4), "star": ("star", 4), "chain": ("tree", 1),
+           "swarm": ("swarm", 4)}
 ORIGIN_REGION = "us"
 
 

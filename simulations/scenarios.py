@@ -28,7 +28,7 @@ from p2pnet.config import validated
 from p2pnet.errors import ConfigError
 from simulations.models import GBIT, MBIT, Bandwidth, Churn, Partition, RegionMix
 
-STRATEGIES = ("relay", "tree4", "star", "chain", "tree")
+STRATEGIES = ("relay", "tree4", "star", "chain", "tree", "swarm")
 
 
 @validated
@@ -36,8 +36,9 @@ STRATEGIES = ("relay", "tree4", "star", "chain", "tree")
 class BroadcastScenario:
     """One checkpoint broadcast. Sizes in bytes, rates in bytes/s, times in seconds.
 
-    `strategy`: relay (striped trees), tree4 (one tree of fan-out 4), star, chain (fan-out 1)
-    or tree (fan-out `tree_fanout`). `chunk_bytes` 0 picks about 256 chunks.
+    `strategy`: relay (striped trees), tree4 (one tree of fan-out 4), star, chain (fan-out 1),
+    tree (fan-out `tree_fanout`) or swarm (no plan: rarest-first pulls from neighbours that
+    told their bitmaps, `relay.swarm`). `chunk_bytes` 0 picks about 256 chunks.
     `announce_interval_s` paces `Holding` gossip, which late joiners learn the version from (the
     plain broadcasts, without joiners, set it to an hour: nobody needs it and it costs events).
     `byzantine` is the share of relays that are byzantine: each chunk they serve is corrupt

@@ -4,7 +4,9 @@ MockClock) and the simulator's data plane (`simulations.dataplane.RelayWorld`, v
 One script, run in each world: a source with 2 upload slots (1 per requester) that holds some
 chunks; requests arrive, urgent and not, for chunks held, arriving later, and never arriving;
 each answer takes one second to send. Both worlds must serve the same requests in the same
-order at the same times and refuse the same one at the wait limit, because both run the same
+order at the same times, tell each requester the same time spent in the source's queue (what
+the real answer's header carries, and what the requester's delivery measure adds to the time
+the bytes took), and refuse the same one at the wait limit, because both run the same
 `relay.serving.ServingCore`: a serving decision that lived in only one world would show here.
 """
 
@@ -31,23 +33,25 @@ SCRIPT = [("a", 0, False, 0.0), ("b", 1, False, 0.5), ("c", 2, False, 0.1), ("d"
           ("e", 9, False, 0.3), ("f", 8, False, 0.4)]
 HELD = {0, 1, 2, 3}
 ARRIVES_AT = 1.5
-# served: (requester, when its answer was complete); refused: (requester, when)
-# a and c take the slots; when a's ends at 1.0, urgent d goes before b, who asked first; e waits
-# for its chunk (held from 1.5), then for a slot; f is refused at its wait limit
-EXPECTED = {"served": [("a", 1.0), ("c", 1.1), ("d", 2.0), ("b", 2.1), ("e", 3.0)], "refused": [("f", 5.4)]}
+# served: (requester, when its answer was complete, seconds it queued for a slot once the chunk
+# was held); refused: (requester, when). a and c take the slots; when a's ends at 1.0, urgent d
+# (asked at 0.6) goes before b, who asked first (0.5); e waits for its chunk (held from 1.5: the
+# long poll is not queueing), then for a slot until 2.0; f is refused at its wait limit
+EXPECTED = {"served": [("a", 1.0, 0.0), ("c", 1.1, 0.0), ("d", 2.0, 0.4), ("b", 2.1, 0.6), ("e", 3.0, 0.5)],
+            "refused": [("f", 5.4)]}
 
 
-async def run_trio() -> dict[str, list[tuple[str, float]]]:
+async def run_trio() -> dict[str, list[tuple]]:
     uploads = Uploads(CONFIG)
     held = set(HELD)
-    out: dict[str, list[tuple[str, float]]] = {"served": [], "refused": []}
+    out: dict[str, list[tuple]] = {"served": [], "refused": []}
 
     async def answer(name: str, index: int, urgent: bool, at: float) -> None:
         await trio.sleep_until(at)
-        async with uploads.turn(name, 1, index, urgent, index in held) as granted:
-            if granted:
+        async with uploads.turn(name, 1, index, urgent, index in held) as queued_s:
+            if queued_s is not None:
                 await trio.sleep(SEND_S)
-                out["served"].append((name, trio.current_time()))
+                out["served"].append((name, trio.current_time(), queued_s))
             else:
                 out["refused"].append((name, trio.current_time()))
 
@@ -84,7 +88,7 @@ class _Sink(_Source):
         self.name, self.out, self.held = name, out, set()
 
     def fetched(self, now, peer, version, index, elapsed_s):
-        self.out["served"].append((self.name, now))
+        self.out["served"].append((self.name, now, elapsed_s - SEND_S))  # the bytes took SEND_S
         return []
 
     def fetch_failed(self, now, peer, version, index, reason):
@@ -93,10 +97,10 @@ class _Sink(_Source):
         return []
 
 
-def run_sim() -> dict[str, list[tuple[str, float]]]:
+def run_sim() -> dict[str, list[tuple]]:
     engine = Engine(1)
     world = RelayWorld(engine, NetworkModel(local_latency_s=0.0), serving=CONFIG)
-    out: dict[str, list[tuple[str, float]]] = {"served": [], "refused": []}
+    out: dict[str, list[tuple]] = {"served": [], "refused": []}
     source, chunk_bytes = Identity.from_seed_text("source"), 1000
     core = _Source()
     world.add_relay_peer(source, [core], upload_bps=math.inf)
@@ -115,8 +119,9 @@ def run_sim() -> dict[str, list[tuple[str, float]]]:
     return out
 
 
-def _rounded(out: dict[str, list[tuple[str, float]]]) -> dict[str, list[tuple[str, float]]]:
-    return {kind: sorted((name, round(t, 6)) for name, t in events) for kind, events in out.items()}
+def _rounded(out: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
+    return {kind: sorted((name, *(round(t, 6) for t in times)) for name, *times in events)
+            for kind, events in out.items()}
 
 
 @pytest.mark.parametrize("world", ["trio", "sim"])

@@ -30,6 +30,7 @@ class FakeRole:
         self.address = address
         self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME))
         self.told: list[tuple] = []
+        self.elapsed: dict[int, float] = {}  # chunk index -> the time its delivery took, as reported
         self.buffers = Buffers(2)
 
     def data_addr(self, peer: str) -> str:
@@ -42,6 +43,7 @@ class FakeRole:
 
     async def report_fetched(self, peer, fetch, data, elapsed_s) -> None:
         self.told.append(("fetched", fetch.index, len(data)))
+        self.elapsed[fetch.index] = elapsed_s
 
     async def report_failed(self, peer, fetch, reason) -> None:
         self.told.append((reason, fetch.index))
@@ -110,6 +112,36 @@ async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apar
     assert ("corrupt", 0) in told and ("unreachable", 1) in told
 
 
+async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_time():
+    """The source's header says how long each request waited for its upload (its queue, not its
+    long poll): a source with more requesters than its upload can feed is timed as slow as it
+    is, although each chunk's bytes move fast once sent."""
+    roles = []
+
+    async def script(stream, requests):
+        (a, _), (b, _) = requests
+        await send_frame(stream, ChunkResponse(a.request_id, STATUS_OK, 1000, queued_us=0).pack())
+        await stream.send_all(b"a" * 1000)
+        await send_frame(stream, ChunkResponse(b.request_id, STATUS_OK, 1000, queued_us=2_500_000).pack())
+        await stream.send_all(b"b" * 1000)
+
+    async with trio.open_nursery() as nursery:
+        address = await scripted_server(nursery, script)
+        role = FakeRole(address)
+        roles.append(role)
+        upstream = Upstream(role, SOURCE.peer_id)
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+        with trio.fail_after(5):
+            await upstream.run()
+        nursery.cancel_scope.cancel()
+    elapsed = roles[0].elapsed
+    assert sorted(elapsed) == [0, 1]
+    assert elapsed[0] < 2.5 <= elapsed[1]  # 1,000 bytes on loopback take far less than the queue
+    assert elapsed[1] - 2.5 < elapsed[0] + 1.0
+    assert ChunkResponse.unpack(ChunkResponse(7, STATUS_OK, 3, 2**32 - 1).pack()).queued_s == pytest.approx(4294.967295)
+
+
 async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_from():
     async def never(stream, requests):
         raise AssertionError("no request may reach an impostor")
@@ -131,8 +163,8 @@ def test_upload_slots_go_to_urgent_requests_first():
     assert core.ask(0.0, "first", "a", 1, 0, False, held=True) == [Serve("first")]
     assert core.ask(0.0, "normal", "b", 1, 1, False, held=True) == []
     assert core.ask(0.0, "urgent", "c", 1, 2, True, held=True) == []
-    assert core.done(1.0, "first") == [Serve("urgent")]
-    assert core.done(2.0, "urgent") == [Serve("normal")]
+    assert core.done(1.0, "first") == [Serve("urgent", queued_s=1.0)]
+    assert core.done(2.0, "urgent") == [Serve("normal", queued_s=2.0)]  # the queue time goes in the answer
     assert core.done(3.0, "normal") == [] and core.free == 1
 
 
@@ -144,9 +176,9 @@ def test_one_peer_cannot_hold_every_upload_slot_and_peers_take_turns():
     assert core.ask(0, "o1", "other", 1, 0, False, True) == [Serve("o1")]
     assert core.ask(0, "o2", "other", 1, 1, False, True) == [Serve("o2")]
     assert core.ask(0, "o3", "other", 1, 2, False, True) == []
-    assert core.done(1, "g1") == [Serve("g3")]  # greedy is back under its share and first in line
+    assert core.done(1, "g1") == [Serve("g3", 1.0)]  # greedy is back under its share and first in line
     assert core.done(2, "g2") == []  # a free slot, but "other" holds its share already
-    assert core.done(3, "o1") == [Serve("o3")]
+    assert core.done(3, "o1") == [Serve("o3", 3.0)]
 
 
 def test_a_request_for_a_chunk_not_held_waits_for_it_then_is_refused_at_the_wait_limit():
@@ -154,7 +186,8 @@ def test_a_request_for_a_chunk_not_held_waits_for_it_then_is_refused_at_the_wait
     assert core.ask(0.0, "early", "a", 1, 5, False, held=False) == []
     assert core.ask(4.0, "later", "b", 1, 6, False, held=False) == []
     assert core.next_deadline() == 10.0 and core.expire(9.9) == []
-    assert core.arrived(5.0, 1, 5) == [Serve("early")]  # cut-through: served as soon as we hold it
+    assert core.arrived(5.0, 1, 5) == [Serve("early", 0.0)]  # cut-through: served as soon as we hold it
+    # (waiting for the chunk is not queueing: the requester is told 0 s)
     assert core.next_deadline() == 14.0
     assert core.expire(14.0) == [Refuse("later")]
     assert core.next_deadline() is None and core.arrived(20.0, 1, 6) == []
@@ -179,8 +212,8 @@ async def test_the_trio_shell_waits_for_its_turn_and_tells_when_the_slots_are_fu
     order = []
 
     async def answer(name, index, held):
-        async with uploads.turn(name, 1, index, False, held) as granted:
-            order.append((name, granted, trio.current_time()))
+        async with uploads.turn(name, 1, index, False, held) as queued_s:
+            order.append((name, queued_s, trio.current_time()))
             await trio.sleep(1)
 
     async with trio.open_nursery() as nursery:
@@ -193,7 +226,8 @@ async def test_the_trio_shell_waits_for_its_turn_and_tells_when_the_slots_are_fu
         uploads.arrived(1, 1)
         await trio.sleep(10)
         nursery.cancel_scope.cancel()
-    assert [(name, granted) for name, granted, _ in order] == [("held", True), ("comes", True), ("never", False)]
+    # "comes" arrives at 2 but the one slot is "held"'s until 1: served at 2, queued 0 s; "never" is refused
+    assert [(name, queued_s) for name, queued_s, _ in order] == [("held", 0.0), ("comes", 0.0), ("never", None)]
     assert order[2][2] == pytest.approx(5.0)  # refused at the wait limit
     assert told == [True, False, True, False]
 

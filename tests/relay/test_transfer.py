@@ -295,3 +295,101 @@ def test_a_new_upload_figure_alone_does_not_replan_a_transfer_in_progress():
     assert core.progress(1.0, 1)["parents"] == parents
     core.set_members(2.0, {"a": 1e6, PUBLISHER.peer_id: 1e8})  # b left: that replans
     assert "b" not in core.progress(2.0, 1)["parents"]
+
+
+def test_the_children_of_a_failed_stripe_root_borrow_a_sibling_not_the_origin():
+    """The root of a stripe (the origin's one child there) has no member above it: its other
+    children, our siblings, are the only substitutes. Before they were eligible, every child of a
+    root that failed or delivered too little fell back to the origin, which then served that
+    stripe to each of them."""
+    uploads = {PUBLISHER.peer_id: 1e9, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(70)}}
+    checked = 0
+    for me in sorted(uploads):
+        if me == PUBLISHER.peer_id:
+            continue
+        c = TransferCore(FAST, me, open_frame=opener, self_upload_bps=uploads[me])
+        c.set_members(0.0, uploads)
+        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+        plan = c._versions[1].plan
+        stripe = next((s for s in range(plan.stripes) if len(plan.ancestors(s, me)) == 2), None)
+        if stripe is None:
+            continue
+        root = plan.parent[stripe][me]
+        ranked = [p for p, _ in plan.ranked_interior(stripe)]
+        siblings_before = [p for p in plan.children(stripe, root) if p in ranked and
+                           (plan.depth(stripe, p), p) < (plan.depth(stripe, me), me)]
+        bad = [f for f in first if plan.stripe_of_chunk[f.index] == stripe]
+        if not siblings_before or not bad:
+            continue
+        again = fetches(c.fetch_failed(0.1, root, 1, bad[0].index, "corrupt"))
+        again = [f for f in again if plan.stripe_of_chunk[f.index] == stripe]
+        assert again and {f.peer for f in again} <= set(siblings_before), (me, again)
+        checked += 1
+    assert checked >= 3
+
+
+def test_a_parent_whose_queue_makes_it_deliver_too_little_loses_us_and_we_borrow_inside_the_stripe():
+    """Delivery is timed with the source's queue in it (the answer's header reports it): a
+    parent that moves each chunk fast but serves us rarely is judged slow against our other
+    sources and the stripe's planned rate, and dropped; the origin is never judged."""
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(300)}}
+    signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)  # 8 stripes of 16 chunks at 300 members
+    c = core()
+    c.set_members(0.0, uploads)
+    pending = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
+    plan = c._versions[1].plan
+    victim_stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
+    victim = plan.parent[victim_stripe]["me"]
+    dropped, t, later = [], 0.0, []
+    while pending and not dropped:
+        f = pending.pop(0)
+        t += 0.01
+        size = c._versions[1].size(f.index)
+        # our other sources move a chunk in 10 ms; the victim's bytes move as fast but each
+        # request queued 2 s behind its other requesters
+        elapsed = 0.01 + (2.0 if f.peer == victim else 0.0)
+        out = c.fetched(t, f.peer, 1, f.index, elapsed)
+        dropped += [e.event for e in out if hasattr(e, "event") and isinstance(e.event, SourceDropped)]
+        later = fetches(out)
+        pending += later
+        assert size > 0
+    assert dropped and dropped[0].peer == victim and dropped[0].why == "slow"
+    assert PUBLISHER.peer_id not in c.status(t)["excluded"]
+    assert c.progress(t, 1)["parents"][victim_stripe] not in (victim, PUBLISHER.peer_id)
+
+
+def test_the_swarm_layout_asks_neighbours_for_the_rarest_chunk_they_hold():
+    from relay.messages import HaveChunks
+    from relay.swarm import bitmap_bytes
+
+    config = TransferConfig(layout="swarm", window_per_source=1, stall_timeout_s=2.0, exclude_s=6.0,
+                            announce_interval_s=3600.0, swarm_degree=2)
+    c = TransferCore(config, "me", open_frame=opener, self_upload_bps=1e8)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "a": 1e8, "b": 1e8})
+    effects = c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    told = [e for e in effects if isinstance(e, Send) and isinstance(e.body, HaveChunks)]
+    assert len(told) == 2 and all(e.body.bitmap == bytes(2) for e in told)  # 10 chunks, none held yet
+    assert not fetches(effects)  # no plan: nobody is asked before someone says what it holds
+    count = len(SIGNED.manifest.chunk_digests)
+    # "a" holds chunks 0-3, "b" holds 0 and 1: a's rarest are 2 and 3, and b has only 0 and 1
+    got_a = fetches(c.on_message(0.1, envelope("a", HaveChunks(1, SIGNED.manifest_id, bitmap_bytes(0b1111, count)))))
+    assert [f.peer for f in got_a] == ["a"] and got_a[0].index in (0, 1, 2, 3)
+    got_b = fetches(c.on_message(0.2, envelope("b", HaveChunks(1, SIGNED.manifest_id, bitmap_bytes(0b0011, count)))))
+    assert [f.peer for f in got_b] == ["b"] and got_b[0].index in (0, 1) and got_b[0].index != got_a[0].index
+    out = c.fetched(0.3, "a", 1, got_a[0].index, 0.01)
+    nxt = fetches(out)
+    assert [f.peer for f in nxt] == ["a"]
+    assert nxt[0].index in (2, 3)  # rarest: only "a" holds 2 and 3 (0 and 1 are also at "b")
+    assert not c._versions[1].plan  # no trees were planned
+
+
+def test_every_peer_completes_in_a_swarm_with_disagreeing_views_and_slow_peers():
+    from simulations.hostile import run_broadcast
+    from simulations.scenarios import broadcast
+    import dataclasses
+
+    sc = dataclasses.replace(broadcast(60, 3), checkpoint_bytes=40 * 2**20, chunk_bytes=2**20, strategy="swarm",
+                             view_miss=0.05, slow_fraction=0.1, slow_factor=10.0)
+    summary, _, _ = run_broadcast(sc)
+    assert summary["survivors_complete"] == summary["survivors_right_checkpoint"] == 60
+    assert summary["messages"]["delivered"] > 60  # bitmaps went around

@@ -68,6 +68,10 @@ def test_sim_run_takes_the_world_a_real_peer_sees_and_reports_against_the_true_b
     assert skewed["slow_relays"] == 10 and skewed["view_classes"] == 32 and skewed["config"]["slow_factor"] == 4.0
     assert skewed["survivors_complete"] == 40 and skewed["ratio_to_bound"] >= 1.0
 
+    swarm = run("swarm", "--layout", "swarm")  # the BitTorrent-style baseline: bitmaps, rarest-first pulls
+    assert swarm["config"]["strategy"] == "swarm" and swarm["survivors_right_checkpoint"] == 40
+    assert swarm["messages"]["delivered"] > 40 * 8  # each relay told its neighbours what it held
+
 
 def test_sim_run_refuses_world_flags_that_make_no_sense(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "run", "broadcast", "--view-miss", "1.5", "--out", str(tmp_path)]) == 2
