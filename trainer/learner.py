@@ -144,21 +144,12 @@ class Learner:
     def step(self, batches: Sequence[RolloutBatch]) -> StepStats:
         """Train once on the admissible batches; returns what happened. Never reads worker rewards."""
         t0 = time.perf_counter()
-        rejected: Counter[str] = Counter()
-        admitted: list[tuple[RolloutBatch, list[float]]] = []
-        for batch in batches:
-            reason = self._check(batch)
-            if reason is None:
-                rewards = self.rewards(batch)
-                admitted.append((batch, rewards))
-                self._seen.add((batch.worker_id, batch.step))
-            else:
-                rejected[reason] += 1
+        admitted, rejected = admit_batches(self.config, self.tokenizer, self.chat, self.version, self._seen, batches)
         if not admitted:
             return StepStats(version=self.version, trained=False, admitted=0, rejected=dict(rejected))
         stats = self._train(admitted)
         self.version += 1
-        self._forget_old_keys()
+        self._seen = forget_old_keys(self._seen, self.version, self.config.async_level)
         t1 = time.perf_counter()
         if self.version % self.config.save_every_steps == 0:
             self._writer.submit(self._snapshot())
@@ -191,10 +182,6 @@ class Learner:
     def _check(self, batch: RolloutBatch) -> str | None:
         """None if the batch may be trained on, else a short reason (the worker's fault)."""
         return admission_reason(self.config, self.tokenizer, self.version, self._seen, batch)
-
-    def _forget_old_keys(self) -> None:
-        horizon = self.version - self.config.async_level - 1
-        self._seen = {k for k in self._seen if k[1] >= horizon}
 
     # -- one optimizer step ---------------------------------------------------------------
 
@@ -283,6 +270,28 @@ def admission_reason(cfg: LearnerConfig, tokenizer, version: int, seen: set[tupl
         if any(not 0 <= t < vocab for t in r.output_ids):
             return "bad_token"
     return None
+
+
+def admit_batches(cfg: LearnerConfig, tokenizer, chat: bool, version: int, seen: set[tuple[str, int]],
+                  batches: Sequence[RolloutBatch]) -> tuple[list[tuple[RolloutBatch, list[float]]], Counter[str]]:
+    """The batches that may train the step after `version`, each with the trainer's own rewards,
+    and the count of refused ones by reason. Admitted batches' (worker, step) keys join `seen`."""
+    rejected: Counter[str] = Counter()
+    admitted: list[tuple[RolloutBatch, list[float]]] = []
+    for batch in batches:
+        reason = admission_reason(cfg, tokenizer, version, seen, batch)
+        if reason is None:
+            admitted.append((batch, trainer_rewards(cfg, tokenizer, chat, batch)))
+            seen.add((batch.worker_id, batch.step))
+        else:
+            rejected[reason] += 1
+    return admitted, rejected
+
+
+def forget_old_keys(seen: set[tuple[str, int]], version: int, async_level: int) -> set[tuple[str, int]]:
+    """The (worker, step) keys still inside the async window after `version`."""
+    horizon = version - async_level - 1
+    return {k for k in seen if k[1] >= horizon}
 
 
 def trainer_rewards(cfg: LearnerConfig, tokenizer, chat: bool, batch: RolloutBatch) -> list[float]:

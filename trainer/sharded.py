@@ -44,7 +44,6 @@ import math
 import os
 import shutil
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -62,8 +61,8 @@ from p2pnet.files import atomic_write_bytes, fsync_dir
 from tasks.prompts import uses_chat
 from trainer.checkpoint import (STATE_FILE, CheckpointError, CheckpointWriter, Snapshot, complete_versions,
                                 latest_version, remove_temporaries, version_dir, write_version)
-from trainer.learner import (LearnerConfig, MicroBatch, StepStats, _jsonable, admission_reason,
-                             backward_micro_batches, flatten_admitted, trainer_rewards)
+from trainer.learner import (LearnerConfig, MicroBatch, StepStats, _jsonable, admit_batches,
+                             backward_micro_batches, flatten_admitted, forget_old_keys)
 from trainer.rollout import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -177,21 +176,12 @@ class ShardedLearner:
         norms are those of the whole step, equal on every rank."""
         self._finish_checkpoint(wait=False)
         t0 = time.perf_counter()
-        rejected: Counter[str] = Counter()
-        admitted: list[tuple[RolloutBatch, list[float]]] = []
-        for batch in batches:
-            reason = admission_reason(self.config, self.tokenizer, self.version, self._seen, batch)
-            if reason is None:
-                admitted.append((batch, trainer_rewards(self.config, self.tokenizer, self.chat, batch)))
-                self._seen.add((batch.worker_id, batch.step))
-            else:
-                rejected[reason] += 1
+        admitted, rejected = admit_batches(self.config, self.tokenizer, self.chat, self.version, self._seen, batches)
         if not admitted:
             return StepStats(version=self.version, trained=False, admitted=0, rejected=dict(rejected))
         stats = self._train(admitted)
         self.version += 1
-        horizon = self.version - self.config.async_level - 1
-        self._seen = {k for k in self._seen if k[1] >= horizon}
+        self._seen = forget_old_keys(self._seen, self.version, self.config.async_level)
         t1 = time.perf_counter()
         if self.version % self.config.save_every_steps == 0:
             self._publish()
