@@ -672,18 +672,23 @@ class TransferCore:
             v.retry[stripe].popleft()  # type: ignore[union-attr]
         else:
             v.next_pos[stripe] += 1
+        v.link_load[link] = load + 1
+        self._note_request(now, v, source, index, stripe)
+        effects.append(Fetch(source, v.signed.manifest.version, index, v.digests[index], v.size(index),
+                             stripe == v.forwards))
+        return True
+
+    def _note_request(self, now: float, v: _Version, source: str, index: int, stripe: int) -> None:
+        """Chunk `index` is now asked of `source` (for `stripe`, or SWARM): in flight, and one
+        more outstanding request on that source, whose busy time starts if it was idle."""
         v.in_flight[index] = (source, stripe, now)
         self._in_flight += 1
-        v.link_load[link] = load + 1
         src = v.sources.get(source)
         if src is None:
             src = v.sources[source] = _Source()
         if src.outstanding == 0:
             src.since = now
         src.outstanding += 1
-        effects.append(Fetch(source, v.signed.manifest.version, index, v.digests[index], v.size(index),
-                             stripe == v.forwards))
-        return True
 
     def _choose_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
         tried = v.tried.get(index, ())
@@ -825,18 +830,11 @@ class TransferCore:
                 index = swarm.pick(bits, v.tried, peer)
                 if index is None:
                     break
-                v.in_flight[index] = (peer, SWARM, now)
                 swarm.asked |= 1 << index
-                self._in_flight += 1
                 load += 1
                 budget -= 1
                 v.link_load[link] = load
-                src = v.sources.get(peer)
-                if src is None:
-                    src = v.sources[peer] = _Source()
-                if src.outstanding == 0:
-                    src.since = now
-                src.outstanding += 1
+                self._note_request(now, v, peer, index, SWARM)
                 effects.append(Fetch(peer, v.version, index, v.digests[index], v.size(index), False))
             if budget <= 0:
                 return
