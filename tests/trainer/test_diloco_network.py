@@ -39,11 +39,16 @@ async def _until(predicate, what: str, timeout_s: float = 300.0) -> None:
 
 
 async def test_trainer_peers_finish_rounds_when_one_dies_mid_round_and_one_joins(tmp_path, model_dir, nursery):
-    first = await _start(nursery, tmp_path, "t0", _section(tmp_path, model_dir, "t0", min_peers=3))
-    boot = (first.host.addrs()[0],)
-    victim_scope = trio.CancelScope()
-    victim = await _start(nursery, tmp_path, "t1", _section(tmp_path, model_dir, "t1", min_peers=3), boot, victim_scope)
-    third = await _start(nursery, tmp_path, "t2", _section(tmp_path, model_dir, "t2", min_peers=3), boot)
+    scopes = {name: trio.CancelScope() for name in ("t0", "t1", "t2")}
+    nodes = {"t0": await _start(nursery, tmp_path, "t0", _section(tmp_path, model_dir, "t0", min_peers=3), scope=scopes["t0"])}
+    boot = (nodes["t0"].host.addrs()[0],)
+    for name in ("t1", "t2"):
+        nodes[name] = await _start(nursery, tmp_path, name, _section(tmp_path, model_dir, name, min_peers=3), boot, scopes[name])
+    # the victim is not the round's leader (the lowest peer id): a leader dying before its Members
+    # arrive makes the others decide the round again without it (its own test below)
+    victim_name = max(nodes, key=lambda n: nodes[n].peer_id)
+    victim, victim_scope = nodes[victim_name], scopes[victim_name]
+    first, third = (nodes[n] for n in sorted(nodes) if n != victim_name)
     survivors = [first, third]
 
     # the victim stalls once it has joined round 1: members include it, its contributions never come
@@ -64,7 +69,8 @@ async def test_trainer_peers_finish_rounds_when_one_dies_mid_round_and_one_joins
 
     roles = [p.roles["diloco"] for p in survivors]
     await _until(lambda: all(r.state.round >= 2 for r in roles), "round 2")
-    joiner = await _start(nursery, tmp_path, "t3", _section(tmp_path, model_dir, "t3", min_peers=2), boot)
+    joiner = await _start(nursery, tmp_path, "t3", _section(tmp_path, model_dir, "t3", min_peers=2),
+                          (first.host.addrs()[0],))  # the bootstrap peer may have been the victim
     joiner_role = joiner.roles["diloco"]
     roles.append(joiner_role)
     await _until(lambda: all(r.done for r in roles), "every live peer done")
