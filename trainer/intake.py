@@ -88,6 +88,7 @@ class Intake(ReactiveCore):
         self.workers: dict[str, WorkerLedger] = {}
         self.holders: dict[int, dict[str, float]] = {}  # version -> peer -> first heard holding it
         self.dropped: dict[str, int] = {}
+        self.forgotten_before = 0  # batches of earlier steps are forgotten (`forget_before_step`)
         self.contributions = Contributions()  # the leaderboard: admitted facts only (trainer.leaderboard)
 
     # -- core inputs ----------------------------------------------------------------------
@@ -117,6 +118,8 @@ class Intake(ReactiveCore):
         sid = submission_id(envelope)
         if sid in self.batches:
             return []  # a gossip duplicate
+        if sub.step < self.forgotten_before:
+            return self._drop("stale_step")  # its window closed: too late to train on, or a late echo
         if not self.membership.is_worker(worker):
             return self._drop("unknown_worker")
         if self.reputation.is_banned(worker, now):
@@ -137,8 +140,8 @@ class Intake(ReactiveCore):
                 return self._drop(exc.reason)  # races and gossip echoes, not malice
             return [Emit(Penalise(envelope.sender, exc.reason))]
         batch = self.batches.get(verdict.submission_id)
-        if batch is None:
-            return []
+        if batch is None:  # forgotten, its window closed: what it earned stays, a failure still counts
+            return self._reputation(now, verdict.worker, verdict.submission_id, envelope.sender, verdict)
         ledger = self.workers.setdefault(batch.worker, WorkerLedger())
         outcome = self.ledger.outcome(batch.sid) or "pending"
         previous = ledger.outcomes.get(batch.sid)
@@ -152,12 +155,14 @@ class Intake(ReactiveCore):
             ledger.outcomes[batch.sid] = outcome
         self.contributions.verdict(now, envelope.sender, verdict, batch, previous, outcome,
                                    self.holders.get(batch.submission.model_version, {}).get(batch.worker))
+        return self._reputation(now, batch.worker, batch.sid, envelope.sender, verdict)
+
+    def _reputation(self, now: float, worker: str, sid: bytes, validator: str, verdict: Verdict) -> list[Effect]:
         effects: list[Effect] = []
-        for event in self.reputation.record(now, batch.worker, batch.sid, envelope.sender,
-                                            verdict.accepted, verdict.reasons):
+        for event in self.reputation.record(now, worker, sid, validator, verdict.accepted, verdict.reasons):
             if isinstance(event, WorkerBanned):
-                ledger.banned = True
-                self.contributions.banned(batch.worker)
+                self.workers.setdefault(worker, WorkerLedger()).banned = True
+                self.contributions.banned(worker)
             effects.append(Emit(event))
         return effects
 
@@ -187,8 +192,19 @@ class Intake(ReactiveCore):
             self.contributions.trained(batch)
 
     def forget_before_step(self, step: int) -> None:
+        """Forget the batches of steps before `step`, which the async window has closed: none can be
+        trained on again, and keeping them would grow memory and every `admissible` scan without
+        end. The leaderboard keeps what they earned; a late copy of one is dropped as stale."""
+        self.forgotten_before = max(self.forgotten_before, step)
         for sid in [sid for sid, b in self.batches.items() if b.submission.step < step]:
-            del self.batches[sid]
+            batch = self.batches.pop(sid)
+            ledger = self.workers.get(batch.worker)
+            if ledger is not None:
+                ledger.outcomes.pop(sid, None)
+        # holding times matter for verdicts on batches still here, and for the learner's model window
+        oldest = min((b.submission.model_version for b in self.batches.values()), default=step)
+        for version in [v for v in self.holders if v < min(oldest, step - self.config.async_level)]:
+            del self.holders[version]
 
     def step_counts(self, step: int) -> tuple[int, int]:
         """(accepted, rejected) batches submitted for `step` so far."""

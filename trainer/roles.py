@@ -324,6 +324,7 @@ class TrainerRole:
                 self._record(stats, batches, gather_s)
                 if stats.trained:
                     self.version = stats.version
+                    self.intake.forget_before_step(self.version - self.config.async_level)
                     nursery.start_soon(self._flush_and_publish, stats.version)
             self.done = True
             log.info("trainer: reached %d steps", self.config.steps)

@@ -117,6 +117,27 @@ def test_trained_batches_are_counted_once():
     assert ledger["trained_batches"] == 1 and ledger["accepted"] == 1
 
 
+def test_closed_steps_are_forgotten_but_what_they_earned_and_a_late_failure_count():
+    intake = make(async_level=2, ban_after_failures=1)
+    for step in range(200):  # a long run: the trainer forgets each step whose window closed
+        _, sid = submit(intake, WORKER, step)
+        verdict(intake, sid, WORKER, step, True)
+        intake.mark_trained(intake.admissible(3.0, step))
+        intake.forget_before_step(step + 1 - 2)
+    assert len(intake.batches) == 2 and len(intake.workers[WORKER.peer_id].outcomes) == 2
+    assert len(intake.holders) <= 3
+    [ledger] = [w for w in intake.workers_json() if w["peer_id"] == WORKER.peer_id]
+    assert ledger["accepted"] == 200 and ledger["trained_batches"] == 200 and ledger["submitted"] == 200
+    env, old_sid = submit(intake, CHEAT, 198)  # still in the window
+    intake.forget_before_step(199 + 1)
+    intake.on_message(4.0, env)  # a late echo of a forgotten batch is not counted again
+    assert intake.dropped["stale_step"] == 1 and intake.workers[CHEAT.peer_id].submitted == 1
+    submit(intake, CHEAT, 150)  # a batch for a closed step: too late to train on
+    assert intake.dropped["stale_step"] == 2 and intake.workers[CHEAT.peer_id].submitted == 1
+    effects = verdict(intake, old_sid, CHEAT, 198, False)  # its failure arrives after it was forgotten
+    assert any(isinstance(e.event, WorkerBanned) for e in effects) and intake.workers[CHEAT.peer_id].banned
+
+
 def test_forged_and_foreign_verdicts_are_penalised_not_believed():
     intake = make()
     _, sid = submit(intake, WORKER, 0)
