@@ -136,6 +136,11 @@ def register(commands) -> None:
                           help="with --trainers above 1: inner AdamW steps per round on each trainer (default 20)")
     training.add_argument("--encoding", choices=("int8", "fp32"), default="int8",
                           help="with --trainers above 1: how pseudo-gradients travel (default int8)")
+    training.add_argument("--outer-lr", type=float, default=0.7, metavar="LR",
+                          help="with --trainers above 1: outer Nesterov lr (default 0.7, DiLoCo's; the tiny model "
+                          "with 20 inner steps learns better at 0.5 with --outer-momentum 0, see BENCHMARKS.md)")
+    training.add_argument("--outer-momentum", type=float, default=0.9, metavar="M",
+                          help="with --trainers above 1: outer Nesterov momentum (default 0.9, DiLoCo's)")
     training.add_argument("--model", default="tiny", metavar="NAME|DIR",
                           help="tiny, micro, small, or the path of a model folder (`p2pnet model prepare smollm2`)")
     training.add_argument("--seed", type=int, metavar="N", default=0, help="task seed of the network (default 0)")
@@ -215,7 +220,8 @@ def _cmd_diloco(args: argparse.Namespace) -> int:
     config = DilocoDevnetConfig(trainers=args.trainers, inner_steps=args.inner_steps, rounds=args.steps,
                                 relays=args.relays, model=args.model, encoding=args.encoding,
                                 step_timeout_s=args.step_timeout_s, seed=args.seed, lab=args.lab,
-                                link_mbit=args.link_mbit, lab_profile=args.lab_profile)
+                                link_mbit=args.link_mbit, lab_profile=args.lab_profile, outer_lr=args.outer_lr,
+                                outer_momentum=args.outer_momentum)
     with ExitStack() as stack:
         root = output_dir(args.out) if args.out is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="p2pnet-diloco-")))

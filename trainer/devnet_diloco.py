@@ -63,6 +63,10 @@ class DilocoDevnetConfig:
             raise ConfigError("--trainers", "must be in [2, 16] for DiLoCo (1 is the GRPO devnet)")
         if self.inner_steps < 1 or self.rounds < 1 or not 0 <= self.relays <= 16:
             raise ConfigError("--inner-steps", "inner steps and rounds must be >= 1, relays in [0, 16]")
+        if not self.outer_lr > 0:
+            raise ConfigError("--outer-lr", "must be above 0")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError("--outer-momentum", "must be in [0, 1)")
         if self.encoding not in ("int8", "fp32"):
             raise ConfigError("--encoding", "must be int8 or fp32")
         if (self.link_mbit is not None or self.lab_profile is not None) and not self.lab:

@@ -131,3 +131,16 @@ def test_devnet_with_trainers_on_lab_hosts_reports_the_bound(tmp_path: Path) -> 
     for row in summary["rounds"]:
         assert sorted(row["contributors"]) == ["trainer0", "trainer1"]
         assert row["bound_s"] > 0  # 2 peers: each sends half of S and gets half back, at 6.25 MB/s
+
+
+def test_diloco_devnet_settings_are_checked() -> None:
+    from p2pnet.errors import ConfigError
+    from trainer.devnet_diloco import DilocoDevnetConfig
+
+    with pytest.raises(ConfigError, match="outer-momentum"):
+        DilocoDevnetConfig(outer_momentum=1.0)
+    with pytest.raises(ConfigError, match="outer-lr"):
+        DilocoDevnetConfig(outer_lr=0.0)
+    with pytest.raises(ConfigError, match="need --lab"):
+        DilocoDevnetConfig(link_mbit=20.0)
+    assert DilocoDevnetConfig(lab=True, link_mbit=20.0, outer_momentum=0.0).outer_momentum == 0.0
