@@ -16,8 +16,11 @@ number of inner steps:
 
 Must not: download anything. Heavy: run it under `flock /tmp/p2pnet-cpu.lock`.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_diloco.py --peers 4 --rounds 15 --inner-steps 20 \\
-         --net-rounds 30 --json results.json --plot docs/img/diloco.png
+The outer step is DiLoCo's (lr 0.7, momentum 0.9) unless --outer-lr/--outer-momentum say
+otherwise; then DiLoCo's is run and drawn as well (`bench_diloco_outer.py` has the sweep).
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_diloco.py --peers 4 --rounds 30 --inner-steps 20 \\
+         --net-rounds 30 --outer-lr 0.5 --outer-momentum 0.0 --json results.json --plot docs/img/diloco.png
 """
 
 from __future__ import annotations
