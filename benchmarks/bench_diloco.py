@@ -16,8 +16,11 @@ number of inner steps:
 
 Must not: download anything. Heavy: run it under `flock /tmp/p2pnet-cpu.lock`.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_diloco.py --peers 4 --rounds 15 --inner-steps 20 \\
-         --net-rounds 30 --json results.json --plot docs/img/diloco.png
+The outer step is DiLoCo's (lr 0.7, momentum 0.9) unless --outer-lr/--outer-momentum say
+otherwise; then DiLoCo's is run and drawn as well (`bench_diloco_outer.py` has the sweep).
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_diloco.py --peers 4 --rounds 30 --inner-steps 20 \\
+         --net-rounds 30 --outer-lr 0.5 --outer-momentum 0.0 --json results.json --plot docs/img/diloco.png
 """
 
 from __future__ import annotations
@@ -74,10 +77,11 @@ def run_single(args: argparse.Namespace) -> list[tuple[int, float]]:
     return curve
 
 
-def run_diloco(args: argparse.Namespace, encoding: Encoding) -> dict[str, Any]:
+def run_diloco(args: argparse.Namespace, encoding: Encoding, outer_config: OuterConfig | None = None) -> dict[str, Any]:
     peers = {f"peer{i}": _trainer(100 + i, args) for i in range(args.peers)}
     global_weights = next(iter(peers.values())).weights()
-    outer = OuterOptimizer(OuterConfig(), global_weights.numel())
+    outer_config = outer_config or OuterConfig(args.outer_lr, args.outer_momentum)
+    outer = OuterOptimizer(outer_config, global_weights.numel())
     config = AllReduceConfig(encoding=encoding)
     first = next(iter(peers.values()))
     curve = [(0, first.eval_loss(global_weights))]
@@ -174,7 +178,8 @@ def run_faults(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     config = DilocoDevnetConfig(trainers=args.peers, inner_steps=args.inner_steps, rounds=args.net_rounds,
                                 relays=1, model=args.model, encoding="int8", inner_lr=args.inner_lr,
                                 batch_size=args.batch_size, kill_at_round=kill_at, join_at_round=join_at,
-                                deadline_s=args.deadline_s)
+                                deadline_s=args.deadline_s, outer_lr=args.outer_lr,
+                                outer_momentum=args.outer_momentum)
     summary = run_diloco_devnet(config, root)
     return {"kill_at_round": kill_at, "join_at_round": join_at, **summary}
 
@@ -186,14 +191,23 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4))
+    outer = results["outer"]
     for key, label in (("single", "1 trainer"), ("int8", f"DiLoCo {results['peers']} peers, int8"),
-                       ("fp32", f"DiLoCo {results['peers']} peers, fp32")):
+                       ("fp32", f"DiLoCo {results['peers']} peers, fp32"),
+                       ("int8_diloco_defaults", f"DiLoCo {results['peers']} peers, int8, outer lr 0.7 mom 0.9")):
+        if key not in results:
+            continue
         curve = results[key] if key == "single" else results[key]["curve"]
         left.plot([s for s, _ in curve], [loss for _, loss in curve], label=label, marker=".",
-                  ls="--" if key == "fp32" else "-")
+                  ls={"fp32": "--", "int8_diloco_defaults": ":"}.get(key, "-"))
+    faults = results.get("faults")
+    if faults:
+        curve = fault_curve(faults, results["inner_steps"])
+        left.plot([s for s, _ in curve], [loss for _, loss in curve], marker=".", color="black",
+                  label=f"real peers, int8, one killed (round {faults['kill_at_round']}), one joins")
     left.set_xlabel("total inner steps (all peers)")
     left.set_ylabel("held-out loss")
-    left.set_title("same total inner steps")
+    left.set_title(f"same total inner steps (outer lr {outer['lr']}, momentum {outer['momentum']})")
     left.legend()
     errors = results["int8"]["relative_error"]
     middle.semilogy(range(1, len(errors) + 1), errors, marker=".", label="int8 all-reduce vs exact fp32 mean")
@@ -202,7 +216,6 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     middle.set_ylabel("relative L2 error")
     middle.set_title("int8 quantization error")
     middle.legend()
-    faults = results.get("faults")
     if faults:
         rows = faults["rounds"]
         right.plot([r["round"] + 1 for r in rows], [r["loss"] for r in rows], marker=".", label="held-out loss")
@@ -217,6 +230,15 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def fault_curve(faults: dict[str, Any], inner_steps: int) -> list[tuple[int, float]]:
+    """(total inner steps taken by the contributors so far, held-out loss) per round of the real run."""
+    curve, steps = [], 0
+    for row in faults["rounds"]:
+        steps += len(row["contributors"]) * inner_steps
+        curve.append((steps, row["loss"]))
+    return curve
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=4)
@@ -225,6 +247,8 @@ def main() -> None:
     parser.add_argument("--inner-lr", type=float, default=3e-3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov lr (DiLoCo's default 0.7)")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="outer Nesterov momentum (DiLoCo's 0.9)")
     parser.add_argument("--net-rounds", type=int, default=30, help="rounds of the real-network run (0: skip it)")
     parser.add_argument("--deadline-s", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -233,11 +257,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    results: dict[str, Any] = {"peers": args.peers, "rounds": args.rounds, "inner_steps": args.inner_steps}
+    results: dict[str, Any] = {"peers": args.peers, "rounds": args.rounds, "inner_steps": args.inner_steps,
+                               "outer": {"lr": args.outer_lr, "momentum": args.outer_momentum}}
     started = time.monotonic()
     results["single"] = run_single(args)
     results["int8"] = run_diloco(args, Encoding.INT8)
     results["fp32"] = run_diloco(args, Encoding.FP32)
+    if OuterConfig(args.outer_lr, args.outer_momentum) != OuterConfig():
+        results["int8_diloco_defaults"] = run_diloco(args, Encoding.INT8, OuterConfig())
     n, params = args.peers, results["int8"]["parameters"]
     results["bytes"] = {
         "int8_measured": max(results["int8"]["bytes_per_round"]),
@@ -255,18 +282,23 @@ def main() -> None:
             results["faults"] = run_faults(args, Path(tmp))
         s_int8 = packed_bytes(params, Encoding.INT8)
         results["round_bound_s"] = 2 * (n - 1) / n * s_int8 / results["dataplane_bps"]
-    report(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    report(results)
     if args.plot:
         _plot(results, args.plot)
 
 
 def report(results: dict[str, Any]) -> None:
     single, int8, fp32 = results["single"], results["int8"], results["fp32"]
+    outer = results["outer"]
     print(f"final held-out loss, {single[-1][0]} inner steps in all: 1 trainer {single[-1][1]:.4f}, "
           f"DiLoCo int8 {int8['curve'][-1][1]:.4f}, DiLoCo fp32 {fp32['curve'][-1][1]:.4f} "
-          f"(start {single[0][1]:.4f})")
+          f"(outer lr {outer['lr']}, momentum {outer['momentum']}; start {single[0][1]:.4f})")
+    if "int8_diloco_defaults" in results:
+        curve = [loss for _, loss in results["int8_diloco_defaults"]["curve"]]
+        print(f"DiLoCo int8 at DiLoCo's outer defaults (lr 0.7, momentum 0.9): final {curve[-1]:.4f}, "
+              f"lowest {min(curve):.4f}, highest after round 10 {max(curve[10:]):.4f}")
     print(f"int8 all-reduce error vs exact mean (relative L2): median {statistics.median(int8['relative_error']):.2e}; "
           f"of a N(0,1) vector alone {results['int8_error_randn']:.2e}")
     b = results["bytes"]
@@ -279,9 +311,12 @@ def report(results: dict[str, Any]) -> None:
     if faults:
         rows = faults["rounds"]
         times = [r["allreduce_s"] for r in rows]
+        curve = fault_curve(faults, results["inner_steps"])
         print(f"faults: killed at round {faults['kill_at_round']}, joined at {faults['join_at_round']}; loss "
-              f"{rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} rounds; contributors per round "
-              f"{[len(r['contributors']) for r in rows]}")
+              f"{rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} rounds ({curve[-1][0]} inner steps), "
+              f"highest after round 10 {max(r['loss'] for r in rows[10:]) if len(rows) > 10 else float('nan'):.4f}; "
+              f"contributors per round {[len(r['contributors']) for r in rows]}")
+        print("faults: loss per round " + " ".join(f"{r['loss']:.3f}" for r in rows))
         print(f"all-reduce time: median {statistics.median(times):.3f} s, lower bound 2(N-1)/N x S/U = "
               f"{results['round_bound_s'] * 1e3:.2f} ms (ratio {statistics.median(times) / results['round_bound_s']:.0f}x); "
               f"the all-reduce's own CPU work per peer per round {results['cpu_per_round_s'] * 1e3:.1f} ms "

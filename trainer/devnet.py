@@ -21,7 +21,8 @@ With `--lab` (root) every peer runs on a host of its own in a network lab (`p2pn
 network namespaces on one switch), listening on 0.0.0.0, with real bandwidth limits on its
 link (`--link-mbit`, or per host from `--lab-profile`, whose `[[host]]` names are the devnet's
 peer names: trainer, relay0, validator0, worker0, ...; a host may sit behind NAT with `nat`).
-Each peer advertises its link's upload, and the lab is removed when the devnet ends.
+Each peer advertises its link's upload, and the lab is removed when the devnet ends. The
+DiLoCo devnet (`--trainers` above 1, `trainer.devnet_diloco`) runs on lab hosts the same way.
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ def register(commands) -> None:
                           help="with --trainers above 1: inner AdamW steps per round on each trainer (default 20)")
     training.add_argument("--encoding", choices=("int8", "fp32"), default="int8",
                           help="with --trainers above 1: how pseudo-gradients travel (default int8)")
+    training.add_argument("--outer-lr", type=float, default=0.7, metavar="LR",
+                          help="with --trainers above 1: outer Nesterov lr (default 0.7, DiLoCo's; the tiny model "
+                          "with 20 inner steps learns better at 0.5 with --outer-momentum 0, see BENCHMARKS.md)")
+    training.add_argument("--outer-momentum", type=float, default=0.9, metavar="M",
+                          help="with --trainers above 1: outer Nesterov momentum (default 0.9, DiLoCo's)")
     training.add_argument("--model", default="tiny", metavar="NAME|DIR",
                           help="tiny, micro, small, or the path of a model folder (`p2pnet model prepare smollm2`)")
     training.add_argument("--seed", type=int, metavar="N", default=0, help="task seed of the network (default 0)")
@@ -207,11 +213,15 @@ def cmd_devnet(args: argparse.Namespace) -> int:
 def _cmd_diloco(args: argparse.Namespace) -> int:
     from trainer.devnet_diloco import DilocoDevnetConfig, run_diloco_devnet
 
-    if args.lab:
-        raise ConfigError("--lab", "the DiLoCo devnet (--trainers above 1) runs on loopback only for now")
+    if (args.link_mbit is not None or args.lab_profile is not None) and not args.lab:
+        raise ConfigError("--link-mbit", "link limits need --lab (peers on loopback share one host)")
+    if args.link_mbit is not None and not args.link_mbit > 0:
+        raise ConfigError("--link-mbit", "must be above 0")
     config = DilocoDevnetConfig(trainers=args.trainers, inner_steps=args.inner_steps, rounds=args.steps,
                                 relays=args.relays, model=args.model, encoding=args.encoding,
-                                step_timeout_s=args.step_timeout_s, seed=args.seed)
+                                step_timeout_s=args.step_timeout_s, seed=args.seed, lab=args.lab,
+                                link_mbit=args.link_mbit, lab_profile=args.lab_profile, outer_lr=args.outer_lr,
+                                outer_momentum=args.outer_momentum)
     with ExitStack() as stack:
         root = output_dir(args.out) if args.out is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="p2pnet-diloco-")))
@@ -372,18 +382,32 @@ def _start_peers(plan: list[Any], procs: dict[str, PeerProcess], root: Path, lab
 
 
 def _open_lab(config: DevnetConfig, names: list[str], root: Path) -> Any:
-    """A lab with one host per devnet peer, limits from the profile, else --link-mbit."""
+    return open_lab(names, root, link_mbit=config.link_mbit, lab_profile=config.lab_profile)
+
+
+def open_lab(names: list[str], root: Path, *, link_mbit: float | None, lab_profile: Path | None) -> Any:
+    """A lab with one host per devnet peer, limits from the profile, else `link_mbit`."""
     import secrets
 
     from p2pnet.lab import HostSpec, Lab, LabSpec
     from p2pnet.labcli import load_profile
 
-    profile = {h.name: h for h in load_profile(config.lab_profile)} if config.lab_profile else {}
+    profile = {h.name: h for h in load_profile(lab_profile)} if lab_profile else {}
     unknown = sorted(set(profile) - set(names))
     if unknown:
         raise ConfigError("--lab-profile", f"host {unknown[0]!r} is not a devnet peer (peers: {', '.join(names)})")
-    hosts = tuple(profile.get(name) or HostSpec(name, config.link_mbit, config.link_mbit) for name in names)
+    hosts = tuple(profile.get(name) or HostSpec(name, link_mbit, link_mbit) for name in names)
     return Lab.up(LabSpec(hosts, f"d{secrets.token_hex(4)}"), root / "lab")
+
+
+def lab_peer_args(lab: Any, name: str) -> list[str]:
+    """What a peer on lab host `name` is started with: listen on every address of its host, and
+    advertise its link's upload."""
+    return ["--listen", "/ip4/0.0.0.0/tcp/0", *_lab_upload_args(lab, name)]
+
+
+def lab_line(lab: Any) -> str:
+    return _lab_line(lab)
 
 
 def _lab_upload_args(lab: Any, name: str) -> list[str]:

@@ -12,6 +12,12 @@ For experiments (`benchmarks/bench_diloco.py`): `kill_at_round` SIGKILLs the las
 the group reaches that round, and `join_at_round` starts one more trainer then, which fetches the
 global state from a live trainer and takes part in the following rounds.
 
+With `lab` (root; `p2pnet devnet --lab --trainers N --link-mbit M`) every peer runs on a lab
+host of its own (`p2pnet.lab`) whose link is limited to `link_mbit` (or per host by the
+profile), and each round also shows the all-reduce's bandwidth lower bound 2 (N-1)/N x S / U:
+N the round's contributors, S the bytes of one packed pseudo-gradient, U the slowest trainer
+link's rate (TCP goodput through the lab's tbf is about 95.6% of it).
+
 Every child is stopped by its own PID at the end, also on failure or Ctrl-C. Deadlines are per
 round (`step_timeout_s`), so a busy machine only has to keep each round under the limit.
 """
@@ -46,14 +52,25 @@ class DilocoDevnetConfig:
     kill_at_round: int | None = None
     join_at_round: int | None = None
     seed: int = 0
+    outer_lr: float = 0.7  # DiLoCo's defaults
+    outer_momentum: float = 0.9
+    lab: bool = False
+    link_mbit: float | None = None  # with lab: every host's upload and download limit
+    lab_profile: Path | None = None  # with lab: per-host limits by peer name (trainer0, relay0, ...)
 
     def __post_init__(self) -> None:
         if not 2 <= self.trainers <= 16:
             raise ConfigError("--trainers", "must be in [2, 16] for DiLoCo (1 is the GRPO devnet)")
         if self.inner_steps < 1 or self.rounds < 1 or not 0 <= self.relays <= 16:
             raise ConfigError("--inner-steps", "inner steps and rounds must be >= 1, relays in [0, 16]")
+        if not self.outer_lr > 0:
+            raise ConfigError("--outer-lr", "must be above 0")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError("--outer-momentum", "must be in [0, 1)")
         if self.encoding not in ("int8", "fp32"):
             raise ConfigError("--encoding", "must be int8 or fp32")
+        if (self.link_mbit is not None or self.lab_profile is not None) and not self.lab:
+            raise ConfigError("--link-mbit", "link limits need --lab (peers on loopback share one host)")
         for name, value in (("kill_at_round", self.kill_at_round), ("join_at_round", self.join_at_round)):
             if value is not None and not 0 < value < self.rounds:
                 raise ConfigError(name, f"must be in [1, {self.rounds - 1}]")
@@ -75,17 +92,26 @@ def run_diloco_devnet(config: DilocoDevnetConfig, root: Path) -> dict[str, Any]:
     stopped = ""
     rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
+    lab_hosts: dict[str, Any] | None = None
     with ExitStack() as stack:
-        stack.callback(_stop_all, procs)
+        lab = stack.enter_context(_open_lab(config, root)) if config.lab else None
+        stack.callback(_stop_all, procs)  # before the lab goes down (ExitStack unwinds in reverse)
         try:
             for i in range(config.trainers):
-                _start(procs, root, f"trainer{i}", config, model_dir, publisher, min_peers=config.trainers)
+                _start(procs, root, f"trainer{i}", config, model_dir, publisher, min_peers=config.trainers, lab=lab)
             for i in range(config.relays):
-                _start_relay(procs, root, f"relay{i}", publisher)
+                _start_relay(procs, root, f"relay{i}", publisher, lab)
             for proc in procs.values():
                 proc.wait_ready(max(60.0, config.step_timeout_s))
-            print(f"devnet: {len(procs)} peers up: {', '.join(procs)}", flush=True)
-            rows = _follow(procs, config, root, model_dir, publisher, events, started)
+            where = ""
+            if lab is not None:
+                from trainer.devnet import lab_line
+
+                where = f" on lab hosts ({lab_line(lab)})"
+                lab_hosts = {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit}
+                             for h in lab.hosts.values()}
+            print(f"devnet: {len(procs)} peers up{where}: {', '.join(procs)}", flush=True)
+            rows = _follow(procs, config, root, model_dir, publisher, events, started, lab, _link_bps(lab_hosts))
             _wait_for_relays(procs, config.rounds, config.step_timeout_s)
         except PeerUnavailable as exc:
             stopped = str(exc)
@@ -98,7 +124,7 @@ def run_diloco_devnet(config: DilocoDevnetConfig, root: Path) -> dict[str, Any]:
         "ok": not stopped and len(rows) == config.rounds, "mode": "diloco", "trainers": config.trainers,
         "inner_steps": config.inner_steps, "encoding": config.encoding, "rounds": rows, "events": events,
         "peers": {n: p.peer_id for n, p in procs.items()}, "relay_versions": relays,
-        "wall_s": round(time.monotonic() - started, 2),
+        "wall_s": round(time.monotonic() - started, 2), "lab": lab_hosts,
     }
     for row in rows:
         row["contributors"] = [names.get(p, p) for p in row["contributors"]]
@@ -109,8 +135,41 @@ def run_diloco_devnet(config: DilocoDevnetConfig, root: Path) -> dict[str, Any]:
     return summary
 
 
+def _open_lab(config: DilocoDevnetConfig, root: Path) -> Any:
+    from trainer.devnet import open_lab
+
+    names = [f"trainer{i}" for i in range(config.trainers + (config.join_at_round is not None))]
+    names += [f"relay{i}" for i in range(config.relays)]
+    return open_lab(names, root, link_mbit=config.link_mbit, lab_profile=config.lab_profile)
+
+
+def _link_bps(lab_hosts: dict[str, Any] | None) -> float | None:
+    """The slowest trainer link's rate in bytes/s (upload or download), None when unlimited."""
+    rates = [r for name, h in (lab_hosts or {}).items() if name.startswith("trainer")
+             for r in (h["upload_mbit"], h["download_mbit"]) if r]
+    return min(rates) * 1e6 / 8 if rates else None
+
+
+def allreduce_bound_s(contributors: int, values: int, encoding: str, link_bps: float) -> float:
+    """The bandwidth lower bound of one all-reduce: each of N peers sends (and receives)
+    2 (N-1)/N of the packed vector's S bytes over its link of U bytes/s."""
+    from trainer.diloco import Encoding, packed_bytes
+
+    n = max(contributors, 1)
+    return 2 * (n - 1) / n * packed_bytes(values, Encoding(encoding)) / link_bps
+
+
+def _peer_args(lab: Any, name: str) -> tuple[list[str], list[str]]:
+    """(extra arguments, command prefix) of a peer: on its lab host, or on loopback."""
+    if lab is None:
+        return [], []
+    from trainer.devnet import lab_peer_args
+
+    return lab_peer_args(lab, name), lab.wrap(name)
+
+
 def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoDevnetConfig, model_dir: Path,
-           publisher: str, *, min_peers: int) -> None:
+           publisher: str, *, min_peers: int, lab: Any = None) -> None:
     roles = ("relay", "diloco") if name == "trainer0" else ("diloco",)
     sections: dict[str, Any] = {
         "peer": {"display_name": name},
@@ -118,7 +177,8 @@ def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoD
         "diloco": {"model_dir": model_dir, "out_dir": root / name / "state", "rounds": config.rounds,
                    "inner_steps": config.inner_steps, "inner_lr": config.inner_lr, "batch_size": config.batch_size,
                    "encoding": config.encoding, "deadline_s": config.deadline_s, "min_peers": min_peers,
-                   "publish": name == "trainer0"},
+                   "publish": name == "trainer0", "outer_lr": config.outer_lr,
+                   "outer_momentum": config.outer_momentum},
     }
     if name == "trainer0":
         sections["relay"] = {"trusted_publishers": [publisher], "chunk_bytes": 256 * 1024, "fsync": False,
@@ -127,25 +187,28 @@ def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoD
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "peer.toml").write_text(to_toml(sections))
     bootstrap = [procs["trainer0"].addr] if "trainer0" in procs else []
-    procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, log_dir=root,
-                             extra_args=["--config", str(data_dir / "peer.toml")])
+    extra, wrap = _peer_args(lab, name)
+    procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, log_dir=root, wrap=wrap,
+                             extra_args=["--config", str(data_dir / "peer.toml"), *extra])
     if name == "trainer0":
         procs[name].wait_ready(max(60.0, config.step_timeout_s))
 
 
-def _start_relay(procs: dict[str, PeerProcess], root: Path, name: str, publisher: str) -> None:
+def _start_relay(procs: dict[str, PeerProcess], root: Path, name: str, publisher: str, lab: Any = None) -> None:
     data_dir = root / name
     data_dir.mkdir(parents=True, exist_ok=True)
     sections = {"peer": {"display_name": name}, "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
                 "relay": {"trusted_publishers": [publisher], "chunk_bytes": 256 * 1024, "fsync": False,
                           "announce_interval_s": 1.0}}
     (data_dir / "peer.toml").write_text(to_toml(sections))
+    extra, wrap = _peer_args(lab, name)
     procs[name] = start_peer(name, data_dir, roles=("relay",), bootstrap=[procs["trainer0"].addr], log_dir=root,
-                             extra_args=["--config", str(data_dir / "peer.toml")])
+                             wrap=wrap, extra_args=["--config", str(data_dir / "peer.toml"), *extra])
 
 
 def _follow(procs: dict[str, PeerProcess], config: DilocoDevnetConfig, root: Path, model_dir: Path,
-            publisher: str, events: list[dict[str, Any]], started: float) -> list[dict[str, Any]]:
+            publisher: str, events: list[dict[str, Any]], started: float, lab: Any = None,
+            link_bps: float | None = None) -> list[dict[str, Any]]:
     """Print each round as the trainers report it, until every live trainer is done."""
     shown = 0
     round_started = time.monotonic()
@@ -161,6 +224,10 @@ def _follow(procs: dict[str, PeerProcess], config: DilocoDevnetConfig, root: Pat
             statuses[name] = proc.status(timeout_s=30)["role_status"]["diloco"]
         rows = merge_rounds(statuses)
         names = {p.peer_id: n for n, p in procs.items()}
+        values = next((s.get("values", 0) for s in statuses.values()), 0)
+        for row in rows:
+            if link_bps and values:
+                row["bound_s"] = round(allreduce_bound_s(len(row["contributors"]), values, config.encoding, link_bps), 4)
         for row in rows[shown:]:
             print(round_line(row, names, config.rounds, time.monotonic() - started), flush=True)
             shown += 1
@@ -175,7 +242,7 @@ def _follow(procs: dict[str, PeerProcess], config: DilocoDevnetConfig, root: Pat
         if config.join_at_round is not None and f"trainer{config.trainers}" not in procs \
                 and group_round >= config.join_at_round:
             joiner = f"trainer{config.trainers}"
-            _start(procs, root, joiner, config, model_dir, publisher, min_peers=2)
+            _start(procs, root, joiner, config, model_dir, publisher, min_peers=2, lab=lab)
             procs[joiner].wait_ready(max(60.0, config.step_timeout_s))
             events.append({"event": "joined", "peer": joiner, "round": group_round})
             print(f"devnet: started {joiner} at round {group_round}", flush=True)
@@ -207,8 +274,9 @@ def merge_rounds(statuses: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def round_line(row: dict[str, Any], names: dict[str, str], rounds: int, elapsed_s: float) -> str:
     who = ", ".join(names.get(p, p[-6:]) for p in row["contributors"])
+    bound = f", bound {row['bound_s']:.2f}s" if "bound_s" in row else ""
     return (f"round {row['round'] + 1:>3}/{rounds}  loss {row['loss']:.4f}  sent {row['bytes_sent'] / 1e3:.1f} kB/peer max  "
-            f"round {row['round_s']:.2f}s (all-reduce {row['allreduce_s']:.2f}s)  "
+            f"round {row['round_s']:.2f}s (all-reduce {row['allreduce_s']:.2f}s{bound})  "
             f"contributors {len(row['contributors'])} [{who}]  t={elapsed_s:.0f}s")
 
 

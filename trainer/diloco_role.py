@@ -517,7 +517,8 @@ class DilocoRole:
                 "phase": self.phase, "weights_digest": digest(state.weights).hex() if state else "",
                 "history": self.history[-200:], "fetched": self.fetched, "rejected": dict(self.rejected),
                 "suspects": sorted(self.suspects), "published": self.published[-20:],
-                "encoding": self.config.encoding, "inner_steps": self.config.inner_steps}
+                "encoding": self.config.encoding, "inner_steps": self.config.inner_steps,
+                "values": state.weights.numel() if state else 0}
 
 
 def _shell_with(model: Any, weights: torch.Tensor) -> Any:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from p2pnet.localnet import start_peer
@@ -92,3 +93,54 @@ def test_every_trainer_killed_then_restarted_resumes_the_round_and_weights(tmp_p
         assert final[0]["weights_digest"] == final[1]["weights_digest"]
     finally:
         a.stop(), b.stop()
+
+
+def test_the_allreduce_bound_is_what_each_peer_must_move_over_its_link() -> None:
+    from trainer.devnet_diloco import _link_bps, allreduce_bound_s
+
+    # 4 peers, 1,000,000 int8 values in blocks of 4,096 (245 scales): S = 1,000,980 bytes;
+    # each peer sends 2 x 3/4 of it; at 20 Mbit/s (2.5 MB/s) that takes 0.600588 s
+    assert abs(allreduce_bound_s(4, 1_000_000, "int8", 2.5e6) - 1.5 * 1_000_980 / 2.5e6) < 1e-9
+    assert allreduce_bound_s(4, 1_000_000, "fp32", 2.5e6) == 1.5 * 4_000_000 / 2.5e6
+    assert allreduce_bound_s(1, 1_000_000, "int8", 2.5e6) == 0.0  # alone: nothing to exchange
+    hosts = {"trainer0": {"upload_mbit": 50.0, "download_mbit": 80.0},
+             "trainer1": {"upload_mbit": 40.0, "download_mbit": None}, "relay0": {"upload_mbit": 1.0, "download_mbit": 1.0}}
+    assert _link_bps(hosts) == 40.0 * 1e6 / 8  # the slowest trainer link; relays do not take part
+    assert _link_bps({"trainer0": {"upload_mbit": None, "download_mbit": None}}) is None
+    assert _link_bps(None) is None
+
+
+def test_devnet_with_trainers_on_lab_hosts_reports_the_bound(tmp_path: Path) -> None:
+    """`devnet --lab --trainers 2`: each trainer on its own host over a 50 Mbit/s link; the rounds
+    run over the lab's addresses and each shows the bandwidth lower bound of its all-reduce."""
+    from p2pnet.lab import lab_unavailable
+
+    reason = lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "summary.json"
+    cmd = [sys.executable, "-m", "p2pnet", "devnet", "--lab", "--link-mbit", "50", "--trainers", "2",
+           "--inner-steps", "2", "--steps", "2", "--relays", "0", "--model", "micro",
+           "--out", str(tmp_path / "run"), "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["ok"] and summary["lab"]["trainer1"]["upload_mbit"] == 50.0
+    assert summary["lab"]["trainer0"]["ip"] != summary["lab"]["trainer1"]["ip"]
+    assert "on lab hosts" in proc.stdout
+    for row in summary["rounds"]:
+        assert sorted(row["contributors"]) == ["trainer0", "trainer1"]
+        assert row["bound_s"] > 0  # 2 peers: each sends half of S and gets half back, at 6.25 MB/s
+
+
+def test_diloco_devnet_settings_are_checked() -> None:
+    from p2pnet.errors import ConfigError
+    from trainer.devnet_diloco import DilocoDevnetConfig
+
+    with pytest.raises(ConfigError, match="outer-momentum"):
+        DilocoDevnetConfig(outer_momentum=1.0)
+    with pytest.raises(ConfigError, match="outer-lr"):
+        DilocoDevnetConfig(outer_lr=0.0)
+    with pytest.raises(ConfigError, match="need --lab"):
+        DilocoDevnetConfig(link_mbit=20.0)
+    assert DilocoDevnetConfig(lab=True, link_mbit=20.0, outer_momentum=0.0).outer_momentum == 0.0

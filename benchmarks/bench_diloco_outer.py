@@ -1,0 +1,106 @@
+"""Which outer step DiLoCo needs on the tiny model: a sweep of outer lr and momentum, and a
+per-round trace of why DiLoCo's defaults (lr 0.7, momentum 0.9) stall and spike there.
+
+Owns the outer-settings table and the trace figures of the DiLoCo section of BENCHMARKS.md and
+docs/experiments.md. The setup is `bench_diloco.py`'s in-process one (4 peers, int8 all-reduce
+cores delivered in memory, the same data shards and held-out set), so its curves are those of
+`bench_diloco.py --outer-lr X --outer-momentum Y` for the same settings.
+
+  sweep: for each "lr,momentum", the held-out loss per round; printed: final, lowest, mean of
+         the last 10 rounds, highest after round 10.
+  trace: for each of 0.7,0.9 and 0.7,0.0, per round: loss, norm of the mean pseudo-gradient,
+         its cosine to the previous round's, the mean cosine of each peer's to the mean, and the
+         norm of the outer update (and its ratio to the mean's).
+
+Must not: download anything. Heavy (about 40 s per setting): run it under
+`flock /tmp/p2pnet-cpu.lock`.
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_diloco_outer.py --rounds 30 \\
+         --sweep 0.7,0.9 0.5,0.9 0.3,0.9 0.4,0.8 0.7,0.5 0.7,0.3 1.0,0 0.9,0 0.7,0 0.5,0 --trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+
+from bench_diloco import _trainer, reduce_in_memory, run_diloco  # noqa: E402
+from trainer.allreduce import AllReduceConfig  # noqa: E402
+from trainer.diloco import Encoding, OuterConfig, OuterOptimizer  # noqa: E402
+
+
+def _setup(rounds: int) -> argparse.Namespace:
+    return argparse.Namespace(peers=4, rounds=rounds, inner_steps=20, inner_lr=3e-3, batch_size=32, model="tiny",
+                              outer_lr=0.7, outer_momentum=0.9)
+
+
+def sweep(settings: list[tuple[float, float]], rounds: int) -> dict[str, list[float]]:
+    curves = {}
+    for lr, momentum in settings:
+        result = run_diloco(_setup(rounds), Encoding.INT8, OuterConfig(lr, momentum))
+        curve = [loss for _, loss in result["curve"]]
+        curves[f"{lr},{momentum}"] = curve
+        print(f"outer lr {lr} momentum {momentum}: final {curve[-1]:.3f}, lowest {min(curve):.3f}, "
+              f"mean of the last 10 {sum(curve[-10:]) / len(curve[-10:]):.3f}, "
+              f"highest after round 10 {max(curve[10:] or [float('nan')]):.3f}", flush=True)
+        print("  " + " ".join(f"{loss:.2f}" for loss in curve), flush=True)
+    return curves
+
+
+def trace(lr: float, momentum: float, rounds: int) -> list[dict[str, float]]:
+    args = _setup(rounds)
+    peers = {f"peer{i}": _trainer(100 + i, args) for i in range(args.peers)}
+    first = next(iter(peers.values()))
+    weights = first.weights()
+    outer = OuterOptimizer(OuterConfig(lr, momentum), weights.numel())
+    previous: torch.Tensor | None = None
+    rows = []
+    print(f"outer lr {lr} momentum {momentum}", flush=True)
+    for r in range(rounds):
+        pseudo = {}
+        for name, t in peers.items():
+            t.load(weights)
+            t.train(args.inner_steps)
+            pseudo[name] = weights - t.weights()
+        mean, _ = reduce_in_memory(pseudo, AllReduceConfig(encoding=Encoding.INT8))
+        new = outer.step(weights, mean)
+        update = float((weights - new).norm())
+        cos = lambda a, b: float(torch.nn.functional.cosine_similarity(a, b, dim=0))  # noqa: E731
+        row = {"round": r + 1, "loss": first.eval_loss(new), "mean_norm": float(mean.norm()),
+               "cos_previous": cos(mean, previous) if previous is not None else float("nan"),
+               "peer_cos": sum(cos(p, mean) for p in pseudo.values()) / len(pseudo),
+               "update_norm": update, "ratio": update / float(mean.norm())}
+        rows.append(row)
+        print(f"  round {r + 1:2d} loss {row['loss']:.3f} |mean| {row['mean_norm']:.3f} cos(previous) "
+              f"{row['cos_previous']:+.2f} peer-vs-mean cos {row['peer_cos']:.2f} |update| {update:.3f} "
+              f"ratio {row['ratio']:.2f}", flush=True)
+        weights, previous = new, mean
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--sweep", nargs="*", default=[], metavar="LR,MOMENTUM")
+    parser.add_argument("--trace", action="store_true", help="also trace 0.7,0.9 and 0.7,0.0 round by round")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    settings = [tuple(float(x) for x in s.split(",")) for s in args.sweep]
+    results = {"sweep": sweep(settings, args.rounds)}  # type: ignore[arg-type]
+    if args.trace:
+        results["trace"] = {f"{lr},{m}": trace(lr, m, args.rounds) for lr, m in ((0.7, 0.9), (0.7, 0.0))}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
