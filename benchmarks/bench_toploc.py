@@ -3,8 +3,9 @@
     PYTHONPATH=. .venv/bin/python benchmarks/bench_toploc.py --toploc-path DIR [--repeats 15] [--json]
 
 toploc is never a dependency of p2pnet: ``--toploc-path`` names a folder where it was built
-(its prebuilt wheel does not load with torch 2.13; build the wheel's sources with
-``python setup.py build_ext --inplace``). Without it only our figures are printed.
+(its prebuilt wheel does not load with torch 2.13; build its v0.1.6 sources with
+``python setup.py build_ext --inplace`` or ``pip install --no-deps --no-build-isolation
+--target DIR .``). Without it only our figures are printed.
 
 What is timed, as a worker and a validator use it:
 - ``build_chunk``: the proof of one 32-token chunk alone (a worker that proved each chunk

@@ -42,7 +42,10 @@ matrix products. With M(t) = prod_j (t - x_j), the coefficients are
 S, M'(x_i) and every evaluation use baby-step/giant-step powers (x^t = (x^B)^g * x^b,
 B = 16; looked up in tables of every x in GF(P) for the usual 128 points) and small matrix
 products; c is a Hankel matrix of M times S. All entries are < P, so float64 products are
-exact (n * P^2 < 2^53). M comes from a batched product tree (``_product_tree``). Every step
+exact (n * P^2 < 2^53). M comes from its values at t = 0..n-1 (``_roots_fixed``: each value
+a product of n factors, summed as discrete logarithms read from one window of a log table
+per point, then one product with the cached inverse Vandermonde matrix of 0..n-1), for up to
+256 points; from a batched product tree (``_product_tree``) beyond. Every step
 is batched over chunks, and ``build_proofs_many`` batches the chunks of many rollouts (a
 worker's generation batch), so fixed numpy costs are paid once per batch. Top-k selection
 is ``verify.topk``.
@@ -203,6 +206,55 @@ def _product_tree(x: np.ndarray) -> np.ndarray:
     return polys[:, 0, : n + 1].astype(np.int64)
 
 
+_GENERATOR = 7  # a primitive root mod P: 7^((P-1)/q) != 1 for each prime q | P-1 = 2^3 * 3 * 2729
+_FIXED_MAX = 256  # point counts up to this get M(t) from its values at t = 0..n-1
+_ZERO_LOG = 1 << 30  # the "logarithm" of 0: any sum that includes it marks a product of 0
+_LOG_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
+_FIXED_INVERSE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _log_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(exp [P-1], log [P + 256]): exp[e] = g^e; log[u] = e with g^e = u mod P, or _ZERO_LOG
+    where u mod P = 0 (the table runs 256 past P so that u = s + j needs no reduction)."""
+    if not _LOG_TABLES:
+        exp = _powers(np.array([_GENERATOR], dtype=np.int64), PRIME - 1)[0]
+        log = np.full(PRIME + _FIXED_MAX, _ZERO_LOG, dtype=np.int32)
+        log[exp] = np.arange(PRIME - 1, dtype=np.int32)
+        log[PRIME:] = log[: _FIXED_MAX]
+        _LOG_TABLES.append((exp, log))
+    return _LOG_TABLES[0]
+
+
+def _fixed_inverse(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(W^T [n, n] float64, t^n mod P for t = 0..n-1): the coefficients (ascending) of the
+    polynomial of degree < n that takes values v at t = 0..n-1 are W @ v mod P (W is the
+    inverse Vandermonde matrix of 0..n-1, built once per n by interpolating the unit
+    vectors with the product tree)."""
+    if n not in _FIXED_INVERSE:
+        points = np.broadcast_to(np.arange(n, dtype=np.int64), (n, n))
+        lagrange = _interpolate_with(_product_tree(points), points, np.eye(n, dtype=np.int64))
+        _FIXED_INVERSE[n] = (lagrange.astype(np.float64), _powers(points[0], n + 1)[:, n])
+    return _FIXED_INVERSE[n]
+
+
+def _roots_fixed(x: np.ndarray) -> np.ndarray:
+    """prod_j (t - x_j) as in ``_product_tree`` ([C, n] -> [C, n+1]), for n <= 256, from its
+    values at t = 0..n-1: M(t) = g^(sum_j log(t - x_j)), the logarithms of t + (-x_j mod P)
+    for all t read as one window of the log table per x_j; then M(t) - t^n has degree < n
+    and the fixed inverse Vandermonde matrix gives its coefficients."""
+    batch, n = x.shape
+    exp, log = _log_tables()
+    windows = as_strided(log, shape=(PRIME, n), strides=(log.strides[0], log.strides[0]), writeable=False)
+    sums = windows[(-x) % PRIME].sum(axis=1, dtype=np.int64)  # [C, n]: sum over j for each t
+    inverse_t, t_to_n = _fixed_inverse(n)
+    values = np.where(sums >= _ZERO_LOG, 0, exp[sums % (PRIME - 1)])
+    values = (values - t_to_n) % PRIME
+    roots = np.empty((batch, n + 1), dtype=np.int64)
+    roots[:, :n] = np.matmul(values.astype(np.float64), inverse_t).astype(np.int64) % PRIME
+    roots[:, n] = 1
+    return roots
+
+
 def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.ndarray:
     """sum_t c_t x^t with x^(B*g + b) = big[g] * small[b]; coeffs [C, n] -> [C, k]."""
     batch, n = coeffs.shape
@@ -227,8 +279,14 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     single = x.ndim == 1
     if single:
         x, y = x[None], y[None]
+    roots = _roots_fixed(x) if x.shape[1] <= _FIXED_MAX else _product_tree(x)  # M(t), [C, n+1]
+    coeffs = _interpolate_with(roots, x, y)
+    return coeffs[0] if single else coeffs
+
+
+def _interpolate_with(roots: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``interpolate`` for [C, n] points, given M(t) = prod_j (t - x_j) as ``roots`` [C, n+1]."""
     batch, n = x.shape
-    roots = _product_tree(x)  # M(t), [C, n+1]
     deriv = roots[:, 1:] * np.arange(1, n + 1, dtype=np.int64) % PRIME  # M'(t), [C, n]
     small, big = _bsgs_tables(x, n)
     weights = _INV[_eval_tables(deriv, small, big)]  # 1 / M'(x_i)
@@ -240,11 +298,12 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     sums = np.matmul(np.swapaxes(scaled, 1, 2), big.astype(np.float64))  # [C, B, G]
     sums = sums.astype(np.int64) % PRIME
     s = np.swapaxes(sums, 1, 2).reshape(batch, -1)[:, :n].astype(np.float64)
-    # c_k = sum_t M[k+1+t] S_t: a Hankel matrix of M times S.
+    # c_k = sum_t M[k+1+t] S_t: a Hankel matrix of M times S (for one chunk, a correlation).
+    if batch == 1:
+        return np.correlate(roots[0, 1:].astype(np.float64), s[0], "full")[None, n - 1 :].astype(np.int64) % PRIME
     shifted = np.zeros((batch, 2 * n - 1), dtype=np.float64)
     shifted[:, :n] = roots[:, 1:]
-    coeffs = np.matmul(_windows(shifted, n), s[..., None])[..., 0].astype(np.int64) % PRIME
-    return coeffs[0] if single else coeffs
+    return np.matmul(_windows(shifted, n), s[..., None])[..., 0].astype(np.int64) % PRIME
 
 
 def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -208,3 +208,19 @@ def test_product_tree_is_the_product_of_the_linear_factors(batch):
         shifted[:, 1:] = expected[:, :-1]
         expected = (shifted - expected * x[:, j : j + 1].astype(object)) % PRIME
     assert (_product_tree(x) == expected.astype(np.int64)).all()
+
+
+@pytest.mark.parametrize("n,batch", [(1, 2), (5, 3), (128, 1), (128, 9), (256, 2)])
+def test_roots_from_fixed_points_equal_the_product_tree(n, batch):
+    """M(t) from its values at t = 0..n-1 (discrete logarithms, inverse Vandermonde) equals the
+    product tree's, also where some x_j lies among those t (a zero factor) or next to P."""
+    from verify.toploc import _product_tree, _roots_fixed
+
+    rng = np.random.default_rng(n * 10 + batch)
+    x = np.stack([rng.choice(PRIME, n, replace=False) for _ in range(batch)]).astype(np.int64)
+    x[0, 0] = n - 1  # M(n-1) = 0
+    if n > 2:
+        x[-1, :2] = [0, PRIME - 1]
+    assert (_roots_fixed(x) == _product_tree(x)).all()
+    y = rng.integers(0, PRIME, x.shape)
+    assert (evaluate(interpolate(x, y), x) == y).all()
