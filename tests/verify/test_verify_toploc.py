@@ -196,7 +196,7 @@ def test_fabricated_well_formed_proofs_are_rejected(coeffs, modulus):
 def test_product_tree_is_the_product_of_the_linear_factors(batch):
     """M(t) = prod (t - x_j) from the batched tree (skewed sums for small levels, the FFT for
     large ones) equals the product taken one factor at a time; largest values included."""
-    from verify.toploc import _product_tree
+    from verify.gf import _product_tree
 
     rng = np.random.default_rng(batch)
     x = np.stack([rng.choice(PRIME, 128, replace=False) for _ in range(batch)]).astype(np.int64)
@@ -214,7 +214,7 @@ def test_product_tree_is_the_product_of_the_linear_factors(batch):
 def test_roots_from_fixed_points_equal_the_product_tree(n, batch):
     """M(t) from its values at t = 0..n-1 (discrete logarithms, inverse Vandermonde) equals the
     product tree's, also where some x_j lies among those t (a zero factor) or next to P."""
-    from verify.toploc import _product_tree, _roots_fixed
+    from verify.gf import _product_tree, _roots_fixed
 
     rng = np.random.default_rng(n * 10 + batch)
     x = np.stack([rng.choice(PRIME, n, replace=False) for _ in range(batch)]).astype(np.int64)

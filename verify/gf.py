@@ -1,0 +1,265 @@
+"""Polynomials over GF(65497), batched with numpy: interpolation through points and evaluation.
+
+Owns the field arithmetic behind TOPLOC proofs (``verify.toploc``): the unique polynomial of
+degree < n through n points (ascending coefficients), its values at other points, and the
+tables both use. Must not: know about hidden states, proofs' bytes, or torch.
+
+How it is fast (no per-element Python loops): interpolation is done in Lagrange form with
+matrix products. With M(t) = prod_j (t - x_j), the coefficients are
+``c_k = sum_t M[k+1+t] * S_t`` with ``S_t = sum_i a_i x_i^t`` and ``a_i = y_i / M'(x_i)``:
+S, M'(x_i) and every evaluation use baby-step/giant-step powers (x^t = (x^B)^g * x^b,
+B = 16; looked up in tables of every x in GF(P) for the usual 128 points) and small matrix
+products; c is a Hankel matrix of M times S. All entries are < P, so float64 products are
+exact (n * P^2 < 2^53). M comes from its values at t = 0..n-1 (``_roots_fixed``: each value
+a product of n factors, summed as discrete logarithms read from one window of a log table
+per point, then one product with the cached inverse Vandermonde matrix of 0..n-1), for up to
+256 points; from a batched product tree (``_product_tree``) beyond. Every step
+is batched over chunks, and ``build_proofs_many`` batches the chunks of many rollouts (a
+worker's generation batch), so fixed numpy costs are paid once per batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+PRIME = 65497  # the field GF(P); also the largest modulus tried
+_BABY = 16  # baby-step width for evaluation
+
+
+def _inverse_table() -> np.ndarray:
+    """inv[a] = a^(P-2) mod P for every a in GF(P) (inv[0] = 0), by vectorised Fermat."""
+    base = np.arange(PRIME, dtype=np.int64)
+    result = np.ones(PRIME, dtype=np.int64)
+    exponent = PRIME - 2
+    while exponent:
+        if exponent & 1:
+            result = result * base % PRIME
+        base = base * base % PRIME
+        exponent >>= 1
+    return result
+
+
+_INV = _inverse_table()
+
+
+# --------------------------------------------------------------------------- field algebra
+
+
+def _powers(x: np.ndarray, n: int) -> np.ndarray:
+    """x^t mod P for t in [0, n): shape x.shape + (n,), by doubling."""
+    out = np.ones(x.shape + (n,), dtype=np.int64)
+    if n > 1:
+        out[..., 1] = x
+    filled = min(n, 2)
+    while filled < n:
+        step = min(filled, n - filled)
+        x_filled = out[..., filled - 1] * x % PRIME  # x^filled
+        out[..., filled : filled + step] = out[..., :step] * x_filled[..., None] % PRIME
+        filled += step
+    return out
+
+
+_TABLE_GIANT = 8  # giant steps kept in the power tables: covers n <= 16 * 8 = 128 points
+_POWER_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
+
+
+def _power_tables() -> tuple[np.ndarray, np.ndarray]:
+    """x^b (b < 16) and x^(16 g) (g < 8) for every x in GF(P), as uint16 [P, 16] and [P, 8]
+    (3 MiB, built on first use in a few ms): a table lookup replaces the repeated modular
+    products of ``_powers`` for the usual 128 points."""
+    if not _POWER_TABLES:
+        x = np.arange(PRIME, dtype=np.int64)
+        baby = _powers(x, _BABY + 1)
+        giant = _powers(baby[:, _BABY], _TABLE_GIANT)
+        _POWER_TABLES.append((baby[:, :_BABY].astype(np.uint16), giant.astype(np.uint16)))
+    return _POWER_TABLES[0]
+
+
+def _bsgs_tables(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Baby steps x^b (b < B) and giant steps (x^B)^g (g < G), with B*G >= n. x in [0, P)."""
+    baby = min(_BABY, n)
+    giant = -(-n // baby)
+    if baby == _BABY and giant <= _TABLE_GIANT:
+        small, big = _power_tables()
+        return small[x].astype(np.int64), big[x, :giant].astype(np.int64)
+    small = _powers(x, baby + 1)
+    return small[..., :baby], _powers(small[..., baby], giant)
+
+
+def _windows(arr: np.ndarray, width: int) -> np.ndarray:
+    """Read-only view [..., len - width + 1, width] with out[..., i, j] = arr[..., i + j]."""
+    *lead, length = arr.shape
+    strides = arr.strides
+    return as_strided(
+        arr,
+        shape=(*lead, length - width + 1, width),
+        strides=(*strides, strides[-1]),
+        writeable=False,
+    )
+
+
+def _fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact integer convolution of the last axes of a and b ([..., L] each, entries in
+    [0, P)) -> [..., 2L-1], by a float64 FFT, checked: every result must lie within 1/4 of
+    an integer (the FFT's rounding error is about 1e-4 here: sums below L P^2 < 2^39), or
+    the exact matrix product of sliding windows is used instead."""
+    length = a.shape[-1]
+    size = 1 << (2 * length - 2).bit_length()
+    conv = np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[..., : 2 * length - 1]
+    rounded = np.rint(conv)
+    if np.abs(conv - rounded).max(initial=0.0) < 0.25:
+        return rounded
+    padded = np.zeros(b.shape[:-1] + (3 * length - 2,), dtype=np.float64)  # pragma: no cover
+    padded[..., length - 1 : 2 * length - 1] = b
+    return np.matmul(_windows(padded, length), a[..., ::-1, None])[..., 0]
+
+
+_SKEW_MAX = 1 << 16  # outer-product entries per level below which skewed sums beat the FFT's call overhead
+
+
+def _product_tree(x: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending, length n+1) of prod_j (t - x_j), batched: [C, n] -> [C, n+1].
+
+    Neighbouring factors are multiplied level by level (n/2 products of linear factors, then
+    n/4 of quadratics, ...), all chunks and pairs of a level at once, in float64 (every
+    product and sum of a level stays an integer below 2^53, so it is exact; one reduction
+    per level, in int64: np.fmod is about 30x slower). Levels with few coefficients in all
+    (low levels; every level of one chunk) convolve by summing the diagonals of outer
+    products; larger ones by a checked float64 FFT (``_fft_convolve``).
+    """
+    batch, n = x.shape
+    width = 1 << max(0, (n - 1).bit_length())
+    polys = np.zeros((batch, width, 2), dtype=np.float64)
+    polys[:, :, 0] = 1.0  # padding factors are the constant 1
+    polys[:, :n, 0] = (-x) % PRIME
+    polys[:, :n, 1] = 1.0
+    while polys.shape[1] > 1:  # multiply neighbours
+        a, b = polys[:, 0::2], polys[:, 1::2]
+        length = a.shape[2]
+        if length <= 5 or a.size * length <= _SKEW_MAX:  # out[i + j] += a[i] b[j]: skewed outer product
+            pairs = a.shape[:2]
+            skew = np.zeros(pairs + (length, 2 * length), dtype=np.float64)
+            skew[..., :length] = a[..., :, None] * b[..., None, :]
+            rows = skew.reshape(pairs + (2 * length * length,))[..., : length * (2 * length - 1)]
+            conv = rows.reshape(pairs + (length, 2 * length - 1)).sum(axis=2)
+        else:
+            conv = _fft_convolve(a, b)
+        polys = (conv.astype(np.int64) % PRIME).astype(np.float64)  # np.fmod is ~30x slower
+    return polys[:, 0, : n + 1].astype(np.int64)
+
+
+_GENERATOR = 7  # a primitive root mod P: 7^((P-1)/q) != 1 for each prime q | P-1 = 2^3 * 3 * 2729
+_FIXED_MAX = 256  # point counts up to this get M(t) from its values at t = 0..n-1
+_ZERO_LOG = 1 << 30  # the "logarithm" of 0: any sum that includes it marks a product of 0
+_LOG_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
+_FIXED_INVERSE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _log_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(exp [P-1], log [P + 256]): exp[e] = g^e; log[u] = e with g^e = u mod P, or _ZERO_LOG
+    where u mod P = 0 (the table runs 256 past P so that u = s + j needs no reduction)."""
+    if not _LOG_TABLES:
+        exp = _powers(np.array([_GENERATOR], dtype=np.int64), PRIME - 1)[0]
+        log = np.full(PRIME + _FIXED_MAX, _ZERO_LOG, dtype=np.int32)
+        log[exp] = np.arange(PRIME - 1, dtype=np.int32)
+        log[PRIME:] = log[: _FIXED_MAX]
+        _LOG_TABLES.append((exp, log))
+    return _LOG_TABLES[0]
+
+
+def _fixed_inverse(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(W^T [n, n] float64, t^n mod P for t = 0..n-1): the coefficients (ascending) of the
+    polynomial of degree < n that takes values v at t = 0..n-1 are W @ v mod P (W is the
+    inverse Vandermonde matrix of 0..n-1, built once per n by interpolating the unit
+    vectors with the product tree)."""
+    if n not in _FIXED_INVERSE:
+        points = np.broadcast_to(np.arange(n, dtype=np.int64), (n, n))
+        lagrange = _interpolate_with(_product_tree(points), points, np.eye(n, dtype=np.int64))
+        _FIXED_INVERSE[n] = (lagrange.astype(np.float64), _powers(points[0], n + 1)[:, n])
+    return _FIXED_INVERSE[n]
+
+
+def _roots_fixed(x: np.ndarray) -> np.ndarray:
+    """prod_j (t - x_j) as in ``_product_tree`` ([C, n] -> [C, n+1]), for n <= 256, from its
+    values at t = 0..n-1: M(t) = g^(sum_j log(t - x_j)), the logarithms of t + (-x_j mod P)
+    for all t read as one window of the log table per x_j; then M(t) - t^n has degree < n
+    and the fixed inverse Vandermonde matrix gives its coefficients."""
+    batch, n = x.shape
+    exp, log = _log_tables()
+    windows = as_strided(log, shape=(PRIME, n), strides=(log.strides[0], log.strides[0]), writeable=False)
+    sums = windows[(-x) % PRIME].sum(axis=1, dtype=np.int64)  # [C, n]: sum over j for each t
+    inverse_t, t_to_n = _fixed_inverse(n)
+    values = np.where(sums >= _ZERO_LOG, 0, exp[sums % (PRIME - 1)])
+    values = (values - t_to_n) % PRIME
+    roots = np.empty((batch, n + 1), dtype=np.int64)
+    roots[:, :n] = np.matmul(values.astype(np.float64), inverse_t).astype(np.int64) % PRIME
+    roots[:, n] = 1
+    return roots
+
+
+def _eval_tables(coeffs: np.ndarray, small: np.ndarray, big: np.ndarray) -> np.ndarray:
+    """sum_t c_t x^t with x^(B*g + b) = big[g] * small[b]; coeffs [C, n] -> [C, k]."""
+    batch, n = coeffs.shape
+    baby, giant = small.shape[-1], big.shape[-1]
+    padded = np.zeros((batch, giant * baby), dtype=np.int64)
+    padded[:, :n] = coeffs
+    blocks = padded.reshape(batch, giant, baby).swapaxes(1, 2)  # [C, baby, giant]
+    inner = np.matmul(small.astype(np.float64), blocks.astype(np.float64))
+    inner = (inner.astype(np.int64) % PRIME).astype(np.float64)  # [C, k, giant]
+    # sum_g inner * big: each product < P^2, the sum of <= 4096 / 16 of them < 2^53: exact
+    return np.einsum("ckg,ckg->ck", inner, big.astype(np.float64)).astype(np.int64) % PRIME
+
+
+def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients (ascending) of the polynomial of degree < n through (x, y) over GF(P).
+
+    x: int [n] or [C, n], distinct within a row, in [0, P). y: int, same shape (any
+    non-negative values; reduced mod P). Returns int64 of the same shape.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    y = np.asarray(y, dtype=np.int64) % PRIME
+    single = x.ndim == 1
+    if single:
+        x, y = x[None], y[None]
+    roots = _roots_fixed(x) if x.shape[1] <= _FIXED_MAX else _product_tree(x)  # M(t), [C, n+1]
+    coeffs = _interpolate_with(roots, x, y)
+    return coeffs[0] if single else coeffs
+
+
+def _interpolate_with(roots: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``interpolate`` for [C, n] points, given M(t) = prod_j (t - x_j) as ``roots`` [C, n+1]."""
+    batch, n = x.shape
+    deriv = roots[:, 1:] * np.arange(1, n + 1, dtype=np.int64) % PRIME  # M'(t), [C, n]
+    small, big = _bsgs_tables(x, n)
+    weights = _INV[_eval_tables(deriv, small, big)]  # 1 / M'(x_i)
+    if np.any(weights == 0):
+        raise ValueError("interpolation points must be distinct mod P")
+    a = y * weights % PRIME
+    # S_t = sum_i a_i x_i^t for t = B*g + b: (a * x^b)^T @ (x^B)^g.
+    scaled = (small * a[..., None] % PRIME).astype(np.float64)
+    sums = np.matmul(np.swapaxes(scaled, 1, 2), big.astype(np.float64))  # [C, B, G]
+    sums = sums.astype(np.int64) % PRIME
+    s = np.swapaxes(sums, 1, 2).reshape(batch, -1)[:, :n].astype(np.float64)
+    # c_k = sum_t M[k+1+t] S_t: a Hankel matrix of M times S (for one chunk, a correlation).
+    if batch == 1:
+        return np.correlate(roots[0, 1:].astype(np.float64), s[0], "full")[None, n - 1 :].astype(np.int64) % PRIME
+    shifted = np.zeros((batch, 2 * n - 1), dtype=np.float64)
+    shifted[:, :n] = roots[:, 1:]
+    return np.matmul(_windows(shifted, n), s[..., None])[..., 0].astype(np.int64) % PRIME
+
+
+def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Evaluate polynomials (ascending coefficients) at points, mod P.
+
+    coeffs: [n] or [C, n]; x: [k] or [C, k] (reduced mod P here). Baby-step / giant-step:
+    x^(B*g + b) = (x^B)^g * x^b, so the work is one small matrix product per batch.
+    """
+    coeffs = np.asarray(coeffs, dtype=np.int64) % PRIME
+    x = np.asarray(x, dtype=np.int64) % PRIME
+    single = coeffs.ndim == 1
+    if single:
+        coeffs, x = coeffs[None], x[None]
+    small, big = _bsgs_tables(x, coeffs.shape[1])
+    out = _eval_tables(coeffs, small, big)
+    return out[0] if single else out
