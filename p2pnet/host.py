@@ -98,6 +98,11 @@ class Host:
 
     # -- direct frames --------------------------------------------------------------------
 
+    def set_gossip_heartbeat_s(self, seconds: float) -> None:
+        """Space GossipSub's own heartbeats (mesh upkeep, IHAVE gossip) `seconds` apart from the
+        next one on: its loop reads the interval anew each time."""
+        self._pubsub.router.heartbeat_interval = seconds
+
     def set_frame_handler(self, handler: FrameHandler) -> None:
         self._frame_handler = handler
 
