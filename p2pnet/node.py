@@ -196,7 +196,10 @@ class Node:
         now = bool(self.busy_with)
         if now == was:
             return
-        self.peertable.set_busy(now)
+        timers = self.peertable.set_busy(now)  # the heartbeat already due moves with it
+        for runner in self._runners:
+            if runner.core is self.peertable:
+                runner.command_soon(lambda _now: timers)
         factor = self.peertable.config.busy_heartbeat_factor if now else 1.0  # mesh upkeep: no expiry to respect
         self.host.set_gossip_heartbeat_s(self.config.gossip_heartbeat_s * factor)
         log.info("%s: heartbeats every %.1f s, GossipSub's every %.1f s", "busy" if now else "no longer busy",

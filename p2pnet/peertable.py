@@ -8,8 +8,9 @@ whose score falls to `ban_score` is dropped and ignored for `ban_s`.
 
 While a role moves bulk data (`set_busy`: a checkpoint transfer), heartbeats are
 `busy_heartbeat_factor` times further apart, but never more than `expiry_s / 3` (so one lost
-heartbeat expires nobody). Every delivered heartbeat costs every peer CPU (py-libp2p: about
-9 ms each, measured), which a transfer on a CPU-bound machine would otherwise share with it.
+heartbeat expires nobody), counted from the last one sent (the one already due moves too).
+Every delivered heartbeat costs every peer CPU (py-libp2p: about 9 ms each, measured), which a
+transfer on a CPU-bound machine would otherwise share with it.
 
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
 than the last one taken from that peer.
@@ -143,6 +144,7 @@ class PeerTable:
         self._banned_until: dict[str, float] = {}
         self._connect_asked: set[str] = set()
         self.busy = False
+        self._beat_at: float | None = None  # when our last heartbeat was published
         self.clock_skew = ClockSkew()
 
     # -- inputs ---------------------------------------------------------------------------
@@ -228,10 +230,13 @@ class PeerTable:
     def with_role(self, role: str) -> list[PeerEntry]:
         return [e for e in self.peers() if role in e.roles]
 
-    def set_busy(self, busy: bool) -> None:
-        """Whether a role moves bulk data now: heartbeats after the next one are spaced by
-        `config.interval_s(busy)`."""
+    def set_busy(self, busy: bool) -> list[Effect]:
+        """Whether a role moves bulk data now: heartbeats are spaced by `config.interval_s(busy)`
+        from the last one sent, so the heartbeat already due moves too (the returned timer)."""
         self.busy = busy
+        if self._beat_at is None:
+            return []
+        return [SetTimer(self._beat_at + self.config.interval_s(busy), TIMER_HEARTBEAT)]
 
     def set_local(self, local: LocalInfo) -> None:
         """Change what this peer advertises from its next heartbeat on."""
@@ -241,6 +246,7 @@ class PeerTable:
 
     def _heartbeat(self, now: float) -> list[Effect]:
         self._seq += 1
+        self._beat_at = now
         beat = Heartbeat(
             seq=self._seq,
             started_ms=self.started_ms,

@@ -218,6 +218,7 @@ class RelayRole:
             self.node.identity, [Path(p) for p in paths], model=model, version=version,
             previous_version=previous_version, chunk_bytes=chunk_bytes or self.config.chunk_bytes,
             now_s=time.time(), place=place))
+        self._about_to_move()  # peers ask for its chunks as soon as the announce reaches them
         await self._command(lambda now: self.core.publish(now, signed))
         self.watcher.mark_complete(version)
         await self._collect()
@@ -252,6 +253,7 @@ class RelayRole:
                 self.penalise(item.peer, item.amount, item.reason)
             elif isinstance(item, ManifestAccepted):
                 self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
+                self._about_to_move()  # its chunks are fetched next
                 await self._keep_manifest(item.signed)
             elif isinstance(item, VersionComplete):
                 self.timeline.setdefault(item.version, {})["complete_at_s"] = time.time()
@@ -477,6 +479,12 @@ class RelayRole:
         log.info("advertising an upload of %.1f MB/s (%s)", upload / 1e6,
                  "measured while every upload slot was busy" if upload < configured else "as configured")
         self.node.peertable.set_local(replace(local, capacity=replace(local.capacity, upload_bps=upload)))
+
+    def _about_to_move(self) -> None:
+        """A version is about to be fetched or served: busy from now (not from the first chunk,
+        up to `MEMBERS_POLL_S` later), lapsing `BUSY_LINGER_S` on if no chunk moves."""
+        self._moved_at = trio.current_time()
+        self.node.set_busy("relay", True)
 
     def _busy(self) -> bool:
         """Whether we move chunks now: fetches outstanding, uploads running, or a chunk moved
