@@ -1,13 +1,14 @@
 """CPU per delivered gossip message with and without py-libp2p's signed peer record.
 
-    .venv/bin/python benchmarks/bench_gossip_record.py [--hosts 5] [--messages 200] [--rounds 2]
+    .venv/bin/python benchmarks/bench_gossip_record.py [--hosts 5] [--messages 150] [--rounds 3]
 
 py-libp2p puts its signed peer record (`senderRecord`) on every pubsub RPC and every receiver
 checks it (Ed25519, peerstore update, multiaddr parsing). `--hosts` real p2pnet hosts
 (`p2pnet.host.open_host`: Noise, yamux, GossipSub) in one process on loopback, fully
-connected, all subscribed to one topic; each publishes `--messages` 300-byte frames, paced so
-the queues never fill. Measured: process CPU (all threads) per delivered message, record on
-(py-libp2p's default) against off (p2pnet's), alternating, in the same run.
+connected, all subscribed to one topic; each publishes `--messages` 300-byte frames, paced
+under GossipSub's limit of 1000 messages per topic per second. Measured: process CPU (all
+threads) per delivered message, record on (py-libp2p's default) against off (p2pnet's),
+alternating, in the same run.
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ TOPIC = "p2pnet/bench/record"
 
 
 async def one_round(hosts_n: int, messages: int, send_record: bool, tag: str) -> tuple[float, float, int]:
+    """The figures are taken before the hosts close: py-libp2p can fail a host's shutdown while
+    another still gossips to it (a task scheduled on a stopped service), which is reported, not
+    counted."""
+    result: list[tuple[float, float, int]] = []
+    try:
+        await _measure(hosts_n, messages, send_record, tag, result)
+    except* Exception as group:
+        if not result:
+            raise
+        print(f"  (shutdown of the hosts failed after the measurement: {group.exceptions[0]!r:.120})", flush=True)
+    return result[0]
+
+
+async def _measure(hosts_n: int, messages: int, send_record: bool, tag: str,
+                   result: list[tuple[float, float, int]]) -> None:
     expected = hosts_n * messages * (hosts_n - 1)
     got = [0]
     done = trio.Event()
@@ -57,19 +73,18 @@ async def one_round(hosts_n: int, messages: int, send_record: bool, tag: str) ->
             for k in range(messages):
                 for i, h in enumerate(hosts):
                     await h.publish(TOPIC, f"{tag}-{i}-{k}-".encode().ljust(300, b"x"))
-                await trio.sleep(0.002)
+                await trio.sleep(0.01)  # GossipSub drops a topic over 1000 messages per second
             with trio.fail_after(120):
                 await done.wait()
-            cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+            result.append((time.process_time() - cpu0, time.monotonic() - wall0, got[0]))
             nursery.cancel_scope.cancel()
-    return cpu, wall, got[0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=5)
-    parser.add_argument("--messages", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--messages", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     per_msg: dict[bool, list[float]] = {True: [], False: []}
     for r in range(args.rounds):
