@@ -358,7 +358,8 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB (default 1024)")
     parser.add_argument("--peers", type=int, default=8, help="receiving peers (default 8)")
     parser.add_argument("--runs", type=int, default=3, help="rounds; medians are reported (default 3)")
-    parser.add_argument("--chunk-mib", type=int, default=4, help="p2pnet chunk size in MiB (default 4)")
+    parser.add_argument("--chunk-mib", type=int, default=8,
+                        help="p2pnet chunk size in MiB (default 8, as [relay] chunk_bytes)")
     parser.add_argument("--tmp", type=Path, help="where the files go (default: the system temp folder)")
     parser.add_argument("--json", type=Path, help="write every round's figures here")
     parser.add_argument("--only", choices=CONTENDERS, action="append", help="run only this contender (repeatable)")

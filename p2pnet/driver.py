@@ -70,6 +70,10 @@ class CoreRunner:
         await self._send.send(_Command(fn, done))
         await done.wait()
 
+    def command_soon(self, fn: Callable[[float], list[Effect]]) -> None:
+        """`command` without waiting: `fn(now)` runs inside the runner after the inputs queued before it."""
+        self._offer(_Command(fn, trio.Event()))
+
     def _offer(self, item: Any) -> None:
         try:
             self._send.send_nowait(item)

@@ -98,6 +98,11 @@ class Host:
 
     # -- direct frames --------------------------------------------------------------------
 
+    def set_gossip_heartbeat_s(self, seconds: float) -> None:
+        """Space GossipSub's own heartbeats (mesh upkeep, IHAVE gossip) `seconds` apart from the
+        next one on: its loop reads the interval anew each time."""
+        self._pubsub.router.heartbeat_interval = seconds
+
     def set_frame_handler(self, handler: FrameHandler) -> None:
         self._frame_handler = handler
 
@@ -222,11 +227,28 @@ def _serial_pubsub(pubsub_class):
     import weakref
 
     class SerialPubsub(pubsub_class):
-        def __init__(self, *args, **kwargs) -> None:
+        def __init__(self, *args, send_peer_record: bool = True, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self._write_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+            self._send_peer_record = send_peer_record
+
+        def get_hello_packet(self):
+            return self._without_record(super().get_hello_packet())
+
+        def _build_announce_rpc(self, topic_id: str, subscribe: bool):
+            packet, subopt = super()._build_announce_rpc(topic_id, subscribe)
+            return self._without_record(packet), subopt
+
+        def _without_record(self, rpc_msg):
+            """py-libp2p puts its signed peer record on every RPC, and every receiver checks its
+            Ed25519 signature and rewrites its peerstore entry; p2pnet's frames carry their own
+            signatures and its peer table carries addresses, so by default the record is left off."""
+            if not self._send_peer_record and rpc_msg.HasField("senderRecord"):
+                rpc_msg.ClearField("senderRecord")
+            return rpc_msg
 
         async def write_msg(self, stream, rpc_msg) -> bool:
+            self._without_record(rpc_msg)
             lock = self._write_locks.get(stream)
             if lock is None:
                 lock = self._write_locks[stream] = trio.Lock()
@@ -301,8 +323,12 @@ async def open_host(
     gossip_heartbeat_s: float = 1.0,
     gossip_degree: int = 6,
     announce: tuple[str, ...] = (),
+    send_peer_record: bool = False,
 ) -> AsyncIterator[Host]:
-    """Start a Noise+yamux libp2p host with GossipSub on `listen`; close everything on exit."""
+    """Start a Noise+yamux libp2p host with GossipSub on `listen`; close everything on exit.
+
+    `send_peer_record` puts py-libp2p's signed peer record on every gossip RPC (its default);
+    p2pnet leaves it off (see `_serial_pubsub`)."""
     from libp2p import new_host
     from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
     from libp2p.pubsub.gossipsub import GossipSub
@@ -335,7 +361,8 @@ async def open_host(
         heartbeat_initial_delay=0.1,
         max_messages_per_topic_per_second=1000.0,
     )
-    pubsub = _serial_pubsub(Pubsub)(raw_host, gossip, max_inbound_rpc_size=max_frame_bytes + 64 * 1024)
+    pubsub = _serial_pubsub(Pubsub)(raw_host, gossip, max_inbound_rpc_size=max_frame_bytes + 64 * 1024,
+                                    send_peer_record=send_peer_record)
     host = Host(raw_host, pubsub, identity, max_frame_bytes, announce)
     raw_host.set_stream_handler(MSG_PROTOCOL, host._on_stream)
     raw_host.set_stream_handler(GOSSIP_PROTOCOL, _guarded_gossip_handler(pubsub))

@@ -137,6 +137,7 @@ class Node:
     roles: dict[str, Any] = field(default_factory=dict)
     reachability: Reachability | None = None
     roles_running: bool = False  # every role started (what /healthz reports)
+    busy_with: set[str] = field(default_factory=set)  # roles moving bulk data now (see `set_busy`)
     metrics_url: str = ""  # http://HOST:PORT of /metrics and /healthz, when metrics_listen is set
     rejections: dict[str, int] = field(default_factory=dict)  # rejected frames by reason (metrics)
     stats: dict[str, int] = field(default_factory=lambda: {"received": 0, "rejected": 0, "sent": 0, "send_failed": 0})
@@ -185,6 +186,24 @@ class Node:
             log.info("gossip %s from %s not forwarded: %s", kind, sender, refusal)
             return False
         return True
+
+    def set_busy(self, role: str, busy: bool) -> None:
+        """`role` moves bulk data now (or no longer): while any role does, the peer table's
+        heartbeats and GossipSub's are spaced further apart (`PeerTableConfig.interval_s`), since
+        every delivered message costs every peer CPU that the transfer needs."""
+        was = bool(self.busy_with)
+        (self.busy_with.add if busy else self.busy_with.discard)(role)
+        now = bool(self.busy_with)
+        if now == was:
+            return
+        timers = self.peertable.set_busy(now)  # the heartbeat already due moves with it
+        for runner in self._runners:
+            if runner.core is self.peertable:
+                runner.command_soon(lambda _now: timers)
+        factor = self.peertable.config.busy_heartbeat_factor if now else 1.0  # mesh upkeep: no expiry to respect
+        self.host.set_gossip_heartbeat_s(self.config.gossip_heartbeat_s * factor)
+        log.info("%s: heartbeats every %.1f s, GossipSub's every %.1f s", "busy" if now else "no longer busy",
+                 self.peertable.config.interval_s(now), self.config.gossip_heartbeat_s * factor)
 
     def on_event(self, listener: Callable[[str, Any], None]) -> None:
         """Call `listener(core_name, event)` for every `Emit` of every core."""

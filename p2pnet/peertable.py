@@ -6,6 +6,12 @@ learned peers while it has fewer than `target_connections`, forgets peers silent
 `expiry_s`, and keeps a score per peer: every rejected message costs `reject_penalty`, and a peer
 whose score falls to `ban_score` is dropped and ignored for `ban_s`.
 
+While a role moves bulk data (`set_busy`: a checkpoint transfer), heartbeats are
+`busy_heartbeat_factor` times further apart, but never more than `expiry_s / 3` (so one lost
+heartbeat expires nobody), counted from the last one sent (the one already due moves too).
+Every delivered heartbeat costs every peer CPU (py-libp2p: about 9 ms each, measured), which a
+transfer on a CPU-bound machine would otherwise share with it.
+
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
 than the last one taken from that peer.
 
@@ -38,6 +44,7 @@ class PeerTableConfig:
     reject_penalty: float = 1.0
     ban_score: float = -10.0
     ban_s: float = 600.0
+    busy_heartbeat_factor: float = 3.0
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -51,7 +58,16 @@ class PeerTableConfig:
             problems["reject_penalty"] = "must be > 0"
         if not self.ban_score < 0:
             problems["ban_score"] = "must be < 0"
+        if not self.busy_heartbeat_factor >= 1:
+            problems["busy_heartbeat_factor"] = "must be >= 1 (1: the same interval while busy)"
         return problems
+
+    def interval_s(self, busy: bool) -> float:
+        """Seconds between two of our heartbeats, while busy or not."""
+        if not busy:
+            return self.heartbeat_interval_s
+        return max(self.heartbeat_interval_s, min(self.heartbeat_interval_s * self.busy_heartbeat_factor,
+                                                  self.expiry_s / 3))
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,8 @@ class PeerTable:
         self._scores: dict[str, float] = {}
         self._banned_until: dict[str, float] = {}
         self._connect_asked: set[str] = set()
+        self.busy = False
+        self._beat_at: float | None = None  # when our last heartbeat was published
         self.clock_skew = ClockSkew()
 
     # -- inputs ---------------------------------------------------------------------------
@@ -212,6 +230,14 @@ class PeerTable:
     def with_role(self, role: str) -> list[PeerEntry]:
         return [e for e in self.peers() if role in e.roles]
 
+    def set_busy(self, busy: bool) -> list[Effect]:
+        """Whether a role moves bulk data now: heartbeats are spaced by `config.interval_s(busy)`
+        from the last one sent, so the heartbeat already due moves too (the returned timer)."""
+        self.busy = busy
+        if self._beat_at is None:
+            return []
+        return [SetTimer(self._beat_at + self.config.interval_s(busy), TIMER_HEARTBEAT)]
+
     def set_local(self, local: LocalInfo) -> None:
         """Change what this peer advertises from its next heartbeat on."""
         self.local = local
@@ -220,6 +246,7 @@ class PeerTable:
 
     def _heartbeat(self, now: float) -> list[Effect]:
         self._seq += 1
+        self._beat_at = now
         beat = Heartbeat(
             seq=self._seq,
             started_ms=self.started_ms,
@@ -232,7 +259,7 @@ class PeerTable:
         )
         return [
             Publish(HEARTBEAT_TOPIC, beat),
-            SetTimer(now + self.config.heartbeat_interval_s, TIMER_HEARTBEAT),
+            SetTimer(now + self.config.interval_s(self.busy), TIMER_HEARTBEAT),
         ]
 
     def _expire(self, now: float) -> list[Effect]:

@@ -81,6 +81,8 @@ DESCRIPTIONS: dict[str, str] = {
     "peertable.reject_penalty": "score lost for each rejected message",
     "peertable.ban_score": "a peer whose score falls to this is banned",
     "peertable.ban_s": "how long a ban lasts",
+    "peertable.busy_heartbeat_factor": ("while this peer moves checkpoint chunks, its and GossipSub's heartbeats "
+                                        "are this many times further apart (its own at most expiry_s / 3); 1: no change"),
     "validator.model_path": "model folder serving every policy version (or set checkpoint_dir)",
     "validator.checkpoint_dir": "folder of v{version}/ model folders (the trainer's layout)",
     "validator.model_cache": "model versions kept loaded at once",

@@ -76,7 +76,7 @@ def register(commands: Any) -> None:
                          help="the checkpoint version (a training step; newer versions have larger numbers)")
     publish.add_argument("--previous", type=int, default=-1, metavar="N",
                          help="the version this one follows (default: none)")
-    publish.add_argument("--chunk-bytes", type=int, metavar="BYTES", help="chunk size (default from [relay], 4 MiB)")
+    publish.add_argument("--chunk-bytes", type=int, metavar="BYTES", help="chunk size (default from [relay], 8 MiB)")
     publish.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
                          help="give up after this long (default 600)")
     _common(publish)

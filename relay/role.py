@@ -80,6 +80,7 @@ STORING_CHUNKS = 6  # received chunks being hashed and written at once: the chun
 MAX_REQUESTS_PER_CONNECTION = 256
 WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
 STALLED_READER_PENALTY = 3.0  # asked for chunks and stopped reading the answers
+BUSY_LINGER_S = 3.0  # the node counts us busy (slower heartbeats) until this long after the last chunk moved
 _RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise)
 
 
@@ -168,6 +169,7 @@ class RelayRole:
         self.bytes_fetched_from: dict[str, int] = {}  # peer -> verified bytes fetched from it (metrics)
         self.chunk_checks = {"verified": 0, "rejected": 0}  # fetched chunks by digest check (metrics)
         self._serving_window: tuple[float, float] | None = None  # first and last chunk sent (trio clock)
+        self._moved_at = -math.inf  # when a chunk was last stored or served (trio clock): see `_busy`
         self.timeline: dict[int, dict[str, float]] = {}  # version -> wall-clock times (status, benchmarks)
         self.backoff = StoreBackoff()  # a full store holds new requests: 1 s doubling to 60 s
         self._token: trio.lowlevel.TrioToken | None = None
@@ -216,6 +218,7 @@ class RelayRole:
             self.node.identity, [Path(p) for p in paths], model=model, version=version,
             previous_version=previous_version, chunk_bytes=chunk_bytes or self.config.chunk_bytes,
             now_s=time.time(), place=place))
+        self._about_to_move()  # peers ask for its chunks as soon as the announce reaches them
         await self._command(lambda now: self.core.publish(now, signed))
         self.watcher.mark_complete(version)
         await self._collect()
@@ -250,6 +253,7 @@ class RelayRole:
                 self.penalise(item.peer, item.amount, item.reason)
             elif isinstance(item, ManifestAccepted):
                 self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
+                self._about_to_move()  # its chunks are fetched next
                 await self._keep_manifest(item.signed)
             elif isinstance(item, VersionComplete):
                 self.timeline.setdefault(item.version, {})["complete_at_s"] = time.time()
@@ -324,6 +328,7 @@ class RelayRole:
         self.chunk_checks["verified"] += 1
         self.bytes_fetched_from[peer] = self.bytes_fetched_from.get(peer, 0) + fetched_bytes
         self._uploads.arrived(fetch.version, fetch.index)
+        self._moved_at = trio.current_time()
         self._fetched_send.send_nowait((peer, fetch, elapsed_s))
 
     async def _tell_fetched(self) -> None:
@@ -475,8 +480,21 @@ class RelayRole:
                  "measured while every upload slot was busy" if upload < configured else "as configured")
         self.node.peertable.set_local(replace(local, capacity=replace(local.capacity, upload_bps=upload)))
 
+    def _about_to_move(self) -> None:
+        """A version is about to be fetched or served: busy from now (not from the first chunk,
+        up to `MEMBERS_POLL_S` later), lapsing `BUSY_LINGER_S` on if no chunk moves."""
+        self._moved_at = trio.current_time()
+        self.node.set_busy("relay", True)
+
+    def _busy(self) -> bool:
+        """Whether we move chunks now: fetches outstanding, uploads running, or a chunk moved
+        within `BUSY_LINGER_S`."""
+        return (trio.current_time() - self._moved_at < BUSY_LINGER_S or bool(self.serving_now)
+                or any(u.outstanding for u in self._upstreams.values()))
+
     async def _follow_members(self) -> None:
         while True:
+            self.node.set_busy("relay", self._busy())  # heartbeats slow down while chunks move
             self._advertise_upload()
             uploads = serving_uploads(self.node)
             await self._command(lambda now: self.core.set_members(now, uploads))
@@ -553,7 +571,7 @@ class RelayRole:
                     self.served[client] = self.served.get(client, 0) + 1
                     self.bytes_served += size
                     self.bytes_served_to[client] = self.bytes_served_to.get(client, 0) + size
-                    now = trio.current_time()
+                    now = self._moved_at = trio.current_time()
                     self._serving_window = (self._serving_window or (now, now))[0], now
                 except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile
                     await self._respond(stream, send_lock, req.request_id, None)

@@ -36,6 +36,7 @@ def test_corrupt_key_file_is_a_clear_local_error(tmp_path):
     ({"heartbeat_interval_s": 0}, "peertable.heartbeat_interval_s"),
     ({"heartbeat_interval_s": "fast"}, "peertable.heartbeat_interval_s"),
     ({"expiry_s": 1.0}, "peertable.expiry_s"),
+    ({"busy_heartbeat_factor": 0.5}, "peertable.busy_heartbeat_factor"),
     ({"no_such": 1}, "peertable.no_such"),
 ])
 def test_bad_peertable_values_name_the_field(values, field):

@@ -27,6 +27,29 @@ def test_start_publishes_a_heartbeat_and_schedules_the_next():
     assert effects[1] == SetTimer(11.0, TIMER_HEARTBEAT)
 
 
+
+def test_busy_spaces_heartbeats_by_the_factor_but_never_past_a_third_of_expiry():
+    t = PeerTable(PeerTableConfig(heartbeat_interval_s=1.0, expiry_s=10.0, busy_heartbeat_factor=2.0), ME, LOCAL,
+                  started_ms=100)
+    assert t.start(0.0)[1] == SetTimer(1.0, TIMER_HEARTBEAT)
+    t.set_busy(True)
+    assert t.on_timer(1.0, TIMER_HEARTBEAT)[-1] == SetTimer(3.0, TIMER_HEARTBEAT)
+    t.set_busy(False)
+    assert t.on_timer(3.0, TIMER_HEARTBEAT)[-1] == SetTimer(4.0, TIMER_HEARTBEAT)
+    capped = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=3.0)
+    assert capped.interval_s(True) == 10.0 / 3 and capped.interval_s(False) == 2.0
+    assert PeerTableConfig(heartbeat_interval_s=3.0, expiry_s=4.0).interval_s(True) == 3.0  # never faster than idle
+
+
+def test_busy_moves_the_heartbeat_already_due_counting_from_the_last_one_sent():
+    t = PeerTable(PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=12.0, busy_heartbeat_factor=2.0), ME, LOCAL,
+                  started_ms=100)
+    assert t.set_busy(True) == []  # nothing sent yet: the first heartbeat is not held back
+    t.set_busy(False)
+    assert t.start(5.0)[1] == SetTimer(7.0, TIMER_HEARTBEAT)
+    assert t.set_busy(True) == [SetTimer(9.0, TIMER_HEARTBEAT)]
+    assert t.set_busy(False) == [SetTimer(7.0, TIMER_HEARTBEAT)]
+
 def test_a_new_peer_is_added_announced_and_connected_once():
     t = table()
     effects = t.on_message(1.0, beat_from(BOB, 1))

@@ -14,6 +14,7 @@ from safetensors.numpy import save_file
 from p2pnet.cli import main
 from p2pnet.control import ControlServer
 from p2pnet.identity import Identity, load_or_create_identity
+from relay.manifest import DEFAULT_CHUNK_BYTES
 from relay.store import ChunkStore
 
 
@@ -136,7 +137,7 @@ def test_commands_go_through_the_running_peer(fake_peer, tmp_path, capsys):
                             "--version", "5", "--previous", "4"])
     assert out["chunks"] == 3 and requests[-1] == {
         "cmd": "checkpoint.publish", "paths": [str(p.resolve()) for p in paths], "model": "m", "version": 5,
-        "previous_version": 4, "chunk_bytes": 4 * 1024 * 1024, "place": "link"}
+        "previous_version": 4, "chunk_bytes": DEFAULT_CHUNK_BYTES, "place": "link"}
     assert main(["checkpoint", "fetch", "5", "--data-dir", str(data), "--out", str(tmp_path / "o")]) == 0
     captured = capsys.readouterr()
     assert "2/2 chunks" in captured.err and "1 files" in captured.out
