@@ -323,7 +323,9 @@ class RelayWorld(SimWorld):
             else:
                 rate = src.upload_bps / len(src.up)
             if dst.download_bps != math.inf:
-                rate = min(rate, dst.download_bps / len(dst.down))
+                per_download = dst.download_bps / len(dst.down)
+                if per_download < rate:
+                    rate = per_download
             if flow.cap < rate:
                 rate = flow.cap
             handle = flow.handle
