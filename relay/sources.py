@@ -38,16 +38,21 @@ upload (1,000 relays, 1 GB), to relays whose parent, grandparent and stripe root
 dropped as slow (a leaf child, served after its parent's interior children, times a fast root
 as slow), and with it 1.00.
 
-Endgame (`_endgame_source`). Once at most a quarter of the stripes have chunks left to ask
-for, the chunks still wanted go to a peer that holds the whole version (it told us `Holding`:
-our parents in the other stripes do so as they complete), fastest measured first, the origin
-aside, instead of a chain still forwarding. A lagging stripe's parent is often fed slowly itself
-(a substitute borrowed from a stripe with a slow member above it), which our delivery measure
-cannot see: it does not count the long poll, so that a parent is not blamed for its own
-parent's pace. Measured (1,000 relays, 1 GB, 10% of relays at a tenth): the last relays
-finished at 30.0 s, the bound being 19.9 s, each waiting for the second half of one stripe
-that its substitute parent forwarded at the pace it received it, long after its other 15
-stripes were complete; with the endgame, 25.2 s.
+Endgame (`_endgame_source`). Once no other stripe has chunks left to ask for, the chunks of
+the last one still wanted go to a peer that holds the whole version and has served us before
+(our parents in the other stripes tell us `Holding` as they complete), fastest measured first,
+the origin aside, instead of a chain still forwarding (a plan of fewer than 4 stripes, one
+tree, has no endgame). A lagging stripe's parent is often fed slowly itself (a substitute
+borrowed from a stripe with a slow member above it), which our delivery measure cannot see: it
+does not count the long poll, so that a parent is not blamed for its own parent's pace.
+Measured (1,000 relays, 1 GB, 10% of relays at a tenth of their advertised upload): the last
+relays finished at 30.0 s, the bound being 19.9 s, each waiting for the second half of one
+stripe that its substitute parent forwarded at the pace it received it, long after its other 15
+stripes were complete; with the endgame, 25.2 s. Starting it earlier hurt: with at most a
+quarter of the stripes left to ask for, the same 25.2 s, but 2,000 relays and 0.5 GB with the
+defaults took 15.2 s instead of 12.0 (parents about to forward a chunk lost the request to busy
+holders); with no other stripe left, 11.8 s. Holders known from gossip alone are not asked:
+they would draw every relay in the endgame to the same few.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ if TYPE_CHECKING:
 
 SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
 SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
-ENDGAME_SHARE = 4  # the endgame starts when at most 1/ENDGAME_SHARE of the stripes have chunks left to ask for
+ENDGAME_MIN_STRIPES = 4  # a plan of fewer stripes (one tree) has no endgame: no stripe lags the others
 
 
 class SourceChoice:
@@ -163,26 +168,28 @@ class SourceChoice:
         return None
 
     def _endgame_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
-        """Near the end (at most 1/ENDGAME_SHARE of the stripes have chunks left to ask for), a peer
-        that holds the whole version (not the origin) with room in its window, fastest measured
-        first, instead of a chain that is still forwarding: a lagging stripe's parent may itself
-        be fed slowly, which our delivery measure (the long poll is not counted) cannot see."""
+        """In the endgame (no other stripe has chunks left to ask for), a peer
+        that holds the whole version and has served us before (not the origin) with room in its
+        window, fastest measured first, instead of a chain that is still forwarding: a lagging
+        stripe's parent may itself be fed slowly, which our delivery measure (the long poll is
+        not counted) cannot see. Only peers we measured: holders known from gossip alone would
+        draw every relay in the endgame to the same few."""
         plan = v.plan
         assert plan is not None
-        left = 0
+        if plan.stripes < ENDGAME_MIN_STRIPES:
+            return None
         for s in range(plan.stripes):
             if s != stripe and self._next_index(v, s)[0] is not None:
-                left += 1
-                if left >= plan.stripes // ENDGAME_SHARE:
-                    return None
+                return None  # another stripe still has chunks to ask for: not the endgame yet
         tried = v.tried.get(index, ())
         window, load = self.config.window_per_source, v.link_load
         best, best_key = None, None
+        rates = self._rates
         for peer in v.holders:
-            if peer == plan.origin or peer in tried or not self._usable(now, peer) or \
+            if peer not in rates or peer == plan.origin or peer in tried or not self._usable(now, peer) or \
                     load.get((peer, stripe), 0) >= window:
                 continue
-            key = (self._rates.get(peer, 0.0), peer)
+            key = (rates[peer], peer)
             if best_key is None or key > best_key:
                 best, best_key = peer, key
         return best

@@ -395,38 +395,42 @@ def test_every_peer_completes_in_a_swarm_with_disagreeing_views_and_slow_peers()
     assert summary["messages"]["delivered"] > 60  # bitmaps went around
 
 
-def _lagging_stripe(c: TransferCore, signed) -> tuple[int, list[Fetch], float]:
+def _lagging_stripe(c: TransferCore, signed) -> tuple[int, list[Fetch], float, set[str]]:
     """Fetch every stripe of `signed` but one, whose requests stay out: (that stripe, its
-    outstanding requests, the time)."""
+    outstanding requests, the time, the peers that served us)."""
     pending = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
     plan = c._versions[1].plan
     lag = next(plan.stripe_of_chunk[f.index] for f in pending if f.peer != PUBLISHER.peer_id)
-    held, t = [], 0.0
+    held, t, served = [], 0.0, set()
     while pending:
         f = pending.pop(0)
         if plan.stripe_of_chunk[f.index] == lag:
             held.append(f)
             continue
         t += 0.01
+        served.add(f.peer)
         pending += fetches(c.fetched(t, f.peer, 1, f.index, 0.01))
-    return lag, held, t
+    return lag, held, t, served
 
 
 def test_in_the_endgame_a_lagging_stripe_is_fetched_from_a_peer_that_holds_everything():
-    """Once few stripes have chunks left to ask for, the rest go to a peer that told us it holds
-    the whole version (not the origin), instead of a parent that may itself be fed slowly."""
+    """Once few stripes have chunks left to ask for, the rest go to a peer that served us before
+    and told us it holds the whole version (not the origin, not a stranger), instead of a parent
+    that may itself be fed slowly."""
     uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(40)}}
     signed = fake_manifest(PUBLISHER, 64 * 2**20, 2**20)
     c = core()
     c.set_members(0.0, uploads)
-    lag, held, t = _lagging_stripe(c, signed)
+    lag, held, t, served = _lagging_stripe(c, signed)
     plan = c._versions[1].plan
     parent = plan.parent[lag]["me"]
     assert held and {f.peer for f in held} == {parent} and not c.complete_versions()
-    holder = next(p for p in sorted(uploads) if p not in (PUBLISHER.peer_id, "me", parent))
-    c.on_message(t, envelope(PUBLISHER.peer_id, Holding((HeldVersion(1, signed.manifest_id),))))
+    holder = min(served - {PUBLISHER.peer_id, parent})
+    stranger = next(p for p in sorted(uploads) if p not in served | {PUBLISHER.peer_id, "me", parent})
+    for peer in (PUBLISHER.peer_id, stranger):  # the origin, and a holder that never served us, are not asked
+        c.on_message(t, envelope(peer, Holding((HeldVersion(1, signed.manifest_id),))))
     after_origin = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, 0.01))
-    assert after_origin and {f.peer for f in after_origin} == {parent}  # the origin is no endgame source
+    assert after_origin and {f.peer for f in after_origin} == {parent}
     c.on_message(t, envelope(holder, Holding((HeldVersion(1, signed.manifest_id),))))
     after = fetches(c.fetched(t + 0.02, parent, 1, held[1].index, 0.01))
     assert after and {f.peer for f in after} == {holder}
