@@ -42,17 +42,18 @@ Endgame (`_endgame_source`). Once no other stripe has chunks left to ask for, th
 the last one still wanted go to a peer that holds the whole version and has served us before
 (our parents in the other stripes tell us `Holding` as they complete), fastest measured first,
 the origin aside, instead of a chain still forwarding (a plan of fewer than 4 stripes, one
-tree, has no endgame). A lagging stripe's parent is often fed slowly itself (a substitute
-borrowed from a stripe with a slow member above it), which our delivery measure cannot see: it
-does not count the long poll, so that a parent is not blamed for its own parent's pace.
+tree, has no endgame). A lagging stripe's parent may itself be fed slowly, which our delivery
+measure cannot see: it does not count the long poll, so that a parent is not blamed for its own
+parent's pace.
 Measured (1,000 relays, 1 GB, 10% of relays at a tenth of their advertised upload): the last
 relays finished at 30.0 s, the bound being 19.9 s, each waiting for the second half of one
 stripe that its substitute parent forwarded at the pace it received it, long after its other 15
 stripes were complete; with the endgame, 25.2 s. Starting it earlier hurt: with at most a
 quarter of the stripes left to ask for, the same 25.2 s, but 2,000 relays and 0.5 GB with the
-defaults took 15.2 s instead of 12.0 (parents about to forward a chunk lost the request to busy
-holders); with no other stripe left, 11.8 s. Holders known from gossip alone are not asked:
-they would draw every relay in the endgame to the same few.
+defaults took 15.2 s instead of 12.0 (presumably requests taken from parents about to forward a chunk,
+to busy holders; not verified); with no other stripe left, 11.8 s. Holders known from gossip
+alone are not asked: they could draw every relay in the endgame to the same few (a precaution;
+no measured difference in these runs).
 """
 
 from __future__ import annotations
