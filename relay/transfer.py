@@ -38,28 +38,8 @@ then peers that announced `Holding` the whole version (fastest measured first). 
 announces `Holding` only once every chunk of the version is verified, and again every
 `announce_interval_s`; learning of a holder of an unknown version asks it for the manifest.
 
-Reattaching orphans. When our parent in s is dropped (crashed, stalled, unreachable) or banned,
-walking up the ancestor chain would send every orphan of a relay near the root to the origin,
-which then serves that stripe like a star until the next membership update replans. Instead we
-borrow a substitute parent at once: an interior member of s whose own planned chain holds no
-peer we know to be dropped or banned, ranked before us by (depth, peer id) (so borrowed and
-planned parent links never form a cycle), picked by rendezvous hashing of (us, stripe, member)
-weighted by upload / (1 + depth), so the orphans of one relay spread over the stripe's interior
-in proportion to capacity rather than pile onto one peer. The substitute goes in front of our
-ancestor chain; if it fails too, the next one is picked. A late joiner (not in the plan)
-borrows its parent the same way. The origin is never replaced (nobody else has the chunks
-first), and with no eligible member the chain falls back to the ancestors as before.
-Siblings (the other children of the dropped parent, ranked before us) are eligible too: they
-drop it as we do and borrow in their turn, and for the children of a stripe's root (the
-origin's one child in a stable plan) they are the only members above nobody failed; without
-them every child of a slow root fell back to the origin (measured at 1,000 relays, 0.25 GB:
-9.6-12.5 copies of the checkpoint from the origin instead of 1.0-1.3).
-
-Parents are judged by measured delivery (`_delivers_too_little`): each chunk's time is the time
-its bytes took plus the time the request waited in the source's queue for an upload slot (the
-source's answer header says; its long poll, waiting for the chunk itself, is not counted, so a
-parent is not blamed for its own parent's pace). A parent with more children than its real
-upload can feed moves each chunk fast but serves each child rarely; only its queue shows that.
+Reattaching orphans, judging parents by measured delivery, keeping the origin for what only it
+has and the endgame: `relay.sources` (mixed into the core).
 
 The "swarm" layout (a baseline, `relay.swarm`) has no plan: peers send their chunk bitmaps
 (`HaveChunks`) to their neighbours and pull any chunk from any neighbour known to hold it,
@@ -84,8 +64,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import math
-
 import blake3
 
 from p2pnet.config import validated
@@ -98,6 +76,7 @@ from relay.manifest import SignedManifest, chunk_range
 from relay.messages import (HOLDING_TOPIC, MANIFEST_TOPIC, MAX_HELD_VERSIONS, HaveChunks, HeldVersion, Holding,
                             ManifestAnnounce)
 from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
+from relay.sources import SourceChoice
 from relay.swarm import SwarmVersion, bitmap_bits, bitmap_bytes, neighbours, rotation
 
 TIMER_TICK = "relay/tick"
@@ -105,8 +84,6 @@ TIMER_HAVE = "relay/have"  # the swarm layout: tell our neighbours what we hold 
 LAYOUTS = ("striped", "tree", "star", "swarm")
 SWARM = -1  # the "stripe" of a swarm request (no plan, no stripes)
 RATE_EWMA = 0.3
-SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
-SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
 
 
 @validated
@@ -193,7 +170,7 @@ class _Version:
 OpenFrame = Callable[[bytes, float], SignedManifest]
 
 
-class TransferCore:
+class TransferCore(SourceChoice):
     """One peer's relay transfers. Inputs are the core contract plus the commands below."""
 
     topics = (MANIFEST_TOPIC, HOLDING_TOPIC)
@@ -209,6 +186,7 @@ class TransferCore:
         self._members = Membership.of({self_id: self_upload_bps})
         self._versions: dict[int, _Version] = {}
         self._excluded: dict[str, float] = {}
+        self._slow: set[str] = set()  # excluded only for delivering too little: alive, asked before the origin
         self._banned: set[str] = set()
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
@@ -561,43 +539,6 @@ class TransferCore:
             return [p for p in (pick, plan.origin) if p is not None]
         return [pick] + chain if pick is not None else chain
 
-    def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
-                    lost: str | None = None, skip: str | None = None) -> str | None:
-        """A live interior member of `stripe` to fetch from instead of our dropped parent `lost`.
-
-        Eligible: ranked before us by (depth, peer id) (any member, if we are not in the plan,
-        depth 0), usable, and no planned ancestor of it but the origin and `lost` dropped or
-        banned by us. `lost` is allowed above it so that our siblings (its other children, which
-        drop it too and borrow in their turn) are eligible: the children of a stripe's root have
-        no other member above them, and without siblings they would all fall back to the origin.
-        `skip`: a member not to pick (asking whether a substitute exists before dropping it).
-        Among them the one with the highest upload / (1 + depth) / -ln(hash(us, stripe, member)):
-        weighted rendezvous hashing, deterministic, spread in proportion to capacity and leaning
-        toward shallow members (fewer ancestors that may have failed unknown to us)."""
-        uploads = self._members.uploads
-        best, best_score = None, -1.0
-        for peer, peer_depth in plan.ranked_interior(stripe):
-            if below is not None and (peer_depth, peer) >= below:
-                break  # the rest are ranked after us: borrowing from them could close a cycle
-            if peer == skip or not self._usable(now, peer) or not self._healthy_above(now, plan, stripe, peer, lost):
-                continue
-            draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{stripe}/{peer}".encode()).digest(8), "big")
-            score = uploads.get(peer, 1.0) / (1 + peer_depth) / -math.log((draw + 1) / (2**64 + 1))
-            if score > best_score:
-                best, best_score = peer, score
-        return best
-
-    def _healthy_above(self, now: float, plan: StripePlan, stripe: int, peer: str, lost: str | None = None) -> bool:
-        """No planned ancestor of `peer` in `stripe` (the origin and `lost` aside) is dropped or
-        banned by us."""
-        parents = plan.parent[stripe]
-        current = parents.get(peer)
-        while current is not None and current != plan.origin:
-            if current != lost and not self._usable(now, current):
-                return False
-            current = parents.get(current)
-        return True
-
     # -- internals: issuing requests ------------------------------------------------------
 
     def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None:
@@ -650,6 +591,8 @@ class TransferCore:
         source = None
         if not v.tried:  # nothing failed: the source is the first usable ancestor, whichever the chunk
             source = self._first_usable(now, v.chains[stripe], ())
+            if source is not None and source == v.plan.origin:  # type: ignore[union-attr]
+                source = self._instead_of_origin(v, stripe, ()) or source
             if source is not None and v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
                 return False  # its window is full: no need to look for the next chunk
         index, from_retry = self._next_index(v, stripe)
@@ -657,6 +600,8 @@ class TransferCore:
             return False
         if source is None:
             source = self._choose_source(now, v, stripe, index)
+            if source is not None and source == v.plan.origin:  # type: ignore[union-attr]
+                source = self._instead_of_origin(v, stripe, v.tried.get(index, ())) or source
         if source is None:
             if from_retry:
                 v.retry[stripe].popleft()  # type: ignore[union-attr]
@@ -664,6 +609,8 @@ class TransferCore:
                 v.next_pos[stripe] += 1
             v.parked.append(index)  # nobody usable now; retried on the next tick
             return False
+        if v.holders and source not in v.holders:
+            source = self._endgame_source(now, v, stripe, index) or source
         link = (source, stripe)
         load = v.link_load.get(link, 0)
         if load >= self.config.window_per_source:
@@ -735,38 +682,6 @@ class TransferCore:
         if progress:
             src.since = now
 
-    def _delivers_too_little(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
-        """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
-        sources of this version deliver to us (the median, over at least 3 of them) and less
-        than half of the stripe's planned rate (capacity / members) too, and some member other
-        than the origin could replace it. Judged on measured delivery, never on what the peer
-        advertises; relative to our other sources, so our own slow download does not make every
-        parent look slow. The origin is never replaced, and never takes over from a slow parent:
-        the first-ranked child of a slow stripe root keeps it (once its siblings have borrowed
-        each other, the root serves it alone, at the root's whole upload) instead of making the
-        origin serve the stripe a second time."""
-        chain = v.chains[stripe] if v.plan is not None else ()
-        if not chain or chain[0] != peer or peer == v.plan.origin or \
-                self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:  # type: ignore[union-attr]
-            return False
-        rate = self._rates[peer]
-        planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)  # type: ignore[union-attr]
-        if rate * self.config.window_per_source >= SLOW_RATIO * planned:
-            return False  # (each request's time includes its queue behind our others to this peer)
-        others = sorted(self._rates[p] for p in v.sources if p != peer and self._samples.get(p, 0) >= SLOW_MIN_SAMPLES)
-        if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2]:
-            return False
-        return self._replaceable(now, v.plan, stripe, peer)  # type: ignore[arg-type]
-
-    def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
-        """Whether a member other than the origin could take over from `peer`, our source in
-        `stripe`: a substitute (see the top) or a usable planned ancestor."""
-        planned = plan.ancestors(stripe, self.self_id)
-        if any(p != peer and p != plan.origin and self._usable(now, p) for p in planned):
-            return True
-        below = (len(planned), self.self_id) if planned else None
-        return self._substitute(now, plan, stripe, below, planned[0] if planned else None, skip=peer) is not None
-
     # -- internals: failures --------------------------------------------------------------
 
     def _check_stalls(self, now: float, v: _Version, effects: list[Any]) -> None:
@@ -778,6 +693,10 @@ class TransferCore:
 
     def _exclude(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
         self._excluded[peer] = now + self.config.exclude_s
+        if why == "slow":
+            self._slow.add(peer)
+        else:
+            self._slow.discard(peer)
         self._release_peer(now, peer, why, effects)
 
     def _ban(self, now: float, peer: str, effects: list[Any]) -> None:

@@ -68,7 +68,7 @@ class _Flow:
     `cap` is the most one connection carries: TCP window / round-trip time (inf: no limit)."""
 
     __slots__ = ("source", "request", "remaining", "rate", "since", "handle", "src", "dst", "cap", "started",
-                 "queued_s")
+                 "queued_s", "share")
 
     def __init__(self, source: str, request: _Request, now: float, src: _Port, dst: _Port,
                  cap: float = math.inf, queued_s: float = 0.0) -> None:
@@ -83,6 +83,7 @@ class _Flow:
         self.dst = dst
         self.cap = cap
         self.queued_s = queued_s  # waited for the source's upload slot (told in the answer's header)
+        self.share = 0.0  # its share of the source's upload (`_water_fill`), valid while `src.shared`
 
 
 @dataclass(slots=True)
@@ -101,6 +102,7 @@ class _Port:
     bytes_up: int = 0
     bytes_down: int = 0
     rated_for: int = 0  # len(up) when `up` was last re-rated as a whole
+    shared: bool = False  # each flow's `share` is the water-filling of `up` as it is now
 
 
 class RelayWorld(SimWorld):
@@ -278,6 +280,7 @@ class RelayWorld(SimWorld):
             flow = _Flow(source_id, request, now, port, sink_port, self._flow_cap(source_id, request),
                          action.queued_s)
             up.append(flow)
+            port.shared = False
             sink_port.down.append(flow)
             started.append(flow)
             self.transfer_stats["flows"] += 1
@@ -311,17 +314,18 @@ class RelayWorld(SimWorld):
         at = self.engine.at
         finish = self._finishes
         capped = self.window_bytes != math.inf
-        shares: dict[_Flow, float] = {}
         for flow in flows:
             src, dst = flow.src, flow.dst
             if capped:
-                if flow not in shares:
-                    shares.update(self._upload_shares(src))
-                rate = shares[flow]
+                if not src.shared:
+                    _water_fill(src)
+                rate = flow.share
             else:
                 rate = src.upload_bps / len(src.up)
             if dst.download_bps != math.inf:
-                rate = min(rate, dst.download_bps / len(dst.down))
+                per_download = dst.download_bps / len(dst.down)
+                if per_download < rate:
+                    rate = per_download
             if flow.cap < rate:
                 rate = flow.cap
             handle = flow.handle
@@ -335,24 +339,13 @@ class RelayWorld(SimWorld):
             remaining = flow.remaining
             flow.handle = at(now + (remaining if remaining > 0.0 else 0.0) / rate, finish, flow)
 
-    @staticmethod
-    def _upload_shares(port: _Port) -> dict[_Flow, float]:
-        """Water-filling of `port`'s upload over its flows, each limited by its connection cap."""
-        flows = sorted(port.up, key=lambda f: f.cap)
-        left, count, out = port.upload_bps, len(flows), {}
-        for flow in flows:
-            share = min(flow.cap, left / count)
-            out[flow] = share
-            left -= share
-            count -= 1
-        return out
-
     def _end_flow(self, flow: _Flow, rerate_source: bool = True) -> None:
         if flow.handle is not None:
             flow.handle.cancel()
             flow.handle = None
         source, sink = flow.src, flow.dst
         source.up.remove(flow)
+        source.shared = False
         sink.down.remove(flow)
         if source.up and rerate_source:
             self._rerate(source.up)
@@ -364,6 +357,7 @@ class RelayWorld(SimWorld):
         flow.handle = None
         source_port, sink_port = flow.src, flow.dst
         source_port.up.remove(flow)  # `_end_flow` without re-rating the source: `_serve` below does
+        source_port.shared = False
         sink_port.down.remove(flow)
         request, fetch = flow.request, flow.request.fetch
         size = fetch.size
@@ -442,3 +436,24 @@ class RelayWorld(SimWorld):
         if pa is None or pb is None:
             return self.model.local_latency_s
         return self.model.latency(pa.region, pb.region)
+
+
+def _cap(flow: _Flow) -> float:
+    return flow.cap
+
+
+def _water_fill(port: _Port) -> None:
+    """Share `port`'s upload max-min fairly over its flows, each limited by its connection cap:
+    each flow's `share`. Computed once per change of `port.up` (the flows of a sink's downloads
+    come from many sources, each re-rated with every download that ends)."""
+    flows = sorted(port.up, key=_cap)
+    left, count = port.upload_bps, len(flows)
+    for flow in flows:
+        share = left / count
+        cap = flow.cap
+        if cap <= share:
+            share = cap
+        flow.share = share
+        left -= share
+        count -= 1
+    port.shared = True

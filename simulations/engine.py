@@ -7,8 +7,8 @@ handle is marked and skipped when popped. The engine knows nothing about network
 
 from __future__ import annotations
 
-import heapq
 import random
+from heapq import heappop, heappush
 from typing import Any, Callable
 
 
@@ -36,7 +36,7 @@ class Engine:
             when = self.now
         handle = Handle()
         self._sequence += 1
-        heapq.heappush(self._queue, (when, self._sequence, handle, callback, args))
+        heappush(self._queue, (when, self._sequence, handle, callback, args))
         return handle
 
     def after(self, delay_s: float, callback: Callable[..., Any], *args: Any) -> Handle:
@@ -51,10 +51,9 @@ class Engine:
         queue = self._queue
         budget = max_events
         while queue and budget > 0:
-            when, _, handle, callback, args = queue[0]
-            if when > until:
+            if queue[0][0] > until:
                 break
-            heapq.heappop(queue)
+            when, _, handle, callback, args = heappop(queue)
             if handle.cancelled:
                 continue
             self.now = when

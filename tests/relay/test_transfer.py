@@ -393,3 +393,72 @@ def test_every_peer_completes_in_a_swarm_with_disagreeing_views_and_slow_peers()
     summary, _, _ = run_broadcast(sc)
     assert summary["survivors_complete"] == summary["survivors_right_checkpoint"] == 60
     assert summary["messages"]["delivered"] > 60  # bitmaps went around
+
+
+def _lagging_stripe(c: TransferCore, signed) -> tuple[int, list[Fetch], float, set[str]]:
+    """Fetch every stripe of `signed` but one, whose requests stay out: (that stripe, its
+    outstanding requests, the time, the peers that served us)."""
+    pending = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
+    plan = c._versions[1].plan
+    lag = next(plan.stripe_of_chunk[f.index] for f in pending if f.peer != PUBLISHER.peer_id)
+    held, t, served = [], 0.0, set()
+    while pending:
+        f = pending.pop(0)
+        if plan.stripe_of_chunk[f.index] == lag:
+            held.append(f)
+            continue
+        t += 0.01
+        served.add(f.peer)
+        pending += fetches(c.fetched(t, f.peer, 1, f.index, 0.01))
+    return lag, held, t, served
+
+
+def test_in_the_endgame_a_lagging_stripe_is_fetched_from_a_peer_that_holds_everything():
+    """Once few stripes have chunks left to ask for, the rest go to a peer that served us before
+    and told us it holds the whole version (not the origin, not a stranger), instead of a parent
+    that may itself be fed slowly."""
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(40)}}
+    signed = fake_manifest(PUBLISHER, 64 * 2**20, 2**20)
+    c = core()
+    c.set_members(0.0, uploads)
+    lag, held, t, served = _lagging_stripe(c, signed)
+    plan = c._versions[1].plan
+    parent = plan.parent[lag]["me"]
+    assert held and {f.peer for f in held} == {parent} and not c.complete_versions()
+    holder = min(served - {PUBLISHER.peer_id, parent})
+    stranger = next(p for p in sorted(uploads) if p not in served | {PUBLISHER.peer_id, "me", parent})
+    for peer in (PUBLISHER.peer_id, stranger):  # the origin, and a holder that never served us, are not asked
+        c.on_message(t, envelope(peer, Holding((HeldVersion(1, signed.manifest_id),))))
+    after_origin = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, 0.01))
+    assert after_origin and {f.peer for f in after_origin} == {parent}
+    c.on_message(t, envelope(holder, Holding((HeldVersion(1, signed.manifest_id),))))
+    after = fetches(c.fetched(t + 0.02, parent, 1, held[1].index, 0.01))
+    assert after and {f.peer for f in after} == {holder}
+    assert all(plan.stripe_of_chunk[f.index] == lag for f in after)
+
+
+def test_a_chain_dropped_as_slow_is_asked_again_before_the_origin_but_an_unreachable_one_is_not():
+    """A peer dropped only as slow is alive and delivers: when every member of our chain in a
+    stripe is dropped and the origin is not our planned parent there, the slow one is asked, not
+    the origin (each stripe leaves the origin once). One that is unreachable is skipped."""
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(300)}}
+    signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)
+    for why, expect_origin in (("slow", False), ("unreachable", True)):
+        c = core()
+        c.set_members(0.0, uploads)
+        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
+        plan = c._versions[1].plan
+        stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
+        for peer in sorted(uploads):  # everyone but the origin drops out (substitutes included)
+            if peer not in ("me", PUBLISHER.peer_id):
+                c._exclude(0.1, peer, why, [])
+        mine = [f for f in first if plan.stripe_of_chunk[f.index] == stripe]
+        other = next(f for f in first if plan.stripe_of_chunk[f.index] != stripe)
+        again = [f for f in fetches(c.fetched(0.2, other.peer, 1, other.index, 0.01)) +
+                 fetches(c.on_timer(1.0, "relay/tick")) if plan.stripe_of_chunk[f.index] == stripe]
+        assert mine and again, why
+        if expect_origin:
+            assert {f.peer for f in again} == {PUBLISHER.peer_id}
+        else:
+            assert PUBLISHER.peer_id not in {f.peer for f in again}
+            assert {f.peer for f in again} <= set(plan.ancestors(stripe, "me"))

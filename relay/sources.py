@@ -1,0 +1,196 @@
+"""How a relay's transfer core picks, judges and replaces its sources, with no I/O.
+
+Mixed into `relay.transfer.TransferCore` (`SourceChoice`): these methods read the core's
+membership, measured delivery rates and exclusions, and never change them; like the core they
+take the time as an argument and draw nothing at random.
+
+Reattaching orphans. When our parent in s is dropped (crashed, stalled, unreachable) or banned,
+walking up the ancestor chain would send every orphan of a relay near the root to the origin,
+which then serves that stripe like a star until the next membership update replans. Instead we
+borrow a substitute parent at once: an interior member of s whose own planned chain holds no
+peer we know to be dropped or banned, ranked before us by (depth, peer id) (so borrowed and
+planned parent links never form a cycle), picked by rendezvous hashing of (us, stripe, member)
+weighted by upload / (1 + depth), so the orphans of one relay spread over the stripe's interior
+in proportion to capacity rather than pile onto one peer. The substitute goes in front of our
+ancestor chain; if it fails too, the next one is picked. A late joiner (not in the plan)
+borrows its parent the same way. The origin is never replaced (nobody else has the chunks
+first), and with no eligible member the chain falls back to the ancestors as before.
+Siblings (the other children of the dropped parent, ranked before us) are eligible too: they
+drop it as we do and borrow in their turn, and for the children of a stripe's root (the
+origin's one child in a stable plan) they are the only members above nobody failed; without
+them every child of a slow root fell back to the origin (measured at 1,000 relays, 0.25 GB:
+9.6-12.5 copies of the checkpoint from the origin instead of 1.0-1.3).
+
+Parents are judged by measured delivery (`_delivers_too_little`): each chunk's time is the time
+its bytes took plus the time the request waited in the source's queue for an upload slot (the
+source's answer header says; its long poll, waiting for the chunk itself, is not counted, so a
+parent is not blamed for its own parent's pace). A parent with more children than its real
+upload can feed moves each chunk fast but serves each child rarely; only its queue shows that.
+
+A parent is slow (`_delivers_too_little`) when it delivers under half the median of our other
+sources (over at least 3 of them) and under half the stripe's planned rate, and a member other
+than the origin could replace it. A peer dropped only as slow is alive and delivers: when the
+chain falls through to the origin and the origin is not our planned parent there, we ask the
+slow member again instead (`_instead_of_origin`). The origin's upload is the scarcest (every
+version starts there and each stripe leaves it once, to its root); without this rule the
+origin uploaded 2.11 copies of the checkpoint with 10% of relays at a tenth of their advertised
+upload (1,000 relays, 1 GB), to relays whose parent, grandparent and stripe root they had all
+dropped as slow (a leaf child, served after its parent's interior children, times a fast root
+as slow), and with it 1.00.
+
+Endgame (`_endgame_source`). Once no other stripe has chunks left to ask for, the chunks of
+the last one still wanted go to a peer that holds the whole version and has served us before
+(our parents in the other stripes tell us `Holding` as they complete), fastest measured first,
+the origin aside, instead of a chain still forwarding (a plan of fewer than 4 stripes, one
+tree, has no endgame). A lagging stripe's parent may itself be fed slowly, which our delivery
+measure cannot see: it does not count the long poll, so that a parent is not blamed for its own
+parent's pace.
+Measured (1,000 relays, 1 GB, 10% of relays at a tenth of their advertised upload): the last
+relays finished at 30.0 s, the bound being 19.9 s, each waiting for the second half of one
+stripe that its substitute parent forwarded at the pace it received it, long after its other 15
+stripes were complete; with the endgame, 25.2 s. Starting it earlier hurt: with at most a
+quarter of the stripes left to ask for, the same 25.2 s, but 2,000 relays and 0.5 GB with the
+defaults took 15.2 s instead of 12.0 (presumably requests taken from parents about to forward a chunk,
+to busy holders; not verified); with no other stripe left, 11.8 s. Holders known from gossip
+alone are not asked: they could draw every relay in the endgame to the same few (a precaution;
+no measured difference in these runs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from relay.planner import Membership, StripePlan
+
+if TYPE_CHECKING:
+    from relay.transfer import TransferConfig, _Version
+
+SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
+SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
+ENDGAME_MIN_STRIPES = 4  # a plan of fewer stripes (one tree) has no endgame: no stripe lags the others
+
+
+class SourceChoice:
+    """Source choice for `relay.transfer.TransferCore` (see the module docstring)."""
+
+    # the core's state these methods read (`TransferCore.__init__` sets it); they also call its
+    # `_usable(now, peer)` and `_next_index(v, stripe)`
+    config: TransferConfig
+    self_id: str
+    _members: Membership
+    _rates: dict[str, float]
+    _samples: dict[str, int]
+    _banned: set[str]
+    _slow: set[str]
+
+    def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
+                    lost: str | None = None, skip: str | None = None) -> str | None:
+        """A live interior member of `stripe` to fetch from instead of our dropped parent `lost`.
+
+        Eligible: ranked before us by (depth, peer id) (any member, if we are not in the plan,
+        depth 0), usable, and no planned ancestor of it but the origin and `lost` dropped or
+        banned by us. `lost` is allowed above it so that our siblings (its other children, which
+        drop it too and borrow in their turn) are eligible: the children of a stripe's root have
+        no other member above them, and without siblings they would all fall back to the origin.
+        `skip`: a member not to pick (asking whether a substitute exists before dropping it).
+        Among them the one with the highest upload / (1 + depth) / -ln(hash(us, stripe, member)):
+        weighted rendezvous hashing, deterministic, spread in proportion to capacity and leaning
+        toward shallow members (fewer ancestors that may have failed unknown to us)."""
+        uploads = self._members.uploads
+        best, best_score = None, -1.0
+        for peer, peer_depth in plan.ranked_interior(stripe):
+            if below is not None and (peer_depth, peer) >= below:
+                break  # the rest are ranked after us: borrowing from them could close a cycle
+            if peer == skip or not self._usable(now, peer) or not self._healthy_above(now, plan, stripe, peer, lost):
+                continue
+            draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{stripe}/{peer}".encode()).digest(8), "big")
+            score = uploads.get(peer, 1.0) / (1 + peer_depth) / -math.log((draw + 1) / (2**64 + 1))
+            if score > best_score:
+                best, best_score = peer, score
+        return best
+
+    def _healthy_above(self, now: float, plan: StripePlan, stripe: int, peer: str, lost: str | None = None) -> bool:
+        """No planned ancestor of `peer` in `stripe` (the origin and `lost` aside) is dropped or
+        banned by us."""
+        parents = plan.parent[stripe]
+        current = parents.get(peer)
+        while current is not None and current != plan.origin:
+            if current != lost and not self._usable(now, current):
+                return False
+            current = parents.get(current)
+        return True
+
+    def _delivers_too_little(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
+        """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
+        sources of this version deliver to us (the median, over at least 3 of them) and less
+        than half of the stripe's planned rate (capacity / members) too, and some member other
+        than the origin could replace it. Judged on measured delivery, never on what the peer
+        advertises; relative to our other sources, so our own slow download does not make every
+        parent look slow. The origin is never replaced, and never takes over from a slow parent:
+        the first-ranked child of a slow stripe root keeps it (once its siblings have borrowed
+        each other, the root serves it alone, at the root's whole upload) instead of making the
+        origin serve the stripe a second time."""
+        chain = v.chains[stripe] if v.plan is not None else ()
+        if not chain or chain[0] != peer or peer == v.plan.origin or \
+                self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:  # type: ignore[union-attr]
+            return False
+        rate = self._rates[peer]
+        planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)  # type: ignore[union-attr]
+        if rate * self.config.window_per_source >= SLOW_RATIO * planned:
+            return False  # (each request's time includes its queue behind our others to this peer)
+        others = sorted(self._rates[p] for p in v.sources if p != peer and self._samples.get(p, 0) >= SLOW_MIN_SAMPLES)
+        if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2]:
+            return False
+        return self._replaceable(now, v.plan, stripe, peer)  # type: ignore[arg-type]
+
+    def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
+        """Whether a member other than the origin could take over from `peer`, our source in
+        `stripe`: a substitute (see the top) or a usable planned ancestor."""
+        planned = plan.ancestors(stripe, self.self_id)
+        if any(p != peer and p != plan.origin and self._usable(now, p) for p in planned):
+            return True
+        below = (len(planned), self.self_id) if planned else None
+        return self._substitute(now, plan, stripe, below, planned[0] if planned else None, skip=peer) is not None
+
+    def _instead_of_origin(self, v: _Version, stripe: int, tried: Any) -> str | None:
+        """A member of our chain in `stripe` we dropped only as slow, to ask instead of the origin
+        when the origin is not our planned parent there: it is alive and delivers, if slowly, and
+        the origin's upload is the scarcest (each stripe is sent once from it, to its root)."""
+        plan = v.plan
+        assert plan is not None
+        if self.self_id == plan.origin or plan.parent[stripe].get(self.self_id) == plan.origin:
+            return None
+        for peer in v.chains[stripe]:
+            if peer in self._slow and peer not in tried and peer not in self._banned:
+                return peer
+        return None
+
+    def _endgame_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
+        """In the endgame (no other stripe has chunks left to ask for), a peer
+        that holds the whole version and has served us before (not the origin) with room in its
+        window, fastest measured first, instead of a chain that is still forwarding: a lagging
+        stripe's parent may itself be fed slowly, which our delivery measure (the long poll is
+        not counted) cannot see. Only peers we measured: holders known from gossip alone would
+        draw every relay in the endgame to the same few."""
+        plan = v.plan
+        assert plan is not None
+        if plan.stripes < ENDGAME_MIN_STRIPES:
+            return None
+        for s in range(plan.stripes):
+            if s != stripe and self._next_index(v, s)[0] is not None:
+                return None  # another stripe still has chunks to ask for: not the endgame yet
+        tried = v.tried.get(index, ())
+        window, load = self.config.window_per_source, v.link_load
+        best, best_key = None, None
+        rates = self._rates
+        for peer in v.holders:
+            if peer not in rates or peer == plan.origin or peer in tried or not self._usable(now, peer) or \
+                    load.get((peer, stripe), 0) >= window:
+                continue
+            key = (rates[peer], peer)
+            if best_key is None or key > best_key:
+                best, best_key = peer, key
+        return best
