@@ -69,6 +69,9 @@ class FakeNode:
     def carry_out(self, origin: str, effect) -> None:
         self.carried.append(effect)
 
+    def set_busy(self, role: str, busy: bool) -> None:
+        self.busy = busy
+
 
 class Source:
     """The publisher, as the role's upstream for every peer: answers fetches from its store."""

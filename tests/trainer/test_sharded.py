@@ -8,7 +8,8 @@ Tolerance: the ranks sum the same per-token terms in other groupings (micro-batc
 shapes, a gradient averaged over ranks), so float32 rounding differs by about 1e-7 per gradient
 entry. AdamW divides each entry by its own running scale, so where a gradient entry is itself
 near zero that rounding becomes a visible part of the update. Measured after three steps at lr
-3e-3 (weights moved up to 9e-3): 3 of 100k weights differ by more than 1e-6, the largest by
+3e-3 (weights moved up to 9e-3): 3 of 119k weights differ by more than 1e-6 on one machine,
+21 on another (float reductions run in another order on another CPU), the largest by
 1.3e-5. Asserted: every weight within TOL_WEIGHT (0.5% of the largest move), at most
 TOL_SHARE of them beyond 1e-6, and each step's loss within TOL_LOSS.
 """
@@ -29,7 +30,7 @@ from trainer.sharded import complete_checkpoints
 from trainer.teaching import teaching_batches
 
 TOL_WEIGHT = 5e-5  # absolute, per element, float32 weights after STEPS steps
-TOL_SHARE = 1e-4   # share of elements allowed to differ by more than 1e-6
+TOL_SHARE = 1e-3   # share of elements allowed to differ by more than 1e-6
 TOL_LOSS = 1e-5    # absolute, per step
 STEPS = 3
 
