@@ -213,10 +213,6 @@ def cmd_devnet(args: argparse.Namespace) -> int:
 def _cmd_diloco(args: argparse.Namespace) -> int:
     from trainer.devnet_diloco import DilocoDevnetConfig, run_diloco_devnet
 
-    if (args.link_mbit is not None or args.lab_profile is not None) and not args.lab:
-        raise ConfigError("--link-mbit", "link limits need --lab (peers on loopback share one host)")
-    if args.link_mbit is not None and not args.link_mbit > 0:
-        raise ConfigError("--link-mbit", "must be above 0")
     config = DilocoDevnetConfig(trainers=args.trainers, inner_steps=args.inner_steps, rounds=args.steps,
                                 relays=args.relays, model=args.model, encoding=args.encoding,
                                 step_timeout_s=args.step_timeout_s, seed=args.seed, lab=args.lab,
@@ -285,7 +281,8 @@ def run_devnet(config: DevnetConfig, root: Path, plot_to: Path | None = None,
     seen: dict[str, Any] = {"trainer": {"history": [], "workers": []}, "validators": {}, "lab": None}
     stopped, interrupted = "", False
     with ExitStack() as stack:
-        lab = stack.enter_context(_open_lab(config, [name for name, _, _ in plan], root)) if config.lab else None
+        lab = stack.enter_context(open_lab([name for name, _, _ in plan], root, link_mbit=config.link_mbit,
+                                           lab_profile=config.lab_profile)) if config.lab else None
         try:
             _start_peers(plan, procs, root, lab, seen, ready_timeout_s=max(60.0, config.step_timeout_s))
             _follow(procs, config, time.monotonic(), observe, seen)
@@ -362,27 +359,22 @@ def _start_peers(plan: list[Any], procs: dict[str, PeerProcess], root: Path, lab
         if lab is None:
             extra += ["--metrics-listen", "127.0.0.1:0"]  # /metrics, /healthz and the dashboard of each peer
         if lab is not None:
-            extra += ["--listen", "/ip4/0.0.0.0/tcp/0", *_lab_upload_args(lab, name)]
+            extra += lab_peer_args(lab, name)
         procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, extra_args=extra,
                                  log_dir=root, wrap=lab.wrap(name) if lab is not None else ())
         if name == "trainer":
             procs[name].wait_ready(ready_timeout_s)
     for proc in procs.values():
         proc.wait_ready(ready_timeout_s)
-    where = f" on lab hosts ({_lab_line(lab)})" if lab is not None else ""
+    where = f" on lab hosts ({lab_line(lab)})" if lab is not None else ""
     if lab is not None:
-        seen["lab"] = {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit,
-                                "nat": h.nat} for h in lab.hosts.values()}
+        seen["lab"] = lab_hosts(lab)
     print(f"devnet: {len(procs)} peers up{where}: " + ", ".join(procs), flush=True)
     if lab is None:
         seen["metrics_urls"] = {name: proc.status().get("metrics_url", "") for name, proc in procs.items()}
         print(f"devnet: dashboard on {seen['metrics_urls']['trainer']}/ (metrics of every peer at its /metrics)",
               flush=True)
 
-
-
-def _open_lab(config: DevnetConfig, names: list[str], root: Path) -> Any:
-    return open_lab(names, root, link_mbit=config.link_mbit, lab_profile=config.lab_profile)
 
 
 def open_lab(names: list[str], root: Path, *, link_mbit: float | None, lab_profile: Path | None) -> Any:
@@ -406,17 +398,19 @@ def lab_peer_args(lab: Any, name: str) -> list[str]:
     return ["--listen", "/ip4/0.0.0.0/tcp/0", *_lab_upload_args(lab, name)]
 
 
-def lab_line(lab: Any) -> str:
-    return _lab_line(lab)
-
-
 def _lab_upload_args(lab: Any, name: str) -> list[str]:
     """Advertise the host's real upload limit, so relays plan with what the link gives."""
     upload_mbit = lab.host(name).upload_mbit
     return ["--upload-bps", str(int(upload_mbit * 1e6 / 8))] if upload_mbit else []
 
 
-def _lab_line(lab: Any) -> str:
+def lab_hosts(lab: Any) -> dict[str, dict[str, Any]]:
+    """The lab's hosts as the devnet's JSON summary gives them."""
+    return {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit, "nat": h.nat}
+            for h in lab.hosts.values()}
+
+
+def lab_line(lab: Any) -> str:
     limits = {(h.upload_mbit, h.download_mbit) for h in lab.hosts.values()}
     nat = sum(1 for h in lab.hosts.values() if h.nat)
     text = ", ".join(f"{u or 'unlimited'}/{d or 'unlimited'} Mbit/s up/down" for u, d in sorted(limits, key=str))

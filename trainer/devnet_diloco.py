@@ -71,6 +71,8 @@ class DilocoDevnetConfig:
             raise ConfigError("--encoding", "must be int8 or fp32")
         if (self.link_mbit is not None or self.lab_profile is not None) and not self.lab:
             raise ConfigError("--link-mbit", "link limits need --lab (peers on loopback share one host)")
+        if self.link_mbit is not None and not self.link_mbit > 0:
+            raise ConfigError("--link-mbit", "must be above 0")
         for name, value in (("kill_at_round", self.kill_at_round), ("join_at_round", self.join_at_round)):
             if value is not None and not 0 < value < self.rounds:
                 raise ConfigError(name, f"must be in [1, {self.rounds - 1}]")
@@ -92,7 +94,7 @@ def run_diloco_devnet(config: DilocoDevnetConfig, root: Path) -> dict[str, Any]:
     stopped = ""
     rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
-    lab_hosts: dict[str, Any] | None = None
+    lab_json: dict[str, Any] | None = None
     with ExitStack() as stack:
         lab = stack.enter_context(_open_lab(config, root)) if config.lab else None
         stack.callback(_stop_all, procs)  # before the lab goes down (ExitStack unwinds in reverse)
@@ -105,13 +107,12 @@ def run_diloco_devnet(config: DilocoDevnetConfig, root: Path) -> dict[str, Any]:
                 proc.wait_ready(max(60.0, config.step_timeout_s))
             where = ""
             if lab is not None:
-                from trainer.devnet import lab_line
+                from trainer.devnet import lab_hosts, lab_line
 
                 where = f" on lab hosts ({lab_line(lab)})"
-                lab_hosts = {h.name: {"ip": h.ip, "upload_mbit": h.upload_mbit, "download_mbit": h.download_mbit}
-                             for h in lab.hosts.values()}
+                lab_json = lab_hosts(lab)
             print(f"devnet: {len(procs)} peers up{where}: {', '.join(procs)}", flush=True)
-            rows = _follow(procs, config, root, model_dir, publisher, events, started, lab, _link_bps(lab_hosts))
+            rows = _follow(procs, config, root, model_dir, publisher, events, started, lab, _link_bps(lab_json))
             _wait_for_relays(procs, config.rounds, config.step_timeout_s)
         except PeerUnavailable as exc:
             stopped = str(exc)
@@ -124,7 +125,7 @@ def run_diloco_devnet(config: DilocoDevnetConfig, root: Path) -> dict[str, Any]:
         "ok": not stopped and len(rows) == config.rounds, "mode": "diloco", "trainers": config.trainers,
         "inner_steps": config.inner_steps, "encoding": config.encoding, "rounds": rows, "events": events,
         "peers": {n: p.peer_id for n, p in procs.items()}, "relay_versions": relays,
-        "wall_s": round(time.monotonic() - started, 2), "lab": lab_hosts,
+        "wall_s": round(time.monotonic() - started, 2), "lab": lab_json,
     }
     for row in rows:
         row["contributors"] = [names.get(p, p) for p in row["contributors"]]
