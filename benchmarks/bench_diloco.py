@@ -85,7 +85,8 @@ def run_diloco(args: argparse.Namespace, encoding: Encoding, outer_config: Outer
     config = AllReduceConfig(encoding=encoding)
     first = next(iter(peers.values()))
     curve = [(0, first.eval_loss(global_weights))]
-    bytes_per_round, errors = [], []
+    bytes_per_round, errors, rounds = [], [], []
+    previous: torch.Tensor | None = None
     for r in range(args.rounds):
         pseudo = {}
         for name, t in peers.items():
@@ -96,10 +97,20 @@ def run_diloco(args: argparse.Namespace, encoding: Encoding, outer_config: Outer
         exact = torch.stack(list(pseudo.values())).mean(0)
         errors.append(float((mean - exact).norm() / exact.norm()))
         bytes_per_round.append(sent)
-        global_weights = outer.step(global_weights, mean)
-        curve.append(((r + 1) * args.peers * args.inner_steps, first.eval_loss(global_weights)))
+        new_weights = outer.step(global_weights, mean)
+        curve.append(((r + 1) * args.peers * args.inner_steps, first.eval_loss(new_weights)))
+        update = float((global_weights - new_weights).norm())
+        rounds.append({"round": r + 1, "loss": curve[-1][1], "mean_norm": float(mean.norm()),
+                       "cos_previous": _cos(mean, previous) if previous is not None else float("nan"),
+                       "peer_cos": sum(_cos(p, mean) for p in pseudo.values()) / len(pseudo),
+                       "update_norm": update, "ratio": update / float(mean.norm())})
+        global_weights, previous = new_weights, mean
     return {"curve": curve, "bytes_per_round": bytes_per_round, "relative_error": errors,
-            "parameters": global_weights.numel()}
+            "parameters": global_weights.numel(), "rounds": rounds}
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
 
 
 def measure_dataplane_bps(mib: int = 256) -> float:

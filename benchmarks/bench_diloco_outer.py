@@ -32,9 +32,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from bench_diloco import _trainer, reduce_in_memory, run_diloco  # noqa: E402
-from trainer.allreduce import AllReduceConfig  # noqa: E402
-from trainer.diloco import Encoding, OuterConfig, OuterOptimizer  # noqa: E402
+from bench_diloco import run_diloco  # noqa: E402
+from trainer.diloco import Encoding, OuterConfig  # noqa: E402
 
 
 def _setup(rounds: int) -> argparse.Namespace:
@@ -56,33 +55,12 @@ def sweep(settings: list[tuple[float, float]], rounds: int) -> dict[str, list[fl
 
 
 def trace(lr: float, momentum: float, rounds: int) -> list[dict[str, float]]:
-    args = _setup(rounds)
-    peers = {f"peer{i}": _trainer(100 + i, args) for i in range(args.peers)}
-    first = next(iter(peers.values()))
-    weights = first.weights()
-    outer = OuterOptimizer(OuterConfig(lr, momentum), weights.numel())
-    previous: torch.Tensor | None = None
-    rows = []
     print(f"outer lr {lr} momentum {momentum}", flush=True)
-    for r in range(rounds):
-        pseudo = {}
-        for name, t in peers.items():
-            t.load(weights)
-            t.train(args.inner_steps)
-            pseudo[name] = weights - t.weights()
-        mean, _ = reduce_in_memory(pseudo, AllReduceConfig(encoding=Encoding.INT8))
-        new = outer.step(weights, mean)
-        update = float((weights - new).norm())
-        cos = lambda a, b: float(torch.nn.functional.cosine_similarity(a, b, dim=0))  # noqa: E731
-        row = {"round": r + 1, "loss": first.eval_loss(new), "mean_norm": float(mean.norm()),
-               "cos_previous": cos(mean, previous) if previous is not None else float("nan"),
-               "peer_cos": sum(cos(p, mean) for p in pseudo.values()) / len(pseudo),
-               "update_norm": update, "ratio": update / float(mean.norm())}
-        rows.append(row)
-        print(f"  round {r + 1:2d} loss {row['loss']:.3f} |mean| {row['mean_norm']:.3f} cos(previous) "
-              f"{row['cos_previous']:+.2f} peer-vs-mean cos {row['peer_cos']:.2f} |update| {update:.3f} "
+    rows = run_diloco(_setup(rounds), Encoding.INT8, OuterConfig(lr, momentum))["rounds"]
+    for row in rows:
+        print(f"  round {row['round']:2d} loss {row['loss']:.3f} |mean| {row['mean_norm']:.3f} cos(previous) "
+              f"{row['cos_previous']:+.2f} peer-vs-mean cos {row['peer_cos']:.2f} |update| {row['update_norm']:.3f} "
               f"ratio {row['ratio']:.2f}", flush=True)
-        weights, previous = new, mean
     return rows
 
 
