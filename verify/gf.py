@@ -153,7 +153,7 @@ _GENERATOR = 7  # a primitive root mod P: 7^((P-1)/q) != 1 for each prime q | P-
 _FIXED_MAX = 256  # point counts up to this get M(t) from its values at t = 0..n-1
 _ZERO_LOG = 1 << 30  # the "logarithm" of 0: any sum that includes it marks a product of 0
 _LOG_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
-_FIXED_INVERSE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_FIXED_INVERSE: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
 
 def _log_tables() -> tuple[np.ndarray, np.ndarray]:
@@ -168,15 +168,18 @@ def _log_tables() -> tuple[np.ndarray, np.ndarray]:
     return _LOG_TABLES[0]
 
 
-def _fixed_inverse(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(W^T [n, n] float64, t^n mod P for t = 0..n-1): the coefficients (ascending) of the
-    polynomial of degree < n that takes values v at t = 0..n-1 are W @ v mod P (W is the
-    inverse Vandermonde matrix of 0..n-1, built once per n by interpolating the unit
-    vectors with the product tree)."""
+def _fixed_inverse(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(W^T [n, n] float64, t^n mod P for t = 0..n-1, log windows): the coefficients
+    (ascending) of the polynomial of degree < n that takes values v at t = 0..n-1 are W @ v
+    mod P (W is the inverse Vandermonde matrix of 0..n-1, built once per n by interpolating
+    the unit vectors with the product tree); the windows are the read-only view [P + 1, n]
+    of the log table with row s holding log[s .. s+n-1] (row P - x starts at log(-x))."""
     if n not in _FIXED_INVERSE:
         points = np.broadcast_to(np.arange(n, dtype=np.int64), (n, n))
         lagrange = _interpolate_with(_product_tree(points), points, np.eye(n, dtype=np.int64))
-        _FIXED_INVERSE[n] = (lagrange.astype(np.float64), _powers(points[0], n + 1)[:, n])
+        log = _log_tables()[1]
+        windows = as_strided(log, shape=(PRIME + 1, n), strides=(log.strides[0], log.strides[0]), writeable=False)
+        _FIXED_INVERSE[n] = (lagrange.astype(np.float64), _powers(points[0], n + 1)[:, n], windows)
     return _FIXED_INVERSE[n]
 
 
@@ -186,10 +189,9 @@ def _roots_fixed(x: np.ndarray) -> np.ndarray:
     for all t read as one window of the log table per x_j; then M(t) - t^n has degree < n
     and the fixed inverse Vandermonde matrix gives its coefficients."""
     batch, n = x.shape
-    exp, log = _log_tables()
-    windows = as_strided(log, shape=(PRIME, n), strides=(log.strides[0], log.strides[0]), writeable=False)
-    sums = windows[(-x) % PRIME].sum(axis=1, dtype=np.int64)  # [C, n]: sum over j for each t
-    inverse_t, t_to_n = _fixed_inverse(n)
+    exp = _log_tables()[0]
+    inverse_t, t_to_n, windows = _fixed_inverse(n)
+    sums = windows[PRIME - x].sum(axis=1, dtype=np.int64)  # [C, n]: sum over j for each t
     values = np.where(sums >= _ZERO_LOG, 0, exp[sums % (PRIME - 1)])
     values = (values - t_to_n) % PRIME
     roots = np.empty((batch, n + 1), dtype=np.int64)

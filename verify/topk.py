@@ -52,15 +52,6 @@ def _abs(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return keys
 
 
-def _direct_topk(parts: Sequence[np.ndarray], k: int) -> np.ndarray:
-    """torch.topk on each chunk's |bf16| patterns, one call per chunk: for one short chunk
-    alone (32 tokens at hidden sizes up to 1,023) this is faster than the selection below,
-    and it is toploc's answer by construction. [C, k] int64."""
-    rows = [_abs(p) for p in parts]
-    out = [_torch_topk(r[i : i + 1], k)[0] for r in rows for i in range(r.shape[0])]
-    return np.stack(out).astype(np.int64)
-
-
 def _abs_keys(rows: int, n: int) -> np.ndarray:
     """An empty key array [rows, n rounded up to whole blocks], its padding zeroed (a zero never
     outranks a real entry: keys are compared strictly or filtered to positions < n)."""
@@ -169,7 +160,10 @@ def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndar
     n = parts[0].shape[1]
     k = min(topk, n)
     if n < _DIRECT_BELOW and len(parts) == 1 and parts[0].shape[0] == 1:
-        idx = _direct_topk(parts, k)
+        # one short chunk alone (32 tokens at hidden sizes up to 1,023): torch.topk itself is
+        # faster than the selection below, and toploc's answer by construction
+        idx = _torch_topk(_abs(parts[0]), k)
+        return idx, parts[0].reshape(-1).take(idx).astype(np.int64)
     else:
         keys = _abs_keys(sum(p.shape[0] for p in parts), n)
         start = 0

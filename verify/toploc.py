@@ -193,8 +193,12 @@ def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
     count = idx.shape[0]
     if np.any(bits & 0x7F80 == 0x7F80):  # non-finite entries always rank in the top k
         raise ProofError("hidden states contain NaN or infinity")
-    moduli = _moduli(idx)
-    coeffs = interpolate(idx % moduli[:, None], bits)
+    if idx.max(initial=0) < PRIME:  # positions below P (chunks of <= P entries) are distinct mod P
+        moduli, points = np.full(count, PRIME, dtype=np.int64), idx
+    else:
+        moduli = _moduli(idx)
+        points = idx % moduli[:, None]
+    coeffs = interpolate(points, bits)
     words = np.concatenate([moduli[:, None], coeffs], axis=1).astype(">u2").tobytes()
     size = proof_length(coeffs.shape[1])
     return [words[i * size : (i + 1) * size] for i in range(count)]
