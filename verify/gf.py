@@ -4,8 +4,13 @@ Owns the field arithmetic behind TOPLOC proofs (``verify.toploc``): the unique p
 degree < n through n points (ascending coefficients), its values at other points, and the
 tables both use. Must not: know about hidden states, proofs' bytes, or torch.
 
-How it is fast (no per-element Python loops): interpolation is done in Lagrange form with
-matrix products. With M(t) = prod_j (t - x_j), the coefficients are
+How it is fast (no per-element Python loops): up to 256 points all below P - n (every
+chunk of at most P - 256 entries, the usual case), interpolation goes through the values
+at the fixed points P-n..P-1 (``_interpolate_cauchy``): every quantity it needs comes from
+the Cauchy matrix 1 / (t_u - x_j), read as one window of an inverse table per point, and
+from logarithm windows, then one product with the cached inverse Vandermonde matrix of the
+fixed points. Otherwise it is done in Lagrange form with matrix products. With
+M(t) = prod_j (t - x_j), the coefficients are
 ``c_k = sum_t M[k+1+t] * S_t`` with ``S_t = sum_i a_i x_i^t`` and ``a_i = y_i / M'(x_i)``:
 S, M'(x_i) and every evaluation use baby-step/giant-step powers (x^t = (x^B)^g * x^b,
 B = 16; looked up in tables of every x in GF(P) for the usual 128 points) and small matrix
@@ -224,9 +229,77 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     single = x.ndim == 1
     if single:
         x, y = x[None], y[None]
-    roots = _roots_fixed(x) if x.shape[1] <= _FIXED_MAX else _product_tree(x)  # M(t), [C, n+1]
-    coeffs = _interpolate_with(roots, x, y)
+    n = x.shape[1]
+    if n > _FIXED_MAX:
+        coeffs = _interpolate_with(_product_tree(x), x, y)
+    else:
+        fits = x.max(axis=1, initial=0) < PRIME - n  # no point among the fixed points P-n..P-1
+        if fits.all():
+            coeffs = _interpolate_cauchy(x, y)
+        else:
+            coeffs = np.empty_like(x)
+            if fits.any():
+                coeffs[fits] = _interpolate_cauchy(x[fits], y[fits])
+            rest = ~fits
+            coeffs[rest] = _interpolate_with(_roots_fixed(x[rest]), x[rest], y[rest])
     return coeffs[0] if single else coeffs
+
+
+_CAUCHY: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _cauchy_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For the fixed points t_u = P - n + u (u < n): (W [n, n] float64, the coefficients of
+    the Lagrange basis polynomials of the t_u as rows; w [n], w_u = 1 / prod_{v != u} (t_u -
+    t_v) = 1 / prod_{v != u} (u - v); the windows [P + 1, n] of the log table and of a
+    float64 table of inverses, row s holding entries s .. s+n-1). Built once per n."""
+    if n not in _CAUCHY:
+        points = np.broadcast_to(np.arange(PRIME - n, PRIME, dtype=np.int64), (n, n))
+        lagrange = _interpolate_with(_product_tree(points), points, np.eye(n, dtype=np.int64))
+        fact = [1]
+        for i in range(1, n):
+            fact.append(fact[-1] * i % PRIME)
+        weights = np.array([pow(fact[u] * fact[n - 1 - u] * (-1) ** (n - 1 - u), PRIME - 2, PRIME)
+                            for u in range(n)], dtype=np.int64)
+        log = _log_tables()[1]
+        inverse = np.concatenate([_INV, _INV[:_FIXED_MAX + 1]]).astype(np.float64)
+        _CAUCHY[n] = (lagrange.astype(np.float64), weights, _windows_of(log, n), _windows_of(inverse, n))
+    return _CAUCHY[n]
+
+
+def _windows_of(table: np.ndarray, n: int) -> np.ndarray:
+    """Read-only view [P + 1, n] of a table of at least P + n entries: row s is table[s : s+n]."""
+    step = table.strides[0]
+    return as_strided(table, shape=(PRIME + 1, n), strides=(step, step), writeable=False)
+
+
+def _interpolate_cauchy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``interpolate`` for [C, n] points, n <= 256, all below P - n, y reduced: from the values
+    of the polynomial f at the fixed points t_u = P - n + u, then c = f(t) @ W.
+
+    Every quantity comes from one matrix, the Cauchy matrix I[j, u] = 1 / (t_u - x_j): row j
+    is one window of the inverse table (t_u - x_j = P - n - x_j + u, never 0), as the logs
+    of t_u - x_j are one window of the log table. With M(t) = prod_j (t - x_j) and
+    T(z) = prod_u (z - t_u):
+    M(t_u) = g^(sum_j log(t_u - x_j)); M'(t_u) = M(t_u) sum_j I[j, u]; M' has degree < n, so
+    by Lagrange at the t_u, M'(x_j) = -T(x_j) sum_u I[j, u] M'(t_u) w_u, with T(x_j) =
+    prod_{s=1..n} (x_j + s) one log window again; then a_j = y_j / M'(x_j) and
+    f(t_u) = M(t_u) sum_j a_j I[j, u]. Products and sums of at most 256 entries below P stay
+    below 2^53 in float64: exact. Three window gathers and five small matrix products, no
+    power tables (measured 25% faster than ``_roots_fixed`` + ``_interpolate_with`` for one
+    chunk of 128 points, 10% for 32 chunks)."""
+    n = x.shape[1]
+    lagrange, weights, log_windows, inverse_windows = _cauchy_tables(n)
+    exp = _log_tables()[0]
+    start = (PRIME - n) - x  # t_u - x_j = start_j + u
+    m_t = exp[log_windows[start].sum(axis=1, dtype=np.int64) % (PRIME - 1)]  # M(t_u), [C, n]
+    cauchy = inverse_windows[start]  # [C, j, u]
+    scaled = m_t * (cauchy.sum(axis=1).astype(np.int64) % PRIME) % PRIME * weights % PRIME  # M'(t_u) w_u
+    sums = np.matmul(cauchy, scaled[..., None].astype(np.float64))[..., 0].astype(np.int64) % PRIME
+    t_at_x = exp[log_windows[x + 1].sum(axis=2, dtype=np.int64) % (PRIME - 1)]  # T(x_j)
+    a = (PRIME - y) * _INV[t_at_x * sums % PRIME] % PRIME  # y_j / M'(x_j) = -y_j / (T(x_j) sums_j)
+    f = m_t * (np.matmul(a[:, None, :].astype(np.float64), cauchy)[:, 0].astype(np.int64) % PRIME) % PRIME
+    return np.matmul(f.astype(np.float64), lagrange).astype(np.int64) % PRIME
 
 
 def _interpolate_with(roots: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:

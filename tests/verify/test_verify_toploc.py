@@ -224,3 +224,27 @@ def test_roots_from_fixed_points_equal_the_product_tree(n, batch):
     assert (_roots_fixed(x) == _product_tree(x)).all()
     y = rng.integers(0, PRIME, x.shape)
     assert (evaluate(interpolate(x, y), x) == y).all()
+
+
+@pytest.mark.parametrize("n,batch", [(1, 2), (5, 3), (128, 1), (128, 9), (256, 2)])
+def test_cauchy_interpolation_equals_the_roots_path(n, batch):
+    """Interpolation from the fixed points P-n..P-1 (``_interpolate_cauchy``) gives the
+    coefficients the product-tree path gives: points at 0, at P-n-1 (the largest it takes),
+    and a batch where some rows hold a point among the fixed points (those rows take the
+    other path, the rest this one)."""
+    from verify.gf import _interpolate_cauchy, _interpolate_with, _product_tree
+
+    rng = np.random.default_rng(n * 10 + batch + 1)
+    x = np.stack([rng.choice(PRIME - n, n, replace=False) for _ in range(batch)]).astype(np.int64)
+    x[0, 0] = PRIME - n - 1
+    if n > 2:
+        x[-1, :2] = [0, 1]
+    y = rng.integers(0, PRIME, x.shape)
+    expected = _interpolate_with(_product_tree(x), x, y)
+    assert (_interpolate_cauchy(x, y) == expected).all()
+    assert (interpolate(x, y) == expected).all()
+    mixed = x.copy()
+    mixed[0, -1] = PRIME - 1  # a fixed point: row 0 must take the other path
+    mixed_y = y.copy()
+    assert (interpolate(mixed, mixed_y) == _interpolate_with(_product_tree(mixed), mixed, mixed_y)).all()
+    assert (evaluate(interpolate(mixed, mixed_y), mixed) == mixed_y).all()
