@@ -25,6 +25,7 @@ _GROUP = 16  # entries per group: a group's maximum bounds its members
 _SPREAD = 128  # a group's members lie 128 apart inside one block
 _BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
 _INF = 0x7F80  # |bf16| pattern of infinity; above it, NaNs
+_HEAD_BLOCKS = 3  # blocks the heap replay keeps whole (it reads 64 k = 8,192 entries anyway)
 _HEAP_RATIO = 64  # torch's CPU topk takes std::partial_sort (a heap) when k * 64 <= n
 _DIRECT_BELOW = 32768  # one chunk shorter than this runs torch.topk itself (measured: as fast or faster)
 _REPLAY_FROM = 32768  # tied rows this long replay the heap on a subsequence (measured: 28,672 entries
@@ -76,33 +77,36 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     0..i-1). An entry no larger than that never touches the heap. So running torch.topk on a
     subsequence, in the original order, that keeps the first k entries and every entry that
     can enter, padded with zeros to 64 k entries so torch again takes the heap path (zeros
-    never enter: keys are >= 0), replays the same heap and picks the same entries. The
-    subsequence: all of block 0 (2048 entries, which hold the first k), then the entries of
-    each later block above a lower bound of the heap's least value there: the larger of the
-    exact k-th largest of block 0 and the k-th largest of the group maxima of the blocks
-    before it (k distinct earlier entries at least that large), the prefix doubling each step.
+    never enter: keys are >= 0), replays the same heap and picks the same entries. torch
+    reads 64 k entries in any case, so the subsequence keeps the first ``_HEAD_BLOCKS``
+    blocks whole (6,144 entries), then the entries of each later block above a lower bound
+    of the heap's least value there: the k-th largest of the group maxima of the blocks
+    before it (k distinct earlier entries at least that large), the prefix doubling each
+    step. The later entries are found with one flat scan and scattered into place.
     """
     rows, width = keys.shape
     blocks = width // _BLOCK
+    head = min(blocks, _HEAD_BLOCKS)
+    start = head * _BLOCK
     bound = np.empty((rows, blocks), dtype=keys.dtype)
-    bound[:, 1:] = np.partition(keys[:, :_BLOCK], _BLOCK - k, axis=1)[:, _BLOCK - k, None]
-    done = 2
+    done = head
     while done < blocks:
         seen = done * _SPREAD  # group maxima before block ``done``
-        kth = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k]
-        bound[:, done : 2 * done] = np.maximum(bound[:, done : 2 * done], kth[:, None])
+        bound[:, done : 2 * done] = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k, None]
         done *= 2
-    later = keys[:, _BLOCK:].reshape(rows, blocks - 1, _BLOCK) > bound[:, 1:, None]
-    picks = [np.flatnonzero(r) + _BLOCK for r in later.reshape(rows, -1)]
-    sub_width = max(_HEAP_RATIO * k, _BLOCK + max(p.size for p in picks))
+    later = keys[:, start:].reshape(rows, blocks - head, _BLOCK) > bound[:, head:, None]
+    row, offset = np.divmod(np.flatnonzero(later), width - start)
+    counts = np.bincount(row, minlength=rows)
+    slot = start + np.arange(row.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    sub_width = max(_HEAP_RATIO * k, start + counts.max(initial=0))
     sub = np.zeros((rows, sub_width), dtype=keys.dtype)
-    where = np.zeros((rows, sub_width), dtype=np.int64)
-    sub[:, :_BLOCK] = keys[:, :_BLOCK]
-    where[:, :_BLOCK] = np.arange(_BLOCK)
-    for r, p in enumerate(picks):
-        sub[r, _BLOCK : _BLOCK + p.size] = keys[r, p]
-        where[r, _BLOCK : _BLOCK + p.size] = p
-    return np.take_along_axis(where, _torch_topk(sub, k), axis=1)
+    sub[:, :start] = keys[:, :start]
+    sub[row, slot] = keys[row, start + offset]
+    origin = np.zeros((rows, sub_width - start), dtype=np.int64)  # where each later slot came from
+    origin[row, slot - start] = start + offset
+    picked = _torch_topk(sub, k)
+    later_pick = np.take_along_axis(origin, np.maximum(picked - start, 0), axis=1)
+    return np.where(picked < start, picked, later_pick)
 
 
 def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:

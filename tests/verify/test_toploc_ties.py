@@ -130,3 +130,44 @@ def test_build_proofs_many_is_build_proofs_per_rollout(monkeypatch):
                                                    (1, 576), (96, 896)])]
     assert build_proofs_many(hiddens) == [build_proofs(h) for h in hiddens]
     assert build_proofs_many([]) == []
+
+
+def _tie_heavy(hidden_size: int, tokens: int) -> list[torch.Tensor]:
+    """Coarse-grid, heavy-tailed and normal bf16 hidden states, and normal ones with NaNs of
+    several bit patterns (one chunk with more NaNs than the top k holds)."""
+    gen = torch.Generator().manual_seed(hidden_size)
+    normal = torch.randn(tokens, hidden_size, generator=gen)
+    with_nans = normal.to(torch.bfloat16)
+    bits = with_nans.view(torch.int16)
+    bits[0, :5] = torch.tensor([0x7FC0, -0x3F, 0x7F81, 0x7FFF, -0x7F], dtype=torch.int16)  # NaNs, both signs
+    bits[33:40, 0::2] = 0x7FC1  # rows 33-39: a chunk with 7 * hidden_size NaNs (more than 128)
+    bits[33:40, 1::2] = 0x7F81  # of two patterns: torch ranks all NaNs equal
+    return [(normal * 4).round().to(torch.bfloat16), (normal**3).to(torch.bfloat16),
+            normal.to(torch.bfloat16), with_nans]
+
+
+@pytest.mark.parametrize("hidden_size", [100, 256, 576, 1000, 2048])
+def test_selection_on_tie_heavy_rows_is_torch_topk_of_abs(hidden_size):
+    """Every path (one chunk alone, many chunks with a flat threshold scan, tied rows by
+    torch.topk on int16 keys or by the heap replay) picks, chunk by chunk, the set that
+    toploc's ``flat.abs().topk(128)`` picks on the bf16 values, NaNs included."""
+    for hidden in _tie_heavy(hidden_size, 32 * 6 + 7):
+        for first_row, count, rows in ((0, 6, 32), (32, 1, 32), (192, 1, 7)):
+            idx, bits = _topk(hidden, first_row, count, rows, 128)
+            for c in range(count):
+                flat = hidden[first_row + c * rows : first_row + (c + 1) * rows].reshape(-1)
+                expected = flat.abs().topk(min(128, flat.numel())).indices.numpy()
+                assert sorted(idx[c].tolist()) == sorted(expected.tolist())
+                assert (bits[c] == flat.view(torch.int16).numpy().view(np.uint16)[idx[c]]).all()
+
+
+@pytest.mark.parametrize("hidden_size", [576, 2048])
+def test_batched_measure_is_measure_per_chunk(hidden_size):
+    """Measuring 1,024 tokens at once (batched selection) gives, chunk by chunk, what
+    measuring each 32-token chunk alone gives (a single chunk takes another selection path)."""
+    hidden = _tie_heavy(hidden_size, 1024)[0]
+    proofs = build_proofs(perturb_bits(hidden, 5))
+    whole = measure(hidden, proofs)
+    alone = [measure(hidden[c * 32 : (c + 1) * 32], [proofs[c]])[0] for c in range(32)]
+    assert whole == alone
+    assert any(s.exp_mismatches or s.mant_err_mean for s in whole)  # the copy was perturbed
