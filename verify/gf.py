@@ -261,10 +261,21 @@ def _cauchy_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
             fact.append(fact[-1] * i % PRIME)
         weights = np.array([pow(fact[u] * fact[n - 1 - u] * (-1) ** (n - 1 - u), PRIME - 2, PRIME)
                             for u in range(n)], dtype=np.int64)
-        log = _log_tables()[1]
+        log = _log_tables()[1].astype(np.float64)  # P + 256 entries: every window row fits
         inverse = np.concatenate([_INV, _INV[:_FIXED_MAX + 1]]).astype(np.float64)
         _CAUCHY[n] = (lagrange.astype(np.float64), weights, _windows_of(log, n), _windows_of(inverse, n))
     return _CAUCHY[n]
+
+
+_LOG_FACTORIALS: list[np.ndarray] = []
+
+
+def _log_factorials() -> np.ndarray:
+    """log(m!) for m in [0, P), as int64 sums of discrete logarithms (not reduced)."""
+    if not _LOG_FACTORIALS:
+        log = _log_tables()[1]
+        _LOG_FACTORIALS.append(np.concatenate([[0], np.cumsum(log[1:PRIME], dtype=np.int64)]))
+    return _LOG_FACTORIALS[0]
 
 
 def _windows_of(table: np.ndarray, n: int) -> np.ndarray:
@@ -283,20 +294,25 @@ def _interpolate_cauchy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     T(z) = prod_u (z - t_u):
     M(t_u) = g^(sum_j log(t_u - x_j)); M'(t_u) = M(t_u) sum_j I[j, u]; M' has degree < n, so
     by Lagrange at the t_u, M'(x_j) = -T(x_j) sum_u I[j, u] M'(t_u) w_u, with T(x_j) =
-    prod_{s=1..n} (x_j + s) one log window again; then a_j = y_j / M'(x_j) and
+    prod_{s=1..n} (x_j + s) = (x_j + n)! / x_j! from a table of log(m!); then
+    a_j = y_j / M'(x_j) and
     f(t_u) = M(t_u) sum_j a_j I[j, u]. Products and sums of at most 256 entries below P stay
-    below 2^53 in float64: exact. Three window gathers and five small matrix products, no
+    below 2^53 in float64: exact. Two window gathers and three small matrix products, no
     power tables (measured 25% faster than ``_roots_fixed`` + ``_interpolate_with`` for one
     chunk of 128 points, 10% for 32 chunks)."""
     n = x.shape[1]
     lagrange, weights, log_windows, inverse_windows = _cauchy_tables(n)
     exp = _log_tables()[0]
     start = (PRIME - n) - x  # t_u - x_j = start_j + u
-    m_t = exp[log_windows[start].sum(axis=1, dtype=np.int64) % (PRIME - 1)]  # M(t_u), [C, n]
+    ones = np.ones((1, 1, n))  # sums over j as matrix products (2-3x faster than .sum(axis=1) here)
+    log_m = np.matmul(ones, log_windows[start])[:, 0].astype(np.int64)  # sum_j log(t_u - x_j) < 2^31
+    m_t = exp[log_m % (PRIME - 1)]  # M(t_u), [C, n]
     cauchy = inverse_windows[start]  # [C, j, u]
-    scaled = m_t * (cauchy.sum(axis=1).astype(np.int64) % PRIME) % PRIME * weights % PRIME  # M'(t_u) w_u
+    inv_sum = np.matmul(ones, cauchy)[:, 0].astype(np.int64) % PRIME
+    scaled = m_t * inv_sum % PRIME * weights % PRIME  # M'(t_u) w_u
     sums = np.matmul(cauchy, scaled[..., None].astype(np.float64))[..., 0].astype(np.int64) % PRIME
-    t_at_x = exp[log_windows[x + 1].sum(axis=2, dtype=np.int64) % (PRIME - 1)]  # T(x_j)
+    log_fact = _log_factorials()
+    t_at_x = exp[(log_fact[x + n] - log_fact[x]) % (PRIME - 1)]  # T(x_j) = (x_j + n)! / x_j!
     a = (PRIME - y) * _INV[t_at_x * sums % PRIME] % PRIME  # y_j / M'(x_j) = -y_j / (T(x_j) sums_j)
     f = m_t * (np.matmul(a[:, None, :].astype(np.float64), cauchy)[:, 0].astype(np.int64) % PRIME) % PRIME
     return np.matmul(f.astype(np.float64), lagrange).astype(np.int64) % PRIME
