@@ -6,10 +6,12 @@ Must not: build or measure proofs (``verify.toploc``), run a model, or do I/O.
 
 Which of several equal |values| torch.topk keeps is a property of its CPU kernel: for a
 row of n entries it runs std::partial_sort (a heap) when k * 64 <= n and std::nth_element
-below. Rows shorter than 32,768 entries run torch.topk itself, one call per chunk. In
-longer rows, chunks without a tie at the k-th place have a unique answer, found from group maxima
-with one pass over the data; tied chunks take torch's answer, the heap one replayed on a
-short subsequence (``_heap_topk``), the nth_element one from torch.topk on the (short) row.
+below. One chunk alone shorter than 65,536 entries runs torch.topk itself. Otherwise all
+chunks are selected together: a threshold per chunk from group maxima, one flat scan for the
+entries above it, one sort; chunks without a tie at the k-th place have a unique answer
+there; tied chunks take torch's answer, the heap one replayed on a short subsequence
+(``_heap_topk``) in rows of at least 32,768 entries, else torch.topk on the whole rows.
+torch.topk always runs on the keys as int16 (``_torch_topk``).
 Exactness is checked against toploc 0.1.6 itself (tests/verify/test_toploc_ties.py) and
 against torch.topk on tie-heavy rows.
 """
@@ -27,7 +29,8 @@ _BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
 _INF = 0x7F80  # |bf16| pattern of infinity; above it, NaNs
 _HEAD_BLOCKS = 3  # blocks the heap replay keeps whole (it reads 64 k = 8,192 entries anyway)
 _HEAP_RATIO = 64  # torch's CPU topk takes std::partial_sort (a heap) when k * 64 <= n
-_DIRECT_BELOW = 32768  # one chunk shorter than this runs torch.topk itself (measured: as fast or faster)
+_DIRECT_BELOW = 65536  # one chunk shorter than this runs torch.topk itself (measured: faster below;
+# from 65,536 entries the selection wins where few chunks are tied, as in real hidden states)
 _REPLAY_FROM = 32768  # tied rows this long replay the heap on a subsequence (measured: 28,672 entries
 # faster with torch.topk on the whole row, 65,536 faster replayed)
 
@@ -166,7 +169,7 @@ def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndar
     n = parts[0].shape[1]
     k = min(topk, n)
     if n < _DIRECT_BELOW and len(parts) == 1 and parts[0].shape[0] == 1:
-        # one short chunk alone (32 tokens at hidden sizes up to 1,023): torch.topk itself is
+        # one short chunk alone (32 tokens at hidden sizes up to 2,047): torch.topk itself is
         # faster than the selection below, and toploc's answer by construction
         idx = _torch_topk(_abs(parts[0]), k)
         return idx, parts[0].reshape(-1).take(idx).astype(np.int64)
