@@ -117,7 +117,8 @@ def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
 
     keys: uint16 [C, n padded to whole blocks] (``_abs_keys``), the |bf16| bit patterns
     (their integer order is the order of |value|, as torch compares them). A threshold t per
-    row is the k-th largest group maximum (k distinct entries reach it, so every top-k entry
+    row is the k-th largest group maximum (of maxima of 16 maxima in rows of 32,768 entries or
+    more; k distinct entries reach it either way, so every top-k entry
     is >= t); the entries >= t (a few hundred per row) are found with one flat scan of all
     rows and sorted by (row, key). Where the k-th and (k+1)-th largest differ the set is
     unique. Rows with a tie at the k-th place take torch.topk's choice, which depends on its
@@ -126,9 +127,12 @@ def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
     """
     rows, width = keys.shape
     maxima = _group_maxima(keys)
-    groups = maxima.shape[1]  # width / 16 >= 128 >= k for k <= 128; more points read every entry
+    level = maxima  # width / 16 >= 128 >= k for k <= 128; more points read every entry
+    if level.shape[1] // _GROUP >= k:  # long rows: maxima of 16 maxima (a cheaper partition)
+        level = level.reshape(rows, _GROUP, -1).max(axis=1)
+    groups = level.shape[1]
     if groups >= k:
-        thresh = np.partition(maxima, groups - k, axis=1)[:, groups - k]
+        thresh = np.partition(level, groups - k, axis=1)[:, groups - k]
     else:
         thresh = np.zeros(rows, dtype=keys.dtype)
     flat = np.flatnonzero(keys >= thresh[:, None])
