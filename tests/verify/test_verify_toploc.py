@@ -248,3 +248,15 @@ def test_cauchy_interpolation_equals_the_roots_path(n, batch):
     mixed_y = y.copy()
     assert (interpolate(mixed, mixed_y) == _interpolate_with(_product_tree(mixed), mixed, mixed_y)).all()
     assert (evaluate(interpolate(mixed, mixed_y), mixed) == mixed_y).all()
+
+
+def test_float_reduction_mod_p_is_exact():
+    """_reduce (mod P in float64 by the floor of a correctly rounded division) equals int64 %
+    on random integers below 2^53 and right at, below and above multiples of P."""
+    from verify.gf import _reduce
+
+    rng = np.random.default_rng(3)
+    multiples = rng.integers(0, 2**53 // PRIME, 20_000) * PRIME
+    values = np.concatenate([rng.integers(0, 2**53, 100_000), multiples, multiples + 1,
+                             np.maximum(multiples - 1, 0), [0, PRIME - 1, PRIME, 2**53 - 1]])
+    assert (_reduce(values.astype(np.float64)).astype(np.int64) == values % PRIME).all()
