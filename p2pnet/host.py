@@ -13,6 +13,14 @@ it ever met, forever) is turned off: whom to dial is p2pnet's decision. It liste
 SO_REUSEPORT and runs on, listening on nothing, when a listen fails; `open_host` probes the
 address first and checks what was bound, so both are a `ConfigError("peer.listen")`. Bulk bytes
 never travel here (see `p2pnet.dataplane`).
+
+Yamux flow control: py-libp2p 0.8.1 by default returns receive credit after every read
+(`PY_YAMUX_RELEASE_ON_READ`), and its gossip reader reads each RPC's length prefix one byte at a
+time, so every gossip RPC received cost the receiver three WINDOW_UPDATE frames (each
+Noise-encrypted, sent, then decrypted and handled by the sender). `open_host` sets that variable
+to "0" unless the environment already sets it: one update per RPC (its first read still credits
+the new data), the rest batched until half the window was read, as go-yamux does (measured: 9
+idle relay peers' CPU 0.24 -> 0.18 CPU-s per second).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ log = logging.getLogger(__name__)
 MSG_PROTOCOL = "/p2pnet/msg/1.0.0"
 GOSSIP_PROTOCOL = "/meshsub/1.0.0"
 _LEN = struct.Struct(">I")
+YAMUX_RELEASE_ON_READ = "PY_YAMUX_RELEASE_ON_READ"  # py-libp2p's switch: "0" batches receive credit
 
 FrameHandler = Callable[[bytes, str], Awaitable[None]]
 RequestHandler = Callable[[bytes, str, "str | None"], Awaitable["bytes | None"]]
@@ -340,6 +349,7 @@ async def open_host(
     from libp2p.tools.anyio_service import background_trio_service
 
     adopt_libp2p_logging()
+    os.environ.setdefault(YAMUX_RELEASE_ON_READ, "0")  # read per call by py-libp2p; see the module docstring
     listen_addr = parse_multiaddr(listen, "peer.listen")
     ip, port = _tcp_listen_target(listen_addr, listen)
     _probe_bind(ip, port, listen)
