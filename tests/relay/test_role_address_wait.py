@@ -1,0 +1,92 @@
+"""A source we heard of (a Holding, a manifest) before its heartbeat reached our peer table: the
+relay role waits for its data address, up to `request_timeout_s`, instead of failing at once
+(which would exclude a good source for `exclude_s`, a minute). Virtual time (MockClock)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import trio
+import trio.testing
+
+from p2pnet.peertable import PeerJoined
+from relay.role import RelayRole
+from tests.relay.test_role_store_faults import FakeNode
+
+SOURCE = "12D3KooWsource"
+ADDRESS = "/ip4/10.0.0.7/tcp/4001"
+
+
+class Table:
+    """The peer table as the role reads it: `get` knows the source once `learn` was called."""
+
+    def __init__(self, base) -> None:
+        self.entries: dict[str, SimpleNamespace] = {}
+        self.penalise = base.penalise
+        self.local = base.local
+
+    def get(self, peer: str):
+        return self.entries.get(peer)
+
+    def learn(self, peer: str, address: str) -> None:
+        self.entries[peer] = SimpleNamespace(data_addr=address)
+
+
+def make_role(tmp_path: Path, **relay) -> tuple[RelayRole, Table]:
+    node = FakeNode(tmp_path / "relay")
+    table = Table(node.peertable)
+    node.peertable = table
+    return RelayRole(node, {"fsync": False, **relay}), table
+
+
+@pytest.fixture
+def clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_the_address_that_arrives_with_a_later_heartbeat_is_used(tmp_path: Path, clock) -> None:
+    role, table = make_role(tmp_path, request_timeout_s=10.0)
+    got: list = []
+
+    async def ask() -> None:
+        got.append((await role._data_addr_soon(SOURCE), trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        await trio.sleep(3.0)
+        assert got == []  # still waiting: nothing known yet
+        table.learn(SOURCE, ADDRESS)
+        role._on_node_event("peertable", PeerJoined(SOURCE))
+    assert got and got[0][0] == ADDRESS
+    assert got[0][1] < 3.0 + 0.01  # woken by the join, not by the next recheck
+
+
+async def test_an_address_learnt_without_a_join_is_found_by_the_recheck(tmp_path: Path, clock) -> None:
+    role, table = make_role(tmp_path, request_timeout_s=10.0)
+    got: list = []
+
+    async def ask() -> None:
+        got.append(await role._data_addr_soon(SOURCE))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask)
+        await trio.sleep(2.2)
+        table.learn(SOURCE, ADDRESS)  # e.g. a peer we knew changed its address
+    assert got == [ADDRESS]
+
+
+async def test_a_source_never_heard_from_fails_after_the_request_timeout(tmp_path: Path, clock) -> None:
+    role, _ = make_role(tmp_path, request_timeout_s=4.0)
+    started = trio.current_time()
+    assert await role._data_addr_soon(SOURCE) is None
+    assert trio.current_time() - started == pytest.approx(4.0, abs=0.6)
+
+
+async def test_a_known_address_is_returned_without_waiting(tmp_path: Path, clock) -> None:
+    role, table = make_role(tmp_path)
+    table.learn(SOURCE, ADDRESS)
+    started = trio.current_time()
+    assert await role._data_addr_soon(SOURCE) == ADDRESS
+    assert trio.current_time() == started
