@@ -58,7 +58,7 @@ FANOUT_LOSS = 0.9
 #: (about fan-out x depth chunk times) and its chunk count rounded to whole chunks set its time,
 #: not its bulk (measured at N = 1,023, equal uploads, 64 chunks: 16 stripes 2.05x the optimum,
 #: 4 stripes 1.22x; 1,000 relays with a tenth of them slow keep 16 stripes of 15 chunks: with 8
-#: the slow relays cost 1.79x instead of 1.27x; see docs/experiments.md section 6)
+#: the slow relays cost 1.76x instead of 1.26x; see docs/experiments.md section 6)
 MIN_CHUNKS_PER_STRIPE = 12
 
 
