@@ -18,7 +18,11 @@ Balancing, from advertised upload capacities u_p (bytes/s):
 3. Shape: children are attached breadth-first to parents in descending capacity, interior
    members first, so the fast members sit near the root and trees stay shallow.
 4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
-   interleaved so every stripe advances through the file at once.
+   interleaved so every stripe advances through the file at once. Stable plans (below) deal
+   chunk i to stripe i mod K, unless integer fan-outs waste a real part of some stripe's
+   capacity (small fan-outs, as with equal uploads): then shares follow each stripe's
+   per-child rate R, dealt so that views differing by a few members agree on almost every
+   chunk (`_stable_chunks`).
 
 With balanced stripes every stripe finishes at about N*S/(U_origin + sum u_p), the lower bound,
 plus a pipelining term (tree depth x one chunk time, since each chunk is forwarded as soon as
@@ -47,6 +51,15 @@ STABLE_MIN_MEMBERS_PER_STRIPE = 32
 #: stripe once (to its root) and the members carry it on: the origin's upload is the scarcest
 #: (every version starts there) and what it would add is under 1/(share) - 1 of the stripe's rate
 MEMBERS_CARRY_SHARE = 0.8
+#: a stable plan weighs its stripes' chunk counts by their per-child rates only when some stripe's
+#: rate is below this share of its capacity / N (see `_stripe_weights`)
+FANOUT_LOSS = 0.9
+#: a stable plan has at least this many chunks per stripe: with fewer, a stripe's pipeline fill
+#: (about fan-out x depth chunk times) and its chunk count rounded to whole chunks set its time,
+#: not its bulk (measured at N = 1,023, equal uploads, 64 chunks: 16 stripes 2.05x the optimum,
+#: 4 stripes 1.22x; 1,000 relays with a tenth of them slow keep 16 stripes of 15 chunks: with 8
+#: the slow relays cost 1.76x instead of 1.26x; see docs/experiments.md section 6)
+MIN_CHUNKS_PER_STRIPE = 12
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,10 +156,11 @@ def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, c
     """The striped trees for sending `chunk_count` chunks from `origin` to every member.
 
     `stable` (from 64 members; fewer stripes than `stripes` below 512, so that each has at
-    least `STABLE_MIN_MEMBERS_PER_STRIPE` members): home stripes by hashed peer id and chunk i
-    in stripe i mod K, so two peers whose memberships differ by a few peers still agree on
-    every chunk's stripe and on every peer's home stripe (dealing by capacity moves most chunks
-    to other stripes when one peer is missing from a view)."""
+    least `STABLE_MIN_MEMBERS_PER_STRIPE` members, and fewer with few chunks, see
+    `MIN_CHUNKS_PER_STRIPE`): home stripes by hashed peer id and chunks dealt by
+    `_stable_chunks`, so two peers whose memberships differ by a few peers agree on every
+    peer's home stripe and on all but a few chunks' stripes (dealing by capacity moves most
+    chunks to other stripes when one peer is missing from a view)."""
     return _plan_cached(origin, float(origin_upload_bps), members, chunk_count, stripes, salt, stable)
 
 
@@ -159,23 +173,28 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
     k = max(1, min(stripes, n, chunk_count)) if n and chunk_count else 1
     stable_now = stable and n >= 2 * STABLE_MIN_MEMBERS_PER_STRIPE and chunk_count > 0
     if stable_now:
-        k = _stable_stripes(n, min(stripes, chunk_count))
+        k = _stable_stripes(n, min(stripes, chunk_count), chunk_count)
         home = {p: int.from_bytes(_tiebreak(salt, p), "big") % k for p in order}
     else:
         home = _deal_home_stripes(order, uploads, k)
     parents: list[dict[str, str]] = []
     fanouts: list[dict[str, int]] = []
     capacities: list[float] = []
+    rates: list[float] = []
     origin_share = max(origin_upload_bps, 1.0) / k
     for s in range(k):
         interior = [p for p in order if home[p] == s]
         capacity = origin_share + sum(uploads[p] for p in interior)
-        fanout = _fanouts(origin, origin_share, interior, uploads, n, capacity, one_copy=stable_now)
+        fanout, rate = _fanouts(origin, origin_share, interior, uploads, n, capacity, one_copy=stable_now)
+        rates.append(rate)
         leaves = [p for p in order if home[p] != s]
         parents.append(_attach(origin, interior + leaves, fanout))
         fanouts.append(fanout)
         capacities.append(capacity)
-    stripe_of_chunk = tuple(i % k for i in range(chunk_count)) if stable_now else _deal_chunks(chunk_count, capacities)
+    if stable_now:
+        stripe_of_chunk = _stable_chunks(chunk_count, _stripe_weights(rates, capacities, n))
+    else:
+        stripe_of_chunk = _deal_chunks(chunk_count, capacities)
     chunks_of_stripe = tuple(tuple(i for i, s in enumerate(stripe_of_chunk) if s == t) for t in range(k))
     return StripePlan(origin, k, home, tuple(parents), tuple(fanouts), stripe_of_chunk, chunks_of_stripe,
                       tuple(capacities))
@@ -199,12 +218,14 @@ def _tree_cached(origin: str, members: Membership, chunk_count: int, fanout: int
                       (float(sum(uploads.values())),))
 
 
-def _stable_stripes(n: int, most: int) -> int:
+def _stable_stripes(n: int, most: int, chunk_count: int) -> int:
     """Stripes of a stable plan: the largest power of two <= `most` that leaves at least
-    `STABLE_MIN_MEMBERS_PER_STRIPE` members per stripe. Powers of two, so views of slightly
-    different sizes agree on it except near 64, 128, 256, ... members."""
+    `STABLE_MIN_MEMBERS_PER_STRIPE` members and `MIN_CHUNKS_PER_STRIPE` chunks per stripe.
+    Powers of two, so views of slightly different sizes agree on it except near 64, 128, 256,
+    ... members."""
     k = 1
-    while 2 * k <= most and n >= 2 * k * STABLE_MIN_MEMBERS_PER_STRIPE:
+    while 2 * k <= most and n >= 2 * k * STABLE_MIN_MEMBERS_PER_STRIPE and \
+            chunk_count >= MIN_CHUNKS_PER_STRIPE * 2 * k:
         k *= 2
     return k
 
@@ -224,8 +245,9 @@ def _deal_home_stripes(order: list[str], uploads: Mapping[str, float], k: int) -
 
 
 def _fanouts(origin: str, origin_share: float, interior: list[str], uploads: Mapping[str, float],
-             n: int, capacity: float, one_copy: bool = False) -> dict[str, int]:
-    """Integer fan-outs with every parent feeding each child at >= R, for the largest such R.
+             n: int, capacity: float, one_copy: bool = False) -> tuple[dict[str, int], float]:
+    """Integer fan-outs with every parent feeding each child at >= R, for the largest such R
+    (returned with them: the stripe takes about its bytes / R).
 
     Rounding a slow parent's fan-out up would make its children slower than the stripe, so we
     search the per-child rate R (at most capacity / n) for which the floors still add up to n
@@ -235,7 +257,7 @@ def _fanouts(origin: str, origin_share: float, interior: list[str], uploads: Map
     the rest of the stripe from the origin, after their stall timeout.)
     """
     if n == 0:
-        return {origin: 0}  # nobody to send to yet (a publisher alone)
+        return {origin: 0}, capacity  # nobody to send to yet (a publisher alone)
     names = [origin] + interior
     caps = [origin_share] + [uploads[p] for p in interior]
 
@@ -259,7 +281,7 @@ def _fanouts(origin: str, origin_share: float, interior: list[str], uploads: Map
             low, high = (mid, high) if slots(mid) >= n else (low, mid)
         rate = low
     counts = [origin_slots(rate)] + [int(c / rate) for c in caps[1:]]
-    return dict(zip(names, counts))
+    return dict(zip(names, counts)), rate
 
 
 def _attach(origin: str, to_place: list[str], fanout: Mapping[str, int]) -> dict[str, str]:
@@ -278,6 +300,49 @@ def _attach(origin: str, to_place: list[str], fanout: Mapping[str, int]) -> dict
             queue.append(peer)
             slots[peer] = fanout[peer]
     return parent
+
+
+def _stripe_weights(rates: list[float], capacities: list[float], n: int) -> list[float]:
+    """How many chunks each stripe of a stable plan should carry, relatively: its per-child rate R
+    (a stripe takes about its bytes / R), but only where integer fan-outs waste a real part of
+    some stripe's capacity (R below `FANOUT_LOSS` x capacity / N: fan-outs of 4 or 5, as with
+    equal uploads), and rounded to a power of 2^(1/8), so that views differing by a few members
+    agree on the weights. With big fan-outs (fast members feeding dozens) every stripe is alike:
+    chunk i in stripe i mod K, as two views always agree on that."""
+    if all(r >= FANOUT_LOSS * c / max(n, 1) for r, c in zip(rates, capacities)):
+        return [1.0] * len(rates)
+    best = max(rates)
+    return [2.0 ** (-math.floor(-8 * math.log2(r / best) + 0.5) / 8) if r > 0 else 1.0 for r in rates]
+
+
+def _stable_chunks(chunk_count: int, weights: list[float]) -> tuple[int, ...]:
+    """Chunk i -> stripe for stable plans: each stripe gets a share of the chunks proportional to
+    its weight (`_stripe_weights`; at N = 1,023 equal uploads and 4 stripes, a stripe with 240
+    interior members needs fan-out 5 where the others have 4), largest remainder, at least one
+    each. Views that differ a little agree on almost every chunk: stripe s owns a contiguous run
+    of positions 0..M-1, and position j holds chunk (j * g) mod M for a step g near M / golden
+    ratio and coprime to M, so each stripe's chunks are spread over the file, and a count that
+    differs between two views' plans moves each later boundary by that much (dealing by
+    weighted round robin would move most chunks). Equal weights: chunk i in stripe i mod K."""
+    k = len(weights)
+    if chunk_count <= k or len(set(weights)) == 1:
+        return tuple(i % k for i in range(chunk_count))  # equal weights: chunk i in stripe i mod K
+    total = sum(weights)
+    quota = [(chunk_count - k) * w / total for w in weights]
+    counts = [1 + int(q) for q in quota]
+    by_remainder = sorted(range(k), key=lambda s: (-(quota[s] - int(quota[s])), s))
+    for s in by_remainder[:chunk_count - sum(counts)]:
+        counts[s] += 1
+    step = max(1, round(chunk_count * 0.381966))
+    while math.gcd(step, chunk_count) != 1:
+        step += 1
+    out = [0] * chunk_count
+    position = 0
+    for s, count in enumerate(counts):
+        for j in range(position, position + count):
+            out[(j * step) % chunk_count] = s
+        position += count
+    return tuple(out)
 
 
 def _deal_chunks(chunk_count: int, capacities: list[float]) -> tuple[int, ...]:

@@ -111,3 +111,47 @@ def test_members_that_cannot_be_dialled_are_never_parents():
         assert set(plan.parent[s]) == set(uploads)  # everyone still gets the stripe
     alone = plan_broadcast("origin", 5e6, Membership.of({"origin": 5e6, "a": 0.0, "b": 0.0}), 8, 4)
     assert all(set(p.values()) == {"origin"} for p in alone.parent)  # nobody dialable: a star from the origin
+
+
+def homogeneous(n: int) -> Membership:
+    return Membership.of({ORIGIN: 1.25e8, **{f"p{i:04d}": 1.25e8 for i in range(n)}})
+
+
+def test_stable_plans_use_fewer_stripes_when_chunks_per_stripe_would_be_few():
+    m = homogeneous(1023)  # members alone would allow 16 stripes
+    assert [plan_broadcast(ORIGIN, 1.25e8, m, c, 16, stable=True).stripes for c in (23, 64, 191, 192)] == \
+        [1, 4, 8, 16]  # at least 12 chunks per stripe
+    assert plan_broadcast(ORIGIN, 1.25e9, members(1000), 239, 16, stable=True).stripes == 16  # 15 chunks each
+
+
+def test_stable_stripes_whose_fan_outs_waste_capacity_get_fewer_chunks():
+    plan = plan_broadcast(ORIGIN, 1.25e8, homogeneous(1023), 64, 4, stable=True)
+    assert sorted(i for chunks in plan.chunks_of_stripe for i in chunks) == list(range(64))
+    widest = []
+    for s in range(plan.stripes):
+        counts: dict[str, int] = {}
+        for parent in plan.parent[s].values():
+            if parent != ORIGIN:
+                counts[parent] = counts.get(parent, 0) + 1
+        widest.append(max(counts.values()))
+    # hashed home stripes: some have too few members for fan-out 4 and need 5 (each chunk then
+    # takes 5 chunk times per hop there, not 4); they get fewer chunks
+    assert sorted(set(widest)) == [4, 5]
+    assert max(len(plan.chunks_of_stripe[s]) for s in range(4) if widest[s] == 5) < \
+        min(len(plan.chunks_of_stripe[s]) for s in range(4) if widest[s] == 4)
+    # fast members feeding dozens waste almost nothing: every stripe alike, chunk i in stripe i mod K
+    mixed = plan_broadcast(ORIGIN, 1.25e9, members(1000, seed=2), 239, 16, stable=True)
+    assert mixed.stripe_of_chunk == tuple(i % mixed.stripes for i in range(239))
+
+
+def test_stable_chunk_stripes_barely_move_when_one_member_is_missing_from_a_view():
+    full = homogeneous(1023)
+    a = plan_broadcast(ORIGIN, 1.25e8, full, 64, 16, stable=True)
+    assert len({len(c) for c in a.chunks_of_stripe}) > 1  # weighted: not chunk i in stripe i mod K
+    assert sorted(a.stripe_of_chunk[:16]) != sorted(a.stripe_of_chunk[16:32])  # nor in runs
+    for gone in ("p0123", "p0500", "p0999"):
+        missing = Membership.of({p: u for p, u in full.uploads.items() if p != gone})
+        b = plan_broadcast(ORIGIN, 1.25e8, missing, 64, 16, stable=True)
+        assert a.stripes == b.stripes and dict(a.home) == {**b.home, gone: a.home[gone]}
+        moved = sum(x != y for x, y in zip(a.stripe_of_chunk, b.stripe_of_chunk))
+        assert moved <= 4  # a few of 64: a stripe boundary moves by the change in the counts before it

@@ -181,6 +181,18 @@ def test_one_peer_cannot_hold_every_upload_slot_and_peers_take_turns():
     assert core.done(3, "o1") == [Serve("o3", 3.0)]
 
 
+def test_a_peer_that_forwards_gets_one_urgent_chunk_at_a_time_but_others_still_get_several():
+    core = ServingCore(ServingConfig(slots=8))  # 4 per peer, 1 of them urgent (the default)
+    assert core.ask(0, "u1", "child", 1, 0, True, True) == [Serve("u1")]
+    assert core.ask(0, "u2", "child", 1, 1, True, True) == []  # its next chunk waits for the first
+    assert core.ask(0, "n1", "leaf", 1, 0, False, True) + core.ask(0, "n2", "leaf", 1, 1, False, True) == \
+        [Serve("n1"), Serve("n2")]
+    assert core.done(1, "u1") == [Serve("u2", 1.0)]  # at full rate, then the next one
+    wide = ServingCore(ServingConfig(slots=8, urgent_per_peer=2))
+    assert wide.ask(0, "u1", "child", 1, 0, True, True) + wide.ask(0, "u2", "child", 1, 1, True, True) == \
+        [Serve("u1"), Serve("u2")]
+
+
 def test_a_request_for_a_chunk_not_held_waits_for_it_then_is_refused_at_the_wait_limit():
     core = ServingCore(ServingConfig(slots=2, wait_limit_s=10.0))
     assert core.ask(0.0, "early", "a", 1, 5, False, held=False) == []

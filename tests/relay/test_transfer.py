@@ -303,13 +303,14 @@ def test_the_children_of_a_failed_stripe_root_borrow_a_sibling_not_the_origin():
     root that failed or delivered too little fell back to the origin, which then served that
     stripe to each of them."""
     uploads = {PUBLISHER.peer_id: 1e9, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(70)}}
+    signed = fake_manifest(PUBLISHER, 24 * 2**20, 2**20)  # 2 stripes of 12 chunks at 70 members
     checked = 0
     for me in sorted(uploads):
         if me == PUBLISHER.peer_id:
             continue
         c = TransferCore(FAST, me, open_frame=opener, self_upload_bps=uploads[me])
         c.set_members(0.0, uploads)
-        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
         plan = c._versions[1].plan
         stripe = next((s for s in range(plan.stripes) if len(plan.ancestors(s, me)) == 2), None)
         if stripe is None:
