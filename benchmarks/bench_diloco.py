@@ -328,6 +328,13 @@ def report(results: dict[str, Any]) -> None:
               f"highest after round 10 {max(r['loss'] for r in rows[10:]) if len(rows) > 10 else float('nan'):.4f}; "
               f"contributors per round {[len(r['contributors']) for r in rows]}")
         print("faults: loss per round " + " ".join(f"{r['loss']:.3f}" for r in rows))
+        for event in faults.get("events", []):
+            if event["event"] == "state_taken":
+                print(f"faults: {event['peer']} took the global state of round {event['round']} from "
+                      f"{event['from']} via {event['via']}")
+            elif event["event"] == "outer_state_published":
+                print(f"faults: {event['peer']} published version(s) {event['versions']} with the outer state, "
+                      f"{event['bytes']} bytes more for every relay than a version without it")
         print(f"all-reduce time: median {statistics.median(times):.3f} s, lower bound 2(N-1)/N x S/U = "
               f"{results['round_bound_s'] * 1e3:.2f} ms (ratio {statistics.median(times) / results['round_bound_s']:.0f}x); "
               f"the all-reduce's own CPU work per peer per round {results['cpu_per_round_s'] * 1e3:.1f} ms "

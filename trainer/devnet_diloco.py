@@ -9,8 +9,12 @@ the most bytes any one trainer sent, round time, who contributed) and, with `--j
 `rounds: [{round, loss, bytes_sent, contributors, round_s}]`.
 
 For experiments (`benchmarks/bench_diloco.py`): `kill_at_round` SIGKILLs the last trainer when
-the group reaches that round, and `join_at_round` starts one more trainer then, which fetches the
-global state from a live trainer and takes part in the following rounds.
+the group reaches that round, and `join_at_round` starts one more trainer then, with the relay
+role trusting trainer0: it takes the global state through the relay (trainer0 puts the outer
+momentum into its next version for it; `trainer.diloco_join`), or directly from a live trainer
+when that fails, and takes part in the following rounds. The events then say how each state
+was taken (`state_taken`, with `via`) and which versions carried the outer state, of how many
+bytes (`outer_state_published`).
 
 With `lab` (root; `p2pnet devnet --lab --trainers N --link-mbit M`) every peer runs on a lab
 host of its own (`p2pnet.lab`) whose link is limited to `link_mbit` (or per host by the
@@ -170,8 +174,8 @@ def _peer_args(lab: Any, name: str) -> tuple[list[str], list[str]]:
 
 
 def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoDevnetConfig, model_dir: Path,
-           publisher: str, *, min_peers: int, lab: Any = None) -> None:
-    roles = ("relay", "diloco") if name == "trainer0" else ("diloco",)
+           publisher: str, *, min_peers: int, lab: Any = None, joiner: bool = False) -> None:
+    roles = ("relay", "diloco") if name == "trainer0" or joiner else ("diloco",)
     sections: dict[str, Any] = {
         "peer": {"display_name": name},
         "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
@@ -181,7 +185,7 @@ def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoD
                    "publish": name == "trainer0", "outer_lr": config.outer_lr,
                    "outer_momentum": config.outer_momentum},
     }
-    if name == "trainer0":
+    if name == "trainer0" or joiner:  # a joiner takes the global state through its relay role
         sections["relay"] = {"trusted_publishers": [publisher], "chunk_bytes": 256 * 1024, "fsync": False,
                              "announce_interval_s": 1.0}
     data_dir = root / name
@@ -243,16 +247,33 @@ def _follow(procs: dict[str, PeerProcess], config: DilocoDevnetConfig, root: Pat
         if config.join_at_round is not None and f"trainer{config.trainers}" not in procs \
                 and group_round >= config.join_at_round:
             joiner = f"trainer{config.trainers}"
-            _start(procs, root, joiner, config, model_dir, publisher, min_peers=2, lab=lab)
+            _start(procs, root, joiner, config, model_dir, publisher, min_peers=2, lab=lab, joiner=True)
             procs[joiner].wait_ready(max(60.0, config.step_timeout_s))
             events.append({"event": "joined", "peer": joiner, "round": group_round})
             print(f"devnet: started {joiner} at round {group_round}", flush=True)
         if statuses and all(s["done"] for s in statuses.values()):
+            for event in state_events(statuses, names):
+                events.append(event)
+                print(f"devnet: {event}", flush=True)
             return rows
         if time.monotonic() - round_started > config.step_timeout_s:
             raise PeerUnavailable(f"round {shown + 1} of {config.rounds} took longer than {config.step_timeout_s:.0f} s "
                                   "(--step-timeout-s; a busy machine may need more)")
         time.sleep(0.5)
+
+
+def state_events(statuses: dict[str, dict[str, Any]], names: dict[str, str]) -> list[dict[str, Any]]:
+    """How each trainer took a global state (through the relay or directly), and which published
+    versions carried the outer state for it, of how many bytes."""
+    events: list[dict[str, Any]] = []
+    for name, status in sorted(statuses.items()):
+        for taken in status.get("fetched", []):
+            events.append({"event": "state_taken", "peer": name, "via": taken.get("via", "direct"),
+                           "round": taken["round"], "from": names.get(taken["from"], taken["from"])})
+        if status.get("with_outer_state"):
+            events.append({"event": "outer_state_published", "peer": name, "versions": status["with_outer_state"],
+                           "bytes": status["outer_state_bytes"]})
+    return events
 
 
 def merge_rounds(statuses: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

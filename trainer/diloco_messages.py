@@ -110,9 +110,42 @@ class StatePiece:
             raise ValueError("state piece bytes do not match its length")
 
 
+@dataclass(frozen=True)
+class StateWanted:
+    """A trainer peer that runs the relay role asks the publishing trainer to put the outer
+    optimizer state into its next published version (`trainer.diloco_join`). `have_round`: the
+    round of the asker's global state; `behind_only`: only if the publisher is at a later round
+    (a peer that starts, not knowing whether it is behind)."""
+
+    have_round: int
+    behind_only: bool
+
+    def __post_init__(self) -> None:
+        if self.have_round < 0:
+            raise ValueError("have_round must be >= 0")
+
+
+@dataclass(frozen=True)
+class StateOffer:
+    """The publisher's answer to StateWanted: it is at `round`; `version` (its next, `round` + 1)
+    is the version that will carry the outer state, -1 when none will
+    (it does not publish, finished its rounds, or the asker is not behind and asked only then);
+    `round_s` is its last round's duration (the asker's wait scales with it)."""
+
+    round: int
+    version: int
+    round_s: float
+
+    def __post_init__(self) -> None:
+        if self.round < 0 or self.version < -1 or not 0 <= self.round_s < 1e7:
+            raise ValueError("an offer needs round >= 0, version >= -1 and a round time in [0, 1e7) s")
+
+
 message("diloco/join", max_bytes=256 * 64 + 1024)(Join)
 message("diloco/members", max_bytes=256 * 64 + 1024)(Members)
 message("diloco/part", max_bytes=MAX_PART_BYTES + 64 * 1024)(Part)
 message("diloco/state_request", max_bytes=512)(StateRequest)
+message("diloco/state_wanted", max_bytes=512)(StateWanted)
+message("diloco/state_offer", max_bytes=512)(StateOffer)
 STATE_PIECE_VALUES = PIECE_VALUES // 4  # weights + momentum: 2 x 256 KiB per piece
 message("diloco/state_piece", max_bytes=2 * 4 * STATE_PIECE_VALUES + 4096)(StatePiece)

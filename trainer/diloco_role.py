@@ -9,13 +9,21 @@ weights as version `round` and publish them through the relay role, as the GRPO 
 so inference workers fetch them as before.
 
 Joining and drifting. A peer that starts (fresh, restarted, or resumed from its own durable
-state) asks a live trainer peer for its global state with a direct `StateRequest` on the data
-channel and takes it when it is newer than its own. The state is fetched directly, not as a
-relay version, because the outer momentum is trainer-private (the relay carries what inference
-workers need, signed by one publisher) and any live trainer can answer, also when the publisher
-is the peer that died. A peer that learns during a join that the others are at a later round,
-or whose weights digest is not the round's reference, fetches the state the same way and sits
-that round out.
+state), or learns during a join that the others are at a later round or that its weights
+digest is not the round's reference, sits the round out and takes a later global state:
+
+- through the relay (`join_via = "relay"`, the default, on a peer that runs the relay role and
+  trusts the publisher): it asks the publishing trainer with `StateWanted`; the publisher puts
+  the outer momentum into its next version (`trainer.diloco_join`, which says what that costs
+  inference workers), our relay role fetches that version as any other, and we load weights and
+  momentum from its verified files and join the round after it. The publisher waits for our
+  Join from that round on.
+- directly (`join_via = "direct"`, or as the fallback, logged, when the relay path gives
+  nothing: no relay role, no live trusted publisher, one that does not publish, or no version by
+  a deadline that scales with the round time): a `StateRequest` on the data channel to a live
+  trainer peer, which any live trainer can answer, also when the publisher is the peer that died.
+
+`status()` says which path gave the last state taken (`state_via`) and how often each did.
 
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
@@ -44,8 +52,8 @@ from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, leader_of
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state, write_state
-from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Join, Members, Part, StatePiece,
-                                     StateRequest)
+from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Join, Members, Part, StateOffer,
+                                     StatePiece, StateRequest, StateWanted)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,7 @@ class DilocoConfig:
     publish: bool = False  # publish each round's global weights through this peer's relay role
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
+    join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -80,6 +89,8 @@ class DilocoConfig:
             problems["rounds"] = "rounds, inner_steps, batch_size and min_peers must be >= 1"
         if self.encoding not in ("int8", "fp32"):
             problems["encoding"] = "must be int8 or fp32"
+        if self.join_via not in ("relay", "direct"):
+            problems["join_via"] = "must be relay or direct"
         if not self.deadline_s > 0:
             problems["deadline_s"] = "must be > 0"
         try:
@@ -165,11 +176,9 @@ class DilocoRole:
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
         self.config = from_mapping(DilocoConfig, section, "diloco")
-        self.relay = None
-        if self.config.publish:
-            self.relay = node.roles.get("relay")
-            if self.relay is None:
-                raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
+        self.relay = node.roles.get("relay")  # built before us; publishes, and brings a joiner the state
+        if self.config.publish and self.relay is None:
+            raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
         self.inbox_send, self.inbox = trio.open_memory_channel[tuple[str, str, Any]](INBOX)
         self.reduce_config = AllReduceConfig(Encoding(self.config.encoding), self.config.block,
                                              self.config.deadline_s, self.config.max_norm_ratio)
@@ -186,6 +195,12 @@ class DilocoRole:
         self.done = False
         self.published: list[int] = []
         self.publishing = trio.Lock()
+        self.outer_state_versions: set[int] = set()  # versions to publish with the outer state (someone asked)
+        self.state_askers: dict[str, int] = {}  # peer -> the version offered to it
+        self.with_outer_state: list[int] = []  # versions published with the outer state
+        self.outer_state_bytes = 0  # the size of the last outer state file published
+        self.state_via = ""  # how we took the global state last: relay or direct
+        self.state_via_counts = {"relay": 0, "direct": 0}
         self.phase = "starting"  # inner, join, reduce, done (what tests and the devnet watch)
 
     # -- the loop -------------------------------------------------------------------------
@@ -195,7 +210,7 @@ class DilocoRole:
         await trio.to_thread.run_sync(self._load)
         assert self.state is not None and self.inner is not None
         async with trio.open_nursery() as background:
-            if self.relay is not None:
+            if self.config.publish:
                 background.start_soon(self._publish, self.state)
             task_status.started()
             await self._wait_for_peers()
@@ -265,8 +280,12 @@ class DilocoRole:
             "bytes_sent": links.bytes_sent, "contributors": contributors, "members": list(members),
             "allreduce_s": round(trio.current_time() - reducing, 4), "round_s": round(trio.current_time() - started, 4),
         })
+        for peer, version in list(self.state_askers.items()):
+            if new_state.round >= version:  # its state is in this version: wait for its Join from now on
+                self.heard.add(peer)
+                del self.state_askers[peer]
         background.start_soon(self._checkpoint, new_state)
-        if self.relay is not None:
+        if self.config.publish:
             background.start_soon(self._publish, new_state)
 
     async def _decide(self, round: int, weights_digest: bytes, links: _Links,
@@ -418,12 +437,32 @@ class DilocoRole:
             if isinstance(envelope.body, StateRequest):
                 self.heard.add(peer)
                 await self._send_state(stream)
+            elif isinstance(envelope.body, StateWanted):
+                offer = self._offer(peer, envelope.body)
+                await send_frame(stream, self.node.codec.encode(offer, time.time()))
             elif isinstance(envelope.body, (Join, Members, Part)):
                 if isinstance(envelope.body, Join) and self.state is not None and envelope.body.round < self.state.round:
                     await self._tell_ahead(peer)
                 await self.inbox_send.send(("msg", peer, envelope.body))
             else:
                 raise MessageRejected("unexpected", f"{envelope.kind} on the diloco channel")
+
+    def _offer(self, peer: str, wanted: StateWanted) -> StateOffer:
+        """Our answer to a peer that wants the outer state in a version: the next version we
+        write after this round carries it, unless we do not publish, have no round left, or the
+        peer is not behind and asked only then."""
+        state = self.state
+        round = state.round if state is not None else 0
+        round_s = float(self.history[-1]["round_s"]) if self.history else self.config.deadline_s
+        if (not self.config.publish or state is None or round >= self.config.rounds
+                or (wanted.behind_only and wanted.have_round >= round)):
+            return StateOffer(round, -1, round_s)
+        version = round + 1
+        self.outer_state_versions.add(version)
+        self.state_askers[peer] = version
+        log.info("diloco: %s (at round %d) wants the outer state: version %d carries it",
+                 peer, wanted.have_round, version)
+        return StateOffer(round, version, round_s)
 
     async def _tell_ahead(self, peer: str) -> None:
         """A peer joins an older round: our Join of the round we are in tells it it is behind."""
@@ -471,6 +510,62 @@ class DilocoRole:
         return GlobalState(round, weights, momentum)
 
     async def _catch_up(self, hint: str | None) -> None:
+        """Take the global state of a later round when others are ahead (or, hint given, when we
+        were told we drifted): through the relay when we can (`trainer.diloco_join`), else, or
+        when that fails, directly from a live trainer peer."""
+        if self.config.join_via == "relay":
+            if await self._catch_up_via_relay(hint):
+                return
+        await self._catch_up_directly(hint)
+
+    def _publishers(self) -> list[str]:
+        """Live trainer peers whose versions our relay role believes (the publisher, in a group)."""
+        if self.relay is None:
+            return []
+        live = self._known_trainers() - self.suspects
+        return [p for p in self.relay.config.trusted_publishers if p in live]
+
+    async def _catch_up_via_relay(self, hint: str | None) -> bool:
+        """True when we are done: the state came through the relay, or the publisher says we are
+        not behind (at start). False: the direct path is to be taken (logged why)."""
+        from trainer.diloco_join import state_via_relay
+
+        assert self.state is not None
+        if self.relay is None:
+            return False  # without a relay role there is no store to take a version into
+        publishers = self._publishers()
+        others = set(self.relay.config.trusted_publishers) - {self.node.peer_id}
+        if not publishers and hint is None and others:  # just started: a live publisher's heartbeat comes soon
+            with trio.move_on_after(min(self.config.deadline_s, 10 * self.node.peertable.config.heartbeat_interval_s)):
+                while not publishers:
+                    await trio.sleep(0.2)
+                    publishers = self._publishers()
+        if not publishers:
+            if others:
+                log.info("diloco: no trusted publisher among the live trainer peers; fetching the state directly")
+            return False
+        for publisher in publishers:
+            try:
+                fetched = await state_via_relay(self, publisher, self.state.round, behind_only=hint is None)
+            except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+                log.warning("diloco: the state through the relay from %s failed (%s); falling back to the direct fetch",
+                            publisher, exc or type(exc).__name__)
+                continue
+            if fetched is None:
+                return True  # the publisher is not ahead of us
+            self._took(fetched, publisher, "relay")
+            return True
+        return False
+
+    def _took(self, state: GlobalState, source: str, via: str) -> None:
+        had = self.state.round if self.state is not None else -1
+        self._adopt(state)
+        self.state_via = via
+        self.state_via_counts[via] += 1
+        self.fetched.append({"from": source, "round": state.round, "at_round": state.round, "had_round": had, "via": via})
+        log.info("diloco: took the global state of round %d from %s (%s)", state.round, source, via)
+
+    async def _catch_up_directly(self, hint: str | None) -> None:
         """Take the newest global state a live trainer peer has (hint first), if newer than ours;
         also when we are told we drifted (hint given), take the hinted peer's at its round."""
         peers = ([hint] if hint else []) + sorted(self._known_trainers() - {hint} - self.suspects)
@@ -482,9 +577,7 @@ class DilocoRole:
                 continue
             assert self.state is not None
             if fetched.round > self.state.round or (hint is not None and fetched.round == self.state.round):
-                self._adopt(fetched)
-                self.fetched.append({"from": peer, "round": fetched.round, "at_round": self.state.round})
-                log.info("diloco: took the global state of round %d from %s", fetched.round, peer)
+                self._took(fetched, peer, "direct")
             return
         if hint is not None:
             await trio.sleep(self.config.deadline_s / 10)  # nobody answered: join again later
@@ -497,6 +590,7 @@ class DilocoRole:
     async def _publish(self, state: GlobalState) -> None:
         from models.folder import save_model_dir
         from trainer.checkpoint import published_files, version_dir
+        from trainer.diloco_join import OUTER_STATE_FILE, write_outer_state
 
         relay = self.relay
         assert relay is not None and self.inner is not None
@@ -507,7 +601,15 @@ class DilocoRole:
             if not folder.exists():
                 model, tokenizer = self.inner.model, self.inner.tokenizer
                 await trio.to_thread.run_sync(lambda: save_model_dir(_shell_with(model, state.weights), tokenizer, folder))
-            await relay.publish(published_files(folder), model=self.config.model_name, version=state.round,
+            files = published_files(folder)
+            if state.round in self.outer_state_versions:  # a joiner asked: the momentum rides along
+                path = folder / OUTER_STATE_FILE
+                if not path.is_file():
+                    await trio.to_thread.run_sync(write_outer_state, folder, state)
+                files.append(path)
+                self.with_outer_state.append(state.round)
+                self.outer_state_bytes = path.stat().st_size
+            await relay.publish(files, model=self.config.model_name, version=state.round,
                                 previous_version=state.round - 1)
             self.published.append(state.round)
 
@@ -518,7 +620,9 @@ class DilocoRole:
                 "history": self.history[-200:], "fetched": self.fetched, "rejected": dict(self.rejected),
                 "suspects": sorted(self.suspects), "published": self.published[-20:],
                 "encoding": self.config.encoding, "inner_steps": self.config.inner_steps,
-                "values": state.weights.numel() if state else 0}
+                "values": state.weights.numel() if state else 0, "state_via": self.state_via,
+                "state_via_counts": dict(self.state_via_counts), "with_outer_state": self.with_outer_state[-20:],
+                "outer_state_bytes": self.outer_state_bytes}
 
 
 def _shell_with(model: Any, weights: torch.Tensor) -> Any:

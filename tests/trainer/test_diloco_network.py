@@ -1,12 +1,15 @@
 """DiLoCo over the real peer network: libp2p hosts (gossip heartbeats, peer tables) and the
 authenticated TCP data plane, several trainer peers in one trio run, one of them dying in the
-middle of a round (after it joined, before it contributed) and a new one joining later."""
+middle of a round (after it joined, before it contributed) and a new one joining later; a
+joiner that runs the relay role taking the global state through the relay, and falling back
+to the direct fetch when the publisher is gone."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from p2pnet.node import PeerConfig, run_node
@@ -22,8 +25,9 @@ def _section(root: Path, model_dir: Path, name: str, *, min_peers: int, deadline
 
 
 async def _start(nursery: trio.Nursery, root: Path, name: str, sections: dict[str, Any],
-                 bootstrap: tuple[str, ...] = (), scope: trio.CancelScope | None = None) -> Any:
-    config = PeerConfig(data_dir=root / name, bootstrap=bootstrap, roles=("diloco",), display_name=name)
+                 bootstrap: tuple[str, ...] = (), scope: trio.CancelScope | None = None,
+                 roles: tuple[str, ...] = ("diloco",)) -> Any:
+    config = PeerConfig(data_dir=root / name, bootstrap=bootstrap, roles=roles, display_name=name)
 
     async def run(task_status: trio.TaskStatus[Any]) -> None:
         with scope or trio.CancelScope():
@@ -150,4 +154,125 @@ async def test_a_leader_that_dies_before_deciding_is_replaced(tmp_path, model_di
     for r in survivors:
         assert [row["round"] for row in r.history] == list(range(rounds))
         assert all(nodes[leader].peer_id not in row["members"] for row in r.history[1:])
+    nursery.cancel_scope.cancel()
+
+
+def _relay(publisher: str | None = None) -> dict[str, Any]:
+    """A relay section trusting `publisher` (None: only ourselves), keeping every version of a run."""
+    return {"trusted_publishers": [publisher] if publisher else [], "chunk_bytes": 64 * 1024, "fsync": False,
+            "announce_interval_s": 0.3, "keep_versions": 20}
+
+
+async def _publisher_and_one(nursery, root: Path, model_dir: Path, rounds: int, scope: trio.CancelScope | None = None,
+                             publish: bool = True, deadline_s: float = 20.0):
+    """p0 (relay + diloco, publishes each round unless not `publish`) and p1 (diloco), both at min_peers 2."""
+    sections = {name: _section(root, model_dir, name, min_peers=2, deadline_s=deadline_s) for name in ("p0", "p1")}
+    for section in sections.values():
+        section["diloco"]["rounds"] = rounds
+    sections["p0"]["diloco"]["publish"] = publish
+    sections["p0"]["relay"] = _relay()
+    publisher = await _start(nursery, root, "p0", sections["p0"], scope=scope, roles=("relay", "diloco"))
+    other = await _start(nursery, root, "p1", sections["p1"], (publisher.host.addrs()[0],))
+    return publisher, other
+
+
+def _hold(role: Any, at_round: int, gate: trio.Event) -> trio.Event:
+    """Hold `role` before the inner steps of round `at_round` until `gate` is set (so a joiner
+    started meanwhile has rounds left to take part in, however slowly it starts); the event
+    returned is set once it is held there."""
+    original, reached = role._round, trio.Event()
+
+    async def held(background: trio.Nursery) -> None:
+        if role.state.round == at_round and not gate.is_set():
+            reached.set()
+            await gate.wait()
+        return await original(background)
+
+    role._round = held
+    return reached
+
+
+async def _joiner(nursery, root: Path, model_dir: Path, publisher: str, rounds: int, boot: str,
+                  deadline_s: float = 20.0) -> Any:
+    """j: relay (trusting `publisher`) + diloco, booting from `boot`."""
+    section = _section(root, model_dir, "j", min_peers=2, deadline_s=deadline_s)
+    section["diloco"]["rounds"] = rounds
+    section["relay"] = _relay(publisher)
+    return await _start(nursery, root, "j", section, (boot,), roles=("relay", "diloco"))
+
+
+async def test_a_joiner_with_the_relay_role_takes_the_global_state_through_the_relay(tmp_path, model_dir, nursery):
+    from models.weights import load_version
+    from trainer.diloco import digest, flatten
+    from trainer.diloco_join import read_outer_state, state_file_of
+
+    rounds = 6
+    publisher, other = await _publisher_and_one(nursery, tmp_path, model_dir, rounds)
+    roles = [publisher.roles["diloco"], other.roles["diloco"]]
+    gate = trio.Event()
+    held = [_hold(role, 3, gate) for role in roles]
+    for reached in held:
+        with trio.fail_after(300):
+            await reached.wait()
+    joiner = await _joiner(nursery, tmp_path, model_dir, publisher.peer_id, rounds, other.host.addrs()[0])
+    await _until(lambda: publisher.roles["diloco"].state_askers, "the joiner asking for the outer state")
+    gate.set()
+    joiner_role = joiner.roles["diloco"]
+    roles.append(joiner_role)
+    await _until(lambda: all(r.done for r in roles), "every peer done")
+
+    status = joiner_role.status()
+    assert status["state_via"] == "relay" and status["state_via_counts"]["direct"] == 0
+    taken = joiner_role.fetched[0]
+    assert taken["via"] == "relay" and taken["from"] == publisher.peer_id and taken["round"] == 4
+    version = taken["round"]
+    # the publisher put the outer state in the version it offered, and in no other
+    assert publisher.roles["diloco"].with_outer_state == [version]
+    # the joiner's own relay store holds that version with the state file, signed by the publisher
+    store = joiner.roles["relay"].store
+    path = state_file_of(store, version)
+    assert path is not None and store.manifest(version).publisher == publisher.peer_id
+    # a worker loading that version ignores the file and gets the round's global weights
+    model, _ = load_version(model_dir, store, version)
+    assert digest(flatten(model.state_dict())) == read_outer_state(path)[1]
+    # what it added for every relay: the outer state file alone
+    later = next(v for v in store.complete_versions() if v > version)
+    sizes = {v: store.manifest(v).manifest.total_bytes for v in (version, later)}
+    assert sizes[version] - sizes[later] == path.stat().st_size == publisher.roles["diloco"].outer_state_bytes
+    # the joiner contributed to a later round, and every peer ends on the same weights
+    rows = {row["round"]: row for row in roles[0].history}
+    assert any(joiner.peer_id in rows[r]["contributors"] for r in rows if r >= version)
+    assert len({r.status()["weights_digest"] for r in roles}) == 1 and all(r.state.round == rounds for r in roles)
+    nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("publisher_fate", ["dead", "not_publishing"])
+async def test_a_joiner_falls_back_to_the_direct_fetch_without_a_publisher(tmp_path, model_dir, nursery, publisher_fate):
+    """The trusted peer is gone, or lives but publishes nothing (it answers StateWanted with no
+    version): either way the joiner fetches the state directly and takes part."""
+    rounds = 6
+    scope = trio.CancelScope()
+    publisher, other = await _publisher_and_one(nursery, tmp_path, model_dir, rounds, scope,
+                                                publish=publisher_fate == "dead", deadline_s=10.0)
+    survivor = other.roles["diloco"]
+    gate = trio.Event()
+    held = [_hold(role, 3, gate) for role in (publisher.roles["diloco"], survivor)]
+    for reached in held:
+        with trio.fail_after(300):
+            await reached.wait()
+    if publisher_fate == "dead":
+        scope.cancel()  # it dies between rounds: p1 goes on alone
+    joiner = await _joiner(nursery, tmp_path, model_dir, publisher.peer_id, rounds, other.host.addrs()[0], 10.0)
+    joiner_role = joiner.roles["diloco"]
+    await _until(lambda: joiner_role.fetched, "the joiner taking a state")
+    gate.set()
+    live = [survivor, joiner_role] + ([publisher.roles["diloco"]] if publisher_fate != "dead" else [])
+    await _until(lambda: all(r.done for r in live), "every live peer done")
+
+    status = joiner_role.status()
+    assert status["state_via"] == "direct" and status["state_via_counts"]["relay"] == 0
+    assert joiner_role.fetched[0]["round"] == 3 and not publisher.roles["diloco"].with_outer_state
+    rows = {row["round"]: row for row in survivor.history}
+    assert any(joiner.peer_id in rows[r]["contributors"] for r in rows if r >= 3)
+    assert len({r.status()["weights_digest"] for r in live}) == 1
     nursery.cancel_scope.cancel()

@@ -1,0 +1,85 @@
+"""The outer state file a DiLoCo joiner takes through the relay: a version that carries it
+loads in a worker as any version does (the file is skipped), and gives a joiner the exact
+global state; a version whose file does not fit is refused, named as the publisher's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.folder import load_model_dir, save_model_dir
+from models.weights import load_version, stream_tensors
+from p2pnet.identity import Identity
+from relay.errors import VersionUnloadable
+from relay.loader import load_state_dict
+from relay.store import ChunkStore
+from trainer.checkpoint import published_files
+from trainer.diloco import digest, flatten
+from trainer.diloco_join import OUTER_STATE_FILE, load_from_version, read_outer_state, state_file_of, write_outer_state
+from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer
+from trainer.diloco_role import _shell_with
+
+NOW = 1_800_000_000.0
+PUBLISHER = Identity.from_seed_text("diloco publisher")
+
+
+def _inner(model_dir) -> InnerTrainer:
+    model, tokenizer = load_model_dir(model_dir, dtype=torch.float32)
+    return InnerTrainer(model, tokenizer, InnerConfig(batch_size=2), 0)
+
+
+def _global_state(inner: InnerTrainer, round: int, seed: int) -> GlobalState:
+    g = torch.Generator().manual_seed(seed)
+    weights = inner.weights() + 0.01 * torch.randn(inner.weights().numel(), generator=g)
+    return GlobalState(round, weights, torch.randn(weights.numel(), generator=g))
+
+
+def _publish(tmp_path, inner: InnerTrainer, state: GlobalState, *, with_state: GlobalState | None) -> ChunkStore:
+    """A store holding `state`'s weights as version `state.round`, with `with_state`'s outer state file."""
+    folder = save_model_dir(_shell_with(inner.model, state.weights), inner.tokenizer, tmp_path / f"v{state.round}")
+    files = published_files(folder)
+    if with_state is not None:
+        files.append(write_outer_state(folder, with_state))
+    store = ChunkStore(tmp_path / "store", budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id], fsync=False)
+    store.publish_files(PUBLISHER, files, model="tiny", version=state.round, chunk_bytes=64 * 1024, now_s=NOW)
+    return store
+
+
+def test_a_worker_loads_a_version_that_carries_the_outer_state_and_skips_the_file(tmp_path, model_dir):
+    inner = _inner(model_dir)
+    state = _global_state(inner, 3, seed=1)
+    store = _publish(tmp_path, inner, state, with_state=state)
+    assert state_file_of(store, 3) is not None
+    # the worker's path (models.weights.load_version -> relay.loader.load_into) ignores the file
+    model, _ = load_version(model_dir, store, 3)
+    assert torch.equal(flatten(model.state_dict()), state.weights)
+    assert "momentum" not in load_state_dict(store, 3)
+    assert "momentum" not in {name for name, _ in stream_tensors(store.version_files(3))}  # the vLLM push
+    # the file itself: exactly the momentum, the round and the weights digest, memory-mapped
+    round, weights_digest, momentum = read_outer_state(state_file_of(store, 3))
+    assert round == 3 and weights_digest == digest(state.weights) and torch.equal(momentum, state.momentum)
+    # what it adds for workers: the momentum in fp32 and a small header
+    extra = state_file_of(store, 3).stat().st_size
+    assert 4 * state.weights.numel() < extra < 4 * state.weights.numel() + 1024
+
+
+def test_a_joiner_takes_the_exact_global_state_from_the_version(tmp_path, model_dir):
+    publisher_inner, joiner_inner = _inner(model_dir), _inner(model_dir)
+    state = _global_state(publisher_inner, 5, seed=2)
+    store = _publish(tmp_path, publisher_inner, state, with_state=state)
+    taken = load_from_version(joiner_inner, store, 5)
+    assert taken.round == 5 and torch.equal(taken.weights, state.weights) and torch.equal(taken.momentum, state.momentum)
+    assert torch.equal(joiner_inner.weights(), state.weights)
+
+
+@pytest.mark.parametrize("fault", ["no_file", "other_round", "other_weights"])
+def test_a_version_whose_outer_state_does_not_fit_is_the_publishers_fault(tmp_path, model_dir, fault):
+    inner = _inner(model_dir)
+    state = _global_state(inner, 4, seed=3)
+    other = {"no_file": None, "other_round": GlobalState(3, state.weights, state.momentum),
+             "other_weights": _global_state(inner, 4, seed=4)}[fault]
+    store = _publish(tmp_path, inner, state, with_state=other)
+    with pytest.raises(VersionUnloadable) as caught:
+        load_from_version(_inner(model_dir), store, 4)
+    assert caught.value.sender == PUBLISHER.peer_id
+    assert (fault == "no_file") == (OUTER_STATE_FILE in str(caught.value))
