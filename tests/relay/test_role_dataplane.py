@@ -37,6 +37,7 @@ class FakeRole:
         return self.address
 
     open_stream = RelayRole.open_stream  # the real one: authenticates, and penalises a wrong address
+    _data_addr_soon = RelayRole._data_addr_soon  # the real one (the address is known: no wait)
 
     def penalise(self, peer, amount, reason) -> None:
         self.told.append(("penalised", peer))
