@@ -107,7 +107,9 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     sub = np.zeros((rows, sub_width), dtype=keys.dtype)
     sub[:, :start] = keys[:, :start]
     sub[row, slot] = keys[row, start + offset]
-    origin = np.zeros((rows, sub_width - start), dtype=np.int64)  # where each later slot came from
+    # where each later slot came from (one column at least: with k <= 96 and nothing later above
+    # the bound there is no later slot, and every pick is in the head)
+    origin = np.zeros((rows, max(sub_width - start, 1)), dtype=np.int64)
     origin[row, slot - start] = start + offset
     picked = _torch_topk(sub, k)
     later_pick = np.take_along_axis(origin, np.maximum(picked - start, 0), axis=1)

@@ -171,3 +171,18 @@ def test_batched_measure_is_measure_per_chunk(hidden_size):
     alone = [measure(hidden[c * 32 : (c + 1) * 32], [proofs[c]])[0] for c in range(32)]
     assert whole == alone
     assert any(s.exp_mismatches or s.mant_err_mean for s in whole)  # the copy was perturbed
+
+
+@pytest.mark.parametrize("topk", [1, 2, 17, 64])
+def test_small_topk_on_long_tied_rows_is_torch_topk_of_abs(topk):
+    """Rows of 65,536 entries (hidden 2,048) with ties, proven with a small topk: the heap replay
+    has no later entry to add (every pick is among the first blocks) and still answers as torch."""
+    hidden = torch.zeros(64, 2048, dtype=torch.bfloat16)
+    hidden[0, 5] = hidden[0, 900] = hidden[20, 1000] = 1.0  # a tie at the top, all in the first rows
+    hidden[32:] = _tie_heavy(2048, 32)[0]
+    idx, _ = _topk(hidden, 0, 2, 32, topk)
+    for c in range(2):
+        flat = hidden[c * 32 : (c + 1) * 32].reshape(-1)
+        expected = flat.abs().topk(topk).indices.numpy()
+        assert sorted(idx[c].tolist()) == sorted(expected.tolist())
+    assert len(build_proofs(hidden[:32], topk=topk)) == 1
