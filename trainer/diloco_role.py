@@ -58,6 +58,9 @@ from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES
 log = logging.getLogger(__name__)
 
 PENALTY = 2.0
+ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this long for its heartbeat
+ASKER_RECHECK_S = 0.25
+ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
 
@@ -197,6 +200,7 @@ class DilocoRole:
         self.publishing = trio.Lock()
         self.outer_state_versions: set[int] = set()  # versions to publish with the outer state (someone asked)
         self.state_askers: dict[str, int] = {}  # peer -> the version offered to it
+        self.granted_at: dict[str, int] = {}  # trainer peer -> our round when we last offered it the state
         self.with_outer_state: list[int] = []  # versions published with the outer state
         self.outer_state_bytes = 0  # the size of the last outer state file published
         self.state_via = ""  # how we took the global state last: relay or direct
@@ -438,6 +442,9 @@ class DilocoRole:
                 self.heard.add(peer)
                 await self._send_state(stream)
             elif isinstance(envelope.body, StateWanted):
+                with trio.move_on_after(ASKER_WAIT_S):  # its heartbeat may be on its way to us
+                    while peer not in self._known_trainers():
+                        await trio.sleep(ASKER_RECHECK_S)
                 offer = self._offer(peer, envelope.body)
                 await send_frame(stream, self.node.codec.encode(offer, time.time()))
             elif isinstance(envelope.body, (Join, Members, Part)):
@@ -457,9 +464,18 @@ class DilocoRole:
         if (not self.config.publish or state is None or round >= self.config.rounds
                 or (wanted.behind_only and wanted.have_round >= round)):
             return StateOffer(round, -1, round_s)
+        if peer not in self._known_trainers():  # only a trainer peer may make every worker fetch more
+            log.warning("diloco: %s wants the outer state but is not a trainer peer we know: refused", peer)
+            return StateOffer(round, -1, round_s)
+        if self.granted_at.get(peer, -ASKER_ROUNDS) > round - ASKER_ROUNDS:
+            # asked a moment ago: it joined, or falls back to the direct fetch; one version per
+            # ASKER_ROUNDS rounds, so no peer can make every version carry the momentum
+            log.info("diloco: %s asked for the outer state again within %d rounds: refused", peer, ASKER_ROUNDS)
+            return StateOffer(round, -1, round_s)
         version = round + 1
         self.outer_state_versions.add(version)
         self.state_askers[peer] = version
+        self.granted_at[peer] = round
         log.info("diloco: %s (at round %d) wants the outer state: version %d carries it",
                  peer, wanted.have_round, version)
         return StateOffer(round, version, round_s)

@@ -4,6 +4,8 @@ global state; a version whose file does not fit is refused, named as the publish
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -17,7 +19,8 @@ from trainer.checkpoint import published_files
 from trainer.diloco import digest, flatten
 from trainer.diloco_join import OUTER_STATE_FILE, load_from_version, read_outer_state, state_file_of, write_outer_state
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer
-from trainer.diloco_role import _shell_with
+from trainer.diloco_messages import StateWanted
+from trainer.diloco_role import ASKER_ROUNDS, DilocoRole, _shell_with
 
 NOW = 1_800_000_000.0
 PUBLISHER = Identity.from_seed_text("diloco publisher")
@@ -83,3 +86,26 @@ def test_a_version_whose_outer_state_does_not_fit_is_the_publishers_fault(tmp_pa
         load_from_version(_inner(model_dir), store, 4)
     assert caught.value.sender == PUBLISHER.peer_id
     assert (fault == "no_file") == (OUTER_STATE_FILE in str(caught.value))
+
+
+def _publisher(round: int, trainers: set[str]) -> SimpleNamespace:
+    """What `DilocoRole._offer` reads of the publishing role."""
+    return SimpleNamespace(state=SimpleNamespace(round=round), history=[{"round_s": 1.5}],
+                           config=SimpleNamespace(publish=True, rounds=100, deadline_s=30.0),
+                           _known_trainers=lambda: trainers, granted_at={}, outer_state_versions=set(),
+                           state_askers={})
+
+
+def test_only_a_known_trainer_gets_the_outer_state_and_at_most_once_in_a_few_rounds():
+    """A peer that is not a trainer we know (an inference worker, a stranger) cannot make a
+    version carry the momentum, which every worker would download; a trainer that asks again
+    right away is refused too (it joined, or takes the direct fetch)."""
+    publisher = _publisher(7, {"trainer4"})
+    assert DilocoRole._offer(publisher, "worker1", StateWanted(0, False)).version == -1
+    assert publisher.outer_state_versions == set()
+    offer = DilocoRole._offer(publisher, "trainer4", StateWanted(0, False))
+    assert (offer.round, offer.version) == (7, 8) and publisher.outer_state_versions == {8}
+    publisher.state.round = 8
+    assert DilocoRole._offer(publisher, "trainer4", StateWanted(0, False)).version == -1
+    publisher.state.round = 7 + ASKER_ROUNDS
+    assert DilocoRole._offer(publisher, "trainer4", StateWanted(0, False)).version == 8 + ASKER_ROUNDS
