@@ -307,12 +307,12 @@ def _stripe_weights(rates: list[float], capacities: list[float], n: int) -> list
     (a stripe takes about its bytes / R), but only where integer fan-outs waste a real part of
     some stripe's capacity (R below `FANOUT_LOSS` x capacity / N: fan-outs of 4 or 5, as with
     equal uploads), and rounded to a power of 2^(1/8), so that views differing by a few members
-    agree on the weights. With big fan-outs (fast members feeding dozens) every stripe is alike:
-    chunk i in stripe i mod K, as two views always agree on that."""
-    if all(r >= FANOUT_LOSS * c / max(n, 1) for r, c in zip(rates, capacities)):
-        return [1.0] * len(rates)
-    best = max(rates)
-    return [2.0 ** (-math.floor(-8 * math.log2(r / best) + 0.5) / 8) if r > 0 else 1.0 for r in rates]
+    agree on the weights. Weight 1 for every stripe that wastes little (with big fan-outs, fast
+    members feeding dozens, that is every stripe): decided stripe by stripe, so a member more or
+    less changes at most the weights of the stripes it touches, not the whole plan's layout."""
+    best = max(rates, default=0.0)
+    return [2.0 ** (-math.floor(-8 * math.log2(r / best) + 0.5) / 8)
+            if 0 < r < FANOUT_LOSS * c / max(n, 1) else 1.0 for r, c in zip(rates, capacities)]
 
 
 def _stable_chunks(chunk_count: int, weights: list[float]) -> tuple[int, ...]:
@@ -323,10 +323,12 @@ def _stable_chunks(chunk_count: int, weights: list[float]) -> tuple[int, ...]:
     of positions 0..M-1, and position j holds chunk (j * g) mod M for a step g near M / golden
     ratio and coprime to M, so each stripe's chunks are spread over the file, and a count that
     differs between two views' plans moves each later boundary by that much (dealing by
-    weighted round robin would move most chunks). Equal weights: chunk i in stripe i mod K."""
+    weighted round robin would move most chunks). Equal weights use the same layout (one layout
+    for every stable plan: a view whose weights differ in one stripe moves a few boundaries,
+    never the whole deal)."""
     k = len(weights)
-    if chunk_count <= k or len(set(weights)) == 1:
-        return tuple(i % k for i in range(chunk_count))  # equal weights: chunk i in stripe i mod K
+    if chunk_count <= k:
+        return tuple(i % k for i in range(chunk_count))
     total = sum(weights)
     quota = [(chunk_count - k) * w / total for w in weights]
     counts = [1 + int(q) for q in quota]
