@@ -445,8 +445,8 @@ class RelayRole:
         heard of it (a Holding, a manifest) before its heartbeat reached our peer table, as a
         peer that just started does. Failing at once would exclude a good source for `exclude_s`."""
         address = self.data_addr(peer)
-        if address is not None:
-            return address
+        if address is not None or self.node.peertable.is_banned(peer, trio.current_time()):
+            return address  # a banned peer is not waited for
         with trio.move_on_after(self.config.request_timeout_s):
             while address is None:
                 with trio.move_on_after(ADDRESS_RECHECK_S):  # an address can also change without a join

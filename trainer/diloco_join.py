@@ -171,18 +171,19 @@ async def state_via_relay(role: DilocoRole, publisher: str, have_round: int, *, 
         while True:
             held = [v for v in relay.watcher.complete_versions() if v >= offer.version]
             with_state = [v for v in held if _has_state(relay.store, v)]
-            # a later version complete before the offered one: the store's garbage collection
-            # drops the older, incomplete one (it keeps the newest complete versions), so stop here
             for version in sorted(with_state, reverse=True):
                 try:
                     return await trio.to_thread.run_sync(load_from_version, role.inner, relay.store, version)
                 except LOAD_FAILURES as exc:
                     log.warning("diloco: version %d does not give the global state: %s", version, exc)
                     role.inner.load(role.state.weights)  # type: ignore[union-attr]
-            if held and not with_state:
-                raise PeerUnavailable(f"version {min(held)} is complete here before version {offer.version} "
-                                      "with the outer state was" if min(held) > offer.version
-                                      else f"version {offer.version} arrived without the outer state")
+            if offer.version in held and offer.version not in with_state:
+                raise PeerUnavailable(f"version {offer.version} arrived without the outer state")
+            if (held and not with_state and offer.version not in relay.store.versions()
+                    and not relay.store.should_fetch(offer.version)):
+                # later versions are complete and the store will not keep (or take) the offered one
+                raise PeerUnavailable(f"version {min(held)} is complete here and version {offer.version} "
+                                      "with the outer state is dropped")
             if with_state:  # every one failed to load: the direct path decides
                 raise PeerUnavailable("no version with the outer state loaded")
             await relay.watcher.wait_change()

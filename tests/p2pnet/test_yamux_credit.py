@@ -54,4 +54,6 @@ async def test_gossip_reads_are_not_each_answered_with_a_window_update(monkeypat
     monkeypatch.setenv(YAMUX_RELEASE_ON_READ, "1")
     per_read = await window_updates_for_messages(monkeypatch, "credit-per-read")
     assert per_read >= 2 * MESSAGES  # py-libp2p's default: length prefix and body reads each credited
-    assert batched <= MESSAGES + MESSAGES // 4  # the first read after new data still credits it
+    # the first read after new data still credits it; gossip's own control RPCs may add a few
+    # on a loaded machine, and crediting every read gives at least 3 per message
+    assert batched < 2 * MESSAGES

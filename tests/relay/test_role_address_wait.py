@@ -24,11 +24,15 @@ class Table:
 
     def __init__(self, base) -> None:
         self.entries: dict[str, SimpleNamespace] = {}
+        self.banned: set[str] = set()
         self.penalise = base.penalise
         self.local = base.local
 
     def get(self, peer: str):
         return self.entries.get(peer)
+
+    def is_banned(self, peer: str, now: float) -> bool:
+        return peer in self.banned
 
     def learn(self, peer: str, address: str) -> None:
         self.entries[peer] = SimpleNamespace(data_addr=address)
@@ -89,4 +93,12 @@ async def test_a_known_address_is_returned_without_waiting(tmp_path: Path, clock
     table.learn(SOURCE, ADDRESS)
     started = trio.current_time()
     assert await role._data_addr_soon(SOURCE) == ADDRESS
+    assert trio.current_time() == started
+
+
+async def test_a_banned_source_is_not_waited_for(tmp_path: Path, clock) -> None:
+    role, table = make_role(tmp_path, request_timeout_s=10.0)
+    table.banned.add(SOURCE)
+    started = trio.current_time()
+    assert await role._data_addr_soon(SOURCE) is None
     assert trio.current_time() == started
