@@ -18,11 +18,11 @@ Balancing, from advertised upload capacities u_p (bytes/s):
 3. Shape: children are attached breadth-first to parents in descending capacity, interior
    members first, so the fast members sit near the root and trees stay shallow.
 4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
-   interleaved so every stripe advances through the file at once. Stable plans (below) deal
-   chunk i to stripe i mod K, unless integer fan-outs waste a real part of some stripe's
-   capacity (small fan-outs, as with equal uploads): then shares follow each stripe's
-   per-child rate R, dealt so that views differing by a few members agree on almost every
-   chunk (`_stable_chunks`).
+   interleaved so every stripe advances through the file at once. Stable plans (below) give
+   every stripe an equal share, except a stripe whose integer fan-outs waste a real part of its
+   capacity (small fan-outs, as with equal uploads): its share follows its per-child rate R.
+   One deal for all of them, so views differing by a few members agree on almost every chunk
+   (`_stable_chunks`).
 
 With balanced stripes every stripe finishes at about N*S/(U_origin + sum u_p), the lower bound,
 plus a pipelining term (tree depth x one chunk time, since each chunk is forwarded as soon as
