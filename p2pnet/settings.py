@@ -276,6 +276,13 @@ def render_reference() -> str:
                        else "not set" if s.default is None else f"`{toml_value(s.default)}`")
             out.append(f"| `{s.name}` | {s.type_name} | {default} | {s.help.replace('|', '/')} |")
         out.append("")
+    out += ["## Environment", "",
+            "| variable | default | meaning |", "| --- | --- | --- |",
+            f"| `{DATA_DIR_ENV}` | not set | the data directory when `--data-dir` is not given |",
+            "| `PY_YAMUX_RELEASE_ON_READ` | `0` (set by the peer unless already set) | py-libp2p's yamux "
+            "receive credit: `0` batches it (one window update per gossip message instead of three; "
+            "idle peers use about 0.74x the CPU), `1` is py-libp2p's own default (see `p2pnet/host.py`) |",
+            ""]
     return "\n".join(out)
 
 
