@@ -265,11 +265,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--faults-only", action="store_true",
+                        help="run only the real-network kill-and-join run (--net-rounds rounds) and report it")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     results: dict[str, Any] = {"peers": args.peers, "rounds": args.rounds, "inner_steps": args.inner_steps,
                                "outer": {"lr": args.outer_lr, "momentum": args.outer_momentum}}
+    if args.faults_only:
+        with tempfile.TemporaryDirectory(prefix="bench-diloco-") as tmp:
+            faults = run_faults(args, Path(tmp))
+        if args.json:
+            args.json.write_text(json.dumps({**results, "faults": faults}, indent=1))
+        report_faults(faults, args.inner_steps)
+        return
     started = time.monotonic()
     results["single"] = run_single(args)
     results["int8"] = run_diloco(args, Encoding.INT8)
@@ -320,25 +329,30 @@ def report(results: dict[str, Any]) -> None:
     print(f"data plane, one connection on loopback: {results['dataplane_bps'] / 1e6:.0f} MB/s")
     faults = results.get("faults")
     if faults:
-        rows = faults["rounds"]
-        times = [r["allreduce_s"] for r in rows]
-        curve = fault_curve(faults, results["inner_steps"])
-        print(f"faults: killed at round {faults['kill_at_round']}, joined at {faults['join_at_round']}; loss "
-              f"{rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} rounds ({curve[-1][0]} inner steps), "
-              f"highest after round 10 {max(r['loss'] for r in rows[10:]) if len(rows) > 10 else float('nan'):.4f}; "
-              f"contributors per round {[len(r['contributors']) for r in rows]}")
-        print("faults: loss per round " + " ".join(f"{r['loss']:.3f}" for r in rows))
-        for event in faults.get("events", []):
-            if event["event"] == "state_taken":
-                print(f"faults: {event['peer']} took the global state of round {event['round']} from "
-                      f"{event['from']} via {event['via']}")
-            elif event["event"] == "outer_state_published":
-                print(f"faults: {event['peer']} published version(s) {event['versions']} with the outer state, "
-                      f"{event['bytes']} bytes more for every relay than a version without it")
+        report_faults(faults, results["inner_steps"])
+        times = [r["allreduce_s"] for r in faults["rounds"]]
         print(f"all-reduce time: median {statistics.median(times):.3f} s, lower bound 2(N-1)/N x S/U = "
               f"{results['round_bound_s'] * 1e3:.2f} ms (ratio {statistics.median(times) / results['round_bound_s']:.0f}x); "
               f"the all-reduce's own CPU work per peer per round {results['cpu_per_round_s'] * 1e3:.1f} ms "
               f"(ratio {statistics.median(times) / results['cpu_per_round_s']:.1f}x)")
+
+
+def report_faults(faults: dict[str, Any], inner_steps: int) -> None:
+    """The kill-and-join run: loss, contributors, and how the joiner got the global state."""
+    rows = faults["rounds"]
+    curve = fault_curve(faults, inner_steps)
+    print(f"faults: killed at round {faults['kill_at_round']}, joined at {faults['join_at_round']}; loss "
+          f"{rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} over {len(rows)} rounds ({curve[-1][0]} inner steps), "
+          f"highest after round 10 {max(r['loss'] for r in rows[10:]) if len(rows) > 10 else float('nan'):.4f}; "
+          f"contributors per round {[len(r['contributors']) for r in rows]}")
+    print("faults: loss per round " + " ".join(f"{r['loss']:.3f}" for r in rows))
+    for event in faults.get("events", []):
+        if event["event"] == "state_taken":
+            print(f"faults: {event['peer']} took the global state of round {event['round']} from "
+                  f"{event['from']} via {event['via']}")
+        elif event["event"] == "outer_state_published":
+            print(f"faults: {event['peer']} published version(s) {event['versions']} with the outer state, "
+                  f"{event['bytes']} bytes more for every relay than a version without it")
 
 
 if __name__ == "__main__":
