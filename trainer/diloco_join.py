@@ -35,7 +35,6 @@ This module must not decide rounds or members (`trainer.diloco_role` does).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,7 @@ import trio
 
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
+from p2pnet.files import atomic_write_bytes
 from relay.errors import VersionUnloadable
 from relay.loader import LOAD_FAILURES
 from trainer.diloco import digest
@@ -65,15 +65,12 @@ FORMAT = "p2pnet-diloco-outer/1"
 
 def write_outer_state(folder: Path, state: GlobalState) -> Path:
     """Write `state`'s momentum, round and weights digest as folder/OUTER_STATE_FILE, durably."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     final = folder / OUTER_STATE_FILE
-    tmp = folder / f".{OUTER_STATE_FILE}.{os.getpid()}.tmp"
-    save_file({"momentum": state.momentum.to(torch.float32).contiguous()}, str(tmp),
-              metadata={"format": FORMAT, "round": str(state.round), "weights_digest": digest(state.weights).hex()})
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    atomic_write_bytes(final, save({"momentum": state.momentum.to(torch.float32).contiguous()},
+                                   metadata={"format": FORMAT, "round": str(state.round),
+                                             "weights_digest": digest(state.weights).hex()}))
     return final
 
 
