@@ -271,10 +271,22 @@ def _cauchy_tables(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
             fact.append(fact[-1] * i % PRIME)
         weights = np.array([pow(fact[u] * fact[n - 1 - u] * (-1) ** (n - 1 - u), PRIME - 2, PRIME)
                             for u in range(n)], dtype=np.int64)
-        log = _log_tables()[1].astype(np.float64)  # P + 256 entries: every window row fits
-        inverse = np.concatenate([_INV, _INV[:_FIXED_MAX + 1]]).astype(np.float64)
+        log, inverse = _float_tables()
         _CAUCHY[n] = (lagrange.astype(np.float64), weights, _windows_of(log, n), _windows_of(inverse, n))
     return _CAUCHY[n]
+
+
+_FLOAT_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
+
+
+def _float_tables() -> tuple[np.ndarray, np.ndarray]:
+    """The log table and the table of inverses as float64, extended so that every window row of
+    ``_cauchy_tables`` fits; built once, shared by the windows of every n."""
+    if not _FLOAT_TABLES:
+        log = _log_tables()[1].astype(np.float64)  # P + 256 entries
+        inverse = np.concatenate([_INV, _INV[:_FIXED_MAX + 1]]).astype(np.float64)
+        _FLOAT_TABLES.append((log, inverse))
+    return _FLOAT_TABLES[0]
 
 
 _LOG_FACTORIALS: list[np.ndarray] = []
