@@ -8,6 +8,11 @@ they are our own, routed by message kind to the cores that handle it; rejected f
 the claimed sender (or the forwarding peer when no sender could be read) in the peer table,
 except stale ones: a skewed clock (ours or theirs) is reported as a WARNING, not scored, or one
 wrong clock would ban every neighbour within seconds.
+
+Waiting for peers: `Node.wait_for_peers(predicate, timeout_s)` (and `peers_changed()`) wake on
+every change of the peer table that could matter to someone waiting for a peer: a join, a
+leave, and a known peer's new addresses, data address, roles or reachability (`PeerNews`, fed
+from the table's events in `carry_out`). No role polls the table.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -38,7 +44,7 @@ from p2pnet.identity import Identity, ensure_data_dir, load_or_create_identity
 from p2pnet.logformat import set_log_context
 from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
-from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
+from p2pnet.peertable import LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
 from p2pnet.reachability import Reachability
 from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
 
@@ -115,6 +121,37 @@ class PeerConfig:
         return problems
 
 
+class PeerNews:
+    """One trio Event per change of the peer table, renewed at each: every waiter wakes, looks at
+    the table again, and the next change finds a fresh Event (nothing stored but the Event)."""
+
+    PEER_TABLE = "peertable"  # the core name whose events count
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.changes = 0
+
+    def on_event(self, origin: str, event: Any) -> None:
+        """Feed one core event; the table's joins, leaves and changed entries wake the waiters."""
+        if origin == self.PEER_TABLE and isinstance(event, (PeerJoined, PeerLeft, PeerChanged)):
+            self.changes += 1
+            self._event.set()
+            self._event = trio.Event()
+
+    async def next(self) -> None:
+        """Return at the next change."""
+        await self._event.wait()
+
+    async def until(self, predicate: Callable[[], bool], timeout_s: float = math.inf) -> bool:
+        """True as soon as `predicate()` holds (checked now and after every change), False when
+        `timeout_s` passed first."""
+        with trio.move_on_after(timeout_s):
+            while not predicate():
+                await self._event.wait()
+            return True
+        return False
+
+
 @dataclass
 class Node:
     """The handle roles and tests get: everything a role needs, nothing of libp2p's insides."""
@@ -141,6 +178,7 @@ class Node:
     metrics_url: str = ""  # http://HOST:PORT of /metrics and /healthz, when metrics_listen is set
     rejections: dict[str, int] = field(default_factory=dict)  # rejected frames by reason (metrics)
     stats: dict[str, int] = field(default_factory=lambda: {"received": 0, "rejected": 0, "sent": 0, "send_failed": 0})
+    peer_news: PeerNews = field(default_factory=PeerNews)
 
     @property
     def peer_id(self) -> str:
@@ -209,8 +247,20 @@ class Node:
         """Call `listener(core_name, event)` for every `Emit` of every core."""
         self._listeners.append(listener)
 
+    async def peers_changed(self) -> None:
+        """Return at the next change of the peer table: a peer joined or left, or a known peer's
+        addresses, data address, roles or reachability changed."""
+        await self.peer_news.next()
+
+    async def wait_for_peers(self, predicate: Callable[[], bool], timeout_s: float = math.inf) -> bool:
+        """Wait until `predicate()` (which reads the peer table, and anything else) holds: True
+        then, False after `timeout_s`. Rechecked at every change of the table, never polled;
+        something else `predicate` reads that changes on its own is seen at the next change only."""
+        return await self.peer_news.until(predicate, timeout_s)
+
     def carry_out(self, origin: str, effect: Effect) -> None:
         if isinstance(effect, Emit):
+            self.peer_news.on_event(origin, effect.event)  # the table changed before it emitted
             for listener in self._listeners:
                 listener(origin, effect.event)
             return

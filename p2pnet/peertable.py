@@ -15,6 +15,10 @@ transfer on a CPU-bound machine would otherwise share with it.
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
 than the last one taken from that peer.
 
+Events (`Emit`): `PeerJoined`, `PeerLeft` (expired or banned), and `PeerChanged` when a known
+peer's heartbeat changes its addresses, data address, roles or reachability. The node wakes
+whoever waits on the table with each (`Node.wait_for_peers`).
+
 `ClockSkew` (pure, owned by the table as `clock_skew`, fed by the node with every rejected frame)
 notices when messages are rejected as stale because of a clock offset, ours most likely, and
 words one warning per interval: a wrong clock otherwise looks like a network with no peers.
@@ -129,6 +133,14 @@ class PeerLeft:
     why: str  # "expired" or "banned"
 
 
+@dataclass(frozen=True)
+class PeerChanged:
+    """A known peer's heartbeat changed how to reach it or what it does (addresses, data
+    address, roles, reachability): no join, yet whoever waits for such a peer must look again."""
+
+    peer_id: str
+
+
 class PeerTable:
     topics = (HEARTBEAT_TOPIC,)
     kinds = (Heartbeat.KIND,)  # type: ignore[attr-defined]
@@ -181,7 +193,10 @@ class PeerTable:
         )
         self._peers[peer] = entry
         if known is not None:
-            return []
+            if (known.addrs, known.data_addr, known.roles, known.reachable) != (
+                    entry.addrs, entry.data_addr, entry.roles, entry.reachable):
+                return [Emit(PeerChanged(peer))]
+            return []  # capacity (free disk) changes with nearly every heartbeat: no news
         effects: list[Effect] = [Emit(PeerJoined(peer))]
         if beat.reachable is False:
             return effects  # nobody can dial it (behind NAT): it dials us, we never dial it

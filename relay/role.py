@@ -80,7 +80,6 @@ STORING_CHUNKS = 6  # received chunks being hashed and written at once: the chun
 MAX_REQUESTS_PER_CONNECTION = 256
 WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
 STALLED_READER_PENALTY = 3.0  # asked for chunks and stopped reading the answers
-ADDRESS_RECHECK_S = 0.5  # while waiting for a source's data address, look again this often
 BUSY_LINGER_S = 3.0  # the node counts us busy (slower heartbeats) until this long after the last chunk moved
 _RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise)
 
@@ -162,7 +161,6 @@ class RelayRole:
         self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](math.inf)
         self.buffers = Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
         self._members_changed = trio.Event()
-        self._peers_news = trio.Event()  # set (and replaced) when a peer joins or leaves the table
         self.served: dict[str, int] = {}  # peer -> chunks served to it
         self.fetched_from: dict[str, int] = {}  # peer -> chunks fetched from it
         self.serving_now: dict[str, int] = {}
@@ -447,12 +445,8 @@ class RelayRole:
         address = self.data_addr(peer)
         if address is not None or self.node.peertable.is_banned(peer, trio.current_time()):
             return address  # a banned peer is not waited for
-        with trio.move_on_after(self.config.request_timeout_s):
-            while address is None:
-                with trio.move_on_after(ADDRESS_RECHECK_S):  # an address can also change without a join
-                    await self._peers_news.wait()
-                address = self.data_addr(peer)
-        return address
+        await self.node.wait_for_peers(lambda: self.data_addr(peer) is not None, self.config.request_timeout_s)
+        return self.data_addr(peer)  # woken by a join or by a known peer's new address
 
     async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
         await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
@@ -478,8 +472,6 @@ class RelayRole:
     def _on_node_event(self, origin: str, event: Any) -> None:
         if isinstance(event, (PeerJoined, PeerLeft)):
             self._members_changed.set()
-            self._peers_news.set()  # wakes every `_data_addr_soon`; the next waiters wait on a new one
-            self._peers_news = trio.Event()
 
     def _uploads_full(self, full: bool) -> None:
         (self._meter.full if full else self._meter.not_full)(trio.current_time(), self.bytes_served)

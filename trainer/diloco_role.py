@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 PENALTY = 2.0
 ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this long for its heartbeat
-ASKER_RECHECK_S = 0.25
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
@@ -411,8 +410,7 @@ class DilocoRole:
                 if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)}
 
     async def _wait_for_peers(self) -> None:
-        while len(self._known_trainers()) + 1 < self.config.min_peers:
-            await trio.sleep(0.2)
+        await self.node.wait_for_peers(lambda: len(self._known_trainers()) + 1 >= self.config.min_peers)
 
     def _penalise(self, peer: str, why: str) -> None:
         self.rejected[why] = self.rejected.get(why, 0) + 1
@@ -442,9 +440,8 @@ class DilocoRole:
                 self.heard.add(peer)
                 await self._send_state(stream)
             elif isinstance(envelope.body, StateWanted):
-                with trio.move_on_after(ASKER_WAIT_S):  # its heartbeat may be on its way to us
-                    while peer not in self._known_trainers():
-                        await trio.sleep(ASKER_RECHECK_S)
+                # its heartbeat may be on its way to us
+                await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
                 offer = self._offer(peer, envelope.body)
                 await send_frame(stream, self.node.codec.encode(offer, time.time()))
             elif isinstance(envelope.body, (Join, Members, Part)):
@@ -552,10 +549,9 @@ class DilocoRole:
         publishers = self._publishers()
         others = set(self.relay.config.trusted_publishers) - {self.node.peer_id}
         if not publishers and hint is None and others:  # just started: a live publisher's heartbeat comes soon
-            with trio.move_on_after(min(self.config.deadline_s, 10 * self.node.peertable.config.heartbeat_interval_s)):
-                while not publishers:
-                    await trio.sleep(0.2)
-                    publishers = self._publishers()
+            await self.node.wait_for_peers(lambda: bool(self._publishers()), min(
+                self.config.deadline_s, 10 * self.node.peertable.config.heartbeat_interval_s))
+            publishers = self._publishers()
         if not publishers:
             if others:
                 log.info("diloco: no trusted publisher among the live trainer peers; fetching the state directly")

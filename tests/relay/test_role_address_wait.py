@@ -1,6 +1,7 @@
 """A source we heard of (a Holding, a manifest) before its heartbeat reached our peer table: the
 relay role waits for its data address, up to `request_timeout_s`, instead of failing at once
-(which would exclude a good source for `exclude_s`, a minute). Virtual time (MockClock)."""
+(which would exclude a good source for `exclude_s`, a minute), woken by the node's peer table
+news (`Node.wait_for_peers`): a join, or a known peer's changed entry. Virtual time (MockClock)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnet.peertable import PeerJoined
+from p2pnet.peertable import PeerChanged, PeerJoined
 from relay.role import RelayRole
 from tests.relay.test_role_store_faults import FakeNode
 
@@ -45,6 +46,11 @@ def make_role(tmp_path: Path, **relay) -> tuple[RelayRole, Table]:
     return RelayRole(node, {"fsync": False, **relay}), table
 
 
+def tell(role: RelayRole, event) -> None:
+    """What the node does with the peer table's events (`Node.carry_out`)."""
+    role.node.peer_news.on_event("peertable", event)
+
+
 @pytest.fixture
 def clock():
     return trio.testing.MockClock(autojump_threshold=0)
@@ -62,23 +68,26 @@ async def test_the_address_that_arrives_with_a_later_heartbeat_is_used(tmp_path:
         await trio.sleep(3.0)
         assert got == []  # still waiting: nothing known yet
         table.learn(SOURCE, ADDRESS)
-        role._on_node_event("peertable", PeerJoined(SOURCE))
-    assert got and got[0][0] == ADDRESS
-    assert got[0][1] < 3.0 + 0.01  # woken by the join, not by the next recheck
+        tell(role, PeerJoined(SOURCE))
+    assert got == [(ADDRESS, pytest.approx(3.0))]  # woken by the join at once (virtual time: nothing else moves it)
 
 
-async def test_an_address_learnt_without_a_join_is_found_by_the_recheck(tmp_path: Path, clock) -> None:
+async def test_an_address_learnt_without_a_join_wakes_the_wait_too(tmp_path: Path, clock) -> None:
     role, table = make_role(tmp_path, request_timeout_s=10.0)
     got: list = []
 
     async def ask() -> None:
-        got.append(await role._data_addr_soon(SOURCE))
+        got.append((await role._data_addr_soon(SOURCE), trio.current_time()))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)
         await trio.sleep(2.2)
-        table.learn(SOURCE, ADDRESS)  # e.g. a peer we knew changed its address
-    assert got == [ADDRESS]
+        tell(role, PeerJoined("12D3KooWsomeoneelse"))  # news, but not the address we wait for
+        await trio.sleep(1.0)
+        assert got == []
+        table.learn(SOURCE, ADDRESS)  # e.g. a peer we knew changed its data address
+        tell(role, PeerChanged(SOURCE))
+    assert got == [(ADDRESS, pytest.approx(3.2))]
 
 
 async def test_a_source_never_heard_from_fails_after_the_request_timeout(tmp_path: Path, clock) -> None:

@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 from p2pnet.driver import CoreRunner
 from p2pnet.identity import Identity
 from p2pnet.messages import Capacity
+from p2pnet.node import Node, PeerNews
 from p2pnet.peertable import LocalInfo
 from p2pnet.errors import ConfigError, PeerUnavailable
 from relay.errors import ChunkMissing
@@ -65,6 +66,9 @@ class FakeNode:
         self.peertable = SimpleNamespace(penalise=lambda now, peer, amount: [],
                                          local=SimpleNamespace(capacity=SimpleNamespace(upload_bps=10**8)))
         self.carried: list = []
+        self.peer_news = PeerNews()
+
+    wait_for_peers = Node.wait_for_peers  # the real one, woken by `peer_news`
 
     def carry_out(self, origin: str, effect) -> None:
         self.carried.append(effect)
