@@ -110,6 +110,12 @@ class Membership:
     def expected(self) -> set[str]:
         return (self.known | self.told) - self.excluded - {self.self_id}
 
+    @property
+    def named(self) -> set[str]:
+        """Peers the Joins we received name, or that sent them: each is waited for by some
+        member, so the shell waits for them too (one leader for all)."""
+        return (self.told | set(self.joins)) - {self.self_id}
+
     def expect(self, peers: set[str], excluded: set[str] = frozenset()) -> None:
         """The trainer peers we know of now, and those we take for dead (refreshed by the shell)."""
         self.known = set(peers)

@@ -29,8 +29,12 @@ Whom a join waits for: the trainer peers of our peer table, less suspects (peers
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
 and, after our first round, only peers that have spoken to us on the diloco channel,
 so a newcomer still loading its model does not hold a round up: it is waited for from its
-state fetch on. Contributions the core rejects cost their sender a peer
-table penalty.
+state fetch on. To these we add, during the join, every trainer peer another member's Join
+names or whose Join reached us: the round's leader (the lowest id among the peers waited for)
+must be the same at every member, and only the peer a joiner took its state from (the
+publisher, through the relay) knows to wait for it; a joiner with the lowest id would otherwise
+lead the round there and not at the others, and the round split. Contributions the core
+rejects cost their sender a peer table penalty.
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
 """
@@ -300,11 +304,15 @@ class DilocoRole:
             membership.receive(sender, join)
         self.joins = {r: j for r, j in self.joins.items() if r > round}
         delivered: dict[str, frozenset[str]] = {}  # peer -> the peers our Join to it named
-        invited = self._known_trainers()  # whom we wait for, fixed for the round
+        invited = self._known_trainers()  # whom we wait for; grows during the round, never shrinks
         if self.history:  # a newcomer is waited for once it spoke to us (a state fetch, a Join)
             invited &= self.heard
         leader_deadline = trio.current_time() + 2 * self.config.deadline_s
         while True:
+            # a peer some member waits for (named in its Join), or whose Join reached us, is one we
+            # wait for too: every member then picks its leader from the same peers. Else a joiner
+            # only its state's source waits for could lead there and not here, and split the round.
+            invited |= membership.named & self._known_trainers()
             membership.expect(invited, self.suspects)
             alive = frozenset(invited - self.suspects)  # what our Join names: not the peers we take for dead
             for peer in sorted(invited):  # (re)send when not delivered yet or when a peer failed us since

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 
+from p2pnet.identity import Identity
 from p2pnet.node import PeerConfig, run_node
 from p2pnet.peertable import PeerTableConfig
 
@@ -26,12 +27,13 @@ def _section(root: Path, model_dir: Path, name: str, *, min_peers: int, deadline
 
 async def _start(nursery: trio.Nursery, root: Path, name: str, sections: dict[str, Any],
                  bootstrap: tuple[str, ...] = (), scope: trio.CancelScope | None = None,
-                 roles: tuple[str, ...] = ("diloco",)) -> Any:
+                 roles: tuple[str, ...] = ("diloco",), identity: Identity | None = None) -> Any:
     config = PeerConfig(data_dir=root / name, bootstrap=bootstrap, roles=roles, display_name=name)
 
     async def run(task_status: trio.TaskStatus[Any]) -> None:
         with scope or trio.CancelScope():
-            await run_node(config, sections=sections, peertable_config=FAST, task_status=task_status)
+            await run_node(config, sections=sections, peertable_config=FAST, identity=identity,
+                           task_status=task_status)
 
     return await nursery.start(run)
 
@@ -163,6 +165,12 @@ def _relay(publisher: str | None = None) -> dict[str, Any]:
             "announce_interval_s": 0.3, "keep_versions": 20}
 
 
+# the joiner has the lowest peer id, the publisher the next: a round's leader is the lowest id
+# among the peers a member waits for, so a joiner that only its state's source waits for would
+# lead the round at that source and not at p1 (the round split: p1 left out, waiting a deadline)
+JOINER, P0, P1 = sorted((Identity.from_seed_text(f"diloco-join-{i}") for i in range(3)), key=lambda i: i.peer_id)
+
+
 async def _publisher_and_one(nursery, root: Path, model_dir: Path, rounds: int, scope: trio.CancelScope | None = None,
                              publish: bool = True, deadline_s: float = 20.0):
     """p0 (relay + diloco, publishes each round unless not `publish`) and p1 (diloco), both at min_peers 2."""
@@ -171,8 +179,8 @@ async def _publisher_and_one(nursery, root: Path, model_dir: Path, rounds: int, 
         section["diloco"]["rounds"] = rounds
     sections["p0"]["diloco"]["publish"] = publish
     sections["p0"]["relay"] = _relay()
-    publisher = await _start(nursery, root, "p0", sections["p0"], scope=scope, roles=("relay", "diloco"))
-    other = await _start(nursery, root, "p1", sections["p1"], (publisher.host.addrs()[0],))
+    publisher = await _start(nursery, root, "p0", sections["p0"], scope=scope, roles=("relay", "diloco"), identity=P0)
+    other = await _start(nursery, root, "p1", sections["p1"], (publisher.host.addrs()[0],), identity=P1)
     return publisher, other
 
 
@@ -198,7 +206,7 @@ async def _joiner(nursery, root: Path, model_dir: Path, publisher: str, rounds: 
     section = _section(root, model_dir, "j", min_peers=2, deadline_s=deadline_s)
     section["diloco"]["rounds"] = rounds
     section["relay"] = _relay(publisher)
-    return await _start(nursery, root, "j", section, (boot,), roles=("relay", "diloco"))
+    return await _start(nursery, root, "j", section, (boot,), roles=("relay", "diloco"), identity=JOINER)
 
 
 async def test_a_joiner_with_the_relay_role_takes_the_global_state_through_the_relay(tmp_path, model_dir, nursery):
@@ -239,9 +247,13 @@ async def test_a_joiner_with_the_relay_role_takes_the_global_state_through_the_r
     later = next(v for v in store.complete_versions() if v > version)
     sizes = {v: store.manifest(v).manifest.total_bytes for v in (version, later)}
     assert sizes[version] - sizes[later] == path.stat().st_size == publisher.roles["diloco"].outer_state_bytes
-    # the joiner contributed to a later round, and every peer ends on the same weights
-    rows = {row["round"]: row for row in roles[0].history}
-    assert any(joiner.peer_id in rows[r]["contributors"] for r in rows if r >= version)
+    # the joiner took part from the round its version starts, with everyone: that round was not
+    # split (p1 waited for the joiner too, so it took no state), and every peer ends on the same weights
+    everyone = sorted(r.node.peer_id for r in roles)
+    for role in roles[:2]:
+        rows = {row["round"]: row for row in role.history}
+        assert rows[version]["members"] == rows[version]["contributors"] == everyone
+    assert not roles[1].fetched
     assert len({r.status()["weights_digest"] for r in roles}) == 1 and all(r.state.round == rounds for r in roles)
     nursery.cancel_scope.cancel()
 
@@ -273,6 +285,6 @@ async def test_a_joiner_falls_back_to_the_direct_fetch_without_a_publisher(tmp_p
     assert status["state_via"] == "direct" and status["state_via_counts"]["relay"] == 0
     assert joiner_role.fetched[0]["round"] == 3 and not publisher.roles["diloco"].with_outer_state
     rows = {row["round"]: row for row in survivor.history}
-    assert any(joiner.peer_id in rows[r]["contributors"] for r in rows if r >= 3)
+    assert rows[3]["contributors"] == sorted(r.node.peer_id for r in live)  # the joiner's first round, not split
     assert len({r.status()["weights_digest"] for r in live}) == 1
     nursery.cancel_scope.cancel()
