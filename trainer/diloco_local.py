@@ -16,7 +16,7 @@ This module must not do network I/O; it does not know about rounds beyond the nu
 
 from __future__ import annotations
 
-import os
+import io
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from p2pnet.files import atomic_write_bytes
 from trainer.diloco import flatten, unflatten_into
 
 STATE_FILE = "diloco_state.pt"
@@ -120,20 +121,14 @@ class GlobalState:
 
 
 def write_state(folder: Path, state: GlobalState) -> Path:
-    """Write `state` durably as folder/STATE_FILE (temporary file, fsync, rename, fsync dir)."""
+    """Write `state` durably as folder/STATE_FILE (`p2pnet.files.atomic_write_bytes`: temporary
+    file, fsync, rename, fsync dir; the serialized state is held in memory once meanwhile, as
+    trainer.checkpoint does with the optimizer state)."""
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / STATE_FILE
-    tmp = folder / f".{STATE_FILE}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save({"round": state.round, "weights": state.weights, "momentum": state.momentum}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    buf = io.BytesIO()
+    torch.save({"round": state.round, "weights": state.weights, "momentum": state.momentum}, buf)
+    atomic_write_bytes(final, buf.getvalue())
     return final
 
 
