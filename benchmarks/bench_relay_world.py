@@ -66,8 +66,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--mww", action="store_true", help="the homogeneous case against its optimum")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="also plot the ratios (matplotlib)")
-    parser.add_argument("--pace", action="store_true",
-                        help="relays pace what they serve at their advertised upload, as the relay role does")
+    parser.add_argument("--no-pace", dest="pace", action="store_false",
+                        help="relays share their upload among every chunk they serve at once instead of pacing "
+                             "what they serve at their advertised upload as the relay role does (the default)")
     args = parser.parse_args()
     if args.mww:
         return mww(args)

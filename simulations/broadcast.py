@@ -150,7 +150,7 @@ def build_broadcast(
     download_ratio: float = math.inf,
     window_bytes: float = math.inf,
     serving: ServingConfig | None = None,
-    pace_uploads: bool = False,
+    pace_uploads: bool = True,
 ) -> BroadcastSim:
     """The world of one broadcast, every relay started and given the membership, nothing published.
 

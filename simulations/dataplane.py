@@ -29,12 +29,12 @@ When every download is unlimited and no connection is window-limited, a finished
 at once leaves the others' shares unchanged and only the new flow is rated. Each port caches
 the sum of its uploads' and of its downloads' rates until one changes.
 
-Pacing (`pace_uploads`, off by default): the relay role paces what it serves with a token bucket
+Pacing (`pace_uploads`, on by default as in the real peer): the relay role paces what it serves with a token bucket
 at its advertised upload (`relay.serving.ByteBudget`, one second of burst): a served chunk
 waits, holding its upload slot, until the budget allows, then moves at the link's rate. With
 pacing on a source sends its chunks nearly one after another instead of sharing its upload
-evenly among 16 at once; the wait counts as queue time in the answer. The lab's prediction
-(`benchmarks/bench_lab_relay.py`) runs with it.
+evenly among 16 at once; the wait counts as queue time in the answer. Off, a source shares its
+upload among every chunk it serves at once (an experiment's baseline).
 
 Flows and requests hold their endpoints' ports and peers, so the per-chunk path does no lookups by id (10,000 peers x 150+ chunks is millions
 of chunks: see `simulations.scale`). At the last byte the sink's core is told `fetched` (with
@@ -142,7 +142,7 @@ class RelayWorld(SimWorld):
     def __init__(self, engine: Engine, model: NetworkModel | None = None, *, sign: bool = False,
                  serving: ServingConfig | None = None, corrupt_peers: frozenset[str] = frozenset(),
                  corrupt_rate: float = 1.0, corrupt_seed: str = "", window_bytes: float = math.inf,
-                 pace_uploads: bool = False) -> None:
+                 pace_uploads: bool = True) -> None:
         super().__init__(engine, model, sign=sign)
         if not 0.0 <= corrupt_rate <= 1.0:
             raise ValueError("corrupt_rate must be within [0, 1]")
