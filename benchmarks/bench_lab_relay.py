@@ -80,7 +80,7 @@ def simulate(layout: str, size: int, chunk_bytes: int, origin_bps: float, upload
     config = TransferConfig(stall_timeout_s=30.0, exclude_s=60.0, announce_interval_s=1.0, max_in_flight=16)
     sim = build_broadcast(len(uploads), size, upload_bps=lambda rng: next(ups), origin_upload_bps=origin_bps,
                           download_bps=lambda rng: next(downs), strategy=strategy, chunk_bytes=chunk_bytes,
-                          latency_s=0.0002, config=config)
+                          latency_s=0.0002, config=config, pace_uploads=True)
     return run_broadcast_sim(sim, strategy=strategy).time_to_all_s
 
 

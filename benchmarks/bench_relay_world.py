@@ -66,6 +66,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--mww", action="store_true", help="the homogeneous case against its optimum")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="also plot the ratios (matplotlib)")
+    parser.add_argument("--no-pace", dest="pace", action="store_false",
+                        help="relays share their upload among every chunk they serve at once instead of pacing "
+                             "what they serve at their advertised upload as the relay role does (the default)")
     args = parser.parse_args()
     if args.mww:
         return mww(args)
@@ -75,7 +78,7 @@ def main() -> int:
     for world, changes in ((w, WORLDS[w]) for w in args.worlds):
         for protocol, settings in ((p, PROTOCOLS[p]) for p in args.protocols):
             sc = dataclasses.replace(broadcast(args.peers, args.seed), checkpoint_bytes=int(args.gb * 1e9),
-                                     **changes, **settings)
+                                     pace_uploads=args.pace, **changes, **settings)
             s, _, _ = run_broadcast(sc)
             dropped = s["sources_dropped"]
             row = {"world": world, "protocol": protocol, **{k: s[k] for k in (
@@ -129,7 +132,7 @@ def mww(args: argparse.Namespace) -> int:
         for protocol, settings in ((p, PROTOCOLS[p]) for p in args.protocols):
             sc = dataclasses.replace(broadcast(peers, args.seed), checkpoint_bytes=total, chunk_bytes=-(-total // chunks),
                                      upload=Bandwidth.fixed(GBIT), origin_upload_bps=GBIT,
-                                     regional_latency=False, local_latency_s=0.0005,
+                                     regional_latency=False, local_latency_s=0.0005, pace_uploads=args.pace,
                                      **{**EXACT_WORLD, "download_ratio": 1.0}, **settings)
             s, _, _ = run_broadcast(sc)
             rows.append({"chunks": chunks, "protocol": protocol, "time_to_all_s": s["time_to_all_s"],

@@ -150,6 +150,7 @@ def build_broadcast(
     download_ratio: float = math.inf,
     window_bytes: float = math.inf,
     serving: ServingConfig | None = None,
+    pace_uploads: bool = True,
 ) -> BroadcastSim:
     """The world of one broadcast, every relay started and given the membership, nothing published.
 
@@ -161,7 +162,8 @@ def build_broadcast(
     layout; `stall_timeout_s` sets the stall timeout (and excludes a stalled source for 3x that).
     `corrupt` peers serve each chunk corrupt with probability `corrupt_rate`. A relay's download
     is at most `download_ratio` times its upload (1: symmetric links); `window_bytes` limits
-    each connection to window / round trip (TCP)."""
+    each connection to window / round trip (TCP). `pace_uploads`: each relay paces what it serves
+    at its upload, as the relay role does (`relay.serving.ByteBudget`; see `simulations.dataplane`)."""
     if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}")
     draw = log_uniform(*upload_bps) if isinstance(upload_bps, tuple) else upload_bps
@@ -170,7 +172,7 @@ def build_broadcast(
     engine = Engine(seed)
     world = world_class(engine, network or NetworkModel(local_latency_s=latency_s), corrupt_peers=corrupt,
                         corrupt_rate=corrupt_rate, corrupt_seed=str(seed), window_bytes=window_bytes,
-                        serving=serving)
+                        serving=serving, pace_uploads=pace_uploads)
     origin = identity("sim/origin")
     ids = [identity(f"sim/peer-{i}") for i in range(peers)]
     uploads = {origin.peer_id: float(origin_upload_bps)}

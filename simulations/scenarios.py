@@ -58,7 +58,9 @@ class BroadcastScenario:
     upload they advertise. `window_bytes`: one connection carries at most window / round trip
     (TCP; 6 MiB is Linux's default tcp_rmem maximum). `upload_slots`: chunks a relay serves at
     once (`[relay] max_concurrent_uploads`). `stable_plan` False plans stripes by capacity as
-    before (see `relay.planner.plan_broadcast`): the baseline for experiments.
+    before (see `relay.planner.plan_broadcast`): the baseline for experiments. `pace_uploads`:
+    each relay paces what it serves at its advertised upload, chunk by chunk, as the relay role
+    does (`relay.serving.ByteBudget`); on by default, as the real peer does it.
     """
 
     name: str = "broadcast"
@@ -93,6 +95,7 @@ class BroadcastScenario:
     window_bytes: float = 6 * 2**20
     upload_slots: int = 16
     stable_plan: bool = True
+    pace_uploads: bool = True
     seed: int = 0
 
     def check(self) -> dict[str, str]:

@@ -1,0 +1,158 @@
+"""Two-sided max-min fair rates for the simulated data plane's flows (`simulations.dataplane`).
+
+`share(flows, ...)` gives each of `flows` a rate by progressive filling over the resources they
+use: every port's upload and every limited download. All rates rise together; a flow stops at
+its own cap (its connection's window / round trip) or at what a resource it alone is rated on
+leaves it, and all rising flows of a resource stop when it is full. Flows of those resources
+that are not in `flows` keep their rates and count as load (`load`), so nothing is
+oversubscribed. Then each flow whose rate changed by more than a billionth is rescheduled.
+
+Works on the data plane's `_Flow` and `_Port` objects through their scratch fields (`mark`,
+`limit`, `level`; `up_tag`, `up_count`, `up_use`, `up_load` and the `down_` ones), so a call
+costs O(len(flows)) plus the filling, with no lookups by id.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+
+def share(flows: list[Any], tag: int, now: float, at: Callable[..., Any], finish: Callable[..., Any]) -> None:
+    """Two-sided max-min fair rates for `flows`, by progressive filling: every flow's rate rises
+    together; a flow stops at its connection cap, and all flows of a resource (an upload or a
+    limited download) stop when it is full. Flows of the resources these touch that are not in
+    `flows` keep their rates: they count as load, so a resource is never oversubscribed, and the
+    capacity they would gain waits for their own next event. A resource only one of `flows`
+    uses is one more cap for that flow; only resources two or more share are filled."""
+    inf = math.inf
+    for flow in flows:  # count the flows on each resource
+        flow.level = -1.0
+        src = flow.src
+        if src.up_tag == tag:
+            src.up_count += 1
+        else:
+            src.up_tag, src.up_count, src.up_use = tag, 1, None
+        dst = flow.dst
+        if dst.download_bps != inf:
+            if dst.down_tag == tag:
+                dst.down_count += 1
+            else:
+                dst.down_tag, dst.down_count, dst.down_use = tag, 1, None
+    # a shared resource: [capacity, port, is a download, its flows among `flows`, rate given to
+    # those stopped so far, how many still rise]
+    shared = []
+    for flow in flows:
+        limit = flow.cap
+        src = flow.src
+        if src.up_count == 1:
+            if len(src.up) == 1:
+                left = src.upload_bps
+            else:
+                used = src.up_load
+                if used < 0.0:
+                    used = load(src, True)
+                left = src.upload_bps - used + flow.rate
+            if left < limit:
+                limit = left if left > 0.0 else 0.0
+        else:
+            use = src.up_use
+            if use is None:
+                src.up_use = use = [src.upload_bps, src, False, [flow], 0.0, src.up_count]
+                shared.append(use)
+            else:
+                use[3].append(flow)
+        dst = flow.dst
+        if dst.down_tag == tag:
+            if dst.down_count == 1:
+                if len(dst.down) == 1:
+                    left = dst.download_bps
+                else:
+                    used = dst.down_load
+                    if used < 0.0:
+                        used = load(dst, False)
+                    left = dst.download_bps - used + flow.rate
+                if left < limit:
+                    limit = left if left > 0.0 else 0.0
+            else:
+                use = dst.down_use
+                if use is None:
+                    dst.down_use = use = [dst.download_bps, dst, True, [flow], 0.0, dst.down_count]
+                    shared.append(use)
+                else:
+                    use[3].append(flow)
+        flow.limit = limit
+    for use in shared:  # what the flows of a shared resource that are not in `flows` leave them
+        port, mine = use[1], use[3]
+        if len(mine) != len(port.down if use[2] else port.up):
+            left = use[0] - (load(port, not use[2]) - sum([f.rate for f in mine]))
+            use[0] = left if left > 0.0 else 0.0
+    if shared:
+        order = sorted(flows, key=_limit)
+        active, i = len(order), 0
+        while active:
+            while order[i].level >= 0.0:
+                i += 1
+            at_cap = order[i].limit
+            at_full, full = inf, None
+            for use in shared:
+                if use[5]:
+                    level = (use[0] - use[4]) / use[5]
+                    if level < at_full:
+                        at_full, full = level, use
+            if full is None or at_cap <= at_full:
+                stopping, level = (order[i],), at_cap
+            else:
+                stopping = [f for f in full[3] if f.level < 0.0]
+                level = at_full if at_full > 0.0 else 0.0
+            for flow in stopping:
+                flow.level = level
+                active -= 1
+                use = flow.src.up_use
+                if use is not None:
+                    use[4] += level
+                    use[5] -= 1
+                dst = flow.dst
+                if dst.down_tag == tag:
+                    use = dst.down_use
+                    if use is not None:
+                        use[4] += level
+                        use[5] -= 1
+    else:
+        for flow in flows:
+            flow.level = flow.limit
+    for flow in flows:  # `_set_rate`, inline
+        rate, old, handle = flow.level, flow.rate, flow.handle
+        if handle is not None:
+            if abs(rate - old) <= 1e-9 * old:
+                continue
+            flow.remaining -= (now - flow.since) * old
+            handle.cancel()
+            flow.handle = None
+        elif rate == 0.0:
+            continue
+        flow.since = now
+        flow.rate = rate
+        flow.src.up_load = -1.0
+        flow.dst.down_load = -1.0
+        if rate > 0.0:
+            remaining = flow.remaining
+            flow.handle = at(now + (remaining if remaining > 0.0 else 0.0) / rate, finish, flow)
+
+
+def load(port: Any, up: bool) -> float:
+    """The sum of the rates of `port`'s uploads (`up`) or downloads, summed afresh only after one
+    changed (a cache: every rate change and every flow added or removed clears it)."""
+    if up:
+        load = port.up_load
+        if load < 0.0:
+            load = port.up_load = sum([f.rate for f in port.up])
+    else:
+        load = port.down_load
+        if load < 0.0:
+            load = port.down_load = sum([f.rate for f in port.down])
+    return load
+
+
+def _limit(flow: Any) -> float:
+    return flow.limit
