@@ -20,7 +20,11 @@ time, so every gossip RPC received cost the receiver three WINDOW_UPDATE frames 
 Noise-encrypted, sent, then decrypted and handled by the sender). `open_host` sets that variable
 to "0" unless the environment already sets it: one update per RPC (its first read still credits
 the new data), the rest batched until half the window was read, as go-yamux does (measured: 9
-idle relay peers' CPU 0.24 -> 0.18 CPU-s per second).
+idle relay peers' CPU 0.24 -> 0.18 CPU-s per second). Gossip streams are also read through a
+read-ahead buffer (`_ReadAheadStream`), so that reader's byte-wise prefix reads no longer each
+reach yamux; with the peer record left unbuilt and repeated signature checks remembered
+(`p2pnet.identity.SignatureChecker`), 9 idle relay peers use about 0.87x the CPU they did
+(benchmarks/results/relay_loopback.md).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 import os
 import socket
 import struct
+import weakref
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -223,6 +228,33 @@ class Host:
             await self._frame_handler(frame, peer)
 
 
+_RECORDLESS_HOSTS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _leave_records_unbuilt(host) -> None:
+    """py-libp2p builds its signed peer record for every message GossipSub forwards and every
+    control RPC (listing and re-parsing the host's addresses, then serialising the envelope: a
+    millisecond each under a profiler, the largest single item of an idle peer's gossip
+    forwarding) before `SerialPubsub.write_msg` strips it again. For `host`, the pubsub modules'
+    record builder returns an empty record instead, which that strip removes all the same."""
+    import libp2p.pubsub.gossipsub as gossipsub_module
+    import libp2p.pubsub.pubsub as pubsub_module
+
+    _RECORDLESS_HOSTS.add(host)
+    for module in (gossipsub_module, pubsub_module):
+        build = module.env_to_send_in_RPC
+        if getattr(build, "p2pnet_recordless", False):
+            continue
+
+        def env_to_send_in_RPC(host, _build=build) -> tuple[bytes, bool]:
+            if host in _RECORDLESS_HOSTS:
+                return b"", False
+            return _build(host)
+
+        env_to_send_in_RPC.p2pnet_recordless = True  # type: ignore[attr-defined]
+        module.env_to_send_in_RPC = env_to_send_in_RPC
+
+
 def _serial_pubsub(pubsub_class):
     """py-libp2p's Pubsub with one writer at a time per gossip stream.
 
@@ -233,7 +265,6 @@ def _serial_pubsub(pubsub_class):
     over 64 KiB published at start-up cut a relay off from the trainer's gossip for good. A
     write that fails or is cancelled part way leaves a message cut short, so the stream is
     reset then rather than left to be misread."""
-    import weakref
 
     class SerialPubsub(pubsub_class):
         def __init__(self, *args, send_peer_record: bool = True, **kwargs) -> None:
@@ -272,14 +303,43 @@ def _serial_pubsub(pubsub_class):
     return SerialPubsub
 
 
+class _ReadAheadStream:
+    """A gossip stream as py-libp2p's pubsub reads it, with reads served from one buffer.
+
+    Its reader takes each RPC's varint length prefix one `read(1)` at a time and then the body,
+    and every read of a yamux stream takes three locks and runs yamux's credit bookkeeping. Here
+    one read of the underlying stream takes whatever has arrived (up to `READ_AHEAD` bytes: a
+    whole RPC, often several) and the prefix and body come out of that buffer. Anything else
+    (`muxed_conn`, `reset`, ...) is the stream's own."""
+
+    READ_AHEAD = 64 * 1024
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._buf = b""
+        self._pos = 0
+
+    async def read(self, n: int | None = None) -> bytes:
+        if self._pos >= len(self._buf):
+            self._buf, self._pos = await self._stream.read(self.READ_AHEAD), 0
+        end = len(self._buf) if n is None or n < 0 else self._pos + n
+        out = self._buf[self._pos:end]
+        self._pos += len(out)
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def _guarded_gossip_handler(pubsub):
     """py-libp2p's pubsub lets a protobuf DecodeError from a peer's garbage RPC escape its stream
-    handler, which takes the whole host down. Drop that peer's stream instead."""
+    handler, which takes the whole host down. Drop that peer's stream instead. The stream is read
+    through `_ReadAheadStream`."""
     from google.protobuf.message import DecodeError
 
     async def handler(stream) -> None:
         try:
-            await pubsub.stream_handler(stream)
+            await pubsub.stream_handler(_ReadAheadStream(stream))
         except DecodeError as exc:
             peer = stream.muxed_conn.peer_id
             log.info("gossip from %s is not a pubsub RPC (%s); stream dropped", peer, exc)
@@ -362,6 +422,8 @@ async def open_host(
         listen_addrs=[listen_addr],
     )
     _disable_auto_connector(raw_host.get_network())
+    if not send_peer_record:
+        _leave_records_unbuilt(raw_host)
     gossip = GossipSub(
         protocols=[GOSSIP_PROTOCOL],
         degree=gossip_degree,

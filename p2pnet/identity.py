@@ -10,6 +10,7 @@ This module must not do any network I/O.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,14 +57,30 @@ def public_key_from_peer_id(peer_id: bytes) -> bytes:
 
 
 class SignatureChecker:
-    """Verifies Ed25519 signatures by peer id, caching the parsed public keys."""
+    """Verifies Ed25519 signatures by peer id, caching the parsed public keys.
 
-    def __init__(self, max_cached: int = 100_000) -> None:
+    It also remembers the last `max_recent` checks that passed, as (peer id, SHA-256 of the
+    payload, signature): a gossiped frame is checked once before GossipSub forwards it and again
+    when it is decoded, and the second check of the same bytes is then a hash and a lookup
+    instead of an Ed25519 verification. Only exact repeats of a passed check pass this way."""
+
+    def __init__(self, max_cached: int = 100_000, max_recent: int = 256) -> None:
         self._keys: dict[bytes, nacl.signing.VerifyKey] = {}
         self._max_cached = max_cached
+        self._recent: dict[tuple[bytes, bytes, bytes], None] = {}
+        self._max_recent = max_recent
 
     def verify(self, peer_id: bytes, payload: bytes, signature: bytes) -> None:
         """Raise MessageRejected('bad_signature') unless `signature` is peer_id's over payload."""
+        seen = (peer_id, hashlib.sha256(payload).digest(), bytes(signature))
+        if seen in self._recent:
+            return
+        self._check(peer_id, payload, signature)
+        if len(self._recent) >= self._max_recent:
+            del self._recent[next(iter(self._recent))]  # the oldest
+        self._recent[seen] = None
+
+    def _check(self, peer_id: bytes, payload: bytes, signature: bytes) -> None:
         key = self._keys.get(peer_id)
         if key is None:
             try:

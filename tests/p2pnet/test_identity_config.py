@@ -68,3 +68,28 @@ def test_invalid_toml_is_a_config_error(tmp_path):
     path.write_text("[peer\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_toml(path)
+
+
+def test_signature_checker_passes_a_repeat_without_verifying_again_and_nothing_else(monkeypatch):
+    from p2pnet.errors import MessageRejected
+    from p2pnet.identity import SignatureChecker
+
+    alice, mallory = Identity.generate(), Identity.generate()
+    payload = b"heartbeat 1"
+    signature = alice.sign(payload)
+    checker = SignatureChecker(max_recent=2)
+    checker.verify(alice.peer_id_bytes, payload, signature)
+    calls = []
+    real_check = checker._check
+    monkeypatch.setattr(checker, "_check", lambda *a: (calls.append(a), real_check(*a)))
+    checker.verify(alice.peer_id_bytes, payload, signature)  # the same bytes: remembered
+    assert calls == []
+    for sender, body, sig in [(mallory.peer_id_bytes, payload, signature),  # another sender
+                              (alice.peer_id_bytes, b"heartbeat 2", signature)]:  # another payload
+        with pytest.raises(MessageRejected):
+            checker.verify(sender, body, sig)
+    assert len(calls) == 2
+    for i in range(2):  # two other passed checks push the first out of a memory of 2
+        checker.verify(alice.peer_id_bytes, b"x%d" % i, alice.sign(b"x%d" % i))
+    checker.verify(alice.peer_id_bytes, payload, signature)
+    assert len(calls) == 5
