@@ -116,6 +116,20 @@ class Membership:
         member, so the shell waits for them too (one leader for all)."""
         return (self.told | set(self.joins)) - {self.self_id}
 
+    def leader(self, own: set[str], invited: set[str], suspects: set[str]) -> str:
+        """The round's leader as we see it: the lowest id among ourselves, the peers we wait for
+        on our own account (`own`) and the invited peers whose own Join reached us, less those we
+        take for dead. A peer only other members name is sent our Join and waited for as a member,
+        but leads only once its Join shows it takes part: else one that never joins (still
+        loading, still fetching) would hold every member for the leader timeout, not the join
+        deadline."""
+        return leader_of(((set(own) | (set(self.joins) & set(invited))) - set(suspects)) | {self.self_id})
+
+    def leader_silent(self, leader: str, now: float) -> bool:
+        """True when `leader` (another peer) has not joined by our join deadline: taken for absent
+        then, as any other member would be, instead of waited for until the leader timeout."""
+        return leader != self.self_id and leader not in self.joins and now >= self.deadline_at
+
     def expect(self, peers: set[str], excluded: set[str] = frozenset()) -> None:
         """The trainer peers we know of now, and those we take for dead (refreshed by the shell)."""
         self.known = set(peers)

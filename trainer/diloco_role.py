@@ -53,7 +53,7 @@ import trio
 from p2pnet.config import from_mapping, validated
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
-from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, leader_of
+from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state, write_state
 from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Join, Members, Part, StateOffer,
@@ -307,6 +307,7 @@ class DilocoRole:
         invited = self._known_trainers()  # whom we wait for; grows during the round, never shrinks
         if self.history:  # a newcomer is waited for once it spoke to us (a state fetch, a Join)
             invited &= self.heard
+        own = set(invited)  # leader candidates on our own account (Membership.leader)
         leader_deadline = trio.current_time() + 2 * self.config.deadline_s
         while True:
             # a peer some member waits for (named in its Join), or whose Join reached us, is one we
@@ -321,7 +322,7 @@ class DilocoRole:
                     sends.start_soon(self._send_join, links, peer, Join(round, weights_digest, tuple(sorted(alive))),
                                      delivered)
             now = trio.current_time()
-            leader = leader_of(set(alive) | {me})
+            leader = membership.leader(own, invited, self.suspects)
             if leader == me:
                 decided = membership.decided(now)
                 if decided is not None:
@@ -329,12 +330,14 @@ class DilocoRole:
                     for peer in sorted(set(membership.joins) - {me}):
                         sends.start_soon(links.send, peer, Members(round, reference, members))
                     return self._check_members(round, members, reference, weights_digest, me)
-            elif now >= leader_deadline:
-                log.info("diloco: no members from leader %s for round %d", leader, round)
+            elif now >= leader_deadline or membership.leader_silent(leader, now):
+                log.info("diloco: no %s from leader %s for round %d", "members" if leader in membership.joins else "join",
+                         leader, round)
                 self.suspects.add(leader)
                 leader_deadline = now + 2 * self.config.deadline_s
                 continue
-            wake = membership.deadline_at if leader == me else leader_deadline
+            wake = (membership.deadline_at if leader == me else
+                    leader_deadline if leader in membership.joins else min(leader_deadline, membership.deadline_at))
             event = await self._next_event(min(wake, trio.current_time() + 0.5))
             if event is None:
                 continue

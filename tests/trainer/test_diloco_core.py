@@ -201,6 +201,29 @@ def test_membership_waits_for_expected_peers_and_drops_a_drifted_one():
     assert late.decided(9.9) is None and late.decided(10.0) == (("peer0",), same)
 
 
+def test_the_leader_is_one_every_member_agrees_on_and_a_silent_one_is_left_at_the_join_deadline():
+    d = b"a" * 16
+    # ids in this order: j (a joiner) < p (its state's source) < q. Only p waits for j on its own account.
+    at_p = Membership("p", 5, d, now=0.0, deadline_s=10.0)
+    at_q = Membership("q", 5, d, now=0.0, deadline_s=10.0)
+    assert at_p.leader({"j", "q"}, {"j", "q"}, set()) == "j"  # p waits for j on its own account
+    assert at_q.leader({"p"}, {"p"}, set()) == "p"
+    at_q.receive("p", Join(5, d, ("j", "q")))  # q now waits for j too (named), but j has not joined at q
+    assert at_q.leader({"p"}, {"p", "j"}, set()) == "p"
+    at_q.receive("j", Join(5, d, ("p", "q")))
+    assert at_q.leader({"p"}, {"p", "j"}, set()) == "j"  # j's Join reached q: both now follow j
+    assert at_q.leader({"p"}, {"p", "j"}, {"j"}) == "p"  # taken for dead: the next one leads
+    # a Join from a peer we do not know as a trainer (not invited) does not make it lead
+    stranger = Membership("q", 5, d, now=0.0, deadline_s=10.0)
+    stranger.receive("a", Join(5, d, ()))
+    assert stranger.leader({"p"}, {"p"}, set()) == "p"
+    # a leader that never joins is left at the join deadline, one that joined is waited for
+    silent = Membership("q", 5, d, now=0.0, deadline_s=10.0)
+    assert not silent.leader_silent("p", 9.9) and silent.leader_silent("p", 10.0)
+    silent.receive("p", Join(5, d, ()))
+    assert not silent.leader_silent("p", 10.0) and not silent.leader_silent("q", 10.0)
+
+
 def test_global_state_is_written_atomically_and_read_back(tmp_path):
     from trainer.diloco_local import STATE_FILE, GlobalState, read_state, write_state
 
