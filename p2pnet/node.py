@@ -12,7 +12,8 @@ wrong clock would ban every neighbour within seconds.
 Waiting for peers: `Node.wait_for_peers(predicate, timeout_s)` (and `peers_changed()`) wake on
 every change of the peer table that could matter to someone waiting for a peer: a join, a
 leave, and a known peer's new addresses, data address, roles or reachability (`PeerNews`, fed
-from the table's events in `carry_out`). No role polls the table.
+from the table's events in `carry_out`). No wait for a peer polls the table (the relay's
+membership and the DiLoCo round still re-read it on their own clocks, for what emits no event).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ import trio
 from p2pnet.core import Emit
 from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_file, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, P2PNetError, PeerUnavailable
-from p2pnet.peertable import PeerJoined, PeerLeft
+from p2pnet.peertable import PeerChanged, PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.loader import VersionWatcher
@@ -445,8 +445,10 @@ class RelayRole:
         address = self.data_addr(peer)
         if address is not None or self.node.peertable.is_banned(peer, trio.current_time()):
             return address  # a banned peer is not waited for
-        await self.node.wait_for_peers(lambda: self.data_addr(peer) is not None, self.config.request_timeout_s)
-        return self.data_addr(peer)  # woken by a join or by a known peer's new address
+        table = self.node.peertable
+        await self.node.wait_for_peers(lambda: self.data_addr(peer) is not None
+                                       or table.is_banned(peer, trio.current_time()), self.config.request_timeout_s)
+        return self.data_addr(peer)  # woken by a join, a known peer's new address, or its ban
 
     async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
         await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
@@ -470,7 +472,7 @@ class RelayRole:
     # -- membership -----------------------------------------------------------------------
 
     def _on_node_event(self, origin: str, event: Any) -> None:
-        if isinstance(event, (PeerJoined, PeerLeft)):
+        if isinstance(event, (PeerJoined, PeerLeft, PeerChanged)):  # roles and reachability plan too
             self._members_changed.set()
 
     def _uploads_full(self, full: bool) -> None:
