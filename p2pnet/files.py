@@ -6,8 +6,12 @@ new one, or none. Used for identity keys, chunk files, manifests, model folders 
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 from pathlib import Path
+
+_WRITES = itertools.count()  # next() is atomic under the GIL
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -20,10 +24,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
-    """Write `data` to `path` through a temporary name beside it, fsynced, then renamed."""
+    """Write `data` to `path` through a temporary name beside it, fsynced, then renamed. The
+    temporary name is this call's own (process, thread, a counter), so two writes of the same
+    path at once (two threads, two processes) never share one: the later rename wins whole."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}.{next(_WRITES)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
