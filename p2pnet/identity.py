@@ -62,7 +62,8 @@ class SignatureChecker:
     It also remembers the last `max_recent` checks that passed, as (peer id, SHA-256 of the
     payload, signature): a gossiped frame is checked once before GossipSub forwards it and again
     when it is decoded, and the second check of the same bytes is then a hash and a lookup
-    instead of an Ed25519 verification. Only exact repeats of a passed check pass this way."""
+    instead of an Ed25519 verification. Only exact repeats of a passed check pass this way.
+    Not thread-safe (the memory's eviction): each instance is used from one trio thread."""
 
     def __init__(self, max_cached: int = 100_000, max_recent: int = 256) -> None:
         self._keys: dict[bytes, nacl.signing.VerifyKey] = {}
