@@ -30,10 +30,13 @@ not be reached, closed a connection or missed a deadline, until a message from t
 and, after our first round, only peers that have spoken to us on the diloco channel,
 so a newcomer still loading its model does not hold a round up: it is waited for from its
 state fetch on. To these we add, during the join, every trainer peer another member's Join
-names or whose Join reached us: the round's leader (the lowest id among the peers waited for)
-must be the same at every member, and only the peer a joiner took its state from (the
-publisher, through the relay) knows to wait for it; a joiner with the lowest id would otherwise
-lead the round there and not at the others, and the round split. Contributions the core
+names or whose Join reached us: the round's leader must be the same at every member, and only
+the peer a joiner took its state from (the publisher, through the relay) knows to wait for it;
+a joiner with the lowest id would otherwise lead the round there and not at the others, and the
+round split. The leader (`Membership.leader`) is the lowest id among the peers we wait for on
+our own account and those whose own Join reached us: a peer only others name leads once it
+joined, and a leader that has not joined by our join deadline is left as absent, so a named
+peer that never joins costs one deadline, not the leader timeout. Contributions the core
 rejects cost their sender a peer table penalty.
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
