@@ -125,11 +125,6 @@ class Membership:
         deadline."""
         return leader_of(((set(own) | (set(self.joins) & set(invited))) - set(suspects)) | {self.self_id})
 
-    def leader_silent(self, leader: str, now: float) -> bool:
-        """True when `leader` (another peer) has not joined by our join deadline: taken for absent
-        then, as any other member would be, instead of waited for until the leader timeout."""
-        return leader != self.self_id and leader not in self.joins and now >= self.deadline_at
-
     def expect(self, peers: set[str], excluded: set[str] = frozenset()) -> None:
         """The trainer peers we know of now, and those we take for dead (refreshed by the shell)."""
         self.known = set(peers)

@@ -35,9 +35,10 @@ the peer a joiner took its state from (the publisher, through the relay) knows t
 a joiner with the lowest id would otherwise lead the round there and not at the others, and the
 round split. The leader (`Membership.leader`) is the lowest id among the peers we wait for on
 our own account and those whose own Join reached us: a peer only others name leads once it
-joined, and a leader that has not joined by our join deadline is left as absent, so a named
-peer that never joins costs one deadline, not the leader timeout. Contributions the core
-rejects cost their sender a peer table penalty.
+joined, so a named peer that never joins costs one join deadline, not the leader timeout. (A
+leader we wait for on our own account is waited for until the leader timeout, 2 x deadline_s:
+leaving it at the join deadline would let a late lowest-id peer decide the round a second
+time.) Contributions the core rejects cost their sender a peer table penalty.
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
 """
@@ -204,6 +205,9 @@ class DilocoRole:
         self.done = False
         self.published: list[int] = []
         self.publishing = trio.Lock()
+        self.checkpointing = trio.Lock()  # one state write at a time (`_checkpoint`)
+        self.pending_checkpoint: GlobalState | None = None
+        self.checkpointed_round = -1
         self.outer_state_versions: set[int] = set()  # versions to publish with the outer state (someone asked)
         self.state_askers: dict[str, int] = {}  # peer -> the version offered to it
         self.granted_at: dict[str, int] = {}  # trainer peer -> our round when we last offered it the state
@@ -333,14 +337,12 @@ class DilocoRole:
                     for peer in sorted(set(membership.joins) - {me}):
                         sends.start_soon(links.send, peer, Members(round, reference, members))
                     return self._check_members(round, members, reference, weights_digest, me)
-            elif now >= leader_deadline or membership.leader_silent(leader, now):
-                log.info("diloco: no %s from leader %s for round %d", "members" if leader in membership.joins else "join",
-                         leader, round)
+            elif now >= leader_deadline:
+                log.info("diloco: no members from leader %s for round %d", leader, round)
                 self.suspects.add(leader)
                 leader_deadline = now + 2 * self.config.deadline_s
                 continue
-            wake = (membership.deadline_at if leader == me else
-                    leader_deadline if leader in membership.joins else min(leader_deadline, membership.deadline_at))
+            wake = membership.deadline_at if leader == me else leader_deadline
             event = await self._next_event(min(wake, trio.current_time() + 0.5))
             if event is None:
                 continue
@@ -611,7 +613,18 @@ class DilocoRole:
     # -- background: durable state and published versions ------------------------------------
 
     async def _checkpoint(self, state: GlobalState) -> None:
-        await trio.to_thread.run_sync(write_state, self.config.out_dir, state)
+        """Write the newest global state to disk, one write at a time. A state that waited while a
+        newer one came is not written: the file never steps back a round when a write outlasts a
+        round, and writes (each a serialized copy of weights and momentum) never pile up."""
+        if self.pending_checkpoint is None or state.round > self.pending_checkpoint.round:
+            self.pending_checkpoint = state
+        async with self.checkpointing:
+            newest = self.pending_checkpoint
+            if newest is None or newest.round <= self.checkpointed_round:
+                return  # a later call wrote it already
+            self.pending_checkpoint = None
+            await trio.to_thread.run_sync(write_state, self.config.out_dir, newest)
+            self.checkpointed_round = newest.round
 
     async def _publish(self, state: GlobalState) -> None:
         from models.folder import save_model_dir
