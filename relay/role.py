@@ -448,7 +448,8 @@ class RelayRole:
         table = self.node.peertable
         await self.node.wait_for_peers(lambda: self.data_addr(peer) is not None
                                        or table.is_banned(peer, trio.current_time()), self.config.request_timeout_s)
-        return self.data_addr(peer)  # woken by a join, a known peer's new address, or its ban
+        return self.data_addr(peer)  # woken by a join, a known peer's new address, or its ban (a ban of
+        # a peer the table does not know yet emits nothing: that wait runs to its timeout)
 
     async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
         await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))

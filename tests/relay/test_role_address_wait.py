@@ -123,6 +123,7 @@ async def test_a_source_banned_while_we_wait_ends_the_wait_at_its_ban(tmp_path: 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask)
         await trio.sleep(1.7)
-        table.banned.add(SOURCE)  # the table bans it (it emits PeerLeft "banned")
+        table.banned.add(SOURCE)  # a table that knows it bans it and emits PeerLeft "banned" (one that
+        # does not know it yet emits nothing, and the wait runs to its timeout)
         tell(role, PeerLeft(SOURCE, "banned"))
     assert got == [(None, pytest.approx(1.7))]  # not waited for until the timeout
