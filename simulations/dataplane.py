@@ -48,8 +48,10 @@ by `corrupt_seed`.
 Failures: `crash(p)` is a killed process: flows from p fail at once as `unreachable` (a reset
 connection), requests queued at p fail, later requests to p fail after one latency.
 `hang(p)` is a stopped process: p answers nothing and its flows freeze, so only the requester's
-stall detection can notice. `partition(groups)` cuts the data plane too: flows and queued
-requests across the cut are dropped silently, requests and manifest fetches across it are never
+stall detection can notice. Either way p's own requests paced at other sources end at once and
+free their slots (each port indexes its requests paced elsewhere: no scan over all ports); the
+budget they reserved is not given back, as in the relay role. `partition(groups)` cuts the data
+plane too: flows, queued and paced requests across the cut are dropped silently, requests and manifest fetches across it are never
 answered (again, only stall detection notices), until `heal()`.
 
 Drivers hand a core's effects to `apply(peer_id, effects)`.
@@ -134,6 +136,7 @@ class _Port:
     down_use: Any = None
     budget: ByteBudget | None = None  # paces what it serves, as the relay role does (`pace_uploads`)
     paced: dict[Any, Handle] = field(default_factory=dict)  # served requests waiting for the budget
+    paced_to: dict[Any, _Port] = field(default_factory=dict)  # its own requests in another's `paced`: that port
     up_load: float = -1.0  # sum of the rates of `up` (-1.0: not known, `fairshare.load` sums it afresh)
     down_load: float = -1.0  # the same for `down`
 
@@ -191,10 +194,12 @@ class RelayWorld(SimWorld):
         for flow in list(port.down):
             self._end_flow(flow)
             self._done(flow)
+        self._cancel_paced_to(port)
         for request in port.serving.clear():
             self._fail(request, peer_id, "unreachable", delay=0.0)  # type: ignore[arg-type]
         for request, handle in port.paced.items():
             handle.cancel()
+            request.port.paced_to.pop(request)
             self._fail(request, peer_id, "unreachable", delay=0.0)
         port.paced.clear()
         port.serving = ServingCore(self.serving)
@@ -209,13 +214,30 @@ class RelayWorld(SimWorld):
         for flow in list(port.down):  # its sources stop sending to it: their slots serve others
             self._end_flow(flow)
             self._done(flow)
-        for handle in port.paced.values():
+        self._cancel_paced_to(port)
+        for request, handle in port.paced.items():
             handle.cancel()
+            request.port.paced_to.pop(request)
         port.paced.clear()
         port.serving = ServingCore(self.serving)
 
+    def _cancel_paced_to(self, sink: _Port) -> None:
+        """`sink`'s peer crashed or stopped: its requests paced at other sources end now and free
+        their upload slots (the relay's reader loop ends with the connection and cancels the
+        paced answer). The budget they reserved is not given back, as in the relay role."""
+        paced_to, sink.paced_to = sink.paced_to, {}
+        for request, source in paced_to.items():
+            self._cancel_paced(source, request)
+
+    def _cancel_paced(self, source: _Port, request: _Request) -> None:
+        """Forget `request`, paced at `source`, and give its upload slot to the next request."""
+        source.paced.pop(request).cancel()
+        actions = source.serving.done(self.engine.now, request)
+        if actions:
+            self._serve(request.fetch.peer, source, actions)
+
     def partition(self, groups: list[list[str]]) -> None:
-        """Split the network; flows and queued requests across the cut go silent (see the top)."""
+        """Split the network; flows, queued and paced requests across the cut go silent (see the top)."""
         super().partition(groups)
         reachable = self._reachable
         for peer_id in sorted(self.ports):
@@ -223,6 +245,9 @@ class RelayWorld(SimWorld):
             for sink in sorted(port.serving.requesters()):
                 if not reachable(peer_id, sink):
                     port.serving.drop_peer(sink)
+            for request in [r for r in port.paced if not reachable(peer_id, r.sink)]:
+                request.port.paced_to.pop(request)
+                self._cancel_paced(port, request)
             for flow in [f for f in port.up if not reachable(peer_id, f.request.sink)]:
                 self._end_flow(flow)
                 self._done(flow)  # a cut flow goes silent; its slot serves a reachable requester
@@ -332,6 +357,7 @@ class RelayWorld(SimWorld):
                 if paced_s > 0.0:  # the slot is held while the budget refills, as in the relay role
                     port.paced[request] = self.engine.at(now + paced_s, self._paced_start, source_id, port, request,
                                                          action.queued_s + paced_s)
+                    sink_port.paced_to[request] = port
                     continue
             flow = _Flow(source_id, request, now, port, sink_port, self._flow_cap(source_id, request),
                          action.queued_s)
@@ -355,15 +381,12 @@ class RelayWorld(SimWorld):
 
     def _paced_start(self, source_id: str, port: _Port, request: _Request, queued_s: float) -> None:
         """A served request's bytes start once the upload budget allows (`queued_s` includes that
-        wait, as the relay tells it in the answer's header)."""
+        wait, as the relay tells it in the answer's header). Its sink is alive and reachable: a
+        crash, a stop or a partition cancels the paced requests it touches."""
         del port.paced[request]
         now = self.engine.now
-        if not request.peer.alive or not self._reachable(source_id, request.sink):
-            actions = port.serving.done(now, request)  # a dead or cut-off sink: the slot serves another
-            if actions:
-                self._serve(source_id, port, actions)
-            return
         sink_port = request.port
+        del sink_port.paced_to[request]
         flow = _Flow(source_id, request, now, port, sink_port, self._flow_cap(source_id, request), queued_s)
         port.up.append(flow)
         sink_port.down.append(flow)
@@ -518,10 +541,8 @@ class RelayWorld(SimWorld):
             return
         port.serving.drop_peer(sink_id)
         for request in [r for r in port.paced if r.sink == sink_id]:
-            port.paced.pop(request).cancel()
-            actions = port.serving.done(self.engine.now, request)
-            if actions:
-                self._serve(source_id, port, actions)
+            request.port.paced_to.pop(request)
+            self._cancel_paced(port, request)
         for flow in [f for f in port.up if f.request.sink == sink_id]:
             self._end_flow(flow)
             self._done(flow)

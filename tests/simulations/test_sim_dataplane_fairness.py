@@ -3,7 +3,10 @@
 A sink's download is shared by its flows, but what one flow cannot use (its source is slow, or
 its connection is window-limited) goes to the sink's other flows, and a source's upload that one
 sink cannot take goes to the source's other flows. With `pace_uploads` a source paces what it
-serves chunk by chunk, as the relay role does. Each case is a few peers with a known answer.
+serves chunk by chunk, as the relay role does, and the wait counts as queue time. A request
+waiting for the budget ends as the relay's would when its source crashes or stops, when its sink
+gives up on the source, crashes or stops, or when a partition cuts it. Each case is a few peers
+with a known answer.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import math
 
 from p2pnet.identity import Identity
-from relay.effects import Fetch
+from relay.effects import DropSource, Fetch
 from relay.serving import ServingConfig
 from simulations.dataplane import RelayWorld
 from simulations.engine import Engine
@@ -21,8 +24,8 @@ from simulations.world import NetworkModel
 class _Core:
     kinds, topics = (), ()
 
-    def __init__(self, name: str, done: dict[str, float]) -> None:
-        self.name, self.done = name, done
+    def __init__(self, name: str, done: dict[str, float], log: list[tuple] | None = None) -> None:
+        self.name, self.done, self.log = name, done, log  # `log`: failures are expected, not errors
 
     def start(self, now):  # type: ignore[no-untyped-def]
         return []
@@ -32,24 +35,29 @@ class _Core:
 
     def fetched(self, now, peer, version, index, elapsed_s):  # type: ignore[no-untyped-def]
         self.done[f"{peer}/{index}"] = now
+        if self.log is not None:
+            self.log.append((round(now, 9), self.name, "fetched", index, round(elapsed_s, 9)))
         return []
 
     def fetch_failed(self, now, peer, version, index, reason):  # type: ignore[no-untyped-def]
+        if self.log is not None:
+            self.log.append((round(now, 9), self.name, "failed", index, reason))
+            return []
         raise AssertionError(f"{self.name}: fetch of {index} from {peer} failed: {reason}")
 
 
-def _world(peers: dict[str, tuple[float, float]],
-           pace: bool = False) -> tuple[Engine, RelayWorld, dict[str, str], dict[str, float]]:
+def _world(peers: dict[str, tuple[float, float]], pace: bool = False, slots: int = 8,
+           log: list[tuple] | None = None) -> tuple[Engine, RelayWorld, dict[str, str], dict[str, float]]:
     """Peers by name with (upload, download) in bytes/s; no latency, no windows."""
     engine = Engine(1)
-    world = RelayWorld(engine, NetworkModel(local_latency_s=0.0), serving=ServingConfig(slots=8, per_peer=8),
+    world = RelayWorld(engine, NetworkModel(local_latency_s=0.0), serving=ServingConfig(slots=slots, per_peer=slots),
                        pace_uploads=pace)
     done: dict[str, float] = {}
     ids = {}
     for name, (upload, download) in peers.items():
         ident = Identity.from_seed_text(f"fair/{name}")
         ids[name] = ident.peer_id
-        world.add_relay_peer(ident, [_Core(name, done)], upload_bps=upload, download_bps=download)
+        world.add_relay_peer(ident, [_Core(name, done, log)], upload_bps=upload, download_bps=download)
     return engine, world, ids, done
 
 
@@ -119,3 +127,99 @@ def test_a_paced_source_sends_its_chunks_one_after_another_instead_of_sharing_it
         _fetch(world, ids, "b", "src", 1, 100)
         engine.run()
         assert [round(t, 9) for t in sorted(done.values())] == expected
+
+
+def test_a_sinks_download_freed_by_a_finished_flow_goes_to_its_other_flow() -> None:
+    # the sink downloads 100 B/s from two fast sources: 50 B/s each until the 100-byte chunk ends
+    # at 2 s, then the 900-byte one takes the whole 100 B/s (800 B left: done at 10 s, not 18)
+    engine, world, ids, done = _world({"sink": (1.0, 100.0), "s1": (1000.0, math.inf), "s2": (1000.0, math.inf)})
+    _fetch(world, ids, "sink", "s1", 0, 100)
+    _fetch(world, ids, "sink", "s2", 1, 900)
+    engine.run()
+    assert [round(t, 9) for t in sorted(done.values())] == [2.0, 10.0]
+
+
+def test_the_wait_for_the_upload_budget_counts_as_queue_time() -> None:
+    # the second chunk waits 1 s for the budget, then moves for 1 s: the relay's answer header
+    # reports the wait as queue time, so the requester measures 2 s, not 1
+    log: list[tuple] = []
+    engine, world, ids, _ = _world({"src": (100.0, math.inf), "a": (1.0, math.inf), "b": (1.0, math.inf)},
+                                   pace=True, log=log)
+    _fetch(world, ids, "a", "src", 0, 100)
+    _fetch(world, ids, "b", "src", 1, 100)
+    engine.run()
+    assert log == [(1.0, "a", "fetched", 0, 1.0), (2.0, "b", "fetched", 1, 2.0)]
+
+
+def _paced_three() -> tuple[Engine, RelayWorld, dict[str, str], list[tuple]]:
+    """`src` (100 B/s up, paced, 2 slots) at 0.5 s: a's 100-byte chunk moving (done at 1 s), b's
+    granted and waiting for the budget until 1 s, c's queued for a slot."""
+    log: list[tuple] = []
+    engine, world, ids, _ = _world({"src": (100.0, math.inf), "a": (1.0, math.inf), "b": (1.0, math.inf),
+                                    "c": (1.0, math.inf)}, pace=True, slots=2, log=log)
+    for index, sink in enumerate("abc"):
+        _fetch(world, ids, sink, "src", index, 100)
+    engine.run(until=0.5)
+    src = world.ports[ids["src"]]
+    assert len(src.up) == 1 and [r.sink for r in src.paced] == [ids["b"]]
+    assert src.serving.status()["queued"] == 1
+    return engine, world, ids, log
+
+
+def test_a_crashed_source_fails_its_moving_paced_and_queued_requests_at_once() -> None:
+    # the relay's connections reset: every requester hears "unreachable" at once, nothing arrives
+    engine, world, ids, log = _paced_three()
+    world.crash(ids["src"])
+    engine.run()
+    assert sorted(log) == [(0.5, sink, "failed", i, "unreachable") for i, sink in enumerate("abc")]
+    assert world.transfer_stats["flows"] == 1
+    assert not any(world.ports[ids[s]].paced_to for s in "abc")
+
+
+def test_a_stopped_source_answers_nothing_and_sends_nothing() -> None:
+    # a stopped process tells nobody: only the requesters' stall detection notices
+    engine, world, ids, log = _paced_three()
+    world.hang(ids["src"])
+    engine.run()
+    assert log == [] and world.transfer_stats["flows"] == 1
+    assert not world.ports[ids["src"]].paced and not any(world.ports[ids[s]].paced_to for s in "abc")
+
+
+def test_a_sink_that_gives_up_on_a_paced_source_frees_its_slot_for_the_next_requester() -> None:
+    # b's DropSource cancels its paced answer; c takes the slot at once, and starts when the
+    # budget allows: 1.5 s later, since b's reserved bytes are not given back (nor in the relay role)
+    engine, world, ids, log = _paced_three()
+    world.apply(ids["b"], [DropSource(ids["src"])])
+    src = world.ports[ids["src"]]
+    assert [r.sink for r in src.paced] == [ids["c"]] and src.serving.status()["queued"] == 0
+    engine.run()
+    assert log == [(1.0, "a", "fetched", 0, 1.0), (3.0, "c", "fetched", 2, 3.0)]
+    assert world.transfer_stats["flows"] == 2
+
+
+def test_a_sink_that_crashes_or_stops_frees_its_paced_slot_at_once() -> None:
+    # the relay's reader loop ends with the broken connection and cancels the paced answer: the
+    # slot goes to c at once, not when b's wait would have ended, and no byte is sent to b
+    for fail in ("crash", "hang"):
+        engine, world, ids, log = _paced_three()
+        getattr(world, fail)(ids["b"])
+        src = world.ports[ids["src"]]
+        assert [r.sink for r in src.paced] == [ids["c"]] and src.serving.status()["queued"] == 0
+        assert not world.ports[ids["b"]].paced_to
+        engine.run()
+        assert log == [(1.0, "a", "fetched", 0, 1.0), (3.0, "c", "fetched", 2, 3.0)]
+        assert world.transfer_stats["flows"] == 2
+
+
+def test_a_partition_drops_a_paced_request_across_the_cut_even_if_it_heals_before_its_start() -> None:
+    # b is cut off at 0.5 s and the network heals at 0.9 s, before b's paced start at 1 s: the cut
+    # request is gone (b is told nothing: its stall detection asks again), c takes the slot
+    engine, world, ids, log = _paced_three()
+    world.partition([[ids["src"], ids["a"], ids["c"]], [ids["b"]]])
+    src = world.ports[ids["src"]]
+    assert [r.sink for r in src.paced] == [ids["c"]] and src.serving.status()["queued"] == 0
+    engine.run(until=0.9)
+    world.heal()
+    engine.run()
+    assert log == [(1.0, "a", "fetched", 0, 1.0), (3.0, "c", "fetched", 2, 3.0)]
+    assert world.transfer_stats["flows"] == 2
