@@ -75,9 +75,19 @@ async def test_trainer_peers_finish_rounds_when_one_dies_mid_round_and_one_joins
 
     roles = [p.roles["diloco"] for p in survivors]
     await _until(lambda: all(r.state.round >= 2 for r in roles), "round 2")
+    # the survivors' rounds take a fraction of a second: they hold their next round until the joiner
+    # has taken the state, or on a loaded machine they could finish every round before it starts
+    joiner_in = trio.Event()
+    for role in roles:
+        async def held(round, *args, _decide=role._decide):
+            await joiner_in.wait()
+            return await _decide(round, *args)
+        role._decide = held
     joiner = await _start(nursery, tmp_path, "t3", _section(tmp_path, model_dir, "t3", min_peers=2),
                           (first.host.addrs()[0],))  # the bootstrap peer may have been the victim
     joiner_role = joiner.roles["diloco"]
+    await _until(lambda: bool(joiner_role.fetched), "the joiner took the state")
+    joiner_in.set()
     roles.append(joiner_role)
     await _until(lambda: all(r.done for r in roles), "every live peer done")
 
