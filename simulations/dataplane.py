@@ -197,11 +197,8 @@ class RelayWorld(SimWorld):
         self._cancel_paced_to(port)
         for request in port.serving.clear():
             self._fail(request, peer_id, "unreachable", delay=0.0)  # type: ignore[arg-type]
-        for request, handle in port.paced.items():
-            handle.cancel()
-            request.port.paced_to.pop(request)
+        for request in self._forget_paced(port):
             self._fail(request, peer_id, "unreachable", delay=0.0)
-        port.paced.clear()
         port.serving = ServingCore(self.serving)
 
     def hang(self, peer_id: str) -> None:
@@ -215,22 +212,29 @@ class RelayWorld(SimWorld):
             self._end_flow(flow)
             self._done(flow)
         self._cancel_paced_to(port)
-        for request, handle in port.paced.items():
-            handle.cancel()
-            request.port.paced_to.pop(request)
-        port.paced.clear()
+        self._forget_paced(port)
         port.serving = ServingCore(self.serving)
 
     def _cancel_paced_to(self, sink: _Port) -> None:
         """`sink`'s peer crashed or stopped: its requests paced at other sources end now and free
         their upload slots (the relay's reader loop ends with the connection and cancels the
         paced answer). The budget they reserved is not given back, as in the relay role."""
-        paced_to, sink.paced_to = sink.paced_to, {}
-        for request, source in paced_to.items():
+        for request, source in list(sink.paced_to.items()):
             self._cancel_paced(source, request)
+
+    @staticmethod
+    def _forget_paced(source: _Port) -> list[_Request]:
+        """`source`'s peer crashed or stopped: the requests it was pacing are dropped with its
+        serving core (no slot to hand on); returned for the caller to fail or leave silent."""
+        paced, source.paced = source.paced, {}
+        for request, handle in paced.items():
+            handle.cancel()
+            del request.port.paced_to[request]
+        return list(paced)
 
     def _cancel_paced(self, source: _Port, request: _Request) -> None:
         """Forget `request`, paced at `source`, and give its upload slot to the next request."""
+        del request.port.paced_to[request]
         source.paced.pop(request).cancel()
         actions = source.serving.done(self.engine.now, request)
         if actions:
@@ -246,7 +250,6 @@ class RelayWorld(SimWorld):
                 if not reachable(peer_id, sink):
                     port.serving.drop_peer(sink)
             for request in [r for r in port.paced if not reachable(peer_id, r.sink)]:
-                request.port.paced_to.pop(request)
                 self._cancel_paced(port, request)
             for flow in [f for f in port.up if not reachable(peer_id, f.request.sink)]:
                 self._end_flow(flow)
@@ -541,7 +544,6 @@ class RelayWorld(SimWorld):
             return
         port.serving.drop_peer(sink_id)
         for request in [r for r in port.paced if r.sink == sink_id]:
-            request.port.paced_to.pop(request)
             self._cancel_paced(port, request)
         for flow in [f for f in port.up if f.request.sink == sink_id]:
             self._end_flow(flow)

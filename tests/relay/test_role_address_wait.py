@@ -51,6 +51,11 @@ def tell(role: RelayRole, event) -> None:
     role.node.peer_news.on_event("peertable", event)
 
 
+async def ask(role: RelayRole, got: list) -> None:
+    """Wait for SOURCE's data address; note (address or None, when the wait ended)."""
+    got.append((await role._data_addr_soon(SOURCE), trio.current_time()))
+
+
 @pytest.fixture
 def clock():
     return trio.testing.MockClock(autojump_threshold=0)
@@ -59,12 +64,8 @@ def clock():
 async def test_the_address_that_arrives_with_a_later_heartbeat_is_used(tmp_path: Path, clock) -> None:
     role, table = make_role(tmp_path, request_timeout_s=10.0)
     got: list = []
-
-    async def ask() -> None:
-        got.append((await role._data_addr_soon(SOURCE), trio.current_time()))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ask)
+        nursery.start_soon(ask, role, got)
         await trio.sleep(3.0)
         assert got == []  # still waiting: nothing known yet
         table.learn(SOURCE, ADDRESS)
@@ -75,12 +76,8 @@ async def test_the_address_that_arrives_with_a_later_heartbeat_is_used(tmp_path:
 async def test_an_address_learnt_without_a_join_wakes_the_wait_too(tmp_path: Path, clock) -> None:
     role, table = make_role(tmp_path, request_timeout_s=10.0)
     got: list = []
-
-    async def ask() -> None:
-        got.append((await role._data_addr_soon(SOURCE), trio.current_time()))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ask)
+        nursery.start_soon(ask, role, got)
         await trio.sleep(2.2)
         tell(role, PeerJoined("12D3KooWsomeoneelse"))  # news, but not the address we wait for
         await trio.sleep(1.0)
@@ -116,12 +113,8 @@ async def test_a_banned_source_is_not_waited_for(tmp_path: Path, clock) -> None:
 async def test_a_source_banned_while_we_wait_ends_the_wait_at_its_ban(tmp_path: Path, clock) -> None:
     role, table = make_role(tmp_path, request_timeout_s=10.0)
     got: list = []
-
-    async def ask() -> None:
-        got.append((await role._data_addr_soon(SOURCE), trio.current_time()))
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ask)
+        nursery.start_soon(ask, role, got)
         await trio.sleep(1.7)
         table.banned.add(SOURCE)  # a table that knows it bans it and emits PeerLeft "banned" (one that
         # does not know it yet emits nothing, and the wait runs to its timeout)
