@@ -45,7 +45,7 @@ from p2pnet.identity import Identity, ensure_data_dir, load_or_create_identity
 from p2pnet.logformat import set_log_context
 from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
-from p2pnet.peertable import LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
+from p2pnet.peertable import PEER_TABLE_CORE, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
 from p2pnet.reachability import Reachability
 from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
 
@@ -126,15 +126,13 @@ class PeerNews:
     """One trio Event per change of the peer table, renewed at each: every waiter wakes, looks at
     the table again, and the next change finds a fresh Event (nothing stored but the Event)."""
 
-    PEER_TABLE = "peertable"  # the core name whose events count
-
     def __init__(self) -> None:
         self._event = trio.Event()
         self.changes = 0
 
     def on_event(self, origin: str, event: Any) -> None:
         """Feed one core event; the table's joins, leaves and changed entries wake the waiters."""
-        if origin == self.PEER_TABLE and isinstance(event, (PeerJoined, PeerLeft, PeerChanged)):
+        if origin == PEER_TABLE_CORE and isinstance(event, (PeerJoined, PeerLeft, PeerChanged)):
             self.changes += 1
             self._event.set()
             self._event = trio.Event()
@@ -442,7 +440,7 @@ async def run_node(
                 from p2pnet.web import serve_peer_http
 
                 node.metrics_url = await nursery.start(serve_peer_http, node, config.metrics_listen)
-            await node.add_core(table, "peertable")
+            await node.add_core(table, PEER_TABLE_CORE)
             notices = Notices(lambda: int(time.time() * 1000))
             notice_runner = await node.add_core(notices, "notices")
 

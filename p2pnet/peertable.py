@@ -133,6 +133,9 @@ class PeerLeft:
     why: str  # "expired" or "banned"
 
 
+PEER_TABLE_CORE = "peertable"  # the name the node runs the table under: roles carry out its effects as it
+
+
 @dataclass(frozen=True)
 class PeerChanged:
     """A known peer's heartbeat changed how to reach it or what it does (addresses, data

@@ -54,7 +54,7 @@ import trio
 from p2pnet.core import Emit
 from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_file, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, P2PNetError, PeerUnavailable
-from p2pnet.peertable import PeerChanged, PeerJoined, PeerLeft
+from p2pnet.peertable import PEER_TABLE_CORE, PeerChanged, PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.loader import VersionWatcher
@@ -422,7 +422,7 @@ class RelayRole:
     def penalise(self, peer: str, amount: float, reason: str) -> None:
         """Score `peer` down in the peer table (banned when it repeats); say so once."""
         for effect in self.node.peertable.penalise(trio.current_time(), peer, amount):
-            self.node.carry_out("peertable", effect)
+            self.node.carry_out(PEER_TABLE_CORE, effect)
         log.warning("penalised %s by %s: %s", peer, amount, reason)
 
     async def open_stream(self, peer: str) -> trio.SocketStream:

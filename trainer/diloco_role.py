@@ -57,6 +57,7 @@ import trio
 from p2pnet.config import from_mapping, validated
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
+from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state, write_state
@@ -431,7 +432,7 @@ class DilocoRole:
     def _penalise(self, peer: str, why: str) -> None:
         self.rejected[why] = self.rejected.get(why, 0) + 1
         for effect in self.node.peertable.penalise(trio.current_time(), peer, PENALTY):
-            self.node.carry_out("peertable", effect)
+            self.node.carry_out(PEER_TABLE_CORE, effect)
         log.warning("diloco: rejected a contribution of %s (%s)", peer, why)
 
     async def open_stream(self, peer: str) -> trio.SocketStream:

@@ -28,6 +28,7 @@ import trio
 
 from p2pnet.config import from_mapping, validated
 from p2pnet.errors import ConfigError
+from p2pnet.peertable import PEER_TABLE_CORE
 from models.weights import load_version
 from relay.loader import LOAD_FAILURES, RejectedVersions
 from tasks.prompts import check_spec
@@ -395,7 +396,7 @@ class TrainerRole:
     def _on_event(self, origin: str, event: Any) -> None:
         if origin == "intake" and isinstance(event, Penalise):
             for effect in self.node.peertable.penalise(trio.current_time(), event.peer, 2.0):
-                self.node.carry_out("peertable", effect)
+                self.node.carry_out(PEER_TABLE_CORE, effect)
 
     def status(self) -> dict[str, Any]:
         steps = [dict(h, propagation_s=self.propagation_s(h["step"]), **self.publish_timing.get(h["version"], {}))

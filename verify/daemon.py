@@ -44,6 +44,7 @@ import trio
 from p2pnet.config import from_mapping, validated
 from p2pnet.control import Reply
 from p2pnet.errors import ConfigError
+from p2pnet.peertable import PEER_TABLE_CORE
 from relay.loader import LOAD_FAILURES, RejectedVersions
 from verify.errors import ProofError
 from verify.calibration import CalibrationTables, load_tables
@@ -485,7 +486,7 @@ class ValidatorRole:
         elif isinstance(event, Penalise):
             now = trio.current_time()
             for effect in self.node.peertable.penalise(now, event.peer, self.config.penalty):
-                self.node.carry_out("peertable", effect)
+                self.node.carry_out(PEER_TABLE_CORE, effect)
             self._remember("penalise", peer=event.peer, reason=event.reason)
         elif isinstance(event, VerdictPublished):
             v = event.verdict
