@@ -33,6 +33,7 @@ _DIRECT_BELOW = 65536  # one chunk shorter than this runs torch.topk itself (mea
 # from 65,536 entries the selection wins where few chunks are tied, as in real hidden states)
 _REPLAY_FROM = 32768  # tied rows this long replay the heap on a subsequence (measured: 28,672 entries
 # faster with torch.topk on the whole row, 65,536 faster replayed)
+_TIE_EXTRA_MAX = 256  # tie-set entries beyond the k-th place kept open when measuring; more: torch's set
 
 
 def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
@@ -116,18 +117,17 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     return np.where(picked < start, picked, later_pick)
 
 
-def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
-    """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
+def _candidates(keys: np.ndarray, n: int, k: int):
+    """Every entry that can be in a row's top k, sorted by row then key descending.
 
     keys: uint16 [C, n padded to whole blocks] (``_abs_keys``), the |bf16| bit patterns
     (their integer order is the order of |value|, as torch compares them). A threshold t per
     row is the k-th largest group maximum (of maxima of 16 maxima in rows of 32,768 entries or
-    more; k distinct entries reach it either way, so every top-k entry
-    is >= t); the entries >= t (a few hundred per row) are found with one flat scan of all
-    rows and sorted by (row, key). Where the k-th and (k+1)-th largest differ the set is
-    unique. Rows with a tie at the k-th place take torch.topk's choice, which depends on its
-    CPU kernel: a heap for n >= 64 k, replayed on a short subsequence by ``_heap_topk`` when
-    rows are long (measured faster from 32,768 entries), else torch.topk on the whole rows.
+    more; k distinct entries reach it either way, so every top-k entry is >= t, and so is
+    every entry equal to the k-th largest); the entries >= t (a few hundred per row) are found
+    with one flat scan of all rows and sorted by (row, key).
+    Returns (maxima, row, pos, key, starts, counts): the group maxima, then per candidate its
+    row, position and key in that order, and per row where its run starts and how long it is.
     """
     rows, width = keys.shape
     maxima = _group_maxima(keys)
@@ -148,9 +148,20 @@ def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
     # by row, then key descending; flatnonzero returns the rows in order, and a stable sort
     # (timsort on these runs) is 3x faster than the default one here (measured)
     order = np.argsort((row << 16) | (0x7FFF - key), kind="stable")
-    pos, key = pos[order], key[order]
     counts = np.bincount(row, minlength=rows)
     starts = np.cumsum(counts) - counts
+    return maxima, row[order], pos[order], key[order], starts, counts
+
+
+def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Positions of the k largest ``keys`` per row, ties broken as toploc's torch.topk: [C, k].
+
+    The candidates come from ``_candidates``. Where the k-th and (k+1)-th largest differ the
+    set is unique. Rows with a tie at the k-th place take torch.topk's choice, which depends
+    on its CPU kernel: a heap for n >= 64 k, replayed on a short subsequence by ``_heap_topk``
+    when rows are long (measured faster from 32,768 entries), else torch.topk on the whole rows.
+    """
+    maxima, _, pos, key, starts, counts = _candidates(keys, n, k)
     chosen = pos[starts[:, None] + np.arange(k)[None, :]]
     # a tie at the k-th place: the entry just below the top k (if any) has the same key
     after = starts + k
@@ -163,6 +174,42 @@ def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
     return chosen
 
 
+def _select_tie_sets(keys: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The k largest ``keys`` per row with the tie at the k-th place left open (for measuring).
+
+    Returns (positions [C, k + e], above [C], end [C]): per row, slots 0..above-1 hold the
+    entries strictly larger than the k-th largest key v, slots above..end-1 every entry equal
+    to v (the tie set), in no particular order; later slots are filler. Every choice of
+    k - above slots from the tie set, with the slots above, is a top-k set of the row. A row
+    without a tie has above = end = k. A row whose tie set has more than ``_TIE_EXTRA_MAX``
+    entries beyond the k-th place (near-constant chunks) gets torch.topk's set instead
+    (above = end = k), so the width stays bounded.
+    """
+    rows = keys.shape[0]
+    _, row, pos, key, starts, counts = _candidates(keys, n, k)
+    above = np.full(rows, k, dtype=np.int64)
+    end = np.full(rows, k, dtype=np.int64)
+    after = starts + k
+    tied = (counts > k) & (key[np.minimum(after, key.size - 1)] == key[after - 1])
+    wide = np.zeros(rows, dtype=bool)
+    extra = 0
+    if tied.any():
+        tie_key = np.full(rows, -1, dtype=np.int64)
+        tie_key[tied] = key[after[tied] - 1]
+        mine = tie_key[row]  # the row's tie value at each candidate (-1 in untied rows)
+        above[tied] = np.bincount(row[key > mine], minlength=rows)[tied]
+        end[tied] = above[tied] + np.bincount(row[key == mine], minlength=rows)[tied]
+        wide = end - k > _TIE_EXTRA_MAX
+        if wide.any():
+            above[wide] = end[wide] = k
+        extra = int((end - k).max())
+    slots = np.minimum(starts[:, None] + np.arange(k + extra)[None, :], pos.size - 1)
+    chosen = pos[slots]
+    if wide.any():
+        chosen[wide, :k] = _torch_topk(keys[wide, :n], k)
+    return chosen, above, end
+
+
 def topk_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
     """Top-|value| entries of ``count`` chunks of ``rows`` rows, starting at ``first_row``.
 
@@ -170,6 +217,22 @@ def topk_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int, top
     """
     block = hidden[first_row : first_row + count * rows].reshape(count, -1)
     return topk_of([block.view(torch.int16).numpy().view(np.uint16)], topk)
+
+
+def tie_sets_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
+    """``topk_chunks`` with each chunk's tie at the k-th place left open (``_select_tie_sets``).
+
+    Returns (flat indices int64 [count, k + e], bf16 bit patterns int64 [count, k + e],
+    above [count], end [count]).
+    """
+    block = hidden[first_row : first_row + count * rows].reshape(count, -1)
+    bits16 = block.view(torch.int16).numpy().view(np.uint16)
+    n = bits16.shape[1]
+    k = min(topk, n)
+    keys = _abs_keys(count, n)
+    _abs(bits16, out=keys[:, :n])
+    idx, above, end = _select_tie_sets(keys, n, k)
+    return idx, np.take_along_axis(bits16, idx, axis=1).astype(np.int64), above, end
 
 
 def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndarray]:

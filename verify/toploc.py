@@ -50,6 +50,7 @@ import torch
 
 from verify.errors import ProofError
 from verify.gf import PRIME, evaluate, interpolate
+from verify.topk import tie_sets_chunks as _tie_sets
 from verify.topk import topk_chunks as _topk
 from verify.topk import topk_of as _topk_of
 
@@ -265,23 +266,60 @@ class ChunkStats:
     sign_mismatches: int
 
 
-def _compare(committed: np.ndarray, recomputed: np.ndarray) -> list[ChunkStats]:
-    """Per-row statistics of two [C, k] arrays of bf16 bit patterns."""
-    exp_c, exp_r = (committed >> 7) & 0xFF, (recomputed >> 7) & 0xFF
+def _slot_scores(committed: np.ndarray, recomputed: np.ndarray) -> np.ndarray:
+    """How well each committed bf16 pattern matches the recomputed one, as one int per slot:
+    256 if the exponent bits (7-14) differ, plus twice the mantissa error (bits 0-6), plus 1
+    if the sign bit differs. Smaller is better; 0 is a bit-exact match."""
+    diff = committed ^ recomputed
     mant_err = np.abs((committed & 0x7F) - (recomputed & 0x7F))
-    match = exp_c == exp_r
-    n_match = match.sum(axis=1)
-    exp_mis = committed.shape[1] - n_match
-    sign_mis = (((committed ^ recomputed) >> 15) & 1).sum(axis=1)
+    return (((diff & 0x7F80) != 0).astype(np.int64) << 8) | (mant_err << 1) | ((diff >> 15) & 1)
+
+
+def _stats(score: np.ndarray) -> list[ChunkStats]:
+    """Per-row statistics from the [C, k] slot scores of ``_slot_scores``."""
+    match = score < 256
+    n_match = np.count_nonzero(match, axis=1)
+    exp_mis = score.shape[1] - n_match
+    sign_mis = (score & 1).sum(axis=1)
+    total = np.where(match, score >> 1, 0).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n_match > 0, (mant_err * match).sum(axis=1) / np.maximum(n_match, 1), np.inf)
-    ordered = np.sort(np.where(match, mant_err, np.iinfo(np.int64).max), axis=1)
-    upper = np.take_along_axis(ordered, (n_match // 2)[:, None], axis=1)[:, 0]
+        mean = np.where(n_match > 0, total / np.maximum(n_match, 1), np.inf)
+    # matched slots sort first, by mantissa error: the upper median is at n_match // 2
+    upper = np.take_along_axis(np.sort(score, axis=1), (n_match // 2)[:, None], axis=1)[:, 0] >> 1
     median = np.where(n_match > 0, upper.astype(np.float64), np.inf)
     return [
-        ChunkStats(int(e), float(mu), float(md), int(s))
-        for e, mu, md, s in zip(exp_mis, mean, median, sign_mis)
+        ChunkStats(e, mu, md, sg)
+        for e, mu, md, sg in zip(exp_mis.tolist(), mean.tolist(), median.tolist(), sign_mis.tolist())
     ]
+
+
+def _compare(committed: np.ndarray, recomputed: np.ndarray) -> list[ChunkStats]:
+    """Per-row statistics of two [C, k] arrays of bf16 bit patterns."""
+    return _stats(_slot_scores(committed, recomputed))
+
+
+_OUTSIDE = 1 << 16  # above every slot score (at most 511)
+
+
+def _compare_tie_sets(
+    committed: np.ndarray, recomputed: np.ndarray, above: np.ndarray, end: np.ndarray, k: int
+) -> list[ChunkStats]:
+    """``_compare`` where each row's tie at the k-th place is open (``verify.topk``'s tie sets).
+
+    committed / recomputed: [C, k + e] bf16 patterns at the candidate slots; per row, slots
+    below ``above`` are always counted, and k - above of the slots above..end-1 (the entries
+    equal to the k-th largest |value|) are counted: those the committed polynomial matches
+    best (smallest ``_slot_scores``: exponent match, then mantissa error, then sign).
+    """
+    score = _slot_scores(committed, recomputed)
+    if score.shape[1] == k:
+        return _stats(score)
+    slot = np.arange(score.shape[1])[None, :]
+    # counted slots sort first (shifted below 0), then the tied ones by score, then the filler
+    order = np.where(slot < above[:, None], score - _OUTSIDE,
+                     np.where(slot < end[:, None], score, _OUTSIDE))
+    kept = np.sort(order, axis=1)[:, :k]
+    return _stats(np.where(kept < 0, kept + _OUTSIDE, kept))
 
 
 def measure(
@@ -290,8 +328,31 @@ def measure(
     *,
     chunk_tokens: int = 32,
     topk: int = 128,
+    exact_ties: bool = False,
 ) -> list[ChunkStats]:
     """Compare recomputed ``hidden`` [tokens, hidden_size] bf16 with committed ``proofs``.
+
+    Ties at the k-th place: when several entries share the k-th largest |value| v, every
+    choice of them completes an equally valid top-k set; which one a prover commits is a
+    detail of its top-k kernel (toploc's, or ours with the same torch CPU heap; a CUDA topk
+    picks others). By default (``exact_ties=False``) the validator does not reproduce that
+    choice: it counts the entries strictly above v, and of the entries equal to v the
+    k - (count above) that the committed polynomial matches best (exponent, then mantissa,
+    then sign; see ``_compare_tie_sets``). So:
+    - an honest proof over the same hidden states measures exactly as under ``exact_ties``:
+      the prover's tied entries are among the tie set and the polynomial reproduces them
+      bit for bit (score 0, the best), so the statistics are all zero either way;
+    - for any proof, the statistics are those of the exact path applied to another valid
+      top-k set of the recomputed hidden states: the same entries strictly above v, the
+      same number of entries equal to v, each compared with the polynomial at its own
+      index. Only which tied entries (equal |value|, so equal up to the sign) are counted
+      can differ, in the proof's favour; every other entry is compared exactly as before,
+      and a committed value that matches no tied entry still counts as a mismatch. A
+      chunk with more than 256 tied entries beyond the k-th place falls back to torch's
+      choice (``verify.topk._select_tie_sets``).
+    ``exact_ties=True`` takes torch.topk's choice among the tied entries, as toploc's own
+    verify does (its statistics on differing hidden states, test_toploc_ties.py); it is
+    slower by one torch.topk or heap replay per tied chunk.
 
     Raises ProofError when the proofs are malformed or do not fit the hidden states: a
     proof that is not bytes (None included), of the wrong length, with an out-of-range
@@ -310,7 +371,11 @@ def measure(
     for start, first_row, count, rows in _chunk_groups(hidden.shape[0], chunk_tokens):
         k = min(topk, rows * hidden.shape[1])
         moduli, coeffs = _decode_many(proofs[start : start + count], k)
-        idx, bits = _topk(hidden, first_row, count, rows, topk)
-        committed = evaluate(coeffs, idx % moduli[:, None])
-        stats.extend(_compare(committed, bits))
+        if exact_ties:
+            idx, bits = _topk(hidden, first_row, count, rows, topk)
+            stats.extend(_compare(evaluate(coeffs, idx % moduli[:, None]), bits))
+        else:
+            idx, bits, above, end = _tie_sets(hidden, first_row, count, rows, topk)
+            committed = evaluate(coeffs, idx % moduli[:, None])
+            stats.extend(_compare_tie_sets(committed, bits, above, end, k))
     return stats

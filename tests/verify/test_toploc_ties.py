@@ -4,8 +4,9 @@ toploc takes ``flat.abs().topk(128)``; which of several equal |values| at the 12
 keeps is decided by torch's CPU kernel. The fixture was made by the real toploc
 (tests/fixtures/make_toploc_ties.py) on tie-heavy inputs: normal hidden states at hidden 4096,
 heavy-tailed ones, massive channels, a coarse grid, and real SmolLM2-135M last hidden states.
-Every chunk's proof must be byte-equal, and measuring a perturbed copy must give toploc's
-numbers.
+Every chunk's proof must be byte-equal, and measuring a perturbed copy with ``exact_ties``
+(torch's choice among tied entries, as toploc's verify) must give toploc's numbers (the default
+tie-set measure is tests/verify/test_toploc_tie_sets.py).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def test_measure_matches_toploc_on_perturbed_copy(name, inputs):
     case = CASES[name]
     perturbed = perturb_bits(inputs[name], case["perturb_seed"])
     proofs = [bytes.fromhex(h) for h in case["proofs_hex"]]
-    ours = [(s.exp_mismatches, s.mant_err_mean, s.mant_err_median) for s in measure(perturbed, proofs)]
+    ours = [(s.exp_mismatches, s.mant_err_mean, s.mant_err_median)
+            for s in measure(perturbed, proofs, exact_ties=True)]
     theirs = case["perturbed_results"]
     assert [o[0] for o in ours] == [t[0] for t in theirs]
     assert np.allclose([o[1:] for o in ours], [t[1:] for t in theirs], rtol=1e-12, atol=0)
