@@ -66,18 +66,18 @@ def _powers(x: np.ndarray, n: int) -> np.ndarray:
 
 
 _TABLE_GIANT = 8  # giant steps kept in the power tables: covers n <= 16 * 8 = 128 points
-_POWER_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
+_POWER_TABLES: list[np.ndarray] = []
 
 
-def _power_tables() -> tuple[np.ndarray, np.ndarray]:
-    """x^b (b < 16) and x^(16 g) (g < 8) for every x in GF(P), as uint16 [P, 16] and [P, 8]
+def _power_table() -> np.ndarray:
+    """x^b (b < 16), then x^(16 g) (g < 8), for every x in GF(P), as one uint16 table [P, 24]
     (3 MiB, built on first use in a few ms): a table lookup replaces the repeated modular
-    products of ``_powers`` for the usual 128 points."""
+    products of ``_powers`` for the usual 128 points, one row (48 bytes) per point."""
     if not _POWER_TABLES:
         x = np.arange(PRIME, dtype=np.int64)
         baby = _powers(x, _BABY + 1)
         giant = _powers(baby[:, _BABY], _TABLE_GIANT)
-        _POWER_TABLES.append((baby[:, :_BABY].astype(np.uint16), giant.astype(np.uint16)))
+        _POWER_TABLES.append(np.concatenate([baby[:, :_BABY], giant], axis=1).astype(np.uint16))
     return _POWER_TABLES[0]
 
 
@@ -86,8 +86,9 @@ def _bsgs_tables(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     baby = min(_BABY, n)
     giant = -(-n // baby)
     if baby == _BABY and giant <= _TABLE_GIANT:
-        small, big = _power_tables()  # np.take: 6-8x faster than small[x] for a 2-D x (measured)
-        return np.take(small, x, axis=0).astype(np.float64), np.take(big[:, :giant], x, axis=0).astype(np.float64)
+        # np.take: 6-8x faster than table[x] for a 2-D x (measured)
+        rows = np.take(_power_table(), x, axis=0).astype(np.float64)
+        return rows[..., :_BABY], rows[..., _BABY : _BABY + giant]
     small = _powers(x, baby + 1)
     return small[..., :baby], _powers(small[..., baby], giant)
 

@@ -118,16 +118,18 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
 
 
 def _candidates(keys: np.ndarray, n: int, k: int):
-    """Every entry that can be in a row's top k, sorted by row then key descending.
+    """Every entry that can be in a row's top k, sorted by row, then key descending, then position.
 
     keys: uint16 [C, n padded to whole blocks] (``_abs_keys``), the |bf16| bit patterns
     (their integer order is the order of |value|, as torch compares them). A threshold t per
     row is the k-th largest group maximum (of maxima of 16 maxima in rows of 32,768 entries or
     more; k distinct entries reach it either way, so every top-k entry is >= t, and so is
     every entry equal to the k-th largest); the entries >= t (a few hundred per row) are found
-    with one flat scan of all rows and sorted by (row, key).
-    Returns (maxima, row, pos, key, starts, counts): the group maxima, then per candidate its
-    row, position and key in that order, and per row where its run starts and how long it is.
+    with one flat scan of all rows and sorted as one int64 record each (row, inverted key,
+    position: one stable sort, 3x faster than an argsort and three gathers, measured).
+    Returns (maxima, records, shift, starts, counts): the group maxima, the sorted records
+    (row << (shift + 15) | (0x7FFF - key) << shift | position, with shift the bit length of
+    n), and per row where its run of records starts and how long it is.
     """
     rows, width = keys.shape
     maxima = _group_maxima(keys)
@@ -145,12 +147,13 @@ def _candidates(keys: np.ndarray, n: int, k: int):
     if not thresh.all():  # a zero threshold lets the zero padding in: drop it
         real = pos < n
         row, pos, key = row[real], pos[real], key[real]
-    # by row, then key descending; flatnonzero returns the rows in order, and a stable sort
-    # (timsort on these runs) is 3x faster than the default one here (measured)
-    order = np.argsort((row << 16) | (0x7FFF - key), kind="stable")
+    shift = int(n).bit_length()
+    if shift + 15 + int(rows).bit_length() > 63:
+        raise ValueError(f"{rows} chunks of {n} entries do not fit one int64 record each")
+    records = np.sort((row << (shift + 15)) | ((0x7FFF - key) << shift) | pos, kind="stable")
     counts = np.bincount(row, minlength=rows)
     starts = np.cumsum(counts) - counts
-    return maxima, row[order], pos[order], key[order], starts, counts
+    return maxima, records, shift, starts, counts
 
 
 def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -161,11 +164,12 @@ def _select_topk(keys: np.ndarray, n: int, k: int) -> np.ndarray:
     on its CPU kernel: a heap for n >= 64 k, replayed on a short subsequence by ``_heap_topk``
     when rows are long (measured faster from 32,768 entries), else torch.topk on the whole rows.
     """
-    maxima, _, pos, key, starts, counts = _candidates(keys, n, k)
-    chosen = pos[starts[:, None] + np.arange(k)[None, :]]
+    maxima, records, shift, starts, counts = _candidates(keys, n, k)
+    chosen = np.take(records, starts[:, None] + np.arange(k)[None, :]) & ((1 << shift) - 1)
     # a tie at the k-th place: the entry just below the top k (if any) has the same key
     after = starts + k
-    tied = (counts > k) & (key[np.minimum(after, key.size - 1)] == key[after - 1])
+    below = np.take(records, np.minimum(after, records.size - 1)) >> shift
+    tied = (counts > k) & (below == records[after - 1] >> shift)
     if tied.any():
         if n >= _REPLAY_FROM and n >= _HEAP_RATIO * k and k <= _SPREAD:  # block 0 must hold the first k
             chosen[tied] = _heap_topk(keys[tied], n, k, maxima[tied])
@@ -179,32 +183,22 @@ def _select_tie_sets(keys: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.n
 
     Returns (positions [C, k + e], above [C], end [C]): per row, slots 0..above-1 hold the
     entries strictly larger than the k-th largest key v, slots above..end-1 every entry equal
-    to v (the tie set), in no particular order; later slots are filler. Every choice of
-    k - above slots from the tie set, with the slots above, is a top-k set of the row. A row
-    without a tie has above = end = k. A row whose tie set has more than ``_TIE_EXTRA_MAX``
-    entries beyond the k-th place (near-constant chunks) gets torch.topk's set instead
-    (above = end = k), so the width stays bounded.
+    to v (the tie set), in position order; later slots are filler. Every choice of k - above
+    slots from the tie set, with the slots above, is a top-k set of the row (without a tie
+    at the k-th place, end = k and the choice is all of them). A row whose tie set has more
+    than ``_TIE_EXTRA_MAX`` entries beyond the k-th place (near-constant chunks) gets
+    torch.topk's set instead (above = end = k), so the width stays bounded.
     """
-    rows = keys.shape[0]
-    _, row, pos, key, starts, counts = _candidates(keys, n, k)
-    above = np.full(rows, k, dtype=np.int64)
-    end = np.full(rows, k, dtype=np.int64)
-    after = starts + k
-    tied = (counts > k) & (key[np.minimum(after, key.size - 1)] == key[after - 1])
-    wide = np.zeros(rows, dtype=bool)
-    extra = 0
-    if tied.any():
-        tie_key = np.full(rows, -1, dtype=np.int64)
-        tie_key[tied] = key[after[tied] - 1]
-        mine = tie_key[row]  # the row's tie value at each candidate (-1 in untied rows)
-        above[tied] = np.bincount(row[key > mine], minlength=rows)[tied]
-        end[tied] = above[tied] + np.bincount(row[key == mine], minlength=rows)[tied]
-        wide = end - k > _TIE_EXTRA_MAX
-        if wide.any():
-            above[wide] = end[wide] = k
-        extra = int((end - k).max())
-    slots = np.minimum(starts[:, None] + np.arange(k + extra)[None, :], pos.size - 1)
-    chosen = pos[slots]
+    _, records, shift, starts, _ = _candidates(keys, n, k)
+    tie = records[starts + k - 1] >> shift  # (row, inverted key) of each row's k-th entry
+    above = np.searchsorted(records, tie << shift) - starts
+    end = np.searchsorted(records, (tie + 1) << shift) - starts
+    wide = end - k > _TIE_EXTRA_MAX
+    if wide.any():
+        above[wide] = end[wide] = k
+    extra = int((end - k).max())
+    slots = np.minimum(starts[:, None] + np.arange(k + extra)[None, :], records.size - 1)
+    chosen = np.take(records, slots) & ((1 << shift) - 1)
     if wide.any():
         chosen[wide, :k] = _torch_topk(keys[wide, :n], k)
     return chosen, above, end
@@ -232,7 +226,8 @@ def tie_sets_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int,
     keys = _abs_keys(count, n)
     _abs(bits16, out=keys[:, :n])
     idx, above, end = _select_tie_sets(keys, n, k)
-    return idx, np.take_along_axis(bits16, idx, axis=1).astype(np.int64), above, end
+    flat_idx = idx + (np.arange(count, dtype=np.int64) * n)[:, None]
+    return idx, np.take(bits16.reshape(-1), flat_idx).astype(np.int64), above, end
 
 
 def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndarray]:
