@@ -192,7 +192,7 @@ def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
     """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k]."""
     idx, bits = selected
     count = idx.shape[0]
-    if np.any(bits & 0x7F80 == 0x7F80):  # non-finite entries always rank in the top k
+    if (bits & 0x7F80).max(initial=0) == 0x7F80:  # non-finite entries always rank in the top k
         raise ProofError("hidden states contain NaN or infinity")
     if idx.max(initial=0) < PRIME:  # positions below P (chunks of <= P entries) are distinct mod P
         moduli, points = np.full(count, PRIME, dtype=np.int64), idx
