@@ -61,12 +61,25 @@ def test_honest_proofs_measure_as_on_the_exact_path(name, make):
     assert measure(hidden, proofs) == measure(hidden, proofs, exact_ties=True) == [ZERO] * len(proofs)
 
 
+def _golden_inputs() -> dict[str, torch.Tensor]:
+    """The inputs of tests/fixtures/toploc_ties.json: synthetic ones from its maker script (run
+    without toploc), real SmolLM2-135M states from smollm2_hidden.npz."""
+    source = (FIXTURES / "make_toploc_ties.py").read_text().replace("import toploc\n", "")
+    maker: dict = {"__name__": "make_toploc_ties", "__file__": str(FIXTURES / "make_toploc_ties.py")}
+    exec(compile(source, str(FIXTURES / "make_toploc_ties.py"), "exec"), maker)
+    inputs = dict(maker["synthetic_cases"]())
+    stored = np.load(FIXTURES / "smollm2_hidden.npz")
+    for name in stored.files:
+        inputs[f"smollm2_{name}"] = torch.from_numpy(stored[name].view(np.int16).copy()).view(torch.bfloat16)
+    return inputs
+
+
 def test_toploc_golden_proofs_measure_zero_on_tie_heavy_fixtures():
     golden = json.loads((FIXTURES / "toploc_ties.json").read_text())
-    from tests.verify.test_toploc_ties import _load
-
+    inputs = _golden_inputs()
+    assert {case["name"] for case in golden["cases"]} <= set(inputs)
     for case in golden["cases"]:
-        hidden = _load(case["name"])
+        hidden = inputs[case["name"]]
         proofs = [bytes.fromhex(h) for h in case["proofs_hex"]]
         assert measure(hidden, proofs) == measure(hidden, proofs, exact_ties=True) == [ZERO] * len(proofs)
 
