@@ -16,7 +16,12 @@ What is timed, as a worker and a validator use it:
   the batch ends, with ``build_proofs_many`` (all rows' chunks in one pass); toploc has no
   such call, so its figure is ``build_proofs_bytes`` once per row, as a worker using it would;
 - ``build_1024``: the proofs of one 1,024-token rollout;
-- ``verify_1024``: verifying 1,024 tokens (32 chunks, what a validator does per rollout).
+- ``verify_1024``: verifying 1,024 tokens (32 chunks, what a validator does per rollout) with
+  ``measure``'s exact tie rule (torch's choice among entries tied at the 128th place, as
+  toploc): what a validator with the shipped calibration tables runs (their ``ties`` is exact);
+- ``verify_open_1024``: the same with open ties (``exact_ties=False``): what a validator runs
+  once its tables are measured with ``scripts/calibrate.py --ties open``. Both of ours and
+  toploc's verify run alternately in one loop, and both ratios use that toploc figure.
 
 Inputs: standard normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
 and the same with a few massive channels, as real LM-head inputs have. Both libraries run
@@ -58,7 +63,7 @@ def paired_ms(fns: list, repeats: int) -> list[float]:
     return [1e3 * statistics.median(t) for t in times]
 
 
-COLUMNS = ("build_chunk", "build_batch", "build_1024", "verify_1024")
+COLUMNS = ("build_chunk", "build_batch", "build_1024", "verify_1024", "verify_open_1024")
 
 
 def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: int, batch_tokens: int) -> dict:
@@ -75,10 +80,12 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
         "build_chunk": lambda: build_proofs(chunk),
         "build_batch": lambda: build_proofs_many(batch),
         "build_1024": lambda: build_proofs(h),
-        "verify_1024": lambda: measure(h, ours),
+        "verify_1024": lambda: measure(h, ours, exact_ties=True),
+        "verify_open_1024": lambda: measure(h, ours, exact_ties=False),
     }
     per = {"build_batch": batch_chunks}  # reported per chunk
     counts = {name: repeats if name == "build_chunk" else max(3, repeats // 3) for name in fns}
+    assert measure(h, ours, exact_ties=False) == measure(h, ours, exact_ties=True)  # honest: both zero
     if toploc is None:
         for name, fn in fns.items():
             row[name] = paired_ms([fn], counts[name])[0] / per.get(name, 1)
@@ -96,9 +103,14 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
         "build_1024": lambda: toploc.build_proofs_bytes(rows_all, 32, 128, skip_prefill=True),
         "verify_1024": lambda: toploc.verify_proofs_bytes(h, theirs, 32, 128, skip_prefill=True),
     }
-    for name, fn in fns.items():
-        mine, its = paired_ms([fn, their_fns[name]], counts[name])
+    for name in ("build_chunk", "build_batch", "build_1024"):
+        mine, its = paired_ms([fns[name], their_fns[name]], counts[name])
         row[name], row[f"toploc_{name}"] = mine / per.get(name, 1), its / per.get(name, 1)
+    exact, opened, its = paired_ms([fns["verify_1024"], fns["verify_open_1024"], their_fns["verify_1024"]],
+                                   counts["verify_1024"])
+    row["verify_1024"], row["verify_open_1024"] = exact, opened
+    row["toploc_verify_1024"] = row["toploc_verify_open_1024"] = its
+    for name in COLUMNS:
         row[f"speedup_{name}"] = row[f"toploc_{name}"] / row[name]
     return row
 
@@ -137,20 +149,23 @@ def main() -> None:
           f"{'pinned to one core' if args.one_core else 'all cores allowed'}, worker batch "
           f"{args.batch_rows} rows x {args.batch_tokens} tokens\n")
     cols = list(COLUMNS)
+    their_cols = [c for c in cols if c != "verify_open_1024"]  # one toploc verify serves both ratios
     head = "| hidden | massive ch. | " + " | ".join(f"ours {c}" for c in cols)
     sep = "|---|---|" + "---|" * len(cols)
     if toploc is not None:
-        head += " | " + " | ".join(f"toploc {c}" for c in cols) + " | " + \
+        head += " | " + " | ".join(f"toploc {c}" for c in their_cols) + " | " + \
             " | ".join(f"x {c}" for c in cols) + " | byte-equal chunks"
-        sep += "---|" * (2 * len(cols) + 1)
+        sep += "---|" * (len(their_cols) + len(cols) + 1)
     print(head + " |\n" + sep)
     for r in results:
         cells = [str(r["hidden"]), str(r["massive_channels"])] + [f"{r[c]:.3f}" for c in cols]
         if toploc is not None:
-            cells += [f"{r['toploc_' + c]:.3f}" for c in cols] + [f"{r['speedup_' + c]:.2f}" for c in cols]
+            cells += [f"{r['toploc_' + c]:.3f}" for c in their_cols] + [f"{r['speedup_' + c]:.2f}" for c in cols]
             cells.append(f"{r['byte_equal_chunks']}/{r['chunks']}")
         print("| " + " | ".join(cells) + " |")
-    print("\nTimes in ms (medians); build_batch is per chunk; x = toploc time / ours (above 1: ours is faster).")
+    print("\nTimes in ms (medians); build_batch is per chunk; x = toploc time / ours (above 1: ours is faster); "
+          "verify_1024: exact ties (the shipped calibration tables' rule), verify_open_1024: open ties "
+          "(tables measured with scripts/calibrate.py --ties open).")
 
 
 if __name__ == "__main__":

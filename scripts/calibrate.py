@@ -2,7 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python scripts/calibrate.py --model /tmp/smol/smollm2 \
         [--prompts 16] [--attack-prompts 8] [--rows 32] [--group 16] [--tokens 64] \
-        [--doc docs/calibration.md] [--table verify/calibration_tables.json] [--json results.json]
+        [--ties exact|open] [--doc docs/calibration.md] [--table verify/calibration_tables.json] \
+        [--json results.json]
     PYTHONPATH=. .venv/bin/python scripts/calibrate.py --model tiny --prompts 2 --attack-prompts 1  # smoke run
 
 The experiment, each step real (no figure is assumed):
@@ -11,7 +12,11 @@ The experiment, each step real (no figure is assumed):
    inputs. Submissions are ``--group`` rollouts of one prompt.
 2. Validators, one per dtype, recompute every rollout with one prefill and run the whole
    per-rollout check (verify.check.check_rollout: TOPLOC with the paper's thresholds, the
-   sampling replay, termination). Rows of equal length are prefilled in one batch.
+   sampling replay, termination). Rows of equal length are prefilled in one batch. TOPLOC
+   treats entries tied at the 128th place by ``--ties`` (verify.toploc.measure: "exact" is
+   torch's choice, as toploc; "open" counts the tied entries the proof matches best, ~3x
+   faster); the rule is written into the tables (``ties``) and the report, and a validator
+   measures with its tables' rule (verify.daemon).
 3. Honest submissions are split in two: even ones calibrate, odd ones are held out. From the
    calibration half, per (worker stack, validator stack) pair: the ``--quantile`` of each
    pooled statistic over chunks (its ``limit``), and a KL upper confidence bound (level
@@ -48,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verify.calibration import load_tables, model_fingerprint, tables_to_json
+from verify.calibration import TIES, load_tables, model_fingerprint, tables_to_json
 from verify.check import check_rollout
 from verify.policy import (AGGREGATE_STATS, SAME_STACK, PairCalibration, StatCalibration, decide,
                            decide_aggregate, exceed_fractions, kl_bernoulli, kl_upper_bound)
@@ -210,7 +215,7 @@ class Checked:
         return [list(v.chunk_stats) for v in self.verdicts]
 
 
-def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int) -> list[Checked]:
+def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int, exact_ties: bool = True) -> list[Checked]:
     out = []
     for sub in subs:
         seqs = [sub.prompt + o for o in sub.outputs]
@@ -219,7 +224,8 @@ def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int) -> li
         for row, output, proofs, (h, lg) in zip(sub.rows, sub.outputs, sub.proofs, results):
             verdicts.append(check_rollout(lambda ids, h=h, lg=lg: (h, lg), sub.prompt, output, proofs,
                                           seed=sub.seed, row=row, temperature=sub.temperature,
-                                          eos_token_id=eos, max_new_tokens=tokens, vocab_size=vocab))
+                                          eos_token_id=eos, max_new_tokens=tokens, vocab_size=vocab,
+                                          exact_ties=exact_ties))
         out.append(Checked(verdicts, sub.prompt_id))
     return out
 
@@ -503,6 +509,10 @@ def main() -> None:
                     help="with --honest-from: that run's runtime in minutes, added to the report's total")
     ap.add_argument("--merge", nargs="*", default=[],
                     help="--json files of earlier detection runs (same tables) whose attacks join the report")
+    ap.add_argument("--ties", choices=TIES, default=None,
+                    help="how TOPLOC treats entries tied at the 128th place, written into the tables: 'exact' "
+                         "(torch's choice, as toploc; the default) or 'open' (the tied entries the proof matches "
+                         "best; ~3x faster verify). With --tables: the tables' rule")
     ap.add_argument("--doc", default=None, help="write the markdown report here (docs/calibration.md)")
     ap.add_argument("--table", default=None, help="write calibration tables here (verify/calibration_tables.json)")
     ap.add_argument("--json", default=None, help="write every figure as JSON here")
@@ -518,6 +528,16 @@ def main() -> None:
         ap.error(f"unknown attacks {unknown}; choose from {', '.join(ATTACKS)}")
     if args.table and args.tables:
         ap.error("--table writes tables from honest runs, which --tables skips")
+    ties = args.ties or "exact"
+    if args.tables:
+        table_ties = load_tables(args.tables).ties
+        if args.ties not in (None, table_ties):
+            ap.error(f"{args.tables} was measured with ties = {table_ties}, not {args.ties}")
+        ties = table_ties
+    for path in args.merge + ([args.honest_from] if args.honest_from else []):
+        if (other := json.loads(Path(path).read_text())["meta"].get("ties", "exact")) != ties:
+            ap.error(f"{path} was measured with ties = {other}, not {ties}")
+    args.ties = ties
     torch.set_num_threads(1)
     t0 = time.time()
 
@@ -528,12 +548,12 @@ def main() -> None:
     if args.tables:  # attack prompts stay the ones after the honest prompts of the table's run
         setup.prompts = []
     gen = dict(rows=args.rows, group=args.group, tokens=args.tokens, eos=setup.eos)
-    val = dict(eos=setup.eos, tokens=args.tokens, vocab=setup.vocab)
+    val = dict(eos=setup.eos, tokens=args.tokens, vocab=setup.vocab, exact_ties=ties == "exact")
     models = {"fp32": setup.base.eval(), "bf16": in_dtype(setup.base, torch.bfloat16)}
     meta = {"source": "scripts/calibrate.py", "model": setup.name, "model_config": model_fingerprint(setup.base.config),
             "quantile": args.quantile, "delta": args.delta,
             "tokens": args.tokens, "group": args.group, "torch": torch.__version__,
-            "prefill_batch": args.prefill_batch}
+            "prefill_batch": args.prefill_batch, "ties": ties}
 
     honest: dict[str, list[Sub]] = {}
     pairs, held_out = [], []
@@ -642,7 +662,7 @@ def render(args, setup: Setup, pairs, held_out, attacks, runs: list[dict], bound
     honest_fr = sum(o.subs_either for _, o, _ in held_out)
     lines = [TEXT_HEAD.format(cmds=cmds, model=setup.name, runtime=runtime_s / 60, alpha=args.alpha,
                               quantile=args.quantile, delta=args.delta, group=args.group, tokens=args.tokens,
-                              rows=args.rows, prefill_batch=args.prefill_batch),
+                              rows=args.rows, prefill_batch=args.prefill_batch, ties=args.ties),
              "## Honest stack pairs (calibration figures from the even-numbered half)", "",
              PAIR_HEAD]
     lines += [pair_row(cal, everything) for cal, _, everything in held_out]
@@ -728,6 +748,9 @@ sampling at temperature 1.0, up to {tokens} new tokens) and prove their LM-head 
 submission is {group} rollouts of one prompt. Validators recompute each rollout in one prefill
 ({prefill_batch} row(s) of equal length per batch) and run `verify.check.check_rollout` (TOPLOC per chunk with the
 paper's thresholds, the sampling replay, termination). Stack keys are dtype/backend/device.
+Ties at the 128th place: **{ties}** (`verify.toploc.measure`; "exact" is torch's choice, as
+toploc's verify; "open" counts the tied entries the proof matches best). The tables carry this
+rule (`ties`) and a validator measures with it.
 
 The submission-level test (`verify.policy.decide_aggregate`, alpha = {alpha}) pools each
 statistic (mantissa-error mean, exponent mismatches) over a submission's checked chunks: a

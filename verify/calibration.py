@@ -9,6 +9,13 @@ Tables are per model as well: honest noise depends on the model. A table file na
 model it was measured on (``model_config``: model type and sizes from its config) and applies
 only to validators whose loaded model has that config; a file without it applies to any.
 
+Tables also name the tie rule their figures were measured with (``ties``, see
+``verify.toploc.measure``): "exact" (torch's choice among entries tied at the k-th place, as
+toploc's verify; a file without the field was measured so) or "open" (the validator counts the
+tied entries the proof matches best; about 3x faster). The statistics of a proof over
+differing hidden states depend on the rule, so a validator measures with its tables' rule
+(``CalibrationTables.exact_ties``); scripts/calibrate.py ``--ties`` picks it.
+
 A stack key is "dtype/backend/device" (verify.messages.Stack.key): for example
 "bf16/torch/cpu" for a worker generating with trainer.rollout in bf16 on a CPU. Pairs absent
 from the table are uncalibrated: the submission-level test cannot run for them, and the
@@ -23,11 +30,12 @@ from typing import Any
 
 from verify.policy import AGGREGATE_STATS, PairCalibration, StatCalibration
 
-__all__ = ["DEFAULT_TABLES", "CalibrationTables", "load_tables", "model_fingerprint", "tables_to_json"]
+__all__ = ["DEFAULT_TABLES", "TIES", "CalibrationTables", "load_tables", "model_fingerprint", "tables_to_json"]
 
 DEFAULT_TABLES = Path(__file__).with_name("calibration_tables.json")
 FORMAT = 1
 MODEL_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+TIES = ("exact", "open")  # tie rules a table can be measured with; absent means "exact"
 
 
 def model_fingerprint(config: Any) -> dict[str, Any]:
@@ -36,11 +44,22 @@ def model_fingerprint(config: Any) -> dict[str, Any]:
 
 
 class CalibrationTables:
-    """The pairs of one table file, looked up by (worker key, validator key)."""
+    """The pairs of one table file, looked up by (worker key, validator key), and the tie
+    rule (``ties``) they were measured with. ValueError for an unknown tie rule."""
 
     def __init__(self, pairs: list[PairCalibration], meta: dict[str, Any] | None = None) -> None:
         self.pairs = {(p.worker, p.validator): p for p in pairs}
         self.meta = dict(meta or {})
+        self.ties = self.meta.get("ties", "exact")
+        if self.ties not in TIES:
+            raise ValueError(f"field \"ties\" must be one of {list(TIES)} (absent means \"exact\"), "
+                             f"got {self.ties!r}")
+
+    @property
+    def exact_ties(self) -> bool:
+        """What to pass to verify.toploc.measure / verify.check.check_rollout: measure as these
+        tables were measured."""
+        return self.ties == "exact"
 
     def applies_to(self, model_config: Any) -> bool:
         """True when these tables were measured on a model with this config (or name none)."""
@@ -98,13 +117,14 @@ def load_tables(path: str | Path | None = None) -> CalibrationTables:
         raise ValueError(f"calibration tables {path}: expected format {FORMAT} with a list of pairs")
     try:
         pairs = [_pair(p) for p in raw["pairs"]]
+        return CalibrationTables(pairs, {k: v for k, v in raw.items() if k != "pairs"})
     except ValueError as exc:
         raise ValueError(f"calibration tables {path}: {exc}") from exc
-    return CalibrationTables(pairs, {k: v for k, v in raw.items() if k != "pairs"})
 
 
 def tables_to_json(pairs: list[PairCalibration], meta: dict[str, Any]) -> str:
-    """The file format ``load_tables`` reads (used by scripts/calibrate.py)."""
+    """The file format ``load_tables`` reads (used by scripts/calibrate.py). ``meta`` should
+    name the tie rule (``ties``); without it the file reads as "exact"."""
     out = {"format": FORMAT, **meta, "pairs": [
         {"worker": p.worker, "validator": p.validator, "bit_exact": p.bit_exact,
          "honest_chunks": p.honest_chunks, "honest_rollouts": p.honest_rollouts,

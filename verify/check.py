@@ -123,12 +123,15 @@ def check_rollout(
     vocab_size: int | None = None,
     chunk_tokens: int = 32,
     topk: int = 128,
+    exact_ties: bool = True,
 ) -> RolloutVerdict:
     """Recompute the rollout in one prefill and run every check.
 
     Malformed input (bad ids, bad proof bytes, wrong proof count) gives a rejected verdict
     with ``malformed_proof``, never an exception; a ``forward`` that breaks its contract
-    raises ValueError (the validator's own fault).
+    raises ValueError (the validator's own fault). ``exact_ties`` is the tie rule of
+    ``verify.toploc.measure``: pass the one the calibration tables deciding on these
+    statistics were measured with (``CalibrationTables.exact_ties``).
     """
     try:
         prompt = _token_list("prompt_ids", prompt_ids, vocab_size)
@@ -143,7 +146,7 @@ def check_rollout(
     hidden = generated_hidden_slice(hidden_all, len(prompt), len(output))
     logits = generated_hidden_slice(logits_all, len(prompt), len(output))
     try:
-        stats = measure(hidden, proofs, chunk_tokens=chunk_tokens, topk=topk)
+        stats = measure(hidden, proofs, chunk_tokens=chunk_tokens, topk=topk, exact_ties=exact_ties)
         sampling = replay_check(logits, output, seed=seed, row=row,
                                 temperature=temperature, margin=margin)
     except ProofError as exc:

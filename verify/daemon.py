@@ -22,8 +22,10 @@ assigned prompts (`tasks.prompts`, the rules the trainer and workers use) and ru
 `verify.check.check_rollout` on the rows the ticket chose, then the submission-level test
 (verify.policy.RecentRollouts) with the calibration table of (the submission's declared stack,
 this validator's stack), from verify/calibration_tables.json unless `calibration_file` names
-another. Anything it cannot do for our own reasons (no model for that version) raises
-`ModelUnavailable`: the core drops the check without a verdict.
+another. TOPLOC is measured with the tie rule those tables were measured with (their `ties`:
+"exact", the shipped ones, or "open"; verify.toploc.measure). Anything it cannot do for our
+own reasons (no model for that version) raises `ModelUnavailable`: the core drops the check
+without a verdict.
 
 Must not: decide anything the core decides; import anything from `trainer`; import torch or
 transformers before the first check (a plain peer never loads them).
@@ -322,6 +324,8 @@ class SubmissionChecker:
         self._rules = rules  # a TaskRules, or a factory resolved on the first check (imports torch)
         self.check_prompts = check_prompts
         self.tables = tables
+        # measure as the tables were measured (their "ties"); without tables, torch's choice
+        self.exact_ties = tables.exact_ties if tables is not None else True
         self.aggregate_alpha = aggregate_alpha
         self.recent = RecentRollouts(aggregate_window)
         self.device_type = device.split(":")[0]
@@ -397,7 +401,7 @@ class SubmissionChecker:
                 verdict = check_rollout(model.forward, prompt, output, record.proofs, seed=sub.seed, row=row,
                                         temperature=sub.temperature, eos_token_id=model.eos_token_id,
                                         max_new_tokens=sub.max_new_tokens, thresholds=thresholds,
-                                        vocab_size=model.vocab_size)
+                                        vocab_size=model.vocab_size, exact_ties=self.exact_ties)
             except ProofError:
                 results.append((row, False, ("malformed_proof",)))
                 continue

@@ -328,14 +328,14 @@ def measure(
     *,
     chunk_tokens: int = 32,
     topk: int = 128,
-    exact_ties: bool = False,
+    exact_ties: bool = True,
 ) -> list[ChunkStats]:
     """Compare recomputed ``hidden`` [tokens, hidden_size] bf16 with committed ``proofs``.
 
     Ties at the k-th place: when several entries share the k-th largest |value| v, every
     choice of them completes an equally valid top-k set; which one a prover commits is a
     detail of its top-k kernel (toploc's, or ours with the same torch CPU heap; a CUDA topk
-    picks others). By default (``exact_ties=False``) the validator does not reproduce that
+    picks others). With ``exact_ties=False`` (open ties) the validator does not reproduce that
     choice: it counts the entries strictly above v, and of the entries equal to v the
     k - (count above) that the committed polynomial matches best (exponent, then mantissa,
     then sign; see ``_compare_tie_sets``). So:
@@ -350,9 +350,12 @@ def measure(
       and a committed value that matches no tied entry still counts as a mismatch. A
       chunk with more than 256 tied entries beyond the k-th place falls back to torch's
       choice (``verify.topk._select_tie_sets``).
-    ``exact_ties=True`` takes torch.topk's choice among the tied entries, as toploc's own
-    verify does (its statistics on differing hidden states, test_toploc_ties.py); it is
-    slower by one torch.topk or heap replay per tied chunk.
+    ``exact_ties=True`` (the default) takes torch.topk's choice among the tied entries, as
+    toploc's own verify does (its statistics on differing hidden states, test_toploc_ties.py);
+    it is slower by one torch.topk or heap replay per tied chunk. The statistics of a proof
+    over differing hidden states depend on the rule, so a validator must measure with the rule
+    its calibration tables were measured with (``verify.calibration.CalibrationTables
+    .exact_ties``); the shipped tables were measured with exact ties.
 
     Raises ProofError when the proofs are malformed or do not fit the hidden states: a
     proof that is not bytes (None included), of the wrong length, with an out-of-range

@@ -1,5 +1,6 @@
 """scripts/calibrate.py end to end on the tiny model: it writes a table the validator can load
-and a report whose decisions catch the gross attacks and pass the honest submissions."""
+(with the tie rule it was measured with) and a report whose decisions catch the gross attacks
+and pass the honest submissions."""
 
 from __future__ import annotations
 
@@ -17,14 +18,23 @@ REPO = Path(__file__).resolve().parents[2]
 def test_tiny_calibration_run_writes_tables_and_report(tmp_path: Path):
     doc, table, results = tmp_path / "calibration.md", tmp_path / "tables.json", tmp_path / "results.json"
     subprocess.run([sys.executable, str(REPO / "scripts" / "calibrate.py"), "--model", "tiny", "--prompts", "2",
-                    "--attack-prompts", "1", "--rows", "8", "--group", "4", "--tokens", "40",
+                    "--attack-prompts", "1", "--rows", "8", "--group", "4", "--tokens", "40", "--ties", "open",
                     "--doc", str(doc), "--table", str(table), "--json", str(results)],
                    check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
                    capture_output=True)
     tables = load_tables(table)
     assert len(tables.pairs) == 4 and tables.meta["model_config"]["hidden_size"] == 128
+    assert tables.ties == "open" and not tables.exact_ties  # a validator with these tables measures open
     text = doc.read_text()
     assert "## Targets (issue 14), judged from these runs" in text and "| int8 weights |" in text
+    assert "Ties at the 128th place: **open**" in text
+    assert json.loads(results.read_text())["meta"]["ties"] == "open"
+    # detection runs on these tables measure with their rule; asking for another is refused
+    other = subprocess.run([sys.executable, str(REPO / "scripts" / "calibrate.py"), "--model", "tiny",
+                            "--tables", str(table), "--ties", "exact"],
+                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
+                           capture_output=True, text=True)
+    assert other.returncode == 2 and "measured with ties = open, not exact" in other.stderr
     outcomes = {o["name"]: o for o in json.loads(results.read_text())["outcomes"]}
     for name in ("int4 weights", "another model (random init)", "proofs copied from another rollout",
                  "another sampling seed"):
