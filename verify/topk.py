@@ -12,7 +12,8 @@ entries above it, one sort; chunks without a tie at the k-th place have a unique
 there; tied chunks take torch's answer, the heap one replayed on a short subsequence
 (``_heap_topk``) in rows of at least 32,768 entries, else torch.topk on the whole rows.
 torch.topk always runs on the keys as int16 (``_torch_topk``).
-A validator does not need torch's choice among tied entries (``verify.toploc.measure``):
+A validator measuring with open ties (``verify.toploc.measure(..., exact_ties=False)``, when
+its calibration tables were measured so) does not need torch's choice among tied entries:
 ``tie_sets_chunks`` returns, per chunk, the entries above the tie value and every entry equal
 to it, from the same candidates, with no torch.topk or heap replay.
 Exactness is checked against toploc 0.1.6 itself (tests/verify/test_toploc_ties.py) and
