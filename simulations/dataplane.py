@@ -449,7 +449,7 @@ class RelayWorld(SimWorld):
 
     def _share(self, flows: list[_Flow], tag: int) -> None:
         """Rate `flows` afresh (`simulations.fairshare.share`) and reschedule their ends."""
-        share(flows, tag, self.engine.now, self.engine.at, self._finishes)
+        share(flows, tag, self.engine, self._finishes)
 
     def _set_rate(self, flow: _Flow, rate: float) -> None:
         """Move `flow` at `rate` from now on (0: it waits for its next re-rating), rescheduling its end.
@@ -464,15 +464,18 @@ class RelayWorld(SimWorld):
         now = self.engine.now
         if handle is not None:
             flow.remaining -= (now - flow.since) * flow.rate
-            handle.cancel()
-            flow.handle = None
         flow.since = now
         flow.rate = rate
         flow.src.up_load = -1.0
         flow.dst.down_load = -1.0
         if rate > 0.0:
             remaining = flow.remaining
-            flow.handle = self.engine.at(now + (remaining if remaining > 0.0 else 0.0) / rate, self._finishes, flow)
+            when = now + (remaining if remaining > 0.0 else 0.0) / rate
+            flow.handle = self.engine.at(when, self._finishes, flow) if handle is None else \
+                self.engine.retime(handle, when, self._finishes, flow)
+        elif handle is not None:
+            handle.cancel()
+            flow.handle = None
 
     def _end_flow(self, flow: _Flow, rerate_source: bool = True) -> None:
         if flow.handle is not None:

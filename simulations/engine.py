@@ -1,8 +1,16 @@
 """The discrete-event engine: one seeded event queue in virtual time.
 
-Events are `(time, sequence, callback, args)` in a heap; ties are broken by insertion order,
-so a run is a pure function of its inputs and seed. Cancelling is lazy: a cancelled event's
-handle is marked and skipped when popped. The engine knows nothing about networks.
+Events are `(time, sequence, handle, callback, args)` in a heap; ties are broken by insertion
+order, so a run is a pure function of its inputs and seed. Cancelling is lazy: a cancelled
+event's handle is marked and skipped when popped.
+
+Moving an event (`retime`) is lazy too when it moves later: its entry stays in the heap, the
+handle records the new time and the sequence number a fresh entry would have had, and when the
+old entry comes up it is pushed again as exactly that entry (`(new time, that sequence)`). So the
+order in which events run is the one cancelling and scheduling anew gives, without an entry per
+move: the data plane re-times a flow's end every time its rate changes, mostly later (another
+flow joined its upload or download). Moved earlier, the old entry is cancelled and a new one
+pushed. The engine knows nothing about networks.
 """
 
 from __future__ import annotations
@@ -13,13 +21,21 @@ from typing import Any, Callable
 
 
 class Handle:
-    __slots__ = ("cancelled",)
+    """One scheduled event. `sequence` is its order among events at the same time (0: cancelled);
+    `due` its time, later than its heap entry's `entry` when it was moved later."""
 
-    def __init__(self) -> None:
-        self.cancelled = False
+    __slots__ = ("sequence", "due", "entry")
+
+    def __init__(self, when: float, sequence: int) -> None:
+        self.sequence = sequence
+        self.due = self.entry = when
+
+    @property
+    def cancelled(self) -> bool:
+        return self.sequence == 0
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self.sequence = 0
 
 
 class Engine:
@@ -34,13 +50,28 @@ class Engine:
     def at(self, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
         if when < self.now:
             when = self.now
-        handle = Handle()
         self._sequence += 1
+        handle = Handle(when, self._sequence)
         heappush(self._queue, (when, self._sequence, handle, callback, args))
         return handle
 
     def after(self, delay_s: float, callback: Callable[..., Any], *args: Any) -> Handle:
         return self.at(self.now + delay_s, callback, *args)
+
+    def retime(self, handle: Handle, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
+        """Move the pending event `handle` (scheduled with `callback(*args)`) to `when`, as if it
+        were cancelled and `at(when, callback, *args)` called; returns its handle from now on."""
+        if when < self.now:
+            when = self.now
+        self._sequence += 1
+        if when >= handle.entry:  # lazy: its entry, when popped, is pushed again as this one
+            handle.sequence = self._sequence
+            handle.due = when
+            return handle
+        handle.sequence = 0
+        handle = Handle(when, self._sequence)
+        heappush(self._queue, (when, self._sequence, handle, callback, args))
+        return handle
 
     def pending(self) -> int:
         return len(self._queue)
@@ -53,8 +84,13 @@ class Engine:
         while queue and budget > 0:
             if queue[0][0] > until:
                 break
-            when, _, handle, callback, args = heappop(queue)
-            if handle.cancelled:
+            entry = heappop(queue)
+            when, sequence, handle, callback, args = entry
+            if handle.sequence != sequence:
+                sequence = handle.sequence
+                if sequence:  # moved later: pushed again as the entry a fresh `at` would have made
+                    when = handle.entry = handle.due
+                    heappush(queue, (when, sequence, handle, callback, args))
                 continue
             self.now = when
             callback(*args)

@@ -15,10 +15,11 @@ costs O(len(flows)) plus the filling, with no lookups by id.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Callable
 
 
-def share(flows: list[Any], tag: int, now: float, at: Callable[..., Any], finish: Callable[..., Any]) -> None:
+def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -> None:
     """Two-sided max-min fair rates for `flows`, by progressive filling: every flow's rate rises
     together; a flow stops at its connection cap, and all flows of a resource (an upload or a
     limited download) stop when it is full. Flows of the resources these touch that are not in
@@ -88,7 +89,7 @@ def share(flows: list[Any], tag: int, now: float, at: Callable[..., Any], finish
             left = use[0] - (load(port, not use[2]) - sum([f.rate for f in mine]))
             use[0] = left if left > 0.0 else 0.0
     if shared:
-        order = sorted(flows, key=_limit)
+        order = sorted(flows, key=_LIMIT)
         active, i = len(order), 0
         while active:
             while order[i].level >= 0.0:
@@ -121,14 +122,14 @@ def share(flows: list[Any], tag: int, now: float, at: Callable[..., Any], finish
     else:
         for flow in flows:
             flow.level = flow.limit
+    now = engine.now
+    at, retime = engine.at, engine.retime
     for flow in flows:  # `_set_rate`, inline
         rate, old, handle = flow.level, flow.rate, flow.handle
         if handle is not None:
             if abs(rate - old) <= 1e-9 * old:
                 continue
             flow.remaining -= (now - flow.since) * old
-            handle.cancel()
-            flow.handle = None
         elif rate == 0.0:
             continue
         flow.since = now
@@ -137,7 +138,18 @@ def share(flows: list[Any], tag: int, now: float, at: Callable[..., Any], finish
         flow.dst.down_load = -1.0
         if rate > 0.0:
             remaining = flow.remaining
-            flow.handle = at(now + (remaining if remaining > 0.0 else 0.0) / rate, finish, flow)
+            when = now + (remaining if remaining > 0.0 else 0.0) / rate
+            if handle is None:
+                flow.handle = at(when, finish, flow)
+            elif when >= handle.entry:  # `engine.retime`'s lazy case, inline
+                engine._sequence += 1
+                handle.sequence = engine._sequence
+                handle.due = when
+            else:
+                flow.handle = retime(handle, when, finish, flow)
+        elif handle is not None:
+            handle.cancel()
+            flow.handle = None
 
 
 def load(port: Any, up: bool) -> float:
@@ -154,5 +166,4 @@ def load(port: Any, up: bool) -> float:
     return load
 
 
-def _limit(flow: Any) -> float:
-    return flow.limit
+_LIMIT = attrgetter("limit")
