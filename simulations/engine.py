@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 
 class Handle:
-    """One scheduled event. `sequence` is its order among events at the same time (0: cancelled);
-    `due` its time, later than its heap entry's `entry` when it was moved later."""
+    """One scheduled event. `sequence` is its order among events at the same time (0: cancelled,
+    -1: it ran); `due` its time, later than its heap entry's `entry` when it was moved later."""
 
     __slots__ = ("sequence", "due", "entry")
 
@@ -59,12 +59,13 @@ class Engine:
         return self.at(self.now + delay_s, callback, *args)
 
     def retime(self, handle: Handle, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
-        """Move the pending event `handle` (scheduled with `callback(*args)`) to `when`, as if it
-        were cancelled and `at(when, callback, *args)` called; returns its handle from now on."""
+        """Move the event `handle` (scheduled with `callback(*args)`) to `when`, as if it were
+        cancelled and `at(when, callback, *args)` called; returns its handle from now on. A handle
+        that was cancelled or already ran has no entry to move: the event is scheduled anew."""
         if when < self.now:
             when = self.now
         self._sequence += 1
-        if when >= handle.entry:  # lazy: its entry, when popped, is pushed again as this one
+        if handle.sequence > 0 and when >= handle.entry:  # lazy: its entry, when popped, is pushed again as this one
             handle.sequence = self._sequence
             handle.due = when
             return handle
@@ -93,6 +94,7 @@ class Engine:
                     heappush(queue, (when, sequence, handle, callback, args))
                 continue
             self.now = when
+            handle.sequence = -1  # ran: a later retime schedules anew, a cancel does nothing
             callback(*args)
             self.events_run += 1
             budget -= 1

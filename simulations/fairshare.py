@@ -141,7 +141,7 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
             when = now + (remaining if remaining > 0.0 else 0.0) / rate
             if handle is None:
                 flow.handle = at(when, finish, flow)
-            elif when >= handle.entry:  # `engine.retime`'s lazy case, inline
+            elif handle.sequence > 0 and when >= handle.entry:  # `engine.retime`'s lazy case, inline
                 engine._sequence += 1
                 handle.sequence = engine._sequence
                 handle.due = when

@@ -61,3 +61,21 @@ def test_an_event_moved_later_runs_once_at_its_new_time_and_is_not_counted_twice
     engine.run()
     assert ran == [2.0, -4.0]
     assert engine.events_run == 2
+
+
+def test_retime_of_a_handle_that_ran_or_was_cancelled_schedules_the_event_anew() -> None:
+    engine = Engine(0)
+    ran: list[tuple[str, float]] = []
+    done = engine.at(1.0, lambda: ran.append(("first", engine.now)))
+    engine.run()
+    again = engine.retime(done, 2.0, lambda: ran.append(("again", engine.now)))  # it ran: no entry left to move
+    cancelled = engine.at(3.0, lambda: ran.append(("old", engine.now)))
+    cancelled.cancel()
+    revived = engine.retime(cancelled, 4.0, lambda: ran.append(("new", engine.now)))  # still queued, but cancelled
+    moved = engine.retime(engine.at(5.0, lambda: ran.append(("moved", engine.now))), 6.0,
+                          lambda: ran.append(("moved", engine.now)))
+    moved.cancel()  # cancelled after a lazy move: neither time runs it
+    engine.run()
+    assert ran == [("first", 1.0), ("again", 2.0), ("new", 4.0)]
+    assert again is not done and revived is not cancelled
+    assert engine.events_run == 3
