@@ -23,7 +23,9 @@ assigned prompts (`tasks.prompts`, the rules the trainer and workers use) and ru
 (verify.policy.RecentRollouts) with the calibration table of (the submission's declared stack,
 this validator's stack), from verify/calibration_tables.json unless `calibration_file` names
 another. TOPLOC is measured with the tie rule those tables were measured with (their `ties`:
-"exact", the shipped ones, or "open"; verify.toploc.measure). Anything it cannot do for our
+"exact", the shipped ones, or "open"; verify.toploc.measure) when a pair of them judges the
+submission; with the paper's thresholds alone (no table fits the model or the pair) it is
+measured with torch's choice, which those thresholds assume. Anything it cannot do for our
 own reasons (no model for that version) raises `ModelUnavailable`: the core drops the check
 without a verdict.
 
@@ -386,6 +388,9 @@ class SubmissionChecker:
                                                      sub.prompts_per_submission, model.tokenizer)
         pair = self._pair(sub.stack.key, model)
         thresholds = self._thresholds(pair)
+        # open ties only where the tables that were measured with them judge the statistics: the
+        # paper's thresholds (no table fits this model or this pair) assume torch's choice
+        exact_ties = self.exact_ties or pair is None
         results: list[tuple[int, bool, Sequence[str]]] = []
         checked_chunks: list[Sequence[Any]] = []
         for row in request.rows:
@@ -401,7 +406,7 @@ class SubmissionChecker:
                 verdict = check_rollout(model.forward, prompt, output, record.proofs, seed=sub.seed, row=row,
                                         temperature=sub.temperature, eos_token_id=model.eos_token_id,
                                         max_new_tokens=sub.max_new_tokens, thresholds=thresholds,
-                                        vocab_size=model.vocab_size, exact_ties=self.exact_ties)
+                                        vocab_size=model.vocab_size, exact_ties=exact_ties)
             except ProofError:
                 results.append((row, False, ("malformed_proof",)))
                 continue

@@ -28,8 +28,11 @@ PAIR = PairCalibration("bf16/torch/cpu", "fp32/torch/cpu", False,
                        honest_chunks=10, honest_rollouts=5)
 
 
-def _write(path: Path, **meta) -> Path:
-    path.write_text(tables_to_json([PAIR], {"model": "x", **meta}))
+SAME = PairCalibration("bf16/torch/cpu", "bf16/torch/cpu", False, PAIR.stats, honest_chunks=10, honest_rollouts=5)
+
+
+def _write(path: Path, pairs: tuple[PairCalibration, ...] = (PAIR,), **meta) -> Path:
+    path.write_text(tables_to_json(list(pairs), {"model": "x", **meta}))
     return path
 
 
@@ -95,9 +98,10 @@ def check_rollout_stats(forward, prompt, output, proofs, **kw) -> list[ChunkStat
     return list(verdict.chunk_stats)
 
 
-@pytest.mark.parametrize("ties", [None, "exact", "open"])
-def test_the_checker_measures_with_the_rule_of_its_tables(tmp_path: Path, monkeypatch, ties):
-    """The validator's checker hands measure the rule of its tables (spied on the real call)."""
+@pytest.mark.parametrize("ties,fits", [(None, True), ("exact", True), ("open", True), ("open", False)])
+def test_the_checker_measures_with_the_rule_of_its_tables(tmp_path: Path, monkeypatch, ties, fits):
+    """The validator's checker hands measure the rule of its tables (spied on the real call), and
+    torch's choice where no pair of those tables judges the statistics (the paper's thresholds)."""
     from verify.daemon import LoadedModel, SubmissionChecker
     from verify.messages import Stack, Submission, rollout_record
     from verify.testing import generate, make_forward, tiny_model
@@ -116,7 +120,7 @@ def test_the_checker_measures_with_the_rule_of_its_tables(tmp_path: Path, monkey
                      nonce=b"n" * 16, stack=Stack("bf16", "torch", "cpu"))
     model = LoadedModel(make_forward(worker), None, 2, 512, "tiny", module=worker)
     meta = {} if ties is None else {"ties": ties}
-    tables = load_tables(_write(tmp_path / "t.json", **meta))
+    tables = load_tables(_write(tmp_path / "t.json", (PAIR, SAME) if fits else (PAIR,), **meta))
     seen: list[bool] = []
     real = verify.check.measure
 
@@ -127,5 +131,5 @@ def test_the_checker_measures_with_the_rule_of_its_tables(tmp_path: Path, monkey
     monkeypatch.setattr(verify.check, "measure", spy)
     checker = SubmissionChecker(lambda v: model, tables=tables, aggregate_alpha=1e-3)
     assert checker(CheckRequested(b"s" * 32, "worker", sub, b"t" * 64, (0, 1))) == (True, ())
-    assert seen == [ties != "open"] * 2
+    assert seen == [ties != "open" or not fits] * 2
     assert SubmissionChecker(lambda v: model).exact_ties  # no tables: torch's choice
