@@ -139,14 +139,7 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
         if rate > 0.0:
             remaining = flow.remaining
             when = now + (remaining if remaining > 0.0 else 0.0) / rate
-            if handle is None:
-                flow.handle = at(when, finish, flow)
-            elif handle.sequence > 0 and when >= handle.entry:  # `engine.retime`'s lazy case, inline
-                engine._sequence += 1
-                handle.sequence = engine._sequence
-                handle.due = when
-            else:
-                flow.handle = retime(handle, when, finish, flow)
+            flow.handle = at(when, finish, flow) if handle is None else retime(handle, when, finish, flow)
         elif handle is not None:
             handle.cancel()
             flow.handle = None
