@@ -213,8 +213,13 @@ def topk_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int, top
 
     Returns (flat indices int64 [count, k], bf16 bit patterns int64 [count, k]).
     """
+    return topk_of([_chunk_patterns(hidden, first_row, count, rows)], topk)
+
+
+def _chunk_patterns(hidden: torch.Tensor, first_row: int, count: int, rows: int) -> np.ndarray:
+    """The bf16 bit patterns of ``count`` chunks of ``rows`` rows from ``first_row``: uint16 [count, n]."""
     patterns = hidden.view(torch.int16).numpy().view(np.uint16)  # numpy slicing: cheaper than torch's
-    return topk_of([patterns[first_row : first_row + count * rows].reshape(count, -1)], topk)
+    return patterns[first_row : first_row + count * rows].reshape(count, -1)
 
 
 def tie_sets_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int, topk: int):
@@ -223,15 +228,12 @@ def tie_sets_chunks(hidden: torch.Tensor, first_row: int, count: int, rows: int,
     Returns (flat indices int64 [count, k + e], bf16 bit patterns int64 [count, k + e],
     above [count], end [count]).
     """
-    patterns = hidden.view(torch.int16).numpy().view(np.uint16)
-    bits16 = patterns[first_row : first_row + count * rows].reshape(count, -1)
+    bits16 = _chunk_patterns(hidden, first_row, count, rows)
     n = bits16.shape[1]
-    k = min(topk, n)
     keys = _abs_keys(count, n)
     _abs(bits16, out=keys[:, :n])
-    idx, above, end = _select_tie_sets(keys, n, k)
-    flat_idx = idx + (np.arange(count, dtype=np.int64) * n)[:, None]
-    return idx, np.take(bits16.reshape(-1), flat_idx).astype(np.int64), above, end
+    idx, above, end = _select_tie_sets(keys, n, min(topk, n))
+    return idx, np.take_along_axis(bits16, idx, axis=1).astype(np.int64), above, end
 
 
 def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndarray]:
