@@ -26,7 +26,8 @@ What is timed, as a worker and a validator use it:
 Inputs: standard normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
 and the same with a few massive channels, as real LM-head inputs have. Both libraries run
 alternately in one loop, so load on this shared machine hits both alike; times are medians.
-Every chunk's proof is compared byte for byte. toploc's C++ verify starts one thread per
+Every chunk's proof is compared byte for byte (the 1,024-token rollout's chunks built together
+and each built alone, and the batch's). toploc's C++ verify starts one thread per
 hardware thread whatever torch.set_num_threads says, so its verify uses every core and ours
 one; ``--one-core`` pins the whole process to one CPU so both run on one core (the issue's
 "one thread" comparison).
@@ -66,7 +67,8 @@ def paired_ms(fns: list, repeats: int) -> list[float]:
 COLUMNS = ("build_chunk", "build_batch", "build_1024", "verify_1024", "verify_open_1024")
 
 
-def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: int, batch_tokens: int) -> dict:
+def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: int, batch_tokens: int,
+              only: tuple[str, ...] = COLUMNS) -> dict:
     h = bf16_gaussian(hidden_size, 1024, hidden_size, massive_channels=massive)
     chunk = h[:32]
     batch = [bf16_gaussian(hidden_size * 1000 + r, batch_tokens, hidden_size, massive_channels=massive)
@@ -74,7 +76,8 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
     batch_chunks = batch_rows * -(-batch_tokens // 32)
     ours = build_proofs(h)
     ours_batch = build_proofs_many(batch)
-    row = {"hidden": hidden_size, "massive_channels": massive, "chunks": len(ours) + batch_chunks,
+    ours_alone = [build_proofs(h[i : i + 32])[0] for i in range(0, 1024, 32)]  # each chunk proven alone
+    row = {"hidden": hidden_size, "massive_channels": massive, "chunks": 2 * len(ours) + batch_chunks,
            "batch_rows": batch_rows, "batch_tokens": batch_tokens}
     fns = {
         "build_chunk": lambda: build_proofs(chunk),
@@ -88,14 +91,15 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
     assert measure(h, ours, exact_ties=False) == measure(h, ours, exact_ties=True)  # honest: both zero
     if toploc is None:
         for name, fn in fns.items():
-            row[name] = paired_ms([fn], counts[name])[0] / per.get(name, 1)
+            if name in only:
+                row[name] = paired_ms([fn], counts[name])[0] / per.get(name, 1)
         return row
     rows_chunk = [chunk[i : i + 1] for i in range(32)]
     rows_all = [h[i : i + 1] for i in range(1024)]
     rows_batch = [[b[i : i + 1] for i in range(batch_tokens)] for b in batch]
     theirs = toploc.build_proofs_bytes(rows_all, 32, 128, skip_prefill=True)
     theirs_batch = [toploc.build_proofs_bytes(r, 32, 128, skip_prefill=True) for r in rows_batch]
-    row["byte_equal_chunks"] = sum(a == b for a, b in zip(ours, theirs)) + sum(
+    row["byte_equal_chunks"] = sum(a == b for a, b in zip(ours + ours_alone, theirs + theirs)) + sum(
         a == b for mine, its in zip(ours_batch, theirs_batch) for a, b in zip(mine, its))
     their_fns = {
         "build_chunk": lambda: toploc.build_proofs_bytes(rows_chunk, 32, 128, skip_prefill=True),
@@ -104,14 +108,17 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
         "verify_1024": lambda: toploc.verify_proofs_bytes(h, theirs, 32, 128, skip_prefill=True),
     }
     for name in ("build_chunk", "build_batch", "build_1024"):
-        mine, its = paired_ms([fns[name], their_fns[name]], counts[name])
-        row[name], row[f"toploc_{name}"] = mine / per.get(name, 1), its / per.get(name, 1)
-    exact, opened, its = paired_ms([fns["verify_1024"], fns["verify_open_1024"], their_fns["verify_1024"]],
-                                   counts["verify_1024"])
-    row["verify_1024"], row["verify_open_1024"] = exact, opened
-    row["toploc_verify_1024"] = row["toploc_verify_open_1024"] = its
+        if name in only:
+            mine, its = paired_ms([fns[name], their_fns[name]], counts[name])
+            row[name], row[f"toploc_{name}"] = mine / per.get(name, 1), its / per.get(name, 1)
+    if "verify_1024" in only or "verify_open_1024" in only:
+        exact, opened, its = paired_ms([fns["verify_1024"], fns["verify_open_1024"], their_fns["verify_1024"]],
+                                       counts["verify_1024"])
+        row["verify_1024"], row["verify_open_1024"] = exact, opened
+        row["toploc_verify_1024"] = row["toploc_verify_open_1024"] = its
     for name in COLUMNS:
-        row[f"speedup_{name}"] = row[f"toploc_{name}"] / row[name]
+        if name in row:
+            row[f"speedup_{name}"] = row[f"toploc_{name}"] / row[name]
     return row
 
 
@@ -124,6 +131,8 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=64, help="tokens per rollout of that batch")
     ap.add_argument("--one-core", action="store_true",
                     help="pin the process to one CPU (toploc's verify threads included)")
+    ap.add_argument("--only", nargs="+", choices=COLUMNS, default=list(COLUMNS),
+                    help="time only these columns (verify_1024 and verify_open_1024 run together)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -136,7 +145,8 @@ def main() -> None:
     results = []
     for massive in (0, 8):
         for size in args.sizes:
-            results.append(bench_one(toploc, size, massive, args.repeats, args.batch_rows, args.batch_tokens))
+            results.append(bench_one(toploc, size, massive, args.repeats, args.batch_rows, args.batch_tokens,
+                                     tuple(args.only)))
             if not args.json:
                 print(f"# hidden {size}, massive channels {massive}: done", file=sys.stderr, flush=True)
     meta = {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
@@ -148,7 +158,7 @@ def main() -> None:
     print(f"torch {meta['torch']}, {meta['cpu']}, 1 torch thread, toploc {meta['toploc'] or 'not given'}, "
           f"{'pinned to one core' if args.one_core else 'all cores allowed'}, worker batch "
           f"{args.batch_rows} rows x {args.batch_tokens} tokens\n")
-    cols = list(COLUMNS)
+    cols = [c for c in COLUMNS if c in results[0]]
     their_cols = [c for c in cols if c != "verify_open_1024"]  # one toploc verify serves both ratios
     head = "| hidden | massive ch. | " + " | ".join(f"ours {c}" for c in cols)
     sep = "|---|---|" + "---|" * len(cols)

@@ -249,13 +249,71 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         fits = x.max(axis=1, initial=0) < PRIME - n  # no point among the fixed points P-n..P-1
         if fits.all():
             coeffs = _interpolate_cauchy(x, y)
+        elif x.shape[0] == 1:  # one chunk (a worker proving as it generates): no scatter
+            coeffs = _interpolate_moved(x, y)
         else:
             coeffs = np.empty_like(x)
             if fits.any():
                 coeffs[fits] = _interpolate_cauchy(x[fits], y[fits])
-            rest = ~fits
-            coeffs[rest] = _interpolate_with(_roots_fixed(x[rest]), x[rest], y[rest])
+            coeffs[~fits] = _interpolate_moved(x[~fits], y[~fits])
     return coeffs[0] if single else coeffs
+
+
+def _interpolate_moved(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``interpolate`` for rows with a point among P-n..P-1 (n <= 256): the points moved by
+    s (``_gap_shifts``) all lie below P - n, so ``_interpolate_cauchy`` takes them, and the
+    polynomial through (x_j - s, y_j) shifted back by s (``_taylor_shift``) is the one through
+    (x_j, y_j) (measured 2x faster than ``_roots_fixed`` + ``_interpolate_with``, one chunk);
+    rows without a gap wider than n (only for n > 128, and only for evenly spread points)
+    take ``_roots_fixed`` + ``_interpolate_with``."""
+    n = x.shape[1]
+    shift, gap = _gap_shifts(x)
+    wide = gap > n
+    if wide.all():
+        s = shift[:, None]
+        return _taylor_shift(_interpolate_cauchy((x - s) % PRIME, y), s)
+    coeffs = np.empty_like(x)
+    if wide.any():
+        s = shift[wide, None]
+        coeffs[wide] = _taylor_shift(_interpolate_cauchy((x[wide] - s) % PRIME, y[wide]), s)
+    rest = ~wide
+    coeffs[rest] = _interpolate_with(_roots_fixed(x[rest]), x[rest], y[rest])
+    return coeffs
+
+
+def _gap_shifts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of x [C, n] (distinct points in GF(P)), the point s that ends the widest gap
+    between neighbours on the circle Z/P, and that gap: every x_j - s mod P is then at most
+    P - gap (the point before s is gap below it), so below P - n when gap > n; some gap
+    is at least P / n (511 for 128 points)."""
+    ordered = np.sort(x, axis=1)
+    gaps = np.empty_like(ordered)
+    np.subtract(ordered[:, 1:], ordered[:, :-1], out=gaps[:, 1:])
+    gaps[:, 0] = ordered[:, 0] + PRIME - ordered[:, -1]  # from the largest point round to the smallest
+    rows, widest = np.arange(x.shape[0]), gaps.argmax(axis=1)
+    return ordered[rows, widest], gaps[rows, widest]
+
+
+_BINOMIALS: dict[int, np.ndarray] = {}
+
+
+def _taylor_shift(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Coefficients of p(z) = q(z - s) from those of q, [C, n] with s [C, 1] in (0, P): so that
+    the polynomial through (x_j - s, y_j) gives the one through (x_j, y_j).
+    p_j = sum_i q_i C(i, j) a^(i-j) = a^-j sum_i (q_i a^i) C(i, j) with a = -s: one product
+    with the cached binomials mod P (float64 sums of n < 2^53 / P^2 products: exact), the
+    powers of a from the log tables."""
+    n = q.shape[1]
+    if n not in _BINOMIALS:
+        table = np.zeros((n, n), dtype=np.int64)  # table[i, j] = C(i, j) mod P, Pascal's rule
+        table[:, 0] = 1
+        for i in range(1, n):
+            table[i, 1:] = (table[i - 1, 1:] + table[i - 1, :-1]) % PRIME
+        _BINOMIALS[n] = table.astype(np.float64)
+    exp, log = _log_tables()
+    up = exp[np.arange(n, dtype=np.int64) * log[PRIME - s] % (PRIME - 1)]  # a^i, a = -s mod P (never 0)
+    scaled = (q * up % PRIME).astype(np.float64)
+    return _reduce(np.matmul(scaled, _BINOMIALS[n])).astype(np.int64) * _INV[up] % PRIME
 
 
 _CAUCHY: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}

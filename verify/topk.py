@@ -32,6 +32,9 @@ _SPREAD = 128  # a group's members lie 128 apart inside one block
 _BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
 _INF = 0x7F80  # |bf16| pattern of infinity; above it, NaNs
 _HEAD_BLOCKS = 3  # blocks the heap replay keeps whole (it reads 64 k = 8,192 entries anyway)
+_BOUND_STEP = 4  # the heap replay's bound is renewed after blocks 3 and 12 (``_BOUND_LAST``), not
+_BOUND_LAST = 12  # after 3, 6, 12, 24, 48: two partitions instead of five at hidden 5120, for ~1,000-1,400
+# later entries instead of ~600 (torch reads 8,192 in any case; the entries that never enter cost a compare)
 _HEAP_RATIO = 64  # torch's CPU topk takes std::partial_sort (a heap) when k * 64 <= n
 _DIRECT_BELOW = 65536  # one chunk shorter than this runs torch.topk itself (measured: faster below;
 # from 65,536 entries the selection wins where few chunks are tied, as in real hidden states)
@@ -102,9 +105,20 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     done = head
     while done < blocks:
         seen = done * _SPREAD  # group maxima before block ``done``
-        bound[:, done : 2 * done] = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k, None]
-        done *= 2
+        upto = _BOUND_STEP * done if done < _BOUND_LAST else blocks
+        bound[:, done:upto] = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k, None]
+        done = upto
     later = keys[:, start:].reshape(rows, blocks - head, _BLOCK) > bound[:, head:, None]
+    if rows == 1:  # one chunk alone: no scatter
+        flat = np.flatnonzero(later)
+        flat += start
+        sub = np.zeros((1, max(_HEAP_RATIO * k, start + flat.size)), dtype=keys.dtype)
+        sub[0, :start] = keys[0, :start]
+        sub[0, start : start + flat.size] = keys[0].take(flat)
+        picked = _torch_topk(sub, k)
+        moved = picked >= start  # never a padding zero: the heap holds k real entries, zeros never enter
+        picked[moved] = flat.take(picked[moved] - start)
+        return picked
     row, offset = np.divmod(np.flatnonzero(later), width - start)
     counts = np.bincount(row, minlength=rows)
     slot = start + np.arange(row.size) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -244,6 +258,17 @@ def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndar
         # one short chunk alone (32 tokens at hidden sizes up to 2,047): torch.topk itself is
         # faster than the selection below, and toploc's answer by construction
         idx = _torch_topk(_abs(parts[0]), k)
+        return idx, parts[0].reshape(-1).take(idx).astype(np.int64)
+    elif len(parts) == 1 and parts[0].shape[0] == 1 and k <= _SPREAD:
+        # one long chunk alone: torch's heap replayed on a subsequence, tied or not (no
+        # candidates, no tie check: cheaper than both where there is a tie, as near where not)
+        keys = _abs_keys(1, n)
+        np.bitwise_and(parts[0], np.uint16(0x7FFF), out=keys[:, :n])
+        maxima = _group_maxima(keys)
+        if maxima.max() > _INF:  # NaNs: made one pattern (``_abs``), the maxima taken again
+            _abs(parts[0], out=keys[:, :n])
+            maxima = _group_maxima(keys)
+        idx = _heap_topk(keys, n, k, maxima)
         return idx, parts[0].reshape(-1).take(idx).astype(np.int64)
     else:
         keys = _abs_keys(sum(p.shape[0] for p in parts), n)

@@ -57,6 +57,9 @@ def test_every_chunk_byte_equal_to_toploc(name, inputs):
     digest = hashlib.sha256(hidden.contiguous().view(torch.int16).numpy().tobytes()).hexdigest()
     assert digest == case["input_sha256"], "fixture input drifted"
     assert [p.hex() for p in build_proofs(hidden)] == case["proofs_hex"]
+    # each chunk proven alone, as a worker proving while it generates (another selection path)
+    alone = [build_proofs(hidden[i : i + 32])[0].hex() for i in range(0, hidden.shape[0], 32)]
+    assert alone == case["proofs_hex"]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -148,11 +151,13 @@ def _tie_heavy(hidden_size: int, tokens: int) -> list[torch.Tensor]:
             normal.to(torch.bfloat16), with_nans]
 
 
-@pytest.mark.parametrize("hidden_size", [100, 256, 576, 1000, 2048])
+@pytest.mark.parametrize("hidden_size", [100, 256, 576, 1000, 2048, 5120])
 def test_selection_on_tie_heavy_rows_is_torch_topk_of_abs(hidden_size):
-    """Every path (one chunk alone, many chunks with a flat threshold scan, tied rows by
-    torch.topk on int16 keys or by the heap replay) picks, chunk by chunk, the set that
-    toploc's ``flat.abs().topk(128)`` picks on the bf16 values, NaNs included."""
+    """Every path (one chunk alone: torch.topk or, from 65,536 entries, the heap replay; many
+    chunks with a flat threshold scan, tied rows by torch.topk on int16 keys or by the heap
+    replay) picks, chunk by chunk, the set that toploc's ``flat.abs().topk(128)`` picks on the
+    bf16 values, NaNs included (hidden 5120: chunks of more than P entries, the replay's bound
+    renewed twice)."""
     for hidden in _tie_heavy(hidden_size, 32 * 6 + 7):
         for first_row, count, rows in ((0, 6, 32), (32, 1, 32), (192, 1, 7)):
             idx, bits = _topk(hidden, first_row, count, rows, 128)

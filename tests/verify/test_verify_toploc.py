@@ -250,6 +250,33 @@ def test_cauchy_interpolation_equals_the_roots_path(n, batch):
     assert (evaluate(interpolate(mixed, mixed_y), mixed) == mixed_y).all()
 
 
+@pytest.mark.parametrize("n,batch", [(1, 2), (5, 3), (128, 1), (128, 9), (256, 3)])
+def test_points_among_the_fixed_points_are_moved_and_shifted_back(n, batch):
+    """Rows with a point among P-n..P-1 are interpolated at x - s (``_gap_shifts``) and shifted
+    back (``_taylor_shift``): the product-tree path's coefficients, for one row alone (its own
+    branch), mixed batches, points at 0 and P-1, and n = 256 points spread evenly (no gap wider
+    than n: the roots path) beside rows that have one."""
+    from verify.gf import _interpolate_with, _product_tree
+
+    rng = np.random.default_rng(n * 100 + batch)
+    x = np.stack([1 + rng.choice(PRIME - n - 1, n, replace=False) for _ in range(batch)]).astype(np.int64)
+    x[:, 0] = PRIME - 1 - np.arange(batch)  # every row holds a fixed point
+    if n > 2:
+        x[0, 1] = 0
+    if n == 256:
+        x[-1] = np.arange(n) * PRIME // n  # gaps of 255 and 256: none wider than n
+        assert np.diff(np.append(x[-1], PRIME)).max() <= n
+    y = rng.integers(0, PRIME, x.shape)
+    for rows in (slice(0, 1), slice(None)):
+        expected = _interpolate_with(_product_tree(x[rows]), x[rows], y[rows])
+        assert (interpolate(x[rows], y[rows]) == expected).all()
+    mixed = x.copy()
+    mixed[1:, 0] = 7  # the other rows fit the fixed points
+    expected = _interpolate_with(_product_tree(mixed), mixed, y)
+    assert (interpolate(mixed, y) == expected).all()
+    assert (evaluate(interpolate(mixed, y), mixed) == y % PRIME).all()
+
+
 def test_float_reduction_mod_p_is_exact():
     """_reduce (mod P in float64 by the floor of a correctly rounded division) equals int64 %
     on random integers below 2^53 and right at, below and above multiples of P."""
