@@ -94,21 +94,22 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     reads 64 k entries in any case, so the subsequence keeps the first ``_HEAD_BLOCKS``
     blocks whole (6,144 entries), then the entries of each later block above a lower bound
     of the heap's least value there: the k-th largest of the group maxima of the blocks
-    before it (k distinct earlier entries at least that large), the prefix doubling each
-    step. The later entries are found with one flat scan and scattered into place.
+    before it (k distinct earlier entries at least that large), taken after blocks 3 and 12
+    (``_BOUND_LAST``). The later entries are found with one flat scan and scattered into place.
     """
     rows, width = keys.shape
     blocks = width // _BLOCK
     head = min(blocks, _HEAD_BLOCKS)
     start = head * _BLOCK
-    bound = np.empty((rows, blocks), dtype=keys.dtype)
+    later = np.empty((rows, width - start), dtype=bool)
     done = head
-    while done < blocks:
+    while done < blocks:  # one flat comparison per stretch of blocks sharing a bound
         seen = done * _SPREAD  # group maxima before block ``done``
         upto = _BOUND_STEP * done if done < _BOUND_LAST else blocks
-        bound[:, done:upto] = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k, None]
+        bound = np.partition(maxima[:, :seen], seen - k, axis=1)[:, seen - k, None]
+        out = later[:, (done - head) * _BLOCK : (upto - head) * _BLOCK]
+        np.greater(keys[:, done * _BLOCK : upto * _BLOCK], bound, out=out)
         done = upto
-    later = keys[:, start:].reshape(rows, blocks - head, _BLOCK) > bound[:, head:, None]
     if rows == 1:  # one chunk alone: no scatter
         flat = np.flatnonzero(later)
         flat += start
