@@ -6,11 +6,13 @@ Must not: build or measure proofs (``verify.toploc``), run a model, or do I/O.
 
 Which of several equal |values| torch.topk keeps is a property of its CPU kernel: for a
 row of n entries it runs std::partial_sort (a heap) when k * 64 <= n and std::nth_element
-below. One chunk alone shorter than 65,536 entries runs torch.topk itself. Otherwise all
+below. One chunk alone shorter than 65,536 entries runs torch.topk itself; one chunk alone
+from 65,536 entries (32 tokens at hidden 2,048 and more) replays torch's heap on a short
+subsequence (``_heap_topk``) straight away, tied or not. Otherwise all
 chunks are selected together: a threshold per chunk from group maxima, one flat scan for the
 entries above it, one sort; chunks without a tie at the k-th place have a unique answer
-there; tied chunks take torch's answer, the heap one replayed on a short subsequence
-(``_heap_topk``) in rows of at least 32,768 entries, else torch.topk on the whole rows.
+there; tied chunks take torch's answer, the heap one replayed in rows of at least 32,768
+entries, else torch.topk on the whole rows.
 torch.topk always runs on the keys as int16 (``_torch_topk``).
 A validator measuring with open ties (``verify.toploc.measure(..., exact_ties=False)``, when
 its calibration tables were measured so) does not need torch's choice among tied entries:
