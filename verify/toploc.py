@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from verify.errors import ProofError
-from verify.gf import PRIME, evaluate, interpolate
+from verify.gf import BELOW_MAX_POINTS, PRIME, evaluate, interpolate, interpolate_below
 from verify.topk import tie_sets_chunks as _tie_sets
 from verify.topk import topk_chunks as _topk
 from verify.topk import topk_of as _topk_of
@@ -189,20 +189,33 @@ def _moduli(idx: np.ndarray) -> np.ndarray:
 
 
 def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
-    """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k]."""
+    """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k].
+
+    Few numpy calls, as one chunk alone (a worker proving as it generates) pays each one's
+    fixed cost: positions below P - k (chunks of at most P - k entries) are distinct mod P and
+    clear of the interpolation's fixed points, so they go to ``interpolate_below`` as they are."""
     idx, bits = selected
-    count = idx.shape[0]
+    count, k = idx.shape
     if (bits & 0x7F80).max(initial=0) == 0x7F80:  # non-finite entries always rank in the top k
         raise ProofError("hidden states contain NaN or infinity")
-    if idx.max(initial=0) < PRIME:  # positions below P (chunks of <= P entries) are distinct mod P
-        moduli, points = np.full(count, PRIME, dtype=np.int64), idx
+    # every pattern is now below 0xFF80 < P: the values need no reduction
+    words = np.empty((count, k + 1), dtype=">u2")
+    top = idx.max(initial=0)
+    if top < PRIME - k and k <= BELOW_MAX_POINTS:
+        words[:, 0] = PRIME
+        words[:, 1:] = interpolate_below(idx, bits)
+    elif top < PRIME:
+        words[:, 0] = PRIME
+        words[:, 1:] = interpolate(idx, bits)
     else:
         moduli = _moduli(idx)
-        points = idx % moduli[:, None]
-    coeffs = interpolate(points, bits)
-    words = np.concatenate([moduli[:, None], coeffs], axis=1).astype(">u2").tobytes()
-    size = proof_length(coeffs.shape[1])
-    return [words[i * size : (i + 1) * size] for i in range(count)]
+        words[:, 0] = moduli
+        words[:, 1:] = interpolate(idx % moduli[:, None], bits)
+    data = words.tobytes()
+    if count == 1:
+        return [data]
+    size = proof_length(k)
+    return [data[i * size : (i + 1) * size] for i in range(count)]
 
 
 def build_proofs_many(
