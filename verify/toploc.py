@@ -178,22 +178,25 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
 _PASS_BYTES = 16 << 20  # hidden-state bytes proven per pass (bounds the temporaries)
 
 
-def _moduli(idx: np.ndarray) -> np.ndarray:
-    """find_injective_modulus per row of idx [C, k]: P wherever the indices are distinct mod P
-    (always when a chunk has at most P entries), found for all rows with one sort."""
-    rem = np.sort(idx % PRIME, axis=1)
+def _moduli(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """find_injective_modulus per row of idx [C, k], and the points idx mod m: P wherever the
+    indices are distinct mod P (always when a chunk has at most P entries), found for all rows
+    with one sort."""
+    points = idx % PRIME
+    rem = np.sort(points, axis=1)
     moduli = np.full(idx.shape[0], PRIME, dtype=np.int64)
     for row in np.flatnonzero(np.any(rem[:, 1:] == rem[:, :-1], axis=1)):
         moduli[row] = find_injective_modulus(idx[row])
-    return moduli
+        points[row] = idx[row] % moduli[row]
+    return moduli, points
 
 
 def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
     """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k].
 
     Few numpy calls, as one chunk alone (a worker proving as it generates) pays each one's
-    fixed cost: positions below P - k (chunks of at most P - k entries) are distinct mod P and
-    clear of the interpolation's fixed points, so they go to ``interpolate_below`` as they are."""
+    fixed cost: points (positions mod m) below P - k are clear of the interpolation's fixed
+    points, so they go to ``interpolate_below`` without ``interpolate``'s conversions."""
     idx, bits = selected
     count, k = idx.shape
     if (bits & 0x7F80).max(initial=0) == 0x7F80:  # non-finite entries always rank in the top k
@@ -201,16 +204,15 @@ def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
     # every pattern is now below 0xFF80 < P: the values need no reduction
     words = np.empty((count, k + 1), dtype=">u2")
     top = idx.max(initial=0)
-    if top < PRIME - k and k <= BELOW_MAX_POINTS:
-        words[:, 0] = PRIME
-        words[:, 1:] = interpolate_below(idx, bits)
-    elif top < PRIME:
-        words[:, 0] = PRIME
-        words[:, 1:] = interpolate(idx, bits)
+    if top < PRIME:
+        words[:, 0], points = PRIME, idx
     else:
-        moduli = _moduli(idx)
-        words[:, 0] = moduli
-        words[:, 1:] = interpolate(idx % moduli[:, None], bits)
+        words[:, 0], points = _moduli(idx)
+        top = points.max(initial=0)
+    if k <= BELOW_MAX_POINTS and top < PRIME - k:
+        words[:, 1:] = interpolate_below(points, bits)
+    else:
+        words[:, 1:] = interpolate(points, bits)
     data = words.tobytes()
     if count == 1:
         return [data]
