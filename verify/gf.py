@@ -415,12 +415,12 @@ def _interpolate_cauchy(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     log_m = np.matmul(ones, log_windows[start])[:, 0].astype(np.int64)  # sum_j log(t_u - x_j) < 2^31
     m_t = exp[log_m % (PRIME - 1)]  # M(t_u), [C, n]
     cauchy = inverse_windows[start]  # [C, j, u]
-    inv_sum = np.matmul(ones, cauchy)[:, 0].astype(np.int64) % PRIME
-    scaled = m_t * inv_sum % PRIME * weights % PRIME  # M'(t_u) w_u
+    inv_sum = np.matmul(ones, cauchy)[:, 0].astype(np.int64)  # < n P: not reduced
+    scaled = m_t * inv_sum * weights % PRIME  # M'(t_u) w_u (products below n P^3 < 2^63: one reduction)
     sums = np.matmul(cauchy, scaled[..., None].astype(np.float64))[..., 0].astype(np.int64) % PRIME
     # y_j / M'(x_j) = -y_j / (T(x_j) sums_j), -1 / T(x_j) from its table
-    a = y * inv_t[x] % PRIME * _INV[sums] % PRIME
-    f = m_t * (np.matmul(a[:, None, :].astype(np.float64), cauchy)[:, 0].astype(np.int64) % PRIME) % PRIME
+    a = y * inv_t[x] * _INV[sums] % PRIME  # below P^3
+    f = m_t * np.matmul(a[:, None, :].astype(np.float64), cauchy)[:, 0].astype(np.int64) % PRIME  # < n P^3
     return np.matmul(f.astype(np.float64), lagrange).astype(np.int64) % PRIME
 
 
