@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from verify.errors import ProofError
-from verify.gf import PRIME, evaluate, interpolate
+from verify.gf import BELOW_MAX_POINTS, PRIME, evaluate, interpolate, interpolate_below
 from verify.topk import tie_sets_chunks as _tie_sets
 from verify.topk import topk_chunks as _topk
 from verify.topk import topk_of as _topk_of
@@ -178,31 +178,46 @@ def _chunk_groups(tokens: int, chunk_tokens: int) -> list[tuple[int, int, int, i
 _PASS_BYTES = 16 << 20  # hidden-state bytes proven per pass (bounds the temporaries)
 
 
-def _moduli(idx: np.ndarray) -> np.ndarray:
-    """find_injective_modulus per row of idx [C, k]: P wherever the indices are distinct mod P
-    (always when a chunk has at most P entries), found for all rows with one sort."""
-    rem = np.sort(idx % PRIME, axis=1)
+def _moduli(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """find_injective_modulus per row of idx [C, k], and the points idx mod m: P wherever the
+    indices are distinct mod P (always when a chunk has at most P entries), found for all rows
+    with one sort."""
+    points = idx % PRIME
+    rem = np.sort(points, axis=1)
     moduli = np.full(idx.shape[0], PRIME, dtype=np.int64)
     for row in np.flatnonzero(np.any(rem[:, 1:] == rem[:, :-1], axis=1)):
         moduli[row] = find_injective_modulus(idx[row])
-    return moduli
+        points[row] = idx[row] % moduli[row]
+    return moduli, points
 
 
 def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
-    """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k]."""
+    """Proofs of chunks from their top-k (flat indices, bf16 bit patterns), each [C, k].
+
+    Few numpy calls, as one chunk alone (a worker proving as it generates) pays each one's
+    fixed cost: points (positions mod m) below P - k are clear of the interpolation's fixed
+    points, so they go to ``interpolate_below`` without ``interpolate``'s conversions."""
     idx, bits = selected
-    count = idx.shape[0]
+    count, k = idx.shape
     if (bits & 0x7F80).max(initial=0) == 0x7F80:  # non-finite entries always rank in the top k
         raise ProofError("hidden states contain NaN or infinity")
-    if idx.max(initial=0) < PRIME:  # positions below P (chunks of <= P entries) are distinct mod P
-        moduli, points = np.full(count, PRIME, dtype=np.int64), idx
+    # every pattern is now below 0xFF80 < P: the values need no reduction
+    words = np.empty((count, k + 1), dtype=">u2")
+    top = idx.max(initial=0)
+    if top < PRIME:
+        words[:, 0], points = PRIME, idx
     else:
-        moduli = _moduli(idx)
-        points = idx % moduli[:, None]
-    coeffs = interpolate(points, bits)
-    words = np.concatenate([moduli[:, None], coeffs], axis=1).astype(">u2").tobytes()
-    size = proof_length(coeffs.shape[1])
-    return [words[i * size : (i + 1) * size] for i in range(count)]
+        words[:, 0], points = _moduli(idx)
+        top = points.max(initial=0)
+    if k <= BELOW_MAX_POINTS and top < PRIME - k:
+        words[:, 1:] = interpolate_below(points, bits)
+    else:
+        words[:, 1:] = interpolate(points, bits)
+    data = words.tobytes()
+    if count == 1:
+        return [data]
+    size = proof_length(k)
+    return [data[i * size : (i + 1) * size] for i in range(count)]
 
 
 def build_proofs_many(
