@@ -33,13 +33,14 @@ _GROUP = 16  # entries per group: a group's maximum bounds its members
 _SPREAD = 128  # a group's members lie 128 apart inside one block
 _BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
 _INF = 0x7F80  # |bf16| pattern of infinity; above it, NaNs
-_HEAD_BLOCKS = 3  # blocks the heap replay keeps whole (it reads 64 k = 8,192 entries anyway)
+_HEAD_BLOCKS = 3  # blocks the heap replay keeps whole (6,144 entries; torch reads 64 k = 8,192 anyway)
 _BOUND_STEP = 4  # the heap replay's bound is renewed after blocks 3 and 12 (``_BOUND_LAST``), not
 _BOUND_LAST = 12  # after 3, 6, 12, 24, 48: two partitions instead of five at hidden 5120, for ~1,000-1,400
-# later entries instead of ~600 (torch reads 8,192 in any case; the entries that never enter cost a compare)
+# later entries instead of ~600; up to 2,048 fit in the 8,192 torch reads in any case (review: 2,082 at
+# hidden 8192 with massive channels: a longer subsequence is slower, never wrong)
 _HEAP_RATIO = 64  # torch's CPU topk takes std::partial_sort (a heap) when k * 64 <= n
 _DIRECT_BELOW = 65536  # one chunk shorter than this runs torch.topk itself (measured: faster below;
-# from 65,536 entries the selection wins where few chunks are tied, as in real hidden states)
+# from 65,536 entries one chunk alone replays torch's heap on a subsequence, tied or not)
 _REPLAY_FROM = 32768  # tied rows this long replay the heap on a subsequence (measured: 28,672 entries
 # faster with torch.topk on the whole row, 65,536 faster replayed)
 _TIE_EXTRA_MAX = 256  # tie-set entries beyond the k-th place kept open when measuring; more: torch's set
