@@ -18,9 +18,10 @@ What is timed, as a worker and a validator use it:
 - ``build_1024``: the proofs of one 1,024-token rollout;
 - ``verify_1024``: verifying 1,024 tokens (32 chunks, what a validator does per rollout) with
   ``measure``'s exact tie rule (torch's choice among entries tied at the 128th place, as
-  toploc): what a validator with the shipped calibration tables runs (their ``ties`` is exact);
-- ``verify_open_1024``: the same with open ties (``exact_ties=False``): what a validator runs
-  once its tables are measured with ``scripts/calibrate.py --ties open``. Both of ours and
+  toploc): what a validator runs with tables measured with exact ties, or where no pair of
+  its tables judges a submission;
+- ``verify_open_1024``: the same with open ties (``exact_ties=False``): what a validator with
+  the shipped calibration tables runs (measured with ``scripts/calibrate.py --ties open``). Both of ours and
   toploc's verify run alternately in one loop, and both ratios use that toploc figure.
 
 Inputs: standard normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
@@ -174,8 +175,8 @@ def main() -> None:
             cells.append(f"{r['byte_equal_chunks']}/{r['chunks']}")
         print("| " + " | ".join(cells) + " |")
     print("\nTimes in ms (medians); build_batch is per chunk; x = toploc time / ours (above 1: ours is faster); "
-          "verify_1024: exact ties (the shipped calibration tables' rule), verify_open_1024: open ties "
-          "(tables measured with scripts/calibrate.py --ties open).")
+          "verify_1024: exact ties (as toploc), verify_open_1024: open ties (the shipped calibration "
+          "tables' rule, measured with scripts/calibrate.py --ties open).")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ assigned prompts (`tasks.prompts`, the rules the trainer and workers use) and ru
 (verify.policy.RecentRollouts) with the calibration table of (the submission's declared stack,
 this validator's stack), from verify/calibration_tables.json unless `calibration_file` names
 another. TOPLOC is measured with the tie rule those tables were measured with (their `ties`:
-"exact", the shipped ones, or "open"; verify.toploc.measure) when a pair of them judges the
+"exact", or "open", the shipped ones; verify.toploc.measure) when a pair of them judges the
 submission; with the paper's thresholds alone (no table fits the model or the pair) it is
 measured with torch's choice, which those thresholds assume. Anything it cannot do for our
 own reasons (no model for that version) raises `ModelUnavailable`: the core drops the check

@@ -9,7 +9,7 @@ chunk of at most P - 256 entries, the usual case), interpolation goes through th
 at the fixed points P-n..P-1 (``_interpolate_cauchy``): every quantity it needs comes from
 the Cauchy matrix 1 / (t_u - x_j), read as one window of an inverse table per point, and
 from logarithm windows, then one product with the cached inverse Vandermonde matrix of the
-fixed points. Rows with a point among P-n..P-1 (about 20% of the chunks of more than P
+fixed points. Rows with a point among P-n..P-1 (about 22% of the chunks of more than P
 entries when the indices spread uniformly; rare with massive channels) are interpolated at x - s, s ending a gap wider than n between the points, and
 shifted back (``_taylor_shift``: one product with a binomial table). Otherwise (more than
 256 points, or no such gap) it is done in Lagrange form with matrix products. With
@@ -266,10 +266,16 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 BELOW_MAX_POINTS = _FIXED_MAX  # the most points per row ``interpolate_below`` takes
 
 
-def interpolate_below(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``interpolate`` for int64 x, y [C, n] with n <= BELOW_MAX_POINTS, every x below P - n
-    and every y below P, unchecked: the proofs of ``verify.toploc`` call it without
-    ``interpolate``'s conversions and tests (a few microseconds of a ~100 us proof)."""
+def interpolate_below(x: np.ndarray, y: np.ndarray, top: int) -> np.ndarray:
+    """``interpolate`` for int64 x, y [C, n] with n <= BELOW_MAX_POINTS, distinct non-negative
+    x of largest value ``top`` (the caller's, already computed) below P - n, and every y below
+    P: the proofs of ``verify.toploc`` call it without ``interpolate``'s conversions and scans
+    (a few microseconds of a ~100 us proof). Raises ValueError when the dtypes, n or ``top``
+    break that; distinctness and the bounds of y are the caller's duty."""
+    n = x.shape[-1]
+    if x.dtype != np.int64 or y.dtype != np.int64 or n > BELOW_MAX_POINTS or not 0 <= top < PRIME - n:
+        raise ValueError(f"interpolate_below takes int64 points below P - n (n <= {BELOW_MAX_POINTS}); "
+                         f"got {x.dtype}/{y.dtype}, n = {n}, largest point {top}")
     return _interpolate_cauchy(x, y)
 
 

@@ -210,7 +210,7 @@ def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
         words[:, 0], points = _moduli(idx)
         top = points.max(initial=0)
     if k <= BELOW_MAX_POINTS and top < PRIME - k:
-        words[:, 1:] = interpolate_below(points, bits)
+        words[:, 1:] = interpolate_below(points, bits, int(top))
     else:
         words[:, 1:] = interpolate(points, bits)
     data = words.tobytes()
@@ -370,7 +370,7 @@ def measure(
     it is slower by one torch.topk or heap replay per tied chunk. The statistics of a proof
     over differing hidden states depend on the rule, so a validator must measure with the rule
     its calibration tables were measured with (``verify.calibration.CalibrationTables
-    .exact_ties``); the shipped tables were measured with exact ties.
+    .exact_ties``); the shipped tables were measured with open ties.
 
     Raises ProofError when the proofs are malformed or do not fit the hidden states: a
     proof that is not bytes (None included), of the wrong length, with an out-of-range

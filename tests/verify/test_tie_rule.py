@@ -88,7 +88,7 @@ def test_check_rollout_measures_with_the_rule_it_is_given():
 
     assert stats(honest) == stats(honest, exact_ties=False) == [ZERO]
     assert stats(other, exact_ties=False) == [ZERO]
-    exact = stats(other)  # the default: torch's choice, as the shipped tables were measured
+    exact = stats(other)  # the default: torch's choice, which the paper's thresholds assume
     assert exact == stats(other, exact_ties=True) and exact[0].exp_mismatches > 0
 
 

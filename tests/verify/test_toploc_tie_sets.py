@@ -3,7 +3,7 @@
 When several entries share the k-th largest |value|, any choice of them completes a valid top-k
 set. With open ties ``measure`` counts the entries strictly above that value, and of the tied
 entries those the committed polynomial matches best; ``exact_ties=True`` (the default, what the
-shipped calibration tables were measured with) takes torch.topk's choice, as toploc's verify does.
+paper's thresholds assume; the shipped tables are measured open) takes torch.topk's choice, as toploc's verify does.
 Checked here: honest proofs (ours and toploc's golden ones) measure exactly as on the exact
 path; on differing hidden states the result is the exact path's statistics on one valid top-k
 set (brute force over all of them); a wrong value at a tied index, and a committed index

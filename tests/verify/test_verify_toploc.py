@@ -287,3 +287,20 @@ def test_float_reduction_mod_p_is_exact():
     values = np.concatenate([rng.integers(0, 2**53, 100_000), multiples, multiples + 1,
                              np.maximum(multiples - 1, 0), [0, PRIME - 1, PRIME, 2**53 - 1]])
     assert (_reduce(values.astype(np.float64)).astype(np.int64) == values % PRIME).all()
+
+
+def test_interpolate_below_matches_interpolate_and_refuses_what_it_cannot_take():
+    from verify.gf import PRIME, interpolate, interpolate_below
+
+    rng = np.random.default_rng(11)
+    x = np.stack([rng.choice(PRIME - 128, 128, replace=False) for _ in range(3)]).astype(np.int64)
+    y = rng.integers(0, 1 << 16, x.shape).astype(np.int64)
+    assert np.array_equal(interpolate_below(x, y, int(x.max())), interpolate(x, y))
+    near = x.copy()
+    near[0, 0] = PRIME - 1  # among the fixed points: only interpolate takes it
+    with pytest.raises(ValueError, match="below P - n"):
+        interpolate_below(near, y, int(near.max()))
+    with pytest.raises(ValueError, match="int64"):
+        interpolate_below(x.astype(np.int32), y, int(x.max()))
+    with pytest.raises(ValueError, match="int64"):
+        interpolate_below(x, y.astype(np.uint16), int(x.max()))
