@@ -9,7 +9,8 @@ toploc is never a dependency of p2pnet: ``--toploc-path`` names a folder where i
 
 What is timed, as a worker and a validator use it:
 - ``build_chunk``: the proof of one 32-token chunk alone (a worker that proved each chunk
-  the moment it was generated would pay this per chunk);
+  the moment it was generated would pay this per chunk), per chunk over the 32 chunks of the
+  1,024-token rollout, each proven alone in turn (tied and untied chunks alike);
 - ``build_batch``: the proofs of a generation batch, ``--batch-rows`` rollouts of
   ``--batch-tokens`` tokens each, divided by its chunk count. This is how this project's
   worker builds them: ``trainer.rollout.build_row_proofs`` proves every row of a batch when
@@ -71,23 +72,23 @@ COLUMNS = ("build_chunk", "build_batch", "build_1024", "verify_1024", "verify_op
 def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: int, batch_tokens: int,
               only: tuple[str, ...] = COLUMNS) -> dict:
     h = bf16_gaussian(hidden_size, 1024, hidden_size, massive_channels=massive)
-    chunk = h[:32]
+    chunks = [h[i : i + 32] for i in range(0, 1024, 32)]
     batch = [bf16_gaussian(hidden_size * 1000 + r, batch_tokens, hidden_size, massive_channels=massive)
              for r in range(batch_rows)]
     batch_chunks = batch_rows * -(-batch_tokens // 32)
     ours = build_proofs(h)
     ours_batch = build_proofs_many(batch)
-    ours_alone = [build_proofs(h[i : i + 32])[0] for i in range(0, 1024, 32)]  # each chunk proven alone
+    ours_alone = [build_proofs(c)[0] for c in chunks]  # each chunk proven alone
     row = {"hidden": hidden_size, "massive_channels": massive, "chunks": 2 * len(ours) + batch_chunks,
            "batch_rows": batch_rows, "batch_tokens": batch_tokens}
     fns = {
-        "build_chunk": lambda: build_proofs(chunk),
+        "build_chunk": lambda: [build_proofs(c) for c in chunks],
         "build_batch": lambda: build_proofs_many(batch),
         "build_1024": lambda: build_proofs(h),
         "verify_1024": lambda: measure(h, ours, exact_ties=True),
         "verify_open_1024": lambda: measure(h, ours, exact_ties=False),
     }
-    per = {"build_batch": batch_chunks}  # reported per chunk
+    per = {"build_chunk": len(chunks), "build_batch": batch_chunks}  # reported per chunk
     counts = {name: repeats if name == "build_chunk" else max(3, repeats // 3) for name in fns}
     assert measure(h, ours, exact_ties=False) == measure(h, ours, exact_ties=True)  # honest: both zero
     if toploc is None:
@@ -95,15 +96,15 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
             if name in only:
                 row[name] = paired_ms([fn], counts[name])[0] / per.get(name, 1)
         return row
-    rows_chunk = [chunk[i : i + 1] for i in range(32)]
     rows_all = [h[i : i + 1] for i in range(1024)]
+    rows_chunks = [rows_all[i : i + 32] for i in range(0, 1024, 32)]
     rows_batch = [[b[i : i + 1] for i in range(batch_tokens)] for b in batch]
     theirs = toploc.build_proofs_bytes(rows_all, 32, 128, skip_prefill=True)
     theirs_batch = [toploc.build_proofs_bytes(r, 32, 128, skip_prefill=True) for r in rows_batch]
     row["byte_equal_chunks"] = sum(a == b for a, b in zip(ours + ours_alone, theirs + theirs)) + sum(
         a == b for mine, its in zip(ours_batch, theirs_batch) for a, b in zip(mine, its))
     their_fns = {
-        "build_chunk": lambda: toploc.build_proofs_bytes(rows_chunk, 32, 128, skip_prefill=True),
+        "build_chunk": lambda: [toploc.build_proofs_bytes(r, 32, 128, skip_prefill=True) for r in rows_chunks],
         "build_batch": lambda: [toploc.build_proofs_bytes(r, 32, 128, skip_prefill=True) for r in rows_batch],
         "build_1024": lambda: toploc.build_proofs_bytes(rows_all, 32, 128, skip_prefill=True),
         "verify_1024": lambda: toploc.verify_proofs_bytes(h, theirs, 32, 128, skip_prefill=True),
@@ -155,6 +156,7 @@ def main() -> None:
             "one_core": args.one_core, "batch_rows": args.batch_rows, "batch_tokens": args.batch_tokens}
     if args.json:
         print(json.dumps({"meta": meta, "results": results}, indent=1))
+        _exit_if_proofs_differ(results)
         return
     print(f"torch {meta['torch']}, {meta['cpu']}, 1 torch thread, toploc {meta['toploc'] or 'not given'}, "
           f"{'pinned to one core' if args.one_core else 'all cores allowed'}, worker batch "
@@ -177,6 +179,15 @@ def main() -> None:
     print("\nTimes in ms (medians); build_batch is per chunk; x = toploc time / ours (above 1: ours is faster); "
           "verify_1024: exact ties (as toploc), verify_open_1024: open ties (the shipped calibration "
           "tables' rule, measured with scripts/calibrate.py --ties open).")
+    _exit_if_proofs_differ(results)
+
+
+
+def _exit_if_proofs_differ(results: list[dict]) -> None:
+    """Exit non-zero when any proof differed from toploc's (a table of timings is no use then)."""
+    if differ := [(r["hidden"], r["massive_channels"]) for r in results
+                  if "byte_equal_chunks" in r and r["byte_equal_chunks"] != r["chunks"]]:
+        sys.exit(f"proofs differ from toploc's at (hidden size, massive channels) {differ}")
 
 
 if __name__ == "__main__":
