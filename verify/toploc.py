@@ -79,13 +79,19 @@ def find_injective_modulus(indices: np.ndarray) -> int:
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     if np.unique(idx % PRIME).size == idx.size:
         return PRIME
-    block = 64
-    for top in range(PRIME - 1, 0, -block):
+    return _modulus_below_prime(idx)
+
+
+def _modulus_below_prime(idx: np.ndarray) -> int:
+    """``find_injective_modulus`` for int64 indices known to collide mod P."""
+    top, block = PRIME - 1, 4  # P - 1 or P - 2 mostly works already: a small first block
+    while top > 0:
         cands = np.arange(top, max(top - block, 0), -1, dtype=np.int64)
         rem = np.sort(idx[None, :] % cands[:, None], axis=1)
         ok = ~np.any(rem[:, 1:] == rem[:, :-1], axis=1)
         if ok.any():
             return int(cands[np.argmax(ok)])
+        top, block = top - block, 64
     raise ProofError("no injective modulus exists for these indices")
 
 
@@ -186,7 +192,7 @@ def _moduli(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rem = np.sort(points, axis=1)
     moduli = np.full(idx.shape[0], PRIME, dtype=np.int64)
     for row in np.flatnonzero(np.any(rem[:, 1:] == rem[:, :-1], axis=1)):
-        moduli[row] = find_injective_modulus(idx[row])
+        moduli[row] = _modulus_below_prime(idx[row])
         points[row] = idx[row] % moduli[row]
     return moduli, points
 
