@@ -10,8 +10,9 @@ at the fixed points P-n..P-1 (``_interpolate_cauchy``): every quantity it needs 
 the Cauchy matrix 1 / (t_u - x_j), read as one window of an inverse table per point, and
 from logarithm windows, then one product with the cached inverse Vandermonde matrix of the
 fixed points. Rows with a point among P-n..P-1 (about 22% of the chunks of more than P
-entries when the indices spread uniformly; rare with massive channels) are interpolated at x - s, s ending a gap wider than n between the points, and
-shifted back (``_taylor_shift``: one product with a binomial table). Otherwise (more than
+entries when the indices spread uniformly; rare with massive channels) are interpolated at
+x - s, s ending a gap wider than n between the points, and shifted back (``_taylor_shift``:
+one product with a binomial table). Otherwise (more than
 256 points, or no such gap) it is done in Lagrange form with matrix products. With
 M(t) = prod_j (t - x_j), the coefficients are
 ``c_k = sum_t M[k+1+t] * S_t`` with ``S_t = sum_i a_i x_i^t`` and ``a_i = y_i / M'(x_i)``:
