@@ -20,9 +20,12 @@ Balancing, from advertised upload capacities u_p (bytes/s):
 4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
    interleaved so every stripe advances through the file at once. Stable plans (below) give
    every stripe an equal share, except a stripe whose integer fan-outs waste a real part of its
-   capacity (small fan-outs, as with equal uploads): its share follows its per-child rate R.
-   One deal for all of them, so views differing by a few members agree on almost every chunk
-   (`_stable_chunks`).
+   capacity: its share follows its per-child rate R. Where every fan-out is small (at most
+   `PIPELINE_DEAL_FANOUT` x K: about equal uploads) the shares are set so that every stripe's
+   last chunk reaches its deepest member at about the same time (`_pipeline_quotas`): there
+   each hop costs a whole chunk at the stripe's rate, and hashed home stripes give fan-outs
+   that differ by whole steps. One deal for all of them, so views differing by a few members
+   agree on almost every chunk (`_stable_chunks`).
 
 With balanced stripes every stripe finishes at about N*S/(U_origin + sum u_p), the lower bound,
 plus a pipelining term (tree depth x one chunk time, since each chunk is forwarded as soon as
@@ -341,7 +344,7 @@ def _pipeline_quotas(chunk_count: int, rates: list[float], origin_share: float, 
     member about d_s hops after leaving the origin, each hop one chunk at e_s, so it ends at
     about (c_s + d_s) / e_s chunk-bytes; equal ends give c_s = (M + sum d) e_s / sum e - d_s.
     (Chunks in proportion to R alone: N = 1,023 equal uploads, 256 chunks, 16 stripes of
-    fan-out 13-18 ended 320-354 chunk times instead of 302-363; this rule: 318-347.)"""
+    fan-out 13-18 ended 319-354 chunk times instead of 302-363; this rule: 318-347.)"""
     total = sum(min(r, origin_share) for r in rates)
     if total <= 0:
         return [1.0] * len(rates)
