@@ -115,6 +115,9 @@ class StripePlan:
     stripe_of_chunk: tuple[int, ...]
     chunks_of_stripe: tuple[tuple[int, ...], ...]
     capacity_bps: tuple[float, ...]
+    #: every member's fan-out is small (at most `PIPELINE_DEAL_FANOUT` x the stripes: about equal
+    #: uploads) and the chunks are dealt by `_pipeline_quotas`
+    small_fanouts: bool = False
 
     def ancestors(self, stripe: int, peer: str) -> list[str]:
         """p's parent, grandparent, ... up to the origin in `stripe`; [] if p is not planned."""
@@ -202,8 +205,9 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
         depths.append(_hops_to_last(origin, parents[-1], interior + leaves))
         fanouts.append(fanout)
         capacities.append(capacity)
-    if stable_now and max((f for fo in fanouts for p, f in fo.items() if p != origin), default=0) <= \
-            PIPELINE_DEAL_FANOUT * k:
+    small = stable_now and max((f for fo in fanouts for p, f in fo.items() if p != origin), default=0) <= \
+        PIPELINE_DEAL_FANOUT * k
+    if small:
         stripe_of_chunk = _stable_chunks(chunk_count, _pipeline_quotas(chunk_count, rates, origin_share, depths))
     elif stable_now:
         stripe_of_chunk = _stable_chunks(chunk_count, _stripe_weights(rates, capacities, n))
@@ -211,7 +215,7 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
         stripe_of_chunk = _deal_chunks(chunk_count, capacities)
     chunks_of_stripe = tuple(tuple(i for i, s in enumerate(stripe_of_chunk) if s == t) for t in range(k))
     return StripePlan(origin, k, home, tuple(parents), tuple(fanouts), stripe_of_chunk, chunks_of_stripe,
-                      tuple(capacities))
+                      tuple(capacities), small)
 
 
 def plan_tree(origin: str, members: Membership, chunk_count: int, fanout: int, salt: bytes = b"") -> StripePlan:
