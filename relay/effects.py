@@ -47,6 +47,17 @@ class DropSource:
 
 
 @dataclass(frozen=True, slots=True)
+class ServeAtOnce:
+    """Serve at least `slots` chunks at once (0: the configured upload slots): our children in
+    our home stripe, in a plan whose fan-outs are all small (`relay.planner.StripePlan.small_fanouts`). There
+    each hop costs a whole chunk at the stripe's rate, and a child beyond our upload slots would
+    get every chunk a whole transfer after the others (measured, N = 1,023 equal uploads, 256
+    chunks, fan-outs 13-18 against 16 slots: 1.31x the optimum; serving every child at once 1.23x)."""
+
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
 class Penalise:
     """Lower `peer`'s score in the peer table by `amount`: it served bytes that do not verify."""
 

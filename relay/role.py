@@ -5,17 +5,18 @@ the data-plane channel `relay/chunks` (serving), one `relay.upstream.Upstream` p
 (fetching), the control commands `checkpoint.publish|status|fetch|wait`, and the
 `VersionWatcher` that tells trainers and workers when a version is complete.
 
-Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Penalise`) and
-relay events are peeled off the core's effect list by `_Peeler` and queued, in order, for the
-dispatcher task; everything else goes to the node as usual. A `Fetch` goes to the upstream of
-its peer, which hands each chunk it receives whole (into one of `STORING_CHUNKS` reused buffers
+Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Penalise`,
+`ServeAtOnce`) and relay events are peeled off the core's effect list by `_Peeler` and queued,
+in order, for the dispatcher task; everything else goes to the node as usual. A `Fetch` goes to
+the upstream of its peer, which hands each chunk it receives whole (into one of `STORING_CHUNKS` reused buffers
 shared by all upstreams) to `report_fetched`: hashed against the manifest and written at its
 offsets in a worker thread while the connection reads on. Stored chunks reach the core in
 batches, one round trip for all that finished meanwhile.
 
 The server side answers a request once it holds the chunk (waiting up to `request_timeout_s`
 for it to arrive: this is how chunks are forwarded as soon as they are verified), serving at
-most `max_concurrent_uploads` at once, requests flagged urgent (the requester forwards that
+most `max_concurrent_uploads` at once (more when the core asks for them with `ServeAtOnce`:
+all our children, in a plan of small fan-outs), requests flagged urgent (the requester forwards that
 stripe) first (`relay.serving.ServingCore`, the same core the simulator drives, through
 `relay.uploads`), each chunk sent from its file by `os.sendfile` (the page cache
 is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a token
@@ -64,7 +65,7 @@ from relay.messages import (MAX_QUEUED_US, OP_MANIFEST, RESPONSE, STATUS_OK, STA
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.uploads import Uploads
 from relay.store import NO_SPACE_ERRNOS, ChunkRotten, ChunkStore, StoreBackoff, StoreEvent, VersionCollected
-from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, VersionComplete
+from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
 from relay.upstream import OP_URGENT, Buffers, Upstream, read_frame
 
@@ -81,7 +82,7 @@ MAX_REQUESTS_PER_CONNECTION = 256
 WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
 STALLED_READER_PENALTY = 3.0  # asked for chunks and stopped reading the answers
 BUSY_LINGER_S = 3.0  # the node counts us busy (slower heartbeats) until this long after the last chunk moved
-_RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise)
+_RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise, ServeAtOnce)
 
 
 class _Peeler:
@@ -251,6 +252,8 @@ class RelayRole:
                     upstream.close()
             elif isinstance(item, Penalise):
                 self.penalise(item.peer, item.amount, item.reason)
+            elif isinstance(item, ServeAtOnce):
+                self._uploads.at_least(item.slots)
             elif isinstance(item, ManifestAccepted):
                 self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
                 self._about_to_move()  # its chunks are fetched next

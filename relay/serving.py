@@ -2,7 +2,9 @@
 of what our uploads really deliver. The relay role (real world) and `simulations.dataplane`
 (virtual time) both drive `ServingCore`: no serving decision lives only in one of them.
 
-`ServingCore`: at most `slots` chunks served at once, at most `per_peer` to one requester,
+`ServingCore`: at most `slots` chunks served at once (raised with `at_least` when the transfer
+core asks, `relay.effects.ServeAtOnce`: every child at once where fan-outs are small, since a
+child beyond the slots gets each chunk a whole transfer late), at most `per_peer` to one requester,
 urgent requests (the requester forwards that stripe) first, then round robin across peers; a
 request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`. A requester
 that forwards gets its urgent chunks one at a time (`urgent_per_peer`): two chunks sent to it at
@@ -100,6 +102,7 @@ class ServingCore:
         self.per_peer = self.config.per_peer or max(1, self.config.slots // 2)
         self.urgent_per_peer = min(self.per_peer, self.config.urgent_per_peer or self.per_peer)
         self.free = self.config.slots
+        self.slots = self.config.slots  # `at_least` may raise it
         self._serving: dict[Hashable, tuple[str, bool]] = {}  # token -> (peer, urgent), while it holds a slot
         self._held_urgent: dict[str, int] = {}  # peer -> slots it holds for urgent requests
         self._held: dict[str, int] = {}  # peer -> slots it holds
@@ -110,7 +113,7 @@ class ServingCore:
 
     @property
     def full(self) -> bool:
-        return self.free == 0
+        return self.free <= 0
 
     def ask(self, now: float, token: Hashable, peer: str, version: int, index: int, urgent: bool,
             held: bool) -> list[Serve | Refuse]:
@@ -143,6 +146,14 @@ class ServingCore:
         _decrement(self._held, peer)
         if urgent:
             _decrement(self._held_urgent, peer)
+        return self._grant(now)
+
+    def at_least(self, now: float, slots: int) -> list[Serve | Refuse]:
+        """Serve at least `slots` chunks at once from now on (never fewer than the configured
+        slots; see `relay.effects.ServeAtOnce`)."""
+        slots = max(self.config.slots, slots)
+        self.free += slots - self.slots
+        self.slots = slots
         return self._grant(now)
 
     def cancel(self, token: Hashable) -> None:
@@ -226,7 +237,7 @@ class ServingCore:
         return deadlines[0].deadline if deadlines else None
 
     def status(self) -> dict[str, int]:
-        return {"slots": self.config.slots, "serving": len(self._serving), "queued": len(self._queued),
+        return {"slots": self.slots, "serving": len(self._serving), "queued": len(self._queued),
                 "waiting": sum(len(a) for a in self._waiting.values())}
 
     def _enqueue(self, ask: _Ask) -> None:

@@ -69,7 +69,7 @@ import blake3
 from p2pnet.config import validated
 from p2pnet.core import Emit, Publish, Send, SetTimer
 from p2pnet.wire import Envelope
-from relay.effects import (DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, SourceDropped,
+from relay.effects import (DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce, SourceDropped,
                            VersionComplete)
 from relay.errors import ManifestRejected
 from relay.manifest import SignedManifest, chunk_range
@@ -196,6 +196,8 @@ class TransferCore(SourceChoice):
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
         self._last_announce = -float("inf")
         self._hold_until = -float("inf")  # no new requests before this (our store is full)
+        self._at_once = 0  # the upload slots we last asked the shell for (`ServeAtOnce`; 0: as configured)
+        self._at_once_wanted = 0
         self._collected_through = -1  # versions up to this one were garbage-collected: never again
         self.rejected_manifests = 0
         self._neighbours: frozenset[str] = frozenset()  # the swarm layout: whom we tell what we hold
@@ -518,6 +520,8 @@ class TransferCore(SourceChoice):
         v.chains = [self._chain(now, v.plan, s) for s in range(v.plan.stripes)]
         home = v.plan.home.get(self.self_id, -1)
         v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
+        self._at_once_wanted = v.plan.fanout[home].get(self.self_id, 0) \
+            if v.forwards >= 0 and v.plan.small_fanouts else 0  # the newest plan decides: see `ServeAtOnce`
         v.next_pos = [0] * v.plan.stripes
         old = [i for q in v.retry if q for i in q] + v.parked
         v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
@@ -864,6 +868,9 @@ class TransferCore(SourceChoice):
     def _arm(self, now: float, effects: list[Any]) -> list[Any]:
         """Keep one tick pending: soon while transfers run, at the announce interval otherwise,
         and when a hold on requests ends."""
+        if self._at_once_wanted != self._at_once:
+            self._at_once = self._at_once_wanted
+            effects.append(ServeAtOnce(self._at_once))
         held = now < self._hold_until
         soon = min(now + self._tick_s, self._hold_until) if held else now + self._tick_s
         if self._tick_at is not None and self._tick_at > now and self._tick_at <= soon:

@@ -2,7 +2,7 @@
 
 `RelayWorld` is a `SimWorld` whose peers also have upload and download capacities (bytes/s).
 It carries out the transfer core's relay effects (`relay.transfer.Fetch`, `FetchManifest`,
-`DropSource`, `Penalise`) in virtual time and hands everything else to `SimWorld`.
+`DropSource`, `Penalise`, `ServeAtOnce`) in virtual time and hands everything else to `SimWorld`.
 
 Theory of operation. A `Fetch` travels to the source in one link latency. What the source does
 with it is decided by its serving core, the real relay's (`relay.serving.ServingCore`): at most
@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2pnet.identity import Identity
-from relay.effects import DropSource, Fetch, FetchManifest, Penalise
+from relay.effects import DropSource, Fetch, FetchManifest, Penalise, ServeAtOnce
 from relay.serving import ByteBudget, Refuse, ServingConfig, ServingCore
 from simulations.engine import Engine, Handle
 from simulations.fairshare import share
@@ -273,6 +273,12 @@ class RelayWorld(SimWorld):
                 self._drop_source(peer.peer_id, effect.peer)
             elif kind is Penalise:
                 self.penalties.append((self.engine.now, peer.peer_id, effect.peer, effect.amount))
+            elif kind is ServeAtOnce:
+                port = self.ports.get(peer.peer_id)
+                if port is not None:
+                    actions = port.serving.at_least(self.engine.now, effect.slots)
+                    if actions:
+                        self._serve(peer.peer_id, port, actions)
             else:
                 plain.append(effect)
         if plain:

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from p2pnet.identity import Identity
-from relay.effects import Fetch
+from relay.effects import Fetch, ServeAtOnce
 from relay.serving import ServingConfig
 from relay.uploads import Uploads
 from simulations.dataplane import RelayWorld
@@ -128,3 +128,56 @@ def _rounded(out: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
 async def test_both_worlds_serve_the_same_requests_in_the_same_order_at_the_same_times(world, autojump_clock):
     out = await run_trio() if world == "trio" else run_sim()
     assert _rounded(out) == _rounded(EXPECTED)
+
+
+# The transfer core asks for more slots (`ServeAtOnce`: all its children at once) at WIDEN_AT:
+# four requesters of held chunks, 2 slots; the two waiting start then, having queued 0.3 and 0.2 s.
+WIDE_SCRIPT = [(f"w{i}", i, False, i / 10) for i in range(4)]
+WIDEN_AT = 0.5
+WIDE_EXPECTED = {"served": [("w0", 1.0, 0.0), ("w1", 1.1, 0.0), ("w2", 1.5, 0.3), ("w3", 1.5, 0.2)], "refused": []}
+
+
+async def run_trio_wide() -> dict[str, list[tuple]]:
+    uploads = Uploads(CONFIG)
+    out: dict[str, list[tuple]] = {"served": [], "refused": []}
+
+    async def answer(name: str, index: int, urgent: bool, at: float) -> None:
+        await trio.sleep_until(at)
+        async with uploads.turn(name, 1, index, urgent, True) as queued_s:
+            await trio.sleep(SEND_S)
+            out["served"].append((name, trio.current_time(), queued_s))
+
+    async def widen() -> None:
+        await trio.sleep_until(WIDEN_AT)
+        uploads.at_least(4)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(uploads.run)
+        for step in WIDE_SCRIPT:
+            nursery.start_soon(answer, *step)
+        nursery.start_soon(widen)
+        await trio.sleep(20)
+        nursery.cancel_scope.cancel()
+    return out
+
+
+def run_sim_wide() -> dict[str, list[tuple]]:
+    engine = Engine(1)
+    world = RelayWorld(engine, NetworkModel(local_latency_s=0.0), serving=CONFIG)
+    out: dict[str, list[tuple]] = {"served": [], "refused": []}
+    source, chunk_bytes = Identity.from_seed_text("source"), 1000
+    world.add_relay_peer(source, [_Source()], upload_bps=math.inf)
+    for name, index, urgent, at in WIDE_SCRIPT:
+        sink = Identity.from_seed_text(name)
+        world.add_relay_peer(sink, [_Sink(name, out)], upload_bps=1.0, download_bps=chunk_bytes / SEND_S)
+        fetch = Fetch(source.peer_id, 1, index, b"\0" * 32, chunk_bytes, urgent)
+        engine.at(at, lambda sink_id=sink.peer_id, f=fetch: world.apply(sink_id, [f]))
+    engine.at(WIDEN_AT, lambda: world.apply(source.peer_id, [ServeAtOnce(4)]))  # as the source's core asks
+    engine.run(until=20.0)
+    return out
+
+
+@pytest.mark.parametrize("world", ["trio", "sim"])
+async def test_both_worlds_serve_every_child_at_once_when_the_core_asks_for_more_slots(world, autojump_clock):
+    out = await run_trio_wide() if world == "trio" else run_sim_wide()
+    assert _rounded(out) == _rounded(WIDE_EXPECTED)

@@ -144,6 +144,23 @@ def test_stable_stripes_whose_fan_outs_waste_capacity_get_fewer_chunks():
     assert {len(c) for c in mixed.chunks_of_stripe} == {14, 15}
 
 
+def test_stable_plans_with_small_fan_outs_deal_chunks_so_every_stripe_ends_together():
+    """Equal uploads, 16 stripes: hashed home stripes hold 57-81 of 1,023 members, so fan-outs
+    are 13-18 and a stripe of fan-out f moves each chunk one hop in f chunk times (its root no
+    faster than the origin's share, 16). Equal counts ended those stripes 60 chunk times apart;
+    the widest get fewer chunks, and no stripe gets more for being faster than the origin feeds it."""
+    plan = plan_broadcast(ORIGIN, 1.25e8, homogeneous(1023), 256, 16, stable=True)
+    assert plan.stripes == 16 and sorted(i for chunks in plan.chunks_of_stripe for i in chunks) == list(range(256))
+    widest = [max(f for p, f in plan.fanout[s].items() if p != ORIGIN) for s in range(16)]
+    count = [len(plan.chunks_of_stripe[s]) for s in range(16)]
+    assert min(widest) < 16 < max(widest)  # the premise: uneven home stripes
+    assert max(c for c, f in zip(count, widest) if f == max(widest)) < min(c for c, f in zip(count, widest) if f <= 16)
+    assert len({c for c, f in zip(count, widest) if f <= 16}) == 1  # capped at the origin's share: alike
+    depth = [max(plan.depth(s, p) for p in plan.parent[s]) for s in range(16)]  # hops from the origin
+    ends = [(c + d) * max(f, 16) for c, d, f in zip(count, depth, widest)]
+    assert max(ends) - min(ends) <= max(widest)  # within about one chunk of the widest stripe
+
+
 @pytest.mark.parametrize("n,chunks", [(293, 96), (364, 128), (429, 200), (1023, 64)])
 def test_one_member_more_or_less_never_reshuffles_a_stable_plan(n, chunks):
     """Views on either side of a stripe's fan-out threshold (one member decides whether it wastes

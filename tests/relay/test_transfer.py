@@ -8,7 +8,7 @@ from p2pnet.wire import Envelope
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
-from relay.effects import Fetch, FetchManifest, SourceDropped
+from relay.effects import Fetch, FetchManifest, ServeAtOnce, SourceDropped
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import MBIT, build_broadcast, fake_manifest, simulate_broadcast
 from simulations.scale import scale_chunk_bytes, simulate_at_scale
@@ -463,3 +463,24 @@ def test_a_chain_dropped_as_slow_is_asked_again_before_the_origin_but_an_unreach
         else:
             assert PUBLISHER.peer_id not in {f.peer for f in again}
             assert {f.peer for f in again} <= set(plan.ancestors(stripe, "me"))
+
+
+def test_a_forwarder_in_a_plan_of_small_fan_outs_asks_to_serve_all_its_children_at_once():
+    """Equal uploads (fan-outs about the stripe count, some above the 16 upload slots): the core
+    asks its shell for as many upload slots as it has children in its home stripe, once; with
+    fast members feeding dozens it asks for nothing (the configured slots stay)."""
+    signed = fake_manifest(PUBLISHER, 256 * 2**20, 2**20)
+    for uploads, small in (({f"p{i:04d}": 1e8 for i in range(1023)}, True),
+                           ({f"p{i:04d}": 1e7 * (1 + i % 100) for i in range(1023)}, False)):
+        uploads[PUBLISHER.peer_id] = 1e8
+        cores = {p: TransferCore(FAST, p, open_frame=opener, self_upload_bps=uploads[p])
+                 for p in ("p0001", "p0002", "p0003")}
+        for name, c in cores.items():
+            c.set_members(0.0, uploads)
+            effects = c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
+            asked = [e.slots for e in effects if isinstance(e, ServeAtOnce)]
+            plan = c._versions[1].plan
+            children = sum(1 for parent in plan.parent[plan.home[name]].values() if parent == name)
+            assert plan.small_fanouts is small
+            assert asked == ([children] if small and children else [])
+            assert not [e for e in c.on_timer(1.0, "relay/tick") if isinstance(e, ServeAtOnce)]  # once
