@@ -316,6 +316,36 @@ def test_points_among_the_fixed_points_take_the_second_set(n, batch, monkeypatch
         assert (evaluate(interpolate(mixed, y), mixed) == y % PRIME).all()
 
 
+@pytest.mark.parametrize("k", [1, 2, 128, 256, 300])
+def test_moduli_of_one_chunk_and_of_many_are_find_injective_modulus(k):
+    """``_moduli`` (one chunk alone: slot numbers written at the points and read back; many: one
+    sort) gives each row find_injective_modulus and the points mod it: rows distinct mod P, rows
+    whose positions collide mod P once (first and last point, or two in the middle) or many
+    times, one chunk alone and in a batch."""
+    from verify.toploc import _moduli
+
+    rng = np.random.default_rng(k)
+    rows = [rng.choice(3 * PRIME, k, replace=False) for _ in range(4)]
+    for row in rows:
+        while np.unique(row % PRIME).size < k:  # start from rows distinct mod P
+            row[:] = rng.choice(3 * PRIME, k, replace=False)
+    def twin(i):  # another position with the same residue mod P
+        return i % PRIME + PRIME * ((i // PRIME + 1) % 3)
+
+    if k > 1:
+        rows[1][-1] = twin(rows[1][0])  # first and last collide
+        rows[2][k // 2] = twin(rows[2][k // 2 - 1])
+        rows[3][: k // 2] = twin(rows[3][k // 2 : 2 * (k // 2)])  # many collisions
+    idx = np.stack(rows).astype(np.int64)
+    expected = [find_injective_modulus(r) for r in idx]
+    if k > 1:
+        assert expected[0] == PRIME and all(m < PRIME for m in expected[1:])
+    for rows_of in ([slice(i, i + 1) for i in range(4)] + [slice(None)]):
+        moduli, points = _moduli(idx[rows_of])
+        assert moduli.tolist() == expected[rows_of]
+        assert (points == idx[rows_of] % moduli[:, None]).all()
+
+
 def test_float_reduction_mod_p_is_exact():
     """_reduce (mod P in float64 by the floor of a correctly rounded division) equals int64 %
     on random integers below 2^53 and right at, below and above multiples of P."""
