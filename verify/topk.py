@@ -8,7 +8,8 @@ Which of several equal |values| torch.topk keeps is a property of its CPU kernel
 row of n entries it runs std::partial_sort (a heap) when k * 64 <= n and std::nth_element
 below. One chunk alone shorter than 65,536 entries runs torch.topk itself; one chunk alone
 from 65,536 entries (32 tokens at hidden 2,048 and more) replays torch's heap on a short
-subsequence (``_heap_topk``) straight away, tied or not. Otherwise all
+subsequence (``_heap_topk``) straight away, tied or not, and skips torch.topk where the
+subsequence has no tie at the k-th place (``_untied_top``). Otherwise all
 chunks are selected together: a threshold per chunk from group maxima, one flat scan for the
 entries above it, one sort; chunks without a tie at the k-th place have a unique answer
 there; tied chunks take torch's answer, the heap one replayed in rows of at least 32,768
@@ -111,6 +112,8 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     of the heap's least value there: the k-th largest of the group maxima of the blocks
     before it (k distinct earlier entries at least that large), taken after blocks 3 and 12
     (``_BOUND_LAST``). The later entries are found with one flat scan and scattered into place.
+    One row alone without a tie at the subsequence's k-th place takes its k largest
+    (``_untied_top``) without torch.topk.
     """
     rows, width = keys.shape
     blocks = width // _BLOCK
@@ -131,6 +134,11 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
         sub = np.zeros((1, max(_HEAP_RATIO * k, start + flat.size)), dtype=keys.dtype)
         sub[0, :start] = keys[0, :start]
         sub[0, start : start + flat.size] = keys[0].take(flat)
+        unique = _untied_top(sub[0, : start + flat.size], k, maxima)
+        if unique is not None:
+            moved = unique >= start
+            unique[moved] = flat.take(unique[moved] - start)
+            return unique[None, :]
         picked = _torch_topk(sub, k)
         moved = picked >= start  # never a padding zero: the heap holds k real entries, zeros never enter
         picked[moved] = flat.take(picked[moved] - start)
@@ -149,6 +157,34 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     picked = _torch_topk(sub, k)
     later_pick = np.take_along_axis(origin, np.maximum(picked - start, 0), axis=1)
     return np.where(picked < start, picked, later_pick)
+
+
+def _untied_top(sub: np.ndarray, k: int, maxima: np.ndarray) -> np.ndarray | None:
+    """Slots of ``sub`` (one chunk's subsequence in ``_heap_topk``, no padding) holding its k
+    largest keys when they are unique (no tie at its k-th place), else None.
+
+    torch.topk on the subsequence picks what it picks on the whole chunk (``_heap_topk``), and
+    any top-k selection of a row without a tie at the k-th place picks the same set, so where
+    the subsequence has no such tie its k largest are torch's answer without running it (most
+    chunks with massive channels; tie-heavy chunks mostly have the tie). They are found among
+    its entries >= t, t the k-th largest of the maxima of 16 group maxima (k distinct entries
+    of the chunk reach t): when at least k entries of the subsequence do, its k largest are
+    among them."""
+    level = maxima[0]
+    if level.size // _GROUP >= k:
+        level = level.reshape(_GROUP, -1).max(axis=0)
+    if level.size < k:
+        return None
+    thresh = np.partition(level, level.size - k)[level.size - k]
+    slots = np.flatnonzero(sub >= thresh)
+    if slots.size < k:
+        return None
+    cand = sub.take(slots)
+    ordered = np.sort(cand)  # a few hundred entries: cheaper than a partition and a count
+    kth = ordered[-k]
+    if slots.size > k and ordered[-k - 1] == kth:
+        return None
+    return slots[cand >= kth]
 
 
 def _candidates(keys: np.ndarray, n: int, k: int):

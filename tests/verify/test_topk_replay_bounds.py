@@ -51,3 +51,33 @@ def test_small_topk_on_one_long_tied_chunk_alone(topk):
     for hidden in (tied, torch.full((32, 2048), -0.5, dtype=torch.bfloat16)):
         idx, _ = topk_chunks(hidden, 0, 1, 32, topk)
         assert sorted(idx[0].tolist()) == _torch_set(hidden, topk)
+
+
+def _count_torch_topk(monkeypatch) -> list[int]:
+    """Counts verify.topk's torch.topk calls (the shortcut without a tie must make none)."""
+    import verify.topk as topk_module
+
+    calls, real = [], topk_module._torch_topk
+    monkeypatch.setattr(topk_module, "_torch_topk", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("case", ["unique", "tie_outside_the_subsequence", "tie_at_the_kth_place"])
+def test_one_long_chunk_alone_without_a_tie_skips_torch_topk(monkeypatch, case):
+    """Without a tie at the subsequence's k-th place the k largest are taken directly, no torch.topk:
+    a unique top 128 (block 0's distinct values); a tie in the chunk whose second entry, in a
+    later block, equals the replay's bound and so never enters torch's heap (the set is still
+    unique in the subsequence, and torch picks it); and a real tie at the 128th place (two
+    entries of blocks 3-11 equal to the 128th largest, both entering the heap: a third in block 25
+    would not, the bound there being that value), where torch must choose."""
+    entries = {
+        "unique": {},
+        "tie_outside_the_subsequence": {20 * BLOCK + 5: 0xC000},  # |value| = block 0's least
+        "tie_at_the_kth_place": {4 * BLOCK + 9: 0x4001, 9 * BLOCK + 1: 0xC001},  # 128th and 129th
+    }[case]
+    hidden = _chunk(entries)
+    expected = _torch_set(hidden, 128)
+    calls = _count_torch_topk(monkeypatch)
+    idx, _ = topk_chunks(hidden, 0, 1, ROWS, 128)
+    assert sorted(idx[0].tolist()) == expected
+    assert len(calls) == (1 if case == "tie_at_the_kth_place" else 0)

@@ -252,20 +252,24 @@ def test_cauchy_interpolation_equals_the_roots_path(n, batch):
 
 @pytest.mark.parametrize("n,batch", [(1, 2), (5, 3), (128, 1), (128, 9), (256, 3)])
 def test_points_among_the_fixed_points_are_moved_and_shifted_back(n, batch):
-    """Rows with a point among P-n..P-1 are interpolated at x - s (``_gap_shifts``) and shifted
-    back (``_taylor_shift``): the product-tree path's coefficients, for one row alone (its own
-    branch), mixed batches, points at 0 and P-1, and n = 256 points spread evenly (no gap wider
-    than n: the roots path) beside rows that have one."""
+    """Rows with a point among P-n..P-1 and one among P-2n..P-n-1 (both sets of fixed points)
+    are interpolated at x - s (``_gap_shifts``) and shifted back (``_taylor_shift``): the
+    product-tree path's coefficients, for one row alone (its own branch), mixed batches, points
+    at 0 and P-1, and n = 256 points spread evenly (no gap wider than n: the roots path) beside
+    rows that have one. (n = 1: one point, among P-n..P-1 only.)"""
     from verify.gf import _interpolate_with, _product_tree
 
     rng = np.random.default_rng(n * 100 + batch)
     x = np.stack([1 + rng.choice(PRIME - n - 1, n, replace=False) for _ in range(batch)]).astype(np.int64)
     x[:, 0] = PRIME - 1 - np.arange(batch)  # every row holds a fixed point
+    if n > 1:
+        x[:, -1] = PRIME - n - 1 - np.arange(batch)  # and one of the second set
     if n > 2:
         x[0, 1] = 0
     if n == 256:
         x[-1] = np.arange(n) * PRIME // n  # gaps of 255 and 256: none wider than n
         assert np.diff(np.append(x[-1], PRIME)).max() <= n
+        assert ((x[-1] >= PRIME - 2 * n) & (x[-1] < PRIME - n)).any()
     y = rng.integers(0, PRIME, x.shape)
     for rows in (slice(0, 1), slice(None)):
         expected = _interpolate_with(_product_tree(x[rows]), x[rows], y[rows])
@@ -275,6 +279,71 @@ def test_points_among_the_fixed_points_are_moved_and_shifted_back(n, batch):
     expected = _interpolate_with(_product_tree(mixed), mixed, y)
     assert (interpolate(mixed, y) == expected).all()
     assert (evaluate(interpolate(mixed, y), mixed) == y % PRIME).all()
+
+
+@pytest.mark.parametrize("n,batch", [(1, 1), (5, 3), (128, 1), (128, 6), (256, 3)])
+def test_points_among_the_fixed_points_take_the_second_set(n, batch, monkeypatch):
+    """Rows with a point among P-n..P-1 but none among P-2n..P-n-1 are interpolated from the
+    fixed points P-2n..P-n-1 (``_interpolate_cauchy`` with offset 2n, whose Cauchy windows wrap
+    round P for the points above them): the product-tree path's coefficients, for one row
+    alone and for batches mixing such rows with rows below P - n and rows that hold a point
+    of both sets; points at 0, P-2n-1, P-n and P-1."""
+    import verify.gf as gf_module
+    from verify.gf import _interpolate_with, _product_tree
+
+    offsets, real = [], gf_module._interpolate_cauchy
+    monkeypatch.setattr(gf_module, "_interpolate_cauchy",
+                        lambda x, y, offset=0: offsets.append((offset, x.shape[0])) or real(x, y, offset))
+    rng = np.random.default_rng(n * 7 + batch)
+    x = np.stack([rng.choice(PRIME - 2 * n, n, replace=False) for _ in range(batch)]).astype(np.int64)
+    x[:, 0] = PRIME - 1 - np.arange(batch)  # among P-n..P-1
+    if n > 2:
+        x[0, 1:4] = [0, PRIME - 2 * n - 1, PRIME - n]
+    y = rng.integers(0, PRIME, x.shape)
+    for rows in (slice(0, 1), slice(None)):
+        offsets.clear()
+        expected = _interpolate_with(_product_tree(x[rows]), x[rows], y[rows])
+        assert (interpolate(x[rows], y[rows]) == expected).all()
+        assert offsets == [(2 * n, x[rows].shape[0])]
+    if batch > 2:
+        mixed = x.copy()
+        mixed[1, 0] = 7  # below P - n: the first set
+        mixed[-1, -1] = PRIME - n - 1  # a point of each set: moved and shifted back
+        offsets.clear()
+        expected = _interpolate_with(_product_tree(mixed), mixed, y)
+        assert (interpolate(mixed, y) == expected).all()
+        assert (2 * n, batch - 2) in offsets
+        assert (evaluate(interpolate(mixed, y), mixed) == y % PRIME).all()
+
+
+@pytest.mark.parametrize("k", [1, 2, 128, 256, 300])
+def test_moduli_of_one_chunk_and_of_many_are_find_injective_modulus(k):
+    """``_moduli`` (one chunk alone: slot numbers written at the points and read back; many: one
+    sort) gives each row find_injective_modulus and the points mod it: rows distinct mod P, rows
+    whose positions collide mod P once (first and last point, or two in the middle) or many
+    times, one chunk alone and in a batch."""
+    from verify.toploc import _moduli
+
+    rng = np.random.default_rng(k)
+    rows = [rng.choice(3 * PRIME, k, replace=False) for _ in range(4)]
+    for row in rows:
+        while np.unique(row % PRIME).size < k:  # start from rows distinct mod P
+            row[:] = rng.choice(3 * PRIME, k, replace=False)
+    def twin(i):  # another position with the same residue mod P
+        return i % PRIME + PRIME * ((i // PRIME + 1) % 3)
+
+    if k > 1:
+        rows[1][-1] = twin(rows[1][0])  # first and last collide
+        rows[2][k // 2] = twin(rows[2][k // 2 - 1])
+        rows[3][: k // 2] = twin(rows[3][k // 2 : 2 * (k // 2)])  # many collisions
+    idx = np.stack(rows).astype(np.int64)
+    expected = [find_injective_modulus(r) for r in idx]
+    if k > 1:
+        assert expected[0] == PRIME and all(m < PRIME for m in expected[1:])
+    for rows_of in ([slice(i, i + 1) for i in range(4)] + [slice(None)]):
+        moduli, points = _moduli(idx[rows_of])
+        assert moduli.tolist() == expected[rows_of]
+        assert (points == idx[rows_of] % moduli[:, None]).all()
 
 
 def test_float_reduction_mod_p_is_exact():
