@@ -85,7 +85,8 @@ if TYPE_CHECKING:
 SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
 SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
 ENDGAME_MIN_STRIPES = 4  # a plan of fewer stripes (one tree) has no endgame: no stripe lags the others
-ORIGIN_SPARE_TRIES = 2  # peers that failed a chunk before the origin is asked for it instead of another member
+# stand-ins that answered "unavailable" for a chunk before the origin is asked (a hung one is dropped, not counted)
+ORIGIN_SPARE_TRIES = 2
 PARENT_REASKS = 2  # "unavailable" answers from our parent for one chunk before we ask elsewhere
 
 

@@ -538,3 +538,20 @@ def test_when_the_chain_falls_to_the_origin_a_member_ranked_before_us_is_asked_i
         t += 1.0  # (within `exclude_s` of the drops)
         again = [g for g in fetches(c.fetch_failed(t, peer, 1, index, "unavailable")) if g.index == index]
     assert len(asked) == ORIGIN_SPARE_TRIES and again[0].peer == PUBLISHER.peer_id
+
+
+def test_a_chunk_asked_under_a_plan_with_more_stripes_lands_after_a_replan_with_fewer():
+    """Relays left while a chunk was in flight: the replan has fewer stripes than the one the
+    chunk was asked under (below 512 members), and its delivery still counts (it crashed the
+    core with an IndexError when the old stripe was judged against the new plan's chains)."""
+    c = core("me")
+    signed = fake_manifest(PUBLISHER, 256 * 2**20, 2**20)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, **{f"n{i:03d}": 1e8 for i in range(400)}})
+    first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
+    v = c._versions[1]
+    before = v.plan.stripes
+    last = max(first, key=lambda f: v.in_flight[f.index][1])
+    c.set_members(1.0, {PUBLISHER.peer_id: 1e9, **{f"n{i:03d}": 1e8 for i in range(100)}})
+    assert v.in_flight[last.index][1] >= v.plan.stripes < before  # asked in a stripe the replan lacks
+    c.fetched(2.0, last.peer, 1, last.index, 0.5)
+    assert v.have[last.index]
