@@ -21,7 +21,9 @@ Failures, by who is at fault:
 - `unreachable`: the connection failed, was reset, or ended inside a chunk (a killed peer).
   The source is excluded for `exclude_s`; its outstanding chunks are fetched elsewhere.
 - `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
-  The chunk is retried at the next candidate; the source stays usable for other chunks.
+  The chunk is retried at the next candidate; the source stays usable for other chunks. Our
+  parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
+  its ancestors, which feed it, are not to be asked in its place).
 - stall (detected here on the tick): a source with requests outstanding and no completion for
   `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
   so it closes the connection.
@@ -146,6 +148,8 @@ class _Version:
     in_flight: dict[int, tuple[str, int, float]] = field(default_factory=dict)  # index -> peer, stripe, t
     link_load: dict[tuple[str, int], int] = field(default_factory=dict)
     tried: dict[int, set[str]] = field(default_factory=dict)
+    reasked: dict[int, int] = field(default_factory=dict)  # index -> our parent answered "unavailable" this often
+    spare: dict[int, tuple[str | None, float]] = field(default_factory=dict)  # stripe -> whom to ask instead of the origin, until
     sources: dict[str, _Source] = field(default_factory=dict)
     holders: set[str] = field(default_factory=set)
     fetched_chunks: int = 0
@@ -339,6 +343,8 @@ class TransferCore(SourceChoice):
             v.fetched_bytes += size
             if v.tried:
                 v.tried.pop(index, None)
+            if v.reasked:
+                v.reasked.pop(index, None)
             if v.swarm is not None:
                 self._gained(now, v, 1 << index, effects)
             if v.complete:
@@ -385,7 +391,9 @@ class TransferCore(SourceChoice):
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=False)
             if not v.have[index]:
-                if reason != "store_full":  # our disk, not the source: it may be asked again
+                if reason == "unavailable" and self._ask_parent_again(v, index, peer):
+                    pass  # our parent is alive and behind: asking its ancestors would slow it more
+                elif reason != "store_full":  # our disk, not the source: it may be asked again
                     v.tried.setdefault(index, set()).add(peer)
                 _requeue(v, index)
         if not v.complete:
@@ -596,7 +604,7 @@ class TransferCore(SourceChoice):
         if not v.tried:  # nothing failed: the source is the first usable ancestor, whichever the chunk
             source = self._first_usable(now, v.chains[stripe], ())
             if source is not None and source == v.plan.origin:  # type: ignore[union-attr]
-                source = self._instead_of_origin(v, stripe, ()) or source
+                source = self._instead_of_origin(now, v, stripe, ()) or source
             if source is not None and v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
                 return False  # its window is full: no need to look for the next chunk
         index, from_retry = self._next_index(v, stripe)
@@ -605,7 +613,7 @@ class TransferCore(SourceChoice):
         if source is None:
             source = self._choose_source(now, v, stripe, index)
             if source is not None and source == v.plan.origin:  # type: ignore[union-attr]
-                source = self._instead_of_origin(v, stripe, v.tried.get(index, ())) or source
+                source = self._instead_of_origin(now, v, stripe, v.tried.get(index, ())) or source
         if source is None:
             if from_retry:
                 v.retry[stripe].popleft()  # type: ignore[union-attr]

@@ -484,3 +484,57 @@ def test_a_forwarder_in_a_plan_of_small_fan_outs_asks_to_serve_all_its_children_
             assert plan.small_fanouts is small
             assert asked == ([children] if small and children else [])
             assert not [e for e in c.on_timer(1.0, "relay/tick") if isinstance(e, ServeAtOnce)]  # once
+
+
+def _planned(me: str = "me", members: int = 300):
+    uploads = {PUBLISHER.peer_id: 1e9, me: 1e8, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(members)}}
+    signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)  # 8 stripes of 16 chunks at 300 members
+    c = core(me)
+    c.set_members(0.0, uploads)
+    first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
+    return c, c._versions[1].plan, first
+
+
+def test_a_parent_that_answers_unavailable_is_asked_again_before_its_ancestors():
+    """"Unavailable": our parent did not get the chunk within its wait limit. It is alive and
+    behind; its ancestors feed it, so asking them too takes their upload from it (at 10,000
+    relays every relay of a lagging subtree went up to the stripe's root, thousands of
+    requesters on one peer, then to the origin). It is asked again, twice, then the chain."""
+    c, plan, first = _planned()
+    stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
+    parent, grandparent = plan.ancestors(stripe, "me")[:2]
+    f = next(f for f in first if plan.stripe_of_chunk[f.index] == stripe)
+    assert f.peer == parent
+    for t in (10.0, 20.0):
+        again = [g for g in fetches(c.fetch_failed(t, parent, 1, f.index, "unavailable")) if g.index == f.index]
+        assert [g.peer for g in again] == [parent]
+    third = [g for g in fetches(c.fetch_failed(30.0, parent, 1, f.index, "unavailable")) if g.index == f.index]
+    assert [g.peer for g in third] == [grandparent]
+
+
+def test_when_the_chain_falls_to_the_origin_a_member_ranked_before_us_is_asked_instead():
+    """Our parent and every ancestor but the origin dropped as stalled (busy, or hung): the
+    origin is not our planned parent, so a member of the stripe ranked before us is asked first
+    (the origin's upload is the scarcest; measured at 1,000 relays and 10 GB, stalls at busy
+    stripe roots made the origin upload 9.6 copies). After `ORIGIN_SPARE_TRIES` members failed
+    the chunk, the origin."""
+    from relay.sources import ORIGIN_SPARE_TRIES
+
+    c, plan, first = _planned()
+    stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
+    chain = plan.ancestors(stripe, "me")
+    for peer in chain[:-1]:
+        c._exclude(0.1, peer, "stalled", [])
+    f = next(f for f in first if plan.stripe_of_chunk[f.index] == stripe)
+    ranked = {p: d for p, d in plan.ranked_interior(stripe)}
+    asked = []
+    t = 1.0
+    index = f.index
+    again = [g for g in fetches(c.on_timer(t, "relay/tick")) if g.index == index]
+    while again and again[0].peer != PUBLISHER.peer_id:
+        peer = again[0].peer
+        assert peer not in chain and (ranked[peer], peer) < (len(chain), "me")
+        asked.append(peer)
+        t += 1.0  # (within `exclude_s` of the drops)
+        again = [g for g in fetches(c.fetch_failed(t, peer, 1, index, "unavailable")) if g.index == index]
+    assert len(asked) == ORIGIN_SPARE_TRIES and again[0].peer == PUBLISHER.peer_id
