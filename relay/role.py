@@ -253,7 +253,7 @@ class RelayRole:
             elif isinstance(item, Penalise):
                 self.penalise(item.peer, item.amount, item.reason)
             elif isinstance(item, ServeAtOnce):
-                self._uploads.at_least(item.slots)
+                self._uploads.set_slots(item.slots)
             elif isinstance(item, ManifestAccepted):
                 self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
                 self._about_to_move()  # its chunks are fetched next

@@ -201,7 +201,6 @@ class TransferCore(SourceChoice):
         self._last_announce = -float("inf")
         self._hold_until = -float("inf")  # no new requests before this (our store is full)
         self._at_once = 0  # the upload slots we last asked the shell for (`ServeAtOnce`; 0: as configured)
-        self._at_once_wanted = 0
         self._collected_through = -1  # versions up to this one were garbage-collected: never again
         self.rejected_manifests = 0
         self._neighbours: frozenset[str] = frozenset()  # the swarm layout: whom we tell what we hold
@@ -528,8 +527,6 @@ class TransferCore(SourceChoice):
         v.chains = [self._chain(now, v.plan, s) for s in range(v.plan.stripes)]
         home = v.plan.home.get(self.self_id, -1)
         v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
-        self._at_once_wanted = v.plan.fanout[home].get(self.self_id, 0) \
-            if v.forwards >= 0 and v.plan.small_fanouts else 0  # the newest plan decides: see `ServeAtOnce`
         v.next_pos = [0] * v.plan.stripes
         old = [i for q in v.retry if q for i in q] + v.parked
         v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
@@ -873,12 +870,21 @@ class TransferCore(SourceChoice):
         draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{rounds}".encode()).digest(8), "big") / 2**64
         return draw < chance
 
+    def _slots_wanted(self) -> int:
+        """Upload slots to serve all our children at once (0: as configured): the widest child set
+        over the versions we hold, in plans of small fan-outs (`ServeAtOnce`); 0 once they are
+        forgotten. O(versions), and the versions kept are few."""
+        return max((v.plan.fanout[v.forwards].get(self.self_id, 0) for v in self._versions.values()
+                    if v.plan is not None and v.forwards >= 0 and v.plan.small_fanouts), default=0)
+
     def _arm(self, now: float, effects: list[Any]) -> list[Any]:
         """Keep one tick pending: soon while transfers run, at the announce interval otherwise,
-        and when a hold on requests ends."""
-        if self._at_once_wanted != self._at_once:
-            self._at_once = self._at_once_wanted
-            effects.append(ServeAtOnce(self._at_once))
+        and when a hold on requests ends; ask for the upload slots our versions want
+        (`ServeAtOnce`) when that changed."""
+        wanted = self._slots_wanted()
+        if wanted != self._at_once:
+            self._at_once = wanted
+            effects.append(ServeAtOnce(wanted))
         held = now < self._hold_until
         soon = min(now + self._tick_s, self._hold_until) if held else now + self._tick_s
         if self._tick_at is not None and self._tick_at > now and self._tick_at <= soon:

@@ -276,7 +276,7 @@ class RelayWorld(SimWorld):
             elif kind is ServeAtOnce:
                 port = self.ports.get(peer.peer_id)
                 if port is not None:
-                    actions = port.serving.at_least(self.engine.now, effect.slots)
+                    actions = port.serving.set_slots(self.engine.now, effect.slots)
                     if actions:
                         self._serve(peer.peer_id, port, actions)
             else:

@@ -149,7 +149,7 @@ async def run_trio_wide() -> dict[str, list[tuple]]:
 
     async def widen() -> None:
         await trio.sleep_until(WIDEN_AT)
-        uploads.at_least(4)
+        uploads.set_slots(4)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(uploads.run)

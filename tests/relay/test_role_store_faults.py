@@ -349,6 +349,23 @@ async def test_the_status_shows_what_uploads_deliver_while_every_slot_is_busy(tm
     assert role.status()["upload_limit_bps"] == 10**8
 
 
+async def test_the_role_sets_its_upload_slots_when_the_core_asks(tmp_path, clock):
+    """`ServeAtOnce` from the transfer core reaches the role's serving core through the peeler
+    and the dispatcher (the simulator's path is in tests/conformance)."""
+    from relay.effects import ServeAtOnce
+
+    h = Harness(tmp_path, max_concurrent_uploads=4)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        serving = h.role._uploads.core
+        assert serving.status()["slots"] == 4
+        await h.role._command(lambda now: [ServeAtOnce(9)])
+        await h.until(lambda: serving.status()["slots"] == 9, 5)
+        await h.role._command(lambda now: [ServeAtOnce(0)])
+        await h.until(lambda: serving.status()["slots"] == 4, 5)
+        nursery.cancel_scope.cancel()
+
+
 async def test_uploads_that_deliver_less_than_configured_are_advertised_as_measured(tmp_path, clock):
     h = Harness(tmp_path)  # configured: 100 MB/s
     local = LocalInfo(addrs=(), data_addr="", roles=("relay",), capacity=Capacity(10**8, 10**8, 10**9))
