@@ -562,6 +562,9 @@ class RelayRole:
                 await self._respond(stream, send_lock, req.request_id, frame)
                 return
             held = self.store.holds(req.version, req.index)
+            if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`)
+                await self._command(lambda now: self.core.asked_for(now, req.version, req.index))
+                held = self.store.holds(req.version, req.index)
             if self.config.serve_bytes_per_peer_s and held:  # a peer's budget is spent waiting, not holding a slot
                 budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
                 await trio.sleep(budget.reserve(trio.current_time(), self._size_of(req)))

@@ -335,6 +335,8 @@ class TransferCore(SourceChoice):
             if stripe is not None and stripe != SWARM and self._delivers_too_little(now, v, stripe, peer):
                 self._exclude(now, peer, "slow", effects)  # its children borrow substitutes
                 effects.append(DropSource(peer))
+                stripe = None  # what it still had went back to its stripes' queues (a chunk asked of
+                # our home chain for another stripe's, `asked_for`, to that one's): pump them all
         if not v.have[index]:
             v.have[index] = 1
             v.have_count += 1
@@ -397,6 +399,38 @@ class TransferCore(SourceChoice):
                 _requeue(v, index)
         if not v.complete:
             self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def asked_for(self, now: float, version: int, index: int) -> list[Any]:
+        """A peer asked us for chunk `index` of `version`, which we do not hold (its request now
+        waits for it). We forward only our home stripe, so in the asker's plan the chunk is in
+        our home stripe; if ours puts it in another one (views that differ by a few members may
+        deal a few chunks to other stripes), fetch it down our home stripe's chain now, flagged
+        urgent, instead of as a leaf of the other stripe: that leaf's parent may in turn wait for
+        it from us. Nobody on the path the asker expects would fetch it otherwise (measured, 1,023
+        equal peers, 64 chunks, each view missing 1%: three chunks held by the origin alone until
+        stall and wait limits sent requests elsewhere, everyone done after 60 s instead of 1.2)."""
+        v = self._versions.get(version)
+        if v is None or v.plan is None or v.complete or not 0 <= index < v.count or v.have[index]:
+            return []
+        home = v.plan.home.get(self.self_id, -1)
+        if home < 0 or v.plan.stripe_of_chunk[index] == home or now < self._hold_until:
+            return []
+        entry = v.in_flight.get(index)
+        if entry is not None and entry[1] == home:
+            return []  # already asked down our home stripe's chain
+        tried = v.tried.get(index, ())
+        source = self._first_usable(now, v.chains[home], tried)
+        if source is not None and source == v.plan.origin:
+            source = self._instead_of_origin(now, v, home, tried) or source
+        if source is None or (entry is not None and entry[0] == source):
+            return []
+        effects: list[Any] = []
+        if entry is not None:
+            self._settle(now, v, index, entry, progress=False)  # its answer, if any, is still taken
+        v.link_load[(source, home)] = v.link_load.get((source, home), 0) + 1
+        self._note_request(now, v, source, index, home)
+        effects.append(Fetch(source, version, index, v.digests[index], v.size(index), True))
         return self._arm(now, effects)
 
     def forget(self, version: int) -> None:

@@ -82,6 +82,9 @@ class _Source:
     def has(self, version: int, index: int) -> bool:
         return index in self.held
 
+    def asked_for(self, now, version, index):  # a request for a chunk not held: nothing else to fetch here
+        return []
+
 
 class _Sink(_Source):
     def __init__(self, name: str, out: dict) -> None:

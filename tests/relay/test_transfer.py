@@ -561,3 +561,23 @@ def test_when_the_chain_falls_to_the_origin_a_member_ranked_before_us_is_asked_i
         t += 1.0  # (within `exclude_s` of the drops)
         again = [g for g in fetches(c.fetch_failed(t, peer, 1, index, "unavailable")) if g.index == index]
     assert len(asked) == ORIGIN_SPARE_TRIES and again[0].peer == PUBLISHER.peer_id
+
+
+def test_a_chunk_asked_of_us_that_our_plan_puts_in_another_stripe_is_fetched_down_our_home_chain():
+    """We forward only our home stripe, so a peer asking us for a chunk we lack places it there.
+    When views disagree on that chunk's stripe, ours fetches it as a leaf of another stripe,
+    from a parent that may wait for it from us: it is asked of our home stripe's chain at once,
+    urgent, and only once; a chunk of our home stripe is fetched as before."""
+    c, plan, first = _planned()
+    v = c._versions[1]
+    home = plan.home["me"]
+    elsewhere = next(f for f in first if plan.stripe_of_chunk[f.index] != home)
+    moved = fetches(c.asked_for(0.1, 1, elsewhere.index))
+    assert [(f.peer, f.index, f.urgent) for f in moved] == [(v.chains[home][0], elsewhere.index, True)]
+    assert moved[0].peer in plan.ancestors(home, "me")
+    assert v.in_flight[elsewhere.index][:2] == (moved[0].peer, home)
+    assert c.asked_for(0.2, 1, elsewhere.index) == []  # once
+    ours = next(i for i in plan.chunks_of_stripe[home])
+    assert c.asked_for(0.2, 1, ours) == []  # our own stripe: already fetched in order
+    c.fetched(0.3, elsewhere.peer, 1, elsewhere.index, 0.1)  # the first request's answer still counts
+    assert c.has(1, elsewhere.index) and c.asked_for(0.4, 1, elsewhere.index) == []
