@@ -97,7 +97,7 @@ def _group_maxima_np(keys: np.ndarray) -> np.ndarray:
     return np.maximum(v[:, 0], v[:, 1]).reshape(rows, -1)
 
 
-def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarray:
+def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray, untied_first: bool = False) -> np.ndarray:
     """torch.topk's positions for rows of ``keys`` [R, n padded] (n >= 64 k), from a short subsequence.
 
     torch runs std::partial_sort here: a heap of the first k entries, then each later entry
@@ -112,8 +112,8 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
     of the heap's least value there: the k-th largest of the group maxima of the blocks
     before it (k distinct earlier entries at least that large), taken after blocks 3 and 12
     (``_BOUND_LAST``). The later entries are found with one flat scan and scattered into place.
-    One row alone without a tie at the subsequence's k-th place takes its k largest
-    (``_untied_top``) without torch.topk.
+    With ``untied_first`` (one chunk alone, not known to be tied), a row without a tie at the
+    subsequence's k-th place takes its k largest (``_untied_top``) without torch.topk.
     """
     rows, width = keys.shape
     blocks = width // _BLOCK
@@ -134,7 +134,7 @@ def _heap_topk(keys: np.ndarray, n: int, k: int, maxima: np.ndarray) -> np.ndarr
         sub = np.zeros((1, max(_HEAP_RATIO * k, start + flat.size)), dtype=keys.dtype)
         sub[0, :start] = keys[0, :start]
         sub[0, start : start + flat.size] = keys[0].take(flat)
-        unique = _untied_top(sub[0, : start + flat.size], k, maxima)
+        unique = _untied_top(sub[0, : start + flat.size], k, maxima) if untied_first else None
         if unique is not None:
             moved = unique >= start
             unique[moved] = flat.take(unique[moved] - start)
@@ -321,7 +321,7 @@ def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndar
         if maxima.max() > _INF:  # NaNs: made one pattern (``_abs``), the maxima taken again
             _abs(parts[0], out=keys[:, :n])
             maxima = maxima_of(keys)
-        idx = _heap_topk(keys, n, k, maxima)
+        idx = _heap_topk(keys, n, k, maxima, untied_first=True)
         return idx, parts[0].reshape(-1).take(idx).astype(np.int64)
     else:
         keys = _abs_keys(sum(p.shape[0] for p in parts), n)

@@ -194,7 +194,9 @@ def _moduli(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """find_injective_modulus per row of idx [C, k], and the points idx mod m: P wherever the
     indices are distinct mod P (always when a chunk has at most P entries), found for all rows
     with one sort (one chunk alone of up to 256 points: by writing each point's slot number
-    into a scratch array at the point and reading them back, 2-3x cheaper than the sort)."""
+    into a scratch array at the point and reading them back, 2-3x cheaper than the sort).
+    The moduli of one chunk alone without a collision are a shared read-only array: not to be
+    written to."""
     points = idx % PRIME
     if idx.shape[0] == 1 and idx.shape[1] <= _ORDER.size:  # one chunk alone: no sort
         # slot j is written at point j, then read back: a repeated point reads one value at two

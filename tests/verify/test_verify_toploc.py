@@ -287,7 +287,8 @@ def test_points_among_the_fixed_points_take_the_second_set(n, batch, monkeypatch
     fixed points P-2n..P-n-1 (``_interpolate_cauchy`` with offset 2n, whose Cauchy windows wrap
     round P for the points above them): the product-tree path's coefficients, for one row
     alone and for batches mixing such rows with rows below P - n and rows that hold a point
-    of both sets; points at 0, P-2n-1, P-n and P-1."""
+    of both sets; points at 0, P-2n-1, P-n and P-1; a point at either edge of P-2n..P-n-1 keeps
+    a row off the second set."""
     import verify.gf as gf_module
     from verify.gf import _interpolate_with, _product_tree
 
@@ -314,6 +315,13 @@ def test_points_among_the_fixed_points_take_the_second_set(n, batch, monkeypatch
         assert (interpolate(mixed, y) == expected).all()
         assert (2 * n, batch - 2) in offsets
         assert (evaluate(interpolate(mixed, y), mixed) == y % PRIME).all()
+    if n > 1:  # the second set's edges: a point at P-2n or at P-n-1 is one of its own
+        for low in (PRIME - 2 * n, PRIME - n - 1):
+            edge = x[:1].copy()
+            edge[0, -1] = low
+            offsets.clear()
+            assert (interpolate(edge, y[:1]) == _interpolate_with(_product_tree(edge), edge, y[:1])).all()
+            assert all(offset != 2 * n for offset, _ in offsets)
 
 
 @pytest.mark.parametrize("k", [1, 2, 128, 256, 300])
