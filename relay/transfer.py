@@ -333,10 +333,12 @@ class TransferCore(SourceChoice):
             self._rates[peer] = rate if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * rate
             self._samples[peer] = self._samples.get(peer, 0) + 1
             if stripe is not None and stripe != SWARM and self._delivers_too_little(now, v, stripe, peer):
+                moved = any(e[0] == peer and v.plan.stripe_of_chunk[i] != stripe  # type: ignore[union-attr]
+                            for i, e in v.in_flight.items())
                 self._exclude(now, peer, "slow", effects)  # its children borrow substitutes
                 effects.append(DropSource(peer))
-                stripe = None  # what it still had went back to its stripes' queues (a chunk asked of
-                # our home chain for another stripe's, `asked_for`, to that one's): pump them all
+                if moved:  # a chunk of another stripe asked of it (`asked_for`) went back to that
+                    stripe = None  # stripe's queue: pump them all (pumping all on every drop: 1% missed 1.06x -> 1.09x)
         if not v.have[index]:
             v.have[index] = 1
             v.have_count += 1
