@@ -12,7 +12,11 @@ trees; for each stripe we pull that stripe's chunks, in order, from our parent i
 keeping `window_per_source` requests outstanding per (source, stripe) and at most
 `max_in_flight` in all. A source answers a request for a chunk it does not hold yet as soon as
 it holds it (the shell long-polls), so each chunk is forwarded as soon as it is verified
-(cut-through) and no per-chunk have-messages are needed.
+(cut-through) and no per-chunk have-messages are needed. Both shells tell the core of each
+request for a chunk we do not hold (`asked_for`): we forward only our home stripe, so the asker
+has that chunk in our home stripe; views that differ by a few members can deal a chunk to
+different stripes, and ours then fetches it down our home stripe's chain at once, urgent,
+instead of as a leaf of another stripe, whose parent may wait for it from us.
 
 Failures, by who is at fault:
 
