@@ -48,11 +48,16 @@ class DropSource:
 
 @dataclass(frozen=True, slots=True)
 class ServeAtOnce:
-    """Serve at least `slots` chunks at once (0: the configured upload slots): our children in
-    our home stripe, in a plan whose fan-outs are all small (`relay.planner.StripePlan.small_fanouts`). There
-    each hop costs a whole chunk at the stripe's rate, and a child beyond our upload slots would
-    get every chunk a whole transfer after the others (measured, N = 1,023 equal uploads, 256
-    chunks, fan-outs 13-18 against 16 slots: 1.31x the optimum; serving every child at once 1.23x)."""
+    """Set our upload slots to `slots` (0, or fewer than configured: the configured upload slots).
+    Asked for where we forward in a plan whose fan-outs are all small
+    (`relay.planner.StripePlan.small_fanouts`), with as many slots as we have children in our
+    home stripe (the most over the versions we hold): there each hop costs a whole chunk at the
+    stripe's rate, and a child beyond our upload slots would get every chunk a whole transfer
+    after the others (the seed-1 MWW bench, N = 1,023 equal uploads, 256 chunks: fan-outs 13-18
+    against 16 slots, 1.37x the optimum; serving every child at once, 1.29x). What it is for is
+    our children; it reserves nothing for them: any queued requester may take the extra slots
+    (urgent first, then round robin, `per_peer` unchanged), and the bytes are paced by the same
+    upload budget."""
 
     slots: int
 

@@ -20,12 +20,9 @@ Balancing, from advertised upload capacities u_p (bytes/s):
 4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
    interleaved so every stripe advances through the file at once. Stable plans (below) give
    every stripe an equal share, except a stripe whose integer fan-outs waste a real part of its
-   capacity: its share follows its per-child rate R. Where every fan-out is small (at most
-   `PIPELINE_DEAL_FANOUT` x K: about equal uploads) the shares are set so that every stripe's
-   last chunk reaches its deepest member at about the same time (`_pipeline_quotas`): there
-   each hop costs a whole chunk at the stripe's rate, and hashed home stripes give fan-outs
-   that differ by whole steps. One deal for all of them, so views differing by a few members
-   agree on almost every chunk (`_stable_chunks`).
+   capacity (small fan-outs, as with equal uploads): its share follows its per-child rate R.
+   One deal for all of them, so views differing by a few members agree on almost every chunk
+   (`_stable_chunks`).
 
 With balanced stripes every stripe finishes at about N*S/(U_origin + sum u_p), the lower bound,
 plus a pipelining term (tree depth x one chunk time, since each chunk is forwarded as soon as
@@ -59,10 +56,10 @@ MEMBERS_CARRY_SHARE = 0.8
 FANOUT_LOSS = 0.9
 #: a stable plan whose members' fan-outs are all at most this many times its stripe count (about
 #: equal uploads: each feeds about K children, against dozens for fast members when uploads
-#: differ) deals chunks by `_pipeline_quotas`: its stripes' per-child rates differ by whole
-#: fan-out steps (hashed home stripes: 57-81 interior members of 1,023 at 16 stripes, fan-outs
-#: 13-18) and each hop costs one chunk at that rate
-PIPELINE_DEAL_FANOUT = 2
+#: differ) says so (`StripePlan.small_fanouts`): there a forwarder serves all its children at
+#: once (`relay.effects.ServeAtOnce`). It changes only our own upload slots, never which chunk
+#: is in which stripe, so views that disagree on it still agree on the chunks.
+SMALL_FANOUT = 2
 #: a stable plan has at least this many chunks per stripe: with fewer, a stripe's pipeline fill
 #: (about fan-out x depth chunk times) and its chunk count rounded to whole chunks set its time,
 #: not its bulk (measured at N = 1,023, equal uploads, 64 chunks: 16 stripes 2.05x the optimum,
@@ -115,8 +112,7 @@ class StripePlan:
     stripe_of_chunk: tuple[int, ...]
     chunks_of_stripe: tuple[tuple[int, ...], ...]
     capacity_bps: tuple[float, ...]
-    #: every member's fan-out is small (at most `PIPELINE_DEAL_FANOUT` x the stripes: about equal
-    #: uploads) and the chunks are dealt by `_pipeline_quotas`
+    #: every member's fan-out is small (at most `SMALL_FANOUT` x the stripes: about equal uploads)
     small_fanouts: bool = False
 
     def ancestors(self, stripe: int, peer: str) -> list[str]:
@@ -193,7 +189,6 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
     fanouts: list[dict[str, int]] = []
     capacities: list[float] = []
     rates: list[float] = []
-    depths: list[int] = []
     origin_share = max(origin_upload_bps, 1.0) / k
     for s in range(k):
         interior = [p for p in order if home[p] == s]
@@ -202,14 +197,11 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
         rates.append(rate)
         leaves = [p for p in order if home[p] != s]
         parents.append(_attach(origin, interior + leaves, fanout))
-        depths.append(_hops_to_last(origin, parents[-1], interior + leaves))
         fanouts.append(fanout)
         capacities.append(capacity)
     small = stable_now and max((f for fo in fanouts for p, f in fo.items() if p != origin), default=0) <= \
-        PIPELINE_DEAL_FANOUT * k
-    if small:
-        stripe_of_chunk = _stable_chunks(chunk_count, _pipeline_quotas(chunk_count, rates, origin_share, depths))
-    elif stable_now:
+        SMALL_FANOUT * k
+    if stable_now:
         stripe_of_chunk = _stable_chunks(chunk_count, _stripe_weights(rates, capacities, n))
     else:
         stripe_of_chunk = _deal_chunks(chunk_count, capacities)
@@ -331,29 +323,6 @@ def _stripe_weights(rates: list[float], capacities: list[float], n: int) -> list
     best = max(rates, default=0.0)
     return [2.0 ** (-math.floor(-8 * math.log2(r / best) + 0.5) / 8)
             if 0 < r < FANOUT_LOSS * c / max(n, 1) else 1.0 for r, c in zip(rates, capacities)]
-
-
-def _hops_to_last(origin: str, parent: Mapping[str, str], placed: list[str]) -> int:
-    """Hops from `origin` to the last of `placed` (attached breadth-first: the deepest member)."""
-    peer, hops = (placed[-1], 0) if placed else (origin, 0)
-    while peer != origin:
-        peer, hops = parent[peer], hops + 1
-    return hops
-
-
-def _pipeline_quotas(chunk_count: int, rates: list[float], origin_share: float, depths: list[int]) -> list[float]:
-    """Chunks per stripe (relative) so that every stripe of a plan with small fan-outs ends at
-    about the same time: stripe s moves at e_s = min(R_s, origin share) (its per-child rate, and
-    the origin feeds its root no faster than its share) and its last chunk reaches its deepest
-    member about d_s hops after leaving the origin, each hop one chunk at e_s, so it ends at
-    about (c_s + d_s) / e_s chunk-bytes; equal ends give c_s = (M + sum d) e_s / sum e - d_s.
-    (Chunks in proportion to R alone: N = 1,023 equal uploads, 256 chunks, 16 stripes of
-    fan-out 13-18 ended 319-354 chunk times instead of 302-363; this rule: 318-347.)"""
-    total = sum(min(r, origin_share) for r in rates)
-    if total <= 0:
-        return [1.0] * len(rates)
-    spread = chunk_count + sum(depths)
-    return [max(0.1, spread * min(r, origin_share) / total - d) for r, d in zip(rates, depths)]
 
 
 def _stable_chunks(chunk_count: int, weights: list[float]) -> tuple[int, ...]:

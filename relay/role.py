@@ -253,7 +253,7 @@ class RelayRole:
             elif isinstance(item, Penalise):
                 self.penalise(item.peer, item.amount, item.reason)
             elif isinstance(item, ServeAtOnce):
-                self._uploads.at_least(item.slots)
+                self._uploads.set_slots(item.slots)
             elif isinstance(item, ManifestAccepted):
                 self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
                 self._about_to_move()  # its chunks are fetched next
@@ -562,6 +562,9 @@ class RelayRole:
                 await self._respond(stream, send_lock, req.request_id, frame)
                 return
             held = self.store.holds(req.version, req.index)
+            if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`)
+                await self._command(lambda now: self.core.asked_for(now, req.version, req.index))
+                held = self.store.holds(req.version, req.index)
             if self.config.serve_bytes_per_peer_s and held:  # a peer's budget is spent waiting, not holding a slot
                 budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
                 await trio.sleep(budget.reserve(trio.current_time(), self._size_of(req)))

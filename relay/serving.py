@@ -2,7 +2,7 @@
 of what our uploads really deliver. The relay role (real world) and `simulations.dataplane`
 (virtual time) both drive `ServingCore`: no serving decision lives only in one of them.
 
-`ServingCore`: at most `slots` chunks served at once (raised with `at_least` when the transfer
+`ServingCore`: at most `slots` chunks served at once (set with `set_slots` when the transfer
 core asks, `relay.effects.ServeAtOnce`: every child at once where fan-outs are small, since a
 child beyond the slots gets each chunk a whole transfer late), at most `per_peer` to one requester,
 urgent requests (the requester forwards that stripe) first, then round robin across peers; a
@@ -102,7 +102,7 @@ class ServingCore:
         self.per_peer = self.config.per_peer or max(1, self.config.slots // 2)
         self.urgent_per_peer = min(self.per_peer, self.config.urgent_per_peer or self.per_peer)
         self.free = self.config.slots
-        self.slots = self.config.slots  # `at_least` may raise it
+        self.slots = self.config.slots  # `set_slots` may raise it
         self._serving: dict[Hashable, tuple[str, bool]] = {}  # token -> (peer, urgent), while it holds a slot
         self._held_urgent: dict[str, int] = {}  # peer -> slots it holds for urgent requests
         self._held: dict[str, int] = {}  # peer -> slots it holds
@@ -148,9 +148,11 @@ class ServingCore:
             _decrement(self._held_urgent, peer)
         return self._grant(now)
 
-    def at_least(self, now: float, slots: int) -> list[Serve | Refuse]:
-        """Serve at least `slots` chunks at once from now on (never fewer than the configured
-        slots; see `relay.effects.ServeAtOnce`)."""
+    def set_slots(self, now: float, slots: int) -> list[Serve | Refuse]:
+        """Serve up to max(`slots`, the configured slots) chunks at once from now on: raises or
+        lowers the slots (`relay.effects.ServeAtOnce`; 0 goes back to the configured ones). Below
+        the number being served, `free` goes negative and nothing more is granted until it is
+        positive again (`full` holds meanwhile)."""
         slots = max(self.config.slots, slots)
         self.free += slots - self.slots
         self.slots = slots

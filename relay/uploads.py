@@ -64,8 +64,8 @@ class Uploads:
         finally:
             self._apply(self.core.done(trio.current_time(), token))
 
-    def at_least(self, slots: int) -> None:
-        self._apply(self.core.at_least(trio.current_time(), slots))
+    def set_slots(self, slots: int) -> None:
+        self._apply(self.core.set_slots(trio.current_time(), slots))
 
     def arrived(self, version: int, index: int) -> None:
         self._apply(self.core.arrived(trio.current_time(), version, index))

@@ -276,7 +276,7 @@ class RelayWorld(SimWorld):
             elif kind is ServeAtOnce:
                 port = self.ports.get(peer.peer_id)
                 if port is not None:
-                    actions = port.serving.at_least(self.engine.now, effect.slots)
+                    actions = port.serving.set_slots(self.engine.now, effect.slots)
                     if actions:
                         self._serve(peer.peer_id, port, actions)
             else:
@@ -313,11 +313,14 @@ class RelayWorld(SimWorld):
             self._fail(request, source_id, "unreachable", delay=self._latency(request.sink, source_id))
             return
         fetch = request.fetch
-        held = source.cores[port.core_index].has(fetch.version, fetch.index)
+        core = source.cores[port.core_index]
+        held = core.has(fetch.version, fetch.index)
         actions = port.serving.ask(self.engine.now, request, request.sink, fetch.version, fetch.index, fetch.urgent,
                                    held)
         if actions:
             self._serve(source_id, port, actions)
+        if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`)
+            self._apply(source, port.core_index, core.asked_for(self.engine.now, fetch.version, fetch.index))
         if not held and port.expiry is None:
             self._arm_expiry(source_id, port)
 

@@ -82,6 +82,9 @@ class _Source:
     def has(self, version: int, index: int) -> bool:
         return index in self.held
 
+    def asked_for(self, now, version, index):  # a request for a chunk not held: nothing else to fetch here
+        return []
+
 
 class _Sink(_Source):
     def __init__(self, name: str, out: dict) -> None:
@@ -149,7 +152,7 @@ async def run_trio_wide() -> dict[str, list[tuple]]:
 
     async def widen() -> None:
         await trio.sleep_until(WIDEN_AT)
-        uploads.at_least(4)
+        uploads.set_slots(4)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(uploads.run)

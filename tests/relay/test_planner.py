@@ -144,21 +144,20 @@ def test_stable_stripes_whose_fan_outs_waste_capacity_get_fewer_chunks():
     assert {len(c) for c in mixed.chunks_of_stripe} == {14, 15}
 
 
-def test_stable_plans_with_small_fan_outs_deal_chunks_so_every_stripe_ends_together():
-    """Equal uploads, 16 stripes: hashed home stripes hold 57-81 of 1,023 members, so fan-outs
-    are 13-18 and a stripe of fan-out f moves each chunk one hop in f chunk times (its root no
-    faster than the origin's share, 16). Equal counts ended those stripes 60 chunk times apart;
-    the widest get fewer chunks, and no stripe gets more for being faster than the origin feeds it."""
-    plan = plan_broadcast(ORIGIN, 1.25e8, homogeneous(1023), 256, 16, stable=True)
-    assert plan.stripes == 16 and sorted(i for chunks in plan.chunks_of_stripe for i in chunks) == list(range(256))
-    widest = [max(f for p, f in plan.fanout[s].items() if p != ORIGIN) for s in range(16)]
-    count = [len(plan.chunks_of_stripe[s]) for s in range(16)]
-    assert min(widest) < 16 < max(widest)  # the premise: uneven home stripes
-    assert max(c for c, f in zip(count, widest) if f == max(widest)) < min(c for c, f in zip(count, widest) if f <= 16)
-    assert len({c for c, f in zip(count, widest) if f <= 16}) == 1  # capped at the origin's share: alike
-    depth = [max(plan.depth(s, p) for p in plan.parent[s]) for s in range(16)]  # hops from the origin
-    ends = [(c + d) * max(f, 16) for c, d, f in zip(count, depth, widest)]
-    assert max(ends) - min(ends) <= max(widest)  # within about one chunk of the widest stripe
+def test_views_that_each_miss_a_hundredth_agree_on_every_chunk_of_a_homogeneous_plan():
+    """Equal uploads, 1,023 members, 256 chunks in 16 stripes: every stripe weighs the same, so
+    two views that each miss a different 1% put every chunk in the same stripe (a rule that dealt
+    chunks by fan-out moved 9 of 256 on average and cost 25x the optimum, review 6), while a
+    forwarder there still serves all its children at once (`small_fanouts`)."""
+    import random
+
+    rng = random.Random(1)
+    full = {ORIGIN: 1.25e8, **{f"p{i:04d}": 1.25e8 for i in range(1023)}}
+    ids = [p for p in full if p != ORIGIN]
+    plans = [plan_broadcast(ORIGIN, 1.25e8, Membership.of({p: u for p, u in full.items() if p not in gone}), 256, 16,
+                            stable=True) for gone in (set(rng.sample(ids, 10)) for _ in range(6))]
+    assert all(p.stripes == 16 and p.small_fanouts for p in plans)
+    assert {p.stripe_of_chunk for p in plans} == {plans[0].stripe_of_chunk}
 
 
 @pytest.mark.parametrize("n,chunks", [(293, 96), (364, 128), (429, 200), (1023, 64)])

@@ -349,6 +349,42 @@ async def test_the_status_shows_what_uploads_deliver_while_every_slot_is_busy(tm
     assert role.status()["upload_limit_bps"] == 10**8
 
 
+async def test_the_role_sets_its_upload_slots_when_the_core_asks(tmp_path, clock):
+    """`ServeAtOnce` from the transfer core reaches the role's serving core through the peeler
+    and the dispatcher (the simulator's path is in tests/conformance)."""
+    from relay.effects import ServeAtOnce
+
+    h = Harness(tmp_path, max_concurrent_uploads=4)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        serving = h.role._uploads.core
+        assert serving.status()["slots"] == 4
+        await h.role._command(lambda now: [ServeAtOnce(9)])
+        await h.until(lambda: serving.status()["slots"] == 9, 5)
+        await h.role._command(lambda now: [ServeAtOnce(0)])
+        await h.until(lambda: serving.status()["slots"] == 4, 5)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_request_for_a_chunk_not_held_is_told_to_the_transfer_core(tmp_path, clock):
+    """The role's server tells the core of each request for a chunk it does not hold
+    (`TransferCore.asked_for`: the core may fetch it another way), before the request waits."""
+    from relay.messages import ChunkRequest, OP_CHUNK
+
+    h = Harness(tmp_path)
+    told = []
+    real = h.role.core.asked_for
+    h.role.core.asked_for = lambda now, version, index: told.append((version, index)) or real(now, version, index)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        request = (ChunkRequest(OP_CHUNK, 1, 7, 3, bytes(32)), False)
+        pending = trio.CapacityLimiter(1)
+        await pending.acquire_on_behalf_of(request)  # as the connection's reader does
+        nursery.start_soon(h.role._answer, None, trio.Lock(), "asker", request, pending, trio.CancelScope())
+        await h.until(lambda: told == [(7, 3)], 5)
+        nursery.cancel_scope.cancel()
+
+
 async def test_uploads_that_deliver_less_than_configured_are_advertised_as_measured(tmp_path, clock):
     h = Harness(tmp_path)  # configured: 100 MB/s
     local = LocalInfo(addrs=(), data_addr="", roles=("relay",), capacity=Capacity(10**8, 10**8, 10**9))

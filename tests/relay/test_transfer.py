@@ -486,6 +486,29 @@ def test_a_forwarder_in_a_plan_of_small_fan_outs_asks_to_serve_all_its_children_
             assert not [e for e in c.on_timer(1.0, "relay/tick") if isinstance(e, ServeAtOnce)]  # once
 
 
+def test_the_slots_asked_for_follow_the_versions_held_and_go_back_when_none_wants_them():
+    """The slots follow every version we hold (the widest child set), not whichever plan was made
+    last: a replan into a plan that is not small asks for the configured slots again (0), and so
+    does forgetting the version."""
+    uploads = {f"p{i:04d}": 1e8 for i in range(1023)}
+    uploads[PUBLISHER.peer_id] = 1e8
+    signed = fake_manifest(PUBLISHER, 256 * 2**20, 2**20)
+    for name in (f"p{i:04d}" for i in range(1023)):
+        c = TransferCore(FAST, name, open_frame=opener, self_upload_bps=1e8)
+        c.set_members(0.0, uploads)
+        asked = [e.slots for e in c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
+                 if isinstance(e, ServeAtOnce)]
+        if asked:
+            break
+    assert asked and asked[0] > 0
+    joined = [e.slots for e in c.set_members(1.0, {**uploads, "fast": 1e11}) if isinstance(e, ServeAtOnce)]
+    assert not c._versions[1].plan.small_fanouts and joined == [0]  # one fan-out of hundreds
+    again = [e.slots for e in c.set_members(2.0, uploads) if isinstance(e, ServeAtOnce)]
+    assert again == asked  # it left: small again
+    c.forget(1)
+    assert [e.slots for e in c.on_timer(3.0, "relay/tick") if isinstance(e, ServeAtOnce)] == [0]
+
+
 def _planned(me: str = "me", members: int = 300):
     uploads = {PUBLISHER.peer_id: 1e9, me: 1e8, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(members)}}
     signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)  # 8 stripes of 16 chunks at 300 members
@@ -555,3 +578,23 @@ def test_a_chunk_asked_under_a_plan_with_more_stripes_lands_after_a_replan_with_
     assert v.in_flight[last.index][1] >= v.plan.stripes < before  # asked in a stripe the replan lacks
     c.fetched(2.0, last.peer, 1, last.index, 0.5)
     assert v.have[last.index]
+
+
+def test_a_chunk_asked_of_us_that_our_plan_puts_in_another_stripe_is_fetched_down_our_home_chain():
+    """We forward only our home stripe, so a peer asking us for a chunk we lack places it there.
+    When views disagree on that chunk's stripe, ours fetches it as a leaf of another stripe,
+    from a parent that may wait for it from us: it is asked of our home stripe's chain at once,
+    urgent, and only once; a chunk of our home stripe is fetched as before."""
+    c, plan, first = _planned()
+    v = c._versions[1]
+    home = plan.home["me"]
+    elsewhere = next(f for f in first if plan.stripe_of_chunk[f.index] != home)
+    moved = fetches(c.asked_for(0.1, 1, elsewhere.index))
+    assert [(f.peer, f.index, f.urgent) for f in moved] == [(v.chains[home][0], elsewhere.index, True)]
+    assert moved[0].peer in plan.ancestors(home, "me")
+    assert v.in_flight[elsewhere.index][:2] == (moved[0].peer, home)
+    assert c.asked_for(0.2, 1, elsewhere.index) == []  # once
+    ours = next(i for i in plan.chunks_of_stripe[home])
+    assert c.asked_for(0.2, 1, ours) == []  # our own stripe: already fetched in order
+    c.fetched(0.3, elsewhere.peer, 1, elsewhere.index, 0.1)  # the first request's answer still counts
+    assert c.has(1, elsewhere.index) and c.asked_for(0.4, 1, elsewhere.index) == []
