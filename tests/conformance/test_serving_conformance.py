@@ -41,7 +41,8 @@ EXPECTED = {"served": [("a", 1.0, 0.0), ("c", 1.1, 0.0), ("d", 2.0, 0.4), ("b", 
             "refused": [("f", 5.4)]}
 
 
-async def run_trio() -> dict[str, list[tuple]]:
+async def run_trio(script: list[tuple], event_at: float, event) -> dict[str, list[tuple]]:
+    """`script` answered by the relay role's shell; at `event_at`, `event(uploads, held)`."""
     uploads = Uploads(CONFIG)
     held = set(HELD)
     out: dict[str, list[tuple]] = {"served": [], "refused": []}
@@ -55,16 +56,15 @@ async def run_trio() -> dict[str, list[tuple]]:
             else:
                 out["refused"].append((name, trio.current_time()))
 
-    async def arrive() -> None:
-        await trio.sleep_until(ARRIVES_AT)
-        held.add(9)
-        uploads.arrived(1, 9)
+    async def scripted() -> None:
+        await trio.sleep_until(event_at)
+        event(uploads, held)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(uploads.run)
-        for step in SCRIPT:
+        for step in script:
             nursery.start_soon(answer, *step)
-        nursery.start_soon(arrive)
+        nursery.start_soon(scripted)
         await trio.sleep(20)
         nursery.cancel_scope.cancel()
     return out
@@ -100,26 +100,32 @@ class _Sink(_Source):
         return []
 
 
-def run_sim() -> dict[str, list[tuple]]:
+def run_sim(script: list[tuple], event_at: float, event) -> dict[str, list[tuple]]:
+    """`script` answered by the simulator's data plane; at `event_at`, `event(world, source_id, core)`."""
     engine = Engine(1)
     world = RelayWorld(engine, NetworkModel(local_latency_s=0.0), serving=CONFIG)
     out: dict[str, list[tuple]] = {"served": [], "refused": []}
     source, chunk_bytes = Identity.from_seed_text("source"), 1000
     core = _Source()
     world.add_relay_peer(source, [core], upload_bps=math.inf)
-    for name, index, urgent, at in SCRIPT:
+    for name, index, urgent, at in script:
         sink = Identity.from_seed_text(name)
         world.add_relay_peer(sink, [_Sink(name, out)], upload_bps=1.0, download_bps=chunk_bytes / SEND_S)
         fetch = Fetch(source.peer_id, 1, index, b"\0" * 32, chunk_bytes, urgent)
         engine.at(at, lambda sink_id=sink.peer_id, f=fetch: world.apply(sink_id, [f]))
-
-    def arrive() -> None:
-        core.held.add(9)
-        world._release_waiting(source.peer_id, world.ports[source.peer_id], (1, 9))  # as a stored chunk does
-
-    engine.at(ARRIVES_AT, arrive)
+    engine.at(event_at, lambda: event(world, source.peer_id, core))
     engine.run(until=20.0)
     return out
+
+
+def _arrive_trio(uploads: Uploads, held: set[int]) -> None:
+    held.add(9)
+    uploads.arrived(1, 9)
+
+
+def _arrive_sim(world: RelayWorld, source_id: str, core: _Source) -> None:
+    core.held.add(9)
+    world._release_waiting(source_id, world.ports[source_id], (1, 9))  # as a stored chunk does
 
 
 def _rounded(out: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
@@ -129,7 +135,10 @@ def _rounded(out: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
 
 @pytest.mark.parametrize("world", ["trio", "sim"])
 async def test_both_worlds_serve_the_same_requests_in_the_same_order_at_the_same_times(world, autojump_clock):
-    out = await run_trio() if world == "trio" else run_sim()
+    if world == "trio":
+        out = await run_trio(SCRIPT, ARRIVES_AT, _arrive_trio)
+    else:
+        out = run_sim(SCRIPT, ARRIVES_AT, _arrive_sim)
     assert _rounded(out) == _rounded(EXPECTED)
 
 
@@ -140,47 +149,18 @@ WIDEN_AT = 0.5
 WIDE_EXPECTED = {"served": [("w0", 1.0, 0.0), ("w1", 1.1, 0.0), ("w2", 1.5, 0.3), ("w3", 1.5, 0.2)], "refused": []}
 
 
-async def run_trio_wide() -> dict[str, list[tuple]]:
-    uploads = Uploads(CONFIG)
-    out: dict[str, list[tuple]] = {"served": [], "refused": []}
-
-    async def answer(name: str, index: int, urgent: bool, at: float) -> None:
-        await trio.sleep_until(at)
-        async with uploads.turn(name, 1, index, urgent, True) as queued_s:
-            await trio.sleep(SEND_S)
-            out["served"].append((name, trio.current_time(), queued_s))
-
-    async def widen() -> None:
-        await trio.sleep_until(WIDEN_AT)
-        uploads.set_slots(4)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(uploads.run)
-        for step in WIDE_SCRIPT:
-            nursery.start_soon(answer, *step)
-        nursery.start_soon(widen)
-        await trio.sleep(20)
-        nursery.cancel_scope.cancel()
-    return out
+def _widen_trio(uploads: Uploads, held: set[int]) -> None:
+    uploads.set_slots(4)
 
 
-def run_sim_wide() -> dict[str, list[tuple]]:
-    engine = Engine(1)
-    world = RelayWorld(engine, NetworkModel(local_latency_s=0.0), serving=CONFIG)
-    out: dict[str, list[tuple]] = {"served": [], "refused": []}
-    source, chunk_bytes = Identity.from_seed_text("source"), 1000
-    world.add_relay_peer(source, [_Source()], upload_bps=math.inf)
-    for name, index, urgent, at in WIDE_SCRIPT:
-        sink = Identity.from_seed_text(name)
-        world.add_relay_peer(sink, [_Sink(name, out)], upload_bps=1.0, download_bps=chunk_bytes / SEND_S)
-        fetch = Fetch(source.peer_id, 1, index, b"\0" * 32, chunk_bytes, urgent)
-        engine.at(at, lambda sink_id=sink.peer_id, f=fetch: world.apply(sink_id, [f]))
-    engine.at(WIDEN_AT, lambda: world.apply(source.peer_id, [ServeAtOnce(4)]))  # as the source's core asks
-    engine.run(until=20.0)
-    return out
+def _widen_sim(world: RelayWorld, source_id: str, core: _Source) -> None:
+    world.apply(source_id, [ServeAtOnce(4)])  # as the source's core asks
 
 
 @pytest.mark.parametrize("world", ["trio", "sim"])
 async def test_both_worlds_serve_every_child_at_once_when_the_core_asks_for_more_slots(world, autojump_clock):
-    out = await run_trio_wide() if world == "trio" else run_sim_wide()
+    if world == "trio":
+        out = await run_trio(WIDE_SCRIPT, WIDEN_AT, _widen_trio)
+    else:
+        out = run_sim(WIDE_SCRIPT, WIDEN_AT, _widen_sim)
     assert _rounded(out) == _rounded(WIDE_EXPECTED)
