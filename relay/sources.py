@@ -174,6 +174,12 @@ class SourceChoice:
         below = (len(planned), self.self_id) if planned else None
         return self._substitute(now, plan, stripe, below, planned[0] if planned else None, skip=peer) is not None
 
+    def _spare_origin(self, now: float, v: _Version, stripe: int, source: str | None, tried: Any) -> str | None:
+        """`source`, unless it is the origin and `_instead_of_origin` names someone to ask instead."""
+        if source is not None and source == v.plan.origin:  # type: ignore[union-attr]
+            return self._instead_of_origin(now, v, stripe, tried) or source
+        return source
+
     def _instead_of_origin(self, now: float, v: _Version, stripe: int, tried: Any) -> str | None:
         """Whom to ask instead of the origin when the origin is not our planned parent in
         `stripe`: a member of our chain we dropped only as slow (it is alive and delivers, if

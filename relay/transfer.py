@@ -431,15 +431,12 @@ class TransferCore(SourceChoice):
         if entry is not None and entry[1] == home:
             return []  # already asked down our home stripe's chain
         tried = v.tried.get(index, ())
-        source = self._first_usable(now, v.chains[home], tried)
-        if source is not None and source == v.plan.origin:
-            source = self._instead_of_origin(now, v, home, tried) or source
+        source = self._spare_origin(now, v, home, self._first_usable(now, v.chains[home], tried), tried)
         if source is None or (entry is not None and entry[0] == source):
             return []
         effects: list[Any] = []
         if entry is not None:
             self._settle(now, v, index, entry, progress=False)  # its answer, if any, is still taken
-        v.link_load[(source, home)] = v.link_load.get((source, home), 0) + 1
         self._note_request(now, v, source, index, home)
         effects.append(Fetch(source, version, index, v.digests[index], v.size(index), True))
         return self._arm(now, effects)
@@ -644,18 +641,15 @@ class TransferCore(SourceChoice):
     def _issue_one(self, now: float, v: _Version, stripe: int, effects: list[Any]) -> bool:
         source = None
         if not v.tried:  # nothing failed: the source is the first usable ancestor, whichever the chunk
-            source = self._first_usable(now, v.chains[stripe], ())
-            if source is not None and source == v.plan.origin:  # type: ignore[union-attr]
-                source = self._instead_of_origin(now, v, stripe, ()) or source
+            source = self._spare_origin(now, v, stripe, self._first_usable(now, v.chains[stripe], ()), ())
             if source is not None and v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
                 return False  # its window is full: no need to look for the next chunk
         index, from_retry = self._next_index(v, stripe)
         if index is None:
             return False
         if source is None:
-            source = self._choose_source(now, v, stripe, index)
-            if source is not None and source == v.plan.origin:  # type: ignore[union-attr]
-                source = self._instead_of_origin(now, v, stripe, v.tried.get(index, ())) or source
+            source = self._spare_origin(now, v, stripe, self._choose_source(now, v, stripe, index),
+                                        v.tried.get(index, ()))
         if source is None:
             if from_retry:
                 v.retry[stripe].popleft()  # type: ignore[union-attr]
@@ -673,15 +667,16 @@ class TransferCore(SourceChoice):
             v.retry[stripe].popleft()  # type: ignore[union-attr]
         else:
             v.next_pos[stripe] += 1
-        v.link_load[link] = load + 1
         self._note_request(now, v, source, index, stripe)
         effects.append(Fetch(source, v.signed.manifest.version, index, v.digests[index], v.size(index),
                              stripe == v.forwards))
         return True
 
     def _note_request(self, now: float, v: _Version, source: str, index: int, stripe: int) -> None:
-        """Chunk `index` is now asked of `source` (for `stripe`, or SWARM): in flight, and one
-        more outstanding request on that source, whose busy time starts if it was idle."""
+        """Chunk `index` is now asked of `source` (for `stripe`, or SWARM): in flight, one more
+        request on that link's window, and one more outstanding request on that source, whose
+        busy time starts if it was idle."""
+        v.link_load[(source, stripe)] = v.link_load.get((source, stripe), 0) + 1
         v.in_flight[index] = (source, stripe, now)
         self._in_flight += 1
         src = v.sources.get(source)
@@ -806,7 +801,6 @@ class TransferCore(SourceChoice):
                 swarm.asked |= 1 << index
                 load += 1
                 budget -= 1
-                v.link_load[link] = load
                 self._note_request(now, v, peer, index, SWARM)
                 effects.append(Fetch(peer, v.version, index, v.digests[index], v.size(index), False))
             if budget <= 0:
