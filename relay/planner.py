@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Mapping
@@ -157,6 +158,22 @@ class StripePlan:
             index = [tuple(sorted(members, key=lambda m: (m[1], m[0]))) for members in index]
             object.__setattr__(self, "_ranked", index)
         return index[stripe]
+
+    def interior_rank(self, stripe: int) -> Mapping[str, int]:
+        """Each interior member of `stripe` -> its position in `ranked_interior(stripe)`.
+        Built once per plan and stripe, O(N)."""
+        ranks = self.__dict__.get("_ranks")
+        if ranks is None:
+            ranks = [None] * self.stripes
+            object.__setattr__(self, "_ranks", ranks)
+        rank = ranks[stripe]
+        if rank is None:
+            rank = ranks[stripe] = {p: i for i, (p, _) in enumerate(self.ranked_interior(stripe))}
+        return rank
+
+    def ranked_before(self, stripe: int, below: tuple[int, str]) -> int:
+        """How many interior members of `stripe` rank before `below` = (depth, peer id)."""
+        return bisect_left(self.ranked_interior(stripe), below, key=lambda m: (m[1], m[0]))
 
 
 def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,

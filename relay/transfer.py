@@ -199,6 +199,7 @@ class TransferCore(SourceChoice):
         self._excluded: dict[str, float] = {}
         self._slow: set[str] = set()  # excluded only for delivering too little: alive, asked before the origin
         self._banned: set[str] = set()
+        self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._manifest_asked: dict[int, tuple[float, str]] = {}  # version -> (when, whom)
