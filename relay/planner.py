@@ -100,6 +100,15 @@ class Membership:
     def __contains__(self, peer: object) -> bool:
         return peer in self.uploads
 
+    def serving(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Who is a member and who may serve (advertises an upload > 0); computed once, O(N)
+        (every relay of a simulated world is handed the same few memberships)."""
+        kept = self.__dict__.get("_serving")
+        if kept is None:
+            kept = (frozenset(self.uploads), frozenset(p for p, u in self.uploads.items() if u > 0))
+            object.__setattr__(self, "_serving", kept)
+        return kept
+
 
 @dataclass(frozen=True, eq=False)
 class StripePlan:

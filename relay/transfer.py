@@ -268,7 +268,7 @@ class TransferCore(SourceChoice):
             {self.self_id: self._self_upload, **uploads})
         if members == self._members:
             return []
-        only_figures = _serving(members) == _serving(self._members)
+        only_figures = members.serving() == self._members.serving()  # (what a replan must follow)
         self._members = members
         if self.config.layout == "swarm":
             self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
@@ -941,11 +941,6 @@ class TransferCore(SourceChoice):
 
     def _newest_first(self) -> list[_Version]:
         return [self._versions[n] for n in sorted(self._versions, reverse=True)]
-
-
-def _serving(members: Membership) -> tuple[frozenset[str], frozenset[str]]:
-    """Who is a member and who may serve (advertises an upload > 0): what a replan must follow."""
-    return frozenset(members.uploads), frozenset(p for p, u in members.uploads.items() if u > 0)
 
 
 def _requeue(v: _Version, index: int) -> None:
