@@ -100,13 +100,25 @@ class Membership:
     def __contains__(self, peer: object) -> bool:
         return peer in self.uploads
 
-    def serving(self) -> tuple[frozenset[str], frozenset[str]]:
-        """Who is a member and who may serve (advertises an upload > 0); computed once, O(N)
-        (every relay of a simulated world is handed the same few memberships)."""
-        kept = self.__dict__.get("_serving")
+    def serves_as(self, other: Membership) -> bool:
+        """Whether `other` has the same members as this one, and the same of them may serve
+        (advertise an upload > 0): only their figures differ. O(N) once per pair, then kept
+        (every relay of a simulated world is handed one of the same few memberships)."""
+        kept = self.__dict__.get("_serves_as")
+        if kept is None:
+            kept = {}
+            object.__setattr__(self, "_serves_as", kept)
+        same = kept.get(other.digest)
+        if same is None:
+            same = kept[other.digest] = self._serving() == other._serving()
+        return same
+
+    def _serving(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Who is a member and who may serve; computed once."""
+        kept = self.__dict__.get("_serving_sets")
         if kept is None:
             kept = (frozenset(self.uploads), frozenset(p for p, u in self.uploads.items() if u > 0))
-            object.__setattr__(self, "_serving", kept)
+            object.__setattr__(self, "_serving_sets", kept)
         return kept
 
 

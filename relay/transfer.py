@@ -268,7 +268,7 @@ class TransferCore(SourceChoice):
             {self.self_id: self._self_upload, **uploads})
         if members == self._members:
             return []
-        only_figures = members.serving() == self._members.serving()  # (what a replan must follow)
+        only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
         if self.config.layout == "swarm":
             self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
