@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Mapping
@@ -99,6 +100,27 @@ class Membership:
     def __contains__(self, peer: object) -> bool:
         return peer in self.uploads
 
+    def serves_as(self, other: Membership) -> bool:
+        """Whether `other` has the same members as this one, and the same of them may serve
+        (advertise an upload > 0): only their figures differ. O(N) once per pair, then kept
+        (every relay of a simulated world is handed one of the same few memberships)."""
+        kept = self.__dict__.get("_serves_as")
+        if kept is None:
+            kept = {}
+            object.__setattr__(self, "_serves_as", kept)
+        same = kept.get(other.digest)
+        if same is None:
+            same = kept[other.digest] = self._serving() == other._serving()
+        return same
+
+    def _serving(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Who is a member and who may serve; computed once."""
+        kept = self.__dict__.get("_serving_sets")
+        if kept is None:
+            kept = (frozenset(self.uploads), frozenset(p for p, u in self.uploads.items() if u > 0))
+            object.__setattr__(self, "_serving_sets", kept)
+        return kept
+
 
 @dataclass(frozen=True, eq=False)
 class StripePlan:
@@ -157,6 +179,22 @@ class StripePlan:
             index = [tuple(sorted(members, key=lambda m: (m[1], m[0]))) for members in index]
             object.__setattr__(self, "_ranked", index)
         return index[stripe]
+
+    def interior_rank(self, stripe: int) -> Mapping[str, int]:
+        """Each interior member of `stripe` -> its position in `ranked_interior(stripe)`.
+        Built once per plan and stripe, O(N)."""
+        ranks = self.__dict__.get("_ranks")
+        if ranks is None:
+            ranks = [None] * self.stripes
+            object.__setattr__(self, "_ranks", ranks)
+        rank = ranks[stripe]
+        if rank is None:
+            rank = ranks[stripe] = {p: i for i, (p, _) in enumerate(self.ranked_interior(stripe))}
+        return rank
+
+    def ranked_before(self, stripe: int, below: tuple[int, str]) -> int:
+        """How many interior members of `stripe` rank before `below` = (depth, peer id)."""
+        return bisect_left(self.ranked_interior(stripe), below, key=lambda m: (m[1], m[0]))
 
 
 def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,

@@ -73,7 +73,7 @@ no measured difference in these runs).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import blake3
 
@@ -88,6 +88,13 @@ ENDGAME_MIN_STRIPES = 4  # a plan of fewer stripes (one tree) has no endgame: no
 # stand-ins that answered "unavailable" for a chunk before the origin is asked (a hung one is dropped, not counted)
 ORIGIN_SPARE_TRIES = 2
 PARENT_REASKS = 2  # "unavailable" answers from our parent for one chunk before we ask elsewhere
+DRAW_PLANS = 4  # plans whose members' substitute order (`_by_draw`) a core keeps
+
+
+def draw_score(self_id: str, stripe: int, peer: str, depth: int, uploads: Mapping[str, float]) -> float:
+    """`peer`'s weighted rendezvous score as a substitute parent of `self_id` in `stripe`."""
+    draw = int.from_bytes(blake3.blake3(f"{self_id}/{stripe}/{peer}".encode()).digest(8), "big")
+    return uploads.get(peer, 1.0) / (1 + depth) / -math.log((draw + 1) / (2**64 + 1))
 
 
 class SourceChoice:
@@ -102,6 +109,7 @@ class SourceChoice:
     _samples: dict[str, int]
     _banned: set[str]
     _slow: set[str]
+    _draw_orders: dict[StripePlan, tuple[Membership, dict[int, tuple[str, ...]]]]  # `_by_draw`'s
 
     def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
                     lost: str | None = None, skip: str | None = None, avoid: Any = (),
@@ -117,19 +125,37 @@ class SourceChoice:
         Among them the one with the highest upload / (1 + depth) / -ln(hash(us, stripe, member)):
         weighted rendezvous hashing, deterministic, spread in proportion to capacity and leaning
         toward shallow members (fewer ancestors that may have failed unknown to us)."""
-        uploads = self._members.uploads
-        best, best_score = None, -1.0
-        for peer, peer_depth in plan.ranked_interior(stripe):
-            if below is not None and (peer_depth, peer) >= below:
-                break  # the rest are ranked after us: borrowing from them could close a cycle
+        limit = len(plan.ranked_interior(stripe)) if below is None else plan.ranked_before(stripe, below)
+        if limit == 0:
+            return None
+        rank = plan.interior_rank(stripe)
+        for peer in self._by_draw(plan, stripe):
+            if rank[peer] >= limit:
+                continue  # ranked after us: borrowing from it could close a cycle
             if peer == skip or peer in avoid or not self._usable(now, peer) or \
                     (strict and not self._healthy_above(now, plan, stripe, peer, lost)):
                 continue
-            draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{stripe}/{peer}".encode()).digest(8), "big")
-            score = uploads.get(peer, 1.0) / (1 + peer_depth) / -math.log((draw + 1) / (2**64 + 1))
-            if score > best_score:
-                best, best_score = peer, score
-        return best
+            return peer
+        return None
+
+    def _by_draw(self, plan: StripePlan, stripe: int) -> tuple[str, ...]:
+        """`stripe`'s interior members by falling rendezvous score (`_substitute`), ties in
+        ranked order, so the first eligible one is the member a scan of the ranked interior
+        keeping the first strictly highest score would pick. The score depends only on the plan,
+        the stripe, our id and the members' uploads: kept per plan (the newest `DRAW_PLANS`),
+        rebuilt when our membership changes; a build costs what one scan did (a hash per member)."""
+        kept = self._draw_orders.get(plan)
+        if kept is None or kept[0] is not self._members:
+            if kept is None and len(self._draw_orders) >= DRAW_PLANS:
+                del self._draw_orders[next(iter(self._draw_orders))]
+            kept = self._draw_orders[plan] = (self._members, {})
+        order = kept[1].get(stripe)
+        if order is None:
+            ranked = plan.ranked_interior(stripe)
+            scores = [draw_score(self.self_id, stripe, peer, depth, self._members.uploads) for peer, depth in ranked]
+            order = kept[1][stripe] = tuple(ranked[i][0] for i in sorted(range(len(ranked)), key=scores.__getitem__,
+                                                                          reverse=True))  # stable: ties keep rank
+        return order
 
     def _healthy_above(self, now: float, plan: StripePlan, stripe: int, peer: str, lost: str | None = None) -> bool:
         """No planned ancestor of `peer` in `stripe` (the origin and `lost` aside) is dropped or

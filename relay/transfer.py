@@ -199,6 +199,7 @@ class TransferCore(SourceChoice):
         self._excluded: dict[str, float] = {}
         self._slow: set[str] = set()  # excluded only for delivering too little: alive, asked before the origin
         self._banned: set[str] = set()
+        self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._manifest_asked: dict[int, tuple[float, str]] = {}  # version -> (when, whom)
@@ -267,7 +268,7 @@ class TransferCore(SourceChoice):
             {self.self_id: self._self_upload, **uploads})
         if members == self._members:
             return []
-        only_figures = _serving(members) == _serving(self._members)
+        only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
         if self.config.layout == "swarm":
             self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
@@ -940,11 +941,6 @@ class TransferCore(SourceChoice):
 
     def _newest_first(self) -> list[_Version]:
         return [self._versions[n] for n in sorted(self._versions, reverse=True)]
-
-
-def _serving(members: Membership) -> tuple[frozenset[str], frozenset[str]]:
-    """Who is a member and who may serve (advertises an upload > 0): what a replan must follow."""
-    return frozenset(members.uploads), frozenset(p for p, u in members.uploads.items() if u > 0)
 
 
 def _requeue(v: _Version, index: int) -> None:

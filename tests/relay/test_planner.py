@@ -189,3 +189,16 @@ def test_stable_chunk_stripes_barely_move_when_one_member_is_missing_from_a_view
         assert a.stripes == b.stripes and dict(a.home) == {**b.home, gone: a.home[gone]}
         moved = sum(x != y for x, y in zip(a.stripe_of_chunk, b.stripe_of_chunk))
         assert moved <= 4  # a few of 64: a stripe boundary moves by the change in the counts before it
+
+
+def test_a_membership_serves_as_another_when_only_figures_differ():
+    """`Membership.serves_as` (kept per pair): the same members, and the same of them with an
+    upload > 0; asked twice, either way round, the same answer."""
+    base = Membership.of({"a": 1e8, "b": 2e8, "c": 0.0})
+    cases = [(Membership.of({"a": 5e8, "b": 1e6, "c": 0.0}), True),
+             (Membership.of({"a": 1e8, "b": 0.0, "c": 0.0}), False),
+             (Membership.of({"a": 1e8, "b": 2e8, "c": 1e8}), False),
+             (Membership.of({"a": 1e8, "b": 2e8}), False),
+             (Membership.of({"a": 1e8, "b": 2e8, "c": 0.0, "d": 0.0}), False)]
+    for other, same in cases * 2:
+        assert base.serves_as(other) is same and other.serves_as(base) is same
