@@ -189,3 +189,17 @@ def test_stable_chunk_stripes_barely_move_when_one_member_is_missing_from_a_view
         assert a.stripes == b.stripes and dict(a.home) == {**b.home, gone: a.home[gone]}
         moved = sum(x != y for x, y in zip(a.stripe_of_chunk, b.stripe_of_chunk))
         assert moved <= 4  # a few of 64: a stripe boundary moves by the change in the counts before it
+
+
+@pytest.mark.parametrize("stable", [False, True])
+def test_the_slowest_leaves_get_the_shallowest_free_slots(stable):
+    # a relay's download grows with its upload: the slowest need every stripe fed from the start
+    # by parents that hold it early, not the deepest, slowest interior members' late copies
+    m = members(2000, seed=5, low=12.5e6, high=1.25e9)
+    plan = plan_broadcast(ORIGIN, 1.25e9, m, 256, 16, stable=stable)
+    for s in range(plan.stripes):
+        leaves = sorted((m.uploads[p], p) for p in plan.parent[s] if plan.home[p] != s)
+        depths = [plan.depth(s, p) for _, p in leaves]
+        assert depths == sorted(depths) and depths[0] < depths[-1]
+        slowest_parent, fastest_parent = plan.parent[s][leaves[0][1]], plan.parent[s][leaves[-1][1]]
+        assert m.uploads[slowest_parent] > m.uploads[fastest_parent]
