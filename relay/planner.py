@@ -16,7 +16,17 @@ Balancing, from advertised upload capacities u_p (bytes/s):
    than R (rounding a slow parent up would make its whole subtree the stripe's straggler). The
    stripe then takes about S_s / R seconds.
 3. Shape: children are attached breadth-first to parents in descending capacity, interior
-   members first, so the fast members sit near the root and trees stay shallow.
+   members first, so the fast members sit near the root and trees stay shallow; then the
+   leaves, slowest first. A relay's download tends to grow with its upload (the simulator caps
+   it at 4x), so the slowest leaves are likely the slowest downloaders, which need every stripe
+   fed at their share of their download from the start: attached last they got the deepest,
+   slowest interior members, whose own copy of their home stripe arrives late (their download
+   is shared among every stripe), and set the time to all (2,000 relays, 10 GB: the last 1% sat
+   at depth 3.9 under parents of 25 MB/s that completed at 103 s, against depth 3.0 and 736
+   MB/s for the median relay; 10,000 relays: 1.455x the bound before, 1.224x after). A fast
+   leaf, with download to spare, catches up from a deep parent. The price: the slowest leaves
+   now share fast forwarders with dozens of others, served after those forwarders' interior
+   children (1,000 relays, 1 GB, exact views: 1.04x -> 1.09x).
 4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
    interleaved so every stripe advances through the file at once. Stable plans (below) give
    every stripe an equal share, except a stripe whose integer fan-outs waste a real part of its
@@ -233,7 +243,7 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
         capacity = origin_share + sum(uploads[p] for p in interior)
         fanout, rate = _fanouts(origin, origin_share, interior, uploads, n, capacity, one_copy=stable_now)
         rates.append(rate)
-        leaves = [p for p in order if home[p] != s]
+        leaves = [p for p in reversed(order) if home[p] != s]
         parents.append(_attach(origin, interior + leaves, fanout))
         fanouts.append(fanout)
         capacities.append(capacity)

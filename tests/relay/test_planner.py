@@ -202,3 +202,17 @@ def test_a_membership_serves_as_another_when_only_figures_differ():
              (Membership.of({"a": 1e8, "b": 2e8, "c": 0.0, "d": 0.0}), False)]
     for other, same in cases * 2:
         assert base.serves_as(other) is same and other.serves_as(base) is same
+
+
+@pytest.mark.parametrize("stable", [False, True])
+def test_the_slowest_leaves_get_the_shallowest_free_slots(stable):
+    # a relay's download grows with its upload: the slowest need every stripe fed from the start
+    # by parents that hold it early, not the deepest, slowest interior members' late copies
+    m = members(2000, seed=5, low=12.5e6, high=1.25e9)
+    plan = plan_broadcast(ORIGIN, 1.25e9, m, 256, 16, stable=stable)
+    for s in range(plan.stripes):
+        leaves = sorted((m.uploads[p], p) for p in plan.parent[s] if plan.home[p] != s)
+        depths = [plan.depth(s, p) for _, p in leaves]
+        assert depths == sorted(depths) and depths[0] < depths[-1]
+        slowest_parent, fastest_parent = plan.parent[s][leaves[0][1]], plan.parent[s][leaves[-1][1]]
+        assert m.uploads[slowest_parent] > m.uploads[fastest_parent]
