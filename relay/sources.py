@@ -109,7 +109,7 @@ class SourceChoice:
     _samples: dict[str, int]
     _banned: set[str]
     _slow: set[str]
-    _draw_orders: dict[StripePlan, tuple[Membership, dict[int, tuple[str, ...]]]]  # `_by_draw`'s
+    _draw_orders: dict[StripePlan, dict[int, tuple[str, ...]]]  # `_by_draw`'s, for our current membership
 
     def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
                     lost: str | None = None, skip: str | None = None, avoid: Any = (),
@@ -143,18 +143,19 @@ class SourceChoice:
         ranked order, so the first eligible one is the member a scan of the ranked interior
         keeping the first strictly highest score would pick. The score depends only on the plan,
         the stripe, our id and the members' uploads: kept per plan (the newest `DRAW_PLANS`),
-        rebuilt when our membership changes; a build costs what one scan did (a hash per member)."""
+        forgotten when our membership changes (`set_members`); a build costs what one scan did
+        (a hash per member)."""
         kept = self._draw_orders.get(plan)
-        if kept is None or kept[0] is not self._members:
-            if kept is None and len(self._draw_orders) >= DRAW_PLANS:
+        if kept is None:
+            if len(self._draw_orders) >= DRAW_PLANS:
                 del self._draw_orders[next(iter(self._draw_orders))]
-            kept = self._draw_orders[plan] = (self._members, {})
-        order = kept[1].get(stripe)
+            kept = self._draw_orders[plan] = {}
+        order = kept.get(stripe)
         if order is None:
             ranked = plan.ranked_interior(stripe)
             scores = [draw_score(self.self_id, stripe, peer, depth, self._members.uploads) for peer, depth in ranked]
-            order = kept[1][stripe] = tuple(ranked[i][0] for i in sorted(range(len(ranked)), key=scores.__getitem__,
-                                                                          reverse=True))  # stable: ties keep rank
+            by_score = sorted(range(len(ranked)), key=scores.__getitem__, reverse=True)  # stable: ties keep rank
+            order = kept[stripe] = tuple(ranked[i][0] for i in by_score)
         return order
 
     def _healthy_above(self, now: float, plan: StripePlan, stripe: int, peer: str, lost: str | None = None) -> bool:

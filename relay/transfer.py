@@ -270,6 +270,7 @@ class TransferCore(SourceChoice):
             return []
         only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
+        self._draw_orders.clear()  # (scored with the old membership's uploads: rebuilt on demand)
         if self.config.layout == "swarm":
             self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
         if only_figures:  # the same peers serve, at other rates: a transfer in progress keeps its

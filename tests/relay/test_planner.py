@@ -216,3 +216,26 @@ def test_the_slowest_leaves_get_the_shallowest_free_slots(stable):
         assert depths == sorted(depths) and depths[0] < depths[-1]
         slowest_parent, fastest_parent = plan.parent[s][leaves[0][1]], plan.parent[s][leaves[-1][1]]
         assert m.uploads[slowest_parent] > m.uploads[fastest_parent]
+
+
+@pytest.mark.parametrize("n", [24, 32, 48])
+def test_the_origins_spare_slots_go_to_the_fastest_leaves(n):
+    # under 64 members the origin has slots left after the interior members; a slow leaf there
+    # would drain an origin slot at its own download's pace in every stripe
+    m = members(n, seed=3)
+    plan = plan_broadcast(ORIGIN, 5e9, m, 256, 16, stable=True)  # an origin with slots to spare
+    spared = 0
+    for s in range(plan.stripes):
+        leaves = {p: m.uploads[p] for p in plan.parent[s] if plan.home[p] != s}
+        under_origin = [u for p, u in leaves.items() if plan.parent[s][p] == ORIGIN]
+        others = [u for p, u in leaves.items() if plan.parent[s][p] != ORIGIN]
+        spared += len(under_origin)
+        if under_origin and others:
+            assert min(under_origin) > max(others)
+    assert spared  # the case exists at these sizes
+
+
+@pytest.mark.parametrize("upload", [float("nan"), float("inf"), -1.0])
+def test_a_membership_refuses_an_upload_no_peer_can_have(upload):
+    with pytest.raises(ValueError, match="p1"):
+        Membership.of({"p0": 1e6, "p1": upload})
