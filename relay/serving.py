@@ -6,7 +6,13 @@ of what our uploads really deliver. The relay role (real world) and `simulations
 core asks, `relay.effects.ServeAtOnce`: every child at once where fan-outs are small, since a
 child beyond the slots gets each chunk a whole transfer late), at most `per_peer` to one requester,
 urgent requests (the requester forwards that stripe) first, then round robin across peers; a
-request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`. A requester
+request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`. While others
+wait, urgent requests hold every slot but one at most: a fast member high in its home stripe
+feeds dozens of children, most of them forwarders, and served its leaves only once those were
+done; with the leaves attached slowest first (`relay.planner`), those leaves are the slowest
+downloaders, which need every stripe from the start (1,000 relays, 1 GB: exact views 1.09x the
+bound -> 1.08x, 10% of relays at a tenth of their upload 1.15x -> 1.11x; see BENCHMARKS.md;
+a share of the slots per requester instead gave 1.05x and 1.18x). A requester
 that forwards gets its urgent chunks one at a time (`urgent_per_peer`): two chunks sent to it at
 once would each arrive at half the rate, and it can forward neither until it holds it, so every
 hop of its stripe's tree would take twice as long (measured, homogeneous N = 1,023: 64 chunks
@@ -90,10 +96,11 @@ class ServingCore:
     A request (`ask`) for a chunk we hold joins the queue; one for a chunk we do not hold yet
     waits for it (`arrived`) up to `wait_limit_s` (`expire` refuses the late ones), so a
     child is answered as soon as we verified the chunk (cut-through). Queued requests get
-    slots urgent first (the requester forwards that chunk's stripe to others), then round
-    robin across peers, first come first served within a peer, and one peer holds at most
-    `per_peer` slots, at most `urgent_per_peer` of them for urgent requests. `done` frees a
-    slot; `drop_peer` forgets a requester that went away.
+    slots urgent first (the requester forwards that chunk's stripe to others), but one slot is
+    kept for the others while they wait (`_urgent_over_share`), then round robin across peers,
+    first come first served within a peer, and one peer holds at most `per_peer` slots, at most
+    `urgent_per_peer` of them for urgent requests. `done` frees a slot; `drop_peer` forgets a
+    requester that went away.
     Every method returns the `Serve` / `Refuse` actions for the shell to carry out.
     `full` says whether every slot is taken (our upload is the bottleneck then)."""
 
@@ -265,9 +272,13 @@ class ServingCore:
         return out
 
     def _next(self) -> _Ask | None:
-        """The first queued ask, urgent first, round robin across peers under their cap."""
+        """The first queued ask, urgent first (one slot kept for the others), round robin
+        across peers under their cap."""
         urgent_cap = self.urgent_per_peer
-        for queues, urgent in zip(self._queues, (True, False)):
+        order = zip(self._queues, (True, False))
+        if self._queues[0] and self._queues[1] and self._urgent_over_share():
+            order = zip(reversed(self._queues), (False, True))
+        for queues, urgent in order:
             for peer in queues:
                 if self._held.get(peer, 0) >= self.per_peer or \
                         (urgent and self._held_urgent.get(peer, 0) >= urgent_cap):
@@ -279,6 +290,12 @@ class ServingCore:
                 del self._queued[ask.token]
                 return ask
         return None
+
+    def _urgent_over_share(self) -> bool:
+        """Whether urgent requests hold every slot but one already (with one slot, that one):
+        while leaves wait, one slot is theirs, so that a forwarder with more children that forward
+        than slots (a fast member high in its home stripe) does not starve its leaves."""
+        return sum(self._held_urgent.values()) >= max(1, self.slots - 1)
 
 
 def _decrement(counts: dict[str, int], peer: str) -> None:

@@ -194,6 +194,21 @@ def test_a_peer_that_forwards_gets_one_urgent_chunk_at_a_time_but_others_still_g
         [Serve("u1"), Serve("u2")]
 
 
+def test_urgent_requests_leave_one_slot_to_waiting_leaves():
+    # 4 children that forward (urgent) and 2 leaves on 4 slots: before, a forwarder with more
+    # children that forward than slots served its leaves only when those children were done
+    core = ServingCore(ServingConfig(slots=4, per_peer=1))
+    assert sum((core.ask(0, f"c{i}u0", f"c{i}", 1, 0, True, True) for i in range(1, 5)), []) == \
+        [Serve(f"c{i}u0") for i in range(1, 5)]
+    for leaf in ("l1", "l2"):
+        assert core.ask(0, f"{leaf}n0", leaf, 1, 0, False, True) == []
+    for i in range(1, 5):
+        assert core.ask(0, f"c{i}u1", f"c{i}", 1, 1, True, True) == []
+    assert core.done(1, "c1u0") == [Serve("l1n0", 1.0)]  # 3 urgent served: the free slot is a leaf's
+    assert core.done(2, "c2u0") == [Serve("c1u1", 2.0)]  # a leaf holds one: urgent first again
+    assert core.done(3, "l1n0") == [Serve("l2n0", 3.0)]  # the leaves' slot goes to the other leaf
+
+
 def test_slots_set_higher_serve_every_child_at_once_and_never_fewer_than_configured():
     core = ServingCore(ServingConfig(slots=2, per_peer=1))
     assert sum((core.ask(0, f"c{i}", f"child{i}", 1, 0, False, True) for i in range(4)), []) == \
