@@ -6,8 +6,10 @@ of what our uploads really deliver. The relay role (real world) and `simulations
 core asks, `relay.effects.ServeAtOnce`: every child at once where fan-outs are small, since a
 child beyond the slots gets each chunk a whole transfer late), at most `per_peer` to one requester,
 urgent requests (the requester forwards that stripe) first, then round robin across peers; a
-request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`. While others
-wait, urgent requests hold every slot but one at most: a fast member high in its home stripe
+request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`. Once urgent
+requests hold every slot but one, a waiting request that is not urgent (and under its
+`per_peer`) goes before them; no slot is left idle for it, and with one slot urgent requests
+keep it. Why: a fast member high in its home stripe
 feeds dozens of children, most of them forwarders, and served its leaves only once those were
 done; with the leaves attached slowest first (`relay.planner`), those leaves are the slowest
 downloaders, which need every stripe from the start (1,000 relays, 1 GB: exact views 1.09x the
@@ -96,8 +98,9 @@ class ServingCore:
     A request (`ask`) for a chunk we hold joins the queue; one for a chunk we do not hold yet
     waits for it (`arrived`) up to `wait_limit_s` (`expire` refuses the late ones), so a
     child is answered as soon as we verified the chunk (cut-through). Queued requests get
-    slots urgent first (the requester forwards that chunk's stripe to others), but one slot is
-    kept for the others while they wait (`_urgent_over_share`), then round robin across peers,
+    slots urgent first (the requester forwards that chunk's stripe to others) until urgent ones
+    hold every slot but one, then a waiting request that is not urgent first
+    (`_urgent_hold_all_but_one`), round robin across peers,
     first come first served within a peer, and one peer holds at most `per_peer` slots, at most
     `urgent_per_peer` of them for urgent requests. `done` frees a slot; `drop_peer` forgets a
     requester that went away.
@@ -272,11 +275,11 @@ class ServingCore:
         return out
 
     def _next(self) -> _Ask | None:
-        """The first queued ask, urgent first (one slot kept for the others), round robin
+        """The first queued ask, urgent first (but see `_urgent_hold_all_but_one`), round robin
         across peers under their cap."""
         urgent_cap = self.urgent_per_peer
         order = zip(self._queues, (True, False))
-        if self._queues[0] and self._queues[1] and self._urgent_over_share():
+        if self._queues[0] and self._queues[1] and self._urgent_hold_all_but_one():
             order = zip(reversed(self._queues), (False, True))
         for queues, urgent in order:
             for peer in queues:
@@ -291,10 +294,11 @@ class ServingCore:
                 return ask
         return None
 
-    def _urgent_over_share(self) -> bool:
+    def _urgent_hold_all_but_one(self) -> bool:
         """Whether urgent requests hold every slot but one already (with one slot, that one):
-        while leaves wait, one slot is theirs, so that a forwarder with more children that forward
-        than slots (a fast member high in its home stripe) does not starve its leaves."""
+        then a waiting request that is not urgent goes first, so that a forwarder with more
+        children that forward than slots (a fast member high in its home stripe) does not starve
+        its leaves."""
         return sum(self._held_urgent.values()) >= max(1, self.slots - 1)
 
 
