@@ -28,9 +28,9 @@ Balancing, from advertised upload capacities u_p (bytes/s):
    now share fast forwarders with dozens of others, served after those forwarders' interior
    children (1,000 relays, 1 GB, exact views: 1.04x -> 1.09x). Slots the origin has left over
    after the interior members (plans of under 64 members, or a fast origin) go to the fastest
-   leaves first: given
-   to the slowest, one slow relay held an origin slot in every stripe and drained it at its own
-   download's pace (32 relays, 1 GB: 1.00-1.02x the bound before the rule, up to 1.46x with it).
+   leaves first: given to the slowest, one slow relay held an origin slot in every stripe and
+   drained it at its own download's pace (32 relays, 1 GB: 1.00-1.02x the bound before the
+   rule, up to 1.46x with it).
 4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
    interleaved so every stripe advances through the file at once. Stable plans (below) give
    every stripe an equal share, except a stripe whose integer fan-outs waste a real part of its

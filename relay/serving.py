@@ -9,12 +9,12 @@ urgent requests (the requester forwards that stripe) first, then round robin acr
 request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`. Once urgent
 requests hold every slot but one, a waiting request that is not urgent (and under its
 `per_peer`) goes before them; no slot is left idle for it, and with one slot urgent requests
-keep it. Why: a fast member high in its home stripe
-feeds dozens of children, most of them forwarders, and served its leaves only once those were
-done; with the leaves attached slowest first (`relay.planner`), those leaves are the slowest
-downloaders, which need every stripe from the start (1,000 relays, 1 GB: exact views 1.09x the
-bound -> 1.08x, 10% of relays at a tenth of their upload 1.15x -> 1.11x; see BENCHMARKS.md;
-a share of the slots per requester instead gave 1.05x and 1.18x). A requester
+keep it. Why: a fast member high in its home stripe feeds dozens of children, most of them
+forwarders, and served its leaves only once those were done; with the leaves attached slowest
+first (`relay.planner`), those leaves are the slowest downloaders, which need every stripe from
+the start (1,000 relays, 1 GB: exact views 1.09x the bound -> 1.08x, 10% of relays at a tenth
+of their upload 1.15x -> 1.11x; see BENCHMARKS.md; a share of the slots per requester instead
+gave 1.05x and 1.18x). A requester
 that forwards gets its urgent chunks one at a time (`urgent_per_peer`): two chunks sent to it at
 once would each arrive at half the rate, and it can forward neither until it holds it, so every
 hop of its stripe's tree would take twice as long (measured, homogeneous N = 1,023: 64 chunks
@@ -100,10 +100,9 @@ class ServingCore:
     child is answered as soon as we verified the chunk (cut-through). Queued requests get
     slots urgent first (the requester forwards that chunk's stripe to others) until urgent ones
     hold every slot but one, then a waiting request that is not urgent first
-    (`_urgent_hold_all_but_one`), round robin across peers,
-    first come first served within a peer, and one peer holds at most `per_peer` slots, at most
-    `urgent_per_peer` of them for urgent requests. `done` frees a slot; `drop_peer` forgets a
-    requester that went away.
+    (`_urgent_hold_all_but_one`), round robin across peers, first come first served within a
+    peer, and one peer holds at most `per_peer` slots, at most `urgent_per_peer` of them for
+    urgent requests. `done` frees a slot; `drop_peer` forgets a requester that went away.
     Every method returns the `Serve` / `Refuse` actions for the shell to carry out.
     `full` says whether every slot is taken (our upload is the bottleneck then)."""
 
