@@ -13,6 +13,7 @@ the bytes took), and refuse the same one at the wait limit, because both run the
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import trio
@@ -133,12 +134,16 @@ def _rounded(out: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
             for kind, events in out.items()}
 
 
+async def _served_in(world: str, script: list, event_at: float, in_trio: Any, in_sim: Any) -> dict[str, list[tuple]]:
+    """`script` served by one world, with its scripted event at `event_at` (`in_trio` or `in_sim`)."""
+    if world == "trio":
+        return await run_trio(script, event_at, in_trio)
+    return run_sim(script, event_at, in_sim)
+
+
 @pytest.mark.parametrize("world", ["trio", "sim"])
 async def test_both_worlds_serve_the_same_requests_in_the_same_order_at_the_same_times(world, autojump_clock):
-    if world == "trio":
-        out = await run_trio(SCRIPT, ARRIVES_AT, _arrive_trio)
-    else:
-        out = run_sim(SCRIPT, ARRIVES_AT, _arrive_sim)
+    out = await _served_in(world, SCRIPT, ARRIVES_AT, _arrive_trio, _arrive_sim)
     assert _rounded(out) == _rounded(EXPECTED)
 
 
@@ -159,8 +164,5 @@ def _widen_sim(world: RelayWorld, source_id: str, core: _Source) -> None:
 
 @pytest.mark.parametrize("world", ["trio", "sim"])
 async def test_both_worlds_serve_every_child_at_once_when_the_core_asks_for_more_slots(world, autojump_clock):
-    if world == "trio":
-        out = await run_trio(WIDE_SCRIPT, WIDEN_AT, _widen_trio)
-    else:
-        out = run_sim(WIDE_SCRIPT, WIDEN_AT, _widen_sim)
+    out = await _served_in(world, WIDE_SCRIPT, WIDEN_AT, _widen_trio, _widen_sim)
     assert _rounded(out) == _rounded(WIDE_EXPECTED)
