@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 OUTER_STATE_FILE = "diloco_outer_state.st"  # safetensors inside; not *.safetensors, so no weight loader takes it
 FORMAT = "p2pnet-diloco-outer/1"
+ADMIT_HEARTBEATS = 10  # how long a publisher may take to hear our heartbeat and take our connection
 
 
 # -- the file -------------------------------------------------------------------------------------
@@ -130,8 +131,23 @@ def load_from_version(inner: Any, store: Any, version: int) -> GlobalState:
 
 
 async def ask_publisher(role: DilocoRole, publisher: str, wanted: StateWanted) -> StateOffer:
-    """Send `wanted` to `publisher` and return its offer (a direct message on the diloco channel)."""
-    stream = await role.open_stream(publisher)
+    """Send `wanted` to `publisher` and return its offer (a direct message on the diloco channel).
+
+    A joiner often hears of the publisher (through another peer's gossip) before the publisher
+    hears its heartbeat, and a data plane serves only peers in its table: it closes the connection
+    without a word. So a connection that fails is tried again every heartbeat interval, for up to
+    `ADMIT_HEARTBEATS` intervals (at most the deadline), before this path counts as failed."""
+    interval = role.node.peertable.config.heartbeat_interval_s
+    give_up = trio.current_time() + min(role.config.deadline_s, ADMIT_HEARTBEATS * interval)
+    while True:
+        try:
+            stream = await role.open_stream(publisher)
+            break
+        except PeerUnavailable as exc:
+            if trio.current_time() + interval > give_up:
+                raise
+            log.info("diloco: %s did not take our connection (%s); trying again in %.1f s", publisher, exc, interval)
+            await trio.sleep(interval)
     async with stream:
         with trio.fail_after(role.config.deadline_s):
             await send_frame(stream, role.node.codec.encode(wanted, time.time()))

@@ -4,22 +4,27 @@ global state; a version whose file does not fit is refused, named as the publish
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+import trio
 
 from models.folder import load_model_dir, save_model_dir
 from models.weights import load_version, stream_tensors
+from p2pnet.dataplane import DataPlane, open_data_stream, send_frame
+from p2pnet.errors import PeerUnavailable
 from p2pnet.identity import Identity
+from p2pnet.wire import Codec
 from relay.errors import VersionUnloadable
 from relay.loader import load_state_dict
 from relay.store import ChunkStore
 from trainer.checkpoint import published_files
 from trainer.diloco import digest, flatten
-from trainer.diloco_join import OUTER_STATE_FILE, load_from_version, read_outer_state, state_file_of, write_outer_state
+from trainer.diloco_join import OUTER_STATE_FILE, ask_publisher, load_from_version, read_outer_state, state_file_of, write_outer_state
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer
-from trainer.diloco_messages import StateWanted
+from trainer.diloco_messages import CHANNEL, StateOffer, StateWanted
 from trainer.diloco_role import ASKER_ROUNDS, DilocoRole, _shell_with
 
 NOW = 1_800_000_000.0
@@ -109,3 +114,43 @@ def test_only_a_known_trainer_gets_the_outer_state_and_at_most_once_in_a_few_rou
     assert DilocoRole._offer(publisher, "trainer4", StateWanted(0, False)).version == -1
     publisher.state.round = 7 + ASKER_ROUNDS
     assert DilocoRole._offer(publisher, "trainer4", StateWanted(0, False)).version == 8 + ASKER_ROUNDS
+
+
+async def test_a_joiner_asks_again_until_the_publisher_has_heard_its_heartbeat():
+    """The joiner hears of the publisher before the publisher hears of the joiner: the publisher's
+    data plane (real TCP, real handshake) refuses it until then, and the joiner's ask goes through
+    once admitted instead of falling back to the direct fetch at the first refusal."""
+    joiner = Identity.from_seed_text("diloco joiner")
+    codec = Codec(PUBLISHER)
+    refusals = []
+
+    def admit(peer):  # the joiner's heartbeat reaches the publisher after two refused connections
+        if len(refusals) < 2:
+            refusals.append(peer)
+            return "not in our peer table (no heartbeat heard)"
+        return None
+
+    async def serve(stream, reader, peer):
+        wanted = codec.decode(await reader.frame(), time.time()).body
+        await send_frame(stream, codec.encode(StateOffer(7, 8, 1.5), time.time()))
+        assert isinstance(wanted, StateWanted) and wanted.have_round == 3
+
+    plane = DataPlane("127.0.0.1", 0, codec=codec, self_id=PUBLISHER.peer_id, admit=admit)
+    plane.register(CHANNEL, serve)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        role = SimpleNamespace(
+            config=SimpleNamespace(deadline_s=30.0),
+            node=SimpleNamespace(codec=Codec(joiner), peertable=SimpleNamespace(config=SimpleNamespace(
+                heartbeat_interval_s=0.05))),
+            open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(joiner), peer=peer))
+        offer = await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
+        assert (offer.round, offer.version) == (7, 8)
+        assert refusals == [joiner.peer_id] * 2 and plane.refused == {"not_admitted": 2}
+        # a publisher that never takes the connection: the path fails within its bound
+        refusals.clear()
+        role.node.peertable.config.heartbeat_interval_s = 0.001
+        plane.admit_peer = lambda peer: "banned"
+        with pytest.raises(PeerUnavailable):
+            await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
+        nursery.cancel_scope.cancel()

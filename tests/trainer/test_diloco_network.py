@@ -254,6 +254,8 @@ async def test_a_joiner_with_the_relay_role_takes_the_global_state_through_the_r
     model, _ = load_version(model_dir, store, version)
     assert digest(flatten(model.state_dict())) == read_outer_state(path)[1]
     # what it added for every relay: the outer state file alone
+    # (a later round's version may still be on its way to the joiner's relay when every role is done)
+    await _until(lambda: any(v > version for v in store.complete_versions()), "a later version at the joiner")
     later = next(v for v in store.complete_versions() if v > version)
     sizes = {v: store.manifest(v).manifest.total_bytes for v in (version, later)}
     assert sizes[version] - sizes[later] == path.stat().st_size == publisher.roles["diloco"].outer_state_bytes
