@@ -17,7 +17,9 @@ Balancing, from advertised upload capacities u_p (bytes/s):
    stripe then takes about S_s / R seconds.
 3. Shape: children are attached breadth-first to parents in descending capacity, interior
    members first, so the fast members sit near the root and trees stay shallow; then the
-   leaves, slowest first. A relay's download tends to grow with its upload (the simulator caps
+   leaves: fastest first in plans dealt by capacity (under 64 members, and the `striped-v1`
+   baseline, where slowest first made 1,000 relays 1.03x -> 1.71x the bound), slowest first in
+   stable plans. A relay's download tends to grow with its upload (the simulator caps
    it at 4x), so the slowest leaves are likely the slowest downloaders, which need every stripe
    fed at their share of their download from the start: attached last they got the deepest,
    slowest interior members, whose own copy of their home stripe arrives late (their download
@@ -26,11 +28,10 @@ Balancing, from advertised upload capacities u_p (bytes/s):
    MB/s for the median relay; 10,000 relays: 1.455x the bound before, 1.224x after). A fast
    leaf, with download to spare, catches up from a deep parent. The price: the slowest leaves
    now share fast forwarders with dozens of others, served after those forwarders' interior
-   children (1,000 relays, 1 GB, exact views: 1.04x -> 1.09x). Slots the origin has left over
-   after the interior members (plans of under 64 members, or a fast origin) go to the fastest
-   leaves first: given to the slowest, one slow relay held an origin slot in every stripe and
-   drained it at its own download's pace (32 relays, 1 GB: 1.00-1.02x the bound before the
-   rule, up to 1.46x with it).
+   children (1,000 relays, 1 GB, exact views: 1.04x -> 1.09x). Slots a fast origin has left
+   over after the interior members go to the fastest leaves first: given to the slowest, one
+   slow relay held an origin slot in every stripe and drained it at its own download's pace
+   (seen while plans under 64 members took the rule: 32 relays, 1 GB, up to 1.46x).
 4. Chunks: stripe s gets a share of the chunks proportional to c_s (largest remainder),
    interleaved so every stripe advances through the file at once. Stable plans (below) give
    every stripe an equal share, except a stripe whose integer fan-outs waste a real part of its
@@ -250,9 +251,10 @@ def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chu
         capacity = origin_share + sum(uploads[p] for p in interior)
         fanout, rate = _fanouts(origin, origin_share, interior, uploads, n, capacity, one_copy=stable_now)
         rates.append(rate)
-        leaves = [p for p in order if home[p] != s]
-        spare = max(0, fanout.get(origin, 0) - len(interior))  # the origin's slots left over for leaves
-        leaves = leaves[:spare] + leaves[spare:][::-1]  # those to the fastest leaves, then slowest first
+        leaves = [p for p in order if home[p] != s]  # fastest first
+        if stable_now:  # slowest first, but the origin's slots left over for leaves go to the fastest
+            spare = max(0, fanout.get(origin, 0) - len(interior))
+            leaves = leaves[:spare] + leaves[spare:][::-1]
         parents.append(_attach(origin, interior + leaves, fanout))
         fanouts.append(fanout)
         capacities.append(capacity)

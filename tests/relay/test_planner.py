@@ -205,25 +205,29 @@ def test_a_membership_serves_as_another_when_only_figures_differ():
 
 
 @pytest.mark.parametrize("stable", [False, True])
-def test_the_slowest_leaves_get_the_shallowest_free_slots(stable):
+def test_stable_plans_give_the_slowest_leaves_the_shallowest_free_slots(stable):
     # a relay's download grows with its upload: the slowest need every stripe fed from the start
-    # by parents that hold it early, not the deepest, slowest interior members' late copies
+    # by parents that hold it early, not the deepest, slowest interior members' late copies. Plans
+    # dealt by capacity (under 64 members, the striped-v1 baseline) keep the fastest leaves first:
+    # there the rule made striped-v1 1.7x slower
     m = members(2000, seed=5, low=12.5e6, high=1.25e9)
     plan = plan_broadcast(ORIGIN, 1.25e9, m, 256, 16, stable=stable)
     for s in range(plan.stripes):
         leaves = sorted((m.uploads[p], p) for p in plan.parent[s] if plan.home[p] != s)
+        if not stable:
+            leaves.reverse()
         depths = [plan.depth(s, p) for _, p in leaves]
         assert depths == sorted(depths) and depths[0] < depths[-1]
-        slowest_parent, fastest_parent = plan.parent[s][leaves[0][1]], plan.parent[s][leaves[-1][1]]
-        assert m.uploads[slowest_parent] > m.uploads[fastest_parent]
+        first_parent, last_parent = plan.parent[s][leaves[0][1]], plan.parent[s][leaves[-1][1]]
+        assert m.uploads[first_parent] > m.uploads[last_parent]
 
 
-@pytest.mark.parametrize("n", [24, 32, 48])
+@pytest.mark.parametrize("n", [64, 96, 128])
 def test_the_origins_spare_slots_go_to_the_fastest_leaves(n):
-    # under 64 members the origin has slots left after the interior members; a slow leaf there
-    # would drain an origin slot at its own download's pace in every stripe
-    m = members(n, seed=3)
-    plan = plan_broadcast(ORIGIN, 5e9, m, 256, 16, stable=True)  # an origin with slots to spare
+    # with a fast origin a stable plan's origin has slots left after the interior members; a slow
+    # leaf there would drain an origin slot at its own download's pace in every stripe
+    m = members(n, seed=3, high=1.25e8)
+    plan = plan_broadcast(ORIGIN, 5e9, m, 256, 16, stable=True)
     spared = 0
     for s in range(plan.stripes):
         leaves = {p: m.uploads[p] for p in plan.parent[s] if plan.home[p] != s}
@@ -232,6 +236,8 @@ def test_the_origins_spare_slots_go_to_the_fastest_leaves(n):
         spared += len(under_origin)
         if under_origin and others:
             assert min(under_origin) > max(others)
+        depths = [plan.depth(s, p) for _, p in sorted((u, p) for p, u in leaves.items() if plan.parent[s][p] != ORIGIN)]
+        assert depths == sorted(depths)  # the others slowest first
     assert spared  # the case exists at these sizes
 
 
