@@ -100,15 +100,26 @@ async def _read_frame(stream: trio.abc.ReceiveStream, buffer: bytearray) -> byte
     return await exactly(length)
 
 
+class NotAdmitted(PeerUnavailable):
+    """The server closed the connection after our hello without a word: it does not admit us, at
+    least not yet (a data plane serves only peers in its table that are not banned, and tells
+    nobody why). A peer that heard of the server before the server heard our heartbeat gets this."""
+
+
 async def client_handshake(stream: trio.abc.Stream, codec: Codec, channel: str, server: str) -> None:
     """Prove ourselves to `server` on `stream` and make sure it is `server` (raises WrongPeer,
-    MessageRejected or PeerUnavailable otherwise). Reads nothing beyond the challenge."""
+    MessageRejected, NotAdmitted or PeerUnavailable otherwise). Reads nothing beyond the challenge."""
     nonce = os.urandom(NONCE_BYTES)
     await stream.send_all(_frame(codec.encode(DataHello(channel, nonce, server), time.time())))
+    buffer = bytearray()
     try:
-        envelope = codec.decode(await _read_frame(stream, bytearray()), time.time())
+        envelope = codec.decode(await _read_frame(stream, buffer), time.time())
     except MessageRejected as exc:  # something answered, but not a p2pnet data plane
         raise WrongPeer(f"the address answered with {exc.reason}, not a handshake") from exc
+    except PeerUnavailable as exc:
+        if not buffer:
+            raise NotAdmitted(f"{server} closed the connection after our hello: not admitted") from exc
+        raise
     challenge = envelope.body
     if envelope.sender != server:
         raise WrongPeer(f"the address answered as {envelope.sender}, not {server}")

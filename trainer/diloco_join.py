@@ -44,6 +44,7 @@ import trio
 
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
+from p2pnet.handshake import NotAdmitted
 from p2pnet.files import atomic_write_bytes
 from relay.errors import VersionUnloadable
 from relay.loader import LOAD_FAILURES
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 
 OUTER_STATE_FILE = "diloco_outer_state.st"  # safetensors inside; not *.safetensors, so no weight loader takes it
 FORMAT = "p2pnet-diloco-outer/1"
-ADMIT_HEARTBEATS = 10  # how long a publisher may take to hear our heartbeat and take our connection
 
 
 # -- the file -------------------------------------------------------------------------------------
@@ -134,19 +134,20 @@ async def ask_publisher(role: DilocoRole, publisher: str, wanted: StateWanted) -
     """Send `wanted` to `publisher` and return its offer (a direct message on the diloco channel).
 
     A joiner often hears of the publisher (through another peer's gossip) before the publisher
-    hears its heartbeat, and a data plane serves only peers in its table: it closes the connection
-    without a word. So a connection that fails is tried again every heartbeat interval, for up to
-    `ADMIT_HEARTBEATS` intervals (at most the deadline), before this path counts as failed."""
-    interval = role.node.peertable.config.heartbeat_interval_s
-    give_up = trio.current_time() + min(role.config.deadline_s, ADMIT_HEARTBEATS * interval)
+    hears its heartbeat, and a data plane serves only peers in its table: it closes the
+    connection without a word (`NotAdmitted`). That refusal is tried again every heartbeat
+    interval until the deadline, while the publisher is in our table; any other failure, or the
+    deadline, makes this path fail at once."""
+    give_up = trio.current_time() + role.config.deadline_s
     while True:
         try:
             stream = await role.open_stream(publisher)
             break
-        except PeerUnavailable as exc:
-            if trio.current_time() + interval > give_up:
+        except NotAdmitted as exc:
+            interval = role.node.peertable.config.heartbeat_interval_s
+            if trio.current_time() + interval > give_up or role.node.peertable.get(publisher) is None:
                 raise
-            log.info("diloco: %s did not take our connection (%s); trying again in %.1f s", publisher, exc, interval)
+            log.info("diloco: %s did not admit us yet (%s); trying again in %.1f s", publisher, exc, interval)
             await trio.sleep(interval)
     async with stream:
         with trio.fail_after(role.config.deadline_s):

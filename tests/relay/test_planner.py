@@ -236,8 +236,6 @@ def test_the_origins_spare_slots_go_to_the_fastest_leaves(n):
         spared += len(under_origin)
         if under_origin and others:
             assert min(under_origin) > max(others)
-        depths = [plan.depth(s, p) for _, p in sorted((u, p) for p, u in leaves.items() if plan.parent[s][p] != ORIGIN)]
-        assert depths == sorted(depths)  # the others slowest first
     assert spared  # the case exists at these sizes
 
 

@@ -15,6 +15,7 @@ from models.folder import load_model_dir, save_model_dir
 from models.weights import load_version, stream_tensors
 from p2pnet.dataplane import DataPlane, open_data_stream, send_frame
 from p2pnet.errors import PeerUnavailable
+from p2pnet.handshake import NotAdmitted
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from relay.errors import VersionUnloadable
@@ -137,20 +138,34 @@ async def test_a_joiner_asks_again_until_the_publisher_has_heard_its_heartbeat()
 
     plane = DataPlane("127.0.0.1", 0, codec=codec, self_id=PUBLISHER.peer_id, admit=admit)
     plane.register(CHANNEL, serve)
+    known = {PUBLISHER.peer_id}
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
         role = SimpleNamespace(
             config=SimpleNamespace(deadline_s=30.0),
-            node=SimpleNamespace(codec=Codec(joiner), peertable=SimpleNamespace(config=SimpleNamespace(
-                heartbeat_interval_s=0.05))),
+            node=SimpleNamespace(codec=Codec(joiner), peertable=SimpleNamespace(
+                config=SimpleNamespace(heartbeat_interval_s=0.05), get=lambda peer: peer if peer in known else None)),
             open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(joiner), peer=peer))
-        offer = await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
-        assert (offer.round, offer.version) == (7, 8)
-        assert refusals == [joiner.peer_id] * 2 and plane.refused == {"not_admitted": 2}
-        # a publisher that never takes the connection: the path fails within its bound
-        refusals.clear()
-        role.node.peertable.config.heartbeat_interval_s = 0.001
-        plane.admit_peer = lambda peer: "banned"
-        with pytest.raises(PeerUnavailable):
+        with trio.fail_after(60):
+            offer = await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
+            assert (offer.round, offer.version) == (7, 8)
+            assert refusals == [joiner.peer_id] * 2 and plane.refused == {"not_admitted": 2}
+            # a publisher that never admits us: the path fails at the deadline
+            plane.admit_peer = lambda peer: "banned"
+            role.config.deadline_s = 0.3
+            with pytest.raises(NotAdmitted):
+                await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
+            # one that left our table: at once, even with time left
+            role.config.deadline_s = 30.0
+            known.clear()
+            started = plane.refused["not_admitted"]
+            with pytest.raises(NotAdmitted):
+                await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
+            assert plane.refused["not_admitted"] == started + 1
+        # any other failure is not retried: nobody listens there
+        role.open_stream = lambda peer: open_data_stream("127.0.0.1:1", CHANNEL, codec=Codec(joiner), peer=peer)
+        known.add(PUBLISHER.peer_id)
+        with pytest.raises(PeerUnavailable) as failed:
             await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
+        assert not isinstance(failed.value, NotAdmitted)
         nursery.cancel_scope.cancel()
