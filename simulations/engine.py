@@ -50,9 +50,9 @@ class Engine:
     def at(self, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
         if when < self.now:
             when = self.now
-        self._sequence += 1
-        handle = Handle(when, self._sequence)
-        heappush(self._queue, (when, self._sequence, handle, callback, args))
+        sequence = self._sequence = self._sequence + 1
+        handle = Handle(when, sequence)
+        heappush(self._queue, (when, sequence, handle, callback, args))
         return handle
 
     def after(self, delay_s: float, callback: Callable[..., Any], *args: Any) -> Handle:
@@ -64,14 +64,14 @@ class Engine:
         that was cancelled or already ran has no entry to move: the event is scheduled anew."""
         if when < self.now:
             when = self.now
-        self._sequence += 1
+        sequence = self._sequence = self._sequence + 1
         if handle.sequence > 0 and when >= handle.entry:  # lazy: its entry, when popped, is pushed again as this one
-            handle.sequence = self._sequence
+            handle.sequence = sequence
             handle.due = when
             return handle
         handle.sequence = 0
-        handle = Handle(when, self._sequence)
-        heappush(self._queue, (when, self._sequence, handle, callback, args))
+        handle = Handle(when, sequence)
+        heappush(self._queue, (when, sequence, handle, callback, args))
         return handle
 
     def pending(self) -> int:
@@ -79,27 +79,30 @@ class Engine:
 
     def run(self, *, until: float = float("inf"), max_events: int = 50_000_000,
             stop: Callable[[], bool] | None = None) -> bool:
-        """Run events up to time `until`; returns True if `stop()` became true."""
+        """Run events up to time `until`; returns True if `stop()` became true. `events_run` counts
+        the events run once it returns."""
         queue = self._queue
         budget = max_events
-        while queue and budget > 0:
-            if queue[0][0] > until:
-                break
-            entry = heappop(queue)
-            when, sequence, handle, callback, args = entry
-            if handle.sequence != sequence:
-                sequence = handle.sequence
-                if sequence:  # moved later: pushed again as the entry a fresh `at` would have made
-                    when = handle.entry = handle.due
-                    heappush(queue, (when, sequence, handle, callback, args))
-                continue
-            self.now = when
-            handle.sequence = -1  # ran: a later retime schedules anew, a cancel does nothing
-            callback(*args)
-            self.events_run += 1
-            budget -= 1
-            if stop is not None and stop():
-                return True
+        pop, push = heappop, heappush
+        try:
+            while queue and budget > 0:
+                if queue[0][0] > until:
+                    break
+                when, sequence, handle, callback, args = pop(queue)
+                if handle.sequence != sequence:
+                    sequence = handle.sequence
+                    if sequence:  # moved later: pushed again as the entry a fresh `at` would have made
+                        when = handle.entry = handle.due
+                        push(queue, (when, sequence, handle, callback, args))
+                    continue
+                self.now = when
+                handle.sequence = -1  # ran: a later retime schedules anew, a cancel does nothing
+                callback(*args)
+                budget -= 1
+                if stop is not None and stop():
+                    return True
+        finally:
+            self.events_run += max_events - budget
         if budget == 0:
             raise RuntimeError(f"simulation exceeded {max_events} events (runaway protocol?)")
         if until != float("inf"):
