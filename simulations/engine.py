@@ -85,30 +85,28 @@ class Engine:
 
     def run(self, *, until: float = float("inf"), max_events: int = 50_000_000,
             stop: Callable[[], bool] | None = None) -> bool:
-        """Run events up to time `until`; returns True if `stop()` became true. `events_run` counts
-        the events run once it returns."""
+        """Run events up to time `until`; returns True if `stop()` became true (`events_run` counts
+        the events run, also while `stop` looks)."""
         queue = self._queue
         budget = max_events
         pop, push = heappop, heappush
-        try:
-            while queue and budget > 0:
-                if queue[0][0] > until:
-                    break
-                when, sequence, handle, callback, args = pop(queue)
-                if handle.sequence != sequence:
-                    sequence = handle.sequence
-                    if sequence:  # moved later: pushed again as the entry a fresh `at` would have made
-                        when = handle.entry = handle.due
-                        push(queue, (when, sequence, handle, callback, args))
-                    continue
-                self.now = when
-                handle.sequence = -1  # ran: a later retime schedules anew, a cancel does nothing
-                callback(*args)
-                budget -= 1
-                if stop is not None and stop():
-                    return True
-        finally:
-            self.events_run += max_events - budget
+        while queue and budget > 0:
+            if queue[0][0] > until:
+                break
+            when, sequence, handle, callback, args = pop(queue)
+            if handle.sequence != sequence:
+                sequence = handle.sequence
+                if sequence:  # moved later: pushed again as the entry a fresh `at` would have made
+                    when = handle.entry = handle.due
+                    push(queue, (when, sequence, handle, callback, args))
+                continue
+            self.now = when
+            handle.sequence = -1  # ran: a later retime schedules anew, a cancel does nothing
+            callback(*args)
+            self.events_run += 1
+            budget -= 1
+            if stop is not None and stop():
+                return True
         if budget == 0:
             raise RuntimeError(f"simulation exceeded {max_events} events (runaway protocol?)")
         if until != float("inf"):
