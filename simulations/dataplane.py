@@ -137,7 +137,7 @@ class _Port:
     budget: ByteBudget | None = None  # paces what it serves, as the relay role does (`pace_uploads`)
     paced: dict[Any, Handle] = field(default_factory=dict)  # served requests waiting for the budget
     paced_to: dict[Any, _Port] = field(default_factory=dict)  # its own requests in another's `paced`: that port
-    up_load: float = -1.0  # sum of the rates of `up` (-1.0: not known, `fairshare.load` sums it afresh)
+    up_load: float = -1.0  # sum of the rates of `up` (-1.0: not known, `fairshare.share` sums it afresh)
     down_load: float = -1.0  # the same for `down`
 
 
@@ -420,11 +420,9 @@ class RelayWorld(SimWorld):
         the downloads of the `started` flows' sinks (an unlimited download is no resource)."""
         self._marks += 1
         tag = self._marks
-        flows = []
-        if source is not None:
-            for flow in source.up:
-                flow.mark = tag
-                flows.append(flow)
+        flows = source.up[:] if source is not None else []
+        for flow in flows:
+            flow.mark = tag
         inf = math.inf
         if sink is not None and sink.download_bps != inf:
             for flow in sink.down:

@@ -41,7 +41,8 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
             else:
                 dst.down_tag, dst.down_count, dst.down_use = tag, 1, None
     # a shared resource: [capacity, port, is a download, its flows among `flows`, rate given to
-    # those stopped so far, how many still rise]
+    # those stopped so far, how many still rise, the level they all stop at when it is full (inf:
+    # none rises)]
     shared = []
     for flow in flows:
         limit = flow.cap
@@ -52,14 +53,14 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
             else:
                 used = src.up_load
                 if used < 0.0:
-                    used = load(src, True)
+                    used = src.up_load = sum([f.rate for f in src.up])
                 left = src.upload_bps - used + flow.rate
             if left < limit:
                 limit = left if left > 0.0 else 0.0
         else:
             use = src.up_use
             if use is None:
-                src.up_use = use = [src.upload_bps, src, False, [flow], 0.0, src.up_count]
+                src.up_use = use = [src.upload_bps, src, False, [flow], 0.0, src.up_count, inf]
                 shared.append(use)
             else:
                 use[3].append(flow)
@@ -71,38 +72,55 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
                 else:
                     used = dst.down_load
                     if used < 0.0:
-                        used = load(dst, False)
+                        used = dst.down_load = sum([f.rate for f in dst.down])
                     left = dst.download_bps - used + flow.rate
                 if left < limit:
                     limit = left if left > 0.0 else 0.0
             else:
                 use = dst.down_use
                 if use is None:
-                    dst.down_use = use = [dst.download_bps, dst, True, [flow], 0.0, dst.down_count]
+                    dst.down_use = use = [dst.download_bps, dst, True, [flow], 0.0, dst.down_count, inf]
                     shared.append(use)
                 else:
                     use[3].append(flow)
         flow.limit = limit
     for use in shared:  # what the flows of a shared resource that are not in `flows` leave them
         port, mine = use[1], use[3]
-        if len(mine) != len(port.down if use[2] else port.up):
-            left = use[0] - (load(port, not use[2]) - sum([f.rate for f in mine]))
-            use[0] = left if left > 0.0 else 0.0
+        if use[2]:
+            if len(mine) == len(port.down):
+                continue
+            used = port.down_load
+            if used < 0.0:
+                used = port.down_load = sum([f.rate for f in port.down])
+        else:
+            if len(mine) == len(port.up):
+                continue
+            used = port.up_load
+            if used < 0.0:
+                used = port.up_load = sum([f.rate for f in port.up])
+        left = use[0] - (used - sum([f.rate for f in mine]))
+        use[0] = left if left > 0.0 else 0.0
     if shared:
+        for use in shared:
+            use[6] = (use[0] - use[4]) / use[5]
         order = sorted(flows, key=_LIMIT)
         active, i = len(order), 0
         while active:
             while order[i].level >= 0.0:
                 i += 1
-            at_cap = order[i].limit
             at_full, full = inf, None
             for use in shared:
-                if use[5]:
-                    level = (use[0] - use[4]) / use[5]
-                    if level < at_full:
-                        at_full, full = level, use
-            if full is None or at_cap <= at_full:
-                stopping, level = (order[i],), at_cap
+                if use[6] < at_full:
+                    at_full, full = use[6], use
+            if full is None:  # no shared resource still rises: every flow left stops at its cap
+                for flow in order[i:]:
+                    if flow.level < 0.0:
+                        flow.level = flow.limit
+                break
+            flow = order[i]
+            level = flow.limit
+            if level <= at_full:
+                stopping = (flow,)
             else:
                 stopping = [f for f in full[3] if f.level < 0.0]
                 level = at_full if at_full > 0.0 else 0.0
@@ -112,13 +130,15 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
                 use = flow.src.up_use
                 if use is not None:
                     use[4] += level
-                    use[5] -= 1
+                    rising = use[5] = use[5] - 1
+                    use[6] = (use[0] - use[4]) / rising if rising else inf
                 dst = flow.dst
                 if dst.down_tag == tag:
                     use = dst.down_use
                     if use is not None:
                         use[4] += level
-                        use[5] -= 1
+                        rising = use[5] = use[5] - 1
+                        use[6] = (use[0] - use[4]) / rising if rising else inf
     else:
         for flow in flows:
             flow.level = flow.limit
@@ -143,20 +163,6 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
         elif handle is not None:
             handle.cancel()
             flow.handle = None
-
-
-def load(port: Any, up: bool) -> float:
-    """The sum of the rates of `port`'s uploads (`up`) or downloads, summed afresh only after one
-    changed (a cache: every rate change and every flow added or removed clears it)."""
-    if up:
-        load = port.up_load
-        if load < 0.0:
-            load = port.up_load = sum([f.rate for f in port.up])
-    else:
-        load = port.down_load
-        if load < 0.0:
-            load = port.down_load = sum([f.rate for f in port.down])
-    return load
 
 
 _LIMIT = attrgetter("limit")

@@ -31,6 +31,7 @@ genuine manifest and every chunk.
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from relay.serving import ServingConfig
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import build_broadcast, fake_manifest, identity
 from simulations.dataplane import RelayWorld
-from simulations.engine import Engine
+from simulations.engine import Engine, quiet_gc
 from simulations.models import CRASH, HANG, JOIN, LEAVE, ChurnEvent, network_model
 from simulations.scenarios import BroadcastScenario
 
@@ -249,9 +250,11 @@ def build(sc: BroadcastScenario) -> BroadcastRun:
 def run_broadcast(sc: BroadcastScenario) -> tuple[dict[str, Any], list[dict[str, Any]], BroadcastRun]:
     """Run `sc`: (summary for results.json, one row per relay, the finished run)."""
     wall = time.perf_counter()
-    run = build(sc)
-    run.start()
-    run.run()
+    with quiet_gc():
+        run = build(sc)
+        gc.freeze()  # the world built so far lives to the end: keep it out of every collection
+        run.start()
+        run.run()
     wall_s = time.perf_counter() - wall
     return summarize(run, wall_s), peer_rows(run), run
 

@@ -24,19 +24,19 @@ What differs from `simulate_broadcast`'s defaults, and why:
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from relay.manifest import MAX_CHUNK_BYTES
 from relay.effects import SourceDropped
 from relay.transfer import TransferConfig
 from simulations.broadcast import MBIT, BroadcastResult, build_broadcast, run_broadcast_sim
+from simulations.engine import quiet_gc
 
 MIB = 2**20
 
@@ -96,7 +96,7 @@ def simulate_at_scale(peers: int = 10_000, checkpoint_bytes: int = 10**10, *, se
     config = scale_config(chunk_bytes, mean_upload / stripes, stripes)
     cpu = time.process_time()
     wall = time.perf_counter()
-    with _quiet_gc():
+    with quiet_gc():
         sim = build_broadcast(peers, checkpoint_bytes, upload_bps=upload_bps_range,
                               origin_upload_bps=origin_upload_bps, seed=seed, chunk_bytes=chunk_bytes, config=config)
         gc.freeze()  # the world built so far lives to the end: keep it out of every collection
@@ -106,19 +106,6 @@ def simulate_at_scale(peers: int = 10_000, checkpoint_bytes: int = 10**10, *, se
     dropped = sum(1 for _, _, event in sim.world.events if isinstance(event, SourceDropped))
     return ScaleResult(result, len(sim.signed.manifest.chunk_digests), config.stripes, built - wall, run_s,
                        time.process_time() - cpu, peak_rss_mib(), dropped)
-
-
-@contextlib.contextmanager
-def _quiet_gc() -> Iterator[None]:
-    """Collect cycles rarely while a big world runs (it makes few cycles, and each full
-    collection would walk every object of 10,000 peers); restore the collector after."""
-    threshold = gc.get_threshold()
-    gc.set_threshold(100_000, 50, 100)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
 
 
 def peak_rss_mib() -> float:
