@@ -44,8 +44,8 @@ import trio
 
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
-from p2pnet.handshake import NotAdmitted
 from p2pnet.files import atomic_write_bytes
+from p2pnet.handshake import NotAdmitted
 from relay.errors import VersionUnloadable
 from relay.loader import LOAD_FAILURES
 from trainer.diloco import digest
