@@ -137,7 +137,7 @@ class _Port:
     budget: ByteBudget | None = None  # paces what it serves, as the relay role does (`pace_uploads`)
     paced: dict[Any, Handle] = field(default_factory=dict)  # served requests waiting for the budget
     paced_to: dict[Any, _Port] = field(default_factory=dict)  # its own requests in another's `paced`: that port
-    up_load: float = -1.0  # sum of the rates of `up` (-1.0: not known, `fairshare.share` sums it afresh)
+    up_load: float = -1.0  # sum of the rates of `up` (-1.0: not known, `fairshare.load` sums it afresh)
     down_load: float = -1.0  # the same for `down`
 
 

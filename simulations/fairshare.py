@@ -53,7 +53,7 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
             else:
                 used = src.up_load
                 if used < 0.0:
-                    used = src.up_load = sum([f.rate for f in src.up])
+                    used = load(src, True)
                 left = src.upload_bps - used + flow.rate
             if left < limit:
                 limit = left if left > 0.0 else 0.0
@@ -72,7 +72,7 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
                 else:
                     used = dst.down_load
                     if used < 0.0:
-                        used = dst.down_load = sum([f.rate for f in dst.down])
+                        used = load(dst, False)
                     left = dst.download_bps - used + flow.rate
                 if left < limit:
                     limit = left if left > 0.0 else 0.0
@@ -86,20 +86,9 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
         flow.limit = limit
     for use in shared:  # what the flows of a shared resource that are not in `flows` leave them
         port, mine = use[1], use[3]
-        if use[2]:
-            if len(mine) == len(port.down):
-                continue
-            used = port.down_load
-            if used < 0.0:
-                used = port.down_load = sum([f.rate for f in port.down])
-        else:
-            if len(mine) == len(port.up):
-                continue
-            used = port.up_load
-            if used < 0.0:
-                used = port.up_load = sum([f.rate for f in port.up])
-        left = use[0] - (used - sum([f.rate for f in mine]))
-        use[0] = left if left > 0.0 else 0.0
+        if len(mine) != len(port.down if use[2] else port.up):
+            left = use[0] - (load(port, not use[2]) - sum([f.rate for f in mine]))
+            use[0] = left if left > 0.0 else 0.0
     if shared:
         for use in shared:
             use[6] = (use[0] - use[4]) / use[5]
@@ -163,6 +152,20 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
         elif handle is not None:
             handle.cancel()
             flow.handle = None
+
+
+def load(port: Any, up: bool) -> float:
+    """The sum of the rates of `port`'s uploads (`up`) or downloads, summed afresh only after one
+    changed (a cache: every rate change and every flow added or removed clears it)."""
+    if up:
+        load = port.up_load
+        if load < 0.0:
+            load = port.up_load = sum([f.rate for f in port.up])
+    else:
+        load = port.down_load
+        if load < 0.0:
+            load = port.down_load = sum([f.rate for f in port.down])
+    return load
 
 
 _LIMIT = attrgetter("limit")
