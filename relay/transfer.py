@@ -24,6 +24,10 @@ Failures, by who is at fault:
   again) and penalised through a `Penalise` effect; the chunk is fetched elsewhere.
 - `unreachable`: the connection failed, was reset, or ended inside a chunk (a killed peer).
   The source is excluded for `exclude_s`; its outstanding chunks are fetched elsewhere.
+- `not_admitted`: the source closed the connection after our hello: it has not heard our
+  heartbeat yet (its data plane serves only peers in its table). It is alive and in our plan,
+  so it is excluded for `not_admitted_s` only, without substitutes: its chunks go up its
+  stripes' chains to its ancestors meanwhile, and come back to it once it knows us.
 - `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
   The chunk is retried at the next candidate; the source stays usable for other chunks. Our
   parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
@@ -103,6 +107,7 @@ class TransferConfig:
     max_in_flight: int = 16
     stall_timeout_s: float = 30.0
     exclude_s: float = 60.0
+    not_admitted_s: float = 2.0  # about a heartbeat: then the source has heard of us
     announce_interval_s: float = 5.0
     corrupt_penalty: float = 5.0
     manifest_retry_s: float = 5.0
@@ -122,7 +127,7 @@ class TransferConfig:
         for name in ("stripes", "window_per_source", "max_in_flight", "announce_sample", "swarm_degree"):
             if getattr(self, name) < 1:
                 problems[name] = "must be >= 1"
-        for name in ("stall_timeout_s", "exclude_s", "announce_interval_s", "manifest_retry_s", "have_interval_s"):
+        for name in ("stall_timeout_s", "exclude_s", "not_admitted_s", "announce_interval_s", "manifest_retry_s", "have_interval_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
         if self.corrupt_penalty < 0:
@@ -392,13 +397,14 @@ class TransferCore(SourceChoice):
         return self._arm(now, effects)
 
     def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
-        """A fetch from `peer` failed: `corrupt`, `unreachable` or `unavailable` (see the top)."""
+        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted` or `unavailable`
+        (see the top)."""
         v = self._versions.get(version)
         effects: list[Any] = []
         if reason == "corrupt":
             self._ban(now, peer, effects)
-        elif reason == "unreachable":
-            self._exclude(now, peer, "unreachable", effects)
+        elif reason in ("unreachable", "not_admitted"):
+            self._exclude(now, peer, reason, effects)
         if v is None:
             return effects
         entry = v.in_flight.get(index)
@@ -407,7 +413,7 @@ class TransferCore(SourceChoice):
             if not v.have[index]:
                 if reason == "unavailable" and self._ask_parent_again(v, index, peer):
                     pass  # our parent is alive and behind: asking its ancestors would slow it more
-                elif reason != "store_full":  # our disk, not the source: it may be asked again
+                elif reason not in ("store_full", "not_admitted"):  # the source may be asked again
                     v.tried.setdefault(index, set()).add(peer)
                 _requeue(v, index)
         if not v.complete:
@@ -743,7 +749,8 @@ class TransferCore(SourceChoice):
             effects.append(DropSource(peer))
 
     def _exclude(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
-        self._excluded[peer] = now + self.config.exclude_s
+        config = self.config
+        self._excluded[peer] = now + (config.not_admitted_s if why == "not_admitted" else config.exclude_s)
         if why == "slow":
             self._slow.add(peer)
         else:
@@ -759,10 +766,10 @@ class TransferCore(SourceChoice):
 
     def _release_peer(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
         """Move every chunk outstanding at `peer` back to its stripe's retry queue, and (unless it
-        only stalled, see the top) borrow a substitute parent in each stripe where `peer` was the
+        only stalled or has not admitted us yet, see the top) borrow a substitute parent in each stripe where `peer` was the
         one we fetched from."""
         for v in self._versions.values():
-            if why != "stalled" and not v.complete and v.plan is not None:
+            if why not in ("stalled", "not_admitted") and not v.complete and v.plan is not None:
                 for s, chain in enumerate(v.chains):
                     if chain and chain[0] == peer:
                         v.chains[s] = self._chain(now, v.plan, s)

@@ -8,7 +8,8 @@ frame followed by exactly `length` raw bytes. An answer is handed to the role on
 expected length, received whole into a `Buffers` buffer (shared by every upstream, so a slow
 disk slows the reading instead of filling memory); the role hashes and stores it while the
 connection reads on. A connection that ends inside a chunk (a killed peer) fails every request
-still outstanding as `unreachable`, never as a short chunk; a source that answers a request we
+still outstanding as `unreachable`, never as a short chunk; a source that closes the connection
+after our hello (it has not heard our heartbeat yet) fails them as `not_admitted`; a source that answers a request we
 never sent, or with the wrong length, broke the protocol and is reported `corrupt`.
 
 This module must not touch the store or the transfer core directly: it reports to the role.
@@ -24,6 +25,7 @@ import trio
 
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import PeerUnavailable
+from p2pnet.handshake import NotAdmitted
 from relay.effects import Fetch
 from relay.manifest import MAX_CHUNK_BYTES
 from relay.messages import OP_CHUNK, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse
@@ -48,6 +50,7 @@ class Upstream:
         self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
         self._scope = trio.CancelScope()
         self._buffers = role.buffers
+        self._failure = "unreachable"  # how requests still outstanding fail when the connection ends
 
     @property
     def outstanding(self) -> int:
@@ -68,6 +71,8 @@ class Upstream:
                 stream = await self.role.open_stream(self.peer)
             except PeerUnavailable as exc:
                 log.info("source %s: %s", self.peer, exc)
+                if isinstance(exc, NotAdmitted):
+                    self._failure = "not_admitted"
             else:
                 async with stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._write, stream, nursery.cancel_scope)
@@ -134,13 +139,13 @@ class Upstream:
         pending, self._pending = list(self._pending.values()), {}
         with trio.CancelScope(shield=True):
             for fetch, _ in pending:
-                await self.role.report_failed(self.peer, fetch, "unreachable")
+                await self.role.report_failed(self.peer, fetch, self._failure)
             while True:  # requests not yet sent fail too
                 try:
                     fetch = self._receive.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-                await self.role.report_failed(self.peer, fetch, "unreachable")
+                await self.role.report_failed(self.peer, fetch, self._failure)
 
 
 class Buffers:

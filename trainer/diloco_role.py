@@ -57,6 +57,7 @@ import trio
 from p2pnet.config import from_mapping, validated
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
+from p2pnet.handshake import NotAdmitted
 from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
@@ -155,7 +156,7 @@ class _Links:
         except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
             log.info("diloco: sending to %s failed: %s", peer, exc)
             self.streams.pop(peer, None)
-            refused = isinstance(exc, PeerUnavailable) and isinstance(exc.__cause__, MessageRejected)
+            refused = isinstance(exc, NotAdmitted)
             if report_refusal or not refused:
                 await self.role.inbox_send.send(("failed", peer, None))
             return False

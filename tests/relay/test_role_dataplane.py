@@ -50,14 +50,14 @@ class FakeRole:
         self.told.append((reason, fetch.index))
 
 
-async def scripted_server(nursery: trio.Nursery, script) -> str:
+async def scripted_server(nursery: trio.Nursery, script, admit=lambda peer, channel: None) -> str:
     """A data-plane listener whose one connection runs `script(stream, requests)`."""
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
-            peer, channel = await server_handshake(stream, Codec(SOURCE), SOURCE.peer_id, lambda p, c: None)
+            peer, channel = await server_handshake(stream, Codec(SOURCE), SOURCE.peer_id, admit)
         except MessageRejected:
-            return  # a hello meant for another peer (the impostor test); the real data plane logs it
+            return  # not admitted, or a hello meant for another peer: closed without a word, as the real data plane does
         assert (peer, channel) == (ME.peer_id, "relay/chunks")
         reader = FrameReader(stream, max_frame_bytes=4096)
         requests = []
@@ -141,6 +141,24 @@ async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_ti
     assert elapsed[0] < 2.5 <= elapsed[1]  # 1,000 bytes on loopback take far less than the queue
     assert elapsed[1] - 2.5 < elapsed[0] + 1.0
     assert ChunkResponse.unpack(ChunkResponse(7, STATUS_OK, 3, 2**32 - 1).pack()).queued_s == pytest.approx(4294.967295)
+
+
+async def test_a_source_that_has_not_heard_of_us_yet_fails_requests_as_not_admitted():
+    """Its data plane closes after our hello (we are not in its table yet): that is no dead peer,
+    and the transfer core excludes it only briefly (`not_admitted`, tested in test_transfer)."""
+    async def never(stream, requests):
+        raise AssertionError("no request may pass a refused handshake")
+
+    async with trio.open_nursery() as nursery:
+        address = await scripted_server(nursery, never, admit=lambda peer, channel: "not in our table")
+        role = FakeRole(address)
+        upstream = Upstream(role, SOURCE.peer_id)
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+        with trio.fail_after(5):
+            await upstream.run()
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [("not_admitted", 0), ("not_admitted", 1)]
 
 
 async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_from():

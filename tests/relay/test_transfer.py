@@ -605,3 +605,29 @@ def test_a_chunk_asked_of_us_that_our_plan_puts_in_another_stripe_is_fetched_dow
     assert c.asked_for(0.2, 1, ours) == []  # our own stripe: already fetched in order
     c.fetched(0.3, elsewhere.peer, 1, elsewhere.index, 0.1)  # the first request's answer still counts
     assert c.has(1, elsewhere.index) and c.asked_for(0.4, 1, elsewhere.index) == []
+
+
+def test_a_parent_that_has_not_admitted_us_yet_is_skipped_briefly_then_asked_again():
+    """`not_admitted`: our parent closed the connection after our hello (its table lacks us for
+    a heartbeat or so). Its chunks go to its ancestors meanwhile, and after `not_admitted_s` the
+    stripe comes back to it; an unreachable parent is replaced for `exclude_s` instead."""
+    for why, back in (("not_admitted", True), ("unreachable", False)):
+        c, plan, first = _planned()
+        stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
+        parent, grandparent = plan.ancestors(stripe, "me")[:2]
+        mine = [f for f in first if plan.stripe_of_chunk[f.index] == stripe]
+        assert mine and {f.peer for f in mine} == {parent}
+        moved = fetches(c.fetch_failed(0.5, parent, 1, mine[0].index, why))
+        assert {f.index for f in moved} >= {f.index for f in mine}  # every chunk outstanding there
+        assert parent not in {f.peer for f in moved}
+        if back:
+            assert {f.peer for f in moved if f.index in {g.index for g in mine}} == {grandparent}
+        later = 0.5 + FAST.not_admitted_s + 0.1
+        pending = [f for f in moved + [f for f in first if f.peer != parent]]
+        asked_later = []
+        for f in pending[:4]:  # completions after the short exclusion pump more of our stripes
+            asked_later += fetches(c.fetched(later, f.peer, 1, f.index, 0.01))
+        asked_later += fetches(c.on_timer(later, "relay/tick"))
+        ours = {f.peer for f in asked_later if plan.stripe_of_chunk[f.index] == stripe}
+        assert ours, why
+        assert (parent in ours) == back, (why, ours)
