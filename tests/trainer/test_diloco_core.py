@@ -1,17 +1,22 @@
 """DiLoCo's pure cores: int8 quantization, the outer Nesterov step, contribution checks, and the
-all-reduce state machine driven in memory (several peers, a dead one, a cheating one)."""
+all-reduce state machine driven in memory (several peers, a dead one, a cheating one); and the
+role's membership decision (`_decide`) on a mock clock."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+import trio
+import trio.testing
 
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Rejection, check_contribution,
                             max_quantization_error, pack, packed_bytes, unpack)
-from trainer.diloco_messages import PIECE_VALUES, Join
+from trainer.diloco_messages import PIECE_VALUES, Join, Members
+from trainer.diloco_role import DilocoRole
 
 
 def test_int8_error_is_within_half_a_block_scale_and_bytes_are_a_quarter():
@@ -265,3 +270,42 @@ async def test_checkpoints_are_written_one_at_a_time_and_never_step_back_a_round
         await trio.testing.wait_all_tasks_blocked()  # both wait for the first write
         release.set()
     assert written == [1, 3] and role.checkpointed_round == 3  # round 2 waited, round 3 came: 3 written once
+
+
+def test_a_leader_that_takes_over_late_in_a_round_gets_its_own_time_to_decide():
+    """The lowest id fails us near the end of the leader timeout (our Join to it broke): the next
+    one leads. It is not suspected at its predecessor's deadline, a moment later, before its
+    Members can arrive: it gets the leader timeout of its own (the real `_decide`, mock clock)."""
+    deadline_s, d = 10.0, b"w" * 16
+    first, second, me = "a_first", "b_second", "c_me"
+
+    class Links:
+        async def send(self, peer, body, *, report_refusal=True):
+            return True
+
+    out = {}
+
+    async def main():
+        role = DilocoRole.__new__(DilocoRole)
+        entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in (first, second)]
+        role.node = SimpleNamespace(peer_id=me, peertable=SimpleNamespace(
+            with_role=lambda name: entries, is_banned=lambda peer, now: False))
+        role.config = SimpleNamespace(deadline_s=deadline_s)
+        role.inbox_send, role.inbox = trio.open_memory_channel(16)
+        role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
+
+        async def world():
+            await trio.sleep_until(0.1)
+            await role.inbox_send.send(("msg", second, Join(1, d, (first, me))))
+            await trio.sleep_until(1.9 * deadline_s)
+            await role.inbox_send.send(("failed", first, None))  # the first leader is gone
+            await trio.sleep_until(2.0 * deadline_s + 1.0)  # the second decides and tells us
+            await role.inbox_send.send(("msg", second, Members(1, d, (second, me))))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(world)
+            out["members"] = await role._decide(1, d, Links(), nursery)
+            out["suspects"] = set(role.suspects)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert out == {"members": (second, me), "suspects": {first}}
