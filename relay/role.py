@@ -553,6 +553,7 @@ class RelayRole:
                       request: tuple[ChunkRequest, bool], pending: trio.CapacityLimiter,
                       connection: trio.CancelScope) -> None:
         req, urgent = request
+        reserved: list[tuple[ByteBudget, int]] = []  # bytes paced for and not sent yet: refunded on the way out
         try:
             if req.op == OP_MANIFEST:
                 try:
@@ -567,7 +568,9 @@ class RelayRole:
                 held = self.store.holds(req.version, req.index)
             if self.config.serve_bytes_per_peer_s and held:  # a peer's budget is spent waiting, not holding a slot
                 budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
-                await trio.sleep(budget.reserve(trio.current_time(), self._size_of(req)))
+                nbytes = self._size_of(req)
+                reserved.append((budget, nbytes))
+                await trio.sleep(budget.reserve(trio.current_time(), nbytes))
             async with self._uploads.turn(client, req.version, req.index, urgent, held) as queued_s:
                 if queued_s is None or not self._matches(req.version, req.index, req.digest):
                     await self._respond(stream, send_lock, req.request_id, None)  # not here in time, or not this
@@ -575,11 +578,13 @@ class RelayRole:
                 size = self._size_of(req)
                 self.serving_now[client] = self.serving_now.get(client, 0) + 1
                 try:
+                    reserved.append((self._upload, size))
                     paced_s = self._upload.reserve(trio.current_time(), size)
                     await trio.sleep(paced_s)
                     queued_s += paced_s  # our upload budget is our slowness too: the requester times it
                     if not await self._verified(req.version, req.index):
                         raise ChunkMissing(f"chunk {req.index} of version {req.version} was rotten")
+                    reserved.clear()  # sending from here: spent, even if the requester goes away midway
                     if self.corrupt_chunks:
                         data = await trio.to_thread.run_sync(self.store.read_chunk, req.version, req.index)
                         await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:],
@@ -609,6 +614,8 @@ class RelayRole:
             log.error("serving chunk %d of version %d: %s", req.index, req.version, exc)
             connection.cancel()
         finally:
+            for budget, nbytes in reserved:
+                budget.refund(nbytes)
             pending.release_on_behalf_of(request)
 
     def _matches(self, version: int, index: int, digest: bytes) -> bool:

@@ -19,7 +19,8 @@ that forwards gets its urgent chunks one at a time (`urgent_per_peer`): two chun
 once would each arrive at half the rate, and it can forward neither until it holds it, so every
 hop of its stripe's tree would take twice as long (measured, homogeneous N = 1,023: 64 chunks
 1.55x the optimum with two at once, 1.22x with one).
-`ByteBudget`: a token bucket (one second of burst) for bytes served, to one peer or to all.
+`ByteBudget`: a token bucket (one second of burst) for bytes served, to one peer or to all;
+bytes reserved for a serve that never sent its first byte are refunded.
 `UploadMeter`: bytes sent while every upload slot was taken, over that time, in a sliding
 window: when the slots are all busy our upload is the bottleneck, so that rate is what we can
 deliver; the relay advertises it instead of its configured `upload_bps` when it is lower.
@@ -324,6 +325,11 @@ class ByteBudget:
         self._at = now
         self._tokens -= nbytes
         return max(0.0, -self._tokens / self.rate_bps)
+
+    def refund(self, nbytes: int) -> None:
+        """Give back bytes reserved but never sent (the serve was cancelled or refused before its
+        first byte); else those bytes would delay every later serve."""
+        self._tokens = min(self.rate_bps, self._tokens + nbytes)
 
 
 class UploadMeter:

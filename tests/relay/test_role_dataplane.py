@@ -306,6 +306,10 @@ def test_a_byte_budget_lets_a_burst_through_then_paces_a_peer_to_its_rate():
     assert budget.reserve(0.5, 500_000) == pytest.approx(0.5)  # half a second later: still in debt
     assert budget.reserve(10.0, 1) == 0.0  # a quiet peer gets its burst back (never more than one second)
     assert budget.reserve(10.0, 1_000_000) == pytest.approx(1e-6)
+    budget.refund(1_000_000)  # that serve was cancelled before its first byte
+    assert budget.reserve(10.0, 500_000) == 0.0
+    budget.refund(10**9)  # a refund never raises the burst beyond one second
+    assert budget.reserve(10.0, 1_000_000) == 0.0 and budget.reserve(10.0, 1) > 0.0
 
 
 def test_the_upload_meter_counts_only_time_when_every_slot_was_busy():

@@ -385,6 +385,31 @@ async def test_a_request_for_a_chunk_not_held_is_told_to_the_transfer_core(tmp_p
         nursery.cancel_scope.cancel()
 
 
+async def test_a_serve_cancelled_while_paced_gives_its_bytes_back_to_the_upload_budget(tmp_path, clock):
+    """A requester that goes away while its chunk waits for our upload budget (`--upload-bps`)
+    spent none of it: the next serve is paced as if that one never was (else every cancelled
+    request would delay every later one by its size)."""
+    from relay.messages import ChunkRequest, OP_CHUNK
+    from relay.serving import ByteBudget
+
+    h = Harness(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = await h.announce(1)
+        await h.until(lambda: h.complete(1), 30)
+        h.role._upload = budget = ByteBudget(CHUNK)  # one chunk a second
+        assert budget.reserve(trio.current_time(), CHUNK) == 0.0  # its one second of burst, spent
+        start = trio.current_time()
+        request = (ChunkRequest(OP_CHUNK, 1, 1, 0, signed.manifest.chunk_digests[0]), False)
+        pending = trio.CapacityLimiter(1)
+        await pending.acquire_on_behalf_of(request)
+        with trio.move_on_after(0.5):  # the requester hangs up half way through the wait
+            await h.role._answer(None, trio.Lock(), "asker", request, pending, trio.CancelScope())
+        assert trio.current_time() - start == pytest.approx(0.5)
+        assert budget.reserve(trio.current_time(), CHUNK) == pytest.approx(0.5)  # 1.5 s without the refund
+        nursery.cancel_scope.cancel()
+
+
 async def test_uploads_that_deliver_less_than_configured_are_advertised_as_measured(tmp_path, clock):
     h = Harness(tmp_path)  # configured: 100 MB/s
     local = LocalInfo(addrs=(), data_addr="", roles=("relay",), capacity=Capacity(10**8, 10**8, 10**9))
