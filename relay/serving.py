@@ -19,10 +19,29 @@ that forwards gets its urgent chunks one at a time (`urgent_per_peer`): two chun
 once would each arrive at half the rate, and it can forward neither until it holds it, so every
 hop of its stripe's tree would take twice as long (measured, homogeneous N = 1,023: 64 chunks
 1.55x the optimum with two at once, 1.22x with one).
+A serve that has lasted `linger_factor` times our typical serving time (the 25th percentile of
+the last `LINGER_SAMPLES` serves that held their slot to the end, once there are
+`LINGER_MIN_SAMPLES`) lingers: it stops holding its slot and goes on sending, and the next
+queued request gets the slot; at most `linger_cap` x the slots linger at once (past that a long
+serve keeps its slot as before). Why: a receiver with a small download (home links download
+at most a few times their small upload) takes a chunk many times longer than the rest of our
+children; with 16 slots a fast parent of a few such receivers had every slot held by them for
+12-15 s a chunk, and everyone else waited in its queue (2,000 relays, 10 GB, exact views: the
+last relays completed at 1.13-1.29x their own S/download). Measured (seed 1, BENCHMARKS.md):
+2,000 relays, 10 GB, exact views 1.156x the bound -> 1.012x; 1,000 relays, 1 GB, the four
+worlds 1.08 / 1.07 / 1.11 / 1.08 -> 1.02 each. 64 slots instead gave 1.010x there but cost 3x
+the simulator's time and made worlds with unlimited downloads slower (a source splits its upload
+over more chunks at once and each arrives later); there every chunk of a source takes about as
+long, so none lingers and those worlds are unchanged. A lingering serve still counts against
+its requester's `per_peer` and `urgent_per_peer` (a slow receiver gets no more chunks at once),
+not as an urgent request holding a slot (`_urgent_hold_all_but_one`). `full` counts the slots
+only: a slot freed by a lingering serve is free (a request would be served at once, and what
+keeps that chunk going is its receiver, not our upload).
 `ByteBudget`: a token bucket (one second of burst) for bytes served, to one peer or to all.
-`UploadMeter`: bytes sent while every upload slot was taken, over that time, in a sliding
-window: when the slots are all busy our upload is the bottleneck, so that rate is what we can
-deliver; the relay advertises it instead of its configured `upload_bps` when it is lower.
+`UploadMeter`: bytes sent while every upload slot was taken (`ServingCore.full`), over that
+time, in a sliding window: when the slots are all busy our upload is the bottleneck, so that rate
+(lingering serves' bytes included) is what we can deliver; the relay advertises it instead of its
+configured `upload_bps` when it is lower.
 
 Everything here is pure (the caller passes the time). This module must not do I/O.
 """
@@ -60,8 +79,8 @@ class ServingConfig:
     per_peer: int = 0
     urgent_per_peer: int = 1
     wait_limit_s: float = 10.0
-    linger_factor: float = 2.0
-    linger_cap: int = 3
+    linger_factor: float = 1.5
+    linger_cap: int = 2
 
     def check(self) -> dict[str, str]:
         problems = {}

@@ -8,7 +8,9 @@ Theory of operation. A `Fetch` travels to the source in one link latency. What t
 with it is decided by its serving core, the real relay's (`relay.serving.ServingCore`): at most
 `slots` chunks served at once, urgent first, round robin across requesters; a request for a
 chunk it does not hold yet waits until its own transfer core stores that chunk (the long poll)
-and is answered "unavailable" after the wait limit.
+and is answered "unavailable" after the wait limit; a chunk served for too long (a slow
+receiver) stops holding its slot. The core is woken at its `next_deadline` for the wait limits,
+and for those releases while requests are queued (`_arm_expiry`).
 
 Bandwidth: two-sided max-min fairness, as TCP flows sharing links roughly get. Every upload
 and every limited download is a resource; a flow uses its source's upload and its sink's
