@@ -29,7 +29,8 @@ children; with 16 slots a fast parent of a few such receivers had every slot hel
 12-15 s a chunk, and everyone else waited in its queue (2,000 relays, 10 GB, exact views: the
 last relays completed at 1.13-1.29x their own S/download). Measured (seed 1, BENCHMARKS.md):
 2,000 relays, 10 GB, exact views 1.156x the bound -> 1.012x; 1,000 relays, 1 GB, the four
-worlds 1.08 / 1.07 / 1.11 / 1.08 -> 1.02 each. 64 slots instead gave 1.010x there but cost 3x
+worlds 1.08 / 1.07 / 1.11 / 1.08 -> 1.02 each; but 2,000 relays, 10 GB with 10% of relays at a
+tenth of their upload 1.22x -> 1.54x and 6.0 -> 14.5 origin copies (not traced). 64 slots instead gave 1.010x there but cost 3x
 the simulator's time and made worlds with unlimited downloads slower (a source splits its upload
 over more chunks at once and each arrives later); there every chunk of a source takes about as
 long, so none lingers and those worlds are unchanged. A lingering serve still counts against
