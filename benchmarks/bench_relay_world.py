@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulations.hostile import run_broadcast  # noqa: E402
 from simulations.models import GBIT, Bandwidth  # noqa: E402
-from simulations.scenarios import EXACT_WORLD, broadcast  # noqa: E402
+from simulations.scenarios import EXACT_WORLD, broadcast, with_params  # noqa: E402
 
 WORLDS = {
     "exact": {"view_miss": 0.0, "slow_fraction": 0.0},
@@ -70,7 +70,11 @@ def main() -> int:
     parser.add_argument("--no-pace", dest="pace", action="store_false",
                         help="relays share their upload among every chunk they serve at once instead of pacing "
                              "what they serve at their advertised upload as the relay role does (the default)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a scenario setting for every run (`simulations.scenarios.BroadcastScenario`), "
+                             "e.g. upload_linger=0")
     args = parser.parse_args()
+    args.set = dict(spec.split("=", 1) for spec in args.set)
     if args.mww:
         return mww(args)
     rows = []
@@ -80,7 +84,7 @@ def main() -> int:
         for protocol, settings in ((p, PROTOCOLS[p]) for p in args.protocols):
             sc = dataclasses.replace(broadcast(args.peers, args.seed), checkpoint_bytes=int(args.gb * 1e9),
                                      pace_uploads=args.pace, **changes, **settings)
-            s, _, _ = run_broadcast(sc)
+            s, _, _ = run_broadcast(with_params(sc, args.set))
             dropped = s["sources_dropped"]
             row = {"world": world, "protocol": protocol, **{k: s[k] for k in (
                 "peers", "checkpoint_bytes", "chunks", "time_to_all_s", "lower_bound_s", "ratio_to_bound",
@@ -137,7 +141,7 @@ def mww(args: argparse.Namespace) -> int:
                                          origin_upload_bps=GBIT, regional_latency=False, local_latency_s=0.0005,
                                          pace_uploads=args.pace,
                                          **{**EXACT_WORLD, "download_ratio": 1.0, "view_miss": miss}, **settings)
-                s, _, _ = run_broadcast(sc)
+                s, _, _ = run_broadcast(with_params(sc, args.set))
                 rows.append({"chunks": chunks, "views": views, "protocol": protocol,
                              "time_to_all_s": s["time_to_all_s"], "optimum_s": round(optimum, 6),
                              "ratio_to_optimum": round(s["time_to_all_s"] / optimum, 4),

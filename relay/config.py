@@ -27,6 +27,7 @@ class RelayConfig:
     budget_bytes: int = 64 * GIB  # disk the store may use (each version counted whole)
     keep_versions: int = 3  # complete versions kept by garbage collection
     max_concurrent_uploads: int = 16  # chunks we serve at once (window-limited links need several)
+    upload_linger: float = 1.5  # a chunk served this many times our typical serving time frees its upload slot (0: off)
     max_concurrent_downloads: int = 8  # chunks we fetch at once
     stall_timeout_s: float = 30.0  # a transfer that moves no byte this long is abandoned
     request_timeout_s: float = 10.0  # a chunk request unanswered this long is retried elsewhere
@@ -58,6 +59,8 @@ class RelayConfig:
                      "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
+        if not (self.upload_linger == 0 or 1.0 <= self.upload_linger < float("inf")):
+            problems["upload_linger"] = "must be 0 (off) or in [1, inf)"
         if self.serve_bytes_per_peer_s < 0:
             problems["serve_bytes_per_peer_s"] = "must be >= 0 (0: no cap)"
         if self.layout not in ("striped", "tree", "star"):

@@ -16,7 +16,9 @@ batches, one round trip for all that finished meanwhile.
 The server side answers a request once it holds the chunk (waiting up to `request_timeout_s`
 for it to arrive: this is how chunks are forwarded as soon as they are verified), serving at
 most `max_concurrent_uploads` at once (more when the core asks for them with `ServeAtOnce`:
-all our children, in a plan of small fan-outs), requests flagged urgent (the requester forwards that
+all our children, in a plan of small fan-outs; a chunk served for `upload_linger` times our
+typical serving time stops holding its slot: a slow downloader does not hold up the others),
+requests flagged urgent (the requester forwards that
 stripe) first (`relay.serving.ServingCore`, the same core the simulator drives, through
 `relay.uploads`), each chunk sent from its file by `os.sendfile` (the page cache
 is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a token
@@ -156,7 +158,8 @@ class RelayRole:
         self._upstreams: dict[str, Upstream] = {}
         self._meter = UploadMeter()
         self._uploads = Uploads(ServingConfig(slots=self.config.max_concurrent_uploads,
-                                              wait_limit_s=self.config.request_timeout_s), on_full=self._uploads_full)
+                                              wait_limit_s=self.config.request_timeout_s,
+                                              linger_factor=self.config.upload_linger), on_full=self._uploads_full)
         self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
         self._upload = ByteBudget(float(node.config.upload_bps))  # everything we serve, together
         self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](math.inf)

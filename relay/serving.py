@@ -19,22 +19,46 @@ that forwards gets its urgent chunks one at a time (`urgent_per_peer`): two chun
 once would each arrive at half the rate, and it can forward neither until it holds it, so every
 hop of its stripe's tree would take twice as long (measured, homogeneous N = 1,023: 64 chunks
 1.55x the optimum with two at once, 1.22x with one).
+A serve that has lasted `linger_factor` times our typical serving time (the 25th percentile of
+the last `LINGER_SAMPLES` serves that held their slot to the end, once there are
+`LINGER_MIN_SAMPLES`) lingers: it stops holding its slot and goes on sending, and the next
+queued request gets the slot; at most `linger_cap` x the slots linger at once (past that a long
+serve keeps its slot as before). Why: a receiver with a small download (home links download
+at most a few times their small upload) takes a chunk many times longer than the rest of our
+children; with 16 slots a fast parent of a few such receivers had every slot held by them for
+12-15 s a chunk, and everyone else waited in its queue (2,000 relays, 10 GB, exact views: the
+last relays completed at 1.13-1.29x their own S/download). Measured (seed 1, BENCHMARKS.md):
+2,000 relays, 10 GB, exact views 1.156x the bound -> 1.012x; 1,000 relays, 1 GB, the four
+worlds 1.08 / 1.07 / 1.11 / 1.08 -> 1.02 each; but 2,000 relays, 10 GB with 10% of relays at a
+tenth of their upload 1.22x -> 1.54x and 6.0 -> 14.5 origin copies (not traced). 64 slots instead gave 1.010x there but cost 3x
+the simulator's time and made worlds with unlimited downloads slower (a source splits its upload
+over more chunks at once and each arrives later); there every chunk of a source takes about as
+long, so none lingers and those worlds are unchanged. A lingering serve still counts against
+its requester's `per_peer` and `urgent_per_peer` (a slow receiver gets no more chunks at once),
+not as an urgent request holding a slot (`_urgent_hold_all_but_one`). `full` counts the slots
+only: a slot freed by a lingering serve is free (a request would be served at once, and what
+keeps that chunk going is its receiver, not our upload).
 `ByteBudget`: a token bucket (one second of burst) for bytes served, to one peer or to all;
 bytes reserved for a serve that never sent its first byte are refunded.
-`UploadMeter`: bytes sent while every upload slot was taken, over that time, in a sliding
-window: when the slots are all busy our upload is the bottleneck, so that rate is what we can
-deliver; the relay advertises it instead of its configured `upload_bps` when it is lower.
+`UploadMeter`: bytes sent while every upload slot was taken (`ServingCore.full`), over that
+time, in a sliding window: when the slots are all busy our upload is the bottleneck, so that rate
+(lingering serves' bytes included) is what we can deliver; the relay advertises it instead of its
+configured `upload_bps` when it is lower.
 
 Everything here is pure (the caller passes the time). This module must not do I/O.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Hashable
 
 from p2pnet.config import validated
+
+LINGER_SAMPLES = 64  # completed serves the typical serving time is taken from
+LINGER_MIN_SAMPLES = 8  # no serve lingers before we have timed this many
 
 
 @validated
@@ -44,12 +68,21 @@ class ServingConfig:
     slots); `urgent_per_peer`: of those, urgent ones (the requester forwards them) at most (0:
     `per_peer`); the requester's next urgent chunk waits in our queue, so no round trip is lost
     between two; `wait_limit_s`: how long a request for a chunk we do not hold yet waits for it
-    before it is answered "unavailable" (the requester then asks elsewhere)."""
+    before it is answered "unavailable" (the requester then asks elsewhere).
+    `linger_factor`: a chunk served for longer than this many times our typical serving time
+    (the 25th percentile of our last `LINGER_SAMPLES` completed serves, once we have
+    `LINGER_MIN_SAMPLES`) stops holding its slot and goes on sending: a slow downloader no longer
+    keeps our other requesters waiting (0: off; below 1 most serves would stop holding their
+    slot, so the slots would no longer bound anything). `linger_cap`: at most this many times
+    the slots such lingering serves at once (each is still a flow our upload is shared with;
+    at the cap, a long serve keeps its slot as before)."""
 
     slots: int = 16
     per_peer: int = 0
     urgent_per_peer: int = 1
     wait_limit_s: float = 10.0
+    linger_factor: float = 1.5
+    linger_cap: int = 2
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -61,6 +94,10 @@ class ServingConfig:
             problems["urgent_per_peer"] = "must be >= 0 (0: per_peer)"
         if not self.wait_limit_s > 0:
             problems["wait_limit_s"] = "must be > 0"
+        if not (self.linger_factor == 0 or 1.0 <= self.linger_factor < float("inf")):
+            problems["linger_factor"] = "must be 0 (off) or in [1, inf): below 1 a typical serve would linger"
+        if not 1 <= self.linger_cap <= 16:
+            problems["linger_cap"] = "must be in [1, 16] (times the slots)"
         return problems
 
 
@@ -81,6 +118,18 @@ class Refuse:
     """Answer `token` "unavailable": the chunk did not arrive within the wait limit."""
 
     token: Hashable
+
+
+@dataclass(slots=True)
+class _Serving:
+    """A request being served: it holds a slot until `done`, or until it lingers."""
+
+    token: Hashable
+    peer: str
+    urgent: bool
+    start: float
+    lingering: bool = False
+    over: bool = False  # `done` was called (its entry in `_order` is skipped)
 
 
 @dataclass(slots=True)
@@ -113,7 +162,14 @@ class ServingCore:
         self.urgent_per_peer = min(self.per_peer, self.config.urgent_per_peer or self.per_peer)
         self.free = self.config.slots
         self.slots = self.config.slots  # `set_slots` may raise it
-        self._serving: dict[Hashable, tuple[str, bool]] = {}  # token -> (peer, urgent), while it holds a slot
+        self._serving: dict[Hashable, _Serving] = {}  # token -> its serve, until `done` (lingering or not)
+        self._order: deque[_Serving] = deque()  # serves holding a slot in start order (and skipped ones)
+        self._lingering = 0  # serves that stopped holding a slot (`linger_factor`)
+        self._lingering_urgent = 0  # of them, urgent ones
+        self._recent: deque[float] = deque()  # durations of the last LINGER_SAMPLES serves that held a slot to the end
+        self._sorted: list[float] = []  # the same, sorted (the typical time is a percentile of them)
+        self._linger_after: float | None = None  # linger_factor x the typical serving time, once known
+        self._linger_limit = self.config.linger_cap * self.slots
         self._held_urgent: dict[str, int] = {}  # peer -> slots it holds for urgent requests
         self._held: dict[str, int] = {}  # peer -> slots it holds
         self._queues: tuple[OrderedDict[str, deque[_Ask]], ...] = (OrderedDict(), OrderedDict())  # urgent, normal
@@ -148,14 +204,20 @@ class ServingCore:
 
     def done(self, now: float, token: Hashable) -> list[Serve | Refuse]:
         """The answer to `token` was sent (or failed): its slot is free."""
-        entry = self._serving.pop(token, None)
-        if entry is None:
+        serve = self._serving.pop(token, None)
+        if serve is None:
             return []
-        peer, urgent = entry
-        self.free += 1
-        _decrement(self._held, peer)
-        if urgent:
-            _decrement(self._held_urgent, peer)
+        serve.over = True
+        if serve.lingering:
+            self._lingering -= 1
+            self._lingering_urgent -= serve.urgent
+        else:
+            self.free += 1
+            if self.config.linger_factor:
+                self._sample(now - serve.start)
+        _decrement(self._held, serve.peer)
+        if serve.urgent:
+            _decrement(self._held_urgent, serve.peer)
         return self._grant(now)
 
     def set_slots(self, now: float, slots: int) -> list[Serve | Refuse]:
@@ -166,6 +228,7 @@ class ServingCore:
         slots = max(self.config.slots, slots)
         self.free += slots - self.slots
         self.slots = slots
+        self._linger_limit = self.config.linger_cap * slots
         return self._grant(now)
 
     def cancel(self, token: Hashable) -> None:
@@ -226,7 +289,9 @@ class ServingCore:
         return {a.peer for a in self._queued.values()} | {a.peer for asks in self._waiting.values() for a in asks}
 
     def expire(self, now: float) -> list[Serve | Refuse]:
-        """Refuse the waiting requests whose wait limit has passed."""
+        """Refuse the waiting requests whose wait limit has passed; serves that have lasted
+        `linger_factor` times the typical serving time stop holding their slot (queued requests
+        get them)."""
         out: list[Serve | Refuse] = []
         deadlines = self._deadlines
         while deadlines and deadlines[0].deadline <= now:
@@ -239,18 +304,70 @@ class ServingCore:
                 if not asks:
                     del self._waiting[ask.key]
             out.append(Refuse(ask.token))
+        if self._order and self._linger_after is not None:
+            out.extend(self._grant(now))  # `_grant` releases the serves due first
         return out
 
-    def next_deadline(self) -> float | None:
-        """When the earliest waiting request expires (None: nothing waits)."""
+    def next_deadline(self, releases: bool = True) -> float | None:
+        """When `expire` next has something to do: the earliest waiting request's wait limit or
+        the next serve's release from its slot (None: neither). `releases` False leaves the
+        releases out: a release that comes due is also made by the next call that grants slots,
+        so a shell that does not watch `full` (the simulator) needs its time only while
+        requests are queued."""
         deadlines = self._deadlines
         while deadlines and deadlines[0].deadline < 0:
             deadlines.popleft()
-        return deadlines[0].deadline if deadlines else None
+        out = deadlines[0].deadline if deadlines else None
+        if releases:
+            release = self._next_release()
+            if release is not None and (out is None or release < out):
+                out = release
+        return out
+
+    @property
+    def queued(self) -> int:
+        """Requests for chunks we hold that wait for a slot."""
+        return len(self._queued)
 
     def status(self) -> dict[str, int]:
-        return {"slots": self.slots, "serving": len(self._serving), "queued": len(self._queued),
-                "waiting": sum(len(a) for a in self._waiting.values())}
+        """`serving`: chunks being sent, `lingering` of them without a slot."""
+        return {"slots": self.slots, "serving": len(self._serving), "lingering": self._lingering,
+                "queued": len(self._queued), "waiting": sum(len(a) for a in self._waiting.values())}
+
+    def _sample(self, seconds: float) -> None:
+        """Keep the duration of a serve that held its slot to the end; the typical serving time
+        is the 25th percentile of the last LINGER_SAMPLES (kept sorted: a bisect per serve)."""
+        recent, ordered = self._recent, self._sorted
+        if len(recent) == LINGER_SAMPLES:
+            del ordered[bisect_left(ordered, recent.popleft())]
+        recent.append(seconds)
+        insort(ordered, seconds)
+        if len(ordered) >= LINGER_MIN_SAMPLES:
+            self._linger_after = self.config.linger_factor * ordered[len(ordered) // 4]
+
+    def _next_release(self) -> float | None:
+        """When the oldest serve holding a slot lingers (None: none can, not yet or at the cap)."""
+        if self._linger_after is None or self._lingering >= self._linger_limit:
+            return None
+        order = self._order
+        while order and order[0].over:
+            order.popleft()
+        return order[0].start + self._linger_after if order else None
+
+    def _release(self, now: float) -> None:
+        """Serves held longer than `_linger_after` stop holding their slot, oldest first, up to
+        the cap."""
+        order, after = self._order, self._linger_after
+        while self._lingering < self._linger_limit:
+            while order and order[0].over:
+                order.popleft()
+            if not order or order[0].start + after > now:
+                return
+            serve = order.popleft()
+            serve.lingering = True
+            self._lingering += 1
+            self._lingering_urgent += serve.urgent
+            self.free += 1
 
     def _enqueue(self, ask: _Ask) -> None:
         queues = self._queues[0 if ask.urgent else 1]
@@ -261,6 +378,8 @@ class ServingCore:
         self._queued[ask.token] = ask
 
     def _grant(self, now: float) -> list[Serve | Refuse]:
+        if self._linger_after is not None and self._order:
+            self._release(now)
         out: list[Serve | Refuse] = []
         while self.free > 0:
             ask = self._next()
@@ -270,7 +389,9 @@ class ServingCore:
             self._held[ask.peer] = self._held.get(ask.peer, 0) + 1
             if ask.urgent:
                 self._held_urgent[ask.peer] = self._held_urgent.get(ask.peer, 0) + 1
-            self._serving[ask.token] = (ask.peer, ask.urgent)
+            serve = self._serving[ask.token] = _Serving(ask.token, ask.peer, ask.urgent, now)
+            if self.config.linger_factor:
+                self._order.append(serve)
             out.append(Serve(ask.token, max(0.0, now - ask.ready_at)))
         return out
 
@@ -299,7 +420,7 @@ class ServingCore:
         then a waiting request that is not urgent goes first, so that a forwarder with more
         children that forward than slots (a fast member high in its home stripe) does not starve
         its leaves."""
-        return sum(self._held_urgent.values()) >= max(1, self.slots - 1)
+        return sum(self._held_urgent.values()) - self._lingering_urgent >= max(1, self.slots - 1)
 
 
 def _decrement(counts: dict[str, int], peer: str) -> None:

@@ -5,8 +5,14 @@ queued_s` waits until the core gives the request an upload slot (`queued_s`: the
 waited for the slot once we held the chunk, told to the requester in the answer's header; send
 the chunk, the slot is freed when the block ends) or refuses it because the chunk did not
 arrive within the wait limit (`queued_s` None: answer "unavailable"). `arrived(version, index)` tells
-the core a chunk is now held; `run()` refuses requests whose wait limit passed. The decisions
-are the core's; this module only waits on trio events and keeps no policy of its own.
+the core a chunk is now held; `run()` wakes the core at its `next_deadline`: it refuses requests
+whose wait limit passed and releases the slots of serves that lasted too long
+(`ServingConfig.linger_factor`: the chunk goes on, the next queued request is served). The
+decisions are the core's; this module only waits on trio events and keeps no policy of its own.
+`on_full` follows the core's `full` (every slot held by a serve that has not lingered, so a new
+request would wait): a serve that lingers frees its slot for that notion too, because a slow
+receiver, not our upload, is what keeps it going (`relay.serving.UploadMeter` measures our
+upload only while requests would wait for it).
 """
 
 from __future__ import annotations
@@ -26,16 +32,20 @@ class Uploads:
         self._on_full = on_full  # told True when the last slot is taken, False when one is free again
         self._events: dict[object, trio.Event] = {}
         self._granted: dict[object, float | None] = {}  # token -> seconds queued, None: refused
-        self._waits_changed = trio.Event()
+        self._waits_changed = trio.Event()  # set when the core's next deadline came earlier than `_wake_at`
+        self._wake_at = math.inf  # when `run` wakes next
         self._full = False
 
     async def run(self) -> None:
-        """Refuse waiting requests as their wait limit passes (runs until cancelled)."""
+        """Refuse waiting requests as their wait limit passes and release slots as serves
+        linger (runs until cancelled)."""
         while True:
             deadline = self.core.next_deadline()
-            with trio.move_on_at(deadline if deadline is not None else math.inf):
+            self._wake_at = deadline if deadline is not None else math.inf
+            with trio.move_on_at(self._wake_at):
                 await self._waits_changed.wait()
             self._waits_changed = trio.Event()
+            self._wake_at = -math.inf  # awake: no need to be woken
             self._apply(self.core.expire(trio.current_time()))
 
     @asynccontextmanager
@@ -44,8 +54,6 @@ class Uploads:
         token = object()
         event = self._events[token] = trio.Event()
         self._apply(self.core.ask(trio.current_time(), token, peer, version, index, urgent, held))
-        if not held:
-            self._waits_changed.set()
         try:
             await event.wait()
         except BaseException:
@@ -76,6 +84,9 @@ class Uploads:
             if event is not None:
                 self._granted[action.token] = action.queued_s if isinstance(action, Serve) else None
                 event.set()
+        deadline = self.core.next_deadline()  # a new wait, a new serve, a new typical serving time
+        if deadline is not None and deadline < self._wake_at:
+            self._waits_changed.set()
         if self.core.full != self._full:
             self._full = self.core.full
             self._on_full(self._full)

@@ -8,7 +8,9 @@ Theory of operation. A `Fetch` travels to the source in one link latency. What t
 with it is decided by its serving core, the real relay's (`relay.serving.ServingCore`): at most
 `slots` chunks served at once, urgent first, round robin across requesters; a request for a
 chunk it does not hold yet waits until its own transfer core stores that chunk (the long poll)
-and is answered "unavailable" after the wait limit.
+and is answered "unavailable" after the wait limit; a chunk served for too long (a slow
+receiver) stops holding its slot. The core is woken at its `next_deadline` for the wait limits,
+and for those releases while requests are queued (`_arm_expiry`).
 
 Bandwidth: two-sided max-min fairness, as TCP flows sharing links roughly get. Every upload
 and every limited download is a resource; a flow uses its source's upload and its sink's
@@ -121,7 +123,8 @@ class _Port:
     download_bps: float
     serving: ServingCore
     core_index: int
-    expiry: Handle | None = None  # when the serving core next refuses a request that waited too long
+    expiry: Handle | None = None  # when the serving core next refuses a request or releases a slot (`_arm_expiry`)
+    expiry_at: float = 0.0  # `expiry`'s time
     up: list[_Flow] = field(default_factory=list)
     down: list[_Flow] = field(default_factory=list)
     hung: bool = False
@@ -321,13 +324,22 @@ class RelayWorld(SimWorld):
             self._serve(source_id, port, actions)
         if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`)
             self._apply(source, port.core_index, core.asked_for(self.engine.now, fetch.version, fetch.index))
-        if not held and port.expiry is None:
+        if not held or not actions:
             self._arm_expiry(source_id, port)
 
     def _arm_expiry(self, source_id: str, port: _Port) -> None:
-        deadline = port.serving.next_deadline()
-        if deadline is not None:
-            port.expiry = self.engine.at(deadline, self._expire, source_id, port)
+        """Wake the serving core at its next deadline if that is earlier than the one armed: a
+        waiting request's wait limit, or, while requests are queued, a long serve's release from
+        its slot (`ServingConfig.linger_factor`; with nothing queued the next grant releases it
+        as well, and nothing here watches `full`)."""
+        serving = port.serving
+        deadline = serving.next_deadline(releases=serving.queued > 0)
+        if deadline is None or (port.expiry is not None and port.expiry_at <= deadline):
+            return
+        if port.expiry is not None:
+            port.expiry.cancel()
+        port.expiry_at = deadline
+        port.expiry = self.engine.at(deadline, self._expire, source_id, port)
 
     def _expire(self, source_id: str, port: _Port) -> None:
         port.expiry = None
@@ -352,6 +364,8 @@ class RelayWorld(SimWorld):
         "unavailable" (the requester hears it one latency later). `ended`: one of the source's
         flows just ended (its sink's port is `sink`), so the source's upload and that download are
         shared again even if nothing new starts."""
+        if port.serving.queued:
+            self._arm_expiry(source_id, port)  # a slot may be released before one is freed
         now = self.engine.now
         up = port.up
         started = []

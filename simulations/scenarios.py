@@ -26,6 +26,7 @@ from typing import Any, Callable, Union
 
 from p2pnet.config import validated
 from p2pnet.errors import ConfigError
+from relay.serving import ServingConfig
 from simulations.models import GBIT, MBIT, Bandwidth, Churn, Partition, RegionMix
 
 STRATEGIES = ("relay", "tree4", "star", "chain", "tree", "swarm")
@@ -57,7 +58,10 @@ class BroadcastScenario:
     asymmetric; 1 is symmetric). `slow_fraction` of the relays deliver 1/`slow_factor` of the
     upload they advertise. `window_bytes`: one connection carries at most window / round trip
     (TCP; 6 MiB is Linux's default tcp_rmem maximum). `upload_slots`: chunks a relay serves at
-    once (`[relay] max_concurrent_uploads`). `stable_plan` False plans stripes by capacity as
+    once (`[relay] max_concurrent_uploads`); `upload_linger` and `upload_linger_cap`: a chunk
+    served for longer than `upload_linger` times the relay's typical serving time stops holding
+    its slot, at most `upload_linger_cap` x the slots at once (`relay.serving.ServingConfig`
+    `linger_factor` and `linger_cap`; 0: off). `stable_plan` False plans stripes by capacity as
     before (see `relay.planner.plan_broadcast`): the baseline for experiments. `pace_uploads`:
     each relay paces what it serves at its advertised upload, chunk by chunk, as the relay role
     does (`relay.serving.ByteBudget`); on by default, as the real peer does it.
@@ -94,6 +98,8 @@ class BroadcastScenario:
     slow_factor: float = 2.0
     window_bytes: float = 6 * 2**20
     upload_slots: int = 16
+    upload_linger: float = ServingConfig.linger_factor
+    upload_linger_cap: int = ServingConfig.linger_cap
     stable_plan: bool = True
     pace_uploads: bool = True
     seed: int = 0
@@ -109,6 +115,10 @@ class BroadcastScenario:
         for name in ("view_classes", "upload_slots"):
             if getattr(self, name) < 1:
                 problems[name] = "must be >= 1"
+        if not (self.upload_linger == 0 or 1.0 <= self.upload_linger < math.inf):  # as `ServingConfig` checks
+            problems["upload_linger"] = "must be 0 (off) or in [1, inf)"
+        if not 1 <= self.upload_linger_cap <= 16:
+            problems["upload_linger_cap"] = "must be in [1, 16]"
         for name in ("download_ratio", "slow_factor"):
             if not getattr(self, name) >= 1.0:
                 problems[name] = "must be >= 1 (inf: no limit)" if name == "download_ratio" else "must be >= 1"

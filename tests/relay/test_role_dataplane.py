@@ -261,7 +261,7 @@ def test_a_departed_peer_is_forgotten_and_the_core_says_when_every_slot_is_taken
     core.ask(0, "a4", "a", 1, 9, False, False)
     assert sorted(core.drop_peer("a")) == ["a3", "a4"]
     assert core.done(1, "a1") == [] and not core.full
-    assert core.status() == {"slots": 2, "serving": 1, "queued": 0, "waiting": 0}
+    assert core.status() == {"slots": 2, "serving": 1, "lingering": 0, "queued": 0, "waiting": 0}
 
 
 async def test_the_trio_shell_waits_for_its_turn_and_tells_when_the_slots_are_full(autojump_clock):
