@@ -10,9 +10,7 @@ old entry comes up it is pushed again as exactly that entry (`(new time, that se
 order in which events run is the one cancelling and scheduling anew gives, without an entry per
 move: the data plane re-times a flow's end every time its rate changes, mostly later (another
 flow joined its upload or download). Moved earlier, the old entry is cancelled and a new one
-pushed; those dead entries are dropped all at once when they are a quarter of the heap (left
-alone, they were 46% of a 10,000-relay run's 141,000 entries, and every one cost a pop). The
-engine knows nothing about networks.
+pushed. The engine knows nothing about networks.
 
 `quiet_gc()` is for a big run's process: the cycle collector runs rarely while it is in effect
 (events make few cycles; at the default threshold the collector took a tenth of a 1,000-relay
@@ -24,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import random
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from typing import Any, Callable, Iterator
 
 
@@ -53,7 +51,6 @@ class Engine:
         self.now = 0.0
         self._queue: list[tuple[float, int, Handle, Callable[..., Any], tuple[Any, ...]]] = []
         self._sequence = 0
-        self._dead = 0  # entries of events moved earlier still in the heap (about)
         self.events_run = 0
 
     def at(self, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
@@ -78,23 +75,10 @@ class Engine:
             handle.sequence = sequence
             handle.due = when
             return handle
-        if handle.sequence > 0:  # moved earlier: its entry stays behind, dead
-            self._dead += 1
-            if self._dead > len(self._queue) >> 2:
-                handle.sequence = 0
-                self._compact()
         handle.sequence = 0
         handle = Handle(when, sequence)
         heappush(self._queue, (when, sequence, handle, callback, args))
         return handle
-
-    def _compact(self) -> None:
-        """Drop the entries of events moved earlier (cancelled): a quarter of the heap. Entries
-        are ordered by `(time, sequence)`, unique, so the order the rest run in is unchanged."""
-        queue = self._queue
-        queue[:] = [entry for entry in queue if entry[2].sequence]
-        heapify(queue)
-        self._dead = 0
 
     def pending(self) -> int:
         return len(self._queue)
@@ -115,8 +99,6 @@ class Engine:
                 if sequence:  # moved later: pushed again as the entry a fresh `at` would have made
                     when = handle.entry = handle.due
                     push(queue, (when, sequence, handle, callback, args))
-                else:
-                    self._dead -= 1
                 continue
             self.now = when
             handle.sequence = -1  # ran: a later retime schedules anew, a cancel does nothing

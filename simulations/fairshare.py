@@ -93,15 +93,14 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
         for use in shared:
             use[6] = (use[0] - use[4]) / use[5]
         order = sorted(flows, key=_LIMIT)
-        active, i, scan = len(order), 0, True
+        active, i = len(order), 0
         while active:
             while order[i].level >= 0.0:
                 i += 1
-            if scan:  # the fullest resource: the first of the lowest level (kept while it stays so)
-                at_full, full = inf, None
-                for use in shared:
-                    if use[6] < at_full:
-                        at_full, full = use[6], use
+            at_full, full = inf, None
+            for use in shared:
+                if use[6] < at_full:
+                    at_full, full = use[6], use
             if full is None:  # no shared resource still rises: every flow left stops at its cap
                 for flow in order[i:]:
                     if flow.level < 0.0:
@@ -111,11 +110,9 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
             level = flow.limit
             if level <= at_full:
                 stopping = (flow,)
-                scan = False  # a flow stopping at or below that level only raises its resources' levels
             else:
                 stopping = [f for f in full[3] if f.level < 0.0]
                 level = at_full if at_full > 0.0 else 0.0
-                scan = True
             for flow in stopping:
                 flow.level = level
                 active -= 1
@@ -124,8 +121,6 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
                     use[4] += level
                     rising = use[5] = use[5] - 1
                     use[6] = (use[0] - use[4]) / rising if rising else inf
-                    if use is full or use[6] <= at_full:
-                        scan = True
                 dst = flow.dst
                 if dst.down_tag == tag:
                     use = dst.down_use
@@ -133,8 +128,6 @@ def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -
                         use[4] += level
                         rising = use[5] = use[5] - 1
                         use[6] = (use[0] - use[4]) / rising if rising else inf
-                        if use is full or use[6] <= at_full:
-                            scan = True
     else:
         for flow in flows:
             flow.level = flow.limit

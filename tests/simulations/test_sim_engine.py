@@ -1,6 +1,5 @@
 """The event engine: moving an event (`Engine.retime`) runs events in the order that cancelling
-it and scheduling it anew gives, ties included, though a move later keeps its heap entry and the
-entries moves earlier leave behind are dropped in bulk."""
+it and scheduling it anew gives, ties included, though a move later keeps its heap entry."""
 
 from __future__ import annotations
 
@@ -80,21 +79,3 @@ def test_retime_of_a_handle_that_ran_or_was_cancelled_schedules_the_event_anew()
     assert ran == [("first", 1.0), ("again", 2.0), ("new", 4.0)]
     assert again is not done and revived is not cancelled
     assert engine.events_run == 3
-
-
-def test_entries_left_by_events_moved_earlier_are_dropped_and_the_order_holds() -> None:
-    engine = Engine(0)
-    ran: list[tuple[float, int]] = []
-
-    def fire(i: int) -> None:
-        ran.append((engine.now, i))
-
-    handles = [engine.at(100.0 + i // 2, fire, i) for i in range(100)]  # pairs tie: order by sequence
-    most = 0
-    for step in range(1, 30):  # every event moves earlier: each move leaves a dead entry behind
-        handles = [engine.retime(h, 100.0 - step + i // 2, fire, i) for i, h in enumerate(handles)]
-        most = max(most, engine.pending())
-    assert most <= 100 + 100 // 3 + 1  # dropped once they are a quarter of the heap (29 x 100 left alone)
-    engine.run()
-    assert ran == [(71.0 + i // 2, i) for i in range(100)]
-    assert engine.events_run == 100
