@@ -587,14 +587,13 @@ class RelayRole:
                     queued_s += paced_s  # our upload budget is our slowness too: the requester times it
                     if not await self._verified(req.version, req.index):
                         raise ChunkMissing(f"chunk {req.index} of version {req.version} was rotten")
-                    reserved.clear()  # sending from here: spent, even if the requester goes away midway
                     if self.corrupt_chunks:
                         data = await trio.to_thread.run_sync(self.store.read_chunk, req.version, req.index)
                         await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:],
-                                            queued_s=queued_s)
+                                            queued_s=queued_s, reserved=reserved)
                     else:
                         await self._respond(stream, send_lock, req.request_id,
-                                            self.store.segments(req.version, req.index), size, queued_s)
+                                            self.store.segments(req.version, req.index), size, queued_s, reserved)
                     self.served[client] = self.served.get(client, 0) + 1
                     self.bytes_served += size
                     self.bytes_served_to[client] = self.bytes_served_to.get(client, 0) + size
@@ -644,11 +643,13 @@ class RelayRole:
 
     async def _respond(self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int,
                        payload: bytes | list[tuple[Path, int, int]] | None, length: int = 0,
-                       queued_s: float = 0.0) -> None:
+                       queued_s: float = 0.0, reserved: list[tuple[ByteBudget, int]] | None = None) -> None:
         """Send one answer: `payload` bytes, the file pieces a chunk lies in (sent by the kernel,
         `length` bytes in all), or None for "unavailable"; `queued_s` (how long it waited for our
         upload) goes in the header. TooSlowError if the requester does not take it within
-        `send_timeout_s` (a reader that stops reading must not hold a slot)."""
+        `send_timeout_s` (a reader that stops reading must not hold a slot). `reserved` (the
+        budget paced for it, refunded by the caller if it is still there) is emptied as the
+        header goes out: from then on those bytes are spent."""
         if payload is None:
             status, length = STATUS_UNAVAILABLE, 0
         else:
@@ -660,6 +661,8 @@ class RelayRole:
             async with send_lock:
                 with trio.fail_after(self.config.send_timeout_s):
                     queued_us = min(MAX_QUEUED_US, max(0, round(queued_s * 1e6)))
+                    if reserved is not None:
+                        reserved.clear()
                     await send_frame(stream, ChunkResponse(request_id, status, length, queued_us).pack())
                     if isinstance(payload, bytes):
                         await stream.send_all(payload)

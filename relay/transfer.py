@@ -27,7 +27,9 @@ Failures, by who is at fault:
 - `not_admitted`: the source closed the connection after our hello: it has not heard our
   heartbeat yet (its data plane serves only peers in its table). It is alive and in our plan,
   so it is excluded for `not_admitted_s` only, without substitutes: its chunks go up its
-  stripes' chains to its ancestors meanwhile, and come back to it once it knows us.
+  stripes' chains to its ancestors meanwhile, and come back to it once it knows us. A source
+  that refuses us `NOT_ADMITTED_TRIES` times in a row (it banned us, or dropped us from its
+  table) is treated as unreachable from then on.
 - `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
   The chunk is retried at the next candidate; the source stays usable for other chunks. Our
   parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
@@ -97,6 +99,7 @@ TIMER_HAVE = "relay/have"  # the swarm layout: tell our neighbours what we hold 
 LAYOUTS = ("striped", "tree", "star", "swarm")
 SWARM = -1  # the "stripe" of a swarm request (no plan, no stripes)
 RATE_EWMA = 0.3
+NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before a source counts as unreachable
 
 
 @validated
@@ -202,6 +205,7 @@ class TransferCore(SourceChoice):
         self._members = Membership.of({self_id: self_upload_bps})
         self._versions: dict[int, _Version] = {}
         self._excluded: dict[str, float] = {}
+        self._refused: dict[str, int] = {}  # source -> `not_admitted` refusals in a row
         self._slow: set[str] = set()  # excluded only for delivering too little: alive, asked before the origin
         self._banned: set[str] = set()
         self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
@@ -336,6 +340,8 @@ class TransferCore(SourceChoice):
             return []
         entry = v.in_flight.get(index)
         stripe = None
+        if self._refused:
+            self._refused.pop(peer, None)
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=True)
             stripe = entry[1]
@@ -403,7 +409,10 @@ class TransferCore(SourceChoice):
         effects: list[Any] = []
         if reason == "corrupt":
             self._ban(now, peer, effects)
-        elif reason in ("unreachable", "not_admitted"):
+        elif reason == "not_admitted" and self._excluded.get(peer, 0.0) <= now:  # one refusal, not one per fetch
+            self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
+            self._exclude(now, peer, "not_admitted" if refusals < NOT_ADMITTED_TRIES else "unreachable", effects)
+        elif reason == "unreachable":
             self._exclude(now, peer, reason, effects)
         if v is None:
             return effects
@@ -750,7 +759,8 @@ class TransferCore(SourceChoice):
 
     def _exclude(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
         config = self.config
-        self._excluded[peer] = now + (config.not_admitted_s if why == "not_admitted" else config.exclude_s)
+        until = now + (config.not_admitted_s if why == "not_admitted" else config.exclude_s)
+        self._excluded[peer] = max(until, self._excluded.get(peer, until))  # a late refusal never shortens an exclusion
         if why == "slow":
             self._slow.add(peer)
         else:

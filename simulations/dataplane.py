@@ -52,7 +52,7 @@ connection), requests queued at p fail, later requests to p fail after one laten
 `hang(p)` is a stopped process: p answers nothing and its flows freeze, so only the requester's
 stall detection can notice. Either way p's own requests paced at other sources end at once and
 free their slots (each port indexes its requests paced elsewhere: no scan over all ports); the
-budget they reserved is not given back, as in the relay role. `partition(groups)` cuts the data
+budget they reserved is given back (they sent nothing), as in the relay role. `partition(groups)` cuts the data
 plane too: flows, queued and paced requests across the cut are dropped silently, requests and manifest fetches across it are never
 answered (again, only stall detection notices), until `heal()`.
 
@@ -221,7 +221,7 @@ class RelayWorld(SimWorld):
     def _cancel_paced_to(self, sink: _Port) -> None:
         """`sink`'s peer crashed or stopped: its requests paced at other sources end now and free
         their upload slots (the relay's reader loop ends with the connection and cancels the
-        paced answer). The budget they reserved is not given back, as in the relay role."""
+        paced answer). The budget they reserved is given back, as in the relay role."""
         for request, source in list(sink.paced_to.items()):
             self._cancel_paced(source, request)
 
@@ -239,6 +239,8 @@ class RelayWorld(SimWorld):
         """Forget `request`, paced at `source`, and give its upload slot to the next request."""
         del request.port.paced_to[request]
         source.paced.pop(request).cancel()
+        if source.budget is not None:
+            source.budget.refund(request.fetch.size)
         actions = source.serving.done(self.engine.now, request)
         if actions:
             self._serve(request.fetch.peer, source, actions)

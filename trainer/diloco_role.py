@@ -318,7 +318,7 @@ class DilocoRole:
             invited &= self.heard
         own = set(invited)  # leader candidates on our own account (Membership.leader)
         leader_deadline = trio.current_time() + 2 * self.config.deadline_s
-        followed = me  # the leader we wait for Members from; a new one gets its own time to decide
+        followed, timed = me, set()  # the leader we wait for Members from; those given their own time to decide
         while True:
             # a peer some member waits for (named in its Join), or whose Join reached us, is one we
             # wait for too: every member then picks its leader from the same peers. Else a joiner
@@ -335,7 +335,9 @@ class DilocoRole:
             leader = membership.leader(own, invited, self.suspects)
             if leader != followed:  # the last one failed us, or a lower id joined: not its predecessor's rest of time
                 followed = leader
-                leader_deadline = max(leader_deadline, now + 2 * self.config.deadline_s)
+                if leader not in timed:  # once per peer and round: a leader that comes and goes cannot hold the round
+                    timed.add(leader)
+                    leader_deadline = max(leader_deadline, now + 2 * self.config.deadline_s)
             if leader == me:
                 decided = membership.decided(now)
                 if decided is not None:

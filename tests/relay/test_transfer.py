@@ -631,3 +631,29 @@ def test_a_parent_that_has_not_admitted_us_yet_is_skipped_briefly_then_asked_aga
         ours = {f.peer for f in asked_later if plan.stripe_of_chunk[f.index] == stripe}
         assert ours, why
         assert (parent in ours) == back, (why, ours)
+
+
+def test_a_parent_that_keeps_refusing_us_counts_as_unreachable_and_a_late_refusal_never_shortens_an_exclusion():
+    """Three refusals in a row (it banned us, or dropped us from its table) and the parent is
+    excluded for `exclude_s`, like a dead one; one refusal per connection, however many fetches
+    it fails. A refusal heard while the parent is excluded for longer changes nothing."""
+    c, plan, first = _planned()
+    stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
+    parent = plan.ancestors(stripe, "me")[0]
+    mine = [f for f in first if plan.stripe_of_chunk[f.index] == stripe]
+    t = 0.5
+    for attempt in range(3):
+        for f in mine:  # every fetch of that connection fails, once excluded the rest count for nothing
+            c.fetch_failed(t, parent, 1, f.index, "not_admitted")
+        until = c._excluded[parent]
+        assert until == pytest.approx(t + (FAST.not_admitted_s if attempt < 2 else FAST.exclude_s)), attempt
+        t = until + 0.1
+    c.fetch_failed(0.6, parent, 1, mine[0].index, "not_admitted")  # late: within the long exclusion
+    assert c._excluded[parent] == pytest.approx(until)
+    c2, plan2, first2 = _planned()
+    f = next(f for f in first2 if f.peer == parent)
+    c2.fetch_failed(1.0, parent, 1, f.index, "not_admitted")
+    c2.fetched(1.5, parent, 1, next(g for g in first2 if g.peer == parent and g.index != f.index).index, 0.01)
+    for t in (3.5, 6.0):  # it served us in between: the count started over, two refusals are not three
+        c2.fetch_failed(t, parent, 1, f.index, "not_admitted")
+        assert c2._excluded[parent] == pytest.approx(t + FAST.not_admitted_s)

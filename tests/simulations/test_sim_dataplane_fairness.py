@@ -187,13 +187,14 @@ def test_a_stopped_source_answers_nothing_and_sends_nothing() -> None:
 
 def test_a_sink_that_gives_up_on_a_paced_source_frees_its_slot_for_the_next_requester() -> None:
     # b's DropSource cancels its paced answer; c takes the slot at once, and starts when the
-    # budget allows: 1.5 s later, since b's reserved bytes are not given back (nor in the relay role)
+    # budget allows: b's reserved bytes are given back (as in the relay role), so at 1 s, 0.5 s
+    # after its grant, and moves for 1 s (3 s without the refund)
     engine, world, ids, log = _paced_three()
     world.apply(ids["b"], [DropSource(ids["src"])])
     src = world.ports[ids["src"]]
     assert [r.sink for r in src.paced] == [ids["c"]] and src.serving.status()["queued"] == 0
     engine.run()
-    assert log == [(1.0, "a", "fetched", 0, 1.0), (3.0, "c", "fetched", 2, 3.0)]
+    assert log == [(1.0, "a", "fetched", 0, 1.0), (2.0, "c", "fetched", 2, 2.0)]
     assert world.transfer_stats["flows"] == 2
 
 
@@ -207,7 +208,7 @@ def test_a_sink_that_crashes_or_stops_frees_its_paced_slot_at_once() -> None:
         assert [r.sink for r in src.paced] == [ids["c"]] and src.serving.status()["queued"] == 0
         assert not world.ports[ids["b"]].paced_to
         engine.run()
-        assert log == [(1.0, "a", "fetched", 0, 1.0), (3.0, "c", "fetched", 2, 3.0)]
+        assert log == [(1.0, "a", "fetched", 0, 1.0), (2.0, "c", "fetched", 2, 2.0)]
         assert world.transfer_stats["flows"] == 2
 
 
@@ -221,5 +222,5 @@ def test_a_partition_drops_a_paced_request_across_the_cut_even_if_it_heals_befor
     engine.run(until=0.9)
     world.heal()
     engine.run()
-    assert log == [(1.0, "a", "fetched", 0, 1.0), (3.0, "c", "fetched", 2, 3.0)]
+    assert log == [(1.0, "a", "fetched", 0, 1.0), (2.0, "c", "fetched", 2, 2.0)]
     assert world.transfer_stats["flows"] == 2

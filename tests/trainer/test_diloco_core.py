@@ -272,13 +272,14 @@ async def test_checkpoints_are_written_one_at_a_time_and_never_step_back_a_round
     assert written == [1, 3] and role.checkpointed_round == 3  # round 2 waited, round 3 came: 3 written once
 
 
-def test_a_leader_that_takes_over_late_in_a_round_gets_its_own_time_to_decide():
-    """The lowest id fails us near the end of the leader timeout (our Join to it broke): the next
-    one leads. It is not suspected at its predecessor's deadline, a moment later, before its
-    Members can arrive: it gets the leader timeout of its own (the real `_decide`, mock clock)."""
-    deadline_s, d = 10.0, b"w" * 16
-    first, second, me = "a_first", "b_second", "c_me"
+DEADLINE_S, DIGEST = 10.0, b"w" * 16
+FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
+
+def _decide(script) -> dict:
+    """Run the role's real `_decide` for round 1 at ME (FIRST < SECOND < ME known as trainers)
+    on a mock clock; `script` is [(time, event)] put in its inbox. What it returned, whom it
+    suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
             return True
@@ -287,25 +288,45 @@ def test_a_leader_that_takes_over_late_in_a_round_gets_its_own_time_to_decide():
 
     async def main():
         role = DilocoRole.__new__(DilocoRole)
-        entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in (first, second)]
-        role.node = SimpleNamespace(peer_id=me, peertable=SimpleNamespace(
+        entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in (FIRST, SECOND)]
+        role.node = SimpleNamespace(peer_id=ME, peertable=SimpleNamespace(
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
-        role.config = SimpleNamespace(deadline_s=deadline_s)
+        role.config = SimpleNamespace(deadline_s=DEADLINE_S)
         role.inbox_send, role.inbox = trio.open_memory_channel(16)
         role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
 
         async def world():
-            await trio.sleep_until(0.1)
-            await role.inbox_send.send(("msg", second, Join(1, d, (first, me))))
-            await trio.sleep_until(1.9 * deadline_s)
-            await role.inbox_send.send(("failed", first, None))  # the first leader is gone
-            await trio.sleep_until(2.0 * deadline_s + 1.0)  # the second decides and tells us
-            await role.inbox_send.send(("msg", second, Members(1, d, (second, me))))
+            for at, event in script:
+                await trio.sleep_until(at)
+                await role.inbox_send.send(event)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world)
-            out["members"] = await role._decide(1, d, Links(), nursery)
+            out["members"] = await role._decide(1, DIGEST, Links(), nursery)
             out["suspects"] = set(role.suspects)
+            out["t"] = trio.current_time()
+            nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert out == {"members": (second, me), "suspects": {first}}
+    return out
+
+
+def test_a_leader_that_takes_over_late_in_a_round_gets_its_own_time_to_decide():
+    """The lowest id fails us near the end of the leader timeout (our Join to it broke): the next
+    one leads. It is not suspected at its predecessor's deadline, a moment later, before its
+    Members can arrive: it gets the leader timeout of its own."""
+    out = _decide([(0.1, ("msg", SECOND, Join(1, DIGEST, (FIRST, ME)))),
+                   (1.9 * DEADLINE_S, ("failed", FIRST, None)),  # the first leader is gone
+                   (2.0 * DEADLINE_S + 1.0, ("msg", SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
+
+
+def test_a_leader_that_comes_back_gets_no_new_time():
+    """A leader that failed us and speaks again leads again, but with the time it had: once per
+    peer and round, else one that comes and goes without deciding would hold the round."""
+    out = _decide([(0.1, ("msg", SECOND, Join(1, DIGEST, (FIRST, ME)))),
+                   (1.0 * DEADLINE_S, ("failed", FIRST, None)),  # SECOND leads, until 3 x deadline
+                   (1.5 * DEADLINE_S, ("msg", FIRST, Join(1, DIGEST, (SECOND, ME)))),  # FIRST is back, leads
+                   (3.3 * DEADLINE_S, ("msg", SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    assert out["suspects"] == {FIRST}  # suspected at 3 x deadline, not given until 3.5 x
+    assert out["t"] == pytest.approx(3.3 * DEADLINE_S)
