@@ -20,7 +20,7 @@ once would each arrive at half the rate, and it can forward neither until it hol
 hop of its stripe's tree would take twice as long (measured, homogeneous N = 1,023: 64 chunks
 1.55x the optimum with two at once, 1.22x with one).
 A serve that has lasted `linger_factor` times our typical serving time (the 25th percentile of
-the last `LINGER_SAMPLES` serves that held their slot to the end, once there are
+the last `LINGER_SAMPLES` serves, lingering ones included, once there are
 `LINGER_MIN_SAMPLES`) lingers: it stops holding its slot and goes on sending, and the next
 queued request gets the slot; at most `linger_cap` x the slots linger at once (past that a long
 serve keeps its slot as before). Why: a receiver with a small download (home links download
@@ -28,9 +28,12 @@ at most a few times their small upload) takes a chunk many times longer than the
 children; with 16 slots a fast parent of a few such receivers had every slot held by them for
 12-15 s a chunk, and everyone else waited in its queue (2,000 relays, 10 GB, exact views: the
 last relays completed at 1.13-1.29x their own S/download). Measured (seed 1, BENCHMARKS.md):
-2,000 relays, 10 GB, exact views 1.156x the bound -> 1.012x; 1,000 relays, 1 GB, the four
-worlds 1.08 / 1.07 / 1.11 / 1.08 -> 1.02 each; but 2,000 relays, 10 GB with 10% of relays at a
-tenth of their upload 1.22x -> 1.54x and 6.0 -> 14.5 origin copies (not traced). 64 slots instead gave 1.010x there but cost 3x
+2,000 relays, 10 GB, exact views 1.156x the bound -> 1.049x; but with 10% of relays at a tenth
+of their upload 1.22x -> 1.37x and 6.0 -> 15.9 origin copies. Lingering serves are timed too:
+timing only the serves that kept their slot, a source whose own upload is the bottleneck kept
+the short typical time of its first serves, its later serves (sharing its upload with more)
+all lingered up to the cap, 48 chunks at once each at a third of the rate: 1.54x there (1.012x
+exact). 64 slots instead gave 1.010x there but cost 3x
 the simulator's time and made worlds with unlimited downloads slower (a source splits its upload
 over more chunks at once and each arrives later); there every chunk of a source takes about as
 long, so none lingers and those worlds are unchanged. A lingering serve still counts against
@@ -166,7 +169,7 @@ class ServingCore:
         self._order: deque[_Serving] = deque()  # serves holding a slot in start order (and skipped ones)
         self._lingering = 0  # serves that stopped holding a slot (`linger_factor`)
         self._lingering_urgent = 0  # of them, urgent ones
-        self._recent: deque[float] = deque()  # durations of the last LINGER_SAMPLES serves that held a slot to the end
+        self._recent: deque[float] = deque()  # durations of the last LINGER_SAMPLES serves, lingering or not
         self._sorted: list[float] = []  # the same, sorted (the typical time is a percentile of them)
         self._linger_after: float | None = None  # linger_factor x the typical serving time, once known
         self._linger_limit = self.config.linger_cap * self.slots
@@ -213,8 +216,8 @@ class ServingCore:
             self._lingering_urgent -= serve.urgent
         else:
             self.free += 1
-            if self.config.linger_factor:
-                self._sample(now - serve.start)
+        if self.config.linger_factor:  # lingering serves too: else a source whose own upload is
+            self._sample(now - serve.start)  # the bottleneck keeps a typical time from before its serves piled up
         _decrement(self._held, serve.peer)
         if serve.urgent:
             _decrement(self._held_urgent, serve.peer)
@@ -335,7 +338,7 @@ class ServingCore:
                 "queued": len(self._queued), "waiting": sum(len(a) for a in self._waiting.values())}
 
     def _sample(self, seconds: float) -> None:
-        """Keep the duration of a serve that held its slot to the end; the typical serving time
+        """Keep the duration of a finished serve (lingering or not); the typical serving time
         is the 25th percentile of the last LINGER_SAMPLES (kept sorted: a bisect per serve)."""
         recent, ordered = self._recent, self._sorted
         if len(recent) == LINGER_SAMPLES:

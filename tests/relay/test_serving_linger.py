@@ -1,6 +1,6 @@
 """Lingering serves (`relay.serving.ServingConfig.linger_factor`): a chunk served for longer than
 `linger_factor` times the source's typical serving time (the 25th percentile of its last 64
-completed serves, once it has 8) stops holding its upload slot, at most `linger_cap` x the slots
+completed serves, lingering ones included, once it has 8) stops holding its upload slot, at most `linger_cap` x the slots
 at once; and the relay's trio shell (`relay.uploads.Uploads`) wakes the core at that time, with
 its "every slot busy" notion (`on_full`, which the upload meter follows) freed with the slot.
 """
@@ -163,3 +163,34 @@ async def test_the_trio_shell_releases_at_the_deadline_and_full_follows_the_slot
     assert ("slow2", 16.0, 0.0) in served
     assert [(round(t, 6), f) for t, f in fulls if t >= 12.0] == [(12.0, True), (15.0, False), (16.0, True),
                                                                 (18.0, False)]
+
+
+def test_a_source_whose_own_upload_is_the_bottleneck_stops_lingering_once_its_serves_slow_down():
+    """Our upload (one chunk a second, shared by every chunk being sent) is the bottleneck: more
+    chunks at once only make each slower. Our first serves ran alone (1 s each: the typical time);
+    then requests pile up, every serve shares the upload and passes 1.5 x that time. Lingering
+    serves are timed too, so the typical time follows them and lingering stops, back to the
+    slots; timing only serves that kept their slot froze it at 1 s, and every serve lingered,
+    at the cap for good (6 chunks at once, each at a sixth of the upload: review 12)."""
+    core = ServingCore(ServingConfig(slots=2, per_peer=1, linger_factor=1.5, linger_cap=2))
+    now = _timed(core, [1.0] * LINGER_MIN_SAMPLES)
+    left: dict = {}  # token -> chunk left to send
+    asked, step, at_once = 0, 0.01, []
+    for _ in range(int(600 / step)):
+        now += step
+        while core.status()["queued"] < 4:  # requesters always waiting, from many peers
+            asked += 1
+            for action in core.ask(now, asked, f"p{asked}", 1, asked, False, True):
+                left[action.token] = 1.0
+        for action in core.expire(now):
+            left.setdefault(action.token, 1.0)
+        share = step / max(1, len(left))
+        for token in list(left):
+            left[token] -= share
+            if left[token] <= 1e-9:
+                del left[token]
+                for action in core.done(now, token):
+                    left[action.token] = 1.0
+        at_once.append(len(left))
+    late = at_once[-int(100 / step):]  # the last 100 s
+    assert max(late) <= 3 and core.status()["lingering"] <= 1
