@@ -72,9 +72,14 @@ async def scripted_server(nursery: trio.Nursery, script, admit=lambda peer, chan
     return f"{host}:{port}"
 
 
-async def fetch_two(script) -> list[tuple]:
+async def fetch_two(script, **server) -> list[tuple]:
+    return (await fetch_two_with(script, **server)).told
+
+
+async def fetch_two_with(script, **server) -> FakeRole:
+    """Chunks 0 (urgent) and 1 from a `scripted_server`; the role, with what it was told."""
     async with trio.open_nursery() as nursery:
-        address = await scripted_server(nursery, script)
+        address = await scripted_server(nursery, script, **server)
         role = FakeRole(address)
         upstream = Upstream(role, SOURCE.peer_id)
         upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
@@ -82,7 +87,7 @@ async def fetch_two(script) -> list[tuple]:
         with trio.fail_after(5):
             await upstream.run()
         nursery.cancel_scope.cancel()
-    return role.told
+    return role
 
 
 async def test_a_source_that_dies_inside_a_chunk_is_unreachable_never_a_short_chunk():
@@ -117,8 +122,6 @@ async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_ti
     """The source's header says how long each request waited for its upload (its queue, not its
     long poll): a source with more requesters than its upload can feed is timed as slow as it
     is, although each chunk's bytes move fast once sent."""
-    roles = []
-
     async def script(stream, requests):
         (a, _), (b, _) = requests
         await send_frame(stream, ChunkResponse(a.request_id, STATUS_OK, 1000, queued_us=0).pack())
@@ -126,17 +129,7 @@ async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_ti
         await send_frame(stream, ChunkResponse(b.request_id, STATUS_OK, 1000, queued_us=2_500_000).pack())
         await stream.send_all(b"b" * 1000)
 
-    async with trio.open_nursery() as nursery:
-        address = await scripted_server(nursery, script)
-        role = FakeRole(address)
-        roles.append(role)
-        upstream = Upstream(role, SOURCE.peer_id)
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
-        with trio.fail_after(5):
-            await upstream.run()
-        nursery.cancel_scope.cancel()
-    elapsed = roles[0].elapsed
+    elapsed = (await fetch_two_with(script)).elapsed
     assert sorted(elapsed) == [0, 1]
     assert elapsed[0] < 2.5 <= elapsed[1]  # 1,000 bytes on loopback take far less than the queue
     assert elapsed[1] - 2.5 < elapsed[0] + 1.0
@@ -149,16 +142,8 @@ async def test_a_source_that_has_not_heard_of_us_yet_fails_requests_as_not_admit
     async def never(stream, requests):
         raise AssertionError("no request may pass a refused handshake")
 
-    async with trio.open_nursery() as nursery:
-        address = await scripted_server(nursery, never, admit=lambda peer, channel: "not in our table")
-        role = FakeRole(address)
-        upstream = Upstream(role, SOURCE.peer_id)
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
-        with trio.fail_after(5):
-            await upstream.run()
-        nursery.cancel_scope.cancel()
-    assert sorted(role.told) == [("not_admitted", 0), ("not_admitted", 1)]
+    told = await fetch_two(never, admit=lambda peer, channel: "not in our table")
+    assert sorted(told) == [("not_admitted", 0), ("not_admitted", 1)]
 
 
 async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_from():
