@@ -394,7 +394,10 @@ class ServingCore:
                 self._held_urgent[ask.peer] = self._held_urgent.get(ask.peer, 0) + 1
             serve = self._serving[ask.token] = _Serving(ask.token, ask.peer, ask.urgent, now)
             if self.config.linger_factor:
-                self._order.append(serve)
+                order = self._order
+                order.append(serve)
+                if len(order) > 4 * self.slots + 64:  # finished serves behind a long one (at the cap nothing pops them)
+                    self._order = deque(s for s in order if not s.over)
             out.append(Serve(ask.token, max(0.0, now - ask.ready_at)))
         return out
 

@@ -194,3 +194,38 @@ def test_a_source_whose_own_upload_is_the_bottleneck_stops_lingering_once_its_se
         at_once.append(len(left))
     late = at_once[-int(100 / step):]  # the last 100 s
     assert max(late) <= 3 and core.status()["lingering"] <= 1
+
+
+def test_a_lingering_urgent_serve_no_longer_counts_as_an_urgent_request_holding_a_slot():
+    """Urgent requests go first until they hold every slot but one (then a waiting normal one
+    goes before them): an urgent serve that lingers holds no slot, so it does not count there,
+    and the next urgent request gets the freed slot (review 12's case)."""
+    core = ServingCore(ServingConfig(slots=3, per_peer=1, linger_factor=2.0, linger_cap=1))
+    now = _timed(core, [1.0] * LINGER_MIN_SAMPLES)
+    core.ask(now, "u1", "a", 1, 100, True, True)
+    core.ask(now + 1.5, "u2", "b", 1, 101, True, True)
+    core.ask(now + 1.5, "x", "e", 1, 104, False, True)
+    core.ask(now + 1.6, "u3", "c", 1, 102, True, True)
+    core.ask(now + 1.6, "n1", "d", 1, 103, False, True)
+    assert core.expire(now + 2.0) == [Serve("u3", pytest.approx(0.4))]
+    assert core.status()["lingering"] == 1
+
+
+def test_finished_serves_do_not_pile_up_behind_one_that_never_ends():
+    """Two serves that never end (hung receivers) linger and keep the cap reached, so nothing
+    releases serves any more; the serves finished after them are still dropped from the start
+    order (memory stays flat over thousands of serves; review 12)."""
+    core = ServingCore(ServingConfig(slots=2, per_peer=1, linger_factor=2.0, linger_cap=1))
+    now = _timed(core, [1.0] * LINGER_MIN_SAMPLES)
+    core.ask(now, "hung1", "h1", 1, 100, False, True)
+    now += 3.0
+    core.expire(now)  # hung1 lingers (the cap: 1 x the 2 slots)
+    core.ask(now, "hung2", "h2", 1, 101, False, True)
+    now += 3.0
+    core.expire(now)  # hung2 too: at the cap, nothing more lingers
+    for i in range(2000):  # 2,000 quick serves in the slot left
+        token = ("q", i)
+        core.ask(now, token, f"q{i % 7}", 1, 1000 + i, False, True)
+        now += 0.5
+        core.done(now, token)
+    assert len(core._order) <= 4 * core.slots + 64
