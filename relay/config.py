@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from p2pnet.config import from_mapping, validated
 from p2pnet.identity import peer_id_from_str
 from relay.manifest import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES
+from relay.serving import ServingConfig, linger_problems
 
 GIB = 1024**3
 
@@ -59,8 +60,9 @@ class RelayConfig:
                      "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 problems[name] = "must be > 0"
-        if not (self.upload_linger == 0 or 1.0 <= self.upload_linger < float("inf")):
-            problems["upload_linger"] = "must be 0 (off) or in [1, inf)"
+        problem = linger_problems(self.upload_linger, ServingConfig.linger_cap).get("linger_factor")
+        if problem:
+            problems["upload_linger"] = problem
         if self.serve_bytes_per_peer_s < 0:
             problems["serve_bytes_per_peer_s"] = "must be >= 0 (0: no cap)"
         if self.layout not in ("striped", "tree", "star"):

@@ -97,11 +97,19 @@ class ServingConfig:
             problems["urgent_per_peer"] = "must be >= 0 (0: per_peer)"
         if not self.wait_limit_s > 0:
             problems["wait_limit_s"] = "must be > 0"
-        if not (self.linger_factor == 0 or 1.0 <= self.linger_factor < float("inf")):
-            problems["linger_factor"] = "must be 0 (off) or in [1, inf): below 1 a typical serve would linger"
-        if not 1 <= self.linger_cap <= 16:
-            problems["linger_cap"] = "must be in [1, 16] (times the slots)"
+        problems.update(linger_problems(self.linger_factor, self.linger_cap))
         return problems
+
+
+def linger_problems(factor: float, cap: int) -> dict[str, str]:
+    """What is wrong with a linger factor and cap, keyed `linger_factor` / `linger_cap` (the
+    relay's and the simulator's settings report them under their own names)."""
+    problems = {}
+    if not (factor == 0 or 1.0 <= factor < float("inf")):
+        problems["linger_factor"] = "must be 0 (off) or in [1, inf): below 1 a typical serve would linger"
+    if not 1 <= cap <= 16:
+        problems["linger_cap"] = "must be in [1, 16] (times the slots)"
+    return problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,21 +360,25 @@ class ServingCore:
         """When the oldest serve holding a slot lingers (None: none can, not yet or at the cap)."""
         if self._linger_after is None or self._lingering >= self._linger_limit:
             return None
+        oldest = self._oldest_holder()
+        return oldest.start + self._linger_after if oldest is not None else None
+
+    def _oldest_holder(self) -> _Serving | None:
+        """The serve that has held its slot longest (finished ones are dropped from the front)."""
         order = self._order
         while order and order[0].over:
             order.popleft()
-        return order[0].start + self._linger_after if order else None
+        return order[0] if order else None
 
     def _release(self, now: float) -> None:
         """Serves held longer than `_linger_after` stop holding their slot, oldest first, up to
         the cap."""
-        order, after = self._order, self._linger_after
+        after = self._linger_after
         while self._lingering < self._linger_limit:
-            while order and order[0].over:
-                order.popleft()
-            if not order or order[0].start + after > now:
+            serve = self._oldest_holder()
+            if serve is None or serve.start + after > now:
                 return
-            serve = order.popleft()
+            self._order.popleft()
             serve.lingering = True
             self._lingering += 1
             self._lingering_urgent += serve.urgent

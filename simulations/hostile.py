@@ -220,7 +220,7 @@ def build(sc: BroadcastScenario) -> BroadcastRun:
                                                 regional=sc.regional_latency),
                           world_class=RelayWorld, download_ratio=sc.download_ratio, window_bytes=sc.window_bytes,
                           serving=ServingConfig(slots=sc.upload_slots, linger_factor=sc.upload_linger,
-                                                        linger_cap=sc.upload_linger_cap), pace_uploads=sc.pace_uploads)
+                                                linger_cap=sc.upload_linger_cap), pace_uploads=sc.pace_uploads)
     rng = sim.rng
     assert rng is not None
     byzantine = frozenset(rng.sample(sim.peer_ids, round(sc.byzantine * sc.peers)))

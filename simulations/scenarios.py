@@ -26,7 +26,7 @@ from typing import Any, Callable, Union
 
 from p2pnet.config import validated
 from p2pnet.errors import ConfigError
-from relay.serving import ServingConfig
+from relay.serving import ServingConfig, linger_problems
 from simulations.models import GBIT, MBIT, Bandwidth, Churn, Partition, RegionMix
 
 STRATEGIES = ("relay", "tree4", "star", "chain", "tree", "swarm")
@@ -115,10 +115,8 @@ class BroadcastScenario:
         for name in ("view_classes", "upload_slots"):
             if getattr(self, name) < 1:
                 problems[name] = "must be >= 1"
-        if not (self.upload_linger == 0 or 1.0 <= self.upload_linger < math.inf):  # as `ServingConfig` checks
-            problems["upload_linger"] = "must be 0 (off) or in [1, inf)"
-        if not 1 <= self.upload_linger_cap <= 16:
-            problems["upload_linger_cap"] = "must be in [1, 16]"
+        names = {"linger_factor": "upload_linger", "linger_cap": "upload_linger_cap"}
+        problems.update({names[k]: v for k, v in linger_problems(self.upload_linger, self.upload_linger_cap).items()})
         for name in ("download_ratio", "slow_factor"):
             if not getattr(self, name) >= 1.0:
                 problems[name] = "must be >= 1 (inf: no limit)" if name == "download_ratio" else "must be >= 1"
