@@ -674,7 +674,7 @@ class TransferCore(SourceChoice):
                 v.next_pos[stripe] += 1
             v.parked.append(index)  # nobody usable now; retried on the next tick
             return False
-        if v.holders and source not in v.holders:
+        if v.holders:  # our source may hold everything and still feed us slowly (`relay.sources`)
             source = self._endgame_source(now, v, stripe, index) or source
         link = (source, stripe)
         load = v.link_load.get(link, 0)

@@ -445,6 +445,57 @@ def test_in_the_endgame_a_lagging_stripe_is_fetched_from_a_peer_that_holds_every
     assert all(plan.stripe_of_chunk[f.index] == lag for f in after)
 
 
+def test_in_the_endgame_a_parent_that_holds_everything_gives_way_to_a_faster_holder():
+    """Our parent in the lagging stripe completed the version too (it announced `Holding`), but
+    may feed each of its dozens of children slowly (a relay at a tenth of its advertised upload,
+    planned by what it advertises): in the endgame the fastest holder that served us is asked,
+    not a parent just because it holds everything (1,000 relays, 10 GB, 10% at a tenth: the
+    last 1% of relays waited until 280 s on such a parent, the bound being 199 s)."""
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(40)}}
+    signed = fake_manifest(PUBLISHER, 64 * 2**20, 2**20)
+    c = core()
+    c.set_members(0.0, uploads)
+    lag, held, t, served = _lagging_stripe(c, signed)
+    plan = c._versions[1].plan
+    parent = plan.parent[lag]["me"]
+    holder = min(served - {PUBLISHER.peer_id, parent})
+    for peer in (parent, holder):
+        c.on_message(t, envelope(peer, Holding((HeldVersion(1, signed.manifest_id),))))
+    after = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, 1.0))  # the parent: 1 MiB/s
+    assert after and {f.peer for f in after} == {holder}
+    assert all(plan.stripe_of_chunk[f.index] == lag for f in after)
+
+
+def test_the_first_child_of_a_slow_stripe_root_takes_the_stripe_from_the_origin_and_only_it():
+    """A stripe root that delivers too little: its children borrow each other, but the
+    first-ranked one has nobody ranked before it but the root, and its siblings draw the whole
+    stripe from it, directly or not. It alone turns to the origin (a sixteenth of a copy),
+    instead of keeping the slow root (1,000 relays, 10 GB, 10% of relays at a tenth: the root of
+    one stripe fed it so late that the origin served 9.3 copies of that stripe's tail; with this
+    rule and the endgame's above, 1.13 copies and 1.098x the bound instead of 1.189x). A
+    later-ranked child whose root is slow does not."""
+    uploads = {PUBLISHER.peer_id: 1e9, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(300)}}
+    signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)
+    probe = TransferCore(FAST, "n000", open_frame=opener, self_upload_bps=1e8)
+    probe.set_members(0.0, uploads)
+    probe.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
+    plan = probe._versions[1].plan
+    stripe = 0
+    children = [p for p, d in plan.ranked_interior(stripe) if d == 2]
+    root = plan.ancestors(stripe, children[0])[0]
+    assert plan.ancestors(stripe, children[0]) == [root, PUBLISHER.peer_id] and len(children) > 1
+    for name, expect_origin in ((children[0], True), (children[1], False)):
+        c = TransferCore(FAST, name, open_frame=opener, self_upload_bps=uploads[name])
+        c.set_members(0.0, uploads)
+        c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
+        assert c._replaceable(0.0, c._versions[1].plan, stripe, root)
+        c._exclude(0.1, root, "slow", [])
+        asked = {f.peer for f in fetches(c.on_timer(1.0, "relay/tick"))
+                 if plan.stripe_of_chunk[f.index] == stripe}
+        assert asked, name
+        assert (PUBLISHER.peer_id in asked) is expect_origin, (name, asked)
+
+
 def test_a_chain_dropped_as_slow_is_asked_again_before_the_origin_but_an_unreachable_one_is_not():
     """A peer dropped only as slow is alive and delivers: when every member of our chain in a
     stripe is dropped and the origin is not our planned parent there, the slow one is asked, not
