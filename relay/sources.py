@@ -206,11 +206,13 @@ class SourceChoice:
         return self._replaceable(now, v.plan, stripe, peer)  # type: ignore[arg-type]
 
     def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
-        """Whether a member other than the origin could take over from `peer`, our source in
-        `stripe`: a substitute (see the top) or a usable planned ancestor."""
+        """Whether someone could take over from `peer`, our source in `stripe`: a substitute
+        (see the top) or a usable planned ancestor other than the origin; or, for the
+        first-ranked child of the stripe's root (`peer`), the origin while it is usable (it
+        has no other replacement)."""
         planned = plan.ancestors(stripe, self.self_id)
         if planned and planned[0] == peer and self._first_child_of_root(plan, stripe, planned):
-            return True  # the origin: it takes the stripe over from a slow root for its first-ranked child
+            return self._usable(now, plan.origin)  # only the origin can take over the stripe from its root
         if any(p != peer and p != plan.origin and self._usable(now, p) for p in planned):
             return True
         below = (len(planned), self.self_id) if planned else None
@@ -218,10 +220,14 @@ class SourceChoice:
 
     def _first_child_of_root(self, plan: StripePlan, stripe: int, planned: list[str]) -> bool:
         """Whether we are the first-ranked child of `stripe`'s root (`planned`: our planned
-        ancestors there): no interior member but the root ranks before us, so we have no
-        substitute parent and our siblings borrow, directly or not, from us."""
-        return len(planned) == 2 and planned[1] == plan.origin and \
-            plan.ranked_before(stripe, (2, self.self_id)) <= 1
+        ancestors there): the interior member ranked right after the root, so no member but the
+        root ranks before us (we have no substitute parent) and our siblings borrow, directly or
+        not, from us. At most one member per stripe; never a leaf (nobody borrows from a leaf),
+        nor any child of a root that is the stripe's only interior member."""
+        if len(planned) != 2 or planned[1] != plan.origin:
+            return False
+        ranked = plan.ranked_interior(stripe)
+        return len(ranked) > 1 and ranked[0][0] == planned[0] and ranked[1][0] == self.self_id
 
     def _spare_origin(self, now: float, v: _Version, stripe: int, source: str | None, tried: Any) -> str | None:
         """`source`, unless it is the origin and `_instead_of_origin` names someone to ask instead."""
@@ -236,22 +242,25 @@ class SourceChoice:
         `ORIGIN_SPARE_TRIES` peers failed this chunk) a member ranked before us in the stripe
         (`_substitute`, its ancestors unchecked: the one we dropped may be theirs, busy rather
         than hung). The origin's upload is the scarcest (each stripe is sent once from it, to
-        its root). Nobody (ask the origin) when we are the first-ranked child of a stripe root we
-        dropped as slow (see the top)."""
+        its root). When we are the first-ranked child of a stripe root we dropped as slow (see
+        the top): a measured holder of the whole version, else nobody (ask the origin)."""
         plan = v.plan
         assert plan is not None
         if self.self_id == plan.origin or plan.parent[stripe].get(self.self_id) == plan.origin:
             return None
         planned = plan.ancestors(stripe, self.self_id)
-        if planned and planned[0] in self._slow and self._first_child_of_root(plan, stripe, planned):
-            return None  # a slow root: the origin feeds its first-ranked child (1/stripes of a copy)
-        for peer in v.chains[stripe]:
-            if peer in self._slow and peer not in tried and peer not in self._banned:
-                return peer
+        slow_root = bool(planned) and planned[0] in self._slow and not self._usable(now, planned[0]) and \
+            self._first_child_of_root(plan, stripe, planned)
+        if not slow_root:
+            for peer in v.chains[stripe]:
+                if peer in self._slow and peer not in tried and peer not in self._banned:
+                    return peer
         rates = self._rates
         held = [p for p in v.holders if p in rates and p != plan.origin and p not in tried and self._usable(now, p)]
         if held:
             return max(held, key=lambda p: (rates[p], p))
+        if slow_root:
+            return None  # the origin feeds the first-ranked child of a slow root (1/stripes of a copy)
         if len(tried) >= ORIGIN_SPARE_TRIES:
             return None
         if not tried:  # the pick for the stripe's next chunks, kept for one tick (`_substitute` is O(members))
