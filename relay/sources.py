@@ -39,13 +39,15 @@ dropped as slow (a leaf child, served after its parent's interior children, time
 as slow), and with it 1.00.
 
 One exception: a slow stripe root. Its children drop it and borrow each other, so the whole
-stripe flows through its first-ranked child, which has no member ranked before it to borrow
-and kept the slow root. That child alone (`_first_child_of_root`) takes the stripe from the
-origin instead: a sixteenth of a copy. Traced (1,000 relays, 10 GB, 10% of relays at a tenth,
-seed 1): one stripe's root was slow, its half of the relays held the stripe's last chunks only
-from 193 s (median; 32-109 s for the other stripes), and its stalled subtrees walked up to the
-root and then, past their spares, to the origin: 2,412 requests from 480 relays, 9.3 copies of
-the checkpoint from the origin (10.30 in all); with the rule (and the endgame's below) 1.13
+stripe flows through its first-ranked child (the interior member ranked right after the root),
+which has no member ranked before it to borrow and kept the slow root. That child alone
+(`_first_child_of_root`, at most one member per stripe) takes the stripe from the origin
+instead, while the origin is usable: a sixteenth of a copy per slow root. Traced (1,000 relays,
+10 GB, 10% of relays at a tenth, seed 1): two of the 16 roots were slow (1 + 2/16 copies with
+the rule), one of them fed its stripe so late that its half of the relays held the stripe's
+last chunks only from 193 s (median; 32-109 s for the other stripes), and its stalled subtrees
+walked up to the root and then, past their spares, to the origin: 2,412 requests from 480
+relays, 9.3 copies of the checkpoint from the origin (10.30 in all); with the rule (and the endgame's below) 1.13
 copies, and 1.098x the bound instead of 1.189x. With the rule alone the stripe's median fell
 to 128 s, but its last 1% of relays, the children of a slow depth-2 member with 61 of them,
 waited until 280 s (1.40x): the origin's copies had been feeding that tail.
