@@ -38,6 +38,20 @@ upload (1,000 relays, 1 GB), to relays whose parent, grandparent and stripe root
 dropped as slow (a leaf child, served after its parent's interior children, times a fast root
 as slow), and with it 1.00.
 
+One exception: a slow stripe root. Its children drop it and borrow each other, so the whole
+stripe flows through its first-ranked child (the interior member ranked right after the root),
+which has no member ranked before it to borrow and kept the slow root. That child alone
+(`_first_child_of_root`, at most one member per stripe) takes the stripe from the origin
+instead, while the origin is usable: a sixteenth of a copy per slow root. Traced (1,000 relays,
+10 GB, 10% of relays at a tenth, seed 1): two of the 16 roots were slow (1 + 2/16 copies with
+the rule), one of them fed its stripe so late that its half of the relays held the stripe's
+last chunks only from 193 s (median; 32-109 s for the other stripes), and its stalled subtrees
+walked up to the root and then, past their spares, to the origin: 2,412 requests from 480
+relays, 9.3 copies of the checkpoint from the origin (10.30 in all); with the rule (and the endgame's below) 1.13
+copies, and 1.098x the bound instead of 1.189x. With the rule alone the stripe's median fell
+to 128 s, but its last 1% of relays, the children of a slow depth-2 member with 61 of them,
+waited until 280 s (1.40x): the origin's copies had been feeding that tail.
+
 Whatever dropped our chain (a stall included), the origin is asked only after others when it
 is not our planned parent (`_instead_of_origin`): a chain member dropped as slow, a peer we
 measured that holds the whole version, then members ranked before us in the stripe (their
@@ -67,7 +81,10 @@ quarter of the stripes left to ask for, the same 25.2 s, but 2,000 relays and 0.
 defaults took 15.2 s instead of 12.0 (presumably requests taken from parents about to forward a chunk,
 to busy holders; not verified); with no other stripe left, 11.8 s. Holders known from gossip
 alone are not asked: they could draw every relay in the endgame to the same few (a precaution;
-no measured difference in these runs).
+no measured difference in these runs). A source that holds the whole version gives way in the
+endgame too: a slow relay planned by its advertised upload holds everything long before its
+dozens of children do, and moves each chunk fast (its pacing sends them one after another) but
+serves each child rarely (the 1% tail above: 1.40x -> 1.10x).
 """
 
 from __future__ import annotations
@@ -175,10 +192,8 @@ class SourceChoice:
         than half of the stripe's planned rate (capacity / members) too, and some member other
         than the origin could replace it. Judged on measured delivery, never on what the peer
         advertises; relative to our other sources, so our own slow download does not make every
-        parent look slow. The origin is never replaced, and never takes over from a slow parent:
-        the first-ranked child of a slow stripe root keeps it (once its siblings have borrowed
-        each other, the root serves it alone, at the root's whole upload) instead of making the
-        origin serve the stripe a second time."""
+        parent look slow. The origin is never replaced, and takes over from a slow parent only
+        for the first-ranked child of a slow stripe root (see the top: a sixteenth of a copy)."""
         chain = v.chains[stripe] if v.plan is not None else ()
         if not chain or chain[0] != peer or peer == v.plan.origin or \
                 self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:  # type: ignore[union-attr]
@@ -193,13 +208,28 @@ class SourceChoice:
         return self._replaceable(now, v.plan, stripe, peer)  # type: ignore[arg-type]
 
     def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
-        """Whether a member other than the origin could take over from `peer`, our source in
-        `stripe`: a substitute (see the top) or a usable planned ancestor."""
+        """Whether someone could take over from `peer`, our source in `stripe`: a substitute
+        (see the top) or a usable planned ancestor other than the origin; or, for the
+        first-ranked child of the stripe's root (`peer`), the origin while it is usable (it
+        has no other replacement)."""
         planned = plan.ancestors(stripe, self.self_id)
+        if planned and planned[0] == peer and self._first_child_of_root(plan, stripe, planned):
+            return self._usable(now, plan.origin)  # only the origin can take over the stripe from its root
         if any(p != peer and p != plan.origin and self._usable(now, p) for p in planned):
             return True
         below = (len(planned), self.self_id) if planned else None
         return self._substitute(now, plan, stripe, below, planned[0] if planned else None, skip=peer) is not None
+
+    def _first_child_of_root(self, plan: StripePlan, stripe: int, planned: list[str]) -> bool:
+        """Whether we are the first-ranked child of `stripe`'s root (`planned`: our planned
+        ancestors there): the interior member ranked right after the root, so no member but the
+        root ranks before us (we have no substitute parent) and our siblings borrow, directly or
+        not, from us. At most one member per stripe; never a leaf (nobody borrows from a leaf),
+        nor any child of a root that is the stripe's only interior member."""
+        if len(planned) != 2 or planned[1] != plan.origin:
+            return False
+        ranked = plan.ranked_interior(stripe)
+        return len(ranked) > 1 and ranked[0][0] == planned[0] and ranked[1][0] == self.self_id
 
     def _spare_origin(self, now: float, v: _Version, stripe: int, source: str | None, tried: Any) -> str | None:
         """`source`, unless it is the origin and `_instead_of_origin` names someone to ask instead."""
@@ -214,25 +244,31 @@ class SourceChoice:
         `ORIGIN_SPARE_TRIES` peers failed this chunk) a member ranked before us in the stripe
         (`_substitute`, its ancestors unchecked: the one we dropped may be theirs, busy rather
         than hung). The origin's upload is the scarcest (each stripe is sent once from it, to
-        its root)."""
+        its root). When we are the first-ranked child of a stripe root we dropped as slow (see
+        the top): a measured holder of the whole version, else nobody (ask the origin)."""
         plan = v.plan
         assert plan is not None
         if self.self_id == plan.origin or plan.parent[stripe].get(self.self_id) == plan.origin:
             return None
-        for peer in v.chains[stripe]:
-            if peer in self._slow and peer not in tried and peer not in self._banned:
-                return peer
+        planned = plan.ancestors(stripe, self.self_id)
+        slow_root = bool(planned) and planned[0] in self._slow and not self._usable(now, planned[0]) and \
+            self._first_child_of_root(plan, stripe, planned)
+        if not slow_root:
+            for peer in v.chains[stripe]:
+                if peer in self._slow and peer not in tried and peer not in self._banned:
+                    return peer
         rates = self._rates
         held = [p for p in v.holders if p in rates and p != plan.origin and p not in tried and self._usable(now, p)]
         if held:
             return max(held, key=lambda p: (rates[p], p))
+        if slow_root:
+            return None  # the origin feeds the first-ranked child of a slow root (1/stripes of a copy)
         if len(tried) >= ORIGIN_SPARE_TRIES:
             return None
         if not tried:  # the pick for the stripe's next chunks, kept for one tick (`_substitute` is O(members))
             kept = v.spare.get(stripe)
             if kept is not None and kept[1] > now and (kept[0] is None or self._usable(now, kept[0])):
                 return kept[0]
-        planned = plan.ancestors(stripe, self.self_id)
         below = (len(planned), self.self_id) if planned else None
         pick = self._substitute(now, plan, stripe, below, planned[0] if planned else None, avoid=tried, strict=False)
         if not tried:
@@ -259,7 +295,8 @@ class SourceChoice:
     def _endgame_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
         """In the endgame (no other stripe has chunks left to ask for), a peer
         that holds the whole version and has served us before (not the origin) with room in its
-        window, fastest measured first, instead of a chain that is still forwarding: a lagging
+        window, fastest measured first (our source too, if it holds everything and is the
+        fastest), instead of a chain that is still forwarding: a lagging
         stripe's parent may itself be fed slowly, which our delivery measure (the long poll is
         not counted) cannot see. Only peers we measured: holders known from gossip alone would
         draw every relay in the endgame to the same few."""

@@ -33,7 +33,9 @@ Failures, by who is at fault:
 - `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
   The chunk is retried at the next candidate; the source stays usable for other chunks. Our
   parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
-  its ancestors, which feed it, are not to be asked in its place).
+  its ancestors, which feed it, are not to be asked in its place). A source that had told us
+  it holds the whole version (`Holding`) is no longer counted among its holders: the answer
+  contradicts that (it lost the chunk, or its claim was false); its next `Holding` counts again.
 - stall (detected here on the tick): a source with requests outstanding and no completion for
   `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
   so it closes the connection.
@@ -49,6 +51,8 @@ Candidates for a chunk of stripe s, in order: our parent in s, its ancestors up 
 then peers that announced `Holding` the whole version (fastest measured first). A peer
 announces `Holding` only once every chunk of the version is verified, and again every
 `announce_interval_s`; learning of a holder of an unknown version asks it for the manifest.
+In the endgame (`relay.sources`) the fastest measured holder is asked before our parent, even
+when the parent holds the whole version too.
 
 Reattaching orphans, judging parents by measured delivery, keeping the origin for what only it
 has and the endgame: `relay.sources` (mixed into the core).
@@ -416,6 +420,8 @@ class TransferCore(SourceChoice):
             self._exclude(now, peer, reason, effects)
         if v is None:
             return effects
+        if reason == "unavailable":
+            v.holders.discard(peer)  # it said it held the whole version; this chunk says otherwise
         entry = v.in_flight.get(index)
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=False)
@@ -674,7 +680,7 @@ class TransferCore(SourceChoice):
                 v.next_pos[stripe] += 1
             v.parked.append(index)  # nobody usable now; retried on the next tick
             return False
-        if v.holders and source not in v.holders:
+        if v.holders:  # our source may hold everything and still feed us slowly (`relay.sources`)
             source = self._endgame_source(now, v, stripe, index) or source
         link = (source, stripe)
         load = v.link_load.get(link, 0)

@@ -1,5 +1,7 @@
 """The transfer core, alone and in the simulated world: completion, crashes, stalls, byzantine peers."""
 
+import random
+
 import pytest
 
 from p2pnet.core import Publish, Send
@@ -442,6 +444,149 @@ def test_in_the_endgame_a_lagging_stripe_is_fetched_from_a_peer_that_holds_every
     c.on_message(t, envelope(holder, Holding((HeldVersion(1, signed.manifest_id),))))
     after = fetches(c.fetched(t + 0.02, parent, 1, held[1].index, 0.01))
     assert after and {f.peer for f in after} == {holder}
+    assert all(plan.stripe_of_chunk[f.index] == lag for f in after)
+
+
+def test_in_the_endgame_a_parent_that_holds_everything_gives_way_to_a_faster_holder():
+    """Our parent in the lagging stripe completed the version too (it announced `Holding`), but
+    may feed each of its dozens of children slowly (a relay at a tenth of its advertised upload,
+    planned by what it advertises): in the endgame the fastest holder that served us is asked,
+    not a parent just because it holds everything (1,000 relays, 10 GB, 10% at a tenth: the
+    last 1% of relays waited until 280 s on such a parent, the bound being 199 s)."""
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(40)}}
+    signed = fake_manifest(PUBLISHER, 64 * 2**20, 2**20)
+    c = core()
+    c.set_members(0.0, uploads)
+    lag, held, t, served = _lagging_stripe(c, signed)
+    plan = c._versions[1].plan
+    parent = plan.parent[lag]["me"]
+    holder = min(served - {PUBLISHER.peer_id, parent})
+    for peer in (parent, holder):
+        c.on_message(t, envelope(peer, Holding((HeldVersion(1, signed.manifest_id),))))
+    after = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, 1.0))  # the parent: 1 MiB/s
+    assert after and {f.peer for f in after} == {holder}
+    assert all(plan.stripe_of_chunk[f.index] == lag for f in after)
+
+
+def test_the_first_child_of_a_slow_stripe_root_takes_the_stripe_from_the_origin_and_the_second_does_not():
+    """A stripe root that delivers too little: its children borrow each other, but the
+    first-ranked one has nobody ranked before it but the root, and its siblings draw the whole
+    stripe from it, directly or not. It alone turns to the origin (a sixteenth of a copy),
+    instead of keeping the slow root (1,000 relays, 10 GB, 10% of relays at a tenth: the root of
+    one stripe fed it so late that the origin served 9.3 copies of the checkpoint for that stripe's
+    tail; with this
+    rule and the endgame's above, 1.13 copies and 1.098x the bound instead of 1.189x). A
+    later-ranked child whose root is slow does not."""
+    uploads = {PUBLISHER.peer_id: 1e9, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(300)}}
+    signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)
+    probe = TransferCore(FAST, "n000", open_frame=opener, self_upload_bps=1e8)
+    probe.set_members(0.0, uploads)
+    probe.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
+    plan = probe._versions[1].plan
+    stripe = 0
+    children = [p for p, d in plan.ranked_interior(stripe) if d == 2]
+    root = plan.ancestors(stripe, children[0])[0]
+    assert plan.ancestors(stripe, children[0]) == [root, PUBLISHER.peer_id] and len(children) > 1
+    for name, expect_origin in ((children[0], True), (children[1], False)):
+        c = TransferCore(FAST, name, open_frame=opener, self_upload_bps=uploads[name])
+        c.set_members(0.0, uploads)
+        c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
+        assert c._replaceable(0.0, c._versions[1].plan, stripe, root)
+        c._exclude(0.1, root, "slow", [])
+        asked = {f.peer for f in fetches(c.on_timer(1.0, "relay/tick"))
+                 if plan.stripe_of_chunk[f.index] == stripe}
+        assert asked, name
+        assert (PUBLISHER.peer_id in asked) is expect_origin, (name, asked)
+
+
+def _plan_of(name: str, uploads: dict[str, float], signed) -> tuple[TransferCore, object]:
+    c = TransferCore(FAST, name, open_frame=opener, self_upload_bps=uploads[name])
+    c.set_members(0.0, uploads)
+    c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
+    return c, c._versions[1].plan
+
+
+@pytest.mark.parametrize("relays", [300, 40])
+def test_at_most_one_member_per_stripe_is_the_first_child_of_its_root(relays):
+    """Only the interior member ranked right after the root may turn to the origin when the root
+    is slow: not a leaf child of the root (nobody borrows from it), nor every child of a root
+    that is the only interior member of its stripe (small plans), each of which would cost the
+    origin another 1/stripes of a copy. Stable (300 relays) and unstable (40) plans, uploads
+    from 100 Mbit/s to 10 Gbit/s, log-uniform."""
+    rng = random.Random(1)
+    uploads = {PUBLISHER.peer_id: 1.25e9, **{f"r{i:03d}": 10 ** rng.uniform(7.1, 9.1) for i in range(relays)}}
+    signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)
+    _, plan = _plan_of("r000", uploads, signed)
+    passing = {s: [] for s in range(plan.stripes)}
+    for name in uploads:
+        if name == PUBLISHER.peer_id:
+            continue
+        c = TransferCore(FAST, name, open_frame=opener, self_upload_bps=uploads[name])
+        for s in range(plan.stripes):
+            planned = plan.ancestors(s, name)
+            if planned and c._first_child_of_root(plan, s, planned):
+                passing[s].append(name)
+    assert all(len(p) <= 1 for p in passing.values()), passing
+    for s, p in passing.items():  # and it is the one ranked right after the root, wherever there is one
+        ranked = plan.ranked_interior(s)
+        assert p == ([ranked[1][0]] if len(ranked) > 1 and ranked[1][1] == 2 else []), (s, p, ranked[:2])
+    assert any(passing.values()) or relays < 64  # (at 40 every stripe's root is its only interior member)
+
+
+def test_the_first_child_keeps_a_slow_root_while_the_origin_is_excluded():
+    """The origin is the only replacement for the first-ranked child's root: while the origin is
+    excluded (stalled: at 10,000 relays it was, thousands of times) the child keeps the slow root
+    feeding it rather than park the stripe, which its siblings draw from it, until an exclusion
+    expires."""
+    uploads = {PUBLISHER.peer_id: 1e9, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(300)}}
+    signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)
+    _, plan = _plan_of("n000", uploads, signed)
+    stripe = 0
+    first = plan.ranked_interior(stripe)[1][0]
+    root = plan.ranked_interior(stripe)[0][0]
+    c, plan = _plan_of(first, uploads, signed)
+    assert c._replaceable(0.1, plan, stripe, root)
+    c._exclude(0.1, PUBLISHER.peer_id, "stalled", [])
+    assert not c._replaceable(0.2, plan, stripe, root)
+    assert c._replaceable(0.2 + FAST.exclude_s, plan, stripe, root)
+
+
+def test_a_holder_that_answers_unavailable_is_no_longer_taken_for_a_holder():
+    """A peer that told us it holds the whole version and then answers "unavailable" (it lost the
+    chunk, or its claim was false) is not asked again for the endgame's chunks as a holder: each
+    such answer comes only after its wait limit."""
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(40)}}
+    signed = fake_manifest(PUBLISHER, 64 * 2**20, 2**20)
+    c = core()
+    c.set_members(0.0, uploads)
+    lag, held, t, served = _lagging_stripe(c, signed)
+    plan = c._versions[1].plan
+    parent = plan.parent[lag]["me"]
+    holder = min(served - {PUBLISHER.peer_id, parent})
+    c.on_message(t, envelope(holder, Holding((HeldVersion(1, signed.manifest_id),))))
+    after = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, 0.01))
+    assert after and {f.peer for f in after} == {holder}
+    assert holder in c._versions[1].holders
+    again = fetches(c.fetch_failed(t + 10.0, holder, 1, after[0].index, "unavailable"))
+    assert holder not in c._versions[1].holders
+    assert again and holder not in {f.peer for f in again}
+
+
+def test_in_the_endgame_a_parent_that_holds_everything_and_is_the_fastest_holder_is_kept():
+    """The converse of the rule above: our parent in the lagging stripe holds the whole version
+    and fed us faster than any other holder: the endgame keeps asking it."""
+    uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:02d}": 1e8 * (1 + i % 5) for i in range(40)}}
+    signed = fake_manifest(PUBLISHER, 64 * 2**20, 2**20)
+    c = core()
+    c.set_members(0.0, uploads)
+    lag, held, t, served = _lagging_stripe(c, signed)
+    plan = c._versions[1].plan
+    parent = plan.parent[lag]["me"]
+    holder = min(served - {PUBLISHER.peer_id, parent})
+    for peer in (parent, holder):
+        c.on_message(t, envelope(peer, Holding((HeldVersion(1, signed.manifest_id),))))
+    after = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, 0.0001))  # the parent: 10 GiB/s
+    assert after and {f.peer for f in after} == {parent}
     assert all(plan.stripe_of_chunk[f.index] == lag for f in after)
 
 
