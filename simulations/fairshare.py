@@ -10,16 +10,24 @@ oversubscribed. Then each flow whose rate changed by more than a billionth is re
 Works on the data plane's `_Flow` and `_Port` objects through their scratch fields (`mark`,
 `limit`, `level`; `up_tag`, `up_count`, `up_use`, `up_load` and the `down_` ones), so a call
 costs O(len(flows)) plus the filling, with no lookups by id.
+
+`share` is `python_share` below, or where it is built (`python -m simulations.accel`) the same
+function in C (`simulations/_cfairshare.c`: the same float operations in the same order, so a run
+gives the same bytes; about half of a big run's time is this function). The C one is used only
+where CPython's float `sum()` adds in order, as the C one does (before 3.12), and not with
+`P2PNET_SIM_PURE=1` in the environment.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from operator import attrgetter
 from typing import Any, Callable
 
 
-def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -> None:
+def python_share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -> None:
     """Two-sided max-min fair rates for `flows`, by progressive filling: every flow's rate rises
     together; a flow stops at its connection cap, and all flows of a resource (an upload or a
     limited download) stop when it is full. Flows of the resources these touch that are not in
@@ -169,3 +177,17 @@ def load(port: Any, up: bool) -> float:
 
 
 _LIMIT = attrgetter("limit")
+
+
+def _accelerated() -> Callable[..., None] | None:
+    """The C `share`, where it is built and gives the Python function's bytes (see the top)."""
+    if os.environ.get("P2PNET_SIM_PURE") or sys.version_info >= (3, 12):
+        return None
+    try:
+        from simulations._cfairshare import share as fast  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return fast  # type: ignore[no-any-return]
+
+
+share: Callable[..., None] = _accelerated() or python_share
