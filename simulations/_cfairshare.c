@@ -18,6 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the build's stamp (simulations.fairshare.stamp(), passed by simulations.accel): the simulator
+ * uses this module only while it matches the tree's */
+#ifndef P2PNET_STAMP
+#error "build with simulations.accel (python -m simulations.accel), which passes -DP2PNET_STAMP"
+#endif
+
 static PyObject *s_src, *s_dst, *s_cap, *s_rate, *s_up, *s_down, *s_upload_bps, *s_download_bps,
     *s_up_load, *s_down_load, *s_handle, *s_remaining, *s_since, *s_now, *s_at, *s_retime, *s_cancel,
     *minus_one;
@@ -275,5 +281,7 @@ PyMODINIT_FUNC PyInit__cfairshare(void) {
     I(s_down_load, "down_load"); I(s_handle, "handle"); I(s_remaining, "remaining"); I(s_since, "since");
     I(s_now, "now"); I(s_at, "at"); I(s_retime, "retime"); I(s_cancel, "cancel");
     if (!(minus_one = PyFloat_FromDouble(-1.0))) return NULL;
-    return PyModule_Create(&mod);
+    PyObject *module = PyModule_Create(&mod);
+    if (module && PyModule_AddStringConstant(module, "STAMP", P2PNET_STAMP) < 0) Py_CLEAR(module);
+    return module;
 }

@@ -14,15 +14,21 @@ costs O(len(flows)) plus the filling, with no lookups by id.
 `share` is `python_share` below, or where it is built (`python -m simulations.accel`) the same
 function in C (`simulations/_cfairshare.c`: the same float operations in the same order, so a run
 gives the same bytes; about half of a big run's time is this function). The C one is used only
-where CPython's float `sum()` adds in order, as the C one does (before 3.12), and not with
-`P2PNET_SIM_PURE=1` in the environment.
+where CPython's float `sum()` adds in order, as the C one does (before 3.12), not with
+`P2PNET_SIM_PURE=1` in the environment, and only while the built module's stamp (`stamp()`: the C
+source and `python_share`'s source, hashed) matches this tree: a stale build is ignored with a
+warning. `IMPLEMENTATION` says which one runs ("c" or "python"; results.json records it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import math
 import os
 import sys
+import warnings
+from pathlib import Path
 from operator import attrgetter
 from typing import Any, Callable
 
@@ -179,15 +185,30 @@ def load(port: Any, up: bool) -> float:
 _LIMIT = attrgetter("limit")
 
 
+def stamp() -> str:
+    """What a built C share must carry to be used: sha256 of `_cfairshare.c` and of
+    `python_share`'s source, so changing either side makes an older build stale."""
+    digest = hashlib.sha256(Path(__file__).with_name("_cfairshare.c").read_bytes())
+    digest.update(inspect.getsource(python_share).encode())
+    return digest.hexdigest()
+
+
 def _accelerated() -> Callable[..., None] | None:
-    """The C `share`, where it is built and gives the Python function's bytes (see the top)."""
-    if os.environ.get("P2PNET_SIM_PURE") or sys.version_info >= (3, 12):
+    """The C `share`, where it is built from this tree and gives the Python function's bytes
+    (see the top); None otherwise."""
+    if (os.environ.get("P2PNET_SIM_PURE") == "1" or sys.implementation.name != "cpython"
+            or sys.version_info >= (3, 12)):
         return None
     try:
-        from simulations._cfairshare import share as fast  # type: ignore[import-not-found]
+        from simulations import _cfairshare  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return fast  # type: ignore[no-any-return]
+    if getattr(_cfairshare, "STAMP", None) != stamp():
+        warnings.warn(f"{_cfairshare.__file__} was built from another _cfairshare.c or python_share: "
+                      "running the Python fair share (rebuild: make sim-accel)", RuntimeWarning, stacklevel=2)
+        return None
+    return _cfairshare.share  # type: ignore[no-any-return]
 
 
 share: Callable[..., None] = _accelerated() or python_share
+IMPLEMENTATION = "python" if share is python_share else "c"

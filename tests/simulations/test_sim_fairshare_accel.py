@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import simulations
 import simulations.dataplane as dataplane
 from simulations import accel, fairshare
 from simulations.models import Churn
@@ -25,18 +27,43 @@ from simulations.run import run_scenario, write_outputs
 from simulations.scenarios import broadcast, with_params
 
 
-def _load_built(tmp_path: Path) -> Any:
-    if sys.version_info >= (3, 12):
+def _build(tmp_path: Path, with_stamp: str | None = None) -> Any:
+    """The C module built into tmp_path; skips only where it could never be used (no compiler,
+    another interpreter or platform); a failing build fails the test."""
+    if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         pytest.skip("the C share is used only where float sum() adds in order (CPython < 3.12)")
-    try:
-        path = accel.build(tmp_path)
-    except RuntimeError as exc:
-        pytest.skip(f"no C compiler here: {exc}")
+    if (sys.platform, accel.platform.machine()) not in accel.PLATFORMS:
+        pytest.skip("the C share is built only where floats round as Python's")
+    if shutil.which(accel.compiler()[0]) is None:
+        pytest.skip(f"no C compiler here ({accel.compiler()[0]})")
+    path = accel.build(tmp_path, with_stamp)
     spec = importlib.util.spec_from_file_location(accel.MODULE, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.share
+    return module
+
+
+def _load_built(tmp_path: Path) -> Any:
+    return _build(tmp_path).share
+
+
+def test_a_build_is_used_only_with_the_trees_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("P2PNET_SIM_PURE", raising=False)
+    current = _build(tmp_path / "current")
+    assert current.STAMP == fairshare.stamp()
+    monkeypatch.setitem(sys.modules, "simulations._cfairshare", current)
+    monkeypatch.setattr(simulations, "_cfairshare", current, raising=False)
+    assert fairshare._accelerated() is current.share
+    stale = _build(tmp_path / "stale", with_stamp="0" * 64)
+    monkeypatch.setitem(sys.modules, "simulations._cfairshare", stale)
+    monkeypatch.setattr(simulations, "_cfairshare", stale, raising=False)
+    with pytest.warns(RuntimeWarning, match="built from another"):
+        assert fairshare._accelerated() is None
+    monkeypatch.setitem(sys.modules, "simulations._cfairshare", current)
+    monkeypatch.setattr(simulations, "_cfairshare", current, raising=False)
+    monkeypatch.setenv("P2PNET_SIM_PURE", "1")
+    assert fairshare._accelerated() is None
 
 
 def _outputs(monkeypatch: pytest.MonkeyPatch, share: Any, config: Any, out: Path) -> tuple[str, bytes]:
