@@ -11,7 +11,8 @@
  *
  * Differences that change no result: the per-call scratch (which flows share which resource,
  * limits, levels) lives in C arrays instead of the flows' and ports' scratch fields, and a flow
- * of a full resource is found by scanning the call's flows in order (the order `use[3]` has). */
+ * of a full resource is found by scanning the call's flows in order (the order `use[3]` has).
+ * The module state (interned names, g_limit for qsort) is static: calls are serialised by the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -46,6 +47,17 @@ static int setd(PyObject *o, PyObject *name, double d) {
     return r;
 }
 
+/* port.up or port.down (a new reference), which must be a list: TypeError otherwise */
+static PyObject *port_flows(PyObject *port, int down) {
+    PyObject *lst = PyObject_GetAttr(port, down ? s_down : s_up);
+    if (lst && !PyList_Check(lst)) {
+        PyErr_Format(PyExc_TypeError, "the C fair share needs a port's up/down flows as a list, not %.100s",
+                     Py_TYPE(lst)->tp_name);
+        Py_CLEAR(lst);
+    }
+    return lst;
+}
+
 /* sum of the rates of list `lst` in order, as Python's sum() over floats (3.11: plain adds) */
 static int sum_rates(PyObject *lst, double *out) {
     double s = 0.0;
@@ -65,7 +77,7 @@ static int port_load(PyObject *port, int down, double *out) {
     double used;
     if (getd(port, cache, &used) < 0) return -1;
     if (used < 0.0) {
-        PyObject *lst = PyObject_GetAttr(port, down ? s_down : s_up);
+        PyObject *lst = port_flows(port, down);
         if (!lst) return -1;
         int r = sum_rates(lst, &used);
         Py_DECREF(lst);
@@ -75,16 +87,16 @@ static int port_load(PyObject *port, int down, double *out) {
     return 0;
 }
 
-typedef struct { PyObject *port; int down; int count; int res; } Rec;  /* a resource seen in this call */
-typedef struct { double cap0, given, at; int rising, rec, nmine; } Res;  /* a shared one (`use`) */
+typedef struct { PyObject *port; int down; Py_ssize_t count, res; } Rec;  /* a resource seen in this call */
+typedef struct { double cap0, given, at; Py_ssize_t rising, rec, nmine; } Res;  /* a shared one (`use`) */
 
-typedef struct { Rec *recs; int nrecs; int *table; int mask; } Map;
+typedef struct { Rec *recs; Py_ssize_t nrecs; Py_ssize_t *table; size_t mask; } Map;
 
-static int map_get(Map *m, PyObject *port, int down) {
+static Py_ssize_t map_get(Map *m, PyObject *port, int down) {
     size_t h = (((size_t)port) >> 4) * 2 + (size_t)down;
     h ^= h >> 17;
     for (size_t k = h & m->mask;; k = (k + 1) & m->mask) {
-        int idx = m->table[k];
+        Py_ssize_t idx = m->table[k];
         if (idx < 0) {
             idx = m->nrecs++;
             m->recs[idx].port = port; m->recs[idx].down = down; m->recs[idx].count = 0; m->recs[idx].res = -1;
@@ -97,33 +109,36 @@ static int map_get(Map *m, PyObject *port, int down) {
 
 static double *g_limit;
 static int cmp_limit(const void *a, const void *b) {
-    int i = *(const int *)a, j = *(const int *)b;
+    Py_ssize_t i = *(const Py_ssize_t *)a, j = *(const Py_ssize_t *)b;
     double x = g_limit[i], y = g_limit[j];
     if (x < y) return -1;
     if (y < x) return 1;
-    return i - j;  /* stable, as sorted() */
+    return (i > j) - (i < j);  /* stable, as sorted() */
 }
 
 static PyObject *share(PyObject *self, PyObject *args) {
     PyObject *flows, *tag, *engine, *finish;
     if (!PyArg_ParseTuple(args, "O!OOO", &PyList_Type, &flows, &tag, &engine, &finish)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(flows);
-    if (n == 0) Py_RETURN_NONE;
+    /* our own tuple of the flows: engine.at / retime / cancel run Python code, which could change the list */
+    if (!(flows = PyList_AsTuple(flows))) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(flows);
+    if (n == 0) { Py_DECREF(flows); Py_RETURN_NONE; }
     PyObject *result = NULL;
-    int tsize = 4; while (tsize < 4 * n + 4) tsize <<= 1;
+    size_t tsize = 4; while (tsize < 4 * n + 4) tsize <<= 1;
     PyObject **src = calloc(n, sizeof(PyObject *)), **dst = calloc(n, sizeof(PyObject *));
     double *limit = malloc(n * sizeof(double)), *level = malloc(n * sizeof(double)),
         *rate = malloc(n * sizeof(double));
-    int *srec = malloc(n * sizeof(int)), *drec = malloc(n * sizeof(int)), *sres = malloc(n * sizeof(int)),
-        *dres = malloc(n * sizeof(int)), *order = malloc(n * sizeof(int)), *stop = malloc(n * sizeof(int));
-    Map m; m.recs = malloc(2 * n * sizeof(Rec)); m.nrecs = 0; m.table = malloc(tsize * sizeof(int)); m.mask = tsize - 1;
-    Res *res = malloc(2 * n * sizeof(Res)); int nres = 0;
+    Py_ssize_t *srec = malloc(n * sizeof(Py_ssize_t)), *drec = malloc(n * sizeof(Py_ssize_t)),
+        *sres = malloc(n * sizeof(Py_ssize_t)), *dres = malloc(n * sizeof(Py_ssize_t)),
+        *order = malloc(n * sizeof(Py_ssize_t)), *stop = malloc(n * sizeof(Py_ssize_t));
+    Map m; m.recs = malloc(2 * n * sizeof(Rec)); m.nrecs = 0; m.table = malloc(tsize * sizeof(Py_ssize_t)); m.mask = tsize - 1;
+    Res *res = malloc(2 * n * sizeof(Res)); Py_ssize_t nres = 0;
     if (!src || !dst || !limit || !level || !rate || !srec || !drec || !sres || !dres || !order || !stop || !m.recs ||
         !m.table || !res) { PyErr_NoMemory(); goto done; }
-    memset(m.table, -1, tsize * sizeof(int));
+    memset(m.table, -1, tsize * sizeof(Py_ssize_t));
     /* count the flows on each resource */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *f = PyList_GET_ITEM(flows, i);
+        PyObject *f = PyTuple_GET_ITEM(flows, i);
         level[i] = -1.0;
         if (!(src[i] = PyObject_GetAttr(f, s_src)) || !(dst[i] = PyObject_GetAttr(f, s_dst))) goto done;
         srec[i] = map_get(&m, src[i], 0);
@@ -134,13 +149,13 @@ static PyObject *share(PyObject *self, PyObject *args) {
         else drec[i] = -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *f = PyList_GET_ITEM(flows, i);
+        PyObject *f = PyTuple_GET_ITEM(flows, i);
         double lim, r;
         if (getd(f, s_cap, &lim) < 0 || getd(f, s_rate, &r) < 0) goto done;
         rate[i] = r;
         for (int side = 0; side < 2; side++) {
-            int rc = side ? drec[i] : srec[i];
-            int *slot = side ? &dres[i] : &sres[i];
+            Py_ssize_t rc = side ? drec[i] : srec[i];
+            Py_ssize_t *slot = side ? &dres[i] : &sres[i];
             *slot = -1;
             if (rc < 0) continue;
             Rec *rec = &m.recs[rc];
@@ -148,7 +163,7 @@ static PyObject *share(PyObject *self, PyObject *args) {
             double capacity;
             if (getd(port, side ? s_download_bps : s_upload_bps, &capacity) < 0) goto done;
             if (rec->count == 1) {
-                PyObject *lst = PyObject_GetAttr(port, side ? s_down : s_up);
+                PyObject *lst = port_flows(port, side);
                 if (!lst) goto done;
                 Py_ssize_t len = PyList_GET_SIZE(lst);
                 Py_DECREF(lst);
@@ -173,9 +188,9 @@ static PyObject *share(PyObject *self, PyObject *args) {
         }
         limit[i] = lim;
     }
-    for (int k = 0; k < nres; k++) {  /* what the flows not in `flows` leave */
+    for (Py_ssize_t k = 0; k < nres; k++) {  /* what the flows not in `flows` leave */
         Rec *rec = &m.recs[res[k].rec];
-        PyObject *lst = PyObject_GetAttr(rec->port, rec->down ? s_down : s_up);
+        PyObject *lst = port_flows(rec->port, rec->down);
         if (!lst) goto done;
         Py_ssize_t len = PyList_GET_SIZE(lst);
         Py_DECREF(lst);
@@ -189,37 +204,41 @@ static PyObject *share(PyObject *self, PyObject *args) {
         }
     }
     if (nres) {
-        for (int k = 0; k < nres; k++) res[k].at = (res[k].cap0 - res[k].given) / res[k].rising;
-        for (Py_ssize_t i = 0; i < n; i++) order[i] = (int)i;
+        for (Py_ssize_t k = 0; k < nres; k++) res[k].at = (res[k].cap0 - res[k].given) / res[k].rising;
+        for (Py_ssize_t i = 0; i < n; i++) order[i] = i;
         g_limit = limit;
-        qsort(order, n, sizeof(int), cmp_limit);
+        qsort(order, n, sizeof(Py_ssize_t), cmp_limit);
         Py_ssize_t active = n, i = 0;
         while (active) {
-            while (level[order[i]] >= 0.0) i++;
-            double at_full = INFINITY; int full = -1;
-            for (int k = 0; k < nres; k++) if (res[k].at < at_full) { at_full = res[k].at; full = k; }
+            while (i < n && level[order[i]] >= 0.0) i++;
+            if (i == n) {  /* where Python's filling would raise IndexError (a flow listed twice) */
+                PyErr_SetString(PyExc_RuntimeError, "fair share: rising flows left but none unset (a flow listed twice?)");
+                goto done;
+            }
+            double at_full = INFINITY; Py_ssize_t full = -1;
+            for (Py_ssize_t k = 0; k < nres; k++) if (res[k].at < at_full) { at_full = res[k].at; full = k; }
             if (full < 0) {
                 for (Py_ssize_t j = i; j < n; j++) if (level[order[j]] < 0.0) level[order[j]] = limit[order[j]];
                 break;
             }
-            int f = order[i];
+            Py_ssize_t f = order[i];
             double lv = limit[f];
-            int nstop = 0;
+            Py_ssize_t nstop = 0;
             if (lv <= at_full) stop[nstop++] = f;
             else {
                 for (Py_ssize_t j = 0; j < n; j++)
-                    if ((sres[j] == full || dres[j] == full) && level[j] < 0.0) stop[nstop++] = (int)j;
+                    if ((sres[j] == full || dres[j] == full) && level[j] < 0.0) stop[nstop++] = j;
                 lv = at_full > 0.0 ? at_full : 0.0;
             }
-            for (int s = 0; s < nstop; s++) {
-                int g = stop[s];
+            for (Py_ssize_t s = 0; s < nstop; s++) {
+                Py_ssize_t g = stop[s];
                 level[g] = lv;
                 active--;
                 for (int side = 0; side < 2; side++) {
-                    int k = side ? dres[g] : sres[g];
+                    Py_ssize_t k = side ? dres[g] : sres[g];
                     if (k < 0) continue;
                     res[k].given += lv;
-                    int rising = --res[k].rising;
+                    Py_ssize_t rising = --res[k].rising;
                     res[k].at = rising ? (res[k].cap0 - res[k].given) / rising : INFINITY;
                 }
             }
@@ -230,7 +249,7 @@ static PyObject *share(PyObject *self, PyObject *args) {
     double now;
     if (getd(engine, s_now, &now) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {  /* `_set_rate` */
-        PyObject *f = PyList_GET_ITEM(flows, i);
+        PyObject *f = PyTuple_GET_ITEM(flows, i);
         double r = level[i], old = rate[i];
         PyObject *handle = PyObject_GetAttr(f, s_handle);
         if (!handle) goto done;
@@ -247,6 +266,7 @@ static PyObject *share(PyObject *self, PyObject *args) {
             double remaining;
             if (getd(f, s_remaining, &remaining) < 0) { Py_DECREF(handle); goto done; }
             PyObject *when = PyFloat_FromDouble(now + (remaining > 0.0 ? remaining : 0.0) / r);
+            if (!when) { Py_DECREF(handle); goto done; }
             PyObject *h;
             if (has) h = PyObject_CallMethodObjArgs(engine, s_retime, handle, when, finish, f, NULL);
             else h = PyObject_CallMethodObjArgs(engine, s_at, when, finish, f, NULL);
@@ -268,6 +288,7 @@ done:
     if (dst) for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(dst[i]);
     free(src); free(dst); free(limit); free(level); free(rate); free(srec); free(drec); free(sres); free(dres);
     free(order); free(stop); free(m.recs); free(m.table); free(res);
+    Py_DECREF(flows);
     return result;
 }
 
