@@ -83,11 +83,76 @@ WORLDS = {
 }
 
 
+WORLDS["unlimited downloads"] = dataclasses.replace(broadcast(100, seed=2), download_ratio=float("inf"))
+
+
+class _Handle:
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
+
+    def cancel(self) -> None:
+        self.log.append("cancel")
+
+
+class _Engine:
+    """Records what a `share` call schedules, to the bit."""
+
+    def __init__(self, now: float) -> None:
+        self.now, self.log = now, []  # type: list[Any]
+
+    def at(self, when: float, finish: Any, flow: Any) -> _Handle:
+        self.log.append(("at", when.hex(), id(flow)))
+        return _Handle(self.log)
+
+    def retime(self, handle: Any, when: float, finish: Any, flow: Any) -> _Handle:
+        self.log.append(("retime", when.hex(), id(flow)))
+        return _Handle(self.log)
+
+
+def _differential(fast: Any, calls: list[int]) -> Any:
+    """A `share` that runs the C and the Python function on the same state with a recording
+    engine, asserts they set the same bits and schedule the same times, then takes the real step."""
+
+    def one(share: Any, flows: list[Any], tag: int, engine: Any, finish: Any, ports: list[Any]) -> list[Any]:
+        saved = [(f.rate, f.remaining, f.since, f.handle) for f in flows], [(p.up_load, p.down_load) for p in ports]
+        for f in flows:
+            if f.handle is not None:
+                f.handle = _Handle([])
+        fake = _Engine(engine.now)
+        share(flows, tag, fake, finish)
+        seen = [(f.rate.hex(), f.remaining.hex(), f.since.hex(), f.handle is None) for f in flows]
+        seen += [(float(p.up_load).hex(), float(p.down_load).hex()) for p in ports] + fake.log
+        for f, (rate, remaining, since, handle) in zip(flows, saved[0]):
+            f.rate, f.remaining, f.since, f.handle = rate, remaining, since, handle
+        for p, (up, down) in zip(ports, saved[1]):
+            p.up_load, p.down_load = up, down
+        return seen
+
+    def share(flows: list[Any], tag: int, engine: Any, finish: Any) -> None:
+        ports = list({id(p): p for f in flows for p in (f.src, f.dst)}.values())
+        c = one(fast, flows, tag, engine, finish, ports)
+        python = one(fairshare.python_share, flows, -tag, engine, finish, ports)  # another tag: fresh scratch
+        assert c == python, f"call {calls[0]}: the C share differs from python_share"
+        calls[0] += 1
+        fairshare.python_share(flows, tag, engine, finish)
+
+    return share
+
+
+@pytest.mark.parametrize("world", sorted(WORLDS))
+def test_c_share_sets_the_python_shares_bits_on_every_call(world: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = _load_built(tmp_path)
+    calls = [0]
+    monkeypatch.setattr(dataplane, "share", _differential(fast, calls))
+    result = run_scenario(WORLDS[world])
+    assert calls[0] > 1_000 and result.summary["events"] > 3_000  # it shared and moved chunks
+
+
 @pytest.mark.parametrize("world", sorted(WORLDS))
 def test_c_share_gives_the_python_shares_bytes(world: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = _load_built(tmp_path)
     config = WORLDS[world]
-    assert config.download_ratio > 0 and config.window_bytes != float("inf")
     python = _outputs(monkeypatch, fairshare.python_share, config, tmp_path / "python")
     c = _outputs(monkeypatch, fast, config, tmp_path / "c")
     assert c[0] == python[0]
