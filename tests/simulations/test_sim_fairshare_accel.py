@@ -71,6 +71,7 @@ def _outputs(monkeypatch: pytest.MonkeyPatch, share: Any, config: Any, out: Path
     write_outputs(run_scenario(config), out)
     data = json.loads((out / "results.json").read_text())
     data.pop("wall_s")
+    assert data.pop("fair_share") == ("python" if share is fairshare.python_share else "c")
     return json.dumps(data), (out / "peers.csv").read_bytes()
 
 
