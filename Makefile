@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH := torch==2.13.0
 
-.PHONY: test demo install bench clean test-transformers-lowest
+.PHONY: test demo install bench clean test-transformers-lowest sim-accel
 
 install: $(STAMP)
 
@@ -37,5 +37,9 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_gossip.py
 
+# the simulator's optional C fair-share (simulations/accel.py): the same results, faster big runs
+sim-accel: $(STAMP)
+	$(PY) -m simulations.accel
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info simulations/_cfairshare*.so

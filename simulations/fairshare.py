@@ -10,16 +10,30 @@ oversubscribed. Then each flow whose rate changed by more than a billionth is re
 Works on the data plane's `_Flow` and `_Port` objects through their scratch fields (`mark`,
 `limit`, `level`; `up_tag`, `up_count`, `up_use`, `up_load` and the `down_` ones), so a call
 costs O(len(flows)) plus the filling, with no lookups by id.
+
+`share` is `python_share` below, or where it is built (`python -m simulations.accel`) the same
+function in C (`simulations/_cfairshare.c`: the same float operations in the same order, so a run
+gives the same bytes; about half of a big run's time is this function). The C one is used only
+where CPython's float `sum()` adds in order, as the C one does (before 3.12), not with
+`P2PNET_SIM_PURE=1` in the environment, and only while the built module's stamp (`stamp()`: the C
+source and `python_share`'s source, hashed) matches this tree: a stale build is ignored with a
+warning. `IMPLEMENTATION` says which one runs ("c" or "python"; results.json records it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import math
+import os
+import sys
+import warnings
+from pathlib import Path
 from operator import attrgetter
 from typing import Any, Callable
 
 
-def share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -> None:
+def python_share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -> None:
     """Two-sided max-min fair rates for `flows`, by progressive filling: every flow's rate rises
     together; a flow stops at its connection cap, and all flows of a resource (an upload or a
     limited download) stop when it is full. Flows of the resources these touch that are not in
@@ -169,3 +183,32 @@ def load(port: Any, up: bool) -> float:
 
 
 _LIMIT = attrgetter("limit")
+
+
+def stamp() -> str:
+    """What a built C share must carry to be used: sha256 of `_cfairshare.c` and of
+    `python_share`'s source, so changing either side makes an older build stale."""
+    digest = hashlib.sha256(Path(__file__).with_name("_cfairshare.c").read_bytes())
+    digest.update(inspect.getsource(python_share).encode())
+    return digest.hexdigest()
+
+
+def _accelerated() -> Callable[..., None] | None:
+    """The C `share`, where it is built from this tree and gives the Python function's bytes
+    (see the top); None otherwise."""
+    if (os.environ.get("P2PNET_SIM_PURE") == "1" or sys.implementation.name != "cpython"
+            or sys.version_info >= (3, 12)):
+        return None
+    try:
+        from simulations import _cfairshare  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    if getattr(_cfairshare, "STAMP", None) != stamp():
+        warnings.warn(f"{_cfairshare.__file__} was built from another _cfairshare.c or python_share: "
+                      "running the Python fair share (rebuild: make sim-accel)", RuntimeWarning, stacklevel=2)
+        return None
+    return _cfairshare.share  # type: ignore[no-any-return]
+
+
+share: Callable[..., None] = _accelerated() or python_share
+IMPLEMENTATION = "python" if share is python_share else "c"

@@ -314,7 +314,19 @@ def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
         "virtual_end_s": _round(run.engine.now),
         "events": run.engine.events_run,
         "wall_s": round(wall_s, 3),
+        "fair_share": fair_share_implementation(),  # like wall_s, not a result: which code shared
     }
+
+
+def fair_share_implementation() -> str:
+    """Which fair share the data plane runs: "c" (simulations/_cfairshare.c, built by `make
+    sim-accel`) or "python" (simulations.fairshare.python_share); "other" for a substitute."""
+    import simulations.dataplane as dataplane
+    from simulations.fairshare import python_share
+
+    if dataplane.share is python_share:
+        return "python"
+    return "c" if str(getattr(dataplane.share, "__module__", "")).endswith("_cfairshare") else "other"
 
 
 def _holds_genuine(run: BroadcastRun, peer_id: str) -> bool:

@@ -6,3 +6,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 from tests.lab_fixtures import lab_factory  # noqa: E402,F401  (the network lab fixture)
+
+
+def pytest_report_header() -> str:
+    """Which fair share the simulator tests run (the C one where `make sim-accel` built it)."""
+    from simulations.hostile import fair_share_implementation
+
+    return f"simulator fair share: {fair_share_implementation()}"
