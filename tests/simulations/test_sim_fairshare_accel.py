@@ -14,6 +14,7 @@ import importlib.util
 import json
 import shutil
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,15 @@ from simulations.scenarios import broadcast, with_params
 
 def _build(tmp_path: Path, with_stamp: str | None = None) -> Any:
     """The C module built into tmp_path; skips only where it could never be used (no compiler,
-    another interpreter or platform); a failing build fails the test."""
+    no headers, another interpreter or platform); a failing build fails the test."""
     if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         pytest.skip("the C share is used only where float sum() adds in order (CPython < 3.12)")
     if (sys.platform, accel.platform.machine()) not in accel.PLATFORMS:
         pytest.skip("the C share is built only where floats round as Python's")
     if shutil.which(accel.compiler()[0]) is None:
         pytest.skip(f"no C compiler here ({accel.compiler()[0]})")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("this interpreter's headers are not installed (a Debian python3.11 without python3.11-dev)")
     path = accel.build(tmp_path, with_stamp)
     spec = importlib.util.spec_from_file_location(accel.MODULE, path)
     assert spec is not None and spec.loader is not None
