@@ -17,7 +17,8 @@ gives the same bytes; about half of a big run's time is this function). The C on
 where CPython's float `sum()` adds in order, as the C one does (before 3.12), not with
 `P2PNET_SIM_PURE=1` in the environment, and only while the built module's stamp (`stamp()`: the C
 source and `python_share`'s source, hashed) matches this tree: a stale build is ignored with a
-warning. `IMPLEMENTATION` says which one runs ("c" or "python"; results.json records it).
+warning. results.json records which one ran (`fair_share`: "c" or "python",
+`simulations.hostile.fair_share_implementation`).
 """
 
 from __future__ import annotations
@@ -211,4 +212,3 @@ def _accelerated() -> Callable[..., None] | None:
 
 
 share: Callable[..., None] = _accelerated() or python_share
-IMPLEMENTATION = "python" if share is python_share else "c"
