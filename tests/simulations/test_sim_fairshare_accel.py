@@ -47,24 +47,26 @@ def _build(tmp_path: Path, with_stamp: str | None = None) -> Any:
     return module
 
 
-def _load_built(tmp_path: Path) -> Any:
-    return _build(tmp_path).share
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The C module built from this tree, once for the module's tests."""
+    return _build(tmp_path_factory.mktemp("cfairshare"))
 
 
-def test_a_build_is_used_only_with_the_trees_stamp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_build_is_used_only_with_the_trees_stamp(built: Any, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def install(module: Any) -> None:  # as if `make sim-accel` had put it in the package
+        monkeypatch.setitem(sys.modules, "simulations._cfairshare", module)
+        monkeypatch.setattr(simulations, "_cfairshare", module, raising=False)
+
     monkeypatch.delenv("P2PNET_SIM_PURE", raising=False)
-    current = _build(tmp_path / "current")
-    assert current.STAMP == fairshare.stamp()
-    monkeypatch.setitem(sys.modules, "simulations._cfairshare", current)
-    monkeypatch.setattr(simulations, "_cfairshare", current, raising=False)
-    assert fairshare._accelerated() is current.share
-    stale = _build(tmp_path / "stale", with_stamp="0" * 64)
-    monkeypatch.setitem(sys.modules, "simulations._cfairshare", stale)
-    monkeypatch.setattr(simulations, "_cfairshare", stale, raising=False)
+    assert built.STAMP == fairshare.stamp()
+    install(built)
+    assert fairshare._accelerated() is built.share
+    install(_build(tmp_path / "stale", with_stamp="0" * 64))
     with pytest.warns(RuntimeWarning, match="built from another"):
         assert fairshare._accelerated() is None
-    monkeypatch.setitem(sys.modules, "simulations._cfairshare", current)
-    monkeypatch.setattr(simulations, "_cfairshare", current, raising=False)
+    install(built)
     monkeypatch.setenv("P2PNET_SIM_PURE", "1")
     assert fairshare._accelerated() is None
 
@@ -84,10 +86,8 @@ WORLDS = {
     "slow relays, windows, churn, byzantine": dataclasses.replace(
         broadcast(80), checkpoint_bytes=100_000_000, chunk_bytes=4 * 2**20, seed=5, byzantine=0.1,
         churn=Churn(departures=0.2, end_s=1.0, leave_share=0, crash_share=1, hang_share=1), stall_timeout_s=2.0),
+    "unlimited downloads": dataclasses.replace(broadcast(100, seed=2), download_ratio=float("inf")),
 }
-
-
-WORLDS["unlimited downloads"] = dataclasses.replace(broadcast(100, seed=2), download_ratio=float("inf"))
 
 
 class _Handle:
@@ -144,21 +144,20 @@ def _differential(fast: Any, calls: list[int]) -> Any:
 
 
 @pytest.mark.parametrize("world", sorted(WORLDS))
-def test_c_share_sets_the_python_shares_bits_on_every_call(world: str, tmp_path: Path,
+def test_c_share_sets_the_python_shares_bits_on_every_call(world: str, built: Any,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    fast = _load_built(tmp_path)
     calls = [0]
-    monkeypatch.setattr(dataplane, "share", _differential(fast, calls))
+    monkeypatch.setattr(dataplane, "share", _differential(built.share, calls))
     result = run_scenario(WORLDS[world])
     assert calls[0] > 1_000 and result.summary["events"] > 3_000  # it shared and moved chunks
 
 
 @pytest.mark.parametrize("world", sorted(WORLDS))
-def test_c_share_gives_the_python_shares_bytes(world: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fast = _load_built(tmp_path)
+def test_c_share_gives_the_python_shares_bytes(world: str, built: Any, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     config = WORLDS[world]
     python = _outputs(monkeypatch, fairshare.python_share, config, tmp_path / "python")
-    c = _outputs(monkeypatch, fast, config, tmp_path / "c")
+    c = _outputs(monkeypatch, built.share, config, tmp_path / "c")
     assert c[0] == python[0]
     assert c[1] == python[1]
     assert json.loads(python[0])["events"] > 3_000  # it moved chunks
