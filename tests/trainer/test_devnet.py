@@ -1,4 +1,6 @@
-"""A short devnet with real processes: reward rises, the cheater is banned and never trained on."""
+"""A short devnet with real processes: reward rises, the cheater is banned and never trained on
+(the session's shared run, `devnet_run` in conftest.py); and `p2pnet devnet --lab` from the
+command line, a worker behind NAT."""
 
 import json
 import subprocess
@@ -9,17 +11,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_devnet_learns_on_verified_batches_and_bans_the_cheater(tmp_path):
-    out = tmp_path / "summary.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "p2pnet", "devnet", "--steps", "16", "--workers", "3", "--byzantine", "1",
-         "--validators", "1", "--relays", "1", "--out", str(tmp_path / "net"), "--json", str(out),
-         "--timeout-s", "420"],
-        capture_output=True, text=True, timeout=480)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    summary = json.loads(out.read_text())
+def test_devnet_learns_on_verified_batches_and_bans_the_cheater(devnet_run):
+    summary = devnet_run.summary
+    assert summary["ok"], devnet_run.printed[-3000:]
     steps = summary["steps"]
-    assert len(steps) == 16
+    assert len(steps) == devnet_run.steps == 16
     for key in ("step", "reward_mean", "propagation_s", "accepted_batches", "rejected_batches"):
         assert key in steps[0]
     first = sum(s["reward_mean"] for s in steps[:4]) / 4
@@ -33,7 +29,8 @@ def test_devnet_learns_on_verified_batches_and_bans_the_cheater(tmp_path):
     for w in summary["workers"]:
         assert set(w) >= {"peer_id", "byzantine", "accepted", "rejected", "banned", "trained_batches"}
     assert all(code == 0 for code in summary["exit_codes"].values())
-    assert (tmp_path / "net" / "reward.png").stat().st_size > 1000
+    assert json.loads(json.dumps(summary)) == summary  # what `--json` writes holds all of it
+    assert (devnet_run.root / "reward.png").stat().st_size > 1000
 
 
 def test_devnet_on_lab_hosts_with_a_worker_behind_nat(tmp_path):
