@@ -1,5 +1,6 @@
 """The C `share` (`simulations/_cfairshare.c`) gives the Python one's bytes: the same broadcasts
-run with each write the same results.json (wall_s aside) and peers.csv.
+run with each write the same results.json (wall_s aside) and peers.csv; so does the engine on the
+C queue (`simulations/_cqueue.c`, in the same module) against heapq.
 
 Built here into a temporary folder with this interpreter's compiler (`simulations.accel`), so the
 test runs wherever a run could use it; the worlds cover what `share` branches on: capped
@@ -10,11 +11,15 @@ cancelled mid-way), byzantine relays.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import importlib.util
 import json
+import math
+import random
 import shutil
 import sys
 import sysconfig
+import types
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ import pytest
 
 import simulations
 import simulations.dataplane as dataplane
+import simulations.engine as engine_module
 from simulations import accel, fairshare
 from simulations.models import Churn
 from simulations.run import run_scenario, write_outputs
@@ -161,3 +167,85 @@ def test_c_share_gives_the_python_shares_bytes(world: str, built: Any, tmp_path:
     assert c[0] == python[0]
     assert c[1] == python[1]
     assert json.loads(python[0])["events"] > 3_000  # it moved chunks
+
+
+def _ports_and_flows(flow_class: type) -> list[Any]:
+    """Five ports (two with unlimited downloads) and nine flows of `flow_class` among them, some
+    with rates already (so loads and re-timings count), some window-capped."""
+    ports = [dataplane._Port(upload_bps=up, download_bps=down, serving=None, core_index=0)  # type: ignore[arg-type]
+             for up, down in [(1e8, 4e8), (3e7, math.inf), (5e7, 1.2e8), (2e7, 8e7), (9e7, math.inf)]]
+    flows = []
+    for k, (s, d, cap, rate) in enumerate([(0, 1, math.inf, 0.0), (0, 2, 3e7, 2e7), (0, 3, math.inf, 0.0),
+                                           (1, 2, math.inf, 1e7), (1, 3, 7e6, 0.0), (2, 4, math.inf, 0.0),
+                                           (3, 2, math.inf, 5e6), (4, 0, 2.5e7, 0.0), (4, 3, math.inf, 0.0)]):
+        request = types.SimpleNamespace(fetch=types.SimpleNamespace(size=4 * 2**20 + k))
+        flow = flow_class("source", request, 0.25 * k, ports[s], ports[d], cap)
+        flow.rate = rate
+        flow.handle = _Handle([]) if rate else None
+        ports[s].up.append(flow)
+        ports[d].down.append(flow)
+        flows.append(flow)
+    return flows
+
+
+class _OtherFlow(dataplane._Flow):
+    """A flow of another class: the C share reads it by attribute, not at the learnt slots."""
+
+    __slots__ = ()
+
+
+@pytest.mark.parametrize("flow_class", [dataplane._Flow, _OtherFlow])
+def test_c_share_reads_slots_and_attributes_alike(flow_class: type, built: Any) -> None:
+    """The same bits from the C share whether it reads the flows at their slots (the data plane's
+    own class) or by attribute (any other), as from the Python one."""
+    seen = []
+    for share in (built.share, fairshare.python_share):
+        flows = _ports_and_flows(flow_class)
+        engine = _Engine(3.0)
+        share(flows[:7], 1, engine, None)
+        ports = {id(p): p for f in flows for p in (f.src, f.dst)}.values()
+        seen.append([(f.rate.hex(), f.remaining.hex(), f.since.hex()) for f in flows] +
+                    [(float(p.up_load).hex(), float(p.down_load).hex()) for p in ports] +
+                    [entry[:2] for entry in engine.log])
+    assert seen[0] == seen[1]
+    assert any(entry[0] == "retime" for entry in seen[0]) and any(entry[0] == "at" for entry in seen[0])
+
+
+def test_c_queue_pops_in_heapqs_order(built: Any) -> None:
+    """Interleaved pushes and pops, many at equal times: the C queue pops the entries heapq pops."""
+    rng = random.Random(7)
+    queue, heap, sequence = built.Queue(), [], 0
+    popped: list[tuple[Any, Any]] = []
+    for _ in range(20_000):
+        if heap and rng.random() < 0.45:
+            popped.append((built.heappop(queue), heapq.heappop(heap)))
+            assert queue[0] is heap[0] if heap else len(queue) == 0
+        else:
+            sequence += 1
+            entry = (float(rng.randrange(50)) / 8, sequence, object(), None, ())
+            built.heappush(queue, entry)
+            heapq.heappush(heap, entry)
+        assert len(queue) == len(heap)
+    while heap:
+        popped.append((built.heappop(queue), heapq.heappop(heap)))
+    assert len(popped) > 10_000 and all(c is python for c, python in popped)
+    with pytest.raises(IndexError):
+        built.heappop(queue)
+    with pytest.raises(ValueError, match="NaN"):
+        built.heappush(queue, (math.nan, 1, None, None, ()))
+    with pytest.raises(TypeError):
+        built.heappush(queue, [1.0, 2])
+
+
+def test_engine_on_the_c_queue_gives_the_heapq_runs_bytes(built: Any, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    config = WORLDS["slow relays, windows, churn, byzantine"]
+    outputs = []
+    for name, (new, push, pop) in {"heapq": (list, heapq.heappush, heapq.heappop),
+                                   "c": (built.Queue, built.heappush, built.heappop)}.items():
+        monkeypatch.setattr(engine_module, "new_queue", new)
+        monkeypatch.setattr(engine_module, "heappush", push)
+        monkeypatch.setattr(engine_module, "heappop", pop)
+        outputs.append(_outputs(monkeypatch, fairshare.python_share, config, tmp_path / name))
+    assert outputs[0] == outputs[1]
+    assert json.loads(outputs[0][0])["events"] > 3_000
