@@ -12,7 +12,8 @@
  * Differences that change no result: the per-call scratch (which flows share which resource,
  * limits, levels) lives in C arrays instead of the flows' and ports' scratch fields, and a flow
  * of a full resource is found by scanning the call's flows in order (the order `use[3]` has).
- * The module state (interned names, g_limit for qsort) is static: calls are serialised by the GIL. */
+ * The module state (interned names, the learnt slot layouts, g_limit for qsort) is static: calls are
+ * serialised by the GIL. The module also carries the engine's event queue (`_cqueue.c`, compiled in). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>

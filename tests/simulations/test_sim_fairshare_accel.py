@@ -169,9 +169,9 @@ def test_c_share_gives_the_python_shares_bytes(world: str, built: Any, tmp_path:
     assert json.loads(python[0])["events"] > 3_000  # it moved chunks
 
 
-def _ports_and_flows(flow_class: type) -> list[Any]:
-    """Five ports (two with unlimited downloads) and nine flows of `flow_class` among them, some
-    with rates already (so loads and re-timings count), some window-capped."""
+def _ports_and_flows(flow_classes: tuple[type, ...]) -> list[Any]:
+    """Five ports (two with unlimited downloads) and nine flows among them, of `flow_classes` in
+    turn, some with rates already (so loads and re-timings count), some window-capped."""
     ports = [dataplane._Port(upload_bps=up, download_bps=down, serving=None, core_index=0)  # type: ignore[arg-type]
              for up, down in [(1e8, 4e8), (3e7, math.inf), (5e7, 1.2e8), (2e7, 8e7), (9e7, math.inf)]]
     flows = []
@@ -179,7 +179,7 @@ def _ports_and_flows(flow_class: type) -> list[Any]:
                                            (1, 2, math.inf, 1e7), (1, 3, 7e6, 0.0), (2, 4, math.inf, 0.0),
                                            (3, 2, math.inf, 5e6), (4, 0, 2.5e7, 0.0), (4, 3, math.inf, 0.0)]):
         request = types.SimpleNamespace(fetch=types.SimpleNamespace(size=4 * 2**20 + k))
-        flow = flow_class("source", request, 0.25 * k, ports[s], ports[d], cap)
+        flow = flow_classes[k % len(flow_classes)]("source", request, 0.25 * k, ports[s], ports[d], cap)
         flow.rate = rate
         flow.handle = _Handle([]) if rate else None
         ports[s].up.append(flow)
@@ -189,18 +189,19 @@ def _ports_and_flows(flow_class: type) -> list[Any]:
 
 
 class _OtherFlow(dataplane._Flow):
-    """A flow of another class: the C share reads it by attribute, not at the learnt slots."""
+    """A flow of another class: in a call whose first flow is a `_Flow` (the class the C share
+    learns), the C share reads it by attribute, not at the learnt slots."""
 
     __slots__ = ()
 
 
-@pytest.mark.parametrize("flow_class", [dataplane._Flow, _OtherFlow])
-def test_c_share_reads_slots_and_attributes_alike(flow_class: type, built: Any) -> None:
-    """The same bits from the C share whether it reads the flows at their slots (the data plane's
-    own class) or by attribute (any other), as from the Python one."""
+@pytest.mark.parametrize("flow_classes", [(dataplane._Flow,), (dataplane._Flow, _OtherFlow)])
+def test_c_share_reads_slots_and_attributes_alike(flow_classes: tuple[type, ...], built: Any) -> None:
+    """The same bits from the C share whether it reads the flows at their slots or by attribute
+    (every other flow of another class), as from the Python one."""
     seen = []
     for share in (built.share, fairshare.python_share):
-        flows = _ports_and_flows(flow_class)
+        flows = _ports_and_flows(flow_classes)
         engine = _Engine(3.0)
         share(flows[:7], 1, engine, None)
         ports = {id(p): p for f in flows for p in (f.src, f.dst)}.values()
