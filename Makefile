@@ -37,7 +37,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_gossip.py
 
-# the simulator's optional C fair-share (simulations/accel.py): the same results, faster big runs
+# the simulator's optional C module (simulations/accel.py): fair share and event queue; the same results, faster big runs
 sim-accel: $(STAMP)
 	$(PY) -m simulations.accel
 

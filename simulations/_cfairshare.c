@@ -34,7 +34,9 @@ static PyObject *s_now, *s_at, *s_retime, *s_cancel, *minus_one;
  * else through PyObject_GetAttr / SetAttr; the same values either way (a slot written here is
  * written as its member descriptor writes it). The class is learnt, and checked unchanged since
  * (its version tag), at the start of every call, from the first flow and its ports; any other
- * object takes the attribute path. */
+ * object takes the attribute path. A class changed by Python code that this call itself runs
+ * (engine.at, a finalizer) keeps its learnt slots until the next call: the slots still exist in
+ * the object, so this can change no memory, only which access a contrived class sees. */
 enum { F_SRC, F_DST, F_CAP, F_RATE, F_HANDLE, F_REMAINING, F_SINCE, F_N };
 enum { P_UP, P_DOWN, P_UPLOAD_BPS, P_DOWNLOAD_BPS, P_UP_LOAD, P_DOWN_LOAD, P_N };
 #define MAX_FIELDS 8
@@ -58,6 +60,8 @@ static void learn(Layout *lay, PyTypeObject *type) {
     for (int k = 0; k < lay->n; k++) {
         PyObject *d = _PyType_Lookup(type, lay->names[k]);  /* borrowed; gives the class a version tag */
         if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return;
+        /* a descriptor of another class (put in this one's dict) has that class's offsets */
+        if (!PyType_IsSubtype(type, PyDescr_TYPE(d))) return;
         PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
         if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return;
         lay->off[k] = member->offset;

@@ -5,11 +5,12 @@
  * run: `heappop`, `PyObject_RichCompare`, `float_richcompare`).
  *
  * The same order as `heapq` on the tuples: sequences are unique (the engine counts them), so
- * (time, sequence) orders every entry and any heap pops them in that one order. A time must be a
- * float that is not NaN and a sequence an int that fits 64 bits (ValueError / OverflowError
- * otherwise), as the engine's are. Compiled into `_cfairshare` with `_cfairshare.c` (one module,
+ * (time, sequence) orders every entry and any heap pops them in that one order. A time is taken
+ * as a C double (PyFloat_AsDouble: an int above 2**53 would be rounded, so the engine's times are
+ * floats) and must not be NaN (ValueError; `Engine.at` refuses it first); a sequence must be an
+ * int that fits 64 bits (OverflowError otherwise), as the engine's are. Compiled into `_cfairshare` with `_cfairshare.c` (one module,
  * one stamp: `simulations.fairshare.stamp`). `heappush(queue, entry)` / `heappop(queue)` take the
- * place of heapq's on a `Queue()`; `queue[0]` is the earliest entry; `len(queue)` the count. */
+ * place of heapq's on a `Queue()`; `queue[0]` is the earliest entry; `len(queue)` the count; it cannot be iterated. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -42,22 +43,29 @@ static int queue_traverse(Queue *q, visitproc visit, void *arg) {
 }
 
 static int queue_clear(Queue *q) {
+    /* detach the array first (as list_clear does): a decref may run code that pushes here */
+    Slot *heap = q->heap;
     Py_ssize_t n = q->n;
-    q->n = 0;
-    for (Py_ssize_t i = 0; i < n; i++) Py_CLEAR(q->heap[i].entry);
+    q->heap = NULL;
+    q->n = q->size = 0;
+    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(heap[i].entry);
+    PyMem_Free(heap);
     return 0;
 }
 
 static void queue_dealloc(Queue *q) {
     PyObject_GC_UnTrack(q);
     queue_clear(q);
-    PyMem_Free(q->heap);
     Py_TYPE(q)->tp_free((PyObject *)q);
 }
 
 static Py_ssize_t queue_len(Queue *q) { return q->n; }
 
-static PyObject *queue_item(Queue *q, Py_ssize_t i) {
+/* queue[0] only: a mapping, not a sequence, so iter(queue) and `x in queue` are TypeErrors
+ * instead of seeing the earliest entry alone (a heap's array order is no list's anyway) */
+static PyObject *queue_item(Queue *q, PyObject *key) {
+    Py_ssize_t i = PyIndex_Check(key) ? PyNumber_AsSsize_t(key, PyExc_IndexError) : -1;
+    if (i == -1 && PyErr_Occurred()) return NULL;
     if (i != 0 || q->n == 0) {
         PyErr_SetString(PyExc_IndexError, q->n ? "a Queue gives only its earliest entry, [0]" : "the queue is empty");
         return NULL;
@@ -66,7 +74,7 @@ static PyObject *queue_item(Queue *q, Py_ssize_t i) {
     return q->heap[0].entry;
 }
 
-static PySequenceMethods queue_as_sequence = {.sq_length = (lenfunc)queue_len, .sq_item = (ssizeargfunc)queue_item};
+static PyMappingMethods queue_as_mapping = {.mp_length = (lenfunc)queue_len, .mp_subscript = (binaryfunc)queue_item};
 
 PyTypeObject p2pnet_QueueType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -78,7 +86,7 @@ PyTypeObject p2pnet_QueueType = {
     .tp_dealloc = (destructor)queue_dealloc,
     .tp_traverse = (traverseproc)queue_traverse,
     .tp_clear = (inquiry)queue_clear,
-    .tp_as_sequence = &queue_as_sequence,
+    .tp_as_mapping = &queue_as_mapping,
 };
 
 static PyObject *heappush(PyObject *self, PyObject *args) {

@@ -37,6 +37,11 @@ heappush: Callable[[Any, tuple[Any, ...]], None] = heapq.heappush if _C is None 
 heappop: Callable[[Any], Any] = heapq.heappop if _C is None else _C.heappop
 
 
+def _nan(callback: Callable[..., Any]) -> ValueError:
+    # the caller's fault, refused on either queue (heapq would take NaN and lose its order)
+    return ValueError(f"an event for {callback!r} scheduled at time NaN")
+
+
 class Handle:
     """One scheduled event. `sequence` is its order among events at the same time (0: cancelled,
     -1: it ran); `due` its time, later than its heap entry's `entry` when it was moved later."""
@@ -65,6 +70,8 @@ class Engine:
         self.events_run = 0
 
     def at(self, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
+        if when != when:
+            raise _nan(callback)
         if when < self.now:
             when = self.now
         sequence = self._sequence = self._sequence + 1
@@ -79,6 +86,8 @@ class Engine:
         """Move the event `handle` (scheduled with `callback(*args)`) to `when`, as if it were
         cancelled and `at(when, callback, *args)` called; returns its handle from now on. A handle
         that was cancelled or already ran has no entry to move: the event is scheduled anew."""
+        if when != when:
+            raise _nan(callback)
         if when < self.now:
             when = self.now
         sequence = self._sequence = self._sequence + 1
