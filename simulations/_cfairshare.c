@@ -12,9 +12,11 @@
  * Differences that change no result: the per-call scratch (which flows share which resource,
  * limits, levels) lives in C arrays instead of the flows' and ports' scratch fields, and a flow
  * of a full resource is found by scanning the call's flows in order (the order `use[3]` has).
- * The module state (interned names, g_limit for qsort) is static: calls are serialised by the GIL. */
+ * The module state (interned names, the learnt slot layouts, g_limit for qsort) is static: calls are
+ * serialised by the GIL. The module also carries the engine's event queue (`_cqueue.c`, compiled in). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +27,103 @@
 #error "build with simulations.accel (python -m simulations.accel), which passes -DP2PNET_STAMP"
 #endif
 
-static PyObject *s_src, *s_dst, *s_cap, *s_rate, *s_up, *s_down, *s_upload_bps, *s_download_bps,
-    *s_up_load, *s_down_load, *s_handle, *s_remaining, *s_since, *s_now, *s_at, *s_retime, *s_cancel,
-    *minus_one;
+static PyObject *s_now, *s_at, *s_retime, *s_cancel, *minus_one;
 
-static int getd(PyObject *o, PyObject *name, double *out) {
+/* A flow's or a port's fields, read and written at their slots' offsets where the object is of
+ * the class this module learnt (`_Flow`, `_Port`: __slots__ classes with plain attribute access),
+ * else through PyObject_GetAttr / SetAttr; the same values either way (a slot written here is
+ * written as its member descriptor writes it). The class is learnt, and checked unchanged since
+ * (its version tag), at the start of every call, from the first flow and its ports; any other
+ * object takes the attribute path. A class changed by Python code that this call itself runs
+ * (engine.at, a finalizer) keeps its learnt slots until the next call: the slots still exist in
+ * the object, so this can change no memory, only which access a contrived class sees. */
+enum { F_SRC, F_DST, F_CAP, F_RATE, F_HANDLE, F_REMAINING, F_SINCE, F_N };
+enum { P_UP, P_DOWN, P_UPLOAD_BPS, P_DOWNLOAD_BPS, P_UP_LOAD, P_DOWN_LOAD, P_N };
+#define MAX_FIELDS 8
+typedef struct {
+    PyTypeObject *type;  /* the learnt class (a strong reference), NULL: none */
+    unsigned int tag;  /* its tp_version_tag when learnt: a class changed since has another */
+    int n;
+    PyObject *names[MAX_FIELDS];
+    Py_ssize_t off[MAX_FIELDS];
+} Layout;
+static Layout L_flow = {.n = F_N}, L_port = {.n = P_N};
+
+/* learn `type`'s slots for lay's fields: every one a writable object slot (a member descriptor
+ * T_OBJECT_EX) found by the class's own lookup, plain getattr/setattr; else lay learns nothing
+ * and every object of that class takes the attribute path */
+static void learn(Layout *lay, PyTypeObject *type) {
+    if (lay->type == type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == lay->tag)
+        return;
+    Py_CLEAR(lay->type);
+    if (type->tp_getattro != PyObject_GenericGetAttr || type->tp_setattro != PyObject_GenericSetAttr) return;
+    for (int k = 0; k < lay->n; k++) {
+        PyObject *d = _PyType_Lookup(type, lay->names[k]);  /* borrowed; gives the class a version tag */
+        if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return;
+        /* a descriptor of another class (put in this one's dict) has that class's offsets */
+        if (!PyType_IsSubtype(type, PyDescr_TYPE(d))) return;
+        PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return;
+        lay->off[k] = member->offset;
+    }
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return;
+    Py_INCREF(type);
+    lay->type = type;
+    lay->tag = type->tp_version_tag;
+}
+
+/* where o's field k lives when o is of lay's learnt class, else NULL */
+static inline PyObject **slot_of(PyObject *o, const Layout *lay, int k) {
+    return Py_TYPE(o) == lay->type ? (PyObject **)((char *)o + lay->off[k]) : NULL;
+}
+
+/* o's field k: a new reference, NULL with AttributeError when unset */
+static PyObject *geto(PyObject *o, const Layout *lay, int k) {
+    PyObject **p = slot_of(o, lay, k);
+    if (!p) return PyObject_GetAttr(o, lay->names[k]);
+    if (!*p) {
+        PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'", Py_TYPE(o)->tp_name, lay->names[k]);
+        return NULL;
+    }
+    Py_INCREF(*p);
+    return *p;
+}
+
+static int getd(PyObject *o, const Layout *lay, int k, double *out) {
+    PyObject **p = slot_of(o, lay, k);
+    if (p && *p && PyFloat_CheckExact(*p)) {
+        *out = PyFloat_AS_DOUBLE(*p);
+        return 0;
+    }
+    PyObject *v = geto(o, lay, k);
+    if (!v) return -1;
+    double d = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    if (d == -1.0 && PyErr_Occurred()) return -1;
+    *out = d;
+    return 0;
+}
+
+static int seto(PyObject *o, const Layout *lay, int k, PyObject *v) {
+    PyObject **p = slot_of(o, lay, k);
+    if (!p) return PyObject_SetAttr(o, lay->names[k], v);
+    PyObject *old = *p;  /* as the member descriptor sets it */
+    Py_INCREF(v);
+    *p = v;
+    Py_XDECREF(old);
+    return 0;
+}
+
+static int setd(PyObject *o, const Layout *lay, int k, double d) {
+    PyObject *v = PyFloat_FromDouble(d);
+    if (!v) return -1;
+    int r = seto(o, lay, k, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* a float attribute of any object (the engine's `now`) */
+static int getd_attr(PyObject *o, PyObject *name, double *out) {
     PyObject *v = PyObject_GetAttr(o, name);
     if (!v) return -1;
     double d = PyFloat_AsDouble(v);
@@ -39,17 +133,9 @@ static int getd(PyObject *o, PyObject *name, double *out) {
     return 0;
 }
 
-static int setd(PyObject *o, PyObject *name, double d) {
-    PyObject *v = PyFloat_FromDouble(d);
-    if (!v) return -1;
-    int r = PyObject_SetAttr(o, name, v);
-    Py_DECREF(v);
-    return r;
-}
-
 /* port.up or port.down (a new reference), which must be a list: TypeError otherwise */
 static PyObject *port_flows(PyObject *port, int down) {
-    PyObject *lst = PyObject_GetAttr(port, down ? s_down : s_up);
+    PyObject *lst = geto(port, &L_port, down ? P_DOWN : P_UP);
     if (lst && !PyList_Check(lst)) {
         PyErr_Format(PyExc_TypeError, "the C fair share needs a port's up/down flows as a list, not %.100s",
                      Py_TYPE(lst)->tp_name);
@@ -64,7 +150,7 @@ static int sum_rates(PyObject *lst, double *out) {
     Py_ssize_t n = PyList_GET_SIZE(lst);
     for (Py_ssize_t k = 0; k < n; k++) {
         double r;
-        if (getd(PyList_GET_ITEM(lst, k), s_rate, &r) < 0) return -1;
+        if (getd(PyList_GET_ITEM(lst, k), &L_flow, F_RATE, &r) < 0) return -1;
         s += r;
     }
     *out = s;
@@ -73,15 +159,15 @@ static int sum_rates(PyObject *lst, double *out) {
 
 /* the cached load of port (up or down), summed afresh and stored when not known */
 static int port_load(PyObject *port, int down, double *out) {
-    PyObject *cache = down ? s_down_load : s_up_load;
+    int cache = down ? P_DOWN_LOAD : P_UP_LOAD;
     double used;
-    if (getd(port, cache, &used) < 0) return -1;
+    if (getd(port, &L_port, cache, &used) < 0) return -1;
     if (used < 0.0) {
         PyObject *lst = port_flows(port, down);
         if (!lst) return -1;
         int r = sum_rates(lst, &used);
         Py_DECREF(lst);
-        if (r < 0 || setd(port, cache, used) < 0) return -1;
+        if (r < 0 || setd(port, &L_port, cache, used) < 0) return -1;
     }
     *out = used;
     return 0;
@@ -125,33 +211,39 @@ static PyObject *share(PyObject *self, PyObject *args) {
     if (n == 0) { Py_DECREF(flows); Py_RETURN_NONE; }
     PyObject *result = NULL;
     size_t tsize = 4; while (tsize < 4 * n + 4) tsize <<= 1;
-    PyObject **src = calloc(n, sizeof(PyObject *)), **dst = calloc(n, sizeof(PyObject *));
-    double *limit = malloc(n * sizeof(double)), *level = malloc(n * sizeof(double)),
-        *rate = malloc(n * sizeof(double));
-    Py_ssize_t *srec = malloc(n * sizeof(Py_ssize_t)), *drec = malloc(n * sizeof(Py_ssize_t)),
-        *sres = malloc(n * sizeof(Py_ssize_t)), *dres = malloc(n * sizeof(Py_ssize_t)),
-        *order = malloc(n * sizeof(Py_ssize_t)), *stop = malloc(n * sizeof(Py_ssize_t));
-    Map m; m.recs = malloc(2 * n * sizeof(Rec)); m.nrecs = 0; m.table = malloc(tsize * sizeof(Py_ssize_t)); m.mask = tsize - 1;
-    Res *res = malloc(2 * n * sizeof(Res)); Py_ssize_t nres = 0;
-    if (!src || !dst || !limit || !level || !rate || !srec || !drec || !sres || !dres || !order || !stop || !m.recs ||
-        !m.table || !res) { PyErr_NoMemory(); goto done; }
+    /* the call's scratch, in one block: flows' ports, limits, levels, rates, resources, order */
+    size_t bytes = 2 * n * sizeof(PyObject *) + 3 * n * sizeof(double) + 6 * n * sizeof(Py_ssize_t) +
+        2 * n * sizeof(Rec) + tsize * sizeof(Py_ssize_t) + 2 * n * sizeof(Res);
+    char *block = malloc(bytes), *at = block;
+    if (!block) { Py_DECREF(flows); return PyErr_NoMemory(); }
+#define TAKE(type, count) ((type *)((at += (count) * sizeof(type)) - (count) * sizeof(type)))
+    PyObject **src = TAKE(PyObject *, n), **dst = TAKE(PyObject *, n);  /* zeroed: released at done */
+    double *limit = TAKE(double, n), *level = TAKE(double, n), *rate = TAKE(double, n);
+    Py_ssize_t *srec = TAKE(Py_ssize_t, n), *drec = TAKE(Py_ssize_t, n), *sres = TAKE(Py_ssize_t, n),
+        *dres = TAKE(Py_ssize_t, n), *order = TAKE(Py_ssize_t, n), *stop = TAKE(Py_ssize_t, n);
+    Map m; m.recs = TAKE(Rec, 2 * n); m.nrecs = 0; m.table = TAKE(Py_ssize_t, tsize); m.mask = tsize - 1;
+    Res *res = TAKE(Res, 2 * n); Py_ssize_t nres = 0;
+#undef TAKE
+    memset(block, 0, 2 * n * sizeof(PyObject *));
     memset(m.table, -1, tsize * sizeof(Py_ssize_t));
+    learn(&L_flow, Py_TYPE(PyTuple_GET_ITEM(flows, 0)));
     /* count the flows on each resource */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *f = PyTuple_GET_ITEM(flows, i);
         level[i] = -1.0;
-        if (!(src[i] = PyObject_GetAttr(f, s_src)) || !(dst[i] = PyObject_GetAttr(f, s_dst))) goto done;
+        if (!(src[i] = geto(f, &L_flow, F_SRC)) || !(dst[i] = geto(f, &L_flow, F_DST))) goto done;
+        if (i == 0) learn(&L_port, Py_TYPE(src[0]));
         srec[i] = map_get(&m, src[i], 0);
         m.recs[srec[i]].count++;
         double dl;
-        if (getd(dst[i], s_download_bps, &dl) < 0) goto done;
+        if (getd(dst[i], &L_port, P_DOWNLOAD_BPS, &dl) < 0) goto done;
         if (dl != INFINITY) { drec[i] = map_get(&m, dst[i], 1); m.recs[drec[i]].count++; }
         else drec[i] = -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *f = PyTuple_GET_ITEM(flows, i);
         double lim, r;
-        if (getd(f, s_cap, &lim) < 0 || getd(f, s_rate, &r) < 0) goto done;
+        if (getd(f, &L_flow, F_CAP, &lim) < 0 || getd(f, &L_flow, F_RATE, &r) < 0) goto done;
         rate[i] = r;
         for (int side = 0; side < 2; side++) {
             Py_ssize_t rc = side ? drec[i] : srec[i];
@@ -161,7 +253,7 @@ static PyObject *share(PyObject *self, PyObject *args) {
             Rec *rec = &m.recs[rc];
             PyObject *port = side ? dst[i] : src[i];
             double capacity;
-            if (getd(port, side ? s_download_bps : s_upload_bps, &capacity) < 0) goto done;
+            if (getd(port, &L_port, side ? P_DOWNLOAD_BPS : P_UPLOAD_BPS, &capacity) < 0) goto done;
             if (rec->count == 1) {
                 PyObject *lst = port_flows(port, side);
                 if (!lst) goto done;
@@ -247,24 +339,24 @@ static PyObject *share(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) level[i] = limit[i];
     }
     double now;
-    if (getd(engine, s_now, &now) < 0) goto done;
+    if (getd_attr(engine, s_now, &now) < 0) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {  /* `_set_rate` */
         PyObject *f = PyTuple_GET_ITEM(flows, i);
         double r = level[i], old = rate[i];
-        PyObject *handle = PyObject_GetAttr(f, s_handle);
+        PyObject *handle = geto(f, &L_flow, F_HANDLE);
         if (!handle) goto done;
         int has = handle != Py_None;
         if (has) {
             if (fabs(r - old) <= 1e-9 * old) { Py_DECREF(handle); continue; }
             double remaining, since;
-            if (getd(f, s_remaining, &remaining) < 0 || getd(f, s_since, &since) < 0 ||
-                setd(f, s_remaining, remaining - (now - since) * old) < 0) { Py_DECREF(handle); goto done; }
+            if (getd(f, &L_flow, F_REMAINING, &remaining) < 0 || getd(f, &L_flow, F_SINCE, &since) < 0 ||
+                setd(f, &L_flow, F_REMAINING, remaining - (now - since) * old) < 0) { Py_DECREF(handle); goto done; }
         } else if (r == 0.0) { Py_DECREF(handle); continue; }
-        if (setd(f, s_since, now) < 0 || setd(f, s_rate, r) < 0 || PyObject_SetAttr(src[i], s_up_load, minus_one) < 0 ||
-            PyObject_SetAttr(dst[i], s_down_load, minus_one) < 0) { Py_DECREF(handle); goto done; }
+        if (setd(f, &L_flow, F_SINCE, now) < 0 || setd(f, &L_flow, F_RATE, r) < 0 ||
+            seto(src[i], &L_port, P_UP_LOAD, minus_one) < 0 || seto(dst[i], &L_port, P_DOWN_LOAD, minus_one) < 0) { Py_DECREF(handle); goto done; }
         if (r > 0.0) {
             double remaining;
-            if (getd(f, s_remaining, &remaining) < 0) { Py_DECREF(handle); goto done; }
+            if (getd(f, &L_flow, F_REMAINING, &remaining) < 0) { Py_DECREF(handle); goto done; }
             PyObject *when = PyFloat_FromDouble(now + (remaining > 0.0 ? remaining : 0.0) / r);
             if (!when) { Py_DECREF(handle); goto done; }
             PyObject *h;
@@ -272,37 +364,43 @@ static PyObject *share(PyObject *self, PyObject *args) {
             else h = PyObject_CallMethodObjArgs(engine, s_at, when, finish, f, NULL);
             Py_DECREF(when);
             if (!h) { Py_DECREF(handle); goto done; }
-            int e = PyObject_SetAttr(f, s_handle, h);
+            int e = seto(f, &L_flow, F_HANDLE, h);
             Py_DECREF(h);
             if (e < 0) { Py_DECREF(handle); goto done; }
         } else if (has) {
             PyObject *c = PyObject_CallMethodNoArgs(handle, s_cancel);
-            if (!c || PyObject_SetAttr(f, s_handle, Py_None) < 0) { Py_XDECREF(c); Py_DECREF(handle); goto done; }
+            if (!c || seto(f, &L_flow, F_HANDLE, Py_None) < 0) { Py_XDECREF(c); Py_DECREF(handle); goto done; }
             Py_DECREF(c);
         }
         Py_DECREF(handle);
     }
     result = Py_None; Py_INCREF(result);
 done:
-    if (src) for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(src[i]);
-    if (dst) for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(dst[i]);
-    free(src); free(dst); free(limit); free(level); free(rate); free(srec); free(drec); free(sres); free(dres);
-    free(order); free(stop); free(m.recs); free(m.table); free(res);
+    for (Py_ssize_t i = 0; i < n; i++) { Py_XDECREF(src[i]); Py_XDECREF(dst[i]); }
+    free(block);
     Py_DECREF(flows);
     return result;
 }
+
+/* the engine's event queue, `_cqueue.c` (compiled into this module) */
+extern PyTypeObject p2pnet_QueueType;
+extern PyMethodDef p2pnet_queue_methods[];
 
 static PyMethodDef methods[] = {{"share", share, METH_VARARGS, "fairshare.share in C"}, {NULL, NULL, 0, NULL}};
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_cfairshare", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__cfairshare(void) {
 #define I(v, s) if (!(v = PyUnicode_InternFromString(s))) return NULL
-    I(s_src, "src"); I(s_dst, "dst"); I(s_cap, "cap"); I(s_rate, "rate"); I(s_up, "up"); I(s_down, "down");
-    I(s_upload_bps, "upload_bps"); I(s_download_bps, "download_bps"); I(s_up_load, "up_load");
-    I(s_down_load, "down_load"); I(s_handle, "handle"); I(s_remaining, "remaining"); I(s_since, "since");
-    I(s_now, "now"); I(s_at, "at"); I(s_retime, "retime"); I(s_cancel, "cancel");
+    I(L_flow.names[F_SRC], "src"); I(L_flow.names[F_DST], "dst"); I(L_flow.names[F_CAP], "cap");
+    I(L_flow.names[F_RATE], "rate"); I(L_flow.names[F_HANDLE], "handle"); I(L_flow.names[F_REMAINING], "remaining");
+    I(L_flow.names[F_SINCE], "since"); I(L_port.names[P_UP], "up"); I(L_port.names[P_DOWN], "down");
+    I(L_port.names[P_UPLOAD_BPS], "upload_bps"); I(L_port.names[P_DOWNLOAD_BPS], "download_bps");
+    I(L_port.names[P_UP_LOAD], "up_load"); I(L_port.names[P_DOWN_LOAD], "down_load"); I(s_now, "now"); I(s_at, "at"); I(s_retime, "retime"); I(s_cancel, "cancel");
     if (!(minus_one = PyFloat_FromDouble(-1.0))) return NULL;
+    if (PyType_Ready(&p2pnet_QueueType) < 0) return NULL;
     PyObject *module = PyModule_Create(&mod);
-    if (module && PyModule_AddStringConstant(module, "STAMP", P2PNET_STAMP) < 0) Py_CLEAR(module);
+    if (module && (PyModule_AddStringConstant(module, "STAMP", P2PNET_STAMP) < 0 ||
+                   PyModule_AddObjectRef(module, "Queue", (PyObject *)&p2pnet_QueueType) < 0 ||
+                   PyModule_AddFunctions(module, p2pnet_queue_methods) < 0)) Py_CLEAR(module);
     return module;
 }

@@ -1,6 +1,7 @@
 """Builds the simulator's optional C accelerator: `simulations/_cfairshare.c`, the data plane's
 max-min fair sharing (`simulations.fairshare.share`) with the same float operations in the same
-order, so a run gives the same bytes either way, faster (see BENCHMARKS.md's simulator section).
+order, and `simulations/_cqueue.c`, the engine's event queue (the same pop order), in one module,
+so a run gives the same bytes either way, faster (see BENCHMARKS.md's simulator section).
 
 `python -m simulations.accel` (or `make sim-accel`) compiles it next to this file with the C
 compiler Python was built with (`sysconfig`'s CC, else `cc`), against this interpreter's headers;
@@ -8,7 +9,7 @@ nothing is downloaded and nothing else changes. Without it (no compiler, another
 the simulator runs the Python function, as before. `P2PNET_SIM_PURE=1` makes a process ignore a
 built accelerator (for A/B runs). This module only builds; it must not be imported by a run.
 
-The module carries a stamp (`fairshare.stamp()`: the C source and `python_share`'s source, hashed)
+The module carries a stamp (`fairshare.stamp()`: the C sources and `python_share`'s source, hashed)
 and the simulator uses it only while the stamp still matches, so a stale build is never run. It is
 built only on x86_64 / aarch64 Linux and macOS, where doubles are plain IEEE binary64 (no x87
 excess precision), written under a temporary name and then moved into place.
@@ -30,6 +31,7 @@ with warnings.catch_warnings():  # a stale build, about to be replaced, need not
     from simulations.fairshare import stamp
 
 SOURCE = Path(__file__).with_name("_cfairshare.c")
+SOURCES = [SOURCE, SOURCE.with_name("_cqueue.c")]  # one module: the fair share and the event queue
 MODULE = "_cfairshare"
 # -ffp-contract=off: no fused multiply-add, every product and sum rounded as Python rounds it
 FLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Werror", "-fPIC", "-shared"]
@@ -59,7 +61,7 @@ def build(directory: Path | None = None, with_stamp: str | None = None) -> Path:
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     extra = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
     command = [*compiler(), *FLAGS, *extra, f'-DP2PNET_STAMP="{with_stamp or stamp()}"', "-I",
-               sysconfig.get_paths()["include"], str(SOURCE), "-o", str(partial)]
+               sysconfig.get_paths()["include"], *map(str, SOURCES), "-o", str(partial)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     except OSError as exc:

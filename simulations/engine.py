@@ -1,7 +1,10 @@
 """The discrete-event engine: one seeded event queue in virtual time.
 
 Events are `(time, sequence, handle, callback, args)` in a heap; ties are broken by insertion
-order, so a run is a pure function of its inputs and seed. Cancelling is lazy: a cancelled
+order, so a run is a pure function of its inputs and seed. The heap is heapq's on a list, or where
+the simulator's C module is built (`make sim-accel`, `simulations.fairshare.accelerator`) its
+`Queue`, which keeps the two keys as C numbers: sequences are unique, so both pop every entry in
+the same order. Cancelling is lazy: a cancelled
 event's handle is marked and skipped when popped.
 
 Moving an event (`retime`) is lazy too when it moves later: its entry stays in the heap, the
@@ -22,8 +25,21 @@ from __future__ import annotations
 import contextlib
 import gc
 import random
-from heapq import heappop, heappush
+import heapq
 from typing import Any, Callable, Iterator
+
+from simulations.fairshare import accelerator
+
+_C = accelerator()
+# the queue: heapq on a list, or the same in C (`simulations/_cqueue.c`: the same pop order, cheaper compares)
+new_queue: Callable[[], Any] = list if _C is None else _C.Queue
+heappush: Callable[[Any, tuple[Any, ...]], None] = heapq.heappush if _C is None else _C.heappush
+heappop: Callable[[Any], Any] = heapq.heappop if _C is None else _C.heappop
+
+
+def _nan(callback: Callable[..., Any]) -> ValueError:
+    # the caller's fault, refused on either queue (heapq would take NaN and lose its order)
+    return ValueError(f"an event for {callback!r} scheduled at time NaN")
 
 
 class Handle:
@@ -49,11 +65,13 @@ class Engine:
         self.seed = seed
         self.random = random.Random(seed)
         self.now = 0.0
-        self._queue: list[tuple[float, int, Handle, Callable[..., Any], tuple[Any, ...]]] = []
+        self._queue: Any = new_queue()  # (time, sequence, handle, callback, args) entries, as heapq's heap
         self._sequence = 0
         self.events_run = 0
 
     def at(self, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
+        if when != when:
+            raise _nan(callback)
         if when < self.now:
             when = self.now
         sequence = self._sequence = self._sequence + 1
@@ -68,6 +86,8 @@ class Engine:
         """Move the event `handle` (scheduled with `callback(*args)`) to `when`, as if it were
         cancelled and `at(when, callback, *args)` called; returns its handle from now on. A handle
         that was cancelled or already ran has no entry to move: the event is scheduled anew."""
+        if when != when:
+            raise _nan(callback)
         if when < self.now:
             when = self.now
         sequence = self._sequence = self._sequence + 1
@@ -90,8 +110,9 @@ class Engine:
         queue = self._queue
         budget = max_events
         pop, push = heappop, heappush
+        bounded = until != float("inf")
         while queue and budget > 0:
-            if queue[0][0] > until:
+            if bounded and queue[0][0] > until:
                 break
             when, sequence, handle, callback, args = pop(queue)
             if handle.sequence != sequence:

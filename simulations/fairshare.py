@@ -187,16 +187,18 @@ _LIMIT = attrgetter("limit")
 
 
 def stamp() -> str:
-    """What a built C share must carry to be used: sha256 of `_cfairshare.c` and of
-    `python_share`'s source, so changing either side makes an older build stale."""
+    """What a built C module must carry to be used: sha256 of `_cfairshare.c`, `_cqueue.c` (the
+    engine's queue, in the same module) and `python_share`'s source, so changing any makes an
+    older build stale."""
     digest = hashlib.sha256(Path(__file__).with_name("_cfairshare.c").read_bytes())
+    digest.update(Path(__file__).with_name("_cqueue.c").read_bytes())
     digest.update(inspect.getsource(python_share).encode())
     return digest.hexdigest()
 
 
-def _accelerated() -> Callable[..., None] | None:
-    """The C `share`, where it is built from this tree and gives the Python function's bytes
-    (see the top); None otherwise."""
+def accelerator() -> Any:
+    """The built C module (`_cfairshare`: this `share` and the engine's `Queue`), where it is built
+    from this tree and gives the Python code's bytes (see the top); None otherwise."""
     if (os.environ.get("P2PNET_SIM_PURE") == "1" or sys.implementation.name != "cpython"
             or sys.version_info >= (3, 12)):
         return None
@@ -205,10 +207,17 @@ def _accelerated() -> Callable[..., None] | None:
     except ImportError:
         return None
     if getattr(_cfairshare, "STAMP", None) != stamp():
-        warnings.warn(f"{_cfairshare.__file__} was built from another _cfairshare.c or python_share: "
-                      "running the Python fair share (rebuild: make sim-accel)", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{_cfairshare.__file__} was built from another _cfairshare.c, _cqueue.c or python_share: "
+                      "running the Python fair share and queue (rebuild: make sim-accel)", RuntimeWarning,
+                      stacklevel=2)
         return None
-    return _cfairshare.share  # type: ignore[no-any-return]
+    return _cfairshare
+
+
+def _accelerated() -> Callable[..., None] | None:
+    """The C `share` (see `accelerator`), or None."""
+    module = accelerator()
+    return None if module is None else module.share  # type: ignore[no-any-return]
 
 
 share: Callable[..., None] = _accelerated() or python_share

@@ -1,5 +1,6 @@
 """The C `share` (`simulations/_cfairshare.c`) gives the Python one's bytes: the same broadcasts
-run with each write the same results.json (wall_s aside) and peers.csv.
+run with each write the same results.json (wall_s aside) and peers.csv; so does the engine on the
+C queue (`simulations/_cqueue.c`, in the same module) against heapq.
 
 Built here into a temporary folder with this interpreter's compiler (`simulations.accel`), so the
 test runs wherever a run could use it; the worlds cover what `share` branches on: capped
@@ -10,11 +11,19 @@ cancelled mid-way), byzantine relays.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import heapq
 import importlib.util
 import json
+import math
+import os
+import random
 import shutil
+import subprocess
 import sys
 import sysconfig
+import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +31,7 @@ import pytest
 
 import simulations
 import simulations.dataplane as dataplane
+import simulations.engine as engine_module
 from simulations import accel, fairshare
 from simulations.models import Churn
 from simulations.run import run_scenario, write_outputs
@@ -161,3 +171,189 @@ def test_c_share_gives_the_python_shares_bytes(world: str, built: Any, tmp_path:
     assert c[0] == python[0]
     assert c[1] == python[1]
     assert json.loads(python[0])["events"] > 3_000  # it moved chunks
+
+
+def _ports_and_flows(flow_classes: tuple[type, ...]) -> list[Any]:
+    """Five ports (two with unlimited downloads) and nine flows among them, of `flow_classes` in
+    turn, some with rates already (so loads and re-timings count), some window-capped."""
+    ports = [dataplane._Port(upload_bps=up, download_bps=down, serving=None, core_index=0)  # type: ignore[arg-type]
+             for up, down in [(1e8, 4e8), (3e7, math.inf), (5e7, 1.2e8), (2e7, 8e7), (9e7, math.inf)]]
+    flows = []
+    for k, (s, d, cap, rate) in enumerate([(0, 1, math.inf, 0.0), (0, 2, 3e7, 2e7), (0, 3, math.inf, 0.0),
+                                           (1, 2, math.inf, 1e7), (1, 3, 7e6, 0.0), (2, 4, math.inf, 0.0),
+                                           (3, 2, math.inf, 5e6), (4, 0, 2.5e7, 0.0), (4, 3, math.inf, 0.0)]):
+        request = types.SimpleNamespace(fetch=types.SimpleNamespace(size=4 * 2**20 + k))
+        flow = flow_classes[k % len(flow_classes)]("source", request, 0.25 * k, ports[s], ports[d], cap)
+        flow.rate = rate
+        flow.handle = _Handle([]) if rate else None
+        ports[s].up.append(flow)
+        ports[d].down.append(flow)
+        flows.append(flow)
+    return flows
+
+
+class _OtherFlow(dataplane._Flow):
+    """A flow of another class: in a call whose first flow is a `_Flow` (the class the C share
+    learns), the C share reads it by attribute, not at the learnt slots."""
+
+    __slots__ = ()
+
+
+def _one_call(share: Any, flow_classes: tuple[type, ...]) -> list[Any]:
+    """The bits one `share` call over `_ports_and_flows(flow_classes)` leaves and schedules."""
+    flows = _ports_and_flows(flow_classes)
+    engine = _Engine(3.0)
+    share(flows[:7], 1, engine, None)
+    ports = {id(p): p for f in flows for p in (f.src, f.dst)}.values()
+    return ([(f.rate.hex(), f.remaining.hex(), f.since.hex()) for f in flows] +
+            [(float(p.up_load).hex(), float(p.down_load).hex()) for p in ports] +
+            [entry[:2] for entry in engine.log])
+
+
+@pytest.mark.parametrize("flow_classes", [(dataplane._Flow,), (dataplane._Flow, _OtherFlow)])
+def test_c_share_reads_slots_and_attributes_alike(flow_classes: tuple[type, ...], built: Any) -> None:
+    """The same bits from the C share whether it reads the flows at their slots or by attribute
+    (every other flow of another class), as from the Python one."""
+    seen = [_one_call(share, flow_classes) for share in (built.share, fairshare.python_share)]
+    assert seen[0] == seen[1]
+    assert any(entry[0] == "retime" for entry in seen[0]) and any(entry[0] == "at" for entry in seen[0])
+
+
+def test_c_share_relearns_a_class_changed_after_it_learnt_it(built: Any) -> None:
+    """A learnt class whose field becomes a property is read through it on the next call (the
+    class's version tag changed), as the Python share reads it."""
+    class Changed(dataplane._Flow):
+        __slots__ = ()
+
+    assert _one_call(built.share, (Changed,)) == _one_call(fairshare.python_share, (Changed,))  # learnt
+    Changed.rate = property(lambda flow: 7.0, lambda flow, value: None)  # type: ignore[assignment]
+    seen = [_one_call(share, (Changed,)) for share in (built.share, fairshare.python_share)]
+    assert seen[0] == seen[1]
+    assert seen[0][0][0] == (7.0).hex()
+
+
+_FOREIGN = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location(sys.argv[1], sys.argv[2])
+built = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(built)
+from simulations import dataplane, fairshare
+# a class holding _Flow's member descriptors (another layout's offsets) but no slots of its own
+members = {n: d for n, d in vars(dataplane._Flow).items() if type(d).__name__ == "member_descriptor"}
+Foreign = type("Foreign", (), {"__slots__": (), **members})
+class Engine:
+    now = 0.0
+for share in (built.share, fairshare.python_share):
+    try:
+        share([Foreign()], 1, Engine(), None)
+    except TypeError as error:
+        print("TypeError", "doesn't apply" in str(error))
+    else:
+        print("no error")
+"""
+
+
+def test_c_share_refuses_another_classs_descriptors_as_python_does(built: Any) -> None:
+    """A class whose fields are another class's member descriptors is not learnt (their offsets
+    are the other layout's): the C share raises the descriptor's TypeError as the Python one does.
+    In a child process: reading at those offsets would be a crash, not a failure."""
+    root = Path(simulations.__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _FOREIGN, accel.MODULE, built.__file__], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout) == (0, "TypeError True\nTypeError True\n"), done.stderr
+
+
+def test_c_queue_pops_in_heapqs_order(built: Any) -> None:
+    """Interleaved pushes and pops, many at equal times: the C queue pops the entries heapq pops."""
+    rng = random.Random(7)
+    queue, heap, sequence = built.Queue(), [], 0
+    popped: list[tuple[Any, Any]] = []
+    for _ in range(20_000):
+        if heap and rng.random() < 0.45:
+            popped.append((built.heappop(queue), heapq.heappop(heap)))
+            assert queue[0] is heap[0] if heap else len(queue) == 0
+        else:
+            sequence += 1
+            entry = (float(rng.randrange(50)) / 8, sequence, object(), None, ())
+            built.heappush(queue, entry)
+            heapq.heappush(heap, entry)
+        assert len(queue) == len(heap)
+    while heap:
+        popped.append((built.heappop(queue), heapq.heappop(heap)))
+    assert len(popped) > 10_000 and all(c is python for c, python in popped)
+    with pytest.raises(IndexError):
+        built.heappop(queue)
+    with pytest.raises(ValueError, match="NaN"):
+        built.heappush(queue, (math.nan, 1, None, None, ()))
+    with pytest.raises(TypeError):
+        built.heappush(queue, [1.0, 2])
+
+
+def test_c_queue_gives_its_earliest_entry_and_cannot_be_iterated(built: Any) -> None:
+    """`queue[0]` and `len` as on heapq's list; iterating or `in` (which on a heap would see
+    only part of it, in no useful order) is refused rather than answered wrongly."""
+    queue = built.Queue()
+    entries = [(float(t), k + 1, None, None, ()) for k, t in enumerate([5, 1, 4, 2, 3])]
+    for entry in entries:
+        built.heappush(queue, entry)
+    assert queue[0] is entries[1] and len(queue) == 5 and queue
+    with pytest.raises(IndexError):
+        queue[1]
+    with pytest.raises(TypeError):
+        list(queue)
+    with pytest.raises(TypeError):
+        entries[0] in queue  # noqa: B015
+
+
+def test_c_queue_in_a_cycle_is_collected(built: Any) -> None:
+    """The queue shows the collector its entries: a cycle through a queued entry is freed."""
+    class Owner:
+        pass
+
+    owner = Owner()
+    owner.queue = built.Queue()  # type: ignore[attr-defined]
+    built.heappush(owner.queue, (0.0, 1, owner, None, ()))  # type: ignore[attr-defined]
+    alive = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert alive() is None
+
+
+@pytest.mark.parametrize("queue", ["heapq", "c"])
+def test_engine_refuses_an_event_at_time_nan_on_either_queue(queue: str, built: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`at` and `retime` name the caller's NaN, on heapq (which would take it and lose its order)
+    as on the C queue."""
+    if queue == "c":
+        monkeypatch.setattr(engine_module, "new_queue", built.Queue)
+        monkeypatch.setattr(engine_module, "heappush", built.heappush)
+        monkeypatch.setattr(engine_module, "heappop", built.heappop)
+    else:
+        monkeypatch.setattr(engine_module, "new_queue", list)
+        monkeypatch.setattr(engine_module, "heappush", heapq.heappush)
+        monkeypatch.setattr(engine_module, "heappop", heapq.heappop)
+    engine = engine_module.Engine(seed=1)
+    ran: list[float] = []
+    handle = engine.at(1.0, ran.append, 1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        engine.at(math.nan, ran.append, 2.0)
+    with pytest.raises(ValueError, match="NaN"):
+        engine.retime(handle, math.nan, ran.append, 1.0)
+    assert engine.pending() == 1
+    engine.run()
+    assert ran == [1.0]
+
+
+def test_engine_on_the_c_queue_gives_the_heapq_runs_bytes(built: Any, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    config = WORLDS["slow relays, windows, churn, byzantine"]
+    outputs = []
+    for name, (new, push, pop) in {"heapq": (list, heapq.heappush, heapq.heappop),
+                                   "c": (built.Queue, built.heappush, built.heappop)}.items():
+        monkeypatch.setattr(engine_module, "new_queue", new)
+        monkeypatch.setattr(engine_module, "heappush", push)
+        monkeypatch.setattr(engine_module, "heappop", pop)
+        outputs.append(_outputs(monkeypatch, fairshare.python_share, config, tmp_path / name))
+    assert outputs[0] == outputs[1]
+    assert json.loads(outputs[0][0])["events"] > 3_000
