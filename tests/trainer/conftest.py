@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from types import SimpleNamespace
 
@@ -57,6 +58,29 @@ def _fetch(url: str) -> str:
         return reply.read().decode()
 
 
+def _quiet_leaderboard(trainer_url: str, data_dir, deadline_s: float = 120.0):
+    """The trainer's dashboard API, its leaderboard API and `p2pnet leaderboard --json`, read once
+    the network is quiet. After the last step each worker still submits a batch for the final
+    version and the validator still judges it, so the three reads (a second or two apart) can
+    see different counts; quiet = they agree, no worker that is not banned has a batch awaiting
+    its verdict, and the rows are the same as one read 2 s earlier. After `deadline_s` the last
+    reads are returned as they are (the test's comparison then shows what differed)."""
+    previous = None
+    deadline = time.monotonic() + deadline_s
+    while True:
+        api = json.loads(_fetch(trainer_url + "/api/dashboard"))
+        board = json.loads(_fetch(trainer_url + "/api/leaderboard"))
+        cli = subprocess.run([sys.executable, "-m", "p2pnet", "leaderboard", "--json", "--data-dir", str(data_dir)],
+                             capture_output=True, text=True, timeout=60)
+        rows = json.loads(cli.stdout)["leaderboard"] if cli.returncode == 0 else None
+        judged = rows is not None and all(r["banned"] or r["accepted_batches"] + r["rejected_batches"] == r["submitted"]
+                                          for r in rows)
+        if (judged and rows == board["leaderboard"] == api["leaderboard"] == previous) or time.monotonic() > deadline:
+            return api, board, cli
+        previous = rows
+        time.sleep(2.0)
+
+
 @pytest.fixture(scope="session")
 def devnet_run(tmp_path_factory):
     """One real devnet shared by the tests that read it (it is the suite's longest single run):
@@ -75,12 +99,9 @@ def devnet_run(tmp_path_factory):
         if "metrics" in seen or not procs["trainer"].status()["role_status"]["trainer"]["done"]:
             return
         urls = {name: p.status()["metrics_url"] for name, p in procs.items()}
+        seen["api"], seen["api_board"], seen["cli"] = _quiet_leaderboard(urls["trainer"], procs["trainer"].data_dir)
         seen["metrics"] = {name: _fetch(url + "/metrics") for name, url in urls.items()}
         seen["health"] = {name: _fetch(url + "/healthz") for name, url in urls.items()}
-        seen["api"] = json.loads(_fetch(urls["trainer"] + "/api/dashboard"))
-        seen["api_board"] = json.loads(_fetch(urls["trainer"] + "/api/leaderboard"))
-        seen["cli"] = subprocess.run([sys.executable, "-m", "p2pnet", "leaderboard", "--json", "--data-dir",
-                                      str(procs["trainer"].data_dir)], capture_output=True, text=True, timeout=60)
         seen["ids"] = {name: p.peer_id for name, p in procs.items()}
         browser = chromium()
         if browser is not None:
