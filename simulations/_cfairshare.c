@@ -89,19 +89,23 @@ static PyObject *geto(PyObject *o, const Layout *lay, int k) {
     return *p;
 }
 
-static int getd(PyObject *o, const Layout *lay, int k, double *out) {
-    PyObject **p = slot_of(o, lay, k);
-    if (p && *p && PyFloat_CheckExact(*p)) {
-        *out = PyFloat_AS_DOUBLE(*p);
-        return 0;
-    }
-    PyObject *v = geto(o, lay, k);
+/* v as a double, consuming v (a new reference, or NULL with an exception set) */
+static int take_double(PyObject *v, double *out) {
     if (!v) return -1;
     double d = PyFloat_AsDouble(v);
     Py_DECREF(v);
     if (d == -1.0 && PyErr_Occurred()) return -1;
     *out = d;
     return 0;
+}
+
+static int getd(PyObject *o, const Layout *lay, int k, double *out) {
+    PyObject **p = slot_of(o, lay, k);
+    if (p && *p && PyFloat_CheckExact(*p)) {
+        *out = PyFloat_AS_DOUBLE(*p);
+        return 0;
+    }
+    return take_double(geto(o, lay, k), out);
 }
 
 static int seto(PyObject *o, const Layout *lay, int k, PyObject *v) {
@@ -120,17 +124,6 @@ static int setd(PyObject *o, const Layout *lay, int k, double d) {
     int r = seto(o, lay, k, v);
     Py_DECREF(v);
     return r;
-}
-
-/* a float attribute of any object (the engine's `now`) */
-static int getd_attr(PyObject *o, PyObject *name, double *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (!v) return -1;
-    double d = PyFloat_AsDouble(v);
-    Py_DECREF(v);
-    if (d == -1.0 && PyErr_Occurred()) return -1;
-    *out = d;
-    return 0;
 }
 
 /* port.up or port.down (a new reference), which must be a list: TypeError otherwise */
@@ -339,7 +332,7 @@ static PyObject *share(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < n; i++) level[i] = limit[i];
     }
     double now;
-    if (getd_attr(engine, s_now, &now) < 0) goto done;
+    if (take_double(PyObject_GetAttr(engine, s_now), &now) < 0) goto done;  /* the engine's `now` */
     for (Py_ssize_t i = 0; i < n; i++) {  /* `_set_rate` */
         PyObject *f = PyTuple_GET_ITEM(flows, i);
         double r = level[i], old = rate[i];

@@ -2,7 +2,7 @@
 
 Events are `(time, sequence, handle, callback, args)` in a heap; ties are broken by insertion
 order, so a run is a pure function of its inputs and seed. The heap is heapq's on a list, or where
-the simulator's C module is built (`make sim-accel`, `simulations.fairshare.accelerator`) its
+the simulator's C module is built (`make install` or `make sim-accel`; `simulations.fairshare.ACCELERATOR`) its
 `Queue`, which keeps the two keys as C numbers: sequences are unique, so both pop every entry in
 the same order. Cancelling is lazy: a cancelled
 event's handle is marked and skipped when popped.
@@ -28,9 +28,7 @@ import random
 import heapq
 from typing import Any, Callable, Iterator
 
-from simulations.fairshare import accelerator
-
-_C = accelerator()
+from simulations.fairshare import ACCELERATOR as _C
 # the queue: heapq on a list, or the same in C (`simulations/_cqueue.c`: the same pop order, cheaper compares)
 new_queue: Callable[[], Any] = list if _C is None else _C.Queue
 heappush: Callable[[Any, tuple[Any, ...]], None] = heapq.heappush if _C is None else _C.heappush

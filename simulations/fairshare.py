@@ -214,10 +214,7 @@ def accelerator() -> Any:
     return _cfairshare
 
 
-def _accelerated() -> Callable[..., None] | None:
-    """The C `share` (see `accelerator`), or None."""
-    module = accelerator()
-    return None if module is None else module.share  # type: ignore[no-any-return]
-
-
-share: Callable[..., None] = _accelerated() or python_share
+# looked up once per process (the stamp hashes the sources): this module's `share` and the
+# engine's queue both come from it
+ACCELERATOR: Any = accelerator()
+share: Callable[..., None] = python_share if ACCELERATOR is None else ACCELERATOR.share

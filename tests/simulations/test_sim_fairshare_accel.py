@@ -72,13 +72,13 @@ def test_a_build_is_used_only_with_the_trees_stamp(built: Any, tmp_path: Path,
     monkeypatch.delenv("P2PNET_SIM_PURE", raising=False)
     assert built.STAMP == fairshare.stamp()
     install(built)
-    assert fairshare._accelerated() is built.share
+    assert fairshare.accelerator() is built
     install(_build(tmp_path / "stale", with_stamp="0" * 64))
     with pytest.warns(RuntimeWarning, match="built from another"):
-        assert fairshare._accelerated() is None
+        assert fairshare.accelerator() is None
     install(built)
     monkeypatch.setenv("P2PNET_SIM_PURE", "1")
-    assert fairshare._accelerated() is None
+    assert fairshare.accelerator() is None
 
 
 def _outputs(monkeypatch: pytest.MonkeyPatch, share: Any, config: Any, out: Path) -> tuple[str, bytes]:
