@@ -320,19 +320,20 @@ def test_c_queue_in_a_cycle_is_collected(built: Any) -> None:
     assert alive() is None
 
 
+def _use_queue(monkeypatch: pytest.MonkeyPatch, queue: str, built: Any) -> None:
+    """Make the engine run on heapq's list ("heapq") or on the built C queue ("c")."""
+    new, push, pop = ((list, heapq.heappush, heapq.heappop) if queue == "heapq"
+                      else (built.Queue, built.heappush, built.heappop))
+    for name, value in (("new_queue", new), ("heappush", push), ("heappop", pop)):
+        monkeypatch.setattr(engine_module, name, value)
+
+
 @pytest.mark.parametrize("queue", ["heapq", "c"])
 def test_engine_refuses_an_event_at_time_nan_on_either_queue(queue: str, built: Any,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """`at` and `retime` name the caller's NaN, on heapq (which would take it and lose its order)
     as on the C queue."""
-    if queue == "c":
-        monkeypatch.setattr(engine_module, "new_queue", built.Queue)
-        monkeypatch.setattr(engine_module, "heappush", built.heappush)
-        monkeypatch.setattr(engine_module, "heappop", built.heappop)
-    else:
-        monkeypatch.setattr(engine_module, "new_queue", list)
-        monkeypatch.setattr(engine_module, "heappush", heapq.heappush)
-        monkeypatch.setattr(engine_module, "heappop", heapq.heappop)
+    _use_queue(monkeypatch, queue, built)
     engine = engine_module.Engine(seed=1)
     ran: list[float] = []
     handle = engine.at(1.0, ran.append, 1.0)
@@ -349,11 +350,8 @@ def test_engine_on_the_c_queue_gives_the_heapq_runs_bytes(built: Any, tmp_path: 
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     config = WORLDS["slow relays, windows, churn, byzantine"]
     outputs = []
-    for name, (new, push, pop) in {"heapq": (list, heapq.heappush, heapq.heappop),
-                                   "c": (built.Queue, built.heappush, built.heappop)}.items():
-        monkeypatch.setattr(engine_module, "new_queue", new)
-        monkeypatch.setattr(engine_module, "heappush", push)
-        monkeypatch.setattr(engine_module, "heappop", pop)
+    for name in ("heapq", "c"):
+        _use_queue(monkeypatch, name, built)
         outputs.append(_outputs(monkeypatch, fairshare.python_share, config, tmp_path / name))
     assert outputs[0] == outputs[1]
     assert json.loads(outputs[0][0])["events"] > 3_000
