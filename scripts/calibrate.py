@@ -68,8 +68,10 @@ TOPICS = ("a robot who learns to paint", "the ocean at night", "a city under sno
           "a storm at sea", "a friendly ghost", "a mountain village", "the last tree on Earth")
 FORMS = ("Write a short story about {}.", "Write a poem about {}.", "Describe {} in vivid detail.",
          "Write a diary entry about {}.", "Write a letter about {}.", "Write a song about {}.",
-         "Explain {} to a child.", "Write a news report about {}.")  # prompt i: FORMS[i // 16], so
-# prompts 0-63 are the same whatever forms are appended (the shipped table rests on 0-15)
+         "Explain {} to a child.", "Write a news report about {}.", "Write a fable about {}.",
+         "Write a speech about {}.", "Write a dialogue about {}.", "Write a riddle about {}.")
+# prompt i: FORMS[i // 16], so prompts stay the same whatever forms are appended (the shipped table
+# rests on 0-15, the detection runs on 16-165); every prompt is distinct up to len(FORMS) * 16
 
 
 # ----------------------------------------------------------------------------- setup
@@ -80,6 +82,7 @@ class Setup:
     base: torch.nn.Module            # fp32 weights
     prompts: list[list[int]]         # honest prompts
     attack_prompts: list[list[int]]  # prompts of generated attacks (disjoint from honest ones)
+    attack_first: int                # attack prompt number of attack_prompts[0] (--attack-offset)
     change_at: dict[tuple[int, ...], int]  # prompt -> the position the changed-prompt attack edits
     eos: int
     vocab: int
@@ -87,6 +90,9 @@ class Setup:
 
 
 def chat_prompts(tok, n: int, offset: int) -> tuple[list[list[int]], dict[tuple[int, ...], int]]:
+    if offset + n > len(FORMS) * len(TOPICS):
+        raise SystemExit(f"prompts {offset}..{offset + n - 1} asked for, but only {len(FORMS) * len(TOPICS)} "
+                         "distinct prompts exist (scripts/calibrate.py FORMS x TOPICS)")
     prompts, change_at = [], {}
     for i in range(offset, offset + n):
         text = FORMS[i // len(TOPICS) % len(FORMS)].format(TOPICS[i % len(TOPICS)])
@@ -99,22 +105,23 @@ def chat_prompts(tok, n: int, offset: int) -> tuple[list[list[int]], dict[tuple[
     return prompts, change_at
 
 
-def make_setup(model: str, n_prompts: int, n_attack: int) -> Setup:
+def make_setup(model: str, n_prompts: int, n_attack: int, attack_offset: int = 0) -> Setup:
+    """Honest prompts 0..n_prompts-1, then attack prompts from n_prompts + attack_offset on."""
     if model == "tiny":
         from verify.testing import tiny_model
 
         base = tiny_model(dtype=torch.float32)
         rng = np.random.default_rng(0)
         all_prompts = [rng.integers(3, 512, size=int(rng.integers(8, 24))).tolist()
-                       for _ in range(n_prompts + n_attack)]
-        return Setup(base, all_prompts[:n_prompts], all_prompts[n_prompts:],
+                       for _ in range(n_prompts + attack_offset + n_attack)]
+        return Setup(base, all_prompts[:n_prompts], all_prompts[n_prompts + attack_offset:], attack_offset,
                      {tuple(p): len(p) // 2 for p in all_prompts}, eos=2, vocab=512, name="tiny")
     from trainer.model import load_model_dir
 
     base, tok = load_model_dir(model)
     prompts, change = chat_prompts(tok, n_prompts, 0)
-    attack, change2 = chat_prompts(tok, n_attack, n_prompts)
-    return Setup(base, prompts, attack, {**change, **change2}, eos=int(tok.eos_id),
+    attack, change2 = chat_prompts(tok, n_attack, n_prompts + attack_offset)
+    return Setup(base, prompts, attack, attack_offset, {**change, **change2}, eos=int(tok.eos_id),
                  vocab=int(base.config.vocab_size), name=Path(model).name)
 
 
@@ -154,19 +161,19 @@ class Sub:
     outputs: list[list[int]]
     proofs: list[list[bytes]]
     temperature: float = TEMPERATURE
-    prompt_id: int = 0  # index in the prompt list (the submission's population unit for bounds)
+    prompt_id: int = 0  # prompt number in its list (honest or attack): the population unit for bounds
 
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, rows: int, group: int, tokens: int, eos: int,
-             seed_offset: int = 0, temperature: float = TEMPERATURE) -> list[Sub]:
+             seed_offset: int = 0, temperature: float = TEMPERATURE, first: int = 0) -> list[Sub]:
     """``rows`` rows per prompt in one batch (trainer.rollout.generate_rows), cut into
-    submissions of ``group``. The claimed seed is BASE_SEED + prompt index; ``seed_offset``
-    makes the worker sample with another one."""
+    submissions of ``group``. Prompt i is numbered first + i; the claimed seed is BASE_SEED +
+    that number; ``seed_offset`` makes the worker sample with another one."""
     from trainer.rollout import GenerationConfig, generate_rows
 
     subs = []
-    for i, prompt in enumerate(prompts):
+    for i, prompt in enumerate(prompts, start=first):
         seed = BASE_SEED + i
         outs = generate_rows(model, [prompt] * rows, list(range(rows)), seed=seed + seed_offset, eos_id=eos,
                              config=GenerationConfig(group_size=max(2, rows), max_new_tokens=tokens,
@@ -484,11 +491,32 @@ def outcome_from_json(raw: dict) -> Outcome:
     return Outcome(**{k: v for k, v in raw.items() if k in known} | {"reasons": set(raw.get("reasons", ()))})
 
 
+def combine(into: Outcome, more: Outcome, source: str) -> None:
+    """Add ``more``'s submissions to ``into`` (the same attack measured on other prompts). Refuses
+    when a prompt is in both: submissions of one prompt are not independent draws, and the
+    count bounds and prompt spread treat prompts as the population unit."""
+    both = {r["prompt"] for r in into.records} & {r["prompt"] for r in more.records}
+    if both:
+        raise SystemExit(f"--merge {source}: '{into.name}' was already measured on prompts {sorted(both)[:5]}; "
+                         "a later run takes new ones with --attack-offset")
+    for name in ("submissions", "rollouts", "chunks", "chunks_failing", "rollouts_rejected", "subs_chunk_rule",
+                 "subs_aggregate", "subs_either"):
+        setattr(into, name, getattr(into, name) + getattr(more, name))
+    if into.subs_same_stack is not None or more.subs_same_stack is not None:
+        into.subs_same_stack = (into.subs_same_stack or 0) + (more.subs_same_stack or 0)
+    into.reasons |= more.reasons
+    into.worst = {k: max(into.worst.get(k, 0.0), more.worst.get(k, 0.0)) for k in into.worst | more.worst}
+    into.records += more.records
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Calibrate the verification policy and measure detection.")
     ap.add_argument("--model", default="tiny", help="a model folder (p2pnet model prepare smollm2), or 'tiny'")
     ap.add_argument("--prompts", type=int, default=16, help="honest prompts (rows/group submissions each)")
     ap.add_argument("--attack-prompts", type=int, default=8, help="prompts per generated attack")
+    ap.add_argument("--attack-offset", type=int, default=0,
+                    help="skip this many attack prompts (a later run adds submissions on new prompts; "
+                         "--merge adds its outcomes to an earlier run's)")
     ap.add_argument("--rows", type=int, default=32, help="rows generated per prompt in one batch")
     ap.add_argument("--group", type=int, default=16, help="rollouts per submission")
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens per rollout")
@@ -544,10 +572,11 @@ def main() -> None:
     def say(msg: str) -> None:
         print(f"[{time.time() - t0:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
-    setup = make_setup(args.model, args.prompts, args.attack_prompts)
+    setup = make_setup(args.model, args.prompts, args.attack_prompts, args.attack_offset)
     if args.tables:  # attack prompts stay the ones after the honest prompts of the table's run
         setup.prompts = []
     gen = dict(rows=args.rows, group=args.group, tokens=args.tokens, eos=setup.eos)
+    agen = gen | {"first": setup.attack_first}  # attack prompts keep their numbers across runs
     val = dict(eos=setup.eos, tokens=args.tokens, vocab=setup.vocab, exact_ties=ties == "exact")
     models = {"fp32": setup.base.eval(), "bf16": in_dtype(setup.base, torch.bfloat16)}
     meta = {"source": "scripts/calibrate.py", "model": setup.name, "model_config": model_fingerprint(setup.base.config),
@@ -593,20 +622,20 @@ def main() -> None:
         check = models["fp32"]
         bf16 = lambda m: m.to(torch.bfloat16).eval()  # noqa: E731
         generated: dict[str, Callable[[], list[Sub]]] = {
-            "int8": lambda: generate(fake_quantize(worker, 8), setup.attack_prompts, **gen),
-            "int4": lambda: generate(fake_quantize(worker, 4), setup.attack_prompts, **gen),
-            "noise1": lambda: generate(bf16(noisy(setup.base, 0.01)), setup.attack_prompts, **gen),
-            "noise5": lambda: generate(bf16(noisy(setup.base, 0.05)), setup.attack_prompts, **gen),
-            "random": lambda: generate(bf16(random_init(setup.base)), setup.attack_prompts, **gen),
-            "seed": lambda: generate(worker, setup.attack_prompts, seed_offset=7, **gen),
-            "temp": lambda: generate(worker, setup.attack_prompts, temperature=0.7, **gen),
+            "int8": lambda: generate(fake_quantize(worker, 8), setup.attack_prompts, **agen),
+            "int4": lambda: generate(fake_quantize(worker, 4), setup.attack_prompts, **agen),
+            "noise1": lambda: generate(bf16(noisy(setup.base, 0.01)), setup.attack_prompts, **agen),
+            "noise5": lambda: generate(bf16(noisy(setup.base, 0.05)), setup.attack_prompts, **agen),
+            "random": lambda: generate(bf16(random_init(setup.base)), setup.attack_prompts, **agen),
+            "seed": lambda: generate(worker, setup.attack_prompts, seed_offset=7, **agen),
+            "temp": lambda: generate(worker, setup.attack_prompts, temperature=0.7, **agen),
         }
         base: list[list[Sub]] = []
 
         def base_subs() -> list[Sub]:
             """Honest bf16 submissions to edit: the held-out half, or (--tables) the attack prompts'."""
             if not base:
-                base.append(honest["bf16"][1::2] if honest else generate(worker, setup.attack_prompts, **gen))
+                base.append(honest["bf16"][1::2] if honest else generate(worker, setup.attack_prompts, **agen))
             return base[0]
 
         derived: dict[str, Callable[[], list[Sub]]] = {
@@ -627,9 +656,14 @@ def main() -> None:
     for path in args.merge:
         old = json.loads(Path(path).read_text())
         runs += [r for r in old["meta"].get("runs", []) if "command" not in r]
-        have = {o.name for o in attacks}
-        attacks += [outcome_from_json(o) for o in old["outcomes"]
-                    if not o["name"].startswith("honest") and o["name"] not in have]
+        for raw in old["outcomes"]:
+            if raw["name"].startswith("honest"):
+                continue
+            same = [o for o in attacks if o.name == raw["name"]]
+            if same:
+                combine(same[0], outcome_from_json(raw), path)
+            else:
+                attacks.append(outcome_from_json(raw))
     runs.append({"argv": sys.argv[1:], "runtime_s": time.time() - t0})
     order = list(ATTACKS.values())
     attacks.sort(key=lambda o: order.index(o.name) if o.name in order else len(order))

@@ -81,3 +81,31 @@ def test_escape_bound_covers_the_true_escape_rate_and_shrinks_with_evidence():
     assert many < few < 1e-3
     assert cal.aggregate_cut(0.17, 16, 1e-4) > 0.17
     assert abs(cal.binomial_tail(16, 0, 0.3) - 1.0) < 1e-12 and abs(cal.binomial_tail(4, 3, 0.5) - 5 / 16) < 1e-12
+
+
+def test_a_later_run_on_new_prompts_adds_to_an_earlier_one_and_the_same_prompts_are_refused():
+    """--attack-offset numbers a later run's prompts after the earlier run's, so --merge can add
+    its submissions (counts summed, records kept: the count bounds grow with them); merging a
+    run with itself, or two runs over the same prompts, is refused (not independent)."""
+    import pytest
+
+    cal = _calibrate_module()
+    first, later = (cal.make_setup("tiny", 2, 3, offset) for offset in (0, 3))
+    assert first.prompts == later.prompts and not set(map(tuple, first.attack_prompts)) & set(
+        map(tuple, later.attack_prompts))
+    assert later.attack_prompts == cal.make_setup("tiny", 2, 6).attack_prompts[3:]
+
+    def outcome(prompts: range, rejected: int) -> "cal.Outcome":
+        o = cal.Outcome("int8 weights", submissions=len(prompts), rollouts=16 * len(prompts),
+                        chunks=32 * len(prompts), subs_either=rejected, reasons={"toploc_mant_mean"},
+                        worst={"mant_err_mean": 2.0})
+        o.records = [{"prompt": p} for p in prompts]
+        return o
+
+    into = outcome(range(0, 3), 3)
+    cal.combine(into, outcome(range(3, 6), 2), "b.json")
+    assert (into.submissions, into.rollouts, into.chunks, into.subs_either) == (6, 96, 192, 5)
+    assert [r["prompt"] for r in into.records] == list(range(6))
+    assert cal.lower_95(into.subs_either, into.submissions) < cal.lower_95(6, 6)
+    with pytest.raises(SystemExit, match="already measured on prompts"):
+        cal.combine(into, outcome(range(5, 7), 2), "c.json")
