@@ -2,15 +2,18 @@
 
     python benchmarks/bench_relay_loopback.py --mib 1024 --peers 8 --runs 3 [--tmp DIR] [--json FILE]
 
-Three contenders, all in every round (the order rotates), on the same file; medians over rounds:
+Four contenders, all in every round (the order rotates), on the same file; medians over rounds:
 
 1. raw: an origin process sends the file to N client processes over plain TCP (`os.sendfile`,
    one thread per client); each client writes it to its own file and fsyncs it. No hashing,
    no protocol: what moving these bytes onto this disk costs at the least.
-2. http: python's `http.server` (ThreadingHTTPServer) serves the file; N client processes
+2. rawhash: raw, but each client also hashes what it receives with blake3 (one thread) before
+   writing it and checks the digest at the end: the least a *verified* copy costs, the floor
+   for anything that checks the bytes it is given (p2pnet, the star).
+3. http: python's `http.server` (ThreadingHTTPServer) serves the file; N client processes
    download it with urllib, hash it with blake3 as they go, write it, fsync it and check the
    digest: the plain star a user would set up.
-3. p2pnet: 1 + N `p2pnet peer start --role relay` processes (fsync on, as by default), a fresh
+4. p2pnet: 1 + N `p2pnet peer start --role relay` processes (fsync on, as by default), a fresh
    network each round; timed from the `checkpoint.publish` request to the publisher until every
    other peer's `checkpoint.wait` returned (the version verified, complete and durable in its
    store: a folder of the version's files).
@@ -49,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BUFFER = 4 << 20
-CONTENDERS = ("raw", "http", "p2pnet")
+CONTENDERS = ("raw", "rawhash", "http", "p2pnet")
 IDLE_S = 5.0
 
 
@@ -94,7 +97,12 @@ def raw_origin(path: str, clients: int) -> None:
     sys.stdin.read()
 
 
-def raw_client(port: int, out: str) -> None:
+def raw_client(port: int, out: str, digest: str | None = None) -> None:
+    """Receive the file into `out`; with `digest`, hash it (blake3, one thread) as it arrives
+    and check it at the end."""
+    import blake3
+
+    hasher = blake3.blake3(max_threads=1) if digest else None
     sock = socket.create_connection(("127.0.0.1", port))
     print("ready", flush=True)
     buf = bytearray(BUFFER)
@@ -107,10 +115,14 @@ def raw_client(port: int, out: str) -> None:
                 if not n:
                     break
                 filled += n
+            if hasher is not None:
+                hasher.update(view[:filled])
             _write_all(fh, view[:filled])
             if filled < BUFFER:
                 break
         os.fsync(fh.fileno())
+    if hasher is not None and hasher.hexdigest() != digest:
+        raise SystemExit(f"{out}: digest mismatch")
     print("done", flush=True)
     sys.stdin.read()
 
@@ -251,10 +263,12 @@ def _finish(procs: list[subprocess.Popen]) -> None:
 # -- the three contenders -------------------------------------------------------------------------
 
 
-def run_raw(path: Path, peers: int, work: Path) -> dict:
+def run_raw(path: Path, peers: int, work: Path, digest: str | None = None) -> dict:
+    """raw fan-out; with `digest`, each client hashes what it receives (rawhash)."""
     origin = _child("--raw-origin", str(path), str(peers))
     port = origin.stdout.readline().strip()  # type: ignore[union-attr]
-    clients = [_child("--raw-client", port, str(work / f"raw{i}")) for i in range(peers)]
+    clients = [_child("--raw-client", port, str(work / f"raw{i}"), *([digest] if digest else []))
+               for i in range(peers)]
     for c in clients:
         _expect(c, "ready")
     _expect(origin, "ready")
@@ -351,7 +365,7 @@ def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
 
 
 def main() -> int:
-    roles = {"--raw-origin": lambda a: raw_origin(a[0], int(a[1])), "--raw-client": lambda a: raw_client(int(a[0]), a[1]),
+    roles = {"--raw-origin": lambda a: raw_origin(a[0], int(a[1])), "--raw-client": lambda a: raw_client(int(a[0]), a[1], *a[2:]),
              "--http-server": lambda a: http_server(a[0]), "--http-client": lambda a: http_client(a[0], a[1], a[2])}
     if len(sys.argv) > 1 and sys.argv[1] in roles:
         roles[sys.argv[1]](sys.argv[2:])
@@ -382,6 +396,8 @@ def main() -> int:
                 scratch.mkdir()
                 if name == "raw":
                     result = run_raw(path, args.peers, scratch)
+                elif name == "rawhash":
+                    result = run_raw(path, args.peers, scratch, digest)
                 elif name == "http":
                     result = run_http(path, args.peers, scratch, digest)
                 else:
