@@ -69,9 +69,12 @@ TOPICS = ("a robot who learns to paint", "the ocean at night", "a city under sno
 FORMS = ("Write a short story about {}.", "Write a poem about {}.", "Describe {} in vivid detail.",
          "Write a diary entry about {}.", "Write a letter about {}.", "Write a song about {}.",
          "Explain {} to a child.", "Write a news report about {}.", "Write a fable about {}.",
-         "Write a speech about {}.", "Write a dialogue about {}.", "Write a riddle about {}.")
+         "Write a speech about {}.", "Write a dialogue about {}.", "Write a riddle about {}.",
+         "Write a haiku about {}.", "Write a travel guide about {}.", "Write a recipe inspired by {}.",
+         "Write a bedtime story about {}.", "Write a limerick about {}.", "Write a review of a film about {}.",
+         "Write a museum label about {}.", "Write a weather forecast about {}.")
 # prompt i: FORMS[i // 16], so prompts stay the same whatever forms are appended (the shipped table
-# rests on 0-15, the detection runs on 16-165); every prompt is distinct up to len(FORMS) * 16
+# rests on 0-15, the detection runs on 16-315); every prompt is distinct up to len(FORMS) * 16
 
 
 # ----------------------------------------------------------------------------- setup
@@ -729,6 +732,15 @@ def lower_95(rejected: int, n: int) -> float:
     return kl_lower_bound(rejected / n, n, 0.05)  # Chernoff form: conservative
 
 
+def prompt_counts(o: Outcome) -> tuple[int, int]:
+    """(prompts all of whose submissions were rejected, prompts measured): the count with the
+    prompt as the unit, since submissions of one prompt share it and are not independent."""
+    by: dict[int, bool] = {}
+    for r in o.records:
+        by[r["prompt"]] = by.get(r["prompt"], True) and bool(r["chunk_rule"] or r["aggregate"])
+    return sum(by.values()), len(by)
+
+
 def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) -> list[str]:
     """Issue 14's targets in one table, judged from the figures above (never assumed)."""
     chunks = sum(o.chunks for _, o, _ in held_out)
@@ -744,9 +756,13 @@ def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) 
            "rollouts as independent draws from the attack's measured rollouts, pooled over prompts. 'Prompt "
            "spread' checks that model: the lowest per-prompt mean exceed fraction (mantissa mean) and the "
            "highest per-prompt share of rollouts passing check_rollout. 'Counts alone' is the one-sided 95% "
-           "lower bound on the rejection rate that the submission counts give without any model.", "",
+           "lower bound on the rejection rate that the counts give without any model, with the submission "
+           "as the unit and with the prompt as the unit (a prompt counts as rejected when all of its "
+           "submissions were; submissions of one prompt are not independent draws); 'met by counts' needs "
+           "both.", "",
            "| condition | prompts | submissions | rollouts | chunks | submissions rejected | rejection rate, "
-           "95% lower bound from counts alone | prompt spread | escape bound | target | verdict |",
+           "95% lower bound from counts alone: submissions / prompts | prompt spread | escape bound | target | "
+           "verdict |",
            "|---|---|---|---|---|---|---|---|---|---|---|",
            f"| honest, all held-out pairs | - | {subs} | {sum(o.rollouts for _, o, _ in held_out)} | {chunks} | "
            f"{fr} | - | - | - | 0 rejected over >= 2,000 chunks | {honest_ok} |"]
@@ -755,16 +771,18 @@ def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) 
         rate = o.subs_either / o.submissions if o.submissions else 0.0
         bound = bounds.get(o.name, 1.0)
         prompts = len({r["prompt"] for r in o.records}) if o.records else "-"
+        by_prompt = lower_95(*prompt_counts(o)) if o.records else 0.0
         if rate < need:
             verdict = "NOT met"
-        elif lower_95(o.subs_either, o.submissions) >= need:
+        elif min(lower_95(o.subs_either, o.submissions), by_prompt) >= need:
             verdict = "met by counts"
         elif bound <= 1 - need:
             verdict = "every one rejected; the rate shown by the escape bound (a model), not by counts"
         else:
             verdict = "NOT shown (too few submissions, escape bound above target)"
         out.append(f"| {o.name} | {prompts} | {o.submissions} | {o.rollouts} | {o.chunks} | "
-                   f"{pct(o.subs_either, o.submissions)} | {lower_95(o.subs_either, o.submissions):.1%} | "
+                   f"{pct(o.subs_either, o.submissions)} | {lower_95(o.subs_either, o.submissions):.1%} / "
+                   f"{by_prompt:.1%} | "
                    f"{prompt_spread(o)} | {bound:.2g} | >= {need:.1%} | {verdict} |")
     return out + [""]
 

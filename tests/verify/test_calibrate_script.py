@@ -109,3 +109,19 @@ def test_a_later_run_on_new_prompts_adds_to_an_earlier_one_and_the_same_prompts_
     assert cal.lower_95(into.subs_either, into.submissions) < cal.lower_95(6, 6)
     with pytest.raises(SystemExit, match="already measured on prompts"):
         cal.combine(into, outcome(range(5, 7), 2), "c.json")
+
+
+def test_counts_with_the_prompt_as_the_unit_need_every_submission_of_a_prompt_rejected():
+    """300 rejected submissions on 150 prompts bound the rate only as 150 prompts do (98.0%, not
+    99.0%): the report's 'met by counts' needs both bounds at the target."""
+    cal = _calibrate_module()
+    o = cal.Outcome("int8 weights")
+    o.records = [{"prompt": p, "chunk_rule": False, "aggregate": True, "accepted": [True] * 16, "fractions": {}}
+                 for p in range(150) for _ in range(2)]
+    o.submissions = o.subs_either = 300
+    assert cal.prompt_counts(o) == (150, 150)
+    assert round(cal.lower_95(300, 300), 3) == 0.990 and round(cal.lower_95(*cal.prompt_counts(o)), 3) == 0.980
+    o.records[1] = o.records[1] | {"aggregate": False}  # one of prompt 0's two escaped
+    assert cal.prompt_counts(o) == (149, 150)
+    row = [line for line in cal.targets([], [o], {o.name: 1e-9}, 1e-3) if line.startswith("| int8 weights")][0]
+    assert "met by counts" not in row and "99.0% / " in row
