@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import os
 import platform
 import shlex
@@ -95,6 +96,17 @@ def build(sources: list[Path], module: str, directory: Path, stamp: str, flags: 
         raise RuntimeError(f"building {name} failed:\n{' '.join(command)}\n{done.stderr}")
     os.replace(partial, out)  # a run importing it meanwhile sees the old file or the new one, whole
     return out
+
+
+def import_file(path: Path, module: str) -> Any:
+    """The extension module `module` from the built file `path` (one built elsewhere than its
+    package: tests build into a temporary folder)."""
+    spec = importlib.util.spec_from_file_location(module, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not an extension module {module}")
+    built = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(built)
+    return built
 
 
 def load(package: str, module: str, stamp: str, pure_env: str, rebuild: str) -> Any:

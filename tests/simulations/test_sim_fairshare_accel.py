@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
-import importlib.util
 import json
 import math
 import os
@@ -45,11 +44,7 @@ def _build(tmp_path: Path, with_stamp: str | None = None) -> Any:
     if (reason := cbuild.unbuildable()) is not None:
         pytest.skip(reason)
     path = accel.build(tmp_path, with_stamp)
-    spec = importlib.util.spec_from_file_location(accel.MODULE, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cbuild.import_file(path, accel.MODULE)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ details replicated.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,7 @@ def _build(directory: Path, source: str | None = None, with_stamp: str | None = 
         path = cbuild.build([directory / accel.SOURCE.name], accel.MODULE, directory, "mutant", accel.FLAGS)
     else:
         path = accel.build(directory, with_stamp)
-    spec = importlib.util.spec_from_file_location(accel.MODULE, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cbuild.import_file(path, accel.MODULE)
 
 
 @pytest.fixture(scope="module")
