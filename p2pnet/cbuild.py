@@ -32,7 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# x86_64 / aarch64 Linux and macOS: doubles are plain IEEE binary64 (no x87 excess precision)
+# x86_64 / aarch64 Linux and macOS: doubles are plain IEEE binary64 (no x87 excess precision);
+# a builder may name fewer
 PLATFORMS = {("linux", "x86_64"), ("linux", "aarch64"), ("darwin", "x86_64"), ("darwin", "arm64")}
 BUILD_TIMEOUT_S = 120
 
@@ -42,11 +43,12 @@ def compiler() -> list[str]:
     return shlex.split(sysconfig.get_config_var("CC") or "cc")[:1] or ["cc"]
 
 
-def unbuildable() -> str | None:
-    """Why no module can be built here (another platform, no compiler, no Python.h), else None."""
+def unbuildable(platforms: set[tuple[str, str]] = PLATFORMS) -> str | None:
+    """Why no module for `platforms` can be built here (another platform, no compiler, no
+    Python.h), else None."""
     where = (sys.platform, platform.machine())
-    if where not in PLATFORMS:
-        return f"C modules are built only on {sorted(PLATFORMS)}, not on {where}"
+    if where not in platforms:
+        return f"this C module is built only on {sorted(platforms)}, not on {where}"
     if shutil.which(compiler()[0]) is None:
         return f"no C compiler here ({compiler()[0]})"
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
@@ -69,15 +71,17 @@ def target(directory: Path, module: str) -> Path:
     return directory / (module + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
-def build(sources: list[Path], module: str, directory: Path, stamp: str, flags: list[str]) -> Path:
+def build(sources: list[Path], module: str, directory: Path, stamp: str, flags: list[str],
+          platforms: set[tuple[str, str]] = PLATFORMS) -> Path:
     """Compile `sources` into extension module `module` in `directory`, carrying `stamp`; returns
-    its path. Raises `RuntimeError` (with the compiler's output) on a platform not in `PLATFORMS`,
-    when the compiler is missing, fails or takes over `BUILD_TIMEOUT_S`."""
+    its path. Raises `RuntimeError` (with the compiler's output) on a platform not in `platforms`
+    (where the module could compute otherwise than the Python path), when the compiler is
+    missing, fails or takes over `BUILD_TIMEOUT_S`."""
     name = sources[0].name
     where = (sys.platform, platform.machine())
-    if where not in PLATFORMS:
-        raise RuntimeError(f"{name} is built only on {sorted(PLATFORMS)}, not on {where}: "
-                           "its arithmetic could differ there from the Python path's")
+    if where not in platforms:
+        raise RuntimeError(f"{name} is built only on {sorted(platforms)}, not on {where}: "
+                           "it could compute otherwise there than the Python path")
     out = target(directory, module)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")

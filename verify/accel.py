@@ -4,8 +4,9 @@ the same order without torch (see `verify.topk`, which uses it, and BENCHMARKS.m
 
 `python -m verify.accel` (or `make install`) compiles it next to this file with the C compiler
 Python was built with, against this interpreter's headers (`p2pnet.cbuild`, shared with the
-simulator's module); nothing is downloaded. Without it (no compiler, another platform or
-interpreter) `verify.topk` selects with numpy and torch.topk, as before: the same positions.
+simulator's module); nothing is downloaded. It is built only on Linux (`PLATFORMS`: the
+libstdc++ heap torch runs there). Without it (no compiler, another platform or interpreter)
+`verify.topk` selects with numpy and torch.topk, as before: the same positions.
 `P2PNET_VERIFY_PURE=1` makes a process ignore a built module (A/B runs, tests of the numpy path).
 The module carries `stamp()` (its C source, hashed) and is used only while that still matches.
 This module only builds; a run imports `stamp` and nothing else from it.
@@ -22,6 +23,9 @@ SOURCE = Path(__file__).with_name("_ctopk.c")
 MODULE = "_ctopk"
 # integers only: -O3 for the vectorised block maxima
 FLAGS = ["-O3", "-Wall", "-Werror"]
+# Linux only: torch's CPU wheels there are built with libstdc++, whose partial_sort the module
+# replays; macOS's torch uses libc++, whose heap breaks ties otherwise
+PLATFORMS = {("linux", "x86_64"), ("linux", "aarch64")}
 
 
 def stamp() -> str:
@@ -32,7 +36,7 @@ def stamp() -> str:
 def build(directory: Path | None = None, with_stamp: str | None = None) -> Path:
     """Compile `_ctopk` into `directory` (default: the `verify` package); returns its path. Raises
     `RuntimeError` (with the compiler's output) where it cannot be built (`p2pnet.cbuild.build`)."""
-    return cbuild.build([SOURCE], MODULE, directory or SOURCE.parent, with_stamp or stamp(), FLAGS)
+    return cbuild.build([SOURCE], MODULE, directory or SOURCE.parent, with_stamp or stamp(), FLAGS, PLATFORMS)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ Owns: top-k selection over many chunks at once (bit patterns in, flat positions 
 choice between the C module (``verify/_ctopk.c``, built by ``verify.accel``) and numpy.
 Must not: build or measure proofs (``verify.toploc``), run a model, or do I/O.
 
-Where the C module is built (``make install``), from this tree (its stamp) and not turned off
-(``P2PNET_VERIFY_PURE=1``): every row on torch's heap path (n >= 64 k: 32 tokens at hidden
-256 and more for k = 128) is selected by it, one chunk alone or many, tied or not: it runs
+Where the C module is built (``make install``; on Linux, where torch runs libstdc++'s heap),
+from this tree (its stamp) and not turned off (``P2PNET_VERIFY_PURE=1``): every row on torch's
+heap path (n >= 64 k: 32 tokens at hidden 256 and more for k = 128) is selected by it, one chunk alone or many, tied or not: it runs
 torch's own heap (libstdc++'s partial_sort, the same comparisons) over the whole row, skipping
 blocks no entry of which can enter, so its positions are torch.topk's, in torch's order, with no
 candidates, tie check or subsequence. Rows shorter than 64 k run torch.topk (its nth_element

@@ -29,11 +29,12 @@ torch.set_num_threads(1)
 
 def _build(directory: Path, source: str | None = None, with_stamp: str | None = None) -> Any:
     """The module built into `directory` (from `source`, a mutated copy of the C text, if given)."""
-    if (reason := cbuild.unbuildable()) is not None:
+    if (reason := cbuild.unbuildable(accel.PLATFORMS)) is not None:
         pytest.skip(reason)
     if source is not None:
         (directory / accel.SOURCE.name).write_text(source)
-        path = cbuild.build([directory / accel.SOURCE.name], accel.MODULE, directory, "mutant", accel.FLAGS)
+        path = cbuild.build([directory / accel.SOURCE.name], accel.MODULE, directory, "mutant", accel.FLAGS,
+                            accel.PLATFORMS)
     else:
         path = accel.build(directory, with_stamp)
     return cbuild.import_file(path, accel.MODULE)
@@ -111,9 +112,9 @@ MUTANTS = {  # one detail of libstdc++'s partial_sort each
     "no even-length tail case": [("if ((len & 1) == 0 && child == (len - 2) / 2) {", "if (0) {")],
     "comp(i, first) as >=": [("if (key > least) {", "if (key >= least) {"),
                              ("found += key_of(bits[start + i]) > least;", "found += key_of(bits[start + i]) >= least;"),
-                             ("if (maxima[b] <= least)", "if (maxima[b] < least)")],
-    "the other child on equal keys": [("if (heap[child].key > heap[child - 1].key)",
-                                       "if (heap[child].key >= heap[child - 1].key)")],
+                             ("if (block_max(bits + start, count) <= least)", "if (block_max(bits + start, count) < least)")],
+    "the other child on equal keys": [("child -= heap[child].key > heap[child - 1].key;",
+                                       "child -= heap[child].key >= heap[child - 1].key;")],
     "push up past equal keys": [("heap[parent].key > value.key", "heap[parent].key >= value.key")],
     "no NaN key": [("return key > NAN_KEY ? NAN_KEY : key;", "return key;")],
 }
