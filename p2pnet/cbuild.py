@@ -28,7 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -113,17 +113,18 @@ def import_file(path: Path, module: str) -> Any:
     return built
 
 
-def load(package: str, module: str, stamp: str, pure_env: str, rebuild: str) -> Any:
-    """`package.module` where it is built and carries `stamp`; None where it is not built, where
+def load(package: str, module: str, stamp: Callable[[], str], pure_env: str, rebuild: str) -> Any:
+    """`package.module` where it is built and carries `stamp()`; None where it is not built, where
     the environment sets `pure_env`=1 (A/B runs, tests of the Python path), or where its stamp
-    differs (a stale build: warned about, naming the `rebuild` command, and never run)."""
+    differs (a stale build: warned about, naming the `rebuild` command, and never run). `stamp`
+    is called only once the module imports (an install without the sources has no build either)."""
     if os.environ.get(pure_env) == "1" or sys.implementation.name != "cpython":
         return None
     try:
         built = importlib.import_module(f"{package}.{module}")
     except ImportError:
         return None
-    if getattr(built, "STAMP", None) != stamp:
+    if getattr(built, "STAMP", None) != stamp():
         warnings.warn(f"{built.__file__} was built from another tree's sources: running the Python path "
                       f"(rebuild: {rebuild})", RuntimeWarning, stacklevel=3)
         return None

@@ -198,7 +198,7 @@ def accelerator() -> Any:
     from this tree and gives the Python code's bytes (see the top); None otherwise."""
     if sys.version_info >= (3, 12):
         return None
-    return cbuild.load("simulations", "_cfairshare", stamp(), "P2PNET_SIM_PURE", "make sim-accel")
+    return cbuild.load("simulations", "_cfairshare", stamp, "P2PNET_SIM_PURE", "make sim-accel")
 
 
 # looked up once per process (the stamp hashes the sources): this module's `share` and the

@@ -61,7 +61,7 @@ _REPLAY_FROM = 32768  # tied rows this long replay the heap on a subsequence (me
 # faster with torch.topk on the whole row, 65,536 faster replayed)
 _TIE_EXTRA_MAX = 256  # tie-set entries beyond the k-th place kept open when measuring; more: torch's set
 # the built C module (None: not built, stale, or P2PNET_VERIFY_PURE=1), looked up once per process
-ACCELERATOR = cbuild.load("verify", "_ctopk", stamp(), "P2PNET_VERIFY_PURE", "make install")
+ACCELERATOR = cbuild.load("verify", "_ctopk", stamp, "P2PNET_VERIFY_PURE", "make install")
 
 
 def _heap_rows(rows: np.ndarray, k: int) -> np.ndarray | None:

@@ -142,7 +142,7 @@ def test_topk_uses_a_build_only_with_the_trees_stamp(built: Any, tmp_path: Path,
     def install(module: Any) -> Any:  # as if `make install` had put it in the package
         monkeypatch.setitem(sys.modules, "verify._ctopk", module)
         monkeypatch.setattr(verify, "_ctopk", module, raising=False)
-        return cbuild.load("verify", "_ctopk", accel.stamp(), "P2PNET_VERIFY_PURE", "make install")
+        return cbuild.load("verify", "_ctopk", accel.stamp, "P2PNET_VERIFY_PURE", "make install")
 
     monkeypatch.delenv("P2PNET_VERIFY_PURE", raising=False)
     assert built.STAMP == accel.stamp()
