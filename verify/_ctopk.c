@@ -24,6 +24,10 @@
  * topk(bits, k, out): bits a 2-D buffer of 16-bit integers [rows, n] (raw bf16 patterns, or keys
  * already made: the key of a key is itself), each row contiguous; out a writable C-contiguous
  * buffer of 64-bit integers [rows, k]. Requires 1 <= k and 64 * k <= n. STAMP: the build's stamp.
+ *
+ * interpolate(x, y, out): the proofs' polynomials (verify.toploc._prove), in the same module:
+ * per row of C-contiguous 64-bit x (distinct points in [0, P)) and y (>= 0), the coefficients
+ * (ascending) of the polynomial of degree < n through them over GF(P = 65497), into out.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -191,16 +195,117 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ interpolation over GF(P) */
+
+#define PRIME 65497u
+static uint16_t inverse[PRIME]; /* inverse[a] * a = 1 mod P (inverse[0] = 0), made at import */
+
+static void make_inverses(void) {
+    inverse[1] = 1;
+    for (uint32_t a = 2; a < PRIME; a++) /* P = (P / a) a + P % a, so 1/a = -(P / a) / (P % a) */
+        inverse[a] = (uint16_t)(PRIME - (PRIME / a) * inverse[PRIME % a] % PRIME);
+}
+
+/* One row: the coefficients (ascending) of the polynomial of degree < n through (x_j, y_j),
+ * by Newton's divided differences, then the Newton form expanded from its innermost term. The
+ * polynomial is unique, so any correct method gives verify.gf's coefficients. Every residue is
+ * below P < 2^16, so a product plus a residue stays below 2^32. `work` holds 2 n. Returns -1
+ * where two points are equal (no such polynomial), else 0. */
+static int row_interpolate(const int64_t *x, const int64_t *y, Py_ssize_t n, uint32_t *work, int64_t *out) {
+    uint32_t *diff = work, *coeff = work + n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        diff[i] = (uint32_t)((uint64_t)y[i] % PRIME);
+    for (Py_ssize_t j = 1; j < n; j++) {
+        for (Py_ssize_t i = n - 1; i >= j; i--) {
+            int32_t gap = (int32_t)(x[i] - x[i - j]); /* points in [0, P): the difference in (-P, P) */
+            gap += gap < 0 ? (int32_t)PRIME : 0;
+            if (gap == 0)
+                return -1;
+            uint32_t rise = diff[i] + (diff[i] < diff[i - 1] ? PRIME : 0) - diff[i - 1];
+            diff[i] = rise * (uint32_t)inverse[gap] % PRIME;
+        }
+    }
+    /* p = diff[n-1]; then p = p (t - x_i) + diff[i] for i = n-2 .. 0 */
+    coeff[0] = diff[n - 1];
+    for (Py_ssize_t i = n - 2, degree = 0; i >= 0; i--, degree++) {
+        uint32_t minus_x = (PRIME - (uint32_t)x[i]) % PRIME;
+        coeff[degree + 1] = coeff[degree];
+        for (Py_ssize_t d = degree; d >= 1; d--)
+            coeff[d] = (coeff[d - 1] + minus_x * coeff[d]) % PRIME;
+        coeff[0] = (minus_x * coeff[0] + diff[i]) % PRIME;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = coeff[i];
+    return 0;
+}
+
+static PyObject *interpolate(PyObject *self, PyObject *args) {
+    PyObject *x_obj, *y_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOO:interpolate", &x_obj, &y_obj, &out_obj))
+        return NULL;
+    Py_buffer x, y, out;
+    if (PyObject_GetBuffer(x_obj, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(y_obj, &y, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&y);
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (x.ndim != 2 || y.ndim != 2 || out.ndim != 2 || !is_format(&x, "qlQL", 8) || !is_format(&y, "qlQL", 8) ||
+        !is_format(&out, "qlQL", 8) || x.shape[1] < 1 || y.shape[0] != x.shape[0] || y.shape[1] != x.shape[1] ||
+        out.shape[0] != x.shape[0] || out.shape[1] != x.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "x, y and out must be 64-bit integers [rows, n], n >= 1, one shape");
+        goto done;
+    }
+    Py_ssize_t rows = x.shape[0], n = x.shape[1], bad = -1;
+    const int64_t *xs = x.buf, *ys = y.buf;
+    for (Py_ssize_t i = 0; i < rows * n; i++)
+        if (xs[i] < 0 || xs[i] >= PRIME || ys[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "points must lie in [0, P) and values be >= 0");
+            goto done;
+        }
+    uint32_t *work = PyMem_RawMalloc(2 * (size_t)n * sizeof(uint32_t));
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && bad < 0; r++)
+        if (row_interpolate(xs + r * n, ys + r * n, n, work, (int64_t *)out.buf + r * n) < 0)
+            bad = r;
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(work);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "row %zd has a repeated point: no polynomial through it", bad);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&x);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"topk", topk, METH_VARARGS,
      "topk(bits, k, out): torch.topk(k)'s positions of the largest |bf16| per row [rows, n], n >= 64 k, into out [rows, k]"},
+    {"interpolate", interpolate, METH_VARARGS,
+     "interpolate(x, y, out): coefficients (ascending) of the polynomial of degree < n through each row's points over GF(65497)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ctopk",
-                                    "torch.topk's heap path for |bf16| rows, replayed in C", -1, methods};
+                                    "torch.topk's heap path for |bf16| rows, and interpolation over GF(65497), in C", -1, methods};
 
 PyMODINIT_FUNC PyInit__ctopk(void) {
+    make_inverses();
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddStringConstant(m, "STAMP", P2PNET_STAMP) < 0) {
         Py_DECREF(m);

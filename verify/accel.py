@@ -1,6 +1,8 @@
 """Builds the verifier's optional C module: `verify/_ctopk.c`, torch.topk's choice of the k largest
 |bf16| entries for rows where torch's CPU kernel runs a heap (k * 64 <= n), the same positions in
-the same order without torch (see `verify.topk`, which uses it, and BENCHMARKS.md's TOPLOC section).
+the same order without torch (see `verify.topk`, which uses it, and BENCHMARKS.md's TOPLOC section),
+and the proofs' interpolation over GF(65497) (`verify.toploc._prove`: the same polynomials as
+`verify.gf`).
 
 `python -m verify.accel` (or `make install`) compiles it next to this file with the C compiler
 Python was built with, against this interpreter's headers (`p2pnet.cbuild`, shared with the

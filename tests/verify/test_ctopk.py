@@ -1,6 +1,7 @@
 """The C top-k (`verify/_ctopk.c`) picks torch.topk's positions, in torch's order, on rows where
-torch's CPU kernel runs its heap (n >= 64 k), and `verify.topk` uses it only when built from this
-tree and not turned off.
+torch's CPU kernel runs its heap (n >= 64 k), its interpolation gives verify.gf's coefficients
+(so proofs are the same bytes), and `verify.topk` uses it only when built from this tree and not
+turned off.
 
 Built here into a temporary folder with this interpreter's compiler (`verify.accel`), so the test
 runs wherever a run could use it. The reference is what toploc runs: ``bits.view(bfloat16).abs()
@@ -22,7 +23,7 @@ import torch
 
 import verify
 from p2pnet import cbuild
-from verify import accel, topk
+from verify import accel, gf, topk, toploc
 
 torch.set_num_threads(1)
 
@@ -171,3 +172,59 @@ def test_topk_of_is_the_same_with_and_without_the_module(built: Any, parts: list
             order = np.argsort(idx, axis=1)
             idx[:], bits[:] = np.take_along_axis(idx, order, axis=1), np.take_along_axis(bits, order, axis=1)
         assert np.array_equal(with_c[0], without[0]) and np.array_equal(with_c[1], without[1])
+
+
+def _distinct(rng: np.random.Generator, n: int, low: int, high: int) -> np.ndarray:
+    return low + rng.choice(high - low, n, replace=False)
+
+
+def _point_sets(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    """Rows of n distinct points in GF(P) for each of verify.gf's paths: all below P - n (the
+    fixed points P-n..P-1), one among P-n..P-1 (the fixed points P-2n..P-n-1), points among both
+    (moved by a gap and shifted back), anywhere, and packed at the top of the field."""
+    p = gf.PRIME
+    sets = [_distinct(rng, n, 0, p - n), np.r_[p - 1 - rng.integers(n), _distinct(rng, n - 1, 0, p - 2 * n)],
+            _distinct(rng, n, p - 3 * n, p), _distinct(rng, n, 0, p), p - 1 - rng.permutation(n)]
+    return [np.unique(s)[rng.permutation(n)] if np.unique(s).size == n else _distinct(rng, n, 0, p) for s in sets]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 64, 127, 128, 255, 256, 300])
+def test_interpolation_is_verify_gfs(built: Any, n: int) -> None:
+    """The same coefficients as verify.gf over many random point sets of every path (and beyond
+    256 points, gf's product tree), rows one by one and batched, values up to 0xFF7F."""
+    rng = np.random.default_rng(n)
+    rows = [s for _ in range(40 if n <= 128 else 8) for s in _point_sets(rng, n)]
+    x = np.stack(rows).astype(np.int64)
+    y = rng.integers(0, 0xFF80, x.shape, dtype=np.int64)
+    out = np.empty_like(x)
+    built.interpolate(x, y, out)
+    assert np.array_equal(out, gf.interpolate(x, y))
+    one = np.empty((1, n), dtype=np.int64)
+    for r in range(0, x.shape[0], 7):
+        built.interpolate(x[r : r + 1], y[r : r + 1], one)
+        assert np.array_equal(one[0], gf.interpolate(x[r], y[r]))
+    if n > 1:
+        x[0, 1] = x[0, 0]
+        with pytest.raises(ValueError, match="repeated point"):
+            built.interpolate(x, y, out)
+
+
+@pytest.mark.parametrize("width", [65536, 131072, 163840])
+def test_proofs_are_the_same_bytes_with_and_without_the_module(built: Any, width: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify.toploc._prove's bytes with the C interpolation and with verify.gf's, one chunk alone
+    and batched: positions below P (m = P), beyond P but distinct mod P, and colliding mod P (a
+    smaller modulus: toploc's downward search), shifted and unshifted point sets alike."""
+    rng = np.random.default_rng(width)
+    idx = np.stack([_distinct(rng, 128, 0, width) for _ in range(60)]).astype(np.int64)
+    if width > gf.PRIME:  # force collisions mod P in a third of the rows
+        idx[::3, 1] = idx[::3, 0] % gf.PRIME + gf.PRIME
+        idx[::3, 0] %= gf.PRIME
+        idx[1::6, :8] = gf.PRIME - 1 - np.arange(8)  # points at the top of the field
+    assert all(np.unique(r).size == 128 for r in idx)
+    bits = rng.integers(0, 0x7F80, idx.shape, dtype=np.int64) | rng.integers(0, 2, idx.shape) << 15
+    for rows in [slice(r, r + 1) for r in range(0, 60, 5)] + [slice(0, 60)]:
+        monkeypatch.setattr(topk, "ACCELERATOR", built)
+        with_c = toploc._prove((idx[rows], bits[rows]))
+        monkeypatch.setattr(topk, "ACCELERATOR", None)
+        assert with_c == toploc._prove((idx[rows], bits[rows]))
