@@ -23,7 +23,9 @@
  *
  * topk(bits, k, out): bits a 2-D buffer of 16-bit integers [rows, n] (raw bf16 patterns, or keys
  * already made: the key of a key is itself), each row contiguous; out a writable C-contiguous
- * buffer of 64-bit integers [rows, k]. Requires 1 <= k and 64 * k <= n. STAMP: the build's stamp.
+ * buffer of 64-bit integers [rows, k]. Requires 1 <= k and 64 * k <= n. With any_order, a row
+ * whose k largest keys are unique (row_unique: no tie at the k-th place) may come in position
+ * order instead, found without the heap; the rest in torch's order. STAMP: the build's stamp.
  *
  * interpolate(x, y, out): the proofs' polynomials (verify.toploc._prove), in the same module:
  * per row of C-contiguous 64-bit x (distinct points in [0, P)) and y (>= 0), the coefficients
@@ -106,16 +108,19 @@ static inline uint16_t block_max(const uint16_t *bits, Py_ssize_t count) {
 
 /* One row: std::partial_sort's heap over the row, then std::__sort_heap; out[0..k-1]. (Taking
  * every block's maximum first, in a pass of its own, was no faster: measured.) */
-static void row_topk(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, entry *heap, int64_t *out) {
+static void row_topk(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, entry *heap, const uint16_t *maxima,
+                     int64_t *out) {
     for (Py_ssize_t i = 0; i < k; i++) {
         heap[i].key = key_of(bits[i]);
         heap[i].pos = (int32_t)i;
     }
     make_heap(heap, k); /* __heap_select */
     uint16_t least = heap[0].key;
-    for (Py_ssize_t start = k; start < n; start += BLOCK) {
-        Py_ssize_t count = n - start < BLOCK ? n - start : BLOCK, found = 0;
-        if (block_max(bits + start, count) <= least)
+    for (Py_ssize_t b = k / BLOCK; b * BLOCK < n; b++) { /* blocks b * BLOCK.., from entry k on */
+        Py_ssize_t start = b * BLOCK < k ? k : b * BLOCK, found = 0;
+        Py_ssize_t count = (n - b * BLOCK < BLOCK ? n : b * BLOCK + BLOCK) - start;
+        /* the block's maximum (row_unique's, when it ran: of the whole block, never less) */
+        if ((maxima != NULL ? maxima[b] : block_max(bits + start, count)) <= least)
             continue; /* no entry here is above the top, which only grows: none enters */
         int32_t above[BLOCK]; /* the block's entries above the top now, in order (no branch) */
         for (Py_ssize_t i = 0; i < count; i++) {
@@ -141,6 +146,92 @@ static void row_topk(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, entry *he
         out[i] = heap[i].pos;
 }
 
+/* The k-th smallest of a[0..m-1] (q = k - 1), by Hoare's partition (a is reordered). */
+static uint16_t select_kth(uint16_t *a, Py_ssize_t m, Py_ssize_t q) {
+    Py_ssize_t lo = 0, hi = m - 1;
+    while (lo < hi) {
+        uint16_t pivot = a[lo + (hi - lo) / 2];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot)
+                i++;
+            while (a[j] > pivot)
+                j--;
+            if (i <= j) {
+                uint16_t swap = a[i];
+                a[i++] = a[j];
+                a[j--] = swap;
+            }
+        }
+        if (q <= j)
+            hi = j;
+        else if (q >= i)
+            lo = i;
+        else
+            return a[q]; /* between the two parts: equal to the pivot */
+    }
+    return a[q];
+}
+
+#define CANDIDATES 4096 /* entries kept for the check without a heap; more: the heap */
+
+/* One row whose k largest keys are unique (the k-th and the (k+1)-th differ): every top-k
+ * selection, torch's included, picks that set, so it is written to out in position order
+ * (not torch's order) and 1 returned; 0 (out untouched) where the row has a tie at the k-th
+ * place or too many candidates. The candidates are the entries >= t, t the k-th largest block
+ * maximum (k distinct entries reach it, so the k largest are all >= t); t is found by a
+ * histogram of the maxima' high bytes (the exponent) and then of the low bytes in t's bin. */
+static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t *maxima, uint16_t *cand_key,
+                      int32_t *cand_pos, uint16_t *scratch, int64_t *out) {
+    Py_ssize_t blocks = 0, counts[256] = {0};
+    for (Py_ssize_t start = 0; start < n; start += BLOCK) {
+        uint16_t most = block_max(bits + start, n - start < BLOCK ? n - start : BLOCK);
+        maxima[blocks++] = most;
+        counts[most >> 8]++;
+    }
+    Py_ssize_t high = 255, above = 0; /* blocks whose maximum's high byte is above `high` */
+    while (above + counts[high] < k) {
+        above += counts[high];
+        if (--high < 0)
+            return 0;
+    }
+    Py_ssize_t low_counts[256] = {0};
+    for (Py_ssize_t b = 0; b < blocks; b++)
+        if (maxima[b] >> 8 == high)
+            low_counts[maxima[b] & 0xFF]++;
+    Py_ssize_t low = 255;
+    while (above + low_counts[low] < k)
+        above += low_counts[low--]; /* stops at low >= 0: the bin holds k - above maxima or more */
+    const uint16_t t = (uint16_t)(high << 8 | low);
+    Py_ssize_t m = 0;
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        if (maxima[b] < t)
+            continue;
+        if (m + BLOCK > CANDIDATES)
+            return 0;
+        Py_ssize_t start = b * BLOCK, stop = n - start < BLOCK ? n : start + BLOCK;
+        for (Py_ssize_t i = start; i < stop; i++) { /* no branch: written, kept if >= t */
+            uint16_t key = key_of(bits[i]);
+            cand_key[m] = key;
+            cand_pos[m] = (int32_t)i;
+            m += key >= t;
+        }
+    }
+    if (m < k)
+        return 0; /* never: k blocks reach t */
+    memcpy(scratch, cand_key, (size_t)m * sizeof(uint16_t));
+    const uint16_t kth = select_kth(scratch, m, m - k);
+    Py_ssize_t reach = 0;
+    for (Py_ssize_t j = 0; j < m; j++)
+        reach += cand_key[j] >= kth;
+    if (reach != k)
+        return 0; /* more than k entries reach the k-th largest: a tie, torch's heap decides */
+    for (Py_ssize_t j = 0, i = 0; j < m && i < k; j++)
+        if (cand_key[j] >= kth)
+            out[i++] = cand_pos[j];
+    return 1;
+}
+
 static int is_format(const Py_buffer *view, const char *codes, Py_ssize_t itemsize) {
     if (view->itemsize != itemsize || view->format == NULL)
         return 0;
@@ -153,7 +244,8 @@ static int is_format(const Py_buffer *view, const char *codes, Py_ssize_t itemsi
 static PyObject *topk(PyObject *self, PyObject *args) {
     PyObject *bits_obj, *out_obj;
     Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "OnO:topk", &bits_obj, &k, &out_obj))
+    int any_order = 0;
+    if (!PyArg_ParseTuple(args, "OnO|p:topk", &bits_obj, &k, &out_obj, &any_order))
         return NULL;
     Py_buffer bits, out;
     if (PyObject_GetBuffer(bits_obj, &bits, PyBUF_RECORDS_RO) < 0)
@@ -177,15 +269,34 @@ static PyObject *topk(PyObject *self, PyObject *args) {
         goto done;
     }
     entry *heap = PyMem_RawMalloc((size_t)k * sizeof(entry));
-    if (heap == NULL) {
+    /* for any_order: block maxima, candidates' keys, positions and a copy to select in */
+    char *spare = any_order ? PyMem_RawMalloc((size_t)(n / BLOCK + 1) * 2 + CANDIDATES * 8) : NULL;
+    if (heap == NULL || (any_order && spare == NULL)) {
+        PyMem_RawFree(heap);
+        PyMem_RawFree(spare);
         PyErr_NoMemory();
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < rows; r++)
-        row_topk((const uint16_t *)((const char *)bits.buf + r * bits.strides[0]), n, k, heap,
-                 (int64_t *)out.buf + r * k);
+    /* rows of one call are alike (chunks of the same rollouts): once most rows tried had a tie,
+     * the rest go to the heap without the check (it costs about as much as the heap, measured) */
+    Py_ssize_t unique = 0, tied = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint16_t *row = (const uint16_t *)((const char *)bits.buf + r * bits.strides[0]);
+        int64_t *picked = (int64_t *)out.buf + r * k;
+        uint16_t *maxima = any_order && tied <= unique + 2 ? (uint16_t *)(spare + CANDIDATES * 8) : NULL;
+        if (maxima != NULL) {
+            if (row_unique(row, n, k, maxima, (uint16_t *)spare, (int32_t *)(spare + CANDIDATES * 2),
+                           (uint16_t *)(spare + CANDIDATES * 6), picked)) {
+                unique++;
+                continue;
+            }
+            tied++;
+        }
+        row_topk(row, n, k, heap, maxima, picked);
+    }
     Py_END_ALLOW_THREADS
+    PyMem_RawFree(spare);
     PyMem_RawFree(heap);
     Py_INCREF(Py_None);
     result = Py_None;
@@ -295,7 +406,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"topk", topk, METH_VARARGS,
-     "topk(bits, k, out): torch.topk(k)'s positions of the largest |bf16| per row [rows, n], n >= 64 k, into out [rows, k]"},
+     "topk(bits, k, out, any_order=False): torch.topk(k)'s positions of the largest |bf16| per row [rows, n], "
+     "n >= 64 k, into out [rows, k]; with any_order, rows without a tie at the k-th place in position order"},
     {"interpolate", interpolate, METH_VARARGS,
      "interpolate(x, y, out): coefficients (ascending) of the polynomial of degree < n through each row's points over GF(65497)"},
     {NULL, NULL, 0, NULL},

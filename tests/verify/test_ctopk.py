@@ -95,12 +95,16 @@ def _cases() -> list[tuple[np.ndarray, int]]:
 CASES = _cases()
 
 
-def _mismatches(module: Any) -> int:
+def _mismatches(module: Any, any_order: bool = False) -> int:
+    """Rows whose positions differ from torch.topk's (with ``any_order``: whose sets differ)."""
     bad = 0
     for bits, k in CASES:
         out = np.empty((bits.shape[0], k), dtype=np.int64)
-        module.topk(bits, k, out)
-        bad += int((out != _torch(bits, k)).any(axis=1).sum())
+        module.topk(bits, k, out, any_order)
+        expected = _torch(bits, k)
+        if any_order:
+            out, expected = np.sort(out, axis=1), np.sort(expected, axis=1)
+        bad += int((out != expected).any(axis=1).sum())
     return bad
 
 
@@ -113,7 +117,7 @@ MUTANTS = {  # one detail of libstdc++'s partial_sort each
     "no even-length tail case": [("if ((len & 1) == 0 && child == (len - 2) / 2) {", "if (0) {")],
     "comp(i, first) as >=": [("if (key > least) {", "if (key >= least) {"),
                              ("found += key_of(bits[start + i]) > least;", "found += key_of(bits[start + i]) >= least;"),
-                             ("if (block_max(bits + start, count) <= least)", "if (block_max(bits + start, count) < least)")],
+                             ("block_max(bits + start, count)) <= least)", "block_max(bits + start, count)) < least)")],
     "the other child on equal keys": [("child -= heap[child].key > heap[child - 1].key;",
                                        "child -= heap[child].key >= heap[child - 1].key;")],
     "push up past equal keys": [("heap[parent].key > value.key", "heap[parent].key >= value.key")],
@@ -121,13 +125,36 @@ MUTANTS = {  # one detail of libstdc++'s partial_sort each
 }
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+ANY_ORDER_MUTANTS = {  # the check for rows without a tie (any_order)
+    "a tie taken for none": [("if (reach != k)", "if (reach < k)")],
+    "the k-th largest left out": [("        if (cand_key[j] >= kth)\n", "        if (cand_key[j] > kth)\n")],
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(ANY_ORDER_MUTANTS))
 def test_the_rows_tell_a_mutant_apart(mutant: str, tmp_path: Path) -> None:
     source = accel.SOURCE.read_text()
-    for old, new in MUTANTS[mutant]:
+    for old, new in {**MUTANTS, **ANY_ORDER_MUTANTS}[mutant]:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
-    assert _mismatches(_build(tmp_path, source)) > 0
+    assert _mismatches(_build(tmp_path, source), any_order=mutant in ANY_ORDER_MUTANTS) > 0
+
+
+def test_any_order_gives_torchs_sets_and_its_order_where_tied(built: Any) -> None:
+    """With any_order, every row holds torch's set; a row not in torch's order has no tie at
+    the k-th place (its set is unique), and both kinds of rows occur."""
+    reordered = in_order = 0
+    for bits, k in CASES:
+        out = np.empty((bits.shape[0], k), dtype=np.int64)
+        built.topk(bits, k, out, True)
+        expected = _torch(bits, k)
+        assert np.array_equal(np.sort(out, axis=1), np.sort(expected, axis=1))
+        for r in np.flatnonzero((out != expected).any(axis=1)):
+            keys = np.sort(np.minimum(bits[r] & 0x7FFF, 0x7F81))[::-1]
+            assert keys[k - 1] != keys[k]
+            reordered += 1
+        in_order += int((out == expected).all(axis=1).sum())
+    assert reordered > 100 and in_order > 100
 
 
 def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
@@ -157,8 +184,8 @@ def test_topk_uses_a_build_only_with_the_trees_stamp(built: Any, tmp_path: Path,
 @pytest.mark.parametrize("parts", [[(1, 65536)], [(1, 8192)], [(3, 65536), (2, 65536)], [(4, 4096)]])
 def test_topk_of_is_the_same_with_and_without_the_module(built: Any, parts: list[tuple[int, int]],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """One chunk alone, several parts, and rows below 64 k (torch.topk either way): the same
-    entries (and bit patterns) as the numpy path, in torch's order."""
+    """One chunk alone, several parts, and rows below 64 k (torch.topk either way): torch's sets
+    (one chunk alone: in torch's order), the same entries and bit patterns as the numpy path."""
     rng = np.random.default_rng(7)
     arrays = [_rows(rng, rows, n, kind) for kind in (0, 3) for rows, n in parts]
     for group in (arrays[: len(parts)], arrays[len(parts):]):
@@ -166,8 +193,10 @@ def test_topk_of_is_the_same_with_and_without_the_module(built: Any, parts: list
         with_c = topk.topk_of(group, 128)
         monkeypatch.setattr(topk, "ACCELERATOR", None)
         without = topk.topk_of(group, 128)
-        if group[0].shape[1] >= 64 * 128:  # the C module's: torch's positions in torch's order
-            assert np.array_equal(with_c[0], np.concatenate([_torch(p, 128) for p in group]))
+        expected = np.concatenate([_torch(p, 128) for p in group])
+        if group[0].shape[1] >= 64 * 128 and expected.shape[0] == 1:  # one chunk alone: torch's order
+            assert np.array_equal(with_c[0], expected)
+        assert np.array_equal(np.sort(with_c[0], axis=1), np.sort(expected, axis=1))  # torch's sets
         for idx, bits in (with_c, without):  # the numpy path's order is its own: the same sets
             order = np.argsort(idx, axis=1)
             idx[:], bits[:] = np.take_along_axis(idx, order, axis=1), np.take_along_axis(bits, order, axis=1)
