@@ -7,11 +7,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH := torch==2.13.0
 ACCEL_STAMP := $(VENV)/.sim-accel-stamp
-ACCEL_SOURCES := $(wildcard simulations/_c*.c) simulations/fairshare.py simulations/accel.py
+ACCEL_SOURCES := $(wildcard simulations/_c*.c) simulations/fairshare.py simulations/accel.py p2pnet/cbuild.py
+VERIFY_ACCEL_STAMP := $(VENV)/.verify-accel-stamp
+VERIFY_ACCEL_SOURCES := verify/_ctopk.c verify/accel.py p2pnet/cbuild.py
 
-.PHONY: test demo install bench clean test-transformers-lowest sim-accel
+.PHONY: test demo install bench clean test-transformers-lowest sim-accel verify-accel
 
-install: $(STAMP) $(ACCEL_STAMP)
+install: $(STAMP) $(ACCEL_STAMP) $(VERIFY_ACCEL_STAMP)
 
 # the first install takes about 2-3 minutes (torch alone is about 200 MB); pip shows its progress
 $(STAMP): pyproject.toml
@@ -24,7 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "== $(VENV) is ready"
 
-test: $(STAMP) $(ACCEL_STAMP)
+test: $(STAMP) $(ACCEL_STAMP) $(VERIFY_ACCEL_STAMP)
 	bash scripts/lab_deps.sh
 	bash scripts/ops_deps.sh
 	$(PY) -m pytest -q
@@ -49,5 +51,15 @@ $(ACCEL_STAMP): $(STAMP) $(ACCEL_SOURCES)
 sim-accel: $(STAMP)
 	$(PY) -m simulations.accel
 
+# the verifier's optional C top-k (verify/accel.py): torch.topk's positions for TOPLOC chunks on
+# torch's heap path, without torch; proofs and verdicts are the same bytes, selection faster.
+# Built like the simulator's (see above); without it verify.topk selects with numpy and torch
+$(VERIFY_ACCEL_STAMP): $(STAMP) $(VERIFY_ACCEL_SOURCES)
+	$(PY) -m verify.accel || echo "== the verifier's optional C top-k was not built (see above); TOPLOC proofs use numpy and torch: the same bytes, slower"
+	touch $@
+
+verify-accel: $(STAMP)
+	$(PY) -m verify.accel
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info simulations/_cfairshare*.so
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info simulations/_cfairshare*.so verify/_ctopk*.so

@@ -1,6 +1,6 @@
 """Benchmark verify.toploc against toploc 0.1.6 in the same run, on one CPU thread.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_toploc.py --toploc-path DIR [--repeats 15] [--json]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_toploc.py --toploc-path DIR [--repeats 15] [--ab] [--json]
 
 toploc is never a dependency of p2pnet: ``--toploc-path`` names a folder where it was built
 (its prebuilt wheel does not load with torch 2.13; build its v0.1.6 sources with
@@ -25,6 +25,10 @@ What is timed, as a worker and a validator use it:
   the shipped calibration tables runs (measured with ``scripts/calibrate.py --ties open``). Both of ours and
   toploc's verify run alternately in one loop, and both ratios use that toploc figure.
 
+Our top-k runs verify.topk's C module where it is built (``make install``; the header says
+which); ``--ab`` adds a table of build_chunk and verify_1024 with it and without it (the numpy
+path, as under ``P2PNET_VERIFY_PURE=1``), alternately in one loop.
+
 Inputs: standard normal bf16 hidden states (tie-heavy: most chunks have equal |values| at the 128th place)
 and the same with a few massive channels, as real LM-head inputs have. Both libraries run
 alternately in one loop, so load on this shared machine hits both alike; times are medians.
@@ -47,6 +51,7 @@ import time
 
 import torch
 
+from verify import topk as topk_module
 from verify.testing import bf16_gaussian
 from verify.toploc import build_proofs, build_proofs_many, measure
 
@@ -124,6 +129,44 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
     return row
 
 
+def without_c(fn):
+    """``fn`` run with verify.topk's C module set aside (as under P2PNET_VERIFY_PURE=1)."""
+    def run():
+        saved, topk_module.ACCELERATOR = topk_module.ACCELERATOR, None
+        try:
+            return fn()
+        finally:
+            topk_module.ACCELERATOR = saved
+    return run
+
+
+def bench_ab(hidden_size: int, massive: int, repeats: int) -> dict:
+    """build_chunk and verify_1024 (exact ties) with verify.topk's C module and without it,
+    alternately in one loop (the same inputs as ``bench_one``); the proofs must be the same bytes."""
+    h = bf16_gaussian(hidden_size, 1024, hidden_size, massive_channels=massive)
+    chunks = [h[i : i + 32] for i in range(0, 1024, 32)]
+    ours = build_proofs(h)
+    build = lambda: [build_proofs(c)[0] for c in chunks]  # noqa: E731
+    verify = lambda: measure(h, ours, exact_ties=True)  # noqa: E731
+    if build() != without_c(build)() or verify() != without_c(verify)():
+        sys.exit(f"hidden {hidden_size}: the proofs or measures differ with and without the C module")
+    c_chunk, np_chunk = paired_ms([build, without_c(build)], repeats)
+    c_verify, np_verify = paired_ms([verify, without_c(verify)], max(3, repeats // 3))
+    return {"hidden": hidden_size, "massive_channels": massive, "build_chunk_c": c_chunk / len(chunks),
+            "build_chunk_numpy": np_chunk / len(chunks), "verify_1024_c": c_verify, "verify_1024_numpy": np_verify}
+
+
+def print_ab(rows: list[dict]) -> None:
+    print("\n| hidden | massive ch. | build_chunk C | build_chunk numpy | x | verify_1024 C | verify_1024 numpy | x |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['hidden']} | {r['massive_channels']} | {r['build_chunk_c']:.3f} | {r['build_chunk_numpy']:.3f} | "
+              f"{r['build_chunk_numpy'] / r['build_chunk_c']:.2f} | {r['verify_1024_c']:.3f} | "
+              f"{r['verify_1024_numpy']:.3f} | {r['verify_1024_numpy'] / r['verify_1024_c']:.2f} |")
+    print("\nA/B in one loop: verify.topk's C module (verify/_ctopk.c) and without it (the numpy path, as "
+          "P2PNET_VERIFY_PURE=1); times in ms (medians), build_chunk per chunk; x = numpy / C.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--toploc-path", default=None, help="folder holding a built toploc package")
@@ -136,6 +179,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=COLUMNS, default=list(COLUMNS),
                     help="time only these columns (verify_1024 and verify_open_1024 run together)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    ap.add_argument("--ab", action="store_true",
+                    help="also time build_chunk and verify_1024 with and without verify.topk's C module")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.one_core:
@@ -153,14 +198,18 @@ def main() -> None:
                 print(f"# hidden {size}, massive channels {massive}: done", file=sys.stderr, flush=True)
     meta = {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
             "toploc": getattr(toploc, "__version__", None), "repeats": args.repeats,
-            "one_core": args.one_core, "batch_rows": args.batch_rows, "batch_tokens": args.batch_tokens}
+            "one_core": args.one_core, "batch_rows": args.batch_rows, "batch_tokens": args.batch_tokens,
+            "topk": "numpy" if topk_module.ACCELERATOR is None else "c"}
+    ab = []
+    if args.ab and topk_module.ACCELERATOR is not None:
+        ab = [bench_ab(size, massive, args.repeats) for massive in (0, 8) for size in args.sizes]
     if args.json:
-        print(json.dumps({"meta": meta, "results": results}, indent=1))
+        print(json.dumps({"meta": meta, "results": results, "ab": ab}, indent=1))
         _exit_if_proofs_differ(results)
         return
     print(f"torch {meta['torch']}, {meta['cpu']}, 1 torch thread, toploc {meta['toploc'] or 'not given'}, "
           f"{'pinned to one core' if args.one_core else 'all cores allowed'}, worker batch "
-          f"{args.batch_rows} rows x {args.batch_tokens} tokens\n")
+          f"{args.batch_rows} rows x {args.batch_tokens} tokens, top-k by {meta['topk']}\n")
     cols = [c for c in COLUMNS if c in results[0]]
     their_cols = [c for c in cols if c != "verify_open_1024"]  # one toploc verify serves both ratios
     head = "| hidden | massive ch. | " + " | ".join(f"ours {c}" for c in cols)
@@ -179,6 +228,8 @@ def main() -> None:
     print("\nTimes in ms (medians); build_batch is per chunk; x = toploc time / ours (above 1: ours is faster); "
           "verify_1024: exact ties (as toploc), verify_open_1024: open ties (the shipped calibration "
           "tables' rule, measured with scripts/calibrate.py --ties open).")
+    if ab:
+        print_ab(ab)
     _exit_if_proofs_differ(results)
 
 

@@ -23,15 +23,14 @@ warning. results.json records which one ran (`fair_share`: "c" or "python",
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
-import os
 import sys
-import warnings
 from pathlib import Path
 from operator import attrgetter
 from typing import Any, Callable
+
+from p2pnet import cbuild
 
 
 def python_share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., Any]) -> None:
@@ -190,28 +189,16 @@ def stamp() -> str:
     """What a built C module must carry to be used: sha256 of `_cfairshare.c`, `_cqueue.c` (the
     engine's queue, in the same module) and `python_share`'s source, so changing any makes an
     older build stale."""
-    digest = hashlib.sha256(Path(__file__).with_name("_cfairshare.c").read_bytes())
-    digest.update(Path(__file__).with_name("_cqueue.c").read_bytes())
-    digest.update(inspect.getsource(python_share).encode())
-    return digest.hexdigest()
+    here = Path(__file__)
+    return cbuild.digest([here.with_name("_cfairshare.c"), here.with_name("_cqueue.c")], inspect.getsource(python_share))
 
 
 def accelerator() -> Any:
     """The built C module (`_cfairshare`: this `share` and the engine's `Queue`), where it is built
     from this tree and gives the Python code's bytes (see the top); None otherwise."""
-    if (os.environ.get("P2PNET_SIM_PURE") == "1" or sys.implementation.name != "cpython"
-            or sys.version_info >= (3, 12)):
+    if sys.version_info >= (3, 12):
         return None
-    try:
-        from simulations import _cfairshare  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    if getattr(_cfairshare, "STAMP", None) != stamp():
-        warnings.warn(f"{_cfairshare.__file__} was built from another _cfairshare.c, _cqueue.c or python_share: "
-                      "running the Python fair share and queue (rebuild: make sim-accel)", RuntimeWarning,
-                      stacklevel=2)
-        return None
-    return _cfairshare
+    return cbuild.load("simulations", "_cfairshare", stamp, "P2PNET_SIM_PURE", "make sim-accel")
 
 
 # looked up once per process (the stamp hashes the sources): this module's `share` and the

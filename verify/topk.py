@@ -1,8 +1,22 @@
 """Which k entries of a TOPLOC chunk are committed: the k largest |bf16| values, ties at the
 k-th place broken exactly as toploc's ``flat.abs().topk(k)`` breaks them on CPU.
 
-Owns: top-k selection over many chunks at once (bit patterns in, flat positions out).
+Owns: top-k selection over many chunks at once (bit patterns in, flat positions out), and the
+choice between the C module (``verify/_ctopk.c``, built by ``verify.accel``) and numpy
+(``ACCELERATOR``; ``verify.toploc`` takes the proofs' interpolation from the same module).
 Must not: build or measure proofs (``verify.toploc``), run a model, or do I/O.
+
+Where the C module is built (``make install``; on Linux, where torch runs libstdc++'s heap),
+from this tree (its stamp) and not turned off (``P2PNET_VERIFY_PURE=1``): every row on torch's
+heap path (n >= 64 k: 32 tokens at hidden 256 and more for k = 128) is selected by it, one
+chunk alone or many, tied or not: it runs torch's own heap (libstdc++'s partial_sort, the same
+comparisons) over the whole row, skipping blocks no entry of which can enter, so its positions
+are torch.topk's, in torch's order. Many chunks at once (proofs and measures need the set, not
+its order) first try each row without the heap: where its k-th and (k+1)-th largest differ the
+set is unique and comes in position order (about a third faster to verify with massive
+channels, measured; the C module stops trying within a call once most rows had a tie). Rows
+shorter than 64 k run torch.topk (its nth_element is not replicated). Everything below is the
+path without the C module, unchanged: the same sets.
 
 Which of several equal |values| torch.topk keeps is a property of its CPU kernel: for a
 row of n entries it runs std::partial_sort (a heap) when k * 64 <= n and std::nth_element
@@ -30,6 +44,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from p2pnet import cbuild
+from verify.accel import stamp
+
 _GROUP = 16  # entries per group: a group's maximum bounds its members
 _SPREAD = 128  # a group's members lie 128 apart inside one block
 _BLOCK = _GROUP * _SPREAD  # keys are padded to whole blocks of 2048 entries
@@ -47,6 +64,20 @@ _NUMPY_MAXIMA_UPTO = 65536  # one chunk alone this wide takes its group maxima b
 _REPLAY_FROM = 32768  # tied rows this long replay the heap on a subsequence (measured: 28,672 entries
 # faster with torch.topk on the whole row, 65,536 faster replayed)
 _TIE_EXTRA_MAX = 256  # tie-set entries beyond the k-th place kept open when measuring; more: torch's set
+# the built C module (None: not built, stale, or P2PNET_VERIFY_PURE=1), looked up once per process
+ACCELERATOR = cbuild.load("verify", "_ctopk", stamp, "P2PNET_VERIFY_PURE", "make install")
+
+
+def _heap_rows(rows: np.ndarray, k: int, any_order: bool = False) -> np.ndarray | None:
+    """torch.topk's positions [C, k] for ``rows`` (uint16 bit patterns or keys [C, n], each row
+    contiguous) by the C module, where it is loaded and torch would run its heap (n >= 64 k);
+    else None. In torch's order; with ``any_order``, rows without a tie at the k-th place (whose
+    set every top-k selection picks) come in position order, found without the heap (faster)."""
+    if ACCELERATOR is None or rows.shape[1] < _HEAP_RATIO * k:
+        return None
+    out = np.empty((rows.shape[0], k), dtype=np.int64)
+    ACCELERATOR.topk(rows if rows.strides[1] == rows.itemsize else np.ascontiguousarray(rows), k, out, any_order)
+    return out
 
 
 def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
@@ -58,6 +89,9 @@ def _torch_topk(keys: np.ndarray, k: int) -> np.ndarray:
     torch ranks above all and equal among themselves, are one pattern here: ``_abs``); it
     is 20-30% faster than on bf16 (measured, rows of 8,192 to 131,072 entries).
     """
+    picked = _heap_rows(keys, k)  # the C module where it is loaded (the same positions)
+    if picked is not None:
+        return picked
     return torch.from_numpy(np.ascontiguousarray(keys).view(np.int16)).topk(k, dim=1).indices.numpy()
 
 
@@ -306,7 +340,12 @@ def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndar
     """``topk_chunks`` over chunks given as uint16 bit-pattern arrays [c_i, n] (one n for all)."""
     n = parts[0].shape[1]
     k = min(topk, n)
-    if n < _DIRECT_BELOW and len(parts) == 1 and parts[0].shape[0] == 1:
+    if ACCELERATOR is not None and n >= _HEAP_RATIO * k:  # torch's heap, run by the C module
+        # many chunks (proofs, measures: their sets matter, not the order): rows without a tie
+        # found without the heap; one chunk alone: the heap (the check costs about as much there)
+        many = len(parts) > 1 or parts[0].shape[0] > 1
+        idx = np.concatenate([_heap_rows(p, k, any_order=many) for p in parts])
+    elif n < _DIRECT_BELOW and len(parts) == 1 and parts[0].shape[0] == 1:
         # one short chunk alone (32 tokens at hidden sizes up to 2,047): torch.topk itself is
         # faster than the selection below, and toploc's answer by construction
         idx = _torch_topk(_abs(parts[0]), k)

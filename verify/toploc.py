@@ -37,6 +37,9 @@ Differences from toploc 0.1.6, all deliberate:
   with k = numel points; toploc fails there.
 
 Interpolation and evaluation over GF(P) are ``verify.gf``. Top-k selection is ``verify.topk``.
+Where verify.topk uses the C module (``verify/_ctopk.c``; ``verify.topk.ACCELERATOR``), proofs
+take their interpolation from it too (Newton's divided differences: the polynomial is unique,
+so the same bytes; tests/verify/test_ctopk.py); otherwise from ``verify.gf``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import torch
 
 from verify.errors import ProofError
 from verify.gf import BELOW_MAX_POINTS, PRIME, evaluate, interpolate, interpolate_below
+from verify import topk as _topk_module
 from verify.topk import tie_sets_chunks as _tie_sets
 from verify.topk import topk_chunks as _topk
 from verify.topk import topk_of as _topk_of
@@ -235,7 +239,11 @@ def _prove(selected: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
     else:
         words[:, 0], points = _moduli(idx)
         top = points.max(initial=0)
-    if k <= BELOW_MAX_POINTS and top < PRIME - k:
+    if (accelerator := _topk_module.ACCELERATOR) is not None:  # the C module: the same polynomial
+        coeffs = np.empty((count, k), dtype=np.int64)
+        accelerator.interpolate(np.ascontiguousarray(points), np.ascontiguousarray(bits), coeffs)
+        words[:, 1:] = coeffs
+    elif k <= BELOW_MAX_POINTS and top < PRIME - k:
         words[:, 1:] = interpolate_below(points, bits, int(top))
     else:
         words[:, 1:] = interpolate(points, bits)

@@ -13,15 +13,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
-import importlib.util
 import json
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
-import sysconfig
 import types
 import weakref
 from pathlib import Path
@@ -32,6 +29,7 @@ import pytest
 import simulations
 import simulations.dataplane as dataplane
 import simulations.engine as engine_module
+from p2pnet import cbuild
 from simulations import accel, fairshare
 from simulations.models import Churn
 from simulations.run import run_scenario, write_outputs
@@ -43,18 +41,10 @@ def _build(tmp_path: Path, with_stamp: str | None = None) -> Any:
     no headers, another interpreter or platform); a failing build fails the test."""
     if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         pytest.skip("the C share is used only where float sum() adds in order (CPython < 3.12)")
-    if (sys.platform, accel.platform.machine()) not in accel.PLATFORMS:
-        pytest.skip("the C share is built only where floats round as Python's")
-    if shutil.which(accel.compiler()[0]) is None:
-        pytest.skip(f"no C compiler here ({accel.compiler()[0]})")
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        pytest.skip("this interpreter's headers are not installed (a Debian python3.11 without python3.11-dev)")
+    if (reason := cbuild.unbuildable()) is not None:
+        pytest.skip(reason)
     path = accel.build(tmp_path, with_stamp)
-    spec = importlib.util.spec_from_file_location(accel.MODULE, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cbuild.import_file(path, accel.MODULE)
 
 
 @pytest.fixture(scope="module")

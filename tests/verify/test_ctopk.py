@@ -1,0 +1,259 @@
+"""The C top-k (`verify/_ctopk.c`) picks torch.topk's positions, in torch's order, on rows where
+torch's CPU kernel runs its heap (n >= 64 k), its interpolation gives verify.gf's coefficients
+(so proofs are the same bytes), and `verify.topk` uses it only when built from this tree and not
+turned off.
+
+Built here into a temporary folder with this interpreter's compiler (`verify.accel`), so the test
+runs wherever a run could use it. The reference is what toploc runs: ``bits.view(bfloat16).abs()
+.topk(k)``, on tie-heavy rows (bf16 of normal values at a small scale, rows of a handful of
+values), with zeros, infinities and NaNs of several patterns and signs. The same rows tell apart
+mutants of the C source (libstdc++'s heap with one detail changed), so they do exercise the
+details replicated.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import verify
+from p2pnet import cbuild
+from verify import accel, gf, topk, toploc
+
+torch.set_num_threads(1)
+
+
+def _build(directory: Path, source: str | None = None, with_stamp: str | None = None) -> Any:
+    """The module built into `directory` (from `source`, a mutated copy of the C text, if given)."""
+    if (reason := cbuild.unbuildable(accel.PLATFORMS)) is not None:
+        pytest.skip(reason)
+    if source is not None:
+        (directory / accel.SOURCE.name).write_text(source)
+        path = cbuild.build([directory / accel.SOURCE.name], accel.MODULE, directory, "mutant", accel.FLAGS,
+                            accel.PLATFORMS)
+    else:
+        path = accel.build(directory, with_stamp)
+    return cbuild.import_file(path, accel.MODULE)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _build(tmp_path_factory.mktemp("ctopk"))
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _rows(rng: np.random.Generator, rows: int, n: int, kind: int) -> np.ndarray:
+    """uint16 bf16 patterns [rows, n] of one of six kinds (five tie-heavy)."""
+    shape = (rows, n)
+    if kind == 0:  # bf16 of normal values at a small scale: few distinct |values| at the top
+        return _bits(rng.standard_normal(shape) * 1e-3)
+    if kind == 1:  # a handful of values, both signs, zeros
+        return _bits(rng.choice([0.0, -0.0, 1.0, -1.0, 2.0, 0.5, -2.0], size=shape))
+    if kind == 2:  # quarter steps of normal values: long ties across the whole row
+        return _bits(np.round(rng.standard_normal(shape) * 4) / 4)
+    if kind == 3:  # infinities and NaNs of every sign and several payloads among normal values
+        bits = _bits(rng.standard_normal(shape))
+        for pattern, count in ((0x7F80, 40), (0xFF80, 40), (0x7FC0, 20), (0xFFC0, 10), (0x7F81, 5), (0xFFFF, 5)):
+            bits[np.arange(rows)[:, None], rng.integers(0, n, (rows, count))] = pattern
+        return bits
+    if kind == 4:  # mostly zeros, a few ties above them
+        values = np.zeros(shape)
+        values[np.arange(rows)[:, None], rng.integers(0, n, (rows, 200))] = rng.choice([1.0, -1.0, 3.0], (rows, 200))
+        return _bits(values)
+    values = rng.standard_normal(shape)  # massive channels, as real LM-head inputs have: few ties at the top
+    values[:, :: n // 16] *= 30.0
+    return _bits(values)
+
+
+def _torch(bits: np.ndarray, k: int) -> np.ndarray:
+    """toploc's choice: torch.topk of the |bf16| values (NaN compared as NaN, not as a pattern)."""
+    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).abs().topk(k, dim=1).indices.numpy()
+
+
+def _cases() -> list[tuple[np.ndarray, int]]:
+    """About 3,800 rows: n from 8,192 (64 k) to 163,840 (32 tokens at hidden 5120), k = 128 and
+    a few small k (an odd heap length, a heap of one)."""
+    rng = np.random.default_rng(14)
+    cases = []
+    for n, rows in ((8192, 200), (8193, 100), (12345, 100), (65536, 30), (163840, 10)):
+        for kind in range(6):
+            cases.append((_rows(rng, rows, n, kind), 128))
+    for k in (1, 2, 3, 77, 127):
+        for kind in range(6):
+            cases.append((_rows(rng, 40, 64 * k + int(rng.integers(0, 500)), kind), k))
+    return cases
+
+
+CASES = _cases()
+
+
+def _mismatches(module: Any, any_order: bool = False) -> int:
+    """Rows whose positions differ from torch.topk's (with ``any_order``: whose sets differ)."""
+    bad = 0
+    for bits, k in CASES:
+        out = np.empty((bits.shape[0], k), dtype=np.int64)
+        module.topk(bits, k, out, any_order)
+        expected = _torch(bits, k)
+        if any_order:
+            out, expected = np.sort(out, axis=1), np.sort(expected, axis=1)
+        bad += int((out != expected).any(axis=1).sum())
+    return bad
+
+
+def test_positions_and_order_are_torch_topks(built: Any) -> None:
+    assert sum(bits.shape[0] for bits, _ in CASES) > 3000
+    assert _mismatches(built) == 0
+
+
+MUTANTS = {  # one detail of libstdc++'s partial_sort each
+    "no even-length tail case": [("if ((len & 1) == 0 && child == (len - 2) / 2) {", "if (0) {")],
+    "comp(i, first) as >=": [("if (key > least) {", "if (key >= least) {"),
+                             ("found += key_of(bits[start + i]) > least;", "found += key_of(bits[start + i]) >= least;"),
+                             ("block_max(bits + start, count)) <= least)", "block_max(bits + start, count)) < least)")],
+    "the other child on equal keys": [("child -= heap[child].key > heap[child - 1].key;",
+                                       "child -= heap[child].key >= heap[child - 1].key;")],
+    "push up past equal keys": [("heap[parent].key > value.key", "heap[parent].key >= value.key")],
+    "no NaN key": [("return key > NAN_KEY ? NAN_KEY : key;", "return key;")],
+}
+
+
+ANY_ORDER_MUTANTS = {  # the check for rows without a tie (any_order)
+    "a tie taken for none": [("if (reach != k)", "if (reach < k)")],
+    "the k-th largest left out": [("        if (cand_key[j] >= kth)\n", "        if (cand_key[j] > kth)\n")],
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(ANY_ORDER_MUTANTS))
+def test_the_rows_tell_a_mutant_apart(mutant: str, tmp_path: Path) -> None:
+    source = accel.SOURCE.read_text()
+    for old, new in {**MUTANTS, **ANY_ORDER_MUTANTS}[mutant]:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    assert _mismatches(_build(tmp_path, source), any_order=mutant in ANY_ORDER_MUTANTS) > 0
+
+
+def test_any_order_gives_torchs_sets_and_its_order_where_tied(built: Any) -> None:
+    """With any_order, every row holds torch's set; a row not in torch's order has no tie at
+    the k-th place (its set is unique), and both kinds of rows occur."""
+    reordered = in_order = 0
+    for bits, k in CASES:
+        out = np.empty((bits.shape[0], k), dtype=np.int64)
+        built.topk(bits, k, out, True)
+        expected = _torch(bits, k)
+        assert np.array_equal(np.sort(out, axis=1), np.sort(expected, axis=1))
+        for r in np.flatnonzero((out != expected).any(axis=1)):
+            keys = np.sort(np.minimum(bits[r] & 0x7FFF, 0x7F81))[::-1]
+            assert keys[k - 1] != keys[k]
+            reordered += 1
+        in_order += int((out == expected).all(axis=1).sum())
+    assert reordered > 100 and in_order > 100
+
+
+def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
+    bits = _rows(np.random.default_rng(1), 2, 8191, 0)
+    with pytest.raises(ValueError, match="64 k <= n"):
+        built.topk(bits, 128, np.empty((2, 128), dtype=np.int64))
+    with pytest.raises(ValueError, match="out must be"):
+        built.topk(bits, 64, np.empty((2, 128), dtype=np.int64))
+
+
+def test_topk_uses_a_build_only_with_the_trees_stamp(built: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def install(module: Any) -> Any:  # as if `make install` had put it in the package
+        monkeypatch.setitem(sys.modules, "verify._ctopk", module)
+        monkeypatch.setattr(verify, "_ctopk", module, raising=False)
+        return cbuild.load("verify", "_ctopk", accel.stamp, "P2PNET_VERIFY_PURE", "make install")
+
+    monkeypatch.delenv("P2PNET_VERIFY_PURE", raising=False)
+    assert built.STAMP == accel.stamp()
+    assert install(built) is built
+    with pytest.warns(RuntimeWarning, match="built from another"):
+        assert install(_build(tmp_path, with_stamp="0" * 64)) is None
+    monkeypatch.setenv("P2PNET_VERIFY_PURE", "1")
+    assert install(built) is None
+
+
+@pytest.mark.parametrize("parts", [[(1, 65536)], [(1, 8192)], [(3, 65536), (2, 65536)], [(4, 4096)]])
+def test_topk_of_is_the_same_with_and_without_the_module(built: Any, parts: list[tuple[int, int]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """One chunk alone, several parts, and rows below 64 k (torch.topk either way): torch's sets
+    (one chunk alone: in torch's order), the same entries and bit patterns as the numpy path."""
+    rng = np.random.default_rng(7)
+    arrays = [_rows(rng, rows, n, kind) for kind in (0, 3) for rows, n in parts]
+    for group in (arrays[: len(parts)], arrays[len(parts):]):
+        monkeypatch.setattr(topk, "ACCELERATOR", built)
+        with_c = topk.topk_of(group, 128)
+        monkeypatch.setattr(topk, "ACCELERATOR", None)
+        without = topk.topk_of(group, 128)
+        expected = np.concatenate([_torch(p, 128) for p in group])
+        if group[0].shape[1] >= 64 * 128 and expected.shape[0] == 1:  # one chunk alone: torch's order
+            assert np.array_equal(with_c[0], expected)
+        assert np.array_equal(np.sort(with_c[0], axis=1), np.sort(expected, axis=1))  # torch's sets
+        for idx, bits in (with_c, without):  # the numpy path's order is its own: the same sets
+            order = np.argsort(idx, axis=1)
+            idx[:], bits[:] = np.take_along_axis(idx, order, axis=1), np.take_along_axis(bits, order, axis=1)
+        assert np.array_equal(with_c[0], without[0]) and np.array_equal(with_c[1], without[1])
+
+
+def _distinct(rng: np.random.Generator, n: int, low: int, high: int) -> np.ndarray:
+    return low + rng.choice(high - low, n, replace=False)
+
+
+def _point_sets(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    """Rows of n distinct points in GF(P) for each of verify.gf's paths: all below P - n (the
+    fixed points P-n..P-1), one among P-n..P-1 (the fixed points P-2n..P-n-1), points among both
+    (moved by a gap and shifted back), anywhere, and packed at the top of the field."""
+    p = gf.PRIME
+    sets = [_distinct(rng, n, 0, p - n), np.r_[p - 1 - rng.integers(n), _distinct(rng, n - 1, 0, p - 2 * n)],
+            _distinct(rng, n, p - 3 * n, p), _distinct(rng, n, 0, p), p - 1 - rng.permutation(n)]
+    return [np.unique(s)[rng.permutation(n)] if np.unique(s).size == n else _distinct(rng, n, 0, p) for s in sets]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 64, 127, 128, 255, 256, 300])
+def test_interpolation_is_verify_gfs(built: Any, n: int) -> None:
+    """The same coefficients as verify.gf over many random point sets of every path (and beyond
+    256 points, gf's product tree), rows one by one and batched, values up to 0xFF7F."""
+    rng = np.random.default_rng(n)
+    rows = [s for _ in range(40 if n <= 128 else 8) for s in _point_sets(rng, n)]
+    x = np.stack(rows).astype(np.int64)
+    y = rng.integers(0, 0xFF80, x.shape, dtype=np.int64)
+    out = np.empty_like(x)
+    built.interpolate(x, y, out)
+    assert np.array_equal(out, gf.interpolate(x, y))
+    one = np.empty((1, n), dtype=np.int64)
+    for r in range(0, x.shape[0], 7):
+        built.interpolate(x[r : r + 1], y[r : r + 1], one)
+        assert np.array_equal(one[0], gf.interpolate(x[r], y[r]))
+    if n > 1:
+        x[0, 1] = x[0, 0]
+        with pytest.raises(ValueError, match="repeated point"):
+            built.interpolate(x, y, out)
+
+
+@pytest.mark.parametrize("width", [65536, 131072, 163840])
+def test_proofs_are_the_same_bytes_with_and_without_the_module(built: Any, width: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify.toploc._prove's bytes with the C interpolation and with verify.gf's, one chunk alone
+    and batched: positions below P (m = P), beyond P but distinct mod P, and colliding mod P (a
+    smaller modulus: toploc's downward search), shifted and unshifted point sets alike."""
+    rng = np.random.default_rng(width)
+    idx = np.stack([_distinct(rng, 128, 0, width) for _ in range(60)]).astype(np.int64)
+    if width > gf.PRIME:  # force collisions mod P in a third of the rows
+        idx[::3, 1] = idx[::3, 0] % gf.PRIME + gf.PRIME
+        idx[::3, 0] %= gf.PRIME
+        idx[1::6, :8] = gf.PRIME - 1 - np.arange(8)  # points at the top of the field
+    assert all(np.unique(r).size == 128 for r in idx)
+    bits = rng.integers(0, 0x7F80, idx.shape, dtype=np.int64) | rng.integers(0, 2, idx.shape) << 15
+    for rows in [slice(r, r + 1) for r in range(0, 60, 5)] + [slice(0, 60)]:
+        monkeypatch.setattr(topk, "ACCELERATOR", built)
+        with_c = toploc._prove((idx[rows], bits[rows]))
+        monkeypatch.setattr(topk, "ACCELERATOR", None)
+        assert with_c == toploc._prove((idx[rows], bits[rows]))

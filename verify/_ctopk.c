@@ -1,0 +1,427 @@
+/* torch.topk's positions for rows where torch's CPU kernel runs std::partial_sort (k * 64 <= n),
+ * without torch: the same heap, the same comparisons, so the same k positions in the same order.
+ *
+ * torch's kernel (aten/src/ATen/native/TopKImpl.h, topk_impl_loop) fills a queue of
+ * (value, index) pairs and, for the largest k with k * 64 <= n, runs
+ *     std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), comp)
+ *     comp(x, y) = (isnan(x) && !isnan(y)) || x > y
+ * then reads queue[0..k-1]. libstdc++'s partial_sort is __heap_select (__make_heap on the first
+ * k, then each later entry i with comp(i, first) replaces the top by __pop_heap(first, middle, i))
+ * and __sort_heap. The helpers below are libstdc++'s __push_heap, __adjust_heap, __make_heap and
+ * __pop_heap with the same hole moves, the same tail case for an even length and the same
+ * comparisons, on keys instead of pairs: key = |bf16| bit pattern (sign cleared), every NaN
+ * pattern made 0x7F81, one above infinity, whose integer order is comp's order (NaN above all,
+ * NaNs equal). __pop_heap also writes the old top into queue[i]; torch never reads queue[i]
+ * again (partial_sort reads each later entry once), so that write is left out.
+ *
+ * The scan: comp(i, first) is key[i] > key of the top, and that top only grows. So the entries
+ * after the first k are read a block at a time; a block whose largest key is no larger than the
+ * current top holds no entry that enters (its maximum is a vectorisable loop), and only the
+ * other blocks are walked in order, exactly as the heap would see them: their entries above the
+ * top when the block starts (a list made without branches) are each compared with the top as it
+ * is then, the others cannot enter.
+ *
+ * topk(bits, k, out): bits a 2-D buffer of 16-bit integers [rows, n] (raw bf16 patterns, or keys
+ * already made: the key of a key is itself), each row contiguous; out a writable C-contiguous
+ * buffer of 64-bit integers [rows, k]. Requires 1 <= k and 64 * k <= n. With any_order, a row
+ * whose k largest keys are unique (row_unique: no tie at the k-th place) may come in position
+ * order instead, found without the heap; the rest in torch's order. STAMP: the build's stamp.
+ *
+ * interpolate(x, y, out): the proofs' polynomials (verify.toploc._prove), in the same module:
+ * per row of C-contiguous 64-bit x (distinct points in [0, P)) and y (>= 0), the coefficients
+ * (ascending) of the polynomial of degree < n through them over GF(P = 65497), into out.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef P2PNET_STAMP
+#error "build with -DP2PNET_STAMP=\"...\" (verify/accel.py)"
+#endif
+
+#define NAN_KEY 0x7F81 /* every NaN: one above infinity (0x7F80) */
+#define BLOCK 32       /* entries whose maximum is taken before any of them is compared (32: faster
+                          than 16, 64 or 128 on 32 rows of 65,536 and 163,840, measured) */
+
+typedef struct {
+    uint16_t key;
+    int32_t pos;
+} entry;
+
+static inline uint16_t key_of(uint16_t bits) {
+    uint16_t key = bits & 0x7FFF;
+    return key > NAN_KEY ? NAN_KEY : key;
+}
+
+/* std::__push_heap: move the hole up from `hole` towards `top` while comp(parent, value). */
+static void push_heap(entry *heap, Py_ssize_t hole, Py_ssize_t top, entry value) {
+    Py_ssize_t parent = (hole - 1) / 2;
+    while (hole > top && heap[parent].key > value.key) {
+        heap[hole] = heap[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    heap[hole] = value;
+}
+
+/* std::__adjust_heap: the hole goes down to a leaf along the child comp prefers (the second
+ * child unless the first compares above it), then `value` is pushed back up. */
+static void adjust_heap(entry *heap, Py_ssize_t hole, Py_ssize_t len, entry value) {
+    const Py_ssize_t top = hole;
+    Py_ssize_t child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        child -= heap[child].key > heap[child - 1].key; /* no branch: a third faster, measured */
+        heap[hole] = heap[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) { /* an even length: a last lone child */
+        child = 2 * (child + 1);
+        heap[hole] = heap[child - 1];
+        hole = child - 1;
+    }
+    push_heap(heap, hole, top, value);
+}
+
+/* std::__make_heap over heap[0..len-1]. */
+static void make_heap(entry *heap, Py_ssize_t len) {
+    if (len < 2)
+        return;
+    for (Py_ssize_t parent = (len - 2) / 2;; parent--) {
+        adjust_heap(heap, parent, len, heap[parent]);
+        if (parent == 0)
+            return;
+    }
+}
+
+/* The largest key of bits[0..count-1]: the masked patterns' maximum as int16 (all >= 0). */
+static inline uint16_t block_max(const uint16_t *bits, Py_ssize_t count) {
+    int16_t most = 0;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        int16_t key = (int16_t)(bits[j] & 0x7FFF);
+        most = key > most ? key : most;
+    }
+    return key_of((uint16_t)most);
+}
+
+/* One row: std::partial_sort's heap over the row, then std::__sort_heap; out[0..k-1]. (Taking
+ * every block's maximum first, in a pass of its own, was no faster: measured.) */
+static void row_topk(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, entry *heap, const uint16_t *maxima,
+                     int64_t *out) {
+    for (Py_ssize_t i = 0; i < k; i++) {
+        heap[i].key = key_of(bits[i]);
+        heap[i].pos = (int32_t)i;
+    }
+    make_heap(heap, k); /* __heap_select */
+    uint16_t least = heap[0].key;
+    for (Py_ssize_t b = k / BLOCK; b * BLOCK < n; b++) { /* blocks b * BLOCK.., from entry k on */
+        Py_ssize_t start = b * BLOCK < k ? k : b * BLOCK, found = 0;
+        Py_ssize_t count = (n - b * BLOCK < BLOCK ? n : b * BLOCK + BLOCK) - start;
+        /* the block's maximum (row_unique's, when it ran: of the whole block, never less) */
+        if ((maxima != NULL ? maxima[b] : block_max(bits + start, count)) <= least)
+            continue; /* no entry here is above the top, which only grows: none enters */
+        int32_t above[BLOCK]; /* the block's entries above the top now, in order (no branch) */
+        for (Py_ssize_t i = 0; i < count; i++) {
+            above[found] = (int32_t)i;
+            found += key_of(bits[start + i]) > least;
+        }
+        for (Py_ssize_t j = 0; j < found; j++) {
+            Py_ssize_t i = start + above[j];
+            uint16_t key = key_of(bits[i]);
+            if (key > least) { /* comp(i, first): __pop_heap(first, middle, i) */
+                entry value = {key, (int32_t)i};
+                adjust_heap(heap, 0, k, value);
+                least = heap[0].key;
+            }
+        }
+    }
+    for (Py_ssize_t last = k - 1; last > 0; last--) { /* __sort_heap: __pop_heap(first, last, last) */
+        entry value = heap[last];
+        heap[last] = heap[0];
+        adjust_heap(heap, 0, last, value);
+    }
+    for (Py_ssize_t i = 0; i < k; i++)
+        out[i] = heap[i].pos;
+}
+
+/* The k-th smallest of a[0..m-1] (q = k - 1), by Hoare's partition (a is reordered). */
+static uint16_t select_kth(uint16_t *a, Py_ssize_t m, Py_ssize_t q) {
+    Py_ssize_t lo = 0, hi = m - 1;
+    while (lo < hi) {
+        uint16_t pivot = a[lo + (hi - lo) / 2];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot)
+                i++;
+            while (a[j] > pivot)
+                j--;
+            if (i <= j) {
+                uint16_t swap = a[i];
+                a[i++] = a[j];
+                a[j--] = swap;
+            }
+        }
+        if (q <= j)
+            hi = j;
+        else if (q >= i)
+            lo = i;
+        else
+            return a[q]; /* between the two parts: equal to the pivot */
+    }
+    return a[q];
+}
+
+#define CANDIDATES 4096 /* entries kept for the check without a heap; more: the heap */
+
+/* One row whose k largest keys are unique (the k-th and the (k+1)-th differ): every top-k
+ * selection, torch's included, picks that set, so it is written to out in position order
+ * (not torch's order) and 1 returned; 0 (out untouched) where the row has a tie at the k-th
+ * place or too many candidates. The candidates are the entries >= t, t the k-th largest block
+ * maximum (k distinct entries reach it, so the k largest are all >= t); t is found by a
+ * histogram of the maxima' high bytes (the exponent) and then of the low bytes in t's bin. */
+static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t *maxima, uint16_t *cand_key,
+                      int32_t *cand_pos, uint16_t *scratch, int64_t *out) {
+    Py_ssize_t blocks = 0, counts[256] = {0};
+    for (Py_ssize_t start = 0; start < n; start += BLOCK) {
+        uint16_t most = block_max(bits + start, n - start < BLOCK ? n - start : BLOCK);
+        maxima[blocks++] = most;
+        counts[most >> 8]++;
+    }
+    Py_ssize_t high = 255, above = 0; /* blocks whose maximum's high byte is above `high` */
+    while (above + counts[high] < k) {
+        above += counts[high];
+        if (--high < 0)
+            return 0;
+    }
+    Py_ssize_t low_counts[256] = {0};
+    for (Py_ssize_t b = 0; b < blocks; b++)
+        if (maxima[b] >> 8 == high)
+            low_counts[maxima[b] & 0xFF]++;
+    Py_ssize_t low = 255;
+    while (above + low_counts[low] < k)
+        above += low_counts[low--]; /* stops at low >= 0: the bin holds k - above maxima or more */
+    const uint16_t t = (uint16_t)(high << 8 | low);
+    Py_ssize_t m = 0;
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        if (maxima[b] < t)
+            continue;
+        if (m + BLOCK > CANDIDATES)
+            return 0;
+        Py_ssize_t start = b * BLOCK, stop = n - start < BLOCK ? n : start + BLOCK;
+        for (Py_ssize_t i = start; i < stop; i++) { /* no branch: written, kept if >= t */
+            uint16_t key = key_of(bits[i]);
+            cand_key[m] = key;
+            cand_pos[m] = (int32_t)i;
+            m += key >= t;
+        }
+    }
+    if (m < k)
+        return 0; /* never: k blocks reach t */
+    memcpy(scratch, cand_key, (size_t)m * sizeof(uint16_t));
+    const uint16_t kth = select_kth(scratch, m, m - k);
+    Py_ssize_t reach = 0;
+    for (Py_ssize_t j = 0; j < m; j++)
+        reach += cand_key[j] >= kth;
+    if (reach != k)
+        return 0; /* more than k entries reach the k-th largest: a tie, torch's heap decides */
+    for (Py_ssize_t j = 0, i = 0; j < m && i < k; j++)
+        if (cand_key[j] >= kth)
+            out[i++] = cand_pos[j];
+    return 1;
+}
+
+static int is_format(const Py_buffer *view, const char *codes, Py_ssize_t itemsize) {
+    if (view->itemsize != itemsize || view->format == NULL)
+        return 0;
+    const char *f = view->format;
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    return f[0] != '\0' && f[1] == '\0' && strchr(codes, f[0]) != NULL;
+}
+
+static PyObject *topk(PyObject *self, PyObject *args) {
+    PyObject *bits_obj, *out_obj;
+    Py_ssize_t k;
+    int any_order = 0;
+    if (!PyArg_ParseTuple(args, "OnO|p:topk", &bits_obj, &k, &out_obj, &any_order))
+        return NULL;
+    Py_buffer bits, out;
+    if (PyObject_GetBuffer(bits_obj, &bits, PyBUF_RECORDS_RO) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&bits);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (bits.ndim != 2 || !is_format(&bits, "Hh", 2) || bits.strides[1] != 2) {
+        PyErr_SetString(PyExc_ValueError, "bits must be 2-D 16-bit integers, each row contiguous");
+        goto done;
+    }
+    Py_ssize_t rows = bits.shape[0], n = bits.shape[1];
+    if (out.ndim != 2 || !is_format(&out, "qlQL", 8) || out.shape[0] != rows || out.shape[1] != k) {
+        PyErr_Format(PyExc_ValueError, "out must be 64-bit integers [%zd, %zd]", rows, k);
+        goto done;
+    }
+    if (k < 1 || k > n / 64 || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "torch runs its heap only for 1 <= k and 64 k <= n: k=%zd, n=%zd", k, n);
+        goto done;
+    }
+    entry *heap = PyMem_RawMalloc((size_t)k * sizeof(entry));
+    /* for any_order: block maxima, candidates' keys, positions and a copy to select in */
+    char *spare = any_order ? PyMem_RawMalloc((size_t)(n / BLOCK + 1) * 2 + CANDIDATES * 8) : NULL;
+    if (heap == NULL || (any_order && spare == NULL)) {
+        PyMem_RawFree(heap);
+        PyMem_RawFree(spare);
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    /* rows of one call are alike (chunks of the same rollouts): once most rows tried had a tie,
+     * the rest go to the heap without the check (it costs about as much as the heap, measured) */
+    Py_ssize_t unique = 0, tied = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint16_t *row = (const uint16_t *)((const char *)bits.buf + r * bits.strides[0]);
+        int64_t *picked = (int64_t *)out.buf + r * k;
+        uint16_t *maxima = any_order && tied <= unique + 2 ? (uint16_t *)(spare + CANDIDATES * 8) : NULL;
+        if (maxima != NULL) {
+            if (row_unique(row, n, k, maxima, (uint16_t *)spare, (int32_t *)(spare + CANDIDATES * 2),
+                           (uint16_t *)(spare + CANDIDATES * 6), picked)) {
+                unique++;
+                continue;
+            }
+            tied++;
+        }
+        row_topk(row, n, k, heap, maxima, picked);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(spare);
+    PyMem_RawFree(heap);
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&bits);
+    return result;
+}
+
+/* ------------------------------------------------------------------ interpolation over GF(P) */
+
+#define PRIME 65497u
+static uint16_t inverse[PRIME]; /* inverse[a] * a = 1 mod P (inverse[0] = 0), made at import */
+
+static void make_inverses(void) {
+    inverse[1] = 1;
+    for (uint32_t a = 2; a < PRIME; a++) /* P = (P / a) a + P % a, so 1/a = -(P / a) / (P % a) */
+        inverse[a] = (uint16_t)(PRIME - (PRIME / a) * inverse[PRIME % a] % PRIME);
+}
+
+/* One row: the coefficients (ascending) of the polynomial of degree < n through (x_j, y_j),
+ * by Newton's divided differences, then the Newton form expanded from its innermost term. The
+ * polynomial is unique, so any correct method gives verify.gf's coefficients. Every residue is
+ * below P < 2^16, so a product plus a residue stays below 2^32. `work` holds 2 n. Returns -1
+ * where two points are equal (no such polynomial), else 0. */
+static int row_interpolate(const int64_t *x, const int64_t *y, Py_ssize_t n, uint32_t *work, int64_t *out) {
+    uint32_t *diff = work, *coeff = work + n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        diff[i] = (uint32_t)((uint64_t)y[i] % PRIME);
+    for (Py_ssize_t j = 1; j < n; j++) {
+        for (Py_ssize_t i = n - 1; i >= j; i--) {
+            int32_t gap = (int32_t)(x[i] - x[i - j]); /* points in [0, P): the difference in (-P, P) */
+            gap += gap < 0 ? (int32_t)PRIME : 0;
+            if (gap == 0)
+                return -1;
+            uint32_t rise = diff[i] + (diff[i] < diff[i - 1] ? PRIME : 0) - diff[i - 1];
+            diff[i] = rise * (uint32_t)inverse[gap] % PRIME;
+        }
+    }
+    /* p = diff[n-1]; then p = p (t - x_i) + diff[i] for i = n-2 .. 0 */
+    coeff[0] = diff[n - 1];
+    for (Py_ssize_t i = n - 2, degree = 0; i >= 0; i--, degree++) {
+        uint32_t minus_x = (PRIME - (uint32_t)x[i]) % PRIME;
+        coeff[degree + 1] = coeff[degree];
+        for (Py_ssize_t d = degree; d >= 1; d--)
+            coeff[d] = (coeff[d - 1] + minus_x * coeff[d]) % PRIME;
+        coeff[0] = (minus_x * coeff[0] + diff[i]) % PRIME;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = coeff[i];
+    return 0;
+}
+
+static PyObject *interpolate(PyObject *self, PyObject *args) {
+    PyObject *x_obj, *y_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOO:interpolate", &x_obj, &y_obj, &out_obj))
+        return NULL;
+    Py_buffer x, y, out;
+    if (PyObject_GetBuffer(x_obj, &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(y_obj, &y, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&y);
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (x.ndim != 2 || y.ndim != 2 || out.ndim != 2 || !is_format(&x, "qlQL", 8) || !is_format(&y, "qlQL", 8) ||
+        !is_format(&out, "qlQL", 8) || x.shape[1] < 1 || y.shape[0] != x.shape[0] || y.shape[1] != x.shape[1] ||
+        out.shape[0] != x.shape[0] || out.shape[1] != x.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "x, y and out must be 64-bit integers [rows, n], n >= 1, one shape");
+        goto done;
+    }
+    Py_ssize_t rows = x.shape[0], n = x.shape[1], bad = -1;
+    const int64_t *xs = x.buf, *ys = y.buf;
+    for (Py_ssize_t i = 0; i < rows * n; i++)
+        if (xs[i] < 0 || xs[i] >= PRIME || ys[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "points must lie in [0, P) and values be >= 0");
+            goto done;
+        }
+    uint32_t *work = PyMem_RawMalloc(2 * (size_t)n * sizeof(uint32_t));
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && bad < 0; r++)
+        if (row_interpolate(xs + r * n, ys + r * n, n, work, (int64_t *)out.buf + r * n) < 0)
+            bad = r;
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(work);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "row %zd has a repeated point: no polynomial through it", bad);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&x);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"topk", topk, METH_VARARGS,
+     "topk(bits, k, out, any_order=False): torch.topk(k)'s positions of the largest |bf16| per row [rows, n], "
+     "n >= 64 k, into out [rows, k]; with any_order, rows without a tie at the k-th place in position order"},
+    {"interpolate", interpolate, METH_VARARGS,
+     "interpolate(x, y, out): coefficients (ascending) of the polynomial of degree < n through each row's points over GF(65497)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ctopk",
+                                    "torch.topk's heap path for |bf16| rows, and interpolation over GF(65497), in C", -1, methods};
+
+PyMODINIT_FUNC PyInit__ctopk(void) {
+    make_inverses();
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "STAMP", P2PNET_STAMP) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
