@@ -43,10 +43,10 @@ bench: $(STAMP)
 
 # the simulator's optional C fair share and event queue (simulations/accel.py): the same results,
 # big runs about 1.5-2x faster. `make install` builds it where a C compiler is and goes on without
-# it where not (the simulator then runs in Python); rebuilt when its sources change
+# it where not (the simulator then runs in Python); rebuilt when its sources change, and tried
+# again at the next `make` after a failed build (a compiler installed since is then used)
 $(ACCEL_STAMP): $(STAMP) $(ACCEL_SOURCES)
-	$(PY) -m simulations.accel || echo "== the simulator's optional C accelerator was not built (see above); the simulator runs in Python: the same results, slower"
-	touch $@
+	$(PY) -m simulations.accel && touch $@ || echo "== the simulator's optional C accelerator was not built (see above); the simulator runs in Python: the same results, slower"
 
 sim-accel: $(STAMP)
 	$(PY) -m simulations.accel
@@ -55,8 +55,7 @@ sim-accel: $(STAMP)
 # torch's heap path, without torch; proofs and verdicts are the same bytes, selection faster.
 # Built like the simulator's (see above); without it verify.topk selects with numpy and torch
 $(VERIFY_ACCEL_STAMP): $(STAMP) $(VERIFY_ACCEL_SOURCES)
-	$(PY) -m verify.accel || echo "== the verifier's optional C top-k was not built (see above); TOPLOC proofs use numpy and torch: the same bytes, slower"
-	touch $@
+	$(PY) -m verify.accel && touch $@ || echo "== the verifier's optional C top-k was not built (see above); TOPLOC proofs use numpy and torch: the same bytes, slower"
 
 verify-accel: $(STAMP)
 	$(PY) -m verify.accel

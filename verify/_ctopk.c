@@ -255,12 +255,14 @@ static PyObject *topk(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    if (bits.ndim != 2 || !is_format(&bits, "Hh", 2) || bits.strides[1] != 2) {
-        PyErr_SetString(PyExc_ValueError, "bits must be 2-D 16-bit integers, each row contiguous");
+    if (bits.ndim != 2 || !is_format(&bits, "Hh", 2) || bits.strides[1] != 2 || ((uintptr_t)bits.buf & 1) ||
+        (bits.strides[0] & 1)) {
+        PyErr_SetString(PyExc_ValueError, "bits must be 2-D 16-bit integers, each row contiguous and aligned");
         goto done;
     }
     Py_ssize_t rows = bits.shape[0], n = bits.shape[1];
-    if (out.ndim != 2 || !is_format(&out, "qlQL", 8) || out.shape[0] != rows || out.shape[1] != k) {
+    if (out.ndim != 2 || !is_format(&out, "qlQL", 8) || out.shape[0] != rows || out.shape[1] != k ||
+        ((uintptr_t)out.buf & 7)) {
         PyErr_Format(PyExc_ValueError, "out must be 64-bit integers [%zd, %zd]", rows, k);
         goto done;
     }
@@ -369,8 +371,9 @@ static PyObject *interpolate(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (x.ndim != 2 || y.ndim != 2 || out.ndim != 2 || !is_format(&x, "qlQL", 8) || !is_format(&y, "qlQL", 8) ||
         !is_format(&out, "qlQL", 8) || x.shape[1] < 1 || y.shape[0] != x.shape[0] || y.shape[1] != x.shape[1] ||
-        out.shape[0] != x.shape[0] || out.shape[1] != x.shape[1]) {
-        PyErr_SetString(PyExc_ValueError, "x, y and out must be 64-bit integers [rows, n], n >= 1, one shape");
+        out.shape[0] != x.shape[0] || out.shape[1] != x.shape[1] || (((uintptr_t)x.buf | (uintptr_t)y.buf |
+        (uintptr_t)out.buf) & 7)) {
+        PyErr_SetString(PyExc_ValueError, "x, y and out must be aligned 64-bit integers [rows, n], n >= 1, one shape");
         goto done;
     }
     Py_ssize_t rows = x.shape[0], n = x.shape[1], bad = -1;

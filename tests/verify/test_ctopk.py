@@ -165,6 +165,19 @@ def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
         built.topk(bits, 64, np.empty((2, 128), dtype=np.int64))
 
 
+def test_unaligned_buffers_are_refused_not_read(built: Any) -> None:
+    """A 16-bit (or 64-bit) array at an odd address would be read with unaligned loads
+    (undefined behaviour in C): refused; verify.topk never passes one."""
+    raw = np.zeros(2 * 8192 * 2 + 1, dtype=np.uint8)
+    bits = raw[1:].view(np.uint16).reshape(2, 8192)  # one byte off
+    assert bits.ctypes.data % 2 == 1
+    with pytest.raises(ValueError, match="aligned"):
+        built.topk(bits, 128, np.empty((2, 128), dtype=np.int64))
+    wide = np.zeros(8 * 4 + 4, dtype=np.uint8)[4:].view(np.int64).reshape(1, 4)
+    with pytest.raises(ValueError, match="aligned"):
+        built.interpolate(wide, np.ones((1, 4), dtype=np.int64), np.empty((1, 4), dtype=np.int64))
+
+
 def test_topk_uses_a_build_only_with_the_trees_stamp(built: Any, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     def install(module: Any) -> Any:  # as if `make install` had put it in the package

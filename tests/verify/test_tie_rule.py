@@ -20,6 +20,8 @@ from verify.calibration import CalibrationTables, load_tables, tables_to_json
 from verify.policy import PairCalibration, StatCalibration
 from verify.toploc import ChunkStats, _prove, build_proofs
 
+pytestmark = pytest.mark.usefixtures("topk_path")  # with and without verify's C module (conftest)
+
 torch.set_num_threads(1)
 
 ZERO = ChunkStats(0, 0.0, 0.0, 0)

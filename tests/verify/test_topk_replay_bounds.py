@@ -8,6 +8,8 @@ import torch
 
 from verify.topk import topk_chunks
 
+pytestmark = pytest.mark.usefixtures("topk_path")  # with and without verify's C module (conftest)
+
 HIDDEN, ROWS, BLOCK = 5120, 32, 2048
 
 

@@ -25,6 +25,8 @@ from verify.testing import bf16_gaussian, perturb_bits
 from verify.topk import topk_chunks
 from verify.toploc import ChunkStats, _compare, _prove, build_proofs, decode_proof, evaluate, measure
 
+pytestmark = pytest.mark.usefixtures("topk_path")  # with and without verify's C module (conftest)
+
 torch.set_num_threads(1)
 
 ZERO = ChunkStats(0, 0.0, 0.0, 0)

@@ -24,6 +24,8 @@ from verify.topk import _group_maxima, _heap_topk
 from verify.topk import topk_chunks as _topk
 from verify.toploc import build_proofs, build_proofs_many, measure
 
+pytestmark = pytest.mark.usefixtures("topk_path")  # with and without verify's C module (conftest)
+
 torch.set_num_threads(1)
 
 FIXTURES = pathlib.Path(__file__).parent.parent / "fixtures"

@@ -24,6 +24,8 @@ from verify.toploc import (
     proof_length,
 )
 
+pytestmark = pytest.mark.usefixtures("topk_path")  # with and without verify's C module (conftest)
+
 torch.set_num_threads(1)
 
 

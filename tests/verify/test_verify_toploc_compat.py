@@ -18,6 +18,8 @@ import torch
 from verify.testing import bf16_test_tensor, boundary_tie_free, perturb_bits
 from verify.toploc import build_proofs, measure
 
+pytestmark = pytest.mark.usefixtures("topk_path")  # with and without verify's C module (conftest)
+
 torch.set_num_threads(1)
 
 GOLDEN = json.loads(
