@@ -85,6 +85,31 @@ static void adjust_heap(entry *heap, Py_ssize_t hole, Py_ssize_t len, entry valu
     push_heap(heap, hole, top, value);
 }
 
+/* std::__adjust_heap(first, 0, len, value) where heap[1..len-1] is a heap, computed top-down:
+ * the same path (the same child comparisons), but the hole stops where the next path entry
+ * compares above `value` instead of going on to the leaf for __push_heap to bring `value` back
+ * up. The path's keys never decrease downwards, so __push_heap would have moved back down
+ * exactly the entries above `value`: the same heap. */
+static void replace_top(entry *heap, Py_ssize_t len, entry value) {
+    Py_ssize_t hole = 0, child = 0;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        child -= heap[child].key > heap[child - 1].key;
+        if (heap[child].key > value.key)
+            break;
+        heap[hole] = heap[child];
+        hole = child;
+    }
+    if (hole == child && (len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1) - 1;
+        if (heap[child].key <= value.key) {
+            heap[hole] = heap[child];
+            hole = child;
+        }
+    }
+    heap[hole] = value;
+}
+
 /* std::__make_heap over heap[0..len-1]. */
 static void make_heap(entry *heap, Py_ssize_t len) {
     if (len < 2)
@@ -132,7 +157,7 @@ static void row_topk(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, entry *he
             uint16_t key = key_of(bits[i]);
             if (key > least) { /* comp(i, first): __pop_heap(first, middle, i) */
                 entry value = {key, (int32_t)i};
-                adjust_heap(heap, 0, k, value);
+                replace_top(heap, k, value);
                 least = heap[0].key;
             }
         }
