@@ -51,9 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from verify import topk as _topk_module
 from verify.errors import ProofError
 from verify.gf import BELOW_MAX_POINTS, PRIME, evaluate, interpolate, interpolate_below
-from verify import topk as _topk_module
 from verify.topk import tie_sets_chunks as _tie_sets
 from verify.topk import topk_chunks as _topk
 from verify.topk import topk_of as _topk_of
