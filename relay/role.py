@@ -28,7 +28,9 @@ every slot is busy is measured (`relay.serving.UploadMeter`); when it is lower t
 
 Durability. The store makes a version durable (files fsynced, then its bitmap) before the put
 that completes it returns, so the core hears of the last chunk, reports the version complete,
-announces it and hands it to workers only once a crash can no longer lose it.
+announces it and hands it to workers only once a crash can no longer lose it. Batches of
+chunks before that (`[relay] fsync_batch_chunks`) are made durable by `_flusher` in the
+background, so the disk taking a batch does not hold the receive buffers.
 
 Our own store's faults. The store tells us (`ChunkStore.listener`, from any thread) when a read
 found a chunk rotten (deleted: the core is told it `lost` it, so the version is incomplete, not
@@ -136,7 +138,7 @@ class RelayRole:
         self.store = ChunkStore(self.config.store_root(node.config.data_dir), budget_bytes=self.config.budget_bytes,
                                 keep_versions=self.config.keep_versions,
                                 trusted_publishers=self.config.trusted_publishers, fsync=self.config.fsync,
-                                fsync_batch_chunks=self.config.fsync_batch_chunks)
+                                fsync_batch_chunks=self.config.fsync_batch_chunks, background_flush=True)
         self.watcher = VersionWatcher(self.store.complete_versions())
         self.corrupt_chunks = os.environ.get(CORRUPT_ENV) == "1"
         if self.corrupt_chunks:
@@ -163,6 +165,7 @@ class RelayRole:
         self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
         self._upload = ByteBudget(float(node.config.upload_bps))  # everything we serve, together
         self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](math.inf)
+        self._flush_wanted = trio.Event()  # a batch of stored chunks waits for `_flusher`
         self.buffers = Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
         self._members_changed = trio.Event()
         self.served: dict[str, int] = {}  # peer -> chunks served to it
@@ -197,6 +200,7 @@ class RelayRole:
             self._runner = await self.node.add_core(self._peeler, "relay")
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._tell_fetched)
+            nursery.start_soon(self._flusher)
             nursery.start_soon(self._uploads.run)
             nursery.start_soon(self._follow_members)
             self.node.on_event(self._on_node_event)
@@ -336,6 +340,8 @@ class RelayRole:
         self._uploads.arrived(fetch.version, fetch.index)
         self._moved_at = trio.current_time()
         self._fetched_send.send_nowait((peer, fetch, elapsed_s))
+        if self.store.flush_due:
+            self._flush_wanted.set()
 
     async def _tell_fetched(self) -> None:
         """Stored chunks reach the core in batches: one round trip for all that completed while
@@ -349,6 +355,15 @@ class RelayRole:
                     break
             await self._command(lambda now, b=batch: [e for peer, f, took in b
                                                       for e in self.core.fetched(now, peer, f.version, f.index, took)])
+
+    async def _flusher(self) -> None:
+        """Batches of stored chunks made durable in the background: fsyncing a batch takes the
+        disk for a while, and doing it on the path a chunk arrives by held every receive buffer
+        (on loopback, 8 peers fsyncing at once left the machine idle for 0.6 s of a 5 s round)."""
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            await self._flush_store()
 
     async def _flush_store(self) -> None:
         """Make every chunk stored so far durable (the store batches its fsyncs)."""

@@ -14,11 +14,15 @@ to build the manifest, fsynced, made read-only). A chunk enters only through `pu
 checks its length and blake3 digest against the manifest before writing it at its offsets
 (`relay.versionfiles`); from then on it is held: readable, servable, counted. It becomes durable
 when a flush fsyncs the files and then rewrites the bitmap (temp name, fsync, rename), so the
-bitmap never claims a chunk whose bytes were not on disk. Flushes come every
-`fsync_batch_chunks` chunks (the relay peer's setting; 1: every chunk) and, always, before the
-`put_chunk` that completes a version returns: a version is complete (and can be announced,
-reported, handed to a worker) only once all of it is durable. With `fsync=False` nothing is
-fsynced and the bitmap is rewritten after every chunk (benchmarks, tests, simulations).
+bitmap never claims a chunk whose bytes were not on disk. A flush is due every
+`fsync_batch_chunks` chunks (the relay peer's setting; 1: every chunk), made by the `put_chunk`
+that fills the batch; or, for an owner that flushes in the background (`background_flush`: the
+relay does, so chunks keep arriving while the disk takes a batch), by the owner when it sees
+`flush_due`, a `put_chunk` flushing by itself only where twice that many wait (a flusher behind
+the disk), which bounds what a crash can cost. Always, the
+`put_chunk` that completes a version flushes before it returns: a version is complete (and can be
+announced, reported, handed to a worker) only once all of it is durable. With `fsync=False`
+nothing is fsynced and the bitmap is rewritten after every chunk (benchmarks, tests, simulations).
 
 After a restart the bitmap's chunks are held but unverified: each is hashed before its first
 use (`ensure_verified` before serving, `verify` before loading), and one that no longer matches
@@ -126,6 +130,7 @@ class ChunkStore:
         trusted_publishers: Collection[str] | None = None,
         fsync: bool = True,
         fsync_batch_chunks: int = 1,
+        background_flush: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Open (or create) the store at `root`, resuming what is there.
@@ -139,6 +144,7 @@ class ChunkStore:
         self.keep_versions = keep_versions
         self._fsync = fsync
         self._batch = fsync_batch_chunks
+        self._put_flushes_at = 2 * fsync_batch_chunks if background_flush else fsync_batch_chunks
         self._clock = clock
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()  # one flush at a time; taken before _lock, never inside it
@@ -256,8 +262,7 @@ class ChunkStore:
             self._puts += 1
             held.stamp = self._puts
             # without fsync there is nothing to batch: the bitmap is rewritten at once (cheap)
-            flush_now = held.complete or not self._fsync or \
-                sum(len(h.unsynced) for h in self._versions.values()) >= self._batch
+            flush_now = held.complete or not self._fsync or self.unsynced_chunks >= self._put_flushes_at
         if flush_now:
             self.flush()
         return True
@@ -284,6 +289,12 @@ class ChunkStore:
     @property
     def unsynced_chunks(self) -> int:
         return sum(len(h.unsynced) for h in self._versions.values())
+
+    @property
+    def flush_due(self) -> bool:
+        """A batch of chunks waits for `flush` (with `background_flush`, the owner runs it off
+        the path chunks arrive by)."""
+        return self._fsync and self.unsynced_chunks >= self._batch
 
     def _save_bitmap(self, held: _Version, durable: set[int]) -> None:
         save_bitmap(self._bitmap_path(held.signed), held.signed.manifest_id, durable, held.count, fsync=self._fsync)

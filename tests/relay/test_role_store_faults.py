@@ -85,12 +85,15 @@ class Source:
         self.downloads: list[tuple[float, int, int]] = []  # (virtual time, version, index)
         self.gate = trio.Event()
         self.gate.set()
+        self.answer_at_most: int | None = None  # then every later fetch hangs (a source gone quiet)
 
     def submit(self, fetch) -> None:
         self.nursery.start_soon(self._answer, fetch)
 
     async def _answer(self, fetch) -> None:
         await self.gate.wait()
+        if self.answer_at_most is not None and len(self.downloads) >= self.answer_at_most:
+            await trio.sleep_forever()
         self.downloads.append((trio.current_time(), fetch.version, fetch.index))
         data = self.store.read_chunk(fetch.version, fetch.index)
         await self.role.report_fetched(PUBLISHER.peer_id, fetch, data, 0.01)
@@ -123,6 +126,7 @@ class Harness:
         await nursery.start(role._runner.run)
         nursery.start_soon(role._dispatch)
         nursery.start_soon(role._tell_fetched)
+        nursery.start_soon(role._flusher)
         self.source = Source(role, self.origin, nursery)
         role._upstream = lambda peer: self.source  # every fetch goes to the publisher's store
         await role._command(lambda now: role.core.set_members(now, {PUBLISHER.peer_id: 1e9}))
@@ -472,4 +476,22 @@ async def test_state_stays_flat_over_a_thousand_versions_and_only_held_ones_are_
         announced = {hv.version for e in h.node.carried if isinstance(getattr(e, "body", None), Holding)
                      for hv in e.body.versions}
         assert announced == {998, 999, 1000}
+        nursery.cancel_scope.cancel()
+
+
+async def test_batches_of_stored_chunks_become_durable_in_the_background_before_the_version_completes(tmp_path, clock):
+    h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        h.source.answer_at_most = 6  # then the source goes quiet: the version stays incomplete
+        signed = await h.announce(1)
+        await h.until(lambda: len(h.source.downloads) == 6, 60)
+        await trio.testing.wait_all_tasks_blocked()
+        # a crash now: a store opened afresh on the same folder holds the batch the flusher made
+        # durable (a put alone would flush only at twice the batch, 8 chunks)
+        after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
+        durable = set(range(CHUNKS)) - set(after.missing(signed))
+        first = {index for _, _, index in h.source.downloads[:4]}
+        assert first <= durable and len(durable) <= 6 and not after.is_complete(signed)
+        assert not h.complete(1)
         nursery.cancel_scope.cancel()

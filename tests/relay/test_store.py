@@ -290,9 +290,15 @@ def test_batched_fsync_a_crash_loses_only_unflushed_chunks_and_completion_is_dur
     signed = publish(source, tmp_path, 1)
     count = len(signed.manifest.chunk_digests)
     root = tmp_path / "sink"
-    sink = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    sink = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4,
+                      background_flush=True)
     sink.add_manifest(signed)
-    fill(sink, source, 1, range(6))
+    fill(sink, source, 1, range(3))
+    assert not sink.flush_due
+    fill(sink, source, 1, range(3, 4))
+    assert sink.flush_due and sink.unsynced_chunks == 4  # the owner flushes it (the relay: in the background)
+    assert sink.flush() == 4 and not sink.flush_due
+    fill(sink, source, 1, range(4, 6))
     assert all(sink.holds(1, i) for i in range(6)) and sink.unsynced_chunks == 2
     # a crash now: the bitmap names only the flushed batch; the rest is fetched again, never believed
     crashed = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
@@ -301,6 +307,34 @@ def test_batched_fsync_a_crash_loses_only_unflushed_chunks_and_completion_is_dur
     fill(sink, source, 1, range(6, count))  # the put that completes the version flushes it
     after = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
     assert after.is_complete(signed) and after.verify(1) == []
+
+
+def test_without_a_background_flusher_the_put_that_fills_a_batch_flushes_it(tmp_path):
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    root = tmp_path / "sink"
+    sink = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=4)
+    sink.add_manifest(signed)
+    fill(sink, source, 1, range(6))
+    assert sink.unsynced_chunks == 2
+    crashed = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True)
+    assert crashed.missing(signed)[0] == 4
+
+
+def test_with_a_background_flusher_behind_a_put_flushes_by_itself_at_twice_the_batch(tmp_path):
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    assert len(signed.manifest.chunk_digests) > 6
+    root = tmp_path / "sink"
+    sink = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=3,
+                      background_flush=True)
+    sink.add_manifest(signed)
+    fill(sink, source, 1, range(5))
+    assert sink.flush_due and sink.unsynced_chunks == 5  # due since the 3rd, and the owner has not flushed
+    fill(sink, source, 1, range(5, 6))
+    assert sink.unsynced_chunks == 0 and not sink.flush_due  # the 6th put flushed all 6 itself
+    crashed = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=3)
+    assert crashed.missing(signed)[0] == 6
 
 
 def test_unknown_version_and_bitmaps(tmp_path):
