@@ -241,7 +241,7 @@ class ChunkStore:
         if len(data) != chunk_size(manifest, index) or digest_of(data) != digest:
             raise ChunkCorrupt(digest, sender=sender)
         if index in held.have:
-            return False
+            return self._already_held(held)
         self._reserve(len(data))
         try:
             held.files.write_chunk(index, data)
@@ -253,19 +253,32 @@ class ChunkStore:
             with self._lock:
                 self._reserved_bytes -= len(data)
         with self._lock:
-            if self._versions.get(version) is not held or index in held.have:
-                return False  # collected meanwhile, or another thread stored it
-            held.have.add(index)
-            held.unverified.discard(index)
-            held.unsynced.add(index)
-            self._used_bytes += len(data)
-            self._puts += 1
-            held.stamp = self._puts
-            # without fsync there is nothing to batch: the bitmap is rewritten at once (cheap)
-            flush_now = held.complete or not self._fsync or self.unsynced_chunks >= self._put_flushes_at
+            if self._versions.get(version) is not held:
+                return False  # collected meanwhile
+            stored_meanwhile, flush_now = index in held.have, False  # stored by another thread
+            if not stored_meanwhile:
+                held.have.add(index)
+                held.unverified.discard(index)
+                held.unsynced.add(index)
+                self._used_bytes += len(data)
+                self._puts += 1
+                held.stamp = self._puts
+                # without fsync there is nothing to batch: the bitmap is rewritten at once (cheap)
+                flush_now = held.complete or not self._fsync or self.unsynced_chunks >= self._put_flushes_at
+        if stored_meanwhile:
+            return self._already_held(held)
         if flush_now:
             self.flush()
         return True
+
+    def _already_held(self, held: _Version) -> bool:
+        """What a put of a chunk held already returns (False), once its version is durable if it
+        is complete: the put that completed it may still be flushing, and the caller may report
+        this copy as the version's last chunk (`TransferCore.fetched` takes it from whichever
+        source delivers it first)."""
+        if held.complete and self._fsync:
+            self.flush()  # waits for a flush under way, then makes anything left durable
+        return False
 
     def flush(self) -> int:
         """Make every chunk written so far durable: fsync the files, then record the chunks in
@@ -288,7 +301,8 @@ class ChunkStore:
 
     @property
     def unsynced_chunks(self) -> int:
-        return sum(len(h.unsynced) for h in self._versions.values())
+        # over a copy: the trio thread asks (`flush_due`) while worker threads add and drop versions
+        return sum(len(h.unsynced) for h in list(self._versions.values()))
 
     @property
     def flush_due(self) -> bool:

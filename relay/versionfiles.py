@@ -153,14 +153,15 @@ class VersionFiles:
             dirty, self._dirty = self._dirty, set()
             # duplicates: an eviction may close (and the OS reuse) the original while we fsync
             fds = {f: os.dup(self._fds[f]) for f in dirty if f in self._fds}  # absent: fsynced on eviction
+        synced = set()
         try:
             for file, fd in fds.items():
-                try:
-                    os.fsync(fd)
-                except OSError:
-                    with self._lock:
-                        self._dirty.add(file)
-                    raise
+                os.fsync(fd)
+                synced.add(file)
+        except OSError:
+            with self._lock:  # the file that failed and those not tried yet: the next sync fsyncs them
+                self._dirty |= fds.keys() - synced
+            raise
         finally:
             for fd in fds.values():
                 os.close(fd)

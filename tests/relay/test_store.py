@@ -4,6 +4,7 @@ collection and the budget."""
 
 import errno
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from p2pnet.identity import Identity
 from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
 from relay.manifest import build_manifest, sign_manifest
 from relay.store import TMP_PREFIX, ChunkRotten, ChunkStore, pack_bitmap, unpack_bitmap
+from relay.versionfiles import VersionFiles
 from tests.relay.disk import rot_chunk
 
 NOW = 1_800_000_000.0
@@ -335,6 +337,114 @@ def test_with_a_background_flusher_behind_a_put_flushes_by_itself_at_twice_the_b
     assert sink.unsynced_chunks == 0 and not sink.flush_due  # the 6th put flushed all 6 itself
     crashed = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=3)
     assert crashed.missing(signed)[0] == 6
+
+
+def test_flush_due_can_be_asked_while_another_thread_keeps_a_new_version(tmp_path):
+    """The relay asks `flush_due` on its trio thread while worker threads add manifests and
+    collect versions; a thread switch inside the count must not break it."""
+    source = open_store(tmp_path / "src")
+    first, second = publish(source, tmp_path, 1), publish(source, tmp_path, 2)
+    sink = ChunkStore(tmp_path / "sink", budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True,
+                      fsync_batch_chunks=3, background_flush=True)
+    sink.add_manifest(first)
+    fill(sink, source, 1, range(3))
+
+    class SwitchingSet(set):
+        """Where the count reads this version's chunks, another thread keeps version 2."""
+
+        def __len__(self) -> int:
+            if 2 not in sink.versions():
+                sink.add_manifest(second)
+            return super().__len__()
+
+    held = sink._held(1)
+    held.unsynced = SwitchingSet(held.unsynced)
+    assert sink.flush_due and sink.versions() == [1, 2]
+
+
+def test_a_chunk_stored_twice_at_once_returns_only_once_its_version_is_durable(tmp_path, monkeypatch):
+    """Two sources can deliver the same chunk (a request retried elsewhere) and the relay's core
+    takes whichever it hears of first as the version's last chunk: the put that finds the chunk
+    already held must not return while the put that stored it is still making the version durable."""
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    count = len(signed.manifest.chunk_digests)
+    root = tmp_path / "sink"
+    sink = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True, fsync_batch_chunks=count,
+                      background_flush=True)
+    sink.add_manifest(signed)
+    fill(sink, source, 1, range(count - 1))
+    last = source.read_chunk(1, count - 1)
+    in_sync, release, settled = threading.Event(), threading.Event(), threading.Event()
+    real_sync = VersionFiles.sync
+
+    def slow_sync(files: VersionFiles) -> None:  # the disk takes the completing put's batch a while
+        in_sync.set()
+        release.wait()
+        real_sync(files)
+
+    class WatchedLock:
+        """The store's flush lock; says when the second put waits for it."""
+
+        def __init__(self, lock) -> None:
+            self.lock = lock
+
+        def __enter__(self) -> None:
+            if threading.current_thread().name == "again":
+                settled.set()
+            self.lock.acquire()
+
+        def __exit__(self, *exc) -> None:
+            self.lock.release()
+
+    monkeypatch.setattr(VersionFiles, "sync", slow_sync)
+    sink._flush_lock = WatchedLock(sink._flush_lock)
+    outcome: dict[str, bool] = {}
+
+    def again() -> None:
+        outcome["stored"] = sink.put_chunk(1, count - 1, last)
+        after = ChunkStore(root, budget_bytes=10**9, trusted_publishers=TRUSTED)  # a crash now
+        outcome["durable"] = after.is_complete(signed)
+        after.close()
+        settled.set()
+
+    first = threading.Thread(target=sink.put_chunk, args=(1, count - 1, last))
+    first.start()
+    assert in_sync.wait(60)
+    second = threading.Thread(target=again, name="again")
+    second.start()
+    assert settled.wait(60)  # the second put returned, or waits for the flush
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert outcome == {"stored": False, "durable": True}
+
+
+def test_after_a_failed_fsync_the_next_flush_fsyncs_every_file_it_records_chunks_of(tmp_path, monkeypatch):
+    source = open_store(tmp_path / "src")
+    signed = publish(source, tmp_path, 1)
+    count = len(signed.manifest.chunk_digests)
+    sink = ChunkStore(tmp_path / "sink", budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True,
+                      fsync_batch_chunks=10 * count)
+    sink.add_manifest(signed)
+    fill(sink, source, 1, range(count - 1))  # every file gets chunks; none is fsynced yet
+    written = {sink.version_files(1)[seg.file] for i in range(count - 1) for seg in sink._held(1).files.segments(i)}
+    assert len(written) == 3
+    real_fsync, fsynced = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        if not fsynced:
+            fsynced.append(None)
+            raise OSError(errno.EIO, "injected: the disk failed one fsync")
+        fsynced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError):
+        sink.flush()
+    assert sink.unsynced_chunks == count - 1
+    assert sink.flush() == count - 1  # the bitmap now claims them all: each file must have been fsynced
+    assert written <= set(fsynced)
 
 
 def test_unknown_version_and_bitmaps(tmp_path):
