@@ -43,6 +43,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -265,17 +266,21 @@ def page_reporting_paused(pause: bool):  # type: ignore[no-untyped-def]
     if not pause:
         yield "as the machine has it"
         return
+    orders = max(len(line.split()) - 4 for line in Path("/proc/buddyinfo").read_text().splitlines() if line.strip())
     try:
         old = PAGE_REPORTING_ORDER.read_text().strip()
-        orders = max(len(line.split()) - 4 for line in Path("/proc/buddyinfo").read_text().splitlines() if line.strip())
         PAGE_REPORTING_ORDER.write_text(f"{orders}\n")
     except OSError as exc:
-        raise SystemExit(f"--pause-page-reporting: cannot pause free page reporting here ({exc}); "
-                         "it needs root and a kernel with the page_reporting module") from exc
+        raise SystemExit(f"--pause-page-reporting: cannot set {PAGE_REPORTING_ORDER} to {orders} ({exc}); it "
+                         "needs root, the page_reporting module, and a kernel that takes an order above its "
+                         "largest block (some cap it, and then reporting cannot be paused this way)") from exc
+    # `timeout` and kill send SIGTERM: leave through the `finally` below, as on Ctrl-C
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         yield f"paused (page_reporting_order {old} -> {orders})"
     finally:
         PAGE_REPORTING_ORDER.write_text(f"{old}\n")
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _child(*args: str) -> subprocess.Popen:
