@@ -71,8 +71,9 @@ ACCELERATOR = cbuild.load("verify", "_ctopk", stamp, "P2PNET_VERIFY_PURE", "make
 def _heap_rows(rows: np.ndarray, k: int, any_order: bool = False) -> np.ndarray | None:
     """torch.topk's positions [C, k] for ``rows`` (uint16 bit patterns or keys [C, n], each row
     contiguous) by the C module, where it is loaded and torch would run its heap (n >= 64 k);
-    else None. In torch's order; with ``any_order``, rows without a tie at the k-th place (whose
-    set every top-k selection picks) come in position order, found without the heap (faster)."""
+    else None. In torch's order; with ``any_order``, torch's set in an order of the module's own:
+    rows without a tie at the k-th place (whose set every top-k selection picks) in position
+    order, found without the heap, the others in the heap's order, unsorted (both faster)."""
     if ACCELERATOR is None or rows.shape[1] < _HEAP_RATIO * k:
         return None
     out = np.empty((rows.shape[0], k), dtype=np.int64)

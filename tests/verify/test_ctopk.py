@@ -122,15 +122,16 @@ MUTANTS = {  # one detail of libstdc++'s partial_sort each
     "the other child on equal keys": [("child -= heap[child].key > heap[child - 1].key;",
                                        "child -= heap[child].key >= heap[child - 1].key;")],
     "push up past equal keys": [("heap[parent].key > value.key", "heap[parent].key >= value.key")],
-    # the scan's insertions (replace_top: __adjust_heap from the top, computed top-down)
-    "an insertion stops at an equal key": [("if (heap[child].key > value.key)\n            break;",
-                                             "if (heap[child].key >= value.key)\n            break;")],
-    "an insertion without the even-length tail": [("if (hole == child && (len & 1) == 0", "if (0 && (len & 1) == 0")],
+    # the scan's insertions (replace_top: __adjust_heap from the top, path first, no branch on keys)
+    "an insertion stops at an equal key": [("(next.key <= value.key)", "(next.key < value.key)"),
+                                             ("next.key <= value.key ? next", "next.key < value.key ? next")],
+    "an insertion's hole can go into the padding": [("#define PAD_KEY 0xFFFF", "#define PAD_KEY 0x0000")],
+    "an insertion's path a step short": [("while ((len >>= 1) > 0)", "while ((len >>= 1) > 1)")],
     "no NaN key": [("return key > NAN_KEY ? NAN_KEY : key;", "return key;")],
     # the scan's blocks (block_above: the entries of a whole block above the top, as one mask)
     "a block's second half unmarked": [("for (int half = 0; half < 2; half++)", "for (int half = 0; half < 1; half++)")],
     "the entries before the first whole block unread": [
-        ("least = scan_entries(bits, k, b * BLOCK < n ? b * BLOCK : n, heap, k, heap[0].key);",
+        ("least = scan_entries(bits, k, b * BLOCK < n ? b * BLOCK : n, heap, depth, heap[0].key);",
          "least = heap[0].key;")],
     "the last, partial block unread": [("if (b * BLOCK < n)\n        scan_entries(", "if (0)\n        scan_entries(")],
     "a marked entry entering uncompared": [("if (key > least) { /* comp(i, first)", "if (1) { /* comp(i, first)")],
