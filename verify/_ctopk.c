@@ -251,14 +251,14 @@ static uint16_t select_kth(uint16_t *a, Py_ssize_t m, Py_ssize_t q) {
 
 #define CANDIDATES 4096 /* entries kept for the check without a heap; more: the heap */
 
-/* One row whose k largest keys are unique (the k-th and the (k+1)-th differ): every top-k
- * selection, torch's included, picks that set, so it is written to out in position order
- * (not torch's order) and 1 returned; 0 (out untouched) where the row has a tie at the k-th
- * place or too many candidates. The candidates are the entries >= t, t the k-th largest block
- * maximum (k distinct entries reach it, so the k largest are all >= t); t is found by a
- * histogram of the maxima' high bytes (the exponent) and then of the low bytes in t's bin. */
-static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t *maxima, uint16_t *cand_key,
-                      int32_t *cand_pos, uint16_t *scratch, int64_t *out) {
+/* One row's candidates for its k largest keys, in position order: the entries >= t, t the k-th
+ * largest block maximum (k distinct entries reach it, so the k largest are all >= t, and so is
+ * every entry equal to the k-th largest); t is found by a histogram of the maxima' high bytes
+ * (the exponent) and then of the low bytes in t's bin. Writes every block's maximum to maxima
+ * and the candidates' keys and positions; returns their count (at least k), or -1 where there
+ * are more than about CANDIDATES (many blocks tied at t). */
+static Py_ssize_t row_candidates(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t *maxima,
+                                 uint16_t *cand_key, int32_t *cand_pos) {
     Py_ssize_t blocks = 0, counts[256] = {0};
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
         uint16_t most = block_max(bits + start, n - start < BLOCK ? n - start : BLOCK);
@@ -269,7 +269,7 @@ static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t
     while (above + counts[high] < k) {
         above += counts[high];
         if (--high < 0)
-            return 0;
+            return -1;
     }
     Py_ssize_t low_counts[256] = {0};
     for (Py_ssize_t b = 0; b < blocks; b++)
@@ -284,7 +284,7 @@ static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t
         if (maxima[b] < t)
             continue;
         if (m + BLOCK > CANDIDATES)
-            return 0;
+            return -1;
         Py_ssize_t start = b * BLOCK, stop = n - start < BLOCK ? n : start + BLOCK;
         for (Py_ssize_t i = start; i < stop; i++) { /* no branch: written, kept if >= t */
             uint16_t key = key_of(bits[i]);
@@ -293,10 +293,25 @@ static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t
             m += key >= t;
         }
     }
-    if (m < k)
-        return 0; /* never: k blocks reach t */
+    return m >= k ? m : -1; /* never below k: k blocks reach t */
+}
+
+/* The k-th largest of the m candidates' keys (scratch: room for m keys). */
+static uint16_t kth_largest(const uint16_t *cand_key, Py_ssize_t m, Py_ssize_t k, uint16_t *scratch) {
     memcpy(scratch, cand_key, (size_t)m * sizeof(uint16_t));
-    const uint16_t kth = select_kth(scratch, m, m - k);
+    return select_kth(scratch, m, m - k);
+}
+
+/* One row whose k largest keys are unique (the k-th and the (k+1)-th differ): every top-k
+ * selection, torch's included, picks that set, so it is written to out in position order
+ * (not torch's order) and 1 returned; 0 (out untouched) where the row has a tie at the k-th
+ * place or too many candidates (row_candidates). */
+static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t *maxima, uint16_t *cand_key,
+                      int32_t *cand_pos, uint16_t *scratch, int64_t *out) {
+    const Py_ssize_t m = row_candidates(bits, n, k, maxima, cand_key, cand_pos);
+    if (m < 0)
+        return 0;
+    const uint16_t kth = kth_largest(cand_key, m, k, scratch);
     Py_ssize_t reach = 0;
     for (Py_ssize_t j = 0; j < m; j++)
         reach += cand_key[j] >= kth;
@@ -305,6 +320,38 @@ static int row_unique(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, uint16_t
     for (Py_ssize_t j = 0, i = 0; j < m && i < k; j++)
         if (cand_key[j] >= kth)
             out[i++] = cand_pos[j];
+    return 1;
+}
+
+/* One row's k largest keys with the tie at the k-th place left open (verify.topk's tie sets):
+ * out[0..above-1] the entries above the k-th largest key v, out[above..end-1] every entry equal
+ * to v, each part in position order, then filler (position 0) up to `width`; returns 1. Where
+ * the entries equal to v reach beyond slot `width` - 1, returns 0 (out, above, end untouched);
+ * -1 where row_candidates gives up. */
+static int row_tie_set(const uint16_t *bits, Py_ssize_t n, Py_ssize_t k, Py_ssize_t width, uint16_t *maxima,
+                       uint16_t *cand_key, int32_t *cand_pos, uint16_t *scratch, int64_t *out, int64_t *above,
+                       int64_t *end) {
+    const Py_ssize_t m = row_candidates(bits, n, k, maxima, cand_key, cand_pos);
+    if (m < 0)
+        return -1;
+    const uint16_t kth = kth_largest(cand_key, m, k, scratch);
+    Py_ssize_t over = 0, equal = 0;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        over += cand_key[j] > kth;
+        equal += cand_key[j] == kth;
+    }
+    if (over + equal > width)
+        return 0;
+    for (Py_ssize_t j = 0, hi = 0, tie = over; j < m; j++) {
+        if (cand_key[j] > kth)
+            out[hi++] = cand_pos[j];
+        else if (cand_key[j] == kth)
+            out[tie++] = cand_pos[j];
+    }
+    for (Py_ssize_t i = over + equal; i < width; i++)
+        out[i] = 0;
+    *above = over;
+    *end = over + equal;
     return 1;
 }
 
@@ -382,6 +429,76 @@ static PyObject *topk(PyObject *self, PyObject *args) {
     result = Py_None;
 done:
     PyBuffer_Release(&out);
+    PyBuffer_Release(&bits);
+    return result;
+}
+
+static PyObject *tie_sets(PyObject *self, PyObject *args) {
+    PyObject *bits_obj, *out_obj, *above_obj, *end_obj;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "OnOOO:tie_sets", &bits_obj, &k, &out_obj, &above_obj, &end_obj))
+        return NULL;
+    Py_buffer bits, views[3];
+    PyObject *objs[3] = {out_obj, above_obj, end_obj};
+    int got = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(bits_obj, &bits, PyBUF_RECORDS_RO) < 0)
+        return NULL;
+    for (; got < 3; got++)
+        if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+            goto done;
+    if (bits.ndim != 2 || !is_format(&bits, "Hh", 2) || bits.strides[1] != 2 || ((uintptr_t)bits.buf & 1) ||
+        (bits.strides[0] & 1)) {
+        PyErr_SetString(PyExc_ValueError, "bits must be 2-D 16-bit integers, each row contiguous and aligned");
+        goto done;
+    }
+    Py_ssize_t rows = bits.shape[0], n = bits.shape[1], width = views[0].ndim == 2 ? views[0].shape[1] : 0;
+    int fits = views[0].ndim == 2 && views[0].shape[0] == rows && width >= k;
+    for (int v = 0; v < 3; v++)
+        fits = fits && is_format(&views[v], "qlQL", 8) && !((uintptr_t)views[v].buf & 7);
+    fits = fits && views[1].ndim == 1 && views[1].shape[0] == rows && views[2].ndim == 1 && views[2].shape[0] == rows;
+    if (!fits) {
+        PyErr_Format(PyExc_ValueError, "out must be 64-bit integers [%zd, k + extra], above and end [%zd]", rows, rows);
+        goto done;
+    }
+    if (k < 1 || k > n / 64 || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "torch runs its heap only for 1 <= k and 64 k <= n: k=%zd, n=%zd", k, n);
+        goto done;
+    }
+    entry *heap = PyMem_RawMalloc((size_t)(2 * k + 1) * sizeof(entry)); /* the heap, then its padding */
+    char *spare = PyMem_RawMalloc((size_t)(n / BLOCK + 1) * 2 + CANDIDATES * 8);
+    if (heap == NULL || spare == NULL) {
+        PyMem_RawFree(heap);
+        PyMem_RawFree(spare);
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = k; i <= 2 * k; i++)
+        heap[i] = (entry){PAD_KEY, -1};
+    int found = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && found; r++) {
+        const uint16_t *row = (const uint16_t *)((const char *)bits.buf + r * bits.strides[0]);
+        int64_t *slots = (int64_t *)views[0].buf + r * width, *above = (int64_t *)views[1].buf + r,
+                *end = (int64_t *)views[2].buf + r;
+        int got_set = row_tie_set(row, n, k, width, (uint16_t *)(spare + CANDIDATES * 8), (uint16_t *)spare,
+                                  (int32_t *)(spare + CANDIDATES * 2), (uint16_t *)(spare + CANDIDATES * 6), slots,
+                                  above, end);
+        if (got_set == 0) { /* a tie set wider than out: torch's set, the tie closed */
+            row_topk(row, n, k, heap, NULL, 0, slots);
+            for (Py_ssize_t i = k; i < width; i++)
+                slots[i] = 0;
+            *above = *end = k;
+        }
+        found = got_set >= 0;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(spare);
+    PyMem_RawFree(heap);
+    result = PyBool_FromLong(found);
+done:
+    while (got > 0)
+        PyBuffer_Release(&views[--got]);
     PyBuffer_Release(&bits);
     return result;
 }
@@ -489,6 +606,11 @@ static PyMethodDef methods[] = {
     {"topk", topk, METH_VARARGS,
      "topk(bits, k, out, any_order=False): torch.topk(k)'s positions of the largest |bf16| per row [rows, n], "
      "n >= 64 k, into out [rows, k]; with any_order, rows without a tie at the k-th place in position order"},
+    {"tie_sets", tie_sets, METH_VARARGS,
+     "tie_sets(bits, k, out, above, end): per row [rows, n], n >= 64 k, the entries above the k-th largest |bf16| "
+     "then every entry equal to it, each in position order, into out [rows, width]; above, end [rows] where each "
+     "part ends; a row whose tie reaches past width: torch's set, above = end = k. False where a row has too "
+     "many candidates (nothing usable written)"},
     {"interpolate", interpolate, METH_VARARGS,
      "interpolate(x, y, out): coefficients (ascending) of the polynomial of degree < n through each row's points over GF(65497)"},
     {NULL, NULL, 0, NULL},

@@ -176,6 +176,56 @@ def test_any_order_gives_torchs_sets(built: Any) -> None:
     assert tied > 100 and untied > 100
 
 
+def _tie_set_mismatches(module: Any) -> tuple[int, int, int]:
+    """(rows whose tie sets differ from verify.topk's numpy path, rows compared, rows with a tie
+    open beyond the k-th place) over CASES; cases the module gives up on (too many candidates)
+    go to the numpy path and are left out."""
+    bad = compared = open_ties = 0
+    for bits, k in CASES:
+        idx = np.empty((bits.shape[0], k + topk._TIE_EXTRA_MAX), dtype=np.int64)
+        above, end = np.empty(bits.shape[0], dtype=np.int64), np.empty(bits.shape[0], dtype=np.int64)
+        if not module.tie_sets(bits, k, idx, above, end):
+            continue
+        keys = topk._abs_keys(*bits.shape)
+        topk._abs(bits, out=keys[:, : bits.shape[1]])
+        ref, ref_above, ref_end = topk._select_tie_sets(keys, bits.shape[1], k)
+        for r in range(bits.shape[0]):
+            a, e = ref_above[r], ref_end[r]
+            same = above[r] == a and end[r] == e
+            for lo, hi in ((0, a), (a, e)):  # each part as a set (the numpy path orders by key first)
+                same = same and np.array_equal(np.sort(idx[r, lo:hi]), np.sort(ref[r, lo:hi]))
+            if a == e == k:  # torch's set where the tie set is too wide
+                same = same and np.array_equal(np.sort(idx[r, :k]), np.sort(_torch(bits[r : r + 1], k)[0]))
+            bad += not same
+        compared += bits.shape[0]
+        open_ties += int((ref_end > k).sum())
+    return bad, compared, open_ties
+
+
+def test_tie_sets_are_verify_topks(built: Any) -> None:
+    """tie_sets gives the numpy path's tie sets (the same entries above the tie, the same tied
+    entries, torch's set where the tie is too wide to leave open) on the tie-heavy rows."""
+    bad, compared, open_ties = _tie_set_mismatches(built)
+    assert bad == 0
+    assert compared > 3000 and open_ties > 1000
+
+
+TIE_SET_MUTANTS = {
+    "the tied entries' positions lost": [("out[tie++] = cand_pos[j];", "out[tie++] = 0;")],
+    "the tie counted above": [("over += cand_key[j] > kth;", "over += cand_key[j] >= kth;")],
+    "a wide tie not closed": [("*above = *end = k;", "*above = 0, *end = k;")],
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(TIE_SET_MUTANTS))
+def test_the_rows_tell_a_tie_set_mutant_apart(mutant: str, tmp_path: Path) -> None:
+    source = accel.SOURCE.read_text()
+    for old, new in TIE_SET_MUTANTS[mutant]:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    assert _tie_set_mismatches(_build(tmp_path, source))[0] > 0
+
+
 def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
     bits = _rows(np.random.default_rng(1), 2, 8191, 0)
     with pytest.raises(ValueError, match="64 k <= n"):
