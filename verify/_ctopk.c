@@ -364,6 +364,37 @@ static int is_format(const Py_buffer *view, const char *codes, Py_ssize_t itemsi
     return f[0] != '\0' && f[1] == '\0' && strchr(codes, f[0]) != NULL;
 }
 
+/* What topk and tie_sets need of their rows: a 2-D buffer of 16-bit integers, each row contiguous
+ * and aligned, on torch's heap path (1 <= k, 64 k <= n). 0, or -1 with ValueError set. */
+static int check_rows(const Py_buffer *bits, Py_ssize_t k) {
+    if (bits->ndim != 2 || !is_format(bits, "Hh", 2) || bits->strides[1] != 2 || ((uintptr_t)bits->buf & 1) ||
+        (bits->strides[0] & 1)) {
+        PyErr_SetString(PyExc_ValueError, "bits must be 2-D 16-bit integers, each row contiguous and aligned");
+        return -1;
+    }
+    Py_ssize_t n = bits->shape[1];
+    if (k < 1 || k > n / 64 || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "torch runs its heap only for 1 <= k and 64 k <= n: k=%zd, n=%zd", k, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* A heap of k entries, then its padding (PAD_KEY at k..2 k, never written: replace_top); NULL
+ * where memory runs out. */
+static entry *new_heap(Py_ssize_t k) {
+    entry *heap = PyMem_RawMalloc((size_t)(2 * k + 1) * sizeof(entry));
+    for (Py_ssize_t i = k; heap != NULL && i <= 2 * k; i++)
+        heap[i] = (entry){PAD_KEY, -1};
+    return heap;
+}
+
+/* Scratch for row_unique and row_tie_set on rows of n: candidates' keys (CANDIDATES * 2 bytes),
+ * their positions (* 4), a copy of the keys to select in (* 2), then the block maxima. */
+static char *new_spare(Py_ssize_t n) {
+    return PyMem_RawMalloc((size_t)(n / BLOCK + 1) * 2 + CANDIDATES * 8);
+}
+
 static PyObject *topk(PyObject *self, PyObject *args) {
     PyObject *bits_obj, *out_obj;
     Py_ssize_t k;
@@ -378,32 +409,22 @@ static PyObject *topk(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    if (bits.ndim != 2 || !is_format(&bits, "Hh", 2) || bits.strides[1] != 2 || ((uintptr_t)bits.buf & 1) ||
-        (bits.strides[0] & 1)) {
-        PyErr_SetString(PyExc_ValueError, "bits must be 2-D 16-bit integers, each row contiguous and aligned");
+    if (check_rows(&bits, k) < 0)
         goto done;
-    }
     Py_ssize_t rows = bits.shape[0], n = bits.shape[1];
     if (out.ndim != 2 || !is_format(&out, "qlQL", 8) || out.shape[0] != rows || out.shape[1] != k ||
         ((uintptr_t)out.buf & 7)) {
         PyErr_Format(PyExc_ValueError, "out must be 64-bit integers [%zd, %zd]", rows, k);
         goto done;
     }
-    if (k < 1 || k > n / 64 || n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "torch runs its heap only for 1 <= k and 64 k <= n: k=%zd, n=%zd", k, n);
-        goto done;
-    }
-    entry *heap = PyMem_RawMalloc((size_t)(2 * k + 1) * sizeof(entry)); /* the heap, then its padding */
-    /* for any_order: block maxima, candidates' keys, positions and a copy to select in */
-    char *spare = any_order ? PyMem_RawMalloc((size_t)(n / BLOCK + 1) * 2 + CANDIDATES * 8) : NULL;
+    entry *heap = new_heap(k);
+    char *spare = any_order ? new_spare(n) : NULL;
     if (heap == NULL || (any_order && spare == NULL)) {
         PyMem_RawFree(heap);
         PyMem_RawFree(spare);
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = k; i <= 2 * k; i++) /* never written: the heap stays in heap[0..k-1] */
-        heap[i] = (entry){PAD_KEY, -1};
     Py_BEGIN_ALLOW_THREADS
     /* rows of one call are alike (chunks of the same rollouts): once most rows tried had a tie,
      * the rest go to the heap without the check (it costs about as much as the heap, measured) */
@@ -447,11 +468,8 @@ static PyObject *tie_sets(PyObject *self, PyObject *args) {
     for (; got < 3; got++)
         if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
             goto done;
-    if (bits.ndim != 2 || !is_format(&bits, "Hh", 2) || bits.strides[1] != 2 || ((uintptr_t)bits.buf & 1) ||
-        (bits.strides[0] & 1)) {
-        PyErr_SetString(PyExc_ValueError, "bits must be 2-D 16-bit integers, each row contiguous and aligned");
+    if (check_rows(&bits, k) < 0)
         goto done;
-    }
     Py_ssize_t rows = bits.shape[0], n = bits.shape[1], width = views[0].ndim == 2 ? views[0].shape[1] : 0;
     int fits = views[0].ndim == 2 && views[0].shape[0] == rows && width >= k;
     for (int v = 0; v < 3; v++)
@@ -461,20 +479,14 @@ static PyObject *tie_sets(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "out must be 64-bit integers [%zd, k + extra], above and end [%zd]", rows, rows);
         goto done;
     }
-    if (k < 1 || k > n / 64 || n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "torch runs its heap only for 1 <= k and 64 k <= n: k=%zd, n=%zd", k, n);
-        goto done;
-    }
-    entry *heap = PyMem_RawMalloc((size_t)(2 * k + 1) * sizeof(entry)); /* the heap, then its padding */
-    char *spare = PyMem_RawMalloc((size_t)(n / BLOCK + 1) * 2 + CANDIDATES * 8);
+    entry *heap = new_heap(k);
+    char *spare = new_spare(n);
     if (heap == NULL || spare == NULL) {
         PyMem_RawFree(heap);
         PyMem_RawFree(spare);
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = k; i <= 2 * k; i++)
-        heap[i] = (entry){PAD_KEY, -1};
     int found = 1;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows && found; r++) {
