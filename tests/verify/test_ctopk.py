@@ -232,6 +232,13 @@ def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
         built.topk(bits, 128, np.empty((2, 128), dtype=np.int64))
     with pytest.raises(ValueError, match="out must be"):
         built.topk(bits, 64, np.empty((2, 128), dtype=np.int64))
+    ends = [np.empty(2, dtype=np.int64) for _ in range(2)]
+    with pytest.raises(ValueError, match="64 k <= n"):
+        built.tie_sets(bits, 128, np.empty((2, 384), dtype=np.int64), *ends)
+    with pytest.raises(ValueError, match="out must be"):  # narrower than k
+        built.tie_sets(bits, 64, np.empty((2, 63), dtype=np.int64), *ends)
+    with pytest.raises(ValueError, match="out must be"):  # above and end one per row
+        built.tie_sets(bits, 64, np.empty((2, 64), dtype=np.int64), np.empty(3, dtype=np.int64), ends[1])
 
 
 def test_unaligned_buffers_are_refused_not_read(built: Any) -> None:
