@@ -118,7 +118,8 @@ MUTANTS = {  # one detail of libstdc++'s partial_sort each
     "comp(i, first) as >=": [("if (key > least) {", "if (key >= least) {"),
                              ("_mm_set1_epi16((int16_t)least)", "_mm_set1_epi16((int16_t)(least - 1))"),
                              ("(bits[i] & 0x7FFF) > least)", "(bits[i] & 0x7FFF) >= least)"),
-                             ("maxima[b] <= least)", "maxima[b] < least)")],
+                             ("> scan->heap[0].key) { /* comp(i, first) */", ">= scan->heap[0].key) { /* comp(i, first) */"),
+                             ("maxima[scan->block / BLOCK] > least)", "maxima[scan->block / BLOCK] >= least)")],
     "the other child on equal keys": [("child -= heap[child].key > heap[child - 1].key;",
                                        "child -= heap[child].key >= heap[child - 1].key;")],
     "push up past equal keys": [("heap[parent].key > value.key", "heap[parent].key >= value.key")],
@@ -130,11 +131,14 @@ MUTANTS = {  # one detail of libstdc++'s partial_sort each
     "no NaN key": [("return key > NAN_KEY ? NAN_KEY : key;", "return key;")],
     # the scan's blocks (block_above: the entries of a whole block above the top, as one mask)
     "a block's second half unmarked": [("for (int half = 0; half < 2; half++)", "for (int half = 0; half < 1; half++)")],
-    "the entries before the first whole block unread": [
-        ("least = scan_entries(bits, k, b * BLOCK < n ? b * BLOCK : n, heap, depth, heap[0].key);",
-         "least = heap[0].key;")],
-    "the last, partial block unread": [("if (b * BLOCK < n)\n        scan_entries(", "if (0)\n        scan_entries(")],
-    "a marked entry entering uncompared": [("if (key > least) { /* comp(i, first)", "if (1) { /* comp(i, first)")],
+    "the entries before the first whole block unread": [("scan_entries(bits, k, first, heap, depth, heap[0].key);", "")],
+    "the last, partial block unread": [("scan_entries(scan->bits, scan->block, n, heap, depth, heap[0].key);", "")],
+    "a marked entry entering uncompared": [("if (key_of(scan->bits[i]) > scan->heap[0].key) {", "if (1) {")],
+    # two rows' insertions in one loop (replace_top2)
+    "a paired insertion stops at an equal key": [("next_a.key <= value_a.key", "next_a.key < value_a.key")],
+    "a paired insertion takes the other child on equal keys": [
+        ("child_b -= heap_b[child_b].key > heap_b[child_b - 1].key;",
+         "child_b -= heap_b[child_b].key >= heap_b[child_b - 1].key;")],
 }
 
 
