@@ -116,16 +116,29 @@ def test_positions_and_order_are_torch_topks(built: Any) -> None:
 MUTANTS = {  # one detail of libstdc++'s partial_sort each
     "no even-length tail case": [("if ((len & 1) == 0 && child == (len - 2) / 2) {", "if (0) {")],
     "comp(i, first) as >=": [("if (key > least) {", "if (key >= least) {"),
-                             ("found += key_of(bits[start + i]) > least;", "found += key_of(bits[start + i]) >= least;"),
-                             ("block_max(bits + start, count)) <= least)", "block_max(bits + start, count)) < least)")],
+                             ("_mm_set1_epi16((int16_t)least)", "_mm_set1_epi16((int16_t)(least - 1))"),
+                             ("(bits[i] & 0x7FFF) > least)", "(bits[i] & 0x7FFF) >= least)"),
+                             ("> scan->heap[0].key) { /* comp(i, first) */", ">= scan->heap[0].key) { /* comp(i, first) */"),
+                             ("maxima[scan->block / BLOCK] > least)", "maxima[scan->block / BLOCK] >= least)")],
     "the other child on equal keys": [("child -= heap[child].key > heap[child - 1].key;",
                                        "child -= heap[child].key >= heap[child - 1].key;")],
     "push up past equal keys": [("heap[parent].key > value.key", "heap[parent].key >= value.key")],
-    # the scan's insertions (replace_top: __adjust_heap from the top, computed top-down)
-    "an insertion stops at an equal key": [("if (heap[child].key > value.key)\n            break;",
-                                             "if (heap[child].key >= value.key)\n            break;")],
-    "an insertion without the even-length tail": [("if (hole == child && (len & 1) == 0", "if (0 && (len & 1) == 0")],
+    # the scan's insertions (replace_top: __adjust_heap from the top, path first, no branch on keys)
+    "an insertion stops at an equal key": [("(next.key <= value.key)", "(next.key < value.key)"),
+                                             ("next.key <= value.key ? next", "next.key < value.key ? next")],
+    "an insertion's hole can go into the padding": [("#define PAD_KEY 0xFFFF", "#define PAD_KEY 0x0000")],
+    "an insertion's path a step short": [("while ((len >>= 1) > 0)", "while ((len >>= 1) > 1)")],
     "no NaN key": [("return key > NAN_KEY ? NAN_KEY : key;", "return key;")],
+    # the scan's blocks (block_above: the entries of a whole block above the top, as one mask)
+    "a block's second half unmarked": [("for (int half = 0; half < 2; half++)", "for (int half = 0; half < 1; half++)")],
+    "the entries before the first whole block unread": [("scan_entries(bits, k, first, heap, depth, heap[0].key);", "")],
+    "the last, partial block unread": [("scan_entries(scan->bits, scan->block, n, heap, depth, heap[0].key);", "")],
+    "a marked entry entering uncompared": [("if (key_of(scan->bits[i]) > scan->heap[0].key) {", "if (1) {")],
+    # two rows' insertions in one loop (replace_top2)
+    "a paired insertion stops at an equal key": [("next_a.key <= value_a.key", "next_a.key < value_a.key")],
+    "a paired insertion takes the other child on equal keys": [
+        ("child_b -= heap_b[child_b].key > heap_b[child_b - 1].key;",
+         "child_b -= heap_b[child_b].key >= heap_b[child_b - 1].key;")],
 }
 
 
@@ -144,21 +157,77 @@ def test_the_rows_tell_a_mutant_apart(mutant: str, tmp_path: Path) -> None:
     assert _mismatches(_build(tmp_path, source), any_order=mutant in ANY_ORDER_MUTANTS) > 0
 
 
-def test_any_order_gives_torchs_sets_and_its_order_where_tied(built: Any) -> None:
-    """With any_order, every row holds torch's set; a row not in torch's order has no tie at
-    the k-th place (its set is unique), and both kinds of rows occur."""
-    reordered = in_order = 0
+def test_the_portable_scan_is_torchs_too(tmp_path: Path) -> None:
+    """Built without the SSE2 block check (as on a machine without it): the same positions."""
+    source = accel.SOURCE.read_text()
+    assert source.count("#if defined(__SSE2__)") == 2  # the header and block_above
+    assert _mismatches(_build(tmp_path, source.replace("#if defined(__SSE2__)", "#if 0"))) == 0
+
+
+def test_any_order_gives_torchs_sets(built: Any) -> None:
+    """With any_order, every row holds torch's set (the order is the module's own: position
+    order where the row has no tie at the k-th place, the heap's where it has), rows with a
+    tie at the k-th place and rows without alike, and both kinds occur."""
+    tied = untied = 0
     for bits, k in CASES:
         out = np.empty((bits.shape[0], k), dtype=np.int64)
         built.topk(bits, k, out, True)
         expected = _torch(bits, k)
         assert np.array_equal(np.sort(out, axis=1), np.sort(expected, axis=1))
-        for r in np.flatnonzero((out != expected).any(axis=1)):
-            keys = np.sort(np.minimum(bits[r] & 0x7FFF, 0x7F81))[::-1]
-            assert keys[k - 1] != keys[k]
-            reordered += 1
-        in_order += int((out == expected).all(axis=1).sum())
-    assert reordered > 100 and in_order > 100
+        keys = -np.sort(-np.minimum(bits & 0x7FFF, 0x7F81).astype(np.int32), axis=1)
+        tie = keys[:, k - 1] == keys[:, k]
+        tied, untied = tied + int(tie.sum()), untied + int((~tie).sum())
+    assert tied > 100 and untied > 100
+
+
+def _tie_set_mismatches(module: Any) -> tuple[int, int, int]:
+    """(rows whose tie sets differ from verify.topk's numpy path, rows compared, rows with a tie
+    open beyond the k-th place) over CASES; cases the module gives up on (too many candidates)
+    go to the numpy path and are left out."""
+    bad = compared = open_ties = 0
+    for bits, k in CASES:
+        idx = np.empty((bits.shape[0], k + topk._TIE_EXTRA_MAX), dtype=np.int64)
+        above, end = np.empty(bits.shape[0], dtype=np.int64), np.empty(bits.shape[0], dtype=np.int64)
+        if not module.tie_sets(bits, k, idx, above, end):
+            continue
+        keys = topk._abs_keys(*bits.shape)
+        topk._abs(bits, out=keys[:, : bits.shape[1]])
+        ref, ref_above, ref_end = topk._select_tie_sets(keys, bits.shape[1], k)
+        for r in range(bits.shape[0]):
+            a, e = ref_above[r], ref_end[r]
+            same = above[r] == a and end[r] == e
+            for lo, hi in ((0, a), (a, e)):  # each part as a set (the numpy path orders by key first)
+                same = same and np.array_equal(np.sort(idx[r, lo:hi]), np.sort(ref[r, lo:hi]))
+            if a == e == k:  # torch's set where the tie set is too wide
+                same = same and np.array_equal(np.sort(idx[r, :k]), np.sort(_torch(bits[r : r + 1], k)[0]))
+            bad += not same
+        compared += bits.shape[0]
+        open_ties += int((ref_end > k).sum())
+    return bad, compared, open_ties
+
+
+def test_tie_sets_are_verify_topks(built: Any) -> None:
+    """tie_sets gives the numpy path's tie sets (the same entries above the tie, the same tied
+    entries, torch's set where the tie is too wide to leave open) on the tie-heavy rows."""
+    bad, compared, open_ties = _tie_set_mismatches(built)
+    assert bad == 0
+    assert compared > 3000 and open_ties > 1000
+
+
+TIE_SET_MUTANTS = {
+    "the tied entries' positions lost": [("out[tie++] = cand_pos[j];", "out[tie++] = 0;")],
+    "the tie counted above": [("over += cand_key[j] > kth;", "over += cand_key[j] >= kth;")],
+    "a wide tie not closed": [("*above = *end = k;", "*above = 0, *end = k;")],
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(TIE_SET_MUTANTS))
+def test_the_rows_tell_a_tie_set_mutant_apart(mutant: str, tmp_path: Path) -> None:
+    source = accel.SOURCE.read_text()
+    for old, new in TIE_SET_MUTANTS[mutant]:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    assert _tie_set_mismatches(_build(tmp_path, source))[0] > 0
 
 
 def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
@@ -167,6 +236,13 @@ def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
         built.topk(bits, 128, np.empty((2, 128), dtype=np.int64))
     with pytest.raises(ValueError, match="out must be"):
         built.topk(bits, 64, np.empty((2, 128), dtype=np.int64))
+    ends = [np.empty(2, dtype=np.int64) for _ in range(2)]
+    with pytest.raises(ValueError, match="64 k <= n"):
+        built.tie_sets(bits, 128, np.empty((2, 384), dtype=np.int64), *ends)
+    with pytest.raises(ValueError, match="out must be"):  # narrower than k
+        built.tie_sets(bits, 64, np.empty((2, 63), dtype=np.int64), *ends)
+    with pytest.raises(ValueError, match="out must be"):  # above and end one per row
+        built.tie_sets(bits, 64, np.empty((2, 64), dtype=np.int64), np.empty(3, dtype=np.int64), ends[1])
 
 
 def test_unaligned_buffers_are_refused_not_read(built: Any) -> None:
