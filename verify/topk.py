@@ -11,9 +11,10 @@ from this tree (its stamp) and not turned off (``P2PNET_VERIFY_PURE=1``): every 
 heap path (n >= 64 k: 32 tokens at hidden 256 and more for k = 128) is selected by it, one
 chunk alone or many, tied or not: it runs torch's own heap (libstdc++'s partial_sort, the same
 comparisons) over the whole row, skipping blocks no entry of which can enter, so its positions
-are torch.topk's, in torch's order. Many chunks at once (proofs and measures need the set, not
-its order) first try each row without the heap: where its k-th and (k+1)-th largest differ the
-set is unique and comes in position order (about a third faster to verify with massive
+are torch.topk's (one chunk alone: in torch's order). Many chunks at once (proofs and measures
+need the set, not its order) come in an order of the module's own (tied rows in the heap's,
+unsorted), and first try each row without the heap: where its k-th and (k+1)-th largest differ
+the set is unique and comes in position order (about a third faster to verify with massive
 channels, measured; the C module stops trying within a call once most rows had a tie). Rows
 shorter than 64 k run torch.topk (its nth_element is not replicated). Everything below is the
 path without the C module, unchanged: the same sets.
@@ -354,7 +355,9 @@ def _tie_sets_c(bits16: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.
     rows = bits16.shape[0]
     out = np.empty((rows, k + _TIE_EXTRA_MAX), dtype=np.int64)
     above, end = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
-    if not ACCELERATOR.tie_sets(bits16, k, out, above, end):
+    # the module takes rows contiguous only (one-row chunks of a transposed tensor are not): a copy
+    contiguous = bits16 if bits16.strides[1] == bits16.itemsize else np.ascontiguousarray(bits16)
+    if not ACCELERATOR.tie_sets(contiguous, k, out, above, end):
         return None
     return out[:, : max(int(end.max(initial=k)), k)], above, end
 

@@ -96,9 +96,12 @@ CASES = _cases()
 
 
 def _mismatches(module: Any, any_order: bool = False) -> int:
-    """Rows whose positions differ from torch.topk's (with ``any_order``: whose sets differ)."""
+    """Rows whose positions differ from torch.topk's (with ``any_order``: whose sets differ). Each
+    case's first row goes alone and the rest (an odd count) after it: the heap takes rows two at
+    a time, so both calls end with a row that goes through it alone."""
     bad = 0
-    for bits, k in CASES:
+    for bits, k in [(part, k) for whole, k in CASES for part in (whole[:1], whole[1:])]:
+        assert bits.shape[0] % 2 == 1
         out = np.empty((bits.shape[0], k), dtype=np.int64)
         module.topk(bits, k, out, any_order)
         expected = _torch(bits, k)
@@ -139,6 +142,11 @@ MUTANTS = {  # one detail of libstdc++'s partial_sort each
     "a paired insertion takes the other child on equal keys": [
         ("child_b -= heap_b[child_b].key > heap_b[child_b - 1].key;",
          "child_b -= heap_b[child_b].key >= heap_b[child_b - 1].key;")],
+    # the row left over from the pairs goes through the heap alone
+    "the last, odd row unsorted": [("row_topk(pending, n, k, heaps[0], NULL, !any_order, pending_out);",
+                                    "row_topk(pending, n, k, heaps[0], NULL, 0, pending_out);")],
+    "the last, odd row left out": [("row_topk(pending, n, k, heaps[0], NULL, !any_order, pending_out);",
+                                    "(void)pending_out;")],
 }
 
 
@@ -180,12 +188,33 @@ def test_any_order_gives_torchs_sets(built: Any) -> None:
     assert tied > 100 and untied > 100
 
 
+def _tie_edges() -> list[tuple[np.ndarray, int]]:
+    """Rows whose tie at the k-th place ends at slot k + extra - 1, k + extra (the widest left
+    open: extra = verify.topk._TIE_EXTRA_MAX) and k + extra + 1 (closed: torch's set), with 0,
+    60 or 127 entries above it, the entries above and tied packed (few candidates) at the row's
+    start or ending in its last, partial block."""
+    rng = np.random.default_rng(5)
+    k, n, extra = 128, 8192 + 17, topk._TIE_EXTRA_MAX
+    rows = []
+    for end in (k + extra - 1, k + extra, k + extra + 1):
+        for above in (0, 60, 127):
+            for start in (0, n - end):
+                row = rng.integers(0x1000, 0x1010, n).astype(np.uint16)  # below the tie
+                run = np.r_[0x5000 + rng.permutation(above), np.full(end - above, 0x4000)].astype(np.uint16)
+                row[start : start + end] = run[rng.permutation(end)] | (rng.integers(0, 2, end) << 15).astype(np.uint16)
+                rows.append(row)
+    return [(np.stack(rows), k)]
+
+
+TIE_EDGES = _tie_edges()
+
+
 def _tie_set_mismatches(module: Any) -> tuple[int, int, int]:
     """(rows whose tie sets differ from verify.topk's numpy path, rows compared, rows with a tie
-    open beyond the k-th place) over CASES; cases the module gives up on (too many candidates)
-    go to the numpy path and are left out."""
+    open beyond the k-th place) over CASES and TIE_EDGES; cases the module gives up on (too many
+    candidates) go to the numpy path and are left out."""
     bad = compared = open_ties = 0
-    for bits, k in CASES:
+    for bits, k in CASES + TIE_EDGES:
         idx = np.empty((bits.shape[0], k + topk._TIE_EXTRA_MAX), dtype=np.int64)
         above, end = np.empty(bits.shape[0], dtype=np.int64), np.empty(bits.shape[0], dtype=np.int64)
         if not module.tie_sets(bits, k, idx, above, end):
@@ -218,6 +247,7 @@ TIE_SET_MUTANTS = {
     "the tied entries' positions lost": [("out[tie++] = cand_pos[j];", "out[tie++] = 0;")],
     "the tie counted above": [("over += cand_key[j] > kth;", "over += cand_key[j] >= kth;")],
     "a wide tie not closed": [("*above = *end = k;", "*above = 0, *end = k;")],
+    "a tie set as wide as allowed closed": [("if (over + equal > width)", "if (over + equal >= width)")],
 }
 
 
@@ -228,6 +258,25 @@ def test_the_rows_tell_a_tie_set_mutant_apart(mutant: str, tmp_path: Path) -> No
         assert source.count(old) == 1, old
         source = source.replace(old, new)
     assert _tie_set_mismatches(_build(tmp_path, source))[0] > 0
+
+
+def test_tie_sets_chunks_copy_rows_not_contiguous(built: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-row chunks of a transposed hidden state have a stride between their entries, which the
+    C module refuses: verify.topk hands it a copy (as ``_heap_rows`` does) and answers as the numpy
+    path does (review: tie_sets_chunks raised ValueError there, where topk_chunks answers)."""
+    bits = _rows(np.random.default_rng(9), 8192, 4, 0)  # [8192, 4]: the transpose's rows are columns
+    hidden = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).t()
+    assert hidden.stride() == (1, 4)
+    spare = [np.empty(4, dtype=np.int64) for _ in range(2)]
+    assert built.tie_sets(np.ascontiguousarray(bits.T), 128, np.empty((4, 384), dtype=np.int64), *spare)  # C answers
+    monkeypatch.setattr(topk, "ACCELERATOR", built)
+    idx, _, above, end = topk.tie_sets_chunks(hidden, 0, 4, 1, 128)
+    monkeypatch.setattr(topk, "ACCELERATOR", None)
+    ref, _, ref_above, ref_end = topk.tie_sets_chunks(hidden, 0, 4, 1, 128)
+    assert np.array_equal(above, ref_above) and np.array_equal(end, ref_end)
+    for r in range(4):
+        for lo, hi in ((0, above[r]), (above[r], end[r])):
+            assert np.array_equal(np.sort(idx[r, lo:hi]), np.sort(ref[r, lo:hi]))
 
 
 def test_rows_torch_would_not_heap_are_refused(built: Any) -> None:
