@@ -23,7 +23,6 @@ import warnings
 from pathlib import Path
 
 from p2pnet import cbuild
-from p2pnet.cbuild import PLATFORMS, compiler  # noqa: F401  (this builder's platforms and compiler)
 
 with warnings.catch_warnings():  # a stale build, about to be replaced, need not be reported
     warnings.simplefilter("ignore")

@@ -71,16 +71,28 @@ _TIE_EXTRA_MAX = 256  # tie-set entries beyond the k-th place kept open when mea
 ACCELERATOR = cbuild.load("verify", "_ctopk", stamp, "P2PNET_VERIFY_PURE", "make install")
 
 
+def _runs_in_c(n: int, k: int) -> bool:
+    """Whether the C module selects rows of ``n`` entries: it is loaded and torch would run its
+    heap there (n >= 64 k)."""
+    return ACCELERATOR is not None and n >= _HEAP_RATIO * k
+
+
+def _rows_for_c(rows: np.ndarray) -> np.ndarray:
+    """``rows`` [C, n] as the C module takes them, each row contiguous: a copy where a row's
+    entries are strided (one-row chunks of a transposed tensor)."""
+    return rows if rows.strides[1] == rows.itemsize else np.ascontiguousarray(rows)
+
+
 def _heap_rows(rows: np.ndarray, k: int, any_order: bool = False) -> np.ndarray | None:
-    """torch.topk's positions [C, k] for ``rows`` (uint16 bit patterns or keys [C, n], each row
-    contiguous) by the C module, where it is loaded and torch would run its heap (n >= 64 k);
-    else None. In torch's order; with ``any_order``, torch's set in an order of the module's own:
-    rows without a tie at the k-th place (whose set every top-k selection picks) in position
-    order, found without the heap, the others in the heap's order, unsorted (both faster)."""
-    if ACCELERATOR is None or rows.shape[1] < _HEAP_RATIO * k:
+    """torch.topk's positions [C, k] for ``rows`` (uint16 bit patterns or keys [C, n]) by the C
+    module, where it selects them (``_runs_in_c``); else None. In torch's order; with
+    ``any_order``, torch's set in an order of the module's own: rows without a tie at the k-th
+    place (whose set every top-k selection picks) in position order, found without the heap, the
+    others in the heap's order, unsorted (both faster)."""
+    if not _runs_in_c(rows.shape[1], k):
         return None
     out = np.empty((rows.shape[0], k), dtype=np.int64)
-    ACCELERATOR.topk(rows if rows.strides[1] == rows.itemsize else np.ascontiguousarray(rows), k, out, any_order)
+    ACCELERATOR.topk(_rows_for_c(rows), k, out, any_order)
     return out
 
 
@@ -350,14 +362,12 @@ def _tie_sets_c(bits16: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.
     order, or torch's set where the tie set is wider than ``_TIE_EXTRA_MAX`` beyond the k-th
     place; None where the module is not loaded, rows are shorter than 64 k, or a row has too
     many candidates for it (then the numpy path answers)."""
-    if ACCELERATOR is None or bits16.shape[1] < _HEAP_RATIO * k:
+    if not _runs_in_c(bits16.shape[1], k):
         return None
     rows = bits16.shape[0]
     out = np.empty((rows, k + _TIE_EXTRA_MAX), dtype=np.int64)
     above, end = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
-    # the module takes rows contiguous only (one-row chunks of a transposed tensor are not): a copy
-    contiguous = bits16 if bits16.strides[1] == bits16.itemsize else np.ascontiguousarray(bits16)
-    if not ACCELERATOR.tie_sets(contiguous, k, out, above, end):
+    if not ACCELERATOR.tie_sets(_rows_for_c(bits16), k, out, above, end):
         return None
     return out[:, : max(int(end.max(initial=k)), k)], above, end
 
@@ -366,7 +376,7 @@ def topk_of(parts: Sequence[np.ndarray], topk: int) -> tuple[np.ndarray, np.ndar
     """``topk_chunks`` over chunks given as uint16 bit-pattern arrays [c_i, n] (one n for all)."""
     n = parts[0].shape[1]
     k = min(topk, n)
-    if ACCELERATOR is not None and n >= _HEAP_RATIO * k:  # torch's heap, run by the C module
+    if _runs_in_c(n, k):  # torch's heap, run by the C module
         # many chunks (proofs, measures: their sets matter, not the order): rows without a tie
         # found without the heap; one chunk alone: the heap (the check costs about as much there)
         many = len(parts) > 1 or parts[0].shape[0] > 1
