@@ -43,12 +43,17 @@ def compiler() -> list[str]:
     return shlex.split(sysconfig.get_config_var("CC") or "cc")[:1] or ["cc"]
 
 
+def off_platform(platforms: set[tuple[str, str]] = PLATFORMS) -> str | None:
+    """Why a module for `platforms` is not built on this platform, else None."""
+    where = (sys.platform, platform.machine())
+    return None if where in platforms else f"built only on {sorted(platforms)}, not on {where}"
+
+
 def unbuildable(platforms: set[tuple[str, str]] = PLATFORMS) -> str | None:
     """Why no module for `platforms` can be built here (another platform, no compiler, no
     Python.h), else None."""
-    where = (sys.platform, platform.machine())
-    if where not in platforms:
-        return f"this C module is built only on {sorted(platforms)}, not on {where}"
+    if (reason := off_platform(platforms)) is not None:
+        return f"this C module is {reason}"
     if shutil.which(compiler()[0]) is None:
         return f"no C compiler here ({compiler()[0]})"
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
@@ -78,10 +83,8 @@ def build(sources: list[Path], module: str, directory: Path, stamp: str, flags: 
     (where the module could compute otherwise than the Python path), when the compiler is
     missing, fails or takes over `BUILD_TIMEOUT_S`."""
     name = sources[0].name
-    where = (sys.platform, platform.machine())
-    if where not in platforms:
-        raise RuntimeError(f"{name} is built only on {sorted(platforms)}, not on {where}: "
-                           "it could compute otherwise there than the Python path")
+    if (reason := off_platform(platforms)) is not None:
+        raise RuntimeError(f"{name} is {reason}: it could compute otherwise there than the Python path")
     out = target(directory, module)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
