@@ -286,6 +286,7 @@ class TransferCore(SourceChoice):
             return []
         only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
+        self._prune_peers(now)
         self._draw_orders.clear()  # (scored with the old membership's uploads: rebuilt on demand)
         if self.config.layout == "swarm":
             self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
@@ -297,6 +298,18 @@ class TransferCore(SourceChoice):
                 self._replan(now, v)
                 self._pump(now, v, effects)
         return self._arm(now, effects)
+
+    def _prune_peers(self, now: float) -> None:
+        """Forget per-peer marks that no longer matter, so a long-running peer's state follows its
+        membership, not every peer it ever saw: `slow` and refusal counts of peers that left
+        (a peer that comes back is judged afresh), and exclusions that have ended."""
+        members = self._members.uploads
+        if self._slow:
+            self._slow = {p for p in self._slow if p in members}  # (O(slow), not O(members))
+        if self._refused:
+            self._refused = {p: n for p, n in self._refused.items() if p in members}
+        if self._excluded:
+            self._excluded = {p: until for p, until in self._excluded.items() if until > now}
 
     def publish(self, now: float, signed: SignedManifest) -> list[Any]:
         """We published `signed` and hold every chunk: announce it and serve it."""
