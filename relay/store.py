@@ -39,7 +39,10 @@ chunk of that version written since its last flush is taken as lost: no longer h
 never recorded in the bitmap, told to the owner (`ChunksLost`) and written again by the next
 put of it. The flush still makes the other versions' batches durable, then raises the error; a
 put whose flush failed raises it only if its own chunk was lost with the batch. A put whose write
-overlapped a failed fsync writes its chunk again before it counts it as held.
+overlapped a failed fsync writes its chunk again before it counts it as held; a flush that
+overlapped one another thread made (closing a file) records nothing of that version and takes
+the loss itself (its batch may be gone, and a chunk of it stored again since may have missed its
+fsync).
 
 What the owner hears. A chunk found rotten (`ChunkRotten`), chunks lost to a failed fsync
 (`ChunksLost`) and a version dropped by garbage collection (`VersionCollected`) are told to
@@ -131,6 +134,7 @@ class _Version:
     unverified: set[int] = field(default_factory=set)  # claimed by the bitmap at startup, not hashed since
     unsynced: set[int] = field(default_factory=set)  # written since the last flush: not in the bitmap yet
     stamp: int = 0  # the store's put counter when a chunk of this version was last stored
+    failures_seen: int = 0  # `files.sync_failures` when the last loss was taken (`_lose_unsynced`)
 
     @property
     def count(self) -> int:
@@ -342,9 +346,10 @@ class ChunkStore:
         error is raised."""
         with self._flush_lock:
             with self._lock:
-                batches = {v: (h, set(h.unsynced)) for v, h in self._versions.items() if h.unsynced}
+                batches = {v: (h, set(h.unsynced), h.files.sync_failures)
+                           for v, h in self._versions.items() if h.unsynced}
             done, failed = 0, None
-            for version, (held, batch) in batches.items():
+            for version, (held, batch, failures) in batches.items():
                 if self._fsync:
                     try:
                         held.files.sync()
@@ -355,8 +360,16 @@ class ChunkStore:
                 with self._lock:
                     if self._versions.get(version) is not held:
                         continue  # collected meanwhile
-                    held.unsynced -= batch
-                    durable = held.have - held.unsynced
+                    # another thread's fsync (closing a file) failed before the loss was taken, or
+                    # while we fsynced: the batch may be gone, and a chunk of it stored again since
+                    # may have missed our fsync
+                    overlapped = failures != held.failures_seen or held.files.sync_failures != failures
+                    if not overlapped:
+                        held.unsynced -= batch
+                        durable = held.have - held.unsynced
+                if overlapped:
+                    self._lose_unsynced(held, OSError(errno.EIO, "another fsync of its files failed while a flush ran"))
+                    continue
                 try:
                     self._save_bitmap(held, durable)
                 except OSError as exc:  # fsynced but not recorded: the next flush records them
@@ -377,6 +390,7 @@ class ChunkStore:
         with self._lock:
             if self._versions.get(held.signed.version) is not held:
                 return  # collected meanwhile
+            held.failures_seen = held.files.sync_failures
             lost = sorted(held.unsynced)
             held.have -= held.unsynced
             held.unverified -= held.unsynced
