@@ -267,26 +267,33 @@ def page_reporting_paused(pause: bool):  # type: ignore[no-untyped-def]
     block the buddy allocator has (/proc/buddyinfo's columns) reports nothing; the old order is
     written back on exit. One run at a time: a second run would save the first's raised order
     as "old" and leave reporting paused when it ends, so the pause holds an exclusive lock
-    (`page_reporting_lock`) and a second run refuses to start. Yields what was done, for the report."""
+    (`page_reporting_lock`) and a second run refuses to start. The lock file also keeps the old
+    order while it is raised: a run killed before it could write it back (SIGKILL, the OOM
+    killer) leaves it there, and the next run restores that, not the raised order it reads.
+    Yields what was done, for the report."""
     if not pause:
         yield "as the machine has it"
         return
-    with page_reporting_lock():
+    with page_reporting_lock() as (lock_fd, unrestored):
         orders = max(len(line.split()) - 4 for line in Path("/proc/buddyinfo").read_text().splitlines() if line.strip())
         # `timeout` and kill send SIGTERM: leave through the `finally` below, as on Ctrl-C
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         try:
             try:
-                old = PAGE_REPORTING_ORDER.read_text().strip()
+                old = unrestored or PAGE_REPORTING_ORDER.read_text().strip()
+                _note_lock(lock_fd, old)  # before raising it: a run killed from here on leaves it
                 PAGE_REPORTING_ORDER.write_text(f"{orders}\n")
             except OSError as exc:
+                _note_lock(lock_fd, None)  # (not raised: nothing to restore)
                 raise SystemExit(f"--pause-page-reporting: cannot set {PAGE_REPORTING_ORDER} to {orders} ({exc}); it "
                                  "needs root, the page_reporting module, and a kernel that takes an order above its "
                                  "largest block (some cap it, and then reporting cannot be paused this way)") from exc
             try:
-                yield f"paused (page_reporting_order {old} -> {orders})"
+                yield f"paused (page_reporting_order {old} -> {orders})" + \
+                    (" (restoring the order a killed run left raised)" if unrestored else "")
             finally:
                 PAGE_REPORTING_ORDER.write_text(f"{old}\n")
+                _note_lock(lock_fd, None)
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -295,21 +302,29 @@ def page_reporting_paused(pause: bool):  # type: ignore[no-untyped-def]
 def page_reporting_lock():  # type: ignore[no-untyped-def]
     """Hold the exclusive lock on pausing page reporting (the first of `PAGE_REPORTING_LOCKS`
     whose folder we may write) until the block ends; SystemExit at once, naming the holder, if
-    another run holds it. The kernel drops the lock when the process dies, however it dies."""
+    another run holds it. The kernel drops the lock when the process dies, however it dies.
+    Yields the lock's fd and the old order an earlier run noted and did not write back (None)."""
     path = next((p for p in PAGE_REPORTING_LOCKS if os.access(p.parent, os.W_OK)), PAGE_REPORTING_LOCKS[-1])
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            holder = (os.pread(fd, 64, 0).decode(errors="replace").split() or ["unknown"])[0]
             raise SystemExit(f"--pause-page-reporting: another run (pid {holder}) has paused free page reporting "
                              f"and holds {path}; run one at a time (it restores the setting when it ends)") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield path
+        noted = os.pread(fd, 64, 0).decode(errors="replace").split()
+        unrestored = noted[1] if len(noted) > 1 else None
+        _note_lock(fd, unrestored)  # (kept until the caller has written it back)
+        yield fd, unrestored
     finally:
         os.close(fd)  # (releases the lock)
+
+
+def _note_lock(fd: int, old: str | None) -> None:
+    """The lock file says who holds it and, while the order is raised, the order to restore."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (f"{os.getpid()}" + (f" {old}" if old is not None else "") + "\n").encode(), 0)
 
 
 def _child(*args: str) -> subprocess.Popen:
