@@ -154,9 +154,10 @@ def test_a_put_whose_write_overlapped_a_failed_fsync_writes_its_chunk_again(tmp_
     assert writes == [4, 4] and sink.holds(1, 4) and sink.unsynced_chunks == 1
 
 
-def test_an_fsync_that_fails_while_closing_a_file_loses_the_batch(tmp_path, source, monkeypatch):
-    """A version keeps at most MAX_OPEN_FILES open; closing one fsyncs what was written to it.
-    When that fsync fails, the batch is lost as in a flush, and the put that opened a file fails."""
+def one_open_file(tmp_path: Path, source: ChunkStore, monkeypatch):
+    """A store holding the chunks of version 1 that lie in its first file only (not fsynced),
+    with one file of a version open at a time: its manifest, the store, what it heard, those
+    chunks, and a chunk of the third file (storing it closes the first file)."""
     import relay.versionfiles
 
     monkeypatch.setattr(relay.versionfiles, "MAX_OPEN_FILES", 1)
@@ -165,9 +166,17 @@ def test_an_fsync_that_fails_while_closing_a_file_loses_the_batch(tmp_path, sour
     sink.add_manifest(signed)
     heard = listening(sink)
     files = sink._held(1).files
-    first_file = [i for i in range(len(signed.manifest.chunk_digests)) if {s.file for s in files.segments(i)} == {0}]
-    other = next(i for i in range(len(signed.manifest.chunk_digests)) if files.segments(i)[0].file == 2)
+    count = len(signed.manifest.chunk_digests)
+    first_file = [i for i in range(count) if {s.file for s in files.segments(i)} == {0}]
+    other = next(i for i in range(count) if files.segments(i)[0].file == 2)
     fill(sink, source, 1, first_file)
+    return signed, sink, heard, first_file, other
+
+
+def test_an_fsync_that_fails_while_closing_a_file_loses_the_batch(tmp_path, source, monkeypatch):
+    """A version keeps at most MAX_OPEN_FILES open; closing one fsyncs what was written to it.
+    When that fsync fails, the batch is lost as in a flush, and the put that opened a file fails."""
+    signed, sink, heard, first_file, other = one_open_file(tmp_path, source, monkeypatch)
     failing_fsyncs(monkeypatch)
     with pytest.raises(OSError, match="injected"):
         fill(sink, source, 1, [other])  # opening the third file closes the first

@@ -7,27 +7,10 @@ import threading
 
 import pytest
 
-import relay.versionfiles
 from relay.store import ChunksLost, ChunkStore
 from relay.versionfiles import VersionFiles
-from tests.relay.test_store_fsync_faults import failing_fsyncs, fill, sink_store, source  # noqa: F401 (fixture)
-from tests.relay.test_store_events import listening
-
-
-def one_open_file(tmp_path, source, monkeypatch):  # noqa: F811
-    """A store holding the chunks of version 1 that lie in its first file only (not fsynced),
-    with one file open at a time; those chunks, a chunk of its third file, and what it heard."""
-    monkeypatch.setattr(relay.versionfiles, "MAX_OPEN_FILES", 1)
-    signed = source.manifest(1)
-    sink = sink_store(tmp_path / "sink")
-    sink.add_manifest(signed)
-    heard = listening(sink)
-    files = sink._held(1).files
-    count = len(signed.manifest.chunk_digests)
-    first_file = [i for i in range(count) if {s.file for s in files.segments(i)} == {0}]
-    other = next(i for i in range(count) if files.segments(i)[0].file == 2)
-    fill(sink, source, 1, first_file)
-    return signed, sink, heard, first_file, other
+from tests.relay.test_store_fsync_faults import (failing_fsyncs, fill, one_open_file, sink_store,  # noqa: F401
+                                                 source)  # (a fixture)
 
 
 def test_a_flush_between_a_failed_closing_fsync_and_its_loss_does_not_record_the_lost_batch(
