@@ -305,12 +305,14 @@ class ChunkStore:
 
     def _write(self, held: _Version, index: int, data: bytes | bytearray | memoryview, failures: int) -> None:
         """Write the chunk at its offsets; StoreFull for a full disk. An fsync that fails on the
-        way (closing a file to stay under the open-file limit) loses the version's batch."""
+        way (closing a file to stay under the open-file limit) loses the version's batch, and its
+        error is raised as it is (ENOSPC from an fsync is not StoreFull: see the relay's backoff)."""
         try:
             held.files.write_chunk(index, data)
         except OSError as exc:
             if held.files.sync_failures != failures:
                 self._lose_unsynced(held, exc)
+                raise  # an fsync's error, ENOSPC too: only a flush that succeeds shows the disk has room
             if exc.errno in NO_SPACE_ERRNOS:
                 raise StoreFull(f"no space left for the store at {self.root}: {exc}") from exc
             raise

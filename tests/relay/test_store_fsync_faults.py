@@ -12,6 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from p2pnet.identity import Identity
+from relay.errors import StoreFull
 from relay.store import ChunksLost, ChunkStore
 from relay.versionfiles import VersionFiles
 from tests.relay.test_store_events import listening
@@ -186,6 +187,17 @@ def test_an_fsync_that_fails_while_closing_a_file_loses_the_batch(tmp_path, sour
     assert sink.flush() == len(first_file) + 1
     after = sink_store(tmp_path / "sink")
     assert all(after.holds(1, i) for i in first_file + [other]) and after.verify(1, everything=True) == []
+
+
+def test_a_closing_fsync_that_finds_the_disk_full_raises_its_error_not_store_full(tmp_path, source, monkeypatch):
+    """StoreFull says a write found no room (a put that succeeds later shows there is room again);
+    an fsync's ENOSPC is told as it is (writes into the page cache succeed on a full disk)."""
+    signed, sink, heard, first_file, other = one_open_file(tmp_path, source, monkeypatch)
+    failing_fsyncs(monkeypatch, error=errno.ENOSPC)
+    with pytest.raises(OSError) as raised:
+        fill(sink, source, 1, [other])
+    assert not isinstance(raised.value, StoreFull) and raised.value.errno == errno.ENOSPC
+    assert heard == [ChunksLost(1, tuple(first_file))]
 
 
 def test_a_bitmap_that_cannot_be_written_fails_the_completing_put_and_the_next_flush_records_it(
