@@ -251,7 +251,8 @@ class RelayRole:
         async for item in self._queue:
             if isinstance(item, Fetch):
                 if self.store.holds(item.version, item.index):
-                    continue  # copied from a held version meanwhile (`TransferCore.found`)
+                    self._nursery.start_soon(self._held_already, item)  # type: ignore[union-attr]
+                    continue
                 if self.backoff.active and not await self._room_for(item.size):
                     await self._not_stored(item.peer, item, "still no room after the hold")  # not downloaded
                 else:
@@ -303,6 +304,21 @@ class RelayRole:
             for index in adopted:  # requests already waiting for them are answered now
                 self._uploads.arrived(signed.version, index)
             await self._command(lambda now: self.core.found(now, signed.version, adopted))
+
+    async def _held_already(self, fetch: Fetch) -> None:
+        """The core asks for a chunk the store holds: copied from a held version meanwhile (the
+        core heard `found`), stored by another source's put the core has not heard of yet, or
+        kept by a put whose flush failed after writing it (the core heard it was not stored, and
+        nothing else would tell it again). The core hears `found` (a no-op if it knows) once the
+        chunk is durable, after a flush if need be; if that flush fails the ask fails as ours
+        (`store_failed`) and comes again, paced by the store-full hold the failure started."""
+        if not self.store.is_durable(fetch.version, fetch.index):
+            await self._flush_store()
+        if self.store.is_durable(fetch.version, fetch.index):
+            await self._command(lambda now: self.core.found(now, fetch.version, [fetch.index]))
+        else:  # the flush failed, or a failed fsync lost the chunk meanwhile
+            await self._command(lambda now: self.core.fetch_failed(now, fetch.peer, fetch.version, fetch.index,
+                                                                   "store_failed"))
 
     def _upstream(self, peer: str) -> Upstream:
         upstream = self._upstreams.get(peer)

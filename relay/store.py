@@ -473,6 +473,11 @@ class ChunkStore:
         self._save_bitmap(held, durable)
         self._tell(ChunkRotten(held.signed.version, index))
 
+    def is_durable(self, version: int, index: int) -> bool:
+        """Held, and fsynced and recorded in the bitmap (cheap: no I/O)."""
+        held = self._versions.get(version)
+        return held is not None and index in held.have and index not in held.unsynced
+
     def is_verified(self, version: int, index: int) -> bool:
         """Held and hashed since it was written or since startup (cheap: no I/O)."""
         held = self._versions.get(version)

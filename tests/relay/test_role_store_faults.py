@@ -33,6 +33,7 @@ from p2pnet.errors import ConfigError, PeerUnavailable
 from relay.errors import ChunkMissing
 from relay.messages import Holding
 from relay.role import RelayRole
+import relay.store
 from relay.store import ChunkStore
 from tests.relay.disk import rot_chunk
 
@@ -564,4 +565,39 @@ async def test_a_background_flush_that_finds_the_disk_full_holds_requests_like_a
         assert len([r for r in caplog.records if "room again" in r.getMessage()]) == 1
         after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
         assert after.is_complete(signed)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_version_whose_last_bitmap_write_found_the_disk_full_completes_once_it_is_written(
+        tmp_path, clock, caplog, monkeypatch):
+    """The put that completes a version fsyncs its files, then cannot write the bitmap that says
+    so (a full disk): that put fails and requests are held. The chunk stays held, so when the core
+    asks for it again nothing is downloaded; the bitmap is written by a flush then, and only then
+    does the version complete (a relay that ignored the ask stayed at 15 of 16 chunks for good)."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
+    real_save, disk = relay.store.save_bitmap, {"failures": 0, "full": True}
+
+    def save_bitmap(path, manifest_id, held, count, *, fsync):  # type: ignore[no-untyped-def]
+        if disk["full"] and len(set(held)) == count and str(path).startswith(str(h.role.store.root)):
+            disk["failures"] += 1
+            raise OSError(errno.ENOSPC, "injected: no room for the bitmap")
+        real_save(path, manifest_id, held, count, fsync=fsync)
+
+    monkeypatch.setattr(relay.store, "save_bitmap", save_bitmap)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = await h.announce(1)
+        await h.until(lambda: disk["failures"] >= 2, 60)  # the completing put's, then an ask's flush
+        assert h.role.backoff.active and not h.complete(1)
+        before = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
+        assert not before.is_complete(signed)  # what a restart would believe: not all of it
+        before.close()
+        disk["full"] = False
+        await h.until(lambda: h.complete(1), 60)
+        assert h.role.core.progress(trio.current_time(), 1)["chunks_have"] == CHUNKS
+        fetched = [index for _, _, index in h.source.downloads]
+        assert sorted(fetched) == list(range(CHUNKS))  # every chunk downloaded once: the last was kept
+        after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
+        assert after.is_complete(signed) and after.verify(1, everything=True) == []
         nursery.cancel_scope.cancel()
