@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import http.server
 import json
 import os
@@ -249,6 +250,8 @@ def warm(folder: Path, nbytes: int) -> None:
 
 
 PAGE_REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+PAGE_REPORTING_LOCKS = (Path("/run/p2pnet-page-reporting.lock"),  # the first whose folder we may write
+                        Path(tempfile.gettempdir()) / "p2pnet-page-reporting.lock")
 
 
 @contextlib.contextmanager
@@ -262,25 +265,66 @@ def page_reporting_paused(pause: bool):  # type: ignore[no-untyped-def]
     `warm` hides that only from whoever writes within those seconds, so the race charged a
     contender more per byte the longer it took. Raising the reporting order above the largest
     block the buddy allocator has (/proc/buddyinfo's columns) reports nothing; the old order is
-    written back on exit. Yields what was done, for the report."""
+    written back on exit. One run at a time: a second run would save the first's raised order
+    as "old" and leave reporting paused when it ends, so the pause holds an exclusive lock
+    (`page_reporting_lock`) and a second run refuses to start. The lock file also keeps the old
+    order while it is raised: a run killed before it could write it back (SIGKILL, the OOM
+    killer) leaves it there, and the next run restores that, not the raised order it reads.
+    Yields what was done, for the report."""
     if not pause:
         yield "as the machine has it"
         return
-    orders = max(len(line.split()) - 4 for line in Path("/proc/buddyinfo").read_text().splitlines() if line.strip())
+    with page_reporting_lock() as (lock_fd, unrestored):
+        orders = max(len(line.split()) - 4 for line in Path("/proc/buddyinfo").read_text().splitlines() if line.strip())
+        # `timeout` and kill send SIGTERM: leave through the `finally` below, as on Ctrl-C
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        try:
+            try:
+                old = unrestored or PAGE_REPORTING_ORDER.read_text().strip()
+                _note_lock(lock_fd, old)  # before raising it: a run killed from here on leaves it
+                PAGE_REPORTING_ORDER.write_text(f"{orders}\n")
+            except OSError as exc:
+                _note_lock(lock_fd, None)  # (not raised: nothing to restore)
+                raise SystemExit(f"--pause-page-reporting: cannot set {PAGE_REPORTING_ORDER} to {orders} ({exc}); it "
+                                 "needs root, the page_reporting module, and a kernel that takes an order above its "
+                                 "largest block (some cap it, and then reporting cannot be paused this way)") from exc
+            try:
+                yield f"paused (page_reporting_order {old} -> {orders})" + \
+                    (" (restoring the order a killed run left raised)" if unrestored else "")
+            finally:
+                PAGE_REPORTING_ORDER.write_text(f"{old}\n")
+                _note_lock(lock_fd, None)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def page_reporting_lock():  # type: ignore[no-untyped-def]
+    """Hold the exclusive lock on pausing page reporting (the first of `PAGE_REPORTING_LOCKS`
+    whose folder we may write) until the block ends; SystemExit at once, naming the holder, if
+    another run holds it. The kernel drops the lock when the process dies, however it dies.
+    Yields the lock's fd and the old order an earlier run noted and did not write back (None)."""
+    path = next((p for p in PAGE_REPORTING_LOCKS if os.access(p.parent, os.W_OK)), PAGE_REPORTING_LOCKS[-1])
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        old = PAGE_REPORTING_ORDER.read_text().strip()
-        PAGE_REPORTING_ORDER.write_text(f"{orders}\n")
-    except OSError as exc:
-        raise SystemExit(f"--pause-page-reporting: cannot set {PAGE_REPORTING_ORDER} to {orders} ({exc}); it "
-                         "needs root, the page_reporting module, and a kernel that takes an order above its "
-                         "largest block (some cap it, and then reporting cannot be paused this way)") from exc
-    # `timeout` and kill send SIGTERM: leave through the `finally` below, as on Ctrl-C
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:
-        yield f"paused (page_reporting_order {old} -> {orders})"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = (os.pread(fd, 64, 0).decode(errors="replace").split() or ["unknown"])[0]
+            raise SystemExit(f"--pause-page-reporting: another run (pid {holder}) has paused free page reporting "
+                             f"and holds {path}; run one at a time (it restores the setting when it ends)") from None
+        noted = os.pread(fd, 64, 0).decode(errors="replace").split()
+        unrestored = noted[1] if len(noted) > 1 else None
+        _note_lock(fd, unrestored)  # (kept until the caller has written it back)
+        yield fd, unrestored
     finally:
-        PAGE_REPORTING_ORDER.write_text(f"{old}\n")
-        signal.signal(signal.SIGTERM, previous)
+        os.close(fd)  # (releases the lock)
+
+
+def _note_lock(fd: int, old: str | None) -> None:
+    """The lock file says who holds it and, while the order is raised, the order to restore."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (f"{os.getpid()}" + (f" {old}" if old is not None else "") + "\n").encode(), 0)
 
 
 def _child(*args: str) -> subprocess.Popen:
@@ -422,7 +466,8 @@ def main() -> int:
     parser.add_argument("--only", choices=CONTENDERS, action="append", help="run only this contender (repeatable)")
     parser.add_argument("--pause-page-reporting", action="store_true",
                         help="stop the kernel handing freed memory back to the VM's host during the race "
-                             "(root; restored at the end): see page_reporting_paused")
+                             "(root; restored at the end; one run at a time, a second refuses): see "
+                             "page_reporting_paused")
     args = parser.parse_args()
     contenders = tuple(args.only or CONTENDERS)
     work = Path(tempfile.mkdtemp(prefix="bench-relay-", dir=args.tmp))

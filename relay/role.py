@@ -33,11 +33,16 @@ chunks before that (`[relay] fsync_batch_chunks`) are made durable by `_flusher`
 background, so the disk taking a batch does not hold the receive buffers.
 
 Our own store's faults. The store tells us (`ChunkStore.listener`, from any thread) when a read
-found a chunk rotten (deleted: the core is told it `lost` it, so the version is incomplete, not
-announced, and the chunk is fetched again) and when garbage collection dropped a version (the
-core and the watcher forget it). A store that is full (StoreFull, ENOSPC) holds new requests
-(`StoreBackoff`: 1 s doubling to 60 s, one warning per hold); while it backs off, a fetch is
-downloaded only if the store has room by then, and the first chunk stored ends the backoff.
+found a chunk rotten and when a failed fsync lost the chunks written since the version's last
+flush (dropped either way: the core is told it `lost` them, so the version is incomplete, not
+announced, and they are fetched again), and when garbage collection dropped a version (the
+core and the watcher forget it). A stored chunk reaches the core only if the store still holds
+it then (one lost meanwhile is a failed fetch, nobody's fault: `store_failed`), so the core never
+counts a chunk the store dropped before the core heard of it. A store that is full (StoreFull,
+ENOSPC from a put or from a background flush) holds new requests (`StoreBackoff`: 1 s doubling
+to 60 s, one warning per hold); while it backs off, a fetch is downloaded only if the store has
+room by then, and the first chunk stored ends the backoff (when an fsync found the disk full, the
+first flush that succeeds: writes into the page cache succeed on a full disk).
 
 Test hook: with the environment variable P2PNET_TEST_CORRUPT_CHUNKS=1 this peer flips a byte in
 every chunk it serves (a byzantine relay for the tests). It is read once at start, logged as an
@@ -68,7 +73,8 @@ from relay.messages import (MAX_QUEUED_US, OP_MANIFEST, RESPONSE, STATUS_OK, STA
                             ChunkResponse, ManifestAnnounce)
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.uploads import Uploads
-from relay.store import NO_SPACE_ERRNOS, ChunkRotten, ChunkStore, StoreBackoff, StoreEvent, VersionCollected
+from relay.store import (NO_SPACE_ERRNOS, ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreEvent,
+                         VersionCollected)
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
 from relay.upstream import OP_URGENT, Buffers, Upstream, read_frame
@@ -179,6 +185,9 @@ class RelayRole:
         self._moved_at = -math.inf  # when a chunk was last stored or served (trio clock): see `_busy`
         self.timeline: dict[int, dict[str, float]] = {}  # version -> wall-clock times (status, benchmarks)
         self.backoff = StoreBackoff()  # a full store holds new requests: 1 s doubling to 60 s
+        # an fsync found the disk full (the store's `durable_flushes` then): only a flush that makes
+        # chunks durable since ends the backoff, not a chunk stored (a write into the page cache)
+        self._full_on_flush: int | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self.store.listener = self._from_store
 
@@ -190,7 +199,7 @@ class RelayRole:
             await self._run(task_status)
         finally:
             with trio.CancelScope(shield=True):  # chunks still waiting for a batched fsync
-                await self._flush_store()
+                await self._flush_store(stopping=True)
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
@@ -242,13 +251,16 @@ class RelayRole:
         async for item in self._queue:
             if isinstance(item, Fetch):
                 if self.store.holds(item.version, item.index):
-                    continue  # copied from a held version meanwhile (`TransferCore.found`)
+                    self._nursery.start_soon(self._held_already, item)  # type: ignore[union-attr]
+                    continue
                 if self.backoff.active and not await self._room_for(item.size):
                     await self._not_stored(item.peer, item, "still no room after the hold")  # not downloaded
                 else:
                     self._upstream(item.peer).submit(item)
             elif isinstance(item, ChunkRotten):
-                await self._chunk_rotten(item.version, item.index)
+                await self._chunks_lost(item.version, (item.index,), "was corrupt on disk")
+            elif isinstance(item, ChunksLost):
+                await self._chunks_lost(item.version, item.indices, "may not be on disk (a failed fsync)")
             elif isinstance(item, VersionCollected):
                 await self._version_collected(item.version)
             elif isinstance(item, FetchManifest):
@@ -293,6 +305,21 @@ class RelayRole:
                 self._uploads.arrived(signed.version, index)
             await self._command(lambda now: self.core.found(now, signed.version, adopted))
 
+    async def _held_already(self, fetch: Fetch) -> None:
+        """The core asks for a chunk the store holds: copied from a held version meanwhile (the
+        core heard `found`), stored by another source's put the core has not heard of yet, or
+        kept by a put whose flush failed after writing it (the core heard it was not stored, and
+        nothing else would tell it again). The core hears `found` (a no-op if it knows) once the
+        chunk is durable, after a flush if need be; if that flush fails the ask fails as ours
+        (`store_failed`) and comes again, paced by the store-full hold the failure started."""
+        if not self.store.is_durable(fetch.version, fetch.index):
+            await self._flush_store()
+        if self.store.is_durable(fetch.version, fetch.index):
+            await self._command(lambda now: self.core.found(now, fetch.version, [fetch.index]))
+        else:  # the flush failed, or a failed fsync lost the chunk meanwhile
+            await self._command(lambda now: self.core.fetch_failed(now, fetch.peer, fetch.version, fetch.index,
+                                                                   "store_failed"))
+
     def _upstream(self, peer: str) -> Upstream:
         upstream = self._upstreams.get(peer)
         if upstream is None or upstream.closed:
@@ -324,16 +351,18 @@ class RelayRole:
             await self._not_stored(peer, fetch, str(exc))
             return
         except OSError as exc:
-            if exc.errno in NO_SPACE_ERRNOS:  # e.g. a batched fsync found the disk full
+            if exc.errno in NO_SPACE_ERRNOS:  # a batched fsync found the disk full (a write raises StoreFull)
+                self._full_on_flush = self.store.durable_flushes
                 await self._not_stored(peer, fetch, str(exc))
                 return
             log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
             await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                   "unavailable"))
+                                                                   "store_failed"))  # our disk: nobody's fault
             return
-        if self.backoff.succeeded():
-            log.warning("the chunk store has room again: fetching resumes")
-            await self._command(lambda now: self.core.hold_requests(now, now))
+        if self._full_on_flush is None or self.store.durable_flushes > self._full_on_flush:
+            await self._room_again()
+        else:  # a write into the page cache proves nothing: a flush of it will
+            self._flush_wanted.set()
         self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
         self.chunk_checks["verified"] += 1
         self.bytes_fetched_from[peer] = self.bytes_fetched_from.get(peer, 0) + fetched_bytes
@@ -354,7 +383,14 @@ class RelayRole:
                 except trio.WouldBlock:
                     break
             await self._command(lambda now, b=batch: [e for peer, f, took in b
-                                                      for e in self.core.fetched(now, peer, f.version, f.index, took)])
+                                                      for e in self._stored(now, peer, f, took)])
+
+    def _stored(self, now: float, peer: str, fetch: Fetch, elapsed_s: float) -> list[Any]:
+        """Tell the core a chunk was stored, if the store still holds it: a failed fsync may have
+        lost it since (`ChunksLost`, which the core may hear of first and find nothing to undo)."""
+        if self.store.holds(fetch.version, fetch.index):
+            return self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s)
+        return self.core.fetch_failed(now, peer, fetch.version, fetch.index, "store_failed")
 
     async def _flusher(self) -> None:
         """Batches of stored chunks made durable in the background: fsyncing a batch takes the
@@ -365,12 +401,21 @@ class RelayRole:
             self._flush_wanted = trio.Event()
             await self._flush_store()
 
-    async def _flush_store(self) -> None:
-        """Make every chunk stored so far durable (the store batches its fsyncs)."""
+    async def _flush_store(self, *, stopping: bool = False) -> None:
+        """Make every chunk stored so far durable (the store batches its fsyncs). What a failed
+        fsync lost the store tells us (`ChunksLost`); a full disk also holds new requests, as a
+        full store does for a put (unless `stopping`: no more requests then)."""
         try:
             await trio.to_thread.run_sync(self.store.flush)
         except OSError as exc:
-            log.error("flushing the chunk store failed: %s", exc)
+            if exc.errno in NO_SPACE_ERRNOS and not stopping:
+                self._full_on_flush = self.store.durable_flushes
+                await self._store_full(str(exc))
+            else:
+                log.error("flushing the chunk store failed: %s", exc)
+            return
+        if self._full_on_flush is not None and self.store.durable_flushes > self._full_on_flush and not stopping:
+            await self._room_again()
 
     # -- what the store tells us, and a full store --------------------------------------------
 
@@ -384,15 +429,18 @@ class RelayRole:
         except trio.RunFinishedError:
             log.info("store event after the relay stopped: %s", event)
 
-    async def _chunk_rotten(self, version: int, index: int) -> None:
-        """A chunk was corrupt on disk and is dropped: its version is incomplete (not reported,
-        not announced) until the chunk is fetched again."""
-        if self.store.holds(version, index) or not self.core.knows(version):
-            return  # stored again meanwhile, or a version we no longer follow
+    async def _chunks_lost(self, version: int, indices: tuple[int, ...], why: str) -> None:
+        """Chunks the store held are dropped (`why`: rot found on read, a failed fsync): their
+        version is incomplete (not reported, not announced) until they are fetched again."""
+        if not self.core.knows(version):
+            return  # a version we no longer follow
+        lost = [i for i in indices if not self.store.holds(version, i)]  # (not stored again meanwhile)
+        if not lost:
+            return
         self.watcher.forget(version)
-        log.warning("chunk %d of version %d was corrupt on disk and is dropped: the version is incomplete "
-                    "until it is fetched again", index, version)
-        await self._command(lambda now: self.core.lost(now, version, index))
+        log.warning("chunk(s) %s of version %d %s: dropped, the version is incomplete until they are fetched "
+                    "again", _some(lost), version, why)
+        await self._command(lambda now: [e for i in lost for e in self.core.lost(now, version, i)])
 
     async def _collect(self) -> None:
         """A version became complete: keep the newest `keep_versions` complete ones (the store
@@ -420,13 +468,26 @@ class RelayRole:
 
     async def _not_stored(self, peer: str, fetch: Fetch, why: str) -> None:
         """Our store had no room for a chunk: fetch it again later, blaming nobody, and hold new
-        requests (1 s, doubling up to 60 s while the store stays full); say so once per hold."""
+        requests (`_store_full`)."""
+        await self._store_full(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
+                                                                       "store_full"))
+
+    async def _room_again(self) -> None:
+        """A chunk was stored (or, when an fsync found the disk full, a flush succeeded): a
+        backoff, if one was running, ends, and requests resume at once."""
+        self._full_on_flush = None
+        if self.backoff.succeeded():
+            log.warning("the chunk store has room again: fetching resumes")
+            await self._command(lambda now: self.core.hold_requests(now, now))
+
+    async def _store_full(self, why: str, then: Callable[[float], list[Any]] = lambda now: []) -> None:
+        """Our store (or its disk) is full: hold new requests (1 s, doubling up to 60 s while the
+        store stays full), say so once per hold, and tell the core `then`."""
         until = self.backoff.failed(trio.current_time())
         if until is not None:
             log.warning("chunk store full (%s): no new chunk requests for %.0fs (%d failed stores so far)",
                         why, until - trio.current_time(), self.backoff.failures)
-        await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else [])
-                            + self.core.fetch_failed(now, peer, fetch.version, fetch.index, "store_full"))
+        await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else []) + then(now))
 
     def _manifest_gate(self, frame: bytes) -> str | None:
         """A gossiped manifest goes on only if a publisher we trust signed it: checked from its
@@ -782,6 +843,12 @@ class RelayRole:
         """Complete here: the core has every chunk of `version` and the store still does."""
         signed = self.core.signed(version)
         return self.watcher.is_complete(version) and signed is not None and self.store.is_complete(signed)
+
+
+def _some(indices: list[int], shown: int = 8) -> str:
+    """Chunk indices for a log line: the first few, and how many more."""
+    text = ", ".join(map(str, indices[:shown]))
+    return text + (f" and {len(indices) - shown} more" if len(indices) > shown else "")
 
 
 def _parse_request(frame: bytes) -> tuple[ChunkRequest, bool]:

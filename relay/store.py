@@ -32,9 +32,22 @@ again (`segments`, for `os.sendfile`). `export_version` (what `checkpoint fetch 
 out) re-hashes the whole version first, then hard-links its files (a reflink or a copy across
 filesystems): a user gets verified bytes without a second copy on disk.
 
-What the owner hears. A chunk found rotten (`ChunkRotten`) and a version dropped by garbage
-collection (`VersionCollected`) are told to `listener`, from whichever thread found them, so the
-relay fetches the chunk again and stops reporting the version complete. `version_stamp(version)`
+A failed fsync loses the batch. On Linux an fsync that fails may have dropped the dirty pages
+it was to write, and a later fsync then succeeds without them; so when a flush's fsync of a
+version's files fails (or one made while closing a file to stay under the open-file limit), every
+chunk of that version written since its last flush is taken as lost: no longer held or counted,
+never recorded in the bitmap, told to the owner (`ChunksLost`) and written again by the next
+put of it. The flush still makes the other versions' batches durable, then raises the error; a
+put whose flush failed raises it only if its own chunk was lost with the batch. A put whose write
+overlapped a failed fsync writes its chunk again before it counts it as held; a flush that
+overlapped one another thread made (closing a file) records nothing of that version and takes
+the loss itself (its batch may be gone, and a chunk of it stored again since may have missed its
+fsync).
+
+What the owner hears. A chunk found rotten (`ChunkRotten`), chunks lost to a failed fsync
+(`ChunksLost`) and a version dropped by garbage collection (`VersionCollected`) are told to
+`listener`, from whichever thread found them, so the relay fetches the chunks again and stops
+reporting the version complete. `version_stamp(version)`
 changes whenever a chunk of the version is stored again. `StoreBackoff` (pure) says when a full
 store may be tried again.
 
@@ -52,6 +65,7 @@ This module must not do network I/O and must not import torch.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -75,6 +89,7 @@ from relay.versionfiles import (NO_SPACE_ERRNOS, PLACE_MODES, VersionFiles, load
 
 log = logging.getLogger(__name__)
 
+MAX_WRITES = 3  # a put writes its chunk again at most this often while fsyncs keep failing under it
 TMP_PREFIX = ".tmp-"
 MANIFEST_SUFFIX = ".manifest"
 BITMAP_SUFFIX = ".have"
@@ -93,13 +108,22 @@ class ChunkRotten:
 
 
 @dataclass(frozen=True)
+class ChunksLost:
+    """An fsync of the version's files failed: these chunks, written since its last flush, may
+    not be on disk; they are no longer held (a new put writes them again)."""
+
+    version: int
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class VersionCollected:
     """Garbage collection dropped this version (manifest, files and bitmap)."""
 
     version: int
 
 
-StoreEvent = ChunkRotten | VersionCollected
+StoreEvent = ChunkRotten | ChunksLost | VersionCollected
 
 
 @dataclass
@@ -110,6 +134,7 @@ class _Version:
     unverified: set[int] = field(default_factory=set)  # claimed by the bitmap at startup, not hashed since
     unsynced: set[int] = field(default_factory=set)  # written since the last flush: not in the bitmap yet
     stamp: int = 0  # the store's put counter when a chunk of this version was last stored
+    failures_seen: int = 0  # `files.sync_failures` when the last loss was taken (`_lose_unsynced`)
 
     @property
     def count(self) -> int:
@@ -150,6 +175,7 @@ class ChunkStore:
         self._flush_lock = threading.Lock()  # one flush at a time; taken before _lock, never inside it
         self._versions: dict[int, _Version] = {}
         self._puts = 0
+        self.durable_flushes = 0  # flushes that recorded chunks as durable (proof the disk takes writes)
         self._used_bytes = 0
         self._reserved_bytes = 0
         self._trusted: frozenset[str] = frozenset()
@@ -231,7 +257,9 @@ class ChunkStore:
 
         Raises VersionUnknown (no such manifest held: add it first), ChunkCorrupt (blaming
         `sender`) on a wrong length or digest, and StoreFull when the budget or the disk is
-        exhausted even after `collect()`; in each case nothing is recorded as held.
+        exhausted even after `collect()`; in each case nothing is recorded as held. Raises
+        OSError when our disk failed the chunk: a failed fsync lost it with its batch (not held;
+        told to the listener), or the flush it was due could not make it durable.
         """
         held = self._held(version)
         manifest = held.signed.manifest
@@ -241,63 +269,140 @@ class ChunkStore:
         if len(data) != chunk_size(manifest, index) or digest_of(data) != digest:
             raise ChunkCorrupt(digest, sender=sender)
         if index in held.have:
-            return self._already_held(held)
+            return self._already_held(held, index)
         self._reserve(len(data))
         try:
-            held.files.write_chunk(index, data)
-        except OSError as exc:
-            if exc.errno in NO_SPACE_ERRNOS:
-                raise StoreFull(f"no space left for the store at {self.root}: {exc}") from exc
-            raise
+            for _ in range(MAX_WRITES):
+                failures = held.files.sync_failures
+                self._write(held, index, data, failures)
+                with self._lock:
+                    if self._versions.get(version) is not held:
+                        return False  # collected meanwhile
+                    if held.files.sync_failures != failures:
+                        continue  # an fsync failed while we wrote: our pages may be gone with its batch
+                    stored_meanwhile, flush_now = index in held.have, False  # stored by another thread
+                    if not stored_meanwhile:
+                        held.have.add(index)
+                        held.unverified.discard(index)
+                        held.unsynced.add(index)
+                        self._used_bytes += len(data)
+                        self._puts += 1
+                        held.stamp = self._puts
+                        # without fsync there is nothing to batch: the bitmap is rewritten at once (cheap)
+                        flush_now = held.complete or not self._fsync or self.unsynced_chunks >= self._put_flushes_at
+                    break
+            else:
+                raise OSError(errno.EIO, f"fsyncs of version {version}'s files in {held.files.folder} kept failing "
+                                         f"while chunk {index} was written {MAX_WRITES} times")
         finally:
             with self._lock:
                 self._reserved_bytes -= len(data)
-        with self._lock:
-            if self._versions.get(version) is not held:
-                return False  # collected meanwhile
-            stored_meanwhile, flush_now = index in held.have, False  # stored by another thread
-            if not stored_meanwhile:
-                held.have.add(index)
-                held.unverified.discard(index)
-                held.unsynced.add(index)
-                self._used_bytes += len(data)
-                self._puts += 1
-                held.stamp = self._puts
-                # without fsync there is nothing to batch: the bitmap is rewritten at once (cheap)
-                flush_now = held.complete or not self._fsync or self.unsynced_chunks >= self._put_flushes_at
         if stored_meanwhile:
-            return self._already_held(held)
+            return self._already_held(held, index)
         if flush_now:
-            self.flush()
+            self._flush_for(held, index)
         return True
 
-    def _already_held(self, held: _Version) -> bool:
+    def _write(self, held: _Version, index: int, data: bytes | bytearray | memoryview, failures: int) -> None:
+        """Write the chunk at its offsets; StoreFull for a full disk. An fsync that fails on the
+        way (closing a file to stay under the open-file limit) loses the version's batch, and its
+        error is raised as it is (ENOSPC from an fsync is not StoreFull: see the relay's backoff)."""
+        try:
+            held.files.write_chunk(index, data)
+        except OSError as exc:
+            if held.files.sync_failures != failures:
+                self._lose_unsynced(held, exc)
+                raise  # an fsync's error, ENOSPC too: only a flush that succeeds shows the disk has room
+            if exc.errno in NO_SPACE_ERRNOS:
+                raise StoreFull(f"no space left for the store at {self.root}: {exc}") from exc
+            raise
+
+    def _already_held(self, held: _Version, index: int) -> bool:
         """What a put of a chunk held already returns (False), once its version is durable if it
         is complete: the put that completed it may still be flushing, and the caller may report
         this copy as the version's last chunk (`TransferCore.fetched` takes it from whichever
         source delivers it first)."""
         if held.complete and self._fsync:
-            self.flush()  # waits for a flush under way, then makes anything left durable
+            self._flush_for(held, index)  # waits for a flush under way, then makes anything left durable
         return False
+
+    def _flush_for(self, held: _Version, index: int) -> None:
+        """`flush` for a put of chunk `index` of `held`: the put fails only if that chunk was lost
+        with its batch, in this flush or one another thread made meanwhile (another version's loss
+        is told to the listener, not to this put)."""
+        try:
+            self.flush()
+        except OSError:
+            if index not in held.have or index in held.unsynced:
+                raise  # lost, or its bitmap could not be written: not durable
+            return  # durable: another version's batch failed
+        if index not in held.have:
+            raise OSError(errno.EIO, f"chunk {index} of version {held.signed.version} was lost with a batch whose "
+                                     "fsync failed")
 
     def flush(self) -> int:
         """Make every chunk written so far durable: fsync the files, then record the chunks in
-        their version's bitmap. Returns how many chunks it made durable."""
+        their version's bitmap. Returns how many chunks it made durable. A failed fsync loses the
+        version's batch (see the module docstring); a bitmap that cannot be written leaves its
+        batch for the next flush; either way the other versions are flushed, then the first
+        error is raised."""
         with self._flush_lock:
             with self._lock:
-                batches = {v: (h, set(h.unsynced)) for v, h in self._versions.items() if h.unsynced}
-            done = 0
-            for version, (held, batch) in batches.items():
+                batches = {v: (h, set(h.unsynced), h.files.sync_failures)
+                           for v, h in self._versions.items() if h.unsynced}
+            done, failed = 0, None
+            for version, (held, batch, failures) in batches.items():
                 if self._fsync:
-                    held.files.sync()
+                    try:
+                        held.files.sync()
+                    except OSError as exc:
+                        self._lose_unsynced(held, exc)
+                        failed = failed or exc
+                        continue  # the other versions' batches are still made durable
                 with self._lock:
                     if self._versions.get(version) is not held:
                         continue  # collected meanwhile
-                    held.unsynced -= batch
-                    durable = held.have - held.unsynced
-                self._save_bitmap(held, durable)
+                    # another thread's fsync (closing a file) failed before the loss was taken, or
+                    # while we fsynced: the batch may be gone, and a chunk of it stored again since
+                    # may have missed our fsync
+                    overlapped = failures != held.failures_seen or held.files.sync_failures != failures
+                    if not overlapped:
+                        held.unsynced -= batch
+                        durable = held.have - held.unsynced
+                if overlapped:
+                    self._lose_unsynced(held, OSError(errno.EIO, "another fsync of its files failed while a flush ran"))
+                    continue
+                try:
+                    self._save_bitmap(held, durable)
+                except OSError as exc:  # fsynced but not recorded: the next flush records them
+                    with self._lock:
+                        held.unsynced |= batch & held.have
+                    failed = failed or exc
+                    continue
                 done += len(batch)
+            if done:
+                self.durable_flushes += 1
+            if failed is not None:
+                raise failed
             return done
+
+    def _lose_unsynced(self, held: _Version, exc: OSError) -> None:
+        """An fsync of `held`'s files failed: every chunk written since its last flush may be gone
+        from the disk (see the module docstring). Drop them all, and tell the listener."""
+        with self._lock:
+            if self._versions.get(held.signed.version) is not held:
+                return  # collected meanwhile
+            held.failures_seen = held.files.sync_failures
+            lost = sorted(held.unsynced)
+            held.have -= held.unsynced
+            held.unverified -= held.unsynced
+            held.unsynced.clear()
+            self._used_bytes -= sum(chunk_size(held.signed.manifest, i) for i in lost)
+        if lost:  # (the bitmap never named them: nothing to rewrite)
+            log.error("version %d: an fsync of its files in %s failed (%s): the %d chunk(s) written since its last "
+                      "flush may not be on disk; they are dropped and fetched again", held.signed.version,
+                      held.files.folder, exc, len(lost))
+            self._tell(ChunksLost(held.signed.version, tuple(lost)))
 
     @property
     def unsynced_chunks(self) -> int:
@@ -339,9 +444,12 @@ class ChunkStore:
         held = self._versions.get(version)
         if held is None or index not in held.have:
             raise ChunkMissing(f"chunk {index} of version {version} is not in the store")
+        failures = held.files.sync_failures
         try:
             data = held.files.read_chunk(index)
         except OSError as exc:
+            if held.files.sync_failures != failures:  # closing a file to open this one failed its fsync
+                self._lose_unsynced(held, exc)
             log.warning("reading chunk %d of version %d: %s", index, version, exc)
             data = b""
         if digest_of(data) != held.signed.manifest.chunk_digests[index]:
@@ -364,6 +472,11 @@ class ChunkStore:
             durable = held.have - held.unsynced
         self._save_bitmap(held, durable)
         self._tell(ChunkRotten(held.signed.version, index))
+
+    def is_durable(self, version: int, index: int) -> bool:
+        """Held, and fsynced and recorded in the bitmap (cheap: no I/O)."""
+        held = self._versions.get(version)
+        return held is not None and index in held.have and index not in held.unsynced
 
     def is_verified(self, version: int, index: int) -> bool:
         """Held and hashed since it was written or since startup (cheap: no I/O)."""
@@ -580,11 +693,14 @@ class ChunkStore:
         return sum(self._versions[v].signed.manifest.total_bytes for v in versions)
 
     def close(self) -> None:
-        """Flush and close every open file (the store may be opened again)."""
-        self.flush()
-        with self._lock:
-            for held in self._versions.values():
-                held.files.close()
+        """Flush and close every open file (the store may be opened again); a failed flush
+        raises once the files are closed."""
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                for held in self._versions.values():
+                    held.files.close()
 
     # -- files in and out -------------------------------------------------------------------
 

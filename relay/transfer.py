@@ -41,8 +41,11 @@ Failures, by who is at fault:
   so it closes the connection.
 - `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
   is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
+- `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
+  failed fsync lost it before we heard it was stored). Nobody is blamed; it is fetched again.
 
-Our store changes under us, too: `lost` (a held chunk was found corrupt on disk and deleted)
+Our store changes under us, too: `lost` (a held chunk was found corrupt on disk, or lost to a
+failed fsync, and deleted)
 makes the version incomplete again (no longer announced) and fetches the chunk again, from
 holders if we are the origin; `collected` (garbage collection dropped a version) forgets the
 version and refuses it, and any older version we do not know, from then on.
@@ -283,6 +286,7 @@ class TransferCore(SourceChoice):
             return []
         only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
+        self._prune_peers(now)
         self._draw_orders.clear()  # (scored with the old membership's uploads: rebuilt on demand)
         if self.config.layout == "swarm":
             self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
@@ -294,6 +298,18 @@ class TransferCore(SourceChoice):
                 self._replan(now, v)
                 self._pump(now, v, effects)
         return self._arm(now, effects)
+
+    def _prune_peers(self, now: float) -> None:
+        """Forget per-peer marks that no longer matter, so a long-running peer's state follows its
+        membership, not every peer it ever saw: `slow` and refusal counts of peers that left
+        (a peer that comes back is judged afresh), and exclusions that have ended."""
+        members = self._members.uploads
+        if self._slow:
+            self._slow = {p for p in self._slow if p in members}  # (O(slow), not O(members))
+        if self._refused:
+            self._refused = {p: n for p, n in self._refused.items() if p in members}
+        if self._excluded:
+            self._excluded = {p: until for p, until in self._excluded.items() if until > now}
 
     def publish(self, now: float, signed: SignedManifest) -> list[Any]:
         """We published `signed` and hold every chunk: announce it and serve it."""
@@ -407,8 +423,8 @@ class TransferCore(SourceChoice):
         return self._arm(now, effects)
 
     def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
-        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted` or `unavailable`
-        (see the top)."""
+        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `unavailable`,
+        or ours, `store_full` or `store_failed` (see the top)."""
         v = self._versions.get(version)
         effects: list[Any] = []
         if reason == "corrupt":
@@ -428,7 +444,7 @@ class TransferCore(SourceChoice):
             if not v.have[index]:
                 if reason == "unavailable" and self._ask_parent_again(v, index, peer):
                     pass  # our parent is alive and behind: asking its ancestors would slow it more
-                elif reason not in ("store_full", "not_admitted"):  # the source may be asked again
+                elif reason not in ("store_full", "store_failed", "not_admitted"):  # the source may be asked again
                     v.tried.setdefault(index, set()).add(peer)
                 _requeue(v, index)
         if not v.complete:
@@ -478,8 +494,9 @@ class TransferCore(SourceChoice):
         return []
 
     def lost(self, now: float, version: int, index: int) -> list[Any]:
-        """Our store no longer holds chunk `index` of `version` (it was corrupt on disk and has
-        been deleted): the version is incomplete (and not announced) until it is fetched again."""
+        """Our store no longer holds chunk `index` of `version` (it was corrupt on disk, or a
+        failed fsync lost it, and it has been deleted): the version is incomplete (and not
+        announced) until it is fetched again."""
         v = self._versions.get(version)
         if v is None or not 0 <= index < v.count or not v.have[index]:
             return []

@@ -12,8 +12,11 @@ opens directly.
 
 `VersionFiles` keeps the files open (at most `MAX_OPEN_FILES` per version, least recently used
 closed first) for `os.pwrite`/`os.pread` from several threads and for `os.sendfile`; it tracks
-which files have writes not yet fsynced. It knows nothing of hashes, budgets or trust: the
-store (`relay.store`) decides what is written and what the bitmap says. `place_file` brings a
+which files have writes not yet fsynced, and counts the fsyncs that failed (`sync_failures`): on
+Linux a failed fsync may have dropped the dirty pages it was to write, and a later fsync then
+succeeds without them, so whatever was written before a failure must be written again. It
+knows nothing of hashes, budgets or trust: the store (`relay.store`) decides what is written and
+what the bitmap says. `place_file` brings a
 file in or hands one out without copying its bytes where the filesystem allows (rename, hard
 link, reflink), with a kernel-side copy as the fallback.
 
@@ -79,6 +82,7 @@ class VersionFiles:
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._dirty: set[int] = set()
         self._lock = threading.Lock()
+        self.sync_failures = 0  # fsyncs that failed (`sync`, or closing a file to stay under MAX_OPEN_FILES)
 
     # -- creating -------------------------------------------------------------------------
 
@@ -141,10 +145,15 @@ class VersionFiles:
             self._fds[file] = fd
             while len(self._fds) > MAX_OPEN_FILES:
                 old, old_fd = self._fds.popitem(last=False)
-                if old in self._dirty:  # its writes must not lose their fsync
-                    os.fsync(old_fd)
-                    self._dirty.discard(old)
-                os.close(old_fd)
+                try:
+                    if old in self._dirty:  # its writes must not lose their fsync
+                        self._dirty.discard(old)
+                        os.fsync(old_fd)
+                except OSError:
+                    self.sync_failures += 1  # the owner drops what was written since its last sync
+                    raise
+                finally:
+                    os.close(old_fd)
             return fd
 
     def sync(self) -> None:
@@ -161,6 +170,7 @@ class VersionFiles:
         except OSError:
             with self._lock:  # the file that failed and those not tried yet: the next sync fsyncs them
                 self._dirty |= fds.keys() - synced
+                self.sync_failures += 1
             raise
         finally:
             for fd in fds.values():

@@ -420,33 +420,6 @@ def test_a_chunk_stored_twice_at_once_returns_only_once_its_version_is_durable(t
     assert outcome == {"stored": False, "durable": True}
 
 
-def test_after_a_failed_fsync_the_next_flush_fsyncs_every_file_it_records_chunks_of(tmp_path, monkeypatch):
-    source = open_store(tmp_path / "src")
-    signed = publish(source, tmp_path, 1)
-    count = len(signed.manifest.chunk_digests)
-    sink = ChunkStore(tmp_path / "sink", budget_bytes=10**9, trusted_publishers=TRUSTED, fsync=True,
-                      fsync_batch_chunks=10 * count)
-    sink.add_manifest(signed)
-    fill(sink, source, 1, range(count - 1))  # every file gets chunks; none is fsynced yet
-    written = {sink.version_files(1)[seg.file] for i in range(count - 1) for seg in sink._held(1).files.segments(i)}
-    assert len(written) == 3
-    real_fsync, fsynced = os.fsync, []
-
-    def fsync(fd: int) -> None:
-        if not fsynced:
-            fsynced.append(None)
-            raise OSError(errno.EIO, "injected: the disk failed one fsync")
-        fsynced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    with pytest.raises(OSError):
-        sink.flush()
-    assert sink.unsynced_chunks == count - 1
-    assert sink.flush() == count - 1  # the bitmap now claims them all: each file must have been fsynced
-    assert written <= set(fsynced)
-
-
 def test_unknown_version_and_bitmaps(tmp_path):
     store = open_store(tmp_path)
     with pytest.raises(VersionUnknown):

@@ -787,3 +787,24 @@ def test_a_parent_that_keeps_refusing_us_counts_as_unreachable_and_a_late_refusa
     for t in (3.5, 6.0):  # it served us in between: the count started over, two refusals are not three
         c2.fetch_failed(t, parent, 1, f.index, "not_admitted")
         assert c2._excluded[parent] == pytest.approx(t + FAST.not_admitted_s)
+
+
+def test_marks_of_peers_that_left_and_ended_exclusions_are_forgotten():
+    """A long-running relay sees peers come and go: what it marks per peer (dropped as slow,
+    refusals, exclusions) follows its membership and does not grow with every peer it ever saw."""
+    c = core()
+    members = {PUBLISHER.peer_id: 1e9, "me": 1e8, "stays": 1e8}
+    c.set_members(0.0, members)
+    c._exclude(0.0, "stays", "slow", [])  # (how `fetched` drops a parent that delivers too little)
+    t = 0.0
+    for i in range(50):
+        t += 1.0
+        peer = f"passing{i:02d}"
+        c.set_members(t, {**members, peer: 1e8})
+        c.fetch_failed(t, peer, 1, 0, "not_admitted")  # (no such version: only the refusal is counted)
+        assert peer in c._refused
+        c._exclude(t, peer, "slow", [])
+        c.set_members(t + 0.5, members)  # it left
+        assert c._slow == {"stays"} and set(c._refused) <= {"stays"}
+    assert set(c._excluded) <= {"stays"} | {f"passing{i:02d}" for i in range(50 - int(FAST.exclude_s) - 1, 50)}
+    assert len(c._excluded) <= int(FAST.exclude_s) + 2  # only exclusions that have not ended yet

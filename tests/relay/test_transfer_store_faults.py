@@ -127,3 +127,14 @@ def test_lifting_a_hold_early_resumes_at_once():
         c.fetch_failed(0.1, f.peer, 1, f.index, "store_full")
     assert not fetches(c.on_timer(30.0, TIMER_TICK))
     assert {f.index for f in fetches(c.hold_requests(31.0, 31.0))} >= {f.index for f in first}
+
+
+def test_a_chunk_our_disk_failed_to_keep_blames_nobody_and_is_fetched_again():
+    c = core()
+    first = fetches(c.manifest_frame(0.0, PUBLISHER.peer_id, SIGNED.frame))
+    victim = first[0]
+    out = c.fetch_failed(0.1, victim.peer, 1, victim.index, "store_failed")
+    again = [f for f in fetches(out) if f.index == victim.index]
+    assert again and again[0].peer == victim.peer  # the same source may be asked again at once
+    assert not [e for e in out if isinstance(e, Penalise)] and c.status(0.2)["excluded"] == []
+    assert c._versions[1].tried == {}
