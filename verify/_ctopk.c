@@ -716,7 +716,7 @@ done:
 #define BABY 16 /* baby steps: x^0 .. x^15, and x^16 for the giant steps */
 #define TILE 64 /* points evaluated together (their powers: 17 * 64 doubles) */
 
-/* a mod P for an integer-valued double 0 <= a < 2^47, exactly: INV_UP is 1 / P rounded up to the
+/* a mod P for an integer-valued double 0 <= a < 2^31 P (just below 2^47: the quotient fits an int32), exactly: INV_UP is 1 / P rounded up to the
  * next double, so a * INV_UP is never below a / P (q P is a double no larger than the exact product)
  * and stays below floor(a / P) + 1 (its error, below a 2^-51 / P, is under the 1 / P that separates
  * a / P from the next integer when a is not a multiple of P); its integer part (below 2^31) is

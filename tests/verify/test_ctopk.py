@@ -407,12 +407,14 @@ def test_proofs_are_the_same_bytes_with_and_without_the_module(built: Any, width
 
 def _evaluation_cases(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(coefficients [R, n], moduli [R], points [R, k]) for verify.toploc.measure's evaluation: random
-    polynomials, the largest coefficients and zeros, moduli P (a proof over fewer than P entries),
+    polynomials, the largest coefficients and zeros, coefficients beyond P (the C function's
+    contract: any >= 0, reduced as verify.gf reduces them), moduli P (a proof over fewer than P entries),
     smaller and 1, points beyond P and at the top of the field, and polynomials with roots at their
     own points (through zeros: every value there a multiple of P before its last reduction)."""
     rows, p = 24, gf.PRIME
     coeffs = rng.integers(0, p, (rows, n))
     coeffs[0], coeffs[1] = p - 1, 0
+    coeffs[2] = rng.integers(p, 1 << 62, n)
     moduli = rng.integers(1, p + 1, rows)
     moduli[::2], moduli[3] = p, 1
     points = rng.integers(0, 4 * p, (rows, k))
@@ -497,6 +499,8 @@ MEASURE_MUTANTS = {  # one detail of the evaluation or the comparison each
                                           _evaluation_mismatches),
     "a group's last coefficient left out": ([("for (int b = 1; b < BABY; b++)", "for (int b = 1; b < BABY - 1; b++)")],
                                             _evaluation_mismatches),
+    "the coefficients not reduced mod P": ([("(double)(at2(coeffs, r, t) % PRIME)", "(double)at2(coeffs, r, t)")],
+                                          _evaluation_mismatches),
     "the modulus ignored": ([("point % PRIME : point % m", "point % PRIME : point % PRIME")], _evaluation_mismatches),
     "a tile's last point unread": ([("const int64_t point = j < len ?", "const int64_t point = j < len - 1 ?")],
                                    _evaluation_mismatches),
