@@ -21,17 +21,22 @@
  * the marked entries are walked in order, each compared with the top as it is then, exactly as
  * the heap would see them. The others cannot enter.
  *
- * topk(bits, k, out): bits a 2-D buffer of 16-bit integers [rows, n] (raw bf16 patterns, or keys
- * already made: the key of a key is itself), each row contiguous; out a writable C-contiguous
- * buffer of 64-bit integers [rows, k]. Requires 1 <= k and 64 * k <= n. Positions in torch's
- * order; with any_order, each row's set (torch's) in an order of the module's own: a row whose k
- * largest keys are unique (row_unique: no tie at the k-th place) in position order, found
- * without the heap; another in the heap's order, without __sort_heap (proofs and measures need
+ * topk(bits, k, out, any_order=False): bits a 2-D buffer of 16-bit integers [rows, n] (raw bf16
+ * patterns, or keys already made: the key of a key is itself), each row contiguous; out a writable
+ * C-contiguous buffer of 64-bit integers [rows, k]. Requires 1 <= k and 64 * k <= n. Positions in
+ * torch's order (__sort_heap's). With any_order, each row's set (torch's) comes unsorted, in an
+ * order of the module's own: a row found to have unique k largest keys (row_unique: no tie at the
+ * k-th place; tried until most rows of the call had a tie) in position order, found without the
+ * heap; every other row in the heap's own order, without __sort_heap (proofs and measures need
  * the set only: 0.57 to 0.49 ms for 32 tie-heavy rows of 18,432, measured). STAMP: the build's stamp.
  *
  * interpolate(x, y, out): the proofs' polynomials (verify.toploc._prove), in the same module:
  * per row of C-contiguous 64-bit x (distinct points in [0, P)) and y (>= 0), the coefficients
  * (ascending) of the polynomial of degree < n through them over GF(P = 65497), into out.
+ *
+ * evaluate(coeffs, moduli, points, out) and compare(committed, recomputed): what
+ * verify.toploc.measure does with them (verify.gf.evaluate at points mod m, and the per-chunk
+ * statistics of verify.toploc._stats), exactly, in the same module.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -706,10 +711,238 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ evaluation and comparison */
+
+#define BABY 16 /* baby steps: x^0 .. x^15, and x^16 for the giant steps */
+#define TILE 64 /* points evaluated together (their powers: 17 * 64 doubles) */
+
+/* a mod P for an integer-valued double 0 <= a < 2^31 P (just below 2^47: the quotient fits an int32), exactly: INV_UP is 1 / P rounded up to the
+ * next double, so a * INV_UP is never below a / P (q P is a double no larger than the exact product)
+ * and stays below floor(a / P) + 1 (its error, below a 2^-51 / P, is under the 1 / P that separates
+ * a / P from the next integer when a is not a multiple of P); its integer part (below 2^31) is
+ * floor(a / P), and a - floor(a / P) P (integers below 2^53) is exact. No branch: it vectorises. */
+static const double INV_UP = 0x1.002705f1e7da6p-16;
+
+static inline double reduce_p(double a) {
+    return a - (double)(int32_t)(a * INV_UP) * PRIME;
+}
+
+/* The values of each row's polynomial (coefficients c[0..groups * BABY - 1], zeros past its degree)
+ * at points mod m, TILE points at a time: the baby steps x^b (b <= 16) by products, then Horner's
+ * rule over the groups of BABY coefficients with x^16 (a group's sum of 16 products below 16 P^2 <
+ * 2^36, reduced once): exact in doubles, every value an integer below 2^37. The loops run over the
+ * tile's points, so the compiler vectorises them. */
+static inline __attribute__((always_inline)) void eval_rows_body(const double *c, Py_ssize_t groups,
+                                                                 const int64_t *points, Py_ssize_t k, int64_t m,
+                                                                 double (*power)[TILE], int64_t *out) {
+    for (Py_ssize_t start = 0; start < k; start += TILE) {
+        const Py_ssize_t len = k - start < TILE ? k - start : TILE;
+        double acc[TILE], res[TILE];
+        for (Py_ssize_t j = 0; j < TILE; j++) { /* a tile's unused slots: the point 0 */
+            const int64_t point = j < len ? points[start + j] : 0;
+            power[0][j] = 1.0;
+            power[1][j] = (double)(m == PRIME ? point % PRIME : point % m);
+            res[j] = 0.0;
+        }
+        for (int b = 2; b <= BABY; b++)
+            for (Py_ssize_t j = 0; j < TILE; j++)
+                power[b][j] = reduce_p(power[b - 1][j] * power[1][j]);
+        for (Py_ssize_t g = groups - 1; g >= 0; g--) {
+            const double *cg = c + g * BABY;
+            for (Py_ssize_t j = 0; j < TILE; j++)
+                acc[j] = cg[0];
+            for (int b = 1; b < BABY; b++)
+                for (Py_ssize_t j = 0; j < TILE; j++)
+                    acc[j] += cg[b] * power[b][j];
+            for (Py_ssize_t j = 0; j < TILE; j++) /* res x^16 < P^2, plus acc < 16 P^2 */
+                res[j] = reduce_p(res[j] * power[BABY][j] + acc[j]);
+        }
+        for (Py_ssize_t j = 0; j < len; j++)
+            out[start + j] = (int64_t)res[j];
+    }
+}
+
+static void eval_rows_plain(const double *c, Py_ssize_t groups, const int64_t *points, Py_ssize_t k, int64_t m,
+                            double (*power)[TILE], int64_t *out) {
+    eval_rows_body(c, groups, points, k, m, power, out);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HAS_AVX2_PATH 1
+#endif
+
+#ifdef HAS_AVX2_PATH
+/* The same code for processors with AVX2 and FMA (four doubles per instruction, and a product and
+ * a sum in one: the same exact integers), chosen at run time. */
+__attribute__((target("avx2,fma"))) static void eval_rows_avx2(const double *c, Py_ssize_t groups,
+                                                               const int64_t *points, Py_ssize_t k, int64_t m,
+                                                               double (*power)[TILE], int64_t *out) {
+    eval_rows_body(c, groups, points, k, m, power, out);
+}
+#endif
+
+/* A 2-D buffer of 64-bit integers, each row contiguous (rows may be strided), or a 1-D one (any
+ * stride): its entry (r, j). */
+static inline int64_t at2(const Py_buffer *view, Py_ssize_t r, Py_ssize_t j) {
+    return *(const int64_t *)((const char *)view->buf + r * view->strides[0] + j * 8);
+}
+
+static int is_int64s(const Py_buffer *view, int ndim) {
+    return view->ndim == ndim && is_format(view, "qlQL", 8) && !((uintptr_t)view->buf & 7) &&
+           !(view->strides[0] & 7) && (ndim == 1 || view->strides[1] == 8);
+}
+
+static PyObject *evaluate(PyObject *self, PyObject *args) {
+    PyObject *objs[4];
+    if (!PyArg_ParseTuple(args, "OOOO:evaluate", &objs[0], &objs[1], &objs[2], &objs[3]))
+        return NULL;
+    Py_buffer views[4]; /* coeffs [rows, n], moduli [rows], points [rows, k], out [rows, k] */
+    const int flags[4] = {PyBUF_RECORDS_RO, PyBUF_RECORDS_RO, PyBUF_RECORDS_RO, PyBUF_RECORDS};
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 4; got++)
+        if (PyObject_GetBuffer(objs[got], &views[got], flags[got]) < 0)
+            goto done;
+    const Py_buffer *coeffs = &views[0], *moduli = &views[1], *points = &views[2], *out = &views[3];
+    if (!is_int64s(coeffs, 2) || !is_int64s(moduli, 1) || !is_int64s(points, 2) || !is_int64s(out, 2) ||
+        coeffs->shape[1] < 1 || moduli->shape[0] != coeffs->shape[0] || points->shape[0] != coeffs->shape[0] ||
+        out->shape[0] != points->shape[0] || out->shape[1] != points->shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "coeffs [rows, n >= 1], moduli [rows], points and out [rows, k] must be "
+                                          "aligned 64-bit integers, each row contiguous");
+        goto done;
+    }
+    const Py_ssize_t rows = coeffs->shape[0], n = coeffs->shape[1], k = points->shape[1];
+    const Py_ssize_t groups = (n + BABY - 1) / BABY;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int64_t m = at2(moduli, r, 0);
+        int fine = 1 <= m && m <= PRIME;
+        for (Py_ssize_t t = 0; t < n; t++)
+            fine &= at2(coeffs, r, t) >= 0;
+        for (Py_ssize_t j = 0; j < k; j++)
+            fine &= at2(points, r, j) >= 0;
+        if (!fine) {
+            PyErr_SetString(PyExc_ValueError, "moduli must lie in [1, P], coefficients and points be >= 0");
+            goto done;
+        }
+    }
+    double *c = PyMem_RawMalloc((size_t)groups * BABY * sizeof(double));
+    double(*power)[TILE] = PyMem_RawMalloc((BABY + 1) * sizeof(*power));
+    if (c == NULL || power == NULL) {
+        PyMem_RawFree(c);
+        PyMem_RawFree(power);
+        PyErr_NoMemory();
+        goto done;
+    }
+    void (*eval_rows)(const double *, Py_ssize_t, const int64_t *, Py_ssize_t, int64_t, double(*)[TILE],
+                      int64_t *) = eval_rows_plain;
+#ifdef HAS_AVX2_PATH
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        eval_rows = eval_rows_avx2;
+#endif
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        for (Py_ssize_t t = 0; t < groups * BABY; t++)
+            c[t] = t < n ? (double)(at2(coeffs, r, t) % PRIME) : 0.0;
+        eval_rows(c, groups, (const int64_t *)((const char *)points->buf + r * points->strides[0]), k,
+                  at2(moduli, r, 0), power, (int64_t *)((char *)out->buf + r * out->strides[0]));
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(power);
+    PyMem_RawFree(c);
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    while (got > 0)
+        PyBuffer_Release(&views[--got]);
+    return result;
+}
+
+/* One row of committed and recomputed bf16 patterns (each in [0, 2^16)), as verify.toploc._stats
+ * reads them: out = (entries whose exponent bits 7-14 differ, entries whose sign bit 15 differs,
+ * the sum of |mantissa difference| (bits 0-6) over the others, the upper median of those
+ * differences (the one at index matched / 2 in ascending order), or -1 where none matched);
+ * compare turns them into ChunkStats' fields. */
+static void row_compare(const int64_t *committed, const int64_t *recomputed, Py_ssize_t k, int64_t *out) {
+    Py_ssize_t counts[128] = {0};
+    int64_t exp_mismatches = 0, sign_mismatches = 0, total = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        const int64_t a = committed[j], b = recomputed[j], diff = a ^ b;
+        const int64_t err = (a & 0x7F) > (b & 0x7F) ? (a & 0x7F) - (b & 0x7F) : (b & 0x7F) - (a & 0x7F);
+        sign_mismatches += (diff >> 15) & 1;
+        if (diff & 0x7F80) {
+            exp_mismatches++;
+        } else {
+            total += err;
+            counts[err]++;
+        }
+    }
+    const Py_ssize_t matched = k - (Py_ssize_t)exp_mismatches;
+    int64_t median = -1;
+    for (Py_ssize_t err = 0, below = 0; matched > 0 && err < 128; err++) {
+        below += counts[err];
+        if (below > matched / 2) {
+            median = err;
+            break;
+        }
+    }
+    out[0] = exp_mismatches;
+    out[1] = sign_mismatches;
+    out[2] = total;
+    out[3] = median;
+}
+
+static PyObject *compare(PyObject *self, PyObject *args) {
+    PyObject *objs[2];
+    if (!PyArg_ParseTuple(args, "OO:compare", &objs[0], &objs[1]))
+        return NULL;
+    Py_buffer views[2]; /* committed [rows, k], recomputed [rows, k] */
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 2; got++)
+        if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+    const Py_buffer *committed = &views[0], *recomputed = &views[1];
+    if (!is_int64s(committed, 2) || !is_int64s(recomputed, 2) || recomputed->shape[0] != committed->shape[0] ||
+        recomputed->shape[1] != committed->shape[1] || committed->shape[1] < 1) {
+        PyErr_SetString(PyExc_ValueError, "committed and recomputed must be aligned C-contiguous 64-bit integers "
+                                          "[rows, k], k >= 1");
+        goto done;
+    }
+    const Py_ssize_t rows = committed->shape[0], k = committed->shape[1];
+    const int64_t *a = committed->buf, *b = recomputed->buf;
+    for (Py_ssize_t i = 0; i < rows * k; i++)
+        if (a[i] < 0 || a[i] > 0xFFFF || b[i] < 0 || b[i] > 0xFFFF) {
+            PyErr_SetString(PyExc_ValueError, "bf16 patterns must lie in [0, 2^16)");
+            goto done;
+        }
+    if ((result = PyList_New(rows)) == NULL)
+        goto done;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int64_t counts[4];
+        row_compare(a + r * k, b + r * k, k, counts);
+        const int64_t matched = k - counts[0];
+        /* the mean as numpy divides the two int64 counts: each made a double (exact), one division */
+        PyObject *row = Py_BuildValue("(LddL)", (long long)counts[0],
+                                      matched > 0 ? (double)counts[2] / (double)matched : Py_HUGE_VAL,
+                                      matched > 0 ? (double)counts[3] : Py_HUGE_VAL, (long long)counts[1]);
+        if (row == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, r, row);
+    }
+done:
+    while (got > 0)
+        PyBuffer_Release(&views[--got]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"topk", topk, METH_VARARGS,
      "topk(bits, k, out, any_order=False): torch.topk(k)'s positions of the largest |bf16| per row [rows, n], "
-     "n >= 64 k, into out [rows, k]; with any_order, rows without a tie at the k-th place in position order"},
+     "n >= 64 k, into out [rows, k], in torch's order; with any_order, each row's set (torch's) unsorted: rows "
+     "found without a tie at the k-th place in position order, the others in the heap's order"},
     {"tie_sets", tie_sets, METH_VARARGS,
      "tie_sets(bits, k, out, above, end): per row [rows, n], n >= 64 k, the entries above the k-th largest |bf16| "
      "then every entry equal to it, each in position order, into out [rows, width]; above, end [rows] where each "
@@ -717,11 +950,18 @@ static PyMethodDef methods[] = {
      "many candidates (nothing usable written)"},
     {"interpolate", interpolate, METH_VARARGS,
      "interpolate(x, y, out): coefficients (ascending) of the polynomial of degree < n through each row's points over GF(65497)"},
+    {"evaluate", evaluate, METH_VARARGS,
+     "evaluate(coeffs, moduli, points, out): each row's polynomial (ascending coefficients [rows, n]) at its points "
+     "[rows, k] mod its modulus [rows], over GF(65497), into out [rows, k]"},
+    {"compare", compare, METH_VARARGS,
+     "compare(committed, recomputed): per row of bf16 patterns [rows, k], verify.toploc.ChunkStats' fields "
+     "(exponent mismatches, mean and upper median of the mantissa errors where exponents match or inf, sign "
+     "mismatches) as a list of tuples"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ctopk",
-                                    "torch.topk's heap path for |bf16| rows, and interpolation over GF(65497), in C", -1, methods};
+                                    "torch.topk's heap path for |bf16| rows, and interpolation, evaluation and comparison over GF(65497), in C", -1, methods};
 
 PyMODINIT_FUNC PyInit__ctopk(void) {
     make_inverses();

@@ -1,8 +1,9 @@
 """Builds the verifier's optional C module: `verify/_ctopk.c`, torch.topk's choice of the k largest
 |bf16| entries for rows where torch's CPU kernel runs a heap (k * 64 <= n), the same positions in
 the same order without torch (see `verify.topk`, which uses it, and BENCHMARKS.md's TOPLOC section),
-and the proofs' interpolation over GF(65497) (`verify.toploc._prove`: the same polynomials as
-`verify.gf`).
+the proofs' interpolation over GF(65497) (`verify.toploc._prove`: the same polynomials as
+`verify.gf`), and what `verify.toploc.measure` computes from a proof (the committed polynomial's
+values, as `verify.gf.evaluate`, and each chunk's statistics, as `verify.toploc._stats`).
 
 `python -m verify.accel` (or `make install`) compiles it next to this file with the C compiler
 Python was built with, against this interpreter's headers (`p2pnet.cbuild`, shared with the
@@ -23,7 +24,8 @@ from p2pnet import cbuild
 
 SOURCE = Path(__file__).with_name("_ctopk.c")
 MODULE = "_ctopk"
-# integers only: -O3 for the vectorised block maxima
+# -O3 for the vectorised block maxima and evaluation; no -ffast-math (the evaluation's doubles are exact
+# integers only under IEEE rounding, as compiled by default)
 FLAGS = ["-O3", "-Wall", "-Werror"]
 # Linux only: torch's CPU wheels there are built with libstdc++, whose partial_sort the module
 # replays; macOS's torch uses libc++, whose heap breaks ties otherwise

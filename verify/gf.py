@@ -3,8 +3,9 @@
 Owns the field arithmetic behind TOPLOC proofs (``verify.toploc``): the unique polynomial of
 degree < n through n points (ascending coefficients), its values at other points, and the
 tables both use. Must not: know about hidden states, proofs' bytes, or torch.
-(Where the verifier's C module is built, ``verify.toploc`` interpolates its proofs there
-instead: ``verify/_ctopk.c``, the same polynomials; this module is then the fallback.)
+(Where the verifier's C module is built, ``verify.toploc`` interpolates its proofs and evaluates
+the committed polynomials there instead: ``verify/_ctopk.c``, the same polynomials and values; this
+module is then the fallback.)
 
 How it is fast (no per-element Python loops): up to 256 points all below P - n (every
 chunk of at most P - 256 entries, the usual case), interpolation goes through the values

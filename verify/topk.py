@@ -3,7 +3,8 @@ k-th place broken exactly as toploc's ``flat.abs().topk(k)`` breaks them on CPU.
 
 Owns: top-k selection over many chunks at once (bit patterns in, flat positions out), and the
 choice between the C module (``verify/_ctopk.c``, built by ``verify.accel``) and numpy
-(``ACCELERATOR``; ``verify.toploc`` takes the proofs' interpolation from the same module).
+(``ACCELERATOR``; ``verify.toploc`` takes the proofs' interpolation, and its measures' evaluation and
+per-chunk statistics, from the same module).
 Must not: build or measure proofs (``verify.toploc``), run a model, or do I/O.
 
 Where the C module is built (``make install``; on Linux, where torch runs libstdc++'s heap),

@@ -39,7 +39,9 @@ Differences from toploc 0.1.6, all deliberate:
 Interpolation and evaluation over GF(P) are ``verify.gf``. Top-k selection is ``verify.topk``.
 Where verify.topk uses the C module (``verify/_ctopk.c``; ``verify.topk.ACCELERATOR``), proofs
 take their interpolation from it too (Newton's divided differences: the polynomial is unique,
-so the same bytes; tests/verify/test_ctopk.py); otherwise from ``verify.gf``.
+so the same bytes; tests/verify/test_ctopk.py); otherwise from ``verify.gf``. Measures take from it
+the committed polynomials' values (``evaluate``: the values ``verify.gf.evaluate`` gives) and each
+chunk's statistics (``compare``: the fields ``_stats`` gives from ``_slot_scores``), so the same ChunkStats.
 """
 
 from __future__ import annotations
@@ -343,8 +345,23 @@ def _stats(score: np.ndarray) -> list[ChunkStats]:
 
 
 def _compare(committed: np.ndarray, recomputed: np.ndarray) -> list[ChunkStats]:
-    """Per-row statistics of two [C, k] arrays of bf16 bit patterns."""
+    """Per-row statistics of two [C, k] int64 arrays of bf16 bit patterns (by the C module's
+    ``compare`` where it is loaded: the same fields as ``_stats`` of ``_slot_scores``)."""
+    if (accelerator := _topk_module.ACCELERATOR) is not None:
+        fields = accelerator.compare(np.ascontiguousarray(committed), np.ascontiguousarray(recomputed))
+        return [ChunkStats(e, mu, md, sg) for e, mu, md, sg in fields]
     return _stats(_slot_scores(committed, recomputed))
+
+
+def _committed(coeffs: np.ndarray, moduli: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The committed polynomials ([C, n] coefficients) at the recomputed flat positions idx [C, k],
+    each row's taken mod its proof's modulus: int64 [C, k] (by the C module's ``evaluate`` where it
+    is loaded: the same values as ``verify.gf.evaluate``)."""
+    if (accelerator := _topk_module.ACCELERATOR) is not None:
+        out = np.empty(idx.shape, dtype=np.int64)
+        accelerator.evaluate(coeffs, moduli, np.ascontiguousarray(idx), out)
+        return out
+    return evaluate(coeffs, idx % moduli[:, None])
 
 
 _OUTSIDE = 1 << 16  # above every slot score (at most 511)
@@ -425,9 +442,8 @@ def measure(
         moduli, coeffs = _decode_many(proofs[start : start + count], k)
         if exact_ties:
             idx, bits = _topk(hidden, first_row, count, rows, topk)
-            stats.extend(_compare(evaluate(coeffs, idx % moduli[:, None]), bits))
+            stats.extend(_compare(_committed(coeffs, moduli, idx), bits))
         else:
             idx, bits, above, end = _tie_sets(hidden, first_row, count, rows, topk)
-            committed = evaluate(coeffs, idx % moduli[:, None])
-            stats.extend(_compare_tie_sets(committed, bits, above, end, k))
+            stats.extend(_compare_tie_sets(_committed(coeffs, moduli, idx), bits, above, end, k))
     return stats

@@ -1,7 +1,8 @@
 """The C top-k (`verify/_ctopk.c`) picks torch.topk's positions, in torch's order, on rows where
 torch's CPU kernel runs its heap (n >= 64 k), its interpolation gives verify.gf's coefficients
-(so proofs are the same bytes), and `verify.topk` uses it only when built from this tree and not
-turned off.
+(so proofs are the same bytes), its evaluation and comparison give verify.gf's values and
+verify.toploc's per-chunk counts (so measures are the same ChunkStats), and `verify.topk` uses it
+only when built from this tree and not turned off.
 
 Built here into a temporary folder with this interpreter's compiler (`verify.accel`), so the test
 runs wherever a run could use it. The reference is what toploc runs: ``bits.view(bfloat16).abs()
@@ -399,3 +400,164 @@ def test_proofs_are_the_same_bytes_with_and_without_the_module(built: Any, width
         with_c = toploc._prove((idx[rows], bits[rows]))
         monkeypatch.setattr(topk, "ACCELERATOR", None)
         assert with_c == toploc._prove((idx[rows], bits[rows]))
+
+
+# ------------------------------------------------------------------ measuring: evaluation and comparison
+
+
+def _evaluation_cases(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(coefficients [R, n], moduli [R], points [R, k]) for verify.toploc.measure's evaluation: random
+    polynomials, the largest coefficients and zeros, coefficients beyond P (the C function's
+    contract: any >= 0, reduced as verify.gf reduces them), moduli P (a proof over fewer than P entries),
+    smaller and 1, points beyond P and at the top of the field, and polynomials with roots at their
+    own points (through zeros: every value there a multiple of P before its last reduction)."""
+    rows, p = 24, gf.PRIME
+    coeffs = rng.integers(0, p, (rows, n))
+    coeffs[0], coeffs[1] = p - 1, 0
+    coeffs[2] = rng.integers(p, 1 << 62, n)
+    moduli = rng.integers(1, p + 1, rows)
+    moduli[::2], moduli[3] = p, 1
+    points = rng.integers(0, 4 * p, (rows, k))
+    points[5] = p - 1 - np.arange(k) % p
+    for r in range(6, 12):  # zero at the row's first min(n, k) points (distinct, below P)
+        x = _distinct(rng, n, 0, p)
+        y = rng.integers(0, p, n)
+        y[: min(n, k)] = 0
+        coeffs[r] = gf.interpolate(x, y)
+        points[r, : min(n, k)], moduli[r] = x[: min(n, k)], p
+    return coeffs, moduli, points
+
+
+def _evaluation_mismatches(module: Any) -> int:
+    """Rows whose values differ from verify.gf.evaluate's at points mod m, over whole and partial
+    groups of 16 coefficients and tiles of 64 points, the coefficients and moduli also read from
+    one [R, n + 1] array as verify.toploc._decode_many gives them (strided rows and column)."""
+    rng = np.random.default_rng(21)
+    bad = 0
+    for n, k in ((1, 1), (15, 3), (16, 64), (17, 65), (128, 128), (128, 384), (300, 129)):
+        coeffs, moduli, points = _evaluation_cases(rng, n, k)
+        expected = gf.evaluate(coeffs, points % moduli[:, None])
+        assert (expected[6:12, : min(n, k)] == 0).all()
+        words = np.concatenate([moduli[:, None], coeffs], axis=1)
+        for c, m in ((coeffs, moduli), (words[:, 1:], words[:, 0])):
+            out = np.empty(points.shape, dtype=np.int64)
+            module.evaluate(c, m, points, out)
+            bad += int((out != expected).any(axis=1).sum())
+    return bad
+
+
+def test_evaluation_is_verify_gfs(built: Any) -> None:
+    assert _evaluation_mismatches(built) == 0
+
+
+def test_the_evaluation_without_avx2_is_the_same(tmp_path: Path) -> None:
+    """Built without the AVX2 and FMA copy (as for a processor without them): the same values."""
+    source = accel.SOURCE.read_text()
+    assert source.count("#define HAS_AVX2_PATH 1") == 1
+    assert _evaluation_mismatches(_build(tmp_path, source.replace("#define HAS_AVX2_PATH 1", ""))) == 0
+
+
+def _comparison_cases(rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(committed, recomputed) int64 bf16 patterns [R, k]: tie-heavy and massive-channel rows
+    (``_rows``) against themselves, with signs flipped, mantissas moved, exponents changed in some
+    or all slots, and committed values as an evaluation gives them (any residue below P); k even and odd."""
+    cases = []
+    for kind in range(6):
+        for k in (128, 127, 17):
+            recomputed = _rows(rng, 40, k, kind).astype(np.int64)
+            committed = recomputed.copy()
+            committed[1] ^= 0x8000  # every sign
+            committed[2] ^= rng.integers(0, 8, k)  # mantissa errors
+            committed[3] ^= (rng.integers(0, 2, k) << 9)  # some exponents
+            committed[4] ^= 0x0100  # every exponent
+            committed[5:10] ^= rng.integers(0, 0x10000, (5, k))
+            committed[10:15] = rng.integers(0, gf.PRIME, (5, k))
+            committed[15:] ^= rng.integers(0, 2, (25, k)) * rng.integers(0, 0x10000, (25, k))
+            cases.append((committed, recomputed))
+    return cases
+
+
+def _comparison_mismatches(module: Any) -> int:
+    """Rows whose ChunkStats fields differ from verify.toploc._stats of its slot scores (the
+    floats bit for bit: the same divisions; inf where no exponent matches)."""
+    bad = 0
+    for committed, recomputed in _comparison_cases(np.random.default_rng(22)):
+        expected = [(s.exp_mismatches, s.mant_err_mean, s.mant_err_median, s.sign_mismatches)
+                    for s in toploc._stats(toploc._slot_scores(committed, recomputed))]
+        got = module.compare(committed, recomputed)
+        assert len(got) == len(expected)
+        bad += sum(a != b or type(a[1]) is not float for a, b in zip(got, expected))
+    return bad
+
+
+def test_comparison_is_verify_toplocs(built: Any) -> None:
+    assert _comparison_mismatches(built) == 0
+
+
+MEASURE_MUTANTS = {  # one detail of the evaluation or the comparison each
+    "the quotient rounded, not floored": ([("(int32_t)(a * INV_UP)", "(int32_t)(a * INV_UP + 0.5)")],
+                                          _evaluation_mismatches),
+    "a group's last coefficient left out": ([("for (int b = 1; b < BABY; b++)", "for (int b = 1; b < BABY - 1; b++)")],
+                                            _evaluation_mismatches),
+    "the coefficients not reduced mod P": ([("(double)(at2(coeffs, r, t) % PRIME)", "(double)at2(coeffs, r, t)")],
+                                          _evaluation_mismatches),
+    "the modulus ignored": ([("point % PRIME : point % m", "point % PRIME : point % PRIME")], _evaluation_mismatches),
+    "a tile's last point unread": ([("const int64_t point = j < len ?", "const int64_t point = j < len - 1 ?")],
+                                   _evaluation_mismatches),
+    "the lower median": ([("if (below > matched / 2) {", "if (below > (matched - 1) / 2) {")], _comparison_mismatches),
+    "a mismatched exponent's mantissa counted": ([("            total += err;\n", ""),
+                                                  ("sign_mismatches += (diff >> 15) & 1;",
+                                                   "sign_mismatches += (diff >> 15) & 1;\n        total += err;")],
+                                                 _comparison_mismatches),
+    "the sign counted only with the exponent": ([("sign_mismatches += (diff >> 15) & 1;",
+                                                  "sign_mismatches += ((diff >> 15) & 1) && !(diff & 0x7F80);")],
+                                                _comparison_mismatches),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MEASURE_MUTANTS))
+def test_the_cases_tell_a_measure_mutant_apart(mutant: str, tmp_path: Path) -> None:
+    edits, mismatches = MEASURE_MUTANTS[mutant]
+    source = accel.SOURCE.read_text()
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    assert mismatches(_build(tmp_path, source)) > 0
+
+
+def test_evaluation_and_comparison_refuse_what_they_cannot_read(built: Any) -> None:
+    rows = np.zeros((2, 4), dtype=np.int64)
+    with pytest.raises(ValueError, match="moduli must lie"):
+        built.evaluate(rows, np.array([0, 1]), rows, np.empty((2, 4), dtype=np.int64))
+    with pytest.raises(ValueError, match="moduli must lie"):
+        built.evaluate(rows, np.array([1, 1]), rows - 1, np.empty((2, 4), dtype=np.int64))
+    with pytest.raises(ValueError, match="coeffs"):
+        built.evaluate(rows, np.array([1, 1]), rows, np.empty((2, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="coeffs"):
+        built.evaluate(rows.astype(np.int32), np.array([1, 1]), rows, np.empty((2, 4), dtype=np.int64))
+    with pytest.raises(ValueError, match="bf16 patterns"):
+        built.compare(rows + 0x10000, rows)
+    with pytest.raises(ValueError, match="committed and recomputed"):
+        built.compare(rows, rows[:, :3].copy())
+
+
+@pytest.mark.parametrize("hidden_size,massive", [(576, 0), (896, 0), (896, 8), (2048, 0)])
+def test_measures_are_the_same_with_and_without_the_module(built: Any, hidden_size: int, massive: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify.toploc.measure, exact and open ties, with the module (its top-k, evaluation and
+    comparison) and without it: the same ChunkStats, honest (all zero) and over hidden states moved
+    a little, a lot and replaced, a 20-token tail chunk included."""
+    from verify.testing import bf16_gaussian
+
+    hidden = bf16_gaussian(hidden_size, 180, hidden_size, massive_channels=massive)
+    proofs = toploc.build_proofs(hidden)
+    noise = torch.from_numpy(np.random.default_rng(hidden_size).standard_normal(tuple(hidden.shape)))
+    for scale in (0.0, 1e-2, 1e-1, 1.0):
+        moved = (hidden.double() + scale * noise).to(torch.bfloat16)
+        for exact in (True, False):
+            monkeypatch.setattr(topk, "ACCELERATOR", built)
+            with_c = toploc.measure(moved, proofs, exact_ties=exact)
+            monkeypatch.setattr(topk, "ACCELERATOR", None)
+            assert with_c == toploc.measure(moved, proofs, exact_ties=exact)
+            if scale in (0.0, 1.0):  # honest: all zero; replaced: not (smaller moves may leave the top k as it was)
+                assert (scale == 0) == all(s == toploc.ChunkStats(0, 0.0, 0.0, 0) for s in with_c)
