@@ -39,10 +39,12 @@ announced, and they are fetched again), and when garbage collection dropped a ve
 core and the watcher forget it). A stored chunk reaches the core only if the store still holds
 it then (one lost meanwhile is a failed fetch, nobody's fault: `store_failed`), so the core never
 counts a chunk the store dropped before the core heard of it. A store that is full (StoreFull,
-ENOSPC from a put or from a background flush) holds new requests (`StoreBackoff`: 1 s doubling
-to 60 s, one warning per hold); while it backs off, a fetch is downloaded only if the store has
-room by then, and the first chunk stored ends the backoff (when an fsync found the disk full, the
-first flush that succeeds: writes into the page cache succeed on a full disk).
+ENOSPC from a put or from a background flush), or whose disk fails (any other OSError, such as
+EIO), holds new requests (`StoreBackoff`: 1 s doubling to 60 s, one warning per hold), so a bad
+disk is not fed chunks at network speed; while it backs off, a fetch is downloaded only if the
+store has room by then, and the first chunk stored ends the backoff (when the error came from a
+put or an fsync, the first flush that succeeds: writes into the page cache succeed on a full or
+failing disk).
 
 Test hook: with the environment variable P2PNET_TEST_CORRUPT_CHUNKS=1 this peer flips a byte in
 every chunk it serves (a byzantine relay for the tests). It is read once at start, logged as an
@@ -184,10 +186,12 @@ class RelayRole:
         self._serving_window: tuple[float, float] | None = None  # first and last chunk sent (trio clock)
         self._moved_at = -math.inf  # when a chunk was last stored or served (trio clock): see `_busy`
         self.timeline: dict[int, dict[str, float]] = {}  # version -> wall-clock times (status, benchmarks)
-        self.backoff = StoreBackoff()  # a full store holds new requests: 1 s doubling to 60 s
-        # an fsync found the disk full (the store's `durable_flushes` then): only a flush that makes
-        # chunks durable since ends the backoff, not a chunk stored (a write into the page cache)
+        self.backoff = StoreBackoff()  # a full or failing store holds new requests: 1 s doubling to 60 s
+        # a put or an fsync found the disk full or failing (the store's `durable_flushes` then): only
+        # a flush that makes chunks durable since ends the backoff, not a chunk stored (a write into
+        # the page cache)
         self._full_on_flush: int | None = None
+        self._failing = False  # the backoff is for a failing disk (EIO), not a full one
         self._token: trio.lowlevel.TrioToken | None = None
         self.store.listener = self._from_store
 
@@ -350,14 +354,13 @@ class RelayRole:
         except StoreFull as exc:
             await self._not_stored(peer, fetch, str(exc))
             return
-        except OSError as exc:
-            if exc.errno in NO_SPACE_ERRNOS:  # a batched fsync found the disk full (a write raises StoreFull)
-                self._full_on_flush = self.store.durable_flushes
-                await self._not_stored(peer, fetch, str(exc))
-                return
-            log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
-            await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                   "store_failed"))  # our disk: nobody's fault
+        except OSError as exc:  # a batched fsync found the disk full (a write raises StoreFull), or our disk failed
+            full = exc.errno in NO_SPACE_ERRNOS
+            if not full:
+                log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
+            self._full_on_flush = self.store.durable_flushes  # (maybe the fsync: only a durable flush ends the hold)
+            await self._store_trouble(str(exc), lambda now: self.core.fetch_failed(
+                now, peer, fetch.version, fetch.index, "store_full" if full else "store_failed"), full=full)
             return
         if self._full_on_flush is None or self.store.durable_flushes > self._full_on_flush:
             await self._room_again()
@@ -408,11 +411,12 @@ class RelayRole:
         try:
             await trio.to_thread.run_sync(self.store.flush)
         except OSError as exc:
-            if exc.errno in NO_SPACE_ERRNOS and not stopping:
-                self._full_on_flush = self.store.durable_flushes
-                await self._store_full(str(exc))
-            else:
+            full = exc.errno in NO_SPACE_ERRNOS
+            if not full or stopping:
                 log.error("flushing the chunk store failed: %s", exc)
+            if not stopping:
+                self._full_on_flush = self.store.durable_flushes
+                await self._store_trouble(str(exc), full=full)
             return
         if self._full_on_flush is not None and self.store.durable_flushes > self._full_on_flush and not stopping:
             await self._room_again()
@@ -468,25 +472,28 @@ class RelayRole:
 
     async def _not_stored(self, peer: str, fetch: Fetch, why: str) -> None:
         """Our store had no room for a chunk: fetch it again later, blaming nobody, and hold new
-        requests (`_store_full`)."""
-        await self._store_full(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                       "store_full"))
+        requests (`_store_trouble`)."""
+        await self._store_trouble(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
+                                                                          "store_full"))
 
     async def _room_again(self) -> None:
         """A chunk was stored (or, when an fsync found the disk full, a flush succeeded): a
         backoff, if one was running, ends, and requests resume at once."""
         self._full_on_flush = None
         if self.backoff.succeeded():
-            log.warning("the chunk store has room again: fetching resumes")
+            log.warning("the chunk store %s again: fetching resumes", "stores" if self._failing else "has room")
             await self._command(lambda now: self.core.hold_requests(now, now))
 
-    async def _store_full(self, why: str, then: Callable[[float], list[Any]] = lambda now: []) -> None:
-        """Our store (or its disk) is full: hold new requests (1 s, doubling up to 60 s while the
-        store stays full), say so once per hold, and tell the core `then`."""
+    async def _store_trouble(self, why: str, then: Callable[[float], list[Any]] = lambda now: [], *,
+                             full: bool = True) -> None:
+        """Our store is full, or its disk fails (`full` False: EIO and the like): hold new requests
+        (1 s, doubling up to 60 s while it stays so; a failing disk must not be fed chunks at
+        network speed), say so once per hold, and tell the core `then`."""
+        self._failing = not full
         until = self.backoff.failed(trio.current_time())
         if until is not None:
-            log.warning("chunk store full (%s): no new chunk requests for %.0fs (%d failed stores so far)",
-                        why, until - trio.current_time(), self.backoff.failures)
+            log.warning("chunk store %s (%s): no new chunk requests for %.0fs (%d failed stores so far)",
+                        "full" if full else "failing", why, until - trio.current_time(), self.backoff.failures)
         await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else []) + then(now))
 
     def _manifest_gate(self, frame: bytes) -> str | None:

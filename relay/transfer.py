@@ -302,12 +302,16 @@ class TransferCore(SourceChoice):
     def _prune_peers(self, now: float) -> None:
         """Forget per-peer marks that no longer matter, so a long-running peer's state follows its
         membership, not every peer it ever saw: `slow` and refusal counts of peers that left
-        (a peer that comes back is judged afresh), and exclusions that have ended."""
+        (a peer that comes back is judged afresh), their measured rates, and exclusions that have
+        ended."""
         members = self._members.uploads
         if self._slow:
             self._slow = {p for p in self._slow if p in members}  # (O(slow), not O(members))
         if self._refused:
             self._refused = {p: n for p, n in self._refused.items() if p in members}
+        if any(p not in members for p in self._rates):
+            self._rates = {p: r for p, r in self._rates.items() if p in members}
+            self._samples = {p: n for p, n in self._samples.items() if p in members}
         if self._excluded:
             self._excluded = {p: until for p, until in self._excluded.items() if until > now}
 

@@ -287,6 +287,72 @@ async def test_a_disk_that_raises_enospc_backs_off_the_same_way(tmp_path, clock,
         nursery.cancel_scope.cancel()
 
 
+def store_failing_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "relay.role" and r.levelno >= logging.WARNING and "store failing" in r.getMessage()]
+
+
+async def test_a_disk_that_fails_every_put_with_eio_is_paced_not_fed_chunks_at_network_speed(
+        tmp_path, clock, caplog, monkeypatch):
+    """EIO is not a full disk, but fetching on at network speed into a disk that fails every
+    write only burns the network: the same hold (1 s doubling), said once per hold, and the
+    disk that works again ends it at the first durable flush."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path)
+    real_put = h.role.store.put_chunk
+    disk = {"failing": True}
+
+    def put_chunk(version, index, data, **kwargs):
+        if disk["failing"]:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_put(version, index, data, **kwargs)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        h.source.answer_at_most = 200  # without a hold the retries would never let virtual time pass
+        await h.announce(1)
+        with trio.move_on_after(30):
+            await trio.sleep_forever()
+        warnings = store_failing_warnings(caplog)
+        assert 4 <= len(warnings) <= 6, warnings  # holds of 1, 2, 4, 8, 16 s
+        assert "Input/output error" in warnings[0] and not store_full_warnings(caplog)
+        assert len(h.source.downloads) <= 4 * (len(warnings) + 1), len(h.source.downloads)  # one window per hold
+        assert h.role.status()["store_backoff"]["backing_off"] and not h.complete(1)
+        disk["failing"] = False
+        await h.until(lambda: h.complete(1), 40)
+        assert not h.role.backoff.active
+        assert [r for r in caplog.records if "store stores again" in r.getMessage()]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_background_flush_that_keeps_failing_with_eio_holds_requests_instead_of_refetching(
+        tmp_path, clock, caplog, monkeypatch):
+    """Every fsync fails with EIO: each failure loses its batch, which is fetched again; without a
+    hold that loop runs at network speed. It is paced like a full disk, and completes durable once
+    the disk works again."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
+    disk = failing_syncs(monkeypatch, errno.EIO, failures=math.inf)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        h.source.answer_at_most = 400
+        signed = await h.announce(1)
+        await h.until(lambda: h.role.backoff.active, 30)
+        with trio.move_on_after(30):  # thirty virtual seconds of a failing disk
+            await trio.sleep_forever()
+        holds = [w.split("requests for ")[1].split("s ")[0] for w in store_failing_warnings(caplog)]
+        assert holds[:4] == ["1", "2", "4", "8"] and len(holds) <= 6, holds
+        assert len(h.source.downloads) <= 2 * CHUNKS + 4 * len(holds), len(h.source.downloads)
+        assert h.role.backoff.active and not h.complete(1)
+        disk["failing"] = False
+        await h.until(lambda: h.complete(1), 60)
+        assert not h.role.backoff.active
+        after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
+        assert after.is_complete(signed)
+        nursery.cancel_scope.cancel()
+
+
 async def test_checkpoint_wait_answers_once_the_version_is_complete_with_its_folder(tmp_path, clock):
     h = Harness(tmp_path)
     async with trio.open_nursery() as nursery:

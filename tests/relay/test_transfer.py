@@ -808,3 +808,20 @@ def test_marks_of_peers_that_left_and_ended_exclusions_are_forgotten():
         assert c._slow == {"stays"} and set(c._refused) <= {"stays"}
     assert set(c._excluded) <= {"stays"} | {f"passing{i:02d}" for i in range(50 - int(FAST.exclude_s) - 1, 50)}
     assert len(c._excluded) <= int(FAST.exclude_s) + 2  # only exclusions that have not ended yet
+
+
+def test_measured_rates_of_peers_that_left_are_forgotten_and_those_of_members_kept():
+    """The rates a relay measured (which source to ask first) are kept per member, not for every
+    peer it ever fetched from."""
+    c, plan, first = _planned()
+    uploads = dict(c._members.uploads)
+    sources = sorted({f.peer for f in first if f.peer != PUBLISHER.peer_id})[:4]
+    assert len(sources) == 4
+    for f in first:
+        if f.peer in sources:
+            c.fetched(1.0, f.peer, 1, f.index, 0.01)
+    assert set(sources) <= set(c._rates) and set(sources) <= set(c._samples)
+    gone, stays = sources[:2], sources[2:]
+    c.set_members(2.0, {p: u for p, u in uploads.items() if p not in gone})
+    assert not set(gone) & set(c._rates) and not set(gone) & set(c._samples)
+    assert set(stays) <= set(c._rates) and all(c._samples[p] >= 1 for p in stays)
