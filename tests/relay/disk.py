@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
+from pathlib import Path
+from typing import Callable
 
 from relay.store import ChunkStore
 
@@ -18,3 +21,37 @@ def rot_chunk(store: ChunkStore, version: int, index: int, garbage: bytes = b"bi
             fh.write(garbage[:length])
     finally:
         os.chmod(path, mode)
+
+
+class InjectedFsyncs:
+    """`os.fsync`, replaced: while `failing`, the next `failures` fsyncs of files that `which`
+    accepts raise OSError(`error`) (`failed` counts them); `synced` lists the files fsynced for
+    real, in order."""
+
+    def __init__(self, failures: float, error: int, which: Callable[[Path], bool]) -> None:
+        self.failures, self.error, self.which = failures, error, which
+        self.failing = True
+        self.failed = 0
+        self.synced: list[Path] = []
+        self._real = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if self.failing and self.failed < self.failures and self.which(path):
+            self.failed += 1
+            raise OSError(self.error, "injected: the disk failed an fsync")
+        self.synced.append(path)
+        self._real(fd)
+
+
+def failing_fsyncs(monkeypatch, failures: float = 1, error: int = errno.EIO,
+                   which: Callable[[Path], bool] = lambda path: True) -> InjectedFsyncs:
+    """The next `failures` fsyncs (of files `which` accepts) fail with `error`."""
+    injected = InjectedFsyncs(failures, error, which)
+    monkeypatch.setattr(os, "fsync", injected)
+    return injected
+
+
+def in_version_folders(path: Path) -> bool:
+    """A file of a stored version (not a bitmap, a manifest or a folder)."""
+    return path.parent.parent.name == "versions"

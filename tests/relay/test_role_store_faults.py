@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,7 +34,7 @@ from relay.messages import Holding
 from relay.role import RelayRole
 import relay.store
 from relay.store import ChunkStore
-from tests.relay.disk import rot_chunk
+from tests.relay.disk import failing_fsyncs, in_version_folders, rot_chunk
 
 PUBLISHER = Identity.from_seed_text("publisher")
 ME = Identity.from_seed_text("relay")
@@ -333,7 +332,7 @@ async def test_a_background_flush_that_keeps_failing_with_eio_holds_requests_ins
     the disk works again."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
-    disk = failing_syncs(monkeypatch, errno.EIO, failures=math.inf)
+    disk = failing_fsyncs(monkeypatch, math.inf, errno.EIO, which=in_version_folders)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         h.source.answer_at_most = 400
@@ -345,7 +344,7 @@ async def test_a_background_flush_that_keeps_failing_with_eio_holds_requests_ins
         assert holds[:4] == ["1", "2", "4", "8"] and len(holds) <= 6, holds
         assert len(h.source.downloads) <= 2 * CHUNKS + 4 * len(holds), len(h.source.downloads)
         assert h.role.backoff.active and not h.complete(1)
-        disk["failing"] = False
+        disk.failing = False
         await h.until(lambda: h.complete(1), 60)
         assert not h.role.backoff.active
         after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
@@ -566,33 +565,16 @@ async def test_batches_of_stored_chunks_become_durable_in_the_background_before_
         nursery.cancel_scope.cancel()
 
 
-def failing_syncs(monkeypatch, error: int, failures: float = 1) -> dict:
-    """The next `failures` fsyncs of a version's files fail with `error` (while
-    `state["failing"]`); `state["failed"]` counts them. The relay's flusher makes the first (a
-    batch is due at 4 chunks, a put would flush only at 8)."""
-    real_fsync, state = os.fsync, {"failed": 0, "failing": True}
-
-    def fsync(fd: int) -> None:
-        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
-        if path.parent.parent.name == "versions" and state["failing"] and state["failed"] < failures:
-            state["failed"] += 1
-            raise OSError(error, "injected: the disk failed an fsync")
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return state
-
-
 async def test_chunks_a_failed_fsync_lost_are_fetched_again_and_the_version_completes_durable(
         tmp_path, clock, caplog, monkeypatch):
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
-    failed = failing_syncs(monkeypatch, errno.EIO)
+    failed = failing_fsyncs(monkeypatch, 1, errno.EIO, which=in_version_folders)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         signed = await h.announce(1)
         await h.until(lambda: h.complete(1), 60)
-        assert failed["failed"] == 1
+        assert failed.failed == 1
         fetched = [index for _, _, index in h.source.downloads]
         again = sorted({i for i in fetched if fetched.count(i) > 1})
         assert len(again) >= 4 and len(fetched) == CHUNKS + len(again)  # the lost batch, fetched twice
@@ -613,7 +595,7 @@ async def test_a_background_flush_that_finds_the_disk_full_holds_requests_like_a
     backoff (a chunk stored meanwhile proves nothing)."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
-    disk = failing_syncs(monkeypatch, errno.ENOSPC, failures=math.inf)
+    disk = failing_fsyncs(monkeypatch, math.inf, errno.ENOSPC, which=in_version_folders)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         signed = await h.announce(1)
@@ -625,7 +607,7 @@ async def test_a_background_flush_that_finds_the_disk_full_holds_requests_like_a
         assert holds[:3] == ["1", "2", "4"] and len(holds) <= 4, warnings  # once per hold, not per chunk
         assert h.role.backoff.active and not h.complete(1)
         assert not [r for r in caplog.records if "room again" in r.getMessage()]
-        disk["failing"] = False
+        disk.failing = False
         await h.until(lambda: h.complete(1), 60)
         assert not h.role.backoff.active
         assert len([r for r in caplog.records if "room again" in r.getMessage()]) == 1

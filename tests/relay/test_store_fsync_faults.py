@@ -4,7 +4,6 @@ since its last flush is taken as lost: not held, not counted, never in the bitma
 owner (`ChunksLost`), and written again by its next put."""
 
 import errno
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from p2pnet.identity import Identity
 from relay.errors import StoreFull
 from relay.store import ChunksLost, ChunkStore
 from relay.versionfiles import VersionFiles
+from tests.relay.disk import failing_fsyncs
 from tests.relay.test_store_events import listening
 
 NOW = 1_800_000_000.0
@@ -45,23 +45,6 @@ def fill(sink: ChunkStore, source: ChunkStore, version: int, indices) -> list[bo
     return [sink.put_chunk(version, i, source.read_chunk(version, i)) for i in indices]
 
 
-def failing_fsyncs(monkeypatch, failures: int = 1, error: int = errno.EIO, only: str = "") -> list[Path]:
-    """The next `failures` fsyncs (of files whose path contains `only`) fail; returns the paths
-    fsynced after that."""
-    real_fsync, state, synced = os.fsync, {"left": failures}, []
-
-    def fsync(fd: int) -> None:
-        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
-        if state["left"] and only in str(path):
-            state["left"] -= 1
-            raise OSError(error, "injected: the disk failed an fsync")
-        synced.append(path)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    return synced
-
-
 def all_but_the_last(tmp_path: Path, source: ChunkStore):
     """A store that holds every chunk of version 1 but the last, none fsynced yet (every file
     has some); its manifest, chunk count, and what its listener heard."""
@@ -87,7 +70,7 @@ def test_a_failed_fsync_loses_the_batch_and_its_chunks_are_written_again(tmp_pat
     files = sink._held(1).files
     written = {files.paths[seg.file] for i in range(count - 1) for seg in files.segments(i)}
     assert len(written) == 3 and sink.used_bytes > 0
-    synced = failing_fsyncs(monkeypatch)
+    synced = failing_fsyncs(monkeypatch).synced
     with pytest.raises(OSError, match="injected"):
         sink.flush()
     # every chunk of the batch is gone: not held, not counted, told, not claimed after a restart
@@ -128,7 +111,7 @@ def test_a_failed_fsync_of_one_version_costs_only_that_version(tmp_path, source,
     heard = listening(sink)
     fill(sink, source, 1, range(3))
     fill(sink, source, 2, range(2))
-    failing_fsyncs(monkeypatch, only=sink.version_dir_of(one).name)
+    failing_fsyncs(monkeypatch, which=lambda path: sink.version_dir_of(one).name in str(path))
     assert fill(sink, source, 2, [2]) == [True]  # the batch's 6th chunk: this put flushes both versions
     assert heard == [ChunksLost(1, (0, 1, 2))]
     assert sink.missing(one)[:3] == [0, 1, 2] and all(sink.holds(2, i) for i in range(3))

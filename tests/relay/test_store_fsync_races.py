@@ -44,7 +44,7 @@ def test_a_flush_does_not_record_a_chunk_written_again_after_its_fsync(tmp_path,
     def sync_then_fail_and_store_again(files):
         first = not state
         if first:
-            state["synced"] = failing_fsyncs(monkeypatch)
+            state["synced"] = failing_fsyncs(monkeypatch).synced
             with pytest.raises(OSError, match="injected"):
                 fill(sink, source, 1, [other])  # another thread: its closing fsync fails
         real_sync(files)
