@@ -97,7 +97,8 @@ import blake3
 from relay.planner import Membership, StripePlan
 
 if TYPE_CHECKING:
-    from relay.transfer import TransferConfig, _Version
+    from relay.transfer import TransferConfig
+    from relay.transfer_state import _Version
 
 SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
 SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged

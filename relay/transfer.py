@@ -18,31 +18,9 @@ has that chunk in our home stripe; views that differ by a few members can deal a
 different stripes, and ours then fetches it down our home stripe's chain at once, urgent,
 instead of as a leaf of another stripe, whose parent may wait for it from us.
 
-Failures, by who is at fault:
-
-- `corrupt`: the source served bytes that do not hash to the digest. It is banned (never asked
-  again) and penalised through a `Penalise` effect; the chunk is fetched elsewhere.
-- `unreachable`: the connection failed, was reset, or ended inside a chunk (a killed peer).
-  The source is excluded for `exclude_s`; its outstanding chunks are fetched elsewhere.
-- `not_admitted`: the source closed the connection after our hello: it has not heard our
-  heartbeat yet (its data plane serves only peers in its table). It is alive and in our plan,
-  so it is excluded for `not_admitted_s` only, without substitutes: its chunks go up its
-  stripes' chains to its ancestors meanwhile, and come back to it once it knows us. A source
-  that refuses us `NOT_ADMITTED_TRIES` times in a row (it banned us, or dropped us from its
-  table) is treated as unreachable from then on.
-- `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
-  The chunk is retried at the next candidate; the source stays usable for other chunks. Our
-  parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
-  its ancestors, which feed it, are not to be asked in its place). A source that had told us
-  it holds the whole version (`Holding`) is no longer counted among its holders: the answer
-  contradicts that (it lost the chunk, or its claim was false); its next `Holding` counts again.
-- stall (detected here on the tick): a source with requests outstanding and no completion for
-  `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
-  so it closes the connection.
-- `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
-  is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
-- `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
-  failed fsync lost it before we heard it was stored). Nobody is blamed; it is fetched again.
+Failures (a corrupt chunk, an unreachable or refusing source, a chunk not there in time, a
+stall, and our own full or failing store), by who is at fault, and what each costs the source:
+`relay.failures` (mixed into the core).
 
 Our store changes under us, too: `lost` (a held chunk was found corrupt on disk, or lost to a
 failed fsync, and deleted)
@@ -51,9 +29,9 @@ holders if we are the origin; `collected` (garbage collection dropped a version)
 version and refuses it, and any older version we do not know, from then on.
 
 Candidates for a chunk of stripe s, in order: our parent in s, its ancestors up to the origin,
-then peers that announced `Holding` the whole version (fastest measured first). A peer
-announces `Holding` only once every chunk of the version is verified, and again every
-`announce_interval_s`; learning of a holder of an unknown version asks it for the manifest.
+then peers that announced `Holding` the whole version (fastest measured first). Announcing
+`Holding`, learning holders and asking a holder of an unknown version for its manifest:
+`relay.announce` (mixed into the core).
 In the endgame (`relay.sources`) the fastest measured holder is asked before our parent, even
 when the parent holds the whole version too.
 
@@ -62,51 +40,40 @@ has and the endgame: `relay.sources` (mixed into the core).
 
 The "swarm" layout (a baseline, `relay.swarm`) has no plan: peers send their chunk bitmaps
 (`HaveChunks`) to their neighbours and pull any chunk from any neighbour known to hold it,
-rarest first.
-
-A parent that only stalled is not replaced by a sibling but by its ancestors: a stall is a
-silent failure (a hung peer, a partition) that may hold the substitute too, unseen by us, and
-each wrong pick costs another `stall_timeout_s` (measured in the simulator: substituting after
-stalls made hangs and partitions slower). Only where that chain falls through to the origin,
-which is not our parent, do members ranked before us stand in first (`relay.sources`): that
-kept the origin's upload for what only it has, and did not slow hangs or partitions (review
-runs at 10 GB: 20% partitioned 275 -> 226 s, hangs the same time with fewer origin copies).
+rarest first (`relay.swarm_transfer`, mixed into the core).
 
 Membership changes (`set_members`) replan the versions in progress only when peers join or
 leave or start or stop serving; a peer's new upload figure alone (a relay advertising what its
 uploads measurably deliver) applies from the next version on: replanning mid-way sent requests
 to parents that no longer forwarded those chunks, and they stalled (measured on loopback).
 
-Per-chunk work is O(stripes) (pointer per stripe, cached ancestor chains): no O(N) per event.
+Per-chunk work is O(stripes) (pointer per stripe, cached ancestor chains): no O(N) per event. The
+bookkeeping per version and per source (`_Version`, `_Source`): `relay.transfer_state`.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-import blake3
-
 from p2pnet.config import validated
-from p2pnet.core import Emit, Publish, Send, SetTimer
+from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.wire import Envelope
-from relay.effects import (DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce, SourceDropped,
-                           VersionComplete)
+from relay.announce import Announcing
+from relay.effects import DropSource, Fetch, ManifestAccepted, ServeAtOnce
 from relay.errors import ManifestRejected
+from relay.failures import FailureHandling
 from relay.manifest import SignedManifest, chunk_range
-from relay.messages import (HOLDING_TOPIC, MANIFEST_TOPIC, MAX_HELD_VERSIONS, HaveChunks, HeldVersion, Holding,
-                            ManifestAnnounce)
+from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HaveChunks, Holding, ManifestAnnounce
 from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
 from relay.sources import SourceChoice
-from relay.swarm import SwarmVersion, bitmap_bits, bitmap_bytes, neighbours, rotation
+from relay.swarm import SwarmVersion, neighbours, rotation
+from relay.swarm_transfer import SWARM, TIMER_HAVE, SwarmTransfer
+from relay.transfer_state import _requeue, _Source, _Version
 
 TIMER_TICK = "relay/tick"
-TIMER_HAVE = "relay/have"  # the swarm layout: tell our neighbours what we hold now
 LAYOUTS = ("striped", "tree", "star", "swarm")
-SWARM = -1  # the "stripe" of a swarm request (no plan, no stripes)
 RATE_EWMA = 0.3
-NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before a source counts as unreachable
 
 
 @validated
@@ -145,59 +112,12 @@ class TransferConfig:
         return problems
 
 
-@dataclass(slots=True)
-class _Source:
-    outstanding: int = 0
-    since: float = 0.0  # last completion, or when outstanding went from 0 to 1
-
-
-@dataclass(slots=True)
-class _Version:
-    signed: SignedManifest
-    count: int
-    have: bytearray
-    have_count: int
-    known_at: float
-    digests: tuple[bytes, ...] = ()
-    chunk_bytes: int = 0  # every chunk's size but the last one's
-    last_bytes: int = 0
-    is_origin: bool = False
-    plan: StripePlan | None = None
-    chains: list[list[str]] = field(default_factory=list)
-    next_pos: list[int] = field(default_factory=list)
-    retry: list[deque[int] | None] = field(default_factory=list)  # per stripe: chunks to ask for again
-    parked: list[int] = field(default_factory=list)
-    in_flight: dict[int, tuple[str, int, float]] = field(default_factory=dict)  # index -> peer, stripe, t
-    link_load: dict[tuple[str, int], int] = field(default_factory=dict)
-    tried: dict[int, set[str]] = field(default_factory=dict)
-    reasked: dict[int, int] = field(default_factory=dict)  # index -> our parent answered "unavailable" this often
-    spare: dict[int, tuple[str | None, float]] = field(default_factory=dict)  # stripe -> whom to ask instead of the origin, until
-    sources: dict[str, _Source] = field(default_factory=dict)
-    holders: set[str] = field(default_factory=set)
-    fetched_chunks: int = 0
-    fetched_bytes: int = 0
-    completed_at: float | None = None
-    starved: bool = False  # the in-flight budget, not a window, stopped the last pump
-    forwards: int = -1  # the stripe in which we have children (our home stripe), or -1
-    swarm: SwarmVersion | None = None  # the swarm layout's bookkeeping (no plan then)
-
-    @property
-    def version(self) -> int:
-        return self.signed.manifest.version
-
-    @property
-    def complete(self) -> bool:
-        return self.have_count == self.count
-
-    def size(self, index: int) -> int:
-        return self.last_bytes if index == self.count - 1 else self.chunk_bytes
-
-
 OpenFrame = Callable[[bytes, float], SignedManifest]
 
 
-class TransferCore(SourceChoice):
-    """One peer's relay transfers. Inputs are the core contract plus the commands below."""
+class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
+    """One peer's relay transfers. Inputs are the core contract plus the commands below (and
+    `fetch_failed`, `relay.failures`)."""
 
     topics = (MANIFEST_TOPIC, HOLDING_TOPIC)
     kinds = (ManifestAnnounce.KIND, Holding.KIND, HaveChunks.KIND)  # type: ignore[attr-defined]
@@ -423,35 +343,6 @@ class TransferCore(SourceChoice):
         if v.complete and v.completed_at is None:
             self._completed(now, v, effects)
         elif not v.complete:
-            self._pump(now, v, effects)
-        return self._arm(now, effects)
-
-    def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
-        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `unavailable`,
-        or ours, `store_full` or `store_failed` (see the top)."""
-        v = self._versions.get(version)
-        effects: list[Any] = []
-        if reason == "corrupt":
-            self._ban(now, peer, effects)
-        elif reason == "not_admitted" and self._excluded.get(peer, 0.0) <= now:  # one refusal, not one per fetch
-            self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
-            self._exclude(now, peer, "not_admitted" if refusals < NOT_ADMITTED_TRIES else "unreachable", effects)
-        elif reason == "unreachable":
-            self._exclude(now, peer, reason, effects)
-        if v is None:
-            return effects
-        if reason == "unavailable":
-            v.holders.discard(peer)  # it said it held the whole version; this chunk says otherwise
-        entry = v.in_flight.get(index)
-        if entry is not None and entry[0] == peer:
-            self._settle(now, v, index, entry, progress=False)
-            if not v.have[index]:
-                if reason == "unavailable" and self._ask_parent_again(v, index, peer):
-                    pass  # our parent is alive and behind: asking its ancestors would slow it more
-                elif reason not in ("store_full", "store_failed", "not_admitted"):  # the source may be asked again
-                    v.tried.setdefault(index, set()).add(peer)
-                _requeue(v, index)
-        if not v.complete:
             self._pump(now, v, effects)
         return self._arm(now, effects)
 
@@ -775,185 +666,7 @@ class TransferCore(SourceChoice):
         if progress:
             src.since = now
 
-    # -- internals: failures --------------------------------------------------------------
-
-    def _check_stalls(self, now: float, v: _Version, effects: list[Any]) -> None:
-        horizon = now - self.config.stall_timeout_s
-        stalled = [p for p, s in v.sources.items() if s.outstanding > 0 and s.since < horizon]
-        for peer in stalled:
-            self._exclude(now, peer, "stalled", effects)
-            effects.append(DropSource(peer))
-
-    def _exclude(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
-        config = self.config
-        until = now + (config.not_admitted_s if why == "not_admitted" else config.exclude_s)
-        self._excluded[peer] = max(until, self._excluded.get(peer, until))  # a late refusal never shortens an exclusion
-        if why == "slow":
-            self._slow.add(peer)
-        else:
-            self._slow.discard(peer)
-        self._release_peer(now, peer, why, effects)
-
-    def _ban(self, now: float, peer: str, effects: list[Any]) -> None:
-        if peer not in self._banned:
-            self._banned.add(peer)
-            effects.append(Penalise(peer, self.config.corrupt_penalty, "corrupt chunk"))
-            effects.append(DropSource(peer))
-        self._release_peer(now, peer, "corrupt", effects)
-
-    def _release_peer(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
-        """Move every chunk outstanding at `peer` back to its stripe's retry queue, and (unless it
-        only stalled or has not admitted us yet, see the top) borrow a substitute parent in each stripe where `peer` was the
-        one we fetched from."""
-        for v in self._versions.values():
-            if why not in ("stalled", "not_admitted") and not v.complete and v.plan is not None:
-                for s, chain in enumerate(v.chains):
-                    if chain and chain[0] == peer:
-                        v.chains[s] = self._chain(now, v.plan, s)
-            mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer]
-            for index, entry in mine:
-                self._settle(now, v, index, entry, progress=False)
-                _requeue(v, index)
-            if mine:
-                effects.append(Emit(SourceDropped(peer, v.version, why)))
-            v.holders.discard(peer)
-
-    # -- internals: the swarm layout (see `relay.swarm`) ------------------------------------
-
-    def _pump_swarm(self, now: float, v: _Version, effects: list[Any]) -> None:
-        """Ask neighbours (and complete holders) for chunks we lack, rarest first, up to the
-        window per source and the in-flight budget."""
-        swarm = v.swarm
-        assert swarm is not None
-        budget = self.config.max_in_flight - self._in_flight
-        if budget <= 0:
-            return
-        everything = (1 << v.count) - 1
-        peers = sorted(set(swarm.peer_bits) | v.holders)
-        if not peers:
-            return
-        start = v.fetched_chunks % len(peers)  # a different neighbour goes first each time
-        uploads, window = self._members.uploads, self.config.window_per_source
-        for peer in peers[start:] + peers[:start]:
-            if not self._usable(now, peer) or uploads.get(peer, 1.0) <= 0:
-                continue
-            bits = everything if peer in v.holders else swarm.peer_bits.get(peer, 0)
-            link = (peer, SWARM)
-            load = v.link_load.get(link, 0)
-            while load < window and budget > 0:
-                index = swarm.pick(bits, v.tried, peer)
-                if index is None:
-                    break
-                swarm.asked |= 1 << index
-                load += 1
-                budget -= 1
-                self._note_request(now, v, peer, index, SWARM)
-                effects.append(Fetch(peer, v.version, index, v.digests[index], v.size(index), False))
-            if budget <= 0:
-                return
-
-    def _gained(self, now: float, v: _Version, bits: int, effects: list[Any]) -> None:
-        """We hold `bits` more of `v`: our neighbours hear of it now, or at most `have_interval_s`
-        after they last heard from us."""
-        swarm = v.swarm
-        assert swarm is not None
-        swarm.mine |= bits
-        swarm.dirty = True
-        due = self._have_sent + self.config.have_interval_s
-        if now >= due:
-            self._send_haves(now, effects)
-        elif self._have_at is None:
-            self._have_at = due
-            effects.append(SetTimer(due, TIMER_HAVE))
-
-    def _send_haves(self, now: float, effects: list[Any]) -> None:
-        self._have_sent = now
-        for v in self._versions.values():
-            swarm = v.swarm
-            if swarm is None or not swarm.dirty:
-                continue
-            swarm.dirty = False
-            swarm.sent_bits = swarm.mine
-            have = HaveChunks(v.version, v.signed.manifest_id, bitmap_bytes(swarm.mine, v.count))
-            for peer in sorted(self._neighbours | set(swarm.peer_bits)):
-                if peer != self.self_id and peer not in self._banned:
-                    effects.append(Send(peer, have))
-
-    def _on_have(self, now: float, sender: str, body: HaveChunks) -> list[Any]:
-        v = self._versions.get(body.version)
-        effects: list[Any] = []
-        if v is None:
-            self._ask_manifest(now, sender, body.version, effects, holds_all=False)
-            return self._arm(now, effects)
-        swarm = v.swarm
-        if swarm is None or body.manifest_id != v.signed.manifest_id or sender in self._banned:
-            return []
-        if sender not in swarm.peer_bits:
-            swarm.peer_bits[sender] = 0
-            if sender not in self._neighbours and swarm.sent_bits >= 0:  # it chose us: it has not heard from us
-                effects.append(Send(sender, HaveChunks(v.version, v.signed.manifest_id,
-                                                       bitmap_bytes(swarm.mine, v.count))))
-        if swarm.told(sender, bitmap_bits(body.bitmap, v.count)) and not v.complete:
-            self._pump(now, v, effects)
-        return self._arm(now, effects)
-
-    def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any], holds_all: bool = True) -> None:
-        """`sender` holds a version we do not know (all of it, or with `holds_all` False some
-        chunks of it): ask it for the manifest; its answer makes it a holder only in the first case."""
-        if version <= self._collected_through:
-            return  # collected here: we do not want it back
-        asked = self._manifest_asked.get(version)
-        if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
-            self._manifest_asked[version] = (now, sender if holds_all else "")
-            effects.append(FetchManifest(sender, version))
-
-    # -- internals: holding and announcing ------------------------------------------------
-
-    def _on_holding(self, now: float, sender: str, body: Holding) -> list[Any]:
-        effects: list[Any] = []
-        for held in body.versions:
-            v = self._versions.get(held.version)
-            if v is None:
-                self._ask_manifest(now, sender, held.version, effects)
-                continue
-            if held.manifest_id != v.signed.manifest_id or sender in v.holders or sender in self._banned:
-                continue
-            v.holders.add(sender)
-            if not v.complete and v.parked:
-                for index in v.parked:
-                    v.tried.pop(index, None)
-                    _requeue(v, index)
-                v.parked.clear()
-                self._pump(now, v, effects)
-        return self._arm(now, effects)
-
-    def _completed(self, now: float, v: _Version, effects: list[Any]) -> None:
-        v.completed_at = now
-        v.parked.clear()
-        effects.append(Emit(VersionComplete(v.version, v.signed.manifest_id, v.fetched_chunks, now - v.known_at)))
-        if v.plan is not None:  # our children pull from us: tell them we can now serve anything
-            held = Holding((HeldVersion(v.version, v.signed.manifest_id),))
-            children = {c for s in range(v.plan.stripes) for c in v.plan.children(s, self.self_id)}
-            effects.extend(Send(child, held) for child in sorted(children))
-
-    def _announce(self, now: float, effects: list[Any]) -> None:
-        held = self._held_list()
-        if held:
-            effects.append(Publish(HOLDING_TOPIC, held))
-
-    def _held_list(self) -> Holding | None:
-        held = [HeldVersion(n, self._versions[n].signed.manifest_id) for n in self.complete_versions()]
-        return Holding(tuple(held[-MAX_HELD_VERSIONS:])) if held else None
-
-    def _my_turn_to_announce(self, now: float) -> bool:
-        """Gossip `Holding` with probability announce_sample / members, per interval: O(N)
-        deliveries network-wide per interval instead of O(N^2). Pseudo-random, but pure."""
-        chance = self.config.announce_sample / max(len(self._members), 1)
-        if chance >= 1:
-            return True
-        rounds = int(now / self.config.announce_interval_s)
-        draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{rounds}".encode()).digest(8), "big") / 2**64
-        return draw < chance
+    # -- internals: the tick and upload slots ---------------------------------------------
 
     def _slots_wanted(self) -> int:
         """Upload slots to serve all our children at once (0: as configured): the widest child set
@@ -986,18 +699,6 @@ class TransferCore(SourceChoice):
 
     def _newest_first(self) -> list[_Version]:
         return [self._versions[n] for n in sorted(self._versions, reverse=True)]
-
-
-def _requeue(v: _Version, index: int) -> None:
-    """Put chunk `index` back on its stripe's retry queue (the swarm layout has none: a chunk
-    neither held nor asked for is wanted anyway)."""
-    if v.plan is None:
-        return
-    stripe = v.plan.stripe_of_chunk[index]
-    queue = v.retry[stripe]
-    if queue is None:
-        queue = v.retry[stripe] = deque()
-    queue.append(index)
 
 
 def _size(signed: SignedManifest, index: int) -> int:

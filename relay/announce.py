@@ -1,0 +1,107 @@
+"""The transfer core's holders: announcing what we hold, learning who holds what, completing.
+
+Mixed into `relay.transfer.TransferCore` (`Announcing`). A peer announces `Holding` (gossip on
+`HOLDING_TOPIC`) only once every chunk of a version is verified, and again every
+`announce_interval_s` (the core's tick decides when; `publish` announces at once), listing its
+newest `MAX_HELD_VERSIONS` complete versions. Only about `announce_sample` peers announce per
+interval, network-wide (`_my_turn_to_announce`: a pure draw from our id and the round), so
+deliveries grow as O(N) per interval, not O(N^2). On completing a version we also tell our
+children in its plan directly (`_completed`): they pull from us and may now ask us anything.
+
+A `Holding` for a version we know makes its sender a holder (a candidate for any chunk, after
+our chain: see `relay.transfer`) and gives the chunks parked for want of a source another try;
+one for a version we do not know asks the sender for the manifest (`_ask_manifest`, at most
+every `manifest_retry_s` per version, never for a version we garbage-collected), and the
+answer makes it a holder. The swarm layout's `HaveChunks` asks the same way, for a sender
+that holds only some chunks (its answer then makes it no holder).
+
+These methods read the core's configuration, membership, versions and bans, keep
+`_manifest_asked`, and add holders to a version; they also call the core's `_usable(now, peer)`,
+`_pump(now, v, effects)`, `_arm(now, effects)` and `complete_versions()`. Like the core they do
+no I/O and take the time as an argument.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from p2pnet.core import Emit, Publish, Send
+from relay.effects import FetchManifest, VersionComplete
+from relay.messages import HOLDING_TOPIC, MAX_HELD_VERSIONS, HeldVersion, Holding
+from relay.planner import Membership
+from relay.transfer_state import _requeue
+
+if TYPE_CHECKING:
+    from relay.transfer import TransferConfig
+    from relay.transfer_state import _Version
+
+
+class Announcing:
+    """Holders and announcements for `relay.transfer.TransferCore` (see the module docstring)."""
+
+    # the core's state these methods use (`TransferCore.__init__` sets it)
+    config: TransferConfig
+    self_id: str
+    _members: Membership
+    _versions: dict[int, _Version]
+    _banned: set[str]
+    _manifest_asked: dict[int, tuple[float, str]]
+    _collected_through: int
+
+    def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any], holds_all: bool = True) -> None:
+        """`sender` holds a version we do not know (all of it, or with `holds_all` False some
+        chunks of it): ask it for the manifest; its answer makes it a holder only in the first case."""
+        if version <= self._collected_through:
+            return  # collected here: we do not want it back
+        asked = self._manifest_asked.get(version)
+        if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
+            self._manifest_asked[version] = (now, sender if holds_all else "")
+            effects.append(FetchManifest(sender, version))
+
+    def _on_holding(self, now: float, sender: str, body: Holding) -> list[Any]:
+        effects: list[Any] = []
+        for held in body.versions:
+            v = self._versions.get(held.version)
+            if v is None:
+                self._ask_manifest(now, sender, held.version, effects)
+                continue
+            if held.manifest_id != v.signed.manifest_id or sender in v.holders or sender in self._banned:
+                continue
+            v.holders.add(sender)
+            if not v.complete and v.parked:
+                for index in v.parked:
+                    v.tried.pop(index, None)
+                    _requeue(v, index)
+                v.parked.clear()
+                self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def _completed(self, now: float, v: _Version, effects: list[Any]) -> None:
+        v.completed_at = now
+        v.parked.clear()
+        effects.append(Emit(VersionComplete(v.version, v.signed.manifest_id, v.fetched_chunks, now - v.known_at)))
+        if v.plan is not None:  # our children pull from us: tell them we can now serve anything
+            held = Holding((HeldVersion(v.version, v.signed.manifest_id),))
+            children = {c for s in range(v.plan.stripes) for c in v.plan.children(s, self.self_id)}
+            effects.extend(Send(child, held) for child in sorted(children))
+
+    def _announce(self, now: float, effects: list[Any]) -> None:
+        held = self._held_list()
+        if held:
+            effects.append(Publish(HOLDING_TOPIC, held))
+
+    def _held_list(self) -> Holding | None:
+        held = [HeldVersion(n, self._versions[n].signed.manifest_id) for n in self.complete_versions()]
+        return Holding(tuple(held[-MAX_HELD_VERSIONS:])) if held else None
+
+    def _my_turn_to_announce(self, now: float) -> bool:
+        """Gossip `Holding` with probability announce_sample / members, per interval: O(N)
+        deliveries network-wide per interval instead of O(N^2). Pseudo-random, but pure."""
+        chance = self.config.announce_sample / max(len(self._members), 1)
+        if chance >= 1:
+            return True
+        rounds = int(now / self.config.announce_interval_s)
+        draw = int.from_bytes(blake3.blake3(f"{self.self_id}/{rounds}".encode()).digest(8), "big") / 2**64
+        return draw < chance

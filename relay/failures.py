@@ -1,0 +1,142 @@
+"""What the transfer core does when a source fails us: exclude, ban, and fetch elsewhere.
+
+Mixed into `relay.transfer.TransferCore` (`FailureHandling`): the shell's `fetch_failed`, the
+stall check on the core's tick, and the exclusions and bans they lead to, which move the
+source's outstanding chunks back to their stripes' retry queues (`_release_peer`). A parent
+that `fetched` finds delivering too little (`relay.sources`) is excluded here too, as "slow".
+
+Failures, by who is at fault:
+
+- `corrupt`: the source served bytes that do not hash to the digest. It is banned (never asked
+  again) and penalised through a `Penalise` effect; the chunk is fetched elsewhere.
+- `unreachable`: the connection failed, was reset, or ended inside a chunk (a killed peer).
+  The source is excluded for `exclude_s`; its outstanding chunks are fetched elsewhere.
+- `not_admitted`: the source closed the connection after our hello: it has not heard our
+  heartbeat yet (its data plane serves only peers in its table). It is alive and in our plan,
+  so it is excluded for `not_admitted_s` only, without substitutes: its chunks go up its
+  stripes' chains to its ancestors meanwhile, and come back to it once it knows us. A source
+  that refuses us `NOT_ADMITTED_TRIES` times in a row (it banned us, or dropped us from its
+  table) is treated as unreachable from then on.
+- `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
+  The chunk is retried at the next candidate; the source stays usable for other chunks. Our
+  parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
+  its ancestors, which feed it, are not to be asked in its place). A source that had told us
+  it holds the whole version (`Holding`) is no longer counted among its holders: the answer
+  contradicts that (it lost the chunk, or its claim was false); its next `Holding` counts again.
+- stall (detected here on the tick): a source with requests outstanding and no completion for
+  `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
+  so it closes the connection.
+- `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
+  is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
+- `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
+  failed fsync lost it before we heard it was stored). Nobody is blamed; it is fetched again.
+
+A parent that only stalled is not replaced by a sibling but by its ancestors: a stall is a
+silent failure (a hung peer, a partition) that may hold the substitute too, unseen by us, and
+each wrong pick costs another `stall_timeout_s` (measured in the simulator: substituting after
+stalls made hangs and partitions slower). Only where that chain falls through to the origin,
+which is not our parent, do members ranked before us stand in first (`relay.sources`): that
+kept the origin's upload for what only it has, and did not slow hangs or partitions (review
+runs at 10 GB: 20% partitioned 275 -> 226 s, hangs the same time with fewer origin copies).
+
+These methods keep the core's exclusions (`_excluded`, `_slow`, `_refused`) and bans, rebuild
+a version's chains where a dropped peer was our parent, and release its requests through the
+core's `_settle`; they also call its `_chain`, `_pump`, `_arm` and `_ask_parent_again`
+(`relay.sources`). Like the core they do no I/O and take the time as an argument.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from p2pnet.core import Emit
+from relay.effects import DropSource, Penalise, SourceDropped
+from relay.transfer_state import _requeue
+
+if TYPE_CHECKING:
+    from relay.transfer import TransferConfig
+    from relay.transfer_state import _Version
+
+NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before a source counts as unreachable
+
+
+class FailureHandling:
+    """Failed sources for `relay.transfer.TransferCore` (see the module docstring)."""
+
+    # the core's state these methods use (`TransferCore.__init__` sets it)
+    config: TransferConfig
+    _versions: dict[int, _Version]
+    _excluded: dict[str, float]
+    _refused: dict[str, int]
+    _slow: set[str]
+    _banned: set[str]
+
+    def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
+        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `unavailable`,
+        or ours, `store_full` or `store_failed` (see the top)."""
+        v = self._versions.get(version)
+        effects: list[Any] = []
+        if reason == "corrupt":
+            self._ban(now, peer, effects)
+        elif reason == "not_admitted" and self._excluded.get(peer, 0.0) <= now:  # one refusal, not one per fetch
+            self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
+            self._exclude(now, peer, "not_admitted" if refusals < NOT_ADMITTED_TRIES else "unreachable", effects)
+        elif reason == "unreachable":
+            self._exclude(now, peer, reason, effects)
+        if v is None:
+            return effects
+        if reason == "unavailable":
+            v.holders.discard(peer)  # it said it held the whole version; this chunk says otherwise
+        entry = v.in_flight.get(index)
+        if entry is not None and entry[0] == peer:
+            self._settle(now, v, index, entry, progress=False)
+            if not v.have[index]:
+                if reason == "unavailable" and self._ask_parent_again(v, index, peer):
+                    pass  # our parent is alive and behind: asking its ancestors would slow it more
+                elif reason not in ("store_full", "store_failed", "not_admitted"):  # the source may be asked again
+                    v.tried.setdefault(index, set()).add(peer)
+                _requeue(v, index)
+        if not v.complete:
+            self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def _check_stalls(self, now: float, v: _Version, effects: list[Any]) -> None:
+        horizon = now - self.config.stall_timeout_s
+        stalled = [p for p, s in v.sources.items() if s.outstanding > 0 and s.since < horizon]
+        for peer in stalled:
+            self._exclude(now, peer, "stalled", effects)
+            effects.append(DropSource(peer))
+
+    def _exclude(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
+        config = self.config
+        until = now + (config.not_admitted_s if why == "not_admitted" else config.exclude_s)
+        self._excluded[peer] = max(until, self._excluded.get(peer, until))  # a late refusal never shortens an exclusion
+        if why == "slow":
+            self._slow.add(peer)
+        else:
+            self._slow.discard(peer)
+        self._release_peer(now, peer, why, effects)
+
+    def _ban(self, now: float, peer: str, effects: list[Any]) -> None:
+        if peer not in self._banned:
+            self._banned.add(peer)
+            effects.append(Penalise(peer, self.config.corrupt_penalty, "corrupt chunk"))
+            effects.append(DropSource(peer))
+        self._release_peer(now, peer, "corrupt", effects)
+
+    def _release_peer(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
+        """Move every chunk outstanding at `peer` back to its stripe's retry queue, and (unless it
+        only stalled or has not admitted us yet, see the top) borrow a substitute parent in each stripe where `peer` was the
+        one we fetched from."""
+        for v in self._versions.values():
+            if why not in ("stalled", "not_admitted") and not v.complete and v.plan is not None:
+                for s, chain in enumerate(v.chains):
+                    if chain and chain[0] == peer:
+                        v.chains[s] = self._chain(now, v.plan, s)
+            mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer]
+            for index, entry in mine:
+                self._settle(now, v, index, entry, progress=False)
+                _requeue(v, index)
+            if mine:
+                effects.append(Emit(SourceDropped(peer, v.version, why)))
+            v.holders.discard(peer)

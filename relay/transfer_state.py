@@ -1,0 +1,82 @@
+"""The transfer core's bookkeeping per version and per source: plain records, no decisions.
+
+`_Version` is what `relay.transfer.TransferCore` knows of one version: the signed manifest,
+which chunks we hold, the plan and our chain of sources per stripe, where each stripe's next
+request starts and which chunks wait to be asked for again, the requests in flight and their
+load per (source, stripe) link, the chunks' failed sources, holders of the whole version, and
+counters for `progress`. `_Source` is one source's outstanding requests and when it last made
+progress (the stall check). `_requeue` puts a chunk back on its stripe's retry queue.
+
+Used by the core and the mixins it is built from (`relay.sources`, `relay.failures`,
+`relay.announce`, `relay.swarm_transfer`); it imports none of them, so they import it (and
+`_requeue`) without importing the core.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from relay.manifest import SignedManifest
+from relay.planner import StripePlan
+from relay.swarm import SwarmVersion
+
+
+@dataclass(slots=True)
+class _Source:
+    outstanding: int = 0
+    since: float = 0.0  # last completion, or when outstanding went from 0 to 1
+
+
+@dataclass(slots=True)
+class _Version:
+    signed: SignedManifest
+    count: int
+    have: bytearray
+    have_count: int
+    known_at: float
+    digests: tuple[bytes, ...] = ()
+    chunk_bytes: int = 0  # every chunk's size but the last one's
+    last_bytes: int = 0
+    is_origin: bool = False
+    plan: StripePlan | None = None
+    chains: list[list[str]] = field(default_factory=list)
+    next_pos: list[int] = field(default_factory=list)
+    retry: list[deque[int] | None] = field(default_factory=list)  # per stripe: chunks to ask for again
+    parked: list[int] = field(default_factory=list)
+    in_flight: dict[int, tuple[str, int, float]] = field(default_factory=dict)  # index -> peer, stripe, t
+    link_load: dict[tuple[str, int], int] = field(default_factory=dict)
+    tried: dict[int, set[str]] = field(default_factory=dict)
+    reasked: dict[int, int] = field(default_factory=dict)  # index -> our parent answered "unavailable" this often
+    spare: dict[int, tuple[str | None, float]] = field(default_factory=dict)  # stripe -> whom to ask instead of the origin, until
+    sources: dict[str, _Source] = field(default_factory=dict)
+    holders: set[str] = field(default_factory=set)
+    fetched_chunks: int = 0
+    fetched_bytes: int = 0
+    completed_at: float | None = None
+    starved: bool = False  # the in-flight budget, not a window, stopped the last pump
+    forwards: int = -1  # the stripe in which we have children (our home stripe), or -1
+    swarm: SwarmVersion | None = None  # the swarm layout's bookkeeping (no plan then)
+
+    @property
+    def version(self) -> int:
+        return self.signed.manifest.version
+
+    @property
+    def complete(self) -> bool:
+        return self.have_count == self.count
+
+    def size(self, index: int) -> int:
+        return self.last_bytes if index == self.count - 1 else self.chunk_bytes
+
+
+def _requeue(v: _Version, index: int) -> None:
+    """Put chunk `index` back on its stripe's retry queue (the swarm layout has none: a chunk
+    neither held nor asked for is wanted anyway)."""
+    if v.plan is None:
+        return
+    stripe = v.plan.stripe_of_chunk[index]
+    queue = v.retry[stripe]
+    if queue is None:
+        queue = v.retry[stripe] = deque()
+    queue.append(index)
