@@ -29,7 +29,9 @@ Failures, by who is at fault:
 - `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
   is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
 - `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
-  failed fsync lost it before we heard it was stored). Nobody is blamed; it is fetched again.
+  failed fsync lost it before we heard it was stored). Nobody is blamed; it is fetched again,
+  and the shell holds new requests as for `store_full` (a failing disk is not fed at network
+  speed).
 
 A parent that only stalled is not replaced by a sibling but by its ancestors: a stall is a
 silent failure (a hung peer, a partition) that may hold the substitute too, unseen by us, and
