@@ -697,6 +697,41 @@ async def test_a_hold_started_by_a_failing_disk_keeps_its_cause_when_a_full_stor
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("fsync", [True, False])
+async def test_one_eio_on_the_put_of_the_last_chunk_holds_then_the_version_completes_and_the_hold_ends(
+        tmp_path, clock, caplog, monkeypatch, fsync):
+    """A disk that fails once (the put of the chunk that would complete the version) and then
+    works: nothing else is left to store, so only the chunk fetched again after the hold can
+    prove the disk; its put (which flushes the whole version) ends the backoff, and the peer is
+    healthy again."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, fsync=fsync, fsync_batch_chunks=4)
+    real_put, failed = h.role.store.put_chunk, []
+
+    def put_chunk(version, index, data, **kwargs):
+        if not failed and len(h.role.store.missing(h.role.core.signed(version))) == 1:
+            failed.append(index)
+            raise OSError(errno.EIO, "Input/output error")
+        return real_put(version, index, data, **kwargs)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = await h.announce(1)
+        await h.until(lambda: bool(failed), 30)
+        assert h.role.backoff.active and h.role.status()["store_backoff"]["cause"] == "failing"
+        took = await h.until(lambda: h.complete(1), 30)
+        assert took <= 1.5  # fetched again at the end of the first hold (1 s)
+        assert not h.role.backoff.active and RelayMetrics(h.node).unhealthy(h.role) is None
+        fetched = [index for _, _, index in h.source.downloads]
+        assert sorted(fetched) == sorted(list(range(CHUNKS)) + failed)  # only the failed chunk twice
+        assert len(store_failing_warnings(caplog)) == 1
+        if fsync:
+            after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
+            assert after.is_complete(signed)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_probe_that_cannot_read_a_failing_disk_keeps_the_hold_a_failing_disk_s(
         tmp_path, clock, caplog, monkeypatch):
     """At the end of a hold for a failing disk a request first asks the store for room; when that
