@@ -697,6 +697,24 @@ async def test_a_hold_started_by_a_failing_disk_keeps_its_cause_when_a_full_stor
         nursery.cancel_scope.cancel()
 
 
+def eio_on_the_last_put(h: Harness, monkeypatch, *, stored_first: bool) -> list[int]:
+    """The first put of the chunk that would complete a version fails with EIO; `stored_first`:
+    after another put of that chunk (in another thread) stored it and made the version durable.
+    Returns the chunk's index, once that put was made."""
+    real_put, failed = h.role.store.put_chunk, []
+
+    def put_chunk(version, index, data, **kwargs):
+        if not failed and len(h.role.store.missing(h.role.core.signed(version))) == 1:
+            failed.append(index)
+            if stored_first:
+                real_put(version, index, data, **kwargs)
+            raise OSError(errno.EIO, "Input/output error")
+        return real_put(version, index, data, **kwargs)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    return failed
+
+
 @pytest.mark.parametrize("fsync", [True, False])
 async def test_one_eio_on_the_put_of_the_last_chunk_holds_then_the_version_completes_and_the_hold_ends(
         tmp_path, clock, caplog, monkeypatch, fsync):
@@ -706,15 +724,7 @@ async def test_one_eio_on_the_put_of_the_last_chunk_holds_then_the_version_compl
     healthy again."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path, fsync=fsync, fsync_batch_chunks=4)
-    real_put, failed = h.role.store.put_chunk, []
-
-    def put_chunk(version, index, data, **kwargs):
-        if not failed and len(h.role.store.missing(h.role.core.signed(version))) == 1:
-            failed.append(index)
-            raise OSError(errno.EIO, "Input/output error")
-        return real_put(version, index, data, **kwargs)
-
-    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    failed = eio_on_the_last_put(h, monkeypatch, stored_first=False)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         signed = await h.announce(1)
@@ -779,16 +789,7 @@ async def test_a_put_that_fails_after_another_put_made_its_chunk_durable_starts_
     its store failing (/healthz 503) until the next version."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
-    real_put, raced = h.role.store.put_chunk, []
-
-    def put_chunk(version, index, data, **kwargs):
-        if not raced and len(h.role.store.missing(h.role.core.signed(version))) == 1:
-            raced.append(index)
-            real_put(version, index, data, **kwargs)  # the other put, in another thread, wins
-            raise OSError(errno.EIO, "Input/output error")
-        return real_put(version, index, data, **kwargs)
-
-    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    raced = eio_on_the_last_put(h, monkeypatch, stored_first=True)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         signed = await h.announce(1)
