@@ -832,7 +832,7 @@ class StoreBackoff:
         self.hold_s = 0.0  # the current (or last) hold's length; 0 when not backing off
         self.until = -float("inf")
         self.failures = 0
-        self.cause: StoreTrouble | None = None  # what started the current (or last) hold; None when not backing off
+        self.cause: StoreTrouble | None = None  # what started the current hold; None when not backing off
 
     @property
     def active(self) -> bool:
