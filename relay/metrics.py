@@ -21,8 +21,10 @@ class RelayMetrics:
         self.node = node
 
     def unhealthy(self, role: Any) -> str | None:
-        if role.backoff.active:
-            return "chunk store full or failing: fetching is held"
+        backoff = role.backoff
+        if backoff.active:  # (between holds too: each new request waits on a probe of the store then)
+            cause = backoff.cause.value if backoff.cause is not None else "full or failing"
+            return f"chunk store {cause}: fetching backs off until it stores again"
         return None
 
     def _by_role(self, per_peer: dict[str, int]) -> dict[str, float]:

@@ -40,11 +40,13 @@ core and the watcher forget it). A stored chunk reaches the core only if the sto
 it then (one lost meanwhile is a failed fetch, nobody's fault: `store_failed`), so the core never
 counts a chunk the store dropped before the core heard of it. A store that is full (StoreFull,
 ENOSPC from a put or from a background flush), or whose disk fails (any other OSError, such as
-EIO), holds new requests (`StoreBackoff`: 1 s doubling to 60 s, one warning per hold), so a bad
-disk is not fed chunks at network speed; while it backs off, a fetch is downloaded only if the
-store has room by then, and the first chunk stored ends the backoff (when the error came from a
-put or an fsync, the first flush that succeeds: writes into the page cache succeed on a full or
-failing disk).
+EIO), holds new requests (`StoreBackoff`: 1 s doubling to 60 s, one warning per hold; what
+started the hold, full or failing, is in the status and the health check), so a bad disk is not
+fed chunks at network speed; while it backs off, a fetch is downloaded only if the store has room
+by then (a disk that fails that question holds on as failing), and the first chunk stored ends
+the backoff (when the error came from a put or an fsync, the first flush that succeeds: writes
+into the page cache succeed on a full or failing disk). A put that fails when another put of the
+same chunk has made it durable since starts no hold: nothing might be left to store and end it.
 
 Test hook: with the environment variable P2PNET_TEST_CORRUPT_CHUNKS=1 this peer flips a byte in
 every chunk it serves (a byzantine relay for the tests). It is read once at start, logged as an
@@ -76,7 +78,7 @@ from relay.messages import (MAX_QUEUED_US, OP_MANIFEST, RESPONSE, STATUS_OK, STA
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.uploads import Uploads
 from relay.store import (NO_SPACE_ERRNOS, ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreEvent,
-                         VersionCollected)
+                         StoreTrouble, VersionCollected)
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
 from relay.upstream import OP_URGENT, Buffers, Upstream, read_frame
@@ -191,7 +193,6 @@ class RelayRole:
         # a flush that makes chunks durable since ends the backoff, not a chunk stored (a write into
         # the page cache)
         self._full_on_flush: int | None = None
-        self._failing = False  # the backoff is for a failing disk (EIO), not a full one
         self._token: trio.lowlevel.TrioToken | None = None
         self.store.listener = self._from_store
 
@@ -257,8 +258,10 @@ class RelayRole:
                 if self.store.holds(item.version, item.index):
                     self._nursery.start_soon(self._held_already, item)  # type: ignore[union-attr]
                     continue
-                if self.backoff.active and not await self._room_for(item.size):
-                    await self._not_stored(item.peer, item, "still no room after the hold")  # not downloaded
+                trouble = await self._no_room_for(item.size) if self.backoff.active else None
+                if trouble is not None:  # not downloaded
+                    why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
+                    await self._not_stored(item.peer, item, f"{why} after the hold", trouble)
                 else:
                     self._upstream(item.peer).submit(item)
             elif isinstance(item, ChunkRotten):
@@ -315,7 +318,7 @@ class RelayRole:
         kept by a put whose flush failed after writing it (the core heard it was not stored, and
         nothing else would tell it again). The core hears `found` (a no-op if it knows) once the
         chunk is durable, after a flush if need be; if that flush fails the ask fails as ours
-        (`store_failed`) and comes again, paced by the store-full hold the failure started."""
+        (`store_failed`) and comes again, paced by the hold (full or failing) the failure started."""
         if not self.store.is_durable(fetch.version, fetch.index):
             await self._flush_store()
         if self.store.is_durable(fetch.version, fetch.index):
@@ -355,12 +358,18 @@ class RelayRole:
             await self._not_stored(peer, fetch, str(exc))
             return
         except OSError as exc:  # a batched fsync found the disk full (a write raises StoreFull), or our disk failed
-            full = exc.errno in NO_SPACE_ERRNOS
-            if not full:
+            trouble = _trouble_of(exc)
+            if self.store.is_durable(fetch.version, fetch.index):
+                # another put of it (a second request for the chunk) stored it and a flush made it durable
+                # after this put began: the disk takes writes, and a hold might have nothing left to end it
+                log.error("cannot keep chunk %d of version %d: %s (another put of it is durable since: no hold)",
+                          fetch.index, fetch.version, exc)
+                await self.report_failed(peer, fetch, "store_failed")
+                return
+            if trouble is StoreTrouble.FAILING:
                 log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
             self._full_on_flush = self.store.durable_flushes  # (maybe the fsync: only a durable flush ends the hold)
-            await self._store_trouble(str(exc), lambda now: self.core.fetch_failed(
-                now, peer, fetch.version, fetch.index, "store_full" if full else "store_failed"), full=full)
+            await self._not_stored(peer, fetch, str(exc), trouble)
             return
         if self._full_on_flush is None or self.store.durable_flushes > self._full_on_flush:
             await self._room_again()
@@ -411,12 +420,12 @@ class RelayRole:
         try:
             await trio.to_thread.run_sync(self.store.flush)
         except OSError as exc:
-            full = exc.errno in NO_SPACE_ERRNOS
-            if not full or stopping:
+            trouble = _trouble_of(exc)
+            if trouble is StoreTrouble.FAILING or stopping:
                 log.error("flushing the chunk store failed: %s", exc)
             if not stopping:
                 self._full_on_flush = self.store.durable_flushes
-                await self._store_trouble(str(exc), full=full)
+                await self._store_trouble(str(exc), trouble=trouble)
             return
         if self._full_on_flush is not None and self.store.durable_flushes > self._full_on_flush and not stopping:
             await self._room_again()
@@ -460,40 +469,45 @@ class RelayRole:
         await self._command(lambda now: self.core.collected(version))
         log.info("version %d was garbage-collected: no longer held or announced", version)
 
-    async def _room_for(self, nbytes: int) -> bool:
-        """Whether the store has room for a chunk now (asked before fetching while backing off)."""
-        if trio.current_time() < self.backoff.until:
-            return False  # a request issued just before the hold began
+    async def _no_room_for(self, nbytes: int) -> StoreTrouble | None:
+        """Why the store cannot take a chunk now, or None if it can (asked before fetching while
+        backing off): no room, or a disk that fails the question itself."""
+        if trio.current_time() < self.backoff.until:  # a request issued just before the hold began
+            return self.backoff.cause or StoreTrouble.FULL
         try:
-            return await trio.to_thread.run_sync(self.store.has_room, nbytes)
+            return None if await trio.to_thread.run_sync(self.store.has_room, nbytes) else StoreTrouble.FULL
         except OSError as exc:
             log.error("cannot check the chunk store's free space: %s", exc)
-            return False
+            return _trouble_of(exc)
 
-    async def _not_stored(self, peer: str, fetch: Fetch, why: str) -> None:
-        """Our store had no room for a chunk: fetch it again later, blaming nobody, and hold new
-        requests (`_store_trouble`)."""
+    async def _not_stored(self, peer: str, fetch: Fetch, why: str,
+                          trouble: StoreTrouble = StoreTrouble.FULL) -> None:
+        """Our store had no room for a chunk (or its disk failed: `trouble`): fetch it again later,
+        blaming nobody, and hold new requests (`_store_trouble`)."""
+        reason = "store_full" if trouble is StoreTrouble.FULL else "store_failed"
         await self._store_trouble(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                          "store_full"))
+                                                                          reason), trouble=trouble)
 
     async def _room_again(self) -> None:
         """A chunk was stored (or, when an fsync found the disk full, a flush succeeded): a
         backoff, if one was running, ends, and requests resume at once."""
         self._full_on_flush = None
+        cause = self.backoff.cause  # (what started the hold, not the last failure inside it)
         if self.backoff.succeeded():
-            log.warning("the chunk store %s again: fetching resumes", "stores" if self._failing else "has room")
+            log.warning("the chunk store %s again: fetching resumes",
+                        "takes writes" if cause is StoreTrouble.FAILING else "has room")
             await self._command(lambda now: self.core.hold_requests(now, now))
 
     async def _store_trouble(self, why: str, then: Callable[[float], list[Any]] = lambda now: [], *,
-                             full: bool = True) -> None:
-        """Our store is full, or its disk fails (`full` False: EIO and the like): hold new requests
-        (1 s, doubling up to 60 s while it stays so; a failing disk must not be fed chunks at
-        network speed), say so once per hold, and tell the core `then`."""
-        self._failing = not full
-        until = self.backoff.failed(trio.current_time())
+                             trouble: StoreTrouble = StoreTrouble.FULL) -> None:
+        """Our store is full, or its disk fails (`StoreTrouble.FAILING`: EIO and the like): hold
+        new requests (1 s, doubling up to 60 s while it stays so; a failing disk must not be fed
+        chunks at network speed), say so once per hold, and tell the core `then`. A failure inside
+        a hold leaves the hold, and its cause, as they are."""
+        until = self.backoff.failed(trio.current_time(), trouble)
         if until is not None:
             log.warning("chunk store %s (%s): no new chunk requests for %.0fs (%d failed stores so far)",
-                        "full" if full else "failing", why, until - trio.current_time(), self.backoff.failures)
+                        trouble.value, why, until - trio.current_time(), self.backoff.failures)
         await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else []) + then(now))
 
     def _manifest_gate(self, frame: bytes) -> str | None:
@@ -850,6 +864,12 @@ class RelayRole:
         """Complete here: the core has every chunk of `version` and the store still does."""
         signed = self.core.signed(version)
         return self.watcher.is_complete(version) and signed is not None and self.store.is_complete(signed)
+
+
+def _trouble_of(exc: OSError) -> StoreTrouble:
+    """A full disk (ENOSPC, EDQUOT; a write raises StoreFull, a batched fsync the OSError itself)
+    or a failing one (any other error)."""
+    return StoreTrouble.FULL if exc.errno in NO_SPACE_ERRNOS else StoreTrouble.FAILING
 
 
 def _some(indices: list[int], shown: int = 8) -> str:

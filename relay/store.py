@@ -49,7 +49,7 @@ What the owner hears. A chunk found rotten (`ChunkRotten`), chunks lost to a fai
 `listener`, from whichever thread found them, so the relay fetches the chunks again and stops
 reporting the version complete. `version_stamp(version)`
 changes whenever a chunk of the version is stored again. `StoreBackoff` (pure) says when a full
-store may be tried again.
+or failing store may be tried again (`StoreTrouble`: which of the two started its hold).
 
 Manifests are re-opened and re-verified against the trusted publishers when loaded; untrusted or
 malformed ones are skipped with a warning (left on disk, with their files: trust lists change).
@@ -65,6 +65,7 @@ This module must not do network I/O and must not import torch.
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
@@ -804,14 +805,23 @@ class ChunkStore:
         return signed
 
 
+class StoreTrouble(enum.Enum):
+    """Why a `StoreBackoff` hold began."""
+
+    FULL = "full"  # no room: the budget, or the disk (StoreFull, ENOSPC, EDQUOT)
+    FAILING = "failing"  # the disk failed a write or an fsync otherwise (EIO and the like)
+
+
 class StoreBackoff:
-    """When to try a full store again: pure (times are passed in), for the relay's fetching.
+    """When to try a full or failing store again: pure (times are passed in), for the relay's
+    fetching.
 
     The first failure starts a hold of `first_s`; a failure after a hold ended (the probe found
-    the store still full) starts the next one, twice as long, up to `max_s`; failures inside a
-    hold (requests that were already out) change nothing. `failed` returns the end of a new hold,
-    once per hold, so the caller says so once per interval, not once per chunk. A store that
-    succeeds ends the backoff (`succeeded` is True when one was running).
+    the store still full, or its disk still failing) starts the next one, twice as long, up to
+    `max_s`; failures inside a hold (requests that were already out) change nothing, not even
+    its `cause` (what started it). `failed` returns the end of a new hold, once per hold, so the
+    caller says so once per interval, not once per chunk. A store that succeeds ends the backoff
+    (`succeeded` is True when one was running).
     """
 
     def __init__(self, first_s: float = 1.0, max_s: float = 60.0) -> None:
@@ -822,30 +832,32 @@ class StoreBackoff:
         self.hold_s = 0.0  # the current (or last) hold's length; 0 when not backing off
         self.until = -float("inf")
         self.failures = 0
+        self.cause: StoreTrouble | None = None  # what started the current hold; None when not backing off
 
     @property
     def active(self) -> bool:
-        """The store was full and nothing has been stored since."""
+        """The store was full or failing and nothing has been stored since."""
         return self.hold_s > 0
 
-    def failed(self, now: float) -> float | None:
-        """A store failed for lack of space: the end of a new hold, or None inside the current one."""
+    def failed(self, now: float, cause: StoreTrouble = StoreTrouble.FULL) -> float | None:
+        """A store failed (`cause`): the end of a new hold, or None inside the current one."""
         self.failures += 1
         if now < self.until:
             return None
         self.hold_s = self.first_s if not self.active else min(2 * self.hold_s, self.max_s)
         self.until = now + self.hold_s
+        self.cause = cause
         return self.until
 
     def succeeded(self) -> bool:
         """A store succeeded: back to normal. True if that ended a backoff."""
         was = self.active
-        self.hold_s, self.until = 0.0, -float("inf")
+        self.hold_s, self.until, self.cause = 0.0, -float("inf"), None
         return was
 
     def to_json(self, now: float) -> dict[str, object]:
-        return {"backing_off": self.active, "hold_s": self.hold_s,
-                "retry_in_s": round(max(self.until - now, 0.0), 3) if self.active else 0.0,
+        return {"backing_off": self.active, "cause": self.cause.value if self.cause is not None else None,
+                "hold_s": self.hold_s, "retry_in_s": round(max(self.until - now, 0.0), 3) if self.active else 0.0,
                 "failed_stores": self.failures}
 
 

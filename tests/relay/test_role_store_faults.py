@@ -29,8 +29,9 @@ from p2pnet.messages import Capacity
 from p2pnet.node import Node, PeerNews
 from p2pnet.peertable import LocalInfo
 from p2pnet.errors import ConfigError, PeerUnavailable
-from relay.errors import ChunkMissing
+from relay.errors import ChunkMissing, StoreFull
 from relay.messages import Holding
+from relay.metrics import RelayMetrics
 from relay.role import RelayRole
 import relay.store
 from relay.store import ChunkStore
@@ -321,7 +322,7 @@ async def test_a_disk_that_fails_every_put_with_eio_is_paced_not_fed_chunks_at_n
         disk["failing"] = False
         await h.until(lambda: h.complete(1), 40)
         assert not h.role.backoff.active
-        assert [r for r in caplog.records if "store stores again" in r.getMessage()]
+        assert [r for r in caplog.records if "store takes writes again" in r.getMessage()]
         nursery.cancel_scope.cancel()
 
 
@@ -579,7 +580,7 @@ async def test_chunks_a_failed_fsync_lost_are_fetched_again_and_the_version_comp
         again = sorted({i for i in fetched if fetched.count(i) > 1})
         assert len(again) >= 4 and len(fetched) == CHUNKS + len(again)  # the lost batch, fetched twice
         assert [r for r in caplog.records if "may not be on disk" in r.getMessage() and r.name == "relay.role"]
-        assert not h.role.backoff.active  # our disk failed, not full: nothing held back
+        assert not h.role.backoff.active  # the hold the failed fsync began ended with the flush that worked
         assert h.role.core.progress(trio.current_time(), 1)["chunks_have"] == CHUNKS
         after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
         assert after.is_complete(signed) and after.verify(1, everything=True) == []
@@ -648,4 +649,156 @@ async def test_a_version_whose_last_bitmap_write_found_the_disk_full_completes_o
         assert sorted(fetched) == list(range(CHUNKS))  # every chunk downloaded once: the last was kept
         after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
         assert after.is_complete(signed) and after.verify(1, everything=True) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hold_started_by_a_failing_disk_keeps_its_cause_when_a_full_store_is_found_inside_it(
+        tmp_path, clock, caplog, monkeypatch):
+    """A put fails with EIO (a hold for a failing disk starts), then a put already out finds the
+    store full inside that hold (no new hold): the hold is still the failing disk's, in the status,
+    the health check and the line that ends it; a later hold of its own is the full store's."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path)
+    real_put = h.role.store.put_chunk
+    faults = [OSError(errno.EIO, "Input/output error"), StoreFull("injected: over budget")]
+
+    def put_chunk(version, index, data, **kwargs):
+        if faults:
+            raise faults.pop(0)
+        return real_put(version, index, data, **kwargs)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        h.source.gate = trio.Event()
+        await h.announce(1)
+        await h.until(lambda: h.role.core.status(trio.current_time())["progress"][0]["in_flight"] >= 2, 5)
+        h.source.gate.set()  # the requests already out are answered together: EIO, then a full store
+        await h.until(lambda: not faults, 5)
+        assert h.role.backoff.failures == 2 and len(store_failing_warnings(caplog)) == 1
+        assert not store_full_warnings(caplog)
+        status = h.role.status()["store_backoff"]
+        assert status["backing_off"] and status["cause"] == "failing", status
+        assert "failing" in RelayMetrics(h.node).unhealthy(h.role)
+        await h.until(lambda: h.complete(1), 30)
+        resumed = [r.getMessage() for r in caplog.records if "fetching resumes" in r.getMessage()]
+        assert len(resumed) == 1 and "takes writes again" in resumed[0], resumed
+        assert h.role.status()["store_backoff"]["cause"] is None and RelayMetrics(h.node).unhealthy(h.role) is None
+
+        h.role.store.budget_bytes = h.role.store.used_bytes  # now a full store, and nothing else
+        await h.announce(2)
+        await h.until(lambda: h.role.backoff.active, 5)
+        assert h.role.status()["store_backoff"]["cause"] == "full"
+        assert "full" in RelayMetrics(h.node).unhealthy(h.role)
+        h.role.store.budget_bytes = 10**9
+        await h.until(lambda: h.complete(2), 120)
+        resumed = [r.getMessage() for r in caplog.records if "fetching resumes" in r.getMessage()]
+        assert len(resumed) == 2 and "has room again" in resumed[1], resumed
+        nursery.cancel_scope.cancel()
+
+
+def eio_on_the_last_put(h: Harness, monkeypatch, *, stored_first: bool) -> list[int]:
+    """The first put of the chunk that would complete a version fails with EIO; `stored_first`:
+    after another put of that chunk (in another thread) stored it and made the version durable.
+    Returns the chunk's index, once that put was made."""
+    real_put, failed = h.role.store.put_chunk, []
+
+    def put_chunk(version, index, data, **kwargs):
+        if not failed and len(h.role.store.missing(h.role.core.signed(version))) == 1:
+            failed.append(index)
+            if stored_first:
+                real_put(version, index, data, **kwargs)
+            raise OSError(errno.EIO, "Input/output error")
+        return real_put(version, index, data, **kwargs)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    return failed
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+async def test_one_eio_on_the_put_of_the_last_chunk_holds_then_the_version_completes_and_the_hold_ends(
+        tmp_path, clock, caplog, monkeypatch, fsync):
+    """A disk that fails once (the put of the chunk that would complete the version) and then
+    works: nothing else is left to store, so only the chunk fetched again after the hold can
+    prove the disk; its put (which flushes the whole version) ends the backoff, and the peer is
+    healthy again."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, fsync=fsync, fsync_batch_chunks=4)
+    failed = eio_on_the_last_put(h, monkeypatch, stored_first=False)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = await h.announce(1)
+        await h.until(lambda: bool(failed), 30)
+        assert h.role.backoff.active and h.role.status()["store_backoff"]["cause"] == "failing"
+        took = await h.until(lambda: h.complete(1), 30)
+        assert took <= 1.5  # fetched again at the end of the first hold (1 s)
+        assert not h.role.backoff.active and RelayMetrics(h.node).unhealthy(h.role) is None
+        fetched = [index for _, _, index in h.source.downloads]
+        assert sorted(fetched) == sorted(list(range(CHUNKS)) + failed)  # only the failed chunk twice
+        assert len(store_failing_warnings(caplog)) == 1
+        if fsync:
+            after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
+            assert after.is_complete(signed)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_probe_that_cannot_read_a_failing_disk_keeps_the_hold_a_failing_disk_s(
+        tmp_path, clock, caplog, monkeypatch):
+    """At the end of a hold for a failing disk a request first asks the store for room; when that
+    question itself fails (EIO from statvfs), the next hold is still a failing disk's, not a full
+    store's, and the chunk is not downloaded."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path)
+    real_put, real_room, disk = h.role.store.put_chunk, h.role.store.has_room, {"failing": True, "probes": 0}
+
+    def put_chunk(version, index, data, **kwargs):
+        if disk["failing"]:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_put(version, index, data, **kwargs)
+
+    def has_room(nbytes):
+        if disk["failing"]:
+            disk["probes"] += 1
+            raise OSError(errno.EIO, "Input/output error")
+        return real_room(nbytes)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    monkeypatch.setattr(h.role.store, "has_room", has_room)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        await h.announce(1)
+        await h.until(lambda: disk["probes"] >= 3, 30)
+        downloaded = len(h.source.downloads)
+        with trio.move_on_after(10):
+            await trio.sleep_forever()
+        assert len(h.source.downloads) == downloaded  # every probe failed: nothing fetched
+        assert len(store_failing_warnings(caplog)) >= 3 and not store_full_warnings(caplog)
+        assert h.role.status()["store_backoff"]["cause"] == "failing"
+        disk["failing"] = False
+        await h.until(lambda: h.complete(1), 60)
+        assert not h.role.backoff.active
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_put_that_fails_after_another_put_made_its_chunk_durable_starts_no_hold_that_never_ends(
+        tmp_path, clock, caplog, monkeypatch):
+    """Two puts of the version's last chunk race (endgame requests to two sources): one fails
+    with EIO, the other stores the chunk and flushes the whole version durable before the
+    failure reaches the role. That failure proves nothing the durable flush did not disprove;
+    held on it, nothing would ever be stored again to end the hold, and the peer would report
+    its store failing (/healthz 503) until the next version."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
+    raced = eio_on_the_last_put(h, monkeypatch, stored_first=True)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = await h.announce(1)
+        await h.until(lambda: h.complete(1), 30)
+        assert raced and ChunkStore(h.role.store.root, budget_bytes=10**9,
+                                    trusted_publishers=[PUBLISHER.peer_id]).is_complete(signed)
+        with trio.move_on_after(120):  # nothing left to fetch or store
+            await trio.sleep_forever()
+        assert not h.role.backoff.active and RelayMetrics(h.node).unhealthy(h.role) is None
+        assert not store_failing_warnings(caplog)
+        assert [r for r in caplog.records if "cannot keep chunk" in r.getMessage()]  # the EIO is still told
         nursery.cancel_scope.cancel()

@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 from p2pnet.identity import Identity
 from relay.errors import ChunkMissing, VersionUnknown
-from relay.store import ChunkRotten, ChunkStore, StoreBackoff, VersionCollected
+from relay.store import ChunkRotten, ChunkStore, StoreBackoff, StoreTrouble, VersionCollected
 from tests.relay.disk import rot_chunk
 
 TRAINER = Identity.from_seed_text("trainer")
@@ -113,3 +113,13 @@ def test_store_backoff_doubles_per_failed_probe_up_to_its_cap_and_says_so_once_p
     assert backoff.to_json(now - 3.0)["retry_in_s"] == 3.0
     assert backoff.succeeded() and not backoff.active and not backoff.succeeded()
     assert backoff.failed(now) == now + 1.0  # a new episode starts short again
+
+
+def test_store_backoff_keeps_the_cause_of_the_hold_a_failure_inside_it_does_not_change():
+    backoff = StoreBackoff(first_s=1.0, max_s=8.0)
+    assert backoff.cause is None and backoff.to_json(0.0)["cause"] is None
+    assert backoff.failed(0.0, StoreTrouble.FAILING) == 1.0
+    assert backoff.failed(0.5, StoreTrouble.FULL) is None  # a request already out found the store full
+    assert backoff.cause is StoreTrouble.FAILING and backoff.to_json(0.5)["cause"] == "failing"
+    assert backoff.failed(1.0) == 3.0 and backoff.cause is StoreTrouble.FULL  # the next hold is its own
+    assert backoff.succeeded() and backoff.cause is None and backoff.to_json(3.0)["cause"] is None

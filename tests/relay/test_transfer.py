@@ -825,3 +825,23 @@ def test_measured_rates_of_peers_that_left_are_forgotten_and_those_of_members_ke
     c.set_members(2.0, {p: u for p, u in uploads.items() if p not in gone})
     assert not set(gone) & set(c._rates) and not set(gone) & set(c._samples)
     assert set(stays) <= set(c._rates) and all(c._samples[p] >= 1 for p in stays)
+
+
+def test_a_measured_holder_that_left_the_membership_is_no_longer_asked_and_the_version_completes():
+    """The holder we measured in the endgame leaves our membership but stays in the version's
+    holders (`Holding` told us so): its rate is forgotten, so neither the endgame nor a spare for
+    the origin picks it (only measured holders are), the source choice does not trip over a
+    holder without a rate, and the version completes from members."""
+    c, signed, lag, held, t, parent, holder = _endgame()
+    c.on_message(t, envelope(holder, Holding((HeldVersion(1, signed.manifest_id),))))
+    assert holder in c._rates and holder in c._versions[1].holders
+    uploads = {p: u for p, u in c._members.uploads.items() if p != holder}
+    pending = list(held) + fetches(c.set_members(t, uploads))
+    assert holder not in c._rates and holder in c._versions[1].holders
+    asked: list[str] = []
+    while pending and len(asked) < 1000:
+        f = pending.pop(0)
+        asked.append(f.peer)
+        t += 0.01
+        pending += fetches(c.fetched(t, f.peer, 1, f.index, 0.01))
+    assert c.complete_versions() == [1] and holder not in asked
