@@ -8,7 +8,7 @@ comes from the data directory's configuration, and the publishers trusted are th
 peer started there trusted (`last-start.toml`, its `--trust` flags included), its own key and
 `--trust`: what that peer stored is believed again.
 
-Control commands (served by the relay role, relay/role.py):
+Control commands (served by the relay role: relay/commands.py, mixed into relay/role.py):
 
     {"cmd": "checkpoint.publish", "paths": [abs path...], "model": str, "version": int,
      "previous_version": int, "chunk_bytes": int}
@@ -258,7 +258,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    """Control command (relay/role.py): {"cmd": "checkpoint.wait", "version": int | "latest",
+    """Control command (relay/commands.py): {"cmd": "checkpoint.wait", "version": int | "latest",
     "timeout_s": float} -> {"version": int, "dir": str, "files": [str, ...]} once the version
     is complete and durable, or an error answer."""
     result = _call_waiting(args.data_dir, {"cmd": "checkpoint.wait", "version": args.wait_version,

@@ -1,8 +1,9 @@
 """`RelayRole`: the trio shell that runs the transfer core, serves chunks and fetches them.
 
 What it owns: the store of this peer, one `TransferCore` (driven by the node's `CoreRunner`),
-the data-plane channel `relay/chunks` (serving), one `relay.upstream.Upstream` per source peer
-(fetching), the control commands `checkpoint.publish|status|fetch|wait`, and the
+the data-plane channel `relay/chunks` (serving: `relay.serving_shell`, mixed in), one
+`relay.upstream.Upstream` per source peer (fetching), the control commands
+`checkpoint.publish|status|fetch|wait` and `status()` (`relay.commands`, mixed in), and the
 `VersionWatcher` that tells trainers and workers when a version is complete.
 
 Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Penalise`,
@@ -13,18 +14,10 @@ shared by all upstreams) to `report_fetched`: hashed against the manifest and wr
 offsets in a worker thread while the connection reads on. Stored chunks reach the core in
 batches, one round trip for all that finished meanwhile.
 
-The server side answers a request once it holds the chunk (waiting up to `request_timeout_s`
-for it to arrive: this is how chunks are forwarded as soon as they are verified), serving at
-most `max_concurrent_uploads` at once (more when the core asks for them with `ServeAtOnce`:
-all our children, in a plan of small fan-outs; a chunk served for `upload_linger` times our
-typical serving time stops holding its slot: a slow downloader does not hold up the others),
-requests flagged urgent (the requester forwards that
-stripe) first (`relay.serving.ServingCore`, the same core the simulator drives, through
-`relay.uploads`), each chunk sent from its file by `os.sendfile` (the page cache
-is the cache), never more than `[peer] upload_bps` (`--upload-bps`) a second in all: a token
-bucket with one second of burst, paid before a chunk is sent. What the uploads deliver while
-every slot is busy is measured (`relay.serving.UploadMeter`); when it is lower than
-`upload_bps`, the heartbeat advertises it, and peers plan their next version with it.
+The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
+slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a second in all. What
+the uploads deliver while every slot is busy is measured (`relay.serving.UploadMeter`); when it
+is lower than `upload_bps`, the heartbeat advertises it, and peers plan their next version with it.
 
 Durability. The store makes a version durable (files fsynced, then its bitmap) before the put
 that completes it returns, so the core hears of the last chunk, reports the version complete,
@@ -66,22 +59,23 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from p2pnet.core import Emit
-from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_file, send_frame
-from p2pnet.errors import ConfigError, MessageRejected, P2PNetError, PeerUnavailable
+from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_frame
+from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.peertable import PEER_TABLE_CORE, PeerChanged, PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
-from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete, VersionUnknown
+from relay.commands import ControlCommands, _refusing_errors
+from relay.errors import ChunkCorrupt, ManifestRejected, StoreFull, VersionUnknown
 from relay.loader import VersionWatcher
-from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, chunk_size, open_manifest
-from relay.messages import (MAX_QUEUED_US, OP_MANIFEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
-                            ChunkResponse, ManifestAnnounce)
+from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, open_manifest
+from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse, ManifestAnnounce
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
+from relay.serving_shell import ChunkServing, _parse_request  # _parse_request: tests import it from here
 from relay.uploads import Uploads
 from relay.store import (NO_SPACE_ERRNOS, ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreEvent,
                          StoreTrouble, VersionCollected)
 from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce, VersionComplete
 from relay.transfer import TransferConfig, TransferCore
-from relay.upstream import OP_URGENT, Buffers, Upstream, read_frame
+from relay.upstream import Buffers, Upstream, read_frame
 
 if TYPE_CHECKING:
     from p2pnet.node import Node
@@ -92,9 +86,7 @@ CHANNEL = "relay/chunks"
 CORRUPT_ENV = "P2PNET_TEST_CORRUPT_CHUNKS"
 MEMBERS_POLL_S = 1.0
 STORING_CHUNKS = 6  # received chunks being hashed and written at once: the chunk buffers this peer holds
-MAX_REQUESTS_PER_CONNECTION = 256
 WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
-STALLED_READER_PENALTY = 3.0  # asked for chunks and stopped reading the answers
 BUSY_LINGER_S = 3.0  # the node counts us busy (slower heartbeats) until this long after the last chunk moved
 _RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise, ServeAtOnce)
 
@@ -141,7 +133,7 @@ def serving_uploads(node: Node) -> dict[str, float]:
     return uploads
 
 
-class RelayRole:
+class RelayRole(ChunkServing, ControlCommands):
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
         self.config: RelayConfig = relay_config(section).trusting(node.peer_id)
@@ -618,253 +610,6 @@ class RelayRole:
                 await self._members_changed.wait()
             self._members_changed = trio.Event()
 
-    # -- serving --------------------------------------------------------------------------
-
-    async def _serve(self, stream: trio.SocketStream, reader: FrameReader, client: str) -> None:
-        """One requester's connection (`client`, authenticated by the data plane): answer each
-        request when we can, in any order. A connection with nothing asked and nothing owed for
-        `idle_timeout_s` is closed; so is one whose requester stops reading (see `_respond`)."""
-        send_lock = trio.Lock()
-        pending = trio.CapacityLimiter(MAX_REQUESTS_PER_CONNECTION)
-        async with trio.open_nursery() as nursery:
-            try:
-                while True:
-                    with trio.move_on_after(self.config.idle_timeout_s) as idle:
-                        frame = await reader.frame()
-                    if idle.cancelled_caught:
-                        if pending.borrowed_tokens:
-                            continue  # we still owe answers: not idle
-                        log.info("closing the idle data connection of %s", client)
-                        break
-                    if frame is None:
-                        break  # the requester hung up: drop what it still waits for
-                    request = _parse_request(frame)
-                    await pending.acquire_on_behalf_of(request)
-                    nursery.start_soon(self._answer, stream, send_lock, client, request, pending,
-                                       nursery.cancel_scope)
-            except ValueError as exc:
-                log.info("garbage chunk request from %s: %s", client, exc)
-            except (PeerUnavailable, MessageRejected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                log.info("chunk requests from %s ended: %s", client, exc)
-            finally:
-                nursery.cancel_scope.cancel()
-
-    async def _answer(self, stream: trio.SocketStream, send_lock: trio.Lock, client: str,
-                      request: tuple[ChunkRequest, bool], pending: trio.CapacityLimiter,
-                      connection: trio.CancelScope) -> None:
-        req, urgent = request
-        reserved: list[tuple[ByteBudget, int]] = []  # bytes paced for and not sent yet: refunded on the way out
-        try:
-            if req.op == OP_MANIFEST:
-                try:
-                    frame: bytes | None = self.store.manifest(req.version).frame
-                except VersionUnknown:
-                    frame = None
-                await self._respond(stream, send_lock, req.request_id, frame)
-                return
-            held = self.store.holds(req.version, req.index)
-            if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`)
-                await self._command(lambda now: self.core.asked_for(now, req.version, req.index))
-                held = self.store.holds(req.version, req.index)
-            if self.config.serve_bytes_per_peer_s and held:  # a peer's budget is spent waiting, not holding a slot
-                budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
-                nbytes = self._size_of(req)
-                reserved.append((budget, nbytes))
-                await trio.sleep(budget.reserve(trio.current_time(), nbytes))
-            async with self._uploads.turn(client, req.version, req.index, urgent, held) as queued_s:
-                if queued_s is None or not self._matches(req.version, req.index, req.digest):
-                    await self._respond(stream, send_lock, req.request_id, None)  # not here in time, or not this
-                    return
-                size = self._size_of(req)
-                self.serving_now[client] = self.serving_now.get(client, 0) + 1
-                try:
-                    reserved.append((self._upload, size))
-                    paced_s = self._upload.reserve(trio.current_time(), size)
-                    await trio.sleep(paced_s)
-                    queued_s += paced_s  # our upload budget is our slowness too: the requester times it
-                    if not await self._verified(req.version, req.index):
-                        raise ChunkMissing(f"chunk {req.index} of version {req.version} was rotten")
-                    if self.corrupt_chunks:
-                        data = await trio.to_thread.run_sync(self.store.read_chunk, req.version, req.index)
-                        await self._respond(stream, send_lock, req.request_id, bytes([data[0] ^ 0xFF]) + data[1:],
-                                            queued_s=queued_s, reserved=reserved)
-                    else:
-                        await self._respond(stream, send_lock, req.request_id,
-                                            self.store.segments(req.version, req.index), size, queued_s, reserved)
-                    self.served[client] = self.served.get(client, 0) + 1
-                    self.bytes_served += size
-                    self.bytes_served_to[client] = self.bytes_served_to.get(client, 0) + size
-                    now = self._moved_at = trio.current_time()
-                    self._serving_window = (self._serving_window or (now, now))[0], now
-                except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile
-                    await self._respond(stream, send_lock, req.request_id, None)
-                finally:
-                    self.serving_now[client] -= 1
-                    if not self.serving_now[client]:
-                        del self.serving_now[client]
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.info("chunk answers to %s ended: %s", client, exc)
-            connection.cancel()
-        except trio.TooSlowError:
-            self.penalise(client, STALLED_READER_PENALTY,
-                          f"did not read an answer within {self.config.send_timeout_s}s (holding an upload slot)")
-            connection.cancel()
-        except OSError as exc:  # our disk: the requester asks elsewhere
-            log.error("serving chunk %d of version %d: %s", req.index, req.version, exc)
-            connection.cancel()
-        finally:
-            for budget, nbytes in reserved:
-                budget.refund(nbytes)
-            pending.release_on_behalf_of(request)
-
-    def _matches(self, version: int, index: int, digest: bytes) -> bool:
-        """Whether we hold chunk `index` of `version` and it is the one asked for (by digest)."""
-        try:
-            signed = self.store.manifest(version)
-        except VersionUnknown:
-            return False
-        return 0 <= index < len(signed.manifest.chunk_digests) and signed.manifest.chunk_digests[index] == digest \
-            and self.store.holds(version, index)
-
-    def _size_of(self, req: ChunkRequest) -> int:
-        try:
-            return chunk_size(self.store.manifest(req.version).manifest, req.index)
-        except (VersionUnknown, IndexError, ValueError):
-            return 0
-
-    async def _verified(self, version: int, index: int) -> bool:
-        """Held and good: a chunk only claimed by the bitmap since a restart is hashed first."""
-        if self.store.is_verified(version, index):
-            return True
-        return await trio.to_thread.run_sync(self.store.ensure_verified, version, index)
-
-    async def _respond(self, stream: trio.SocketStream, send_lock: trio.Lock, request_id: int,
-                       payload: bytes | list[tuple[Path, int, int]] | None, length: int = 0,
-                       queued_s: float = 0.0, reserved: list[tuple[ByteBudget, int]] | None = None) -> None:
-        """Send one answer: `payload` bytes, the file pieces a chunk lies in (sent by the kernel,
-        `length` bytes in all), or None for "unavailable"; `queued_s` (how long it waited for our
-        upload) goes in the header. TooSlowError if the requester does not take it within
-        `send_timeout_s` (a reader that stops reading must not hold a slot). `reserved` (the
-        budget paced for it, refunded by the caller if it is still there) is emptied as the
-        header goes out: from then on those bytes are spent."""
-        if payload is None:
-            status, length = STATUS_UNAVAILABLE, 0
-        else:
-            status, length = STATUS_OK, (len(payload) if isinstance(payload, bytes) else length)
-        fds: list[tuple[int, int, int]] = []
-        try:
-            for path, offset, count in payload if isinstance(payload, list) else ():
-                fds.append((os.open(path, os.O_RDONLY), offset, count))  # before the header: it may be gone
-            async with send_lock:
-                with trio.fail_after(self.config.send_timeout_s):
-                    queued_us = min(MAX_QUEUED_US, max(0, round(queued_s * 1e6)))
-                    if reserved is not None:
-                        reserved.clear()
-                    await send_frame(stream, ChunkResponse(request_id, status, length, queued_us).pack())
-                    if isinstance(payload, bytes):
-                        await stream.send_all(payload)
-                    for fd, offset, count in fds:
-                        await send_file(stream, fd, offset, count)
-        finally:
-            for fd, _, _ in fds:
-                os.close(fd)
-
-    # -- control commands and status --------------------------------------------------------
-
-    async def _cmd_publish(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
-        paths = request.get("paths")
-        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
-            raise ConfigError("paths", "a non-empty list of file paths")
-        signed = await self.publish([Path(p) for p in paths], str(request.get("model", "model")),
-                                    int(request["version"]), int(request.get("previous_version", -1)),
-                                    request.get("chunk_bytes"), str(request.get("place", "link")))
-        return {"manifest_id": signed.manifest_id.hex(), "version": signed.version,
-                "chunks": len(signed.manifest.chunk_digests), "total_bytes": signed.manifest.total_bytes}
-
-    async def _cmd_status(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
-        return self.status()
-
-    async def _cmd_fetch(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
-        """Wait until the version is complete here, then hand its files out into `out_dir`
-        (verified, hard-linked where the filesystem allows)."""
-        out_dir = Path(str(request.get("out_dir") or request.get("out") or ""))
-        if not out_dir.is_absolute():
-            raise ConfigError("out_dir", "an absolute directory path")
-        timeout_s = _timeout(request)
-        with trio.move_on_after(timeout_s):
-            while True:
-                version = await self._until_held(request.get("version"), reply)
-                try:
-                    files = await trio.to_thread.run_sync(self.store.export_version, version, out_dir)
-                except (ChunkMissing, VersionIncomplete) as exc:  # rotten on disk: dropped, fetched again
-                    log.warning("exporting version %d: %s; waiting until it is complete again", version, exc)
-                    continue
-                return {"version": version, "files": [str(f) for f in files],
-                        "total_bytes": self.store.manifest(version).manifest.total_bytes}
-        raise PeerUnavailable(self._not_yet(request.get("version"), timeout_s))
-
-    async def _cmd_wait(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
-        """Block until the version (or, for "latest", any version) is complete and durable here;
-        where its files are. Costs nothing while it waits (no polling, no status)."""
-        timeout_s = _timeout(request)
-        with trio.move_on_after(timeout_s):
-            version = await self._until_held(request.get("version"), None)
-            return {"version": version, "dir": str(self.store.version_dir(version)),
-                    "files": [str(p) for p in self.store.version_files(version)]}
-        raise PeerUnavailable(self._not_yet(request.get("version"), timeout_s))
-
-    async def _until_held(self, wanted: Any, reply: Any) -> int:
-        """The version asked for (an int, or "latest": the newest complete one, waiting for a
-        first if none), once complete here; progress is sent to `reply` every 0.5 s if given."""
-        if wanted != "latest" and (isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0):
-            raise ConfigError("version", 'a version number >= 0, or "latest"')
-        while True:
-            version = self.watcher.latest if wanted == "latest" else wanted
-            if version >= 0 and self._holds(version):
-                return version
-            if reply is not None and version >= 0 and self.core.knows(version):
-                p = self.core.progress(trio.current_time(), version)
-                await reply({"progress": {k: p[k] for k in ("version", "chunks_have", "chunks_total",
-                                                              "bytes_per_s")}})
-            with trio.move_on_after(0.5 if reply is not None else math.inf):
-                await self.watcher.wait_change()
-
-    def _not_yet(self, wanted: Any, timeout_s: float) -> str:
-        if wanted == "latest":
-            return f"no version became complete here within {timeout_s:g}s"
-        if self.core.knows(wanted):
-            p = self.core.progress(trio.current_time(), wanted)
-            return (f"version {wanted} is not complete here after {timeout_s:g}s "
-                    f"({p['chunks_have']} of {p['chunks_total']} chunks)")
-        return (f"version {wanted} is unknown here after {timeout_s:g}s: no trusted publisher's manifest for it "
-                "has arrived (is it published, and is its publisher trusted?)")
-
-    def status(self) -> dict[str, Any]:
-        now = trio.current_time()
-        status = self.store.status()
-        status.update(
-            complete_versions=self.core.complete_versions(),
-            transfers=self.core.status(now),
-            fetching_from={p: u.outstanding for p, u in self._upstreams.items() if u.outstanding},
-            timeline={str(v): dict(t) for v, t in self.timeline.items()},
-            fetched_from=dict(self.fetched_from),
-            serving_to=dict(self.serving_now),
-            served_to=dict(self.served),
-            bytes_served=self.bytes_served,
-            upload_limit_bps=self._upload.rate_bps,
-            upload_measured_bps=self._meter.rate(now, self.bytes_served),
-            upload_advertised_bps=self.node.peertable.local.capacity.upload_bps,
-            serving_window_s=round(self._serving_window[1] - self._serving_window[0], 3) if self._serving_window else 0.0,
-            corrupting_chunks=self.corrupt_chunks,
-            store_backoff=self.backoff.to_json(now),
-        )
-        return status
-
-    def _holds(self, version: int) -> bool:
-        """Complete here: the core has every chunk of `version` and the store still does."""
-        signed = self.core.signed(version)
-        return self.watcher.is_complete(version) and signed is not None and self.store.is_complete(signed)
-
 
 def _trouble_of(exc: OSError) -> StoreTrouble:
     """A full disk (ENOSPC, EDQUOT; a write raises StoreFull, a batched fsync the OSError itself)
@@ -876,30 +621,3 @@ def _some(indices: list[int], shown: int = 8) -> str:
     """Chunk indices for a log line: the first few, and how many more."""
     text = ", ".join(map(str, indices[:shown]))
     return text + (f" and {len(indices) - shown} more" if len(indices) > shown else "")
-
-
-def _parse_request(frame: bytes) -> tuple[ChunkRequest, bool]:
-    if frame and frame[0] & OP_URGENT:
-        return ChunkRequest.unpack(bytes([frame[0] & ~OP_URGENT & 0xFF]) + frame[1:]), True
-    return ChunkRequest.unpack(frame), False
-
-
-def _timeout(request: dict[str, Any]) -> float:
-    timeout_s = request.get("timeout_s", 600.0)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ConfigError("timeout_s", "a number of seconds > 0")
-    return float(timeout_s)
-
-
-def _refusing_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A control command that answers {"error": ...} for our named errors instead of crashing."""
-
-    async def command(request: dict[str, Any], reply: Any) -> dict[str, Any]:
-        try:
-            return await fn(request, reply)
-        except KeyError as exc:
-            return {"error": f"the request lacks {exc}"}
-        except (P2PNetError, TypeError, ValueError) as exc:  # said for a user: no class names
-            return {"error": str(exc)}
-
-    return command
