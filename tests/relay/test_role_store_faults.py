@@ -153,6 +153,21 @@ class Harness:
         return version in self.role.status()["complete_versions"] and self.role.watcher.is_complete(version)
 
 
+class FailingPuts:
+    """The role's store's `put_chunk` raises OSError(`error`) while `failing` is set."""
+
+    def __init__(self, h: Harness, monkeypatch, error: int, message: str) -> None:
+        self.failing = True
+        real_put = h.role.store.put_chunk
+
+        def put_chunk(version, index, data, **kwargs):
+            if self.failing:
+                raise OSError(error, message)
+            return real_put(version, index, data, **kwargs)
+
+        monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+
+
 def store_full_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "relay.role" and r.levelno >= logging.WARNING and "store full" in r.getMessage()]
@@ -264,15 +279,7 @@ async def test_a_garbage_collected_version_is_no_longer_reported_or_announced(tm
 
 async def test_a_disk_that_raises_enospc_backs_off_the_same_way(tmp_path, clock, caplog, monkeypatch):
     h = Harness(tmp_path)
-    real_put = h.role.store.put_chunk
-    disk = {"full": True}
-
-    def put_chunk(version, index, data, **kwargs):
-        if disk["full"]:
-            raise OSError(errno.ENOSPC, "No space left on device")  # e.g. a batched fsync
-        return real_put(version, index, data, **kwargs)
-
-    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    disk = FailingPuts(h, monkeypatch, errno.ENOSPC, "No space left on device")  # e.g. a batched fsync
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         await h.announce(1)
@@ -281,7 +288,7 @@ async def test_a_disk_that_raises_enospc_backs_off_the_same_way(tmp_path, clock,
         warnings = store_full_warnings(caplog)
         assert 4 <= len(warnings) <= 6, warnings  # holds of 1, 2, 4, 8, 16 s
         assert len(h.source.downloads) <= 4 * (len(warnings) + 1)  # one window of probes per hold
-        disk["full"] = False
+        disk.failing = False
         await h.until(lambda: h.complete(1), 40)
         assert not h.role.backoff.active
         nursery.cancel_scope.cancel()
@@ -299,15 +306,7 @@ async def test_a_disk_that_fails_every_put_with_eio_is_paced_not_fed_chunks_at_n
     disk that works again ends it at the first durable flush."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path)
-    real_put = h.role.store.put_chunk
-    disk = {"failing": True}
-
-    def put_chunk(version, index, data, **kwargs):
-        if disk["failing"]:
-            raise OSError(errno.EIO, "Input/output error")
-        return real_put(version, index, data, **kwargs)
-
-    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    disk = FailingPuts(h, monkeypatch, errno.EIO, "Input/output error")
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         h.source.answer_at_most = 200  # without a hold the retries would never let virtual time pass
@@ -319,7 +318,7 @@ async def test_a_disk_that_fails_every_put_with_eio_is_paced_not_fed_chunks_at_n
         assert "Input/output error" in warnings[0] and not store_full_warnings(caplog)
         assert len(h.source.downloads) <= 4 * (len(warnings) + 1), len(h.source.downloads)  # one window per hold
         assert h.role.status()["store_backoff"]["backing_off"] and not h.complete(1)
-        disk["failing"] = False
+        disk.failing = False
         await h.until(lambda: h.complete(1), 40)
         assert not h.role.backoff.active
         assert [r for r in caplog.records if "store takes writes again" in r.getMessage()]
@@ -749,32 +748,26 @@ async def test_a_probe_that_cannot_read_a_failing_disk_keeps_the_hold_a_failing_
     store's, and the chunk is not downloaded."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path)
-    real_put, real_room, disk = h.role.store.put_chunk, h.role.store.has_room, {"failing": True, "probes": 0}
-
-    def put_chunk(version, index, data, **kwargs):
-        if disk["failing"]:
-            raise OSError(errno.EIO, "Input/output error")
-        return real_put(version, index, data, **kwargs)
+    real_room, disk, probes = h.role.store.has_room, FailingPuts(h, monkeypatch, errno.EIO, "Input/output error"), []
 
     def has_room(nbytes):
-        if disk["failing"]:
-            disk["probes"] += 1
+        if disk.failing:
+            probes.append(nbytes)
             raise OSError(errno.EIO, "Input/output error")
         return real_room(nbytes)
 
-    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
     monkeypatch.setattr(h.role.store, "has_room", has_room)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         await h.announce(1)
-        await h.until(lambda: disk["probes"] >= 3, 30)
+        await h.until(lambda: len(probes) >= 3, 30)
         downloaded = len(h.source.downloads)
         with trio.move_on_after(10):
             await trio.sleep_forever()
         assert len(h.source.downloads) == downloaded  # every probe failed: nothing fetched
         assert len(store_failing_warnings(caplog)) >= 3 and not store_full_warnings(caplog)
         assert h.role.status()["store_backoff"]["cause"] == "failing"
-        disk["failing"] = False
+        disk.failing = False
         await h.until(lambda: h.complete(1), 60)
         assert not h.role.backoff.active
         nursery.cancel_scope.cancel()
