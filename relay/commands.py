@@ -34,6 +34,7 @@ from relay.errors import ChunkMissing, VersionIncomplete
 
 if TYPE_CHECKING:
     from relay.loader import VersionWatcher
+    from relay.manifest import SignedManifest
     from relay.serving import ByteBudget, UploadMeter
     from relay.store import ChunkStore, StoreBackoff
     from relay.transfer import TransferCore
@@ -61,6 +62,10 @@ class ControlCommands:
     served: dict[str, int]
     bytes_served: int
     _serving_window: tuple[float, float] | None
+
+    if TYPE_CHECKING:  # what these call on the role (`relay.role.RelayRole`)
+        async def publish(self, paths: list[Path], model: str, version: int, previous_version: int = -1,
+                          chunk_bytes: int | None = None, place: str = "link") -> SignedManifest: ...
 
     async def _cmd_publish(self, request: dict[str, Any], reply: Any) -> dict[str, Any]:
         paths = request.get("paths")

@@ -56,6 +56,7 @@ from relay.effects import DropSource, Penalise, SourceDropped
 from relay.transfer_state import _requeue
 
 if TYPE_CHECKING:
+    from relay.planner import StripePlan
     from relay.transfer import TransferConfig
     from relay.transfer_state import _Version
 
@@ -72,6 +73,14 @@ class FailureHandling:
     _refused: dict[str, int]
     _slow: set[str]
     _banned: set[str]
+
+    if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
+        def _settle(self, now: float, v: _Version, index: int, entry: tuple[str, int, float],
+                    progress: bool) -> None: ...
+        def _ask_parent_again(self, v: _Version, index: int, peer: str) -> bool: ...
+        def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None: ...
+        def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
+        def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]: ...
 
     def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
         """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `unavailable`,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
@@ -73,6 +73,10 @@ class ChunkServing:
     bytes_served_to: dict[str, int]
     _serving_window: tuple[float, float] | None
     _moved_at: float
+
+    if TYPE_CHECKING:  # what these call on the role (`relay.role.RelayRole`)
+        async def _command(self, fn: Callable[[float], list[Any]]) -> None: ...
+        def penalise(self, peer: str, amount: float, reason: str) -> None: ...
 
     async def _serve(self, stream: trio.SocketStream, reader: FrameReader, client: str) -> None:
         """One requester's connection (`client`, authenticated by the data plane): answer each

@@ -118,8 +118,7 @@ def draw_score(self_id: str, stripe: int, peer: str, depth: int, uploads: Mappin
 class SourceChoice:
     """Source choice for `relay.transfer.TransferCore` (see the module docstring)."""
 
-    # the core's state these methods read (`TransferCore.__init__` sets it); they also call its
-    # `_usable(now, peer)` and `_next_index(v, stripe)`
+    # the core's state these methods read (`TransferCore.__init__` sets it)
     config: TransferConfig
     self_id: str
     _members: Membership
@@ -128,6 +127,10 @@ class SourceChoice:
     _banned: set[str]
     _slow: set[str]
     _draw_orders: dict[StripePlan, dict[int, tuple[str, ...]]]  # `_by_draw`'s, for our current membership
+
+    if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
+        def _usable(self, now: float, peer: str) -> bool: ...
+        def _next_index(self, v: _Version, stripe: int) -> tuple[int | None, bool]: ...
 
     def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
                     lost: str | None = None, skip: str | None = None, avoid: Any = (),
@@ -195,9 +198,10 @@ class SourceChoice:
         advertises; relative to our other sources, so our own slow download does not make every
         parent look slow. The origin is never replaced, and takes over from a slow parent only
         for the first-ranked child of a slow stripe root (see the top: a sixteenth of a copy)."""
-        chain = v.chains[stripe] if v.plan is not None else ()
-        if not chain or chain[0] != peer or peer == v.plan.origin or \
-                self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:  # type: ignore[union-attr]
+        if v.plan is None:
+            return False
+        chain = v.chains[stripe]
+        if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
         planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)  # type: ignore[union-attr]

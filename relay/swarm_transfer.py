@@ -35,9 +35,7 @@ SWARM = -1  # the "stripe" of a swarm request (no plan, no stripes)
 class SwarmTransfer:
     """The swarm layout for `relay.transfer.TransferCore` (see the module docstring)."""
 
-    # the core's state these methods use (`TransferCore.__init__` sets it); they also call its
-    # `_usable(now, peer)`, `_note_request(...)`, `_pump(now, v, effects)`, `_arm(now, effects)`
-    # and `_ask_manifest(...)` (`relay.announce`)
+    # the core's state these methods use (`TransferCore.__init__` sets it)
     config: TransferConfig
     self_id: str
     _members: Membership
@@ -47,6 +45,14 @@ class SwarmTransfer:
     _neighbours: frozenset[str]
     _have_at: float | None
     _have_sent: float
+
+    if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
+        def _usable(self, now: float, peer: str) -> bool: ...
+        def _note_request(self, now: float, v: _Version, source: str, index: int, stripe: int) -> None: ...
+        def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None: ...
+        def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
+        def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any],
+                          holds_all: bool = True) -> None: ...
 
     def _pump_swarm(self, now: float, v: _Version, effects: list[Any]) -> None:
         """Ask neighbours (and complete holders) for chunks we lack, rarest first, up to the

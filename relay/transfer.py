@@ -167,15 +167,14 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         return []
 
     def on_timer(self, now: float, key: str) -> list[Any]:
+        effects: list[Any] = []
         if key == TIMER_HAVE:
             self._have_at = None
-            effects: list[Any] = []
             self._send_haves(now, effects)
             return effects
         if key != TIMER_TICK:
             return []
         self._tick_at = None
-        effects: list[Any] = []
         for v in self._newest_first():
             if not v.complete:
                 self._check_stalls(now, v, effects)
