@@ -158,7 +158,6 @@ class RelayRole(ChunkServing, ControlCommands):
         self._queue_send, self._queue = trio.open_memory_channel[Any](math.inf)
         self._peeler = _Peeler(self.core, self._queue_send.send_nowait)
         self._runner: Any = None
-        self._nursery: trio.Nursery | None = None
         self._upstreams: dict[str, Upstream] = {}
         self._meter = UploadMeter()
         self._uploads = Uploads(ServingConfig(slots=self.config.max_concurrent_uploads,
@@ -200,7 +199,6 @@ class RelayRole(ChunkServing, ControlCommands):
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
             self.node.dataplane.register(CHANNEL, self._serve)
             self.node.add_gossip_gate(ManifestAnnounce.KIND, self._manifest_gate)
             self._runner = await self.node.add_core(self._peeler, "relay")
@@ -245,43 +243,44 @@ class RelayRole(ChunkServing, ControlCommands):
     # -- effects --------------------------------------------------------------------------
 
     async def _dispatch(self) -> None:
-        async for item in self._queue:
-            if isinstance(item, Fetch):
-                if self.store.holds(item.version, item.index):
-                    self._nursery.start_soon(self._held_already, item)  # type: ignore[union-attr]
-                    continue
-                trouble = await self._no_room_for(item.size) if self.backoff.active else None
-                if trouble is not None:  # not downloaded
-                    why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
-                    await self._not_stored(item.peer, item, f"{why} after the hold", trouble)
-                else:
-                    self._upstream(item.peer).submit(item)
-            elif isinstance(item, ChunkRotten):
-                await self._chunks_lost(item.version, (item.index,), "was corrupt on disk")
-            elif isinstance(item, ChunksLost):
-                await self._chunks_lost(item.version, item.indices, "may not be on disk (a failed fsync)")
-            elif isinstance(item, VersionCollected):
-                await self._version_collected(item.version)
-            elif isinstance(item, FetchManifest):
-                self._nursery.start_soon(self._fetch_manifest, item)  # type: ignore[union-attr]
-            elif isinstance(item, DropSource):
-                upstream = self._upstreams.pop(item.peer, None)
-                if upstream is not None:
-                    upstream.close()
-            elif isinstance(item, Penalise):
-                self.penalise(item.peer, item.amount, item.reason)
-            elif isinstance(item, ServeAtOnce):
-                self._uploads.set_slots(item.slots)
-            elif isinstance(item, ManifestAccepted):
-                self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
-                self._about_to_move()  # its chunks are fetched next
-                await self._keep_manifest(item.signed)
-            elif isinstance(item, VersionComplete):
-                self.timeline.setdefault(item.version, {})["complete_at_s"] = time.time()
-                self.watcher.mark_complete(item.version)  # durable: the store flushed it first
-                log.info("version %d complete (%d chunks fetched in %.1fs)", item.version, item.fetched_chunks,
-                         item.seconds)
-                await self._collect()
+        async with trio.open_nursery() as nursery:  # what the core's effects start: upstreams, manifest fetches
+            async for item in self._queue:
+                if isinstance(item, Fetch):
+                    if self.store.holds(item.version, item.index):
+                        nursery.start_soon(self._held_already, item)
+                        continue
+                    trouble = await self._no_room_for(item.size) if self.backoff.active else None
+                    if trouble is not None:  # not downloaded
+                        why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
+                        await self._not_stored(item.peer, item, f"{why} after the hold", trouble)
+                    else:
+                        self._upstream(item.peer, nursery).submit(item)
+                elif isinstance(item, ChunkRotten):
+                    await self._chunks_lost(item.version, (item.index,), "was corrupt on disk")
+                elif isinstance(item, ChunksLost):
+                    await self._chunks_lost(item.version, item.indices, "may not be on disk (a failed fsync)")
+                elif isinstance(item, VersionCollected):
+                    await self._version_collected(item.version)
+                elif isinstance(item, FetchManifest):
+                    nursery.start_soon(self._fetch_manifest, item)
+                elif isinstance(item, DropSource):
+                    upstream = self._upstreams.pop(item.peer, None)
+                    if upstream is not None:
+                        upstream.close()
+                elif isinstance(item, Penalise):
+                    self.penalise(item.peer, item.amount, item.reason)
+                elif isinstance(item, ServeAtOnce):
+                    self._uploads.set_slots(item.slots)
+                elif isinstance(item, ManifestAccepted):
+                    self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
+                    self._about_to_move()  # its chunks are fetched next
+                    await self._keep_manifest(item.signed)
+                elif isinstance(item, VersionComplete):
+                    self.timeline.setdefault(item.version, {})["complete_at_s"] = time.time()
+                    self.watcher.mark_complete(item.version)  # durable: the store flushed it first
+                    log.info("version %d complete (%d chunks fetched in %.1fs)", item.version, item.fetched_chunks,
+                             item.seconds)
+                    await self._collect()
 
     async def _keep_manifest(self, signed: SignedManifest) -> None:
         """Keep the manifest and create the version's files (before any of its fetches is sent:
@@ -319,12 +318,13 @@ class RelayRole(ChunkServing, ControlCommands):
             await self._command(lambda now: self.core.fetch_failed(now, fetch.peer, fetch.version, fetch.index,
                                                                    "store_failed"))
 
-    def _upstream(self, peer: str) -> Upstream:
+    def _upstream(self, peer: str, nursery: trio.Nursery) -> Upstream:
+        """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none."""
         upstream = self._upstreams.get(peer)
         if upstream is None or upstream.closed:
             upstream = Upstream(self, peer)
             self._upstreams[peer] = upstream
-            self._nursery.start_soon(upstream.run)  # type: ignore[union-attr]
+            nursery.start_soon(upstream.run)
         return upstream
 
     def data_addr(self, peer: str) -> str | None:

@@ -124,14 +124,13 @@ class Harness:
     async def start(self, nursery: trio.Nursery) -> None:
         role = self.role
         role._token = trio.lowlevel.current_trio_token()
-        role._nursery = nursery
         role._runner = CoreRunner(role._peeler, self.node, name="relay")
         await nursery.start(role._runner.run)
         nursery.start_soon(role._dispatch)
         nursery.start_soon(role._tell_fetched)
         nursery.start_soon(role._flusher)
         self.source = Source(role, self.origin, nursery)
-        role._upstream = lambda peer: self.source  # every fetch goes to the publisher's store
+        role._upstream = lambda peer, nursery: self.source  # every fetch goes to the publisher's store
         await role._command(lambda now: role.core.set_members(now, {PUBLISHER.peer_id: 1e9}))
 
     async def announce(self, version: int, chunks: int = CHUNKS):
