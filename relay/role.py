@@ -287,7 +287,6 @@ class RelayRole(ChunkServing, ControlCommands):
         `_dispatch` awaits this); chunks shared with a version we hold are copied, not fetched."""
         try:
             await trio.to_thread.run_sync(self.store.add_manifest, signed)
-            adopted = await trio.to_thread.run_sync(self.store.adopt_shared, signed.version)
         except ManifestRejected as exc:  # the publisher signed two manifests for one version
             log.error("manifest for version %d refused by the store: %s", signed.version, exc)
             self.core.forget(signed.version)
@@ -296,6 +295,12 @@ class RelayRole(ChunkServing, ControlCommands):
             log.error("cannot keep version %d: %s", signed.version, exc)
             self.core.forget(signed.version)
             return
+        try:
+            adopted = await trio.to_thread.run_sync(self.store.adopt_shared, signed.version)
+        except (StoreFull, OSError) as exc:  # the version is kept: what was not copied is fetched
+            adopted = [i for i in range(len(signed.manifest.chunk_digests)) if self.store.holds(signed.version, i)]
+            log.warning("version %d: copying the chunks it shares with a held version stopped after %d: %s; "
+                        "the rest is fetched", signed.version, len(adopted), exc)
         if adopted:
             log.info("version %d: %d chunks shared with a held version, copied locally", signed.version,
                      len(adopted))

@@ -377,35 +377,75 @@ async def test_checkpoint_wait_answers_once_the_version_is_complete_with_its_fol
         nursery.cancel_scope.cancel()
 
 
+async def publish_sharing(h: Harness, tmp_path: Path, version: int):
+    """Version `version`: a file every version shares (8 chunks) and one of its own; announced."""
+    shared = tmp_path / "frozen.safetensors"
+    if not shared.exists():
+        save_file({"frozen": np.random.default_rng(9).standard_normal(8 * CHUNK // 4).astype(np.float32)},
+                  str(shared))
+    folder = tmp_path / f"src{version}"
+    folder.mkdir()
+    moving = folder / "moving.safetensors"
+    save_file({"moving": np.full(4 * CHUNK // 4, version, dtype=np.float32)}, str(moving))
+    signed = h.origin.publish_files(PUBLISHER, [shared, moving], model="m", version=version, chunk_bytes=CHUNK,
+                                    now_s=time.time(), place="copy")
+    await h.role._command(lambda now: h.role.core.manifest_frame(now, PUBLISHER.peer_id, signed.frame))
+    return signed
+
+
+def shared_with(signed, held) -> list[int]:
+    """The chunks of `signed` whose digests `held` (a signed manifest) has too."""
+    digests = set(held.manifest.chunk_digests)
+    return [i for i, d in enumerate(signed.manifest.chunk_digests) if d in digests]
+
+
 async def test_a_version_that_shares_chunks_with_a_held_one_fetches_only_the_rest(tmp_path, clock):
     h = Harness(tmp_path)
-    shared = tmp_path / "frozen.safetensors"
-    save_file({"frozen": np.random.default_rng(9).standard_normal(8 * CHUNK // 4).astype(np.float32)}, str(shared))
-
-    def version_files(version: int) -> list[Path]:
-        folder = tmp_path / f"src{version}"
-        folder.mkdir()
-        moving = folder / "moving.safetensors"
-        save_file({"moving": np.full(4 * CHUNK // 4, version, dtype=np.float32)}, str(moving))
-        return [shared, moving]
-
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         signed = {}
         for version in (1, 2):
-            signed[version] = h.origin.publish_files(PUBLISHER, version_files(version), model="m", version=version,
-                                                     chunk_bytes=CHUNK, now_s=time.time(), place="copy")
-            await h.role._command(lambda now, v=version: h.role.core.manifest_frame(now, PUBLISHER.peer_id,
-                                                                                    signed[v].frame))
+            signed[version] = await publish_sharing(h, tmp_path, version)
             await h.until(lambda v=version: h.complete(v), 30)
-        one, two = (set(signed[v].manifest.chunk_digests) for v in (1, 2))
         fetched_for_two = [index for _, version, index in h.source.downloads if version == 2]
-        reused = [i for i, d in enumerate(signed[2].manifest.chunk_digests) if d in one]
+        reused = shared_with(signed[2], signed[1])
         count = len(signed[2].manifest.chunk_digests)
-        assert len(two) > 1 and len(reused) >= 8
+        assert len(set(signed[2].manifest.chunk_digests)) > 1 and len(reused) >= 8
         assert sorted(fetched_for_two) == [i for i in range(count) if i not in reused]
         out = await h.role._cmd_fetch({"version": 2, "out_dir": str(tmp_path / "out")}, lambda progress: None)
         assert [Path(f).read_bytes() for f in out["files"]] == [p.read_bytes() for p in h.origin.version_files(2)]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_disk_that_fails_while_shared_chunks_are_copied_keeps_the_version_and_fetches_the_rest(
+        tmp_path, clock, caplog, monkeypatch):
+    """Copying the chunks a new version shares with a held one, the third put fails with EIO. The
+    version is kept (it used to be dropped whole, and nothing fetched it), the two chunks copied
+    stay copied, everything else is fetched, and the version completes."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path)
+    real_put, puts = h.role.store.put_chunk, []
+
+    def put_chunk(version, index, data, **kwargs):
+        puts.append((version, index))
+        if puts.count((version, index)) == 1 and [v for v, _ in puts].count(2) == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_put(version, index, data, **kwargs)
+
+    monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        one = await publish_sharing(h, tmp_path, 1)
+        await h.until(lambda: h.complete(1), 30)
+        two = await publish_sharing(h, tmp_path, 2)
+        await h.until(lambda: h.complete(2), 60)
+        reused = shared_with(two, one)
+        copied = [i for v, i in puts if v == 2][:2]
+        assert copied == reused[:2] and len(reused) >= 8
+        fetched_for_two = sorted(index for _, version, index in h.source.downloads if version == 2)
+        assert fetched_for_two == [i for i in range(len(two.manifest.chunk_digests)) if i not in copied]
+        assert not [r for r in caplog.records if "cannot keep version 2" in r.getMessage()]
+        assert [r for r in caplog.records if "copying the chunks it shares with a held version stopped after 2" in r.getMessage()]
         nursery.cancel_scope.cancel()
 
 
