@@ -8,13 +8,14 @@ Layout under `root`:
     versions/000000000042-<manifest id hex>.have        which chunks are durable in them (bitmap)
 
 Theory of operation. A version enters by its manifest (`add_manifest`: the manifest is written
-first, then the files are created at full size, sparse) or whole (`publish_files`: the
-trainer's files are linked, moved or, across filesystems, copied in, hashed once in one read
-to build the manifest, fsynced, made read-only). A chunk enters only through `put_chunk`, which
-checks its length and blake3 digest against the manifest before writing it at its offsets
-(`relay.versionfiles`); from then on it is held: readable, servable, counted. It becomes durable
-when a flush fsyncs the files and then rewrites the bitmap (temp name, fsync, rename), so the
-bitmap never claims a chunk whose bytes were not on disk. A flush is due every
+first, then the files are created at full size, sparse) or whole (`publish_files`, in
+`relay.store_whole`: the trainer's files are linked, moved or, across filesystems, copied in,
+hashed once in one read to build the manifest, fsynced, made read-only). A chunk enters only
+through `put_chunk`, which checks its length and blake3 digest against the manifest before
+writing it at its offsets (`relay.versionfiles`); from then on it is held: readable, servable,
+counted. It becomes durable when a flush (`relay.store_durability`) fsyncs the files and then
+rewrites the bitmap (temp name, fsync, rename), so the bitmap never claims a chunk whose bytes
+were not on disk. A flush is due every
 `fsync_batch_chunks` chunks (the relay peer's setting; 1: every chunk), made by the `put_chunk`
 that fills the batch; or, for an owner that flushes in the background (`background_flush`: the
 relay does, so chunks keep arriving while the disk takes a batch), by the owner when it sees
@@ -29,124 +30,72 @@ use (`ensure_verified` before serving, `verify` before loading), and one that no
 is dropped from the bitmap and reported; chunks not in the bitmap are fetched again, never
 believed. Chunks received in this run were hashed on arrival and are served without hashing
 again (`segments`, for `os.sendfile`). `export_version` (what `checkpoint fetch --out` hands
-out) re-hashes the whole version first, then hard-links its files (a reflink or a copy across
-filesystems): a user gets verified bytes without a second copy on disk.
+out, `relay.store_whole`) re-hashes the whole version first, then hard-links its files (a
+reflink or a copy across filesystems): a user gets verified bytes without a second copy on disk.
 
-A failed fsync loses the batch. On Linux an fsync that fails may have dropped the dirty pages
-it was to write, and a later fsync then succeeds without them; so when a flush's fsync of a
-version's files fails (or one made while closing a file to stay under the open-file limit), every
-chunk of that version written since its last flush is taken as lost: no longer held or counted,
-never recorded in the bitmap, told to the owner (`ChunksLost`) and written again by the next
-put of it. The flush still makes the other versions' batches durable, then raises the error; a
-put whose flush failed raises it only if its own chunk was lost with the batch. A put whose write
-overlapped a failed fsync writes its chunk again before it counts it as held; a flush that
-overlapped one another thread made (closing a file) records nothing of that version and takes
-the loss itself (its batch may be gone, and a chunk of it stored again since may have missed its
-fsync).
+A failed fsync loses the batch: every chunk of that version written since its last flush is
+taken as lost (no longer held or counted, never recorded in the bitmap), told to the owner
+(`ChunksLost`) and written again by the next put of it; `relay.store_durability` says why, and
+what a put or a flush that overlapped a failed fsync does.
 
 What the owner hears. A chunk found rotten (`ChunkRotten`), chunks lost to a failed fsync
 (`ChunksLost`) and a version dropped by garbage collection (`VersionCollected`) are told to
 `listener`, from whichever thread found them, so the relay fetches the chunks again and stops
-reporting the version complete. `version_stamp(version)`
-changes whenever a chunk of the version is stored again. `StoreBackoff` (pure) says when a full
-or failing store may be tried again (`StoreTrouble`: which of the two started its hold).
+reporting the version complete (these records, `_Version` and the names of the layout are in
+`relay.store_records`). `version_stamp(version)` changes whenever a chunk of the version is
+stored again. `StoreBackoff` (pure, in `relay.store_backoff`) says when a full or failing store
+may be tried again (`StoreTrouble`: which of the two started its hold).
 
 Manifests are re-opened and re-verified against the trusted publishers when loaded; untrusted or
 malformed ones are skipped with a warning (left on disk, with their files: trust lists change).
-`collect()` keeps the newest `keep_versions` complete versions plus any newer incomplete one (a
-download in progress), then drops older complete versions (never the newest complete one) while
-their full size exceeds `budget_bytes`. `put_chunk` runs it when a write would exceed the budget.
+`collect()` (`relay.store_budget`) drops the complete versions older than the newest
+`keep_versions`, and more of the older ones (never the newest complete one) while the kept ones
+exceed `budget_bytes`; `put_chunk` runs it when a write would exceed the budget.
 `adopt_shared` copies chunks a new version shares with a held one instead of fetching them.
 
 The methods are synchronous and thread-safe (the relay role calls the slow ones through
 `trio.to_thread`); one process owns a store at a time (the data directory's lock says which).
-This module must not do network I/O and must not import torch.
+`ChunkStore` keeps its state, startup, the chunk puts and reads, verification and the manifests
+here; it is built with the mixins `Durability` (`relay.store_durability`), `StoreBudget`
+(`relay.store_budget`) and `WholeVersions` (`relay.store_whole`), whose docstrings say which of
+its attributes they use. This module and those must not do network I/O and must not import torch.
 """
 
 from __future__ import annotations
 
-import enum
 import errno
 import logging
 import os
-import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable
 
 import blake3
 
 from p2pnet.errors import ConfigError
 from p2pnet.files import fsync_dir
-from p2pnet.identity import Identity
-from relay.errors import (ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionIncomplete,
-                          VersionUnknown)
-from relay.manifest import (DEFAULT_CHUNK_BYTES, SignedManifest, TEN_YEARS_S, build_manifest, chunk_size,
-                            open_manifest, sign_manifest)
-from relay.versionfiles import (NO_SPACE_ERRNOS, PLACE_MODES, VersionFiles, load_bitmap, place_file, remove_path,
-                                save_bitmap)
+from relay.errors import ChunkCorrupt, ChunkMissing, ManifestRejected, StoreFull, VersionUnknown
+from relay.manifest import SignedManifest, TEN_YEARS_S, chunk_size, open_manifest
+# what moved out stays importable from relay.store: StoreBackoff, StoreTrouble, the events and records
+from relay.store_backoff import StoreBackoff, StoreTrouble
+from relay.store_budget import StoreBudget
+from relay.store_durability import Durability
+from relay.store_records import (BITMAP_SUFFIX, MANIFEST_SUFFIX, TMP_PREFIX, ChunkRotten, ChunksLost, StoreEvent,
+                                 VersionCollected, _name, _Version)
+from relay.store_whole import WholeVersions
+from relay.versionfiles import NO_SPACE_ERRNOS, VersionFiles, load_bitmap, remove_path, save_bitmap
 
 log = logging.getLogger(__name__)
 
 MAX_WRITES = 3  # a put writes its chunk again at most this often while fsyncs keep failing under it
-TMP_PREFIX = ".tmp-"
-MANIFEST_SUFFIX = ".manifest"
-BITMAP_SUFFIX = ".have"
 
 
 def digest_of(data: bytes | bytearray | memoryview) -> bytes:
     return blake3.blake3(data, max_threads=1).digest()
 
 
-@dataclass(frozen=True)
-class ChunkRotten:
-    """A held chunk no longer matched its digest on disk; it is no longer held."""
-
-    version: int
-    index: int
-
-
-@dataclass(frozen=True)
-class ChunksLost:
-    """An fsync of the version's files failed: these chunks, written since its last flush, may
-    not be on disk; they are no longer held (a new put writes them again)."""
-
-    version: int
-    indices: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class VersionCollected:
-    """Garbage collection dropped this version (manifest, files and bitmap)."""
-
-    version: int
-
-
-StoreEvent = ChunkRotten | ChunksLost | VersionCollected
-
-
-@dataclass
-class _Version:
-    signed: SignedManifest
-    files: VersionFiles
-    have: set[int] = field(default_factory=set)  # held: verified on arrival, or claimed by the bitmap
-    unverified: set[int] = field(default_factory=set)  # claimed by the bitmap at startup, not hashed since
-    unsynced: set[int] = field(default_factory=set)  # written since the last flush: not in the bitmap yet
-    stamp: int = 0  # the store's put counter when a chunk of this version was last stored
-    failures_seen: int = 0  # `files.sync_failures` when the last loss was taken (`_lose_unsynced`)
-
-    @property
-    def count(self) -> int:
-        return len(self.signed.manifest.chunk_digests)
-
-    @property
-    def complete(self) -> bool:
-        return len(self.have) == self.count
-
-
-class ChunkStore:
+class ChunkStore(Durability, StoreBudget, WholeVersions):
     def __init__(
         self,
         root: Path,
@@ -327,118 +276,8 @@ class ChunkStore:
             self._flush_for(held, index)  # waits for a flush under way, then makes anything left durable
         return False
 
-    def _flush_for(self, held: _Version, index: int) -> None:
-        """`flush` for a put of chunk `index` of `held`: the put fails only if that chunk was lost
-        with its batch, in this flush or one another thread made meanwhile (another version's loss
-        is told to the listener, not to this put)."""
-        try:
-            self.flush()
-        except OSError:
-            if index not in held.have or index in held.unsynced:
-                raise  # lost, or its bitmap could not be written: not durable
-            return  # durable: another version's batch failed
-        if index not in held.have:
-            raise OSError(errno.EIO, f"chunk {index} of version {held.signed.version} was lost with a batch whose "
-                                     "fsync failed")
-
-    def flush(self) -> int:
-        """Make every chunk written so far durable: fsync the files, then record the chunks in
-        their version's bitmap. Returns how many chunks it made durable. A failed fsync loses the
-        version's batch (see the module docstring); a bitmap that cannot be written leaves its
-        batch for the next flush; either way the other versions are flushed, then the first
-        error is raised."""
-        with self._flush_lock:
-            with self._lock:
-                batches = {v: (h, set(h.unsynced), h.files.sync_failures)
-                           for v, h in self._versions.items() if h.unsynced}
-            done, failed = 0, None
-            for version, (held, batch, failures) in batches.items():
-                if self._fsync:
-                    try:
-                        held.files.sync()
-                    except OSError as exc:
-                        self._lose_unsynced(held, exc)
-                        failed = failed or exc
-                        continue  # the other versions' batches are still made durable
-                with self._lock:
-                    if self._versions.get(version) is not held:
-                        continue  # collected meanwhile
-                    # another thread's fsync (closing a file) failed before the loss was taken, or
-                    # while we fsynced: the batch may be gone, and a chunk of it stored again since
-                    # may have missed our fsync
-                    overlapped = failures != held.failures_seen or held.files.sync_failures != failures
-                    if not overlapped:
-                        held.unsynced -= batch
-                        durable = held.have - held.unsynced
-                if overlapped:
-                    self._lose_unsynced(held, OSError(errno.EIO, "another fsync of its files failed while a flush ran"))
-                    continue
-                try:
-                    self._save_bitmap(held, durable)
-                except OSError as exc:  # fsynced but not recorded: the next flush records them
-                    with self._lock:
-                        held.unsynced |= batch & held.have
-                    failed = failed or exc
-                    continue
-                done += len(batch)
-            if done:
-                self.durable_flushes += 1
-            if failed is not None:
-                raise failed
-            return done
-
-    def _lose_unsynced(self, held: _Version, exc: OSError) -> None:
-        """An fsync of `held`'s files failed: every chunk written since its last flush may be gone
-        from the disk (see the module docstring). Drop them all, and tell the listener."""
-        with self._lock:
-            if self._versions.get(held.signed.version) is not held:
-                return  # collected meanwhile
-            held.failures_seen = held.files.sync_failures
-            lost = sorted(held.unsynced)
-            held.have -= held.unsynced
-            held.unverified -= held.unsynced
-            held.unsynced.clear()
-            self._used_bytes -= sum(chunk_size(held.signed.manifest, i) for i in lost)
-        if lost:  # (the bitmap never named them: nothing to rewrite)
-            log.error("version %d: an fsync of its files in %s failed (%s): the %d chunk(s) written since its last "
-                      "flush may not be on disk; they are dropped and fetched again", held.signed.version,
-                      held.files.folder, exc, len(lost))
-            self._tell(ChunksLost(held.signed.version, tuple(lost)))
-
-    @property
-    def unsynced_chunks(self) -> int:
-        # over a copy: the trio thread asks (`flush_due`) while worker threads add and drop versions
-        return sum(len(h.unsynced) for h in list(self._versions.values()))
-
-    @property
-    def flush_due(self) -> bool:
-        """A batch of chunks waits for `flush` (with `background_flush`, the owner runs it off
-        the path chunks arrive by)."""
-        return self._fsync and self.unsynced_chunks >= self._batch
-
     def _save_bitmap(self, held: _Version, durable: set[int]) -> None:
         save_bitmap(self._bitmap_path(held.signed), held.signed.manifest_id, durable, held.count, fsync=self._fsync)
-
-    def _reserve(self, nbytes: int, *, incoming: bool = False) -> None:
-        """Count `nbytes` about to be written against the budget, collecting first if needed;
-        `incoming`: they are a whole new complete version, which may replace every held one."""
-        with self._lock:
-            if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
-                self.collect(room_for=nbytes if incoming else 0)
-            if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
-                raise StoreFull(f"store {self.root} would exceed its budget of {self.budget_bytes} bytes "
-                                f"({self.used_bytes} used); raise relay.budget_bytes or keep fewer versions")
-            self._reserved_bytes += nbytes
-
-    def has_room(self, nbytes: int) -> bool:
-        """Whether a chunk of `nbytes` would fit now: within the budget (after `collect()` if
-        needed) and on the disk. A cheap check before fetching while the store was full."""
-        with self._lock:
-            if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
-                self.collect()
-            if self.used_bytes + self._reserved_bytes + nbytes > self.budget_bytes:
-                return False
-        return shutil.disk_usage(self.root).free >= nbytes
 
     def read_chunk(self, version: int, index: int) -> bytes:
         """The chunk's bytes, hashed; ChunkMissing if not held or found rotten (then dropped)."""
@@ -648,50 +487,11 @@ class ChunkStore:
         return {"store": str(self.root), "used_bytes": self.used_bytes, "budget_bytes": self.budget_bytes,
                 "keep_versions": self.keep_versions, "versions": versions}
 
-    def should_fetch(self, version: int) -> bool:
-        """False for versions garbage collection would drop anyway (older than the kept ones)."""
-        complete = self.complete_versions()
-        return len(complete) < self.keep_versions or version > complete[-self.keep_versions]
-
-    # -- garbage collection -----------------------------------------------------------------
-
-    def collect(self, room_for: int = 0) -> dict[str, object]:
-        """Drop old versions: manifest, files and bitmap (see the module docstring); a summary.
-        With `room_for`, a new complete version of that size is coming (a publish): it counts
-        as the newest, so every held complete version may go to make room for it."""
-        with self._lock:
-            keep = self._versions_to_keep(room_for)
-            dropped = sorted(v for v in self._versions if v not in keep)
-            freed = 0
-            for version in dropped:
-                held = self._versions.pop(version)
-                freed += sum(chunk_size(held.signed.manifest, i) for i in held.have)
-                self._used_bytes -= sum(chunk_size(held.signed.manifest, i) for i in held.have)
-                held.files.close()
-                (self.root / "manifests" / (_name(held.signed) + MANIFEST_SUFFIX)).unlink(missing_ok=True)
-                self._bitmap_path(held.signed).unlink(missing_ok=True)
-                remove_path(held.files.folder)
-        for version in dropped:
-            self._tell(VersionCollected(version))
-        return {"dropped_versions": dropped, "freed_bytes": freed}
+    # -- telling the owner, closing ---------------------------------------------------------
 
     def _tell(self, event: StoreEvent) -> None:
         if self.listener is not None:
             self.listener(event)
-
-    def _versions_to_keep(self, room_for: int = 0) -> set[int]:
-        complete = self.complete_versions()
-        newest_complete = complete[-1] if complete else -1
-        keep_complete = complete[-self.keep_versions:]
-        downloading = [v for v in self._versions if v > newest_complete]
-        while len(keep_complete) > (0 if room_for else 1) and \
-                self._footprint(keep_complete + downloading) + room_for > self.budget_bytes:
-            keep_complete = keep_complete[1:]  # over budget: drop the oldest, never the newest
-        return set(keep_complete) | set(downloading)
-
-    def _footprint(self, versions: list[int]) -> int:
-        """Bytes these versions take once complete."""
-        return sum(self._versions[v].signed.manifest.total_bytes for v in versions)
 
     def close(self) -> None:
         """Flush and close every open file (the store may be opened again); a failed flush
@@ -702,163 +502,6 @@ class ChunkStore:
             with self._lock:
                 for held in self._versions.values():
                     held.files.close()
-
-    # -- files in and out -------------------------------------------------------------------
-
-    def export_version(self, version: int, out_dir: Path) -> list[Path]:
-        """The version's files, byte-identical, in `out_dir`: re-hashed, then hard-linked (a
-        reflink or a copy across filesystems), each under its name atomically. ChunkMissing if
-        a chunk was found rotten (it is dropped and told), VersionIncomplete if not all held."""
-        held = self._held(version)
-        if not held.complete:
-            raise VersionIncomplete(f"checkpoint version {version} lacks {held.count - len(held.have)} of "
-                                    f"{held.count} chunks")
-        rotten = self.verify(version, everything=True)
-        if rotten:
-            raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk "
-                               "and are fetched again")
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for src in held.files.paths:
-            dst = out_dir / src.name
-            tmp = out_dir / f"{TMP_PREFIX}{src.name}.{os.getpid()}.{threading.get_ident()}"
-            try:
-                place_file(src, tmp, "link", fsync=self._fsync)
-                os.replace(tmp, dst)
-            finally:
-                tmp.unlink(missing_ok=True)
-            paths.append(dst)
-        if self._fsync:
-            fsync_dir(out_dir)
-        return paths
-
-    def publish_files(
-        self,
-        identity: Identity,
-        paths: Sequence[Path],
-        *,
-        model: str,
-        version: int,
-        previous_version: int = -1,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        now_s: float,
-        place: str = "link",
-    ) -> SignedManifest:
-        """The trainer's side: bring the files in (`place`: hard `link` them, falling back to a
-        reflink or copy across filesystems; `move` them by rename; or `copy` them), hash them
-        once to build and sign the manifest, make them durable and read-only, keep it all.
-
-        Linked files share their inode with the caller's: they become read-only (mode 0444),
-        so the published bytes cannot be edited in place; write a new file for the next version.
-        """
-        if place not in PLACE_MODES:
-            raise ConfigError("place", f"must be one of {', '.join(PLACE_MODES)}")
-        if version in self._versions:
-            raise ConfigError("version", f"version {version} is already published in {self.root}")
-        sources = [Path(p) for p in paths]
-        for src in sources:
-            if not src.is_file():
-                raise ConfigError(str(src), "no such file to publish" if not src.exists() else "not a regular file")
-        if len({src.name for src in sources}) != len(sources):
-            raise ConfigError("checkpoint", "two files to publish have the same name")
-        reserved = sum(src.stat().st_size for src in sources)
-        self._reserve(reserved, incoming=True)
-        stage = self.root / "versions" / f"{TMP_PREFIX}publish-{version}-{os.getpid()}"
-        placed: list[tuple[Path, Path]] = []
-        try:
-            stage.mkdir()
-            for src in sources:
-                place_file(src, stage / src.name, place, fsync=self._fsync)
-                placed.append((src, stage / src.name))
-            staged = [dst for _, dst in placed]
-            for path in staged:
-                os.chmod(path, 0o444)  # before hashing: an edit in place after this fails
-            try:
-                manifest = build_manifest(staged, model=model, version=version,
-                                          previous_version=previous_version, chunk_bytes=chunk_bytes,
-                                          now_ms=int(now_s * 1000))
-            except ValueError as exc:
-                raise ConfigError("checkpoint", str(exc)) from exc
-            signed = sign_manifest(identity, manifest, now_s)
-            final = self.version_dir_of(signed)
-            os.replace(stage, final)
-            if self._fsync:
-                fsync_dir(final)
-                fsync_dir(final.parent)
-            placed = []
-        except BaseException:
-            if place == "move":
-                for src, dst in placed:  # give the caller its files back
-                    os.replace(dst, src)
-            remove_path(stage)
-            raise
-        finally:
-            with self._lock:
-                self._reserved_bytes -= reserved
-        with self._lock:
-            self._write_manifest(signed)
-            held = _Version(signed, VersionFiles(final, manifest), have=set(range(len(manifest.chunk_digests))))
-            self._versions[version] = held
-            self._used_bytes += manifest.total_bytes
-        self._save_bitmap(held, held.have)
-        return signed
-
-
-class StoreTrouble(enum.Enum):
-    """Why a `StoreBackoff` hold began."""
-
-    FULL = "full"  # no room: the budget, or the disk (StoreFull, ENOSPC, EDQUOT)
-    FAILING = "failing"  # the disk failed a write or an fsync otherwise (EIO and the like)
-
-
-class StoreBackoff:
-    """When to try a full or failing store again: pure (times are passed in), for the relay's
-    fetching.
-
-    The first failure starts a hold of `first_s`; a failure after a hold ended (the probe found
-    the store still full, or its disk still failing) starts the next one, twice as long, up to
-    `max_s`; failures inside a hold (requests that were already out) change nothing, not even
-    its `cause` (what started it). `failed` returns the end of a new hold, once per hold, so the
-    caller says so once per interval, not once per chunk. A store that succeeds ends the backoff
-    (`succeeded` is True when one was running).
-    """
-
-    def __init__(self, first_s: float = 1.0, max_s: float = 60.0) -> None:
-        if not 0 < first_s <= max_s:
-            raise ConfigError("relay", "store backoff needs 0 < first_s <= max_s")
-        self.first_s = first_s
-        self.max_s = max_s
-        self.hold_s = 0.0  # the current (or last) hold's length; 0 when not backing off
-        self.until = -float("inf")
-        self.failures = 0
-        self.cause: StoreTrouble | None = None  # what started the current hold; None when not backing off
-
-    @property
-    def active(self) -> bool:
-        """The store was full or failing and nothing has been stored since."""
-        return self.hold_s > 0
-
-    def failed(self, now: float, cause: StoreTrouble = StoreTrouble.FULL) -> float | None:
-        """A store failed (`cause`): the end of a new hold, or None inside the current one."""
-        self.failures += 1
-        if now < self.until:
-            return None
-        self.hold_s = self.first_s if not self.active else min(2 * self.hold_s, self.max_s)
-        self.until = now + self.hold_s
-        self.cause = cause
-        return self.until
-
-    def succeeded(self) -> bool:
-        """A store succeeded: back to normal. True if that ended a backoff."""
-        was = self.active
-        self.hold_s, self.until, self.cause = 0.0, -float("inf"), None
-        return was
-
-    def to_json(self, now: float) -> dict[str, object]:
-        return {"backing_off": self.active, "cause": self.cause.value if self.cause is not None else None,
-                "hold_s": self.hold_s, "retry_in_s": round(max(self.until - now, 0.0), 3) if self.active else 0.0,
-                "failed_stores": self.failures}
 
 
 def pack_bitmap(bits: Iterable[bool]) -> bytes:
@@ -874,7 +517,3 @@ def pack_bitmap(bits: Iterable[bool]) -> bytes:
 def unpack_bitmap(bitmap: bytes, count: int) -> list[bool]:
     """The first `count` bits of a bitmap made by `pack_bitmap` (missing bytes read as 0)."""
     return [i // 8 < len(bitmap) and bool(bitmap[i // 8] & (0x80 >> (i % 8))) for i in range(count)]
-
-
-def _name(signed: SignedManifest) -> str:
-    return f"{signed.version:012d}-{signed.manifest_id.hex()}"

@@ -1,0 +1,145 @@
+"""The ways a whole checkpoint version enters the store or leaves it.
+
+Mixed into `relay.store.ChunkStore` (`WholeVersions`). `publish_files` is the trainer's side: its
+files are brought in (hard-linked, moved, or copied: `relay.versionfiles.place_file`) to a temp
+folder under `versions/`, made read-only, hashed once in one read to build and sign the manifest,
+renamed into place and fsynced, and the version is kept complete (manifest, bitmap of every
+chunk). `export_version` is what `checkpoint fetch --out` hands out: the whole version re-hashed
+first (`verify`), then its files hard-linked (a reflink or a copy across filesystems) into the
+caller's folder, each under its name atomically, so a user gets verified bytes without a second
+copy on disk.
+
+These methods read the store's `root`, `_fsync` and versions (`_versions`), add the published
+version to them (and its bytes to `_used_bytes`, its reservation to `_reserved_bytes`) under its
+`_lock`, and call its `_held`, `verify`, `_reserve`, `version_dir_of`, `_write_manifest` and
+`_save_bitmap`. No network I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from p2pnet.errors import ConfigError
+from p2pnet.files import fsync_dir
+from relay.errors import ChunkMissing, VersionIncomplete
+from relay.manifest import DEFAULT_CHUNK_BYTES, SignedManifest, build_manifest, sign_manifest
+from relay.store_records import TMP_PREFIX, _Version
+from relay.versionfiles import PLACE_MODES, VersionFiles, place_file, remove_path
+
+if TYPE_CHECKING:
+    from p2pnet.identity import Identity
+
+
+class WholeVersions:
+    """Publishing and exporting whole versions for `relay.store.ChunkStore` (see the module
+    docstring)."""
+
+    # the store's state these methods use (`ChunkStore.__init__` sets it)
+    root: Path
+    _fsync: bool
+    _lock: threading.RLock
+    _versions: dict[int, _Version]
+    _used_bytes: int
+    _reserved_bytes: int
+
+    def export_version(self, version: int, out_dir: Path) -> list[Path]:
+        """The version's files, byte-identical, in `out_dir`: re-hashed, then hard-linked (a
+        reflink or a copy across filesystems), each under its name atomically. ChunkMissing if
+        a chunk was found rotten (it is dropped and told), VersionIncomplete if not all held."""
+        held = self._held(version)
+        if not held.complete:
+            raise VersionIncomplete(f"checkpoint version {version} lacks {held.count - len(held.have)} of "
+                                    f"{held.count} chunks")
+        rotten = self.verify(version, everything=True)
+        if rotten:
+            raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk "
+                               "and are fetched again")
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for src in held.files.paths:
+            dst = out_dir / src.name
+            tmp = out_dir / f"{TMP_PREFIX}{src.name}.{os.getpid()}.{threading.get_ident()}"
+            try:
+                place_file(src, tmp, "link", fsync=self._fsync)
+                os.replace(tmp, dst)
+            finally:
+                tmp.unlink(missing_ok=True)
+            paths.append(dst)
+        if self._fsync:
+            fsync_dir(out_dir)
+        return paths
+
+    def publish_files(
+        self,
+        identity: Identity,
+        paths: Sequence[Path],
+        *,
+        model: str,
+        version: int,
+        previous_version: int = -1,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        now_s: float,
+        place: str = "link",
+    ) -> SignedManifest:
+        """The trainer's side: bring the files in (`place`: hard `link` them, falling back to a
+        reflink or copy across filesystems; `move` them by rename; or `copy` them), hash them
+        once to build and sign the manifest, make them durable and read-only, keep it all.
+
+        Linked files share their inode with the caller's: they become read-only (mode 0444),
+        so the published bytes cannot be edited in place; write a new file for the next version.
+        """
+        if place not in PLACE_MODES:
+            raise ConfigError("place", f"must be one of {', '.join(PLACE_MODES)}")
+        if version in self._versions:
+            raise ConfigError("version", f"version {version} is already published in {self.root}")
+        sources = [Path(p) for p in paths]
+        for src in sources:
+            if not src.is_file():
+                raise ConfigError(str(src), "no such file to publish" if not src.exists() else "not a regular file")
+        if len({src.name for src in sources}) != len(sources):
+            raise ConfigError("checkpoint", "two files to publish have the same name")
+        reserved = sum(src.stat().st_size for src in sources)
+        self._reserve(reserved, incoming=True)
+        stage = self.root / "versions" / f"{TMP_PREFIX}publish-{version}-{os.getpid()}"
+        placed: list[tuple[Path, Path]] = []
+        try:
+            stage.mkdir()
+            for src in sources:
+                place_file(src, stage / src.name, place, fsync=self._fsync)
+                placed.append((src, stage / src.name))
+            staged = [dst for _, dst in placed]
+            for path in staged:
+                os.chmod(path, 0o444)  # before hashing: an edit in place after this fails
+            try:
+                manifest = build_manifest(staged, model=model, version=version,
+                                          previous_version=previous_version, chunk_bytes=chunk_bytes,
+                                          now_ms=int(now_s * 1000))
+            except ValueError as exc:
+                raise ConfigError("checkpoint", str(exc)) from exc
+            signed = sign_manifest(identity, manifest, now_s)
+            final = self.version_dir_of(signed)
+            os.replace(stage, final)
+            if self._fsync:
+                fsync_dir(final)
+                fsync_dir(final.parent)
+            placed = []
+        except BaseException:
+            if place == "move":
+                for src, dst in placed:  # give the caller its files back
+                    os.replace(dst, src)
+            remove_path(stage)
+            raise
+        finally:
+            with self._lock:
+                self._reserved_bytes -= reserved
+        with self._lock:
+            self._write_manifest(signed)
+            held = _Version(signed, VersionFiles(final, manifest), have=set(range(len(manifest.chunk_digests))))
+            self._versions[version] = held
+            self._used_bytes += manifest.total_bytes
+        self._save_bitmap(held, held.have)
+        return signed
