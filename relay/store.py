@@ -375,9 +375,9 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
             wanted = [(i, found[d]) for i, d in enumerate(target.signed.manifest.chunk_digests)
                       if i not in target.have and d in found]
         adopted = []
-        for index, (other, other_index) in wanted:
+        for index, (held_version, held_index) in wanted:
             try:
-                self.put_chunk(version, index, self.read_chunk(other, other_index))
+                self.put_chunk(version, index, self.read_chunk(held_version, held_index))
             except (ChunkMissing, ChunkCorrupt, VersionUnknown):
                 continue  # rotten or collected meanwhile: fetched instead
             adopted.append(index)
@@ -479,7 +479,7 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
         """What `p2pnet checkpoint status` shows: budget, usage and progress per version."""
         versions = []
         for signed in self.manifests():
-            row = self.progress(signed)
+            row: dict[str, object] = {**self.progress(signed)}
             row.update(model=signed.manifest.model, complete=row["chunks_have"] == row["chunks_total"],
                        publisher=signed.publisher, manifest_id=signed.manifest_id.hex(),
                        files=[f.name for f in signed.manifest.files], dir=str(self.version_dir_of(signed)))

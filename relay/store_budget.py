@@ -29,7 +29,8 @@ from relay.store_records import MANIFEST_SUFFIX, VersionCollected, _name
 from relay.versionfiles import remove_path
 
 if TYPE_CHECKING:
-    from relay.store_records import _Version
+    from relay.manifest import SignedManifest
+    from relay.store_records import StoreEvent, _Version
 
 
 class StoreBudget:
@@ -39,11 +40,17 @@ class StoreBudget:
     root: Path
     budget_bytes: int
     keep_versions: int
-    used_bytes: int  # (a property of the store)
     _lock: threading.RLock
     _versions: dict[int, _Version]
     _used_bytes: int
     _reserved_bytes: int
+
+    if TYPE_CHECKING:  # what these call on the store (`relay.store.ChunkStore` or another of its mixins)
+        @property
+        def used_bytes(self) -> int: ...
+        def _bitmap_path(self, signed: SignedManifest) -> Path: ...
+        def _tell(self, event: StoreEvent) -> None: ...
+        def complete_versions(self) -> list[int]: ...
 
     def _reserve(self, nbytes: int, *, incoming: bool = False) -> None:
         """Count `nbytes` about to be written against the budget, collecting first if needed;

@@ -37,7 +37,7 @@ from relay.manifest import chunk_size
 from relay.store_records import ChunksLost
 
 if TYPE_CHECKING:
-    from relay.store_records import _Version
+    from relay.store_records import StoreEvent, _Version
 
 log = logging.getLogger("relay.store")  # the store's logger: its log lines keep their name
 
@@ -53,6 +53,10 @@ class Durability:
     _versions: dict[int, _Version]
     _used_bytes: int
     durable_flushes: int
+
+    if TYPE_CHECKING:  # what these call on the store (`relay.store.ChunkStore` or another of its mixins)
+        def _save_bitmap(self, held: _Version, durable: set[int]) -> None: ...
+        def _tell(self, event: StoreEvent) -> None: ...
 
     def _flush_for(self, held: _Version, index: int) -> None:
         """`flush` for a put of chunk `index` of `held`: the put fails only if that chunk was lost
