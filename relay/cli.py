@@ -154,7 +154,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             signed = store.publish_files(identity, paths, model=args.model, version=args.ckpt_version,
                                          previous_version=args.previous, chunk_bytes=config.chunk_bytes,
                                          now_s=time.time(), place=args.place)
-            result = {"manifest_id": signed.manifest_id.hex(), "version": signed.version,
+            result: dict[str, Any] = {"manifest_id": signed.manifest_id.hex(), "version": signed.version,
                       "chunks": len(signed.manifest.chunk_digests), "total_bytes": signed.manifest.total_bytes,
                       "offline": True}
         else:
@@ -176,7 +176,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = _config(args)
     with _offline(args.data_dir, create=False) as offline:
         if offline:
-            status = dict(_open_store(args.data_dir, config).status(), running=False)
+            status: dict[str, Any] = dict(_open_store(args.data_dir, config).status(), running=False)
         else:
             status = dict(_call(args.data_dir, {"cmd": "checkpoint.status"}), running=True)
     if args.json:
@@ -234,7 +234,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
                                         f"{held['chunks_total']} chunks) and no peer is running to fetch the rest; "
                                         f"start one with `p2pnet peer start --role relay --data-dir {args.data_dir}`")
             files = store.export_version(version, out_dir)
-            result = {"version": version, "files": [str(p) for p in files],
+            result: dict[str, Any] = {"version": version, "files": [str(p) for p in files],
                       "total_bytes": signed.manifest.total_bytes, "offline": True}
         else:
             version, remaining = args.fetch_version, args.timeout_s

@@ -157,7 +157,7 @@ class StripePlan:
 
     def ancestors(self, stripe: int, peer: str) -> list[str]:
         """p's parent, grandparent, ... up to the origin in `stripe`; [] if p is not planned."""
-        chain = []
+        chain: list[str] = []
         parents = self.parent[stripe]
         current = parents.get(peer)
         while current is not None and len(chain) <= len(parents):

@@ -53,6 +53,7 @@ import math
 import os
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -200,7 +201,7 @@ class RelayRole(ChunkServing, ControlCommands):
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             self.node.dataplane.register(CHANNEL, self._serve)
-            self.node.add_gossip_gate(ManifestAnnounce.KIND, self._manifest_gate)
+            self.node.add_gossip_gate(ManifestAnnounce.KIND, self._manifest_gate)  # type: ignore[attr-defined]
             self._runner = await self.node.add_core(self._peeler, "relay")
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._tell_fetched)
@@ -211,7 +212,7 @@ class RelayRole(ChunkServing, ControlCommands):
             for signed in self.store.manifests():
                 missing = set(self.store.missing(signed))
                 held = [i for i in range(len(signed.manifest.chunk_digests)) if i not in missing]
-                await self._command(lambda now, s=signed, h=held: self.core.add_version(now, s, h))
+                await self._command(partial(self.core.add_version, signed=signed, held=held))
             for name, fn in (("checkpoint.publish", self._cmd_publish), ("checkpoint.status", self._cmd_status),
                              ("checkpoint.fetch", self._cmd_fetch), ("checkpoint.wait", self._cmd_wait)):
                 self.node.control.register(name, _refusing_errors(fn))
@@ -391,8 +392,10 @@ class RelayRole(ChunkServing, ControlCommands):
                     batch.append(self._fetched.receive_nowait())
                 except trio.WouldBlock:
                     break
-            await self._command(lambda now, b=batch: [e for peer, f, took in b
-                                                      for e in self._stored(now, peer, f, took)])
+            await self._command(partial(self._stored_all, batch=batch))
+
+    def _stored_all(self, now: float, batch: list[tuple[str, Fetch, float]]) -> list[Any]:
+        return [effect for peer, fetch, took in batch for effect in self._stored(now, peer, fetch, took)]
 
     def _stored(self, now: float, peer: str, fetch: Fetch, elapsed_s: float) -> list[Any]:
         """Tell the core a chunk was stored, if the store still holds it: a failed fsync may have

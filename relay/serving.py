@@ -374,6 +374,8 @@ class ServingCore:
         """Serves held longer than `_linger_after` stop holding their slot, oldest first, up to
         the cap."""
         after = self._linger_after
+        if after is None:
+            return
         while self._lingering < self._linger_limit:
             serve = self._oldest_holder()
             if serve is None or serve.start + after > now:

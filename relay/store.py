@@ -69,7 +69,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Collection, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import blake3
 
@@ -475,11 +475,11 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
         return {"version": m.version, "chunks_have": len(held), "chunks_total": len(m.chunk_digests),
                 "bytes_have": sum(chunk_size(m, i) for i in held), "total_bytes": m.total_bytes}
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """What `p2pnet checkpoint status` shows: budget, usage and progress per version."""
         versions = []
         for signed in self.manifests():
-            row: dict[str, object] = {**self.progress(signed)}
+            row: dict[str, Any] = {**self.progress(signed)}
             row.update(model=signed.manifest.model, complete=row["chunks_have"] == row["chunks_total"],
                        publisher=signed.publisher, manifest_id=signed.manifest_id.hex(),
                        files=[f.name for f in signed.manifest.files], dir=str(self.version_dir_of(signed)))
