@@ -299,9 +299,8 @@ class RelayRole(ChunkServing, ControlCommands):
         try:
             adopted = await trio.to_thread.run_sync(self.store.adopt_shared, signed.version)
         except (StoreFull, OSError) as exc:  # the version is kept: what was not copied is fetched
-            adopted = [i for i in range(len(signed.manifest.chunk_digests)) if self.store.holds(signed.version, i)]
-            log.warning("version %d: copying the chunks it shares with a held version stopped after %d: %s; "
-                        "the rest is fetched", signed.version, len(adopted), exc)
+            await self._copy_failed(signed, exc)
+            return
         if adopted:
             log.info("version %d: %d chunks shared with a held version, copied locally", signed.version,
                      len(adopted))
@@ -309,13 +308,35 @@ class RelayRole(ChunkServing, ControlCommands):
                 self._uploads.arrived(signed.version, index)
             await self._command(lambda now: self.core.found(now, signed.version, adopted))
 
+    async def _copy_failed(self, signed: SignedManifest, exc: StoreFull | OSError) -> None:
+        """Copying the chunks `signed` shares with a held version stopped: our store is full or
+        its disk fails (`exc`). The version is kept. The core hears `found` only for the chunks
+        that are durable: the failed put may have left chunks held but not durable (a bitmap it
+        could not write), and a version must not complete before it is durable; the core asks for
+        the others, and `_held_already` makes them durable first. New requests are held, as a
+        failing put holds them, so the rest is not fetched into that disk at network speed."""
+        version, count = signed.version, len(signed.manifest.chunk_digests)
+        held = [i for i in range(count) if self.store.holds(version, i)]
+        durable = [i for i in held if self.store.is_durable(version, i)]
+        log.warning("version %d: copying the chunks it shares with a held version stopped after %d: %s; "
+                    "the rest is fetched", version, len(held), exc)
+        for index in held:  # requests already waiting for them are answered now
+            self._uploads.arrived(version, index)
+        if isinstance(exc, StoreFull):
+            trouble = StoreTrouble.FULL
+        else:  # (maybe an fsync's or a bitmap's: only a durable flush ends the hold, as for a put)
+            trouble = _trouble_of(exc)
+            self._full_on_flush = self.store.durable_flushes
+        await self._store_trouble(str(exc), lambda now: self.core.found(now, version, durable), trouble=trouble)
+
     async def _held_already(self, fetch: Fetch) -> None:
         """The core asks for a chunk the store holds: copied from a held version meanwhile (the
-        core heard `found`), stored by another source's put the core has not heard of yet, or
-        kept by a put whose flush failed after writing it (the core heard it was not stored, and
-        nothing else would tell it again). The core hears `found` (a no-op if it knows) once the
-        chunk is durable, after a flush if need be; if that flush fails the ask fails as ours
-        (`store_failed`) and comes again, paced by the hold (full or failing) the failure started."""
+        core heard `found`, unless the copy stopped before it was durable: `_copy_failed`), stored
+        by another source's put the core has not heard of yet, or kept by a put whose flush failed
+        after writing it (the core heard it was not stored, and nothing else would tell it again).
+        The core hears `found` (a no-op if it knows) once the chunk is durable, after a flush if
+        need be; if that flush fails the ask fails as ours (`store_failed`) and comes again, paced
+        by the hold (full or failing) the failure started."""
         if not self.store.is_durable(fetch.version, fetch.index):
             await self._flush_store()
         if self.store.is_durable(fetch.version, fetch.index):

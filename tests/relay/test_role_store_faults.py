@@ -167,6 +167,32 @@ class FailingPuts:
         monkeypatch.setattr(h.role.store, "put_chunk", put_chunk)
 
 
+class FullBitmaps:
+    """The role's store cannot write a bitmap that names every chunk of its version (the bitmap
+    that completes it) while `full` is set: ENOSPC, counted in `failures`."""
+
+    def __init__(self, h: Harness, monkeypatch, full: bool = True) -> None:
+        self.full, self.failures = full, 0
+        real_save = relay.store.save_bitmap
+
+        def save_bitmap(path, manifest_id, held, count, *, fsync):  # type: ignore[no-untyped-def]
+            if self.full and len(set(held)) == count and str(path).startswith(str(h.role.store.root)):
+                self.failures += 1
+                raise OSError(errno.ENOSPC, "injected: no room for the bitmap")
+            real_save(path, manifest_id, held, count, fsync=fsync)
+
+        monkeypatch.setattr(relay.store, "save_bitmap", save_bitmap)
+
+
+def complete_on_disk(h: Harness, signed) -> bool:
+    """Whether a restart would find `signed` complete and sound in the role's store."""
+    store = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
+    try:
+        return store.is_complete(signed) and store.verify(signed.version, everything=True) == []
+    finally:
+        store.close()
+
+
 def store_full_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "relay.role" and r.levelno >= logging.WARNING and "store full" in r.getMessage()]
@@ -438,6 +464,7 @@ async def test_a_disk_that_fails_while_shared_chunks_are_copied_keeps_the_versio
         one = await publish_sharing(h, tmp_path, 1)
         await h.until(lambda: h.complete(1), 30)
         two = await publish_sharing(h, tmp_path, 2)
+        failed_at = trio.current_time()  # (the copy runs after this: `_dispatch` takes the manifest next)
         await h.until(lambda: h.complete(2), 60)
         reused = shared_with(two, one)
         copied = [i for v, i in puts if v == 2][:2]
@@ -446,6 +473,49 @@ async def test_a_disk_that_fails_while_shared_chunks_are_copied_keeps_the_versio
         assert fetched_for_two == [i for i in range(len(two.manifest.chunk_digests)) if i not in copied]
         assert not [r for r in caplog.records if "cannot keep version 2" in r.getMessage()]
         assert [r for r in caplog.records if "copying the chunks it shares with a held version stopped after 2" in r.getMessage()]
+        # the failing disk holds new requests, as a failing put does: nothing of version 2 is
+        # downloaded (into that disk) before the first hold (1 s) is over
+        assert len(store_failing_warnings(caplog)) == 1
+        assert all(t >= failed_at + 1.0 for t, version, _ in h.source.downloads if version == 2), h.source.downloads
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_copy_of_shared_chunks_whose_last_bitmap_write_fails_completes_only_once_it_is_durable(
+        tmp_path, clock, caplog, monkeypatch):
+    """Version 2 is version 1's file again: every chunk is copied, none fetched. The put that
+    completes the copy fsyncs, then cannot write the bitmap (a full disk), so the chunks of that
+    last batch are held but not durable. The version must not be complete (announced, handed to
+    workers) until they are: the core hears `found` only for durable chunks, asks for the others,
+    and a flush makes them durable first; the full disk holds requests meanwhile. Nothing is
+    downloaded for version 2."""
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
+    shared = tmp_path / "same.safetensors"
+    save_file({"w": np.random.default_rng(5).standard_normal(8 * CHUNK // 4).astype(np.float32)}, str(shared))
+    disk = FullBitmaps(h, monkeypatch, full=False)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        signed = {}
+        for version in (1, 2):
+            signed[version] = h.origin.publish_files(PUBLISHER, [shared], model="m", version=version,
+                                                     chunk_bytes=CHUNK, now_s=time.time(), place="copy")
+            disk.full = version == 2  # (version 1 is durable and complete: its bitmap is not written again)
+            await h.role._command(lambda now, v=version: h.role.core.manifest_frame(now, PUBLISHER.peer_id,
+                                                                                    signed[v].frame))
+            if version == 1:
+                await h.until(lambda: h.complete(1), 30)
+        two = signed[2]
+        assert shared_with(two, signed[1]) == list(range(len(two.manifest.chunk_digests)))
+        await h.until(lambda: disk.failures >= 1, 30)  # the copy's last put
+        await trio.testing.wait_all_tasks_blocked()
+        assert not h.role.watcher.is_complete(2) and 2 not in h.role.core.complete_versions()
+        await h.until(lambda: disk.failures >= 2, 60)  # asked for again: a flush first, which fails
+        assert h.role.backoff.active and not h.complete(2)
+        assert not complete_on_disk(h, two)  # what a restart would believe: not all of it
+        disk.full = False
+        await h.until(lambda: h.complete(2), 120)
+        assert not [index for _, version, index in h.source.downloads if version == 2]
+        assert complete_on_disk(h, two)
         nursery.cancel_scope.cancel()
 
 
@@ -663,30 +733,19 @@ async def test_a_version_whose_last_bitmap_write_found_the_disk_full_completes_o
     does the version complete (a relay that ignored the ask stayed at 15 of 16 chunks for good)."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path, fsync=True, fsync_batch_chunks=4)
-    real_save, disk = relay.store.save_bitmap, {"failures": 0, "full": True}
-
-    def save_bitmap(path, manifest_id, held, count, *, fsync):  # type: ignore[no-untyped-def]
-        if disk["full"] and len(set(held)) == count and str(path).startswith(str(h.role.store.root)):
-            disk["failures"] += 1
-            raise OSError(errno.ENOSPC, "injected: no room for the bitmap")
-        real_save(path, manifest_id, held, count, fsync=fsync)
-
-    monkeypatch.setattr(relay.store, "save_bitmap", save_bitmap)
+    disk = FullBitmaps(h, monkeypatch)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         signed = await h.announce(1)
-        await h.until(lambda: disk["failures"] >= 2, 60)  # the completing put's, then an ask's flush
+        await h.until(lambda: disk.failures >= 2, 60)  # the completing put's, then an ask's flush
         assert h.role.backoff.active and not h.complete(1)
-        before = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
-        assert not before.is_complete(signed)  # what a restart would believe: not all of it
-        before.close()
-        disk["full"] = False
+        assert not complete_on_disk(h, signed)  # what a restart would believe: not all of it
+        disk.full = False
         await h.until(lambda: h.complete(1), 60)
         assert h.role.core.progress(trio.current_time(), 1)["chunks_have"] == CHUNKS
         fetched = [index for _, _, index in h.source.downloads]
         assert sorted(fetched) == list(range(CHUNKS))  # every chunk downloaded once: the last was kept
-        after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
-        assert after.is_complete(signed) and after.verify(1, everything=True) == []
+        assert complete_on_disk(h, signed)
         nursery.cancel_scope.cancel()
 
 
