@@ -18,6 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,7 +53,7 @@ TINY_CONFIGS: dict[str, TinyConfig] = {
 
 
 def build_model(name: str = "tiny", seed: int = 0, tokenizer: CharTokenizer | None = None,
-                max_positions: int | None = None):
+                max_positions: int | None = None) -> tuple[Any, CharTokenizer]:
     """A random-init LlamaForCausalLM named in TINY_CONFIGS; the same seed gives the same weights.
 
     Returns (model, tokenizer). The global torch RNG is left as it was.

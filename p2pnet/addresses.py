@@ -41,7 +41,8 @@ def interface_ips() -> list[str]:
 def usable_ips(ips: list[str], family: int) -> list[str]:
     """The addresses of `family` (4 or 6) other hosts can dial: no loopback unless it is all
     there is, never link-local IPv6. Order kept, duplicates dropped."""
-    chosen, loopback = [], []
+    chosen: list[str] = []
+    loopback: list[str] = []
     for text in ips:
         try:
             ip = ipaddress.ip_address(text)

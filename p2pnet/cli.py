@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         leaves = _leaves(ours)
         if all(isinstance(exc, BrokenPipeError) for exc in leaves):
             return _stdout_gone()
-        for exc in leaves:
-            if not isinstance(exc, BrokenPipeError):
-                _print_error(exc)
+        for leaf in leaves:
+            if not isinstance(leaf, BrokenPipeError):
+                _print_error(leaf)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -63,10 +63,13 @@ Effect = Publish | Send | Connect | SetTimer | Emit
 class Core(Protocol):
     """What every protocol core offers to the worlds that drive it."""
 
-    #: gossip topics the core wants to receive
-    topics: Sequence[str]
-    #: message kinds the core handles (direct Sends and gossip alike)
-    kinds: Sequence[str]
+    @property
+    def topics(self) -> Sequence[str]:
+        """Gossip topics the core wants to receive."""
+
+    @property
+    def kinds(self) -> Sequence[str]:
+        """Message kinds the core handles (direct Sends and gossip alike)."""
 
     def start(self, now: float) -> list[Effect]: ...
 

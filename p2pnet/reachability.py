@@ -219,7 +219,7 @@ class Reachability:
             self._last_ask[peer] = now
             if len(self._last_ask) > 1024:
                 self._last_ask = {p: t for p, t in self._last_ask.items() if now - t < ASK_SPACING_S}
-        if busy or self._answering.borrowed_tokens >= self._answering.total_tokens:
+        if busy or observed_ip is None or self._answering.borrowed_tokens >= self._answering.total_tokens:
             answer = DialBackAnswer(ask.nonce, DialResult.BUSY, DialResult.BUSY)
         else:
             async with self._answering:

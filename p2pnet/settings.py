@@ -135,8 +135,14 @@ def settings(section: str) -> list[Setting]:
     comments = _inline_comments(cls)
     out = []
     for f in dataclasses.fields(cls):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        default = None if required else f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        factory = f.default_factory
+        required = f.default is dataclasses.MISSING and factory is dataclasses.MISSING
+        if required:
+            default = None
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            default = factory()  # type: ignore[operator]  # (not MISSING here: mypy cannot narrow that sentinel)
         text = comments.get(f.name) or DESCRIPTIONS.get(f"{section}.{f.name}", "")
         out.append(Setting(section, f.name, type_name(hints[f.name]), default, required, text))
     return out

@@ -288,7 +288,7 @@ def _converters(hint: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
             return tuple(p[1](v) for p, v in zip(pairs, value))
 
         return (lambda v: [p[0](x) for p, x in zip(pairs, v)]), dec_fixed
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _struct_converters(hint)
     raise TypeError(f"unsupported wire field type {hint!r}")
 

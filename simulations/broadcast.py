@@ -24,7 +24,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import blake3
 
@@ -40,7 +40,7 @@ from simulations.engine import Engine
 from simulations.world import EPOCH_S, NetworkModel
 
 MBIT = 1e6 / 8
-STRATEGIES = {"relay": {"layout": "striped"}, "tree4": {"layout": "tree", "tree_fanout": 4},
+STRATEGIES: dict[str, dict[str, Any]] = {"relay": {"layout": "striped"}, "tree4": {"layout": "tree", "tree_fanout": 4},
               "star": {"layout": "star"}, "swarm": {"layout": "swarm"}}
 _IDENTITIES: dict[str, Identity] = {}
 

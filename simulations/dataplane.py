@@ -65,7 +65,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from p2pnet.identity import Identity
 from relay.effects import DropSource, Fetch, FetchManifest, Penalise, ServeAtOnce
@@ -73,6 +73,9 @@ from relay.serving import ByteBudget, Refuse, ServingConfig, ServingCore
 from simulations.engine import Engine, Handle
 from simulations.fairshare import share
 from simulations.world import NetworkModel, SimPeer, SimWorld
+
+if TYPE_CHECKING:
+    from relay.transfer import TransferCore
 
 
 
@@ -87,6 +90,12 @@ class _Request:
         self.fetch = fetch
         self.peer = sink
         self.port = port
+
+    @property
+    def sink_port(self) -> _Port:
+        """The sink's port: every request that reached a source (queued, paced, served) has one."""
+        assert self.port is not None, "a request without a sink port never reaches a source"
+        return self.port
 
 
 class _Flow:
@@ -232,12 +241,12 @@ class RelayWorld(SimWorld):
         paced, source.paced = source.paced, {}
         for request, handle in paced.items():
             handle.cancel()
-            del request.port.paced_to[request]
+            del request.sink_port.paced_to[request]
         return list(paced)
 
     def _cancel_paced(self, source: _Port, request: _Request) -> None:
         """Forget `request`, paced at `source`, and give its upload slot to the next request."""
-        del request.port.paced_to[request]
+        del request.sink_port.paced_to[request]
         source.paced.pop(request).cancel()
         if source.budget is not None:
             source.budget.refund(request.fetch.size)
@@ -318,7 +327,7 @@ class RelayWorld(SimWorld):
             self._fail(request, source_id, "unreachable", delay=self._latency(request.sink, source_id))
             return
         fetch = request.fetch
-        core = source.cores[port.core_index]
+        core = _transfer_core(source, port.core_index)
         held = core.has(fetch.version, fetch.index)
         actions = port.serving.ask(self.engine.now, request, request.sink, fetch.version, fetch.index, fetch.urgent,
                                    held)
@@ -413,7 +422,7 @@ class RelayWorld(SimWorld):
         crash, a stop or a partition cancels the paced requests it touches."""
         del port.paced[request]
         now = self.engine.now
-        sink_port = request.port
+        sink_port = request.sink_port
         del sink_port.paced_to[request]
         flow = _Flow(source_id, request, now, port, sink_port, self._flow_cap(source_id, request), queued_s)
         port.up.append(flow)
@@ -524,7 +533,7 @@ class RelayWorld(SimWorld):
         sink_port.bytes_down += size
         self.transfer_stats["bytes"] += size
         sink = request.peer
-        core = sink.cores[request.core_index]
+        core = _transfer_core(sink, request.core_index)
         now = self.engine.now
         if flow.source in self.corrupt_peers and self._corrupts():
             self.transfer_stats["corrupt_served"] += 1
@@ -559,7 +568,7 @@ class RelayWorld(SimWorld):
         if sink is None or not sink.alive:
             return
         fetch = request.fetch
-        core = sink.cores[request.core_index]
+        core = _transfer_core(sink, request.core_index)
         self._apply(sink, request.core_index, core.fetch_failed(self.engine.now, source_id, fetch.version,
                                                                 fetch.index, reason))
 
@@ -585,9 +594,9 @@ class RelayWorld(SimWorld):
         if not sink.alive or source is None or port is None or not source.alive or port.hung or \
                 not self._reachable(sink.peer_id, effect.peer):
             return
-        signed = source.cores[port.core_index].signed(effect.version)
+        signed = _transfer_core(source, port.core_index).signed(effect.version)
         if signed is not None:
-            core = sink.cores[index]
+            core = _transfer_core(sink, index)
             self._apply(sink, index, core.manifest_frame(self.engine.now, effect.peer, signed.frame))
 
     def _latency(self, a: str, b: str) -> float:
@@ -595,3 +604,8 @@ class RelayWorld(SimWorld):
         if pa is None or pb is None:
             return self.model.local_latency_s
         return self.model.latency(pa.region, pb.region)
+
+
+def _transfer_core(peer: SimPeer, index: int) -> TransferCore:
+    """`peer.cores[index]`, a relay peer's `TransferCore` (the only cores this data plane is given)."""
+    return cast("TransferCore", peer.cores[index])

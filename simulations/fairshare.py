@@ -123,7 +123,7 @@ def python_share(flows: list[Any], tag: int, engine: Any, finish: Callable[..., 
             flow = order[i]
             level = flow.limit
             if level <= at_full:
-                stopping = (flow,)
+                stopping = [flow]
             else:
                 stopping = [f for f in full[3] if f.level < 0.0]
                 level = at_full if at_full > 0.0 else 0.0

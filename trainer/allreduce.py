@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -125,7 +126,7 @@ class Membership:
         deadline."""
         return leader_of(((set(own) | (set(self.joins) & set(invited))) - set(suspects)) | {self.self_id})
 
-    def expect(self, peers: set[str], excluded: set[str] = frozenset()) -> None:
+    def expect(self, peers: set[str], excluded: Collection[str] = frozenset()) -> None:
         """The trainer peers we know of now, and those we take for dead (refreshed by the shell)."""
         self.known = set(peers)
         self.excluded = set(excluded) - set(self.joins)

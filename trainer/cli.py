@@ -50,7 +50,7 @@ def register(commands: Any) -> None:
     register_devnet(commands)
 
 
-def _generation_flags(parser: argparse.ArgumentParser) -> None:
+def _generation_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Settings a worker and the trainer must agree on."""
     parser.add_argument("--model-name", metavar="NAME", help="model name in submissions and manifests (default tiny)")
     parser.add_argument("--task-seed", type=int, metavar="SEED", help="the network's task seed (default 0)")

@@ -202,9 +202,10 @@ def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoD
 def _start_relay(procs: dict[str, PeerProcess], root: Path, name: str, publisher: str, lab: Any = None) -> None:
     data_dir = root / name
     data_dir.mkdir(parents=True, exist_ok=True)
-    sections = {"peer": {"display_name": name}, "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
-                "relay": {"trusted_publishers": [publisher], "chunk_bytes": 256 * 1024, "fsync": False,
-                          "announce_interval_s": 1.0}}
+    sections: dict[str, dict[str, Any]] = {"peer": {"display_name": name},
+                                           "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
+                                           "relay": {"trusted_publishers": [publisher], "chunk_bytes": 256 * 1024,
+                                                     "fsync": False, "announce_interval_s": 1.0}}
     (data_dir / "peer.toml").write_text(to_toml(sections))
     extra, wrap = _peer_args(lab, name)
     procs[name] = start_peer(name, data_dir, roles=("relay",), bootstrap=[procs["trainer0"].addr], log_dir=root,

@@ -120,7 +120,7 @@ class Contributions:
         `names` are display names by peer id (shown, never counted); `relayed` is verified bytes
         this peer fetched from each peer (measured here, not claimed)."""
         names, relayed = names or {}, relayed or {}
-        out = []
+        out: list[dict[str, Any]] = []
         for peer in sorted(set(self.workers) | set(self.validators)):
             w = self.workers.get(peer, WorkerRow())
             v = self.validators.get(peer, ValidatorRow())

@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -185,7 +185,7 @@ class Learner:
 
     # -- one optimizer step ---------------------------------------------------------------
 
-    def _train(self, admitted: list[tuple[RolloutBatch, list[float]]]) -> dict[str, float | int]:
+    def _train(self, admitted: list[tuple[RolloutBatch, list[float]]]) -> dict[str, Any]:
         cfg = self.config
         rows, advantages, rewards_t = flatten_admitted(admitted, cfg)
         n_tokens = sum(len(r.output_ids) for r in rows)
@@ -304,7 +304,9 @@ def trainer_rewards(cfg: LearnerConfig, tokenizer, chat: bool, batch: RolloutBat
 def flatten_admitted(admitted: Sequence[tuple[RolloutBatch, list[float]]],
                      cfg: LearnerConfig) -> tuple[list, torch.Tensor, torch.Tensor]:
     """(every rollout in order, its group-normalised advantage, its reward)."""
-    rows, advs, all_rewards = [], [], []
+    rows: list[Any] = []
+    advs: list[torch.Tensor] = []
+    all_rewards: list[float] = []
     for batch, rewards in admitted:
         advs.append(group_advantages(torch.tensor(rewards), batch.group_size, cfg.grpo.adv_eps))
         rows.extend(batch.rollouts)

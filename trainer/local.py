@@ -90,7 +90,8 @@ def run_local(config: LocalConfig, work_dir: str | Path,
                                            worker_id=config.worker_id, step=step,
                                            model_version=learner.version, seed=lc.task_seed, config=gen)
             t1 = time.perf_counter()
-            verified, reasons = None, ()
+            verified: bool | None = None
+            reasons: tuple[str, ...] = ()
             if config.verify_rows:
                 verified, reasons = verify_batch(learner.model, batch, learner.tokenizer.eos_id,
                                                  learner.tokenizer.vocab_size, config.verify_rows)

@@ -148,7 +148,7 @@ class ShardedLearner:
         self._shell = skeleton(model, self.compute_dtype)
         self._published_keys = _distinct_keys(model)
         self.chat = uses_chat(self.tokenizer)
-        self.version, self._seen = 0, set()
+        self.version, self._seen = 0, set[tuple[str, int]]()
         if start is not None:
             self.version, self._seen = _read_trainer_state(version_dir(self.out_dir, start))
             if start > 0:
@@ -213,7 +213,7 @@ class ShardedLearner:
 
     # -- one optimizer step ----------------------------------------------------------------------
 
-    def _train(self, admitted: list[tuple[RolloutBatch, list[float]]]) -> dict[str, float | int]:
+    def _train(self, admitted: list[tuple[RolloutBatch, list[float]]]) -> dict[str, Any]:
         cfg = self.config
         rows, advantages, rewards_t = flatten_admitted(admitted, cfg)
         n_tokens = sum(len(r.output_ids) for r in rows)

@@ -321,7 +321,7 @@ class SubmissionChecker:
                  preset: str = "paper", tables: CalibrationTables | None = None, aggregate_alpha: float = 0.0,
                  aggregate_window: int = 256, device: str = "cpu", uncalibrated_stacks: str = "per_chunk_only") -> None:
         self.models = models
-        self.threshold_overrides = dict(thresholds or {})
+        self.threshold_overrides: dict[str, Any] = dict(thresholds or {})
         self.preset = THRESHOLD_PRESETS[preset]
         self._rules = rules  # a TaskRules, or a factory resolved on the first check (imports torch)
         self.check_prompts = check_prompts
