@@ -7,6 +7,10 @@ because a core has at most one pending timer per key. The runner reads time with
 milliseconds. Effects other than timers go to the `EffectSink` the runner was given (the node
 for real peers), which owns I/O.
 
+Once `run` ends (cancelled with the node), the core is gone: commands still queued are released
+unrun and later ones return at once. Shielded cleanup that commands the core at shutdown (a relay
+reports the fetches it drops) must not wait for ever on a runner cancelled a moment before it.
+
 This module must not know what any core does.
 """
 
@@ -57,6 +61,7 @@ class CoreRunner:
         self._send, self._receive = trio.open_memory_channel[Any](inbox_size)
         self._timers: dict[str, float] = {}
         self.dropped_inputs = 0
+        self.stopped = False  # `run` ended: nothing reads the inbox any more
 
     def deliver(self, envelope: Envelope[Any]) -> None:
         self._offer(_Message(envelope))
@@ -65,7 +70,10 @@ class CoreRunner:
         self._offer(_Rejected(peer, reason))
 
     async def command(self, fn: Callable[[float], list[Effect]]) -> None:
-        """Run `fn(now)` inside the runner (between inputs) and carry out its effects."""
+        """Run `fn(now)` inside the runner (between inputs) and carry out its effects. Returns
+        without running it once the runner has stopped (see the top)."""
+        if self.stopped:
+            return
         done = trio.Event()
         await self._send.send(_Command(fn, done))
         await done.wait()
@@ -82,6 +90,24 @@ class CoreRunner:
             log.warning("%s: inbox full, dropped %s", self.name, type(item).__name__)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._run(task_status)
+        finally:
+            self.stopped = True
+            self._release_queued()
+
+    def _release_queued(self) -> None:
+        """Wake whoever waits on a command still in the inbox (and senders blocked on a full
+        one, whose commands land in it as it drains): the core will not run them."""
+        while True:
+            try:
+                item = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+            if isinstance(item, _Command):
+                item.done.set()
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         self._apply(self.core.start(trio.current_time()))
         task_status.started()
         while True:
