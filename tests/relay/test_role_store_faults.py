@@ -372,8 +372,7 @@ async def test_a_background_flush_that_keeps_failing_with_eio_holds_requests_ins
         disk.failing = False
         await h.until(lambda: h.complete(1), 60)
         assert not h.role.backoff.active
-        after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
-        assert after.is_complete(signed)
+        assert complete_on_disk(h, signed)
         nursery.cancel_scope.cancel()
 
 
@@ -690,8 +689,7 @@ async def test_chunks_a_failed_fsync_lost_are_fetched_again_and_the_version_comp
         assert [r for r in caplog.records if "may not be on disk" in r.getMessage() and r.name == "relay.role"]
         assert not h.role.backoff.active  # the hold the failed fsync began ended with the flush that worked
         assert h.role.core.progress(trio.current_time(), 1)["chunks_have"] == CHUNKS
-        after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
-        assert after.is_complete(signed) and after.verify(1, everything=True) == []
+        assert complete_on_disk(h, signed)
         out = await h.role._cmd_fetch({"version": 1, "out_dir": str(tmp_path / "out")}, lambda progress: None)
         assert Path(out["files"][0]).read_bytes() == (tmp_path / "v1.safetensors").read_bytes()
         nursery.cancel_scope.cancel()
@@ -720,8 +718,7 @@ async def test_a_background_flush_that_finds_the_disk_full_holds_requests_like_a
         await h.until(lambda: h.complete(1), 60)
         assert not h.role.backoff.active
         assert len([r for r in caplog.records if "room again" in r.getMessage()]) == 1
-        after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
-        assert after.is_complete(signed)
+        assert complete_on_disk(h, signed)
         nursery.cancel_scope.cancel()
 
 
@@ -834,8 +831,7 @@ async def test_one_eio_on_the_put_of_the_last_chunk_holds_then_the_version_compl
         assert sorted(fetched) == sorted(list(range(CHUNKS)) + failed)  # only the failed chunk twice
         assert len(store_failing_warnings(caplog)) == 1
         if fsync:
-            after = ChunkStore(h.role.store.root, budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id])
-            assert after.is_complete(signed)
+            assert complete_on_disk(h, signed)
         nursery.cancel_scope.cancel()
 
 
@@ -885,8 +881,7 @@ async def test_a_put_that_fails_after_another_put_made_its_chunk_durable_starts_
         await h.start(nursery)
         signed = await h.announce(1)
         await h.until(lambda: h.complete(1), 30)
-        assert raced and ChunkStore(h.role.store.root, budget_bytes=10**9,
-                                    trusted_publishers=[PUBLISHER.peer_id]).is_complete(signed)
+        assert raced and complete_on_disk(h, signed)
         with trio.move_on_after(120):  # nothing left to fetch or store
             await trio.sleep_forever()
         assert not h.role.backoff.active and RelayMetrics(h.node).unhealthy(h.role) is None
