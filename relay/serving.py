@@ -395,8 +395,8 @@ class ServingCore:
         self._queued[ask.token] = ask
 
     def _grant(self, now: float) -> list[Serve | Refuse]:
-        if self._linger_after is not None and self._order:
-            self._release(now)
+        if self._order:
+            self._release(now)  # (nothing without a linger time)
         out: list[Serve | Refuse] = []
         while self.free > 0:
             ask = self._next()
