@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from scripts.calibration_experiment import (ATTACKS, PREFILL_BATCH, Checked, Setup, Sub, changed_prompt, copied,
+from scripts.calibration_experiment import (ATTACKS, Checked, Setup, Sub, changed_prompt, copied,
                                             generate, in_dtype, make_setup, noisy, random_init, substituted,
                                             validate)
 from scripts.calibration_report import outcome_row, render, targets
@@ -119,7 +119,8 @@ def chosen_attacks(args: argparse.Namespace) -> list[str]:
 def parse_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
     """The command line, checked; ``args.ties`` is the tie rule this run measures with."""
     args = ap.parse_args()
-    PREFILL_BATCH[0] = max(1, args.prefill_batch)
+    if args.prefill_batch < 1:
+        ap.error("--prefill-batch must be at least 1")
     if args.rows % args.group:
         ap.error("--rows must be a multiple of --group")
     if unknown := [a for a in chosen_attacks(args) if a not in ATTACKS]:
@@ -166,7 +167,8 @@ def start(args: argparse.Namespace) -> Run:
         setup.prompts = []
     gen = dict(rows=args.rows, group=args.group, tokens=args.tokens, eos=setup.eos)
     agen = gen | {"first": setup.attack_first}  # attack prompts keep their numbers across runs
-    val = dict(eos=setup.eos, tokens=args.tokens, vocab=setup.vocab, exact_ties=args.ties == "exact")
+    val = dict(eos=setup.eos, tokens=args.tokens, vocab=setup.vocab, exact_ties=args.ties == "exact",
+               batch=args.prefill_batch)
     models = {"fp32": setup.base.eval(), "bf16": in_dtype(setup.base, torch.bfloat16)}
     meta = {"source": "scripts/calibrate.py", "model": setup.name, "model_config": model_fingerprint(setup.base.config),
             "quantile": args.quantile, "delta": args.delta,
@@ -238,7 +240,7 @@ def attack_builders(run: Run, honest: dict[str, list[Sub]]) -> dict[str, Callabl
 
     derived: dict[str, Callable[[], list[Sub]]] = {
         "prompt": lambda: changed_prompt(base_subs(), setup),
-        "subst": lambda: substituted(base_subs(), worker, setup),
+        "subst": lambda: substituted(base_subs(), worker, setup, batch=run.args.prefill_batch),
         "copied": lambda: copied(base_subs()),
     }
     return {**generated, **derived}

@@ -151,17 +151,14 @@ def generate(model, prompts: list[list[int]], *, rows: int, group: int, tokens: 
 # ----------------------------------------------------------------------------- validation
 
 
-PREFILL_BATCH = [1]  # rows per validator prefill (--prefill-batch); verify.daemon uses 1
-
-
 @torch.no_grad()
-def prefill(model, sequences: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(hidden bf16 [T, H], logits fp32 [T, V]) per sequence; equal lengths may share a batch."""
+def prefill(model, sequences: list[list[int]], *, batch: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden bf16 [T, H], logits fp32 [T, V]) per sequence; up to `batch` sequences of equal
+    length share a forward pass (--prefill-batch; verify.daemon prefills one row at a time)."""
     out: list = [None] * len(sequences)
     by_len: dict[int, list[int]] = {}
     for i, s in enumerate(sequences):
         by_len.setdefault(len(s), []).append(i)
-    batch = PREFILL_BATCH[0]
     for idx in by_len.values():
         for start in range(0, len(idx), batch):
             part = idx[start:start + batch]
@@ -185,11 +182,12 @@ class Checked:
         return [list(v.chunk_stats) for v in self.verdicts]
 
 
-def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int, exact_ties: bool = True) -> list[Checked]:
+def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int, exact_ties: bool = True,
+             batch: int = 1) -> list[Checked]:
     out = []
     for sub in subs:
         seqs = [sub.prompt + o for o in sub.outputs]
-        results = prefill(model, seqs)
+        results = prefill(model, seqs, batch=batch)
         verdicts = []
         for row, output, proofs, (h, lg) in zip(sub.rows, sub.outputs, sub.proofs, results):
             verdicts.append(check_rollout(lambda ids, h=h, lg=lg: (h, lg), sub.prompt, output, proofs,
@@ -217,9 +215,10 @@ def changed_prompt(subs: list[Sub], setup: Setup) -> list[Sub]:
     return out
 
 
-def substituted(subs: list[Sub], worker, setup: Setup) -> list[Sub]:
+def substituted(subs: list[Sub], worker, setup: Setup, *, batch: int = 1) -> list[Sub]:
     """One generated token per 32-token chunk changed (position 10 of each chunk, never the
-    last token); proofs rebuilt from the worker's own prefill of the changed sequence."""
+    last token); proofs rebuilt from the worker's own prefill of the changed sequence (`batch`
+    as in `prefill`)."""
     out = []
     for s in subs:
         outputs = []
@@ -228,7 +227,7 @@ def substituted(subs: list[Sub], worker, setup: Setup) -> list[Sub]:
             for at in range(10, len(o2) - 1, 32):
                 o2[at] = bump(o2[at], setup.vocab)
             outputs.append(o2)
-        hidden = prefill(worker, [s.prompt + o for o in outputs])
+        hidden = prefill(worker, [s.prompt + o for o in outputs], batch=batch)
         proofs = [build_proofs(h[len(s.prompt) - 1:len(s.prompt) - 1 + len(o)]) for (h, _), o in zip(hidden, outputs)]
         out.append(Sub(s.prompt, s.seed, s.rows, outputs, proofs, prompt_id=s.prompt_id))
     return out
@@ -255,4 +254,3 @@ ATTACKS = {"int8": "int8 weights", "int4": "int4 weights", "noise1": "weights + 
            "seed": "another sampling seed", "temp": "temperature 0.7 claimed as 1.0",
            "prompt": "one prompt token changed", "subst": "one token per chunk changed, proofs rebuilt",
            "copied": "proofs copied from another rollout"}
-DERIVED = ("prompt", "subst", "copied")  # built from honest bf16 submissions

@@ -97,7 +97,7 @@ def targets(held_out, attacks: list[Outcome], bounds: dict, bound_delta: float) 
         "NOT met" + ("" if fr == 0 else " (false rejections)") + ("" if chunks >= 2000 else " (too few chunks)"))
     out = ["## Targets (issue 14), judged from these runs", "",
            f"Escape bound: an upper bound, at confidence 1 - {bound_delta:g}, on the chance that a "
-           "submission of this attack is accepted, computed from its measured rollouts (scripts/calibrate.py "
+           "submission of this attack is accepted, computed from its measured rollouts (scripts/calibration_stats.py "
            "`escape_bound`: the chance that all rollouts pass check_rollout, and Chernoff and binomial-tail "
            "bounds on the submission test). It is a bound from a model, not a count: it takes a submission's "
            "rollouts as independent draws from the attack's measured rollouts, pooled over prompts. 'Prompt "
