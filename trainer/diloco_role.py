@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,7 @@ ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this 
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
+WATCH_QUEUE = 16  # connections opened and not yet taken by the watching task (it takes each at once)
 
 
 @validated
@@ -126,15 +129,21 @@ class _Behind(Exception):
 class _Links:
     """One round's outgoing connections: opened on first use, one sender at a time per peer,
     every send bounded by the deadline. A failed send, or a connection the other end closes
-    (it died: the receiving end never writes on these), is reported to the round's inbox."""
+    (it died: the receiving end never writes on these), is reported to the round's inbox.
 
-    def __init__(self, role: DilocoRole, timeout_s: float, nursery: trio.Nursery) -> None:
+    Made by `_open_links`, whose own task (`_watch_all`) owns the watchers of the connections:
+    `send`, called from many tasks, spawns nothing; it hands each connection it opens to that
+    task over a bounded channel. `stop_watching` ends the watching (at the end of a round, before
+    the last sends finish: a close after the round, ours or the other end's, is no failure)."""
+
+    def __init__(self, role: DilocoRole, timeout_s: float,
+                 opened: trio.MemorySendChannel[tuple[str, trio.SocketStream]]) -> None:
         self.role = role
         self.timeout_s = timeout_s
-        self.nursery = nursery
+        self.opened = opened  # to `_watch_all`
+        self.watching = trio.CancelScope()  # `_watch_all`'s, with every watcher under it
         self.streams: dict[str, trio.SocketStream] = {}
         self.locks: dict[str, trio.Lock] = {}
-        self.watchers: list[trio.CancelScope] = []
         self.bytes_sent = 0
 
     async def send(self, peer: str, body: object, *, report_refusal: bool = True) -> bool:
@@ -149,7 +158,8 @@ class _Links:
                     stream = self.streams.get(peer)
                     if stream is None:
                         stream = self.streams[peer] = await self.role.open_stream(peer)
-                        self.nursery.start_soon(self._watch, peer, stream)
+                        if not self.watching.cancel_called:  # (once stopped, nobody takes it off the channel)
+                            await self.opened.send((peer, stream))
                     await send_frame(stream, frame)
                     self.bytes_sent += len(frame) + 4
                     return True
@@ -162,26 +172,47 @@ class _Links:
             return False
 
     def stop_watching(self) -> None:
-        for scope in self.watchers:
-            scope.cancel()
+        self.watching.cancel()
+
+    async def _watch_all(self, opened: trio.MemoryReceiveChannel[tuple[str, trio.SocketStream]]) -> None:
+        """Watch each connection `send` opens, until `stop_watching`: the watchers are this task's."""
+        with self.watching:
+            async with opened, trio.open_nursery() as watchers:
+                async for peer, stream in opened:
+                    watchers.start_soon(self._watch, peer, stream)
 
     async def _watch(self, peer: str, stream: trio.SocketStream) -> None:
-        scope = trio.CancelScope()
-        self.watchers.append(scope)
-        with scope:
-            try:
-                data = await stream.receive_some(1)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
-            if not data:
-                log.info("diloco: %s closed its connection", peer)
-                await self.role.inbox_send.send(("failed", peer, None))
+        try:
+            data = await stream.receive_some(1)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            data = b""
+        if not data:
+            log.info("diloco: %s closed its connection", peer)
+            await self.role.inbox_send.send(("failed", peer, None))
 
     async def aclose(self) -> None:
-        self.stop_watching()
-        for stream in self.streams.values():
-            await stream.aclose()
-        self.streams.clear()
+        """Close every connection (each close is immediate: all are closed, also when cancelled)."""
+        streams, self.streams = list(self.streams.values()), {}
+        with trio.CancelScope(shield=True):
+            for stream in streams:
+                await stream.aclose()
+
+
+@asynccontextmanager
+async def _open_links(role: DilocoRole, timeout_s: float) -> AsyncIterator[_Links]:
+    """A round's `_Links`, watched by a task of our own until the block ends (or `stop_watching`);
+    then, the watchers stopped first so that a close we make is not reported, its connections closed."""
+    opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](WATCH_QUEUE)
+    links = _Links(role, timeout_s, opened_send)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(links._watch_all, opened)
+            try:
+                yield links
+            finally:
+                links.stop_watching()
+    finally:
+        await links.aclose()
 
 
 class DilocoRole:
@@ -270,19 +301,18 @@ class DilocoRole:
         local = inner.weights()
         pseudo = state.weights - local
         behind: _Behind | None = None
-        async with trio.open_nursery() as sends:
-            links = _Links(self, self.config.deadline_s, sends)
-            try:
-                self.phase = "join"
-                members = await self._decide(state.round, digest(state.weights), links, sends)
-                self.phase = "reduce"
-                reducing = trio.current_time()
-                result = await self._all_reduce(state.round, members, pseudo, links, sends)
-            except _Behind as exc:  # raised out of the nursery it would come wrapped in a group
-                behind = exc
-            links.stop_watching()
-            sends.cancel_scope.deadline = trio.current_time() + self.config.deadline_s  # finish sends, bounded
-        await links.aclose()
+        async with _open_links(self, self.config.deadline_s) as links:  # closed after the sends end
+            async with trio.open_nursery() as sends:
+                try:
+                    self.phase = "join"
+                    members = await self._decide(state.round, digest(state.weights), links, sends)
+                    self.phase = "reduce"
+                    reducing = trio.current_time()
+                    result = await self._all_reduce(state.round, members, pseudo, links, sends)
+                except _Behind as exc:  # raised out of the nursery it would come wrapped in a group
+                    behind = exc
+                links.stop_watching()  # the round is over: a connection closed from now on is no failure
+                sends.cancel_scope.deadline = trio.current_time() + self.config.deadline_s  # finish sends, bounded
         if behind is not None:
             raise behind
         new_weights = self.outer.step(state.weights, result.mean)
@@ -504,10 +534,8 @@ class DilocoRole:
     async def _tell_ahead(self, peer: str) -> None:
         """A peer joins an older round: our Join of the round we are in tells it it is behind."""
         if self.state is not None:
-            async with trio.open_nursery() as nursery:
-                links = _Links(self, self.config.deadline_s, nursery)
+            async with _open_links(self, self.config.deadline_s) as links:
                 await links.send(peer, Join(self.state.round, digest(self.state.weights), ()))
-                await links.aclose()
 
     async def _send_state(self, stream: trio.SocketStream) -> None:
         state = self.state

@@ -1,0 +1,114 @@
+"""A DiLoCo round's outgoing connections (`trainer.diloco_role._open_links`) over the real data
+plane (real TCP, real handshakes): what reaches the round's inbox as a failure and what does not.
+A refused handshake to a newcomer is no failure; a connection the other end closes mid-round is
+one, found without a send; a close after the round stopped watching, the other end's or ours, is
+none."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from p2pnet.dataplane import DataPlane, open_data_stream
+from p2pnet.identity import Identity
+from p2pnet.wire import Codec
+from trainer.diloco_messages import CHANNEL, Join, StateWanted
+from trainer.diloco_role import _open_links
+
+RECEIVER = Identity.from_seed_text("diloco receiver")
+SENDER = Identity.from_seed_text("diloco sender")
+JOIN = Join(1, b"w" * 16, ())
+
+
+def _role(address: str, inbox_send: trio.MemorySendChannel[Any]) -> SimpleNamespace:
+    """What `_Links` uses of the role: our codec, the round's inbox, and connections to `address`."""
+    return SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER)), inbox_send=inbox_send,
+                           open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(SENDER), peer=peer))
+
+
+async def test_a_join_a_newcomer_refuses_does_not_make_it_a_suspect_but_other_failures_do():
+    """A trainer that sends its join to a newcomer that has not heard its heartbeat gets the
+    connection closed after its hello: that is no failure to report (the newcomer would become a
+    suspect and miss the round). A send that must arrive (a part), or a peer nobody answers for,
+    is reported."""
+
+    async def serve(stream, reader, peer):
+        raise AssertionError("nothing may pass a refused handshake")
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id,
+                      admit=lambda peer: "not in our peer table (no heartbeat heard)")
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        role = _role(address, inbox_send)
+        async with _open_links(role, 10.0) as links:
+            body = StateWanted(3, False)
+            assert not await links.send(RECEIVER.peer_id, body, report_refusal=False)
+            with pytest.raises(trio.WouldBlock):
+                inbox.receive_nowait()
+            assert not await links.send(RECEIVER.peer_id, body)
+            assert inbox.receive_nowait() == ("failed", RECEIVER.peer_id, None)
+            assert plane.refused == {"not_admitted": 2}
+            role.open_stream = lambda peer: open_data_stream("127.0.0.1:1", CHANNEL, codec=Codec(SENDER), peer=peer)
+            assert not await links.send(RECEIVER.peer_id, body, report_refusal=False)
+            assert inbox.receive_nowait() == ("failed", RECEIVER.peer_id, None)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_closed_after_the_round():
+    """The receiving end never writes on a round's connections: one that it closes means it died
+    (a peer killed mid-round), and is reported with no send of ours to find it out. Once the
+    round stopped watching, a close is no failure: neither the other end's nor, leaving the
+    block, ours (the watchers stop before the connections close)."""
+    got: list[tuple[str, object]] = []
+    accepted_send, accepted = trio.open_memory_channel[trio.Event](4)
+
+    async def serve(stream, reader, peer):  # takes one frame, then holds the connection until hung up
+        got.append((peer, Codec(RECEIVER).decode(await reader.frame(), time.time()).body))
+        hang_up = trio.Event()
+        await accepted_send.send(hang_up)
+        await hang_up.wait()  # returning closes the connection
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        role = _role(address, inbox_send)
+        with trio.fail_after(60):  # generous; nothing here is timed
+            async with _open_links(role, 10.0) as links:  # a round: the receiver dies in it
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                (await accepted.receive()).set()
+                assert await inbox.receive() == ("failed", RECEIVER.peer_id, None)
+
+            async with _open_links(role, 10.0) as links:  # a round that ends, then the other end closes
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                hang_up = await accepted.receive()
+                links.stop_watching()
+                hang_up.set()
+                # the end of stream reaches us (no watcher reads this connection any more: a
+                # second reader would fail here), and nothing is reported of it
+                assert await links.streams[RECEIVER.peer_id].receive_some(1) == b""
+                await trio.testing.wait_all_tasks_blocked()
+                with pytest.raises(trio.WouldBlock):
+                    inbox.receive_nowait()
+
+            async with _open_links(role, 10.0) as links:  # a round that ends with our closing
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                hang_up = await accepted.receive()
+                stream = links.streams[RECEIVER.peer_id]
+            assert not links.streams
+            with pytest.raises(trio.ClosedResourceError):
+                await stream.receive_some(1)  # closed by us on the way out
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.WouldBlock):
+                inbox.receive_nowait()
+            hang_up.set()
+        assert got == [(SENDER.peer_id, JOIN)] * 3
+        nursery.cancel_scope.cancel()
