@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,10 +57,10 @@ import trio
 from p2pnet.config import from_mapping, validated
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
-from p2pnet.handshake import NotAdmitted
 from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
+from trainer.diloco_links import Links, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state, write_state
 from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Join, Members, Part, StateOffer,
                                      StatePiece, StateRequest, StateWanted)
@@ -74,7 +72,6 @@ ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this 
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
-WATCH_QUEUE = 16  # connections opened and not yet taken by the watching task (it takes each at once)
 
 
 @validated
@@ -124,95 +121,6 @@ class _Behind(Exception):
     def __init__(self, peer: str) -> None:
         super().__init__(peer)
         self.peer = peer
-
-
-class _Links:
-    """One round's outgoing connections: opened on first use, one sender at a time per peer,
-    every send bounded by the deadline. A failed send, or a connection the other end closes
-    (it died: the receiving end never writes on these), is reported to the round's inbox.
-
-    Made by `_open_links`, whose own task (`_watch_all`) owns the watchers of the connections:
-    `send`, called from many tasks, spawns nothing; it hands each connection it opens to that
-    task over a bounded channel. `stop_watching` ends the watching (at the end of a round, before
-    the last sends finish: a close after the round, ours or the other end's, is no failure)."""
-
-    def __init__(self, role: DilocoRole, timeout_s: float,
-                 opened: trio.MemorySendChannel[tuple[str, trio.SocketStream]]) -> None:
-        self.role = role
-        self.timeout_s = timeout_s
-        self.opened = opened  # to `_watch_all`
-        self.watching = trio.CancelScope()  # `_watch_all`'s, with every watcher under it
-        self.streams: dict[str, trio.SocketStream] = {}
-        self.locks: dict[str, trio.Lock] = {}
-        self.bytes_sent = 0
-
-    async def send(self, peer: str, body: object, *, report_refusal: bool = True) -> bool:
-        """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
-        peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused
-        (it is alive but has not heard our heartbeat yet)."""
-        frame = self.role.node.codec.encode(body, time.time())
-        lock = self.locks.setdefault(peer, trio.Lock())
-        try:
-            with trio.fail_after(self.timeout_s):
-                async with lock:
-                    stream = self.streams.get(peer)
-                    if stream is None:
-                        stream = self.streams[peer] = await self.role.open_stream(peer)
-                        if not self.watching.cancel_called:  # (once stopped, nobody takes it off the channel)
-                            await self.opened.send((peer, stream))
-                    await send_frame(stream, frame)
-                    self.bytes_sent += len(frame) + 4
-                    return True
-        except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
-            log.info("diloco: sending to %s failed: %s", peer, exc)
-            self.streams.pop(peer, None)
-            refused = isinstance(exc, NotAdmitted)
-            if report_refusal or not refused:
-                await self.role.inbox_send.send(("failed", peer, None))
-            return False
-
-    def stop_watching(self) -> None:
-        self.watching.cancel()
-
-    async def _watch_all(self, opened: trio.MemoryReceiveChannel[tuple[str, trio.SocketStream]]) -> None:
-        """Watch each connection `send` opens, until `stop_watching`: the watchers are this task's."""
-        with self.watching:
-            async with opened, trio.open_nursery() as watchers:
-                async for peer, stream in opened:
-                    watchers.start_soon(self._watch, peer, stream)
-
-    async def _watch(self, peer: str, stream: trio.SocketStream) -> None:
-        try:
-            data = await stream.receive_some(1)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            data = b""
-        if not data:
-            log.info("diloco: %s closed its connection", peer)
-            await self.role.inbox_send.send(("failed", peer, None))
-
-    async def aclose(self) -> None:
-        """Close every connection (each close is immediate: all are closed, also when cancelled)."""
-        streams, self.streams = list(self.streams.values()), {}
-        with trio.CancelScope(shield=True):
-            for stream in streams:
-                await stream.aclose()
-
-
-@asynccontextmanager
-async def _open_links(role: DilocoRole, timeout_s: float) -> AsyncIterator[_Links]:
-    """A round's `_Links`, watched by a task of our own until the block ends (or `stop_watching`);
-    then, the watchers stopped first so that a close we make is not reported, its connections closed."""
-    opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](WATCH_QUEUE)
-    links = _Links(role, timeout_s, opened_send)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(links._watch_all, opened)
-            try:
-                yield links
-            finally:
-                links.stop_watching()
-    finally:
-        await links.aclose()
 
 
 class DilocoRole:
@@ -301,7 +209,7 @@ class DilocoRole:
         local = inner.weights()
         pseudo = state.weights - local
         behind: _Behind | None = None
-        async with _open_links(self, self.config.deadline_s) as links:  # closed after the sends end
+        async with open_links(self, self.config.deadline_s) as links:  # closed after the sends end
             async with trio.open_nursery() as sends:
                 try:
                     self.phase = "join"
@@ -334,7 +242,7 @@ class DilocoRole:
         if self.config.publish:
             background.start_soon(self._publish, new_state)
 
-    async def _decide(self, round: int, weights_digest: bytes, links: _Links,
+    async def _decide(self, round: int, weights_digest: bytes, links: Links,
                       sends: trio.Nursery) -> tuple[str, ...]:
         """The members of this round: decided here when we lead, else told by the leader."""
         me = self.node.peer_id
@@ -408,11 +316,11 @@ class DilocoRole:
             raise _Behind(min(others))
         return members
 
-    async def _send_join(self, links: _Links, peer: str, join: Join, delivered: dict[str, frozenset[str]]) -> None:
+    async def _send_join(self, links: Links, peer: str, join: Join, delivered: dict[str, frozenset[str]]) -> None:
         if not await links.send(peer, join, report_refusal=False):
             delivered.pop(peer, None)  # again at the next poll: a newcomer may not have our heartbeat yet
 
-    async def _all_reduce(self, round: int, members: tuple[str, ...], pseudo: torch.Tensor, links: _Links,
+    async def _all_reduce(self, round: int, members: tuple[str, ...], pseudo: torch.Tensor, links: Links,
                           sends: trio.Nursery) -> Finished:
         core = AllReduce(self.node.peer_id, round, members, pseudo, self.reduce_config)
         effects = core.start(trio.current_time())
@@ -534,7 +442,7 @@ class DilocoRole:
     async def _tell_ahead(self, peer: str) -> None:
         """A peer joins an older round: our Join of the round we are in tells it it is behind."""
         if self.state is not None:
-            async with _open_links(self, self.config.deadline_s) as links:
+            async with open_links(self, self.config.deadline_s) as links:
                 await links.send(peer, Join(self.state.round, digest(self.state.weights), ()))
 
     async def _send_state(self, stream: trio.SocketStream) -> None:

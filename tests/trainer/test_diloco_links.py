@@ -1,4 +1,4 @@
-"""A DiLoCo round's outgoing connections (`trainer.diloco_role._open_links`) over the real data
+"""A DiLoCo round's outgoing connections (`trainer.diloco_links.open_links`) over the real data
 plane (real TCP, real handshakes): what reaches the round's inbox as a failure and what does not.
 A refused handshake to a newcomer is no failure; a connection the other end closes mid-round is
 one, found without a send; a close after the round stopped watching, the other end's or ours, is
@@ -18,7 +18,7 @@ from p2pnet.dataplane import DataPlane, open_data_stream
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.diloco_messages import CHANNEL, Join, StateWanted
-from trainer.diloco_role import _open_links
+from trainer.diloco_links import open_links
 
 RECEIVER = Identity.from_seed_text("diloco receiver")
 SENDER = Identity.from_seed_text("diloco sender")
@@ -26,7 +26,7 @@ JOIN = Join(1, b"w" * 16, ())
 
 
 def _role(address: str, inbox_send: trio.MemorySendChannel[Any]) -> SimpleNamespace:
-    """What `_Links` uses of the role: our codec, the round's inbox, and connections to `address`."""
+    """What `Links` uses of the role: our codec, the round's inbox, and connections to `address`."""
     return SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER)), inbox_send=inbox_send,
                            open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(SENDER), peer=peer))
 
@@ -47,7 +47,7 @@ async def test_a_join_a_newcomer_refuses_does_not_make_it_a_suspect_but_other_fa
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
         role = _role(address, inbox_send)
-        async with _open_links(role, 10.0) as links:
+        async with open_links(role, 10.0) as links:
             body = StateWanted(3, False)
             assert not await links.send(RECEIVER.peer_id, body, report_refusal=False)
             with pytest.raises(trio.WouldBlock):
@@ -82,12 +82,12 @@ async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_
         address = await nursery.start(plane.serve)
         role = _role(address, inbox_send)
         with trio.fail_after(60):  # generous; nothing here is timed
-            async with _open_links(role, 10.0) as links:  # a round: the receiver dies in it
+            async with open_links(role, 10.0) as links:  # a round: the receiver dies in it
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 (await accepted.receive()).set()
                 assert await inbox.receive() == ("failed", RECEIVER.peer_id, None)
 
-            async with _open_links(role, 10.0) as links:  # a round that ends, then the other end closes
+            async with open_links(role, 10.0) as links:  # a round that ends, then the other end closes
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 hang_up = await accepted.receive()
                 links.stop_watching()
@@ -99,7 +99,7 @@ async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_
                 with pytest.raises(trio.WouldBlock):
                     inbox.receive_nowait()
 
-            async with _open_links(role, 10.0) as links:  # a round that ends with our closing
+            async with open_links(role, 10.0) as links:  # a round that ends with our closing
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 hang_up = await accepted.receive()
                 stream = links.streams[RECEIVER.peer_id]

@@ -1,0 +1,118 @@
+"""A DiLoCo round's outgoing connections (`Links`, made by `open_links`): opened on first use,
+one sender at a time per peer, every send bounded by the round's deadline, and each connection
+watched so that a peer that closes it (it died: the receiving end never writes on these) is
+reported to the round's inbox as ("failed", peer, None), as a failed send is.
+
+The watchers belong to the task `open_links` starts, never to the tasks that send. This module
+must not decide who is in a round or what is sent (trainer.diloco_role, trainer.allreduce).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import trio
+
+from p2pnet.dataplane import send_frame
+from p2pnet.errors import PeerUnavailable
+from p2pnet.handshake import NotAdmitted
+
+if TYPE_CHECKING:
+    from trainer.diloco_role import DilocoRole
+
+log = logging.getLogger(__name__)
+
+WATCH_QUEUE = 16  # connections opened and not yet taken by the watching task (it takes each at once)
+
+
+class Links:
+    """One round's outgoing connections: opened on first use, one sender at a time per peer,
+    every send bounded by the deadline. A failed send, or a connection the other end closes
+    (it died: the receiving end never writes on these), is reported to the round's inbox.
+
+    Made by `open_links`, whose own task (`_watch_all`) owns the watchers of the connections:
+    `send`, called from many tasks, spawns nothing; it hands each connection it opens to that
+    task over a bounded channel. `stop_watching` ends the watching (at the end of a round, before
+    the last sends finish: a close after the round, ours or the other end's, is no failure)."""
+
+    def __init__(self, role: DilocoRole, timeout_s: float,
+                 opened: trio.MemorySendChannel[tuple[str, trio.SocketStream]]) -> None:
+        self.role = role
+        self.timeout_s = timeout_s
+        self.opened = opened  # to `_watch_all`
+        self.watching = trio.CancelScope()  # `_watch_all`'s, with every watcher under it
+        self.streams: dict[str, trio.SocketStream] = {}
+        self.locks: dict[str, trio.Lock] = {}
+        self.bytes_sent = 0
+
+    async def send(self, peer: str, body: object, *, report_refusal: bool = True) -> bool:
+        """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
+        peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused
+        (it is alive but has not heard our heartbeat yet)."""
+        frame = self.role.node.codec.encode(body, time.time())
+        lock = self.locks.setdefault(peer, trio.Lock())
+        try:
+            with trio.fail_after(self.timeout_s):
+                async with lock:
+                    stream = self.streams.get(peer)
+                    if stream is None:
+                        stream = self.streams[peer] = await self.role.open_stream(peer)
+                        if not self.watching.cancel_called:  # (once stopped, nobody takes it off the channel)
+                            await self.opened.send((peer, stream))
+                    await send_frame(stream, frame)
+                    self.bytes_sent += len(frame) + 4
+                    return True
+        except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
+            log.info("diloco: sending to %s failed: %s", peer, exc)
+            self.streams.pop(peer, None)
+            refused = isinstance(exc, NotAdmitted)
+            if report_refusal or not refused:
+                await self.role.inbox_send.send(("failed", peer, None))
+            return False
+
+    def stop_watching(self) -> None:
+        self.watching.cancel()
+
+    async def _watch_all(self, opened: trio.MemoryReceiveChannel[tuple[str, trio.SocketStream]]) -> None:
+        """Watch each connection `send` opens, until `stop_watching`: the watchers are this task's."""
+        with self.watching:
+            async with opened, trio.open_nursery() as watchers:
+                async for peer, stream in opened:
+                    watchers.start_soon(self._watch, peer, stream)
+
+    async def _watch(self, peer: str, stream: trio.SocketStream) -> None:
+        try:
+            data = await stream.receive_some(1)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            data = b""
+        if not data:
+            log.info("diloco: %s closed its connection", peer)
+            await self.role.inbox_send.send(("failed", peer, None))
+
+    async def aclose(self) -> None:
+        """Close every connection (each close is immediate: all are closed, also when cancelled)."""
+        streams, self.streams = list(self.streams.values()), {}
+        with trio.CancelScope(shield=True):
+            for stream in streams:
+                await stream.aclose()
+
+
+@asynccontextmanager
+async def open_links(role: DilocoRole, timeout_s: float) -> AsyncIterator[Links]:
+    """A round's `Links`, watched by a task of our own until the block ends (or `stop_watching`);
+    then, the watchers stopped first so that a close we make is not reported, its connections closed."""
+    opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](WATCH_QUEUE)
+    links = Links(role, timeout_s, opened_send)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(links._watch_all, opened)
+            try:
+                yield links
+            finally:
+                links.stop_watching()
+    finally:
+        await links.aclose()
