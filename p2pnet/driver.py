@@ -7,9 +7,10 @@ because a core has at most one pending timer per key. The runner reads time with
 milliseconds. Effects other than timers go to the `EffectSink` the runner was given (the node
 for real peers), which owns I/O.
 
-Once `run` ends (cancelled with the node), the core is gone: commands still queued are released
-unrun and later ones return at once. Shielded cleanup that commands the core at shutdown (a relay
-reports the fetches it drops) must not wait for ever on a runner cancelled a moment before it.
+Once `run` ends (cancelled with the nursery it runs in: a role's, or the node's), the core is
+gone: commands still queued are released unrun and later ones return at once. Shielded cleanup
+that commands the core at shutdown (a relay reports the fetches it drops) must not wait for ever
+on a runner cancelled a moment before it.
 
 This module must not know what any core does.
 """

@@ -1,13 +1,23 @@
 """One running peer: identity, libp2p host, data plane, peer table, roles and control socket.
 
 `run_node` owns every task of the peer in one nursery and returns only when the peer is
-stopped (cancelled by the CLI on SIGINT/SIGTERM). The node is also the `EffectSink` of its
-cores: publishes, sends and connects are queued on a bounded outbox and carried out by a few
-sender tasks, so a slow peer never stalls a core. Inbound frames are decoded once, dropped if
-they are our own, routed by message kind to the cores that handle it; rejected frames penalise
-the claimed sender (or the forwarding peer when no sender could be read) in the peer table,
-except stale ones: a skewed clock (ours or theirs) is reported as a WARNING, not scored, or one
-wrong clock would ban every neighbour within seconds.
+stopped (cancelled by the CLI on SIGINT/SIGTERM); nothing outside `run_node` starts tasks in it.
+
+Cores: whoever runs a core runs it in its own nursery, `runner = await nursery.start(node.run_core,
+core, name)`, and the core lives exactly as long as that task: `run_core` routes the core's kinds
+to its runner while it runs and no longer once it ends, so a frame of a kind no running core
+handles is dropped (and not forwarded by gossip). The gossip topics cores want are asked of the
+node's own subscriber task (one `host.subscribe` per topic, for as long as the peer runs, shared
+by every core that wants it). The peer table and notices run in `run_node`'s nursery; each role
+runs its cores in its own.
+
+The node is also the `EffectSink` of its cores: publishes, sends and connects are queued on a
+bounded outbox and carried out by a few sender tasks, so a slow peer never stalls a core.
+Inbound frames are decoded once, dropped if they are our own, routed by message kind to the
+cores that handle it; rejected frames penalise the claimed sender (or the forwarding peer when
+no sender could be read) in the peer table, except stale ones: a skewed clock (ours or theirs)
+is reported as a WARNING, not scored, or one wrong clock would ban every neighbour within
+seconds.
 
 Waiting for peers: `Node.wait_for_peers(predicate, timeout_s)` (and `peers_changed()`) wake on
 every change of the peer table that could matter to someone waiting for a peer: a join, a
@@ -53,6 +63,7 @@ log = logging.getLogger(__name__)
 
 SENDER_TASKS = 8
 OUTBOX_SIZE = 4096
+TOPIC_REQUESTS = 64  # topics asked of the subscriber not read yet (every core's, repeats too)
 
 
 @validated
@@ -153,7 +164,10 @@ class PeerNews:
 
 @dataclass
 class Node:
-    """The handle roles and tests get: everything a role needs, nothing of libp2p's insides."""
+    """The handle roles and tests get: everything a role needs, nothing of libp2p's insides.
+
+    A role runs its cores with `nursery.start(node.run_core, core, name)` in a nursery it owns;
+    the node keeps no nursery of its own on hand for anyone to start tasks in."""
 
     config: PeerConfig
     identity: Identity
@@ -163,11 +177,11 @@ class Node:
     control: ControlServer
     peertable: PeerTable
     started_at: float
-    _nursery: trio.Nursery
     _outbox: trio.MemorySendChannel[tuple[str, Effect]]
+    _topic_requests: trio.MemorySendChannel[str]  # read by `_subscriber`, in run_node's nursery
     _runners: list[CoreRunner] = field(default_factory=list)
     _routes: dict[str, list[CoreRunner]] = field(default_factory=dict)
-    _topics: set[str] = field(default_factory=set)
+    _topics: set[str] = field(default_factory=set)  # subscribed (written by `_subscriber` only)
     _listeners: list[Callable[[str, Any], None]] = field(default_factory=list)
     _gates: dict[str, Callable[[bytes], str | None]] = field(default_factory=dict)
     roles: dict[str, Any] = field(default_factory=dict)
@@ -185,18 +199,40 @@ class Node:
 
     # -- cores ----------------------------------------------------------------------------
 
-    async def add_core(self, core: Core, name: str) -> CoreRunner:
-        """Start driving `core`: subscribe its topics, route its kinds to it."""
-        runner = CoreRunner(core, self, name=name)
+    async def run_core(self, core: Core, name: str, *,
+                       task_status: trio.TaskStatus[CoreRunner] = trio.TASK_STATUS_IGNORED) -> None:
+        """Drive `core` until cancelled, in the caller's nursery: `runner = await
+        nursery.start(node.run_core, core, name)`. Its kinds are routed to it from before it
+        starts (frames wait in its inbox) until it stops; its gossip topics are asked of the
+        subscriber before `start` returns (subscribed soon after, not yet: a frame gossiped before
+        is missed, as any frame gossiped before we joined the topic's mesh)."""
+        runner, kinds = CoreRunner(core, self, name=name), tuple(core.kinds)
         self._runners.append(runner)
-        for kind in core.kinds:
+        for kind in kinds:
             self._routes.setdefault(kind, []).append(runner)
-        await self._nursery.start(runner.run)
-        for topic in core.topics:
-            if topic not in self._topics:
-                self._topics.add(topic)
-                self._nursery.start_soon(self.host.subscribe, topic, self._on_gossip, self._gossip_ok)
-        return runner
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(runner.run)
+                for topic in core.topics:
+                    await self._topic_requests.send(topic)
+                task_status.started(runner)
+        finally:
+            self._runners.remove(runner)
+            for kind in kinds:
+                routed = self._routes[kind]
+                routed.remove(runner)
+                if not routed:  # no core handles the kind now: `_gossip_ok` stops forwarding it
+                    del self._routes[kind]
+
+    async def _subscriber(self, requests: trio.MemoryReceiveChannel[str]) -> None:
+        """Subscribe to every topic a core asks for (`run_core`), each once, for as long as the
+        peer runs: a subscription outlives the core that asked for it, since other cores (now or
+        later) may want the same topic."""
+        async with trio.open_nursery() as nursery:
+            async for topic in requests:
+                if topic not in self._topics:
+                    self._topics.add(topic)
+                    nursery.start_soon(self.host.subscribe, topic, self._on_gossip, self._gossip_ok)
 
     def add_gossip_gate(self, kind: str, gate: Callable[[bytes], str | None]) -> None:
         """Check gossiped frames of `kind` before they are forwarded or decoded in full:
@@ -429,20 +465,22 @@ async def run_node(
             )
             table = PeerTable(peertable_config or PeerTableConfig(), identity.peer_id, local, int(time.time() * 1000))
             outbox_send, outbox_receive = trio.open_memory_channel[tuple[str, Effect]](OUTBOX_SIZE)
+            topics_send, topics_receive = trio.open_memory_channel[str](TOPIC_REQUESTS)
             node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(),
-                        nursery, outbox_send)
+                        outbox_send, topics_send)
             host.set_frame_handler(node._on_direct)
             dataplane.admit_peer = node.admit_data_peer
             node.reachability = Reachability(node, config.reachability_interval_s)
             for _ in range(SENDER_TASKS):
                 nursery.start_soon(node._sender, outbox_receive.clone())
+            nursery.start_soon(node._subscriber, topics_receive)
             if config.metrics_listen:
                 from p2pnet.web import serve_peer_http
 
                 node.metrics_url = await nursery.start(serve_peer_http, node, config.metrics_listen)
-            await node.add_core(table, PEER_TABLE_CORE)
+            await nursery.start(node.run_core, table, PEER_TABLE_CORE)
             notices = Notices(lambda: int(time.time() * 1000))
-            notice_runner = await node.add_core(notices, "notices")
+            notice_runner = await nursery.start(node.run_core, notices, "notices")
 
             async def status_command(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
                 return node.status() | {"notices": notices.to_json()}

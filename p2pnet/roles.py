@@ -6,6 +6,9 @@ A peer with no role only gossips and keeps its peer table. A role is built from 
         async def run(self, *, task_status) -> None   # started() once serving, then runs forever
         def status(self) -> dict                        # shown by `p2pnet peer status --json`
 
+A role that drives a protocol core runs it in a nursery the role owns, `runner = await
+nursery.start(node.run_core, core, name)`: the core stops with the role.
+
 Roles live in the packages that own them (relay, verify, trainer); this table is the only place
 p2pnet names them, imported lazily so a plain peer never loads torch.
 """

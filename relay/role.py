@@ -1,10 +1,11 @@
 """`RelayRole`: the trio shell that runs the transfer core, serves chunks and fetches them.
 
-What it owns: the store of this peer, one `TransferCore` (driven by the node's `CoreRunner`),
-the data-plane channel `relay/chunks` (serving: `relay.serving_shell`, mixed in), one
-`relay.upstream.Upstream` per source peer (fetching), the control commands
-`checkpoint.publish|status|fetch|wait` and `status()` (`relay.commands`, mixed in), and the
-`VersionWatcher` that tells trainers and workers when a version is complete.
+What it owns: the store of this peer, one `TransferCore` (driven by a `CoreRunner` that runs in
+the role's own nursery, `Node.run_core`, and stops with the role), the data-plane channel
+`relay/chunks` (serving: `relay.serving_shell`, mixed in), one `relay.upstream.Upstream` per
+source peer (fetching), the control commands `checkpoint.publish|status|fetch|wait` and
+`status()` (`relay.commands`, mixed in), and the `VersionWatcher` that tells trainers and
+workers when a version is complete.
 
 Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Penalise`,
 `ServeAtOnce`) and relay events are peeled off the core's effect list by `_Peeler` and queued,
@@ -202,7 +203,7 @@ class RelayRole(ChunkServing, ControlCommands):
         async with trio.open_nursery() as nursery:
             self.node.dataplane.register(CHANNEL, self._serve)
             self.node.add_gossip_gate(ManifestAnnounce.KIND, self._manifest_gate)  # type: ignore[attr-defined]
-            self._runner = await self.node.add_core(self._peeler, "relay")
+            self._runner = await nursery.start(self.node.run_core, self._peeler, "relay")
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._tell_fetched)
             nursery.start_soon(self._flusher)

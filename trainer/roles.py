@@ -5,11 +5,12 @@ prompts' rollouts with proofs (in a worker thread), signs and gossips them as a 
 and never runs more than `async_level` versions behind the newest it knows. A version that does
 not load (a chunk rotten on disk, files safetensors refuses, tensors that do not fit the model)
 is rejected: logged, listed in `rejected_versions`, and the worker keeps the version it has; it
-tries that version again only once its files change (the relay fetched them again). `TrainerRole` runs
-the `Intake` core, trains (GRPO, `trainer.learner`, or with `ranks` above 1 a torchrun group of
-FSDP2 ranks, `trainer.ranks`) only on batches validators accepted, and publishes every new version
-through the relay role; the checkpoint write and the publish run
-beside the next step, never in its way. Both need the relay role in the same peer.
+tries that version again only once its files change (the relay fetched them again).
+`TrainerRole` runs the `Intake` core (in the role's own nursery, until the peer stops: after the
+last step too), trains (GRPO, `trainer.learner`, or with `ranks` above 1 a torchrun group of
+FSDP2 ranks, `trainer.ranks`) only on batches validators accepted, and publishes every new
+version through the relay role; the checkpoint write and the publish run beside the next step,
+never in its way. Both need the relay role in the same peer.
 
 A worker's `byzantine` setting exists for devnets and tests that must show cheaters caught: it
 makes the worker lie on purpose, and the worker says so loudly in its log and status.
@@ -308,8 +309,14 @@ class TrainerRole:
         return Learner(config, cfg.model_dir, cfg.out_dir)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Train `steps` steps, then keep the intake running (it still hears holders, verdicts
+        and submissions, for the status and the leaderboard) until the peer stops."""
         self.node.on_event(self._on_event)
-        runner = await self.node.add_core(self.intake, "intake")
+        async with trio.open_nursery() as cores:
+            runner = await cores.start(self.node.run_core, self.intake, "intake")
+            await self._train(runner, task_status)
+
+    async def _train(self, runner: Any, task_status: trio.TaskStatus[None]) -> None:
         self.started_at = trio.current_time()
         self.learner = await trio.to_thread.run_sync(self._build_learner)
         self.version = self.learner.version

@@ -1,10 +1,11 @@
 """The validator role: the trio shell that runs `ValidatorCore` and recomputes rollouts in a thread.
 
 `ValidatorRole(node, section)` is what `p2pnet peer start --role validator` builds (see
-p2pnet/roles.py). It adds the core to the node, carries out the core's `CheckRequested`
-events one at a time in a worker thread (`trio.to_thread.run_sync`, one torch thread),
-feeds the results back with `check_done`, charges `Penalise` events to the peer table, and
-registers the control command `validator.status`.
+p2pnet/roles.py). It runs the core in its own nursery (`Node.run_core`: the core stops with
+the role), carries out the core's `CheckRequested` events one at a time in a worker thread
+(`trio.to_thread.run_sync`, one torch thread), feeds the results back with `check_done`,
+charges `Penalise` events to the peer table, and registers the control command
+`validator.status`.
 
 Where models come from: `ModelSource(version)` returns a loaded model for a policy version:
 `<checkpoint_dir>/v{version}` when that folder exists (the trainer's checkpoint layout),
@@ -463,11 +464,12 @@ class ValidatorRole:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node.on_event(self._on_event)
-        self.runner = await self.node.add_core(self.core, CORE_NAME)
-        self.node.control.register("validator.status", self._status_command)
-        task_status.started()
-        async for request in self._jobs_receive:
-            await self._check(request)
+        async with trio.open_nursery() as nursery:  # the core runs as long as the role
+            self.runner = await nursery.start(self.node.run_core, self.core, CORE_NAME)
+            self.node.control.register("validator.status", self._status_command)
+            task_status.started()
+            async for request in self._jobs_receive:
+                await self._check(request)
 
     async def _check(self, request: CheckRequested) -> None:
         sid = request.submission_id

@@ -88,7 +88,7 @@ async def _worker_side(root: Path, bootstrap: str, validator_dir: Path, subs: tu
     async with trio.open_nursery() as nursery:
         node = await nursery.start(lambda task_status: run_node(config, peertable_config=table, identity=WORKER,
                                                                  task_status=task_status))
-        await node.add_core(VerdictCollector(send), "collector")
+        await nursery.start(node.run_core, VerdictCollector(send), "collector")
         with trio.fail_after(30):  # until the validator has heard our heartbeat (gossip works both ways)
             while WORKER.peer_id not in {p["peer_id"] for p in (await call(validator_dir, {"cmd": "status"}))["peers"]}:
                 await trio.sleep(0.1)

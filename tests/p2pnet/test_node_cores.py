@@ -1,0 +1,99 @@
+"""`Node.run_core`: a core runs in its caller's nursery and lives exactly as long as that task.
+Cancelling the nursery stops the core and its kinds are no longer routed to it (a frame of its
+kind that arrives afterwards reaches the cores still running, or no one, and the node takes it in
+its stride); the node and its other cores run on, and a core started later is routed to again.
+Two real peers over loopback TCP; every wait is on a frame arriving, under a deadline."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from p2pnet.core import Effect, ReactiveCore
+from p2pnet.identity import Identity
+from p2pnet.node import Node, PeerConfig, run_node
+from p2pnet.wire import Envelope, message
+
+TOPIC = "p2pnet/test/probes"
+A = Identity.from_seed_text("cores-a")
+B = Identity.from_seed_text("cores-b")
+
+
+@message("test/probe", max_bytes=256)
+@dataclass(frozen=True)
+class Probe:
+    n: int
+
+
+class Catcher(ReactiveCore):
+    """Hands the number of every probe it is routed to the test."""
+
+    topics = (TOPIC,)
+    kinds = (Probe.KIND,)  # type: ignore[attr-defined]
+
+    def __init__(self, out: trio.MemorySendChannel[int]) -> None:
+        self.out = out
+
+    def on_message(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
+        self.out.send_nowait(envelope.body.n)
+        return []
+
+
+async def _send(b: Node, a: Node, n: int, *heard_by: trio.MemoryReceiveChannel[int]) -> None:
+    """B sends probe `n` to A directly; returns once each of `heard_by` got it."""
+    with trio.fail_after(30):
+        await b.send(a.peer_id, Probe(n))
+        for channel in heard_by:
+            assert await channel.receive() == n
+
+
+async def test_a_core_stops_with_the_nursery_it_runs_in_and_is_routed_to_no_more(tmp_path: Path) -> None:
+    witness_out, witness_heard = trio.open_memory_channel[int](8)
+    probe_out, probe_heard = trio.open_memory_channel[int](8)
+    late_out, late_heard = trio.open_memory_channel[int](8)
+    async with trio.open_nursery() as peers:
+        a: Node = await peers.start(partial(run_node, PeerConfig(data_dir=tmp_path / "a"), identity=A))
+        b: Node = await peers.start(partial(run_node, PeerConfig(data_dir=tmp_path / "b"), identity=B))
+        await b.host.connect(a.host.addrs()[0])
+
+        async with trio.open_nursery() as witness_cores:
+            witness = await witness_cores.start(a.run_core, Catcher(witness_out), "witness")
+            async with trio.open_nursery() as probe_cores:  # the test's own, as a role's would be
+                probe = await probe_cores.start(a.run_core, Catcher(probe_out), "probe")
+                await _send(b, a, 1, probe_heard, witness_heard)
+                probe_cores.cancel_scope.cancel()
+            assert probe.stopped and not witness.stopped
+            await _send(b, a, 2, witness_heard)  # the node runs on; the other core still hears the kind
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.WouldBlock):
+                probe_heard.receive_nowait()  # the stopped core heard nothing more
+            assert TOPIC in a.host._pubsub.topic_ids  # the two cores' topic, subscribed once by the node
+            witness_cores.cancel_scope.cancel()
+        assert witness.stopped
+
+        # No core handles the kind now: its frames are not forwarded by gossip, and one arriving
+        # directly is counted and dropped (nothing raises, no stopped runner is fed).
+        frame = b.codec.encode(Probe(3), time.time())
+        assert not a._gossip_ok(frame, b.peer_id)
+        received = a.stats["received"]
+        await a._on_direct(frame, b.peer_id)
+        await a._on_gossip(frame, b.peer_id)
+        assert a.stats["received"] == received + 2 and a.stats["rejected"] == 0
+
+        async with trio.open_nursery() as later:  # a core started afterwards is routed to again
+            await later.start(a.run_core, Catcher(late_out), "late")
+            assert a._gossip_ok(frame, b.peer_id)
+            await _send(b, a, 4, late_heard)
+            later.cancel_scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        heard = (witness_heard, probe_heard, late_heard)
+        assert all(c.statistics().current_buffer_used == 0 for c in heard)  # nothing else reached any of them
+        assert TOPIC in a.host._pubsub.topic_ids  # a subscription outlives the cores that asked for it
+        peers.cancel_scope.cancel()
