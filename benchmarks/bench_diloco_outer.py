@@ -64,6 +64,12 @@ def trace(lr: float, momentum: float, rounds: int) -> list[dict[str, float]]:
     return rows
 
 
+def _setting(text: str) -> tuple[float, float]:
+    """`LR,MOMENTUM` as two floats (ValueError when there are not two)."""
+    lr, momentum = (float(x) for x in text.split(","))
+    return lr, momentum
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=30)
@@ -72,8 +78,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    settings = [tuple(float(x) for x in s.split(",")) for s in args.sweep]
-    results = {"sweep": sweep(settings, args.rounds)}  # type: ignore[arg-type]
+    settings = [_setting(s) for s in args.sweep]
+    results: dict[str, object] = {"sweep": sweep(settings, args.rounds)}
     if args.trace:
         results["trace"] = {f"{lr},{m}": trace(lr, m, args.rounds) for lr, m in ((0.7, 0.9), (0.7, 0.0))}
     if args.json:

@@ -73,11 +73,12 @@ def codec_run(messages: int = 20_000) -> dict:
     from p2pnet.messages import Capacity, Heartbeat
     from p2pnet.wire import DOMAIN, SIGNATURE_BYTES, Codec
 
-    senders = [Codec(Identity.from_seed_text(f"s{i}")) for i in range(100)]
+    identities = [Identity.from_seed_text(f"s{i}") for i in range(100)]
+    senders = [Codec(identity) for identity in identities]
     now = time.time()
     frames = [senders[i % 100].encode(Heartbeat(i + 1, 1, ("/ip4/127.0.0.1/tcp/4001/p2p/x",), "127.0.0.1:1",
                                                 ("relay",), Capacity(1, 2, 3)), now) for i in range(messages)]
-    ids = [s.identity.peer_id_bytes for s in senders]
+    ids = [identity.peer_id_bytes for identity in identities]
     codec, checker = Codec(None), SignatureChecker()
     t0 = time.perf_counter()
     for frame in frames:

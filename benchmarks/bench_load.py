@@ -35,7 +35,7 @@ WIDTH = 4096
 NOW = 1_800_000_000.0
 
 
-def build(mib: int):  # type: ignore[no-untyped-def]
+def build(mib: int):
     import torch
 
     layers = max(1, (mib << 20) // (WIDTH * WIDTH * 4))

@@ -236,7 +236,7 @@ def dashboard_cost(recorded: dict, peers: int, steps: int) -> dict:
         data = dashboard_data(big, rows)
         body = json.dumps(data).encode()
         builds.append(time.perf_counter() - began)
-    out = {"api_build_s": statistics.median(builds), "api_bytes": len(body)}
+    out: dict[str, float | str] = {"api_build_s": statistics.median(builds), "api_bytes": len(body)}
     browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
                    None)
     if browser is None:

@@ -54,6 +54,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -78,7 +79,7 @@ def make_checkpoint(path: Path, mib: int) -> str:
 # -- child processes of the baselines (this file, run with a role flag) ---------------------------
 
 
-def _write_all(fh, view) -> None:  # type: ignore[no-untyped-def]
+def _write_all(fh, view) -> None:
     while view:
         view = view[fh.write(view):]
 
@@ -134,7 +135,7 @@ def raw_client(port: int, out: str, digest: str | None = None) -> None:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
+    def log_message(self, *args) -> None:
         pass
 
 
@@ -255,7 +256,7 @@ PAGE_REPORTING_LOCKS = (Path("/run/p2pnet-page-reporting.lock"),  # the first wh
 
 
 @contextlib.contextmanager
-def page_reporting_paused(pause: bool):  # type: ignore[no-untyped-def]
+def page_reporting_paused(pause: bool):
     """With `pause`, stop the kernel handing free memory back to the VM's host for the duration.
 
     Free page reporting (virtio-balloon) returns freed blocks of 2^order pages to the host within
@@ -299,7 +300,7 @@ def page_reporting_paused(pause: bool):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def page_reporting_lock():  # type: ignore[no-untyped-def]
+def page_reporting_lock():
     """Hold the exclusive lock on pausing page reporting (the first of `PAGE_REPORTING_LOCKS`
     whose folder we may write) until the block ends; SystemExit at once, naming the holder, if
     another run holds it. The kernel drops the lock when the process dies, however it dies.
@@ -327,20 +328,26 @@ def _note_lock(fd: int, old: str | None) -> None:
     os.pwrite(fd, (f"{os.getpid()}" + (f" {old}" if old is not None else "") + "\n").encode(), 0)
 
 
+def _pipe(stream: IO[str] | None) -> IO[str]:
+    """A child's stdin or stdout: `_child` opens both as pipes."""
+    assert stream is not None
+    return stream
+
+
 def _child(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
 
 
 def _expect(proc: subprocess.Popen, word: str) -> None:
-    line = proc.stdout.readline().strip()  # type: ignore[union-attr]
+    line = _pipe(proc.stdout).readline().strip()
     if line != word:
         raise RuntimeError(f"child said {line!r}, expected {word!r}")
 
 
 def _finish(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        p.stdin.close()  # type: ignore[union-attr]
+        _pipe(p.stdin).close()
         p.wait(timeout=60)
 
 
@@ -350,7 +357,7 @@ def _finish(procs: list[subprocess.Popen]) -> None:
 def run_raw(path: Path, peers: int, work: Path, digest: str | None = None) -> dict:
     """raw fan-out; with `digest`, each client hashes what it receives (rawhash)."""
     origin = _child("--raw-origin", str(path), str(peers))
-    port = origin.stdout.readline().strip()  # type: ignore[union-attr]
+    port = _pipe(origin.stdout).readline().strip()
     clients = [_child("--raw-client", port, str(work / f"raw{i}"), *([digest] if digest else []))
                for i in range(peers)]
     for c in clients:
@@ -359,8 +366,8 @@ def run_raw(path: Path, peers: int, work: Path, digest: str | None = None) -> di
     warm(work, peers * path.stat().st_size)
     watch = Watch({"origin": origin.pid, **{f"client{i}": c.pid for i, c in enumerate(clients)}})
     watch.start()
-    origin.stdin.write("go\n")  # type: ignore[union-attr]
-    origin.stdin.flush()  # type: ignore[union-attr]
+    _pipe(origin.stdin).write("go\n")
+    _pipe(origin.stdin).flush()
     for c in clients:
         _expect(c, "done")
     result = watch.stop()
@@ -371,7 +378,7 @@ def run_raw(path: Path, peers: int, work: Path, digest: str | None = None) -> di
 
 def run_http(path: Path, peers: int, work: Path, digest: str) -> dict:
     server = _child("--http-server", str(path.parent))
-    port = server.stdout.readline().strip()  # type: ignore[union-attr]
+    port = _pipe(server.stdout).readline().strip()
     _expect(server, "ready")
     url = f"http://127.0.0.1:{port}/{path.name}"
     clients = [_child("--http-client", url, str(work / f"http{i}"), digest) for i in range(peers)]
@@ -381,8 +388,8 @@ def run_http(path: Path, peers: int, work: Path, digest: str) -> dict:
     watch = Watch({"server": server.pid, **{f"client{i}": c.pid for i, c in enumerate(clients)}})
     watch.start()
     for c in clients:
-        c.stdin.write("go\n")  # type: ignore[union-attr]
-        c.stdin.flush()  # type: ignore[union-attr]
+        _pipe(c.stdin).write("go\n")
+        _pipe(c.stdin).flush()
     for c in clients:
         _expect(c, "done")
     result = watch.stop()
@@ -409,7 +416,7 @@ def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
         done: dict[str, float] = {}
         failed: list[BaseException] = []
 
-        def wait(peer) -> None:  # type: ignore[no-untyped-def]
+        def wait(peer) -> None:
             try:
                 control_call(peer.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": 900},
                              timeout_s=910)

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,13 +44,13 @@ from simulations.hostile import run_broadcast  # noqa: E402
 from simulations.models import GBIT, Bandwidth  # noqa: E402
 from simulations.scenarios import EXACT_WORLD, broadcast, with_params  # noqa: E402
 
-WORLDS = {
+WORLDS: dict[str, dict[str, Any]] = {
     "exact": {"view_miss": 0.0, "slow_fraction": 0.0},
     "miss1%": {"view_miss": 0.01, "slow_fraction": 0.0},
     "slow10%x10": {"view_miss": 0.0, "slow_fraction": 0.1, "slow_factor": 10.0},
     "default": {},
 }
-PROTOCOLS = {
+PROTOCOLS: dict[str, dict[str, Any]] = {
     "striped": {"strategy": "relay"},
     "striped-v1": {"strategy": "relay", "stable_plan": False, "upload_slots": 4},
     "tree": {"strategy": "tree4"},

@@ -71,7 +71,7 @@ def main() -> int:
         print(json.dumps(one(peers, total, seed, chunk_mib or None, chunks)), flush=True)
         return 0
     print(" ".join(f"{title:>{width}}" for title, _, width in COLUMNS), flush=True)
-    runs = [(p, t, None) for p, t in CASES.items() if args.only in (None, p)]
+    runs: list[tuple[int, int, int | None]] = [(p, t, None) for p, t in CASES.items() if args.only in (None, p)]
     if args.chunking:
         runs.append((1_000, 10**9, 2))
     for peers, total, chunk_mib in runs:

@@ -42,12 +42,14 @@ one; ``--one-core`` pins the whole process to one CPU so both run on one core (t
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+import types
 
 import torch
 
@@ -84,7 +86,7 @@ def bench_one(toploc, hidden_size: int, massive: int, repeats: int, batch_rows: 
     ours = build_proofs(h)
     ours_batch = build_proofs_many(batch)
     ours_alone = [build_proofs(c)[0] for c in chunks]  # each chunk proven alone
-    row = {"hidden": hidden_size, "massive_channels": massive, "chunks": 2 * len(ours) + batch_chunks,
+    row: dict[str, float] = {"hidden": hidden_size, "massive_channels": massive, "chunks": 2 * len(ours) + batch_chunks,
            "batch_rows": batch_rows, "batch_tokens": batch_tokens}
     fns = {
         "build_chunk": lambda: [build_proofs(c) for c in chunks],
@@ -185,10 +187,10 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.one_core:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    toploc = None
-    if args.toploc_path:
+    toploc: types.ModuleType | None = None
+    if args.toploc_path:  # the optional baseline, never a dependency
         sys.path.insert(0, args.toploc_path)
-        import toploc  # noqa: F811  (optional baseline, never a dependency)
+        toploc = importlib.import_module("toploc")
     results = []
     for massive in (0, 8):
         for size in args.sizes:

@@ -76,12 +76,12 @@ def run_setting(s: Setting, steps: int, work: Path) -> dict[str, float]:
                         max_new_tokens=s.max_new_tokens, keep_last=3, micro_batch_rows=32)
     learner = Learner(cfg, base, work / "out")
     gen = GenerationConfig(group_size=s.group_size, max_new_tokens=s.max_new_tokens)
-    tok = _NoEos(learner.tokenizer) if s.full_length else learner.tokenizer
+    generating_tok = _NoEos(learner.tokenizer) if s.full_length else learner.tokenizer
     rows: list[dict[str, float]] = []
     for i in range(steps + 1):  # the first step warms up and is dropped
         t0 = time.perf_counter()
         tasks = assign_prompts("bench", learner.version, cfg.task_seed, cfg.prompts_per_batch, cfg.tasks)
-        batch, timing = generate_batch(learner.model, tok, tasks, worker_id="bench", step=learner.version,
+        batch, timing = generate_batch(learner.model, generating_tok, tasks, worker_id="bench", step=learner.version,
                                        model_version=learner.version, seed=cfg.task_seed, config=gen)
         stats = learner.step([batch])
         learner.flush()  # measure the write alone; in real runs it overlaps the next step

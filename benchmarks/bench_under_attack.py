@@ -101,7 +101,7 @@ def sample(pid: int) -> tuple[int, int]:
 
 
 def run(lab, root: Path, source: Path, args: argparse.Namespace, attacked: bool) -> dict:
-    from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for, wait_for_reachable
+    from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for, wait_for_reachable
 
     root.mkdir(parents=True)
     names = [f"r{i}" for i in range(args.relays)]
@@ -109,7 +109,8 @@ def run(lab, root: Path, source: Path, args: argparse.Namespace, attacked: bool)
     config = root / "relay.toml"
     config.write_text(f'[relay]\ntrusted_publishers = ["{origin_id}"]\nchunk_bytes = 1048576\nfsync = false\n'
                       'announce_interval_s = 5.0\n[peertable]\nheartbeat_interval_s = 5.0\nexpiry_s = 20.0\n')
-    peers, attacker = [], None
+    peers: list[PeerProcess] = []
+    attacker = None
     peaks: dict[str, dict[str, int]] = {}
     try:
         for name in names:

@@ -50,7 +50,7 @@ def anonymous() -> int:
     raise RuntimeError("no Anonymous line")
 
 
-def load_before(base: Path, store, version: int):  # type: ignore[no-untyped-def]
+def load_before(base: Path, store, version: int):
     """The roles' load before: from_config, the whole file read, load_state_dict, then load_into."""
     import torch
     from safetensors.torch import load_file
@@ -111,6 +111,7 @@ def child(tmp: str, how: str) -> None:
     else:  # what an engine's load_weights receives: a copy of the model, or tensors streamed from files
         from models.weights import snapshot_state, stream_tensors
 
+        assert engine is not None  # loaded above for every push_* case
         weights = (list(snapshot_state(worker).items()) if how == "push_before"
                    else stream_tensors(store.version_files(1)))
         params = engine.state_dict()

@@ -35,8 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import cbor2
 import numpy as np
-
-Rng = np.random.Generator
+from numpy.random import Generator as Rng
 NOW_S = 1_800_000_000.0
 
 # -- JSON trees, including what json.dumps cannot write ---------------------------------------
@@ -457,7 +456,8 @@ def run_target(target: Target, n: int, seed: int) -> dict[str, Any]:
     other: Counter[str] = Counter()
     reasons: Counter[str] = Counter()  # the stable reason code, where the error has one
     examples: dict[str, str] = {}
-    disagree, disagree_examples = 0, []
+    disagree = 0
+    disagree_examples: list[str] = []
     for item in target.inputs(rng, n):
         started = time.perf_counter()
         try:

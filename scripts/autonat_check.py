@@ -71,6 +71,7 @@ def main() -> int:
             Lab.up(LabSpec((HostSpec("srv"), HostSpec("pub"), HostSpec("nat", nat="home")),
                            f"an{secrets.token_hex(3)}"), Path(tmp)) as lab:
         server = lab.popen("srv", [*me, "serve"], stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None  # stdout=PIPE
         try:
             server_id = json.loads(server.stdout.readline())["peer_id"]
             server_addr = f"/ip4/{lab.host('srv').ip}/tcp/{SERVER_PORT}/p2p/{server_id}"

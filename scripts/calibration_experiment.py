@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verify.check import check_rollout
+from verify.check import Forward, check_rollout
 from verify.toploc import build_proofs
 
 TEMPERATURE = 1.0
@@ -182,6 +182,11 @@ class Checked:
         return [list(v.chunk_stats) for v in self.verdicts]
 
 
+def prefilled(hidden: torch.Tensor, logits: torch.Tensor) -> Forward:
+    """A forward that answers with one sequence's states, computed earlier in a batched prefill."""
+    return lambda ids: (hidden, logits)
+
+
 def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int, exact_ties: bool = True,
              batch: int = 1) -> list[Checked]:
     out = []
@@ -190,7 +195,7 @@ def validate(model, subs: list[Sub], *, eos: int, tokens: int, vocab: int, exact
         results = prefill(model, seqs, batch=batch)
         verdicts = []
         for row, output, proofs, (h, lg) in zip(sub.rows, sub.outputs, sub.proofs, results):
-            verdicts.append(check_rollout(lambda ids, h=h, lg=lg: (h, lg), sub.prompt, output, proofs,
+            verdicts.append(check_rollout(prefilled(h, lg), sub.prompt, output, proofs,
                                           seed=sub.seed, row=row, temperature=sub.temperature,
                                           eos_token_id=eos, max_new_tokens=tokens, vocab_size=vocab,
                                           exact_ties=exact_ties))

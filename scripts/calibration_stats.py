@@ -147,7 +147,9 @@ def escape_bound(o: Outcome, cal: PairCalibration | None, alpha: float, group: i
         return 1.0
     per_test = delta / (1 + len(AGGREGATE_STATS) * (1 + len(LOW_LEVELS)))
     bound = kl_upper_bound(sum(accepted) / len(accepted), len(accepted), per_test) ** group
-    for name in AGGREGATE_STATS if cal is not None else ():
+    if cal is None:
+        return bound
+    for name in AGGREGATE_STATS:
         fractions = [f for r in o.records for f in r["fractions"].get(name, [])]
         if not fractions:
             continue

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,16 +42,16 @@ from models.folder import load_model_dir, save_model_dir, weight_files  # noqa: 
 from models.tiny import build_model  # noqa: E402
 from models.weights import stream_tensors  # noqa: E402
 from tasks.prompts import assign_prompts  # noqa: E402
-from trainer.rollout import GenerationConfig, generate_batch  # noqa: E402
-from trainer.vllm_backend import VllmConfig, VllmGenerator, vllm_status  # noqa: E402
-from verify.check import check_rollout  # noqa: E402
+from trainer.rollout import GenerationConfig, RolloutBatch, generate_batch  # noqa: E402
+from trainer.vllm_backend import VllmConfig, VllmEngine, VllmGenerator, vllm_status  # noqa: E402
+from verify.check import Forward, check_rollout  # noqa: E402
 
 
-def make_forward(model, device: str):
+def make_forward(model: Any, device: str) -> Forward:
     ref = model.to(device=device, dtype=torch.float32).eval()
 
     @torch.no_grad()
-    def forward(ids):
+    def forward(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.tensor([list(ids)], dtype=torch.long, device=device)
         hidden = ref.model(input_ids=x, use_cache=False).last_hidden_state
         logits = ref.lm_head(hidden).float()
@@ -59,7 +60,7 @@ def make_forward(model, device: str):
     return forward
 
 
-def verify(batch, forward, eos_id) -> dict:
+def verify(batch: RolloutBatch, forward: Forward, eos_id: int) -> dict[str, Any]:
     verdicts = [check_rollout(forward, r.prompt_ids, r.output_ids, r.proofs, seed=batch.sampling_seed,
                               row=r.row, temperature=batch.temperature, eos_token_id=eos_id,
                               max_new_tokens=batch.max_new_tokens)
@@ -123,19 +124,22 @@ def main() -> int:
     cfg = GenerationConfig(group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature)
     tasks = assign_prompts("gpu-check", 0, 7, args.prompts)
-    kw = dict(worker_id="gpu-check", step=0, model_version=0, seed=7, config=cfg)
-    report: dict = {"vllm": vllm.__version__, "torch": torch.__version__,
+    report: dict[str, Any] = {"vllm": vllm.__version__, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(0), "cuda_graphs": args.cuda_graphs,
                     "model": args.model_dir or "tiny small (random init)"}
 
-    torch_batch, _ = generate_batch(model, tok, tasks, **dict(kw, config=GenerationConfig(
-        group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        proofs=False)))
-    gen = VllmGenerator(VllmConfig(enforce_eager=not args.cuda_graphs, gpu_memory_utilization=0.4))
+    torch_batch, _ = generate_batch(model, tok, tasks, worker_id="gpu-check", step=0, model_version=0, seed=7,
+                                    config=GenerationConfig(group_size=args.group_size,
+                                                            max_new_tokens=args.max_new_tokens,
+                                                            temperature=args.temperature, proofs=False))
+    # the engine is kept by its own type: what it started from and pushed is VllmEngine's, not Engine's
+    engine = VllmEngine(VllmConfig(enforce_eager=not args.cuda_graphs, gpu_memory_utilization=0.4))
+    gen = VllmGenerator(engine=engine)
     t0 = time.perf_counter()
-    batch, timing = gen(model, tok, tasks, weight_files=weight_files(folders[0]), **kw)
+    batch, timing = gen(model, tok, tasks, worker_id="gpu-check", step=0, model_version=0, seed=7, config=cfg,
+                        weight_files=weight_files(folders[0]))
     report["first_call_s"] = round(time.perf_counter() - t0, 3)
-    report["started_from_version_folder"] = gen.engine.started_from == folders[0]
+    report["started_from_version_folder"] = engine.started_from == folders[0]
     report["timing"] = {"generate_s": round(timing.generate_s, 4), "proof_s": round(timing.proof_s, 4),
                         **{k: round(v, 3) for k, v in timing.extra.items()}}
     same = [a.output_ids == b.output_ids for a, b in zip(torch_batch.rollouts, batch.rollouts)]
@@ -148,10 +152,10 @@ def main() -> int:
         params = model.state_dict()
         for name, tensor in stream_tensors(weight_files(folders[1])):
             params[name].copy_(tensor)
-    batch_b, timing_b = gen(model, tok, tasks, weight_files=weight_files(folders[1]),
-                            **dict(kw, step=1, model_version=1))
+    batch_b, timing_b = gen(model, tok, tasks, worker_id="gpu-check", step=1, model_version=1, seed=7, config=cfg,
+                            weight_files=weight_files(folders[1]))
     report["weights_push"] = {k: round(v, 3) for k, v in timing_b.extra.items()}
-    report["pushed_versions"] = list(gen.engine.pushes)
+    report["pushed_versions"] = list(engine.pushes)
     report["version_1"] = verify(batch_b, make_forward(load_model_dir(folders[1])[0], device), tok.eos_id)
     report["version_1_against_0"] = verify(batch_b, v0, tok.eos_id)
     ok = ok and report["pushed_versions"] == [1] and report["version_1"]["acceptance_rate"] == 1.0
