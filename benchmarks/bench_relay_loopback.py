@@ -531,10 +531,14 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, path_bytes: 
     print(f"{'':8} {'seconds':>8} {'p2pnet/x':>9} {'CPU-s':>7} {'p2pnet/x':>9} {'machine CPU-s':>14} "
           f"{'p2pnet/x':>9} {'written/payload':>16} {'peak private MiB per receiver':>30}")
     p = med.get("p2pnet", next(iter(med.values())))
+
+    def over(key: str, m: dict) -> str:  # p2pnet's figure over the contender's ("-" when it measured 0)
+        return f"{p[key] / m[key]:9.2f}" if m[key] else f"{'-':>9}"
+
     for name in med:
         m = med[name]
-        print(f"{name:<8} {m['seconds']:8.2f} {p['seconds'] / m['seconds']:9.2f} {m['cpu_s']:7.1f} "
-              f"{p['cpu_s'] / m['cpu_s']:9.2f} {m['machine_cpu_s']:14.1f} {p['machine_cpu_s'] / m['machine_cpu_s']:9.2f} "
+        print(f"{name:<8} {m['seconds']:8.2f} {over('seconds', m)} {m['cpu_s']:7.1f} "
+              f"{over('cpu_s', m)} {m['machine_cpu_s']:14.1f} {over('machine_cpu_s', m)} "
               f"{m['written_bytes'] / payload:16.2f} {m['peak_private_mib']:30.0f}")
     if "p2pnet" not in rounds:
         return
