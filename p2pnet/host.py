@@ -35,7 +35,7 @@ import socket
 import struct
 import weakref
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import multiaddr
 import trio
@@ -255,7 +255,7 @@ def _leave_records_unbuilt(host) -> None:
         module.env_to_send_in_RPC = env_to_send_in_RPC
 
 
-def _serial_pubsub(pubsub_class):
+def _serial_pubsub(pubsub_class: Any) -> Any:  # (py-libp2p's Pubsub, imported lazily)
     """py-libp2p's Pubsub with one writer at a time per gossip stream.
 
     yamux writes a message over 64 KiB as several frames and takes the stream's lock per frame,

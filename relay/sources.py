@@ -204,13 +204,13 @@ class SourceChoice:
         if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
-        planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)  # type: ignore[union-attr]
+        planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)
         if rate * self.config.window_per_source >= SLOW_RATIO * planned:
             return False  # (each request's time includes its queue behind our others to this peer)
         others = sorted(self._rates[p] for p in v.sources if p != peer and self._samples.get(p, 0) >= SLOW_MIN_SAMPLES)
         if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2]:
             return False
-        return self._replaceable(now, v.plan, stripe, peer)  # type: ignore[arg-type]
+        return self._replaceable(now, v.plan, stripe, peer)
 
     def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
         """Whether someone could take over from `peer`, our source in `stripe`: a substitute

@@ -86,7 +86,7 @@ def make_submission(step: int, nonce: bytes, *, forged: bool) -> Submission:
                       group_size=2, temperature=1.0, max_new_tokens=8, rollouts=rollouts, nonce=nonce)
 
 
-def detection_checker(detection_rate: float, salt: int):  # type: ignore[no-untyped-def]
+def detection_checker(detection_rate: float, salt: int):
     """A checker that fails a forged submission with probability `detection_rate`."""
     threshold = int(detection_rate * 2**64)
 

@@ -94,11 +94,11 @@ class _SimIdentity(Identity):
     asks for each peer's id several times while it is built)."""
 
     @functools.cached_property
-    def peer_id_bytes(self) -> bytes:  # type: ignore[override]
+    def peer_id_bytes(self) -> bytes:
         return Identity.peer_id_bytes.fget(self)  # type: ignore[attr-defined]
 
     @functools.cached_property
-    def peer_id(self) -> str:  # type: ignore[override]
+    def peer_id(self) -> str:
         return Identity.peer_id.fget(self)  # type: ignore[attr-defined]
 
 

@@ -231,7 +231,7 @@ def build(sc: BroadcastScenario) -> BroadcastRun:
     slow = frozenset(world_rng.sample(sim.peer_ids, round(sc.slow_fraction * sc.peers)))
     for peer_id in sorted(slow):
         sim.world.ports[peer_id].upload_bps /= sc.slow_factor  # advertised (planned with) stays
-    run = BroadcastRun(sc, sim.engine, sim.world, origin, sim.signed, config, sim.cores,  # type: ignore[arg-type]
+    run = BroadcastRun(sc, sim.engine, sim.world, origin, sim.signed, config, sim.cores,
                        sim.uploads, sim.regions, list(sim.peer_ids), byzantine, churn, rng,
                        Membership.of(sim.uploads), dict(sim.downloads), slow, _open=sim.open_frame)
     if sc.view_miss > 0:

@@ -3,10 +3,10 @@ verify, trainer, simulations, models, tasks) and the scripts/ and benchmarks/ fo
 cores, store and shells are built from mixins (relay/failures.py, relay/serving_shell.py,
 relay/store_durability.py, ...) that call methods of the class they are mixed into and declare them;
 a method renamed or re-typed in one place and not the other fails here instead of at run time. The
-scripts and benchmarks (namespace packages, `scripts.calibrate`, `benchmarks.fuzz_parsers`) have
-their unannotated function bodies checked too: many run only on a GPU or lab machine (for instance
-scripts/gpu_check_vllm.py against trainer/vllm_backend.py), so a name or attribute they lost after a
-change in a package fails here, not when a machine is lent."""
+bodies of functions without annotations are checked everywhere, and so are the scripts and
+benchmarks (namespace packages, `scripts.calibrate`, `benchmarks.fuzz_parsers`): many run only on
+a GPU or lab machine (for instance scripts/gpu_check_vllm.py against trainer/vllm_backend.py), so
+a name or attribute they lost after a change in a package fails here, not when a machine is lent."""
 
 from __future__ import annotations
 
