@@ -160,11 +160,16 @@ def one_round(path: str, source: Path, out: Path, size: int, chunk: int) -> dict
     me = [sys.executable, __file__]
     sender = subprocess.Popen(me + ["--send", str(source)], stdout=subprocess.PIPE, text=True)
     assert sender.stdout is not None
-    port = int(sender.stdout.readline())
-    receiver = subprocess.run(me + ["--receive", path, "--port", str(port), "--out", str(out), "--size", str(size),
-                                    "--chunk", str(chunk)], capture_output=True, text=True, check=True)
-    sent = json.loads(sender.stdout.readline())
-    sender.wait(timeout=60)
+    try:
+        port = int(sender.stdout.readline())
+        receiver = subprocess.run(me + ["--receive", path, "--port", str(port), "--out", str(out), "--size",
+                                        str(size), "--chunk", str(chunk)], capture_output=True, text=True, check=True)
+        sent = json.loads(sender.stdout.readline())
+        sender.wait(timeout=60)
+    finally:  # a receiver that failed before it connected leaves the sender waiting in accept
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
     got = json.loads(receiver.stdout)
     return {"wall_s": got["wall_s"], "receiver_cpu_s": got["cpu_s"], "sender_cpu_s": sent["cpu_s"],
             "machine_cpu_s": got["machine_cpu_s"], "digests": got["digests"]}

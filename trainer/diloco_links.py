@@ -62,7 +62,10 @@ class Links:
                     if stream is None:
                         stream = self.streams[peer] = await self.role.open_stream(peer)
                         if not self.watching.cancel_called:  # (once stopped, nobody takes it off the channel)
-                            await self.opened.send((peer, stream))
+                            try:
+                                await self.opened.send((peer, stream))
+                            except trio.BrokenResourceError:
+                                pass  # the round stopped watching while we waited: no fault of the peer's
                     await send_frame(stream, frame)
                     self.bytes_sent += len(frame) + 4
                     return True

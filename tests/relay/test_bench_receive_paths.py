@@ -43,3 +43,23 @@ def test_a_receiver_whose_digests_differ_fails_the_run(tmp_path: Path) -> None:
                            "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode != 0
     assert "digests differ" in done.stderr
+
+
+def test_a_receiver_that_dies_before_it_connects_fails_the_run_and_leaves_no_sender_behind(tmp_path: Path) -> None:
+    """A receiver that never connects (it died at start) fails the run, and its sender, waiting
+    for the connection, goes with it: the run's output ends (nothing else holds it open) and
+    the files are gone."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if '--receive' in sys.argv:\n"
+        "    os._exit(3)\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PYTHONPATH": str(hook), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--mib", "2", "--chunk-mib", "1", "--runs", "1",
+                           "--dir", str(work)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    assert "CalledProcessError" in done.stderr
+    assert list(work.iterdir()) == []

@@ -18,7 +18,7 @@ from p2pnet.dataplane import DataPlane, open_data_stream
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.diloco_messages import CHANNEL, Join, StateWanted
-from trainer.diloco_links import open_links
+from trainer.diloco_links import Links, open_links
 
 RECEIVER = Identity.from_seed_text("diloco receiver")
 SENDER = Identity.from_seed_text("diloco sender")
@@ -111,4 +111,47 @@ async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_
                 inbox.receive_nowait()
             hang_up.set()
         assert got == [(SENDER.peer_id, JOIN)] * 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_send_handing_its_connection_over_when_the_round_stops_watching_is_no_failure():
+    """`send` hands each connection it opens to the watching task over a bounded channel. A send
+    that waits there (the channel full) when the round stops watching, and the watching task
+    closes its end, has done nothing wrong and neither has its peer: the frame is still sent,
+    nothing is reported, and the connection is closed with the others. Here the test holds the
+    watching task's end, as a busy scheduler can; `open_links` does the rest."""
+    got: list[object] = []
+
+    async def serve(stream, reader, peer):
+        got.append(Codec(RECEIVER).decode(await reader.frame(), time.time()).body)
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](0)  # full: nobody takes
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        links = Links(_role(address, inbox_send), 10.0, opened_send)
+        sent: list[bool] = []
+
+        async def send() -> None:
+            sent.append(await links.send(RECEIVER.peer_id, JOIN))
+
+        with trio.fail_after(60):  # generous; nothing here is timed
+            async with trio.open_nursery() as sends:
+                sends.start_soon(send)
+                while not opened.statistics().tasks_waiting_send:  # the connection is open, the handover waits
+                    await trio.testing.wait_all_tasks_blocked()
+                links.stop_watching()
+                await opened.aclose()  # what the watching task does when the round stops watching
+            assert sent == [True]
+            stream = links.streams[RECEIVER.peer_id]
+            while not got:
+                await trio.testing.wait_all_tasks_blocked()
+            await links.aclose()
+        assert got == [JOIN]
+        with pytest.raises(trio.ClosedResourceError):
+            await stream.receive_some(1)  # closed with the others, not left open and unlisted
+        with pytest.raises(trio.WouldBlock):
+            inbox.receive_nowait()
         nursery.cancel_scope.cancel()
