@@ -9,9 +9,9 @@ order after one uncounted warm-up round, median of `--runs`:
 
 - `raw`: `recv_into` a reused buffer and `write`, nothing hashed: what raw fan-out's clients do
   in `bench_relay_loopback.py`, the lower bound.
-- `buffer` (the relay's path, `p2pnet.dataplane.FrameReader.exactly_into` then
-  `VersionFiles.write_chunk`): `recv_into` a reused buffer, hash the chunk with blake3, `pwrite` it
-  at its offset.
+- `buffer`: the system calls and hashing of the relay's path (`p2pnet.dataplane.FrameReader.exactly_into`,
+  then the store's blake3 check and `VersionFiles.write_chunk`), without the relay's trio loop and
+  threads: `recv_into` a reused buffer, hash the chunk with blake3, `pwrite` it at its offset.
 - `mapped`: `recv_into` the file's shared memory map at the chunk's offset (no copy out of a
   buffer), then hash the chunk from the map.
 - `splice`: `os.splice` from the socket into a pipe and from the pipe into the file at the chunk's
