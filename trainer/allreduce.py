@@ -78,7 +78,7 @@ class Send:
 @dataclass(frozen=True)
 class Penalise:
     peer: str
-    why: Rejection | str
+    why: Rejection
 
 
 @dataclass(frozen=True)

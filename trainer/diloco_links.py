@@ -1,7 +1,8 @@
 """A DiLoCo round's outgoing connections (`Links`, made by `open_links`): opened on first use,
 one sender at a time per peer, every send bounded by the round's deadline, and each connection
 watched so that a peer that closes it (it died: the receiving end never writes on these) is
-reported to the round's inbox as ("failed", peer, None), as a failed send is.
+reported to the round's inbox as `PeerFailed(peer)`, as a failed send is. The inbox's other
+event, `Received(peer, body)`, is put there by the role's server (a Join, Members or Part).
 
 The watchers belong to the task `open_links` starts, never to the tasks that send. This module
 must not decide who is in a round or what is sent (trainer.diloco_role, trainer.allreduce).
@@ -13,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
@@ -22,11 +24,30 @@ from p2pnet.errors import PeerUnavailable
 from p2pnet.handshake import NotAdmitted
 
 if TYPE_CHECKING:
+    from trainer.diloco_messages import Join, Members, Part
     from trainer.diloco_role import DilocoRole
 
 log = logging.getLogger(__name__)
 
 WATCH_QUEUE = 16  # connections opened and not yet taken by the watching task (it takes each at once)
+
+
+@dataclass(frozen=True)
+class PeerFailed:
+    """A round's inbox event: `peer` failed us (a send failed, or it closed our connection)."""
+
+    peer: str
+
+
+@dataclass(frozen=True)
+class Received:
+    """A round's inbox event: `peer` sent us `body` on the diloco channel."""
+
+    peer: str
+    body: Join | Members | Part
+
+
+InboxEvent = PeerFailed | Received  # what a round's inbox carries
 
 
 class Links:
@@ -74,7 +95,7 @@ class Links:
             self.streams.pop(peer, None)
             refused = isinstance(exc, NotAdmitted)
             if report_refusal or not refused:
-                await self.role.inbox_send.send(("failed", peer, None))
+                await self.role.inbox_send.send(PeerFailed(peer))
             return False
 
     def stop_watching(self) -> None:
@@ -94,7 +115,7 @@ class Links:
             data = b""
         if not data:
             log.info("diloco: %s closed its connection", peer)
-            await self.role.inbox_send.send(("failed", peer, None))
+            await self.role.inbox_send.send(PeerFailed(peer))
 
     async def aclose(self) -> None:
         """Close every connection (each close is immediate: all are closed, also when cancelled)."""

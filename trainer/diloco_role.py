@@ -45,6 +45,7 @@ This module must not do the arithmetic (trainer.diloco) or decide the protocol (
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
-from trainer.diloco_links import Links, open_links
+from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state, write_state
 from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Join, Members, Part, StateOffer,
                                      StatePiece, StateRequest, StateWanted)
@@ -72,6 +73,24 @@ ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this 
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
+
+
+class Phase(enum.StrEnum):
+    """Where the role is (`status()["phase"]`, what tests and the devnet watch): its value is the
+    text status JSON and logs show."""
+
+    STARTING = "starting"  # loading the model, waiting for peers, catching up
+    INNER = "inner"  # the round's inner steps
+    JOIN = "join"  # deciding the round's members
+    REDUCE = "reduce"  # averaging the pseudo-gradients
+    DONE = "done"  # reached `rounds`: no more training, the state is still served
+
+
+class JoinPath(enum.StrEnum):
+    """How a peer takes the global state (`join_via`, and `status()["state_via"]`)."""
+
+    RELAY = "relay"  # a version carrying the outer state, fetched by our relay role
+    DIRECT = "direct"  # a StateRequest on the data channel to a live trainer peer
 
 
 @validated
@@ -93,7 +112,7 @@ class DilocoConfig:
     publish: bool = False  # publish each round's global weights through this peer's relay role
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
-    join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
+    join_via: str = "relay"  # how a joining peer gets the global state (a JoinPath): relay (then direct) or direct
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -101,7 +120,7 @@ class DilocoConfig:
             problems["rounds"] = "rounds, inner_steps, batch_size and min_peers must be >= 1"
         if self.encoding not in ("int8", "fp32"):
             problems["encoding"] = "must be int8 or fp32"
-        if self.join_via not in ("relay", "direct"):
+        if self.join_via not in tuple(JoinPath):
             problems["join_via"] = "must be relay or direct"
         if not self.deadline_s > 0:
             problems["deadline_s"] = "must be > 0"
@@ -130,7 +149,7 @@ class DilocoRole:
         self.relay = node.roles.get("relay")  # built before us; publishes, and brings a joiner the state
         if self.config.publish and self.relay is None:
             raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
-        self.inbox_send, self.inbox = trio.open_memory_channel[tuple[str, str, Any]](INBOX)
+        self.inbox_send, self.inbox = trio.open_memory_channel[InboxEvent](INBOX)
         self.reduce_config = AllReduceConfig(Encoding(self.config.encoding), self.config.block,
                                              self.config.deadline_s, self.config.max_norm_ratio)
         self.inner: InnerTrainer | None = None
@@ -154,9 +173,9 @@ class DilocoRole:
         self.granted_at: dict[str, int] = {}  # trainer peer -> our round when we last offered it the state
         self.with_outer_state: list[int] = []  # versions published with the outer state
         self.outer_state_bytes = 0  # the size of the last outer state file published
-        self.state_via = ""  # how we took the global state last: relay or direct
-        self.state_via_counts = {"relay": 0, "direct": 0}
-        self.phase = "starting"  # inner, join, reduce, done (what tests and the devnet watch)
+        self.state_via: JoinPath | None = None  # how we took the global state last
+        self.state_via_counts = {path: 0 for path in JoinPath}
+        self.phase = Phase.STARTING
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -176,7 +195,7 @@ class DilocoRole:
                 except _Behind as behind:
                     await self._catch_up(behind.peer)
             self.done = True
-            self.phase = "done"
+            self.phase = Phase.DONE
             log.info("diloco: reached %d rounds", self.config.rounds)
 
     def _load(self) -> None:
@@ -204,7 +223,7 @@ class DilocoRole:
         state, inner = self.state, self.inner
         assert state is not None and inner is not None and self.outer is not None
         started = trio.current_time()
-        self.phase = "inner"
+        self.phase = Phase.INNER
         train_loss = await trio.to_thread.run_sync(inner.train, self.config.inner_steps)
         local = inner.weights()
         pseudo = state.weights - local
@@ -212,9 +231,9 @@ class DilocoRole:
         async with open_links(self, self.config.deadline_s) as links:  # closed after the sends end
             async with trio.open_nursery() as sends:
                 try:
-                    self.phase = "join"
+                    self.phase = Phase.JOIN
                     members = await self._decide(state.round, digest(state.weights), links, sends)
-                    self.phase = "reduce"
+                    self.phase = Phase.REDUCE
                     reducing = trio.current_time()
                     result = await self._all_reduce(state.round, members, pseudo, links, sends)
                 except _Behind as exc:  # raised out of the nursery it would come wrapped in a group
@@ -292,10 +311,11 @@ class DilocoRole:
             event = await self._next_event(min(wake, trio.current_time() + 0.5))
             if event is None:
                 continue
-            kind, sender, body = event
-            if kind == "failed":
-                self.suspects.add(sender)
-            elif isinstance(body, (Join, Members)) and body.round > round:
+            if isinstance(event, PeerFailed):
+                self.suspects.add(event.peer)
+                continue
+            sender, body = event.peer, event.body
+            if isinstance(body, (Join, Members)) and body.round > round:
                 raise _Behind(sender)
             elif isinstance(body, Join) and body.round == round:
                 membership.receive(sender, body)
@@ -335,16 +355,17 @@ class DilocoRole:
                 if isinstance(effect, Send):
                     sends.start_soon(links.send, effect.peer, effect.body)
                 elif isinstance(effect, Penalise):
-                    self._penalise(effect.peer, str(getattr(effect.why, "value", effect.why)))
+                    self._penalise(effect.peer, effect.why.value)
             event = await self._next_event(core.next_deadline())
             now = trio.current_time()
             if event is None:
                 effects = core.tick(now)
                 continue
-            kind, sender, body = event
-            if kind == "failed":
-                effects = core.peer_failed(now, sender)
-            elif isinstance(body, Part) and body.round == round and body.members_digest != core.digest:
+            if isinstance(event, PeerFailed):
+                effects = core.peer_failed(now, event.peer)
+                continue
+            sender, body = event.peer, event.body
+            if isinstance(body, Part) and body.round == round and body.members_digest != core.digest:
                 effects = core.peer_failed(now, sender)  # it decided other members: not in this reduction
             elif isinstance(body, Part):
                 effects = core.receive(now, sender, body)
@@ -353,12 +374,12 @@ class DilocoRole:
                     self.joins.setdefault(body.round, {})[sender] = body
                 effects = core.tick(now)
 
-    async def _next_event(self, deadline: float) -> tuple[str, str, Any] | None:
+    async def _next_event(self, deadline: float) -> InboxEvent | None:
         with trio.move_on_at(deadline):
             event = await self.inbox.receive()
-            if event[0] == "msg":
-                self.suspects.discard(event[1])
-                self.heard.add(event[1])
+            if isinstance(event, Received):
+                self.suspects.discard(event.peer)
+                self.heard.add(event.peer)
             return event
         return None
 
@@ -409,7 +430,7 @@ class DilocoRole:
             elif isinstance(envelope.body, (Join, Members, Part)):
                 if isinstance(envelope.body, Join) and self.state is not None and envelope.body.round < self.state.round:
                     await self._tell_ahead(peer)
-                await self.inbox_send.send(("msg", peer, envelope.body))
+                await self.inbox_send.send(Received(peer, envelope.body))
             else:
                 raise MessageRejected("unexpected", f"{envelope.kind} on the diloco channel")
 
@@ -486,7 +507,7 @@ class DilocoRole:
         """Take the global state of a later round when others are ahead (or, hint given, when we
         were told we drifted): through the relay when we can (`trainer.diloco_join`), else, or
         when that fails, directly from a live trainer peer."""
-        if self.config.join_via == "relay":
+        if self.config.join_via == JoinPath.RELAY:
             if await self._catch_up_via_relay(hint):
                 return
         await self._catch_up_directly(hint)
@@ -525,11 +546,11 @@ class DilocoRole:
                 continue
             if fetched is None:
                 return True  # the publisher is not ahead of us
-            self._took(fetched, publisher, "relay")
+            self._took(fetched, publisher, JoinPath.RELAY)
             return True
         return False
 
-    def _took(self, state: GlobalState, source: str, via: str) -> None:
+    def _took(self, state: GlobalState, source: str, via: JoinPath) -> None:
         had = self.state.round if self.state is not None else -1
         self._adopt(state)
         self.state_via = via
@@ -549,7 +570,7 @@ class DilocoRole:
                 continue
             assert self.state is not None
             if fetched.round > self.state.round or (hint is not None and fetched.round == self.state.round):
-                self._took(fetched, peer, "direct")
+                self._took(fetched, peer, JoinPath.DIRECT)
             return
         if hint is not None:
             await trio.sleep(self.config.deadline_s / 10)  # nobody answered: join again later
@@ -603,7 +624,7 @@ class DilocoRole:
                 "history": self.history[-200:], "fetched": self.fetched, "rejected": dict(self.rejected),
                 "suspects": sorted(self.suspects), "published": self.published[-20:],
                 "encoding": self.config.encoding, "inner_steps": self.config.inner_steps,
-                "values": state.weights.numel() if state else 0, "state_via": self.state_via,
+                "values": state.weights.numel() if state else 0, "state_via": self.state_via or "",
                 "state_via_counts": dict(self.state_via_counts), "with_outer_state": self.with_outer_state[-20:],
                 "outer_state_bytes": self.outer_state_bytes}
 

@@ -27,7 +27,7 @@ from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Cl
                              submission_id)
 from verify.reputation import Reputation, ReputationConfig, WorkerBanned
 from verify.validator import Penalise
-from verify.verdicts import Directory, Membership, SubmissionInfo, VerdictLedger
+from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, VerdictLedger
 
 
 @validated
@@ -69,7 +69,7 @@ class WorkerLedger:
     rejected: int = 0
     trained_batches: int = 0
     banned: bool = False
-    outcomes: dict[bytes, str] = field(default_factory=dict)
+    outcomes: dict[bytes, Outcome] = field(default_factory=dict)
 
 
 class Intake(ReactiveCore):
@@ -143,14 +143,14 @@ class Intake(ReactiveCore):
         if batch is None:  # forgotten, its window closed: what it earned stays, a failure still counts
             return self._reputation(now, verdict.worker, verdict.submission_id, envelope.sender, verdict)
         ledger = self.workers.setdefault(batch.worker, WorkerLedger())
-        outcome = self.ledger.outcome(batch.sid) or "pending"
+        outcome = self.ledger.outcome(batch.sid) or Outcome.PENDING
         previous = ledger.outcomes.get(batch.sid)
         if previous != outcome:
-            if previous == "accepted":
+            if previous is Outcome.ACCEPTED:
                 ledger.accepted -= 1
-            if outcome == "accepted":
+            if outcome is Outcome.ACCEPTED:
                 ledger.accepted += 1
-            elif outcome == "rejected":
+            elif outcome is Outcome.REJECTED:
                 ledger.rejected += 1
             ledger.outcomes[batch.sid] = outcome
         self.contributions.verdict(now, envelope.sender, verdict, batch, previous, outcome,
@@ -178,7 +178,7 @@ class Intake(ReactiveCore):
             if self.reputation.is_banned(batch.worker, now):
                 continue
             outcome = self.ledger.outcome(batch.sid)
-            if outcome == "accepted":
+            if outcome is Outcome.ACCEPTED:
                 out.append(batch)
             elif (outcome is None and self.config.sample_rate < 1.0 and not batch.claimed
                   and now - batch.seen_at >= self.config.unchecked_after_s):
@@ -213,8 +213,8 @@ class Intake(ReactiveCore):
             for sid, outcome in ledger.outcomes.items():
                 batch = self.batches.get(sid)
                 if batch is not None and batch.submission.step == step:
-                    accepted += outcome == "accepted"
-                    rejected += outcome == "rejected"
+                    accepted += outcome is Outcome.ACCEPTED
+                    rejected += outcome is Outcome.REJECTED
         return accepted, rejected
 
     def live_workers(self, now: float) -> list[str]:

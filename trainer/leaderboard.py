@@ -25,6 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from verify.verdicts import Outcome
+
 VERDICT_LOG = 5000  # admitted verdicts kept for the dashboard (counts are kept for all)
 _ROW_PREFIX = re.compile(r"^row\d+:")
 
@@ -63,7 +65,7 @@ class Contributions:
     def submitted(self, worker: str) -> None:
         self.workers.setdefault(worker, WorkerRow()).submitted += 1
 
-    def verdict(self, now: float, validator: str, verdict: Any, batch: Any, previous: str | None, outcome: str,
+    def verdict(self, now: float, validator: str, verdict: Any, batch: Any, previous: Outcome | None, outcome: Outcome,
                 holding_at: float | None) -> None:
         """An admitted verdict on `batch`; the batch's outcome went from `previous` to `outcome`."""
         checks = self.validators.setdefault(validator, ValidatorRow())
@@ -81,17 +83,17 @@ class Contributions:
         if previous == outcome:
             return
         rollouts, tokens = rollouts_and_tokens(batch.submission)
-        if previous == "accepted":  # a later verdict rejected an accepted batch
+        if previous is Outcome.ACCEPTED:  # a later verdict rejected an accepted batch
             row.accepted_batches -= 1
             row.accepted_rollouts -= rollouts
             row.accepted_tokens -= tokens
             row.accepted = [a for a in row.accepted if a[1] != batch.seen_at]
-        if outcome == "accepted":
+        if outcome is Outcome.ACCEPTED:
             row.accepted_batches += 1
             row.accepted_rollouts += rollouts
             row.accepted_tokens += tokens
             row.accepted.append((batch.submission.model_version, batch.seen_at, holding_at))
-        elif outcome == "rejected":
+        elif outcome is Outcome.REJECTED:
             row.rejected_batches += 1
 
     def trained(self, batch: Any) -> None:

@@ -168,7 +168,7 @@ def check_rollout(
     eos_inside = any(t in eos_ids for t in output[:-1])
     if not termination.ok or eos_inside:
         reasons.append(BAD_TERMINATION)
-    detail = "eos before the last token" if eos_inside else (termination.reason or "")
+    detail = "eos before the last token" if eos_inside else (termination.reason.value if termination.reason else "")
     return RolloutVerdict(
         accepted=not reasons,
         reasons=tuple(reasons),

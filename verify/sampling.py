@@ -23,6 +23,7 @@ is more than ``margin`` below the best perturbed score (see docs/calibration.md)
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_MARGIN",
     "DEFAULT_MIN_EOS_PROB",
     "SamplingReport",
+    "Termination",
     "TerminationReport",
     "check_termination",
     "gumbel_noise",
@@ -199,18 +201,26 @@ def replay_check(
     )
 
 
+class Termination(enum.StrEnum):
+    """Why a sequence did not end legitimately (`TerminationReport.reason`)."""
+
+    TOO_LONG = "too_long"  # more tokens than max_new_tokens
+    EOS_IMPROBABLE = "eos_improbable"  # it ended with an EOS the model gave less than min_prob
+    TRUNCATED = "truncated"  # it stopped short of max_new_tokens without an EOS
+
+
 @dataclass(frozen=True)
 class TerminationReport:
     """Whether a sequence ended legitimately.
 
     ok: True when it ended with a probable EOS, or at exactly max_new_tokens.
-    reason: None when ok, else one of "too_long", "eos_improbable", "truncated".
+    reason: None when ok, else why not.
     eos_prob: probability of the final token under softmax(logits_last / T) when it is an
       EOS, else None.
     """
 
     ok: bool
-    reason: str | None
+    reason: Termination | None
     eos_prob: float | None = None
 
 
@@ -236,7 +246,7 @@ def check_termination(
         int(e) for e in eos_token_id
     }
     if n_generated > max_new_tokens:
-        return TerminationReport(ok=False, reason="too_long")
+        return TerminationReport(ok=False, reason=Termination.TOO_LONG)
     if n_generated > 0 and last_token is not None and int(last_token) in eos_ids:
         if logits_last.dim() != 1:
             raise ProofError(f"logits_last must be [V], got shape {tuple(logits_last.shape)}")
@@ -245,7 +255,7 @@ def check_termination(
         prob = float(torch.softmax(logits_last.float() / t, dim=-1)[int(last_token)])
         if prob >= min_prob:  # NaN fails this test, as it should
             return TerminationReport(ok=True, reason=None, eos_prob=prob)
-        return TerminationReport(ok=False, reason="eos_improbable", eos_prob=prob)
+        return TerminationReport(ok=False, reason=Termination.EOS_IMPROBABLE, eos_prob=prob)
     if n_generated == max_new_tokens:
         return TerminationReport(ok=True, reason=None)
-    return TerminationReport(ok=False, reason="truncated")
+    return TerminationReport(ok=False, reason=Termination.TRUNCATED)

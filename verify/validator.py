@@ -25,6 +25,7 @@ signature with this validator's key (see `verify.assign`).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -143,13 +144,22 @@ class Penalise:
     reason: str
 
 
+class Stage(enum.StrEnum):
+    """Where a selected submission is (the theory of operation above); a verdict, a dropped check
+    or a submission another validator answered leaves `_pending` instead."""
+
+    CLAIMING = "claiming"  # our claim is out; the claim window runs
+    STANDBY = "standby"  # a lower ticket claimed it: we check only if no verdict comes in time
+    CHECKING = "checking"  # the shell recomputes it (`check_done` / `check_failed` end it)
+
+
 @dataclass
 class _Pending:
     submission: Submission
     worker: str
     ticket: bytes
     value: int
-    state: str  # "claiming", "standby", "checking"
+    stage: Stage
 
 
 # -- the core -----------------------------------------------------------------------------
@@ -215,7 +225,7 @@ class ValidatorCore:
     def check_done(self, now: float, sid: bytes, accepted: bool, reasons: Sequence[str],
                    checked_rollouts: int, check_s: float) -> list[Effect]:
         pending = self._pending.pop(sid, None)
-        if pending is None or pending.state != "checking":
+        if pending is None or pending.stage is not Stage.CHECKING:
             return []
         self._checking -= 1
         ok, codes = summarize([(0, accepted, tuple(reasons))], prefix_rows=False)
@@ -235,7 +245,7 @@ class ValidatorCore:
     def check_failed(self, now: float, sid: bytes, why: str) -> list[Effect]:
         """Our own side could not check (model missing, our bug): no verdict is published."""
         pending = self._pending.pop(sid, None)
-        if pending is None or pending.state != "checking":
+        if pending is None or pending.stage is not Stage.CHECKING:
             return []
         self._checking -= 1
         self.stats["check_errors"] += 1
@@ -263,7 +273,7 @@ class ValidatorCore:
         if value >= eligibility_threshold(self.config.sample_rate, n):
             return [Emit(SubmissionSeen(sid, worker, selected=False))]
         self.stats["selected"] += 1
-        self._pending[sid] = _Pending(sub, worker, ticket, value, "claiming")
+        self._pending[sid] = _Pending(sub, worker, ticket, value, Stage.CLAIMING)
         effects: list[Effect] = [Emit(SubmissionSeen(sid, worker, selected=True)),
                                  Publish(CLAIMS_TOPIC, Claim(sid, ticket))]
         if n <= 1 or self.config.claim_window_s == 0:
@@ -293,21 +303,21 @@ class ValidatorCore:
 
     def _claim_window_over(self, now: float, sid: bytes) -> list[Effect]:
         pending = self._pending.get(sid)
-        if pending is None or pending.state != "claiming":
+        if pending is None or pending.stage is not Stage.CLAIMING:
             return []
         if self.ledger.outcome(sid) is not None:
             del self._pending[sid]
             return []
         best = self._claims.get(sid)
         if best is not None and (best[0], best[1]) < (pending.value, self.identity.peer_id):
-            pending.state = "standby"
+            pending.stage = Stage.STANDBY
             self.stats["standby"] += 1
             return [SetTimer(now + self.config.takeover_after_s, _TAKEOVER + sid.hex())]
         return self._start_check(sid)
 
     def _takeover(self, now: float, sid: bytes) -> list[Effect]:
         pending = self._pending.get(sid)
-        if pending is None or pending.state != "standby":
+        if pending is None or pending.stage is not Stage.STANDBY:
             return []
         if self.ledger.outcome(sid) is not None:
             del self._pending[sid]
@@ -321,7 +331,7 @@ class ValidatorCore:
             del self._pending[sid]
             self.stats["dropped"] += 1
             return [Emit(CheckDropped(sid, "queue_full"))]
-        pending.state = "checking"
+        pending.stage = Stage.CHECKING
         self._checking += 1
         rows = choose_rows(pending.ticket, len(pending.submission.rollouts), self.config.rollouts_per_check)
         return [Emit(CheckRequested(sid, pending.worker, pending.submission, pending.ticket, rows))]
@@ -351,7 +361,7 @@ class ValidatorCore:
         self.stats["verdicts_admitted"] += 1
         sid = verdict.submission_id
         pending = self._pending.get(sid)
-        if pending is not None and pending.state == "standby":
+        if pending is not None and pending.stage is Stage.STANDBY:
             del self._pending[sid]
         effects: list[Effect] = [Emit(VerdictAdmitted(admitted.validator, verdict))]
         for event in self.reputation.record(now, verdict.worker, sid, env.sender, verdict.accepted, verdict.reasons):

@@ -19,6 +19,7 @@ Used by the validator core and by the trainer's intake alike. Pure: no clock, no
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence
@@ -99,6 +100,14 @@ class AdmittedVerdict:
     ticket_value: int
 
 
+class Outcome(enum.StrEnum):
+    """What became of a submission, by the admitted verdicts on it (`VerdictLedger.outcome`)."""
+
+    PENDING = "pending"  # no verdict decides it yet (the ledger says None; the trainer's intake keeps this)
+    ACCEPTED = "accepted"  # some admitted verdict passed it and none failed it
+    REJECTED = "rejected"  # an admitted verdict failed it
+
+
 @dataclass
 class _Outcome:
     accepted_by: set[str] = field(default_factory=set)
@@ -162,14 +171,14 @@ class VerdictLedger:
         outcome = self._outcomes.setdefault(sid, _Outcome())
         (outcome.accepted_by if accepted else outcome.rejected_by).add(validator)
 
-    def outcome(self, sid: bytes) -> str | None:
-        """'rejected' if any admitted verdict failed it, 'accepted' if some passed it, else None."""
+    def outcome(self, sid: bytes) -> Outcome | None:
+        """REJECTED if any admitted verdict failed it, ACCEPTED if some passed it, else None."""
         outcome = self._outcomes.get(sid)
         if outcome is None:
             return None
         if outcome.rejected_by:
-            return "rejected"
-        return "accepted" if outcome.accepted_by else None
+            return Outcome.REJECTED
+        return Outcome.ACCEPTED if outcome.accepted_by else None
 
 
 def summarize(results: Iterable[tuple[int, bool, Sequence[str]]], *, prefix_rows: bool = True) -> tuple[bool, tuple[str, ...]]:

@@ -4,6 +4,7 @@ role's membership decision (`_decide`) on a mock clock."""
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -15,8 +16,9 @@ import trio.testing
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Rejection, check_contribution,
                             max_quantization_error, pack, packed_bytes, unpack)
+from trainer.diloco_links import PeerFailed, Received
 from trainer.diloco_messages import PIECE_VALUES, Join, Members
-from trainer.diloco_role import DilocoRole
+from trainer.diloco_role import DilocoRole, JoinPath, Phase
 
 
 def test_int8_error_is_within_half_a_block_scale_and_bytes_are_a_quarter():
@@ -315,18 +317,29 @@ def test_a_leader_that_takes_over_late_in_a_round_gets_its_own_time_to_decide():
     """The lowest id fails us near the end of the leader timeout (our Join to it broke): the next
     one leads. It is not suspected at its predecessor's deadline, a moment later, before its
     Members can arrive: it gets the leader timeout of its own."""
-    out = _decide([(0.1, ("msg", SECOND, Join(1, DIGEST, (FIRST, ME)))),
-                   (1.9 * DEADLINE_S, ("failed", FIRST, None)),  # the first leader is gone
-                   (2.0 * DEADLINE_S + 1.0, ("msg", SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (FIRST, ME)))),
+                   (1.9 * DEADLINE_S, PeerFailed(FIRST)),  # the first leader is gone
+                   (2.0 * DEADLINE_S + 1.0, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
     assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
 
 
 def test_a_leader_that_comes_back_gets_no_new_time():
     """A leader that failed us and speaks again leads again, but with the time it had: once per
     peer and round, else one that comes and goes without deciding would hold the round."""
-    out = _decide([(0.1, ("msg", SECOND, Join(1, DIGEST, (FIRST, ME)))),
-                   (1.0 * DEADLINE_S, ("failed", FIRST, None)),  # SECOND leads, until 3 x deadline
-                   (1.5 * DEADLINE_S, ("msg", FIRST, Join(1, DIGEST, (SECOND, ME)))),  # FIRST is back, leads
-                   (3.3 * DEADLINE_S, ("msg", SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (FIRST, ME)))),
+                   (1.0 * DEADLINE_S, PeerFailed(FIRST)),  # SECOND leads, until 3 x deadline
+                   (1.5 * DEADLINE_S, Received(FIRST, Join(1, DIGEST, (SECOND, ME)))),  # FIRST is back, leads
+                   (3.3 * DEADLINE_S, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
     assert out["suspects"] == {FIRST}  # suspected at 3 x deadline, not given until 3.5 x
     assert out["t"] == pytest.approx(3.3 * DEADLINE_S)
+
+
+def test_phase_and_join_path_read_as_their_text_wherever_they_are_shown():
+    """status() carries `phase` and `state_via` as enums: JSON (the control socket, the devnet),
+    logs and comparisons with the text see exactly the words they saw as bare strings."""
+    assert [str(p) for p in Phase] == ["starting", "inner", "join", "reduce", "done"]
+    assert [str(p) for p in JoinPath] == ["relay", "direct"]
+    shown = {"phase": Phase.REDUCE, "state_via": JoinPath.DIRECT, "state_via_counts": {p: 1 for p in JoinPath}}
+    assert json.loads(json.dumps(shown)) == {"phase": "reduce", "state_via": "direct",
+                                             "state_via_counts": {"relay": 1, "direct": 1}}
+    assert f"{Phase.JOIN} {JoinPath.RELAY}" == "join relay" and Phase.DONE == "done"

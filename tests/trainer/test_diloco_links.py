@@ -18,7 +18,7 @@ from p2pnet.dataplane import DataPlane, open_data_stream
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.diloco_messages import CHANNEL, Join, StateWanted
-from trainer.diloco_links import Links, open_links
+from trainer.diloco_links import Links, PeerFailed, open_links
 
 RECEIVER = Identity.from_seed_text("diloco receiver")
 SENDER = Identity.from_seed_text("diloco sender")
@@ -53,11 +53,11 @@ async def test_a_join_a_newcomer_refuses_does_not_make_it_a_suspect_but_other_fa
             with pytest.raises(trio.WouldBlock):
                 inbox.receive_nowait()
             assert not await links.send(RECEIVER.peer_id, body)
-            assert inbox.receive_nowait() == ("failed", RECEIVER.peer_id, None)
+            assert inbox.receive_nowait() == PeerFailed(RECEIVER.peer_id)
             assert plane.refused == {"not_admitted": 2}
             role.open_stream = lambda peer: open_data_stream("127.0.0.1:1", CHANNEL, codec=Codec(SENDER), peer=peer)
             assert not await links.send(RECEIVER.peer_id, body, report_refusal=False)
-            assert inbox.receive_nowait() == ("failed", RECEIVER.peer_id, None)
+            assert inbox.receive_nowait() == PeerFailed(RECEIVER.peer_id)
         nursery.cancel_scope.cancel()
 
 
@@ -85,7 +85,7 @@ async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_
             async with open_links(role, 10.0) as links:  # a round: the receiver dies in it
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 (await accepted.receive()).set()
-                assert await inbox.receive() == ("failed", RECEIVER.peer_id, None)
+                assert await inbox.receive() == PeerFailed(RECEIVER.peer_id)
 
             async with open_links(role, 10.0) as links:  # a round that ends, then the other end closes
                 assert await links.send(RECEIVER.peer_id, JOIN)
