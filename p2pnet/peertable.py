@@ -26,6 +26,7 @@ words one warning per interval: a wrong clock otherwise looks like a network wit
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -127,10 +128,17 @@ class PeerJoined:
     peer_id: str
 
 
+class LeftBecause(enum.StrEnum):
+    """Why a peer left our table (`PeerLeft.why`)."""
+
+    EXPIRED = "expired"  # no heartbeat from it within `expiry_s`
+    BANNED = "banned"  # its score fell to `ban_score`: what it sent us was rejected too often
+
+
 @dataclass(frozen=True)
 class PeerLeft:
     peer_id: str
-    why: str  # "expired" or "banned"
+    why: LeftBecause
 
 
 PEER_TABLE_CORE = "peertable"  # the name the node runs the table under: roles carry out its effects as it
@@ -224,7 +232,7 @@ class PeerTable:
         self._connect_asked.discard(peer)
         if self._peers.pop(peer, None) is None:
             return []
-        return [Emit(PeerLeft(peer, "banned"))]
+        return [Emit(PeerLeft(peer, LeftBecause.BANNED))]
 
     def is_banned(self, peer: str, now: float) -> bool:
         until = self._banned_until.get(peer)
@@ -286,7 +294,7 @@ class PeerTable:
         for peer in gone:
             del self._peers[peer]
             self._connect_asked.discard(peer)
-        return [Emit(PeerLeft(peer, "expired")) for peer in gone]
+        return [Emit(PeerLeft(peer, LeftBecause.EXPIRED)) for peer in gone]
 
 
 class ClockSkew:

@@ -16,7 +16,7 @@ from p2pnet.core import Emit
 from p2pnet.identity import Identity
 from p2pnet.messages import Capacity, Heartbeat
 from p2pnet.node import Node, PeerNews
-from p2pnet.peertable import (TIMER_HEARTBEAT, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable,
+from p2pnet.peertable import (TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable,
                               PeerTableConfig)
 from p2pnet.wire import Envelope
 
@@ -117,5 +117,5 @@ async def test_the_table_says_what_changed_and_peers_changed_returns_at_the_next
         await trio.sleep(4.0)
         peer.peer_news.on_event("relay", PeerJoined(BOB))  # another core's events are not the table's
         await trio.sleep(1.37)
-        peer.peer_news.on_event("peertable", PeerLeft(BOB, "banned"))
+        peer.peer_news.on_event("peertable", PeerLeft(BOB, LeftBecause.BANNED))
     assert woke == [pytest.approx(5.37)] and peer.peer_news.changes == before + 1

@@ -3,7 +3,7 @@
 from p2pnet.core import Connect, Emit, Publish, SetTimer
 from p2pnet.identity import Identity
 from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
-from p2pnet.peertable import TIMER_HEARTBEAT, LocalInfo, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
+from p2pnet.peertable import TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
 from p2pnet.wire import Envelope
 
 ME = Identity.from_seed_text("me").peer_id
@@ -75,7 +75,7 @@ def test_silent_peers_expire():
     t.on_message(1.0, beat_from(BOB, 1))
     assert t.on_timer(3.5, TIMER_HEARTBEAT)[0:0] == [] and t.get(BOB) is not None
     effects = t.on_timer(4.5, TIMER_HEARTBEAT)
-    assert Emit(PeerLeft(BOB, "expired")) in effects and t.get(BOB) is None
+    assert Emit(PeerLeft(BOB, LeftBecause.EXPIRED)) in effects and t.get(BOB) is None
 
 
 def test_rejections_lower_the_score_and_finally_ban():
@@ -84,7 +84,7 @@ def test_rejections_lower_the_score_and_finally_ban():
     assert t.on_rejected(2.0, BOB, "bad_signature") == []
     assert t.score(BOB) == -4.0 and t.get(BOB).score == -4.0
     t.on_rejected(2.0, BOB, "garbage")
-    assert t.on_rejected(2.0, BOB, "garbage") == [Emit(PeerLeft(BOB, "banned"))]
+    assert t.on_rejected(2.0, BOB, "garbage") == [Emit(PeerLeft(BOB, LeftBecause.BANNED))]
     assert t.is_banned(BOB, 3.0)
     assert t.on_message(3.0, beat_from(BOB, 9)) == []  # ignored while banned
     assert not t.is_banned(BOB, 2.0 + 600.0)

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnet.peertable import PeerChanged, PeerJoined, PeerLeft
+from p2pnet.peertable import LeftBecause, PeerChanged, PeerJoined, PeerLeft
 from relay.role import RelayRole
 from tests.relay.test_role_store_faults import FakeNode
 
@@ -118,5 +118,5 @@ async def test_a_source_banned_while_we_wait_ends_the_wait_at_its_ban(tmp_path: 
         await trio.sleep(1.7)
         table.banned.add(SOURCE)  # a table that knows it bans it and emits PeerLeft "banned" (one that
         # does not know it yet emits nothing, and the wait runs to its timeout)
-        tell(role, PeerLeft(SOURCE, "banned"))
+        tell(role, PeerLeft(SOURCE, LeftBecause.BANNED))
     assert got == [(None, pytest.approx(1.7))]  # not waited for until the timeout
