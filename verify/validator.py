@@ -109,10 +109,17 @@ class CheckRequested:
     rows: tuple[int, ...]
 
 
+class DropReason(enum.StrEnum):
+    """Why a selected submission goes unchecked by us (`CheckDropped`): our side, never the worker's."""
+
+    QUEUE_FULL = "queue_full"  # `max_queue` checks already running or waiting
+    MODEL_UNAVAILABLE = "model_unavailable"  # the shell could not load the version's model
+
+
 @dataclass(frozen=True)
 class CheckDropped:
     submission_id: bytes
-    reason: str  # "queue_full"
+    reason: DropReason
 
 
 @dataclass(frozen=True)
@@ -242,7 +249,7 @@ class ValidatorCore:
             effects.append(Emit(event))
         return effects
 
-    def check_failed(self, now: float, sid: bytes, why: str) -> list[Effect]:
+    def check_failed(self, now: float, sid: bytes, why: DropReason) -> list[Effect]:
         """Our own side could not check (model missing, our bug): no verdict is published."""
         pending = self._pending.pop(sid, None)
         if pending is None or pending.stage is not Stage.CHECKING:
@@ -330,7 +337,7 @@ class ValidatorCore:
         if self._checking >= self.config.max_queue:
             del self._pending[sid]
             self.stats["dropped"] += 1
-            return [Emit(CheckDropped(sid, "queue_full"))]
+            return [Emit(CheckDropped(sid, DropReason.QUEUE_FULL))]
         pending.stage = Stage.CHECKING
         self._checking += 1
         rows = choose_rows(pending.ticket, len(pending.submission.rollouts), self.config.rollouts_per_check)

@@ -20,7 +20,7 @@ from verify.assign import check_ticket, make_ticket, ticket_value
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              rollout_record, submission_id, unpack_u32)
 from verify.reputation import BatchInvalidated, Reputation, ReputationConfig, WorkerBanned
-from verify.validator import (CheckDropped, CheckRequested, InlineChecking, Penalise, SubmissionRejected,
+from verify.validator import (CheckDropped, CheckRequested, DropReason, InlineChecking, Penalise, SubmissionRejected,
                               ValidatorCore, ValidatorCoreConfig, VerdictAdmitted, VerdictIgnored)
 
 WALL_S = 1_800_000_000.0
@@ -155,15 +155,17 @@ def test_our_own_check_failure_publishes_no_verdict() -> None:
     core = core_for(V1, FakeDirectory({WORKER: ("worker",)}))
     env = envelope(WORKER, submission())
     assert events(core.on_message(1.0, env), CheckRequested)
-    failed = core.check_failed(2.0, submission_id(env), "model_unavailable")
-    assert events(failed, CheckDropped) and not published(failed, VERDICTS_TOPIC)
+    failed = core.check_failed(2.0, submission_id(env), DropReason.MODEL_UNAVAILABLE)
+    assert [e.reason for e in events(failed, CheckDropped)] == [DropReason.MODEL_UNAVAILABLE]
+    assert not published(failed, VERDICTS_TOPIC)
     assert core.stats["check_errors"] == 1 and core.status(2.0)["in_flight"] == 0
 
 
 def test_queue_bound_drops_checks() -> None:
     core = core_for(V1, FakeDirectory({WORKER: ("worker",)}), max_queue=1, one_submission_per_step=False)
     assert events(core.on_message(1.0, envelope(WORKER, submission(1))), CheckRequested)
-    assert events(core.on_message(1.0, envelope(WORKER, submission(2))), CheckDropped)
+    dropped = events(core.on_message(1.0, envelope(WORKER, submission(2))), CheckDropped)
+    assert [e.reason for e in dropped] == [DropReason.QUEUE_FULL] and str(dropped[0].reason) == "queue_full"
     assert core.stats["dropped"] == 1
 
 
