@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from relay.effects import DropReason  # noqa: E402
 from simulations.hostile import run_broadcast  # noqa: E402
 from simulations.models import GBIT, Bandwidth  # noqa: E402
 from simulations.scenarios import EXACT_WORLD, broadcast, with_params  # noqa: E402
@@ -92,8 +93,9 @@ def main() -> int:
                 "origin_upload_copies", "events", "wall_s")}, "sources_dropped": dropped}
             rows.append(row)
             print(f"{world:>11} {protocol:>10} {s['time_to_all_s']:>8.2f} {s['lower_bound_s']:>8.2f} "
-                  f"{s['ratio_to_bound']:>6.2f} {s['origin_upload_copies']:>13.2f} {dropped.get('slow', 0):>10} "
-                  f"{dropped.get('stalled', 0):>11} {s['wall_s']:>6.1f}", flush=True)
+                  f"{s['ratio_to_bound']:>6.2f} {s['origin_upload_copies']:>13.2f} "
+                  f"{dropped.get(DropReason.SLOW, 0):>10} {dropped.get(DropReason.STALLED, 0):>11} "
+                  f"{s['wall_s']:>6.1f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     if args.plot:

@@ -5,13 +5,66 @@ simulator (`simulations.dataplane`) carries out: `Fetch` a chunk over the data p
 `FetchManifest` from a holder, `DropSource` (close a stalled connection), `Penalise` a peer that
 served bytes that do not verify. Events (inside `Emit`): `ManifestAccepted`, `VersionComplete`,
 `SourceDropped`. Plain frozen data; no behaviour.
+
+And the two vocabularies of a source's failures: `FetchFailure`, how a `Fetch` failed (what the
+shell or the simulator tells the core with `fetch_failed`), and `DropReason`, why the core
+stopped fetching from a source (what `SourceDropped` says). Both are `StrEnum`s whose values are
+the words the reports print (`relay.failures` says what the core does about each).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from relay.manifest import SignedManifest
+
+
+# -- how a fetch fails, and why a source is dropped ------------------------------------------
+
+
+class FetchFailure(enum.StrEnum):
+    """How a `Fetch` failed, by who is at fault: that decides what the core does
+    (`relay.failures.FailureHandling.fetch_failed`). Nothing outside the peer sends one: the shell
+    and the simulator name it from what they saw."""
+
+    CORRUPT = "corrupt"
+    """The source: it served bytes that do not hash to the digest, or broke the chunk protocol.
+    It is banned and penalised; the chunk is fetched elsewhere."""
+    UNREACHABLE = "unreachable"
+    """The network or the source: the connection failed, was reset, or ended inside a chunk (a
+    killed peer). The source is excluded for a while; the chunk is fetched elsewhere."""
+    NOT_ADMITTED = "not_admitted"
+    """Nobody yet: the source closed the connection after our hello, as it has not heard our
+    heartbeat. Excluded briefly, then asked again; unreachable after a few refusals in a row."""
+    UNAVAILABLE = "unavailable"
+    """The source, mildly: it answered that it does not hold the chunk (after its wait limit).
+    It stays usable for other chunks; the chunk is asked of the next candidate."""
+    STORE_FULL = "store_full"
+    """Us: the chunk arrived but our store had no room. Nobody is blamed; it is fetched again."""
+    STORE_FAILED = "store_failed"
+    """Us: the chunk arrived but our disk failed to keep it. Nobody is blamed; it is fetched again."""
+
+
+class DropReason(enum.StrEnum):
+    """Why the transfer core stopped fetching from a source: for a while (excluded) or for good
+    (banned, `CORRUPT`). Said in `SourceDropped`, and counted by reason in the simulator's reports."""
+
+    CORRUPT = "corrupt"
+    """The source: it served a chunk that does not verify (`FetchFailure.CORRUPT`). Banned."""
+    UNREACHABLE = "unreachable"
+    """The network or the source: a failed connection, or a source that kept refusing us.
+    Excluded for `exclude_s`, with substitutes for the stripes it fed us."""
+    NOT_ADMITTED = "not_admitted"
+    """Nobody yet: the source has not heard our heartbeat. Excluded for `not_admitted_s` only,
+    without substitutes."""
+    STALLED = "stalled"
+    """The source or the network, silently: requests outstanding and nothing completed for
+    `stall_timeout_s` (a hung peer, a partition). Excluded, its connection closed, without
+    substitutes (its ancestors feed us)."""
+    SLOW = "slow"
+    """The source: as our parent it delivered too little (`relay.transfer`'s `fetched`). Excluded,
+    with substitutes; alive, so asked before the origin where a stand-in is wanted (`relay.sources`)."""
 
 
 # -- effects the relay shell (or the simulator) carries out ---------------------------------
@@ -94,4 +147,4 @@ class VersionComplete:
 class SourceDropped:
     peer: str
     version: int
-    why: str
+    why: DropReason

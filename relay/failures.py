@@ -3,9 +3,10 @@
 Mixed into `relay.transfer.TransferCore` (`FailureHandling`): the shell's `fetch_failed`, the
 stall check on the core's tick, and the exclusions and bans they lead to, which move the
 source's outstanding chunks back to their stripes' retry queues (`_release_peer`). A parent
-that `fetched` finds delivering too little (`relay.sources`) is excluded here too, as "slow".
+that `fetched` finds delivering too little (`relay.sources`) is excluded here too, as `slow`.
 
-Failures, by who is at fault:
+Failures (`relay.effects.FetchFailure`; the exclusions they lead to, `DropReason`), by who is at
+fault:
 
 - `corrupt`: the source served bytes that do not hash to the digest. It is banned (never asked
   again) and penalised through a `Penalise` effect; the chunk is fetched elsewhere.
@@ -52,7 +53,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from p2pnet.core import Emit
-from relay.effects import DropSource, Penalise, SourceDropped
+from relay.effects import DropReason, DropSource, FetchFailure, Penalise, SourceDropped
 from relay.transfer_state import _requeue
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ if TYPE_CHECKING:
     from relay.transfer_state import _Version
 
 NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before a source counts as unreachable
+# failures after which the source may be asked for the chunk again: ours, and a refusal (it will know us soon)
+_ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, FetchFailure.NOT_ADMITTED})
+# drops that borrow no substitute parent: a stall (its ancestors feed us instead) and a refusal (see the top)
+_NO_SUBSTITUTES = frozenset({DropReason.STALLED, DropReason.NOT_ADMITTED})
 
 
 class FailureHandling:
@@ -82,29 +87,30 @@ class FailureHandling:
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]: ...
 
-    def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: str) -> list[Any]:
+    def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: FetchFailure) -> list[Any]:
         """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `unavailable`,
         or ours, `store_full` or `store_failed` (see the top)."""
         v = self._versions.get(version)
         effects: list[Any] = []
-        if reason == "corrupt":
+        if reason is FetchFailure.CORRUPT:
             self._ban(now, peer, effects)
-        elif reason == "not_admitted" and self._excluded.get(peer, 0.0) <= now:  # one refusal, not one per fetch
+        elif reason is FetchFailure.NOT_ADMITTED and self._excluded.get(peer, 0.0) <= now:  # one refusal, not per fetch
             self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
-            self._exclude(now, peer, "not_admitted" if refusals < NOT_ADMITTED_TRIES else "unreachable", effects)
-        elif reason == "unreachable":
-            self._exclude(now, peer, reason, effects)
+            why = DropReason.NOT_ADMITTED if refusals < NOT_ADMITTED_TRIES else DropReason.UNREACHABLE
+            self._exclude(now, peer, why, effects)
+        elif reason is FetchFailure.UNREACHABLE:
+            self._exclude(now, peer, DropReason.UNREACHABLE, effects)
         if v is None:
             return effects
-        if reason == "unavailable":
+        if reason is FetchFailure.UNAVAILABLE:
             v.holders.discard(peer)  # it said it held the whole version; this chunk says otherwise
         entry = v.in_flight.get(index)
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=False)
             if not v.have[index]:
-                if reason == "unavailable" and self._ask_parent_again(v, index, peer):
+                if reason is FetchFailure.UNAVAILABLE and self._ask_parent_again(v, index, peer):
                     pass  # our parent is alive and behind: asking its ancestors would slow it more
-                elif reason not in ("store_full", "store_failed", "not_admitted"):  # the source may be asked again
+                elif reason not in _ASK_AGAIN:  # not to be asked for this chunk again
                     v.tried.setdefault(index, set()).add(peer)
                 _requeue(v, index)
         if not v.complete:
@@ -115,14 +121,14 @@ class FailureHandling:
         horizon = now - self.config.stall_timeout_s
         stalled = [p for p, s in v.sources.items() if s.outstanding > 0 and s.since < horizon]
         for peer in stalled:
-            self._exclude(now, peer, "stalled", effects)
+            self._exclude(now, peer, DropReason.STALLED, effects)
             effects.append(DropSource(peer))
 
-    def _exclude(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
+    def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None:
         config = self.config
-        until = now + (config.not_admitted_s if why == "not_admitted" else config.exclude_s)
+        until = now + (config.not_admitted_s if why is DropReason.NOT_ADMITTED else config.exclude_s)
         self._excluded[peer] = max(until, self._excluded.get(peer, until))  # a late refusal never shortens an exclusion
-        if why == "slow":
+        if why is DropReason.SLOW:
             self._slow.add(peer)
         else:
             self._slow.discard(peer)
@@ -133,14 +139,14 @@ class FailureHandling:
             self._banned.add(peer)
             effects.append(Penalise(peer, self.config.corrupt_penalty, "corrupt chunk"))
             effects.append(DropSource(peer))
-        self._release_peer(now, peer, "corrupt", effects)
+        self._release_peer(now, peer, DropReason.CORRUPT, effects)
 
-    def _release_peer(self, now: float, peer: str, why: str, effects: list[Any]) -> None:
+    def _release_peer(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None:
         """Move every chunk outstanding at `peer` back to its stripe's retry queue, and (unless it
         only stalled or has not admitted us yet, see the top) borrow a substitute parent in each stripe where `peer` was the
         one we fetched from."""
         for v in self._versions.values():
-            if why not in ("stalled", "not_admitted") and not v.complete and v.plan is not None:
+            if why not in _NO_SUBSTITUTES and not v.complete and v.plan is not None:
                 for s, chain in enumerate(v.chains):
                     if chain and chain[0] == peer:
                         v.chains[s] = self._chain(now, v.plan, s)

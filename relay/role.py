@@ -75,7 +75,8 @@ from relay.serving_shell import ChunkServing, _parse_request  # _parse_request: 
 from relay.uploads import Uploads
 from relay.store import (NO_SPACE_ERRNOS, ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreEvent,
                          StoreTrouble, VersionCollected)
-from relay.effects import DropSource, Fetch, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce, VersionComplete
+from relay.effects import (DropSource, Fetch, FetchFailure, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce,
+                           VersionComplete)
 from relay.transfer import TransferConfig, TransferCore
 from relay.upstream import Buffers, Upstream, read_frame
 
@@ -344,7 +345,7 @@ class RelayRole(ChunkServing, ControlCommands):
             await self._command(lambda now: self.core.found(now, fetch.version, [fetch.index]))
         else:  # the flush failed, or a failed fsync lost the chunk meanwhile
             await self._command(lambda now: self.core.fetch_failed(now, fetch.peer, fetch.version, fetch.index,
-                                                                   "store_failed"))
+                                                                   FetchFailure.STORE_FAILED))
 
     def _upstream(self, peer: str, nursery: trio.Nursery) -> Upstream:
         """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none."""
@@ -372,7 +373,8 @@ class RelayRole(ChunkServing, ControlCommands):
         except ChunkCorrupt:
             self.chunk_checks["rejected"] += 1
             log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
-            await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, "corrupt"))
+            await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
+                                                                   FetchFailure.CORRUPT))
             return
         except StoreFull as exc:
             await self._not_stored(peer, fetch, str(exc))
@@ -384,7 +386,7 @@ class RelayRole(ChunkServing, ControlCommands):
                 # after this put began: the disk takes writes, and a hold might have nothing left to end it
                 log.error("cannot keep chunk %d of version %d: %s (another put of it is durable since: no hold)",
                           fetch.index, fetch.version, exc)
-                await self.report_failed(peer, fetch, "store_failed")
+                await self.report_failed(peer, fetch, FetchFailure.STORE_FAILED)
                 return
             if trouble is StoreTrouble.FAILING:
                 log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
@@ -424,7 +426,7 @@ class RelayRole(ChunkServing, ControlCommands):
         lost it since (`ChunksLost`, which the core may hear of first and find nothing to undo)."""
         if self.store.holds(fetch.version, fetch.index):
             return self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s)
-        return self.core.fetch_failed(now, peer, fetch.version, fetch.index, "store_failed")
+        return self.core.fetch_failed(now, peer, fetch.version, fetch.index, FetchFailure.STORE_FAILED)
 
     async def _flusher(self) -> None:
         """Batches of stored chunks made durable in the background: fsyncing a batch takes the
@@ -506,7 +508,7 @@ class RelayRole(ChunkServing, ControlCommands):
                           trouble: StoreTrouble = StoreTrouble.FULL) -> None:
         """Our store had no room for a chunk (or its disk failed: `trouble`): fetch it again later,
         blaming nobody, and hold new requests (`_store_trouble`)."""
-        reason = "store_full" if trouble is StoreTrouble.FULL else "store_failed"
+        reason = FetchFailure.STORE_FULL if trouble is StoreTrouble.FULL else FetchFailure.STORE_FAILED
         await self._store_trouble(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
                                                                           reason), trouble=trouble)
 
@@ -576,7 +578,7 @@ class RelayRole(ChunkServing, ControlCommands):
         return self.data_addr(peer)  # woken by a join, a known peer's new address, or its ban (a ban of
         # a peer the table does not know yet emits nothing: that wait runs to its timeout)
 
-    async def report_failed(self, peer: str, fetch: Fetch, reason: str) -> None:
+    async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure) -> None:
         await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
 
     async def _fetch_manifest(self, ask: FetchManifest) -> None:

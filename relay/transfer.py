@@ -60,7 +60,7 @@ from p2pnet.config import validated
 from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.wire import Envelope
 from relay.announce import Announcing
-from relay.effects import DropSource, Fetch, ManifestAccepted, ServeAtOnce
+from relay.effects import DropReason, DropSource, Fetch, ManifestAccepted, ServeAtOnce
 from relay.errors import ManifestRejected
 from relay.failures import FailureHandling
 from relay.manifest import SignedManifest, chunk_range
@@ -300,7 +300,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
                     self._delivers_too_little(now, v, stripe, peer):
                 moved = any(e[0] == peer and v.plan.stripe_of_chunk[i] != stripe  # type: ignore[union-attr]
                             for i, e in v.in_flight.items())
-                self._exclude(now, peer, "slow", effects)  # its children borrow substitutes
+                self._exclude(now, peer, DropReason.SLOW, effects)  # its children borrow substitutes
                 effects.append(DropSource(peer))
                 if moved:  # a chunk of another stripe asked of it (`asked_for`) went back to that
                     stripe = None  # stripe's queue: pump them all (pumping all on every drop: 1% missed 1.06x -> 1.09x)

@@ -26,7 +26,7 @@ import trio
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import PeerUnavailable
 from p2pnet.handshake import NotAdmitted
-from relay.effects import Fetch
+from relay.effects import Fetch, FetchFailure
 from relay.manifest import MAX_CHUNK_BYTES
 from relay.messages import OP_CHUNK, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse
 
@@ -50,7 +50,7 @@ class Upstream:
         self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
         self._scope = trio.CancelScope()
         self._buffers = role.buffers
-        self._failure = "unreachable"  # how requests still outstanding fail when the connection ends
+        self._failure = FetchFailure.UNREACHABLE  # how requests still outstanding fail when the connection ends
 
     @property
     def outstanding(self) -> int:
@@ -72,7 +72,7 @@ class Upstream:
             except PeerUnavailable as exc:
                 log.info("source %s: %s", self.peer, exc)
                 if isinstance(exc, NotAdmitted):
-                    self._failure = "not_admitted"
+                    self._failure = FetchFailure.NOT_ADMITTED
             else:
                 async with stream, trio.open_nursery() as nursery:
                     nursery.start_soon(self._write, stream, nursery.cancel_scope)
@@ -109,11 +109,11 @@ class Upstream:
             fetch, _ = entry
             if header.status != STATUS_OK:
                 del self._pending[header.request_id]
-                await self.role.report_failed(self.peer, fetch, "unavailable")
+                await self.role.report_failed(self.peer, fetch, FetchFailure.UNAVAILABLE)
                 continue
             if header.length != fetch.size or header.length > MAX_CHUNK_BYTES:
                 del self._pending[header.request_id]
-                await self.role.report_failed(self.peer, fetch, "corrupt")
+                await self.role.report_failed(self.peer, fetch, FetchFailure.CORRUPT)
                 raise _CorruptSource(f"chunk of {header.length} bytes, want {fetch.size}")
             buffer = await self._buffers.take(header.length)  # waits while STORING_CHUNKS are being stored
             started = trio.current_time()  # the bytes are timed from here, not from the ask

@@ -43,9 +43,9 @@ of chunks: see `simulations.scale`). At the last byte the sink's core is told `f
 the time the bytes took to move plus the time the request waited in the source's queue for an
 upload slot, as the real shell measures: from the answer's header, plus the queue time the
 header reports; waiting in a long poll for the chunk itself is not the source's slowness), or
-`fetch_failed("corrupt")` when the source is one of `corrupt_peers` (byzantine) and the chunk is corrupt: each chunk such a peer
-serves is corrupt with probability `corrupt_rate` (1.0: always), drawn from a generator seeded
-by `corrupt_seed`.
+`fetch_failed` (`FetchFailure.CORRUPT`) when the source is one of `corrupt_peers` (byzantine) and
+the chunk is corrupt: each chunk such a peer serves is corrupt with probability `corrupt_rate`
+(1.0: always), drawn from a generator seeded by `corrupt_seed`.
 
 Failures: `crash(p)` is a killed process: flows from p fail at once as `unreachable` (a reset
 connection), requests queued at p fail, later requests to p fail after one latency.
@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from p2pnet.identity import Identity
-from relay.effects import DropSource, Fetch, FetchManifest, Penalise, ServeAtOnce
+from relay.effects import DropSource, Fetch, FetchFailure, FetchManifest, Penalise, ServeAtOnce
 from relay.serving import ByteBudget, Refuse, ServingConfig, ServingCore
 from simulations.engine import Engine, Handle
 from simulations.fairshare import share
@@ -202,15 +202,15 @@ class RelayWorld(SimWorld):
             return
         for flow in list(port.up):
             self._end_flow(flow)
-            self._fail(flow.request, peer_id, "unreachable", delay=0.0)
+            self._fail(flow.request, peer_id, FetchFailure.UNREACHABLE, delay=0.0)
         for flow in list(port.down):
             self._end_flow(flow)
             self._done(flow)
         self._cancel_paced_to(port)
         for request in port.serving.clear():
-            self._fail(request, peer_id, "unreachable", delay=0.0)  # type: ignore[arg-type]
+            self._fail(request, peer_id, FetchFailure.UNREACHABLE, delay=0.0)  # type: ignore[arg-type]
         for request in self._forget_paced(port):
-            self._fail(request, peer_id, "unreachable", delay=0.0)
+            self._fail(request, peer_id, FetchFailure.UNREACHABLE, delay=0.0)
         port.serving = ServingCore(self.serving)
 
     def hang(self, peer_id: str) -> None:
@@ -324,7 +324,7 @@ class RelayWorld(SimWorld):
         if port is not None and port.hung:
             return  # a stopped process reads nothing
         if source is None or port is None or not source.alive:
-            self._fail(request, source_id, "unreachable", delay=self._latency(request.sink, source_id))
+            self._fail(request, source_id, FetchFailure.UNREACHABLE, delay=self._latency(request.sink, source_id))
             return
         fetch = request.fetch
         core = _transfer_core(source, port.core_index)
@@ -383,7 +383,7 @@ class RelayWorld(SimWorld):
         for action in actions:  # `actions` may grow: a slot freed at once is given again
             request = action.token
             if type(action) is Refuse:
-                self._fail(request, source_id, "unavailable", delay=self._latency(request.sink, source_id))
+                self._fail(request, source_id, FetchFailure.UNAVAILABLE, delay=self._latency(request.sink, source_id))
                 continue
             sink_port = request.port
             if sink_port is None or not request.peer.alive:
@@ -538,7 +538,7 @@ class RelayWorld(SimWorld):
         if flow.source in self.corrupt_peers and self._corrupts():
             self.transfer_stats["corrupt_served"] += 1
             self._apply(sink, request.core_index, core.fetch_failed(now, flow.source, fetch.version, fetch.index,
-                                                                    "corrupt"))
+                                                                    FetchFailure.CORRUPT))
         else:
             self._apply(sink, request.core_index, core.fetched(now, flow.source, fetch.version, fetch.index,
                                                                now - flow.started + flow.queued_s))
@@ -559,11 +559,11 @@ class RelayWorld(SimWorld):
         if actions:
             self._serve(peer_id, port, actions)
 
-    def _fail(self, request: _Request, source_id: str, reason: str, delay: float) -> None:
+    def _fail(self, request: _Request, source_id: str, reason: FetchFailure, delay: float) -> None:
         self.transfer_stats["failed"] += 1
         self.engine.after(delay, self._report_failure, request, source_id, reason)
 
-    def _report_failure(self, request: _Request, source_id: str, reason: str) -> None:
+    def _report_failure(self, request: _Request, source_id: str, reason: FetchFailure) -> None:
         sink = self.peers.get(request.sink)
         if sink is None or not sink.alive:
             return

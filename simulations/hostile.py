@@ -275,7 +275,8 @@ def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
     dropped: dict[str, int] = {}
     for _, _, event in run.world.events:
         if isinstance(event, SourceDropped):
-            dropped[event.why] = dropped.get(event.why, 0) + 1
+            why = event.why.value  # (the reason's word: the summary is plain data, written as JSON)
+            dropped[why] = dropped.get(why, 0) + 1
     join_s = [run.completed[p] - run.joined[p] for p in joiners if p in run.completed]
     return {
         "scenario": sc.name,

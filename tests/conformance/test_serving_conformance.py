@@ -23,7 +23,7 @@ import trio
 import trio.testing
 
 from p2pnet.identity import Identity
-from relay.effects import Fetch, ServeAtOnce
+from relay.effects import Fetch, FetchFailure, ServeAtOnce
 from relay.serving import ServingConfig
 from relay.uploads import Uploads
 from simulations.dataplane import RelayWorld
@@ -102,7 +102,7 @@ class _Sink(_Source):
         return []
 
     def fetch_failed(self, now, peer, version, index, reason):
-        assert reason == "unavailable"
+        assert reason is FetchFailure.UNAVAILABLE
         self.out["refused"].append((self.name, now))
         return []
 

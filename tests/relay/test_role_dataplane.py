@@ -16,7 +16,7 @@ from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
 from relay.serving import ByteBudget, Refuse, Serve, ServingConfig, ServingCore, UploadMeter
 from relay.uploads import Uploads
-from relay.effects import Fetch
+from relay.effects import Fetch, FetchFailure
 
 DIGEST = bytes(32)
 ME = Identity.from_seed_text("fetcher")
@@ -47,6 +47,7 @@ class FakeRole:
         self.elapsed[fetch.index] = elapsed_s
 
     async def report_failed(self, peer, fetch, reason) -> None:
+        assert type(reason) is FetchFailure, reason  # a member, never a bare string
         self.told.append((reason, fetch.index))
 
 
@@ -98,7 +99,7 @@ async def test_a_source_that_dies_inside_a_chunk_is_unreachable_never_a_short_ch
         await stream.send_all(b"x" * 500)  # then the process is killed
 
     told = await fetch_two(script)
-    assert sorted(told) == [("unreachable", 0), ("unreachable", 1)]
+    assert sorted(told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
 
 
 async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apart():
@@ -108,14 +109,14 @@ async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apar
         await send_frame(stream, ChunkResponse(a.request_id, STATUS_OK, 1000).pack())
         await stream.send_all(b"y" * 1000)
 
-    assert await fetch_two(script) == [("unavailable", 1), ("fetched", 0, 1000)]
+    assert await fetch_two(script) == [(FetchFailure.UNAVAILABLE, 1), ("fetched", 0, 1000)]
 
     async def liar(stream, requests):
         (a, _), _ = requests
         await send_frame(stream, ChunkResponse(a.request_id, STATUS_OK, 999_999).pack())
 
     told = await fetch_two(liar)
-    assert ("corrupt", 0) in told and ("unreachable", 1) in told
+    assert (FetchFailure.CORRUPT, 0) in told and (FetchFailure.UNREACHABLE, 1) in told
 
 
 async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_time():
@@ -143,7 +144,7 @@ async def test_a_source_that_has_not_heard_of_us_yet_fails_requests_as_not_admit
         raise AssertionError("no request may pass a refused handshake")
 
     told = await fetch_two(never, admit=lambda peer, channel: "not in our table")
-    assert sorted(told) == [("not_admitted", 0), ("not_admitted", 1)]
+    assert sorted(told) == [(FetchFailure.NOT_ADMITTED, 0), (FetchFailure.NOT_ADMITTED, 1)]
 
 
 async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_from():
@@ -159,7 +160,7 @@ async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_
         with trio.fail_after(5):
             await upstream.run()
         nursery.cancel_scope.cancel()
-    assert role.told == [("penalised", claimed), ("unreachable", 0)]
+    assert role.told == [("penalised", claimed), (FetchFailure.UNREACHABLE, 0)]
 
 
 def test_upload_slots_go_to_urgent_requests_first():

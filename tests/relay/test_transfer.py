@@ -10,7 +10,7 @@ from p2pnet.wire import Envelope
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
-from relay.effects import Fetch, FetchManifest, ServeAtOnce, SourceDropped
+from relay.effects import DropReason, Fetch, FetchFailure, FetchManifest, ServeAtOnce, SourceDropped
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import MBIT, build_broadcast, fake_manifest, run_broadcast_sim, simulate_broadcast
 from simulations.scale import scale_chunk_bytes, simulate_at_scale
@@ -101,7 +101,7 @@ def test_a_corrupt_chunk_bans_and_penalises_the_source_and_the_chunk_is_fetched_
     effects = c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
     from_bad = [f for f in fetches(effects) if f.peer == "bad"]
     assert from_bad, "the fast peer should be a parent in some stripe"
-    out = c.fetch_failed(0.1, "bad", 1, from_bad[0].index, "corrupt")
+    out = c.fetch_failed(0.1, "bad", 1, from_bad[0].index, FetchFailure.CORRUPT)
     penalties = [e for e in out if type(e).__name__ == "Penalise"]
     assert [p.peer for p in penalties] == ["bad"]
     again = [f for f in fetches(out) if f.index == from_bad[0].index]
@@ -145,9 +145,9 @@ def test_an_interior_relay_that_fails_mid_transfer_does_not_stop_the_others(fail
     others = [p for p in sim.peer_ids if p != victim]
     sim.engine.run(until=600.0, stop=lambda: sim.done(others))
     assert sim.done(others), f"{len(sim.completed)} of {len(others)} completed"
-    why = {"crash": "unreachable", "hang": "stalled"}[failure]
+    why = {"crash": DropReason.UNREACHABLE, "hang": DropReason.STALLED}[failure]
     dropped = [e for _, _, e in sim.world.events if isinstance(e, SourceDropped) and e.peer == victim]
-    assert dropped and all(e.why == why for e in dropped)
+    assert dropped and all(e.why is why for e in dropped)
 
 
 def test_a_byzantine_relay_is_detected_penalised_and_every_honest_peer_completes():
@@ -179,7 +179,7 @@ def test_membership_changing_mid_transfer_replans_without_losing_chunks():
         t += 0.01
         if not failed_once:
             failed_once = True
-            pending += fetches(c.fetch_failed(t, f.peer, f.version, f.index, "unreachable"))
+            pending += fetches(c.fetch_failed(t, f.peer, f.version, f.index, FetchFailure.UNREACHABLE))
             continue
         pending += fetches(c.fetched(t, f.peer, f.version, f.index, 0.01))
         if not pending and not c.complete_versions():
@@ -266,7 +266,7 @@ def test_a_banned_parent_is_replaced_by_a_live_interior_member_not_by_the_origin
         stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) == 3)
         parent = plan.parent[stripe]["me"]
         bad = next(f for f in first if plan.stripe_of_chunk[f.index] == stripe)
-        effects = c.fetch_failed(0.1, parent, 1, bad.index, "corrupt")
+        effects = c.fetch_failed(0.1, parent, 1, bad.index, FetchFailure.CORRUPT)
         again = [f for f in fetches(effects) if plan.stripe_of_chunk[f.index] == stripe]
         assert again and all(f.peer not in (parent, PUBLISHER.peer_id) for f in again)
         assert again[0].peer in plan.interior(stripe)
@@ -286,7 +286,7 @@ def test_a_holder_that_cannot_be_dialled_is_never_asked_for_chunks():
     c.on_message(0.1, envelope("open", held))
     asked = []
     for f in first:
-        asked += fetches(c.fetch_failed(0.3, f.peer, f.version, f.index, "unreachable"))
+        asked += fetches(c.fetch_failed(0.3, f.peer, f.version, f.index, FetchFailure.UNREACHABLE))
     assert asked and {f.peer for f in asked} == {"open"}
 
 
@@ -331,7 +331,7 @@ def test_the_children_of_a_failed_stripe_root_borrow_a_sibling_not_the_origin():
         bad = [f for f in first if plan.stripe_of_chunk[f.index] == stripe]
         if not siblings_before or not bad:
             continue
-        again = fetches(c.fetch_failed(0.1, root, 1, bad[0].index, "corrupt"))
+        again = fetches(c.fetch_failed(0.1, root, 1, bad[0].index, FetchFailure.CORRUPT))
         again = [f for f in again if plan.stripe_of_chunk[f.index] == stripe]
         assert again and {f.peer for f in again} <= set(siblings_before), (me, again)
         checked += 1
@@ -363,7 +363,7 @@ def test_a_parent_whose_queue_makes_it_deliver_too_little_loses_us_and_we_borrow
         later = fetches(out)
         pending += later
         assert size > 0
-    assert dropped and dropped[0].peer == victim and dropped[0].why == "slow"
+    assert dropped and dropped[0].peer == victim and dropped[0].why is DropReason.SLOW
     assert PUBLISHER.peer_id not in c.status(t)["excluded"]
     assert c.progress(t, 1)["parents"][victim_stripe] not in (victim, PUBLISHER.peer_id)
 
@@ -501,7 +501,7 @@ def test_the_first_child_of_a_slow_stripe_root_takes_the_stripe_from_the_origin_
         c.set_members(0.0, uploads)
         c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame)))
         assert c._replaceable(0.0, c._versions[1].plan, stripe, root)
-        c._exclude(0.1, root, "slow", [])
+        c._exclude(0.1, root, DropReason.SLOW, [])
         asked = {f.peer for f in fetches(c.on_timer(1.0, "relay/tick"))
                  if plan.stripe_of_chunk[f.index] == stripe}
         assert asked, name
@@ -555,7 +555,7 @@ def test_the_first_child_keeps_a_slow_root_while_the_origin_is_excluded():
     root = plan.ranked_interior(stripe)[0][0]
     c, plan = _plan_of(first, uploads, signed)
     assert c._replaceable(0.1, plan, stripe, root)
-    c._exclude(0.1, PUBLISHER.peer_id, "stalled", [])
+    c._exclude(0.1, PUBLISHER.peer_id, DropReason.STALLED, [])
     assert not c._replaceable(0.2, plan, stripe, root)
     assert c._replaceable(0.2 + FAST.exclude_s, plan, stripe, root)
 
@@ -570,7 +570,7 @@ def test_a_holder_that_answers_unavailable_is_no_longer_taken_for_a_holder():
     after = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, 0.01))
     assert after and {f.peer for f in after} == {holder}
     assert holder in c._versions[1].holders
-    again = fetches(c.fetch_failed(t + 10.0, holder, 1, after[0].index, "unavailable"))
+    again = fetches(c.fetch_failed(t + 10.0, holder, 1, after[0].index, FetchFailure.UNAVAILABLE))
     assert holder not in c._versions[1].holders
     assert again and holder not in {f.peer for f in again}
 
@@ -581,7 +581,7 @@ def test_a_chain_dropped_as_slow_is_asked_again_before_the_origin_but_an_unreach
     the origin (each stripe leaves the origin once). One that is unreachable is skipped."""
     uploads = {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(300)}}
     signed = fake_manifest(PUBLISHER, 128 * 2**20, 2**20)
-    for why, expect_origin in (("slow", False), ("unreachable", True)):
+    for why, expect_origin in ((DropReason.SLOW, False), (DropReason.UNREACHABLE, True)):
         c = core()
         c.set_members(0.0, uploads)
         first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(signed.frame))))
@@ -666,9 +666,11 @@ def test_a_parent_that_answers_unavailable_is_asked_again_before_its_ancestors()
     f = next(f for f in first if plan.stripe_of_chunk[f.index] == stripe)
     assert f.peer == parent
     for t in (10.0, 20.0):
-        again = [g for g in fetches(c.fetch_failed(t, parent, 1, f.index, "unavailable")) if g.index == f.index]
+        again = [g for g in fetches(c.fetch_failed(t, parent, 1, f.index, FetchFailure.UNAVAILABLE))
+                 if g.index == f.index]
         assert [g.peer for g in again] == [parent]
-    third = [g for g in fetches(c.fetch_failed(30.0, parent, 1, f.index, "unavailable")) if g.index == f.index]
+    third = [g for g in fetches(c.fetch_failed(30.0, parent, 1, f.index, FetchFailure.UNAVAILABLE))
+             if g.index == f.index]
     assert [g.peer for g in third] == [grandparent]
 
 
@@ -684,7 +686,7 @@ def test_when_the_chain_falls_to_the_origin_a_member_ranked_before_us_is_asked_i
     stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
     chain = plan.ancestors(stripe, "me")
     for peer in chain[:-1]:
-        c._exclude(0.1, peer, "stalled", [])
+        c._exclude(0.1, peer, DropReason.STALLED, [])
     f = next(f for f in first if plan.stripe_of_chunk[f.index] == stripe)
     ranked = {p: d for p, d in plan.ranked_interior(stripe)}
     asked = []
@@ -696,7 +698,7 @@ def test_when_the_chain_falls_to_the_origin_a_member_ranked_before_us_is_asked_i
         assert peer not in chain and (ranked[peer], peer) < (len(chain), "me")
         asked.append(peer)
         t += 1.0  # (within `exclude_s` of the drops)
-        again = [g for g in fetches(c.fetch_failed(t, peer, 1, index, "unavailable")) if g.index == index]
+        again = [g for g in fetches(c.fetch_failed(t, peer, 1, index, FetchFailure.UNAVAILABLE)) if g.index == index]
     assert len(asked) == ORIGIN_SPARE_TRIES and again[0].peer == PUBLISHER.peer_id
 
 
@@ -741,7 +743,7 @@ def test_a_parent_that_has_not_admitted_us_yet_is_skipped_briefly_then_asked_aga
     """`not_admitted`: our parent closed the connection after our hello (its table lacks us for
     a heartbeat or so). Its chunks go to its ancestors meanwhile, and after `not_admitted_s` the
     stripe comes back to it; an unreachable parent is replaced for `exclude_s` instead."""
-    for why, back in (("not_admitted", True), ("unreachable", False)):
+    for why, back in ((FetchFailure.NOT_ADMITTED, True), (FetchFailure.UNREACHABLE, False)):
         c, plan, first = _planned()
         stripe = next(s for s in range(plan.stripes) if len(plan.ancestors(s, "me")) >= 2)
         parent, grandparent = plan.ancestors(stripe, "me")[:2]
@@ -774,18 +776,18 @@ def test_a_parent_that_keeps_refusing_us_counts_as_unreachable_and_a_late_refusa
     t = 0.5
     for attempt in range(3):
         for f in mine:  # every fetch of that connection fails, once excluded the rest count for nothing
-            c.fetch_failed(t, parent, 1, f.index, "not_admitted")
+            c.fetch_failed(t, parent, 1, f.index, FetchFailure.NOT_ADMITTED)
         until = c._excluded[parent]
         assert until == pytest.approx(t + (FAST.not_admitted_s if attempt < 2 else FAST.exclude_s)), attempt
         t = until + 0.1
-    c.fetch_failed(0.6, parent, 1, mine[0].index, "not_admitted")  # late: within the long exclusion
+    c.fetch_failed(0.6, parent, 1, mine[0].index, FetchFailure.NOT_ADMITTED)  # late: within the long exclusion
     assert c._excluded[parent] == pytest.approx(until)
     c2, plan2, first2 = _planned()
     f = next(f for f in first2 if f.peer == parent)
-    c2.fetch_failed(1.0, parent, 1, f.index, "not_admitted")
+    c2.fetch_failed(1.0, parent, 1, f.index, FetchFailure.NOT_ADMITTED)
     c2.fetched(1.5, parent, 1, next(g for g in first2 if g.peer == parent and g.index != f.index).index, 0.01)
     for t in (3.5, 6.0):  # it served us in between: the count started over, two refusals are not three
-        c2.fetch_failed(t, parent, 1, f.index, "not_admitted")
+        c2.fetch_failed(t, parent, 1, f.index, FetchFailure.NOT_ADMITTED)
         assert c2._excluded[parent] == pytest.approx(t + FAST.not_admitted_s)
 
 
@@ -795,15 +797,15 @@ def test_marks_of_peers_that_left_and_ended_exclusions_are_forgotten():
     c = core()
     members = {PUBLISHER.peer_id: 1e9, "me": 1e8, "stays": 1e8}
     c.set_members(0.0, members)
-    c._exclude(0.0, "stays", "slow", [])  # (how `fetched` drops a parent that delivers too little)
+    c._exclude(0.0, "stays", DropReason.SLOW, [])  # (how `fetched` drops a parent that delivers too little)
     t = 0.0
     for i in range(50):
         t += 1.0
         peer = f"passing{i:02d}"
         c.set_members(t, {**members, peer: 1e8})
-        c.fetch_failed(t, peer, 1, 0, "not_admitted")  # (no such version: only the refusal is counted)
+        c.fetch_failed(t, peer, 1, 0, FetchFailure.NOT_ADMITTED)  # (no such version: only the refusal is counted)
         assert peer in c._refused
-        c._exclude(t, peer, "slow", [])
+        c._exclude(t, peer, DropReason.SLOW, [])
         c.set_members(t + 0.5, members)  # it left
         assert c._slow == {"stays"} and set(c._refused) <= {"stays"}
     assert set(c._excluded) <= {"stays"} | {f"passing{i:02d}" for i in range(50 - int(FAST.exclude_s) - 1, 50)}

@@ -4,7 +4,7 @@ a full disk (requests held, nobody blamed). Pure and deterministic: no clock, no
 from p2pnet.core import Publish, SetTimer
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
-from relay.effects import Fetch, FetchManifest, Penalise, VersionComplete
+from relay.effects import Fetch, FetchFailure, FetchManifest, Penalise, VersionComplete
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding
 from relay.transfer import TIMER_TICK, TransferConfig, TransferCore
@@ -103,7 +103,7 @@ def test_a_full_store_holds_new_requests_blames_nobody_and_resumes_at_the_end_of
     assert first
     victim = first[0]
     c.hold_requests(0.1, 1.1)
-    out = c.fetch_failed(0.1, victim.peer, 1, victim.index, "store_full")
+    out = c.fetch_failed(0.1, victim.peer, 1, victim.index, FetchFailure.STORE_FULL)
     assert not fetches(out) and not [e for e in out if isinstance(e, Penalise)]
     # the other outstanding requests complete, but no new ones go out during the hold
     for f in first[1:]:
@@ -124,7 +124,7 @@ def test_lifting_a_hold_early_resumes_at_once():
     first = fetches(c.manifest_frame(0.0, PUBLISHER.peer_id, SIGNED.frame))
     c.hold_requests(0.0, 60.0)
     for f in first:
-        c.fetch_failed(0.1, f.peer, 1, f.index, "store_full")
+        c.fetch_failed(0.1, f.peer, 1, f.index, FetchFailure.STORE_FULL)
     assert not fetches(c.on_timer(30.0, TIMER_TICK))
     assert {f.index for f in fetches(c.hold_requests(31.0, 31.0))} >= {f.index for f in first}
 
@@ -133,7 +133,7 @@ def test_a_chunk_our_disk_failed_to_keep_blames_nobody_and_is_fetched_again():
     c = core()
     first = fetches(c.manifest_frame(0.0, PUBLISHER.peer_id, SIGNED.frame))
     victim = first[0]
-    out = c.fetch_failed(0.1, victim.peer, 1, victim.index, "store_failed")
+    out = c.fetch_failed(0.1, victim.peer, 1, victim.index, FetchFailure.STORE_FAILED)
     again = [f for f in fetches(out) if f.index == victim.index]
     assert again and again[0].peer == victim.peer  # the same source may be asked again at once
     assert not [e for e in out if isinstance(e, Penalise)] and c.status(0.2)["excluded"] == []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from p2pnet.identity import Identity
-from relay.effects import DropSource, Fetch
+from relay.effects import DropSource, Fetch, FetchFailure
 from relay.serving import ServingConfig
 from simulations.dataplane import RelayWorld
 from simulations.engine import Engine
@@ -171,7 +171,7 @@ def test_a_crashed_source_fails_its_moving_paced_and_queued_requests_at_once() -
     engine, world, ids, log = _paced_three()
     world.crash(ids["src"])
     engine.run()
-    assert sorted(log) == [(0.5, sink, "failed", i, "unreachable") for i, sink in enumerate("abc")]
+    assert sorted(log) == [(0.5, sink, "failed", i, FetchFailure.UNREACHABLE) for i, sink in enumerate("abc")]
     assert world.transfer_stats["flows"] == 1
     assert not any(world.ports[ids[s]].paced_to for s in "abc")
 

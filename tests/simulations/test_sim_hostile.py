@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from relay.effects import DropReason
 from simulations.hostile import run_broadcast
 from simulations.models import Churn, Partition
 from simulations.scenarios import EXACT_WORLD, BroadcastScenario, broadcast
@@ -30,7 +31,8 @@ def test_churn_and_byzantine_relays_every_surviving_honest_relay_gets_the_genuin
     # and only byzantine relays were penalised
     assert s["transfer"]["corrupt_served"] > 0 and s["byzantine_penalised"] > 0 and s["honest_penalised"] == 0
     assert s["forged_manifests_rejected"] > 0 and s["chunks_accepted_from_byzantine"] == 0
-    assert s["sources_dropped"].get("corrupt", 0) > 0 and s["sources_dropped"].get("unreachable", 0) > 0
+    dropped = s["sources_dropped"]
+    assert dropped.get(DropReason.CORRUPT, 0) > 0 and dropped.get(DropReason.UNREACHABLE, 0) > 0
     assert s["messages"]["lost"] > 0
 
 
@@ -44,7 +46,7 @@ def test_a_hung_relay_is_noticed_by_stall_detection() -> None:
     churn = Churn(departures=0.1, end_s=0.5, leave_share=0, crash_share=0, hang_share=1)
     s, _, _ = run_broadcast(_small(churn=churn, stall_timeout_s=2.0, seed=2))
     assert s["departed"]["hang"] > 0 and s["survivors_right_checkpoint"] == s["survivors"]
-    assert s["sources_dropped"].get("stalled", 0) > 0
+    assert s["sources_dropped"].get(DropReason.STALLED, 0) > 0
 
 
 def test_a_partitioned_region_catches_up_after_the_heal() -> None:
