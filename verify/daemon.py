@@ -55,7 +55,7 @@ from verify.errors import ProofError
 from verify.calibration import CalibrationTables, load_tables
 from verify.policy import SAME_STACK, RecentRollouts, Thresholds
 from verify.reputation import BatchInvalidated, WorkerBanned
-from verify.validator import (CheckDropped, CheckRequested, DropReason, Penalise, ValidatorCore, ValidatorCoreConfig,
+from verify.validator import (CheckDropped, CheckRequested, DroppedBecause, Penalise, ValidatorCore, ValidatorCoreConfig,
                               VerdictPublished)
 from verify.messages import MAX_REASONS
 from verify.verdicts import summarize
@@ -483,7 +483,7 @@ class ValidatorRole:
             accepted, reasons = await trio.to_thread.run_sync(self.checker, request)
         except ModelUnavailable as exc:
             log.warning("cannot check %s: %s", sid.hex()[:16], exc)
-            await self.runner.command(lambda now: self.core.check_failed(now, sid, DropReason.MODEL_UNAVAILABLE))
+            await self.runner.command(lambda now: self.core.check_failed(now, sid, DroppedBecause.MODEL_UNAVAILABLE))
             return
         elapsed_s = time.perf_counter() - started
         await self.runner.command(

@@ -109,7 +109,7 @@ class CheckRequested:
     rows: tuple[int, ...]
 
 
-class DropReason(enum.StrEnum):
+class DroppedBecause(enum.StrEnum):
     """Why a selected submission goes unchecked by us (`CheckDropped`): our side, never the worker's."""
 
     QUEUE_FULL = "queue_full"  # `max_queue` checks already running or waiting
@@ -119,7 +119,7 @@ class DropReason(enum.StrEnum):
 @dataclass(frozen=True)
 class CheckDropped:
     submission_id: bytes
-    reason: DropReason
+    reason: DroppedBecause
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ class ValidatorCore:
             effects.append(Emit(event))
         return effects
 
-    def check_failed(self, now: float, sid: bytes, why: DropReason) -> list[Effect]:
+    def check_failed(self, now: float, sid: bytes, why: DroppedBecause) -> list[Effect]:
         """Our own side could not check (model missing, our bug): no verdict is published."""
         pending = self._pending.pop(sid, None)
         if pending is None or pending.stage is not Stage.CHECKING:
@@ -337,7 +337,7 @@ class ValidatorCore:
         if self._checking >= self.config.max_queue:
             del self._pending[sid]
             self.stats["dropped"] += 1
-            return [Emit(CheckDropped(sid, DropReason.QUEUE_FULL))]
+            return [Emit(CheckDropped(sid, DroppedBecause.QUEUE_FULL))]
         pending.stage = Stage.CHECKING
         self._checking += 1
         rows = choose_rows(pending.ticket, len(pending.submission.rollouts), self.config.rollouts_per_check)

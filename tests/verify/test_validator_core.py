@@ -20,7 +20,7 @@ from verify.assign import check_ticket, make_ticket, ticket_value
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              rollout_record, submission_id, unpack_u32)
 from verify.reputation import BatchInvalidated, Reputation, ReputationConfig, WorkerBanned
-from verify.validator import (CheckDropped, CheckRequested, DropReason, InlineChecking, Penalise, SubmissionRejected,
+from verify.validator import (CheckDropped, CheckRequested, DroppedBecause, InlineChecking, Penalise, SubmissionRejected,
                               ValidatorCore, ValidatorCoreConfig, VerdictAdmitted, VerdictIgnored)
 
 WALL_S = 1_800_000_000.0
@@ -155,8 +155,8 @@ def test_our_own_check_failure_publishes_no_verdict() -> None:
     core = core_for(V1, FakeDirectory({WORKER: ("worker",)}))
     env = envelope(WORKER, submission())
     assert events(core.on_message(1.0, env), CheckRequested)
-    failed = core.check_failed(2.0, submission_id(env), DropReason.MODEL_UNAVAILABLE)
-    assert [e.reason for e in events(failed, CheckDropped)] == [DropReason.MODEL_UNAVAILABLE]
+    failed = core.check_failed(2.0, submission_id(env), DroppedBecause.MODEL_UNAVAILABLE)
+    assert [e.reason for e in events(failed, CheckDropped)] == [DroppedBecause.MODEL_UNAVAILABLE]
     assert not published(failed, VERDICTS_TOPIC)
     assert core.stats["check_errors"] == 1 and core.status(2.0)["in_flight"] == 0
 
@@ -165,7 +165,7 @@ def test_queue_bound_drops_checks() -> None:
     core = core_for(V1, FakeDirectory({WORKER: ("worker",)}), max_queue=1, one_submission_per_step=False)
     assert events(core.on_message(1.0, envelope(WORKER, submission(1))), CheckRequested)
     dropped = events(core.on_message(1.0, envelope(WORKER, submission(2))), CheckDropped)
-    assert [e.reason for e in dropped] == [DropReason.QUEUE_FULL] and str(dropped[0].reason) == "queue_full"
+    assert [e.reason for e in dropped] == [DroppedBecause.QUEUE_FULL] and str(dropped[0].reason) == "queue_full"
     assert core.stats["dropped"] == 1
 
 
