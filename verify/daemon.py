@@ -55,8 +55,8 @@ from verify.errors import ProofError
 from verify.calibration import CalibrationTables, load_tables
 from verify.policy import SAME_STACK, RecentRollouts, Thresholds
 from verify.reputation import BatchInvalidated, WorkerBanned
-from verify.validator import (CheckDropped, CheckRequested, DroppedBecause, Penalise, ValidatorCore, ValidatorCoreConfig,
-                              VerdictPublished)
+from verify.validator import (CheckDropped, CheckRequested, DroppedBecause, Penalise, ValidatorCore,
+                              ValidatorCoreConfig, VerdictPublished)
 from verify.messages import MAX_REASONS
 from verify.verdicts import summarize
 

@@ -20,8 +20,8 @@ from verify.assign import check_ticket, make_ticket, ticket_value
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              rollout_record, submission_id, unpack_u32)
 from verify.reputation import BatchInvalidated, Reputation, ReputationConfig, WorkerBanned
-from verify.validator import (CheckDropped, CheckRequested, DroppedBecause, InlineChecking, Penalise, SubmissionRejected,
-                              ValidatorCore, ValidatorCoreConfig, VerdictAdmitted, VerdictIgnored)
+from verify.validator import (CheckDropped, CheckRequested, DroppedBecause, InlineChecking, Penalise,
+                              SubmissionRejected, ValidatorCore, ValidatorCoreConfig, VerdictAdmitted, VerdictIgnored)
 
 WALL_S = 1_800_000_000.0
 V1, V2, V3 = (Identity.from_seed_text(f"v{i}") for i in (1, 2, 3))
