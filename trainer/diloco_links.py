@@ -53,7 +53,9 @@ InboxEvent = PeerFailed | Received  # what a round's inbox carries
 class Links:
     """One round's outgoing connections: opened on first use, one sender at a time per peer,
     every send bounded by the deadline. A failed send, or a connection the other end closes
-    (it died: the receiving end never writes on these), is reported to the round's inbox.
+    (it died: the receiving end never writes on these), is reported to the round's inbox, once:
+    the connection a send failed on is closed at once (the next send opens another), and its
+    watcher reports nothing more.
 
     Made by `open_links`, whose own task (`_watch_all`) owns the watchers of the connections:
     `send`, called from many tasks, spawns nothing; it hands each connection it opens to that
@@ -92,7 +94,10 @@ class Links:
                     return True
         except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
             log.info("diloco: sending to %s failed: %s", peer, exc)
-            self.streams.pop(peer, None)
+            broken = self.streams.pop(peer, None)
+            if broken is not None:  # (a frame may be cut short in it: never used again, closed now)
+                with trio.CancelScope(shield=True):
+                    await broken.aclose()
             refused = isinstance(exc, NotAdmitted)
             if report_refusal or not refused:
                 await self.role.inbox_send.send(PeerFailed(peer))
@@ -113,7 +118,7 @@ class Links:
             data = await stream.receive_some(1)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             data = b""
-        if not data:
+        if not data and self.streams.get(peer) is stream:  # (not one a failed send closed: reported there)
             log.info("diloco: %s closed its connection", peer)
             await self.role.inbox_send.send(PeerFailed(peer))
 

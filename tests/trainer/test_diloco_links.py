@@ -17,7 +17,7 @@ import trio.testing
 from p2pnet.dataplane import DataPlane, open_data_stream
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
-from trainer.diloco_messages import CHANNEL, Join, StateWanted
+from trainer.diloco_messages import CHANNEL, STAGE_CONTRIBUTION, Join, Part, StateWanted
 from trainer.diloco_links import Links, PeerFailed, open_links
 
 RECEIVER = Identity.from_seed_text("diloco receiver")
@@ -154,4 +154,38 @@ async def test_a_send_handing_its_connection_over_when_the_round_stops_watching_
             await stream.receive_some(1)  # closed with the others, not left open and unlisted
         with pytest.raises(trio.WouldBlock):
             inbox.receive_nowait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once():
+    """A send that cannot finish within the deadline (the peer takes nothing: its receive buffer
+    and our send buffer are full) fails. The connection it failed on may hold part of a frame:
+    it is closed then (the peer sees it end), not left open until the round ends, and the peer
+    is reported once, not a second time by the connection's watcher seeing it closed."""
+    drain = trio.Event()
+    ended = trio.Event()
+
+    async def serve(stream, reader, peer):  # takes nothing until told to, then reads to the end
+        await drain.wait()
+        while await stream.receive_some(1 << 20):
+            pass
+        ended.set()
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    big = Part(1, b"m" * 16, STAGE_CONTRIBUTION, 0, 1 << 18, 0, 1 << 18, "int8", 256, b"v" * (2 << 20), b"", ())
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        async with open_links(_role(address, inbox_send), 2.0) as links:
+            with trio.fail_after(120):  # generous: the buffers fill within a few sends
+                while await links.send(RECEIVER.peer_id, big):
+                    pass
+                assert await inbox.receive() == PeerFailed(RECEIVER.peer_id)
+                assert RECEIVER.peer_id not in links.streams
+                drain.set()
+                await ended.wait()  # the connection was closed by the failed send, before the round ended
+                await trio.testing.wait_all_tasks_blocked()
+                with pytest.raises(trio.WouldBlock):
+                    inbox.receive_nowait()  # and reported once
         nursery.cancel_scope.cancel()
