@@ -53,9 +53,10 @@ InboxEvent = PeerFailed | Received  # what a round's inbox carries
 class Links:
     """One round's outgoing connections: opened on first use, one sender at a time per peer,
     every send bounded by the deadline. A failed send, or a connection the other end closes
-    (it died: the receiving end never writes on these), is reported to the round's inbox, once:
-    the connection a send failed on is closed at once (the next send opens another), and its
-    watcher reports nothing more.
+    (it died: the receiving end never writes on these), is reported to the round's inbox, and
+    the connection is closed then and never written to again (the next send opens another). The
+    watcher of a connection a failed send closed reports nothing more; a peer that closes while a
+    send to it is under way can be reported twice, which the round takes as once.
 
     Made by `open_links`, whose own task (`_watch_all`) owns the watchers of the connections:
     `send`, called from many tasks, spawns nothing; it hands each connection it opens to that
@@ -78,6 +79,7 @@ class Links:
         (it is alive but has not heard our heartbeat yet)."""
         frame = self.role.node.codec.encode(body, time.time())
         lock = self.locks.setdefault(peer, trio.Lock())
+        stream: trio.SocketStream | None = None  # the connection this send used
         try:
             with trio.fail_after(self.timeout_s):
                 async with lock:
@@ -94,10 +96,8 @@ class Links:
                     return True
         except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError) as exc:
             log.info("diloco: sending to %s failed: %s", peer, exc)
-            broken = self.streams.pop(peer, None)
-            if broken is not None:  # (a frame may be cut short in it: never used again, closed now)
-                with trio.CancelScope(shield=True):
-                    await broken.aclose()
+            if stream is not None and self.streams.get(peer) is stream:  # a frame may be cut short in it:
+                await self._drop(peer, stream)  # never written to again
             refused = isinstance(exc, NotAdmitted)
             if report_refusal or not refused:
                 await self.role.inbox_send.send(PeerFailed(peer))
@@ -118,9 +118,16 @@ class Links:
             data = await stream.receive_some(1)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             data = b""
-        if not data and self.streams.get(peer) is stream:  # (not one a failed send closed: reported there)
+        if not data and self.streams.get(peer) is stream:  # (not one a failed send dropped: reported there)
             log.info("diloco: %s closed its connection", peer)
+            await self._drop(peer, stream)  # a frame written into it now would be lost
             await self.role.inbox_send.send(PeerFailed(peer))
+
+    async def _drop(self, peer: str, stream: trio.SocketStream) -> None:
+        """Never use `peer`'s connection `stream` again (the next send opens another): close it."""
+        del self.streams[peer]
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
 
     async def aclose(self) -> None:
         """Close every connection (each close is immediate: all are closed, also when cancelled)."""

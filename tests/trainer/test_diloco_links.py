@@ -189,3 +189,29 @@ async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once
                 with pytest.raises(trio.WouldBlock):
                     inbox.receive_nowait()  # and reported once
         nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_the_other_end_closed_is_not_written_to_again():
+    """A peer that closed its connection mid-round (it restarted, say) is reported, and the next
+    send to it opens a new connection: a frame written into the closed one would be lost."""
+    got: list[object] = []
+    arrived = trio.Semaphore(0)
+
+    async def serve(stream, reader, peer):  # takes one frame per connection, then closes it
+        got.append(Codec(RECEIVER).decode(await reader.frame(), time.time()).body)
+        arrived.release()
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        with trio.fail_after(60):  # generous; nothing here is timed
+            async with open_links(_role(address, inbox_send), 10.0) as links:
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                await arrived.acquire()
+                assert await inbox.receive() == PeerFailed(RECEIVER.peer_id)  # the close, seen by the watcher
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                await arrived.acquire()  # the second frame arrived, over a second connection
+        assert got == [JOIN, JOIN]
+        nursery.cancel_scope.cancel()
