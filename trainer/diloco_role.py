@@ -112,7 +112,7 @@ class DilocoConfig:
     publish: bool = False  # publish each round's global weights through this peer's relay role
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
-    join_via: str = "relay"  # how a joining peer gets the global state (a JoinPath): relay (then direct) or direct
+    join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
 
     def check(self) -> dict[str, str]:
         problems = {}
