@@ -42,25 +42,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_relay_loopback import page_reporting_paused  # noqa: E402
+from benchmarks.bench_relay_loopback import machine_busy_s, page_reporting_paused  # noqa: E402
 
 PATHS = ("raw", "buffer", "mapped", "splice")
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Python 3.10+ names it; spelled out for older type stubs)
 PIPE_BYTES = 1 << 20
-
-
-def machine_cpu_s() -> float:
-    """Busy CPU seconds so far of the CPUs this process may run on (all of them unless pinned
-    with taskset): /proc/stat's counters less idle and iowait."""
-    cpus = {f"cpu{n}" for n in os.sched_getaffinity(0)}
-    busy = 0
-    with open("/proc/stat") as fh:
-        for line in fh:
-            name, *values = line.split()
-            if name in cpus:
-                fields = [int(x) for x in values[:7]]
-                busy += sum(fields) - fields[3] - fields[4]
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
@@ -131,13 +117,13 @@ def receiver_main(args: argparse.Namespace) -> None:
     fd = os.open(args.out, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     os.ftruncate(fd, args.size)
     before = resource.getrusage(resource.RUSAGE_SELF)
-    machine0 = machine_cpu_s()
+    machine0 = machine_busy_s(os.sched_getaffinity(0))
     started = time.perf_counter()
     digests = receive(args.receive, sock, fd, args.size, args.chunk)
     os.fsync(fd)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
-    machine = machine_cpu_s() - machine0
+    machine = machine_busy_s(os.sched_getaffinity(0)) - machine0
     os.close(fd)
     print(json.dumps({"wall_s": wall, "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
                       "machine_cpu_s": machine,

@@ -185,10 +185,17 @@ def written(pid: int) -> int:
     return int(io["write_bytes"]) - int(io["cancelled_write_bytes"])
 
 
-def machine_busy_s() -> float:
-    """CPU seconds every core of this machine spent busy so far (kernel threads included)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+def machine_busy_s(cpus: set[int] | None = None) -> float:
+    """CPU seconds every core of this machine (or only the cores numbered in `cpus`) spent busy so
+    far, kernel threads included: /proc/stat's counters less idle and iowait."""
+    wanted = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}  # ("cpu": the line of all cores)
+    busy = 0
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *values = line.split()
+        if name in wanted:
+            fields = [int(x) for x in values[:8]]
+            busy += sum(fields) - fields[3] - fields[4]
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def private_bytes(pid: int) -> int:
