@@ -344,8 +344,7 @@ class RelayRole(ChunkServing, ControlCommands):
         if self.store.is_durable(fetch.version, fetch.index):
             await self._command(lambda now: self.core.found(now, fetch.version, [fetch.index]))
         else:  # the flush failed, or a failed fsync lost the chunk meanwhile
-            await self._command(lambda now: self.core.fetch_failed(now, fetch.peer, fetch.version, fetch.index,
-                                                                   FetchFailure.STORE_FAILED))
+            await self.report_failed(fetch.peer, fetch, FetchFailure.STORE_FAILED)
 
     def _upstream(self, peer: str, nursery: trio.Nursery) -> Upstream:
         """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none."""
@@ -373,8 +372,7 @@ class RelayRole(ChunkServing, ControlCommands):
         except ChunkCorrupt:
             self.chunk_checks["rejected"] += 1
             log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
-            await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                   FetchFailure.CORRUPT))
+            await self.report_failed(peer, fetch, FetchFailure.CORRUPT)
             return
         except StoreFull as exc:
             await self._not_stored(peer, fetch, str(exc))
