@@ -13,7 +13,9 @@ in order, for the dispatcher task; everything else goes to the node as usual. A 
 the upstream of its peer, which hands each chunk it receives whole (into one of `STORING_CHUNKS` reused buffers
 shared by all upstreams) to `report_fetched`: hashed against the manifest and written at its
 offsets in a worker thread while the connection reads on. Stored chunks reach the core in
-batches, one round trip for all that finished meanwhile.
+batches, one round trip for all that finished meanwhile; at most `max_in_flight` wait for it, and
+an answer past those (requests the core asked past its budget, or settled without their answer)
+waits with its buffer, so a core that falls behind slows the reading instead of filling memory.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
 slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a second in all. What
@@ -158,6 +160,18 @@ class RelayRole(ChunkServing, ControlCommands):
             transfer, node.peer_id,
             open_frame=lambda frame, now: open_manifest(frame, trusted_publishers=trusted, now_s=time.time()),
             self_upload_bps=node.config.upload_bps)
+        # What `_dispatch` carries out, in order: the relay effects and events the core diverts
+        # (`_Peeler`, inside the core's runner) and the store's events (`_from_store`, from any thread
+        # by `run_sync_soon`). No finite size can be proven, and neither producer may wait: the
+        # runner must not block on `_dispatch`, which awaits the runner (`_command`), nor a store
+        # thread's callback on the trio loop. What limits it is a rate, not a count. `_pump` issues
+        # at most `max_in_flight` requests in all, but `asked_for` issues one per chunk of a version
+        # in progress past that budget; and while `_dispatch` awaits the disk (`_keep_manifest`
+        # copying a version's shared chunks, `_collect`, a full store's probe) the core runs on: each
+        # `stall_timeout_s` the requests still queued here count as stalled and are asked again
+        # elsewhere, with a `DropSource` per source, and gossip brings new versions. The store adds
+        # one event per chunk it drops (found rotten, lost to a failed fsync) and per version it
+        # collects.
         self._queue_send, self._queue = trio.open_memory_channel[Any](math.inf)
         self._peeler = _Peeler(self.core, self._queue_send.send_nowait)
         self._runner: Any = None
@@ -168,7 +182,14 @@ class RelayRole(ChunkServing, ControlCommands):
                                               linger_factor=self.config.upload_linger), on_full=self._uploads_full)
         self._budgets: dict[str, ByteBudget] = {}  # per peer, when [relay] serve_bytes_per_peer_s is set
         self._upload = ByteBudget(float(node.config.upload_bps))  # everything we serve, together
-        self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](math.inf)
+        # Chunks stored whose fetch the core has not heard of yet (`_tell_fetched` takes all that
+        # wait, each round). One answer per request the core has out, and `_pump` keeps at most
+        # `max_in_flight` out: that is its size. More answers can come (`asked_for` requests past
+        # that budget; answers to requests the core settled without them: asked again elsewhere,
+        # `found` in the store, their version forgotten), so a full channel makes `report_fetched`
+        # wait, holding its chunk buffer (the upstreams stop reading once every buffer waits),
+        # never drop a fetch.
+        self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](transfer.max_in_flight)
         self._flush_wanted = trio.Event()  # a batch of stored chunks waits for `_flusher`
         self.buffers = Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
         self._members_changed = trio.Event()
@@ -400,21 +421,31 @@ class RelayRole(ChunkServing, ControlCommands):
         self.bytes_fetched_from[peer] = self.bytes_fetched_from.get(peer, 0) + fetched_bytes
         self._uploads.arrived(fetch.version, fetch.index)
         self._moved_at = trio.current_time()
-        self._fetched_send.send_nowait((peer, fetch, elapsed_s))
+        try:
+            try:
+                self._fetched_send.send_nowait((peer, fetch, elapsed_s))
+            except trio.WouldBlock:  # more answers than requests out: wait for the core's next batch
+                await self._fetched_send.send((peer, fetch, elapsed_s))
+        except trio.BrokenResourceError:  # `_tell_fetched` has ended: the relay stops
+            log.info("chunk %d of version %d stored as the relay stops: the core is not told", fetch.index,
+                     fetch.version)
+            return
         if self.store.flush_due:
             self._flush_wanted.set()
 
     async def _tell_fetched(self) -> None:
         """Stored chunks reach the core in batches: one round trip for all that completed while
-        the previous one ran."""
-        while True:
-            batch = [await self._fetched.receive()]
+        the previous one ran. The channel closes when this ends (the relay stops), so a
+        `report_fetched` waiting on a full one (shielded: see `relay.upstream`) is let go."""
+        with self._fetched:
             while True:
-                try:
-                    batch.append(self._fetched.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            await self._command(partial(self._stored_all, batch=batch))
+                batch = [await self._fetched.receive()]
+                while True:
+                    try:
+                        batch.append(self._fetched.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await self._command(partial(self._stored_all, batch=batch))
 
     def _stored_all(self, now: float, batch: list[tuple[str, Fetch, float]]) -> list[Any]:
         return [effect for peer, fetch, took in batch for effect in self._stored(now, peer, fetch, took)]

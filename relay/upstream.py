@@ -47,6 +47,15 @@ class Upstream:
         self.closed = False
         self._pending: dict[int, tuple[Fetch, float]] = {}
         self._next_id = 0
+        # Requests for this source not yet written (`_write` takes each as soon as the connection
+        # takes its frame). No finite size can be proven: the core keeps a window per (source,
+        # stripe) and `max_in_flight` in all, but `asked_for` asks past both (one request per chunk
+        # of a version in progress), and a request the core settled without its answer (asked
+        # again elsewhere, `found`, its version forgotten) stays here until written. Writing waits
+        # on the connection: while it opens (up to `request_timeout_s` for the source's address,
+        # then the connect), and on TCP once the source holds `MAX_REQUESTS_PER_CONNECTION` of
+        # ours. Nor may the producer, `_dispatch` (`submit`), wait on one source: the `DropSource`
+        # that closes this one, and every other source's requests, would queue behind it.
         self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
         self._scope = trio.CancelScope()
         self._buffers = role.buffers
