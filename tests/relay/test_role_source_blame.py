@@ -5,10 +5,14 @@ still had out, written or not, are not reported: the core took them back as it d
 Reporting them (as `unreachable`) passed the core's verdict off as another: a source dropped as
 slow (alive, asked before the origin) was taken out of the core's slow set.
 
+While the role's dispatcher waits on our own disk (here, keeping a manifest), the requests queued
+behind it wait unsent; the core is told, and drops no source as stalled for that time.
+
 The role runs its real core, runner, dispatcher and store (`Harness`); sources answer from the
-publisher's store in their own names at once (`PeerSource`), but for one slow source: a real
-`relay.upstream.Upstream` over an in-memory connection to a scripted server that takes one request
-at a time (so the rest wait unwritten, as behind a full TCP window) and answers each after a while.
+publisher's store in their own names at once (`PeerSource`), but for one slow source in the first
+test: a real `relay.upstream.Upstream` over an in-memory connection to a scripted server that takes
+one request at a time (so the rest wait unwritten, as behind a full TCP window) and answers each
+after a while.
 """
 
 from __future__ import annotations
@@ -148,3 +152,28 @@ async def test_a_source_dropped_as_slow_with_requests_unwritten_stays_slow_and_n
     assert all(h.role.store.holds(1, i) for i in range(CHUNKS))
     assert core.progress(trio.current_time(), 1)["in_flight"] == 0
 
+
+async def test_sources_are_not_dropped_as_stalled_while_our_dispatcher_waits_on_our_disk(tmp_path, clock):
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    stall_s = h.role.core.config.stall_timeout_s
+    real_keep = h.role._keep_manifest
+
+    async def slow_keep(signed) -> None:  # our disk takes its time over the new version's files
+        await trio.sleep(3 * stall_s)
+        await real_keep(signed)
+
+    h.role._keep_manifest = slow_keep
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        h.source = source = PeerSource(h.role, h.origin, nursery)
+        h.role._upstream = lambda peer, nursery: source
+        await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+        await h.announce(1, chunks=64)  # its requests queue behind the manifest being kept
+        took = await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert took >= 3 * stall_s  # (the requests were held that long)
+    dropped = [e.event for e in h.node.carried if isinstance(e, Emit) and isinstance(e.event, SourceDropped)]
+    assert dropped == []
+    assert h.role.core.status(trio.current_time())["excluded"] == []
+    assert sorted(i for _, _, i in source.downloads) == list(range(64))  # each chunk asked once, of whom it was
