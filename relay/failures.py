@@ -26,7 +26,10 @@ fault:
   contradicts that (it lost the chunk, or its claim was false); its next `Holding` counts again.
 - stall (detected here on the tick): a source with requests outstanding and no completion for
   `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
-  so it closes the connection.
+  so it closes the connection. Time the shell held our requests unsent does not count: while
+  its dispatcher waits on our own disk (`sending_held` ... `sending_resumed`) no source is
+  judged stalled, and each source's clock then moves on by the time held (one whose requests
+  were all issued meanwhile starts afresh): our disk's slowness is not theirs.
 - `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
   is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
 - `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
@@ -78,6 +81,7 @@ class FailureHandling:
     _refused: dict[str, int]
     _slow: set[str]
     _banned: set[str]
+    _held_since: float | None  # the shell holds our requests unsent since then (`sending_held`)
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _settle(self, now: float, v: _Version, index: int, entry: tuple[str, int, float],
@@ -117,7 +121,31 @@ class FailureHandling:
             self._pump(now, v, effects)
         return self._arm(now, effects)
 
+    def sending_held(self, now: float) -> list[Any]:
+        """The shell stops carrying out our effects for a while: its dispatcher waits on our own
+        disk (keeping a manifest, collecting versions, asking a full store for room), and the
+        requests we issue meanwhile wait unsent. No source is judged stalled until
+        `sending_resumed`: our disk's delay is nobody else's fault."""
+        if self._held_since is None:
+            self._held_since = now
+        return []
+
+    def sending_resumed(self, now: float) -> list[Any]:
+        """The shell carries out our effects again (see `sending_held`): each source's stall
+        clock moves on by the time held, and starts now for one whose outstanding requests were
+        all issued meanwhile (they are sent only now)."""
+        since, self._held_since = self._held_since, None
+        if since is None:
+            return []
+        for v in self._versions.values():
+            for src in v.sources.values():
+                if src.outstanding > 0:
+                    src.since = now if src.since >= since else src.since + (now - since)
+        return []
+
     def _check_stalls(self, now: float, v: _Version, effects: list[Any]) -> None:
+        if self._held_since is not None:
+            return  # (`sending_held`)
         horizon = now - self.config.stall_timeout_s
         stalled = [p for p, s in v.sources.items() if s.outstanding > 0 and s.since < horizon]
         for peer in stalled:

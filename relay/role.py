@@ -16,6 +16,9 @@ offsets in a worker thread while the connection reads on. Stored chunks reach th
 batches, one round trip for all that finished meanwhile; at most `max_in_flight` wait for it, and
 an answer past those (requests the core asked past its budget, or settled without their answer)
 waits with its buffer, so a core that falls behind slows the reading instead of filling memory.
+While the dispatcher waits on our own disk (keeping a manifest, collecting versions, a full
+store's probe), the requests queued behind it wait unsent, and the core is told so
+(`_sending_held`): our disk's delay is not blamed on the sources as a stall.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
 slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a second in all. What
@@ -55,10 +58,11 @@ import logging
 import math
 import os
 import time
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import trio
 
@@ -167,11 +171,10 @@ class RelayRole(ChunkServing, ControlCommands):
         # thread's callback on the trio loop. What limits it is a rate, not a count. `_pump` issues
         # at most `max_in_flight` requests in all, but `asked_for` issues one per chunk of a version
         # in progress past that budget; and while `_dispatch` awaits the disk (`_keep_manifest`
-        # copying a version's shared chunks, `_collect`, a full store's probe) the core runs on: each
-        # `stall_timeout_s` the requests still queued here count as stalled and are asked again
-        # elsewhere, with a `DropSource` per source, and gossip brings new versions. The store adds
-        # one event per chunk it drops (found rotten, lost to a failed fsync) and per version it
-        # collects.
+        # copying a version's shared chunks, `_collect`, a full store's probe) the core runs on:
+        # peers ask for chunks, and gossip brings new versions (the requests queued here meanwhile
+        # are not judged stalled: `_sending_held`). The store adds one event per chunk it drops
+        # (found rotten, lost to a failed fsync) and per version it collects.
         self._queue_send, self._queue = trio.open_memory_channel[Any](math.inf)
         self._peeler = _Peeler(self.core, self._queue_send.send_nowait)
         self._runner: Any = None
@@ -273,7 +276,10 @@ class RelayRole(ChunkServing, ControlCommands):
                     if self.store.holds(item.version, item.index):
                         nursery.start_soon(self._held_already, item)
                         continue
-                    trouble = await self._no_room_for(item.size) if self.backoff.active else None
+                    trouble = None
+                    if self.backoff.active:
+                        async with self._sending_held():
+                            trouble = await self._no_room_for(item.size)
                     if trouble is not None:  # not downloaded
                         why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
                         await self._not_stored(item.peer, item, f"{why} after the hold", trouble)
@@ -298,13 +304,26 @@ class RelayRole(ChunkServing, ControlCommands):
                 elif isinstance(item, ManifestAccepted):
                     self.timeline.setdefault(item.signed.version, {})["manifest_at_s"] = time.time()
                     self._about_to_move()  # its chunks are fetched next
-                    await self._keep_manifest(item.signed)
+                    async with self._sending_held():
+                        await self._keep_manifest(item.signed)
                 elif isinstance(item, VersionComplete):
                     self.timeline.setdefault(item.version, {})["complete_at_s"] = time.time()
                     self.watcher.mark_complete(item.version)  # durable: the store flushed it first
                     log.info("version %d complete (%d chunks fetched in %.1fs)", item.version, item.fetched_chunks,
                              item.seconds)
-                    await self._collect()
+                    async with self._sending_held():
+                        await self._collect()
+
+    @asynccontextmanager
+    async def _sending_held(self) -> AsyncIterator[None]:
+        """`_dispatch` waits on our own disk inside this: the requests queued behind it wait
+        unsent, and the core is told so (`sending_held`, `sending_resumed`), so it blames no
+        source for stalling meanwhile."""
+        await self._command(self.core.sending_held)
+        try:
+            yield
+        finally:
+            await self._command(self.core.sending_resumed)
 
     async def _keep_manifest(self, signed: SignedManifest) -> None:
         """Keep the manifest and create the version's files (before any of its fetches is sent:

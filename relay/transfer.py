@@ -144,6 +144,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
         self._last_announce = -float("inf")
         self._hold_until = -float("inf")  # no new requests before this (our store is full)
+        self._held_since: float | None = None  # the shell holds our requests unsent since (`sending_held`)
         self._at_once = 0  # the upload slots we last asked the shell for (`ServeAtOnce`; 0: as configured)
         self._collected_through = -1  # versions up to this one were garbage-collected: never again
         self.rejected_manifests = 0

@@ -10,7 +10,8 @@ disk slows the reading instead of filling memory); the role hashes and stores it
 connection reads on. A connection that ends inside a chunk (a killed peer) fails every request
 still outstanding as `unreachable`, never as a short chunk; a source that closes the connection
 after our hello (it has not heard our heartbeat yet) fails them as `not_admitted`; a source that answers a request we
-never sent, or with the wrong length, broke the protocol and is reported `corrupt`.
+never sent, or with the wrong length, broke the protocol and is reported `corrupt`. A source the
+core dropped (`close`) reports nothing: the core took its requests back as it dropped it.
 
 This module must not touch the store or the transfer core directly: it reports to the role.
 """
@@ -60,6 +61,7 @@ class Upstream:
         self._scope = trio.CancelScope()
         self._buffers = role.buffers
         self._failure = FetchFailure.UNREACHABLE  # how requests still outstanding fail when the connection ends
+        self._abandoned = False  # `close`d: the core dropped this source, and its requests with it
 
     @property
     def outstanding(self) -> int:
@@ -69,8 +71,13 @@ class Upstream:
         self._send.send_nowait(fetch)
 
     def close(self) -> None:
-        """Abandon this source (the core gave up on it); outstanding requests are not reported."""
+        """Abandon this source: the core gave up on it (`DropSource`: stalled, slow, or banned)
+        and, as it did, took back every request it had out here and asked for those chunks again
+        (`relay.failures`: `_release_peer`). So none is reported, written or not: a report would
+        tell the core nothing it does not know, and would pass the core's verdict off as ours
+        (`unreachable`: a slow source is alive, a stalled one gets no substitutes)."""
         self.closed = True
+        self._abandoned = True
         self._pending.clear()
         self._scope.cancel()
 
@@ -145,11 +152,15 @@ class Upstream:
             self._buffers.give(buffer)
 
     async def _fail_all(self) -> None:
+        """The connection ended by itself: every request still out, sent or not, fails as
+        `_failure`. Not once the core has dropped us (`close`, maybe while this reports)."""
         pending, self._pending = list(self._pending.values()), {}
         with trio.CancelScope(shield=True):
             for fetch, _ in pending:
+                if self._abandoned:
+                    return
                 await self.role.report_failed(self.peer, fetch, self._failure)
-            while True:  # requests not yet sent fail too
+            while not self._abandoned:  # requests not yet sent fail too
                 try:
                     fetch = self._receive.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from p2pnet.core import Publish, Send
+from p2pnet.core import Emit, Publish, Send
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
 from relay.errors import ManifestRejected
@@ -847,3 +847,26 @@ def test_a_measured_holder_that_left_the_membership_is_no_longer_asked_and_the_v
         t += 0.01
         pending += fetches(c.fetched(t, f.peer, 1, f.index, 0.01))
     assert c.complete_versions() == [1] and holder not in asked
+
+
+def test_no_source_is_dropped_as_stalled_while_the_shell_holds_our_requests_and_the_clock_goes_on_after():
+    """While the shell holds our requests unsent (its dispatcher waits on our disk), no source is
+    judged stalled; afterwards a source's clock goes on from where it was, less the time held."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    asked = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    assert asked and {f.peer for f in asked} == {PUBLISHER.peer_id}
+
+    def stalled_by(t_start: float, t_end: float) -> float | None:
+        """When, ticking every 0.25 s from `t_start`, the publisher is first dropped as stalled."""
+        t = t_start
+        while t <= t_end:
+            if any(isinstance(e, Emit) and isinstance(e.event, SourceDropped) for e in c.on_timer(t, "relay/tick")):
+                return t
+            t += 0.25
+        return None
+
+    c.sending_held(1.0)  # a second after asking: the requests are written, nothing has come back
+    assert stalled_by(1.0, 10.0) is None  # far past stall_timeout_s (2 s): held, nobody is judged
+    c.sending_resumed(10.0)  # 9 s held: the clock goes on from 1 s after the ask
+    assert stalled_by(10.25, 20.0) == 11.25  # 1 s before the hold + 1.25 s after: past 2 s

@@ -1,0 +1,179 @@
+"""The relay role blames a source only for what the source did, in virtual time (MockClock).
+
+A source the transfer core drops (`DropSource`) has its connection closed, and the requests it
+still had out, written or not, are not reported: the core took them back as it dropped it.
+Reporting them (as `unreachable`) passed the core's verdict off as another: a source dropped as
+slow (alive, asked before the origin) was taken out of the core's slow set.
+
+While the role's dispatcher waits on our own disk (here, keeping a manifest), the requests queued
+behind it wait unsent; the core is told, and drops no source as stalled for that time.
+
+The role runs its real core, runner, dispatcher and store (`Harness`); sources answer from the
+publisher's store in their own names at once (`PeerSource`), but for one slow source in the first
+test: a real `relay.upstream.Upstream` over an in-memory connection to a scripted server that takes
+one request at a time (so the rest wait unwritten, as behind a full TCP window) and answers each
+after a while.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import trio
+import trio.testing
+from safetensors.numpy import save_file
+
+from p2pnet.core import Emit
+from p2pnet.dataplane import FrameReader, send_frame
+from relay.effects import DropReason, SourceDropped
+from relay.messages import STATUS_OK, ChunkResponse
+from relay.role import RelayRole, _parse_request
+from relay.upstream import Upstream
+from tests.relay.test_role_fetched_channel import PeerSource
+from tests.relay.test_role_store_faults import (  # noqa: F401 (fixtures)
+    CHUNK, PUBLISHER, Harness, clock, inline_threads)
+
+CHUNKS = 256
+STAMP_S = 1.7e9 + 3  # when version 1 is signed: a plan that suits (`announce_stamped`; at +0, +2 or +7 none of
+# our parents but the origin could be replaced, and none would be dropped as slow)
+MEMBERS = {f"12D3KooWmember{i}": 1e8 for i in range(31)}  # enough that our parents have ancestors or stand-ins
+SLOW_ANSWER_S = 2.0  # virtual: each of the slow source's answers waited this long in its queue
+
+
+class SlowServer:
+    """A source's end of a data connection: reads one request at a time, answers it after
+    `SLOW_ANSWER_S` (saying it queued that long) from the publisher's store. Our writes of the
+    requests it has not read yet wait (a lockstep stream: a full TCP window)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.answered = 0
+
+    async def serve(self, requests: trio.abc.ReceiveStream, answers: trio.abc.SendStream) -> None:
+        reader = FrameReader(requests, max_frame_bytes=4096)
+        while (frame := await reader.frame()) is not None:
+            request, _ = _parse_request(frame)
+            await trio.sleep(SLOW_ANSWER_S)
+            data = self.store.read_chunk(request.version, request.index)
+            await send_frame(answers, ChunkResponse(request.request_id, STATUS_OK, len(data),
+                                                    queued_us=int(SLOW_ANSWER_S * 1e6)).pack())
+            await answers.send_all(data)
+            self.answered += 1
+
+
+class SlowParent:
+    """Which peer is slow: the first member other than the origin that is our parent in a stripe
+    of version 1 and that someone could take over from, chosen when first asked and kept."""
+
+    def __init__(self, h: Harness) -> None:
+        self.h = h
+        self.peer: str | None = None
+        self.stripe = -1
+
+    def __call__(self) -> str:
+        if self.peer is None:
+            core = self.h.role.core
+            v = core._versions[1]
+            self.stripe = next(stripe for stripe, chain in enumerate(v.chains)
+                               if chain[0] != PUBLISHER.peer_id and core._replaceable(0.0, v.plan, stripe, chain[0]))
+            self.peer = v.chains[self.stripe][0]
+        return self.peer
+
+
+async def announce_stamped(h: Harness, version: int, chunks: int) -> None:
+    """Publish `version` at a fixed time and tell the role of it: the same manifest each run, so
+    the same plan (one where our parents have ancestors or stand-ins besides the origin)."""
+    path = h.root / f"v{version}.safetensors"
+    save_file({"w": np.random.default_rng(version).standard_normal(chunks * CHUNK // 4 - 40).astype(np.float32)},
+              str(path))
+    signed = h.origin.publish_files(PUBLISHER, [path], model="m", version=version, previous_version=version - 1,
+                                    chunk_bytes=CHUNK, now_s=STAMP_S)
+    await h.role._command(lambda now: h.role.core.manifest_frame(now, PUBLISHER.peer_id, signed.frame))
+
+
+async def start_with_a_slow_source(h: Harness, nursery: trio.Nursery) -> tuple[SlowServer, SlowParent]:
+    """Start `h`: our parent in one stripe of version 1 (`SlowParent`) is fetched from over a real
+    `Upstream` to a `SlowServer`; every other source answers at once (`PeerSource`)."""
+    role = h.role
+    server, slow = SlowServer(h.origin), SlowParent(h)
+
+    async def open_stream(peer: str) -> trio.abc.Stream:
+        assert peer == slow()
+        to_server, from_us = trio.testing.lockstep_stream_one_way_pair()
+        to_us, from_server = trio.testing.memory_stream_one_way_pair()
+        nursery.start_soon(server.serve, from_us, to_us)
+        return trio.StapledStream(to_server, from_server)
+
+    role.open_stream = open_stream
+    await h.start(nursery)
+    others = PeerSource(role, h.origin, nursery)
+    real = RelayRole._upstream.__get__(role)  # the role's own: one `Upstream` per peer, closed by `DropSource`
+    role._upstream = lambda peer, nursery: real(peer, nursery) if peer == slow() else others
+    await role._command(lambda now: role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+    return server, slow
+
+
+def drops(h: Harness, peer: str) -> list[DropReason]:
+    """Why the core dropped `peer`, in order (its `SourceDropped` events)."""
+    return [e.event.why for e in h.node.carried
+            if isinstance(e, Emit) and isinstance(e.event, SourceDropped) and e.event.peer == peer]
+
+
+async def test_a_source_dropped_as_slow_with_requests_unwritten_stays_slow_and_no_chunk_is_lost(
+        tmp_path, clock, monkeypatch):
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    core = h.role.core
+    # four requests out per (source, stripe): the slow source, our parent in one stripe, has more
+    # out than the one it reads and the one being written, as behind a full TCP window
+    core.config = replace(core.config, window_per_source=4)
+    unwritten_at_close: list[int] = []
+    real_close = Upstream.close
+
+    def close(upstream: Upstream) -> None:
+        unwritten_at_close.append(upstream._receive.statistics().current_buffer_used)
+        real_close(upstream)
+
+    monkeypatch.setattr(Upstream, "close", close)
+    async with trio.open_nursery() as nursery:
+        server, parent = await start_with_a_slow_source(h, nursery)
+        await announce_stamped(h, 1, CHUNKS)
+        slow = parent()
+        await h.until(lambda: h.complete(1), 600)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+
+    assert drops(h, slow) == [DropReason.SLOW]  # dropped as slow, and for nothing else since
+    assert unwritten_at_close and unwritten_at_close[0] > 0  # requests waited unwritten when it was dropped
+    assert server.answered >= 3
+    assert slow in core._slow  # alive: asked before the origin where a stand-in is wanted
+    v = core._versions[1]
+    assert core._instead_of_origin(trio.current_time(), v, parent.stripe, ()) == slow
+    assert all(h.role.store.holds(1, i) for i in range(CHUNKS))
+    assert core.progress(trio.current_time(), 1)["in_flight"] == 0
+
+
+async def test_sources_are_not_dropped_as_stalled_while_our_dispatcher_waits_on_our_disk(tmp_path, clock):
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    stall_s = h.role.core.config.stall_timeout_s
+    real_keep = h.role._keep_manifest
+
+    async def slow_keep(signed) -> None:  # our disk takes its time over the new version's files
+        await trio.sleep(3 * stall_s)
+        await real_keep(signed)
+
+    h.role._keep_manifest = slow_keep
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        h.source = source = PeerSource(h.role, h.origin, nursery)
+        h.role._upstream = lambda peer, nursery: source
+        await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+        await h.announce(1, chunks=64)  # its requests queue behind the manifest being kept
+        took = await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert took >= 3 * stall_s  # (the requests were held that long)
+    dropped = [e.event for e in h.node.carried if isinstance(e, Emit) and isinstance(e.event, SourceDropped)]
+    assert dropped == []
+    assert h.role.core.status(trio.current_time())["excluded"] == []
+    assert sorted(i for _, _, i in source.downloads) == list(range(64))  # each chunk asked once, of whom it was
