@@ -36,6 +36,7 @@ from benchmarks.bench_relay_loopback import cpu_s  # noqa: E402
 from p2pnet.localnet import PeerProcess, peer_id_of, start_peer, wait_for_full_tables  # noqa: E402
 
 SETTLE_S = 3.0
+STATUS_TIMEOUT_S = 60.0  # 27 peers pinned to one core saturate it: a status answer can take many seconds
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def _received(procs: list[PeerProcess]) -> list[tuple[float, int, float | None]]
     """(when, messages received so far, heartbeat spacing) of each peer, from its status."""
     out = []
     for p in procs:
-        status = p.status(30)
+        status = p.status(STATUS_TIMEOUT_S)
         out.append((time.monotonic(), status["messages"]["received"], status.get("heartbeat_interval_s")))
     return out
 
@@ -73,7 +74,7 @@ def idle_round(peers: int, seconds: float, config_extra: str = "") -> IdleRound:
                              bootstrap=[procs[0].addr]) for i in range(1, peers)]
         for p in procs[1:]:
             p.wait_ready(60)
-        wait_for_full_tables(procs, 120)
+        wait_for_full_tables(procs, 600, poll_s=1.0, status_timeout_s=STATUS_TIMEOUT_S)
         time.sleep(SETTLE_S)  # the joins' own gossip settles
         heard_before = _received(procs)
         before = [cpu_s(p.proc.pid) for p in procs]
