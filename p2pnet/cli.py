@@ -392,11 +392,12 @@ def cmd_peer_status(args: argparse.Namespace) -> int:
     for addr in status["addrs"]:
         print(f"  {addr}")
     print(f"data plane {status['data_addr']} (bound {status['data_listen']})  reachable: {reachable}")
-    print(f"{len(status['peers'])} peers known, {len(status['connected'])} connected")
+    print(f"{len(status['peers'])} peers known, {len(status['connected'])} connected, "
+          f"heartbeats every {status['heartbeat_interval_s']:.1f}s")
     for p in status["peers"]:
         print(f"  {p['peer_id']}  roles={','.join(p['roles']) or '-'}  up={p['upload_bps'] / 1e6:.0f}MB/s  "
-              f"data={p['data_addr']}  reachable={p['reachable']}  heard {p['last_heard_s_ago']:.1f}s ago  "
-              f"score={p['score']:.1f}")
+              f"data={p['data_addr']}  reachable={p['reachable']}  heard {p['last_heard_s_ago']:.1f}s ago "
+              f"(every {p['interval_s']:.1f}s, forgotten after {p['horizon_s']:.0f}s)  score={p['score']:.1f}")
     return 0
 
 

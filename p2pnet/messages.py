@@ -15,6 +15,7 @@ HEARTBEAT_TOPIC = "p2pnet/v1/heartbeat"
 MAX_ROLES = 16
 MAX_ADDRS = 16
 MAX_NAME_CHARS = 64
+MAX_HEARTBEAT_INTERVAL_MS = 86_400_000  # a day: the longest spacing a heartbeat may declare
 ROLE_NAMES = ("relay", "worker", "validator", "trainer", "diloco")
 
 
@@ -40,6 +41,10 @@ class Heartbeat:
     `seq` increases with every heartbeat of one run; `started_ms` tells runs apart. `name` is
     an optional display name the operator chose (at most `MAX_NAME_CHARS` printable characters),
     shown beside the peer id and never counted for anything.
+    `interval_ms` is the sender's promise: its next heartbeat comes within this many ms unless it
+    stops (0: not declared; at most `MAX_HEARTBEAT_INTERVAL_MS`). Receivers derive from it how
+    long it may stay silent before they forget it, clamped by their own cap
+    (`p2pnet.peertable`).
     `reachable` is what dial-back checks by other peers found (`p2pnet.reachability`): True
     when others can dial both its data plane and its libp2p address, False when one of them
     cannot be dialled (behind NAT, a firewall), None while unknown. Only reachable peers are
@@ -54,8 +59,11 @@ class Heartbeat:
     capacity: Capacity
     reachable: bool | None = None
     name: str = ""
+    interval_ms: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.interval_ms <= MAX_HEARTBEAT_INTERVAL_MS:
+            raise ValueError(f"interval_ms must be in 0..{MAX_HEARTBEAT_INTERVAL_MS}")
         if len(self.name) > MAX_NAME_CHARS or not self.name.isprintable():
             raise ValueError(f"name must be at most {MAX_NAME_CHARS} printable characters")
         if self.seq < 0:

@@ -262,7 +262,7 @@ class Node:
 
     def set_busy(self, role: str, busy: bool) -> None:
         """`role` moves bulk data now (or no longer): while any role does, the peer table's
-        heartbeats and GossipSub's are spaced further apart (`PeerTableConfig.interval_s`), since
+        heartbeats and GossipSub's are spaced further apart (`PeerTable.spacing_s`), since
         every delivered message costs every peer CPU that the transfer needs."""
         was = bool(self.busy_with)
         (self.busy_with.add if busy else self.busy_with.discard)(role)
@@ -276,7 +276,7 @@ class Node:
         factor = self.peertable.config.busy_heartbeat_factor if now else 1.0  # mesh upkeep: no expiry to respect
         self.host.set_gossip_heartbeat_s(self.config.gossip_heartbeat_s * factor)
         log.info("%s: heartbeats every %.1f s, GossipSub's every %.1f s", "busy" if now else "no longer busy",
-                 self.peertable.config.interval_s(now), self.config.gossip_heartbeat_s * factor)
+                 self.peertable.spacing_s(), self.config.gossip_heartbeat_s * factor)
 
     def on_event(self, listener: Callable[[str, Any], None]) -> None:
         """Call `listener(core_name, event)` for every `Emit` of every core."""
@@ -397,6 +397,7 @@ class Node:
             "data_connections": self.dataplane.connections(),
             "data_refused": dict(self.dataplane.refused),
             "reachable": self.peertable.local.reachable,
+            "heartbeat_interval_s": round(self.peertable.spacing_s(), 3),
             "reachability": self.reachability.status() if self.reachability else None,
             "roles": list(self.config.roles),
             "uptime_s": round(now - self.started_at, 3),

@@ -1,16 +1,40 @@
 """The peer table: who is out there, how to reach them, what they offer, and how much we trust them.
 
-A pure core (see `p2pnet.core`). It publishes this peer's signed heartbeat every
-`heartbeat_interval_s`, learns other peers from theirs, asks the world to connect to newly
-learned peers while it has fewer than `target_connections`, forgets peers silent for longer than
-`expiry_s`, and keeps a score per peer: every rejected message costs `reject_penalty`, and a peer
-whose score falls to `ban_score` is dropped and ignored for `ban_s`.
+A pure core (see `p2pnet.core`). It publishes this peer's signed heartbeat, learns other peers
+from theirs, asks the world to connect to newly learned peers while it has fewer than
+`target_connections`, forgets peers that stay silent past their horizon (below), and keeps a
+score per peer: every rejected message costs `reject_penalty`, and a peer whose score falls to
+`ban_score` is dropped and ignored for `ban_s`.
+
+Theory of operation: heartbeat spacing. Every peer hears (a few copies of) every other peer's
+heartbeats, and each delivered one costs it CPU (py-libp2p: about 1-10 ms, measured). With a
+fixed spacing each peer's cost grows with the network and the network's with its square: a few
+hundred peers would spend whole cores saying they are alive. So each peer spaces its heartbeats
+by the size of its own table: with `n` other peers known, the base interval is
+`(n + 1) / max_heard_per_s`, never below `heartbeat_interval_s` and never above
+`max_interval_s`. If every peer does the same (their tables are about the same size), each hears
+at most `max_heard_per_s` heartbeats a second, times the copies GossipSub delivers of each, however
+large the network; up to `max_heard_per_s * heartbeat_interval_s - 1` other peers (9 by default)
+nothing changes. Past `max_interval_s * max_heard_per_s` peers (600 by default) the cap holds and
+the cost grows again, slowly.
+
+The price is paid in time. Every heartbeat declares its sender's spacing (`Heartbeat.interval_ms`:
+the interval of the timer set when it was published), and a receiver forgets a peer only after
+`horizon = max(expiry_s, expiry_s / heartbeat_interval_s * min(declared, max_interval_s))` of
+silence: as many of the sender's own intervals as `expiry_s` allows at the base spacing (5 by
+default), so a dead peer leaves tables after up to its horizon (5 x 120 s = 10 min at the cap),
+and a newcomer hears of each peer within that peer's interval (its own first heartbeats are
+frequent, its table being small). The declared interval is clamped by the receiver's
+`max_interval_s`, so no peer can buy itself a longer horizon than the cap, and an undeclared one
+(0, from older peers) gets `expiry_s`. Expiry is checked every `heartbeat_interval_s` (a timer of
+its own), however far apart our own heartbeats are.
 
 While a role moves bulk data (`set_busy`: a checkpoint transfer), heartbeats are
-`busy_heartbeat_factor` times further apart, but never more than `expiry_s / 3` (so one lost
-heartbeat expires nobody), counted from the last one sent (the one already due moves too).
-Every delivered heartbeat costs every peer CPU (py-libp2p: about 9 ms each, measured), which a
-transfer on a CPU-bound machine would otherwise share with it.
+`busy_heartbeat_factor` times further apart than the base interval, but never more than a third of
+the horizon that base interval gives the receivers (so one lost heartbeat expires nobody),
+counted from the last one sent (the one already due moves too; it is the one spacing that can
+exceed what the last heartbeat declared, and stays within a third of that horizon). A transfer on
+a CPU-bound machine would otherwise share its CPU with the heartbeats.
 
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
 than the last one taken from that peer.
@@ -34,10 +58,11 @@ from typing import Any
 from p2pnet.config import validated
 from p2pnet.core import Connect, Effect, Emit, Publish, SetTimer
 from p2pnet.errors import MessageRejected, StaleMessage
-from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
+from p2pnet.messages import HEARTBEAT_TOPIC, MAX_HEARTBEAT_INTERVAL_MS, Capacity, Heartbeat
 from p2pnet.wire import Envelope
 
-TIMER_HEARTBEAT = "peertable/heartbeat"
+TIMER_HEARTBEAT = "peertable/heartbeat"  # publish our next heartbeat
+TIMER_EXPIRE = "peertable/expire"  # forget peers silent past their horizon (every heartbeat_interval_s)
 
 
 @validated
@@ -50,6 +75,8 @@ class PeerTableConfig:
     ban_score: float = -10.0
     ban_s: float = 600.0
     busy_heartbeat_factor: float = 3.0
+    max_heard_per_s: float = 5.0
+    max_interval_s: float = 120.0
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -65,14 +92,32 @@ class PeerTableConfig:
             problems["ban_score"] = "must be < 0"
         if not self.busy_heartbeat_factor >= 1:
             problems["busy_heartbeat_factor"] = "must be >= 1 (1: the same interval while busy)"
+        if not self.max_heard_per_s > 0:
+            problems["max_heard_per_s"] = "must be > 0"
+        if not self.max_interval_s >= self.heartbeat_interval_s:
+            problems["max_interval_s"] = "must be >= heartbeat_interval_s"
+        elif self.max_interval_s * 1000 > MAX_HEARTBEAT_INTERVAL_MS:
+            problems["max_interval_s"] = f"must be <= {MAX_HEARTBEAT_INTERVAL_MS // 1000} (a heartbeat's longest)"
         return problems
 
-    def interval_s(self, busy: bool) -> float:
-        """Seconds between two of our heartbeats, while busy or not."""
+    def base_interval_s(self, peers_known: int) -> float:
+        """Seconds between two of our heartbeats while not busy, with `peers_known` other peers in our
+        table: if every peer spaced its own so, each would hear at most `max_heard_per_s` a second."""
+        return min(max((peers_known + 1) / self.max_heard_per_s, self.heartbeat_interval_s), self.max_interval_s)
+
+    def horizon_s(self, declared_s: float) -> float:
+        """Silence after which a peer whose heartbeat declared `declared_s` between two heartbeats
+        (0: undeclared) is forgotten: `expiry_s` at the base spacing, the same number of its own
+        intervals when it declares more, its declaration clamped to `max_interval_s`."""
+        return max(self.expiry_s, self.expiry_s / self.heartbeat_interval_s * min(declared_s, self.max_interval_s))
+
+    def interval_s(self, busy: bool, peers_known: int = 0) -> float:
+        """Seconds between two of our heartbeats, while busy or not, with `peers_known` other peers
+        in our table. Busy spacing stays within a third of the horizon the base spacing gives."""
+        base = self.base_interval_s(peers_known)
         if not busy:
-            return self.heartbeat_interval_s
-        return max(self.heartbeat_interval_s, min(self.heartbeat_interval_s * self.busy_heartbeat_factor,
-                                                  self.expiry_s / 3))
+            return base
+        return max(base, min(base * self.busy_heartbeat_factor, self.horizon_s(base) / 3))
 
 
 @dataclass(frozen=True)
@@ -99,6 +144,8 @@ class PeerEntry:
     first_seen: float
     last_heard: float
     score: float
+    interval_s: float  # the spacing its last heartbeat declared (0: undeclared)
+    horizon_s: float  # forgotten after this long silent (`PeerTableConfig.horizon_s` of the above)
     reachable: bool | None = None
     name: str = ""  # the display name it chose (shown, never trusted)
 
@@ -119,6 +166,8 @@ class PeerEntry:
             "reachable": self.reachable,
             "name": self.name,
             "last_heard_s_ago": round(now - self.last_heard, 3),
+            "interval_s": self.interval_s,
+            "horizon_s": self.horizon_s,
             "score": self.score,
         }
 
@@ -131,7 +180,7 @@ class PeerJoined:
 class LeftBecause(enum.StrEnum):
     """Why a peer left our table (`PeerLeft.why`)."""
 
-    EXPIRED = "expired"  # no heartbeat from it within `expiry_s`
+    EXPIRED = "expired"  # no heartbeat from it within its horizon (`PeerEntry.horizon_s`)
     BANNED = "banned"  # its score fell to `ban_score`: what it sent us was rejected too often
 
 
@@ -168,17 +217,20 @@ class PeerTable:
         self._connect_asked: set[str] = set()
         self.busy = False
         self._beat_at: float | None = None  # when our last heartbeat was published
+        self._beat_peers = 0  # peers in our table then: the spacing it declared counts them
         self.clock_skew = ClockSkew()
 
     # -- inputs ---------------------------------------------------------------------------
 
     def start(self, now: float) -> list[Effect]:
-        return self._heartbeat(now)
+        return self._heartbeat(now) + [SetTimer(now + self.config.heartbeat_interval_s, TIMER_EXPIRE)]
 
     def on_timer(self, now: float, key: str) -> list[Effect]:
-        if key != TIMER_HEARTBEAT:
-            return []
-        return self._expire(now) + self._heartbeat(now)
+        if key == TIMER_HEARTBEAT:
+            return self._heartbeat(now)
+        if key == TIMER_EXPIRE:
+            return self._expire(now) + [SetTimer(now + self.config.heartbeat_interval_s, TIMER_EXPIRE)]
+        return []
 
     def on_message(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
         beat = envelope.body
@@ -188,6 +240,7 @@ class PeerTable:
         known = self._peers.get(peer)
         if known is not None and (beat.started_ms, beat.seq) <= (known.started_ms, known.seq):
             return []  # a replay or a reordered old heartbeat
+        declared_s = beat.interval_ms / 1000
         entry = PeerEntry(
             peer_id=peer,
             addrs=beat.addrs,
@@ -199,6 +252,8 @@ class PeerTable:
             first_seen=known.first_seen if known else now,
             last_heard=now,
             score=self._scores.get(peer, 0.0),
+            interval_s=declared_s,
+            horizon_s=self.config.horizon_s(declared_s),
             reachable=beat.reachable,
             name=beat.name,
         )
@@ -257,12 +312,17 @@ class PeerTable:
         return [e for e in self.peers() if role in e.roles]
 
     def set_busy(self, busy: bool) -> list[Effect]:
-        """Whether a role moves bulk data now: heartbeats are spaced by `config.interval_s(busy)`
-        from the last one sent, so the heartbeat already due moves too (the returned timer)."""
+        """Whether a role moves bulk data now: heartbeats are spaced by `spacing_s()` from the last
+        one sent, so the heartbeat already due moves too (the returned timer)."""
         self.busy = busy
         if self._beat_at is None:
             return []
-        return [SetTimer(self._beat_at + self.config.interval_s(busy), TIMER_HEARTBEAT)]
+        return [SetTimer(self._beat_at + self.spacing_s(), TIMER_HEARTBEAT)]
+
+    def spacing_s(self) -> float:
+        """Seconds from our last heartbeat to the next: busy or not, for the table as it was when
+        the last one was published (what it declared, unless `set_busy` changed since)."""
+        return self.config.interval_s(self.busy, self._beat_peers)
 
     def set_local(self, local: LocalInfo) -> None:
         """Change what this peer advertises from its next heartbeat on."""
@@ -273,6 +333,8 @@ class PeerTable:
     def _heartbeat(self, now: float) -> list[Effect]:
         self._seq += 1
         self._beat_at = now
+        self._beat_peers = len(self._peers)
+        spacing_s = self.spacing_s()
         beat = Heartbeat(
             seq=self._seq,
             started_ms=self.started_ms,
@@ -282,15 +344,12 @@ class PeerTable:
             capacity=self.local.capacity,
             reachable=self.local.reachable,
             name=self.local.name,
+            interval_ms=math.ceil(spacing_s * 1000),
         )
-        return [
-            Publish(HEARTBEAT_TOPIC, beat),
-            SetTimer(now + self.config.interval_s(self.busy), TIMER_HEARTBEAT),
-        ]
+        return [Publish(HEARTBEAT_TOPIC, beat), SetTimer(now + spacing_s, TIMER_HEARTBEAT)]
 
     def _expire(self, now: float) -> list[Effect]:
-        horizon = now - self.config.expiry_s
-        gone = [p for p, e in self._peers.items() if e.last_heard < horizon]
+        gone = [p for p, e in self._peers.items() if now - e.last_heard > e.horizon_s]
         for peer in gone:
             del self._peers[peer]
             self._connect_asked.discard(peer)

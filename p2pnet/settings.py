@@ -75,14 +75,25 @@ DESCRIPTIONS: dict[str, str] = {
     "peer.bootstrap_backoff_max_s": "longest wait between two dials of the bootstrap peers",
     "peer.reachability_interval_s": "how often connected peers are asked to dial us back",
     "relay.tree_fanout": "children per peer when layout is tree",
-    "peertable.heartbeat_interval_s": "seconds between two signed heartbeats",
-    "peertable.expiry_s": "a peer silent this long is forgotten (must exceed heartbeat_interval_s)",
+    "peertable.heartbeat_interval_s": ("seconds between two signed heartbeats in a small network (the shortest "
+                                       "spacing; with more peers known, see max_heard_per_s); peers silent past "
+                                       "their horizon are looked for this often"),
+    "peertable.expiry_s": ("a peer silent this long is forgotten (must exceed heartbeat_interval_s); one whose "
+                           "heartbeats declare a longer spacing, after as many of its own intervals "
+                           "(expiry_s / heartbeat_interval_s), counting at most max_interval_s each"),
     "peertable.target_connections": "connections kept open to other peers",
     "peertable.reject_penalty": "score lost for each rejected message",
     "peertable.ban_score": "a peer whose score falls to this is banned",
     "peertable.ban_s": "how long a ban lasts",
     "peertable.busy_heartbeat_factor": ("while this peer moves checkpoint chunks, its and GossipSub's heartbeats "
-                                        "are this many times further apart (its own at most expiry_s / 3); 1: no change"),
+                                        "are this many times further apart (its own at most a third of the silence "
+                                        "after which others forget it); 1: no change"),
+    "peertable.max_heard_per_s": ("heartbeats are spaced (peers known + 1) / this seconds apart (within "
+                                  "heartbeat_interval_s and max_interval_s), so that each peer hears about this "
+                                  "many a second (times GossipSub's copies) however large the network"),
+    "peertable.max_interval_s": ("the longest spacing of heartbeats, and the most another peer's declared spacing "
+                                 "counts for (a dead peer is forgotten after up to expiry_s / heartbeat_interval_s "
+                                 "times this); use one value across a network"),
     "validator.model_path": "model folder serving every policy version (or set checkpoint_dir)",
     "validator.checkpoint_dir": "folder of v{version}/ model folders (the trainer's layout)",
     "validator.model_cache": "model versions kept loaded at once",

@@ -16,7 +16,7 @@ from p2pnet.core import Emit
 from p2pnet.identity import Identity
 from p2pnet.messages import Capacity, Heartbeat
 from p2pnet.node import Node, PeerNews
-from p2pnet.peertable import (TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable,
+from p2pnet.peertable import (TIMER_EXPIRE, LeftBecause, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable,
                               PeerTableConfig)
 from p2pnet.wire import Envelope
 
@@ -46,7 +46,7 @@ class Peer:
             self.carry_out("peertable", effect)
 
     def tick(self) -> None:
-        for effect in self.peertable.on_timer(trio.current_time(), TIMER_HEARTBEAT):
+        for effect in self.peertable.on_timer(trio.current_time(), TIMER_EXPIRE):
             self.carry_out("peertable", effect)
 
     def bob(self) -> str | None:
@@ -81,7 +81,7 @@ async def test_it_wakes_on_a_join_on_a_changed_data_address_and_on_a_leave(clock
     got.clear()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_when, peer, lambda: peer.bob() is None, 60.0, got)
-        await trio.sleep(10.0)  # BOB falls silent; the table expires it at its next heartbeat timer
+        await trio.sleep(10.0)  # BOB falls silent; the table expires it at its next expiry timer
         peer.tick()
     assert got == [(True, pytest.approx(12.5))]
     assert peer.peer_news.changes == 3  # the join, the address, the leave

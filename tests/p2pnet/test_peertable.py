@@ -1,9 +1,13 @@
 """The peer table core, fed by hand: no clock, no network."""
 
+import pytest
+
 from p2pnet.core import Connect, Emit, Publish, SetTimer
+from p2pnet.errors import ConfigError
 from p2pnet.identity import Identity
 from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
-from p2pnet.peertable import TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
+from p2pnet.peertable import (TIMER_EXPIRE, TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined, PeerLeft, PeerTable,
+                              PeerTableConfig)
 from p2pnet.wire import Envelope
 
 ME = Identity.from_seed_text("me").peer_id
@@ -15,8 +19,9 @@ def table(**kw) -> PeerTable:
     return PeerTable(PeerTableConfig(heartbeat_interval_s=1.0, expiry_s=3.0, **kw), ME, LOCAL, started_ms=100)
 
 
-def beat_from(peer: str, seq: int, started_ms: int = 7) -> Envelope:
-    body = Heartbeat(seq, started_ms, ("/ip4/127.0.0.1/tcp/2/p2p/x",), "127.0.0.1:8", ("worker",), Capacity(5, 6, 7))
+def beat_from(peer: str, seq: int, started_ms: int = 7, interval_ms: int = 0) -> Envelope:
+    body = Heartbeat(seq, started_ms, ("/ip4/127.0.0.1/tcp/2/p2p/x",), "127.0.0.1:8", ("worker",), Capacity(5, 6, 7),
+                     interval_ms=interval_ms)
     return Envelope("heartbeat", peer, b"", 0, body, 100)
 
 
@@ -25,6 +30,121 @@ def test_start_publishes_a_heartbeat_and_schedules_the_next():
     assert isinstance(effects[0], Publish) and effects[0].topic == HEARTBEAT_TOPIC
     assert effects[0].body.roles == ("relay",) and effects[0].body.seq == 1
     assert effects[1] == SetTimer(11.0, TIMER_HEARTBEAT)
+    assert effects[2] == SetTimer(11.0, TIMER_EXPIRE)
+
+
+def filled(t: PeerTable, others: int, now: float = 0.0, interval_ms: int = 0) -> PeerTable:
+    """`t` after hearing one heartbeat (declaring `interval_ms`) from each of `others` peers at `now`."""
+    for i in range(others):
+        t.on_message(now, beat_from(f"peer-{i}", 1, interval_ms=interval_ms))
+    return t
+
+
+def next_beat(t: PeerTable, now: float) -> tuple[int, float]:
+    """(the interval our heartbeat at `now` declares in ms, when the timer it sets fires)."""
+    publish, timer = t.on_timer(now, TIMER_HEARTBEAT)
+    assert isinstance(publish, Publish) and timer.key == TIMER_HEARTBEAT
+    return publish.body.interval_ms, timer.at
+
+
+def test_a_small_table_keeps_the_base_spacing_and_declares_it():
+    t = filled(PeerTable(PeerTableConfig(), ME, LOCAL, started_ms=100), 9)  # defaults: 2 s, 5 heard a second
+    assert t.start(0.0)[0].body.interval_ms == 2000
+    assert next_beat(t, 2.0) == (2000, 4.0)
+    t.on_message(3.0, beat_from("peer-10", 1))  # a tenth other peer: 11 / 5 = 2.2 s
+    assert next_beat(t, 4.0) == (2200, 4.0 + 2.2)
+
+
+def test_the_spacing_grows_with_the_table_and_is_capped():
+    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, max_heard_per_s=5.0, max_interval_s=30.0)
+    t = PeerTable(config, ME, LOCAL, started_ms=100)
+    t.start(0.0)
+    spacing = []
+    for others in (49, 99, 149, 500):
+        filled(t, others)
+        declared_ms, at = next_beat(t, 1.0)
+        assert declared_ms == round((at - 1.0) * 1000)  # what it declares is the timer it sets
+        spacing.append(at - 1.0)
+    assert spacing == pytest.approx([10.0, 20.0, 30.0, 30.0])
+    assert [config.base_interval_s(n) for n in (0, 9, 24, 10_000)] == [2.0, 2.0, 5.0, 30.0]
+
+
+def test_a_peer_that_declares_a_long_interval_is_kept_until_its_horizon():
+    t = PeerTable(PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, max_interval_s=120.0), ME, LOCAL,
+                  started_ms=100)
+    t.on_message(0.0, beat_from(BOB, 1, interval_ms=60_000))  # horizon 10 / 2 x 60 = 300 s
+    assert t.get(BOB).interval_s == 60.0 and t.get(BOB).horizon_s == 300.0
+    assert t.get(BOB).to_json(5.0)["horizon_s"] == 300.0
+    assert t.on_timer(299.0, TIMER_EXPIRE) == [SetTimer(301.0, TIMER_EXPIRE)] and t.get(BOB) is not None
+    assert Emit(PeerLeft(BOB, LeftBecause.EXPIRED)) in t.on_timer(301.0, TIMER_EXPIRE) and t.get(BOB) is None
+
+
+def test_a_declared_interval_above_the_cap_buys_no_more_than_the_cap():
+    t = PeerTable(PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, max_interval_s=120.0), ME, LOCAL,
+                  started_ms=100)
+    t.on_message(0.0, beat_from(BOB, 1, interval_ms=86_400_000))  # claims a day between heartbeats
+    assert t.get(BOB).horizon_s == 600.0  # 5 x 120 s
+    t.on_timer(599.0, TIMER_EXPIRE)
+    assert t.get(BOB) is not None
+    assert Emit(PeerLeft(BOB, LeftBecause.EXPIRED)) in t.on_timer(601.0, TIMER_EXPIRE)
+
+
+def test_an_undeclared_interval_gets_our_expiry():
+    t = PeerTable(PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0), ME, LOCAL, started_ms=100)
+    t.on_message(0.0, beat_from(BOB, 1, interval_ms=60_000))
+    t.on_message(1.0, beat_from(BOB, 2))  # an older peer's heartbeat, or one that stopped declaring
+    assert t.get(BOB).interval_s == 0.0 and t.get(BOB).horizon_s == 10.0
+    t.on_timer(10.5, TIMER_EXPIRE)
+    assert t.get(BOB) is not None
+    assert Emit(PeerLeft(BOB, LeftBecause.EXPIRED)) in t.on_timer(11.5, TIMER_EXPIRE)
+
+
+def test_expiry_is_checked_every_base_interval_however_far_apart_our_heartbeats_are():
+    t = PeerTable(PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0), ME, LOCAL, started_ms=100)
+    filled(t, 99, interval_ms=20_000)  # a table of 100 peers, each 20 s apart (so kept for 100 s)
+    assert t.start(0.0)[1:] == [SetTimer(20.0, TIMER_HEARTBEAT), SetTimer(2.0, TIMER_EXPIRE)]
+    t.on_message(1.0, beat_from(BOB, 1))
+    assert t.on_timer(10.5, TIMER_EXPIRE) == [SetTimer(12.5, TIMER_EXPIRE)]  # nothing published on this timer
+    assert Emit(PeerLeft(BOB, LeftBecause.EXPIRED)) in t.on_timer(12.5, TIMER_EXPIRE)  # long before our next beat
+
+
+@pytest.mark.parametrize("others", [0, 9, 30, 99, 599, 5000])
+@pytest.mark.parametrize("factor", [1.0, 3.0, 10.0, 1000.0])
+def test_busy_spacing_never_exceeds_a_third_of_the_horizon_its_receivers_allow(others, factor):
+    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=factor)
+    t = filled(PeerTable(config, ME, LOCAL, started_ms=100), others)
+    idle_ms, _ = next_beat(t, 0.0)
+    t.set_busy(True)
+    busy_ms, _ = next_beat(t, 1.0)
+    horizon_s = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0).horizon_s(idle_ms / 1000)
+    assert idle_ms <= busy_ms <= horizon_s / 3 * 1000 + 1  # + 1: declared in whole ms, rounded up
+    assert busy_ms == pytest.approx(min(idle_ms * factor, horizon_s / 3 * 1000), abs=1)
+
+
+def test_busy_spacing_grows_with_the_table():
+    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=3.0)
+    assert [config.interval_s(True, n) for n in (0, 99, 10_000)] == pytest.approx([10 / 3, 100 / 3, 200.0])
+
+
+def test_going_busy_moves_the_due_heartbeat_within_a_third_of_the_horizon_it_declared():
+    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=10.0)
+    t = filled(PeerTable(config, ME, LOCAL, started_ms=100), 199)  # 200 / 5 = 40 s
+    declared_ms, at = next_beat(t, 0.0)
+    assert (declared_ms, at) == (40_000, 40.0)
+    filled(t, 400, now=1.0)  # the table grew since: the heartbeat due was spaced for the old one
+    assert t.set_busy(True) == [SetTimer(config.horizon_s(40.0) / 3, TIMER_HEARTBEAT)]  # 200 / 3 s
+    assert t.set_busy(False) == [SetTimer(40.0, TIMER_HEARTBEAT)]  # what it declared
+
+
+def test_the_new_settings_and_the_declared_interval_are_checked():
+    with pytest.raises(ConfigError, match="max_heard_per_s"):
+        PeerTableConfig(max_heard_per_s=0.0)
+    with pytest.raises(ConfigError, match="max_interval_s"):
+        PeerTableConfig(heartbeat_interval_s=2.0, max_interval_s=1.0)
+    with pytest.raises(ValueError, match="interval_ms"):
+        Heartbeat(1, 1, (), "x:1", (), Capacity(0, 0, 0), interval_ms=-1)
+    with pytest.raises(ValueError, match="interval_ms"):
+        Heartbeat(1, 1, (), "x:1", (), Capacity(0, 0, 0), interval_ms=86_400_001)
 
 
 
@@ -73,8 +193,9 @@ def test_replayed_heartbeats_do_not_refresh_a_peer():
 def test_silent_peers_expire():
     t = table()
     t.on_message(1.0, beat_from(BOB, 1))
-    assert t.on_timer(3.5, TIMER_HEARTBEAT)[0:0] == [] and t.get(BOB) is not None
-    effects = t.on_timer(4.5, TIMER_HEARTBEAT)
+    t.on_timer(3.5, TIMER_EXPIRE)
+    assert t.get(BOB) is not None
+    effects = t.on_timer(4.5, TIMER_EXPIRE)
     assert Emit(PeerLeft(BOB, LeftBecause.EXPIRED)) in effects and t.get(BOB) is None
 
 
