@@ -11,7 +11,8 @@ connection reads on. A connection that ends inside a chunk (a killed peer) fails
 still outstanding as `unreachable`, never as a short chunk; a source that closes the connection
 after our hello (it has not heard our heartbeat yet) fails them as `not_admitted`; a source that answers a request we
 never sent, or with the wrong length, broke the protocol and is reported `corrupt`. A source the
-core dropped (`close`) reports nothing: the core took its requests back as it dropped it.
+core dropped (`close`) reports no failure: the core took its requests back as it dropped it (a
+chunk received whole by then is still stored and told, and its buffer given back).
 
 This module must not touch the store or the transfer core directly: it reports to the role.
 """
@@ -121,6 +122,8 @@ class Upstream:
             header = ChunkResponse.unpack(await read_frame(reader))
             entry = self._pending.get(header.request_id)
             if entry is None:
+                if self._abandoned:  # `close` emptied `_pending` since this read began: no fault of the source's
+                    return
                 raise _CorruptSource(f"answer to request {header.request_id}, which we never sent")
             fetch, _ = entry
             if header.status != STATUS_OK:
@@ -138,7 +141,10 @@ class Upstream:
             except BaseException:
                 self._buffers.give(buffer)
                 raise
-            del self._pending[header.request_id]
+            # (not there if `close` ran while this task was woken and not yet run: nothing in between
+            # checks for cancellation. The chunk is whole, and is kept like any received before the
+            # drop; the buffer goes back with the report)
+            self._pending.pop(header.request_id, None)
             # hash and store it while we read on
             # the source's queue counts (it told us how long we waited for its upload); its long
             # poll, waiting for the chunk itself, does not

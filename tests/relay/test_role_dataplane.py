@@ -163,6 +163,82 @@ async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_
     assert role.told == [("penalised", claimed), (FetchFailure.UNREACHABLE, 0)]
 
 
+
+class InMemoryRole(FakeRole):
+    """A `FakeRole` whose data connection is in memory (the test reads our requests from
+    `requests` and puts the source's answers into `answers`), with one chunk buffer."""
+
+    def __init__(self) -> None:
+        super().__init__("unused")
+        self.buffers = Buffers(1)
+        self.requests, self.answers = trio.testing.MemorySendStream(), trio.testing.MemoryReceiveStream()
+
+    async def open_stream(self, peer: str) -> trio.abc.Stream:
+        return trio.StapledStream(self.requests, self.answers)
+
+    async def request(self) -> ChunkRequest:
+        """The one request the upstream has written by now."""
+        await trio.testing.wait_all_tasks_blocked()
+        frame = self.requests.get_data_nowait()
+        return _parse_request(frame[4:])[0]  # (after the frame's length)
+
+    @staticmethod
+    def answer(request: ChunkRequest, chunk: bytes) -> bytes:
+        """A source's whole answer to `request`: the header frame, then the chunk."""
+        header = ChunkResponse(request.request_id, STATUS_OK, len(chunk)).pack()
+        return len(header).to_bytes(4, "big") + header + chunk
+
+
+async def run_until_closed(upstream: Upstream, nursery: trio.Nursery) -> trio.Event:
+    ended = trio.Event()
+
+    async def run() -> None:
+        await upstream.run()
+        ended.set()
+
+    nursery.start_soon(run)
+    return ended
+
+
+async def test_a_source_dropped_as_its_answer_comes_in_gives_its_buffer_back_and_keeps_the_chunk():
+    """The core drops a source (`close`) while the upstream, its answer whole, is about to take it
+    in (woken, not yet run: a buffer just came back). The upstream gives the buffer back (the
+    buffers are shared by every upstream: one lost for each such drop, and after `STORING_CHUNKS`
+    of them nothing is fetched any more) and fails with nothing of its own; the chunk, received
+    whole, is stored and told, as one received before the drop is; nothing is reported failed."""
+    role = InMemoryRole()
+    lent = await role.buffers.take(1000)  # every buffer is storing a chunk: the upstream waits for one
+    upstream = Upstream(role, SOURCE.peer_id)
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+    async with trio.open_nursery() as nursery:
+        ended = await run_until_closed(upstream, nursery)
+        role.answers.put_data(role.answer(await role.request(), b"z" * 1000))  # read in one go
+        await trio.testing.wait_all_tasks_blocked()
+        assert upstream.outstanding == 1  # the header is in; the upstream waits for a buffer
+        role.buffers.give(lent)  # a buffer comes back (the upstream is woken) ...
+        upstream.close()  # ... and the core drops the source before the upstream runs again
+        with trio.fail_after(5):
+            await ended.wait()
+            await role.buffers.take(1000)  # the buffer is lendable again
+    assert role.told == [("fetched", 0, 1000)]
+
+
+async def test_a_source_dropped_as_an_answer_comes_in_is_not_said_to_break_the_protocol(caplog):
+    """The core drops a source (`close`) while the upstream is woken by an answer's header and not
+    yet run: the request is no longer ours, but we did send it; the source broke nothing."""
+    role = InMemoryRole()
+    upstream = Upstream(role, SOURCE.peer_id)
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+    async with trio.open_nursery() as nursery:
+        ended = await run_until_closed(upstream, nursery)
+        role.answers.put_data(role.answer(await role.request(), b"z" * 1000))  # (the upstream is woken) ...
+        upstream.close()  # ... and the core drops the source before it runs again
+        with trio.fail_after(5):
+            await ended.wait()
+    assert not [r for r in caplog.records if "broke the chunk protocol" in r.getMessage()]
+    assert role.told == []
+
+
 def test_upload_slots_go_to_urgent_requests_first():
     core = ServingCore(ServingConfig(slots=1))
     assert core.ask(0.0, "first", "a", 1, 0, False, held=True) == [Serve("first")]

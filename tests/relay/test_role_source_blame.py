@@ -5,8 +5,10 @@ still had out, written or not, are not reported: the core took them back as it d
 Reporting them (as `unreachable`) passed the core's verdict off as another: a source dropped as
 slow (alive, asked before the origin) was taken out of the core's slow set.
 
-While the role's dispatcher waits on our own disk (here, keeping a manifest), the requests queued
-behind it wait unsent; the core is told, and drops no source as stalled for that time.
+While the role's dispatcher waits on our own disk (keeping a manifest, collecting old versions,
+asking a full store for room), the requests queued behind it wait unsent; the core is told, and
+drops no source as stalled for that time, and a source that really stalls is still dropped once
+the wait is over, a stall later.
 
 The role runs its real core, runner, dispatcher and store (`Harness`); sources answer from the
 publisher's store in their own names at once (`PeerSource`), but for one slow source in the first
@@ -114,6 +116,15 @@ async def start_with_a_slow_source(h: Harness, nursery: trio.Nursery) -> tuple[S
     return server, slow
 
 
+async def start_with_members(h: Harness, nursery: trio.Nursery, kind: type[PeerSource] = PeerSource) -> PeerSource:
+    """Start `h` with `MEMBERS`; every source answers in its own name (`kind`: at once, `PeerSource`)."""
+    await h.start(nursery)
+    h.source = source = kind(h.role, h.origin, nursery)
+    h.role._upstream = lambda peer, nursery: source
+    await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+    return source
+
+
 def drops(h: Harness, peer: str) -> list[DropReason]:
     """Why the core dropped `peer`, in order (its `SourceDropped` events)."""
     return [e.event.why for e in h.node.carried
@@ -164,10 +175,7 @@ async def test_sources_are_not_dropped_as_stalled_while_our_dispatcher_waits_on_
 
     h.role._keep_manifest = slow_keep
     async with trio.open_nursery() as nursery:
-        await h.start(nursery)
-        h.source = source = PeerSource(h.role, h.origin, nursery)
-        h.role._upstream = lambda peer, nursery: source
-        await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+        source = await start_with_members(h, nursery)
         await h.announce(1, chunks=64)  # its requests queue behind the manifest being kept
         took = await h.until(lambda: h.complete(1), 600)
         nursery.cancel_scope.cancel()
@@ -177,3 +185,112 @@ async def test_sources_are_not_dropped_as_stalled_while_our_dispatcher_waits_on_
     assert dropped == []
     assert h.role.core.status(trio.current_time())["excluded"] == []
     assert sorted(i for _, _, i in source.downloads) == list(range(64))  # each chunk asked once, of whom it was
+
+
+def stall_drops(h: Harness) -> list[SourceDropped]:
+    return [e.event for e in h.node.carried
+            if isinstance(e, Emit) and isinstance(e.event, SourceDropped) and e.event.why is DropReason.STALLED]
+
+
+async def test_sources_are_not_dropped_as_stalled_while_our_dispatcher_collects_old_versions(tmp_path, clock):
+    """The requests for a new version queue behind the collection the last completed version
+    started (our disk): nobody is blamed for that wait."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    stall_s = h.role.core.config.stall_timeout_s
+    real_collect, collecting = h.role._collect, trio.Event()
+
+    async def slow_collect() -> None:  # our disk takes its time deleting what is no longer kept
+        collecting.set()
+        await trio.sleep(3 * stall_s)
+        await real_collect()
+
+    h.role._collect = slow_collect
+    async with trio.open_nursery() as nursery:
+        source = await start_with_members(h, nursery)
+        await h.announce(1, chunks=16)
+        await collecting.wait()  # version 1 is complete; its collection runs
+        await h.announce(2, chunks=64)  # its requests queue behind the collection
+        took = await h.until(lambda: h.complete(2), 600)
+        nursery.cancel_scope.cancel()
+
+    assert took >= 2 * stall_s  # (the requests were held that long)
+    assert stall_drops(h) == [] and h.role.core.status(trio.current_time())["excluded"] == []
+    assert sorted(i for _, v, i in source.downloads if v == 2) == list(range(64))  # each chunk asked once
+
+
+async def test_sources_are_not_dropped_as_stalled_while_a_full_store_is_asked_for_room(tmp_path, clock):
+    """At the end of a full store's hold, the first request asks the store for room (our disk)
+    before it is sent; the requests queued behind that question are not judged stalled."""
+    h = Harness(tmp_path, budget_bytes=3 * CHUNK)
+    stall_s = h.role.core.config.stall_timeout_s
+    real_probe, probed = h.role._no_room_for, []
+
+    async def slow_probe(nbytes: int):
+        if trio.current_time() >= h.role.backoff.until and not probed:  # the store is asked (not a request
+            probed.append(trio.current_time())                          # issued just before the hold)
+            await trio.sleep(3 * stall_s)
+        return await real_probe(nbytes)
+
+    h.role._no_room_for = slow_probe
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        await h.announce(1)
+        await h.until(lambda: h.role.backoff.active, 5)
+        h.role.store.budget_bytes = 10**9  # space returns: the probe will find room
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert probed  # (the probe was slow)
+    assert stall_drops(h) == [] and h.role.core.status(trio.current_time())["excluded"] == []
+
+
+class HangingSource(PeerSource):
+    """A `PeerSource` but for one peer (the first other than the publisher asked for a chunk of
+    version 2), which never answers for version 2: a source that really stalls."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.hung: str | None = None
+
+    async def _answer(self, fetch) -> None:
+        if fetch.version == 2:
+            if self.hung is None and fetch.peer != PUBLISHER.peer_id:
+                self.hung = fetch.peer
+            if fetch.peer == self.hung:
+                await trio.sleep_forever()
+        await super()._answer(fetch)
+
+
+async def test_a_source_that_really_stalls_across_a_hold_is_still_dropped_once_the_hold_ends(tmp_path, clock):
+    """While our dispatcher collects old versions (our disk) no source is judged; once that is done,
+    a source of the version in progress that never answered is dropped as stalled, a stall after."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    stall_s = h.role.core.config.stall_timeout_s
+    real_collect, held = h.role._collect, []
+
+    async def slow_collect() -> None:  # our disk takes its time once: version 1 completed, version 2 is fetched
+        start = trio.current_time()
+        if not held:
+            await trio.sleep(3 * stall_s)
+        await real_collect()
+        held.append((start, trio.current_time()))
+
+    h.role._collect = slow_collect
+    async with trio.open_nursery() as nursery:
+        source = await start_with_members(h, nursery, HangingSource)
+        source.gate = trio.Event()  # no answer before both versions are asked for
+        await h.announce(1, chunks=4)  # (a few: version 2 is asked for within the in-flight budget too)
+        await announce_stamped(h, 2, 64)
+        await h.until(lambda: source.hung is not None, 5)
+        source.gate.set()
+        await h.until(lambda: stall_drops(h), 600)
+        dropped_at = trio.current_time()
+        await h.until(lambda: h.complete(2), 600)
+        nursery.cancel_scope.cancel()
+
+    assert {d.peer for d in stall_drops(h)} == {source.hung}
+    (hold_started, hold_ended), *_ = held
+    assert hold_ended - hold_started >= 3 * stall_s  # (held that long: past a stall)
+    # judged again once the hold ended: within a stall and a tick (stall_timeout_s / 4) after it
+    assert hold_ended <= dropped_at <= hold_ended + 1.25 * stall_s + 0.1
+    assert h.role.core._held_since is None

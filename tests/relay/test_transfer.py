@@ -870,3 +870,21 @@ def test_no_source_is_dropped_as_stalled_while_the_shell_holds_our_requests_and_
     assert stalled_by(1.0, 10.0) is None  # far past stall_timeout_s (2 s): held, nobody is judged
     c.sending_resumed(10.0)  # 9 s held: the clock goes on from 1 s after the ask
     assert stalled_by(10.25, 20.0) == 11.25  # 1 s before the hold + 1.25 s after: past 2 s
+
+
+def test_a_source_that_delivered_while_our_requests_were_held_and_then_stalls_is_dropped_a_stall_after_the_hold():
+    """A source that made progress while the shell held our requests (its clock then stands at that
+    completion, inside the hold) is judged from the end of the hold, not from a clock moved past it."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    asked = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    assert asked and {f.peer for f in asked} == {PUBLISHER.peer_id}
+    c.sending_held(1.0)
+    c.fetched(9.0, PUBLISHER.peer_id, 1, asked[0].index, 0.01)  # written before the hold, answered inside it
+    c.sending_resumed(10.0)  # nothing more comes back: the publisher stalls from here
+    t, dropped_at = 10.25, None
+    while t <= 30.0 and dropped_at is None:
+        if any(isinstance(e, Emit) and isinstance(e.event, SourceDropped) for e in c.on_timer(t, "relay/tick")):
+            dropped_at = t
+        t += 0.25
+    assert dropped_at == 12.25  # the first tick past stall_timeout_s (2 s) after the hold, not a hold later
