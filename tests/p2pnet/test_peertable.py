@@ -219,10 +219,11 @@ def test_own_heartbeats_are_ignored():
     assert table().on_message(1.0, beat_from(ME, 1)) == []
 
 
-def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int) -> list:
+def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int, busy_after: int | None) -> list:
     """Run `sender` for `beats` heartbeats, its table 599 peers from 0.5 s on, each delivered to
-    `receiver` as it is published except the one numbered `lost` (0: the first); `receiver`
-    checks expiry on its own timer all along. Returns the events `receiver` emitted."""
+    `receiver` as it is published except the one numbered `lost` (0: the first), and busy from
+    just after the one numbered `busy_after` (None: never); `receiver` checks expiry on its own
+    timer all along. Returns the events `receiver` emitted."""
     emitted = []
     published_at = 0.0
     publish, timer = sender.start(published_at)[:2]
@@ -231,6 +232,8 @@ def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int) 
     for number in range(beats):
         if number != lost:
             emitted += receiver.on_message(published_at, Envelope("heartbeat", BOB, b"", 0, publish.body, 100))
+        if number == busy_after:
+            [timer] = sender.set_busy(True)  # the heartbeat due moves
         while expire_at <= timer.at:  # up to the next heartbeat
             effects = receiver.on_timer(expire_at, TIMER_EXPIRE)
             emitted += effects[:-1]
@@ -240,14 +243,15 @@ def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int) 
     return [e.event for e in emitted if isinstance(e, Emit)]
 
 
+@pytest.mark.parametrize("busy_after", [None, 0, 1, 3])
 @pytest.mark.parametrize("lost", [1, 2, 3, 6])
-def test_one_lost_heartbeat_expires_nobody_while_the_senders_table_grows(lost):
+def test_one_lost_heartbeat_expires_nobody_while_the_senders_table_grows(lost, busy_after):
     # a peer that starts alone and then hears of a whole network (its own start, a network's
     # bring-up): the heartbeat announcing the longer spacing is the one a receiver may miss
     config = PeerTableConfig()  # 2 s, 10 s, 5 heard a second, 120 s at most
     sender = PeerTable(config, BOB, LOCAL, started_ms=7)
     receiver = PeerTable(config, ME, LOCAL, started_ms=100)
-    emitted = _beats_heard(sender, receiver, lost, beats=12)
+    emitted = _beats_heard(sender, receiver, lost, beats=12, busy_after=busy_after)
     assert not [e for e in emitted if isinstance(e, PeerLeft)] and receiver.get(BOB) is not None
 
 
