@@ -26,8 +26,16 @@ default), so a dead peer leaves tables after up to its horizon (5 x 120 s = 10 m
 and a newcomer hears of each peer within that peer's interval (its own first heartbeats are
 frequent, its table being small). The declared interval is clamped by the receiver's
 `max_interval_s`, so no peer can buy itself a longer horizon than the cap, and an undeclared one
-(0, from older peers) gets `expiry_s`. Expiry is checked every `heartbeat_interval_s` (a timer of
-its own), however far apart our own heartbeats are.
+(0) gets `expiry_s`. Expiry is checked every `heartbeat_interval_s` (a timer of its own), however
+far apart our own heartbeats are.
+
+A receiver knows only the last declaration it heard, so the spacing grows by at most a third of
+the horizon the previous heartbeat declared (`next_cap_s`: 5 / 3 of it by default; from 2 s to
+120 s in 9 heartbeats) however fast our table grows: the heartbeat announcing a longer spacing
+may be lost (a peer's start, a network's bring-up, when tables jump from nothing to everyone)
+without the receivers that missed it forgetting us. It shrinks at once. Older peers' heartbeats
+(without `interval_ms`) are not decoded at all (`p2pnet.wire` wants every field), so a network
+runs one version.
 
 While a role moves bulk data (`set_busy`: a checkpoint transfer), heartbeats are
 `busy_heartbeat_factor` times further apart than the base interval, but never more than a third of
@@ -96,8 +104,10 @@ class PeerTableConfig:
             problems["max_heard_per_s"] = "must be > 0"
         if not self.max_interval_s >= self.heartbeat_interval_s:
             problems["max_interval_s"] = "must be >= heartbeat_interval_s"
-        elif self.max_interval_s * 1000 > MAX_HEARTBEAT_INTERVAL_MS:
-            problems["max_interval_s"] = f"must be <= {MAX_HEARTBEAT_INTERVAL_MS // 1000} (a heartbeat's longest)"
+        elif self.heartbeat_interval_s > 0 and self.busy_heartbeat_factor >= 1 and \
+                self.longest_interval_s() * 1000 > MAX_HEARTBEAT_INTERVAL_MS:
+            problems["max_interval_s"] = (f"too long: busy heartbeats would be {self.longest_interval_s():.0f} s apart, "
+                                          f"more than a heartbeat can declare ({MAX_HEARTBEAT_INTERVAL_MS // 1000} s)")
         return problems
 
     def base_interval_s(self, peers_known: int) -> float:
@@ -110,6 +120,17 @@ class PeerTableConfig:
         (0: undeclared) is forgotten: `expiry_s` at the base spacing, the same number of its own
         intervals when it declares more, its declaration clamped to `max_interval_s`."""
         return max(self.expiry_s, self.expiry_s / self.heartbeat_interval_s * min(declared_s, self.max_interval_s))
+
+    def longest_interval_s(self) -> float:
+        """The longest spacing of our heartbeats: busy, with a table at the cap."""
+        return max(self.max_interval_s, min(self.max_interval_s * self.busy_heartbeat_factor,
+                                            self.horizon_s(self.max_interval_s) / 3))
+
+    def next_cap_s(self, declared_s: float) -> float:
+        """The longest spacing after a heartbeat that follows one declaring `declared_s`: a third of
+        the horizon that declaration gives the receivers (never less than it), so the heartbeat
+        announcing a longer spacing may be lost without its sender being forgotten."""
+        return max(declared_s, self.horizon_s(declared_s) / 3)
 
     def interval_s(self, busy: bool, peers_known: int = 0) -> float:
         """Seconds between two of our heartbeats, while busy or not, with `peers_known` other peers
@@ -218,6 +239,8 @@ class PeerTable:
         self.busy = False
         self._beat_at: float | None = None  # when our last heartbeat was published
         self._beat_peers = 0  # peers in our table then: the spacing it declared counts them
+        self._beat_cap_s = math.inf  # its spacing's most, busy or not: `next_cap_s` of the one before
+        self._declared_s: float | None = None  # what it declared (None: none sent in this run)
         self.clock_skew = ClockSkew()
 
     # -- inputs ---------------------------------------------------------------------------
@@ -321,8 +344,9 @@ class PeerTable:
 
     def spacing_s(self) -> float:
         """Seconds from our last heartbeat to the next: busy or not, for the table as it was when
-        the last one was published (what it declared, unless `set_busy` changed since)."""
-        return self.config.interval_s(self.busy, self._beat_peers)
+        the last one was published (what it declared, unless `set_busy` changed since), and at
+        most a third of the horizon the heartbeat before it gave (`PeerTableConfig.next_cap_s`)."""
+        return min(self.config.interval_s(self.busy, self._beat_peers), self._beat_cap_s)
 
     def set_local(self, local: LocalInfo) -> None:
         """Change what this peer advertises from its next heartbeat on."""
@@ -334,7 +358,11 @@ class PeerTable:
         self._seq += 1
         self._beat_at = now
         self._beat_peers = len(self._peers)
+        if self._declared_s is not None:
+            self._beat_cap_s = self.config.next_cap_s(self._declared_s)
         spacing_s = self.spacing_s()
+        interval_ms = math.ceil(spacing_s * 1000)
+        self._declared_s = interval_ms / 1000
         beat = Heartbeat(
             seq=self._seq,
             started_ms=self.started_ms,
@@ -344,7 +372,7 @@ class PeerTable:
             capacity=self.local.capacity,
             reachable=self.local.reachable,
             name=self.local.name,
-            interval_ms=math.ceil(spacing_s * 1000),
+            interval_ms=interval_ms,
         )
         return [Publish(HEARTBEAT_TOPIC, beat), SetTimer(now + spacing_s, TIMER_HEARTBEAT)]
 

@@ -1,5 +1,7 @@
 """The peer table core, fed by hand: no clock, no network."""
 
+import math
+
 import pytest
 
 from p2pnet.core import Connect, Emit, Publish, SetTimer
@@ -59,13 +61,15 @@ def test_the_spacing_grows_with_the_table_and_is_capped():
     config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, max_heard_per_s=5.0, max_interval_s=30.0)
     t = PeerTable(config, ME, LOCAL, started_ms=100)
     t.start(0.0)
-    spacing = []
+    settled, now = [], 0.0
     for others in (49, 99, 149, 500):
-        filled(t, others)
-        declared_ms, at = next_beat(t, 1.0)
-        assert declared_ms == round((at - 1.0) * 1000)  # what it declares is the timer it sets
-        spacing.append(at - 1.0)
-    assert spacing == pytest.approx([10.0, 20.0, 30.0, 30.0])
+        filled(t, others, now=now)
+        for _ in range(6):  # it grows by at most a third of a horizon a beat (5 / 3 here)
+            declared_ms, at = next_beat(t, now)
+            assert declared_ms == pytest.approx((at - now) * 1000, abs=1)  # it declares the timer it sets
+            now = at
+        settled.append(declared_ms / 1000)
+    assert settled == pytest.approx([10.0, 20.0, 30.0, 30.0], abs=0.001)
     assert [config.base_interval_s(n) for n in (0, 9, 24, 10_000)] == [2.0, 2.0, 5.0, 30.0]
 
 
@@ -92,7 +96,7 @@ def test_a_declared_interval_above_the_cap_buys_no_more_than_the_cap():
 def test_an_undeclared_interval_gets_our_expiry():
     t = PeerTable(PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0), ME, LOCAL, started_ms=100)
     t.on_message(0.0, beat_from(BOB, 1, interval_ms=60_000))
-    t.on_message(1.0, beat_from(BOB, 2))  # an older peer's heartbeat, or one that stopped declaring
+    t.on_message(1.0, beat_from(BOB, 2))  # one that declares nothing (0)
     assert t.get(BOB).interval_s == 0.0 and t.get(BOB).horizon_s == 10.0
     t.on_timer(10.5, TIMER_EXPIRE)
     assert t.get(BOB) is not None
@@ -213,3 +217,65 @@ def test_rejections_lower_the_score_and_finally_ban():
 
 def test_own_heartbeats_are_ignored():
     assert table().on_message(1.0, beat_from(ME, 1)) == []
+
+
+def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int, busy_after: int | None) -> list:
+    """Run `sender` for `beats` heartbeats, its table 599 peers from 0.5 s on, each delivered to
+    `receiver` as it is published except the one numbered `lost` (0: the first), and busy from
+    just after the one numbered `busy_after` (None: never); `receiver` checks expiry on its own
+    timer all along. Returns the events `receiver` emitted."""
+    emitted = []
+    published_at = 0.0
+    publish, timer = sender.start(published_at)[:2]
+    expire_at = receiver.start(0.0)[-1].at
+    filled(sender, 599, now=0.5)
+    for number in range(beats):
+        if number != lost:
+            emitted += receiver.on_message(published_at, Envelope("heartbeat", BOB, b"", 0, publish.body, 100))
+        if number == busy_after:
+            [timer] = sender.set_busy(True)  # the heartbeat due moves
+        while expire_at <= timer.at:  # up to the next heartbeat
+            effects = receiver.on_timer(expire_at, TIMER_EXPIRE)
+            emitted += effects[:-1]
+            expire_at = effects[-1].at
+        published_at = timer.at
+        publish, timer = sender.on_timer(published_at, TIMER_HEARTBEAT)
+    return [e.event for e in emitted if isinstance(e, Emit)]
+
+
+@pytest.mark.parametrize("busy_after", [None, 0, 1, 3])
+@pytest.mark.parametrize("lost", [1, 2, 3, 6])
+def test_one_lost_heartbeat_expires_nobody_while_the_senders_table_grows(lost, busy_after):
+    # a peer that starts alone and then hears of a whole network (its own start, a network's
+    # bring-up): the heartbeat announcing the longer spacing is the one a receiver may miss
+    config = PeerTableConfig()  # 2 s, 10 s, 5 heard a second, 120 s at most
+    sender = PeerTable(config, BOB, LOCAL, started_ms=7)
+    receiver = PeerTable(config, ME, LOCAL, started_ms=100)
+    emitted = _beats_heard(sender, receiver, lost, beats=12, busy_after=busy_after)
+    assert not [e for e in emitted if isinstance(e, PeerLeft)] and receiver.get(BOB) is not None
+
+
+def test_the_spacing_reaches_what_the_table_asks_for_growing_a_third_of_a_horizon_a_beat():
+    config = PeerTableConfig()
+    t = PeerTable(config, ME, LOCAL, started_ms=100)
+    t.start(0.0)
+    filled(t, 599)
+    declared, now = [2000], 0.0
+    for _ in range(12):
+        declared_ms, at = next_beat(t, now)
+        assert declared_ms <= math.ceil(config.horizon_s(declared[-1] / 1000) / 3 * 1000)
+        assert declared_ms == pytest.approx((at - now) * 1000, abs=1)  # it declares the timer it sets
+        declared.append(declared_ms)
+        now = at
+    assert declared[-1] == 120_000 and declared[1] == 3334  # a third of 5 x 2 s, then 120 s within 12 beats
+    assert len([e for e in t.on_timer(now + 11.0, TIMER_EXPIRE) if isinstance(e, Emit)]) == 599  # all silent
+    assert next_beat(t, now + 11.0)[0] == 2000  # a table that shrank spaces the next at once
+
+
+def test_a_configuration_whose_busy_spacing_no_heartbeat_can_declare_is_refused():
+    with pytest.raises(ConfigError, match="max_interval_s"):
+        PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, max_interval_s=60_000.0)  # busy: 100,000 s
+    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, max_interval_s=50_000.0)  # busy: 83,334 s
+    t = filled(PeerTable(config, ME, LOCAL, started_ms=100), 300_000)
+    t.set_busy(True)
+    assert next_beat(t, 0.0)[0] <= 86_400_000
