@@ -15,14 +15,16 @@ by the size of its own table: with `n` other peers known, the base interval is
 `max_interval_s`. If every peer does the same (their tables are about the same size), each hears
 at most `max_heard_per_s` heartbeats a second, times the copies GossipSub delivers of each, however
 large the network; up to `max_heard_per_s * heartbeat_interval_s - 1` other peers (9 by default)
-nothing changes. Past `max_interval_s * max_heard_per_s` peers (600 by default) the cap holds and
-the cost grows again, slowly.
+nothing changes. Past `max_interval_s * max_heard_per_s` peers (150 by default) the cap holds and
+the cost grows again, linearly. The cap is 30 s because a peer's admission on the data plane and
+a relay's wait for a holder's address both wait on heartbeats (a restarted peer refuses fetches
+from peers it has not heard yet), so a longer cap would trade that delay for less CPU.
 
 The price is paid in time. Every heartbeat declares its sender's spacing (`Heartbeat.interval_ms`:
 the interval of the timer set when it was published), and a receiver forgets a peer only after
 `horizon = max(expiry_s, expiry_s / heartbeat_interval_s * min(declared, max_interval_s))` of
 silence: as many of the sender's own intervals as `expiry_s` allows at the base spacing (5 by
-default), so a dead peer leaves tables after up to its horizon (5 x 120 s = 10 min at the cap),
+default), so a dead peer leaves tables after up to its horizon (5 x 30 s = 150 s at the cap),
 and a newcomer hears of each peer within that peer's interval (its own first heartbeats are
 frequent, its table being small). The declared interval is clamped by the receiver's
 `max_interval_s`, so no peer can buy itself a longer horizon than the cap, and an undeclared one
@@ -31,7 +33,7 @@ far apart our own heartbeats are.
 
 A receiver knows only the last declaration it heard, so the spacing grows by at most a third of
 the horizon the previous heartbeat declared (`next_cap_s`: 5 / 3 of it by default; from 2 s to
-120 s in 9 heartbeats) however fast our table grows: the heartbeat announcing a longer spacing
+30 s in 6 heartbeats) however fast our table grows: the heartbeat announcing a longer spacing
 may be lost (a peer's start, a network's bring-up, when tables jump from nothing to everyone)
 without the receivers that missed it forgetting us. It shrinks at once. Older peers' heartbeats
 (without `interval_ms`) are not decoded at all (`p2pnet.wire` wants every field), so a network
@@ -84,7 +86,7 @@ class PeerTableConfig:
     ban_s: float = 600.0
     busy_heartbeat_factor: float = 3.0
     max_heard_per_s: float = 5.0
-    max_interval_s: float = 120.0
+    max_interval_s: float = 30.0
 
     def check(self) -> dict[str, str]:
         problems = {}

@@ -47,8 +47,8 @@ class BroadcastScenario:
     themselves and claim to hold the real version. `membership_lag_s` is how long the others
     take to notice a departure or a join (the peer table's expiry) before replanning. The real
     table notices a silent departure only after the peer's horizon, which grows with the network
-    (`p2pnet.peertable`: 10 s up to 10 peers, 5 heartbeat intervals of (N / 5) s beyond, 600 s
-    past 600 peers); the default models a small network's.
+    (`p2pnet.peertable`: 10 s up to 10 peers, 5 heartbeat intervals of (N / 5) s beyond, 150 s
+    past 150 peers); the default models a small network's.
     `stall_timeout_s` (the transfer core's default, 30 s) must exceed the time a slow parent
     needs for a chunk, or big chunks over slow links are mistaken for stalls.
 

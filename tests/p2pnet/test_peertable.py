@@ -126,12 +126,12 @@ def test_busy_spacing_never_exceeds_a_third_of_the_horizon_its_receivers_allow(o
 
 
 def test_busy_spacing_grows_with_the_table():
-    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=3.0)
+    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=3.0, max_interval_s=120.0)
     assert [config.interval_s(True, n) for n in (0, 99, 10_000)] == pytest.approx([10 / 3, 100 / 3, 200.0])
 
 
 def test_going_busy_moves_the_due_heartbeat_within_a_third_of_the_horizon_it_declared():
-    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=10.0)
+    config = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=10.0, max_interval_s=120.0)
     t = filled(PeerTable(config, ME, LOCAL, started_ms=100), 199)  # 200 / 5 = 40 s
     declared_ms, at = next_beat(t, 0.0)
     assert (declared_ms, at) == (40_000, 40.0)
@@ -248,7 +248,7 @@ def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int, 
 def test_one_lost_heartbeat_expires_nobody_while_the_senders_table_grows(lost, busy_after):
     # a peer that starts alone and then hears of a whole network (its own start, a network's
     # bring-up): the heartbeat announcing the longer spacing is the one a receiver may miss
-    config = PeerTableConfig()  # 2 s, 10 s, 5 heard a second, 120 s at most
+    config = PeerTableConfig()  # 2 s, 10 s, 5 heard a second, 30 s at most
     sender = PeerTable(config, BOB, LOCAL, started_ms=7)
     receiver = PeerTable(config, ME, LOCAL, started_ms=100)
     emitted = _beats_heard(sender, receiver, lost, beats=12, busy_after=busy_after)
@@ -267,7 +267,7 @@ def test_the_spacing_reaches_what_the_table_asks_for_growing_a_third_of_a_horizo
         assert declared_ms == pytest.approx((at - now) * 1000, abs=1)  # it declares the timer it sets
         declared.append(declared_ms)
         now = at
-    assert declared[-1] == 120_000 and declared[1] == 3334  # a third of 5 x 2 s, then 120 s within 12 beats
+    assert declared[-1] == 30_000 and declared[1] == 3334  # a third of 5 x 2 s, then 30 s within 12 beats
     assert len([e for e in t.on_timer(now + 11.0, TIMER_EXPIRE) if isinstance(e, Emit)]) == 599  # all silent
     assert next_beat(t, now + 11.0)[0] == 2000  # a table that shrank spaces the next at once
 
