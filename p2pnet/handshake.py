@@ -103,7 +103,8 @@ async def _read_frame(stream: trio.abc.ReceiveStream, buffer: bytearray) -> byte
 class NotAdmitted(PeerUnavailable):
     """The server closed the connection after our hello without a word: it does not admit us, at
     least not yet (a data plane serves only peers in its table that are not banned, and tells
-    nobody why). A peer that heard of the server before the server heard our heartbeat gets this."""
+    nobody why). A peer that heard of the server before the server heard our heartbeat gets this;
+    `Node.introduce` sends the server our heartbeat directly, so a retry is admitted soon after."""
 
 
 async def client_handshake(stream: trio.abc.Stream, codec: Codec, channel: str, server: str) -> None:

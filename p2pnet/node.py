@@ -19,6 +19,12 @@ no sender could be read) in the peer table, except stale ones: a skewed clock (o
 is reported as a WARNING, not scored, or one wrong clock would ban every neighbour within
 seconds.
 
+Introductions: a peer whose data plane refused us as unknown (`p2pnet.handshake.NotAdmitted`)
+is sent our latest heartbeat directly by whoever was refused (`Node.introduce`: the relay's
+chunk and manifest fetches), so it admits us at the next try instead of after our next heartbeat reaches it (up to
+`max_interval_s`); a heartbeat arriving as a direct frame is routed to the table like a gossiped
+one (by kind, in `_on_frame`), and replays are dropped by the table either way.
+
 Waiting for peers: `Node.wait_for_peers(predicate, timeout_s)` (and `peers_changed()`) wake on
 every change of the peer table that could matter to someone waiting for a peer: a join, a
 leave, and a known peer's new addresses, data address, roles or reachability (`PeerNews`, fed
@@ -375,8 +381,46 @@ class Node:
     async def send(self, peer: str, body: object) -> None:
         await self.host.send_frame(peer, self.codec.encode(body, time.time()), timeout_s=self.config.send_timeout_s)
 
+    async def introduce(self, peer: str) -> bool:
+        """Send our latest heartbeat straight to `peer`, whose data plane refused us because it has
+        not heard us yet (`NotAdmitted`): it would otherwise wait for our next heartbeat, up to the
+        table's `max_interval_s`. What to send is the table's decision (`PeerTable.introduce`, run
+        in its runner between its inputs: at most once per heartbeat interval per peer); it is
+        carried out here, in the caller's task and in order: a libp2p stream to a peer not
+        connected dials only addresses libp2p already knows (none, for a peer we know from its
+        gossiped heartbeat alone: the `Send` fails without the `Connect`), and the outbox's
+        sender tasks carry effects out concurrently, nothing ordering the two.
+        True once sent; False when there was nothing to send, or `peer` could not be reached
+        within `send_timeout_s` (counted in `send_failed`, logged: the caller reports the
+        refusal as it would have anyway). Call it only on a refusal: it may dial."""
+        runner = next((r for r in self._runners if r.core is self.peertable), None)
+        if runner is None:
+            return False
+        effects: list[Effect] = []
+
+        def decide(now: float) -> list[Effect]:
+            effects.extend(self.peertable.introduce(now, peer))
+            return []  # carried out below, in order
+
+        await runner.command(decide)
+        if not effects:
+            return False
+        try:
+            with trio.fail_after(self.config.send_timeout_s):
+                for effect in effects:
+                    await self._perform(effect)
+        except (PeerUnavailable, trio.TooSlowError) as exc:
+            self.stats["send_failed"] += 1
+            log.info("could not introduce us to %s: %s", peer, str(exc) or f"not within {self.config.send_timeout_s:g} s")
+            return False
+        self.stats["sent"] += len(effects)  # as `_sender` counts: one per effect carried out
+        log.info("introduced us to %s (it refused us as unknown)", peer)
+        return True
+
     def admit_data_peer(self, peer: str) -> str | None:
-        """Whom our data plane serves: peers in the peer table that are not banned."""
+        """Whom our data plane serves: peers in the peer table that are not banned. A peer refused
+        here only because we have not heard it yet sends us its heartbeat directly (its
+        `introduce`), so it is admitted at its next try, not after its next heartbeat."""
         if self.peertable.is_banned(peer, trio.current_time()):
             return "banned"
         if self.peertable.get(peer) is None:

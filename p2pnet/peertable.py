@@ -16,9 +16,10 @@ by the size of its own table: with `n` other peers known, the base interval is
 at most `max_heard_per_s` heartbeats a second, times the copies GossipSub delivers of each, however
 large the network; up to `max_heard_per_s * heartbeat_interval_s - 1` other peers (9 by default)
 nothing changes. Past `max_interval_s * max_heard_per_s` peers (150 by default) the cap holds and
-the cost grows again, linearly. The cap is 30 s because a peer's admission on the data plane and
-a relay's wait for a holder's address both wait on heartbeats (a restarted peer refuses fetches
-from peers it has not heard yet), so a longer cap would trade that delay for less CPU.
+the cost grows again, linearly. The cap is 30 s because a relay's wait for a holder's address
+waits on heartbeats, so a longer cap would trade that delay for less CPU. A peer's admission on
+the data plane waits on them no longer: a peer refused as unknown (a restarted peer refuses
+fetches from peers it has not heard yet) introduces itself (below).
 
 The price is paid in time. Every heartbeat declares its sender's spacing (`Heartbeat.interval_ms`:
 the interval of the timer set when it was published), and a receiver forgets a peer only after
@@ -47,7 +48,19 @@ exceed what the last heartbeat declared, and stays within a third of that horizo
 a CPU-bound machine would otherwise share its CPU with the heartbeats.
 
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
-than the last one taken from that peer.
+than the last one taken from that peer, however it arrived (gossiped, or sent directly).
+
+Introductions. A peer's data plane serves only peers in its table (`Node.admit_data_peer`), so
+one that has not heard our heartbeat yet (it restarted with an empty table, or lost the one we
+sent) refuses us until our next one reaches it: up to our spacing, 30 s at the cap. When it
+refuses us (`p2pnet.handshake.NotAdmitted`), `introduce(now, peer)` sends it our latest
+heartbeat directly (`Send`, after a `Connect` to the addresses its own heartbeat gave, unless it
+said nobody can dial it), at most once per `heartbeat_interval_s` per peer, and nothing before
+our first heartbeat. The receiver takes it like a gossiped one (the node routes frames by kind;
+a copy of one it already took is dropped as a replay), and admits us at our next try. The
+heartbeat is the one we last published, unchanged (same sequence number): nothing new is said,
+and no wire message was added for it. Peers introduced within the last `heartbeat_interval_s`
+are remembered (and no others), so the memory is bounded by the refusals of one interval.
 
 Events (`Emit`): `PeerJoined`, `PeerLeft` (expired or banned), and `PeerChanged` when a known
 peer's heartbeat changes its addresses, data address, roles or reachability. The node wakes
@@ -66,7 +79,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from p2pnet.config import validated
-from p2pnet.core import Connect, Effect, Emit, Publish, SetTimer
+from p2pnet.core import Connect, Effect, Emit, Publish, Send, SetTimer
 from p2pnet.errors import MessageRejected, StaleMessage
 from p2pnet.messages import HEARTBEAT_TOPIC, MAX_HEARTBEAT_INTERVAL_MS, Capacity, Heartbeat
 from p2pnet.wire import Envelope
@@ -243,6 +256,8 @@ class PeerTable:
         self._beat_peers = 0  # peers in our table then: the spacing it declared counts them
         self._beat_cap_s = math.inf  # its spacing's most, busy or not: `next_cap_s` of the one before
         self._declared_s: float | None = None  # what it declared (None: none sent in this run)
+        self._last_beat: Heartbeat | None = None  # the heartbeat published last (what `introduce` sends)
+        self._introduced: dict[str, float] = {}  # peer -> when `introduce` sent it ours, oldest first
         self.clock_skew = ClockSkew()
 
     # -- inputs ---------------------------------------------------------------------------
@@ -350,6 +365,28 @@ class PeerTable:
         most a third of the horizon the heartbeat before it gave (`PeerTableConfig.next_cap_s`)."""
         return min(self.config.interval_s(self.busy, self._beat_peers), self._beat_cap_s)
 
+    def introduce(self, now: float, peer: str) -> list[Effect]:
+        """Send our latest heartbeat straight to `peer`, which refused us as unknown (see the top):
+        `Send(peer, heartbeat)`, preceded by `Connect(peer, addrs)` when its heartbeat told us
+        addresses and did not say it cannot be dialled. Nothing before our first heartbeat, to
+        ourselves, to a peer we banned, or to a peer introduced within `heartbeat_interval_s`.
+        The effects must be carried out in order (the node does, `Node.introduce`)."""
+        horizon = now - self.config.heartbeat_interval_s
+        while self._introduced:  # oldest first: forget those past the interval
+            oldest, at = next(iter(self._introduced.items()))
+            if at > horizon:
+                break
+            del self._introduced[oldest]
+        if self._last_beat is None or peer == self.self_id or peer in self._introduced or self.is_banned(peer, now):
+            return []
+        self._introduced[peer] = now
+        effects: list[Effect] = []
+        entry = self._peers.get(peer)
+        if entry is not None and entry.addrs and entry.reachable is not False:
+            effects.append(Connect(peer, entry.addrs))
+        effects.append(Send(peer, self._last_beat))
+        return effects
+
     def set_local(self, local: LocalInfo) -> None:
         """Change what this peer advertises from its next heartbeat on."""
         self.local = local
@@ -376,6 +413,7 @@ class PeerTable:
             name=self.local.name,
             interval_ms=interval_ms,
         )
+        self._last_beat = beat
         return [Publish(HEARTBEAT_TOPIC, beat), SetTimer(now + spacing_s, TIMER_HEARTBEAT)]
 
     def _expire(self, now: float) -> list[Effect]:

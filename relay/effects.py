@@ -36,7 +36,8 @@ class FetchFailure(enum.StrEnum):
     killed peer). The source is excluded for a while; the chunk is fetched elsewhere."""
     NOT_ADMITTED = "not_admitted"
     """Nobody yet: the source closed the connection after our hello, as it has not heard our
-    heartbeat. Excluded briefly, then asked again; unreachable after a few refusals in a row."""
+    heartbeat (the shell sends it ours directly). Excluded briefly, then asked again; unreachable
+    after a few refusals in a row."""
     UNAVAILABLE = "unavailable"
     """The source, mildly: it answered that it does not hold the chunk (after its wait limit).
     It stays usable for other chunks; the chunk is asked of the next candidate."""

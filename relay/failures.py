@@ -13,7 +13,8 @@ fault:
 - `unreachable`: the connection failed, was reset, or ended inside a chunk (a killed peer).
   The source is excluded for `exclude_s`; its outstanding chunks are fetched elsewhere.
 - `not_admitted`: the source closed the connection after our hello: it has not heard our
-  heartbeat yet (its data plane serves only peers in its table). It is alive and in our plan,
+  heartbeat yet (its data plane serves only peers in its table; the shell has just sent it ours
+  directly, `Node.introduce`, so it knows us by the next try). It is alive and in our plan,
   so it is excluded for `not_admitted_s` only, without substitutes: its chunks go up its
   stripes' chains to its ancestors meanwhile, and come back to it once it knows us. A source
   that refuses us `NOT_ADMITTED_TRIES` times in a row (it banned us, or dropped us from its

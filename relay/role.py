@@ -18,7 +18,10 @@ an answer past those (requests the core asked past its budget, or settled withou
 waits with its buffer, so a core that falls behind slows the reading instead of filling memory.
 While the dispatcher waits on our own disk (keeping a manifest, collecting versions, a full
 store's probe), the requests queued behind it wait unsent, and the core is told so
-(`_sending_held`): our disk's delay is not blamed on the sources as a stall.
+(`_sending_held`): our disk's delay is not blamed on the sources as a stall. A source whose data
+plane refuses us as unknown (`NotAdmitted`: it has not heard our heartbeat) is sent our heartbeat
+directly (`Node.introduce`), by the upstream for a chunk fetch and by `_fetch_manifest` for a
+manifest, so it admits us at the next try rather than after our next heartbeat reaches it.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
 slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a second in all. What
@@ -69,6 +72,7 @@ import trio
 from p2pnet.core import Emit
 from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
+from p2pnet.handshake import NotAdmitted
 from p2pnet.peertable import PEER_TABLE_CORE, PeerChanged, PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.commands import ControlCommands, _refusing_errors
@@ -642,6 +646,8 @@ class RelayRole(ChunkServing, ControlCommands):
                     frame = await reader.exactly(header.length)
         except (PeerUnavailable, trio.TooSlowError, trio.BrokenResourceError, OSError, ValueError) as exc:
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
+            if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
+                await self.node.introduce(ask.peer)
             return
         await self._command(lambda now: self.core.manifest_frame(now, ask.peer, frame))
 

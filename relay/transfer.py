@@ -84,7 +84,7 @@ class TransferConfig:
     max_in_flight: int = 16
     stall_timeout_s: float = 30.0
     exclude_s: float = 60.0
-    not_admitted_s: float = 2.0  # about a heartbeat: then the source has heard of us
+    not_admitted_s: float = 2.0  # by then the source has our heartbeat: the refused fetch sent it (`Node.introduce`)
     announce_interval_s: float = 5.0
     corrupt_penalty: float = 5.0
     manifest_retry_s: float = 5.0

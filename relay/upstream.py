@@ -9,7 +9,10 @@ expected length, received whole into a `Buffers` buffer (shared by every upstrea
 disk slows the reading instead of filling memory); the role hashes and stores it while the
 connection reads on. A connection that ends inside a chunk (a killed peer) fails every request
 still outstanding as `unreachable`, never as a short chunk; a source that closes the connection
-after our hello (it has not heard our heartbeat yet) fails them as `not_admitted`; a source that answers a request we
+after our hello (it has not heard our heartbeat yet) fails them as `not_admitted`, and is sent our
+latest heartbeat directly (`Node.introduce`, while the failures are reported), so that it admits
+us when the core asks again after `not_admitted_s` instead of after our next heartbeat reaches it
+(up to the peer table's `max_interval_s`); a source that answers a request we
 never sent, or with the wrong length, broke the protocol and is reported `corrupt`. A source the
 core dropped (`close`) reports no failure: the core took its requests back as it dropped it (a
 chunk received whole by then is still stored and told, and its buffer given back).
@@ -102,7 +105,10 @@ class Upstream:
                     finally:
                         nursery.cancel_scope.cancel()
         self.closed = True
-        await self._fail_all()
+        async with trio.open_nursery() as nursery:
+            if self._failure is FetchFailure.NOT_ADMITTED:  # only on a refusal: it may dial the source
+                nursery.start_soon(self.role.node.introduce, self.peer)  # our heartbeat, before the retry
+            await self._fail_all()
 
     async def _write(self, stream: trio.SocketStream, connection: trio.CancelScope) -> None:
         try:

@@ -1,10 +1,11 @@
 """The peer table core, fed by hand: no clock, no network."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from p2pnet.core import Connect, Emit, Publish, SetTimer
+from p2pnet.core import Connect, Emit, Publish, Send, SetTimer
 from p2pnet.errors import ConfigError
 from p2pnet.identity import Identity
 from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
@@ -279,3 +280,59 @@ def test_a_configuration_whose_busy_spacing_no_heartbeat_can_declare_is_refused(
     t = filled(PeerTable(config, ME, LOCAL, started_ms=100), 300_000)
     t.set_busy(True)
     assert next_beat(t, 0.0)[0] <= 86_400_000
+
+
+def test_nothing_is_introduced_before_our_first_heartbeat_then_the_latest_one_is_sent():
+    t = table()
+    assert t.introduce(0.5, BOB) == []  # no heartbeat of ours yet: nothing to say
+    first = t.start(1.0)[0].body
+    assert t.introduce(1.0, BOB) == [Send(BOB, first)]  # unknown to us: no address to dial, sent as is
+    second = t.on_timer(2.0, TIMER_HEARTBEAT)[0].body
+    assert t.introduce(2.0, BOB) == [Send(BOB, second)] and second.seq == 2  # the latest, unchanged
+
+
+def test_a_known_peer_is_dialled_first_unless_it_said_nobody_can_dial_it():
+    t = table()
+    t.start(0.0)
+    beat = t.on_timer(1.0, TIMER_HEARTBEAT)[0].body
+    t.on_message(1.0, beat_from(BOB, 1))
+    assert t.introduce(1.0, BOB) == [Connect(BOB, ("/ip4/127.0.0.1/tcp/2/p2p/x",)), Send(BOB, beat)]
+    carol = Identity.from_seed_text("carol").peer_id
+    behind_nat = Envelope("heartbeat", carol, b"", 0, replace(beat_from(carol, 1).body, reachable=False), 100)
+    t.on_message(1.0, behind_nat)
+    assert t.introduce(1.0, carol) == [Send(carol, beat)]  # it dials us; a Send reaches it only if connected
+
+
+def test_introductions_are_rate_limited_per_peer_and_never_to_ourselves_or_the_banned():
+    t = table(reject_penalty=20.0)  # one rejection bans
+    beat = t.start(0.0)[0].body
+    assert t.introduce(5.0, BOB) == [Send(BOB, beat)]
+    assert t.introduce(5.9, BOB) == []  # within heartbeat_interval_s (1 s) of the last
+    carol = Identity.from_seed_text("carol").peer_id
+    assert t.introduce(5.9, carol) == [Send(carol, beat)]  # another peer is not held back by Bob
+    assert t.introduce(6.0, BOB) == [Send(BOB, beat)]  # an interval later, again
+    assert t.introduce(9.0, ME) == []
+    t.on_rejected(9.0, carol, "bad_signature")
+    assert t.is_banned(carol, 9.0) and t.introduce(9.0, carol) == []
+
+
+def test_introduced_peers_are_forgotten_after_an_interval():
+    t = table()
+    t.start(0.0)
+    for i in range(1000):
+        t.introduce(1.0 + i / 2000, f"peer-{i}")
+    assert len(t._introduced) == 1000
+    assert t.introduce(2.4, BOB) != [] and len(t._introduced) == 1 + 199  # those of the last second stay
+    assert t.introduce(2.6, "peer-0") != []
+    assert list(t._introduced) == [BOB, "peer-0"]  # the others are more than an interval old: gone
+
+
+def test_an_introduction_is_taken_like_a_gossiped_heartbeat_and_a_copy_is_dropped_as_a_replay():
+    bob = PeerTable(PeerTableConfig(heartbeat_interval_s=1.0, expiry_s=3.0), BOB, LOCAL, started_ms=50)
+    t = table()
+    t.start(0.0)
+    (send,) = t.introduce(0.0, BOB)
+    direct = Envelope("heartbeat", ME, b"", 0, send.body, 100)
+    assert Emit(PeerJoined(ME)) in bob.on_message(0.1, direct)
+    assert bob.get(ME).data_addr == LOCAL.data_addr and bob.get(ME).last_heard == 0.1
+    assert bob.on_message(0.5, direct) == [] and bob.get(ME).last_heard == 0.1  # the gossiped copy, later: a replay

@@ -28,8 +28,9 @@ class FakeRole:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME))
+        self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME), introduce=self._introduce)
         self.told: list[tuple] = []
+        self.introduced: list[str] = []  # sources sent our heartbeat (`Node.introduce`)
         self.elapsed: dict[int, float] = {}  # chunk index -> the time its delivery took, as reported
         self.buffers = Buffers(2)
 
@@ -41,6 +42,10 @@ class FakeRole:
 
     def penalise(self, peer, amount, reason) -> None:
         self.told.append(("penalised", peer))
+
+    async def _introduce(self, peer) -> bool:
+        self.introduced.append(peer)
+        return True
 
     async def report_fetched(self, peer, fetch, data, elapsed_s) -> None:
         self.told.append(("fetched", fetch.index, len(data)))
@@ -98,8 +103,9 @@ async def test_a_source_that_dies_inside_a_chunk_is_unreachable_never_a_short_ch
         await send_frame(stream, ChunkResponse(first.request_id, STATUS_OK, 1000).pack())
         await stream.send_all(b"x" * 500)  # then the process is killed
 
-    told = await fetch_two(script)
-    assert sorted(told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+    role = await fetch_two_with(script)
+    assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+    assert role.introduced == []  # it admitted us: no introduction (only a refusal may dial)
 
 
 async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apart():
@@ -139,12 +145,14 @@ async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_ti
 
 async def test_a_source_that_has_not_heard_of_us_yet_fails_requests_as_not_admitted():
     """Its data plane closes after our hello (we are not in its table yet): that is no dead peer,
-    and the transfer core excludes it only briefly (`not_admitted`, tested in test_transfer)."""
+    and the transfer core excludes it only briefly (`not_admitted`, tested in test_transfer).
+    It is sent our heartbeat directly, so that it knows us when the core asks again."""
     async def never(stream, requests):
         raise AssertionError("no request may pass a refused handshake")
 
-    told = await fetch_two(never, admit=lambda peer, channel: "not in our table")
-    assert sorted(told) == [(FetchFailure.NOT_ADMITTED, 0), (FetchFailure.NOT_ADMITTED, 1)]
+    role = await fetch_two_with(never, admit=lambda peer, channel: "not in our table")
+    assert sorted(role.told) == [(FetchFailure.NOT_ADMITTED, 0), (FetchFailure.NOT_ADMITTED, 1)]
+    assert role.introduced == [SOURCE.peer_id]  # once for the refusal, not per request: it admits us at the retry
 
 
 async def test_an_address_that_answers_as_another_peer_is_penalised_not_fetched_from():
