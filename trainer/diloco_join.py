@@ -135,9 +135,11 @@ async def ask_publisher(role: DilocoRole, publisher: str, wanted: StateWanted) -
 
     A joiner often hears of the publisher (through another peer's gossip) before the publisher
     hears its heartbeat, and a data plane serves only peers in its table: it closes the
-    connection without a word (`NotAdmitted`). That refusal is tried again every heartbeat
-    interval until the deadline, while the publisher is in our table; any other failure, or the
-    deadline, makes this path fail at once."""
+    connection without a word (`NotAdmitted`). Each refusal sends the publisher our latest heartbeat
+    directly (`Node.introduce`: otherwise it would wait for our next one, up to the peer table's
+    `max_interval_s` in a large network), and the ask is tried again every heartbeat interval until
+    the deadline, while the publisher is in our table; any other failure, or the deadline, makes
+    this path fail at once."""
     give_up = trio.current_time() + role.config.deadline_s
     while True:
         try:
@@ -148,6 +150,7 @@ async def ask_publisher(role: DilocoRole, publisher: str, wanted: StateWanted) -
             if trio.current_time() + interval > give_up or role.node.peertable.get(publisher) is None:
                 raise
             log.info("diloco: %s did not admit us yet (%s); trying again in %.1f s", publisher, exc, interval)
+            await role.node.introduce(publisher)  # our heartbeat, so the next try is admitted
             await trio.sleep(interval)
     async with stream:
         with trio.fail_after(role.config.deadline_s):

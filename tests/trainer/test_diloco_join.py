@@ -119,8 +119,9 @@ def test_only_a_known_trainer_gets_the_outer_state_and_at_most_once_in_a_few_rou
 
 async def test_a_joiner_asks_again_until_the_publisher_has_heard_its_heartbeat():
     """The joiner hears of the publisher before the publisher hears of the joiner: the publisher's
-    data plane (real TCP, real handshake) refuses it until then, and the joiner's ask goes through
-    once admitted instead of falling back to the direct fetch at the first refusal."""
+    data plane (real TCP, real handshake) refuses it until then; the joiner introduces itself after
+    each refusal (its heartbeat sent directly), and its ask goes through once admitted instead of
+    falling back to the direct fetch at the first refusal."""
     joiner = Identity.from_seed_text("diloco joiner")
     codec = Codec(PUBLISHER)
     refusals = []
@@ -139,17 +140,24 @@ async def test_a_joiner_asks_again_until_the_publisher_has_heard_its_heartbeat()
     plane = DataPlane("127.0.0.1", 0, codec=codec, self_id=PUBLISHER.peer_id, admit=admit)
     plane.register(CHANNEL, serve)
     known = {PUBLISHER.peer_id}
+    introduced = []
+
+    async def introduce(peer):  # the node sends our heartbeat to a peer that refused us as unknown
+        introduced.append(peer)
+        return True
+
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
         role = SimpleNamespace(
             config=SimpleNamespace(deadline_s=30.0),
-            node=SimpleNamespace(codec=Codec(joiner), peertable=SimpleNamespace(
+            node=SimpleNamespace(codec=Codec(joiner), introduce=introduce, peertable=SimpleNamespace(
                 config=SimpleNamespace(heartbeat_interval_s=0.05), get=lambda peer: peer if peer in known else None)),
             open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(joiner), peer=peer))
         with trio.fail_after(60):
             offer = await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
             assert (offer.round, offer.version) == (7, 8)
             assert refusals == [joiner.peer_id] * 2 and plane.refused == {"not_admitted": 2}
+            assert introduced == [PUBLISHER.peer_id] * 2  # after each refusal, before trying again
             # a publisher that never admits us: the path fails at the deadline
             plane.admit_peer = lambda peer: "banned"
             role.config.deadline_s = 0.3
