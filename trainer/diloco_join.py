@@ -137,9 +137,9 @@ async def ask_publisher(role: DilocoRole, publisher: str, wanted: StateWanted) -
     hears its heartbeat, and a data plane serves only peers in its table: it closes the
     connection without a word (`NotAdmitted`). Each refusal sends the publisher our latest heartbeat
     directly (`Node.introduce`: otherwise it would wait for our next one, up to the peer table's
-    `max_interval_s` in a large network), and the ask is tried again every heartbeat interval until
-    the deadline, while the publisher is in our table; any other failure, or the deadline, makes
-    this path fail at once."""
+    `max_interval_s` in a large network), and the ask is tried again every heartbeat interval (or
+    when a slower introduction ends, never past the deadline) until the deadline, while the
+    publisher is in our table; any other failure, or the deadline, makes this path fail at once."""
     give_up = trio.current_time() + role.config.deadline_s
     while True:
         try:
@@ -150,8 +150,10 @@ async def ask_publisher(role: DilocoRole, publisher: str, wanted: StateWanted) -
             if trio.current_time() + interval > give_up or role.node.peertable.get(publisher) is None:
                 raise
             log.info("diloco: %s did not admit us yet (%s); trying again in %.1f s", publisher, exc, interval)
-            await role.node.introduce(publisher)  # our heartbeat, so the next try is admitted
-            await trio.sleep(interval)
+            again = trio.current_time() + interval
+            with trio.move_on_at(give_up):  # a dial may take the node's `send_timeout_s`: not past our deadline
+                await role.node.introduce(publisher)  # our heartbeat, so the next try is admitted
+            await trio.sleep_until(again)
     async with stream:
         with trio.fail_after(role.config.deadline_s):
             await send_frame(stream, role.node.codec.encode(wanted, time.time()))

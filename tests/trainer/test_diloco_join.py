@@ -177,3 +177,31 @@ async def test_a_joiner_asks_again_until_the_publisher_has_heard_its_heartbeat()
             await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
         assert not isinstance(failed.value, NotAdmitted)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_introduction_does_not_carry_the_asking_past_its_deadline(autojump_clock):
+    """An introduction may take up to the node's `send_timeout_s` (it may dial the publisher): the
+    asking still ends by its deadline, and the next try comes a heartbeat interval after the
+    refusal, not an interval after a slow introduction ended."""
+    tries = []
+
+    async def refuse(peer):
+        tries.append(trio.current_time())
+        raise NotAdmitted(f"{peer} closed the connection after our hello")
+
+    async def introduce(peer):  # a dial that hangs until the node's send timeout
+        await trio.sleep(10.0)
+        return False
+
+    interval = 2.0
+    role = SimpleNamespace(
+        config=SimpleNamespace(deadline_s=30.0),
+        node=SimpleNamespace(codec=Codec(PUBLISHER), introduce=introduce, peertable=SimpleNamespace(
+            config=SimpleNamespace(heartbeat_interval_s=interval), get=lambda peer: peer)),
+        open_stream=refuse)
+    start = trio.current_time()
+    with pytest.raises(NotAdmitted):
+        await ask_publisher(role, PUBLISHER.peer_id, StateWanted(3, False))
+    assert trio.current_time() - start <= role.config.deadline_s  # given up by the deadline
+    assert all(later - earlier <= 10.0 for earlier, later in zip(tries, tries[1:]))  # at the introduction's end
+    assert len(tries) >= 3
