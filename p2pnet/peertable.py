@@ -255,8 +255,8 @@ class PeerTable:
         self._beat_at: float | None = None  # when our last heartbeat was published
         self._beat_peers = 0  # peers in our table then: the spacing it declared counts them
         self._beat_cap_s = math.inf  # its spacing's most, busy or not: `next_cap_s` of the one before
-        self._declared_s: float | None = None  # what it declared (None: none sent in this run)
-        self._last_beat: Heartbeat | None = None  # the heartbeat published last (what `introduce` sends)
+        self._last_beat: Heartbeat | None = None  # the heartbeat published last (what `introduce` sends;
+        # its `interval_ms` is what receivers last heard us declare)
         self._introduced: dict[str, float] = {}  # peer -> when `introduce` sent it ours, oldest first
         self.clock_skew = ClockSkew()
 
@@ -397,11 +397,10 @@ class PeerTable:
         self._seq += 1
         self._beat_at = now
         self._beat_peers = len(self._peers)
-        if self._declared_s is not None:
-            self._beat_cap_s = self.config.next_cap_s(self._declared_s)
+        if self._last_beat is not None:
+            self._beat_cap_s = self.config.next_cap_s(self._last_beat.interval_ms / 1000)
         spacing_s = self.spacing_s()
         interval_ms = math.ceil(spacing_s * 1000)
-        self._declared_s = interval_ms / 1000
         beat = Heartbeat(
             seq=self._seq,
             started_ms=self.started_ms,
