@@ -94,6 +94,20 @@ def test_nested_structs_follow_the_same_rule_in_every_position():
     assert newest == Evolving(Part(1, "a"), (), None, ("p", 1), ("t",))
 
 
+def test_nested_structs_evolve_alone_inside_a_message_of_our_own_version():
+    """The message carries exactly its declared fields; only one struct inside it is a version
+    apart, in each position in turn (so the old exact-count codec fails on that struct itself)."""
+    exact: list[Any] = [[1, "a"], [], None, ["p", 1], []]
+    cases = [("part", [1], Part(1)), ("part", [1, "a", 7], Part(1, "a")),
+             ("parts", [[2], [3, "b", b"x"]], (Part(2), Part(3, "b"))),
+             ("maybe", [4], Part(4)), ("maybe", [4, "d", None], Part(4, "d"))]
+    for name, value, expected in cases:
+        fields = list(exact)
+        fields[["part", "parts", "maybe"].index(name)] = value
+        assert getattr(decode(ALICE, "test/evolving", fields), name) == expected
+    assert rejection(ALICE, "test/evolving", [[1, "a"], [], [], ["p", 1], []]) == "invalid_field"  # size has no default
+
+
 def test_a_missing_field_without_a_default_and_a_wrong_known_field_stay_invalid():
     assert rejection(ALICE, "heartbeat", OLD_BEAT[:5]) == "invalid_field"  # capacity has no default
     assert rejection(ALICE, "heartbeat", OLD_BEAT[:5] + [[10, 20]]) == "invalid_field"  # nor its download_bps
