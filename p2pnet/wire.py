@@ -14,6 +14,36 @@ inlined in the sender's peer id; the timestamp against the receiver's clock; the
 type, and the body's own `__post_init__` invariants. Any failure raises `MessageRejected` with
 a stable `reason`; nothing else escapes `decode`.
 
+Evolution: two versions of the peer talk to each other. Peers upgrade at their own pace, so a
+message may come from a peer that declares one field more or one field less than we do. The
+rule, the same for every message and every nested dataclass (struct) inside one:
+
+- A field may be added only at the END of a message or struct, and only with a default (a
+  dataclass default or default_factory). Registration refuses what it can see breaks this:
+  keyword-only fields (they have no position); a field without a default after one with a
+  default is already a dataclass error.
+- A new peer decoding an old peer's message finds trailing fields missing: each missing field
+  takes its default. Fewer fields than the leading fields without a default is `invalid_field`.
+- An old peer decoding a new peer's message finds trailing fields it does not know: it ignores
+  them. They are not type-checked (it cannot know their types) but they were decoded as
+  well-formed CBOR with the rest of the payload, counted against the kind's `max_bytes`, and
+  signed with it, so ignoring them costs no authenticity. No separate bound on their number:
+  the frame's size cap already bounds the bytes and the decode already paid for them.
+- Fixed-size tuples (`tuple[str, int]`) are values, not structs: their length stays exact.
+
+So an old peer never sees the new field (it behaves as it did), and a new peer sees the
+default in an old peer's message: a default must therefore mean "the sender did not say"
+(`Heartbeat.interval_ms = 0`: not declared). What still needs a WIRE_VERSION bump (and a
+network that upgrades together): removing, reordering or retyping a field, giving a field
+without a default, or changing what an existing field means.
+
+Re-encoding a decoded body is not what its sender signed: an old peer re-encodes without the
+fields it ignored, a new one with defaults the sender never sent. Whatever hashes or checks a
+signature over a message must use the payload as received: `Envelope.payload` holds it
+(`signed_payload(envelope)`; verify's submission id hashes it). Objects that carry their own
+signature carry their signed bytes (`relay.manifest.SignedManifest.frame`, hashed for the
+manifest id and forwarded as is), never a re-encoding.
+
 This module must not do I/O and must not know what any message means.
 """
 
@@ -82,7 +112,12 @@ def spec_of(body: object) -> MessageSpec:
 
 @dataclass(frozen=True)
 class Envelope(Generic[T]):
-    """A decoded, signature-checked message. `sender` is the base58 peer id that signed it."""
+    """A decoded, signature-checked message. `sender` is the base58 peer id that signed it.
+
+    `payload` is the signed payload exactly as received (what the signature covers, fields the
+    body ignored included); None for an envelope built in-process and never encoded (the
+    simulator without signatures, tests), whose payload is its body's canonical encoding.
+    Read it with `signed_payload`."""
 
     kind: str
     sender: str
@@ -90,6 +125,7 @@ class Envelope(Generic[T]):
     ts_ms: int
     body: T
     frame_bytes: int
+    payload: bytes | None = None
 
 
 class Codec:
@@ -111,10 +147,7 @@ class Codec:
         if self.identity is None:
             raise RuntimeError("this codec has no identity and cannot sign")
         spec = spec_of(body)
-        payload = cbor2.dumps(
-            [WIRE_VERSION, spec.kind, self.identity.peer_id_bytes, int(now_s * 1000), spec.to_wire(body)],
-            canonical=True,
-        )
+        payload = _payload(spec, self.identity.peer_id_bytes, int(now_s * 1000), body)
         frame = payload + self.identity.sign(DOMAIN + payload)
         if len(frame) > spec.max_bytes:
             raise ValueError(f"{spec.kind} message of {len(frame)} bytes exceeds {spec.max_bytes}")
@@ -165,7 +198,19 @@ class Codec:
             body = spec.from_wire(fields)
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageRejected("invalid_field", f"{kind}: {exc}", sender_text) from exc
-        return Envelope(kind, sender_text, sender, ts_ms, body, len(frame))
+        return Envelope(kind, sender_text, sender, ts_ms, body, len(frame), payload)
+
+
+def signed_payload(envelope: Envelope[Any]) -> bytes:
+    """The payload `envelope`'s sender signed: as received, or for an envelope built in-process
+    (`payload` None: every declared field, nothing ignored) the canonical encoding of its body."""
+    if envelope.payload is not None:
+        return envelope.payload
+    return _payload(spec_of(envelope.body), envelope.sender_bytes, envelope.ts_ms, envelope.body)
+
+
+def _payload(spec: MessageSpec, sender_bytes: bytes, ts_ms: int, body: object) -> bytes:
+    return cbor2.dumps([WIRE_VERSION, spec.kind, sender_bytes, ts_ms, spec.to_wire(body)], canonical=True)
 
 
 def _split(frame: bytes) -> tuple[bytes, bytes, bytes]:
@@ -229,20 +274,29 @@ def _loads(payload: bytes) -> Any:
 
 
 def _struct_converters(cls: type) -> tuple[Callable[[Any], list], Callable[[Any], Any]]:
+    """Positional converters of a message or nested struct, under the evolution rule (see the
+    module docstring): trailing fields with defaults may be missing, extra trailing values are
+    ignored."""
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
+    if any(f.kw_only for f in fields):
+        raise TypeError(f"{cls.__name__}: keyword-only fields have no position on the wire")
     names = [f.name for f in fields]
     pairs = [_converters(hints[f.name]) for f in fields]
     encoders = [p[0] for p in pairs]
     decoders = [p[1] for p in pairs]
-    count = len(fields)
+    required = sum(1 for f in fields if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING)
 
     def to_wire(obj: Any) -> list:
         return [enc(getattr(obj, name)) for name, enc in zip(names, encoders)]
 
     def from_wire(raw: Any) -> Any:
-        if type(raw) is not list or len(raw) != count:
-            raise TypeError(f"{cls.__name__} wants {count} fields")
+        if type(raw) is not list:
+            raise TypeError(f"{cls.__name__} is not an array")
+        if len(raw) < required:
+            raise TypeError(f"{cls.__name__} wants at least {required} fields, got {len(raw)}")
+        # zip stops at the shorter: missing trailing fields take their defaults, extra ones are ignored
         return cls(*[dec(value) for dec, value in zip(decoders, raw)])
 
     return to_wire, from_wire

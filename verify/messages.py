@@ -10,9 +10,12 @@ ones publish a `Claim` on `CLAIMS_TOPIC`, the lowest claim checks, and it publis
 `Verdict` on `VERDICTS_TOPIC`. The trainer's intake listens to submissions and verdicts.
 
 Submission id: blake3 of the *signed payload* of the submission (wire version, kind, sender,
-timestamp and fields, canonically re-encoded). The core never sees the frame itself, only the
-decoded envelope, and the payload is what the signature binds, so this is as strong as hashing
-the frame and cannot be changed by re-encoding or signature malleability.
+timestamp and fields) exactly as it was received (`p2pnet.wire.signed_payload`), never a
+re-encoding of the decoded body: a peer one version apart decodes the body with fields ignored
+or defaulted (the codec's evolution rule), and a re-encoding would give workers, validators and
+the trainer different ids for one submission (a verdict's ticket signs the id). The payload is
+what the signature binds, so this is as strong as hashing the frame and cannot be changed by
+signature malleability.
 
 Must not: run a model, check proofs, or decide anything beyond a body's own shape.
 """
@@ -25,10 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import blake3
-import cbor2
 
 from p2pnet.identity import peer_id_from_str
-from p2pnet.wire import WIRE_VERSION, Envelope, spec_of, message
+from p2pnet.wire import SIGNATURE_BYTES, Envelope, message, signed_payload
 
 SUBMISSIONS_TOPIC = "verify/v1/submissions"
 CLAIMS_TOPIC = "verify/v1/claims"
@@ -265,15 +267,15 @@ class Verdict:
 _ID_DOMAIN = b"p2pnet/verify/submission-id/v1\x00"
 
 
-def submission_id_of(sender_bytes: bytes, ts_ms: int, body: Submission) -> bytes:
-    """blake3 of the signed payload (see the module docstring)."""
-    spec = spec_of(body)
-    payload = cbor2.dumps([WIRE_VERSION, spec.kind, sender_bytes, ts_ms, spec.to_wire(body)], canonical=True)
-    return blake3.blake3(_ID_DOMAIN + payload).digest()
-
-
 def submission_id(envelope: Envelope[Any]) -> bytes:
-    return submission_id_of(envelope.sender_bytes, envelope.ts_ms, envelope.body)
+    """blake3 of the signed payload as received (see the module docstring)."""
+    return blake3.blake3(_ID_DOMAIN + signed_payload(envelope)).digest()
+
+
+def submission_id_of(frame: bytes) -> bytes:
+    """The id of a submission frame, as every receiver will compute it: what a worker that
+    encoded the frame itself can compute before verdicts arrive."""
+    return blake3.blake3(_ID_DOMAIN + bytes(frame[:-SIGNATURE_BYTES])).digest()
 
 
 def rollout_record(*, prompt_ids: Sequence[int], output_ids: Sequence[int], logprobs: Sequence[float],
