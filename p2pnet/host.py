@@ -42,7 +42,7 @@ import trio
 
 from p2pnet.addresses import advertised_addrs, interface_ips
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
-from p2pnet.identity import Identity
+from p2pnet.identity import Identity, peer_id_to_str
 
 log = logging.getLogger(__name__)
 
@@ -375,12 +375,9 @@ async def _read_exactly(stream, n: int) -> bytes:
 
 
 def _peer_text(raw: bytes) -> str:
-    from libp2p.peer.id import ID
-
-    try:
-        return ID(raw).to_base58()
-    except Exception:  # an unparseable id is reported as such; the codec judges the frame
-        return "?"
+    """A libp2p peer id's base58 text (`p2pnet.identity.peer_id_to_str`, which remembers the
+    ids it has seen): called for every gossiped copy, by the validator and by the subscriber."""
+    return peer_id_to_str(raw)
 
 
 @asynccontextmanager

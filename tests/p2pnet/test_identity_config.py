@@ -93,3 +93,30 @@ def test_signature_checker_passes_a_repeat_without_verifying_again_and_nothing_e
         checker.verify(alice.peer_id_bytes, b"x%d" % i, alice.sign(b"x%d" % i))
     checker.verify(alice.peer_id_bytes, payload, signature)
     assert len(calls) == 5
+
+
+def test_peer_id_text_is_base58_for_any_bytes_like_and_stays_right_past_its_memory():
+    import base58
+
+    from p2pnet.host import _peer_text
+    from p2pnet.identity import PEER_TEXT_CACHED, peer_id_to_str
+
+    ids = [Identity.from_seed_text(f"p{i}").peer_id_bytes for i in range(3)]
+    for raw in ids:
+        want = base58.b58encode(raw).decode("ascii")
+        assert peer_id_to_str(raw) == peer_id_to_str(bytearray(raw)) == peer_id_to_str(memoryview(raw)) == want
+        assert _peer_text(raw) == want
+    # more ids than it remembers, then the first ones again: each text still its own id's
+    many = [bytes([0, 36, 8, 1, 18, 32]) + i.to_bytes(32, "big") for i in range(PEER_TEXT_CACHED + 10)]
+    texts = [peer_id_to_str(raw) for raw in many]
+    assert len(set(texts)) == len(many)
+    assert [peer_id_to_str(raw) for raw in many[:20]] == texts[:20]
+    assert all(peer_id_from_str(text) == raw for text, raw in zip(texts[::997], many[::997]))
+
+
+def test_an_identity_derives_its_peer_id_once_and_it_matches_the_key():
+    identity = Identity.from_seed_text("once")
+    assert identity.peer_id is identity.peer_id  # the same object: derived when the identity was made
+    assert identity.peer_id_bytes == bytes([0, 36, 8, 1, 18, 32]) + identity.public_key
+    assert Identity(identity.seed).peer_id == identity.peer_id
+    assert Identity.from_seed_text("other").peer_id != identity.peer_id
