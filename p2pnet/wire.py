@@ -20,8 +20,10 @@ rule, the same for every message and every nested dataclass (struct) inside one:
 
 - A field may be added only at the END of a message or struct, and only with a default (a
   dataclass default or default_factory). Registration refuses what it can see breaks this:
-  keyword-only fields (they have no position); a field without a default after one with a
-  default is already a dataclass error.
+  keyword-only fields (they have no position), and a default the wire cannot carry as it is
+  (a value that does not survive encoding and decoding unchanged: an old peer's message would
+  read as something no peer can say); a field without a default after one with a default is
+  already a dataclass error.
 - A new peer decoding an old peer's message finds trailing fields missing: each missing field
   takes its default. Fewer fields than the leading fields without a default is `invalid_field`.
 - An old peer decoding a new peer's message finds trailing fields it does not know: it ignores
@@ -287,6 +289,8 @@ def _struct_converters(cls: type) -> tuple[Callable[[Any], list], Callable[[Any]
     decoders = [p[1] for p in pairs]
     required = sum(1 for f in fields if f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING)
+    for f, (enc, dec) in zip(fields, pairs):
+        _check_default(cls, f, enc, dec)
 
     def to_wire(obj: Any) -> list:
         return [enc(getattr(obj, name)) for name, enc in zip(names, encoders)]
@@ -300,6 +304,24 @@ def _struct_converters(cls: type) -> tuple[Callable[[Any], list], Callable[[Any]
         return cls(*[dec(value) for dec, value in zip(decoders, raw)])
 
     return to_wire, from_wire
+
+
+def _check_default(cls: type, f: dataclasses.Field, enc: Callable[[Any], Any], dec: Callable[[Any], Any]) -> None:
+    """A default stands for what an older sender did not send, so it must be a value a sender could
+    have sent: it survives encoding, CBOR and decoding unchanged (else a new peer would read an old
+    peer's message as something no peer can say)."""
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        return
+    try:
+        again = dec(cbor2.loads(cbor2.dumps(enc(default), canonical=True)))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"{cls.__name__}.{f.name}: its default {default!r} is not a value the wire can carry: {exc}") from exc
+    if again != default:
+        raise TypeError(f"{cls.__name__}.{f.name}: its default {default!r} decodes as {again!r}")
 
 
 def _identity(value: Any) -> Any:

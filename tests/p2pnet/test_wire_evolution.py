@@ -143,6 +143,40 @@ def test_registration_refuses_fields_that_have_no_position():
             inner: KeywordInner
 
 
+
+def test_registration_refuses_a_default_no_sender_could_send():
+    with pytest.raises(TypeError, match="wire can carry"):
+        @message("test/default-nan", max_bytes=256)
+        @dataclass(frozen=True)
+        class NanDefault:
+            a: int
+            b: tuple[int, ...] = ()
+            c: float = float("nan")  # encodes, but decoding refuses a non-finite float
+
+    with pytest.raises(TypeError, match="decodes as"):
+        @message("test/default-list", max_bytes=256)
+        @dataclass(frozen=True)
+        class ListDefault:
+            a: int
+            b: tuple[int, ...] = field(default_factory=list)  # type: ignore[arg-type]  # comes back a tuple
+
+    with pytest.raises(TypeError, match="wire can carry"):
+        @message("test/default-wrong-type", max_bytes=256)
+        @dataclass(frozen=True)
+        class WrongType:
+            a: int
+            b: str = 3  # type: ignore[assignment]
+
+    @message("test/default-fine", max_bytes=256)
+    @dataclass(frozen=True)
+    class Fine:
+        a: int
+        b: tuple[str, ...] = ()
+        c: float | None = None
+        d: bytes = b""
+
+    assert Fine.KIND == "test/default-fine"  # type: ignore[attr-defined]
+
 # -- end to end: an old peer's heartbeat admits it to a new peer's table --------------------------
 
 OLD_PEER = Identity.from_seed_text("evolution-old-peer")
