@@ -24,8 +24,9 @@ batch, keeps it out). Such a batch is counted once under `dropped["sibling"]` wh
 otherwise have been admitted unchecked. The intake drops unknown and banned workers itself,
 and the learner refuses a wrong task seed and trains one batch per (worker, step)
 (`trainer.learner.admission_reason`). Steps are indexed as long as their batches are kept
-(`forget_before_step`); nonces for `replay_window_s`, the validators' default memory of them,
-so a nonce reused after its batch was forgotten is still a sibling.
+(`forget_before_step`); nonces for `replay_window_s`, twice the validators' default memory of
+them (which lasts up to a sweep interval past their window, from when they heard the nonce),
+so a nonce reused after its batch was forgotten is still a sibling while they may refuse it.
 
 What remains: a submission the validators refuse or drop while the trainer admits it, without
 a sibling here, still passes unchecked: one they cannot decode or refuse by a rule the trainer
@@ -63,7 +64,9 @@ class IntakeConfig:
     sample_rate: float = 1.0
     async_level: int = 2
     unchecked_after_s: float = 30.0
-    replay_window_s: float = ValidatorCoreConfig.replay_window_s  # nonces are remembered this long: at least the validators'
+    # nonces are remembered this long: longer than validators do (their window, then up to a sweep
+    # interval until it is swept, counted from when they heard it: perhaps later than the trainer)
+    replay_window_s: float = 2 * ValidatorCoreConfig.replay_window_s
     ban_after_failures: int = 2
     ban_min_validators: int = 1
     workers: tuple[str, ...] = ()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from p2pnet.core import Emit, Publish
+from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.intake import Intake, IntakeConfig
-from verify.validator import Penalise, SubmissionRejected, ValidatorCore, ValidatorCoreConfig
+from verify.validator import TIMER_SWEEP, Penalise, SubmissionRejected, ValidatorCore, ValidatorCoreConfig
 from verify.assign import is_eligible, make_ticket
 from verify.messages import Claim, Submission, Verdict, rollout_record, submission_id
 from verify.reputation import WorkerBanned
@@ -276,3 +276,35 @@ def test_the_sibling_index_is_forgotten_with_its_steps_and_nonces_after_the_repl
     late = submission(WORKER, 201, nonce=random.Random(f"{WORKER.peer_id}{100}").randbytes(16))
     intake.on_message(2000.0, envelope(WORKER, late, WALL_S + 2))
     assert [b.submission.step for b in intake.admissible(2100.0, 201)] == [201]
+
+
+class SweptValidator:
+    """A validator core with its default replay memory, its sweep timer run on time as its shell would."""
+
+    def __init__(self) -> None:
+        self.core = validator_core()
+        self.timers = [e.at for e in self.core.start(0.0) if isinstance(e, SetTimer)]
+
+    def hear(self, now, env):
+        """The validator's reason for refusing `env` (it then claims nothing), or None when admitted."""
+        while self.timers[0] <= now:
+            at = self.timers.pop(0)
+            self.timers += [e.at for e in self.core.on_timer(at, TIMER_SWEEP) if isinstance(e, SetTimer)]
+        effects = self.core.on_message(now, env)
+        reasons = [e.event.reason for e in effects if isinstance(e, Emit) and isinstance(e.event, SubmissionRejected)]
+        assert not reasons or not [e for e in effects if isinstance(e, Publish)]
+        return reasons[0] if reasons else None
+
+
+def test_a_nonce_stays_a_sibling_while_validators_still_refuse_it_after_their_window():
+    """Validators forget a nonce at their first sweep after replay_window_s, not at it: a reuse
+    in between is refused unclaimed, and the intake's default memory must still link it."""
+    validator, intake = SweptValidator(), make(sample_rate=RATE, unchecked_after_s=10.0)
+    first = envelope(WORKER, submission(WORKER, 3, nonce=b"r" * 16), WALL_S + 10)
+    assert validator.hear(10.0, first) is None
+    intake.on_message(10.0, first)
+    at = 10.0 + ValidatorCoreConfig.replay_window_s + ValidatorCoreConfig.sweep_interval_s / 2
+    reused = envelope(WORKER, submission(WORKER, 50, nonce=b"r" * 16), WALL_S + at)  # a fresh step
+    assert validator.hear(at, reused) == "replay"
+    intake.on_message(at, reused)
+    assert intake.admissible(at + 100.0, 50) == [] and intake.dropped == {"sibling": 1}
