@@ -24,9 +24,11 @@ batch, keeps it out). Such a batch is counted once under `dropped["sibling"]` wh
 otherwise have been admitted unchecked. The intake drops unknown and banned workers itself,
 and the learner refuses a wrong task seed and trains one batch per (worker, step)
 (`trainer.learner.admission_reason`). Steps are indexed as long as their batches are kept
-(`forget_before_step`); nonces for `replay_window_s`, twice the validators' default memory of
-them (which lasts up to a sweep interval past their window, from when they heard the nonce),
-so a nonce reused after its batch was forgotten is still a sibling while they may refuse it.
+(`forget_before_step`); nonces for `replay_window_s` after their last copy, twice the
+validators' default memory of them (which lasts up to a sweep interval past their window, from
+the copy they admitted: not always the first heard, as one refused for its step records no
+nonce), so a nonce reused after its batch was forgotten is still a sibling while they may
+refuse it.
 
 What remains: a submission the validators refuse or drop while the trainer admits it, without
 a sibling here, still passes unchecked: one they cannot decode or refuse by a rule the trainer
@@ -125,7 +127,7 @@ class Intake(ReactiveCore):
         self.dropped: dict[str, int] = {}
         self.forgotten_before = 0  # batches of earlier steps are forgotten (`forget_before_step`)
         self.by_step: dict[tuple[str, int], list[bytes]] = {}  # (worker, step) -> its batches' ids
-        # (worker, nonce) -> (first heard, its batches' ids), oldest first; kept replay_window_s
+        # (worker, nonce) -> (last heard, its batches' ids), oldest first; kept replay_window_s
         self.by_nonce: OrderedDict[tuple[str, bytes], tuple[float, list[bytes]]] = OrderedDict()
         self.contributions = Contributions()  # the leaderboard: admitted facts only (trainer.leaderboard)
 
@@ -178,7 +180,7 @@ class Intake(ReactiveCore):
             self.by_nonce.popitem(last=False)
         same_step = self.by_step.setdefault((batch.worker, batch.submission.step), [])
         nonce_key = (batch.worker, batch.submission.nonce)
-        known = self.by_nonce.get(nonce_key)
+        known = self.by_nonce.pop(nonce_key, None)  # put back last: kept replay_window_s after its last copy
         same_nonce = known[1] if known is not None else []
         if same_step or known is not None:
             batch.sibling = True
@@ -188,8 +190,7 @@ class Intake(ReactiveCore):
                     elder.sibling = True
         same_step.append(batch.sid)
         same_nonce.append(batch.sid)
-        if known is None:
-            self.by_nonce[nonce_key] = (now, same_nonce)
+        self.by_nonce[nonce_key] = (now, same_nonce)  # validators keep it from the copy they admitted
 
     def _on_verdict(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
         verdict = envelope.body

@@ -308,3 +308,21 @@ def test_a_nonce_stays_a_sibling_while_validators_still_refuse_it_after_their_wi
     assert validator.hear(at, reused) == "replay"
     intake.on_message(at, reused)
     assert intake.admissible(at + 100.0, 50) == [] and intake.dropped == {"sibling": 1}
+
+
+def test_a_nonce_is_remembered_from_its_last_copy_as_validators_may_keep_it_from_a_later_one():
+    """Validators keep a nonce from the first copy they admitted, which need not be the first one
+    heard: one refused for its step leaves the nonce unrecorded, and a later copy records it."""
+    validator, intake = SweptValidator(), make(sample_rate=RATE, unchecked_after_s=10.0)
+    window = intake.config.replay_window_s
+    heard = [(10.0, submission(WORKER, 3)), (11.0, submission(WORKER, 3, nonce=b"r" * 16)),
+             (10.0 + window - 100.0, submission(WORKER, 4, nonce=b"r" * 16)),
+             (10.0 + window + 5.0, submission(WORKER, 5, nonce=b"r" * 16))]
+    reasons = []
+    for at, body in heard:
+        env = envelope(WORKER, body, WALL_S + at)
+        reasons.append(validator.hear(at, env))
+        intake.on_message(at, env)
+    assert reasons == [None, "replay_step", None, "replay"]
+    last = submission_id(env)
+    assert intake.batches[last].sibling and last not in [b.sid for b in intake.admissible(window + 200.0, 5)]
