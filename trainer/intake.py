@@ -37,6 +37,11 @@ or from the future (clocks apart by more than the codec's `max_age_s` / `max_fut
 margins), one whose sibling they heard and the trainer did not, or a nonce reused after the
 intake forgot it while the validators still refuse it (their `replay_window_s` set longer).
 Upgrade validators before the trainer, or run `sample_rate = 1` meanwhile (docs/validators.md).
+The same holds wherever the validators' view of a worker is stricter than the intake's: a
+worker outside a `validator.workers` list (the trainer has none), one banned by validators
+whose `ban_after_failures` is lower than the trainer's, and, after a trainer restart, every
+worker they banned before it and every copy of a batch heard before it (bans and the sibling
+index live in this object's memory only).
 
 Rewards, advantages and training are not here (`trainer.learner`); neither are sockets.
 """
