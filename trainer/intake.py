@@ -189,10 +189,11 @@ class Intake(ReactiveCore):
         same_nonce = known[1] if known is not None else []
         if same_step or known is not None:
             batch.sibling = True
-            for sid in same_step + same_nonce:
-                elder = self.batches.get(sid)
-                if elder is not None:
-                    elder.sibling = True
+            for group in (same_step, same_nonce):
+                if len(group) == 1:  # its one member becomes a sibling now; a larger group's already are
+                    elder = self.batches.get(group[0])
+                    if elder is not None:
+                        elder.sibling = True
         same_step.append(batch.sid)
         same_nonce.append(batch.sid)
         self.by_nonce[nonce_key] = (now, same_nonce)  # validators keep it from the copy they admitted

@@ -328,3 +328,23 @@ def test_a_nonce_is_remembered_from_its_last_copy_as_validators_may_keep_it_from
     assert reasons == [None, "replay_step", None, "replay"]
     last = submission_id(env)
     assert intake.batches[last].sibling and last not in [b.sid for b in intake.admissible(window + 200.0, 5)]
+
+
+class CountingDict(dict):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.gets = 0
+
+    def get(self, *args):
+        self.gets += 1
+        return super().get(*args)
+
+
+def test_linking_a_copy_costs_the_same_however_many_copies_came_before():
+    """A worker flooding copies of one step must not make each new copy revisit all the others."""
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0)
+    intake.batches = CountingDict(intake.batches)
+    for k in range(60):
+        intake.on_message(1.0, envelope(WORKER, submission(WORKER, 3, nonce=bytes([k]) * 16), WALL_S + k))
+    assert len(intake.batches) == 60 and all(b.sibling for b in intake.batches.values())
+    assert intake.batches.gets <= 2 * 60
