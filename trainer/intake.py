@@ -9,11 +9,46 @@ verdict rejected it. With a sample rate below 1, a batch that no validator claim
 rules intend. Failed verdicts feed `verify.reputation`: one invalidates that batch, repeated
 ones ban the worker, and a banned worker's batches are never admitted again.
 
+Theory: "unclaimed" means "not drawn" only for a submission the validators admitted. They
+refuse some at admission without drawing or claiming anything (`verify.validator`, `_refusal`):
+a reused (worker, nonce) (`replay`), a worker's second submission for a step (`replay_step`),
+a banned or unknown worker, a wrong task seed. Refused, such a copy stays unclaimed for ever,
+and admitting it unchecked would let a worker re-send a batch that was checked and rejected
+(same body, new timestamp, so a new id), or publish two copies of one step so that the
+validators draw on the one they heard first while the trainer admits the other unchecked.
+So the intake links a worker's batches that share a step or a nonce: siblings. Honest workers
+send one submission per step with a fresh nonce, so their batches have none and nothing
+changes for them. A batch with a sibling, heard before or after it, is never admitted
+unchecked: only with an accepted verdict of its own (and a rejected verdict on it, as on any
+batch, keeps it out). Such a batch is counted once under `dropped["sibling"]` when it would
+otherwise have been admitted unchecked. The intake drops unknown and banned workers itself,
+and the learner refuses a wrong task seed and trains one batch per (worker, step)
+(`trainer.learner.admission_reason`). Steps are indexed as long as their batches are kept
+(`forget_before_step`); nonces for `replay_window_s` after their last copy, twice the
+validators' default memory of them (which lasts up to a sweep interval past their window, from
+the copy they admitted: not always the first heard, as one refused for its step records no
+nonce), so a nonce reused after its batch was forgotten is still a sibling while they may
+refuse it.
+
+What remains: a submission the validators refuse or drop while the trainer admits it, without
+a sibling here, still passes unchecked: one they cannot decode or refuse by a rule the trainer
+does not have (an upgrade where the trainer is newer than the validators), one they judge stale
+or from the future (clocks apart by more than the codec's `max_age_s` / `max_future_s`
+margins), one whose sibling they heard and the trainer did not, or a nonce reused after the
+intake forgot it while the validators still refuse it (their `replay_window_s` set longer).
+Upgrade validators before the trainer, or run `sample_rate = 1` meanwhile (docs/validators.md).
+The same holds wherever the validators' view of a worker is stricter than the intake's: a
+worker outside a `validator.workers` list (the trainer has none), one banned by validators
+whose `ban_after_failures` is lower than the trainer's, and, after a trainer restart, every
+worker they banned before it and every copy of a batch heard before it (bans and the sibling
+index live in this object's memory only).
+
 Rewards, advantages and training are not here (`trainer.learner`); neither are sockets.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +61,7 @@ from trainer.leaderboard import Contributions
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              submission_id)
 from verify.reputation import Reputation, ReputationConfig, WorkerBanned
-from verify.validator import Penalise
+from verify.validator import Penalise, ValidatorCoreConfig
 from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, VerdictLedger
 
 
@@ -36,6 +71,9 @@ class IntakeConfig:
     sample_rate: float = 1.0
     async_level: int = 2
     unchecked_after_s: float = 30.0
+    # nonces are remembered this long: longer than validators do (their window, then up to a sweep
+    # interval until it is swept, counted from when they heard it: perhaps later than the trainer)
+    replay_window_s: float = 2 * ValidatorCoreConfig.replay_window_s
     ban_after_failures: int = 2
     ban_min_validators: int = 1
     workers: tuple[str, ...] = ()
@@ -49,6 +87,8 @@ class IntakeConfig:
             problems["async_level"] = "must be >= 0"
         if not self.unchecked_after_s > 0:
             problems["unchecked_after_s"] = "must be > 0"
+        if not self.replay_window_s > 0:
+            problems["replay_window_s"] = "must be > 0"
         return problems
 
 
@@ -60,6 +100,8 @@ class Batch:
     seen_at: float
     claimed: bool = False
     trained: bool = False
+    sibling: bool = False  # another batch of its worker has its step or nonce: never admitted unchecked
+    withheld: bool = False  # counted under dropped["sibling"] (once)
 
 
 @dataclass
@@ -89,6 +131,9 @@ class Intake(ReactiveCore):
         self.holders: dict[int, dict[str, float]] = {}  # version -> peer -> first heard holding it
         self.dropped: dict[str, int] = {}
         self.forgotten_before = 0  # batches of earlier steps are forgotten (`forget_before_step`)
+        self.by_step: dict[tuple[str, int], list[bytes]] = {}  # (worker, step) -> its batches' ids
+        # (worker, nonce) -> (last heard, its batches' ids), oldest first; kept replay_window_s
+        self.by_nonce: OrderedDict[tuple[str, bytes], tuple[float, list[bytes]]] = OrderedDict()
         self.contributions = Contributions()  # the leaderboard: admitted facts only (trainer.leaderboard)
 
     # -- core inputs ----------------------------------------------------------------------
@@ -127,9 +172,31 @@ class Intake(ReactiveCore):
         ledger = self.workers.setdefault(worker, WorkerLedger())
         ledger.submitted += 1
         self.contributions.submitted(worker)
-        self.batches[sid] = Batch(sid, worker, sub, now)
+        self.batches[sid] = batch = Batch(sid, worker, sub, now)
+        self._link(now, batch)
         self.ledger.note_submission(sid, SubmissionInfo(worker, sub.step, sub.model_version, now))
         return []
+
+    def _link(self, now: float, batch: Batch) -> None:
+        """Index `batch` by (worker, step) and (worker, nonce); it and every batch it shares a key
+        with (kept, or a nonce still remembered) are siblings."""
+        horizon = now - self.config.replay_window_s
+        while self.by_nonce and next(iter(self.by_nonce.values()))[0] < horizon:
+            self.by_nonce.popitem(last=False)
+        same_step = self.by_step.setdefault((batch.worker, batch.submission.step), [])
+        nonce_key = (batch.worker, batch.submission.nonce)
+        known = self.by_nonce.pop(nonce_key, None)  # put back last: kept replay_window_s after its last copy
+        same_nonce = known[1] if known is not None else []
+        if same_step or known is not None:
+            batch.sibling = True
+            for group in (same_step, same_nonce):
+                if len(group) == 1:  # its one member becomes a sibling now; a larger group's already are
+                    elder = self.batches.get(group[0])
+                    if elder is not None:
+                        elder.sibling = True
+        same_step.append(batch.sid)
+        same_nonce.append(batch.sid)
+        self.by_nonce[nonce_key] = (now, same_nonce)  # validators keep it from the copy they admitted
 
     def _on_verdict(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
         verdict = envelope.body
@@ -182,7 +249,11 @@ class Intake(ReactiveCore):
                 out.append(batch)
             elif (outcome is None and self.config.sample_rate < 1.0 and not batch.claimed
                   and now - batch.seen_at >= self.config.unchecked_after_s):
-                out.append(batch)
+                if not batch.sibling:
+                    out.append(batch)  # not drawn: admitted unchecked
+                elif not batch.withheld:  # unclaimed because refused, perhaps: only its own verdict admits it
+                    batch.withheld = True
+                    self._drop("sibling")
         return sorted(out, key=lambda b: (b.submission.step, b.worker))
 
     def mark_trained(self, batches: list[Batch]) -> None:
@@ -201,6 +272,8 @@ class Intake(ReactiveCore):
             ledger = self.workers.get(batch.worker)
             if ledger is not None:
                 ledger.outcomes.pop(sid, None)
+        for key in [k for k in self.by_step if k[1] < step]:
+            del self.by_step[key]  # a late copy for these steps is dropped as stale; nonces stay (`_link`)
         # holding times matter for verdicts on batches still here, and for the learner's model window
         oldest = min((b.submission.model_version for b in self.batches.values()), default=step)
         for version in [v for v in self.holders if v < min(oldest, step - self.config.async_level)]:

@@ -1,16 +1,17 @@
-"""The trainer's intake admits only batches that validators accepted, within the async window."""
+"""The trainer's intake admits only batches that validators accepted, within the async window;
+unchecked only what was not drawn, never a copy that validators may have refused unclaimed."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from p2pnet.core import Emit
+from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.intake import Intake, IntakeConfig
-from verify.validator import Penalise
-from verify.assign import make_ticket
+from verify.validator import TIMER_SWEEP, Penalise, SubmissionRejected, ValidatorCore, ValidatorCoreConfig
+from verify.assign import is_eligible, make_ticket
 from verify.messages import Claim, Submission, Verdict, rollout_record, submission_id
 from verify.reputation import WorkerBanned
 
@@ -37,17 +38,20 @@ class Directory:
         return [e for e in self.entries.values() if role in e.roles]
 
 
-def envelope(identity, body):
-    return Codec(None).decode(Codec(identity).encode(body, WALL_S), WALL_S)
+def envelope(identity, body, ts=WALL_S):
+    return Codec(None).decode(Codec(identity).encode(body, ts), ts)
+
+
+def submission(worker, step, version=None, nonce=None):
+    rollouts = tuple(rollout_record(prompt_ids=[1, 5], output_ids=[7, 2], logprobs=[-0.5, -0.1],
+                                    proofs=[b"\x01" * 258], stop_reason="eos", row=r) for r in range(2))
+    return Submission(model="tiny", model_version=step if version is None else version, step=step, seed=1,
+                      task_seed=0, prompts_per_submission=1, group_size=2, temperature=1.0, max_new_tokens=3,
+                      rollouts=rollouts, nonce=nonce or random.Random(f"{worker.peer_id}{step}").randbytes(16))
 
 
 def submit(intake, worker, step, version=None, now=1.0):
-    rollouts = tuple(rollout_record(prompt_ids=[1, 5], output_ids=[7, 2], logprobs=[-0.5, -0.1],
-                                    proofs=[b"\x01" * 258], stop_reason="eos", row=r) for r in range(2))
-    body = Submission(model="tiny", model_version=step if version is None else version, step=step, seed=1,
-                      task_seed=0, prompts_per_submission=1, group_size=2, temperature=1.0, max_new_tokens=3,
-                      rollouts=rollouts, nonce=random.Random(f"{worker.peer_id}{step}").randbytes(16))
-    env = envelope(worker, body)
+    env = envelope(worker, submission(worker, step, version))
     intake.on_message(now, env)
     return env, submission_id(env)
 
@@ -165,3 +169,182 @@ def test_unclaimed_batches_pass_unchecked_only_below_full_sample_rate():
     claimed.on_message(1.5, envelope(VALIDATOR, Claim(sid, make_ticket(VALIDATOR, sid))))
     assert claimed.admissible(11.5, 0) == []  # a validator took it: wait for the verdict
     assert make().admissible(100.0, 0) == []
+
+
+# -- siblings: a worker's batches that share a step or a nonce are never admitted unchecked --------
+
+RATE = 0.5
+
+
+def signed(worker, body, drawn=None, after=WALL_S):
+    """The first frame of `body` signed at a whole second after `after` whose id VALIDATOR is
+    (drawn=True) or is not (drawn=False) eligible to check at RATE; any when drawn is None."""
+    for k in range(1, 200):
+        env = envelope(worker, body, after + k)
+        if drawn is None or is_eligible(make_ticket(VALIDATOR, submission_id(env)), RATE, 1) == drawn:
+            return env
+    raise AssertionError("no frame with that draw in 200 seconds")
+
+
+def validator_core():
+    return ValidatorCore(ValidatorCoreConfig(sample_rate=RATE, claim_window_s=0, workers=(WORKER.peer_id,),
+                                             validators=(VALIDATOR.peer_id,)), VALIDATOR, None)
+
+
+def refused_unclaimed(vcore, env):
+    """The validator core's reason for refusing `env` at admission, asserting it claimed nothing."""
+    effects = vcore.on_message(5.0, env)
+    assert not [e for e in effects if isinstance(e, Publish) and isinstance(e.body, Claim)]
+    [reason] = [e.event.reason for e in effects if isinstance(e, Emit) and isinstance(e.event, SubmissionRejected)]
+    return reason
+
+
+def checked(intake, env, accepted, now=2.0):
+    sid = submission_id(env)
+    intake.on_message(now, envelope(VALIDATOR, Claim(sid, make_ticket(VALIDATOR, sid))))
+    return verdict(intake, sid, WORKER, env.body.step, accepted, now=now)
+
+
+def test_a_rejected_batch_sent_again_is_not_admitted_unchecked():
+    intake, vcore = make(sample_rate=RATE, unchecked_after_s=10.0), validator_core()
+    body = submission(WORKER, 3)
+    first = signed(WORKER, body, drawn=True)
+    vcore.on_message(1.0, first)
+    intake.on_message(1.0, first)
+    assert not [e for e in checked(intake, first, accepted=False) if isinstance(e.event, Penalise)]
+    again = signed(WORKER, body, after=first.ts_ms / 1000)  # the same body, later: a new id, refused unclaimed
+    assert submission_id(again) != submission_id(first) and refused_unclaimed(vcore, again) == "replay"
+    intake.on_message(3.0, again)
+    assert intake.admissible(100.0, 3) == [] and intake.dropped == {"sibling": 1}
+    assert intake.admissible(200.0, 3) == [] and intake.dropped == {"sibling": 1}  # counted once
+
+
+def test_a_second_submission_for_a_step_with_a_new_nonce_is_not_admitted_unchecked():
+    intake, vcore = make(sample_rate=RATE, unchecked_after_s=10.0), validator_core()
+    first = signed(WORKER, submission(WORKER, 3), drawn=True)
+    vcore.on_message(1.0, first)
+    intake.on_message(1.0, first)
+    checked(intake, first, accepted=False)
+    again = signed(WORKER, submission(WORKER, 3, nonce=b"n" * 16), after=first.ts_ms / 1000)
+    assert refused_unclaimed(vcore, again) == "replay_step"
+    intake.on_message(3.0, again)
+    assert intake.admissible(100.0, 3) == [] and intake.dropped == {"sibling": 1}
+
+
+def test_two_copies_of_a_step_pass_only_with_a_verdict_of_their_own():
+    for accepted_copy in (None, 0, 1):  # none checked; the first heard checked; the second heard checked
+        intake = make(sample_rate=RATE, unchecked_after_s=10.0)
+        honest = signed(WORKER, submission(WORKER, 3), drawn=accepted_copy == 0)
+        forged = signed(WORKER, submission(WORKER, 3, nonce=b"f" * 16), drawn=accepted_copy == 1)
+        intake.on_message(1.0, honest)
+        intake.on_message(1.5, forged)
+        copies = (honest, forged)
+        if accepted_copy is not None:
+            assert not [e for e in checked(intake, copies[accepted_copy], accepted=True) if isinstance(e.event, Penalise)]
+        admitted = [b.sid for b in intake.admissible(100.0, 3)]
+        assert admitted == ([] if accepted_copy is None else [submission_id(copies[accepted_copy])])
+        assert intake.dropped == {"sibling": 2 if accepted_copy is None else 1}
+
+
+def test_a_sibling_heard_later_still_keeps_the_first_copy_from_unchecked_admission():
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0)
+    _, first = submit(intake, WORKER, 3, now=1.0)
+    intake.on_message(5.0, envelope(WORKER, submission(WORKER, 3, nonce=b"x" * 16), WALL_S + 4))
+    assert intake.admissible(100.0, 3) == [] and intake.batches[first].sibling
+
+
+def test_an_honest_workers_unclaimed_batches_still_pass_unchecked():
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0, async_level=2)
+    sent = [submit(intake, worker, step, now=1.0) for step in (1, 2, 3) for worker in (WORKER, CHEAT)]
+    for env, _ in sent:  # gossip echoes of the same frames (same ids) are not siblings
+        intake.on_message(2.0, env)
+    assert sorted(b.sid for b in intake.admissible(11.0, 3)) == sorted(sid for _, sid in sent)
+    assert "sibling" not in intake.dropped
+
+
+def test_the_sibling_index_is_forgotten_with_its_steps_and_nonces_after_the_replay_window():
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0, replay_window_s=100.0, async_level=2)
+    for step in range(200):  # one batch a step, 10 s apart: steps kept 3 steps, nonces 100 s
+        submit(intake, WORKER, step, now=10.0 * step)
+        intake.mark_trained(intake.admissible(10.0 * step + 10.0, step))
+        intake.forget_before_step(step + 1 - 2)
+    assert intake.workers[WORKER.peer_id].trained_batches == 200 and "sibling" not in intake.dropped
+    assert len(intake.by_step) == 2 and len(intake.by_nonce) == 11
+    # a nonce reused after its batch was forgotten, inside the replay window: validators refuse it
+    reused = submission(WORKER, 200, nonce=random.Random(f"{WORKER.peer_id}{195}").randbytes(16))
+    intake.on_message(2000.0, envelope(WORKER, reused, WALL_S + 1))
+    assert intake.admissible(2100.0, 200) == [] and intake.dropped == {"sibling": 1}
+    # and one reused after the window: validators have forgotten it too, and draw it as any other
+    late = submission(WORKER, 201, nonce=random.Random(f"{WORKER.peer_id}{100}").randbytes(16))
+    intake.on_message(2000.0, envelope(WORKER, late, WALL_S + 2))
+    assert [b.submission.step for b in intake.admissible(2100.0, 201)] == [201]
+
+
+class SweptValidator:
+    """A validator core with its default replay memory, its sweep timer run on time as its shell would."""
+
+    def __init__(self) -> None:
+        self.core = validator_core()
+        self.timers = [e.at for e in self.core.start(0.0) if isinstance(e, SetTimer)]
+
+    def hear(self, now, env):
+        """The validator's reason for refusing `env` (it then claims nothing), or None when admitted."""
+        while self.timers[0] <= now:
+            at = self.timers.pop(0)
+            self.timers += [e.at for e in self.core.on_timer(at, TIMER_SWEEP) if isinstance(e, SetTimer)]
+        effects = self.core.on_message(now, env)
+        reasons = [e.event.reason for e in effects if isinstance(e, Emit) and isinstance(e.event, SubmissionRejected)]
+        assert not reasons or not [e for e in effects if isinstance(e, Publish)]
+        return reasons[0] if reasons else None
+
+
+def test_a_nonce_stays_a_sibling_while_validators_still_refuse_it_after_their_window():
+    """Validators forget a nonce at their first sweep after replay_window_s, not at it: a reuse
+    in between is refused unclaimed, and the intake's default memory must still link it."""
+    validator, intake = SweptValidator(), make(sample_rate=RATE, unchecked_after_s=10.0)
+    first = envelope(WORKER, submission(WORKER, 3, nonce=b"r" * 16), WALL_S + 10)
+    assert validator.hear(10.0, first) is None
+    intake.on_message(10.0, first)
+    at = 10.0 + ValidatorCoreConfig.replay_window_s + ValidatorCoreConfig.sweep_interval_s / 2
+    reused = envelope(WORKER, submission(WORKER, 50, nonce=b"r" * 16), WALL_S + at)  # a fresh step
+    assert validator.hear(at, reused) == "replay"
+    intake.on_message(at, reused)
+    assert intake.admissible(at + 100.0, 50) == [] and intake.dropped == {"sibling": 1}
+
+
+def test_a_nonce_is_remembered_from_its_last_copy_as_validators_may_keep_it_from_a_later_one():
+    """Validators keep a nonce from the first copy they admitted, which need not be the first one
+    heard: one refused for its step leaves the nonce unrecorded, and a later copy records it."""
+    validator, intake = SweptValidator(), make(sample_rate=RATE, unchecked_after_s=10.0)
+    window = intake.config.replay_window_s
+    heard = [(10.0, submission(WORKER, 3)), (11.0, submission(WORKER, 3, nonce=b"r" * 16)),
+             (10.0 + window - 100.0, submission(WORKER, 4, nonce=b"r" * 16)),
+             (10.0 + window + 5.0, submission(WORKER, 5, nonce=b"r" * 16))]
+    reasons = []
+    for at, body in heard:
+        env = envelope(WORKER, body, WALL_S + at)
+        reasons.append(validator.hear(at, env))
+        intake.on_message(at, env)
+    assert reasons == [None, "replay_step", None, "replay"]
+    last = submission_id(env)
+    assert intake.batches[last].sibling and last not in [b.sid for b in intake.admissible(window + 200.0, 5)]
+
+
+class CountingDict(dict):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.gets = 0
+
+    def get(self, *args):
+        self.gets += 1
+        return super().get(*args)
+
+
+def test_linking_a_copy_costs_the_same_however_many_copies_came_before():
+    """A worker flooding copies of one step must not make each new copy revisit all the others."""
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0)
+    intake.batches = CountingDict(intake.batches)
+    for k in range(60):
+        intake.on_message(1.0, envelope(WORKER, submission(WORKER, 3, nonce=bytes([k]) * 16), WALL_S + k))
+    assert len(intake.batches) == 60 and all(b.sibling for b in intake.batches.values())
+    assert intake.batches.gets <= 2 * 60
