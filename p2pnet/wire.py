@@ -119,7 +119,9 @@ class Envelope(Generic[T]):
     `payload` is the signed payload exactly as received (what the signature covers, fields the
     body ignored included); None for an envelope built in-process and never encoded (the
     simulator without signatures, tests), whose payload is its body's canonical encoding.
-    Read it with `signed_payload`."""
+    Read it with `signed_payload`. `age_s` is how old its timestamp was by our clock when it was
+    decoded (negative: from our future), None for one built in-process: a receiver that must
+    agree with others that decode it at other times and on other clocks reads it."""
 
     kind: str
     sender: str
@@ -128,6 +130,7 @@ class Envelope(Generic[T]):
     body: T
     frame_bytes: int
     payload: bytes | None = None
+    age_s: float | None = None
 
 
 class Codec:
@@ -200,7 +203,7 @@ class Codec:
             body = spec.from_wire(fields)
         except (TypeError, ValueError, OverflowError) as exc:
             raise MessageRejected("invalid_field", f"{kind}: {exc}", sender_text) from exc
-        return Envelope(kind, sender_text, sender, ts_ms, body, len(frame), payload)
+        return Envelope(kind, sender_text, sender, ts_ms, body, len(frame), payload, age_s)
 
 
 def signed_payload(envelope: Envelope[Any]) -> bytes:

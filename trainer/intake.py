@@ -30,11 +30,18 @@ the copy they admitted: not always the first heard, as one refused for its step 
 nonce), so a nonce reused after its batch was forgotten is still a sibling while they may
 refuse it.
 
+Validators also drop, unclaimed, a submission whose timestamp is older than the codec's
+`max_age_s` (300 s) or more than its `max_future_s` (30 s) ahead of their clocks, which a worker
+can aim at (a timestamp near an edge, or just past it for validators whose clocks run ahead of
+the trainer's). So a batch that reached the trainer more than `unchecked_max_skew_s` (20 s) from
+its signed timestamp, either way, is not admitted unchecked either (`dropped["skewed"]`): an
+honest worker's reaches it within a gossip delay and its clock's error.
+
 What remains: a submission the validators refuse or drop while the trainer admits it, without
 a sibling here, still passes unchecked: one they cannot decode or refuse by a rule the trainer
 does not have (an upgrade where the trainer is newer than the validators), one they judge stale
-or from the future (clocks apart by more than the codec's `max_age_s` / `max_future_s`
-margins), one whose sibling they heard and the trainer did not, or a nonce reused after the
+or from the future though it reached the trainer within `unchecked_max_skew_s` (clocks apart by
+more than the rest of the codec's margins: 280 s behind, 10 s ahead), one whose sibling they heard and the trainer did not, or a nonce reused after the
 intake forgot it while the validators still refuse it (their `replay_window_s` set longer).
 Upgrade validators before the trainer, or run `sample_rate = 1` meanwhile (docs/validators.md).
 The same holds wherever the validators' view of a worker is stricter than the intake's: a
@@ -74,6 +81,10 @@ class IntakeConfig:
     # nonces are remembered this long: longer than validators do (their window, then up to a sweep
     # interval until it is swept, counted from when they heard it: perhaps later than the trainer)
     replay_window_s: float = 2 * ValidatorCoreConfig.replay_window_s
+    # admitted unchecked only if it reached us within this many seconds of its signed timestamp, either
+    # way: validators drop a message more than the codec's max_future_s (30 s) ahead of their clocks or
+    # older than its max_age_s (300 s) without a claim, so one near those edges may have been refused
+    unchecked_max_skew_s: float = 20.0
     ban_after_failures: int = 2
     ban_min_validators: int = 1
     workers: tuple[str, ...] = ()
@@ -89,6 +100,8 @@ class IntakeConfig:
             problems["unchecked_after_s"] = "must be > 0"
         if not self.replay_window_s > 0:
             problems["replay_window_s"] = "must be > 0"
+        if not self.unchecked_max_skew_s > 0:
+            problems["unchecked_max_skew_s"] = "must be > 0"
         return problems
 
 
@@ -101,7 +114,8 @@ class Batch:
     claimed: bool = False
     trained: bool = False
     sibling: bool = False  # another batch of its worker has its step or nonce: never admitted unchecked
-    withheld: bool = False  # counted under dropped["sibling"] (once)
+    skewed: bool = False  # reached us further than unchecked_max_skew_s from its timestamp: never unchecked
+    withheld: bool = False  # counted under dropped["sibling"] or dropped["skewed"] (once)
 
 
 @dataclass
@@ -172,7 +186,8 @@ class Intake(ReactiveCore):
         ledger = self.workers.setdefault(worker, WorkerLedger())
         ledger.submitted += 1
         self.contributions.submitted(worker)
-        self.batches[sid] = batch = Batch(sid, worker, sub, now)
+        skewed = envelope.age_s is not None and abs(envelope.age_s) > self.config.unchecked_max_skew_s
+        self.batches[sid] = batch = Batch(sid, worker, sub, now, skewed=skewed)
         self._link(now, batch)
         self.ledger.note_submission(sid, SubmissionInfo(worker, sub.step, sub.model_version, now))
         return []
@@ -249,11 +264,11 @@ class Intake(ReactiveCore):
                 out.append(batch)
             elif (outcome is None and self.config.sample_rate < 1.0 and not batch.claimed
                   and now - batch.seen_at >= self.config.unchecked_after_s):
-                if not batch.sibling:
+                if not (batch.sibling or batch.skewed):
                     out.append(batch)  # not drawn: admitted unchecked
                 elif not batch.withheld:  # unclaimed because refused, perhaps: only its own verdict admits it
                     batch.withheld = True
-                    self._drop("sibling")
+                    self._drop("sibling" if batch.sibling else "skewed")
         return sorted(out, key=lambda b: (b.submission.step, b.worker))
 
     def mark_trained(self, batches: list[Batch]) -> None:

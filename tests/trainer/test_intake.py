@@ -6,7 +6,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import pytest
+
 from p2pnet.core import Emit, Publish, SetTimer
+from p2pnet.errors import StaleMessage
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.intake import Intake, IntakeConfig
@@ -261,6 +264,32 @@ def test_an_honest_workers_unclaimed_batches_still_pass_unchecked():
     assert sorted(b.sid for b in intake.admissible(11.0, 3)) == sorted(sid for _, sid in sent)
     assert "sibling" not in intake.dropped
 
+
+
+def test_a_batch_that_reached_us_far_from_its_timestamp_is_admitted_only_with_its_own_verdict():
+    """Validators drop, unclaimed, a frame past the codec's age or future margins by their clocks;
+    a worker can aim at those edges, so only a batch heard near its timestamp passes unchecked."""
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0, async_level=3)
+    heard = {}
+    for step, (signed_at, heard_at) in enumerate([(WALL_S, WALL_S + 250.0), (WALL_S + 25.0, WALL_S),
+                                                 (WALL_S, WALL_S + 4.0), (WALL_S + 3.0, WALL_S)]):
+        for ms in range(200):  # step 0 in a frame VALIDATOR is drawn for, to be checked below
+            frame = Codec(WORKER).encode(submission(WORKER, step), signed_at + ms / 1000)
+            env = Codec(None).decode(frame, heard_at)
+            if step or is_eligible(make_ticket(VALIDATOR, submission_id(env)), RATE, 1):
+                break
+        intake.on_message(1.0, env)
+        heard[step] = (frame, heard_at, submission_id(env))
+    with pytest.raises(StaleMessage):  # a validator whose clock runs a minute ahead never sees step 0
+        Codec(None).decode(heard[0][0], heard[0][1] + 60.0)
+    with pytest.raises(StaleMessage):  # nor one 10 s behind the trainer step 1
+        Codec(None).decode(heard[1][0], heard[1][1] - 10.0)
+    admitted = sorted(b.submission.step for b in intake.admissible(100.0, 3))
+    assert admitted == [2, 3] and intake.dropped == {"skewed": 2}
+    intake.on_message(101.0, envelope(VALIDATOR, Claim(heard[0][2], make_ticket(VALIDATOR, heard[0][2]))))
+    verdict(intake, heard[0][2], WORKER, 0, True, now=101.0)
+    assert sorted(b.submission.step for b in intake.admissible(102.0, 3)) == [0, 2, 3]
+    assert intake.dropped == {"skewed": 2}  # counted once each
 
 def test_the_sibling_index_is_forgotten_with_its_steps_and_nonces_after_the_replay_window():
     intake = make(sample_rate=RATE, unchecked_after_s=10.0, replay_window_s=100.0, async_level=2)
