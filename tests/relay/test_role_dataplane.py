@@ -247,6 +247,64 @@ async def test_a_source_dropped_as_an_answer_comes_in_is_not_said_to_break_the_p
     assert role.told == []
 
 
+class _FailingPending(dict):
+    """An upstream's table of requests whose `pop` has a bug (as `del` had: a KeyError after `close`)."""
+
+    def pop(self, *args):
+        raise RuntimeError("injected: a bug of ours in the read path")
+
+
+@pytest.mark.parametrize("where", ["read", "report"])
+async def test_a_bug_of_ours_after_the_source_was_dropped_is_raised_not_hidden(where):
+    """The core drops a source (`close`) while the upstream, its answer whole, is woken to take it
+    in; then a bug of ours raises, in the read path itself or in the task that reports the chunk.
+    The upstream's scope is cancelled by then, and the connection's close raises Cancelled over
+    the bug: `run()` must still raise it, not return as if the source had just been dropped."""
+    role = InMemoryRole()
+    lent = await role.buffers.take(1000)  # every buffer is storing a chunk: the upstream waits for one
+    upstream = Upstream(role, SOURCE.peer_id)
+    if where == "read":
+        upstream._pending = _FailingPending()
+    else:
+        async def report_fetched(peer, fetch, data, elapsed_s) -> None:
+            raise RuntimeError("injected: a bug of ours in storing a chunk")
+
+        role.report_fetched = report_fetched
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+    raised: list[BaseException] = []
+    ended = trio.Event()
+
+    async def run() -> None:
+        try:
+            await upstream.run()
+        except Exception as exc:
+            raised.append(exc)
+        ended.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        role.answers.put_data(role.answer(await role.request(), b"z" * 1000))
+        await trio.testing.wait_all_tasks_blocked()
+        role.buffers.give(lent)  # a buffer comes back (the upstream is woken) ...
+        upstream.close()  # ... and the core drops the source before the upstream runs again
+        with trio.fail_after(5):
+            await ended.wait()
+    assert len(raised) == 1
+    bug = raised[0]
+    if isinstance(bug, BaseExceptionGroup):
+        bug = bug.subgroup(RuntimeError)
+        assert bug is not None and bug.subgroup(trio.Cancelled) is None
+        (bug,) = _leaves(bug)
+    assert isinstance(bug, RuntimeError) and "injected" in str(bug)
+    assert role.told == []
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
 def test_upload_slots_go_to_urgent_requests_first():
     core = ServingCore(ServingConfig(slots=1))
     assert core.ask(0.0, "first", "a", 1, 0, False, held=True) == [Serve("first")]
