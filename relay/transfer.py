@@ -375,18 +375,20 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         effects.append(Fetch(source, version, index, v.digests[index], v.size(index), True))
         return self._arm(now, effects)
 
-    def forget(self, version: int) -> None:
-        """Our store dropped `version`: stop fetching and announcing it."""
+    def forget(self, version: int) -> list[Any]:
+        """Our store dropped `version`, or would not keep it: stop fetching and announcing it.
+        An input like any other (the role runs it in the core's runner); no effects today."""
         v = self._versions.pop(version, None)
         if v is not None:
             self._in_flight -= len(v.in_flight)
+        return []
 
     def collected(self, version: int) -> list[Any]:
         """Garbage collection dropped `version`: forget it, and never take it (or an older
         version we do not know) again, or we would fetch what the next collection drops."""
-        self.forget(version)
+        effects = self.forget(version)
         self._collected_through = max(self._collected_through, version)
-        return []
+        return effects
 
     def lost(self, now: float, version: int, index: int) -> list[Any]:
         """Our store no longer holds chunk `index` of `version` (it was corrupt on disk, or a
