@@ -182,8 +182,10 @@ class Host:
             known = list(store.addrs(peer_id))
         except PeerStoreError:  # none, or expired
             known = []
-        store.clear_addrs(peer_id)
-        store.add_addrs(peer_id, [a for a in [*first, *known] if a not in drop], _PEERSTORE_TTL_S)
+        wanted = [a for a in dict.fromkeys([*first, *known]) if a not in drop]
+        if wanted != known:  # (a clear also drops the peer's signed record, if py-libp2p holds one)
+            store.clear_addrs(peer_id)
+            store.add_addrs(peer_id, wanted, _PEERSTORE_TTL_S)
 
     # -- request/response streams ------------------------------------------------------------
 
