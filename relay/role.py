@@ -650,7 +650,8 @@ class RelayRole(ChunkServing, ControlCommands):
                     if header.status != STATUS_OK or header.length > MAX_MANIFEST_BYTES:
                         return
                     frame = await reader.exactly(header.length)
-        except (PeerUnavailable, trio.TooSlowError, trio.BrokenResourceError, OSError, ValueError) as exc:
+        except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError, OSError,
+                ValueError) as exc:  # (MessageRejected: a frame longer than a response)
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
                 await self.node.introduce(ask.peer)

@@ -12,10 +12,12 @@ still outstanding as `unreachable`, never as a short chunk; a source that closes
 after our hello (it has not heard our heartbeat yet) fails them as `not_admitted`, and is sent our
 latest heartbeat directly (`Node.introduce`, while the failures are reported), so that it admits
 us when the core asks again after `not_admitted_s` instead of after our next heartbeat reaches it
-(up to the peer table's `max_interval_s`); a source that answers a request we
-never sent, or with the wrong length, broke the protocol and is reported `corrupt`. A source the
-core dropped (`close`) reports no failure: the core took its requests back as it dropped it (a
-chunk received whole by then is still stored and told, and its buffer given back). A bug of
+(up to the peer table's `max_interval_s`); a source that answers with the wrong length broke the
+protocol and is reported `corrupt`; one that answers a request we never sent, or sends a frame
+longer than a response header, broke it too: the connection ends and its requests fail as
+`unreachable` (raised, a source's garbage would stop the role). A source the core dropped
+(`close`) reports no failure: the core took its requests back as it dropped it (a chunk
+received whole by then is still stored and told, and its buffer given back). A bug of
 ours (any other exception) is raised from `run()`, dropped source or not, into the role's
 dispatcher, and stops the role and the peer with it, loudly, as every bug does
 (`p2pnet.errors`). After `close` it comes out of a cancelled scope, where the connection's close
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2pnet.dataplane import FrameReader, send_frame
-from p2pnet.errors import PeerUnavailable
+from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.handshake import NotAdmitted
 from relay.effects import Fetch, FetchFailure
 from relay.manifest import MAX_CHUNK_BYTES
@@ -122,7 +124,7 @@ class Upstream:
                 await self._read(stream, nursery)
             except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 log.info("source %s: %s", self.peer, exc)
-            except (_CorruptSource, ValueError) as exc:
+            except (_CorruptSource, MessageRejected, ValueError) as exc:  # (MessageRejected: an oversized frame)
                 log.warning("source %s broke the chunk protocol: %s", self.peer, exc)
             finally:
                 nursery.cancel_scope.cancel()

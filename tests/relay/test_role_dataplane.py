@@ -16,7 +16,7 @@ from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
 from relay.serving import ByteBudget, Refuse, Serve, ServingConfig, ServingCore, UploadMeter
 from relay.uploads import Uploads
-from relay.effects import Fetch, FetchFailure
+from relay.effects import Fetch, FetchFailure, FetchManifest
 
 DIGEST = bytes(32)
 ME = Identity.from_seed_text("fetcher")
@@ -123,6 +123,32 @@ async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apar
 
     told = await fetch_two(liar)
     assert (FetchFailure.CORRUPT, 0) in told and (FetchFailure.UNREACHABLE, 1) in told
+
+
+async def test_a_source_that_sends_an_oversized_frame_broke_the_protocol_and_crashes_nothing():
+    """A header frame longer than a response (the reader refuses it, `MessageRejected`) is the
+    source's fault, like an answer to a request we never sent: its requests fail, and `run`
+    returns (raised, it would stop the role and the peer)."""
+    async def bloated(stream, requests):
+        await stream.send_all((1 << 20).to_bytes(4, "big") + b"z" * 64)
+
+    assert sorted(await fetch_two(bloated)) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+
+
+async def test_a_manifest_source_that_sends_an_oversized_frame_is_not_believed_and_crashes_nothing():
+    """The same of a manifest fetch (`RelayRole._fetch_manifest`, run in the dispatcher's
+    nursery): nothing is handed to the core, and the core asks again later."""
+    role = InMemoryRole()
+    role.config = SimpleNamespace(request_timeout_s=5.0)
+    role.answers.put_data((1 << 20).to_bytes(4, "big") + b"z" * 64)
+
+    async def command(fn) -> None:
+        raise AssertionError("nothing of a bloated answer reaches the core")
+
+    role._command = command
+    with trio.fail_after(5):
+        await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1))
+    assert role.introduced == [] and role.told == []
 
 
 async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_time():
