@@ -7,8 +7,9 @@ event, `Received(peer, body)`, is put there by the role's server (a Join, Member
 A peer whose data plane refuses us as unknown (`NotAdmitted`: its table has not heard our
 heartbeat, as after we restarted) is sent our latest heartbeat directly, once per connection
 (`Node.introduce`, as the relay's fetches and `trainer.diloco_join.ask_publisher` do), and asked
-again until it admits us or the send's deadline comes (the introduction included, never past
-it); a refusal to the end is still a refusal (`send`'s `report_refusal`).
+again until it admits us, the send's deadline comes (the introduction included, never past
+it) or the round is over (`stop_watching`: the round's end waits for its sends, not for a peer
+that refuses us); a refusal to the end is still a refusal (`send`'s `report_refusal`).
 
 The watchers belong to the task `open_links` starts, never to the tasks that send. This module
 must not decide who is in a round or what is sent (trainer.diloco_role, trainer.allreduce).
@@ -80,6 +81,7 @@ class Links:
         self.streams: dict[str, trio.SocketStream] = {}
         self.locks: dict[str, trio.Lock] = {}
         self.bytes_sent = 0
+        self.over = trio.Event()  # `stop_watching`: the round is over, a peer that refuses us is not asked again
 
     async def send(self, peer: str, body: object, *, report_refusal: bool = True) -> bool:
         """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
@@ -119,9 +121,11 @@ class Links:
         """A connection to `peer`. Refused as unknown (`NotAdmitted`: its table has not heard our
         heartbeat, as after we restarted), we introduce ourselves once (`Node.introduce`: our
         heartbeat sent directly) and ask again, `FIRST_RETRY_S` later and twice as long after each
-        refusal, up to `RETRY_CAP_S`, while `deadline` leaves time for it; the last refusal is
-        raised, at once when no introduction could be sent. The caller bounds all of it by
-        `deadline` (the introduction may dial `peer`, up to the node's `send_timeout_s`)."""
+        refusal, up to `RETRY_CAP_S`, while `deadline` leaves time for it and the round is not
+        over (`stop_watching`: the round's end waits for its sends, and would wait for this one
+        up to its deadline); the last refusal is raised, at once when no introduction could be
+        sent. The caller bounds all of it by `deadline` (the introduction may dial `peer`, up to
+        the node's `send_timeout_s`)."""
         while True:
             try:
                 return await self.role.open_stream(peer)
@@ -132,12 +136,16 @@ class Links:
                         raise
                     log.info("diloco: %s did not admit us (%s); introduced us, asking again", peer, exc)
                 wait_s = min(FIRST_RETRY_S * 2 ** (len(refusals) - 1), RETRY_CAP_S)
-                if trio.current_time() + wait_s >= deadline:
+                if self.over.is_set() or trio.current_time() + wait_s >= deadline:
                     raise
-            await trio.sleep(wait_s)
+            with trio.move_on_after(wait_s):
+                await self.over.wait()
+            if self.over.is_set():  # the round ends waiting for its sends: not for this one
+                raise refusals[-1]
 
     def stop_watching(self) -> None:
         self.watching.cancel()
+        self.over.set()
 
     async def _watch_all(self, opened: trio.MemoryReceiveChannel[tuple[str, trio.SocketStream]]) -> None:
         """Watch each connection `send` opens, until `stop_watching`: the watchers are this task's."""

@@ -151,6 +151,49 @@ async def test_a_peer_that_never_admits_us_fails_the_send_by_its_deadline_even_w
             inbox.receive_nowait()
 
 
+@pytest.mark.parametrize("report_refusal", [False, True])
+async def test_a_send_asking_a_refusing_peer_again_gives_up_when_the_round_is_over(autojump_clock, report_refusal):
+    """The round's end waits for its sends (bounded by the deadline, as `DilocoRole` does): one
+    still asking a peer that refuses us, introduced, fails at once when the round is over
+    (`stop_watching`), as a refusal, and a send behind it on the same peer's lock, refused
+    in turn, fails at once too. Asking on to its deadline would hold every round that sent
+    to such a peer (one that banned us) that much longer, where before it failed at once."""
+    tries: list[float] = []
+
+    async def refuse(peer: str):
+        tries.append(trio.current_time())
+        raise NotAdmitted(f"{peer} closed the connection after our hello")
+
+    async def introduce(peer: str) -> bool:
+        return True
+
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    role = SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox_send=inbox_send,
+                           open_stream=refuse)
+    timeout_s = 30.0
+    results: list[bool] = []
+
+    async def send() -> None:
+        results.append(await links.send(RECEIVER.peer_id, JOIN, report_refusal=report_refusal))
+
+    async with open_links(role, timeout_s) as links:
+        async with trio.open_nursery() as sends:
+            sends.start_soon(send)
+            await trio.sleep(3.0)  # the round goes on: asked again meanwhile
+            sends.start_soon(send)  # waits on the peer's lock
+            await trio.sleep(2.0)
+            asked = len(tries)
+            links.stop_watching()  # the round is over
+            over = trio.current_time()
+            sends.cancel_scope.deadline = over + timeout_s  # finish sends, bounded
+        assert trio.current_time() == over  # (virtual time) nothing held the round's end
+    assert results == [False, False] and asked > 2 and len(tries) == asked + 1  # the second asked once
+    if report_refusal:
+        assert [inbox.receive_nowait(), inbox.receive_nowait()] == [PeerFailed(RECEIVER.peer_id)] * 2
+    with pytest.raises(trio.WouldBlock):
+        inbox.receive_nowait()
+
+
 async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_closed_after_the_round():
     """The receiving end never writes on a round's connections: one that it closes means it died
     (a peer killed mid-round), and is reported with no send of ours to find it out. Once the
