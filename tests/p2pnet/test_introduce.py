@@ -17,7 +17,9 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
+from p2pnet.core import Connect
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.errors import PeerUnavailable
 from p2pnet.handshake import NotAdmitted
 from p2pnet.identity import Identity
 from p2pnet.messages import Heartbeat
@@ -146,4 +148,8 @@ async def test_an_address_of_the_refusing_peer_where_another_peer_listens_is_not
             assert not introduced and client.stats["send_failed"] == failed + 1
             assert server.peer_id not in client.host.connected_peers()
             assert server.peertable.get(client.peer_id) is None
+            # the Connect itself fails (the middle peer, connected already, is not the server): it is
+            # never counted as reaching the server, as the Send after it alone would show
+            with trio.fail_after(DEADLINE_S), pytest.raises(PeerUnavailable, match="no longer belongs to"):
+                await client._perform(Connect(server.peer_id, listed))
         peers.cancel_scope.cancel()
