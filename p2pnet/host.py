@@ -8,7 +8,10 @@ node decodes and checks them with the codec.
 py-libp2p leaks sockets, tasks and a thread unless the host is closed inside `run()` and the
 pubsub seen-message cache is stopped; `open_host` does both on the way out. It also blocks
 every dial to a peer for 60 s after one failed (a negative cache); `connect` lifts that block,
-since the callers pace their retries themselves. Its AutoConnector (which re-dials every peer
+since the callers pace their retries themselves. It dials only the first TCP address it knows of
+a peer, so `connect(addr)` puts `addr` first; with the peer expected, an address that names or
+answers as another peer fails as no longer that peer's (and is dropped from what py-libp2p
+knows of it). Its AutoConnector (which re-dials every peer
 it ever met, forever) is turned off: whom to dial is p2pnet's decision. It listens with
 SO_REUSEPORT and runs on, listening on nothing, when a listen fails; `open_host` probes the
 address first and checks what was bound, so both are a `ConfigError("peer.listen")`. Bulk bytes
@@ -50,6 +53,7 @@ MSG_PROTOCOL = "/p2pnet/msg/1.0.0"
 GOSSIP_PROTOCOL = "/meshsub/1.0.0"
 _LEN = struct.Struct(">I")
 YAMUX_RELEASE_ON_READ = "PY_YAMUX_RELEASE_ON_READ"  # py-libp2p's switch: "0" batches receive credit
+_PEERSTORE_TTL_S = 120  # what py-libp2p's own `connect` gives the addresses it is handed
 
 FrameHandler = Callable[[bytes, str], Awaitable[None]]
 RequestHandler = Callable[[bytes, str, "str | None"], Awaitable["bytes | None"]]
@@ -135,24 +139,53 @@ class Host:
         except Exception as exc:  # libp2p signals unreachable peers with many exception types
             raise PeerUnavailable(f"{peer}: {type(exc).__name__}: {exc}") from exc
 
-    async def connect(self, addr: str) -> str:
-        """Dial a full multiaddr (with /p2p/); returns the peer id."""
+    async def connect(self, addr: str, peer: str | None = None) -> str:
+        """Dial a full multiaddr (with /p2p/); returns the peer id reached (Noise proved it).
+
+        With `peer`, the address must belong to that peer: one whose /p2p/ names another peer is
+        not dialled, and one where another peer answers (Noise refuses its key) fails the dial;
+        both raise `PeerUnavailable` saying the address no longer belongs to `peer` (a stale
+        address, one reused by another peer after a NAT rebinding or a restart with a new key)."""
         from libp2p.peer.peerinfo import info_from_p2p_addr
 
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
         except Exception as exc:
             raise ConfigError("bootstrap", f"not a full multiaddr with /p2p/: {addr!r}") from exc
+        named = info.peer_id.to_base58()
+        if peer is not None and named != peer:
+            raise PeerUnavailable(f"{addr}: the address no longer belongs to {peer} (it names {named}); not dialled")
         # py-libp2p refuses to dial a peer for 60 s after a failed dial (its negative cache);
         # our callers pace their own retries (p2pnet.connectivity), so a dial here is a real one
         negative = getattr(self._host.get_network(), "_negative_peer_cache", None)
         if negative is not None:
             negative.evict(str(info.peer_id))
+        # py-libp2p dials only the first TCP address it knows of a peer: `addr` goes first
+        self._known_addrs(info.peer_id, first=info.addrs)
         try:
             await self._host.connect(info)
         except Exception as exc:
+            if _another_key_answered(exc):
+                self._known_addrs(info.peer_id, drop=info.addrs)  # not that peer's: never dialled for it again
+                raise PeerUnavailable(f"{addr}: the address no longer belongs to {named} "
+                                      "(another peer answers there)") from exc
             raise PeerUnavailable(f"{addr}: {type(exc).__name__}: {exc}") from exc
-        return info.peer_id.to_base58()
+        return named
+
+    def _known_addrs(self, peer_id: Any, *, first: Any = (), drop: Any = ()) -> None:
+        """Rewrite the addresses py-libp2p's peerstore keeps for `peer_id`: `first` ahead of the
+        others, `drop` removed."""
+        from libp2p.peer.peerstore import PeerStoreError
+
+        store = self._host.get_peerstore()
+        try:
+            known = list(store.addrs(peer_id))
+        except PeerStoreError:  # none, or expired
+            known = []
+        wanted = [a for a in dict.fromkeys([*first, *known]) if a not in drop]
+        if wanted != known:  # (a clear also drops the peer's signed record, if py-libp2p holds one)
+            store.clear_addrs(peer_id)
+            store.add_addrs(peer_id, wanted, _PEERSTORE_TTL_S)
 
     # -- request/response streams ------------------------------------------------------------
 
@@ -525,3 +558,22 @@ def _check_listening(bound: list[str], port: int, listen: str) -> None:
     if port and not any(a.split("/p2p/")[0].endswith(f"/tcp/{port}") for a in bound):
         raise ConfigError("peer.listen", f"cannot listen on {listen}: the libp2p host bound {', '.join(bound)} "
                           f"instead")
+
+
+def _another_key_answered(exc: BaseException) -> bool:
+    """Whether a failed dial failed because the peer that answered is not the one dialled (Noise's
+    `PeerIDMismatchesPubkey`, somewhere in py-libp2p's chain of wrapped and gathered errors)."""
+    from libp2p.security.noise.exceptions import PeerIDMismatchesPubkey
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        err = todo.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, PeerIDMismatchesPubkey):
+            return True
+        todo.extend(e for e in (err.__cause__, err.__context__) if e is not None)
+        todo.extend(e for e in getattr(err, "errors", ()) if isinstance(e, BaseException))
+    return False

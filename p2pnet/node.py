@@ -12,7 +12,11 @@ by every core that wants it). The peer table and notices run in `run_node`'s nur
 runs its cores in its own.
 
 The node is also the `EffectSink` of its cores: publishes, sends and connects are queued on a
-bounded outbox and carried out by a few sender tasks, so a slow peer never stalls a core.
+bounded outbox and carried out by a few sender tasks, so a slow peer never stalls a core. A
+`Connect` tries the peer's addresses in order and takes the first that reaches that very peer: an
+address that names another peer, or where another peer answers (a stale address, reused after a
+NAT rebinding or by a machine restarted with a new key), fails as no longer that peer's, and the
+next is tried (`Host.connect(addr, peer)`; Noise proves whom a dial reached).
 Inbound frames are decoded once, dropped if they are our own, routed by message kind to the
 cores that handle it; rejected frames penalise the claimed sender (or the forwarding peer when
 no sender could be read) in the peer table, except stale ones: a skewed clock (ours or theirs)
@@ -367,12 +371,15 @@ class Node:
             if effect.peer in self.host.connected_peers():
                 return
             errors = []
-            for addr in effect.addrs:
+            for addr in effect.addrs:  # the first that reaches `effect.peer` itself, not whoever listens there
                 try:
-                    await self.host.connect(addr)
-                    return
+                    await self.host.connect(addr, effect.peer)
                 except (PeerUnavailable, ConfigError) as exc:
                     errors.append(str(exc))
+                    continue
+                if errors:
+                    log.info("connected to %s at %s, not at its addresses before: %s", effect.peer, addr, "; ".join(errors))
+                return
             raise PeerUnavailable(f"connect {effect.peer}: {'; '.join(errors) or 'no addresses'}")
 
     async def publish(self, topic: str, body: object) -> None:

@@ -22,6 +22,10 @@ store's probe), the requests queued behind it wait unsent, and the core is told 
 plane refuses us as unknown (`NotAdmitted`: it has not heard our heartbeat) is sent our heartbeat
 directly (`Node.introduce`), by the upstream for a chunk fetch and by `_fetch_manifest` for a
 manifest, so it admits us at the next try rather than after our next heartbeat reaches it.
+Every input of the core, the shell's own included (a manifest the store will not keep is
+`forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
+are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
+manifest, or collected it) is not sent.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
 slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a second in all. What
@@ -277,6 +281,8 @@ class RelayRole(ChunkServing, ControlCommands):
         async with trio.open_nursery() as nursery:  # what the core's effects start: upstreams, manifest fetches
             async for item in self._queue:
                 if isinstance(item, Fetch):
+                    if not self.core.knows(item.version):
+                        continue  # forgotten since it was asked (its manifest refused by the store, collected)
                     if self.store.holds(item.version, item.index):
                         nursery.start_soon(self._held_already, item)
                         continue
@@ -336,11 +342,11 @@ class RelayRole(ChunkServing, ControlCommands):
             await trio.to_thread.run_sync(self.store.add_manifest, signed)
         except ManifestRejected as exc:  # the publisher signed two manifests for one version
             log.error("manifest for version %d refused by the store: %s", signed.version, exc)
-            self.core.forget(signed.version)
+            await self._command(lambda now: self.core.forget(signed.version))
             return
         except (StoreFull, OSError) as exc:
             log.error("cannot keep version %d: %s", signed.version, exc)
-            self.core.forget(signed.version)
+            await self._command(lambda now: self.core.forget(signed.version))
             return
         try:
             adopted = await trio.to_thread.run_sync(self.store.adopt_shared, signed.version)
@@ -644,7 +650,8 @@ class RelayRole(ChunkServing, ControlCommands):
                     if header.status != STATUS_OK or header.length > MAX_MANIFEST_BYTES:
                         return
                     frame = await reader.exactly(header.length)
-        except (PeerUnavailable, trio.TooSlowError, trio.BrokenResourceError, OSError, ValueError) as exc:
+        except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError, OSError,
+                ValueError) as exc:  # (MessageRejected: a frame longer than a response)
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
                 await self.node.introduce(ask.peer)

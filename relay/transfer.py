@@ -324,19 +324,24 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
 
     def found(self, now: float, version: int, indices: Iterable[int]) -> list[Any]:
         """Our store now holds these chunks of `version` without fetching them (it copied them
-        from a version it holds that shares them); requests for them still out are forgotten
-        (the shell does not send those it has not sent yet)."""
+        from a version it holds that shares them, or the shell found one it was about to ask for
+        already stored); requests for them still out are forgotten (the shell does not send those
+        it has not sent yet). Also for a chunk we had heard of: a source dropped with that chunk
+        received whole had it told after we asked another source for it again, whose request the
+        shell then found held and did not send (unsettled, it would count in flight for good)."""
         v = self._versions.get(version)
         if v is None:
             return []
         for index in indices:
-            if 0 <= index < v.count and not v.have[index]:
+            if not 0 <= index < v.count:
+                continue
+            if not v.have[index]:
                 v.have[index] = 1
                 v.have_count += 1
                 v.tried.pop(index, None)
-                entry = v.in_flight.get(index)
-                if entry is not None:  # asked for before the store found it: no longer awaited
-                    self._settle(now, v, index, entry, progress=False)
+            entry = v.in_flight.get(index)
+            if entry is not None:  # asked for before the store found it: no longer awaited
+                self._settle(now, v, index, entry, progress=False)
         effects: list[Any] = []
         if v.swarm is not None:
             self._gained(now, v, sum(1 << i for i in range(v.count) if v.have[i]) & ~v.swarm.mine, effects)
@@ -375,18 +380,20 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         effects.append(Fetch(source, version, index, v.digests[index], v.size(index), True))
         return self._arm(now, effects)
 
-    def forget(self, version: int) -> None:
-        """Our store dropped `version`: stop fetching and announcing it."""
+    def forget(self, version: int) -> list[Any]:
+        """Our store dropped `version`, or would not keep it: stop fetching and announcing it.
+        An input like any other (the role runs it in the core's runner); no effects today."""
         v = self._versions.pop(version, None)
         if v is not None:
             self._in_flight -= len(v.in_flight)
+        return []
 
     def collected(self, version: int) -> list[Any]:
         """Garbage collection dropped `version`: forget it, and never take it (or an older
         version we do not know) again, or we would fetch what the next collection drops."""
-        self.forget(version)
+        effects = self.forget(version)
         self._collected_through = max(self._collected_through, version)
-        return []
+        return effects
 
     def lost(self, now: float, version: int, index: int) -> list[Any]:
         """Our store no longer holds chunk `index` of `version` (it was corrupt on disk, or a

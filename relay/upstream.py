@@ -12,10 +12,17 @@ still outstanding as `unreachable`, never as a short chunk; a source that closes
 after our hello (it has not heard our heartbeat yet) fails them as `not_admitted`, and is sent our
 latest heartbeat directly (`Node.introduce`, while the failures are reported), so that it admits
 us when the core asks again after `not_admitted_s` instead of after our next heartbeat reaches it
-(up to the peer table's `max_interval_s`); a source that answers a request we
-never sent, or with the wrong length, broke the protocol and is reported `corrupt`. A source the
-core dropped (`close`) reports no failure: the core took its requests back as it dropped it (a
-chunk received whole by then is still stored and told, and its buffer given back).
+(up to the peer table's `max_interval_s`); a source that answers with the wrong length broke the
+protocol and is reported `corrupt`; one that answers a request we never sent, or sends a frame
+longer than a response header, broke it too: the connection ends and its requests fail as
+`unreachable` (raised, a source's garbage would stop the role). A source the core dropped
+(`close`) reports no failure: the core took its requests back as it dropped it (a chunk
+received whole by then is still stored and told, and its buffer given back). A bug of
+ours (any other exception) is raised from `run()`, dropped source or not, into the role's
+dispatcher, and stops the role and the peer with it, loudly, as every bug does
+(`p2pnet.errors`). After `close` it comes out of a cancelled scope, where the connection's close
+raises Cancelled over it and the scope would take that as its own and return quietly: `run`
+keeps the bug aside before the close and raises it past the scope.
 
 This module must not touch the store or the transfer core directly: it reports to the role.
 """
@@ -29,7 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from p2pnet.dataplane import FrameReader, send_frame
-from p2pnet.errors import PeerUnavailable
+from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.handshake import NotAdmitted
 from relay.effects import Fetch, FetchFailure
 from relay.manifest import MAX_CHUNK_BYTES
@@ -86,6 +93,7 @@ class Upstream:
         self._scope.cancel()
 
     async def run(self) -> None:
+        fault: BaseException | None = None  # our own, caught before the stream's close can hide it
         with self._scope:
             try:
                 stream = await self.role.open_stream(self.peer)
@@ -94,21 +102,32 @@ class Upstream:
                 if isinstance(exc, NotAdmitted):
                     self._failure = FetchFailure.NOT_ADMITTED
             else:
-                async with stream, trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write, stream, nursery.cancel_scope)
+                async with stream:
                     try:
-                        await self._read(stream, nursery)
-                    except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                        log.info("source %s: %s", self.peer, exc)
-                    except (_CorruptSource, ValueError) as exc:
-                        log.warning("source %s broke the chunk protocol: %s", self.peer, exc)
-                    finally:
-                        nursery.cancel_scope.cancel()
+                        await self._exchange(stream)
+                    except BaseException as exc:
+                        fault = _not_cancelled(exc)
+                        raise
         self.closed = True
+        if fault is not None:  # it came out of a scope `close` cancelled: the stream's close raised
+            raise fault  # Cancelled over it, which the scope took as its own
         async with trio.open_nursery() as nursery:
             if self._failure is FetchFailure.NOT_ADMITTED:  # only on a refusal: it may dial the source
                 nursery.start_soon(self.role.node.introduce, self.peer)  # our heartbeat, before the retry
             await self._fail_all()
+
+    async def _exchange(self, stream: trio.SocketStream) -> None:
+        """Write our requests and read the answers until the connection ends."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write, stream, nursery.cancel_scope)
+            try:
+                await self._read(stream, nursery)
+            except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.info("source %s: %s", self.peer, exc)
+            except (_CorruptSource, MessageRejected, ValueError) as exc:  # (MessageRejected: an oversized frame)
+                log.warning("source %s broke the chunk protocol: %s", self.peer, exc)
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _write(self, stream: trio.SocketStream, connection: trio.CancelScope) -> None:
         try:
@@ -198,6 +217,13 @@ class Buffers:
     def give(self, buffer: bytearray) -> None:
         self._free.append(buffer)
         self._lendable.release()
+
+
+def _not_cancelled(exc: BaseException) -> BaseException | None:
+    """What of `exc` is not a cancellation: None when all of it is."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1]
+    return None if isinstance(exc, trio.Cancelled) else exc
 
 
 class _CorruptSource(Exception):

@@ -4,6 +4,13 @@ watched so that a peer that closes it (it died: the receiving end never writes o
 reported to the round's inbox as `PeerFailed(peer)`, as a failed send is. The inbox's other
 event, `Received(peer, body)`, is put there by the role's server (a Join, Members or Part).
 
+A peer whose data plane refuses us as unknown (`NotAdmitted`: its table has not heard our
+heartbeat, as after we restarted) is sent our latest heartbeat directly, once per connection
+(`Node.introduce`, as the relay's fetches and `trainer.diloco_join.ask_publisher` do), and asked
+again until it admits us, the send's deadline comes (the introduction included, never past
+it) or the round is over (`stop_watching`: the round's end waits for its sends, not for a peer
+that refuses us); a refusal to the end is still a refusal (`send`'s `report_refusal`).
+
 The watchers belong to the task `open_links` starts, never to the tasks that send. This module
 must not decide who is in a round or what is sent (trainer.diloco_role, trainer.allreduce).
 """
@@ -30,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WATCH_QUEUE = 16  # connections opened and not yet taken by the watching task (it takes each at once)
+FIRST_RETRY_S = 0.05  # after our introduction, the first ask again: the heartbeat is one direct frame
+RETRY_CAP_S = 1.0  # the longest wait between two asks of a peer that refuses us as unknown
 
 
 @dataclass(frozen=True)
@@ -72,20 +81,23 @@ class Links:
         self.streams: dict[str, trio.SocketStream] = {}
         self.locks: dict[str, trio.Lock] = {}
         self.bytes_sent = 0
+        self.over = trio.Event()  # `stop_watching`: the round is over, a peer that refuses us is not asked again
 
     async def send(self, peer: str, body: object, *, report_refusal: bool = True) -> bool:
         """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
-        peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused
-        (it is alive but has not heard our heartbeat yet)."""
+        peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused to
+        the end (it is alive but has not heard our heartbeat yet, though introduced: see `_open`)."""
         frame = self.role.node.codec.encode(body, time.time())
         lock = self.locks.setdefault(peer, trio.Lock())
         stream: trio.SocketStream | None = None  # the connection this send used
+        refusals: list[NotAdmitted] = []  # of the connection it opened (introduced after the first)
+        deadline = trio.current_time() + self.timeout_s
         try:
-            with trio.fail_after(self.timeout_s):
+            with trio.fail_at(deadline):
                 async with lock:
                     stream = self.streams.get(peer)
                     if stream is None:
-                        stream = self.streams[peer] = await self.role.open_stream(peer)
+                        stream = self.streams[peer] = await self._open(peer, deadline, refusals)
                         if not self.watching.cancel_called:  # (once stopped, nobody takes it off the channel)
                             try:
                                 await self.opened.send((peer, stream))
@@ -98,13 +110,42 @@ class Links:
             log.info("diloco: sending to %s failed: %s", peer, exc)
             if stream is not None and self.streams.get(peer) is stream:  # a frame may be cut short in it:
                 await self._drop(peer, stream)  # never written to again
-            refused = isinstance(exc, NotAdmitted)
+            # refused to the end: the deadline may come while we introduce ourselves or wait to ask again
+            refused = isinstance(exc, NotAdmitted) or (isinstance(exc, trio.TooSlowError) and stream is None
+                                                       and bool(refusals))
             if report_refusal or not refused:
                 await self.role.inbox_send.send(PeerFailed(peer))
             return False
 
+    async def _open(self, peer: str, deadline: float, refusals: list[NotAdmitted]) -> trio.SocketStream:
+        """A connection to `peer`. Refused as unknown (`NotAdmitted`: its table has not heard our
+        heartbeat, as after we restarted), we introduce ourselves once (`Node.introduce`: our
+        heartbeat sent directly) and ask again, `FIRST_RETRY_S` later and twice as long after each
+        refusal, up to `RETRY_CAP_S`, while `deadline` leaves time for it and the round is not
+        over (`stop_watching`: the round's end waits for its sends, and would wait for this one
+        up to its deadline); the last refusal is raised, at once when no introduction could be
+        sent. The caller bounds all of it by `deadline` (the introduction may dial `peer`, up to
+        the node's `send_timeout_s`)."""
+        while True:
+            try:
+                return await self.role.open_stream(peer)
+            except NotAdmitted as exc:
+                refusals.append(exc)
+                if len(refusals) == 1:
+                    if not await self.role.node.introduce(peer):
+                        raise
+                    log.info("diloco: %s did not admit us (%s); introduced us, asking again", peer, exc)
+                wait_s = min(FIRST_RETRY_S * 2 ** (len(refusals) - 1), RETRY_CAP_S)
+                if self.over.is_set() or trio.current_time() + wait_s >= deadline:
+                    raise
+            with trio.move_on_after(wait_s):
+                await self.over.wait()
+            if self.over.is_set():  # the round ends waiting for its sends: not for this one
+                raise refusals[-1]
+
     def stop_watching(self) -> None:
         self.watching.cancel()
+        self.over.set()
 
     async def _watch_all(self, opened: trio.MemoryReceiveChannel[tuple[str, trio.SocketStream]]) -> None:
         """Watch each connection `send` opens, until `stop_watching`: the watchers are this task's."""

@@ -8,6 +8,7 @@ server admit it. Every wait is on a condition, under a deadline."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,9 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 
+from p2pnet.core import Connect
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.errors import PeerUnavailable
 from p2pnet.handshake import NotAdmitted
 from p2pnet.identity import Identity
 from p2pnet.messages import Heartbeat
@@ -102,4 +105,51 @@ async def test_a_peer_we_are_not_connected_to_is_dialled_then_sent_our_heartbeat
         client.host._host.get_peerstore().clear_addrs(ID.from_base58(server.peer_id))
         await refused_then_introduced(client, server)
         assert server.peer_id in client.host.connected_peers()
+        peers.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("own_address_after", [False, True])
+async def test_an_address_of_the_refusing_peer_where_another_peer_listens_is_not_taken_for_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, own_address_after: bool) -> None:
+    """The server's heartbeat lists addresses where the middle peer listens: one naming the middle
+    peer, one naming the server (as a stale address would after a NAT rebinding or a restart).
+    Neither counts as reaching the server: with no other address the introduction fails, counted
+    and logged as such; with the server's own address after them it goes through."""
+    caplog.set_level(logging.INFO, logger="p2pnet.node")
+    async with trio.open_nursery() as peers:
+        middle: Node = await peers.start(partial(run_node, PeerConfig(data_dir=tmp_path / "middle"), identity=MIDDLE))
+        client: Node = await peers.start(partial(
+            run_node, PeerConfig(data_dir=tmp_path / "client", bootstrap=(middle.host.addrs()[0],)),
+            peertable_config=replace(SLOW, target_connections=1), identity=CLIENT))
+        with trio.fail_after(DEADLINE_S):
+            assert await client.wait_for_peers(lambda: client.peertable.get(middle.peer_id) is not None)
+        server = await start_server(peers, tmp_path, bootstrap=(middle.host.addrs()[0],))
+        middles = middle.host.addrs()[0]
+        stale = middles.split("/p2p/")[0] + "/p2p/" + server.peer_id
+        listed = (middles, stale) + (tuple(server.host.addrs()) if own_address_after else ())
+        server.peertable.set_local(replace(server.peertable.local, addrs=listed))  # from its next heartbeat on
+        with trio.fail_after(DEADLINE_S):
+            assert await client.wait_for_peers(
+                lambda: (entry := client.peertable.get(server.peer_id)) is not None and entry.addrs == listed)
+        assert server.peer_id not in client.host.connected_peers()
+        client.host._host.get_peerstore().clear_addrs(ID.from_base58(server.peer_id))
+        failed = client.stats["send_failed"]
+        with trio.fail_after(DEADLINE_S):
+            introduced = await client.introduce(server.peer_id)
+        wrong = [r.getMessage() for r in caplog.records if "no longer belongs to" in r.getMessage()]
+        assert len(wrong) == 1 and f"{middles}: the address no longer belongs to {server.peer_id}" in wrong[0]
+        assert f"{stale}: the address no longer belongs to {server.peer_id}" in wrong[0]
+        if own_address_after:
+            assert introduced and client.stats["send_failed"] == failed
+            with trio.fail_after(DEADLINE_S):
+                assert await server.wait_for_peers(lambda: server.peertable.get(client.peer_id) is not None)
+                assert await served(client, server) == b"served " + client.peer_id.encode()
+        else:
+            assert not introduced and client.stats["send_failed"] == failed + 1
+            assert server.peer_id not in client.host.connected_peers()
+            assert server.peertable.get(client.peer_id) is None
+            # the Connect itself fails (the middle peer, connected already, is not the server): it is
+            # never counted as reaching the server, as the Send after it alone would show
+            with trio.fail_after(DEADLINE_S), pytest.raises(PeerUnavailable, match="no longer belongs to"):
+                await client._perform(Connect(server.peer_id, listed))
         peers.cancel_scope.cancel()

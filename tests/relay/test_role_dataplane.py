@@ -16,7 +16,7 @@ from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
 from relay.serving import ByteBudget, Refuse, Serve, ServingConfig, ServingCore, UploadMeter
 from relay.uploads import Uploads
-from relay.effects import Fetch, FetchFailure
+from relay.effects import Fetch, FetchFailure, FetchManifest
 
 DIGEST = bytes(32)
 ME = Identity.from_seed_text("fetcher")
@@ -123,6 +123,32 @@ async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apar
 
     told = await fetch_two(liar)
     assert (FetchFailure.CORRUPT, 0) in told and (FetchFailure.UNREACHABLE, 1) in told
+
+
+async def test_a_source_that_sends_an_oversized_frame_broke_the_protocol_and_crashes_nothing():
+    """A header frame longer than a response (the reader refuses it, `MessageRejected`) is the
+    source's fault, like an answer to a request we never sent: its requests fail, and `run`
+    returns (raised, it would stop the role and the peer)."""
+    async def bloated(stream, requests):
+        await stream.send_all((1 << 20).to_bytes(4, "big") + b"z" * 64)
+
+    assert sorted(await fetch_two(bloated)) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+
+
+async def test_a_manifest_source_that_sends_an_oversized_frame_is_not_believed_and_crashes_nothing():
+    """The same of a manifest fetch (`RelayRole._fetch_manifest`, run in the dispatcher's
+    nursery): nothing is handed to the core, and the core asks again later."""
+    role = InMemoryRole()
+    role.config = SimpleNamespace(request_timeout_s=5.0)
+    role.answers.put_data((1 << 20).to_bytes(4, "big") + b"z" * 64)
+
+    async def command(fn) -> None:
+        raise AssertionError("nothing of a bloated answer reaches the core")
+
+    role._command = command
+    with trio.fail_after(5):
+        await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1))
+    assert role.introduced == [] and role.told == []
 
 
 async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_time():
@@ -245,6 +271,64 @@ async def test_a_source_dropped_as_an_answer_comes_in_is_not_said_to_break_the_p
             await ended.wait()
     assert not [r for r in caplog.records if "broke the chunk protocol" in r.getMessage()]
     assert role.told == []
+
+
+class _FailingPending(dict):
+    """An upstream's table of requests whose `pop` has a bug (as `del` had: a KeyError after `close`)."""
+
+    def pop(self, *args):
+        raise RuntimeError("injected: a bug of ours in the read path")
+
+
+@pytest.mark.parametrize("where", ["read", "report"])
+async def test_a_bug_of_ours_after_the_source_was_dropped_is_raised_not_hidden(where):
+    """The core drops a source (`close`) while the upstream, its answer whole, is woken to take it
+    in; then a bug of ours raises, in the read path itself or in the task that reports the chunk.
+    The upstream's scope is cancelled by then, and the connection's close raises Cancelled over
+    the bug: `run()` must still raise it, not return as if the source had just been dropped."""
+    role = InMemoryRole()
+    lent = await role.buffers.take(1000)  # every buffer is storing a chunk: the upstream waits for one
+    upstream = Upstream(role, SOURCE.peer_id)
+    if where == "read":
+        upstream._pending = _FailingPending()
+    else:
+        async def report_fetched(peer, fetch, data, elapsed_s) -> None:
+            raise RuntimeError("injected: a bug of ours in storing a chunk")
+
+        role.report_fetched = report_fetched
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+    raised: list[BaseException] = []
+    ended = trio.Event()
+
+    async def run() -> None:
+        try:
+            await upstream.run()
+        except Exception as exc:
+            raised.append(exc)
+        ended.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        role.answers.put_data(role.answer(await role.request(), b"z" * 1000))
+        await trio.testing.wait_all_tasks_blocked()
+        role.buffers.give(lent)  # a buffer comes back (the upstream is woken) ...
+        upstream.close()  # ... and the core drops the source before the upstream runs again
+        with trio.fail_after(5):
+            await ended.wait()
+    assert len(raised) == 1
+    bug = raised[0]
+    if isinstance(bug, BaseExceptionGroup):
+        bug = bug.subgroup(RuntimeError)
+        assert bug is not None and bug.subgroup(trio.Cancelled) is None
+        (bug,) = _leaves(bug)
+    assert isinstance(bug, RuntimeError) and "injected" in str(bug)
+    assert role.told == []
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
 
 
 def test_upload_slots_go_to_urgent_requests_first():

@@ -23,13 +23,14 @@ import trio
 import trio.testing
 from safetensors.numpy import save_file
 
+from p2pnet.core import Emit
 from p2pnet.driver import CoreRunner
 from p2pnet.identity import Identity
 from p2pnet.messages import Capacity
 from p2pnet.node import Node, PeerNews
 from p2pnet.peertable import LocalInfo
 from p2pnet.errors import ConfigError, PeerUnavailable
-from relay.errors import ChunkMissing, StoreFull
+from relay.errors import ChunkMissing, ManifestRejected, StoreFull
 from relay.messages import Holding
 from relay.metrics import RelayMetrics
 from relay.role import RelayRole
@@ -227,6 +228,44 @@ async def test_a_full_store_backs_off_says_so_once_per_hold_and_resumes_when_spa
         assert not h.role.status()["store_backoff"]["backing_off"]
         assert [r for r in caplog.records if "room again" in r.getMessage()]
         assert len(store_full_warnings(caplog)) == len(warnings)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("refusal", [ManifestRejected("conflict", "injected: a second manifest for the version"),
+                                     OSError(errno.EIO, "injected: the disk fails")])
+async def test_a_manifest_the_store_refuses_is_forgotten_in_the_runner_and_none_of_its_chunks_fetched(
+        tmp_path, clock, monkeypatch, refusal):
+    """The store will not keep version 1's manifest: the core forgets the version, as an input run
+    by its runner like every other (whatever it returns is carried out: here a marker the test
+    adds), no chunk of it is fetched (the fetches the core asked with the manifest are not sent),
+    and the next version is fetched as usual."""
+    h = Harness(tmp_path)
+    real_add, real_forget = h.role.store.add_manifest, h.role.core.forget
+    forgotten_in: list[str] = []
+
+    def add_manifest(signed):
+        if signed.version == 1:
+            raise refusal
+        return real_add(signed)
+
+    def forget(version: int) -> list:
+        forgotten_in.append(trio.lowlevel.current_task().name)
+        return (real_forget(version) or []) + [Emit(("forgotten", version))]  # (it returned None before)
+
+    monkeypatch.setattr(h.role.store, "add_manifest", add_manifest)
+    monkeypatch.setattr(h.role.core, "forget", forget)
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        await h.announce(1)
+        await h.until(lambda: bool(forgotten_in), 30)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not h.role.core.knows(1) and 1 not in h.role.status()["complete_versions"]
+        assert Emit(("forgotten", 1)) in h.node.carried  # its effects were carried out
+        assert len(forgotten_in) == 1 and forgotten_in[0].endswith("CoreRunner.run"), forgotten_in
+        await h.announce(2)
+        await h.until(lambda: h.complete(2), 30)
+        assert {version for _, version, _ in h.source.downloads} == {2}
+        assert not h.role.core.knows(1)
         nursery.cancel_scope.cancel()
 
 

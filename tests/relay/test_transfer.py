@@ -10,7 +10,7 @@ from p2pnet.wire import Envelope
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
-from relay.effects import DropReason, Fetch, FetchFailure, FetchManifest, ServeAtOnce, SourceDropped
+from relay.effects import DropReason, DropSource, Fetch, FetchFailure, FetchManifest, ServeAtOnce, SourceDropped
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import MBIT, build_broadcast, fake_manifest, run_broadcast_sim, simulate_broadcast
 from simulations.scale import scale_chunk_bytes, simulate_at_scale
@@ -107,6 +107,31 @@ def test_a_corrupt_chunk_bans_and_penalises_the_source_and_the_chunk_is_fetched_
     again = [f for f in fetches(out) if f.index == from_bad[0].index]
     assert again and again[0].peer == PUBLISHER.peer_id
     assert "bad" in c.status(0.2)["banned"]
+
+
+def test_a_request_the_shell_finds_held_is_settled_though_a_dropped_source_told_that_chunk_first():
+    """A source dropped as stalled had one chunk received whole (the shell stores and tells it,
+    `relay.upstream`); the core asked another source for it meanwhile, and the shell, finding
+    the chunk stored, does not send that request and says so (`found`): it is no longer in
+    flight, and takes no part of the in-flight budget for as long as the version is kept."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"m{i}": 1e8 for i in range(8)}})
+    pending = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    stalled = next(f for f in pending if f.peer != PUBLISHER.peer_id)
+    pending.remove(stalled)
+    while pending:  # every other chunk arrives
+        f = pending.pop()
+        pending += [g for g in fetches(c.fetched(0.5, f.peer, 1, f.index, 0.1)) if g.index != stalled.index]
+    effects = c.on_timer(3.0, "relay/tick")  # past FAST's stall_timeout_s
+    assert [e.peer for e in effects if isinstance(e, DropSource)] == [stalled.peer]
+    (again,) = [f for f in fetches(effects) if f.index == stalled.index]
+    assert again.peer != stalled.peer
+
+    c.fetched(3.1, stalled.peer, 1, stalled.index, 0.1)  # its chunk, received whole before the drop
+    c.found(3.2, 1, [stalled.index])  # the request asked again, found held by the shell
+    assert c.complete_versions() == [1]
+    assert c.progress(3.2, 1)["in_flight"] == 0 and c.progress(3.2, 1)["sources"] == []
+    assert c._in_flight == 0
 
 
 # -- the simulated world ------------------------------------------------------------------

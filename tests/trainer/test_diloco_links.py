@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from p2pnet.dataplane import DataPlane, open_data_stream
+from p2pnet.handshake import NotAdmitted
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.diloco_messages import CHANNEL, STAGE_CONTRIBUTION, Join, Part, StateWanted
@@ -25,9 +26,14 @@ SENDER = Identity.from_seed_text("diloco sender")
 JOIN = Join(1, b"w" * 16, ())
 
 
-def _role(address: str, inbox_send: trio.MemorySendChannel[Any]) -> SimpleNamespace:
-    """What `Links` uses of the role: our codec, the round's inbox, and connections to `address`."""
-    return SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER)), inbox_send=inbox_send,
+async def _cannot_introduce(peer: str) -> bool:
+    return False  # as `Node.introduce` when it has nothing to send (no heartbeat of ours yet, a peer introduced just now)
+
+
+def _role(address: str, inbox_send: trio.MemorySendChannel[Any], introduce=_cannot_introduce) -> SimpleNamespace:
+    """What `Links` uses of the role: our codec and introductions, the round's inbox, and
+    connections to `address`."""
+    return SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox_send=inbox_send,
                            open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(SENDER), peer=peer))
 
 
@@ -59,6 +65,133 @@ async def test_a_join_a_newcomer_refuses_does_not_make_it_a_suspect_but_other_fa
             assert not await links.send(RECEIVER.peer_id, body, report_refusal=False)
             assert inbox.receive_nowait() == PeerFailed(RECEIVER.peer_id)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_has_not_heard_us_is_introduced_to_once_and_the_send_goes_through():
+    """A restarted trainer's link to a peer whose table forgot it: the peer's data plane refuses it
+    as unknown; we introduce ourselves (our heartbeat, sent directly: here it reaches the peer's
+    table only after one more refused try, as a frame on its way would) and ask again, and the
+    send goes through, with nothing reported. Without an introduction it fails at once, as before."""
+    heard: set[str] = set()
+    arrived: list[object] = []
+    got = trio.Event()
+    introduced: list[str] = []
+    refused_since_introduced = 0
+
+    def admit(peer: str) -> str | None:
+        nonlocal refused_since_introduced
+        if peer in heard:
+            return None
+        if introduced:
+            refused_since_introduced += 1
+            if refused_since_introduced == 2:  # our heartbeat has reached its table now
+                heard.add(peer)
+        return "not in our peer table (no heartbeat heard)"
+
+    async def serve(stream, reader, peer):  # as the role's server: reads on until the sender closes
+        while (frame := await reader.frame()) is not None:
+            arrived.append(Codec(RECEIVER).decode(frame, time.time()).body)
+            got.set()
+
+    async def introduce(peer: str) -> bool:
+        introduced.append(peer)
+        return True
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=admit)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        role = _role(address, inbox_send, introduce)
+        async with open_links(role, 30.0) as links:
+            assert await links.send(RECEIVER.peer_id, JOIN, report_refusal=False)
+            with trio.fail_after(30):
+                await got.wait()
+        assert arrived == [JOIN] and introduced == [RECEIVER.peer_id]  # once, for three refusals
+        assert plane.refused == {"not_admitted": 3}
+        with pytest.raises(trio.WouldBlock):
+            inbox.receive_nowait()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("report_refusal", [False, True])
+async def test_a_peer_that_never_admits_us_fails_the_send_by_its_deadline_even_while_introducing(
+        autojump_clock, report_refusal):
+    """Introduced, a peer that still refuses us is asked again until the send's deadline, never
+    past it, also when the introduction itself is slow (a dial, up to the node's send timeout):
+    the send fails by then, as a refusal (reported only when refusals are)."""
+    tries: list[float] = []
+
+    async def refuse(peer: str):
+        tries.append(trio.current_time())
+        raise NotAdmitted(f"{peer} closed the connection after our hello")
+
+    async def slow_introduce(peer: str) -> bool:
+        await trio.sleep(8.0)
+        return True
+
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    for introduce, timeout_s in ((slow_introduce, 5.0), (slow_introduce, 20.0)):
+        role = SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox_send=inbox_send,
+                               open_stream=refuse)
+        tries.clear()
+        start = trio.current_time()
+        async with open_links(role, timeout_s) as links:
+            assert not await links.send(RECEIVER.peer_id, JOIN, report_refusal=report_refusal)
+        assert trio.current_time() - start <= timeout_s
+        if timeout_s < 8.0:  # the deadline came while introducing
+            assert len(tries) == 1
+        else:  # asked again after the introduction, 0.05 s later doubling to 1 s, until the deadline
+            gaps = [later - earlier for earlier, later in zip(tries, tries[1:])]
+            assert gaps[0] >= 8.0 and len(gaps) > 6 and all(gap <= 1.0 + 1e-9 for gap in gaps[1:])
+            assert tries[-1] - start > timeout_s - 1.0
+        if report_refusal:
+            assert inbox.receive_nowait() == PeerFailed(RECEIVER.peer_id)
+        with pytest.raises(trio.WouldBlock):
+            inbox.receive_nowait()
+
+
+@pytest.mark.parametrize("report_refusal", [False, True])
+async def test_a_send_asking_a_refusing_peer_again_gives_up_when_the_round_is_over(autojump_clock, report_refusal):
+    """The round's end waits for its sends (bounded by the deadline, as `DilocoRole` does): one
+    still asking a peer that refuses us, introduced, fails at once when the round is over
+    (`stop_watching`), as a refusal, and a send behind it on the same peer's lock, refused
+    in turn, fails at once too. Asking on to its deadline would hold every round that sent
+    to such a peer (one that banned us) that much longer, where before it failed at once."""
+    tries: list[float] = []
+
+    async def refuse(peer: str):
+        tries.append(trio.current_time())
+        raise NotAdmitted(f"{peer} closed the connection after our hello")
+
+    async def introduce(peer: str) -> bool:
+        return True
+
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    role = SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox_send=inbox_send,
+                           open_stream=refuse)
+    timeout_s = 30.0
+    results: list[bool] = []
+
+    async def send() -> None:
+        results.append(await links.send(RECEIVER.peer_id, JOIN, report_refusal=report_refusal))
+
+    async with open_links(role, timeout_s) as links:
+        async with trio.open_nursery() as sends:
+            sends.start_soon(send)
+            await trio.sleep(3.0)  # the round goes on: asked again meanwhile
+            sends.start_soon(send)  # waits on the peer's lock
+            await trio.sleep(2.0)
+            asked = len(tries)
+            links.stop_watching()  # the round is over
+            over = trio.current_time()
+            sends.cancel_scope.deadline = over + timeout_s  # finish sends, bounded
+        assert trio.current_time() == over  # (virtual time) nothing held the round's end
+    assert results == [False, False] and asked > 2 and len(tries) == asked + 1  # the second asked once
+    if report_refusal:
+        assert [inbox.receive_nowait(), inbox.receive_nowait()] == [PeerFailed(RECEIVER.peer_id)] * 2
+    with pytest.raises(trio.WouldBlock):
+        inbox.receive_nowait()
 
 
 async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_closed_after_the_round():

@@ -1,0 +1,149 @@
+"""The relay role fetching over real upstreams from sources it drops at random moments, in
+virtual time (MockClock): no drop crashes the role, and every chunk arrives.
+
+Every source is a real `relay.upstream.Upstream` (the role's own, one per peer, closed by
+`DropSource`) over an in-memory connection to a `FlakyServer`: it answers each request after a
+random wait from the publisher's store, the chunk's bytes sometimes in two pieces with a pause
+between, and now and then it dies (closes the connection) in the middle of a chunk. Meanwhile the
+test drops a source that has requests out, at random moments, as the core does when a source
+stalls (`_exclude` and `DropSource`, in the core's runner), so the close lands wherever the
+upstream happens to be: reading a header or a chunk's bytes, waiting for a buffer, writing a
+request, or storing a received chunk. A bug raised after a drop (`Upstream.run` raises it, and
+the role stops) fails the test; so does a chunk never fetched, or a request the core still counts
+in flight once every answer has come. Trio's scheduler shuffles its batches: each run of a seed
+differs a little, and each finds more.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+import trio
+import trio.testing
+
+from p2pnet.dataplane import FrameReader, send_frame
+from p2pnet.errors import PeerUnavailable
+from relay.effects import DropReason, DropSource
+from relay.messages import STATUS_OK, ChunkResponse
+from relay.role import RelayRole, _parse_request
+from relay.upstream import Upstream
+from tests.relay.test_role_source_blame import MEMBERS
+from tests.relay.test_role_store_faults import (  # noqa: F401 (fixtures)
+    PUBLISHER, Harness, clock, inline_threads)
+
+CHUNKS = 96
+TICK_S = 0.05  # virtual: every wait is a whole number of these, so that a drop often comes at the moment of an answer
+DROPS = 40  # then the drops stop, and the exclusions run out: the version must complete
+
+
+class FlakyServer:
+    """Every source's end of its data connections, answering from the publisher's store. Now and
+    then, just before or after one of its sends, it has the source dropped (`drop(peer)`): the
+    close then meets the upstream as those bytes arrive."""
+
+    def __init__(self, store, rng: random.Random, drop: Callable[[str], None]) -> None:
+        self.store, self.rng, self.drop = store, rng, drop
+        self.deaths = 0  # connections closed in the middle of a chunk
+
+    async def serve(self, peer: str, stream: trio.abc.Stream) -> None:
+        sending = trio.Lock()
+        with trio.CancelScope() as connection:
+            try:
+                async with trio.open_nursery() as nursery:
+                    reader = FrameReader(stream, max_frame_bytes=4096)
+                    while (frame := await reader.frame()) is not None:
+                        request, _ = _parse_request(frame)
+                        nursery.start_soon(self._answer, peer, stream, sending, request, connection)
+            except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # our upstream closed the connection (the core dropped this source)
+        await stream.aclose()
+
+    async def _answer(self, peer: str, stream, sending: trio.Lock, request, connection: trio.CancelScope) -> None:
+        rng = self.rng
+        await trio.sleep(TICK_S * rng.choice((0, rng.randrange(6), rng.randrange(60))))
+        data = self.store.read_chunk(request.version, request.index)
+        cut = rng.randrange(len(data))
+        try:
+            async with sending:
+                await self._send(peer, stream, ChunkResponse(request.request_id, STATUS_OK, len(data)).pack(), True)
+                await self._send(peer, stream, data[:cut])
+                if rng.random() < 0.3:
+                    await trio.sleep(TICK_S * rng.randrange(20))
+                if rng.random() < 0.03:
+                    self.deaths += 1
+                    connection.cancel()  # it dies inside the chunk: the connection ends there
+                    return
+                await self._send(peer, stream, data[cut:])
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            connection.cancel()  # our upstream closed the connection (the core dropped this source)
+
+    async def _send(self, peer: str, stream, data: bytes, frame: bool = False) -> None:
+        when = self.rng.random()
+        if when < 0.03:  # the drop on its way to the upstream as these bytes go
+            self.drop(peer)
+        await (send_frame(stream, data) if frame else stream.send_all(data))
+        if when > 0.97:
+            self.drop(peer)
+
+
+def drop_as_stalled(core, peer: str):
+    """The core's input that drops `peer` as its stall check does (`_check_stalls`)."""
+
+    def drop(now: float) -> list:
+        effects: list = []
+        core._exclude(now, peer, DropReason.STALLED, effects)
+        effects.append(DropSource(peer))
+        for v in list(core._versions.values()):
+            if not v.complete:
+                core._pump(now, v, effects)
+        return core._arm(now, effects)
+
+    return drop
+
+
+@pytest.mark.parametrize("seed", range(40))
+async def test_sources_dropped_at_random_moments_crash_nothing_and_every_chunk_arrives(tmp_path, clock, monkeypatch,
+                                                                                      seed):
+    rng = random.Random(seed)
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    role, core = h.role, h.role.core
+    closed_with_requests_out: list[int] = []
+    real_close = Upstream.close
+
+    def close(upstream: Upstream) -> None:
+        closed_with_requests_out.append(upstream.outstanding + upstream._receive.statistics().current_buffer_used)
+        real_close(upstream)
+
+    monkeypatch.setattr(Upstream, "close", close)
+    async with trio.open_nursery() as nursery:
+        def drop(peer: str) -> None:
+            if len(closed_with_requests_out) < DROPS and peer != PUBLISHER.peer_id:
+                nursery.start_soon(role._command, drop_as_stalled(core, peer))
+
+        server = FlakyServer(h.origin, rng, drop)
+
+        async def open_stream(peer: str) -> trio.abc.Stream:
+            ours, theirs = trio.testing.memory_stream_pair()
+            nursery.start_soon(server.serve, peer, theirs)
+            return ours
+
+        role.open_stream = open_stream
+        await h.start(nursery)
+        role._upstream = RelayRole._upstream.__get__(role)  # the role's own upstreams, not the harness's source
+        await role._command(lambda now: core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+        await h.announce(1, chunks=CHUNKS)
+        while len(closed_with_requests_out) < DROPS and not h.complete(1):  # and at random moments of ours
+            await trio.sleep(TICK_S * rng.choice((0, 1, rng.randrange(40))))
+            busy = [p for p, u in role._upstreams.items() if not u.closed and u.outstanding]
+            if busy:
+                drop(rng.choice(sorted(busy)))
+        await h.until(lambda: h.complete(1), 3600)
+        # the requests still out when the last chunk came (asked twice) settle as their answers come
+        await h.until(lambda: core.progress(trio.current_time(), 1)["in_flight"] == 0, 600)
+        nursery.cancel_scope.cancel()
+
+    assert all(role.store.holds(1, i) for i in range(CHUNKS))
+    assert core._in_flight == 0
+    assert sum(1 for n in closed_with_requests_out if n) >= 5  # (the drops found requests out)
