@@ -46,11 +46,12 @@ would admit unchecked, for good, every worker they banned (refused `banned`, nev
 any copy of a batch heard before it. `snapshot` and `restore` carry what prevents that: the
 reputation, `forgotten_before`, the (worker, step) keys and the nonces still in their window,
 times as wall-clock seconds. A restored key has no batch (batches are not kept), but a copy
-that shares it is a sibling all the same. The trainer role keeps the snapshot on disk
-(`trainer.intake_state`); `revision` tells it when the snapshot changed. Not carried: a
-verdict heard after the restart on a batch heard before it is unknown to the new ledger and
-dropped (`unknown_submission`), so that failure is not counted here though validators count
-it; the leaderboard's counts (banned workers stay marked banned).
+that shares it is a sibling all the same, and the ledger still knows its id, so a verdict on
+it heard after the restart counts toward its worker's reputation. The trainer role keeps the
+snapshot on disk (`trainer.intake_state`); `revision` tells it when the snapshot changed. Not
+carried: the leaderboard's counts (banned workers stay marked banned). Verdicts published
+while the trainer was down are never heard: a failure among them counts for the validators and
+not here, so a worker they ban on it is refused unclaimed while this intake has not banned it.
 
 Rewards, advantages and training are not here (`trainer.learner`); neither are sockets.
 """
@@ -87,6 +88,7 @@ class IntakeMemory:
     steps: list[tuple[str, int]]
     nonces: list[tuple[tuple[str, bytes], float]]  # oldest first, with when last heard
     horizon: float  # nonces heard before this are forgotten
+    submissions: list[tuple[bytes, SubmissionInfo]]  # the batches kept: a verdict on one may come after a restart
 
     def to_json(self) -> dict[str, Any]:
         steps: dict[str, list[int]] = {}
@@ -97,8 +99,13 @@ class IntakeMemory:
         for (worker, nonce), heard in self.nonces:
             if heard >= self.horizon:
                 nonces.setdefault(worker, []).append([nonce.hex(), round(heard + offset, 3)])
+        submissions: dict[str, list[list[Any]]] = {}
+        for sid, info in self.submissions:
+            submissions.setdefault(info.worker, []).append([sid.hex(), info.step, info.model_version,
+                                                            round(info.seen_at + offset, 3)])
         return {"format": STATE_FORMAT, "forgotten_before": self.forgotten_before, "reputation": self.reputation,
-                "steps": {w: sorted(s) for w, s in sorted(steps.items())}, "nonces": nonces}
+                "steps": {w: sorted(s) for w, s in sorted(steps.items())}, "nonces": nonces,
+                "submissions": submissions}
 
 
 @validated
@@ -328,14 +335,18 @@ class Intake(ReactiveCore):
         event loop (a list copy of the index) while `IntakeMemory.to_json` runs elsewhere."""
         horizon = now - self.config.replay_window_s
         return IntakeMemory(now, wall_s, self.forgotten_before, self.reputation.snapshot(now, wall_s),
-                            list(self.by_step), [(k, v[0]) for k, v in self.by_nonce.items()], horizon)
+                            list(self.by_step), [(k, v[0]) for k, v in self.by_nonce.items()], horizon,
+                            [(b.sid, SubmissionInfo(b.worker, b.submission.step, b.submission.model_version, b.seen_at))
+                             for b in self.batches.values()])
 
     def snapshot(self, now: float, wall_s: float) -> dict[str, Any]:
         """The verification memory a restarted trainer needs, as JSON-able data: the reputation
-        (bans, failed batches), `forgotten_before`, the (worker, step) keys indexed and the
-        nonces still remembered, with times as wall-clock seconds (`wall_s` is the wall clock at
-        `now`). Batches themselves are not in it: one heard before a restart is gone, and only
-        its keys make a later copy of it a sibling."""
+        (bans, failed batches), `forgotten_before`, the (worker, step) keys indexed, the nonces
+        still remembered and the ids of the batches kept (worker, step, version: what a verdict
+        is checked against), with times as wall-clock seconds (`wall_s` is the wall clock at
+        `now`). Batches themselves are not in it: one heard before a restart is not trained on
+        after it, its keys make a later copy of it a sibling, and a verdict on it still counts
+        toward its worker's reputation."""
         return self.memory(now, wall_s).to_json()
 
     def restore(self, state: Any, now: float, wall_s: float) -> None:
@@ -354,6 +365,9 @@ class Intake(ReactiveCore):
             horizon = now - self.config.replay_window_s
             heard = sorted((now + finite_s(t) - wall_s, str(w), bytes.fromhex(n))
                            for w, listed in dict(state["nonces"]).items() for n, t in listed)
+            noted = sorted(((now + finite_s(t) - wall_s, bytes.fromhex(sid), str(w), _step(step), _step(version))
+                            for w, listed in dict(state["submissions"]).items() for sid, step, version, t in listed),
+                           key=lambda entry: entry[0])  # oldest first, as the ledger forgets them
             self.reputation.restore(state["reputation"], now, wall_s)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not an intake snapshot: {exc!r}") from exc
@@ -364,6 +378,9 @@ class Intake(ReactiveCore):
         for t, worker, nonce in heard:
             if t >= horizon and (worker, nonce) not in self.by_nonce:
                 self.by_nonce[(worker, nonce)] = (t, [])
+        for t, sid, worker, step, version in noted:  # a verdict on one still counts (as on a forgotten batch)
+            if step >= self.forgotten_before:
+                self.ledger.note_submission(sid, SubmissionInfo(worker, step, version, t))
         for worker in self.reputation.banned(now):
             self.workers.setdefault(worker, WorkerLedger()).banned = True
             self.contributions.banned(worker)

@@ -22,9 +22,9 @@ loses nothing.
 
 The event loop only copies the index (`Intake.memory`); converting, encoding and writing run
 in a worker thread. Measured at 180 000 nonces (1000 workers, one batch per 10 s, the 1800 s
-window) and 10 000 step keys, on one core of the development machine: a 9.2 MB file, 0.05 s of
-copying in the event loop, 0.38 s to convert, encode and write it (with fsync) in the thread,
-0.7 s to read it back at start.
+window) and 10 000 step keys, on one core of the development machine: a 9.2 MB file, about
+0.05 s of copying in the event loop, 0.4 s to convert, encode and write it (with fsync) in the
+thread, 0.8 s to read it back at start.
 """
 
 from __future__ import annotations

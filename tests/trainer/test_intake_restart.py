@@ -101,6 +101,24 @@ def test_a_restored_copy_still_passes_with_a_verdict_of_its_own():
     assert [b.sid for b in after.admissible(100.0, 3)] == [sid]
 
 
+def test_a_verdict_heard_after_the_restart_on_a_batch_heard_before_it_still_counts():
+    before = make(sample_rate=RATE, unchecked_after_s=10.0, ban_after_failures=2)
+    sids = []
+    for step in (1, 2):
+        env = signed(CHEAT, submission(CHEAT, step), drawn=True, after=WALL_S + 10 * step)
+        before.on_message(float(step), env)
+        sids.append(submission_id(env))
+    failed = [Verdict(sid, CHEAT.peer_id, step, step, False, ("row0:x",), 2, make_ticket_for(sid))
+              for step, sid in zip((1, 2), sids)]
+    before.on_message(3.0, envelope(VALIDATOR, failed[0]))  # the first failure, before the restart
+    after = restarted(before, saved_at=4.0, wall_at_save=WALL_S + 30, now=0.0, wall_s=WALL_S + 60,
+                      sample_rate=RATE, unchecked_after_s=10.0, ban_after_failures=2)
+    effects = after.on_message(1.0, envelope(VALIDATOR, failed[1]))  # the second, after it
+    assert any(isinstance(e, Emit) and isinstance(e.event, WorkerBanned) for e in effects)
+    assert after.reputation.is_banned(CHEAT.peer_id, 1.0) and "unknown_submission" not in after.dropped
+    assert after.ledger.submission(sids[1]).seen_at == pytest.approx(0.0 + 2.0 - 4.0 - 30.0)
+
+
 def make_ticket_for(sid: bytes):
     from verify.assign import make_ticket
 
@@ -160,7 +178,7 @@ def test_a_bans_end_is_carried_in_wall_clock_time_and_a_permanent_ban_stays_perm
 
 @pytest.mark.parametrize("damage", [b"{\"format\": 1, \"forgo", b"[]", b"\xff\xfe",
                                     b'{"format": 1, "forgotten_before": 0, "reputation": {"workers": {},'
-                                    b' "banned_until": {"w": 1e999}}, "steps": {}, "nonces": {}}',
+                                    b' "banned_until": {"w": 1e999}}, "steps": {}, "nonces": {}, "submissions": {}}',
                                     b'{"format": 99}'])
 def test_a_damaged_file_stops_the_start_unless_told_to_start_empty(tmp_path, damage):
     path = tmp_path / "intake_state.json"
