@@ -18,7 +18,9 @@ a batch heard in those last seconds, sent again after the restart, is then not a
 That needs the crash to fall inside the few seconds after the first copy, which a worker does
 not choose, and gains the worker at most that one batch; writing the whole index (one entry per
 submission in the replay window) at every submission would cost far more. A clean shutdown
-loses nothing.
+loses nothing. A write that fails (a full disk) raises out of `keep` and stops the trainer, as a
+failed checkpoint write does, rather than let it run on with bans it could not keep. A crash in
+mid-write can leave a `.intake_state.json.tmp*` file beside it (never read; safe to delete).
 
 The event loop only copies the index (`Intake.memory`); converting, encoding and writing run
 in a worker thread. Measured at 180 000 nonces (1000 workers, one batch per 10 s, the 1800 s
