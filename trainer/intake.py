@@ -45,10 +45,20 @@ more than the rest of the codec's margins: 280 s behind, 10 s ahead), one whose 
 intake forgot it while the validators still refuse it (their `replay_window_s` set longer).
 Upgrade validators before the trainer, or run `sample_rate = 1` meanwhile (docs/validators.md).
 The same holds wherever the validators' view of a worker is stricter than the intake's: a
-worker outside a `validator.workers` list (the trainer has none), one banned by validators
-whose `ban_after_failures` is lower than the trainer's, and, after a trainer restart, every
-worker they banned before it and every copy of a batch heard before it (bans and the sibling
-index live in this object's memory only).
+worker outside a `validator.workers` list (the trainer has none), and one banned by validators
+whose `ban_after_failures` is lower than the trainer's.
+
+Restarts. Validators keep their bans and nonces across a trainer restart, so a fresh intake
+would admit unchecked, for good, every worker they banned (refused `banned`, never claimed) and
+any copy of a batch heard before it. `snapshot` and `restore` carry what prevents that: the
+reputation, `forgotten_before`, the (worker, step) keys and the nonces still in their window,
+times as wall-clock seconds. A restored key has no batch (batches are not kept), but a copy
+that shares it is a sibling all the same, and the ledger still knows its id, so a verdict on
+it heard after the restart counts toward its worker's reputation. The trainer role keeps the
+snapshot on disk (`trainer.intake_state`); `revision` tells it when the snapshot changed. Not
+carried: the leaderboard's counts (banned workers stay marked banned). Verdicts published
+while the trainer was down are never heard: a failure among them counts for the validators and
+not here, so a worker they ban on it is refused unclaimed while this intake has not banned it.
 
 Rewards, advantages and training are not here (`trainer.learner`); neither are sockets.
 """
@@ -67,9 +77,42 @@ from relay.messages import HOLDING_TOPIC, Holding
 from trainer.leaderboard import Contributions
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              submission_id)
-from verify.reputation import Reputation, ReputationConfig, WorkerBanned
+from verify.reputation import Reputation, ReputationConfig, WorkerBanned, finite_s
 from verify.validator import Penalise, ValidatorCoreConfig
 from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, VerdictLedger
+
+STATE_FORMAT = 1  # `Intake.snapshot`'s layout
+
+
+@dataclass(frozen=True)
+class IntakeMemory:
+    """A copy of the intake's verification memory at `now` (`Intake.memory`); `to_json` is the
+    snapshot, times turned into wall-clock seconds."""
+    now: float
+    wall_s: float
+    forgotten_before: int
+    reputation: dict[str, Any]  # already JSON-able (`Reputation.snapshot`)
+    steps: list[tuple[str, int]]
+    nonces: list[tuple[tuple[str, bytes], float]]  # oldest first, with when last heard
+    horizon: float  # nonces heard before this are forgotten
+    submissions: list[tuple[bytes, SubmissionInfo]]  # the batches kept: a verdict on one may come after a restart
+
+    def to_json(self) -> dict[str, Any]:
+        steps: dict[str, list[int]] = {}
+        for worker, step in self.steps:
+            steps.setdefault(worker, []).append(step)
+        nonces: dict[str, list[list[Any]]] = {}
+        offset = self.wall_s - self.now
+        for (worker, nonce), heard in self.nonces:
+            if heard >= self.horizon:
+                nonces.setdefault(worker, []).append([nonce.hex(), round(heard + offset, 3)])
+        submissions: dict[str, list[list[Any]]] = {}
+        for sid, info in self.submissions:
+            submissions.setdefault(info.worker, []).append([sid.hex(), info.step, info.model_version,
+                                                            round(info.seen_at + offset, 3)])
+        return {"format": STATE_FORMAT, "forgotten_before": self.forgotten_before, "reputation": self.reputation,
+                "steps": {w: sorted(s) for w, s in sorted(steps.items())}, "nonces": nonces,
+                "submissions": submissions}
 
 
 @validated
@@ -149,6 +192,7 @@ class Intake(ReactiveCore):
         # (worker, nonce) -> (last heard, its batches' ids), oldest first; kept replay_window_s
         self.by_nonce: OrderedDict[tuple[str, bytes], tuple[float, list[bytes]]] = OrderedDict()
         self.contributions = Contributions()  # the leaderboard: admitted facts only (trainer.leaderboard)
+        self.revision = 0  # counts changes to what `snapshot` returns (a caller saves when it moved)
 
     # -- core inputs ----------------------------------------------------------------------
 
@@ -198,11 +242,14 @@ class Intake(ReactiveCore):
         horizon = now - self.config.replay_window_s
         while self.by_nonce and next(iter(self.by_nonce.values()))[0] < horizon:
             self.by_nonce.popitem(last=False)
-        same_step = self.by_step.setdefault((batch.worker, batch.submission.step), [])
+        step_key = (batch.worker, batch.submission.step)
+        step_known = step_key in self.by_step  # restored keys have no batches: heard before a restart
+        same_step = self.by_step.setdefault(step_key, [])
         nonce_key = (batch.worker, batch.submission.nonce)
         known = self.by_nonce.pop(nonce_key, None)  # put back last: kept replay_window_s after its last copy
         same_nonce = known[1] if known is not None else []
-        if same_step or known is not None:
+        self.revision += 1
+        if step_known or known is not None:
             batch.sibling = True
             for group in (same_step, same_nonce):
                 if len(group) == 1:  # its one member becomes a sibling now; a larger group's already are
@@ -241,6 +288,7 @@ class Intake(ReactiveCore):
 
     def _reputation(self, now: float, worker: str, sid: bytes, validator: str, verdict: Verdict) -> list[Effect]:
         effects: list[Effect] = []
+        self.revision += 1
         for event in self.reputation.record(now, worker, sid, validator, verdict.accepted, verdict.reasons):
             if isinstance(event, WorkerBanned):
                 self.workers.setdefault(worker, WorkerLedger()).banned = True
@@ -282,6 +330,7 @@ class Intake(ReactiveCore):
         trained on again, and keeping them would grow memory and every `admissible` scan without
         end. The leaderboard keeps what they earned; a late copy of one is dropped as stale."""
         self.forgotten_before = max(self.forgotten_before, step)
+        self.revision += 1
         for sid in [sid for sid, b in self.batches.items() if b.submission.step < step]:
             batch = self.batches.pop(sid)
             ledger = self.workers.get(batch.worker)
@@ -293,6 +342,63 @@ class Intake(ReactiveCore):
         oldest = min((b.submission.model_version for b in self.batches.values()), default=step)
         for version in [v for v in self.holders if v < min(oldest, step - self.config.async_level)]:
             del self.holders[version]
+
+    # -- what survives a restart ----------------------------------------------------------------
+
+    def memory(self, now: float, wall_s: float) -> IntakeMemory:
+        """What `snapshot` returns, copied but not yet converted: cheap enough to take in the
+        event loop (a list copy of the index) while `IntakeMemory.to_json` runs elsewhere."""
+        horizon = now - self.config.replay_window_s
+        return IntakeMemory(now, wall_s, self.forgotten_before, self.reputation.snapshot(now, wall_s),
+                            list(self.by_step), [(k, v[0]) for k, v in self.by_nonce.items()], horizon,
+                            [(b.sid, SubmissionInfo(b.worker, b.submission.step, b.submission.model_version, b.seen_at))
+                             for b in self.batches.values()])
+
+    def snapshot(self, now: float, wall_s: float) -> dict[str, Any]:
+        """The verification memory a restarted trainer needs, as JSON-able data: the reputation
+        (bans, failed batches), `forgotten_before`, the (worker, step) keys indexed, the nonces
+        still remembered and the ids of the batches kept (worker, step, version: what a verdict
+        is checked against), with times as wall-clock seconds (`wall_s` is the wall clock at
+        `now`). Batches themselves are not in it: one heard before a restart is not trained on
+        after it, its keys make a later copy of it a sibling, and a verdict on it still counts
+        toward its worker's reputation."""
+        return self.memory(now, wall_s).to_json()
+
+    def restore(self, state: Any, now: float, wall_s: float) -> None:
+        """Take back a `snapshot` (made by an earlier process: `now` and `wall_s` are this one's
+        clocks at one moment) into an intake that has heard nothing yet. Its banned workers stay
+        banned and its keys make siblings of any copy heard from now on; steps before
+        `forgotten_before` and nonces older than `replay_window_s` are left out. ValueError if
+        `state` is not a snapshot."""
+        if self.batches or self.by_step or self.by_nonce:
+            raise RuntimeError("restore into a fresh intake")  # keeps `by_nonce` oldest first
+        try:
+            if state["format"] != STATE_FORMAT:
+                raise ValueError(f"format {state['format']!r}, expected {STATE_FORMAT}")
+            forgotten = _step(state["forgotten_before"])
+            steps = {(str(w), _step(step)) for w, listed in dict(state["steps"]).items() for step in listed}
+            horizon = now - self.config.replay_window_s
+            heard = sorted((now + finite_s(t) - wall_s, str(w), bytes.fromhex(n))
+                           for w, listed in dict(state["nonces"]).items() for n, t in listed)
+            noted = sorted(((now + finite_s(t) - wall_s, bytes.fromhex(sid), str(w), _step(step), _step(version))
+                            for w, listed in dict(state["submissions"]).items() for sid, step, version, t in listed),
+                           key=lambda entry: entry[0])  # oldest first, as the ledger forgets them
+            self.reputation.restore(state["reputation"], now, wall_s)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not an intake snapshot: {exc!r}") from exc
+        self.forgotten_before = max(self.forgotten_before, forgotten)
+        for key in steps:
+            if key[1] >= self.forgotten_before:
+                self.by_step.setdefault(key, [])
+        for t, worker, nonce in heard:
+            if t >= horizon and (worker, nonce) not in self.by_nonce:
+                self.by_nonce[(worker, nonce)] = (t, [])
+        for t, sid, worker, step, version in noted:  # a verdict on one still counts (as on a forgotten batch)
+            if step >= self.forgotten_before:
+                self.ledger.note_submission(sid, SubmissionInfo(worker, step, version, t))
+        for worker in self.reputation.banned(now):
+            self.workers.setdefault(worker, WorkerLedger()).banned = True
+            self.contributions.banned(worker)
 
     def step_counts(self, step: int) -> tuple[int, int]:
         """(accepted, rejected) batches submitted for `step` so far."""
@@ -325,3 +431,9 @@ class Intake(ReactiveCore):
         return [{"peer_id": w, "submitted": l.submitted, "accepted": l.accepted, "rejected": l.rejected,
                  "banned": l.banned, "trained_batches": l.trained_batches}
                 for w, l in sorted(self.workers.items())]
+
+
+def _step(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"not a step: {value!r}")
+    return value

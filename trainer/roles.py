@@ -10,7 +10,11 @@ tries that version again only once its files change (the relay fetched them agai
 last step too), trains (GRPO, `trainer.learner`, or with `ranks` above 1 a torchrun group of
 FSDP2 ranks, `trainer.ranks`) only on batches validators accepted, and publishes every new
 version through the relay role; the checkpoint write and the publish run beside the next step,
-never in its way. Both need the relay role in the same peer.
+never in its way. Its intake's verification memory (bans, failed batches, the sibling index)
+is kept in `out_dir/intake_state.json` and restored at start (`trainer.intake_state`: saved at
+once after a failed verdict or ban, within seconds after other changes, and at shutdown), so
+that a restart does not let workers the validators banned pass unchecked; a damaged file stops
+the start unless `discard_damaged_intake_state` is set. Both need the relay role in the same peer.
 
 A worker's `byzantine` setting exists for devnets and tests that must show cheaters caught: it
 makes the worker lie on purpose, and the worker says so loudly in its log and status.
@@ -34,7 +38,9 @@ from models.weights import load_version
 from relay.loader import LOAD_FAILURES, RejectedVersions
 from tasks.prompts import check_spec
 from trainer.intake import Intake, IntakeConfig
+from trainer.intake_state import INTAKE_STATE_FILE, IntakeStateFile, load_into
 from trainer.metricsfile import METRICS_FILE, MetricsFile, tokens_of
+from verify.reputation import BatchInvalidated, WorkerBanned
 from verify.validator import Penalise
 
 log = logging.getLogger(__name__)
@@ -229,7 +235,7 @@ def _substitute_answers(batch: Any, tokenizer: Any, spec: str = "arithmetic") ->
 @dataclass(frozen=True)
 class TrainerConfig:
     model_dir: Path  # the starting model folder (version 0)
-    out_dir: Path  # checkpoint versions are written here as v{version}/ (training resumes from the newest)
+    out_dir: Path  # checkpoint versions are written here as v{version}/ (training resumes from the newest), and the intake's bans and sibling index as intake_state.json
     model_name: str = "tiny"  # the model name in manifests and submissions
     steps: int = 20  # train this many steps, then stop training (the peer keeps serving)
     batches_per_step: int = 0  # 0: wait until every live, unbanned worker's batch is decided
@@ -247,6 +253,7 @@ class TrainerConfig:
     ban_after_failures: int = 2  # rejected batches after which a worker's batches are refused
     keep_last: int = 0  # checkpoint versions kept in out_dir (0: async_level + 2); older ones are deleted
     keep_optimizer_states: int = 1  # versions that keep optimizer.pt (0: all kept); resuming needs the newest
+    discard_damaged_intake_state: bool = False  # an unreadable out_dir/intake_state.json (bans, sibling index): start without it instead of refusing to start
     ranks: int = 1  # learner processes: above 1, a torchrun group of FSDP2 ranks (one GPU each where CUDA is, else CPU) with DCP checkpoints in out_dir/sharded/
 
     def check(self) -> dict[str, str]:
@@ -279,6 +286,13 @@ class TrainerRole:
         self.intake = Intake(IntakeConfig(sample_rate=cfg.sample_rate, async_level=cfg.async_level,
                                           ban_after_failures=cfg.ban_after_failures),
                              node.peer_id, node.peertable)
+        # what the validators' refusals rely on: bans and the sibling index outlive a restart
+        state_path = cfg.out_dir / INTAKE_STATE_FILE
+        if load_into(self.intake, state_path, trio.current_time(), time.time(),
+                     discard_damaged=cfg.discard_damaged_intake_state):
+            log.info("trainer: intake state restored from %s (%d banned workers)", state_path,
+                     len(self.intake.reputation.banned(trio.current_time())))
+        self.intake_state = IntakeStateFile(state_path, self.intake)
         self.history: list[dict[str, Any]] = []
         self.published_at: dict[int, float] = {}
         self.publish_timing: dict[int, dict[str, float]] = {}  # version -> write_s, publish_s
@@ -312,9 +326,13 @@ class TrainerRole:
         """Train `steps` steps, then keep the intake running (it still hears holders, verdicts
         and submissions, for the status and the leaderboard) until the peer stops."""
         self.node.on_event(self._on_event)
-        async with trio.open_nursery() as cores:
-            runner = await cores.start(self.node.run_core, self.intake, "intake")
-            await self._train(runner, task_status)
+        try:
+            async with trio.open_nursery() as cores:
+                runner = await cores.start(self.node.run_core, self.intake, "intake")
+                cores.start_soon(self.intake_state.keep)
+                await self._train(runner, task_status)
+        finally:
+            self.intake_state.save()  # a clean stop loses nothing of it
 
     async def _train(self, runner: Any, task_status: trio.TaskStatus[None]) -> None:
         self.started_at = trio.current_time()
@@ -401,6 +419,8 @@ class TrainerRole:
         return round(max(holders[w] for w in workers) - published, 4)
 
     def _on_event(self, origin: str, event: Any) -> None:
+        if origin == "intake" and isinstance(event, (BatchInvalidated, WorkerBanned)):
+            self.intake_state.urgent()  # must survive a restart: saved now, not at the next interval
         if origin == "intake" and isinstance(event, Penalise):
             for effect in self.node.peertable.penalise(trio.current_time(), event.peer, 2.0):
                 self.node.carry_out(PEER_TABLE_CORE, effect)
@@ -410,6 +430,7 @@ class TrainerRole:
                  for h in self.history]
         return {"version": self.version, "steps_target": self.config.steps, "done": self.done, "ranks": self.config.ranks,
                 "history": steps, "workers": self.intake.workers_json(), "dropped": dict(self.intake.dropped),
+                "intake_state": self.intake_state.status(),
                 **self.contributions_json()}
 
     def contributions_json(self) -> dict[str, Any]:

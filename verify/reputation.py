@@ -9,11 +9,19 @@ otherwise). A worker is banned once it has at least `ban_after_failures` failed 
 This module only counts verdicts it is handed; deciding which verdicts to believe (known
 validator, ticket, signature, duplicates) is `verify.verdicts`. It returns events (plain
 frozen dataclasses) for the caller to emit. Pure: time comes in as `now`.
+
+`snapshot` / `restore` carry the whole record (per worker: accepted count, failed batches,
+failing validators; bans with their end) as JSON-able data, for a caller that keeps it across a
+restart. `now` is a monotonic clock that does not survive one, so a ban's end is written as
+wall-clock seconds (`wall_s`, taken at the same moment as `now`; None when permanent) and turned
+back into the new clock on restore. `restore` raises ValueError on data it cannot read.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from p2pnet.config import validated
 
@@ -105,6 +113,31 @@ class Reputation:
     def banned(self, now: float) -> list[str]:
         return sorted(w for w in list(self._banned_until) if self.is_banned(w, now))
 
+    def snapshot(self, now: float, wall_s: float) -> dict[str, Any]:
+        """The record as JSON-able data; bans end at wall-clock seconds (None: permanent)."""
+        return {
+            "workers": {w: {"accepted": r.accepted, "failed_batches": sorted(sid.hex() for sid in r.failed_batches),
+                            "failing_validators": sorted(r.failing_validators)}
+                        for w, r in sorted(self._records.items())},
+            "banned_until": {w: None if self._banned_until[w] == math.inf else wall_s + self._banned_until[w] - now
+                             for w in self.banned(now)},
+        }
+
+    def restore(self, state: Any, now: float, wall_s: float) -> None:
+        """Replace the record by a `snapshot`'s (bans already over are dropped, as `is_banned`
+        would); ValueError if `state` is not one."""
+        try:
+            records = {str(w): _Record(accepted=_count(r["accepted"]),
+                                       failed_batches={bytes.fromhex(sid) for sid in _strings(r["failed_batches"])},
+                                       failing_validators=set(_strings(r["failing_validators"])))
+                       for w, r in dict(state["workers"]).items()}
+            banned = {str(w): math.inf if end is None else now + finite_s(end) - wall_s
+                      for w, end in dict(state["banned_until"]).items()}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a reputation snapshot: {exc!r}") from exc
+        self._records, self._banned_until = records, banned
+        self.banned(now)  # drops bans that ended meanwhile, with their records
+
     def to_json(self, now: float) -> dict[str, object]:
         return {
             "banned": self.banned(now),
@@ -112,3 +145,22 @@ class Reputation:
                             "failing_validators": len(r.failing_validators)}
                         for w, r in sorted(self._records.items())},
         }
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"not a count: {value!r}")
+    return value
+
+
+def _strings(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"not a list of strings: {value!r}")
+    return value
+
+
+def finite_s(value: Any) -> float:
+    """`value` as seconds, if it is a finite number (for data read back from disk); else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"not a finite time: {value!r}")
+    return float(value)

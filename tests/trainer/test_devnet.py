@@ -25,6 +25,8 @@ def test_devnet_learns_on_verified_batches_and_bans_the_cheater(devnet_run):
     honest = [w for w in summary["workers"] if not w["byzantine"]]
     assert len(cheaters) == 1 and len(honest) == 2
     assert cheaters[0]["banned"] and cheaters[0]["trained_batches"] == 0 and cheaters[0]["rejected"] >= 2
+    kept = json.loads((devnet_run.root / "net" / "trainer" / "ckpt" / "intake_state.json").read_text())
+    assert list(kept["reputation"]["banned_until"]) == [cheaters[0]["peer_id"]]  # what a restarted trainer reads
     assert all(w["trained_batches"] > 0 and not w["banned"] and w["rejected"] == 0 for w in honest)
     for w in summary["workers"]:
         assert set(w) >= {"peer_id", "byzantine", "accepted", "rejected", "banned", "trained_batches"}

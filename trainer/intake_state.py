@@ -1,0 +1,136 @@
+"""The intake's verification memory on disk: `intake_state.json` in the trainer's out_dir.
+
+Owns the file, not what is in it (`Intake.snapshot` / `Intake.restore` say that): `load_into`
+reads it at start, and `IntakeStateFile` writes it, atomically (`p2pnet.files`: temp name,
+fsync, rename, fsync the folder), from the trainer role's nursery: at once after a failed
+verdict or a ban (the role calls `urgent()` when the intake emits one), else within
+`interval_s` of any other change (a submission indexed, a step forgotten), and at shutdown
+(`save`). A missing file is a first start. A file we cannot read back is our own state damaged:
+`LocalStateError` naming it, unless `discard_damaged` (the trainer's
+`discard_damaged_intake_state`) says start empty; the damaged file is then moved aside to
+`intake_state.json.damaged`, never read again.
+
+What a crash can lose, and why that is acceptable: a failed verdict or a ban is on disk within
+two writes of it (one under way, then its own: milliseconds for a small index, under a second
+at the size measured below), so a crash loses one only if it comes in between. The sibling
+index written since the last save (at most `interval_s`, 5 s by default) can be lost: a copy of
+a batch heard in those last seconds, sent again after the restart, is then not a sibling here.
+That needs the crash to fall inside the few seconds after the first copy, which a worker does
+not choose, and gains the worker at most that one batch; writing the whole index (one entry per
+submission in the replay window) at every submission would cost far more. A clean shutdown
+loses nothing. A write that fails (a full disk) raises out of `keep` and stops the trainer, as a
+failed checkpoint write does, rather than let it run on with bans it could not keep. A crash in
+mid-write can leave a `.intake_state.json.tmp*` file beside it (never read; safe to delete).
+
+The event loop only copies the index (`Intake.memory`); converting, encoding and writing run
+in a worker thread. Measured at 180 000 nonces (1000 workers, one batch per 10 s, the 1800 s
+window) and 10 000 step keys, on one core of the development machine: a 9.2 MB file, about
+0.05 s of copying in the event loop, 0.4 s to convert, encode and write it (with fsync) in the
+thread, 0.8 s to read it back at start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from p2pnet.errors import LocalStateError
+from p2pnet.files import atomic_write_bytes
+from trainer.intake import Intake, IntakeMemory
+
+log = logging.getLogger(__name__)
+INTAKE_STATE_FILE = "intake_state.json"
+SAVE_INTERVAL_S = 5.0
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number this file may hold")
+
+
+def load_into(intake: Intake, path: Path, now: float, wall_s: float, *, discard_damaged: bool = False) -> bool:
+    """Restore `intake` from the file at `path`: True when it was there, False when missing
+    (a first start). Unreadable content raises `LocalStateError` naming the file, or with
+    `discard_damaged` is moved aside and the intake starts empty."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise LocalStateError(f"cannot read the trainer's intake state {path}: {exc.strerror or exc}") from exc
+    try:
+        intake.restore(json.loads(data, parse_constant=_refuse_constant), now, wall_s)
+    except (ValueError, UnicodeDecodeError) as exc:  # json's errors are ValueErrors
+        if not discard_damaged:
+            raise LocalStateError(
+                f"the trainer's intake state {path} is damaged ({exc}); it holds the workers validators "
+                f"banned: restore it from a backup, or set trainer.discard_damaged_intake_state = true "
+                f"to start without it (banned workers' batches may then be admitted unchecked)") from exc
+        aside = path.with_name(path.name + ".damaged")
+        os.replace(path, aside)
+        log.warning("trainer: intake state %s is damaged (%s): moved to %s, starting without bans or sibling "
+                    "index (trainer.discard_damaged_intake_state)", path, exc, aside)
+        return False
+    return True
+
+
+class IntakeStateFile:
+    """Keeps `intake`'s snapshot in `path` (module docstring): run `keep` in a nursery, call
+    `urgent()` after a failure or ban, `save` at shutdown."""
+
+    def __init__(self, path: Path, intake: Intake, *, interval_s: float = SAVE_INTERVAL_S,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.intake = intake
+        self.interval_s = interval_s
+        self.wall = wall
+        self.saved_revision = -1  # the intake's revision the file holds (-1: not written by us yet)
+        self.saves = 0
+        self._urgent = trio.Event()
+        self._saved = trio.Event()
+
+    def urgent(self) -> None:
+        """Save now, not at the next interval (a failed verdict or a ban: rare, and must last)."""
+        self._urgent.set()
+
+    def _write(self, memory: IntakeMemory) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.path, json.dumps(memory.to_json(), separators=(",", ":"), allow_nan=False).encode())
+
+    def _wrote(self, revision: int) -> None:
+        self.saved_revision = max(self.saved_revision, revision)
+        self.saves += 1
+        self._saved.set()
+        self._saved = trio.Event()
+
+    async def keep(self) -> None:
+        """Until cancelled: save whenever the snapshot changed, at once when `urgent`."""
+        while True:
+            with trio.move_on_after(self.interval_s):
+                await self._urgent.wait()
+            self._urgent = trio.Event()
+            if self.intake.revision != self.saved_revision:
+                revision, memory = self.intake.revision, self.intake.memory(trio.current_time(), self.wall())
+                await trio.to_thread.run_sync(self._write, memory)
+                self._wrote(revision)
+
+    def save(self) -> None:
+        """Save now, in this thread (shutdown: a cancelled nursery can no longer wait on one)."""
+        if self.intake.revision != self.saved_revision or not self.path.exists():
+            revision = self.intake.revision
+            self._write(self.intake.memory(trio.current_time(), self.wall()))
+            self._wrote(revision)
+
+    async def wait_saved(self, revision: int) -> None:
+        """Return once the file holds the intake's `revision` or a later one."""
+        while self.saved_revision < revision:
+            await self._saved.wait()
+
+    def status(self) -> dict[str, Any]:
+        return {"file": str(self.path), "saved_revision": self.saved_revision, "saves": self.saves,
+                "revision": self.intake.revision}
