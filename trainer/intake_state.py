@@ -18,8 +18,11 @@ a batch heard in those last seconds, sent again after the restart, is then not a
 That needs the crash to fall inside the few seconds after the first copy, which a worker does
 not choose, and gains the worker at most that one batch; writing the whole index (one entry per
 submission in the replay window) at every submission would cost far more. A clean shutdown
-loses nothing. A write that fails (a full disk) raises out of `keep` and stops the trainer, as a
-failed checkpoint write does, rather than let it run on with bans it could not keep. A crash in
+loses nothing. A write that fails (a full disk, an I/O error) is logged as an error at every try
+and tried again every `interval_s` (at once on the next `urgent`), the trainer running on: the
+bans are in memory and still refuse, and stopping would not put them on disk either (the file
+keeps its last good content), while a retry does once the disk recovers. `status()` counts the
+failed writes; a save at shutdown that fails raises `LocalStateError` naming the file. A crash in
 mid-write can leave a `.intake_state.json.tmp*` file beside it (never read; safe to delete).
 
 The event loop only copies the index (`Intake.memory`); converting, encoding and writing run
@@ -91,6 +94,8 @@ class IntakeStateFile:
         self.wall = wall
         self.saved_revision = -1  # the intake's revision the file holds (-1: not written by us yet)
         self.saves = 0
+        self.failed_writes = 0  # writes that raised OSError (each logged; retried)
+        self.last_error = ""
         self._urgent = trio.Event()
         self._saved = trio.Event()
 
@@ -116,14 +121,31 @@ class IntakeStateFile:
             self._urgent = trio.Event()
             if self.intake.revision != self.saved_revision:
                 revision, memory = self.intake.revision, self.intake.memory(trio.current_time(), self.wall())
-                await trio.to_thread.run_sync(self._write, memory)
+                try:
+                    await trio.to_thread.run_sync(self._write, memory)
+                except OSError as exc:  # our disk: the bans stay in memory, the next pass tries again
+                    self._failed(exc)
+                    continue
                 self._wrote(revision)
 
+    def _failed(self, exc: OSError) -> None:
+        self.failed_writes += 1
+        self.last_error = str(exc)
+        log.error("trainer: cannot write the intake state %s (%s); its file holds revision %d of %d: bans "
+                  "and failures since are kept in memory only until a write succeeds (retried every %.0f s)",
+                  self.path, exc, self.saved_revision, self.intake.revision, self.interval_s)
+
     def save(self) -> None:
-        """Save now, in this thread (shutdown: a cancelled nursery can no longer wait on one)."""
+        """Save now, in this thread (shutdown: a cancelled nursery can no longer wait on one);
+        `LocalStateError` naming the file if the write fails."""
         if self.intake.revision != self.saved_revision or not self.path.exists():
             revision = self.intake.revision
-            self._write(self.intake.memory(trio.current_time(), self.wall()))
+            try:
+                self._write(self.intake.memory(trio.current_time(), self.wall()))
+            except OSError as exc:
+                self._failed(exc)
+                raise LocalStateError(f"cannot write the trainer's intake state {self.path} at shutdown "
+                                      f"({exc}): bans and failures since its last save are lost") from exc
             self._wrote(revision)
 
     async def wait_saved(self, revision: int) -> None:
@@ -133,4 +155,4 @@ class IntakeStateFile:
 
     def status(self) -> dict[str, Any]:
         return {"file": str(self.path), "saved_revision": self.saved_revision, "saves": self.saves,
-                "revision": self.intake.revision}
+                "revision": self.intake.revision, "failed_writes": self.failed_writes, "last_error": self.last_error}

@@ -276,3 +276,47 @@ async def test_the_trainer_role_keeps_its_intake_state_in_out_dir_across_a_resta
         TrainerRole(FakeNode(tmp_path), section)
     empty = TrainerRole(FakeNode(tmp_path), {**section, "discard_damaged_intake_state": True})
     assert empty.intake.reputation.banned(trio.current_time()) == []
+
+
+async def test_a_failed_write_is_logged_and_tried_again_while_the_bans_stay_in_memory(tmp_path, autojump_clock,
+                                                                                      monkeypatch, caplog):
+    """A full disk neither stops the trainer nor loses the ban: each failed write is logged as an
+    error and counted, the next pass writes it once the disk recovers."""
+    import errno
+
+    import trainer.intake_state as intake_state
+
+    path = tmp_path / "intake_state.json"
+    intake = Intake(IntakeConfig(ban_after_failures=1), "trainer-id", Directory())
+    saver = IntakeStateFile(path, intake, interval_s=5.0, wall=lambda: WALL_S + trio.current_time())
+    disk_full = trio.Event()
+    real_write = intake_state.atomic_write_bytes
+
+    def write(target, data):
+        if not disk_full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        real_write(target, data)
+
+    monkeypatch.setattr(intake_state, "atomic_write_bytes", write)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(saver.keep)
+        env = envelope(CHEAT, submission(CHEAT, 1))
+        intake.on_message(trio.current_time(), env)
+        sid = submission_id(env)
+        body = Verdict(sid, CHEAT.peer_id, 1, 1, False, ("row0:x",), 2, make_ticket_for(sid))
+        intake.on_message(trio.current_time(), envelope(VALIDATOR, body))
+        saver.urgent()
+        while saver.failed_writes < 2:  # tried at once, then again after the interval
+            await trio.sleep(1.0)
+        assert not path.exists() and intake.reputation.is_banned(CHEAT.peer_id, trio.current_time())
+        assert saver.status()["failed_writes"] == 2 and "No space left" in saver.status()["last_error"]
+        assert [r for r in caplog.records if r.levelname == "ERROR" and str(path) in r.getMessage()]
+        disk_full.set()  # the disk recovers: the next pass writes it
+        await saver.wait_saved(intake.revision)
+        nursery.cancel_scope.cancel()
+    later = Intake(IntakeConfig(ban_after_failures=1), "trainer-id", Directory())
+    assert load_into(later, path, 0.0, WALL_S + 10**5) and later.reputation.is_banned(CHEAT.peer_id, 0.0)
+    intake.on_message(trio.current_time(), envelope(WORKER, submission(WORKER, 2)))
+    disk_full = trio.Event()  # full again
+    with pytest.raises(LocalStateError, match="intake_state.json"):  # at shutdown nothing is left to retry
+        saver.save()
