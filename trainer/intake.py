@@ -408,7 +408,9 @@ class Intake(ReactiveCore):
             forgotten = _step(state["forgotten_before"])
             steps = {(str(w), _step(step)) for w, listed in dict(state["steps"]).items() for step in listed}
             horizon = now - self.config.replay_window_s
-            heard = sorted((now + finite_s(t) - wall_s, str(w), bytes.fromhex(n))
+            # a time ahead of `now` (the wall clock went back between the runs) is taken as now: kept a
+            # whole window from here, and `by_nonce` stays oldest first, so that pruning its head goes on
+            heard = sorted((min(now, now + finite_s(t) - wall_s), str(w), bytes.fromhex(n))
                            for w, listed in dict(state["nonces"]).items() for n, t in listed)
             noted = sorted(((now + finite_s(t) - wall_s, bytes.fromhex(sid), str(w), _step(step), _step(version))
                             for w, listed in dict(state["submissions"]).items() for sid, step, version, t in listed),

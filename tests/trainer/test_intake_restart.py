@@ -320,3 +320,21 @@ async def test_a_failed_write_is_logged_and_tried_again_while_the_bans_stay_in_m
     disk_full = trio.Event()  # full again
     with pytest.raises(LocalStateError, match="intake_state.json"):  # at shutdown nothing is left to retry
         saver.save()
+
+
+def test_nonces_from_a_wall_clock_that_went_back_across_the_restart_are_kept_a_window_and_then_forgotten():
+    """Saved at a wall time later than the restart's (the clock was set back): restored as heard at
+    the restart, so the index is still pruned from its head, not held until the old clock is reached."""
+    kw = dict(sample_rate=RATE, unchecked_after_s=10.0, replay_window_s=100.0, async_level=2)
+    before = make(**kw)
+    before.on_message(1.0, envelope(WORKER, submission(WORKER, 1)))
+    after = restarted(before, saved_at=1.0, wall_at_save=WALL_S + 1, now=0.0, wall_s=WALL_S - 10**6, **kw)
+    [(restored, (heard, _))] = after.by_nonce.items()
+    assert heard == 0.0  # not 10**6 s ahead
+    for step in range(3, 40):
+        after.on_message(10.0 * step, envelope(WORKER, submission(WORKER, step)))
+    assert restored not in after.by_nonce and len(after.by_nonce) <= 11  # the window's worth (100 s, one a 10 s)
+    again = restarted(before, saved_at=1.0, wall_at_save=WALL_S + 1, now=0.0, wall_s=WALL_S - 10**6, **kw)
+    reused = envelope(WORKER, submission(WORKER, 2, nonce=restored[1]))
+    again.on_message(90.0, reused)
+    assert again.batches[submission_id(reused)].sibling  # still a sibling inside the window
