@@ -68,7 +68,7 @@ def load_into(intake: Intake, path: Path, now: float, wall_s: float, *, discard_
         raise LocalStateError(f"cannot read the trainer's intake state {path}: {exc.strerror or exc}") from exc
     try:
         intake.restore(json.loads(data, parse_constant=_refuse_constant), now, wall_s)
-    except (ValueError, UnicodeDecodeError) as exc:  # json's errors are ValueErrors
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # json: ValueError, or nesting too deep
         if not discard_damaged:
             raise LocalStateError(
                 f"the trainer's intake state {path} is damaged ({exc}); it holds the workers validators "

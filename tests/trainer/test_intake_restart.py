@@ -179,7 +179,7 @@ def test_a_bans_end_is_carried_in_wall_clock_time_and_a_permanent_ban_stays_perm
 @pytest.mark.parametrize("damage", [b"{\"format\": 1, \"forgo", b"[]", b"\xff\xfe",
                                     b'{"format": 1, "forgotten_before": 0, "reputation": {"workers": {},'
                                     b' "banned_until": {"w": 1e999}}, "steps": {}, "nonces": {}, "submissions": {}}',
-                                    b'{"format": 99}'])
+                                    b'{"format": 99}', b"[" * 100_000])
 def test_a_damaged_file_stops_the_start_unless_told_to_start_empty(tmp_path, damage):
     path = tmp_path / "intake_state.json"
     path.write_bytes(damage)
