@@ -199,18 +199,22 @@ def test_restore_refuses_an_intake_that_already_heard_something():
         intake.restore(make().snapshot(0.0, WALL_S), 0.0, WALL_S)
 
 
+def fail_once(intake: Intake, worker) -> list:
+    """`worker`'s batch of step 1, heard now and failed by VALIDATOR: the intake's effects."""
+    env = envelope(worker, submission(worker, 1))
+    intake.on_message(trio.current_time(), env)
+    sid = submission_id(env)
+    body = Verdict(sid, worker.peer_id, 1, 1, False, ("row0:x",), 2, make_ticket_for(sid))
+    return intake.on_message(trio.current_time(), envelope(VALIDATOR, body))
+
+
 async def test_the_state_file_is_saved_at_once_on_a_ban_and_read_by_the_next_start(tmp_path, autojump_clock):
     path = tmp_path / "out" / "intake_state.json"
     intake = Intake(IntakeConfig(ban_after_failures=1), "trainer-id", Directory())
     saver = IntakeStateFile(path, intake, interval_s=3600.0, wall=lambda: WALL_S + trio.current_time())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(saver.keep)
-        env = envelope(CHEAT, submission(CHEAT, 1))
-        intake.on_message(trio.current_time(), env)
-        sid = submission_id(env)
-        body = Verdict(sid, CHEAT.peer_id, 1, 1, False, ("row0:x",), 2, make_ticket_for(sid))
-        effects = intake.on_message(trio.current_time(), envelope(VALIDATOR, body))
-        assert any(isinstance(e, Emit) and isinstance(e.event, WorkerBanned) for e in effects)
+        assert any(isinstance(e, Emit) and isinstance(e.event, WorkerBanned) for e in fail_once(intake, CHEAT))
         started = trio.current_time()
         saver.urgent()  # the role does this on the intake's BatchInvalidated / WorkerBanned
         await saver.wait_saved(intake.revision)
@@ -300,11 +304,7 @@ async def test_a_failed_write_is_logged_and_tried_again_while_the_bans_stay_in_m
     monkeypatch.setattr(intake_state, "atomic_write_bytes", write)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(saver.keep)
-        env = envelope(CHEAT, submission(CHEAT, 1))
-        intake.on_message(trio.current_time(), env)
-        sid = submission_id(env)
-        body = Verdict(sid, CHEAT.peer_id, 1, 1, False, ("row0:x",), 2, make_ticket_for(sid))
-        intake.on_message(trio.current_time(), envelope(VALIDATOR, body))
+        fail_once(intake, CHEAT)
         saver.urgent()
         while saver.failed_writes < 2:  # tried at once, then again after the interval
             await trio.sleep(1.0)
