@@ -34,8 +34,10 @@ Validators also drop, unclaimed, a submission whose timestamp is older than the 
 `max_age_s` (300 s) or more than its `max_future_s` (30 s) ahead of their clocks, which a worker
 can aim at (a timestamp near an edge, or just past it for validators whose clocks run ahead of
 the trainer's). So a batch that reached the trainer more than `unchecked_max_skew_s` (20 s) from
-its signed timestamp, either way, is not admitted unchecked either (`dropped["skewed"]`): an
-honest worker's reaches it within a gossip delay and its clock's error.
+its signed timestamp, either way, is not admitted unchecked either (`dropped["skewed"]`, and a
+`BatchesSkewed` event at most once a minute for the role to log): an honest worker's reaches it
+within a gossip delay and its clock's error. Validators configured with tighter margins than
+the codec's defaults (`peer.max_message_age_s`, `peer.max_future_s`) reopen that edge.
 
 What remains: a submission the validators refuse or drop while the trainer admits it, without
 a sibling here, still passes unchecked: one they cannot decode or refuse by a rule the trainer
@@ -65,6 +67,7 @@ Rewards, advantages and training are not here (`trainer.learner`); neither are s
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +85,17 @@ from verify.validator import Penalise, ValidatorCoreConfig
 from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, VerdictLedger
 
 STATE_FORMAT = 1  # `Intake.snapshot`'s layout
+SKEW_WARN_INTERVAL_S = 60.0  # `BatchesSkewed` at most this often, counting the workers skewed this long
+
+
+@dataclass(frozen=True)
+class BatchesSkewed:
+    """Submissions reached us further than `unchecked_max_skew_s` from their signed timestamps,
+    so they pass only with verdicts of their own: from `workers` workers within the last
+    `SKEW_WARN_INTERVAL_S`, `median_age_s` off (positive: behind our clock). Many workers that
+    agree point at our clock. Emitted at most once per `SKEW_WARN_INTERVAL_S`."""
+    workers: int
+    median_age_s: float
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,8 @@ class Intake(ReactiveCore):
         self.by_nonce: OrderedDict[tuple[str, bytes], tuple[float, list[bytes]]] = OrderedDict()
         self.contributions = Contributions()  # the leaderboard: admitted facts only (trainer.leaderboard)
         self.revision = 0  # counts changes to what `snapshot` returns (a caller saves when it moved)
+        self._skews: dict[str, tuple[float, float]] = {}  # worker -> (when, age) of its last skewed batch
+        self._skew_warned_at = -math.inf
 
     # -- core inputs ----------------------------------------------------------------------
 
@@ -230,11 +246,25 @@ class Intake(ReactiveCore):
         ledger = self.workers.setdefault(worker, WorkerLedger())
         ledger.submitted += 1
         self.contributions.submitted(worker)
-        skewed = envelope.age_s is not None and abs(envelope.age_s) > self.config.unchecked_max_skew_s
+        age = envelope.age_s  # None: built in-process (the simulator), never skewed
+        skewed = age is not None and abs(age) > self.config.unchecked_max_skew_s
         self.batches[sid] = batch = Batch(sid, worker, sub, now, skewed=skewed)
         self._link(now, batch)
         self.ledger.note_submission(sid, SubmissionInfo(worker, sub.step, sub.model_version, now))
-        return []
+        return self._skewed(now, worker, age) if age is not None and skewed else []
+
+    def _skewed(self, now: float, worker: str, age_s: float) -> list[Effect]:
+        """Say, now and then, that batches are withheld for their timestamps: a clock off by more
+        than `unchecked_max_skew_s` (theirs, or ours when many agree) makes the trainer wait
+        for verdicts that only a sample of batches gets."""
+        self._skews[worker] = (now, age_s)
+        for other in [w for w, (when, _) in self._skews.items() if when < now - SKEW_WARN_INTERVAL_S]:
+            del self._skews[other]
+        if now - self._skew_warned_at < SKEW_WARN_INTERVAL_S:
+            return []
+        self._skew_warned_at = now
+        ages = sorted(age for _, age in self._skews.values())
+        return [Emit(BatchesSkewed(len(ages), ages[len(ages) // 2]))]
 
     def _link(self, now: float, batch: Batch) -> None:
         """Index `batch` by (worker, step) and (worker, nonce); it and every batch it shares a key
@@ -378,7 +408,9 @@ class Intake(ReactiveCore):
             forgotten = _step(state["forgotten_before"])
             steps = {(str(w), _step(step)) for w, listed in dict(state["steps"]).items() for step in listed}
             horizon = now - self.config.replay_window_s
-            heard = sorted((now + finite_s(t) - wall_s, str(w), bytes.fromhex(n))
+            # a time ahead of `now` (the wall clock went back between the runs) is taken as now: kept a
+            # whole window from here, and `by_nonce` stays oldest first, so that pruning its head goes on
+            heard = sorted((min(now, now + finite_s(t) - wall_s), str(w), bytes.fromhex(n))
                            for w, listed in dict(state["nonces"]).items() for n, t in listed)
             noted = sorted(((now + finite_s(t) - wall_s, bytes.fromhex(sid), str(w), _step(step), _step(version))
                             for w, listed in dict(state["submissions"]).items() for sid, step, version, t in listed),

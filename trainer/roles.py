@@ -37,7 +37,7 @@ from p2pnet.peertable import PEER_TABLE_CORE
 from models.weights import load_version
 from relay.loader import LOAD_FAILURES, RejectedVersions
 from tasks.prompts import check_spec
-from trainer.intake import Intake, IntakeConfig
+from trainer.intake import BatchesSkewed, Intake, IntakeConfig
 from trainer.intake_state import INTAKE_STATE_FILE, IntakeStateFile, load_into
 from trainer.metricsfile import METRICS_FILE, MetricsFile, tokens_of
 from verify.reputation import BatchInvalidated, WorkerBanned
@@ -421,6 +421,12 @@ class TrainerRole:
     def _on_event(self, origin: str, event: Any) -> None:
         if origin == "intake" and isinstance(event, (BatchInvalidated, WorkerBanned)):
             self.intake_state.urgent()  # must survive a restart: saved now, not at the next interval
+        if origin == "intake" and isinstance(event, BatchesSkewed):
+            side = "behind" if event.median_age_s > 0 else "ahead of"
+            log.warning("trainer: batches from %d worker(s) reached us ~%.0f s %s our clock (over %.0f s): they "
+                        "are trained only if drawn and accepted (dropped[\"skewed\"]); many workers agreeing point "
+                        "at this machine's clock (check NTP)", event.workers, abs(event.median_age_s), side,
+                        self.intake.config.unchecked_max_skew_s)
         if origin == "intake" and isinstance(event, Penalise):
             for effect in self.node.peertable.penalise(trio.current_time(), event.peer, 2.0):
                 self.node.carry_out(PEER_TABLE_CORE, effect)

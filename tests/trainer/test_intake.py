@@ -12,7 +12,7 @@ from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.errors import StaleMessage
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
-from trainer.intake import Intake, IntakeConfig
+from trainer.intake import BatchesSkewed, Intake, IntakeConfig
 from verify.validator import TIMER_SWEEP, Penalise, SubmissionRejected, ValidatorCore, ValidatorCoreConfig
 from verify.assign import is_eligible, make_ticket
 from verify.messages import Claim, Submission, Verdict, rollout_record, submission_id
@@ -291,6 +291,23 @@ def test_a_batch_that_reached_us_far_from_its_timestamp_is_admitted_only_with_it
     assert sorted(b.submission.step for b in intake.admissible(102.0, 3)) == [0, 2, 3]
     assert intake.dropped == {"skewed": 2}  # counted once each
 
+def test_batches_withheld_for_their_timestamps_are_reported_at_most_once_a_minute():
+    """A clock off by more than unchecked_max_skew_s (a worker's, or ours when many agree) leaves
+    only sampled batches to train on: said, not only counted."""
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0)
+
+    def heard(worker, step, now, age_s):
+        frame = Codec(worker).encode(submission(worker, step), WALL_S - age_s)
+        return [e.event for e in intake.on_message(now, Codec(None).decode(frame, WALL_S))
+                if isinstance(e, Emit) and isinstance(e.event, BatchesSkewed)]
+
+    assert heard(WORKER, 0, 1.0, 5.0) == [] and heard(WORKER, 1, 2.0, -15.0) == []  # within the margin
+    assert heard(CHEAT, 0, 3.0, 40.0) == [BatchesSkewed(1, 40.0)]
+    assert heard(WORKER, 2, 4.0, 45.0) == []  # within the minute: counted, not said again
+    assert heard(WORKER, 3, 63.0, 50.0) == [BatchesSkewed(2, 50.0)]  # both off within the minute (last ages)
+    assert heard(CHEAT, 1, 200.0, -25.0) == [BatchesSkewed(1, -25.0)]  # WORKER's last one too old to count
+
+
 def test_the_sibling_index_is_forgotten_with_its_steps_and_nonces_after_the_replay_window():
     intake = make(sample_rate=RATE, unchecked_after_s=10.0, replay_window_s=100.0, async_level=2)
     for step in range(200):  # one batch a step, 10 s apart: steps kept 3 steps, nonces 100 s
@@ -377,3 +394,13 @@ def test_linking_a_copy_costs_the_same_however_many_copies_came_before():
         intake.on_message(1.0, envelope(WORKER, submission(WORKER, 3, nonce=bytes([k]) * 16), WALL_S + k))
     assert len(intake.batches) == 60 and all(b.sibling for b in intake.batches.values())
     assert intake.batches.gets <= 2 * 60
+
+
+async def test_the_trainer_role_warns_of_batches_withheld_for_their_timestamps(tmp_path, autojump_clock, caplog):
+    from tests.trainer.test_intake_restart import FakeNode
+    from trainer.roles import TrainerRole
+
+    role = TrainerRole(FakeNode(tmp_path), {"model_dir": str(tmp_path / "model"), "out_dir": str(tmp_path / "out")})
+    role._on_event("intake", BatchesSkewed(3, -42.0))
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "3 worker(s)" in warning and "~42 s ahead of our clock" in warning and "NTP" in warning

@@ -179,7 +179,7 @@ def test_a_bans_end_is_carried_in_wall_clock_time_and_a_permanent_ban_stays_perm
 @pytest.mark.parametrize("damage", [b"{\"format\": 1, \"forgo", b"[]", b"\xff\xfe",
                                     b'{"format": 1, "forgotten_before": 0, "reputation": {"workers": {},'
                                     b' "banned_until": {"w": 1e999}}, "steps": {}, "nonces": {}, "submissions": {}}',
-                                    b'{"format": 99}'])
+                                    b'{"format": 99}', b"[" * 100_000])
 def test_a_damaged_file_stops_the_start_unless_told_to_start_empty(tmp_path, damage):
     path = tmp_path / "intake_state.json"
     path.write_bytes(damage)
@@ -199,18 +199,22 @@ def test_restore_refuses_an_intake_that_already_heard_something():
         intake.restore(make().snapshot(0.0, WALL_S), 0.0, WALL_S)
 
 
+def fail_once(intake: Intake, worker) -> list:
+    """`worker`'s batch of step 1, heard now and failed by VALIDATOR: the intake's effects."""
+    env = envelope(worker, submission(worker, 1))
+    intake.on_message(trio.current_time(), env)
+    sid = submission_id(env)
+    body = Verdict(sid, worker.peer_id, 1, 1, False, ("row0:x",), 2, make_ticket_for(sid))
+    return intake.on_message(trio.current_time(), envelope(VALIDATOR, body))
+
+
 async def test_the_state_file_is_saved_at_once_on_a_ban_and_read_by_the_next_start(tmp_path, autojump_clock):
     path = tmp_path / "out" / "intake_state.json"
     intake = Intake(IntakeConfig(ban_after_failures=1), "trainer-id", Directory())
     saver = IntakeStateFile(path, intake, interval_s=3600.0, wall=lambda: WALL_S + trio.current_time())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(saver.keep)
-        env = envelope(CHEAT, submission(CHEAT, 1))
-        intake.on_message(trio.current_time(), env)
-        sid = submission_id(env)
-        body = Verdict(sid, CHEAT.peer_id, 1, 1, False, ("row0:x",), 2, make_ticket_for(sid))
-        effects = intake.on_message(trio.current_time(), envelope(VALIDATOR, body))
-        assert any(isinstance(e, Emit) and isinstance(e.event, WorkerBanned) for e in effects)
+        assert any(isinstance(e, Emit) and isinstance(e.event, WorkerBanned) for e in fail_once(intake, CHEAT))
         started = trio.current_time()
         saver.urgent()  # the role does this on the intake's BatchInvalidated / WorkerBanned
         await saver.wait_saved(intake.revision)
@@ -276,3 +280,61 @@ async def test_the_trainer_role_keeps_its_intake_state_in_out_dir_across_a_resta
         TrainerRole(FakeNode(tmp_path), section)
     empty = TrainerRole(FakeNode(tmp_path), {**section, "discard_damaged_intake_state": True})
     assert empty.intake.reputation.banned(trio.current_time()) == []
+
+
+async def test_a_failed_write_is_logged_and_tried_again_while_the_bans_stay_in_memory(tmp_path, autojump_clock,
+                                                                                      monkeypatch, caplog):
+    """A full disk neither stops the trainer nor loses the ban: each failed write is logged as an
+    error and counted, the next pass writes it once the disk recovers."""
+    import errno
+
+    import trainer.intake_state as intake_state
+
+    path = tmp_path / "intake_state.json"
+    intake = Intake(IntakeConfig(ban_after_failures=1), "trainer-id", Directory())
+    saver = IntakeStateFile(path, intake, interval_s=5.0, wall=lambda: WALL_S + trio.current_time())
+    disk_full = trio.Event()
+    real_write = intake_state.atomic_write_bytes
+
+    def write(target, data):
+        if not disk_full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        real_write(target, data)
+
+    monkeypatch.setattr(intake_state, "atomic_write_bytes", write)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(saver.keep)
+        fail_once(intake, CHEAT)
+        saver.urgent()
+        while saver.failed_writes < 2:  # tried at once, then again after the interval
+            await trio.sleep(1.0)
+        assert not path.exists() and intake.reputation.is_banned(CHEAT.peer_id, trio.current_time())
+        assert saver.status()["failed_writes"] == 2 and "No space left" in saver.status()["last_error"]
+        assert [r for r in caplog.records if r.levelname == "ERROR" and str(path) in r.getMessage()]
+        disk_full.set()  # the disk recovers: the next pass writes it
+        await saver.wait_saved(intake.revision)
+        nursery.cancel_scope.cancel()
+    later = Intake(IntakeConfig(ban_after_failures=1), "trainer-id", Directory())
+    assert load_into(later, path, 0.0, WALL_S + 10**5) and later.reputation.is_banned(CHEAT.peer_id, 0.0)
+    intake.on_message(trio.current_time(), envelope(WORKER, submission(WORKER, 2)))
+    disk_full = trio.Event()  # full again
+    with pytest.raises(LocalStateError, match="intake_state.json"):  # at shutdown nothing is left to retry
+        saver.save()
+
+
+def test_nonces_from_a_wall_clock_that_went_back_across_the_restart_are_kept_a_window_and_then_forgotten():
+    """Saved at a wall time later than the restart's (the clock was set back): restored as heard at
+    the restart, so the index is still pruned from its head, not held until the old clock is reached."""
+    kw = dict(sample_rate=RATE, unchecked_after_s=10.0, replay_window_s=100.0, async_level=2)
+    before = make(**kw)
+    before.on_message(1.0, envelope(WORKER, submission(WORKER, 1)))
+    after = restarted(before, saved_at=1.0, wall_at_save=WALL_S + 1, now=0.0, wall_s=WALL_S - 10**6, **kw)
+    [(restored, (heard, _))] = after.by_nonce.items()
+    assert heard == 0.0  # not 10**6 s ahead
+    for step in range(3, 40):
+        after.on_message(10.0 * step, envelope(WORKER, submission(WORKER, step)))
+    assert restored not in after.by_nonce and len(after.by_nonce) <= 11  # the window's worth (100 s, one a 10 s)
+    again = restarted(before, saved_at=1.0, wall_at_save=WALL_S + 1, now=0.0, wall_s=WALL_S - 10**6, **kw)
+    reused = envelope(WORKER, submission(WORKER, 2, nonce=restored[1]))
+    again.on_message(90.0, reused)
+    assert again.batches[submission_id(reused)].sibling  # still a sibling inside the window
