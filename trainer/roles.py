@@ -384,13 +384,14 @@ class TrainerRole:
         from trainer.checkpoint import published_files, version_dir
 
         if self.relay.watcher.is_complete(version):
-            self.published_at.setdefault(version, trio.current_time())
+            self.intake.published(version, self.published_at.setdefault(version, trio.current_time()))
             return  # published before a restart: the relay already holds and announces it
         # the model folder (config, generation config, tokenizer, shards, index); never the optimizer state
         paths = published_files(version_dir(self.config.out_dir, version))
         await self.relay.publish(paths, model=self.config.model_name, version=version,
                                  previous_version=version - 1)
         self.published_at[version] = trio.current_time()
+        self.intake.published(version, self.published_at[version])
 
     def _record(self, stats: Any, batches: list[Any], gather_s: float = 0.0) -> None:
         step = stats.version - 1 if stats.trained else self.version
@@ -441,7 +442,7 @@ class TrainerRole:
                            "holders": {p: round(t - published[v], 3) for p, t in self.intake.holders.get(v, {}).items()}}
                   for v in sorted(published)[-50:]}
         names = {entry.peer_id: entry.name for entry in self.node.peertable.peers() if entry.name}
-        return {"leaderboard": self.intake.contributions.rows(published, names=names, relayed=relayed),
+        return {"leaderboard": self.intake.contributions.rows(names=names, relayed=relayed),
                 "verdict_log": list(self.intake.contributions.verdict_log)[-1000:], "spread": spread,
                 "started_at": self.started_at}
 
