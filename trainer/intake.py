@@ -56,11 +56,12 @@ any copy of a batch heard before it. `snapshot` and `restore` carry what prevent
 reputation, `forgotten_before`, the (worker, step) keys and the nonces still in their window,
 times as wall-clock seconds. A restored key has no batch (batches are not kept), but a copy
 that shares it is a sibling all the same, and the ledger still knows its id, so a verdict on
-it heard after the restart counts toward its worker's reputation. The trainer role keeps the
-snapshot on disk (`trainer.intake_state`); `revision` tells it when the snapshot changed. Not
-carried: the leaderboard's counts (banned workers stay marked banned). Verdicts published
-while the trainer was down are never heard: a failure among them counts for the validators and
-not here, so a worker they ban on it is refused unclaimed while this intake has not banned it.
+it heard after the restart counts toward its worker's reputation. The snapshot also carries
+the leaderboard's rows (`Contributions.snapshot`: counts, reasons, ban marks, compute totals;
+not its verdict log). The trainer role keeps the snapshot on disk (`trainer.intake_state`);
+`revision` tells it when the snapshot changed. Verdicts published while the trainer was down
+are never heard: a failure among them counts for the validators and not here, so a worker
+they ban on it is refused unclaimed while this intake has not banned it.
 
 Rewards, advantages and training are not here (`trainer.learner`); neither are sockets.
 """
@@ -84,7 +85,8 @@ from verify.reputation import Reputation, ReputationConfig, WorkerBanned, finite
 from verify.validator import Penalise, ValidatorCoreConfig
 from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, VerdictLedger
 
-STATE_FORMAT = 1  # `Intake.snapshot`'s layout
+STATE_FORMAT = 2  # `Intake.snapshot`'s layout; 2 added "leaderboard" (a format 1 file restores with an empty one)
+READ_FORMATS = (1, 2)
 SKEW_WARN_INTERVAL_S = 60.0  # `BatchesSkewed` at most this often, counting the workers skewed this long
 
 
@@ -110,6 +112,7 @@ class IntakeMemory:
     nonces: list[tuple[tuple[str, bytes], float]]  # oldest first, with when last heard
     horizon: float  # nonces heard before this are forgotten
     submissions: list[tuple[bytes, SubmissionInfo]]  # the batches kept: a verdict on one may come after a restart
+    leaderboard: dict[str, Any]  # already JSON-able (`Contributions.snapshot`)
 
     def to_json(self) -> dict[str, Any]:
         steps: dict[str, list[int]] = {}
@@ -126,7 +129,7 @@ class IntakeMemory:
                                                             round(info.seen_at + offset, 3)])
         return {"format": STATE_FORMAT, "forgotten_before": self.forgotten_before, "reputation": self.reputation,
                 "steps": {w: sorted(s) for w, s in sorted(steps.items())}, "nonces": nonces,
-                "submissions": submissions}
+                "submissions": submissions, "leaderboard": self.leaderboard}
 
 
 @validated
@@ -349,7 +352,14 @@ class Intake(ReactiveCore):
                     self._drop("sibling" if batch.sibling else "skewed")
         return sorted(out, key=lambda b: (b.submission.step, b.worker))
 
+    def published(self, version: int, at: float) -> None:
+        """The trainer published `version` at `at` (its trio time): the leaderboard's compute time
+        counts from it (`Contributions.published`)."""
+        self.contributions.published(version, at)
+        self.revision += 1
+
     def mark_trained(self, batches: list[Batch]) -> None:
+        self.revision += bool(batches)  # the leaderboard's trained counts
         for batch in batches:
             batch.trained = True
             self.workers[batch.worker].trained_batches += 1
@@ -361,7 +371,8 @@ class Intake(ReactiveCore):
         end. The leaderboard keeps what they earned; a late copy of one is dropped as stale."""
         self.forgotten_before = max(self.forgotten_before, step)
         self.revision += 1
-        for sid in [sid for sid, b in self.batches.items() if b.submission.step < step]:
+        forgotten = [sid for sid, b in self.batches.items() if b.submission.step < step]
+        for sid in forgotten:
             batch = self.batches.pop(sid)
             ledger = self.workers.get(batch.worker)
             if ledger is not None:
@@ -370,8 +381,10 @@ class Intake(ReactiveCore):
             del self.by_step[key]  # a late copy for these steps is dropped as stale; nonces stay (`_link`)
         # holding times matter for verdicts on batches still here, and for the learner's model window
         oldest = min((b.submission.model_version for b in self.batches.values()), default=step)
-        for version in [v for v in self.holders if v < min(oldest, step - self.config.async_level)]:
+        floor = min(oldest, step - self.config.async_level)
+        for version in [v for v in self.holders if v < floor]:
             del self.holders[version]
+        self.contributions.forget(forgotten, floor)
 
     # -- what survives a restart ----------------------------------------------------------------
 
@@ -382,7 +395,7 @@ class Intake(ReactiveCore):
         return IntakeMemory(now, wall_s, self.forgotten_before, self.reputation.snapshot(now, wall_s),
                             list(self.by_step), [(k, v[0]) for k, v in self.by_nonce.items()], horizon,
                             [(b.sid, SubmissionInfo(b.worker, b.submission.step, b.submission.model_version, b.seen_at))
-                             for b in self.batches.values()])
+                             for b in self.batches.values()], self.contributions.snapshot())
 
     def snapshot(self, now: float, wall_s: float) -> dict[str, Any]:
         """The verification memory a restarted trainer needs, as JSON-able data: the reputation
@@ -391,20 +404,22 @@ class Intake(ReactiveCore):
         is checked against), with times as wall-clock seconds (`wall_s` is the wall clock at
         `now`). Batches themselves are not in it: one heard before a restart is not trained on
         after it, its keys make a later copy of it a sibling, and a verdict on it still counts
-        toward its worker's reputation."""
+        toward its worker's reputation. And the leaderboard's rows (`Contributions.snapshot`)."""
         return self.memory(now, wall_s).to_json()
 
     def restore(self, state: Any, now: float, wall_s: float) -> None:
         """Take back a `snapshot` (made by an earlier process: `now` and `wall_s` are this one's
         clocks at one moment) into an intake that has heard nothing yet. Its banned workers stay
         banned and its keys make siblings of any copy heard from now on; steps before
-        `forgotten_before` and nonces older than `replay_window_s` are left out. ValueError if
+        `forgotten_before` and nonces older than `replay_window_s` are left out; the leaderboard's
+        rows come back (none from a format 1 snapshot, made before it was carried). ValueError if
         `state` is not a snapshot."""
-        if self.batches or self.by_step or self.by_nonce:
+        board = self.contributions
+        if self.batches or self.by_step or self.by_nonce or board.workers or board.validators:
             raise RuntimeError("restore into a fresh intake")  # keeps `by_nonce` oldest first
         try:
-            if state["format"] != STATE_FORMAT:
-                raise ValueError(f"format {state['format']!r}, expected {STATE_FORMAT}")
+            if state["format"] not in READ_FORMATS or isinstance(state["format"], bool):
+                raise ValueError(f"format {state['format']!r}, expected one of {READ_FORMATS}")
             forgotten = _step(state["forgotten_before"])
             steps = {(str(w), _step(step)) for w, listed in dict(state["steps"]).items() for step in listed}
             horizon = now - self.config.replay_window_s
@@ -415,6 +430,7 @@ class Intake(ReactiveCore):
             noted = sorted(((now + finite_s(t) - wall_s, bytes.fromhex(sid), str(w), _step(step), _step(version))
                             for w, listed in dict(state["submissions"]).items() for sid, step, version, t in listed),
                            key=lambda entry: entry[0])  # oldest first, as the ledger forgets them
+            rows = Contributions.parse(state["leaderboard"]) if state["format"] >= 2 else ({}, {})
             self.reputation.restore(state["reputation"], now, wall_s)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not an intake snapshot: {exc!r}") from exc
@@ -428,6 +444,7 @@ class Intake(ReactiveCore):
         for t, sid, worker, step, version in noted:  # a verdict on one still counts (as on a forgotten batch)
             if step >= self.forgotten_before:
                 self.ledger.note_submission(sid, SubmissionInfo(worker, step, version, t))
+        board.restore(rows)
         for worker in self.reputation.banned(now):
             self.workers.setdefault(worker, WorkerLedger()).banned = True
             self.contributions.banned(worker)

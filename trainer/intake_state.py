@@ -1,11 +1,13 @@
 """The intake's verification memory on disk: `intake_state.json` in the trainer's out_dir.
 
 Owns the file, not what is in it (`Intake.snapshot` / `Intake.restore` say that): `load_into`
-reads it at start, and `IntakeStateFile` writes it, atomically (`p2pnet.files`: temp name,
+reads it at start (a format 1 file, from before the leaderboard's rows were carried, loads with an
+empty leaderboard), and `IntakeStateFile` writes it, atomically (`p2pnet.files`: temp name,
 fsync, rename, fsync the folder), from the trainer role's nursery: at once after a failed
 verdict or a ban (the role calls `urgent()` when the intake emits one), else within
-`interval_s` of any other change (a submission indexed, a step forgotten), and at shutdown
-(`save`). A missing file is a first start. A file we cannot read back is our own state damaged:
+`interval_s` of any other change (a submission indexed, a step forgotten, a leaderboard count),
+and at shutdown (`save`). A missing file is a first start. A file we cannot read back is our own
+state damaged:
 `LocalStateError` naming it, unless `discard_damaged` (the trainer's
 `discard_damaged_intake_state`) says start empty; the damaged file is then moved aside to
 `intake_state.json.damaged`, never read again.
@@ -33,6 +35,9 @@ thread, 0.8 s to read it back at start. The thread's `json.dumps` (about 0.1 s t
 GIL throughout, so the loop still stalls: its longest gap during a save was 0.17-0.25 s at that
 size and 0.10-0.12 s at 100 000 nonces, once per save (every `interval_s` at most, unless
 failed verdicts keep coming: each one asks for a save at once).
+The leaderboard's rows add about 300 bytes per peer:
+at 1000 workers and 100 validators (2026-12-05, same core) 0.33 MB, 1.3 ms to copy them in the
+event loop (`Contributions.snapshot`), 2.1 ms to encode, 3.7 ms to parse back.
 """
 
 from __future__ import annotations

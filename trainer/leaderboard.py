@@ -15,6 +15,23 @@ publish time and the worker's first signed `Holding` of it) to the batch's arriv
 trainer's clock saw them. Per validator: verdicts admitted (checks done), accepting and
 rejecting. A bounded log of admitted verdicts feeds the dashboard's "verdicts over time".
 
+What is kept: counts and a running compute total per row, so memory grows with peers, not
+batches, and `rows()` costs O(rows). Per batch only the seconds an accepted batch added, and
+only while the intake keeps the batch (`forget`, from `Intake.forget_before_step`): a later
+verdict that rejects it takes them back; a verdict on a forgotten batch never reaches this
+ledger, so what it earned stays. Publish times come in through `published` (the trainer role,
+when it publishes a version): a batch accepted before its version's time is known is timed
+when it comes, while the intake still keeps the batch; a version not published in this run
+(one from before a restart) leaves its batches untimed. Publish times are kept as long as the
+intake keeps holding times (`forget`): a batch of a version older than that, accepted after it
+went, is untimed too (the learner's window had closed on it: it is not trained on).
+
+What survives a restart: `snapshot` / `restore`, carried in the intake's state file
+(`Intake.snapshot`, `trainer.intake_state`): every worker's and validator's counts, reasons,
+ban mark and compute total. Not carried: the verdict log (the dashboard's recent activity,
+5 000 entries: too much to rewrite every few seconds) and the per-batch seconds (batches are
+not carried; a verdict on one heard after the restart changes no row).
+
 A pure, synchronous ledger: no clock, I/O or randomness; the caller passes `now` (trio time).
 """
 
@@ -25,10 +42,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from verify.reputation import finite_s
 from verify.verdicts import Outcome
 
 VERDICT_LOG = 5000  # admitted verdicts kept for the dashboard (counts are kept for all)
 _ROW_PREFIX = re.compile(r"^row\d+:")
+_WORKER_COUNTS = ("submitted", "accepted_batches", "rejected_batches", "accepted_rollouts", "accepted_tokens",
+                  "trained_batches", "trained_tokens")  # a worker row's counts, as `snapshot` names them
 
 
 @dataclass
@@ -42,7 +62,18 @@ class WorkerRow:
     trained_tokens: int = 0
     banned: bool = False
     ban_reasons: dict[str, int] = field(default_factory=dict)  # reason code -> rejecting verdicts
-    accepted: list[tuple[int, float, float | None]] = field(default_factory=list)  # version, arrived, holding
+    compute_s: float = 0.0  # the seconds its accepted batches took (module docstring)
+
+
+@dataclass
+class Timing:
+    """An accepted batch the intake still keeps: what its compute time is made of, and the
+    seconds it added to its worker's `compute_s` (None: its version's publish time is unknown)."""
+    worker: str
+    version: int
+    arrived: float
+    holding: float | None
+    seconds: float | None = None
 
 
 @dataclass
@@ -61,9 +92,21 @@ class Contributions:
         self.workers: dict[str, WorkerRow] = {}
         self.validators: dict[str, ValidatorRow] = {}
         self.verdict_log: deque[dict[str, Any]] = deque(maxlen=VERDICT_LOG)
+        self.published_at: dict[int, float] = {}  # version -> when the trainer published it (this run)
+        self.timing: dict[bytes, Timing] = {}  # accepted batches still kept, by submission id
 
     def submitted(self, worker: str) -> None:
         self.workers.setdefault(worker, WorkerRow()).submitted += 1
+
+    def published(self, version: int, at: float) -> None:
+        """The trainer published `version` at `at`: the kept batches of that version are timed
+        (again, if an earlier time was given: the latest one counts, as it did when read at
+        request time)."""
+        self.published_at[version] = at
+        for timing in self.timing.values():
+            if timing.version == version:
+                self._untime(timing)
+                self._time(timing)
 
     def verdict(self, now: float, validator: str, verdict: Any, batch: Any, previous: Outcome | None, outcome: Outcome,
                 holding_at: float | None) -> None:
@@ -87,14 +130,41 @@ class Contributions:
             row.accepted_batches -= 1
             row.accepted_rollouts -= rollouts
             row.accepted_tokens -= tokens
-            row.accepted = [a for a in row.accepted if a[1] != batch.seen_at]
+            timing = self.timing.pop(batch.sid, None)
+            if timing is not None:
+                self._untime(timing)
         if outcome is Outcome.ACCEPTED:
             row.accepted_batches += 1
             row.accepted_rollouts += rollouts
             row.accepted_tokens += tokens
-            row.accepted.append((batch.submission.model_version, batch.seen_at, holding_at))
+            timing = self.timing[batch.sid] = Timing(batch.worker, batch.submission.model_version, batch.seen_at,
+                                                     holding_at)
+            self._time(timing)
         elif outcome is Outcome.REJECTED:
             row.rejected_batches += 1
+
+    def _time(self, timing: Timing) -> None:
+        published = self.published_at.get(timing.version)
+        if published is None:
+            return  # not published in this run (yet): untimed
+        start = max(published, timing.holding) if timing.holding is not None else published
+        timing.seconds = max(0.0, timing.arrived - start)
+        self.workers.setdefault(timing.worker, WorkerRow()).compute_s += timing.seconds
+
+    def _untime(self, timing: Timing) -> None:
+        if timing.seconds is not None:
+            row = self.workers[timing.worker]
+            row.compute_s = max(0.0, row.compute_s - timing.seconds)
+            timing.seconds = None
+
+    def forget(self, sids: list[bytes], before_version: int) -> None:
+        """The intake forgot these batches: what they earned stays, no verdict on them comes here.
+        Publish times of versions before `before_version` go too (the intake's rule for holding
+        times: older than every batch kept and than the learner's window)."""
+        for sid in sids:
+            self.timing.pop(sid, None)
+        for version in [v for v in self.published_at if v < before_version]:
+            del self.published_at[version]
 
     def trained(self, batch: Any) -> None:
         row = self.workers.setdefault(batch.worker, WorkerRow())
@@ -104,20 +174,13 @@ class Contributions:
     def banned(self, worker: str) -> None:
         self.workers.setdefault(worker, WorkerRow()).banned = True
 
-    def compute_s(self, worker: str, published_at: dict[int, float]) -> float:
+    def compute_s(self, worker: str) -> float:
         """Seconds the worker's accepted batches took, as the trainer saw them (module docstring);
         a batch whose version the trainer did not publish in this run is not timed."""
-        total = 0.0
-        for version, arrived, holding in self.workers[worker].accepted:
-            published = published_at.get(version)
-            if published is None:
-                continue
-            start = max(published, holding) if holding is not None else published
-            total += max(0.0, arrived - start)
-        return total
+        row = self.workers.get(worker)
+        return row.compute_s if row is not None else 0.0
 
-    def rows(self, published_at: dict[int, float], names: dict[str, str] | None = None,
-             relayed: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    def rows(self, names: dict[str, str] | None = None, relayed: dict[str, int] | None = None) -> list[dict[str, Any]]:
         """The leaderboard, best first: by accepted tokens, then checks done, then peer id.
         `names` are display names by peer id (shown, never counted); `relayed` is verified bytes
         this peer fetched from each peer (measured here, not claimed)."""
@@ -132,7 +195,7 @@ class Contributions:
                 "accepted_tokens": w.accepted_tokens, "trained_batches": w.trained_batches,
                 "trained_tokens": w.trained_tokens, "submitted": w.submitted, "rejected_batches": w.rejected_batches,
                 "banned": w.banned, "rejection_reasons": dict(sorted(w.ban_reasons.items())),
-                "compute_s": round(self.compute_s(peer, published_at), 3) if peer in self.workers else 0.0,
+                "compute_s": round(w.compute_s, 3),
                 "checks": v.checks, "checks_accepting": v.accepted, "checks_rejecting": v.rejected,
                 "bytes_relayed_to_us": relayed.get(peer, 0),
             })
@@ -140,3 +203,50 @@ class Contributions:
         for rank, row in enumerate(out, 1):
             row["rank"] = rank
         return out
+
+    # -- what survives a restart ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every row's counts as JSON-able data (module docstring: what is left out). O(rows)."""
+        workers = {}
+        for peer, w in self.workers.items():
+            counts = {name: getattr(w, name) for name in _WORKER_COUNTS}
+            workers[peer] = {**counts, "banned": w.banned, "ban_reasons": dict(w.ban_reasons),
+                             "compute_s": round(w.compute_s, 6)}
+        validators = {peer: [v.checks, v.accepted, v.rejected] for peer, v in self.validators.items()}
+        return {"workers": workers, "validators": validators}
+
+    @staticmethod
+    def parse(state: Any) -> tuple[dict[str, WorkerRow], dict[str, ValidatorRow]]:
+        """The rows in a `snapshot`; ValueError if it is not one (nothing is changed)."""
+        try:
+            workers = {}
+            for peer, w in dict(state["workers"]).items():
+                w = dict(w)
+                if not isinstance(w["banned"], bool):
+                    raise ValueError(f"banned: {w['banned']!r}")
+                compute = finite_s(w["compute_s"])
+                if compute < 0:
+                    raise ValueError(f"compute_s: {compute!r}")
+                reasons = {str(r): _count(n) for r, n in dict(w["ban_reasons"]).items()}
+                workers[str(peer)] = WorkerRow(**{name: _count(w[name]) for name in _WORKER_COUNTS},
+                                               banned=w["banned"], ban_reasons=reasons, compute_s=compute)
+            validators = {}
+            for peer, counts in dict(state["validators"]).items():
+                checks, accepted, rejected = counts
+                validators[str(peer)] = ValidatorRow(_count(checks), _count(accepted), _count(rejected))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a leaderboard snapshot: {exc!r}") from exc
+        return workers, validators
+
+    def restore(self, rows: tuple[dict[str, WorkerRow], dict[str, ValidatorRow]]) -> None:
+        """Take back `parse`d rows (into a ledger that has counted nothing yet: `Intake.restore`)."""
+        self.workers.update(rows[0])
+        self.validators.update(rows[1])
+
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"not a count: {value!r}")
+    return value

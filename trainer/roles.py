@@ -235,7 +235,7 @@ def _substitute_answers(batch: Any, tokenizer: Any, spec: str = "arithmetic") ->
 @dataclass(frozen=True)
 class TrainerConfig:
     model_dir: Path  # the starting model folder (version 0)
-    out_dir: Path  # checkpoint versions are written here as v{version}/ (training resumes from the newest), and the intake's bans and sibling index as intake_state.json
+    out_dir: Path  # checkpoint versions are written here as v{version}/ (training resumes from the newest), and the intake's bans, sibling index and contributors leaderboard as intake_state.json
     model_name: str = "tiny"  # the model name in manifests and submissions
     steps: int = 20  # train this many steps, then stop training (the peer keeps serving)
     batches_per_step: int = 0  # 0: wait until every live, unbanned worker's batch is decided
@@ -253,7 +253,7 @@ class TrainerConfig:
     ban_after_failures: int = 2  # rejected batches after which a worker's batches are refused
     keep_last: int = 0  # checkpoint versions kept in out_dir (0: async_level + 2); older ones are deleted
     keep_optimizer_states: int = 1  # versions that keep optimizer.pt (0: all kept); resuming needs the newest
-    discard_damaged_intake_state: bool = False  # an unreadable out_dir/intake_state.json (bans, sibling index): start without it instead of refusing to start
+    discard_damaged_intake_state: bool = False  # an unreadable out_dir/intake_state.json (bans, sibling index, leaderboard): start without it instead of refusing to start
     ranks: int = 1  # learner processes: above 1, a torchrun group of FSDP2 ranks (one GPU each where CUDA is, else CPU) with DCP checkpoints in out_dir/sharded/
 
     def check(self) -> dict[str, str]:
@@ -384,13 +384,14 @@ class TrainerRole:
         from trainer.checkpoint import published_files, version_dir
 
         if self.relay.watcher.is_complete(version):
-            self.published_at.setdefault(version, trio.current_time())
+            self.intake.published(version, self.published_at.setdefault(version, trio.current_time()))
             return  # published before a restart: the relay already holds and announces it
         # the model folder (config, generation config, tokenizer, shards, index); never the optimizer state
         paths = published_files(version_dir(self.config.out_dir, version))
         await self.relay.publish(paths, model=self.config.model_name, version=version,
                                  previous_version=version - 1)
         self.published_at[version] = trio.current_time()
+        self.intake.published(version, self.published_at[version])
 
     def _record(self, stats: Any, batches: list[Any], gather_s: float = 0.0) -> None:
         step = stats.version - 1 if stats.trained else self.version
@@ -447,7 +448,7 @@ class TrainerRole:
                            "holders": {p: round(t - published[v], 3) for p, t in self.intake.holders.get(v, {}).items()}}
                   for v in sorted(published)[-50:]}
         names = {entry.peer_id: entry.name for entry in self.node.peertable.peers() if entry.name}
-        return {"leaderboard": self.intake.contributions.rows(published, names=names, relayed=relayed),
+        return {"leaderboard": self.intake.contributions.rows(names=names, relayed=relayed),
                 "verdict_log": list(self.intake.contributions.verdict_log)[-1000:], "spread": spread,
                 "started_at": self.started_at}
 

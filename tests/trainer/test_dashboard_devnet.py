@@ -66,6 +66,7 @@ def test_metrics_dashboard_and_leaderboard_after_a_devnet(devnet_run):
     assert {p["name"] for p in seen["api"]["peers"]} == set(ids)  # display names from the heartbeats
     assert ([h["name"] for h in honest], cheater["name"], validator["name"]) == (["worker1", "worker2"], "worker0", "validator0")
     assert sorted(h["rank"] for h in honest) == [1, 2] and all(h["accepted_tokens"] > 0 for h in honest)
+    assert all(h["compute_s"] > 0 for h in honest)  # timed from the role's publish times (`Intake.published`)
     assert sum(h["trained_batches"] for h in honest) >= STEPS - 1  # a verified batch trained on nearly every step
     assert cheater["accepted_tokens"] == 0 and cheater["banned"] and cheater["rejected_batches"] >= 2
     assert validator["checks"] >= STEPS + 2

@@ -12,8 +12,9 @@ import trio
 
 from p2pnet.core import Emit, Publish
 from p2pnet.errors import LocalStateError
+from relay.messages import HeldVersion, Holding
 from tests.trainer.test_intake import (CHEAT, RATE, VALIDATOR, WALL_S, WORKER, Directory, envelope, make, signed,
-                                       submission, validator_core)
+                                       submission, submit, validator_core, verdict)
 from trainer.intake import Intake, IntakeConfig
 from trainer.intake_state import IntakeStateFile, load_into
 from trainer.roles import TrainerRole
@@ -179,7 +180,12 @@ def test_a_bans_end_is_carried_in_wall_clock_time_and_a_permanent_ban_stays_perm
 @pytest.mark.parametrize("damage", [b"{\"format\": 1, \"forgo", b"[]", b"\xff\xfe",
                                     b'{"format": 1, "forgotten_before": 0, "reputation": {"workers": {},'
                                     b' "banned_until": {"w": 1e999}}, "steps": {}, "nonces": {}, "submissions": {}}',
-                                    b'{"format": 99}', b"[" * 100_000])
+                                    b'{"format": 99}', b"[" * 100_000,
+                                    b'{"format": 2, "forgotten_before": 0, "reputation": {"workers": {},'
+                                    b' "banned_until": {}}, "steps": {}, "nonces": {}, "submissions": {}}',  # no leaderboard
+                                    b'{"format": 2, "forgotten_before": 0, "reputation": {"workers": {},'
+                                    b' "banned_until": {}}, "steps": {}, "nonces": {}, "submissions": {},'
+                                    b' "leaderboard": {"workers": {"w": {"submitted": -1}}, "validators": {}}}'])
 def test_a_damaged_file_stops_the_start_unless_told_to_start_empty(tmp_path, damage):
     path = tmp_path / "intake_state.json"
     path.write_bytes(damage)
@@ -190,6 +196,54 @@ def test_a_damaged_file_stops_the_start_unless_told_to_start_empty(tmp_path, dam
     assert not path.exists() and (tmp_path / "intake_state.json.damaged").read_bytes() == damage
     assert intake.reputation.banned(0.0) == [] and intake.by_step == {}
     assert load_into(make(), path, 0.0, WALL_S) is False  # missing: a first start
+
+
+def leaderboard_run():
+    """An intake whose leaderboard has every kind of count: accepted, trained and timed, rejected
+    with a reason and banned, a validator's checks, a batch still pending."""
+    intake = make(ban_after_failures=1)
+    intake.published(0, 10.0)
+    intake.on_message(11.0, envelope(WORKER, Holding((HeldVersion(0, b"\x01" * 32),))))
+    _, honest = submit(intake, WORKER, 0, now=15.0)
+    verdict(intake, honest, WORKER, 0, True, now=16.0)
+    intake.mark_trained(intake.admissible(16.0, 0))
+    _, cheat = submit(intake, CHEAT, 0, now=17.0)
+    verdict(intake, cheat, CHEAT, 0, False, now=18.0)
+    submit(intake, WORKER, 1, now=19.0)
+    return intake
+
+
+def test_the_leaderboard_survives_a_restart():
+    before = leaderboard_run()
+    rows = before.contributions.rows()
+    worker, cheat, validator = (next(r for r in rows if r["peer_id"] == p.peer_id)
+                                for p in (WORKER, CHEAT, VALIDATOR))
+    assert (worker["accepted_tokens"], worker["trained_batches"], worker["submitted"],
+            worker["compute_s"]) == (4, 1, 2, 4.0)
+    assert cheat["banned"] and cheat["rejection_reasons"] == {"sampling_mismatch": 1} and validator["checks"] == 2
+    after = restarted(before, saved_at=20.0, wall_at_save=WALL_S + 20, now=0.0, wall_s=WALL_S + 30,
+                      ban_after_failures=1)
+    assert after.contributions.rows() == rows
+    assert list(after.contributions.verdict_log) == []  # not carried: the dashboard's recent activity
+    _, sid = submit(after, WORKER, 2, now=1.0)  # and it counts on from there
+    verdict(after, sid, WORKER, 2, True, now=2.0)  # version 2 not published in this run: untimed
+    [row] = [r for r in after.contributions.rows() if r["peer_id"] == WORKER.peer_id]
+    assert (row["accepted_batches"], row["submitted"], row["compute_s"]) == (2, 3, 4.0)
+
+
+def test_a_state_file_from_before_the_leaderboard_was_carried_still_loads(tmp_path):
+    path = tmp_path / "intake_state.json"
+    state = leaderboard_run().snapshot(20.0, WALL_S + 20)
+    path.write_text(json.dumps(state))
+    current = make(ban_after_failures=1)
+    assert load_into(current, path, 0.0, WALL_S + 30) is True and len(current.contributions.rows()) == 3
+    del state["leaderboard"]
+    path.write_text(json.dumps({**state, "format": 1}))
+    older = make(ban_after_failures=1)
+    assert load_into(older, path, 0.0, WALL_S + 30) is True  # an empty leaderboard, bans and keys as before
+    assert older.reputation.is_banned(CHEAT.peer_id, 0.0) and (WORKER.peer_id, 1) in older.by_step
+    [row] = older.contributions.rows()
+    assert row["peer_id"] == CHEAT.peer_id and row["banned"] and row["rejected_batches"] == 0
 
 
 def test_restore_refuses_an_intake_that_already_heard_something():
@@ -275,6 +329,9 @@ async def test_the_trainer_role_keeps_its_intake_state_in_out_dir_across_a_resta
     again = TrainerRole(FakeNode(tmp_path), section)
     assert again.intake.reputation.is_banned(CHEAT.peer_id, trio.current_time())
     assert set(again.intake.by_step) == {(CHEAT.peer_id, 1), (WORKER.peer_id, 2)}
+    board = {r["peer_id"]: r for r in again.intake.contributions.rows()}  # the leaderboard came back too
+    assert board[CHEAT.peer_id]["rejected_batches"] == 1 and board[CHEAT.peer_id]["banned"]
+    assert board[WORKER.peer_id]["submitted"] == 1 and board[VALIDATOR.peer_id]["checks"] == 1
     (tmp_path / "out" / "intake_state.json").write_text("{")
     with pytest.raises(LocalStateError, match="intake_state.json"):
         TrainerRole(FakeNode(tmp_path), section)

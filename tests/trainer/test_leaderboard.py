@@ -18,7 +18,8 @@ def row_of(rows, identity):
 
 def test_a_lying_worker_gains_nothing_and_honest_work_counts():
     intake = make(ban_after_failures=2)
-    published_at = {0: 10.0, 1: 20.0}
+    intake.published(0, 10.0)
+    intake.published(1, 20.0)
     # the honest worker: holds version 0 at 11 s, its batch arrives at 15 s and is accepted, then trained on
     intake.on_message(11.0, envelope(WORKER, Holding((HeldVersion(0, b"\x01" * 32),))))
     _, honest = submit(intake, WORKER, 0, now=15.0)
@@ -41,7 +42,7 @@ def test_a_lying_worker_gains_nothing_and_honest_work_counts():
     intake.on_message(31.0, envelope(CHEAT, own))
     stolen = Verdict(cheat, CHEAT.peer_id, 0, 0, True, (), 2, make_ticket(VALIDATOR, cheat))
     intake.on_message(31.5, envelope(CHEAT, stolen))
-    rows = intake.contributions.rows(published_at, names=names)
+    rows = intake.contributions.rows(names=names)
     liar = row_of(rows, CHEAT)
     assert liar["name"] == "top: 10M tokens, 5k checks"  # shown as its name, counted for nothing
     assert liar["accepted_tokens"] == liar["accepted_rollouts"] == liar["accepted_batches"] == 0
@@ -52,7 +53,7 @@ def test_a_lying_worker_gains_nothing_and_honest_work_counts():
     verdict(intake, cheat, CHEAT, 0, False, now=33.0)
     _, cheat2 = submit(intake, CHEAT, 1, now=34.0)
     verdict(intake, cheat2, CHEAT, 1, False, now=35.0)
-    rows = intake.contributions.rows(published_at)
+    rows = intake.contributions.rows()
     liar, honest_row, validator = row_of(rows, CHEAT), row_of(rows, WORKER), row_of(rows, VALIDATOR)
     assert liar["banned"] and liar["rejected_batches"] == 2 and liar["rejection_reasons"] == {"sampling_mismatch": 2}
     assert liar["accepted_tokens"] == 0
@@ -71,13 +72,13 @@ def test_an_accepted_batch_rejected_later_loses_its_tokens():
     intake = make()
     _, sid = submit(intake, WORKER, 0, now=1.0)
     verdict(intake, sid, WORKER, 0, True, now=2.0)
-    assert row_of(intake.contributions.rows({}), WORKER)["accepted_tokens"] == 4
+    assert row_of(intake.contributions.rows(), WORKER)["accepted_tokens"] == 4
     other = Identity.from_seed_text("val2")
     from tests.trainer.test_intake import Entry
 
     intake.membership.directory.entries[other.peer_id] = Entry(other.peer_id, ("validator",))
     verdict(intake, sid, WORKER, 0, False, sender=other, now=3.0)
-    row = row_of(intake.contributions.rows({}), WORKER)
+    row = row_of(intake.contributions.rows(), WORKER)
     assert row["accepted_tokens"] == 0 and row["accepted_batches"] == 0 and row["rejected_batches"] == 1
 
 
