@@ -420,6 +420,9 @@ class DilocoRole:
             if envelope.sender != peer:
                 raise MessageRejected("wrong_sender", "a frame signed by another peer than the connection's")
             if isinstance(envelope.body, StateRequest):
+                if self.state is None:  # our model still loads (`run` registers the channel first): no one's fault
+                    log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
+                    return  # the joiner asks again, or another trainer peer
                 self.heard.add(peer)
                 await self._send_state(stream)
             elif isinstance(envelope.body, StateWanted):
