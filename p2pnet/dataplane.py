@@ -289,6 +289,8 @@ async def open_data_stream(address: str, channel: str, *, codec: Codec, peer: st
                 raise
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
         raise PeerUnavailable(f"data plane {address}: {type(exc).__name__}: {exc}") from exc
+    except UnicodeError as exc:  # a host name no resolver takes (the IDNA codec's): the address is false
+        raise PeerUnavailable(f"bad data address {address!r}: {exc}") from exc
     except MessageRejected as exc:
         raise PeerUnavailable(f"data plane {address}: handshake refused ({exc})") from exc
     return stream

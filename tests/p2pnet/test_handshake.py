@@ -180,3 +180,20 @@ async def test_an_address_that_answers_with_something_else_is_a_wrong_peer():
     results = await run_pair(lambda s: client_handshake(s, Codec(CLIENT), "relay/chunks", SERVER.peer_id),
                              not_a_data_plane)
     assert isinstance(results["client"], WrongPeer) and "not a handshake" in str(results["client"])
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1:\u00b2",  # a digit to str.isdigit, not to int()
+    "127.0.0.1:\u0663\u0660",  # decimal digits, but not ASCII: no port of ours
+    "a" * 64 + ".example:80",  # a DNS label too long: the IDNA codec's UnicodeError
+    "..:80",
+    "\udcff:80",
+    "127.0.0.1",
+    ":80",
+])
+async def test_a_malformed_advertised_address_is_a_peer_unavailable_never_another_error(address):
+    """A data address comes from the peer's signed heartbeat (only its length is checked): what
+    it says may be anything, and dialling it must fail as that peer's unavailability, which every
+    caller handles; any other error would stop the dialling role."""
+    with pytest.raises(PeerUnavailable):
+        await open_data_stream(address, "relay/chunks", codec=Codec(CLIENT), peer=SERVER.peer_id, timeout_s=10.0)

@@ -476,3 +476,16 @@ def test_the_upload_meter_counts_only_time_when_every_slot_was_busy():
     meter.not_full(21.0, 100_000_000)
     assert meter.rate(21.0, 100_000_000) == pytest.approx(40_000_000 / 4)
     assert meter.rate(52.0, 100_000_000) is None  # the window moved past both stretches
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:\u00b2", "a" * 64 + ".example:80"])
+async def test_a_source_that_advertises_a_malformed_data_address_fails_its_requests_and_stops_nothing(address):
+    """The address is what the source's signed heartbeat says (any text of up to 256 bytes): an
+    address no connection can be opened to makes the source unreachable; `run` returns (an error
+    out of it would stop the role and the peer)."""
+    role = FakeRole(address)
+    upstream = Upstream(role, SOURCE.peer_id)
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+    with trio.fail_after(10):
+        await upstream.run()
+    assert role.told == [(FetchFailure.UNREACHABLE, 0)]
