@@ -1,5 +1,6 @@
 """The relay shell's data plane against scripted servers on loopback: what a fetcher believes."""
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -489,3 +490,39 @@ async def test_a_source_that_advertises_a_malformed_data_address_fails_its_reque
     with trio.fail_after(10):
         await upstream.run()
     assert role.told == [(FetchFailure.UNREACHABLE, 0)]
+
+
+async def test_hostile_answers_end_the_connection_at_worst_and_every_request_is_told_once():
+    """Seeded answers a source controls: random bytes, a valid answer cut anywhere then garbage,
+    every header field at its edges, bit flips of a valid answer. Each run returns (an error out
+    of it would stop the role), tells each request exactly once (fetched or failed), and gives
+    every chunk buffer back."""
+    rng = random.Random(20261205)
+    good = frame_of(ChunkResponse(1, STATUS_OK, 1000).pack()) + b"c" * 1000
+    answers: list[bytes] = [rng.randbytes(n) for n in (1, 3, 4, 5, 21, 22, 500, 2000)]
+    answers += [good[:rng.randrange(1, len(good))] + rng.randbytes(rng.randrange(0, 64)) for _ in range(10)]
+    for request_id in (0, 1, 2, 3, 2**32 - 1):
+        for status in (STATUS_OK, STATUS_UNAVAILABLE, 2, 255):
+            for length in (0, 999, 1000, 1001, 2**63, 2**64 - 1):
+                answers.append(frame_of(ChunkResponse(request_id, status, length, rng.choice((0, 2**32 - 1))).pack())
+                               + b"d" * min(length, 1001))
+    for _ in range(30):
+        mutated = bytearray(good + frame_of(ChunkResponse(2, STATUS_OK, 1000).pack()) + b"e" * 1000)
+        for _ in range(rng.randrange(1, 3)):
+            mutated[rng.randrange(len(mutated))] ^= 1 << rng.randrange(8)
+        answers.append(bytes(mutated))
+    for i, answer in enumerate(answers):
+        async def script(stream, requests, answer=answer):
+            ids = {r.request_id for r, _ in requests}
+            assert ids == {1, 2}  # as the answers above assume
+            await stream.send_all(answer)
+
+        role = await fetch_two_with(script)
+        told = sorted(entry[1] for entry in role.told)
+        assert told == [0, 1], (i, role.told)  # each request once, fetched or failed
+        assert all(entry[0] != "fetched" or entry[2] == 1000 for entry in role.told), (i, role.told)
+        assert role.buffers._lendable.value == 2, i  # every buffer given back
+
+
+def frame_of(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
