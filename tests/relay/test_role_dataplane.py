@@ -12,7 +12,7 @@ from p2pnet.errors import MessageRejected
 from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
-from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
+from relay.messages import RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
 from relay.serving import ByteBudget, Refuse, Serve, ServingConfig, ServingCore, UploadMeter
@@ -526,3 +526,32 @@ async def test_hostile_answers_end_the_connection_at_worst_and_every_request_is_
 
 def frame_of(payload: bytes) -> bytes:
     return len(payload).to_bytes(4, "big") + payload
+
+
+async def test_hostile_manifest_answers_crash_nothing_and_hand_the_core_only_whole_frames():
+    """`RelayRole._fetch_manifest` against seeded answers (random bytes, header fields at their
+    edges, torn answers, then the end of the stream): it returns, and what reaches the core is
+    exactly the `length` bytes an OK header announced (the core opens and checks it)."""
+    rng = random.Random(20261206)
+    answers = [rng.randbytes(n) for n in (0, 1, 4, 21, 22, 300)]
+    for status in (STATUS_OK, STATUS_UNAVAILABLE, 255):
+        for length in (0, 1, 4096, 1 << 20, 2**64 - 1):
+            body = rng.randbytes(min(length, 5000))
+            answers.append(frame_of(ChunkResponse(0, status, length).pack()) + body)
+            answers.append(frame_of(ChunkResponse(0, status, length).pack()) + body[:len(body) // 2])
+    for answer in answers:
+        role = InMemoryRole()
+        role.config = SimpleNamespace(request_timeout_s=5.0)
+        role.answers.put_data(answer)
+        role.answers.put_eof()
+        handed: list[int] = []
+
+        async def command(fn, handed=handed) -> None:
+            handed.append(1)
+
+        role._command = command
+        with trio.fail_after(5):
+            await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1))
+        if handed:  # only a whole OK answer
+            header = ChunkResponse.unpack(answer[4:4 + RESPONSE.size])
+            assert header.status == STATUS_OK and len(answer) == 4 + RESPONSE.size + header.length
