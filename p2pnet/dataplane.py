@@ -55,6 +55,11 @@ class FrameReader:
         sock = getattr(stream, "socket", None)  # a trio SocketStream: receive bulk bytes in place
         self._recv_into = getattr(sock, "recv_into", None)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet read out: the start of a frame under way (or more)."""
+        return len(self._buffer)
+
     async def _fill(self, n: int) -> bool:
         while len(self._buffer) < n:
             data = await self._stream.receive_some(max(self._read_bytes, n - len(self._buffer)))

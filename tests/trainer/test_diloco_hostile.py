@@ -23,7 +23,7 @@ from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import CHANNEL, Join, Members, StatePiece, StateRequest, StateWanted
-from trainer.diloco_role import INBOX, MAX_FRAME_BYTES, DilocoRole
+from trainer.diloco_role import INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, DilocoRole
 
 ME = Identity.from_seed_text("diloco listener")
 PEER = Identity.from_seed_text("diloco admitted peer")
@@ -147,3 +147,40 @@ async def test_garbage_and_mutated_frames_end_only_their_connection(listener: Li
         assert received.peer == PEER.peer_id and isinstance(received.body, (Join, Members))
     listener.role.state = GlobalState(0, torch.ones(3), torch.zeros(3))
     assert len(await listener.state_of()) == 1
+
+
+async def test_a_connection_with_no_whole_frame_is_closed_but_one_idle_between_frames_stays(listener: Listener) -> None:
+    """(e) Our deadline, not the peer's: a connection that sends nothing after its handshake, or
+    half a frame, is closed after `STALL_WINDOWS` x `deadline_s`; an honest link that goes quiet
+    between frames (a round's stages) is not, and its next frame is received."""
+    listener.role.config.deadline_s = 0.5
+    window_s = STALL_WINDOWS * listener.role.config.deadline_s
+    join = Codec(PEER).encode(Join(1, b"w" * 16, ()), time.time())
+    framed = len(join).to_bytes(4, "big") + join
+    other = Codec(PEER).encode(Join(2, b"w" * 16, ()), time.time())
+    other = len(other).to_bytes(4, "big") + other  # a whole frame, then half of the next
+
+    async def stalls(prefix: bytes) -> None:
+        stream = await listener.connect()
+        async with stream:
+            await stream.send_all(prefix)
+            assert await drain_until_closed(stream, SLACK_S + 2 * window_s) == b""
+
+    async def quiet_between_frames() -> None:
+        stream = await listener.connect()
+        async with stream:
+            await stream.send_all(framed)
+            await trio.sleep(2.5 * window_s)  # quiet for more than two windows: no stall
+            await stream.send_all(framed)
+            with trio.fail_after(SLACK_S):
+                while sum(r.body.round == 1 for r in received) < 2:
+                    received.append(await listener.inbox.receive())
+
+    received: list[Any] = []
+
+    async with trio.open_nursery() as nursery:
+        for prefix in (b"", framed[:3], framed[:len(framed) // 2], other + other[:10]):
+            nursery.start_soon(stalls, prefix)
+        nursery.start_soon(quiet_between_frames)
+    assert sorted(r.body.round for r in received) in ([1, 1], [1, 1, 2])  # (the stalled one's whole frame counts)
+    await listener.settle(5)
