@@ -22,14 +22,13 @@ import pytest
 import trio
 
 from p2pnet.dataplane import DataPlane, DataPlaneLimits, FrameReader, open_data_stream, send_frame
-from p2pnet.driver import CoreRunner
 from p2pnet.handshake import HANDSHAKE_MAX_BYTES, DataHello, DataProof
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from relay.messages import OP_CHUNK, OP_MANIFEST, REQUEST, RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, \
     ChunkResponse
 from relay.role import CHANNEL, RelayRole, _parse_request
-from tests.relay.test_role_store_faults import ME, PUBLISHER, FakeNode, publish
+from tests.relay.test_role_store_faults import ME, PUBLISHER, FakeNode, publish, start_shell
 
 CLIENT = Identity.from_seed_text("honest client")
 STRANGER = Identity.from_seed_text("stranger")
@@ -57,11 +56,7 @@ class Server:
 
     async def start(self, nursery: trio.Nursery) -> None:
         role = self.role
-        role._token = trio.lowlevel.current_trio_token()
-        role._runner = CoreRunner(role._peeler, self.node, name="relay")
-        await nursery.start(role._runner.run)
-        nursery.start_soon(role._dispatch)
-        nursery.start_soon(role._tell_fetched)
+        await start_shell(role, self.node, nursery)
         nursery.start_soon(role._uploads.run)
         signed = self.signed
         await role._command(lambda now: role.core.add_version(now, signed=signed, held=list(range(CHUNKS))))

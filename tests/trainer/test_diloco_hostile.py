@@ -21,6 +21,7 @@ import trio
 from p2pnet.dataplane import DataPlane, DataPlaneLimits, FrameReader, open_data_stream, send_frame
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
+from tests.relay.test_hostile_listeners import drain_until_closed
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import CHANNEL, Join, Members, StatePiece, StateRequest, StateWanted
 from trainer.diloco_role import INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, DilocoRole
@@ -83,20 +84,6 @@ async def listener(nursery: trio.Nursery) -> Listener:
     listener = Listener()
     listener.address = await nursery.start(listener.plane.serve)
     return listener
-
-
-async def drain_until_closed(stream: trio.abc.Stream, limit_s: float) -> bytes:
-    out = bytearray()
-    with trio.fail_after(limit_s):
-        while True:
-            try:
-                data = await stream.receive_some(1 << 16)
-            except trio.BrokenResourceError:
-                break
-            if not data:
-                break
-            out += data
-    return bytes(out)
 
 
 async def test_a_state_request_before_our_model_is_loaded_ends_that_connection_only(listener: Listener) -> None:
