@@ -197,3 +197,44 @@ async def test_a_malformed_advertised_address_is_a_peer_unavailable_never_anothe
     caller handles; any other error would stop the dialling role."""
     with pytest.raises(PeerUnavailable):
         await open_data_stream(address, "relay/chunks", codec=Codec(CLIENT), peer=SERVER.peer_id, timeout_s=10.0)
+
+
+async def _stranger_connection(address: str, identity: Identity, channel: str, local_ip: str) -> trio.SocketStream:
+    """A data connection from `local_ip` (any 127.x.y.z is this machine's), authenticated as
+    `identity`: what any number of freshly made identities on a few addresses can open."""
+    host, port = address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port), local_address=local_ip)
+    await client_handshake(stream, Codec(identity), channel, SERVER.peer_id)
+    return stream
+
+
+async def test_strangers_on_a_channel_open_to_all_cannot_take_the_connections_of_known_peers(nursery):
+    """A channel registered `known_only=False` (the dial-back echo) admits any identity, and
+    identities cost nothing: connections to such channels are bounded per IP and in all, below
+    `max_connections`, so strangers holding them open cannot refuse the known peers theirs."""
+    limits = DataPlaneLimits(max_connections=8, max_open_channel_connections=4, max_open_channel_connections_per_ip=2)
+    plane, address, served = await serve(nursery, limits)
+
+    async def hold(stream, reader, peer):
+        await trio.sleep_forever()
+
+    plane.register("open", hold, known_only=False)
+    held = []
+    for i in range(12):  # 12 strangers from 3 addresses
+        sybil = Identity.from_seed_text(f"sybil {i}")
+        stream = await _stranger_connection(address, sybil, "open", f"127.0.0.{1 + i % 3}")
+        held.append(stream)
+    with trio.fail_after(10):
+        while sum(plane.refused.values()) + plane._open < 12:  # each admitted or refused by now
+            await trio.sleep(0.01)
+    assert plane._open == 4 and plane.refused == {"too_many_open": 8}
+    known = [await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id) for _ in range(4)]
+    for stream in known:
+        await send_frame(stream, b"hi")
+    with trio.fail_after(10):
+        while len(served) < 4:
+            await trio.sleep(0.01)
+    assert plane.connections()[CLIENT.peer_id] == 4
+    for stream in held + known:
+        await stream.aclose()
+    nursery.cancel_scope.cancel()
