@@ -11,8 +11,9 @@ children in its plan directly (`_completed`): they pull from us and may now ask 
 A `Holding` for a version we know makes its sender a holder (a candidate for any chunk, after
 our chain: see `relay.transfer`) and gives the chunks parked for want of a source another try;
 one for a version we do not know asks the sender for the manifest (`_ask_manifest`, at most
-every `manifest_retry_s` per version, never for a version we garbage-collected), and the
-answer makes it a holder. The swarm layout's `HaveChunks` asks the same way, for a sender
+every `manifest_retry_s` per version, never for a version we garbage-collected, and with at
+most `MAX_MANIFEST_ASKS` asks remembered: any peer may name any version), and the answer makes
+it a holder. The swarm layout's `HaveChunks` asks the same way, for a sender
 that holds only some chunks (its answer then makes it no holder).
 
 These methods read the core's configuration, membership, versions and bans, keep
@@ -36,6 +37,9 @@ from relay.transfer_state import _requeue
 if TYPE_CHECKING:
     from relay.transfer import TransferConfig
     from relay.transfer_state import _Version
+
+
+MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
 
 
 class Announcing:
@@ -63,6 +67,13 @@ class Announcing:
             return  # collected here: we do not want it back
         asked = self._manifest_asked.get(version)
         if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
+            if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS:  # a flood of versions
+                # nobody answers for: forget the asks that may be made again, and while none may,
+                # ask for no more (a real version is asked for at its next Holding)
+                retry_s = self.config.manifest_retry_s
+                self._manifest_asked = {n: a for n, a in self._manifest_asked.items() if now - a[0] < retry_s}
+                if len(self._manifest_asked) >= MAX_MANIFEST_ASKS:
+                    return
             self._manifest_asked[version] = (now, sender if holds_all else "")
             effects.append(FetchManifest(sender, version))
 

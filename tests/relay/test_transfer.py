@@ -7,6 +7,7 @@ import pytest
 from p2pnet.core import Emit, Publish, Send
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
+from relay.announce import MAX_MANIFEST_ASKS
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
@@ -913,3 +914,18 @@ def test_a_source_that_delivered_while_our_requests_were_held_and_then_stalls_is
             dropped_at = t
         t += 0.25
     assert dropped_at == 12.25  # the first tick past stall_timeout_s (2 s) after the hold, not a hold later
+
+
+def test_a_flood_of_unknown_versions_is_remembered_within_a_bound_and_a_real_one_is_asked_after_it():
+    """Any peer may name any version in a Holding (16 a message); each unknown one is asked
+    for, and remembered until its manifest comes. A peer that names ever new versions must not
+    grow that memory without end; once the flood's asks are `manifest_retry_s` old, a version a
+    real holder names is asked for again."""
+    c = core()
+    asked = 0
+    for i in range(200):
+        body = Holding(tuple(HeldVersion(10_000 + 16 * i + j, bytes(32)) for j in range(16)))
+        asked += sum(isinstance(e, FetchManifest) for e in c.on_message(0.0, envelope("mallory", body)))
+    assert len(c._manifest_asked) <= MAX_MANIFEST_ASKS and asked <= MAX_MANIFEST_ASKS
+    effects = c.on_message(FAST.manifest_retry_s, envelope("holder", Holding((HeldVersion(1, SIGNED.manifest_id),))))
+    assert FetchManifest("holder", 1) in effects
