@@ -238,3 +238,33 @@ async def test_strangers_on_a_channel_open_to_all_cannot_take_the_connections_of
     for stream in held + known:
         await stream.aclose()
     nursery.cancel_scope.cancel()
+
+
+async def test_strangers_from_one_address_take_at_most_its_share_of_a_channel_open_to_all(nursery):
+    """Behind the bound in all, a bound per IP: strangers from one address (one host, or many
+    behind one NAT) hold at most `max_open_channel_connections_per_ip` connections to channels
+    open to all, and a stranger from another address is still served."""
+    limits = DataPlaneLimits(max_connections=8, max_open_channel_connections=6, max_open_channel_connections_per_ip=2)
+    plane, address, _ = await serve(nursery, limits)
+    held_by = []
+
+    async def hold(stream, reader, peer):
+        held_by.append(peer)
+        await trio.sleep_forever()
+
+    plane.register("open", hold, known_only=False)
+    streams = [await _stranger_connection(address, Identity.from_seed_text(f"sybil {i}"), "open", "127.0.0.1")
+               for i in range(6)]
+    with trio.fail_after(10):
+        while sum(plane.refused.values()) + len(held_by) < 6:  # each admitted or refused by now
+            await trio.sleep(0.01)
+    assert len(held_by) == 2 and plane.refused == {"too_many_open": 4}
+    other = Identity.from_seed_text("elsewhere")
+    streams.append(await _stranger_connection(address, other, "open", "127.0.0.2"))
+    with trio.fail_after(10):
+        while other.peer_id not in held_by:
+            await trio.sleep(0.01)
+    assert len(held_by) == 3 and plane.refused == {"too_many_open": 4}
+    for stream in streams:
+        await stream.aclose()
+    nursery.cancel_scope.cancel()
