@@ -102,7 +102,7 @@ def parse_host_port(text: str, field: str) -> tuple[str, int]:
     """`host:port` or `[v6]:port` into (host, port); a malformed value is the user's error."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
         raise ConfigError(field, f"expected HOST:PORT, got {text!r}")
     return host, int(port)
 

@@ -55,6 +55,11 @@ class FrameReader:
         sock = getattr(stream, "socket", None)  # a trio SocketStream: receive bulk bytes in place
         self._recv_into = getattr(sock, "recv_into", None)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet read out: the start of a frame under way (or more)."""
+        return len(self._buffer)
+
     async def _fill(self, n: int) -> bool:
         while len(self._buffer) < n:
             data = await self._stream.receive_some(max(self._read_bytes, n - len(self._buffer)))
@@ -152,12 +157,17 @@ class DataPlaneLimits:
     max_handshaking: int = 128  # connections not yet authenticated, in all
     max_handshaking_per_ip: int = 16  # ... from one IP address (strangers cannot crowd out the rest)
     handshake_timeout_s: float = 5.0  # to finish the handshake after connecting
+    # channels registered known_only=False admit any identity, and identities cost nothing:
+    max_open_channel_connections: int = 64  # authenticated connections to them, in all (< max_connections)
+    max_open_channel_connections_per_ip: int = 8  # ... from one IP address (a few peers behind one NAT)
 
 
 class DataPlane:
     """A TCP listener whose connections prove their peer ids (`p2pnet.handshake`) and are then
     routed by channel. A channel registered `known_only` (the default) serves only peers that
-    `admit` accepts (the node: present in the peer table and not banned)."""
+    `admit` accepts (the node: present in the peer table and not banned); one open to all takes
+    at most `max_open_channel_connections` of our connections (and a few per IP), so that
+    strangers, whose identities cost nothing, cannot crowd the known peers out."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, announce: str = "", codec: Codec | None = None,
                  self_id: str = "", admit: Callable[[str], str | None] | None = None,
@@ -173,6 +183,7 @@ class DataPlane:
         self._open = 0
         self._handshaking: dict[str, int] = {}  # remote IP -> connections in the handshake
         self._per_peer: dict[str, int] = {}
+        self._open_to_all: dict[str, int] = {}  # remote IP -> connections to channels open to all
         self.refused: dict[str, int] = {}  # why -> connections refused
         self.address = ""  # what other peers dial (see p2pnet.addresses)
         self.bound = ""  # what we listen on
@@ -230,11 +241,22 @@ class DataPlane:
             if self._open >= self.limits.max_connections:
                 self._refuse("too_many_connections")
                 return
+            open_to_all = not self._handlers[admitted[1]][1]
+            if open_to_all and (sum(self._open_to_all.values()) >= self.limits.max_open_channel_connections
+                                or self._open_to_all.get(ip, 0) >= self.limits.max_open_channel_connections_per_ip):
+                self._refuse("too_many_open")  # strangers cannot take the known peers' connections
+                return
             self._open += 1
+            if open_to_all:
+                self._open_to_all[ip] = self._open_to_all.get(ip, 0) + 1
             try:
                 await self._handle(stream, *admitted)
             finally:
                 self._open -= 1
+                if open_to_all:
+                    self._open_to_all[ip] -= 1
+                    if not self._open_to_all[ip]:
+                        del self._open_to_all[ip]
 
     async def _authenticate(self, stream: trio.SocketStream) -> tuple[str, str] | None:
         """(peer, channel) once the handshake succeeds; None (counted, logged) otherwise."""
@@ -289,6 +311,8 @@ async def open_data_stream(address: str, channel: str, *, codec: Codec, peer: st
                 raise
     except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
         raise PeerUnavailable(f"data plane {address}: {type(exc).__name__}: {exc}") from exc
+    except UnicodeError as exc:  # a host name no resolver takes (the IDNA codec's): the address is false
+        raise PeerUnavailable(f"bad data address {address!r}: {exc}") from exc
     except MessageRejected as exc:
         raise PeerUnavailable(f"data plane {address}: handshake refused ({exc})") from exc
     return stream

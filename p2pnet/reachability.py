@@ -257,7 +257,8 @@ async def dial_libp2p(addrs: tuple[str, ...], observed_ip: str) -> DialResult:
     candidates = []
     for addr in addrs:
         parts = addr.split("/")
-        if len(parts) >= 5 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[4].isdigit():
+        if (len(parts) >= 5 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp"
+                and parts[4].isascii() and parts[4].isdigit() and int(parts[4]) < 65536):  # the asker's text
             if same_ip(parts[2], observed_ip):
                 candidates.append((parts[2], int(parts[4])))
     if not candidates:

@@ -11,9 +11,11 @@ children in its plan directly (`_completed`): they pull from us and may now ask 
 A `Holding` for a version we know makes its sender a holder (a candidate for any chunk, after
 our chain: see `relay.transfer`) and gives the chunks parked for want of a source another try;
 one for a version we do not know asks the sender for the manifest (`_ask_manifest`, at most
-every `manifest_retry_s` per version, never for a version we garbage-collected), and the
-answer makes it a holder. The swarm layout's `HaveChunks` asks the same way, for a sender
-that holds only some chunks (its answer then makes it no holder).
+every `manifest_retry_s` per version, never for a version we garbage-collected, and with at
+most `MAX_MANIFEST_ASKS` asks remembered: any peer may name any version, and past the bound the
+asks of the peer we asked most give way, `_room_to_ask`), and the answer makes it a holder.
+The swarm layout's `HaveChunks` asks the same way, for a sender that holds only some chunks
+(its answer then makes it no holder).
 
 These methods read the core's configuration, membership, versions and bans, keep
 `_manifest_asked`, and add holders to a version; they also call the core's `_usable(now, peer)`,
@@ -23,6 +25,7 @@ no I/O and take the time as an argument.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import blake3
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
     from relay.transfer_state import _Version
 
 
+MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
+
+
 class Announcing:
     """Holders and announcements for `relay.transfer.TransferCore` (see the module docstring)."""
 
@@ -47,7 +53,7 @@ class Announcing:
     _members: Membership
     _versions: dict[int, _Version]
     _banned: set[str]
-    _manifest_asked: dict[int, tuple[float, str]]
+    _manifest_asked: dict[int, tuple[float, str, bool]]
     _collected_through: int
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
@@ -56,22 +62,45 @@ class Announcing:
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def complete_versions(self) -> list[int]: ...
 
-    def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any], holds_all: bool = True) -> None:
+    def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any], holds_all: bool = True) -> bool:
         """`sender` holds a version we do not know (all of it, or with `holds_all` False some
-        chunks of it): ask it for the manifest; its answer makes it a holder only in the first case."""
+        chunks of it): ask it for the manifest; its answer makes it a holder only in the first case.
+        False when there was no room to remember the ask (`_room_to_ask`), at this `now`, for
+        any new version `sender` names."""
         if version <= self._collected_through:
-            return  # collected here: we do not want it back
+            return True  # collected here: we do not want it back
         asked = self._manifest_asked.get(version)
         if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
-            self._manifest_asked[version] = (now, sender if holds_all else "")
+            if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
+                return False
+            self._manifest_asked[version] = (now, sender, holds_all)
             effects.append(FetchManifest(sender, version))
+        return True
+
+    def _room_to_ask(self, now: float, sender: str) -> bool:
+        """With `MAX_MANIFEST_ASKS` asks remembered (any peer may name any version, and made-up
+        ones are never answered): forget those that may be made again; while none may, forget
+        one ask made of the peer we asked most, unless that is `sender` itself. A peer that names
+        ever new versions thus crowds out only its own asks (at most the bound per
+        `manifest_retry_s`), and a real holder, which names few, is asked at once."""
+        retry_s = self.config.manifest_retry_s
+        self._manifest_asked = {n: a for n, a in self._manifest_asked.items() if now - a[0] < retry_s}
+        if len(self._manifest_asked) < MAX_MANIFEST_ASKS:
+            return True
+        counts = Counter(a[1] for a in self._manifest_asked.values())
+        most = max(counts, key=lambda peer: (counts[peer], peer))
+        if counts[sender] >= counts[most]:
+            return False
+        del self._manifest_asked[next(n for n, a in self._manifest_asked.items() if a[1] == most)]
+        return True
 
     def _on_holding(self, now: float, sender: str, body: Holding) -> list[Any]:
         effects: list[Any] = []
+        room = True  # for the asks this message makes (once there is none, the rest are not weighed)
         for held in body.versions:
             v = self._versions.get(held.version)
             if v is None:
-                self._ask_manifest(now, sender, held.version, effects)
+                room = room and self._ask_manifest(now, sender, held.version, effects)
                 continue
             if held.manifest_id != v.signed.manifest_id or sender in v.holders or sender in self._banned:
                 continue

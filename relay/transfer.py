@@ -138,7 +138,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
-        self._manifest_asked: dict[int, tuple[float, str]] = {}  # version -> (when, whom)
+        self._manifest_asked: dict[int, tuple[float, str, bool]] = {}  # version -> (when, whom, it holds all)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
@@ -269,7 +269,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         v = self._admit(now, signed, effects, held=None)
         if v is not None:
             asked = self._manifest_asked.pop(signed.version, None)
-            if asked is not None and asked[1] == sender:
+            if asked is not None and asked[1] == sender and asked[2]:
                 v.holders.add(sender)  # it answered our FetchManifest because it holds the version
             if v.complete:  # every chunk was already here (content shared with an older version)
                 self._completed(now, v, effects)

@@ -89,7 +89,7 @@ def unpack(packed: Packed) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.float32)
     q = torch.frombuffer(bytearray(packed.values), dtype=torch.int8).to(torch.float32)
     scales = torch.frombuffer(bytearray(packed.scales), dtype=torch.float32)
-    per_value = scales.repeat_interleave(packed.block)[:n]
+    per_value = scales.repeat_interleave(min(packed.block, n))[:n]  # the block is the sender's: n values at most
     return q * per_value
 
 

@@ -73,6 +73,7 @@ ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this 
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
+STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
 
 
 class Phase(enum.StrEnum):
@@ -411,15 +412,33 @@ class DilocoRole:
     # -- serving ----------------------------------------------------------------------------
 
     async def _serve(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
+        """One peer's connection to our diloco channel: its frames, in order. Honest senders open
+        a connection to send a frame at once, and give a frame up (closing the connection) when
+        it is not sent within their deadline; so a connection whose first frame has not come, or
+        whose frame has been under way, for a whole `STALL_WINDOWS` x `deadline_s` is closed: it
+        held one of the data plane's connections for nothing. A connection idle between frames
+        stays (a round's links are quiet between its stages, and a close would be a death)."""
         reader.max_frame_bytes = MAX_FRAME_BYTES
+        window_s = STALL_WINDOWS * self.config.deadline_s
+        frames, under_way = 0, False  # under way: a frame had begun at the last window's end
         while True:
-            frame = await reader.frame()
+            with trio.move_on_after(window_s) as waited:
+                frame = await reader.frame()  # (cancelled, it keeps what it read: no byte is lost)
+            if waited.cancelled_caught:
+                if not frames or (under_way and reader.buffered):
+                    raise MessageRejected("stalled", f"no whole frame in {window_s:g} s", peer)
+                under_way = reader.buffered > 0
+                continue
+            frames, under_way = frames + 1, False
             if frame is None:
                 return
             envelope = self.node.codec.decode(frame, time.time())  # MessageRejected ends the connection
             if envelope.sender != peer:
                 raise MessageRejected("wrong_sender", "a frame signed by another peer than the connection's")
             if isinstance(envelope.body, StateRequest):
+                if self.state is None:  # our model still loads (`run` registers the channel first): no one's fault
+                    log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
+                    return  # the joiner asks again, or another trainer peer
                 self.heard.add(peer)
                 await self._send_state(stream)
             elif isinstance(envelope.body, StateWanted):

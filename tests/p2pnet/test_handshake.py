@@ -180,3 +180,91 @@ async def test_an_address_that_answers_with_something_else_is_a_wrong_peer():
     results = await run_pair(lambda s: client_handshake(s, Codec(CLIENT), "relay/chunks", SERVER.peer_id),
                              not_a_data_plane)
     assert isinstance(results["client"], WrongPeer) and "not a handshake" in str(results["client"])
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1:\u00b2",  # a digit to str.isdigit, not to int()
+    "127.0.0.1:\u0663\u0660",  # decimal digits, but not ASCII: no port of ours
+    "a" * 64 + ".example:80",  # a DNS label too long: the IDNA codec's UnicodeError
+    "..:80",
+    "\udcff:80",
+    "127.0.0.1",
+    ":80",
+])
+async def test_a_malformed_advertised_address_is_a_peer_unavailable_never_another_error(address):
+    """A data address comes from the peer's signed heartbeat (only its length is checked): what
+    it says may be anything, and dialling it must fail as that peer's unavailability, which every
+    caller handles; any other error would stop the dialling role."""
+    with pytest.raises(PeerUnavailable):
+        await open_data_stream(address, "relay/chunks", codec=Codec(CLIENT), peer=SERVER.peer_id, timeout_s=10.0)
+
+
+async def _stranger_connection(address: str, identity: Identity, channel: str, local_ip: str) -> trio.SocketStream:
+    """A data connection from `local_ip` (any 127.x.y.z is this machine's), authenticated as
+    `identity`: what any number of freshly made identities on a few addresses can open."""
+    host, port = address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port), local_address=local_ip)
+    await client_handshake(stream, Codec(identity), channel, SERVER.peer_id)
+    return stream
+
+
+async def test_strangers_on_a_channel_open_to_all_cannot_take_the_connections_of_known_peers(nursery):
+    """A channel registered `known_only=False` (the dial-back echo) admits any identity, and
+    identities cost nothing: connections to such channels are bounded per IP and in all, below
+    `max_connections`, so strangers holding them open cannot refuse the known peers theirs."""
+    limits = DataPlaneLimits(max_connections=8, max_open_channel_connections=4, max_open_channel_connections_per_ip=2)
+    plane, address, served = await serve(nursery, limits)
+
+    async def hold(stream, reader, peer):
+        await trio.sleep_forever()
+
+    plane.register("open", hold, known_only=False)
+    held = []
+    for i in range(12):  # 12 strangers from 3 addresses
+        sybil = Identity.from_seed_text(f"sybil {i}")
+        stream = await _stranger_connection(address, sybil, "open", f"127.0.0.{1 + i % 3}")
+        held.append(stream)
+    with trio.fail_after(10):
+        while sum(plane.refused.values()) + plane._open < 12:  # each admitted or refused by now
+            await trio.sleep(0.01)
+    assert plane._open == 4 and plane.refused == {"too_many_open": 8}
+    known = [await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id) for _ in range(4)]
+    for stream in known:
+        await send_frame(stream, b"hi")
+    with trio.fail_after(10):
+        while len(served) < 4:
+            await trio.sleep(0.01)
+    assert plane.connections()[CLIENT.peer_id] == 4
+    for stream in held + known:
+        await stream.aclose()
+    nursery.cancel_scope.cancel()
+
+
+async def test_strangers_from_one_address_take_at_most_its_share_of_a_channel_open_to_all(nursery):
+    """Behind the bound in all, a bound per IP: strangers from one address (one host, or many
+    behind one NAT) hold at most `max_open_channel_connections_per_ip` connections to channels
+    open to all, and a stranger from another address is still served."""
+    limits = DataPlaneLimits(max_connections=8, max_open_channel_connections=6, max_open_channel_connections_per_ip=2)
+    plane, address, _ = await serve(nursery, limits)
+    held_by = []
+
+    async def hold(stream, reader, peer):
+        held_by.append(peer)
+        await trio.sleep_forever()
+
+    plane.register("open", hold, known_only=False)
+    streams = [await _stranger_connection(address, Identity.from_seed_text(f"sybil {i}"), "open", "127.0.0.1")
+               for i in range(6)]
+    with trio.fail_after(10):
+        while sum(plane.refused.values()) + len(held_by) < 6:  # each admitted or refused by now
+            await trio.sleep(0.01)
+    assert len(held_by) == 2 and plane.refused == {"too_many_open": 4}
+    other = Identity.from_seed_text("elsewhere")
+    streams.append(await _stranger_connection(address, other, "open", "127.0.0.2"))
+    with trio.fail_after(10):
+        while other.peer_id not in held_by:
+            await trio.sleep(0.01)
+    assert len(held_by) == 3 and plane.refused == {"too_many_open": 4}
+    for stream in streams:
+        await stream.aclose()
+    nursery.cancel_scope.cancel()

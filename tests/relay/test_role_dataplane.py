@@ -1,5 +1,6 @@
 """The relay shell's data plane against scripted servers on loopback: what a fetcher believes."""
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ from p2pnet.errors import MessageRejected
 from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
-from relay.messages import STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
+from relay.messages import RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
 from relay.serving import ByteBudget, Refuse, Serve, ServingConfig, ServingCore, UploadMeter
@@ -476,3 +477,81 @@ def test_the_upload_meter_counts_only_time_when_every_slot_was_busy():
     meter.not_full(21.0, 100_000_000)
     assert meter.rate(21.0, 100_000_000) == pytest.approx(40_000_000 / 4)
     assert meter.rate(52.0, 100_000_000) is None  # the window moved past both stretches
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:\u00b2", "a" * 64 + ".example:80"])
+async def test_a_source_that_advertises_a_malformed_data_address_fails_its_requests_and_stops_nothing(address):
+    """The address is what the source's signed heartbeat says (any text of up to 256 bytes): an
+    address no connection can be opened to makes the source unreachable; `run` returns (an error
+    out of it would stop the role and the peer)."""
+    role = FakeRole(address)
+    upstream = Upstream(role, SOURCE.peer_id)
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+    with trio.fail_after(10):
+        await upstream.run()
+    assert role.told == [(FetchFailure.UNREACHABLE, 0)]
+
+
+async def test_hostile_answers_end_the_connection_at_worst_and_every_request_is_told_once():
+    """Seeded answers a source controls: random bytes, a valid answer cut anywhere then garbage,
+    every header field at its edges, bit flips of a valid answer. Each run returns (an error out
+    of it would stop the role), tells each request exactly once (fetched or failed), and gives
+    every chunk buffer back."""
+    rng = random.Random(20261205)
+    good = frame_of(ChunkResponse(1, STATUS_OK, 1000).pack()) + b"c" * 1000
+    answers: list[bytes] = [rng.randbytes(n) for n in (1, 3, 4, 5, 21, 22, 500, 2000)]
+    answers += [good[:rng.randrange(1, len(good))] + rng.randbytes(rng.randrange(0, 64)) for _ in range(10)]
+    for request_id in (0, 1, 2, 3, 2**32 - 1):
+        for status in (STATUS_OK, STATUS_UNAVAILABLE, 2, 255):
+            for length in (0, 999, 1000, 1001, 2**63, 2**64 - 1):
+                answers.append(frame_of(ChunkResponse(request_id, status, length, rng.choice((0, 2**32 - 1))).pack())
+                               + b"d" * min(length, 1001))
+    for _ in range(30):
+        mutated = bytearray(good + frame_of(ChunkResponse(2, STATUS_OK, 1000).pack()) + b"e" * 1000)
+        for _ in range(rng.randrange(1, 3)):
+            mutated[rng.randrange(len(mutated))] ^= 1 << rng.randrange(8)
+        answers.append(bytes(mutated))
+    for i, answer in enumerate(answers):
+        async def script(stream, requests, answer=answer):
+            ids = {r.request_id for r, _ in requests}
+            assert ids == {1, 2}  # as the answers above assume
+            await stream.send_all(answer)
+
+        role = await fetch_two_with(script)
+        told = sorted(entry[1] for entry in role.told)
+        assert told == [0, 1], (i, role.told)  # each request once, fetched or failed
+        assert all(entry[0] != "fetched" or entry[2] == 1000 for entry in role.told), (i, role.told)
+        assert role.buffers._lendable.value == 2, i  # every buffer given back
+
+
+def frame_of(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
+
+
+async def test_hostile_manifest_answers_crash_nothing_and_hand_the_core_only_whole_frames():
+    """`RelayRole._fetch_manifest` against seeded answers (random bytes, header fields at their
+    edges, torn answers, then the end of the stream): it returns, and what reaches the core is
+    exactly the `length` bytes an OK header announced (the core opens and checks it)."""
+    rng = random.Random(20261206)
+    answers = [rng.randbytes(n) for n in (0, 1, 4, 21, 22, 300)]
+    for status in (STATUS_OK, STATUS_UNAVAILABLE, 255):
+        for length in (0, 1, 4096, 1 << 20, 2**64 - 1):
+            body = rng.randbytes(min(length, 5000))
+            answers.append(frame_of(ChunkResponse(0, status, length).pack()) + body)
+            answers.append(frame_of(ChunkResponse(0, status, length).pack()) + body[:len(body) // 2])
+    for answer in answers:
+        role = InMemoryRole()
+        role.config = SimpleNamespace(request_timeout_s=5.0)
+        role.answers.put_data(answer)
+        role.answers.put_eof()
+        handed: list[int] = []
+
+        async def command(fn, handed=handed) -> None:
+            handed.append(1)
+
+        role._command = command
+        with trio.fail_after(5):
+            await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1))
+        if handed:  # only a whole OK answer
+            header = ChunkResponse.unpack(answer[4:4 + RESPONSE.size])
+            assert header.status == STATUS_OK and len(answer) == 4 + RESPONSE.size + header.length

@@ -111,6 +111,16 @@ def publish(store: ChunkStore, root: Path, version: int, chunks: int = CHUNKS):
                                chunk_bytes=CHUNK, now_s=time.time())
 
 
+async def start_shell(role: RelayRole, node: FakeNode, nursery: trio.Nursery) -> None:
+    """What `RelayRole._run` starts of the role's shell: its core's runner (carrying effects out
+    to `node`), the dispatcher and the teller of fetched chunks."""
+    role._token = trio.lowlevel.current_trio_token()
+    role._runner = CoreRunner(role._peeler, node, name="relay")
+    await nursery.start(role._runner.run)
+    nursery.start_soon(role._dispatch)
+    nursery.start_soon(role._tell_fetched)
+
+
 class Harness:
     def __init__(self, tmp_path: Path, **relay) -> None:
         self.origin = ChunkStore(tmp_path / "origin", budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id],
@@ -124,11 +134,7 @@ class Harness:
 
     async def start(self, nursery: trio.Nursery) -> None:
         role = self.role
-        role._token = trio.lowlevel.current_trio_token()
-        role._runner = CoreRunner(role._peeler, self.node, name="relay")
-        await nursery.start(role._runner.run)
-        nursery.start_soon(role._dispatch)
-        nursery.start_soon(role._tell_fetched)
+        await start_shell(role, self.node, nursery)
         nursery.start_soon(role._flusher)
         self.source = Source(role, self.origin, nursery)
         role._upstream = lambda peer, nursery: self.source  # every fetch goes to the publisher's store

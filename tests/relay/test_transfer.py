@@ -7,6 +7,7 @@ import pytest
 from p2pnet.core import Emit, Publish, Send
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
+from relay.announce import MAX_MANIFEST_ASKS
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
@@ -913,3 +914,43 @@ def test_a_source_that_delivered_while_our_requests_were_held_and_then_stalls_is
             dropped_at = t
         t += 0.25
     assert dropped_at == 12.25  # the first tick past stall_timeout_s (2 s) after the hold, not a hold later
+
+
+def test_a_flood_of_unknown_versions_is_remembered_within_a_bound_and_a_real_one_is_asked_after_it():
+    """Any peer may name any version in a Holding (16 a message); each unknown one is asked
+    for, and remembered until its manifest comes. A peer that names ever new versions must not
+    grow that memory without end; once the flood's asks are `manifest_retry_s` old, a version a
+    real holder names is asked for again."""
+    c = core()
+    asked = 0
+    for i in range(200):
+        body = Holding(tuple(HeldVersion(10_000 + 16 * i + j, bytes(32)) for j in range(16)))
+        asked += sum(isinstance(e, FetchManifest) for e in c.on_message(0.0, envelope("mallory", body)))
+    assert len(c._manifest_asked) <= MAX_MANIFEST_ASKS and asked <= MAX_MANIFEST_ASKS
+    effects = c.on_message(FAST.manifest_retry_s, envelope("holder", Holding((HeldVersion(1, SIGNED.manifest_id),))))
+    assert FetchManifest("holder", 1) in effects
+
+
+def test_one_peer_naming_new_versions_without_end_cannot_stop_a_real_holders_version_being_asked_for():
+    """A peer that names 1024 new versions every `manifest_retry_s` keeps the asks we remember
+    full of ones that may not be made again yet. It must not keep us from asking a real holder
+    for its version at once (a version published before we joined is learnt only that way):
+    the flooder's own asks are what give way, and it gets no more asks than the bound."""
+    c = core()
+    retry_s = FAST.manifest_retry_s
+    to_mallory = 0
+    version = 10_000
+    for window in range(3):
+        t = window * retry_s
+        for _ in range(MAX_MANIFEST_ASKS // 16 + 8):  # more than the bound, within one window
+            body = Holding(tuple(HeldVersion(version + j, bytes(32)) for j in range(16)))
+            version += 16
+            to_mallory += sum(isinstance(e, FetchManifest) for e in c.on_message(t, envelope("mallory", body)))
+        assert len(c._manifest_asked) <= MAX_MANIFEST_ASKS
+    assert to_mallory <= 3 * MAX_MANIFEST_ASKS
+    t = 2 * retry_s + 1.0  # every ask remembered is younger than manifest_retry_s
+    effects = c.on_message(t, envelope("holder", Holding((HeldVersion(1, SIGNED.manifest_id),))))
+    assert [e for e in effects if isinstance(e, FetchManifest)] == [FetchManifest("holder", 1)]
+    assert len(c._manifest_asked) <= MAX_MANIFEST_ASKS
+    c.manifest_frame(t + 0.5, "holder", SIGNED.frame)  # the answer makes it a holder: a source for any chunk
+    assert "holder" in c._versions[1].holders

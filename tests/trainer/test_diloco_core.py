@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, shard_bounds
-from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Rejection, check_contribution,
+from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
                             max_quantization_error, pack, packed_bytes, unpack)
 from trainer.diloco_links import PeerFailed, Received
 from trainer.diloco_messages import PIECE_VALUES, Join, Members
@@ -189,6 +189,27 @@ def test_parts_of_another_view_or_round_are_ignored_and_bad_shapes_penalised():
     assert a.receive(0.0, "peer1", replace(part, shard_length=part.shard_length + 1)) == [
         Penalise("peer1", Rejection.WRONG_SHAPE)]
     assert a.receive(0.0, "peer1", replace(part, values=part.values[:-1])) == [Penalise("peer1", Rejection.WRONG_SHAPE)]
+
+
+def test_a_part_with_a_block_far_beyond_its_length_is_one_block_and_allocates_nothing_more():
+    """`block` is the sender's (a Part checks only block >= 1): a piece shorter than its block is
+    one block whatever the number says. Before, unpack materialised one scale per value of the
+    whole block: 2^34 asked for 64 GiB (RuntimeError out of the core, which stopped the role) and
+    2^62 overflowed torch's size check."""
+    vectors = _vectors(2, 100)
+    members = tuple(sorted(vectors))
+    b = AllReduce("peer1", 5, members, vectors["peer1"], AllReduceConfig())
+    part = next(e for e in b.start(0.0) if isinstance(e, Send)).body
+    assert part.length <= part.block  # one block: its scales stay 4 bytes whatever the block says
+    from dataclasses import replace
+
+    honest = AllReduce("peer0", 5, members, vectors["peer0"], AllReduceConfig())
+    expected = honest.receive(0.0, "peer1", part)
+    for block in (2**34, 2**62):
+        a = AllReduce("peer0", 5, members, vectors["peer0"], AllReduceConfig())
+        assert a.receive(0.0, "peer1", replace(part, block=block)) == expected
+        assert torch.equal(unpack(Packed(Encoding.INT8, 3, block, b"\x01\x02\x7f", b"\x00\x00\x80\x3f")),
+                           torch.tensor([1.0, 2.0, 127.0]))
 
 
 def test_membership_waits_for_expected_peers_and_drops_a_drifted_one():

@@ -1,0 +1,173 @@
+"""Hostile input to the DiLoCo data channel (`DilocoRole._serve`) on a real data-plane listener
+on loopback: what an admitted peer sends ends, at worst, its own connection; the listener goes on
+serving honest peers, and no connection is left counted.
+
+The role is a real `DilocoRole` with only what `_serve` reads set (no model is loaded: a role
+whose model is still loading, `state` None, is the case a peer can reach first, since the channel
+is registered before the load). Seeded; no timing asserts: deadlines scale with the work.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import trio
+
+from p2pnet.dataplane import DataPlane, DataPlaneLimits, FrameReader, open_data_stream, send_frame
+from p2pnet.identity import Identity
+from p2pnet.wire import Codec
+from tests.relay.test_hostile_listeners import drain_until_closed
+from trainer.diloco_local import GlobalState
+from trainer.diloco_messages import CHANNEL, Join, Members, StatePiece, StateRequest, StateWanted
+from trainer.diloco_role import INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, DilocoRole
+
+ME = Identity.from_seed_text("diloco listener")
+PEER = Identity.from_seed_text("diloco admitted peer")
+SEED = 20261205
+SLACK_S = 10.0  # per connection
+
+
+class Listener:
+    """A DilocoRole's `_serve` on a real data plane that admits PEER only."""
+
+    def __init__(self) -> None:
+        role = object.__new__(DilocoRole)  # only what `_serve` and its answers read
+        role.node = SimpleNamespace(codec=Codec(ME), peer_id=ME.peer_id,
+                                    peertable=SimpleNamespace(with_role=lambda role: [], is_banned=lambda p, now: True),
+                                    wait_for_peers=self._no_wait)
+        role.config = SimpleNamespace(publish=False, rounds=10, deadline_s=5.0)
+        role.state = None  # the model is still loading
+        role.history, role.heard, role.granted_at, role.state_askers = [], set(), {}, {}
+        role.outer_state_versions = set()
+        role.inbox_send, self.inbox = trio.open_memory_channel[Any](INBOX)
+        self.role = role
+        self.plane = DataPlane("127.0.0.1", 0, codec=Codec(ME), self_id=ME.peer_id,
+                               limits=DataPlaneLimits(handshake_timeout_s=2.0),
+                               admit=lambda peer: None if peer == PEER.peer_id else "not in our peer table")
+        self.plane.register(CHANNEL, role._serve)
+        self.address = ""
+
+    @staticmethod
+    async def _no_wait(check, timeout_s: float) -> bool:
+        return check()
+
+    async def connect(self) -> trio.SocketStream:
+        return await open_data_stream(self.address, CHANNEL, codec=Codec(PEER), peer=ME.peer_id)
+
+    async def settle(self, connections: int) -> None:
+        with trio.fail_after(SLACK_S * max(1, connections)):
+            while self.plane.connections() or self.plane._open or self.plane._handshaking:
+                await trio.sleep(0.02)
+
+    async def state_of(self) -> list[StatePiece]:
+        """An honest joiner's StateRequest: the pieces of our state."""
+        stream = await self.connect()
+        pieces = []
+        async with stream:
+            await send_frame(stream, Codec(PEER).encode(StateRequest(0), time.time()))
+            reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
+            with trio.fail_after(SLACK_S):
+                while True:
+                    piece = Codec(PEER).decode(await reader.frame() or b"", time.time()).body
+                    pieces.append(piece)
+                    if piece.offset + piece.length == piece.total:
+                        return pieces
+
+
+@pytest.fixture
+async def listener(nursery: trio.Nursery) -> Listener:
+    listener = Listener()
+    listener.address = await nursery.start(listener.plane.serve)
+    return listener
+
+
+async def test_a_state_request_before_our_model_is_loaded_ends_that_connection_only(listener: Listener) -> None:
+    """The channel is registered before the model loads (`DilocoRole.run`): a joiner that asks
+    for the state then gets its connection closed, and asks elsewhere or again; the peer goes on."""
+    stream = await listener.connect()
+    async with stream:
+        await send_frame(stream, Codec(PEER).encode(StateRequest(0), time.time()))
+        assert await drain_until_closed(stream, SLACK_S) == b""
+    await listener.settle(1)
+    weights = torch.arange(5, dtype=torch.float32)
+    listener.role.state = GlobalState(3, weights, torch.zeros(5))  # loaded: the same listener serves it
+    pieces = await listener.state_of()
+    assert [(p.round, p.total, p.offset, p.length) for p in pieces] == [(3, 5, 0, 5)]
+    assert pieces[0].weights == weights.numpy().tobytes()
+    await listener.settle(1)
+
+
+async def test_garbage_and_mutated_frames_end_only_their_connection(listener: Listener) -> None:
+    rng = random.Random(SEED)
+    codec = Codec(PEER)
+    valid = [codec.encode(body, time.time()) for body in
+             (Join(1, b"w" * 16, ()), Members(1, b"w" * 16, (PEER.peer_id,)), StateWanted(0, False), StateRequest(0))]
+    frames: list[bytes] = [rng.randbytes(n) for n in (0, 1, 4, 17, 300, 4096)]
+    for _ in range(40):
+        mutated = bytearray(rng.choice(valid))
+        for _ in range(rng.randrange(1, 3)):
+            mutated[rng.randrange(len(mutated))] ^= 1 << rng.randrange(8)
+        frames.append(bytes(mutated))
+    frames.append(Codec(Identity.from_seed_text("someone else")).encode(Join(1, b"w" * 16, ()), time.time()))
+    for frame in frames:
+        stream = await listener.connect()
+        async with stream:
+            await send_frame(stream, frame)
+            await stream.send_eof()
+            await drain_until_closed(stream, SLACK_S)
+    for size in (MAX_FRAME_BYTES + 1, 2**32 - 1):  # frames longer than any: closed at their header
+        stream = await listener.connect()
+        async with stream:
+            await stream.send_all(size.to_bytes(4, "big"))
+            assert await drain_until_closed(stream, SLACK_S) == b""
+    await listener.settle(len(frames) + 2)
+    while True:  # what got through was signed by PEER and well-formed: nothing else
+        try:
+            received = listener.inbox.receive_nowait()
+        except trio.WouldBlock:
+            break
+        assert received.peer == PEER.peer_id and isinstance(received.body, (Join, Members))
+    listener.role.state = GlobalState(0, torch.ones(3), torch.zeros(3))
+    assert len(await listener.state_of()) == 1
+
+
+async def test_a_connection_with_no_whole_frame_is_closed_but_one_idle_between_frames_stays(listener: Listener) -> None:
+    """(e) Our deadline, not the peer's: a connection that sends nothing after its handshake, or
+    half a frame, is closed after `STALL_WINDOWS` x `deadline_s`; an honest link that goes quiet
+    between frames (a round's stages) is not, and its next frame is received."""
+    listener.role.config.deadline_s = 0.5
+    window_s = STALL_WINDOWS * listener.role.config.deadline_s
+    join = Codec(PEER).encode(Join(1, b"w" * 16, ()), time.time())
+    framed = len(join).to_bytes(4, "big") + join
+    other = Codec(PEER).encode(Join(2, b"w" * 16, ()), time.time())
+    other = len(other).to_bytes(4, "big") + other  # a whole frame, then half of the next
+
+    async def stalls(prefix: bytes) -> None:
+        stream = await listener.connect()
+        async with stream:
+            await stream.send_all(prefix)
+            assert await drain_until_closed(stream, SLACK_S + 2 * window_s) == b""
+
+    async def quiet_between_frames() -> None:
+        stream = await listener.connect()
+        async with stream:
+            await stream.send_all(framed)
+            await trio.sleep(2.5 * window_s)  # quiet for more than two windows: no stall
+            await stream.send_all(framed)
+            with trio.fail_after(SLACK_S):
+                while sum(r.body.round == 1 for r in received) < 2:
+                    received.append(await listener.inbox.receive())
+
+    received: list[Any] = []
+
+    async with trio.open_nursery() as nursery:
+        for prefix in (b"", framed[:3], framed[:len(framed) // 2], other + other[:10]):
+            nursery.start_soon(stalls, prefix)
+        nursery.start_soon(quiet_between_frames)
+    assert sorted(r.body.round for r in received) in ([1, 1], [1, 1, 2])  # (the stalled one's whole frame counts)
+    await listener.settle(5)
