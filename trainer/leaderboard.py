@@ -212,7 +212,7 @@ class Contributions:
         for peer, w in self.workers.items():
             counts = {name: getattr(w, name) for name in _WORKER_COUNTS}
             workers[peer] = {**counts, "banned": w.banned, "ban_reasons": dict(w.ban_reasons),
-                             "compute_s": round(w.compute_s, 6)}
+                             "compute_s": w.compute_s}  # not rounded: JSON gives it back to the bit
         validators = {peer: [v.checks, v.accepted, v.rejected] for peer, v in self.validators.items()}
         return {"workers": workers, "validators": validators}
 

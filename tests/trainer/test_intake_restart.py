@@ -256,6 +256,18 @@ def test_the_leaderboard_survives_a_restart():
     assert (row["accepted_batches"], row["submitted"], row["compute_s"]) == (2, 3, 4.0)
 
 
+def test_a_compute_total_comes_back_to_the_last_bit():
+    """Saved as it is, not rounded: rounded twice (in the file, then for the dashboard) a total
+    near a rounding edge would show a thousandth more after the restart than before it."""
+    before = make()
+    before.published(0, 10.0)
+    _, sid = submit(before, WORKER, 0, now=13.3884997114350517)  # 3.3884997...: 3.388 shown, 3.3885 at 6 places
+    verdict(before, sid, WORKER, 0, True, now=14.0)
+    after = restarted(before, saved_at=20.0, wall_at_save=WALL_S + 20, now=0.0, wall_s=WALL_S + 30)
+    assert after.contributions.compute_s(WORKER.peer_id) == before.contributions.compute_s(WORKER.peer_id)
+    assert after.contributions.rows() == before.contributions.rows()
+
+
 def test_a_state_file_from_before_the_leaderboard_was_carried_still_loads(tmp_path):
     path = tmp_path / "intake_state.json"
     state = leaderboard_run().snapshot(20.0, WALL_S + 20)
