@@ -379,9 +379,10 @@ class Intake(ReactiveCore):
                 ledger.outcomes.pop(sid, None)
         for key in [k for k in self.by_step if k[1] < step]:
             del self.by_step[key]  # a late copy for these steps is dropped as stale; nonces stay (`_link`)
-        # holding times matter for verdicts on batches still here, and for the learner's model window
-        oldest = min((b.submission.model_version for b in self.batches.values()), default=step)
-        floor = min(oldest, step - self.config.async_level)
+        # holding times matter for verdicts on batches the learner may still take: a kept batch's
+        # step is >= `step`, so a version below step - async_level is one it refuses (stale). Not
+        # the oldest version a kept batch claims: a worker claiming version 0 would keep them all
+        floor = step - self.config.async_level
         for version in [v for v in self.holders if v < floor]:
             del self.holders[version]
         self.contributions.forget(forgotten, floor)

@@ -160,7 +160,7 @@ class Contributions:
     def forget(self, sids: list[bytes], before_version: int) -> None:
         """The intake forgot these batches: what they earned stays, no verdict on them comes here.
         Publish times of versions before `before_version` go too (the intake's rule for holding
-        times: older than every batch kept and than the learner's window)."""
+        times: older than the learner's window for any batch it still keeps)."""
         for sid in sids:
             self.timing.pop(sid, None)
         for version in [v for v in self.published_at if v < before_version]:
@@ -212,7 +212,7 @@ class Contributions:
         for peer, w in self.workers.items():
             counts = {name: getattr(w, name) for name in _WORKER_COUNTS}
             workers[peer] = {**counts, "banned": w.banned, "ban_reasons": dict(w.ban_reasons),
-                             "compute_s": round(w.compute_s, 6)}
+                             "compute_s": w.compute_s}  # not rounded: JSON gives it back to the bit
         validators = {peer: [v.checks, v.accepted, v.rejected] for peer, v in self.validators.items()}
         return {"workers": workers, "validators": validators}
 

@@ -160,7 +160,14 @@ def _strings(value: Any) -> list[str]:
 
 
 def finite_s(value: Any) -> float:
-    """`value` as seconds, if it is a finite number (for data read back from disk); else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """`value` as seconds, if it is a finite number (for data read back from disk); else ValueError
+    (an integer too large for a float too: JSON reads `1000...0` as one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"not a finite time: {value!r}")
-    return float(value)
+    try:
+        seconds = float(value)
+    except OverflowError as exc:
+        raise ValueError("not a finite time: an integer too large for a float") from exc
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a finite time: {value!r}")
+    return seconds

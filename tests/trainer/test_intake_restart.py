@@ -177,6 +177,29 @@ def test_a_bans_end_is_carried_in_wall_clock_time_and_a_permanent_ban_stays_perm
     assert over.banned(0.0) == [] and over.failures("w") == 0
 
 
+def row(**counts: bytes) -> bytes:
+    """A leaderboard worker row as JSON, every field valid unless given (raw JSON bytes)."""
+    fields = {"submitted": b"1", "accepted_batches": b"1", "rejected_batches": b"0", "accepted_rollouts": b"2",
+              "accepted_tokens": b"8", "trained_batches": b"1", "trained_tokens": b"8", "banned": b"false",
+              "ban_reasons": b"{}", "compute_s": b"2.5", **counts}
+    return b"{" + b", ".join(b'"%s": %s' % (k.encode(), v) for k, v in fields.items()) + b"}"
+
+
+def format_2(worker_row: bytes, nonces: bytes = b"{}") -> bytes:
+    """A format 2 state file whose leaderboard has one worker row, `worker_row`."""
+    return (b'{"format": 2, "forgotten_before": 0, "reputation": {"workers": {}, "banned_until": {}}, "steps": {},'
+            b' "nonces": %s, "submissions": {}, "leaderboard": {"workers": {"w": %s}, "validators": {}}}'
+            % (nonces, worker_row))
+
+
+def test_the_damaged_file_cases_differ_from_a_sound_file_only_where_they_say(tmp_path):
+    path = tmp_path / "intake_state.json"
+    path.write_bytes(format_2(row()))
+    intake = make()
+    assert load_into(intake, path, 0.0, WALL_S) is True
+    assert intake.contributions.compute_s("w") == 2.5 and intake.contributions.workers["w"].accepted_tokens == 8
+
+
 @pytest.mark.parametrize("damage", [b"{\"format\": 1, \"forgo", b"[]", b"\xff\xfe",
                                     b'{"format": 1, "forgotten_before": 0, "reputation": {"workers": {},'
                                     b' "banned_until": {"w": 1e999}}, "steps": {}, "nonces": {}, "submissions": {}}',
@@ -185,7 +208,9 @@ def test_a_bans_end_is_carried_in_wall_clock_time_and_a_permanent_ban_stays_perm
                                     b' "banned_until": {}}, "steps": {}, "nonces": {}, "submissions": {}}',  # no leaderboard
                                     b'{"format": 2, "forgotten_before": 0, "reputation": {"workers": {},'
                                     b' "banned_until": {}}, "steps": {}, "nonces": {}, "submissions": {},'
-                                    b' "leaderboard": {"workers": {"w": {"submitted": -1}}, "validators": {}}}'])
+                                    b' "leaderboard": {"workers": {"w": {"submitted": -1}}, "validators": {}}}',
+                                    format_2(row(submitted=b"-1")), format_2(row(compute_s=b"1" + b"0" * 400)),
+                                    format_2(row(), nonces=b'{"w": [["00", 1' + b"0" * 400 + b']]}')])
 def test_a_damaged_file_stops_the_start_unless_told_to_start_empty(tmp_path, damage):
     path = tmp_path / "intake_state.json"
     path.write_bytes(damage)
@@ -229,6 +254,18 @@ def test_the_leaderboard_survives_a_restart():
     verdict(after, sid, WORKER, 2, True, now=2.0)  # version 2 not published in this run: untimed
     [row] = [r for r in after.contributions.rows() if r["peer_id"] == WORKER.peer_id]
     assert (row["accepted_batches"], row["submitted"], row["compute_s"]) == (2, 3, 4.0)
+
+
+def test_a_compute_total_comes_back_to_the_last_bit():
+    """Saved as it is, not rounded: rounded twice (in the file, then for the dashboard) a total
+    near a rounding edge would show a thousandth more after the restart than before it."""
+    before = make()
+    before.published(0, 10.0)
+    _, sid = submit(before, WORKER, 0, now=13.3884997114350517)  # 3.3884997...: 3.388 shown, 3.3885 at 6 places
+    verdict(before, sid, WORKER, 0, True, now=14.0)
+    after = restarted(before, saved_at=20.0, wall_at_save=WALL_S + 20, now=0.0, wall_s=WALL_S + 30)
+    assert after.contributions.compute_s(WORKER.peer_id) == before.contributions.compute_s(WORKER.peer_id)
+    assert after.contributions.rows() == before.contributions.rows()
 
 
 def test_a_state_file_from_before_the_leaderboard_was_carried_still_loads(tmp_path):

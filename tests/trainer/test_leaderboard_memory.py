@@ -29,21 +29,42 @@ def holds(intake, worker, version, now):
     intake.on_message(now, envelope(worker, Holding((HeldVersion(version, bytes([version % 255 + 1]) * 32),))))
 
 
-def test_memory_stays_bounded_over_many_accepted_and_forgotten_steps():
+def steps_run(steps, measure, at, claiming_version_0=False):
+    """`steps` steps of one honest worker (published at 10 s a step, held 1 s later, its batch
+    arriving 3 s after that, accepted, trained, the window closed, async_level 2); with
+    `claiming_version_0`, CHEAT's batch claiming version 0 too, every step, left pending. The
+    intake, and `measure(intake)` after each step in `at`."""
     intake = make(async_level=2)
     sizes = {}
-    for step in range(400):
+    for step in range(steps):
         intake.published(step, 10.0 * step)
         holds(intake, WORKER, step, 10.0 * step + 1)
         _, sid = submit(intake, WORKER, step, now=10.0 * step + 4)
+        if claiming_version_0:
+            submit(intake, CHEAT, step, version=0, now=10.0 * step + 4.5)
         verdict(intake, sid, WORKER, step, True, now=10.0 * step + 5)
         intake.mark_trained(intake.admissible(10.0 * step + 5, step))
         intake.forget_before_step(step + 1 - 2)
-        if step in (99, 399):
-            sizes[step] = held(intake.contributions)
+        if step in at:
+            sizes[step] = measure(intake)
+    return intake, sizes
+
+
+def test_memory_stays_bounded_over_many_accepted_and_forgotten_steps():
+    intake, sizes = steps_run(400, lambda intake: held(intake.contributions), (99, 399))
     assert sizes[399] == sizes[99]  # nothing kept per batch once its step is forgotten
     row = intake.contributions.rows()[0]
     assert row["accepted_batches"] == row["trained_batches"] == 400 and row["compute_s"] == 400 * 3.0
+
+
+def test_a_batch_claiming_an_old_version_does_not_pin_the_times_kept():
+    """A worker whose every batch claims version 0 (never trainable: the learner refuses a version
+    more than async_level behind its step) must not keep every version's publish and holding
+    times alive for the whole run."""
+    intake, sizes = steps_run(200, lambda intake: (len(intake.contributions.published_at), len(intake.holders)),
+                              (49, 199), claiming_version_0=True)
+    assert sizes[199] == sizes[49]
+    assert intake.contributions.rows()[0]["compute_s"] == 200 * 3.0  # the honest worker's timing is untouched
 
 
 def test_compute_time_is_the_per_batch_definition_on_a_scripted_sequence():
