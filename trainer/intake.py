@@ -22,7 +22,9 @@ changes for them. A batch with a sibling, heard before or after it, is never adm
 unchecked: only with an accepted verdict of its own (and a rejected verdict on it, as on any
 batch, keeps it out). Such a batch is counted once under `dropped["sibling"]` when it would
 otherwise have been admitted unchecked. The intake drops unknown and banned workers itself,
-and the learner refuses a wrong task seed and trains one batch per (worker, step)
+steps before its window (`stale_step`) and steps no honest worker can be at yet, more than
+`async_level` + 1 past the newest version published (`future_step`: kept, they would never be
+forgotten), and the learner refuses a wrong task seed and trains one batch per (worker, step)
 (`trainer.learner.admission_reason`). Steps are indexed as long as their batches are kept
 (`forget_before_step`); nonces for `replay_window_s` after their last copy, twice the
 validators' default memory of them (which lasts up to a sweep interval past their window, from
@@ -205,6 +207,9 @@ class Intake(ReactiveCore):
         self.holders: dict[int, dict[str, float]] = {}  # version -> peer -> first heard holding it
         self.dropped: dict[str, int] = {}
         self.forgotten_before = 0  # batches of earlier steps are forgotten (`forget_before_step`)
+        # the newest version the trainer published (`published`): a worker runs at most async_level
+        # steps ahead of the newest it holds, so a later step is refused (None: nothing published yet)
+        self.latest_published: int | None = None
         self.by_step: dict[tuple[str, int], list[bytes]] = {}  # (worker, step) -> its batches' ids
         # (worker, nonce) -> (last heard, its batches' ids), oldest first; kept replay_window_s
         self.by_nonce: OrderedDict[tuple[str, bytes], tuple[float, list[bytes]]] = OrderedDict()
@@ -242,6 +247,8 @@ class Intake(ReactiveCore):
             return []  # a gossip duplicate
         if sub.step < self.forgotten_before:
             return self._drop("stale_step")  # its window closed: too late to train on, or a late echo
+        if self.latest_published is not None and sub.step > self.latest_published + self.config.async_level + 1:
+            return self._drop("future_step")  # no honest worker is this far ahead; kept, it would never be forgotten
         if not self.membership.is_worker(worker):
             return self._drop("unknown_worker")
         if self.reputation.is_banned(worker, now):
@@ -356,6 +363,7 @@ class Intake(ReactiveCore):
         """The trainer published `version` at `at` (its trio time): the leaderboard's compute time
         counts from it (`Contributions.published`)."""
         self.contributions.published(version, at)
+        self.latest_published = max(version, self.latest_published if self.latest_published is not None else version)
         self.revision += 1
 
     def mark_trained(self, batches: list[Batch]) -> None:

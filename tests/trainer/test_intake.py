@@ -174,6 +174,23 @@ def test_unclaimed_batches_pass_unchecked_only_below_full_sample_rate():
     assert make().admissible(100.0, 0) == []
 
 
+
+def test_a_step_no_honest_worker_can_be_at_yet_is_refused_not_kept_for_ever():
+    """A worker runs at most async_level steps ahead of the newest version it holds; a batch for a
+    later step would never be forgotten (`forget_before_step` forgets only earlier steps)."""
+    intake = make(async_level=2)
+    submit(intake, WORKER, 50)  # nothing published yet: the intake cannot tell, and keeps it
+    intake.published(4, 1.0)
+    for step in (4, 6, 7):  # the newest version, a worker two and three steps ahead
+        submit(intake, WORKER, step)
+    submit(intake, WORKER, 8)
+    submit(intake, WORKER, 10**9)
+    assert sorted(b.submission.step for b in intake.batches.values()) == [4, 6, 7, 50]
+    assert intake.dropped == {"future_step": 2}
+    intake.published(7, 2.0)
+    submit(intake, WORKER, 8)  # the window moved with the newest version
+    assert 8 in {b.submission.step for b in intake.batches.values()}
+
 # -- siblings: a worker's batches that share a step or a nonce are never admitted unchecked --------
 
 RATE = 0.5
