@@ -44,7 +44,8 @@ from p2pnet.errors import ConfigError, PeerUnavailable
 from p2pnet.identity import load_or_create_identity
 from p2pnet.localnet import PeerProcess, start_peer
 from p2pnet.settings import to_toml
-from trainer.devnet_report import disk_usage, plot_rewards, print_summary, progress_line, summarise
+from trainer.devnet_report import (disk_usage, honest_rejections, plot_rewards, print_summary, progress_line,
+                                   summarise)
 
 ASYNC_LEVEL = 2  # the trainer's and workers' default (trainer.roles)
 
@@ -204,6 +205,10 @@ def cmd_devnet(args: argparse.Namespace) -> int:
                 print(message, file=sys.stderr, flush=True)
                 return 130
             raise PeerUnavailable(message) from None
+        if args.out is None and honest_rejections(summary):  # the logs say why; a temporary root would lose them
+            kept = keep_for_inspection(root, Path.cwd() / time.strftime("devnet-rejections-%Y%m%d-%H%M%S"),
+                                       summary)
+            print(f"the validators' reasons are in the logs kept in {kept}")
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2))
         print(f"summary written to {args.json}")
@@ -234,8 +239,11 @@ def _cmd_diloco(args: argparse.Namespace) -> int:
     return 0 if summary["ok"] else 1
 
 
-def keep_for_inspection(root: Path, kept: Path) -> Path:
-    """Copy what a stopped devnet leaves worth reading (logs, summary, plot), not its data, to `kept`."""
+def keep_for_inspection(root: Path, kept: Path, summary: dict[str, Any] | None = None) -> Path:
+    """Copy what a stopped devnet leaves worth reading (logs, summary, plot), not its data, to `kept`;
+    also a devnet that ran to the end but saw an honest worker's batch rejected (with its `summary`)."""
+    if summary is not None:
+        (root / "summary.json").write_text(json.dumps(summary, indent=2))
     kept.mkdir(parents=True, exist_ok=True)
     for item in [*root.glob("*.log"), root / "summary.json", root / "reward.png"]:
         if item.is_file():

@@ -53,6 +53,10 @@ def print_summary(summary: dict[str, Any], byzantine: int) -> None:
     for w in summary["workers"]:
         print(f"{w['name']:<9} {str(w['byzantine']):<9}  {w['submitted']:>9}  {w['accepted']:>8}  "
               f"{w['rejected']:>8}  {str(w['banned']):<6}  {w['trained_batches']:>7}")
+    reasons = {row.get("devnet_name"): row.get("rejection_reasons", {}) for row in summary.get("leaderboard", [])}
+    for name in honest_rejections(summary):
+        why = ", ".join(f"{code} x{n}" for code, n in sorted(reasons.get(name, {}).items())) or "not reported"
+        print(f"honest {name} had batches rejected (first reason of each rejecting verdict: {why})")
     if len(steps) >= 2:
         k = max(1, len(steps) // 4)
         first = sum(s["reward_mean"] for s in steps[:k]) / k
@@ -63,6 +67,12 @@ def print_summary(summary: dict[str, Any], byzantine: int) -> None:
     disk = summary["disk"]
     print(f"wall {summary['wall_s']:.0f}s; disk {_gb(disk['total_bytes'])} (trainer checkpoints "
           f"{_gb(disk['trainer_checkpoints_bytes'])}, relay stores {_gb(disk['relay_stores_bytes'])})")
+
+
+def honest_rejections(summary: dict[str, Any]) -> list[str]:
+    """Workers not told to cheat whose batches a validator rejected: a false rejection, or a fault
+    of ours, either way worth its logs."""
+    return [w["name"] for w in summary["workers"] if not w["byzantine"] and w["rejected"]]
 
 
 def _gb(nbytes: int) -> str:

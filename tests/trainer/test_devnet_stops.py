@@ -67,3 +67,21 @@ def test_no_word_about_caught_cheaters_when_there_were_none(capsys):
     assert "byzantine workers caught" not in out and "disk 2.0 MB" in out
     print_summary(summary(True), byzantine=1)
     assert "byzantine workers caught and kept out of training: True" in capsys.readouterr().out
+
+
+def test_an_honest_workers_rejected_batch_is_named_with_its_reasons_and_its_logs_kept(tmp_path, capsys):
+    """A validator rejecting a worker not told to cheat is a false rejection or a fault: the summary
+    says so with the reasons the trainer counted, and the logs that say more are kept."""
+    run = summary(False)
+    run["workers"][0]["rejected"] = 1
+    run["leaderboard"] = [{"devnet_name": "worker0", "rejection_reasons": {"bad_stop_reason": 1}}]
+    print_summary(run, byzantine=0)
+    assert "honest worker0 had batches rejected (first reason of each rejecting verdict: bad_stop_reason x1)" \
+        in capsys.readouterr().out
+    print_summary(summary(True) | {"workers": [dict(run["workers"][0], byzantine=True)]}, byzantine=1)
+    assert "honest" not in capsys.readouterr().out  # a cheater's rejections are the point
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "validator0.log").write_text("verdict reject ... row3:bad_stop_reason")
+    kept = keep_for_inspection(root, tmp_path / "devnet-rejections-x", run)
+    assert sorted(p.name for p in kept.iterdir()) == ["summary.json", "validator0.log"]
