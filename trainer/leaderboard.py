@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from verify.reputation import finite_s
+from verify.reputation import count, finite_s
 from verify.verdicts import Outcome
 
 VERDICT_LOG = 5000  # admitted verdicts kept for the dashboard (counts are kept for all)
@@ -228,13 +228,13 @@ class Contributions:
                 compute = finite_s(w["compute_s"])
                 if compute < 0:
                     raise ValueError(f"compute_s: {compute!r}")
-                reasons = {str(r): _count(n) for r, n in dict(w["ban_reasons"]).items()}
-                workers[str(peer)] = WorkerRow(**{name: _count(w[name]) for name in _WORKER_COUNTS},
+                reasons = {str(r): count(n) for r, n in dict(w["ban_reasons"]).items()}
+                workers[str(peer)] = WorkerRow(**{name: count(w[name]) for name in _WORKER_COUNTS},
                                                banned=w["banned"], ban_reasons=reasons, compute_s=compute)
             validators = {}
             for peer, counts in dict(state["validators"]).items():
                 checks, accepted, rejected = counts
-                validators[str(peer)] = ValidatorRow(_count(checks), _count(accepted), _count(rejected))
+                validators[str(peer)] = ValidatorRow(count(checks), count(accepted), count(rejected))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a leaderboard snapshot: {exc!r}") from exc
         return workers, validators
@@ -244,9 +244,3 @@ class Contributions:
         self.workers.update(rows[0])
         self.validators.update(rows[1])
 
-
-
-def _count(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"not a count: {value!r}")
-    return value

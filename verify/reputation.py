@@ -127,7 +127,7 @@ class Reputation:
         """Replace the record by a `snapshot`'s (bans already over are dropped, as `is_banned`
         would); ValueError if `state` is not one."""
         try:
-            records = {str(w): _Record(accepted=_count(r["accepted"]),
+            records = {str(w): _Record(accepted=count(r["accepted"]),
                                        failed_batches={bytes.fromhex(sid) for sid in _strings(r["failed_batches"])},
                                        failing_validators=set(_strings(r["failing_validators"])))
                        for w, r in dict(state["workers"]).items()}
@@ -147,7 +147,9 @@ class Reputation:
         }
 
 
-def _count(value: Any) -> int:
+def count(value: Any) -> int:
+    """`value` as a count, if it is a non-negative integer (for data read back from disk); else
+    ValueError."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"not a count: {value!r}")
     return value
