@@ -189,4 +189,7 @@ the CPU pairs above. The submission-level test is what catches small shifts on t
 pairs; tightening the per-chunk limits instead would reject honest outliers one chunk at a time.
 The sampling replay margin (`verify.sampling.DEFAULT_MARGIN = 1.0`) and termination check are
 unchanged; the attacks they catch show up above as `sampling_mismatch` and `bad_termination`.
+Since these counts were measured, an EOS below `min_eos_prob` (1e-4) that the replay shows was
+the seeded sample (deficit at most `DEFAULT_SEEDED_EOS_DEFICIT = 0.5`, above the 0.37 honest
+worst) is accepted: an honest worker samples such an EOS with probability up to 1e-4 a token.
 """
