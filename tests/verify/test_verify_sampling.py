@@ -153,3 +153,9 @@ def test_replay_reports_the_last_tokens_deficit():
     worse[-1] = int(torch.argsort(logits[-1] / 0.8 + gumbel_noise(5, 1, len(toks) - 1, 64))[0])
     rep = replay_check(logits, worse, seed=5, row=1, temperature=0.8)
     assert rep.last_deficit == rep.max_deficit > 0
+    early = list(toks)  # an earlier token is off, the final one is the exact sample
+    early[0] = int(torch.argsort(logits[0] / 0.8 + gumbel_noise(5, 1, 0, 64))[0])
+    rep = replay_check(logits, early, seed=5, row=1, temperature=0.8)
+    assert rep.max_deficit > 0 and rep.last_deficit == 0.0
+    logits[-1, 0] = float("nan")  # NaN logits support no claim
+    assert replay_check(logits, toks, seed=5, row=1, temperature=0.8).last_deficit == float("inf")
