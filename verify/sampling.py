@@ -50,17 +50,22 @@ __all__ = [
 
 _DOMAIN = b"p2pnet/verify/sampling/gumbel/v1"
 _U64 = 1 << 64
-# Default tolerance, in units of perturbed score (logits / T + g). Calibrated in
-# docs/calibration.md: the worst honest deficit measured was 0.37 (fp32 validator against a
-# bf16 worker; 0.19 for a bf16 sdpa validator), a substituted token's deficit had median 8.8
-# and minimum 1.5. 1.0 leaves room for the larger logit noise of real models.
+# Default tolerance, in units of perturbed score (logits / T + g). Calibrated by
+# scripts/calibrate.py on CPU at temperature 1 (the tiny model's run, before docs/calibration.md
+# became SmolLM2's): the worst honest deficit measured was 0.37 (fp32 validator against a bf16
+# worker; 0.19 for a bf16 sdpa validator; SmolLM2 0.135), a substituted token's deficit had
+# median 8.8 and minimum 1.5. 1.0 leaves room for the larger logit noise of real models. Logit
+# noise enters divided by T, so honest deficits grow at lower temperatures.
 DEFAULT_MARGIN = 1.0
 DEFAULT_MIN_EOS_PROB = 1e-4
 # An EOS below DEFAULT_MIN_EOS_PROB still ends a sequence legitimately when the replay shows it
-# was the seeded sample: its deficit is at most this, the float noise an honest worker's own
-# argmax shows (0.37 worst, above). Without it an honest worker at temperature 1 is rejected for
-# every EOS it samples at probability p < 1e-4, which happens with probability up to p per
-# token; with it a worker can still not use the margin's slack (0.5 to 1.0) to stop early there.
+# was the seeded sample: its deficit is at most this, above the float noise an honest worker's
+# own argmax shows (0.37 worst, above). Without it an honest worker is rejected for every EOS it
+# samples at probability p < 1e-4, which happens with probability up to p per token. The
+# margin's slack (0.5 to 1.0) does not count: at a position where EOS has probability p, it
+# lies within d of the best score with probability p e^d / (1 - p + p e^d) (Gumbel-max), so a
+# cheater may end there at most e^0.5 = 1.65 times as often as an honest worker (e = 2.72 times
+# with the whole margin).
 DEFAULT_SEEDED_EOS_DEFICIT = 0.5
 
 
