@@ -188,5 +188,13 @@ by other hardware, whose honest noise is unmeasured here and, per the paper, far
 the CPU pairs above. The submission-level test is what catches small shifts on the measured
 pairs; tightening the per-chunk limits instead would reject honest outliers one chunk at a time.
 The sampling replay margin (`verify.sampling.DEFAULT_MARGIN = 1.0`) and termination check are
-unchanged; the attacks they catch show up above as `sampling_mismatch` and `bad_termination`.
+kept; the attacks they catch show up above as `sampling_mismatch` and `bad_termination`. A final
+EOS below `min_eos_prob` (1e-4), which an honest worker samples with probability up to 1e-4 a
+token, ends a rollout legitimately when the replay shows it was the seeded sample: its deficit
+is at most `DEFAULT_SEEDED_EOS_DEFICIT = 0.5`, not the margin's 1.0. At a position where EOS has
+probability p, a cheater finds it that close with probability p e^0.5 / (1 - p + p e^0.5), at
+most 1.65x an honest worker's p. Honest deficits measured by earlier runs of this script on CPU
+at temperature 1: at most 0.37 (tiny model, fp32 validator against a bf16 worker) and 0.135
+(SmolLM2); they are logit noise divided by the temperature, and unmeasured for GPU workers.
+Runs before 2026-12-05 counted every such EOS as `bad_termination`.
 """

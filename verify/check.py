@@ -164,6 +164,7 @@ def check_rollout(
         n_generated=len(output),
         temperature=temperature,
         min_prob=min_eos_prob,
+        eos_deficit=sampling.last_deficit if output else None,
     )
     eos_inside = any(t in eos_ids for t in output[:-1])
     if not termination.ok or eos_inside:

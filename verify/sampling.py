@@ -3,7 +3,8 @@
 Owns: the Gumbel noise a worker must use when it samples token ``position`` of sequence
 ``row`` under a submission ``seed``; sampling with it (Gumbel-max: argmax(logits / T + g));
 log-probabilities of chosen tokens; the replay check a validator runs on recomputed logits;
-the termination check (a sequence ends with a probable EOS or at the length limit).
+the termination check (a sequence ends with an EOS that is probable or was the seeded sample,
+or at the length limit).
 
 Must not: run a model, read files, or use any global random state. The noise is a pure
 function of (seed, row, position, vocab_size), identical on every platform and numpy/torch
@@ -36,6 +37,7 @@ from verify.errors import ProofError
 __all__ = [
     "DEFAULT_MARGIN",
     "DEFAULT_MIN_EOS_PROB",
+    "DEFAULT_SEEDED_EOS_DEFICIT",
     "SamplingReport",
     "Termination",
     "TerminationReport",
@@ -48,12 +50,23 @@ __all__ = [
 
 _DOMAIN = b"p2pnet/verify/sampling/gumbel/v1"
 _U64 = 1 << 64
-# Default tolerance, in units of perturbed score (logits / T + g). Calibrated in
-# docs/calibration.md: the worst honest deficit measured was 0.37 (fp32 validator against a
-# bf16 worker; 0.19 for a bf16 sdpa validator), a substituted token's deficit had median 8.8
-# and minimum 1.5. 1.0 leaves room for the larger logit noise of real models.
+# Default tolerance, in units of perturbed score (logits / T + g). Calibrated by
+# scripts/calibrate.py on CPU at temperature 1 (the tiny model's run, before docs/calibration.md
+# became SmolLM2's): the worst honest deficit measured was 0.37 (fp32 validator against a bf16
+# worker; 0.19 for a bf16 sdpa validator; SmolLM2 0.135), a substituted token's deficit had
+# median 8.8 and minimum 1.5. 1.0 leaves room for the larger logit noise of real models. Logit
+# noise enters divided by T, so honest deficits grow at lower temperatures.
 DEFAULT_MARGIN = 1.0
 DEFAULT_MIN_EOS_PROB = 1e-4
+# An EOS below DEFAULT_MIN_EOS_PROB still ends a sequence legitimately when the replay shows it
+# was the seeded sample: its deficit is at most this, above the float noise an honest worker's
+# own argmax shows (0.37 worst, above). Without it an honest worker is rejected for every EOS it
+# samples at probability p < 1e-4, which happens with probability up to p per token. The
+# margin's slack (0.5 to 1.0) does not count: at a position where EOS has probability p, it
+# lies within d of the best score with probability p e^d / (1 - p + p e^d) (Gumbel-max), so a
+# cheater may end there at most e^0.5 = 1.65 times as often as an honest worker (e = 2.72 times
+# with the whole margin).
+DEFAULT_SEEDED_EOS_DEFICIT = 0.5
 
 
 def _check_u64(name: str, value: int) -> int:
@@ -143,11 +156,14 @@ class SamplingReport:
       perturbed score (empty for an honest worker).
     max_deficit: the largest deficit seen (0.0 when every token was the exact argmax);
       useful for calibration.
+    last_deficit: the deficit of the final token (inf for NaN logits; 0.0 when none), which
+      tells `check_termination` whether a final EOS was the seeded sample.
     """
 
     positions_checked: int
     mismatches: tuple[int, ...]
     max_deficit: float = 0.0
+    last_deficit: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -198,6 +214,7 @@ def replay_check(
         positions_checked=n_pos,
         mismatches=tuple(int(p) for p in bad),
         max_deficit=float(deficit.max()),
+        last_deficit=float(deficit[-1]),
     )
 
 
@@ -213,15 +230,19 @@ class Termination(enum.StrEnum):
 class TerminationReport:
     """Whether a sequence ended legitimately.
 
-    ok: True when it ended with a probable EOS, or at exactly max_new_tokens.
+    ok: True when it ended with an EOS that is probable or was the seeded sample, or at exactly
+      max_new_tokens.
     reason: None when ok, else why not.
     eos_prob: probability of the final token under softmax(logits_last / T) when it is an
       EOS, else None.
+    seeded_eos: True when an EOS below min_prob was accepted because the replay showed it was
+      the seeded sample.
     """
 
     ok: bool
     reason: Termination | None
     eos_prob: float | None = None
+    seeded_eos: bool = False
 
 
 def check_termination(
@@ -233,8 +254,13 @@ def check_termination(
     n_generated: int,
     temperature: float,
     min_prob: float = DEFAULT_MIN_EOS_PROB,
+    eos_deficit: float | None = None,
+    seeded_deficit: float = DEFAULT_SEEDED_EOS_DEFICIT,
 ) -> TerminationReport:
-    """A sequence must end with an EOS of probability >= min_prob, or at the length limit.
+    """A sequence must end with an EOS, or at the length limit. The EOS must have probability
+    >= min_prob, or have been the seeded sample: ``eos_deficit`` (the replay's
+    `SamplingReport.last_deficit`) at most ``seeded_deficit``. Without ``eos_deficit`` (no replay
+    was run) only the probability counts.
 
     logits_last: [V], the logits that produced the final generated token (ignored when
     n_generated == 0, where last_token may be None).
@@ -255,6 +281,8 @@ def check_termination(
         prob = float(torch.softmax(logits_last.float() / t, dim=-1)[int(last_token)])
         if prob >= min_prob:  # NaN fails this test, as it should
             return TerminationReport(ok=True, reason=None, eos_prob=prob)
+        if eos_deficit is not None and eos_deficit <= seeded_deficit:  # NaN fails this one too
+            return TerminationReport(ok=True, reason=None, eos_prob=prob, seeded_eos=True)
         return TerminationReport(ok=False, reason=Termination.EOS_IMPROBABLE, eos_prob=prob)
     if n_generated == max_new_tokens:
         return TerminationReport(ok=True, reason=None)

@@ -125,3 +125,11 @@ def test_counts_with_the_prompt_as_the_unit_need_every_submission_of_a_prompt_re
     assert cal.prompt_counts(o) == (149, 150)
     row = [line for line in cal.targets([], [o], {o.name: 1e-9}, 1e-3) if line.startswith("| int8 weights")][0]
     assert "met by counts" not in row and "99.0% / " in row
+
+
+def test_the_shipped_report_ends_with_the_scripts_fixed_text():
+    """docs/calibration.md is generated: its fixed tail is calibration_report.TEXT_TAIL, so an edit
+    to one of them alone (or to the report by hand) fails here."""
+    from scripts.calibration_report import TEXT_TAIL
+
+    assert (REPO / "docs" / "calibration.md").read_text().endswith(TEXT_TAIL + "\n")

@@ -181,3 +181,36 @@ def test_malformed_ids_give_a_verdict(forward, honest):
     assert _check(forward, 0, p, [-1] + o[1:], pr).reasons == (MALFORMED_PROOF,)
     assert _check(forward, 0, p, o[:-1] + [10_000], pr, vocab_size=512).reasons == (
         MALFORMED_PROOF,)
+
+
+def _one_token_forward(eos_logit: float, vocab: int = 16, hidden_size: int = 256):
+    """A validator's forward for prompt [5, 6, 7] + one generated token: the row that produced the
+    token gives every id logit 0 but EOS (id 2) `eos_logit`."""
+    hidden = torch.randn(4, hidden_size, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    logits = torch.zeros(4, vocab)
+    logits[2, 2] = eos_logit
+
+    def forward(ids):
+        assert list(ids) == [5, 6, 7, 2]
+        return hidden, logits
+
+    return forward, build_proofs(generated_hidden_slice(hidden, 3, 1))
+
+
+def test_an_improbable_eos_the_worker_sampled_honestly_is_accepted():
+    # Seed 11, row 1418, position 0: the Gumbel noise puts EOS 8.18 above every other id, so a worker
+    # sampling honestly ends with EOS at logit -7 although softmax gives it 6.1e-5 (< min_eos_prob).
+    # Before, that EOS was rejected as improbable: an honest worker hit this with probability up to
+    # 1e-4 for each token it generated. Claimed at logit -(8.18 + 0.75), EOS is not the sample: the
+    # replay's margin (1.0) lets it pass, the termination check does not.
+    kw = dict(seed=11, row=1418, temperature=1.0, eos_token_id=2, max_new_tokens=8)
+    forward, proofs = _one_token_forward(-7.0)
+    v = check_rollout(forward, [5, 6, 7], [2], proofs, **kw)
+    assert v.accepted, v
+    assert v.termination.eos_prob < 1e-4 and v.termination.seeded_eos and v.sampling.last_deficit == 0.0
+    forward, proofs = _one_token_forward(-1000.0)
+    gap = 1000.0 - check_rollout(forward, [5, 6, 7], [2], proofs, **kw).sampling.last_deficit  # EOS's lead
+    forward, proofs = _one_token_forward(-(gap + 0.75))
+    v = check_rollout(forward, [5, 6, 7], [2], proofs, **kw)
+    assert v.sampling.ok and 0.5 < v.sampling.last_deficit <= 1.0
+    assert v.reasons == (BAD_TERMINATION,) and v.detail == "eos_improbable"

@@ -132,3 +132,30 @@ def test_termination_rules():
     assert rep.reason == "eos_improbable" and rep.eos_prob < 1e-4
     assert check_termination(logits, 3, n_generated=5, eos_token_id=[2, 3],
                              max_new_tokens=8, temperature=1.0).ok  # any EOS id counts
+
+
+def test_seeded_eos_below_min_prob_is_legitimate():
+    improbable = torch.zeros(10)
+    improbable[2] = -30.0
+    kw = dict(eos_token_id=2, max_new_tokens=8, temperature=1.0, n_generated=5)
+    rep = check_termination(improbable, 2, eos_deficit=0.0, **kw)  # the replay found it sampled
+    assert rep.ok and rep.seeded_eos and rep.eos_prob < 1e-4
+    assert check_termination(improbable, 2, eos_deficit=0.5, **kw).ok  # honest float noise
+    for deficit in (0.51, 1.0, float("nan"), None):  # the margin's slack, broken logits, no replay
+        assert check_termination(improbable, 2, eos_deficit=deficit, **kw).reason == "eos_improbable"
+    assert not check_termination(torch.zeros(10), 2, eos_deficit=0.0, **kw).seeded_eos  # probable anyway
+
+
+def test_replay_reports_the_last_tokens_deficit():
+    logits, toks = _sampled()
+    assert replay_check(logits, toks, seed=5, row=1, temperature=0.8).last_deficit == 0.0
+    worse = list(toks)
+    worse[-1] = int(torch.argsort(logits[-1] / 0.8 + gumbel_noise(5, 1, len(toks) - 1, 64))[0])
+    rep = replay_check(logits, worse, seed=5, row=1, temperature=0.8)
+    assert rep.last_deficit == rep.max_deficit > 0
+    early = list(toks)  # an earlier token is off, the final one is the exact sample
+    early[0] = int(torch.argsort(logits[0] / 0.8 + gumbel_noise(5, 1, 0, 64))[0])
+    rep = replay_check(logits, early, seed=5, row=1, temperature=0.8)
+    assert rep.max_deficit > 0 and rep.last_deficit == 0.0
+    logits[-1, 0] = float("nan")  # NaN logits support no claim
+    assert replay_check(logits, toks, seed=5, row=1, temperature=0.8).last_deficit == float("inf")
