@@ -44,6 +44,7 @@ __all__ = [
     "Forward",
     "RolloutVerdict",
     "check_rollout",
+    "explain",
     "generated_hidden_slice",
 ]
 
@@ -78,6 +79,26 @@ class RolloutVerdict:
     sampling: SamplingReport | None = None
     termination: TerminationReport | None = None
     detail: str = ""
+
+
+def explain(verdict: RolloutVerdict) -> str:
+    """One line with the numbers behind a verdict, for a log: what an operator needs to tell a
+    false rejection of an honest worker from a cheat (reason codes alone do not)."""
+    parts = [",".join(verdict.reasons) or "accepted"]
+    if verdict.detail:
+        parts.append(verdict.detail)
+    t, s = verdict.termination, verdict.sampling
+    if t is not None and t.eos_prob is not None:
+        parts.append(f"eos p={t.eos_prob:.3g}{' (seeded)' if t.seeded_eos else ''}")
+    if s is not None:
+        parts.append(f"replay deficit max {s.max_deficit:.3g} last {s.last_deficit:.3g}"
+                     + (f" over margin at {list(s.mismatches[:8])}" if s.mismatches else ""))
+    if verdict.chunk_stats:
+        worst = max(verdict.chunk_stats, key=lambda c: (c.exp_mismatches, c.mant_err_mean))
+        parts.append(f"{len(verdict.chunk_stats)} chunks, worst: exp {worst.exp_mismatches} "
+                     f"mant mean {worst.mant_err_mean:.3g} median {worst.mant_err_median:.3g} "
+                     f"sign {worst.sign_mismatches}")
+    return "; ".join(parts)
 
 
 def _malformed(detail: str) -> RolloutVerdict:

@@ -376,7 +376,7 @@ class SubmissionChecker:
         return self._rules
 
     def __call__(self, request: CheckRequested) -> tuple[bool, tuple[str, ...]]:
-        from verify.check import check_rollout
+        from verify.check import check_rollout, explain
 
         sub = request.submission
         model = self.models(sub.model_version)
@@ -411,6 +411,9 @@ class SubmissionChecker:
             except ProofError:
                 results.append((row, False, ("malformed_proof",)))
                 continue
+            if not verdict.accepted:
+                log.info("worker %s step %d version %d row %d rejected: %s", request.worker, sub.step,
+                         sub.model_version, row, explain(verdict))
             results.append((row, verdict.accepted, verdict.reasons))
             checked_chunks.append(verdict.chunk_stats)
         accepted, reasons = summarize(results)

@@ -247,3 +247,35 @@ def test_undeclared_stacks_can_be_held_to_the_loosest_measured_pair():
     strict = SubmissionChecker(lambda v: model, tables=tables, uncalibrated_stacks="loosest")
     assert strict._pair("unknown/unknown/unknown", model) == loosest
     assert strict._pair("bf16/torch/cpu", model) == _pair(0.1)
+
+
+def test_a_rejected_row_is_logged_with_the_numbers_behind_it(caplog):
+    """Reason codes alone cannot tell a false rejection of an honest worker from a cheat: the
+    validator logs, for each rejected row, the termination's detail and EOS probability, the
+    replay's deficits and the worst chunk's statistics (an unexplained honest rejection in a
+    devnet run left only `row<i>:bad_termination` behind)."""
+    import dataclasses
+    import logging
+
+    from verify.daemon import LoadedModel, SubmissionChecker
+    from verify.messages import Stack, rollout_record
+    from verify.testing import make_forward, tiny_model
+    from verify.validator import CheckRequested
+
+    model = LoadedModel(make_forward(tiny_model(dtype=torch.bfloat16)), None, 2, 512, "tiny")
+    sub = _tiny_submission(Stack("bf16", "torch", "cpu"))
+    short = next(r for r in sub.rollouts if r.stop_reason == "eos")
+    output = list(short.output)
+    output[-1] = 7  # the EOS the worker sampled replaced by a token it did not sample: ends short, no EOS
+    changed = rollout_record(prompt_ids=list(short.prompt), output_ids=output, logprobs=[0.0] * len(output),
+                             proofs=short.proofs, stop_reason="length", row=short.row)
+    rollouts = tuple(changed if r.row == short.row else r for r in sub.rollouts)
+    request = CheckRequested(b"s" * 32, "w", dataclasses.replace(sub, rollouts=rollouts), b"t" * 64, tuple(range(8)))
+    with caplog.at_level(logging.INFO, logger="verify.daemon"):
+        accepted, reasons = SubmissionChecker(lambda v: model)(request)
+    assert not accepted and reasons == (f"row{short.row}:sampling_mismatch", f"row{short.row}:bad_termination")
+    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"step 0 version 0 row {short.row} rejected: sampling_mismatch,bad_termination; truncated; " \
+           "replay deficit max " in lines[0]
+    assert f"over margin at [{len(output) - 1}]; " in lines[0] and "chunks, worst: exp 0 " in lines[0]
