@@ -55,7 +55,8 @@ The same holds for every child of a root that is its stripe's only forwarder (no
 of the stripe has children: small memberships, one member per stripe, `_root_forwards_alone`):
 nobody but the origin can replace it, and it is judged against the plan (`_short_of_plan`): it
 is slow when the share of its stripe's planned capacity it delivers is under half the share our
-parents in the other stripes deliver of theirs. Comparing rates as such, as for other parents,
+parents in the other stripes deliver of theirs, and its rate under half the fastest of theirs
+(our own download may be what binds them all). Comparing rates as such, as for other parents,
 never found a relay that advertised far more than it delivered (the wire admits 2^64 - 1 bytes/s)
 slower than honest members of a small network, each of which feeds its children at its own few
 MB/s; and with no replacement it could not be dropped at all: 8 relays, 1 GB, one of them
@@ -236,19 +237,31 @@ class SourceChoice:
     def _short_of_plan(self, v: _Version, stripe: int, peer: str) -> bool:
         """Whether `peer`, our source in `stripe`, delivers under half the share of its stripe's
         planned capacity that our parents in the other stripes deliver of theirs (the median,
-        over at least 3 of them). For a stripe's only forwarder (see the top): an honest peer
-        alone in a stripe delivers at a rate that is a share of what it advertised like the
-        others, whatever the figures; one that advertised far more than it delivers falls short
-        of that by the ratio of its lie. Rates are compared as shares of the plan, not as such:
-        a small network's honest members feed their children at their own few MB/s each, and a
-        liar delivering as much was never under half of their median."""
+        over at least 3 of them), and under half the rate the fastest of them delivers. For a
+        stripe's only forwarder (see the top): an honest peer alone in a stripe delivers at a
+        rate that is a share of what it advertised like the others, whatever the figures; one
+        that advertised far more than it delivers falls short of that by the ratio of its lie.
+        Rates are compared as shares of the plan, not as such: a small network's honest members
+        feed their children at their own few MB/s each, and a liar delivering as much was never
+        under half of their median. The fastest parent's rate is what our own download lets
+        through: when it binds, every parent delivers about as much, and the one with the most
+        planned capacity would look short of its plan (8 honest relays, 1 GB, one downloading
+        at 5 MB/s: it dropped 3 honest forwarders 6 times, 207.7 s instead of 200.1 s; 12 and 20
+        relays downloading at 20 and 30 MB/s: 38 and 37 drops, the origin uploading 8.87 and
+        11.01 copies instead of 5.66 and 5.75; with the fastest's rate: no drop at 8 relays,
+        200.1 s; 13 and 5 drops, 7.04 and 9.73 copies; not traced, presumably forwarders
+        planned at hundreds of MB/s that their own 20-30 MB/s download holds back)."""
         plan = v.plan
         assert plan is not None
         rates, samples = self._rates, self._samples
-        share = rates[peer] / plan.capacity_bps[stripe]
-        others = sorted(rates[c[0]] / plan.capacity_bps[s] for s, c in enumerate(v.chains)
-                        if s != stripe and c and c[0] != peer and samples.get(c[0], 0) >= SLOW_MIN_SAMPLES)
-        return len(others) >= 3 and share < SLOW_RATIO * others[len(others) // 2]
+        parents = [(rates[c[0]], plan.capacity_bps[s]) for s, c in enumerate(v.chains)
+                   if s != stripe and c and c[0] != peer and samples.get(c[0], 0) >= SLOW_MIN_SAMPLES]
+        if len(parents) < 3:
+            return False
+        rate = rates[peer]
+        shares = sorted(r / capacity for r, capacity in parents)
+        return rate / plan.capacity_bps[stripe] < SLOW_RATIO * shares[len(shares) // 2] and \
+            rate < SLOW_RATIO * max(r for r, _ in parents)
 
     def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
         """Whether someone could take over from `peer`, our source in `stripe`: a substitute

@@ -156,3 +156,18 @@ def test_a_relay_claiming_2_64_minus_1_that_delivers_20_mb_s_holds_a_version_bac
     lied = run_broadcast_sim(sim, seed=1)
     assert honest.time_to_all_s < slowest_s / 2 and lied.time_to_all_s < slowest_s
     assert sim.world.ports[sim.origin].bytes_up <= origin_copies * sim.signed.manifest.total_bytes
+
+
+def test_a_relay_whose_own_download_binds_drops_no_honest_lone_forwarder():
+    """Seed 1, virtual time: 8 honest relays (uploads 1-1000 MB/s, each its stripe's only
+    forwarder), relay 0 downloading at 5 MB/s. Every parent delivers about 5/8 MB/s to it, so
+    the parents with the most planned capacity deliver the smallest share of their plan: judged
+    on that share alone, relay 0 dropped 3 honest forwarders as slow 6 times (again after each
+    exclusion) and finished at 207.7 s instead of 200.1 s."""
+    downloads = iter([5e6] + [math.inf] * 7)
+    sim = build_broadcast(8, 10**9, upload_bps=(1e6, 1e9), origin_upload_bps=1.25e9,
+                          download_bps=lambda rng: next(downloads), seed=1, config=TransferConfig())
+    result = run_broadcast_sim(sim, seed=1)
+    slow = sim.peer_ids[0]
+    assert sim.downloads[slow] == 5e6 and result.time_to_all_s >= 1e9 / 5e6
+    assert {peer: core._slow for peer, core in sim.cores.items() if core._slow} == {}
