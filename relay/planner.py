@@ -6,7 +6,8 @@ chunks) and build one tree per stripe, every tree rooted at the origin (the publ
 spanning every other member. Each member is *interior* in exactly one tree, its home stripe,
 and a leaf in the others, so every member's upload carries one stripe to others.
 
-Balancing, from advertised upload capacities u_p (bytes/s):
+Balancing, from advertised upload capacities u_p (bytes/s), each at most `ADVERTISED_CAP` times the
+membership's median (`Membership.planned`: an advertised figure is a stranger's claim):
 
 1. Home stripes: members in descending capacity are dealt to the stripe with the least capacity
    so far (LPT scheduling), so the stripes' interior capacities are nearly equal.
@@ -82,6 +83,18 @@ SMALL_FANOUT = 2
 #: 4 stripes 1.22x; 1,000 relays with a tenth of them slow keep 16 stripes of 15 chunks: with 8
 #: the slow relays cost 1.76x instead of 1.26x; see docs/experiments.md section 6)
 MIN_CHUNKS_PER_STRIPE = 12
+#: a member is planned with at most this many times the (lower) median upload its membership's
+#: serving members advertise (`Membership.planned`). An advertised upload is a stranger's claim
+#: (its heartbeat's `Capacity.upload_bps`, any integer up to 2^64 - 1): uncapped, one relay
+#: claiming 2^64 - 1 was planned as the only forwarder of its stripe, parent of every member,
+#: with a share of the chunks in proportion to its claim (all 256 of them at 8 members, half at
+#: 200), and fed everyone at the rate it really delivers. Honest uploads differ by less: the
+#: simulator's default draws span 100x, so within 10x of the median at scale. An honest member
+#: faster than the cap is planned below its upload (it still serves what it holds, in the
+#: endgame and to those that measured it). Lower caps bound a liar more (a relay claiming
+#: 2^64 - 1 and delivering 20 MB/s, 200 relays, 1 GB, with the slow-root rules of
+#: `relay.sources`: cap 4: 46.7 s, 16: 81.5 s, 64: 146.9 s; 25.8 s without the lie).
+ADVERTISED_CAP = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,6 +127,21 @@ class Membership:
 
     def __len__(self) -> int:
         return len(self.uploads)
+
+    @property
+    def planned(self) -> Mapping[str, float]:
+        """The uploads plans are built with: each at most `ADVERTISED_CAP` times the lower median
+        of the uploads > 0 (serving members), so that no member's claim outweighs many honest
+        ones. Members advertising more than half of the serving members could still move the
+        median. Computed once; the same mapping as `uploads` when nobody is capped."""
+        kept = self.__dict__.get("_planned")
+        if kept is None:
+            serving = sorted(u for u in self.uploads.values() if u > 0)
+            ceiling = ADVERTISED_CAP * serving[(len(serving) - 1) // 2] if serving else math.inf
+            kept = self.uploads if not serving or serving[-1] <= ceiling else \
+                {p: min(u, ceiling) for p, u in self.uploads.items()}
+            object.__setattr__(self, "_planned", kept)
+        return kept
 
     def __contains__(self, peer: object) -> bool:
         return peer in self.uploads
@@ -231,7 +259,7 @@ def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, c
 @lru_cache(maxsize=64)
 def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,
                  stripes: int, salt: bytes, stable: bool = False) -> StripePlan:
-    uploads = members.uploads
+    uploads = members.planned
     order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
     n = len(order)
     k = max(1, min(stripes, n, chunk_count)) if n and chunk_count else 1
@@ -278,7 +306,7 @@ def plan_tree(origin: str, members: Membership, chunk_count: int, fanout: int, s
 
 @lru_cache(maxsize=16)
 def _tree_cached(origin: str, members: Membership, chunk_count: int, fanout: int, salt: bytes) -> StripePlan:
-    uploads = members.uploads
+    uploads = members.planned
     order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
     slots = {origin: fanout, **{p: fanout for p in order}}
     parent = _attach(origin, order, slots)

@@ -51,6 +51,18 @@ relays, 9.3 copies of the checkpoint from the origin (10.30 in all); with the ru
 copies, and 1.098x the bound instead of 1.189x. With the rule alone the stripe's median fell
 to 128 s, but its last 1% of relays, the children of a slow depth-2 member with 61 of them,
 waited until 280 s (1.40x): the origin's copies had been feeding that tail.
+The same holds for every child of a root that is its stripe's only forwarder (no other member
+of the stripe has children: small memberships, one member per stripe, `_root_forwards_alone`):
+nobody but the origin can replace it, and it is judged against the plan (`_short_of_plan`): it
+is slow when the share of its stripe's planned capacity it delivers is under half the share our
+parents in the other stripes deliver of theirs, and its rate under half the fastest of theirs
+(our own download may be what binds them all). Comparing rates as such, as for other parents,
+never found a relay that advertised far more than it delivered (the wire admits 2^64 - 1 bytes/s)
+slower than honest members of a small network, each of which feeds its children at its own few
+MB/s; and with no replacement it could not be dropped at all: 8 relays, 1 GB, one of them
+claiming 2^64 - 1 and delivering 20 MB/s, planned as the only forwarder of a stripe of most of
+the chunks, took 350 s instead of 5.1 s; with the rule (and `relay.planner.ADVERTISED_CAP`),
+11.4 s (`tests/relay/test_advertised_extremes.py`).
 
 Whatever dropped our chain (a stall included), the origin is asked only after others when it
 is not our planned parent (`_instead_of_origin`): a chain member dropped as slow, a peer we
@@ -174,7 +186,7 @@ class SourceChoice:
         order = kept.get(stripe)
         if order is None:
             ranked = plan.ranked_interior(stripe)
-            scores = [draw_score(self.self_id, stripe, peer, depth, self._members.uploads) for peer, depth in ranked]
+            scores = [draw_score(self.self_id, stripe, peer, depth, self._members.planned) for peer, depth in ranked]
             by_score = sorted(range(len(ranked)), key=scores.__getitem__, reverse=True)  # stable: ties keep rank
             order = kept[stripe] = tuple(ranked[i][0] for i in by_score)
         return order
@@ -197,7 +209,9 @@ class SourceChoice:
         than the origin could replace it. Judged on measured delivery, never on what the peer
         advertises; relative to our other sources, so our own slow download does not make every
         parent look slow. The origin is never replaced, and takes over from a slow parent only
-        for the first-ranked child of a slow stripe root (see the top: a sixteenth of a copy)."""
+        for the first-ranked child of a slow stripe root (see the top: a sixteenth of a copy) and
+        for the children of a root that is its stripe's only forwarder, judged against the plan
+        instead (`_short_of_plan`)."""
         if v.plan is None:
             return False
         chain = v.chains[stripe]
@@ -207,10 +221,47 @@ class SourceChoice:
         planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)
         if rate * self.config.window_per_source >= SLOW_RATIO * planned:
             return False  # (each request's time includes its queue behind our others to this peer)
+        if self._root_forwards_alone(v.plan, stripe, peer):
+            return self._short_of_plan(v, stripe, peer) and self._usable(now, v.plan.origin)
         others = sorted(self._rates[p] for p in v.sources if p != peer and self._samples.get(p, 0) >= SLOW_MIN_SAMPLES)
         if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2]:
             return False
         return self._replaceable(now, v.plan, stripe, peer)
+
+    def _root_forwards_alone(self, plan: StripePlan, stripe: int, peer: str) -> bool:
+        """Whether `peer`, our planned parent in `stripe`, is the stripe's root and its only
+        interior member: nobody but the origin can replace it."""
+        ranked = plan.ranked_interior(stripe)
+        return len(ranked) == 1 and ranked[0][0] == peer and plan.ancestors(stripe, self.self_id) == [peer, plan.origin]
+
+    def _short_of_plan(self, v: _Version, stripe: int, peer: str) -> bool:
+        """Whether `peer`, our source in `stripe`, delivers under half the share of its stripe's
+        planned capacity that our parents in the other stripes deliver of theirs (the median,
+        over at least 3 of them), and under half the rate the fastest of them delivers. For a
+        stripe's only forwarder (see the top): an honest peer alone in a stripe delivers at a
+        rate that is a share of what it advertised like the others, whatever the figures; one
+        that advertised far more than it delivers falls short of that by the ratio of its lie.
+        Rates are compared as shares of the plan, not as such: a small network's honest members
+        feed their children at their own few MB/s each, and a liar delivering as much was never
+        under half of their median. The fastest parent's rate is what our own download lets
+        through: when it binds, every parent delivers about as much, and the one with the most
+        planned capacity would look short of its plan (8 honest relays, 1 GB, one downloading
+        at 5 MB/s: it dropped 3 honest forwarders 6 times, 207.7 s instead of 200.1 s; 12 and 20
+        relays downloading at 20 and 30 MB/s: 38 and 37 drops, the origin uploading 8.87 and
+        11.01 copies instead of 5.66 and 5.75; with the fastest's rate: no drop at 8 relays,
+        200.1 s; 13 and 5 drops, 7.04 and 9.73 copies; not traced, presumably forwarders
+        planned at hundreds of MB/s that their own 20-30 MB/s download holds back)."""
+        plan = v.plan
+        assert plan is not None
+        rates, samples = self._rates, self._samples
+        parents = [(rates[c[0]], plan.capacity_bps[s]) for s, c in enumerate(v.chains)
+                   if s != stripe and c and c[0] != peer and samples.get(c[0], 0) >= SLOW_MIN_SAMPLES]
+        if len(parents) < 3:
+            return False
+        rate = rates[peer]
+        shares = sorted(r / capacity for r, capacity in parents)
+        return rate / plan.capacity_bps[stripe] < SLOW_RATIO * shares[len(shares) // 2] and \
+            rate < SLOW_RATIO * max(r for r, _ in parents)
 
     def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
         """Whether someone could take over from `peer`, our source in `stripe`: a substitute
@@ -224,6 +275,18 @@ class SourceChoice:
             return True
         below = (len(planned), self.self_id) if planned else None
         return self._substitute(now, plan, stripe, below, planned[0] if planned else None, skip=peer) is not None
+
+    def _origin_replaces_root(self, plan: StripePlan, stripe: int, planned: list[str]) -> bool:
+        """Whether only the origin could replace `stripe`'s root, our parent (`planned`: our
+        planned ancestors there): we are its first-ranked child (`_first_child_of_root`), or
+        the root is the stripe's only interior member, so nobody else forwards the stripe (see
+        the top)."""
+        if len(planned) != 2 or planned[1] != plan.origin:
+            return False
+        ranked = plan.ranked_interior(stripe)
+        if len(ranked) == 1:
+            return ranked[0][0] == planned[0]
+        return self._first_child_of_root(plan, stripe, planned)
 
     def _first_child_of_root(self, plan: StripePlan, stripe: int, planned: list[str]) -> bool:
         """Whether we are the first-ranked child of `stripe`'s root (`planned`: our planned
@@ -249,15 +312,16 @@ class SourceChoice:
         `ORIGIN_SPARE_TRIES` peers failed this chunk) a member ranked before us in the stripe
         (`_substitute`, its ancestors unchecked: the one we dropped may be theirs, busy rather
         than hung). The origin's upload is the scarcest (each stripe is sent once from it, to
-        its root). When we are the first-ranked child of a stripe root we dropped as slow (see
-        the top): a measured holder of the whole version, else nobody (ask the origin)."""
+        its root). When only the origin could replace a stripe root we dropped as slow (see
+        the top, `_origin_replaces_root`): a measured holder of the whole version, else nobody
+        (ask the origin)."""
         plan = v.plan
         assert plan is not None
         if self.self_id == plan.origin or plan.parent[stripe].get(self.self_id) == plan.origin:
             return None
         planned = plan.ancestors(stripe, self.self_id)
         slow_root = bool(planned) and planned[0] in self._slow and not self._usable(now, planned[0]) and \
-            self._first_child_of_root(plan, stripe, planned)
+            self._origin_replaces_root(plan, stripe, planned)
         if not slow_root:
             for peer in v.chains[stripe]:
                 if peer in self._slow and peer not in tried and peer not in self._banned:
@@ -267,7 +331,7 @@ class SourceChoice:
         if held:
             return max(held, key=lambda p: (rates[p], p))
         if slow_root:
-            return None  # the origin feeds the first-ranked child of a slow root (1/stripes of a copy)
+            return None  # the origin feeds the first-ranked child of a slow root, or a lone root's (see the top)
         if len(tried) >= ORIGIN_SPARE_TRIES:
             return None
         if not tried:  # the pick for the stripe's next chunks, kept for one tick (`_substitute` is O(members))

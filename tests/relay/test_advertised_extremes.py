@@ -1,0 +1,173 @@
+"""Advertised capacities at the edges the wire admits, from one peer or many, and a relay that
+advertises far more upload than it delivers.
+
+A heartbeat's `Capacity` is a stranger's claim: any integer from 0 to 2^64 - 1 decodes. These
+tests follow such figures through the real path (codec, peer table, `relay.role.serving_uploads`,
+`relay.planner`) and, for the liar, through the simulator with the real transfer cores.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from p2pnet.errors import MessageRejected
+from p2pnet.identity import Identity
+from p2pnet.messages import Capacity, Heartbeat
+from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
+from p2pnet.wire import Codec, Envelope
+from relay.planner import ADVERTISED_CAP, Membership, StripePlan, plan_broadcast, plan_tree
+from relay.role import serving_uploads
+from relay.serving import ByteBudget
+from relay.transfer import TransferConfig
+from simulations.broadcast import MBIT, build_broadcast, run_broadcast_sim
+
+NOW = 1_800_000_000.0
+MALLORY = Identity.from_seed_text("mallory")
+EDGES = (0, 1, 2**53 + 1, 2**63 - 1, 2**64 - 1)  # 0 .. the largest the codec's 64-bit integers allow
+ORIGIN = "origin"
+
+
+def beat(value: int, seq: int = 1) -> Heartbeat:
+    return Heartbeat(seq, 5, ("/ip4/127.0.0.1/tcp/1/p2p/x",), "127.0.0.1:2", ("relay",),
+                     Capacity(value, value, value), reachable=True)
+
+
+@pytest.mark.parametrize("value", EDGES)
+def test_the_codec_admits_every_capacity_up_to_2_64_minus_1(value):
+    decoded = Codec(None).decode(Codec(MALLORY).encode(beat(value), NOW), NOW)
+    assert decoded.body.capacity == Capacity(value, value, value)
+
+
+def test_the_codec_refuses_capacities_outside_0_to_2_64_minus_1():
+    with pytest.raises(MessageRejected):  # a CBOR bignum: outside the 64-bit range
+        Codec(None).decode(Codec(MALLORY).encode(beat(2**64), NOW), NOW)
+    negative = Capacity(0, 0, 0)
+    object.__setattr__(negative, "upload_bps", -1)  # (a sender's own code need not check)
+    forged = Heartbeat(1, 5, (), "127.0.0.1:2", ("relay",), negative, reachable=True)
+    with pytest.raises(MessageRejected):
+        Codec(None).decode(Codec(MALLORY).encode(forged, NOW), NOW)
+
+
+def uploads_heard(values: dict[str, int]) -> dict[str, float]:
+    """What `serving_uploads` makes of heartbeats advertising `values` (peer -> upload_bps)."""
+    me = Identity.from_seed_text("me").peer_id
+    local = LocalInfo(("/ip4/127.0.0.1/tcp/1/p2p/me",), "127.0.0.1:9", ("relay",), Capacity(10**8, 0, 0),
+                      reachable=True)
+    table = PeerTable(PeerTableConfig(heartbeat_interval_s=1.0, expiry_s=3.0), me, local, started_ms=100)
+    for peer, value in values.items():
+        table.on_message(0.0, Envelope("heartbeat", peer, b"", 0, beat(value), 100))
+    return serving_uploads(SimpleNamespace(peer_id=me, peertable=table))
+
+
+def check_whole(plan: StripePlan, members: Membership, chunk_count: int) -> None:
+    """Every member is planned in every stripe, its chain reaches the origin, every chunk is in
+    exactly one stripe and every figure is finite."""
+    others = set(members.uploads) - {ORIGIN}
+    for s in range(plan.stripes):
+        assert set(plan.parent[s]) == others
+        for peer in others:
+            chain = plan.ancestors(s, peer)
+            assert chain and chain[-1] == ORIGIN and len(chain) <= len(others)
+        assert all(0 <= f <= len(others) for f in plan.fanout[s].values())
+    assert sorted(i for c in plan.chunks_of_stripe for i in c) == list(range(chunk_count))
+    assert all(math.isfinite(c) and c > 0 for c in plan.capacity_bps)
+    assert all(math.isfinite(u) for u in members.planned.values())
+
+
+@pytest.mark.parametrize("value", EDGES)
+@pytest.mark.parametrize("liars", [1, 20, 40])
+@pytest.mark.parametrize("stable", [False, True])
+def test_extreme_figures_from_some_or_all_members_give_whole_finite_plans(value, liars, stable):
+    """40 relays (dealt by capacity) or 200 (a stable plan); `liars` of the first 40 advertise
+    `value`, the others 10-100 MB/s; heartbeats through the peer table into a plan."""
+    n = 200 if stable else 40
+    honest = {Identity.from_seed_text(f"r{i}").peer_id: 10**7 * (1 + i % 10) for i in range(n)}
+    values = {p: (value if i < liars else u) for i, (p, u) in enumerate(honest.items())}
+    members = Membership.of({**uploads_heard(values), ORIGIN: 1.25e9})
+    plan = plan_broadcast(ORIGIN, 1.25e9, members, 256, 16, stable=stable)
+    check_whole(plan, members, 256)
+    tree = plan_tree(ORIGIN, members, 256, 4)
+    check_whole(tree, members, 256)
+
+
+@pytest.mark.parametrize("n, stable", [(8, False), (40, False), (200, True)])
+def test_one_member_claiming_2_64_minus_1_gets_no_more_of_a_plan_than_a_fast_honest_one(n, stable):
+    """Before the cap (`ADVERTISED_CAP`), a member advertising 2^64 - 1 was its stripe's only
+    forwarder, parent of every member, and held every chunk (8 and 40 relays) or half of them
+    (200 relays, stable plan). Now it is planned as one advertising the cap times the median."""
+    honest = {f"r{i:03d}": 1e7 * (1 + i % 10) for i in range(n)}
+    liar = "r000"
+
+    def members(claim: float) -> Membership:
+        return Membership.of({**honest, liar: claim, ORIGIN: 1.25e9})
+
+    serving = sorted(members(2.0**64).uploads.values())
+    ceiling = ADVERTISED_CAP * serving[(len(serving) - 1) // 2]
+    assert ceiling < 1.25e9 * ADVERTISED_CAP and members(2.0**64).planned[liar] == ceiling
+
+    def plan_with(claim: float) -> StripePlan:
+        return plan_broadcast(ORIGIN, 1.25e9, members(claim), 256, 16, stable=stable)
+
+    lying, fast = plan_with(float(2**64 - 1)), plan_with(ceiling)
+    assert lying.home == fast.home and lying.parent == fast.parent and lying.stripe_of_chunk == fast.stripe_of_chunk
+    home = lying.home[liar]
+    if stable:  # (dealt by capacity, the liar is alone in its stripe: every member is its child)
+        assert len(lying.children(home, liar)) < n / 2
+    assert len(lying.chunks_of_stripe[home]) < 256 * 0.6
+
+
+def test_figures_within_the_cap_are_planned_as_advertised():
+    uploads = {f"r{i}": 1e6 * (1 + i) for i in range(40)} | {ORIGIN: 2e8}  # median 20 MB/s: nobody over 16x
+    ordinary = Membership.of(uploads)
+    assert ordinary.planned is ordinary.uploads
+    # lower median 22 MB/s; the origin's own figure is capped too, but plans take it as given
+    faster = Membership.of(uploads | {"r0": 1e12, ORIGIN: 1.25e9})
+    assert faster.planned == uploads | {"r0": ADVERTISED_CAP * 22e6, ORIGIN: ADVERTISED_CAP * 22e6}
+
+
+def liar_world(peers: int, claim: float | None, real_bps: float | None, seed: int = 1):
+    """A broadcast of 1 GB to `peers` relays (uploads 12.5-125 MB/s, origin 1.25 GB/s) where relay
+    0 advertises `claim` and delivers `real_bps` (its link and its pacing)."""
+    config = TransferConfig(stall_timeout_s=10.0, exclude_s=30.0, announce_interval_s=3600.0)
+    sim = build_broadcast(peers, 10**9, upload_bps=(100 * MBIT, 1000 * MBIT), seed=seed, config=config)
+    liar = sim.peer_ids[0]
+    if real_bps is not None:
+        port = sim.world.ports[liar]
+        port.upload_bps, port.budget = real_bps, ByteBudget(real_bps)
+    advertised = Membership.of({**sim.uploads, liar: claim if claim is not None else sim.uploads[liar]})
+    for peer, core in sim.cores.items():
+        sim.world.apply(peer, core.set_members(0.0, advertised))
+    return sim, liar
+
+
+@pytest.mark.parametrize("peers, slowest_s, origin_copies", [(8, 60.0, 8), (200, 120.0, 4)])
+def test_a_relay_claiming_2_64_minus_1_that_delivers_20_mb_s_holds_a_version_back_a_bounded_time(
+        peers, slowest_s, origin_copies):
+    """Seed 1, virtual time. Before the fixes: 8 relays took 350 s instead of 5.1 s (the liar
+    forwarded every chunk to every relay, never dropped: nobody but the origin could replace
+    it); 200 relays 168 s instead of 25.8 s, the origin uploading 151 copies of the checkpoint.
+    After: 11.4 s (6.25 copies from the origin, 6.41 without the lie: at 8 relays it serves
+    most) and 81.5 s (1.27 copies)."""
+    honest = run_broadcast_sim(liar_world(peers, None, 20e6)[0], seed=1)
+    sim, _ = liar_world(peers, float(2**64 - 1), 20e6)
+    lied = run_broadcast_sim(sim, seed=1)
+    assert honest.time_to_all_s < slowest_s / 2 and lied.time_to_all_s < slowest_s
+    assert sim.world.ports[sim.origin].bytes_up <= origin_copies * sim.signed.manifest.total_bytes
+
+
+def test_a_relay_whose_own_download_binds_drops_no_honest_lone_forwarder():
+    """Seed 1, virtual time: 8 honest relays (uploads 1-1000 MB/s, each its stripe's only
+    forwarder), relay 0 downloading at 5 MB/s. Every parent delivers about 5/8 MB/s to it, so
+    the parents with the most planned capacity deliver the smallest share of their plan: judged
+    on that share alone, relay 0 dropped 3 honest forwarders as slow 6 times (again after each
+    exclusion) and finished at 207.7 s instead of 200.1 s."""
+    downloads = iter([5e6] + [math.inf] * 7)
+    sim = build_broadcast(8, 10**9, upload_bps=(1e6, 1e9), origin_upload_bps=1.25e9,
+                          download_bps=lambda rng: next(downloads), seed=1, config=TransferConfig())
+    result = run_broadcast_sim(sim, seed=1)
+    slow = sim.peer_ids[0]
+    assert sim.downloads[slow] == 5e6 and result.time_to_all_s >= 1e9 / 5e6
+    assert {peer: core._slow for peer, core in sim.cores.items() if core._slow} == {}
