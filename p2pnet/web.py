@@ -87,15 +87,16 @@ class ConnectionServer(TCPServer):
 
     hypercorn's one public entry (`hypercorn.trio.serve`, `worker_serve`) accepts every
     connection it is offered, so `serve` accepts them itself (`Connections.serve`) and hands each
-    admitted one to `TCPServer`, which is not public API (as of hypercorn 0.18.0; it is annotated
-    to take an SSLStream and takes a plain stream, which has no `do_handshake`). Its read loop
-    ends when the client leaves, but when the client left an idle connection (before its first
-    request or between two) the connection then waited for its idle timer, holding a slot for
-    up to `idle_s` after the client had gone. Each connection gets its own WorkerContext, and
-    setting its `terminated` (hypercorn's graceful-shutdown signal) when the read loop ends
-    closes the connection at once, or after the response in flight.
+    admitted one to `TCPServer`, which is not public API (the same in hypercorn 0.17.0 to 0.18.0,
+    which pyproject.toml pins; it is annotated to take an SSLStream and takes a plain stream, which
+    has no `do_handshake`). Its read loop ends when the client leaves, but when the client left
+    an idle connection (before its first request or between two) the connection then waited for
+    its idle timer, holding a slot for up to `idle_s` after the client had gone. Each connection
+    gets its own WorkerContext, and setting its `terminated` (hypercorn's graceful-shutdown
+    signal) when the read loop ends closes the connection at once, or after the response in
+    flight.
     tests/p2pnet/test_web_limits.py serves every request through this class and fails if either
-    of those internals changes."""
+    of those internals changes, and checks the pin."""
 
     async def _read_data(self) -> None:
         await super()._read_data()

@@ -11,14 +11,18 @@ own count of open connections returns to 0. Loopback gives each test several cli
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import re
 import socket
+import tomllib
 from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
+from packaging.requirements import Requirement
+from packaging.version import Version
 from prometheus_client import CollectorRegistry, generate_latest
 
 import p2pnet
@@ -255,3 +259,17 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
         with trio.move_on_after(SLACK_S):
             await stopped.wait()
     assert stopped.is_set(), "the server was still stopping while a client did not read"
+
+
+def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
+    """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
+    `_read_data`, `WorkerContext.terminated`), the same in 0.17.0 to 0.18.0 and absent from
+    0.16 (no lifespan state): the pin must keep a fresh install inside that range, not let it
+    pick up the next release, whose internals nobody has checked."""
+    pyproject = tomllib.loads((Path(p2pnet.__file__).parents[1] / "pyproject.toml").read_text())
+    pin = next(Requirement(line) for line in pyproject["project"]["dependencies"]
+               if Requirement(line).name == "hypercorn").specifier
+    installed = Version(importlib.metadata.version("hypercorn"))
+    assert installed in pin
+    assert Version("0.17.0") in pin and Version("0.16.0") not in pin
+    assert Version(f"{installed.major}.{installed.minor + 1}.0") not in pin, pin
