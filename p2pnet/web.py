@@ -132,6 +132,10 @@ async def serve(app: WebApp, listen: str, field: str = "--listen", *, connection
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers and format (--log-format)
     config.keep_alive_timeout = connections.limits.idle_s  # until a whole request head, then between requests
     config.keep_alive_max_requests = KEEP_ALIVE_MAX_REQUESTS
+    # one request at a time on a connection, as HTTP/1.1 has it: each HTTP/2 stream holds its response
+    # until the client takes it, and hypercorn's 100 let 8 connections from one address hold 480 MB of
+    # 1 MiB responses (no browser speaks HTTP/2 without TLS; more streams close the connection)
+    config.h2_max_concurrent_streams = 1
     # read_timeout stays unset: while a request is served the client owes us nothing, and the
     # wait for the next one is keep_alive_timeout's
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")

@@ -19,6 +19,10 @@ import tomllib
 from functools import partial
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 import pytest
 import trio
 from packaging.requirements import Requirement
@@ -273,3 +277,52 @@ def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     assert installed in pin
     assert Version("0.17.0") in pin and Version("0.16.0") not in pin
     assert Version(f"{installed.major}.{installed.minor + 1}.0") not in pin, pin
+
+
+def h2_requests(streams: int, window: int) -> tuple[h2.connection.H2Connection, bytes]:
+    """An HTTP/2 client (prior knowledge) that asks for /metrics on `streams` streams at once,
+    with a receive window of `window` bytes per stream (0: it will take nothing)."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    for stream_id in range(1, 2 * streams, 2):
+        client.send_headers(stream_id, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"),
+                                        (":authority", "x")], end_stream=True)
+    return client, client.data_to_send()
+
+
+async def test_an_http2_client_holds_one_response_per_connection_as_http1_does(nursery):
+    """Each connection may hold one response a client does not take (the caps bound connections,
+    so they bound those responses): an HTTP/2 client that opens many streams at once and takes
+    nothing is closed at once (hypercorn allowed 100 such streams, each holding its response
+    until the lifetime), and one that asks on one stream at a time is served."""
+    renders = []
+
+    def metrics() -> bytes:
+        renders.append(1)
+        return METRICS
+
+    async def snapshot() -> dict:
+        return {}
+
+    connections = Connections(Limits(**HOLD))
+    app = WebApp(snapshot=snapshot, metrics=metrics, health=lambda: None)
+    port = int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))).rsplit(":", 1)[1])
+    with await connect(port) as greedy:
+        await greedy.send(h2_requests(streams=50, window=0)[1])
+        await read_until_closed(greedy, SLACK_S)
+    assert len(renders) <= 1, len(renders)
+    with await connect(port) as polite:
+        client, data = h2_requests(streams=1, window=1 << 16)
+        await polite.send(data)
+        events: list[h2.events.Event] = []
+        with trio.fail_after(SLACK_S):
+            while not any(isinstance(event, h2.events.StreamEnded) for event in events):
+                received = await polite.recv(1 << 16)
+                assert received, events
+                events += client.receive_data(received)
+                await polite.send(client.data_to_send())
+    status = next(dict(event.headers)[b":status"] for event in events if isinstance(event, h2.events.ResponseReceived))
+    body = b"".join(event.data for event in events if isinstance(event, h2.events.DataReceived))
+    assert (status, body) == (b"200", METRICS)
+    await settle(connections, 0)
