@@ -103,6 +103,13 @@ class ConnectionServer(TCPServer):
         await self.context.terminated.set()
 
 
+async def terminate_when(wind_down: trio.Event, context: WorkerContext) -> None:
+    """hypercorn's graceful shutdown of one connection once `wind_down` is set (its lifetime is
+    over): closed at once when idle, or once the response in flight is sent."""
+    await wind_down.wait()
+    await context.terminated.set()
+
+
 def bind(listen: str, field: str) -> socket.socket:
     """A listening TCP socket on `listen` (HOST:PORT, port 0 picks one); ConfigError naming
     `field` when it cannot be had (port in use, address not ours)."""
@@ -141,8 +148,12 @@ async def serve(app: WebApp, listen: str, field: str = "--listen", *, connection
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
     url = f"http://{join_host_port(host, port)}"
 
-    async def serve_one(stream: trio.SocketStream) -> None:
-        await ConnectionServer(asgi, config, WorkerContext(None), {}, stream)
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event) -> None:
+        context = WorkerContext(None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(terminate_when, wind_down, context)
+            await ConnectionServer(asgi, config, context, {}, stream)
+            nursery.cancel_scope.cancel()
 
     with trio.socket.from_stdlib_socket(sock) as listener:
         log.info("serving %s", url)

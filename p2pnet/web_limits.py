@@ -9,15 +9,18 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   /64). A connection over a cap is closed unanswered, counted (`p2pnet_http_connections_refused`,
   by cap) and named in a warning at most once a minute. `ConnectionGate` is that count, free
   of I/O;
-- how long a connection may live (`lifetime_s`), whatever it does: this ends a client that
-  never reads its response (hypercorn shields its writes from cancellation, so such a client
-  held its connection, and the peer's shutdown, for as long as it liked) and any other way of
-  keeping a connection busy that hypercorn's idle timer does not see (an HTTP/2 client that
-  sends the preface and opens no stream, for one: hypercorn stops the timer on the preface);
-- and, applied by hypercorn as `p2pnet.web` configures it, how long a request may take to
-  arrive whole after the connection opens or the previous response ends (`idle_s`: slow
-  headers, idle keep-alive connections), and how many requests one connection may carry
-  (`KEEP_ALIVE_MAX_REQUESTS`, so a polling client reconnects before `lifetime_s` cuts it).
+- how long a connection may live (`lifetime_s`): it is then asked to close once the response
+  in flight is sent (at once if none is), and reset `idle_s` later whatever it does. The reset
+  ends a client that never reads its response (hypercorn shields its writes from cancellation,
+  so such a client held its connection, and the peer's shutdown, for as long as it liked) and
+  any other way of keeping a connection busy that hypercorn's idle timer does not see (an
+  HTTP/2 client that sends the preface and opens no stream, for one: hypercorn stops the timer
+  on the preface);
+- and, applied by hypercorn as `p2pnet.web` configures it (the request to close included), how
+  long a request may take to arrive whole after the connection opens or the previous response
+  ends (`idle_s`: slow headers, idle keep-alive connections), and how many requests one
+  connection may carry (`KEEP_ALIVE_MAX_REQUESTS`, so a polling client reconnects before
+  `lifetime_s`).
 
 This module knows nothing of HTTP: it owns accepting, counting and closing.
 """
@@ -50,9 +53,10 @@ class Limits:
     it connects: `idle_s` 5 s is ample over a slow link, and longer than the dashboard's 2 s poll,
     so an open tab keeps its connection; a scraper (every 15 s or more) reconnects each time,
     which it handles as a matter of course. `lifetime_s` 60 s is minutes more than any of our
-    responses needs and bounds what a client that does not read can hold. None of this is a
-    setting: an operator behind a reverse proxy (one address for every viewer) would be the
-    first to need one."""
+    responses needs and bounds what a client that does not read can hold (for `idle_s` more: a
+    response in flight at the lifetime has that long to finish before the reset). None of this
+    is a setting: an operator behind a reverse proxy (one address for every viewer) would be
+    the first to need one."""
 
     max_connections: int = 64
     max_per_ip: int = 8
@@ -67,7 +71,7 @@ class Limits:
 
 
 # a keep-alive client is told to reconnect (Connection: close) after this many requests: the
-# dashboard's 2 s poll does 20 in 40 s, before `lifetime_s` would cut it mid-request
+# dashboard's 2 s poll does 20 in 40 s, before `lifetime_s` would close it
 KEEP_ALIVE_MAX_REQUESTS = 20
 REFUSAL_WARNING_S = 60.0  # at most one warning about refused connections per minute
 # accept() failing for want of descriptors or memory: wait for connections to end (as trio does)
@@ -130,8 +134,8 @@ class ConnectionGate:
 
 class Connections:
     """The trio side of the bounds: accepts, admits through a `ConnectionGate`, serves each
-    admitted connection for at most `lifetime_s`; also the prometheus_client collector of its
-    counts and what a test waits on (`wait_open`)."""
+    admitted connection for at most `lifetime_s` (and `idle_s` to wind down); also the
+    prometheus_client collector of its counts and what a test waits on (`wait_open`)."""
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
@@ -156,8 +160,10 @@ class Connections:
                        {refusal.value: count for refusal, count in self.gate.refused.items()})
 
     async def serve(self, listener: trio.socket.SocketType,
-                    serve_one: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
-        """Accept on `listener` until cancelled; `serve_one(stream)` for each admitted connection."""
+                    serve_one: Callable[[trio.SocketStream, trio.Event], Awaitable[None]]) -> None:
+        """Accept on `listener` until cancelled; `serve_one(stream, wind_down)` for each admitted
+        connection, which should close it once the response in flight is sent when `wind_down`
+        is set (at `lifetime_s`; it is reset `idle_s` later)."""
         async with trio.open_nursery() as nursery:
             while True:
                 sock, key = await self._accept(listener)
@@ -183,23 +189,27 @@ class Connections:
             return sock, client_key(address[0])
 
     async def _connection(self, stream: trio.SocketStream, key: str,
-                          serve_one: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
+                          serve_one: Callable[[trio.SocketStream, trio.Event], Awaitable[None]]) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._expire, stream, nursery.cancel_scope)
-                await serve_one(stream)
+                wind_down = trio.Event()
+                nursery.start_soon(self._expire, stream, wind_down, nursery.cancel_scope)
+                await serve_one(stream, wind_down)
                 nursery.cancel_scope.cancel()
         finally:
             self.gate.release(key)
             self._notify()
 
-    async def _expire(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
-        """Close `stream` after `lifetime_s`, or at once when the connection ends or the server
-        stops. Cancelling is not enough: hypercorn shields its socket writes (tcp_server.py,
-        protocol_send), so a client that does not read holds a write until the socket closes
+    async def _expire(self, stream: trio.SocketStream, wind_down: trio.Event, scope: trio.CancelScope) -> None:
+        """Set `wind_down` after `lifetime_s` (an honest client's response in flight is finished,
+        not cut) and close `stream` `idle_s` later, or at once when the connection ends or the
+        server stops. Cancelling is not enough: hypercorn shields its socket writes
+        (tcp_server.py, protocol_send), so a client that does not read holds a write until the socket closes
         under it (the write then fails as if the client had gone)."""
         try:
             await trio.sleep(self.limits.lifetime_s)
+            wind_down.set()
+            await trio.sleep(self.limits.idle_s)
             with contextlib.suppress(OSError):  # a reset: the kernel keeps nothing the client would not take
                 stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         finally:

@@ -326,3 +326,28 @@ async def test_an_http2_client_holds_one_response_per_connection_as_http1_does(n
     body = b"".join(event.data for event in events if isinstance(event, h2.events.DataReceived))
     assert (status, body) == (b"200", METRICS)
     await settle(connections, 0)
+
+
+async def test_a_response_in_flight_at_the_lifetime_is_finished_then_the_connection_closed(nursery):
+    """The lifetime asks a connection to close once its response in flight is sent, and resets it
+    only `idle_s` later: a keep-alive client whose page takes longer than the lifetime has left
+    (a slow `p2pnet dashboard` polled on one connection) gets its whole response, then an end
+    of stream, not a reset in the middle. The page's own pace (it answers `lifetime_s` after it
+    is asked, so the lifetime passes while it works) is the one wait here besides the deadlines."""
+    limits = Limits(idle_s=2.0, lifetime_s=3.0)
+    entered = trio.Event()
+
+    async def snapshot() -> dict:
+        entered.set()
+        await trio.sleep(limits.lifetime_s)
+        return {"slow": True}
+
+    connections = Connections(limits)
+    app = WebApp(snapshot=snapshot, metrics=lambda: METRICS, health=lambda: None)
+    port = int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))).rsplit(":", 1)[1])
+    with await connect(port) as polling:
+        await polling.send(b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await read_until_closed(polling, limits.lifetime_s + SLACK_S)
+    assert entered.is_set()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"slow": true}'), answer[-80:]
+    await settle(connections, 0)
