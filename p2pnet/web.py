@@ -1,8 +1,8 @@
 """The peer's small HTTP server: `/metrics`, `/healthz`, and the dashboard's page and JSON API.
 
-A plain ASGI application served by hypercorn's trio worker inside the peer's own trio run, in
-the node's nursery (so it stops with the peer and never blocks it: a request is a trio task,
-and a scrape only reads state). Routes:
+A plain ASGI application served by hypercorn's trio connection server inside the peer's own
+trio run, in the node's nursery (so it stops with the peer and never blocks it: a request is a
+trio task, and a scrape only reads state). Routes:
 
     GET /metrics          Prometheus text format (`p2pnet.metrics`)
     GET /healthz          200 "ok" while the peer runs its roles; 503 and the reason otherwise
@@ -12,7 +12,10 @@ and a scrape only reads state). Routes:
 
 The same application serves `p2pnet dashboard` (a separate process reading a running peer
 through its control socket): it is built from callables, not from a node. This module owns
-routing and the socket; what a page or a metric says belongs to the modules named above.
+routing, the socket and hypercorn's settings; what a page or a metric says belongs to the
+modules named above. The server may face the internet, so its connections are accepted within
+the bounds of `p2pnet.web_limits` (connections per client and in all, a deadline for each
+request, a lifetime for each connection) before hypercorn sees them.
 """
 
 from __future__ import annotations
@@ -23,9 +26,14 @@ import socket
 from typing import Any, Awaitable, Callable
 
 import trio
+from hypercorn.config import Config
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.utils import wrap_app
 
 from p2pnet.addresses import join_host_port, parse_host_port
 from p2pnet.errors import ConfigError
+from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Connections
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +53,7 @@ class WebApp:
         self.snapshot = snapshot
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if scope["type"] != "http":  # a websocket; `serve` runs no lifespan
             return
         status, content_type, body = await self.respond(scope["method"], scope["path"])
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
@@ -82,6 +82,34 @@ class WebApp:
         return 404, b"text/plain", b"not found; try /, /metrics, /healthz, /api/dashboard, /api/leaderboard\n"
 
 
+class ConnectionServer(TCPServer):
+    """hypercorn's server of one connection, which ends as soon as its client has gone.
+
+    hypercorn's one public entry (`hypercorn.trio.serve`, `worker_serve`) accepts every
+    connection it is offered, so `serve` accepts them itself (`Connections.serve`) and hands each
+    admitted one to `TCPServer`, which is not public API (the same in hypercorn 0.17.0 to 0.18.0,
+    which pyproject.toml pins; it is annotated to take an SSLStream and takes a plain stream, which
+    has no `do_handshake`). Its read loop ends when the client leaves, but when the client left
+    an idle connection (before its first request or between two) the connection then waited for
+    its idle timer, holding a slot for up to `idle_s` after the client had gone. Each connection
+    gets its own WorkerContext, and setting its `terminated` (hypercorn's graceful-shutdown
+    signal) when the read loop ends closes the connection at once, or after the response in
+    flight.
+    tests/p2pnet/test_web_limits.py serves every request through this class and fails if either
+    of those internals changes, and checks the pin."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.context.terminated.set()
+
+
+async def terminate_when(wind_down: trio.Event, context: WorkerContext) -> None:
+    """hypercorn's graceful shutdown of one connection once `wind_down` is set (its lifetime is
+    over): closed at once when idle, or once the response in flight is sent."""
+    await wind_down.wait()
+    await context.terminated.set()
+
+
 def bind(listen: str, field: str) -> socket.socket:
     """A listening TCP socket on `listen` (HOST:PORT, port 0 picks one); ConfigError naming
     `field` when it cannot be had (port in use, address not ours)."""
@@ -99,29 +127,38 @@ def bind(listen: str, field: str) -> socket.socket:
     return sock
 
 
-async def serve(app: WebApp, listen: str, field: str = "--listen",
+async def serve(app: WebApp, listen: str, field: str = "--listen", *, connections: Connections | None = None,
                 task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve `app` on `listen` until cancelled; `task_status.started("http://HOST:PORT")`."""
-    from hypercorn.config import Config, Sockets
-    from hypercorn.trio.run import worker_serve
-    from hypercorn.utils import wrap_app
-
+    """Serve `app` on `listen` until cancelled, within `connections`' bounds (the defaults when
+    None); `task_status.started("http://HOST:PORT")`."""
+    connections = connections or Connections()
     sock = bind(listen, field)
     host, port = sock.getsockname()[:2]
     config = Config()
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # through our handlers and format (--log-format)
-    config.keep_alive_timeout = 30
+    config.keep_alive_timeout = connections.limits.idle_s  # until a whole request head, then between requests
+    config.keep_alive_max_requests = KEEP_ALIVE_MAX_REQUESTS
+    # one request at a time on a connection, as HTTP/1.1 has it: each HTTP/2 stream holds its response
+    # until the client takes it, and hypercorn's 100 let 8 connections from one address hold 480 MB of
+    # 1 MiB responses (no browser speaks HTTP/2 without TLS; more streams close the connection)
+    config.h2_max_concurrent_streams = 1
+    # read_timeout stays unset: while a request is served the client owes us nothing, and the
+    # wait for the next one is keep_alive_timeout's
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
     url = f"http://{join_host_port(host, port)}"
 
-    async def started(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await worker_serve(wrap_app(app, config.wsgi_max_body_size, "asgi"), config,
-                           sockets=Sockets([], [sock], []), task_status=task_status)
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event) -> None:
+        context = WorkerContext(None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(terminate_when, wind_down, context)
+            await ConnectionServer(asgi, config, context, {}, stream)
+            nursery.cancel_scope.cancel()
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(started)
+    with trio.socket.from_stdlib_socket(sock) as listener:
         log.info("serving %s", url)
         task_status.started(url)
+        await connections.serve(listener, serve_one)
 
 
 async def serve_peer_http(node: Any, listen: str,
@@ -132,11 +169,13 @@ async def serve_peer_http(node: Any, listen: str,
     from prometheus_client import CollectorRegistry
 
     collector = PeerCollector(node)
+    connections = Connections()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    registry.register(connections)
 
     async def snapshot() -> dict[str, Any]:
         return peer_snapshot(node)
 
     app = WebApp(snapshot=snapshot, metrics=lambda: render(registry), health=collector.health)
-    await serve(app, listen, "peer.metrics_listen", task_status=task_status)
+    await serve(app, listen, "peer.metrics_listen", connections=connections, task_status=task_status)

@@ -11,18 +11,21 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
+import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2pnet.cli import configure_logging
 from p2pnet.localnet import start_network, wait_for_full_tables
 from p2pnet.logformat import event_name, set_log_context
 from p2pnet.metrics import health
+from p2pnet.web import WebApp, serve
 
 FAST = ["--heartbeat-interval-s", "0.3", "--peer-expiry-s", "3"]
 PEER_SERIES = {"p2pnet_peer_info", "p2pnet_peers_known", "p2pnet_peers_connected", "p2pnet_gossip_messages_received",
                "p2pnet_gossip_messages_sent", "p2pnet_gossip_messages_rejected", "p2pnet_peer_healthy",
                "p2pnet_relay_bytes_served", "p2pnet_relay_bytes_received", "p2pnet_relay_chunks_verified",
-               "p2pnet_relay_chunks_rejected", "p2pnet_relay_versions_held"}
+               "p2pnet_relay_chunks_rejected", "p2pnet_relay_versions_held", "p2pnet_http_connections",
+               "p2pnet_http_connections_refused"}
 
 
 def get(url, timeout=10):
@@ -88,6 +91,7 @@ def test_peers_serve_metrics_health_and_dashboard_api(tmp_path):
         assert families["p2pnet_peers_known"].samples[0].value == 1
         assert families["p2pnet_peer_info"].samples[0].labels["peer_id"] == peers[0].peer_id
         assert families["p2pnet_gossip_messages_received"].samples[0].value > 0  # heartbeats of peer1
+        assert families["p2pnet_http_connections"].samples[0].value >= 1  # this scrape's
         checked = promtool_check(text)
         if checked is not None:
             assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -103,7 +107,7 @@ def test_peers_serve_metrics_health_and_dashboard_api(tmp_path):
     assert codes == [0, 0]
     records = [json.loads(line) for line in peers[0].log_path.read_text().splitlines() if line.strip()]
     assert records and all({"time", "level", "peer_id", "role", "event"} <= set(r) for r in records)
-    assert any(r["logger"] == "hypercorn.error" for r in records)  # third-party records in the same form
+    assert any(r["logger"] == "p2pnet.web" and r["message"].startswith("serving http://") for r in records)
     if shutil.which("promtool") is None:
         pytest.skip("promtool not installed (Debian package prometheus; scripts/ops_deps.sh installs it as root)")
 
@@ -126,6 +130,22 @@ def check_dashboard_command(peer):
     board = subprocess.run([sys.executable, "-m", "p2pnet", "leaderboard", "--data-dir", str(peer.data_dir)],
                            capture_output=True, text=True, timeout=60)
     assert board.returncode == 2 and "runs no trainer" in board.stderr and len(board.stderr.splitlines()) == 1
+
+
+async def test_an_app_error_is_a_500_and_a_record_of_hypercorns_logger(nursery, caplog):
+    """hypercorn logs through `hypercorn.error`, which `p2pnet.web` hands it so that the peer's
+    handlers and format (--log-format) carry its records too; a failing page (the peer behind
+    `p2pnet dashboard` gone) is the one thing it logs once serving."""
+    async def snapshot():
+        raise RuntimeError("the peer is gone")
+
+    url = await nursery.start(serve, WebApp(snapshot=snapshot), "127.0.0.1:0")
+    code, _ = await trio.to_thread.run_sync(get, url + "/api/dashboard")
+    assert code == 500
+    assert any(r.name == "hypercorn.error" and r.exc_info and "the peer is gone" in str(r.exc_info[1])
+               for r in caplog.records)
+    assert (await trio.to_thread.run_sync(get, url + "/healthz"))[0] == 404  # and it serves on
+    nursery.cancel_scope.cancel()
 
 
 def test_metrics_listen_errors_are_one_line(tmp_path):

@@ -1,0 +1,358 @@
+"""Strangers who open connections to the peer's HTTP server and hold them (`p2pnet.web_limits`,
+`p2pnet.web`): real sockets on loopback against the real server. Connections over the per-client
+and total caps are closed unanswered and counted while an honest scrape is still served; a
+request that never arrives whole (sent in part, or dribbled a byte at a time: the one sleep here
+is that client's pace), an idle keep-alive connection and a client that never reads its response
+are closed by their deadlines (short ones, injected: each wait is that deadline plus `SLACK_S`);
+a client that never reads does not hold the server's shutdown; a client that leaves is forgotten
+at once, and a polling one is asked to reconnect before the lifetime would cut it; the server's
+own count of open connections returns to 0. Loopback gives each test several client addresses
+(127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+import socket
+import tomllib
+from functools import partial
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import pytest
+import trio
+from packaging.requirements import Requirement
+from packaging.version import Version
+from prometheus_client import CollectorRegistry, generate_latest
+
+import p2pnet
+from p2pnet.web import WebApp, serve
+from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, ConnectionGate, Connections, Limits, Refusal, client_key
+
+SLACK_S = 10.0  # less than the 30 s keep-alive hypercorn was given before these bounds
+METRICS = b"p2pnet_up 1\n"
+SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+KEEP_ALIVE = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+HOLD = dict(idle_s=300.0, lifetime_s=600.0)  # deadlines no test waits for
+
+
+async def start(nursery: trio.Nursery, limits: Limits, metrics: bytes = METRICS) -> tuple[Connections, int]:
+    async def snapshot() -> dict:
+        return {}
+
+    connections = Connections(limits)
+    app = WebApp(snapshot=snapshot, metrics=lambda: metrics, health=lambda: None)
+    url = await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))
+    return connections, int(url.rsplit(":", 1)[1])
+
+
+async def connect(port: int, source: str = "127.0.0.1", receive_buffer: int | None = None) -> trio.socket.SocketType:
+    sock = trio.socket.socket()
+    if receive_buffer is not None:  # a small window: the server's writes stall as soon as we stop reading
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    return sock
+
+
+async def read_until_closed(sock: trio.socket.SocketType, within_s: float) -> bytes:
+    """Everything the server sends until it closes the connection, which it must within `within_s`."""
+    out = bytearray()
+    with trio.fail_after(within_s):
+        try:
+            while data := await sock.recv(1 << 16):
+                out += data
+        except ConnectionResetError:
+            pass
+    return bytes(out)
+
+
+async def scrape(port: int, source: str) -> bytes:
+    with await connect(port, source) as sock:
+        await sock.send(SCRAPE)
+        return await read_until_closed(sock, SLACK_S)
+
+
+async def settle(connections: Connections, count: int) -> None:
+    """Until the server's own count of open connections is `count` (within SLACK_S)."""
+    with trio.fail_after(SLACK_S):
+        await connections.wait_open(count)
+
+
+async def close_all(connections: Connections, held: list[trio.socket.SocketType]) -> None:
+    """Close `held`; the server forgets them all, and every client with them."""
+    for sock in held:
+        sock.close()
+    await settle(connections, 0)
+    assert connections.gate.by_key == {}
+
+
+async def unanswered(port: int, source: str) -> bytes:
+    """What a scrape from `source` gets when the server closes it at once: nothing."""
+    with await connect(port, source) as over:
+        await over.send(SCRAPE)
+        return await read_until_closed(over, SLACK_S)
+
+
+async def stop_reading_mid_response(port: int) -> trio.socket.SocketType:
+    """A client that asks for a large response, reads its first 64 KiB and no more: the server
+    is then inside its write of the rest, which cannot fit in the sockets' buffers."""
+    reader = await connect(port, receive_buffer=4096)
+    await reader.send(KEEP_ALIVE)
+    got = 0
+    with trio.fail_after(SLACK_S):
+        while got < 1 << 16:
+            got += len(await reader.recv(1 << 16))
+    return reader
+
+
+async def read_response(sock: trio.socket.SocketType) -> bytes:
+    """One response to a small request on a kept-alive connection (its body is METRICS)."""
+    out = b""
+    with trio.fail_after(SLACK_S):
+        while not out.endswith(METRICS):
+            data = await sock.recv(1 << 16)
+            assert data, out
+            out += data
+    return out
+
+
+def test_client_keys_and_the_gate_count():
+    assert client_key("192.0.2.7") == client_key("::ffff:192.0.2.7") == "192.0.2.7"  # dual-stack socket
+    assert client_key("2001:db8::1") == client_key("2001:db8::ffff%eth0") == "2001:db8::/64"  # one host's /64
+    assert client_key("2001:db8:0:1::1") != client_key("2001:db8::1")
+    gate = ConnectionGate(Limits(max_connections=3, max_per_ip=2))
+    assert [gate.admit("a"), gate.admit("a"), gate.admit("a")] == [None, None, Refusal.PER_IP]
+    assert [gate.admit("b"), gate.admit("c")] == [None, Refusal.TOTAL]
+    gate.release("a")
+    assert gate.admit("c") is None
+    for key in ("a", "b", "c"):
+        gate.release(key)
+    assert (gate.open, gate.by_key, gate.refused) == (0, {}, {Refusal.TOTAL: 1, Refusal.PER_IP: 1})
+    with pytest.raises(ValueError):
+        Limits(max_connections=2, max_per_ip=3)
+    with pytest.raises(ValueError):
+        Limits(idle_s=10, lifetime_s=5)
+
+
+async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrape(nursery, caplog):
+    caplog.set_level(logging.WARNING, logger="p2pnet.web_limits")
+    connections, port = await start(nursery, Limits(max_connections=8, max_per_ip=2, **HOLD))
+    held = [await connect(port, "127.0.0.1") for _ in range(2)]
+    for refused in (1, 2):
+        await settle(connections, 2)  # ours (and the last scrape ended)
+        assert await unanswered(port, "127.0.0.1") == b""
+        assert connections.gate.refused == {Refusal.PER_IP: refused, Refusal.TOTAL: 0}
+        answer = await scrape(port, "127.0.0.2")  # the operator's scraper, elsewhere
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(METRICS), answer[:80]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "p2pnet.web_limits"]
+    assert len(warnings) == 1 and "127.0.0.1" in warnings[0], warnings  # one a minute, naming the address
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(connections)
+    await settle(connections, 2)
+    text = generate_latest(registry).decode()
+    assert 'p2pnet_http_connections_refused_total{cap="per_ip"} 2.0' in text and "p2pnet_http_connections 2.0" in text
+    await close_all(connections, held)
+
+
+async def test_the_total_cap_refuses_until_a_connection_ends(nursery):
+    connections, port = await start(nursery, Limits(max_connections=3, max_per_ip=2, **HOLD))
+    held = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.1", "127.0.0.2")]
+    await settle(connections, 3)
+    assert await unanswered(port, "127.0.0.3") == b""
+    assert connections.gate.refused == {Refusal.TOTAL: 1, Refusal.PER_IP: 0}
+    held.pop(0).close()
+    await settle(connections, 2)
+    assert (await scrape(port, "127.0.0.3")).startswith(b"HTTP/1.1 200")
+    await close_all(connections, held)
+
+
+async def test_a_request_that_never_arrives_whole_and_an_idle_connection_are_closed(nursery):
+    idle_s = 1.0  # an honest client here only has to send its request within this of connecting
+    connections, port = await start(nursery, Limits(idle_s=idle_s, lifetime_s=600.0))
+    with await connect(port) as stalled:  # half a request, then nothing
+        await stalled.send(KEEP_ALIVE[:20])
+        assert await read_until_closed(stalled, idle_s + SLACK_S) == b""
+
+    with await connect(port) as dribbling:  # a byte at a time, each well within idle_s
+        async def dribble() -> None:
+            try:
+                for byte in KEEP_ALIVE[:-2] + b"X-Pad: " + b"a" * 10_000:
+                    await dribbling.send(bytes([byte]))
+                    await trio.sleep(idle_s / 4)
+            except OSError:  # the server closed
+                pass
+
+        async with trio.open_nursery() as clients:
+            clients.start_soon(dribble)
+            assert await read_until_closed(dribbling, idle_s + SLACK_S) == b""
+            clients.cancel_scope.cancel()
+
+    with await connect(port) as kept:  # two requests on one connection (pipelined: a client paused
+        await kept.send(KEEP_ALIVE * 2)  # between them would rightly be closed), then idle
+        both = b""
+        with trio.fail_after(SLACK_S):
+            while both.count(METRICS) < 2:
+                data = await kept.recv(1 << 16)
+                assert data, both
+                both += data
+        assert both.startswith(b"HTTP/1.1 200") and both.count(b"HTTP/1.1 200 ") == 2
+        assert await read_until_closed(kept, idle_s + SLACK_S) == b""
+    await settle(connections, 0)
+
+
+async def test_a_polling_client_is_asked_to_reconnect_before_the_lifetime(nursery):
+    page = (Path(p2pnet.__file__).parent / "dashboard.html").read_text()
+    poll_s = int(re.search(r"setInterval\(refresh, (\d+)\)", page).group(1)) / 1000
+    assert KEEP_ALIVE_MAX_REQUESTS * poll_s < Limits().lifetime_s  # an open tab is never cut mid-request
+    connections, port = await start(nursery, Limits(**HOLD))
+    with await connect(port) as sock:
+        answers = []
+        for _ in range(KEEP_ALIVE_MAX_REQUESTS):
+            await sock.send(KEEP_ALIVE)
+            answers.append(await read_response(sock))
+        assert [b"connection: close" in answer for answer in answers] == [False] * (len(answers) - 1) + [True]
+        assert await read_until_closed(sock, SLACK_S) == b""
+    await settle(connections, 0)
+
+
+async def test_a_client_that_leaves_is_forgotten_at_once(nursery):
+    connections, port = await start(nursery, Limits(max_connections=8, max_per_ip=1, **HOLD))
+    with await connect(port) as sock:  # connects, says nothing, leaves
+        await settle(connections, 1)
+    await settle(connections, 0)  # not after idle_s (300 s)
+    with await connect(port) as sock:  # a keep-alive request, half of the next one, then it leaves
+        await sock.send(KEEP_ALIVE)
+        assert (await read_response(sock)).startswith(b"HTTP/1.1 200")
+        await sock.send(KEEP_ALIVE[:20])
+    await settle(connections, 0)
+    with await connect(port) as sock:  # a request, then the client's end of stream: it still gets its answer
+        await sock.send(KEEP_ALIVE)
+        sock.shutdown(socket.SHUT_WR)
+        assert (await read_until_closed(sock, SLACK_S)).startswith(b"HTTP/1.1 200")
+    await settle(connections, 0)
+    assert connections.gate.refused == {Refusal.TOTAL: 0, Refusal.PER_IP: 0}
+
+
+async def test_a_client_that_does_not_read_is_cut_at_the_lifetime(nursery):
+    lifetime_s = 1.0
+    body = b"#" * (16 << 20)  # far more than loopback's socket buffers (4 MiB to send, 4 KiB to receive)
+    connections, port = await start(nursery, Limits(idle_s=0.5, lifetime_s=lifetime_s), metrics=body)
+    with await stop_reading_mid_response(port) as reader, await connect(port) as h2:
+        await h2.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # HTTP/2, and then no stream: no idle timer runs
+        with trio.fail_after(lifetime_s + SLACK_S):
+            await connections.wait_open(0)
+        assert len(await read_until_closed(reader, SLACK_S)) < len(body)
+        await read_until_closed(h2, SLACK_S)
+    assert (await scrape(port, "127.0.0.2")).startswith(b"HTTP/1.1 200")  # the server goes on
+
+
+async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
+    body = b"#" * (16 << 20)
+    stopped = trio.Event()
+    server = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        with server:
+            async with trio.open_nursery() as inner:
+                task_status.started((await start(inner, Limits(**HOLD), metrics=body))[1])
+        stopped.set()
+
+    port = await nursery.start(run)
+    with await stop_reading_mid_response(port) as reader:
+        server.cancel()
+        with trio.move_on_after(SLACK_S):
+            await stopped.wait()
+    assert stopped.is_set(), "the server was still stopping while a client did not read"
+
+
+def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
+    """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
+    `_read_data`, `WorkerContext.terminated`), the same in 0.17.0 to 0.18.0 and absent from
+    0.16 (no lifespan state): the pin must keep a fresh install inside that range, not let it
+    pick up the next release, whose internals nobody has checked."""
+    pyproject = tomllib.loads((Path(p2pnet.__file__).parents[1] / "pyproject.toml").read_text())
+    pin = next(Requirement(line) for line in pyproject["project"]["dependencies"]
+               if Requirement(line).name == "hypercorn").specifier
+    installed = Version(importlib.metadata.version("hypercorn"))
+    assert installed in pin
+    assert Version("0.17.0") in pin and Version("0.16.0") not in pin
+    assert Version(f"{installed.major}.{installed.minor + 1}.0") not in pin, pin
+
+
+def h2_requests(streams: int, window: int) -> tuple[h2.connection.H2Connection, bytes]:
+    """An HTTP/2 client (prior knowledge) that asks for /metrics on `streams` streams at once,
+    with a receive window of `window` bytes per stream (0: it will take nothing)."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    for stream_id in range(1, 2 * streams, 2):
+        client.send_headers(stream_id, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"),
+                                        (":authority", "x")], end_stream=True)
+    return client, client.data_to_send()
+
+
+async def test_an_http2_client_holds_one_response_per_connection_as_http1_does(nursery):
+    """Each connection may hold one response a client does not take (the caps bound connections,
+    so they bound those responses): an HTTP/2 client that opens many streams at once and takes
+    nothing is closed at once (hypercorn allowed 100 such streams, each holding its response
+    until the lifetime), and one that asks on one stream at a time is served."""
+    renders = []
+
+    def metrics() -> bytes:
+        renders.append(1)
+        return METRICS
+
+    async def snapshot() -> dict:
+        return {}
+
+    connections = Connections(Limits(**HOLD))
+    app = WebApp(snapshot=snapshot, metrics=metrics, health=lambda: None)
+    port = int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))).rsplit(":", 1)[1])
+    with await connect(port) as greedy:
+        await greedy.send(h2_requests(streams=50, window=0)[1])
+        await read_until_closed(greedy, SLACK_S)
+    assert len(renders) <= 1, len(renders)
+    with await connect(port) as polite:
+        client, data = h2_requests(streams=1, window=1 << 16)
+        await polite.send(data)
+        events: list[h2.events.Event] = []
+        with trio.fail_after(SLACK_S):
+            while not any(isinstance(event, h2.events.StreamEnded) for event in events):
+                received = await polite.recv(1 << 16)
+                assert received, events
+                events += client.receive_data(received)
+                await polite.send(client.data_to_send())
+    status = next(dict(event.headers)[b":status"] for event in events if isinstance(event, h2.events.ResponseReceived))
+    body = b"".join(event.data for event in events if isinstance(event, h2.events.DataReceived))
+    assert (status, body) == (b"200", METRICS)
+    await settle(connections, 0)
+
+
+async def test_a_response_in_flight_at_the_lifetime_is_finished_then_the_connection_closed(nursery):
+    """The lifetime asks a connection to close once its response in flight is sent, and resets it
+    only `idle_s` later: a keep-alive client whose page takes longer than the lifetime has left
+    (a slow `p2pnet dashboard` polled on one connection) gets its whole response, then an end
+    of stream, not a reset in the middle. The page's own pace (it answers `lifetime_s` after it
+    is asked, so the lifetime passes while it works) is the one wait here besides the deadlines."""
+    limits = Limits(idle_s=2.0, lifetime_s=3.0)
+    entered = trio.Event()
+
+    async def snapshot() -> dict:
+        entered.set()
+        await trio.sleep(limits.lifetime_s)
+        return {"slow": True}
+
+    connections = Connections(limits)
+    app = WebApp(snapshot=snapshot, metrics=lambda: METRICS, health=lambda: None)
+    port = int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))).rsplit(":", 1)[1])
+    with await connect(port) as polling:
+        await polling.send(b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await read_until_closed(polling, limits.lifetime_s + SLACK_S)
+    assert entered.is_set()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"slow": true}'), answer[-80:]
+    await settle(connections, 0)
