@@ -260,7 +260,8 @@ def check_termination(
     """A sequence must end with an EOS, or at the length limit. The EOS must have probability
     >= min_prob, or have been the seeded sample: ``eos_deficit`` (the replay's
     `SamplingReport.last_deficit`) at most ``seeded_deficit``. Without ``eos_deficit`` (no replay
-    was run) only the probability counts.
+    was run) only the probability counts. An EOS as the max_new_tokens-th token needs neither: the
+    limit ends the sequence whatever its last token is.
 
     logits_last: [V], the logits that produced the final generated token (ignored when
     n_generated == 0, where last_token may be None).
@@ -283,6 +284,8 @@ def check_termination(
             return TerminationReport(ok=True, reason=None, eos_prob=prob)
         if eos_deficit is not None and eos_deficit <= seeded_deficit:  # NaN fails this one too
             return TerminationReport(ok=True, reason=None, eos_prob=prob, seeded_eos=True)
+        if n_generated == max_new_tokens:  # the limit ended it anyway; the token is the replay's to judge
+            return TerminationReport(ok=True, reason=None, eos_prob=prob)
         return TerminationReport(ok=False, reason=Termination.EOS_IMPROBABLE, eos_prob=prob)
     if n_generated == max_new_tokens:
         return TerminationReport(ok=True, reason=None)

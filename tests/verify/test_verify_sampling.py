@@ -144,6 +144,9 @@ def test_seeded_eos_below_min_prob_is_legitimate():
     for deficit in (0.51, 1.0, float("nan"), None):  # the margin's slack, broken logits, no replay
         assert check_termination(improbable, 2, eos_deficit=deficit, **kw).reason == "eos_improbable"
     assert not check_termination(torch.zeros(10), 2, eos_deficit=0.0, **kw).seeded_eos  # probable anyway
+    at_limit = dict(kw, n_generated=8)  # the limit ends it whatever its last token: no EOS rule there
+    assert check_termination(improbable, 2, eos_deficit=0.8, **at_limit).ok
+    assert check_termination(improbable, 2, **at_limit).ok
 
 
 def test_replay_reports_the_last_tokens_deficit():
