@@ -33,7 +33,7 @@ from relay.errors import ManifestRejected
 from relay.manifest import FileEntry, Manifest, SignedManifest, open_manifest, sign_manifest
 from relay.planner import Membership, lower_bound_s
 from relay.effects import VersionComplete
-from relay.serving import ServingConfig
+from relay.serving import ByteBudget, ServingConfig
 from relay.transfer import TransferConfig, TransferCore
 from simulations.dataplane import RelayWorld
 from simulations.engine import Engine
@@ -244,6 +244,20 @@ def simulate_broadcast(
                           download_bps=download_bps, seed=seed, strategy=strategy, chunk_bytes=chunk_bytes,
                           latency_s=latency_s, config=config)
     return run_broadcast_sim(sim, strategy=strategy, seed=seed, until_s=until_s, started=wall)
+
+
+def advertise_lies(sim: BroadcastSim, liars: Sequence[str], claim: float | None, real_bps: float | None) -> None:
+    """Make `liars` advertise `claim` bytes/s of upload (None: their true figure) and deliver
+    `real_bps` (None: their drawn upload): their link and their pacing. Every core is handed the
+    advertised membership, as every real peer reads the same signed heartbeats."""
+    for liar in liars:
+        if real_bps is not None:
+            port = sim.world.ports[liar]
+            port.upload_bps, port.budget = real_bps, ByteBudget(real_bps)
+    claims = {liar: claim if claim is not None else sim.uploads[liar] for liar in liars}
+    advertised = Membership.of({**sim.uploads, **claims})
+    for peer, core in sim.cores.items():
+        sim.world.apply(peer, core.set_members(0.0, advertised))
 
 
 def run_broadcast_sim(sim: BroadcastSim, *, strategy: str = "relay", seed: int = 0, until_s: float = 1e6,

@@ -20,9 +20,8 @@ from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
 from p2pnet.wire import Codec, Envelope
 from relay.planner import ADVERTISED_CAP, Membership, StripePlan, plan_broadcast, plan_tree
 from relay.role import serving_uploads
-from relay.serving import ByteBudget
 from relay.transfer import TransferConfig
-from simulations.broadcast import MBIT, build_broadcast, run_broadcast_sim
+from simulations.broadcast import MBIT, advertise_lies, build_broadcast, run_broadcast_sim
 
 NOW = 1_800_000_000.0
 MALLORY = Identity.from_seed_text("mallory")
@@ -134,12 +133,7 @@ def liar_world(peers: int, claim: float | None, real_bps: float | None, seed: in
     config = TransferConfig(stall_timeout_s=10.0, exclude_s=30.0, announce_interval_s=3600.0)
     sim = build_broadcast(peers, 10**9, upload_bps=(100 * MBIT, 1000 * MBIT), seed=seed, config=config)
     liar = sim.peer_ids[0]
-    if real_bps is not None:
-        port = sim.world.ports[liar]
-        port.upload_bps, port.budget = real_bps, ByteBudget(real_bps)
-    advertised = Membership.of({**sim.uploads, liar: claim if claim is not None else sim.uploads[liar]})
-    for peer, core in sim.cores.items():
-        sim.world.apply(peer, core.set_members(0.0, advertised))
+    advertise_lies(sim, [liar], claim, real_bps)
     return sim, liar
 
 

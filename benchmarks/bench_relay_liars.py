@@ -1,0 +1,64 @@
+"""Relays that advertise more upload than they deliver, against the same world told the truth.
+
+    python benchmarks/bench_relay_liars.py                         # 8 and 200 relays, one liar
+    python benchmarks/bench_relay_liars.py --peers 200 --liars 20  # a tenth of them lying
+
+A broadcast of `--bytes` to `--peers` relays in the simulator (the real transfer cores, virtual
+time, deterministic): uploads log-uniform 12.5-125 MB/s, the origin 1.25 GB/s, downloads
+unlimited. The first `--liars` relays advertise 2^64 - 1 bytes/s and deliver `--real-bps`. Each
+row gives the time until every relay holds the version in the honest world and in the lying one,
+their ratio, the lower bound of the honest world, and how many copies of the checkpoint the
+origin uploaded (the plans cap advertised figures: `relay.planner.ADVERTISED_CAP`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from relay.transfer import TransferConfig  # noqa: E402
+from simulations.broadcast import MBIT, advertise_lies, build_broadcast, run_broadcast_sim  # noqa: E402
+
+CLAIM = float(2**64 - 1)
+
+
+def world(peers: int, size: int, seed: int):
+    config = TransferConfig(stall_timeout_s=10.0, exclude_s=30.0, announce_interval_s=3600.0)
+    return build_broadcast(peers, size, upload_bps=(100 * MBIT, 1000 * MBIT), origin_upload_bps=1.25e9,
+                           seed=seed, config=config)
+
+
+def run(peers: int, size: int, seed: int, liars: int, claim: float | None, real_bps: float):
+    sim = world(peers, size, seed)
+    advertise_lies(sim, sim.peer_ids[:liars], claim, real_bps)
+    result = run_broadcast_sim(sim, seed=seed)
+    return result, sim.world.ports[sim.origin].bytes_up / size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, nargs="+", default=[8, 200])
+    parser.add_argument("--liars", type=int, default=1)
+    parser.add_argument("--real-bps", type=float, default=20e6, help="what a liar really uploads (bytes/s)")
+    parser.add_argument("--bytes", type=float, default=1e9)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if any(p < 2 or not 0 < args.liars < p for p in args.peers) or args.real_bps <= 0 or args.bytes <= 0:
+        parser.error("need 0 < --liars < --peers, --peers >= 2, positive --real-bps and --bytes")
+    size = int(args.bytes)
+    print(f"{args.liars} liar(s) claiming 2^64-1 B/s, delivering {args.real_bps:.3g} B/s; {size / 1e9:g} GB, "
+          f"seed {args.seed}; times in seconds of virtual time")
+    print(f"{'relays':>6} {'truth s':>9} {'origin x':>8} {'lies s':>9} {'origin x':>8} {'lies/truth':>10} {'bound s':>8}")
+    for peers in args.peers:
+        truth, t_copies = run(peers, size, args.seed, args.liars, args.real_bps, args.real_bps)  # slow, says so
+        lies, l_copies = run(peers, size, args.seed, args.liars, CLAIM, args.real_bps)
+        print(f"{peers:>6} {truth.time_to_all_s:>9.2f} {t_copies:>8.2f} {lies.time_to_all_s:>9.2f} {l_copies:>8.2f} "
+              f"{lies.time_to_all_s / truth.time_to_all_s:>9.2f}x {truth.lower_bound_s:>8.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
