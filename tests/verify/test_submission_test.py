@@ -278,4 +278,4 @@ def test_a_rejected_row_is_logged_with_the_numbers_behind_it(caplog):
     assert len(lines) == 1, lines
     assert f"step 0 version 0 row {short.row} rejected: sampling_mismatch,bad_termination; truncated; " \
            "replay deficit max " in lines[0]
-    assert f"over margin at [{len(output) - 1}]; " in lines[0] and "chunks, worst: exp 0 " in lines[0]
+    assert f"over margin at [{len(output) - 1}]; " in lines[0] and "chunks, largest: exp 0 (chunk 0) " in lines[0]
