@@ -6,14 +6,16 @@
 A broadcast of `--bytes` to `--peers` relays in the simulator (the real transfer cores, virtual
 time, deterministic): uploads log-uniform 12.5-125 MB/s, the origin 1.25 GB/s, downloads
 unlimited. The first `--liars` relays advertise 2^64 - 1 bytes/s and deliver `--real-bps`. Each
-row gives the time until every relay holds the version in the honest world and in the lying one,
-their ratio, the lower bound of the honest world, and how many copies of the checkpoint the
-origin uploaded (the plans cap advertised figures: `relay.planner.ADVERTISED_CAP`).
+row gives the time until every relay holds the version in the honest world (the liars advertise
+`--real-bps`, what they deliver) and in the lying one, their ratio, the lower bound of both (the
+links as simulated: the liars at `--real-bps`), and how many copies of the checkpoint the origin
+uploaded (the plans cap advertised figures: `relay.planner.ADVERTISED_CAP`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -41,13 +43,14 @@ def run(peers: int, size: int, seed: int, liars: int, claim: float | None, real_
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[8, 200])
-    parser.add_argument("--liars", type=int, default=1)
+    parser.add_argument("--liars", type=int, default=1, help="how many relays lie, the first ones (default 1)")
     parser.add_argument("--real-bps", type=float, default=20e6, help="what a liar really uploads (bytes/s)")
     parser.add_argument("--bytes", type=float, default=1e9)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    if any(p < 2 or not 0 < args.liars < p for p in args.peers) or args.real_bps <= 0 or args.bytes <= 0:
-        parser.error("need 0 < --liars < --peers, --peers >= 2, positive --real-bps and --bytes")
+    if any(p < 2 or not 0 < args.liars < p for p in args.peers) or not 0 < args.real_bps < math.inf \
+            or not 1 <= args.bytes < math.inf:
+        parser.error("need 0 < --liars < --peers, --peers >= 2, a finite positive --real-bps and --bytes >= 1")
     size = int(args.bytes)
     print(f"{args.liars} liar(s) claiming 2^64-1 B/s, delivering {args.real_bps:.3g} B/s; {size / 1e9:g} GB, "
           f"seed {args.seed}; times in seconds of virtual time")

@@ -271,7 +271,8 @@ def run_broadcast_sim(sim: BroadcastSim, *, strategy: str = "relay", seed: int =
         raise RuntimeError(f"seed {seed}: only {len(sim.completed)} of {peers} peers completed by {until_s}s")
     finished = max(sim.completed.values())
     total = sim.signed.manifest.total_bytes
-    bound = lower_bound_s(total, sim.uploads[sim.origin], [sim.uploads[p] for p in sim.peer_ids],
+    links = sim.world.ports  # the uploads as simulated, not as drawn (`advertise_lies` changes some)
+    bound = lower_bound_s(total, links[sim.origin].upload_bps, [links[p].upload_bps for p in sim.peer_ids],
                           [sim.downloads[p] for p in sim.peer_ids])
     return BroadcastResult(strategy, peers, total, sim.signed.manifest.chunk_bytes, finished, bound,
                            finished / bound, dict(sim.completed), time.perf_counter() - wall,

@@ -20,6 +20,7 @@ verify.policy), sampling_mismatch, bad_termination, malformed_proof.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -91,14 +92,29 @@ def explain(verdict: RolloutVerdict) -> str:
     if t is not None and t.eos_prob is not None:
         parts.append(f"eos p={t.eos_prob:.3g}{' (seeded)' if t.seeded_eos else ''}")
     if s is not None:
-        parts.append(f"replay deficit max {s.max_deficit:.3g} last {s.last_deficit:.3g}"
-                     + (f" over margin at {list(s.mismatches[:8])}" if s.mismatches else ""))
-    if verdict.chunk_stats:
-        worst = max(verdict.chunk_stats, key=lambda c: (c.exp_mismatches, c.mant_err_mean))
-        parts.append(f"{len(verdict.chunk_stats)} chunks, worst: exp {worst.exp_mismatches} "
-                     f"mant mean {worst.mant_err_mean:.3g} median {worst.mant_err_median:.3g} "
-                     f"sign {worst.sign_mismatches}")
+        over = ""
+        if s.mismatches:
+            more = f" and {len(s.mismatches) - 8} more" if len(s.mismatches) > 8 else ""
+            over = f" over margin at {list(s.mismatches[:8])}{more}"
+        parts.append(f"replay deficit max {s.max_deficit:.3g} last {s.last_deficit:.3g}{over}")
+    stats = verdict.chunk_stats
+    if stats:
+        # each statistic's largest value and its chunk: what each threshold was held against (the
+        # chunk worst on one statistic need not be the one that failed another)
+        def most(name: str) -> str:
+            at = max(range(len(stats)), key=lambda i: _order(getattr(stats[i], name)))
+            value = getattr(stats[at], name)
+            return f"{value:.3g} (chunk {at})" if isinstance(value, float) else f"{value} (chunk {at})"
+
+        parts.append(f"{len(stats)} chunks, largest: exp {most('exp_mismatches')} "
+                     f"mant mean {most('mant_err_mean')} median {most('mant_err_median')} "
+                     f"sign {most('sign_mismatches')}")
     return "; ".join(parts)
+
+
+def _order(value: float) -> tuple[bool, float]:
+    """NaN sorts above everything, inf included (a statistic that cannot be compared is the one to show)."""
+    return (True, 0.0) if math.isnan(value) else (False, value)
 
 
 def _malformed(detail: str) -> RolloutVerdict:

@@ -375,14 +375,28 @@ class SubmissionChecker:
             self._rules = self._rules()
         return self._rules
 
+    @classmethod
+    def from_config(cls, config: ValidatorConfig, models: Callable[[int], LoadedModel]) -> "SubmissionChecker":
+        """The checker a validator built from `config` runs (`ValidatorRole`, scripts/honest_checks.py)."""
+        return cls(models, thresholds=config.thresholds, rules=lambda: task_rules(config.tasks),
+                   check_prompts=config.check_prompts, preset=config.threshold_preset,
+                   tables=load_tables(config.calibration_file), aggregate_alpha=config.aggregate_alpha,
+                   aggregate_window=config.aggregate_window, device=config.device,
+                   uncalibrated_stacks=config.uncalibrated_stacks)
+
     def __call__(self, request: CheckRequested) -> tuple[bool, tuple[str, ...]]:
+        return self.judge(request)[:2]
+
+    def judge(self, request: CheckRequested) -> tuple[bool, tuple[str, ...], tuple[tuple[int, bool, tuple[str, ...]], ...]]:
+        """(accepted, reasons, per row (row, accepted, reasons)): the verdict and the rows behind it
+        (a submission refused whole, for its seed, lists no rows)."""
         from verify.check import check_rollout, explain
 
         sub = request.submission
         model = self.models(sub.model_version)
         if self.rules is not None:
             if sub.seed != self.rules.sampling_seed(sub.task_seed, request.worker, sub.step):
-                return False, ("wrong_seed",)
+                return False, ("wrong_seed",), ()
         expected_prompts = None
         if self.rules is not None and self.check_prompts:
             expected_prompts = self.rules.prompt_ids(request.worker, sub.step, sub.task_seed,
@@ -425,8 +439,12 @@ class SubmissionChecker:
                 decision = self.recent.decide(request.worker, checked_chunks, pair, self.aggregate_alpha)
                 if not decision.accepted:
                     self.aggregate_counts["rejected"] += 1
+                    log.info("worker %s step %d version %d rejected by the submission-level test: %s (limit %.3g "
+                             "nats; %d rollouts, %d recent)", request.worker, sub.step, sub.model_version,
+                             ", ".join(f"{name} {nats:.3g}" for name, nats in decision.evidence),
+                             decision.limit_nats, decision.rollouts, decision.recent_rollouts)
                     accepted, reasons = False, (tuple(reasons) + decision.reasons)[:MAX_REASONS]
-        return accepted, reasons
+        return accepted, reasons, tuple((row, ok, tuple(codes)) for row, ok, codes in results)
 
 
 # -- the role ---------------------------------------------------------------------------------------
@@ -451,15 +469,7 @@ class ValidatorRole:
                 log.warning("validator: %s is not a folder (yet); checks will fail until it appears", folder)
         self.models = model_source or ModelSource(self.config.model_path, self.config.checkpoint_dir,
                                                   cache_size=self.config.model_cache, device=self.config.device)
-        self.checker = checker or SubmissionChecker(self.models, thresholds=self.config.thresholds,
-                                                    rules=lambda: task_rules(self.config.tasks),
-                                                    check_prompts=self.config.check_prompts,
-                                                    preset=self.config.threshold_preset,
-                                                    tables=load_tables(self.config.calibration_file),
-                                                    aggregate_alpha=self.config.aggregate_alpha,
-                                                    aggregate_window=self.config.aggregate_window,
-                                                    device=self.config.device,
-                                                    uncalibrated_stacks=self.config.uncalibrated_stacks)
+        self.checker = checker or SubmissionChecker.from_config(self.config, self.models)
         self.core = ValidatorCore(self.config.core_config(), node.identity, node.peertable)
         self.runner: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)

@@ -165,3 +165,16 @@ def test_a_relay_whose_own_download_binds_drops_no_honest_lone_forwarder():
     slow = sim.peer_ids[0]
     assert sim.downloads[slow] == 5e6 and result.time_to_all_s >= 1e9 / 5e6
     assert {peer: core._slow for peer, core in sim.cores.items() if core._slow} == {}
+
+
+def test_the_bound_of_a_lying_world_is_the_bound_of_its_links_as_simulated():
+    """A relay that delivers less than its drawn upload lowers what any schedule can do: the bound
+    is computed from the links the simulator ran (it was the drawn uploads', which no run had:
+    18.76 s instead of 19.85 s with 20 liars delivering 20 MB/s among 200 relays, seed 1)."""
+    sim = build_broadcast(4, 10**7, upload_bps=(100 * MBIT, 1000 * MBIT), seed=1)
+    liar = sim.peer_ids[0]
+    advertise_lies(sim, [liar], float(2**64 - 1), 1e6)
+    result = run_broadcast_sim(sim, seed=1)
+    uploads = [1e6 if p == liar else sim.uploads[p] for p in sim.peer_ids]
+    as_run = 4 * 10**7 / (sim.uploads[sim.origin] + sum(uploads))
+    assert result.lower_bound_s == pytest.approx(as_run) and sim.uploads[liar] > 1e6

@@ -45,3 +45,26 @@ def test_a_folder_without_versions_is_named(tmp_path: Path):
         honest_checks.main([str(tmp_path)])
     with pytest.raises(SystemExit):
         honest_checks.main([str(tmp_path / "missing")])
+
+
+def test_rows_are_checked_by_the_validators_own_checker_stop_reason_included(tmp_path: Path, capsys, monkeypatch):
+    """The validator refuses a row whose declared stop reason contradicts its last token
+    (`bad_stop_reason`, before any recomputation), which `check_rollout` alone never looks at:
+    a worker that declared one row's length stop an EOS is a rejection the script must report."""
+    import dataclasses
+
+    import trainer.rollout
+
+    save_model_dir(*build_model("tiny", seed=3), tmp_path / "v0")
+    real = trainer.rollout.generate_batch
+
+    def one_wrong_stop_reason(*a, **kw):
+        batch, timing = real(*a, **kw)
+        flip = next(r for r in batch.rollouts if r.stop_reason == "length")
+        rollouts = tuple(dataclasses.replace(r, stop_reason="eos") if r is flip else r for r in batch.rollouts)
+        return dataclasses.replace(batch, rollouts=rollouts), timing
+
+    monkeypatch.setattr(trainer.rollout, "generate_batch", one_wrong_stop_reason)
+    assert honest_checks.main([str(tmp_path), "--steps", "1"]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if "rejected worker" in line]
+    assert len(lines) == 2 and all(line.endswith(": bad_stop_reason") for line in lines), lines

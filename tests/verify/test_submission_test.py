@@ -4,6 +4,7 @@ the calibration tables it reads, and how the validator's checker applies it and 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def _tiny_submission(stack):
                       nonce=b"n" * 16, stack=stack)
 
 
-def test_checker_rejects_an_implausible_submission_that_every_chunk_threshold_passes():
+def test_checker_rejects_an_implausible_submission_that_every_chunk_threshold_passes(caplog):
     """A bf16 worker's honest rollouts checked by an fp32 validator pass the paper's per-chunk
     thresholds; against a (deliberately wrong) table claiming that pair is exact, the pooled
     test rejects them, and against a table with the right limits it accepts them."""
@@ -195,8 +196,13 @@ def test_checker_rejects_an_implausible_submission_that_every_chunk_threshold_pa
         return SubmissionChecker(lambda v: model, tables=CalibrationTables([pair]), aggregate_alpha=1e-3)
 
     strict = checker(0.0, 0.01)
-    accepted, reasons = strict(request)
+    with caplog.at_level(logging.INFO, logger="verify.daemon"):
+        accepted, reasons = strict(request)
     assert not accepted and reasons == (AGGREGATE,)
+    # the evidence is logged: a batch refused whole names no row, and its reason code no number
+    (line,) = [r.getMessage() for r in caplog.records if "submission-level test" in r.getMessage()]
+    assert line.startswith("worker worker step 0 version 0 rejected by the submission-level test: "
+                           "submission:mant_err_mean ") and "(limit " in line and "; 8 rollouts, 8 recent)" in line
     assert strict.aggregate_counts == {"tested": 1, "rejected": 1, "uncalibrated": 0}
     assert checker(10.0, 0.1)(request) == (True, ())
     undeclared = _tiny_submission(Stack("unknown", "unknown", "unknown"))
@@ -278,4 +284,4 @@ def test_a_rejected_row_is_logged_with_the_numbers_behind_it(caplog):
     assert len(lines) == 1, lines
     assert f"step 0 version 0 row {short.row} rejected: sampling_mismatch,bad_termination; truncated; " \
            "replay deficit max " in lines[0]
-    assert f"over margin at [{len(output) - 1}]; " in lines[0] and "chunks, worst: exp 0 " in lines[0]
+    assert f"over margin at [{len(output) - 1}]; " in lines[0] and "chunks, largest: exp 0 (chunk 0) " in lines[0]

@@ -214,3 +214,23 @@ def test_an_improbable_eos_the_worker_sampled_honestly_is_accepted():
     v = check_rollout(forward, [5, 6, 7], [2], proofs, **kw)
     assert v.sampling.ok and 0.5 < v.sampling.last_deficit <= 1.0
     assert v.reasons == (BAD_TERMINATION,) and v.detail == "eos_improbable"
+
+
+def test_explain_shows_each_statistics_largest_value_and_every_verdict_explains():
+    """The numbers behind a TOPLOC rejection are each statistic's largest value: a chunk that
+    fails on the mantissa median or the sign need not be the one with the most exponent
+    mismatches (the log showed that chunk, whose numbers passed, before). Malformed verdicts
+    (no reports), infinite and NaN statistics and long mismatch lists explain without raising."""
+    from verify.check import RolloutVerdict, explain
+    from verify.sampling import SamplingReport
+    from verify.toploc import ChunkStats
+
+    stats = (ChunkStats(5, 3.0, 2.0, 0), ChunkStats(0, 9.5, 9.0, 30), ChunkStats(1, 1.0, 1.0, 1))
+    line = explain(RolloutVerdict(False, ("toploc_mant_median", "toploc_sign"), chunk_stats=stats))
+    assert "3 chunks, largest: exp 5 (chunk 0) mant mean 9.5 (chunk 1) median 9 (chunk 1) sign 30 (chunk 1)" in line
+    assert explain(RolloutVerdict(False, (MALFORMED_PROOF,), detail="empty prompt")) == "malformed_proof; empty prompt"
+    odd = (ChunkStats(128, float("inf"), float("inf"), 0), ChunkStats(0, float("nan"), 0.0, 0))
+    replay = SamplingReport(20, tuple(range(10, 20)), max_deficit=float("inf"), last_deficit=float("nan"))
+    line = explain(RolloutVerdict(False, ("toploc_exp", SAMPLING_MISMATCH), chunk_stats=odd, sampling=replay))
+    assert "mant mean nan (chunk 1)" in line and "exp 128 (chunk 0)" in line
+    assert "over margin at [10, 11, 12, 13, 14, 15, 16, 17] and 2 more" in line
