@@ -11,8 +11,8 @@ validator builds from its configuration (`verify.daemon.SubmissionChecker.from_c
 sampling seed, the assigned prompts, the stop reason, TOPLOC with the thresholds and tie rule the
 calibration tables give, the seeded replay, the termination rule, the submission-level test).
 Prints, per version, the rows checked, how many ended with an EOS and the least probable EOS
-sampled, and every rejection with the validator's numbers (its log, `verify.check.explain`): a
-false rejection of an honest worker, and how near the run came to one. Exit status 1 if any
+sampled, and every rejection with the validator's numbers (`verify.daemon.Judgement`,
+`verify.check.explain`): a false rejection of an honest worker, and how near the run came to one. Exit status 1 if any
 honest row or batch was rejected.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import re
 import sys
@@ -31,26 +30,11 @@ WORKERS = ("worker1", "worker2")
 PROMPTS = 16  # prompts per batch, as the devnet's
 
 
-def versions(folder: Path) -> list[tuple[int, Path]]:
-    found = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := re.fullmatch(r"v(\d+)", p.name)) and p.is_dir())
+def versions(folder: Path) -> list[int]:
+    found = sorted(int(m.group(1)) for p in folder.iterdir() if (m := re.fullmatch(r"v(\d+)", p.name)) and p.is_dir())
     if not found:
         raise SystemExit(f"{folder}: no version folders v0, v1, ... (a trainer's checkpoint folder holds them)")
     return found
-
-
-class _Rejections(logging.Handler):
-    """The validator's explanation of each row it rejects (`verify.daemon`'s log), by row."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: dict[int, str] = {}
-        self.batch = ""  # the submission-level test's evidence
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if m := re.search(r" row (\d+) rejected: (.*)", record.getMessage()):
-            self.lines[int(m.group(1))] = m.group(2)
-        elif m := re.search(r" rejected by (the submission-level test: .*)", record.getMessage()):
-            self.batch = m.group(1)
 
 
 def check_version(folder: Path, version: int, steps: int, tasks: str = "arithmetic", task_seed: int = 0) -> dict[str, Any]:
@@ -70,41 +54,29 @@ def check_version(folder: Path, version: int, steps: int, tasks: str = "arithmet
     config = GenerationConfig(group_size=8, max_new_tokens=3, temperature=1.0)
     validator = ValidatorConfig(checkpoint_dir=folder, task_seed=task_seed, tasks=tasks)
     checker = SubmissionChecker.from_config(validator, ModelSource(None, folder, cache_size=1))
-    explained = _Rejections()
-    daemon_log = logging.getLogger("verify.daemon")
-    daemon_log.addHandler(explained)
-    level = daemon_log.level
-    daemon_log.setLevel(logging.INFO)
     rows = eos = 0
     least = math.inf
     rejected: list[str] = []
-    try:
-        for step in range(version, version + steps):
-            for worker in WORKERS:
-                batch, _ = generate_batch(model, tokenizer,
-                                          assign_prompts(worker, step, task_seed, PROMPTS, TaskConfig.from_spec(tasks)),
-                                          worker_id=worker, step=step, model_version=version, seed=task_seed,
-                                          config=config)
-                sub = submission_from_batch(batch, model="honest", prompts_per_submission=PROMPTS, nonce=bytes(16),
-                                            stack=stack_of(model, "torch"))
-                explained.lines.clear()
-                explained.batch = ""
-                accepted, reasons, by_row = checker.judge(
-                    CheckRequested(b"h" * 32, worker, sub, b"t" * 64, tuple(range(len(sub.rollouts)))))
-                rows += len(sub.rollouts)
-                for r in batch.rollouts:
-                    if r.stop_reason == "eos":
-                        eos += 1
-                        least = min(least, math.exp(r.logprobs[-1]))
-                for row, ok, codes in by_row:
-                    if not ok:
-                        rejected.append(f"{worker} step {step} row {row}: "
-                                        + explained.lines.get(row, ",".join(codes)))
-                if not accepted and all(ok for _, ok, _ in by_row):  # refused whole (seed, submission-level test)
-                    rejected.append(f"{worker} step {step} batch: {','.join(reasons)} {explained.batch}".rstrip())
-    finally:
-        daemon_log.removeHandler(explained)
-        daemon_log.setLevel(level)
+    for step in range(version, version + steps):
+        for worker in WORKERS:
+            batch, _ = generate_batch(model, tokenizer,
+                                      assign_prompts(worker, step, task_seed, PROMPTS, TaskConfig.from_spec(tasks)),
+                                      worker_id=worker, step=step, model_version=version, seed=task_seed,
+                                      config=config)
+            sub = submission_from_batch(batch, model="honest", prompts_per_submission=PROMPTS, nonce=bytes(16),
+                                        stack=stack_of(model, "torch"))
+            judgement = checker.judge(CheckRequested(b"h" * 32, worker, sub, b"t" * 64, tuple(range(len(sub.rollouts)))))
+            rows += len(sub.rollouts)
+            for r in batch.rollouts:
+                if r.stop_reason == "eos":
+                    eos += 1
+                    least = min(least, math.exp(r.logprobs[-1]))
+            for row, ok, codes in judgement.rows:
+                if not ok:
+                    rejected.append(f"{worker} step {step} row {row}: " + judgement.explained.get(row, ",".join(codes)))
+            if not judgement.accepted and all(ok for _, ok, _ in judgement.rows):  # refused whole (seed, submission-level test)
+                test = f" the submission-level test: {judgement.evidence}" if judgement.evidence else ""
+                rejected.append(f"{worker} step {step} batch: {','.join(judgement.reasons)}{test}")
     return {"version": version, "rows": rows, "eos": eos, "least_eos_prob": least if eos else None,
             "rejected": rejected}
 
@@ -123,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.folder} is not a folder")
     results = []
     print(f"{'version':>7} {'rows':>7} {'eos':>7} {'least EOS p':>11} {'rejected':>8}")
-    for version, _ in versions(args.folder):
+    for version in versions(args.folder):
         out = check_version(args.folder, version, args.steps, args.tasks, args.task_seed)
         results.append(out)
         least = f"{out['least_eos_prob']:.3g}" if out["least_eos_prob"] is not None else "-"

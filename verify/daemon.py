@@ -42,7 +42,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import trio
 
@@ -314,6 +314,20 @@ def task_rules(spec: str = "arithmetic") -> TaskRules:
     return TaskRules(sampling_seed=lambda seed, worker, step: sampling_seed(seed, worker, step), prompt_ids=prompt_ids)
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """A checked submission (`SubmissionChecker.judge`): the verdict; per row checked, (row,
+    accepted, reasons), none when it was refused whole for its seed; `explained`, the numbers
+    behind each rejected row that was recomputed (`verify.check.explain`); `evidence`, the
+    submission-level test's when it refused the batch."""
+
+    accepted: bool
+    reasons: tuple[str, ...]
+    rows: tuple[tuple[int, bool, tuple[str, ...]], ...] = ()
+    explained: Mapping[int, str] = field(default_factory=dict)
+    evidence: str = ""
+
+
 class SubmissionChecker:
     """`checker(request) -> (accepted, reasons)`: recompute the chosen rows of a submission."""
 
@@ -385,18 +399,19 @@ class SubmissionChecker:
                    uncalibrated_stacks=config.uncalibrated_stacks)
 
     def __call__(self, request: CheckRequested) -> tuple[bool, tuple[str, ...]]:
-        return self.judge(request)[:2]
+        judgement = self.judge(request)
+        return judgement.accepted, judgement.reasons
 
-    def judge(self, request: CheckRequested) -> tuple[bool, tuple[str, ...], tuple[tuple[int, bool, tuple[str, ...]], ...]]:
-        """(accepted, reasons, per row (row, accepted, reasons)): the verdict and the rows behind it
-        (a submission refused whole, for its seed, lists no rows)."""
+    def judge(self, request: CheckRequested) -> Judgement:
+        """The verdict on a submission, the rows behind it and the numbers behind each rejection
+        (also logged)."""
         from verify.check import check_rollout, explain
 
         sub = request.submission
         model = self.models(sub.model_version)
         if self.rules is not None:
             if sub.seed != self.rules.sampling_seed(sub.task_seed, request.worker, sub.step):
-                return False, ("wrong_seed",), ()
+                return Judgement(False, ("wrong_seed",))
         expected_prompts = None
         if self.rules is not None and self.check_prompts:
             expected_prompts = self.rules.prompt_ids(request.worker, sub.step, sub.task_seed,
@@ -407,6 +422,7 @@ class SubmissionChecker:
         # paper's thresholds (no table fits this model or this pair) assume torch's choice
         exact_ties = self.exact_ties or pair is None
         results: list[tuple[int, bool, Sequence[str]]] = []
+        explained: dict[int, str] = {}
         checked_chunks: list[Sequence[Any]] = []
         for row in request.rows:
             record = sub.rollouts[row]
@@ -426,11 +442,13 @@ class SubmissionChecker:
                 results.append((row, False, ("malformed_proof",)))
                 continue
             if not verdict.accepted:
+                explained[row] = explain(verdict)
                 log.info("worker %s step %d version %d row %d rejected: %s", request.worker, sub.step,
-                         sub.model_version, row, explain(verdict))
+                         sub.model_version, row, explained[row])
             results.append((row, verdict.accepted, verdict.reasons))
             checked_chunks.append(verdict.chunk_stats)
         accepted, reasons = summarize(results)
+        evidence = ""
         if self.aggregate_alpha > 0.0 and checked_chunks:
             if pair is None:
                 self.aggregate_counts["uncalibrated"] += 1
@@ -439,12 +457,14 @@ class SubmissionChecker:
                 decision = self.recent.decide(request.worker, checked_chunks, pair, self.aggregate_alpha)
                 if not decision.accepted:
                     self.aggregate_counts["rejected"] += 1
-                    log.info("worker %s step %d version %d rejected by the submission-level test: %s (limit %.3g "
-                             "nats; %d rollouts, %d recent)", request.worker, sub.step, sub.model_version,
-                             ", ".join(f"{name} {nats:.3g}" for name, nats in decision.evidence),
-                             decision.limit_nats, decision.rollouts, decision.recent_rollouts)
+                    evidence = (", ".join(f"{name} {nats:.3g}" for name, nats in decision.evidence)
+                                + f" (limit {decision.limit_nats:.3g} nats; {decision.rollouts} rollouts, "
+                                f"{decision.recent_rollouts} recent)")
+                    log.info("worker %s step %d version %d rejected by the submission-level test: %s",
+                             request.worker, sub.step, sub.model_version, evidence)
                     accepted, reasons = False, (tuple(reasons) + decision.reasons)[:MAX_REASONS]
-        return accepted, reasons, tuple((row, ok, tuple(codes)) for row, ok, codes in results)
+        return Judgement(accepted, tuple(reasons), tuple((row, ok, tuple(codes)) for row, ok, codes in results),
+                         explained, evidence)
 
 
 # -- the role ---------------------------------------------------------------------------------------
