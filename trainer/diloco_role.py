@@ -80,6 +80,10 @@ STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame 
 # the next one decides, the gather's 2 x deadline_s, the last sends' deadline_s; 6 x deadline_s
 # leaves even such a round's links open (a newer sender would only reconnect; an older one reports us)
 IDLE_WINDOWS = 3
+# x deadline_s: our whole answer to a StateRequest must be taken by then (the asker gives up on it
+# after 4 x deadline_s: `fetch_state`), a StateOffer within deadline_s; a peer that asks and does not
+# read would otherwise hold the connection, and the task writing to it, once the socket buffers fill
+STATE_SEND_DEADLINES = 4
 
 
 class Phase(enum.StrEnum):
@@ -443,7 +447,12 @@ class DilocoRole:
         same peer's `_tell_ahead` link arrives. Closing the connections of peers that are not
         trainers of our round does not bound them either: that is a heartbeat's claim, and a
         newcomer's Join must reach us before it is one. With the bound an idle connection costs
-        its holder what a stalled one already did: a new connection every few windows."""
+        its holder what a stalled one already did: a new connection every few windows.
+
+        Our answers are bounded too: a peer that asks for the state (or an offer) and does not
+        read it held the connection, and the task writing to it, once the sockets' buffers
+        filled; the whole state must be taken within `STATE_SEND_DEADLINES` x `deadline_s`, as
+        long as an honest asker waits for it, an offer within `deadline_s`."""
         reader.max_frame_bytes = MAX_FRAME_BYTES
         window_s = STALL_WINDOWS * self.config.deadline_s
         frames, under_way = 0, False  # under way: a frame had begun at the last window's end
@@ -486,12 +495,19 @@ class DilocoRole:
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
                 return False  # the joiner asks again, or another trainer peer
             self.heard.add(peer)
-            await self._send_state(stream)
+            limit_s = STATE_SEND_DEADLINES * self.config.deadline_s
+            with trio.move_on_after(limit_s) as sending:
+                await self._send_state(stream)
+            if sending.cancelled_caught:
+                raise MessageRejected("stalled", f"did not take our state in {limit_s:g} s", peer)
         elif isinstance(body, StateWanted):
             # its heartbeat may be on its way to us
             await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
             offer = self._offer(peer, body)
-            await send_frame(stream, self.node.codec.encode(offer, time.time()))
+            with trio.move_on_after(self.config.deadline_s) as sending:
+                await send_frame(stream, self.node.codec.encode(offer, time.time()))
+            if sending.cancelled_caught:
+                raise MessageRejected("stalled", f"did not take our offer in {self.config.deadline_s:g} s", peer)
         elif isinstance(body, (Join, Members, Part)):
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)

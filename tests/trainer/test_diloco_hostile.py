@@ -26,7 +26,7 @@ from p2pnet.wire import Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import CHANNEL, Idle, Join, Members, StatePiece, StateRequest, StateWanted
-from trainer.diloco_role import IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, DilocoRole
+from trainer.diloco_role import IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_SEND_DEADLINES, DilocoRole
 
 ME = Identity.from_seed_text("diloco listener")
 PEER = Identity.from_seed_text("diloco admitted peer")
@@ -219,3 +219,28 @@ async def test_connections_held_idle_after_one_valid_frame_are_closed_and_their_
         await send_frame(stream, codec.encode(Join(2, b"w" * 16, ()), time.time()))
         with trio.fail_after(SLACK_S):
             assert (await listener.inbox.receive()).body == Join(2, b"w" * 16, ())
+
+
+@pytest.mark.parametrize("ask", ["state", "offer"])
+async def test_a_peer_that_asks_and_never_reads_our_answer_loses_its_connection(listener: Listener, ask: str) -> None:
+    """A StateRequest is answered with the whole state (here 64 MiB, far more than the sockets'
+    buffers hold): an asker that never reads held the connection, and the task writing to it,
+    for ever. The answer must be taken within `STATE_SEND_DEADLINES` x `deadline_s` (the asker's
+    own limit), a StateOffer within `deadline_s`; then the connection is closed and its slot freed."""
+    listener.role.config.deadline_s = 0.2
+    values = 8 << 20
+    listener.role.state = GlobalState(3, torch.ones(values), torch.zeros(values))
+    codec = Codec(PEER)
+    body = codec.encode(StateWanted(0, False) if ask == "offer" else StateRequest(0), time.time())
+    asks = len(body).to_bytes(4, "big") + body  # one framed ask
+    if ask == "offer":  # an offer is small: 64 MiB of asks, none of the answers read, fill the buffers the same way
+        asks *= 64 * 2**20 // len(asks)
+    stream = await listener.connect()
+    async with stream:
+        with trio.move_on_after(SLACK_S):  # our own sends stop once the listener stops reading
+            try:
+                await stream.send_all(asks)
+            except trio.BrokenResourceError:  # the listener gave up on us first, our asks unread: a reset
+                pass
+        # never read, and still open: the listener must give up on its answer and close
+        await listener.settle(1 + STATE_SEND_DEADLINES)
