@@ -19,7 +19,7 @@ from p2pnet.handshake import NotAdmitted
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from tests.trainer.test_diloco_hostile import ME, PEER, SLACK_S, Listener
-from trainer.diloco_messages import CHANNEL, STAGE_CONTRIBUTION, Join, Part, StateWanted
+from trainer.diloco_messages import CHANNEL, STAGE_CONTRIBUTION, Idle, Join, Part, StateWanted
 from trainer.diloco_links import Links, PeerFailed, open_links
 from trainer.diloco_role import IDLE_WINDOWS, STALL_WINDOWS
 
@@ -418,4 +418,90 @@ async def test_a_frame_sent_before_the_idle_notice_was_read_still_arrives():
                 await send_frame(stream, codec.encode(crossed, time.time()))
                 assert (await listener.inbox.receive()).body == crossed
         await listener.settle(1)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("writes", ["garbage", "huge_length", "idle_signed_by_another", "not_an_idle"])
+async def test_a_receiver_that_writes_anything_but_its_own_idle_notice_is_reported_at_once(writes: str):
+    """The watcher reads one frame, of at most `NOTICE_MAX_BYTES`: a receiving end that writes
+    anything else (bytes that are no frame, a length no notice has, an `Idle` another peer
+    signed, a frame that is no notice) is reported as failed at once, while it still holds the
+    connection open (no wait for its close, nor for 4 GiB it announced), and the next frame to it
+    goes on a new connection. Before, any byte it wrote ended the watching, unreported, and its
+    connection stayed in use."""
+    notice = {
+        "garbage": (100).to_bytes(4, "big") + bytes(range(100)),
+        "huge_length": (2**32 - 1).to_bytes(4, "big"),
+        "idle_signed_by_another": Codec(Identity.from_seed_text("someone else")).encode(Idle(1.0), time.time()),
+        "not_an_idle": Codec(RECEIVER).encode(JOIN, time.time()),
+    }[writes]
+    if writes in ("idle_signed_by_another", "not_an_idle"):
+        notice = len(notice).to_bytes(4, "big") + notice
+    got: list[object] = []
+    hang_up = trio.Event()
+
+    async def serve(stream, reader, peer):  # one frame, then it writes, and holds the connection open
+        got.append(Codec(RECEIVER).decode(await reader.frame(), time.time()).body)
+        if len(got) == 1:
+            await stream.send_all(notice)
+        await hang_up.wait()
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        with trio.fail_after(60):  # generous; nothing here is timed
+            async with open_links(_role(address, inbox_send), 10.0) as links:
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                first = links.streams[RECEIVER.peer_id]
+                assert await inbox.receive() == PeerFailed(RECEIVER.peer_id)
+                assert RECEIVER.peer_id not in links.streams
+                with pytest.raises(trio.ClosedResourceError):
+                    await first.receive_some(1)  # closed by us: never written to again
+                assert await links.send(RECEIVER.peer_id, JOIN)  # on a new connection
+                while len(got) < 2:
+                    await trio.testing.wait_all_tasks_blocked()
+            hang_up.set()
+        assert got == [JOIN, JOIN]
+        with pytest.raises(trio.WouldBlock):
+            inbox.receive_nowait()  # reported once
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_receiver_that_writes_part_of_a_notice_holds_only_its_watcher_until_the_round_ends():
+    """A receiving end that writes the start of a frame and stops: the watcher waits for the
+    rest (nothing to report yet: no notice, no close), sends on the connection go through, and
+    the round's end stops the watcher and closes the connection, reporting nothing."""
+    got: list[object] = []
+    hang_up = trio.Event()
+
+    async def serve(stream, reader, peer):
+        while (frame := await reader.frame()) is not None:
+            got.append(Codec(RECEIVER).decode(frame, time.time()).body)
+            if len(got) == 1:
+                await stream.send_all((200).to_bytes(4, "big") + b"\0" * 10)
+
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        with trio.fail_after(60):  # generous; nothing here is timed
+            async with open_links(_role(address, inbox_send), 10.0) as links:
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                first = links.streams[RECEIVER.peer_id]
+                while len(got) < 1:
+                    await trio.testing.wait_all_tasks_blocked()
+                await trio.testing.wait_all_tasks_blocked()
+                assert await links.send(RECEIVER.peer_id, JOIN)
+                assert links.streams[RECEIVER.peer_id] is first  # the same connection
+                while len(got) < 2:
+                    await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.ClosedResourceError):
+                await first.receive_some(1)
+            hang_up.set()
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(trio.WouldBlock):
+            inbox.receive_nowait()
         nursery.cancel_scope.cancel()
