@@ -76,13 +76,17 @@ MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
 STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
 # x STALL_WINDOWS x deadline_s: a connection idle between frames that long is closed (`_serve`). A
-# round's link lives from its first Join to the round's end: with a dead leader 2 x deadline_s until
-# the next one decides, the gather's 2 x deadline_s, the last sends' deadline_s; 6 x deadline_s
-# leaves even such a round's links open (a newer sender would only reconnect; an older one reports us)
+# round's link carries a frame every 3 x deadline_s at most in all but rare rounds: Joins again each
+# time a leader is taken for dead (2 x deadline_s), contributions once Members come, a reduced shard by
+# the reduce deadline, a contribution to the next owner when one is taken for dead (the gather's
+# 2 x deadline_s). Only owners that go silent (not dead: that is seen at once) three in a row can keep
+# a link to a bystander idle that long: a newer sender then reconnects; an older one reports us.
 IDLE_WINDOWS = 3
-# x deadline_s: our whole answer to a StateRequest must be taken by then (the asker gives up on it
-# after 4 x deadline_s: `fetch_state`), a StateOffer within deadline_s; a peer that asks and does not
-# read would otherwise hold the connection, and the task writing to it, once the socket buffers fill
+# x deadline_s: our whole answer to a StateRequest must be taken by then, a StateOffer within
+# deadline_s; a peer that asks and does not read would otherwise hold the connection, and the task
+# writing to it, once the socket buffers fill. The asker waits as long (`fetch_state`), from before
+# it asks: we never give up on an honest asker first (with the same deadline_s). Both are fixed: the
+# state (8 bytes a parameter: 1.08 GB for SmolLM2-135M) needs 9 MB/s at the default 30 s.
 STATE_SEND_DEADLINES = 4
 
 
@@ -446,8 +450,11 @@ class DilocoRole:
         would hold every connection for ever; it would also close an honest round link when the
         same peer's `_tell_ahead` link arrives. Closing the connections of peers that are not
         trainers of our round does not bound them either: that is a heartbeat's claim, and a
-        newcomer's Join must reach us before it is one. With the bound an idle connection costs
-        its holder what a stalled one already did: a new connection every few windows.
+        newcomer's Join must reach us before it is one. The bound ends the free hold, not the
+        holding: a connection with a valid frame (any Part, say) every `IDLE_WINDOWS` windows stays,
+        so 512 are held for about 3 frames a second at the default deadline. And a frame whose
+        `Received` waits for room in the round's inbox (nothing reads it while the inner steps
+        run) holds its connection without a bound: 256 frames fill the inbox.
 
         Our answers are bounded too: a peer that asks for the state (or an offer) and does not
         read it held the connection, and the task writing to it, once the sockets' buffers
@@ -575,7 +582,7 @@ class DilocoRole:
         weights, momentum = torch.empty(total), torch.empty(total)
         stream = await self.open_stream(peer)
         async with stream:
-            with trio.fail_after(self.config.deadline_s * 4):
+            with trio.fail_after(STATE_SEND_DEADLINES * self.config.deadline_s):  # as long as we serve one
                 await send_frame(stream, self.node.codec.encode(StateRequest(self.state.round), time.time()))  # type: ignore[union-attr]
                 reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
                 got, round = 0, -1
