@@ -1,8 +1,14 @@
 """A DiLoCo round's outgoing connections (`Links`, made by `open_links`): opened on first use,
 one sender at a time per peer, every send bounded by the round's deadline, and each connection
-watched so that a peer that closes it (it died: the receiving end never writes on these) is
-reported to the round's inbox as `PeerFailed(peer)`, as a failed send is. The inbox's other
-event, `Received(peer, body)`, is put there by the role's server (a Join, Members or Part).
+watched so that a peer that closes it (it died) is reported to the round's inbox as
+`PeerFailed(peer)`, as a failed send is. The inbox's other event, `Received(peer, body)`, is
+put there by the role's server (a Join, Members or Part).
+
+The receiving end writes one thing on these, ever: `Idle`, when it closes a connection that
+carried no frame for a long while (`DilocoRole._serve`: an admitted peer could otherwise hold
+its connections for ever). Every frame we send says that we read it (`hears_idle`); our watcher
+then forgets the link without reporting anything, once a send under way on it has ended (the
+receiver reads on until we close), and the next send opens a new connection.
 
 A peer whose data plane refuses us as unknown (`NotAdmitted`: its table has not heard our
 heartbeat, as after we restarted) is sent our latest heartbeat directly, once per connection
@@ -17,6 +23,7 @@ must not decide who is in a round or what is sent (trainer.diloco_role, trainer.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,12 +33,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from p2pnet.dataplane import send_frame
-from p2pnet.errors import PeerUnavailable
+from p2pnet.dataplane import FrameReader, send_frame
+from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.handshake import NotAdmitted
+from trainer.diloco_messages import Idle, Join, Members, Part
 
 if TYPE_CHECKING:
-    from trainer.diloco_messages import Join, Members, Part
     from trainer.diloco_role import DilocoRole
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,7 @@ log = logging.getLogger(__name__)
 WATCH_QUEUE = 16  # connections opened and not yet taken by the watching task (it takes each at once)
 FIRST_RETRY_S = 0.05  # after our introduction, the first ask again: the heartbeat is one direct frame
 RETRY_CAP_S = 1.0  # the longest wait between two asks of a peer that refuses us as unknown
+NOTICE_MAX_BYTES = 4096  # the most the receiving end may write on a link: one Idle frame
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,11 @@ InboxEvent = PeerFailed | Received  # what a round's inbox carries
 class Links:
     """One round's outgoing connections: opened on first use, one sender at a time per peer,
     every send bounded by the deadline. A failed send, or a connection the other end closes
-    (it died: the receiving end never writes on these), is reported to the round's inbox, and
-    the connection is closed then and never written to again (the next send opens another). The
-    watcher of a connection a failed send closed reports nothing more; a peer that closes while a
-    send to it is under way can be reported twice, which the round takes as once.
+    (it died), is reported to the round's inbox, and the connection is closed then and never
+    written to again (the next send opens another). The watcher of a connection a failed send
+    closed reports nothing more; a peer that closes while a send to it is under way can be
+    reported twice, which the round takes as once. A connection the other end closes with an
+    `Idle` notice first is forgotten the same way, and reported not at all.
 
     Made by `open_links`, whose own task (`_watch_all`) owns the watchers of the connections:
     `send`, called from many tasks, spawns nothing; it hands each connection it opens to that
@@ -87,6 +96,8 @@ class Links:
         """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
         peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused to
         the end (it is alive but has not heard our heartbeat yet, though introduced: see `_open`)."""
+        if isinstance(body, (Join, Members, Part)):  # our watcher reads the receiver's Idle notice
+            body = dataclasses.replace(body, hears_idle=True)
         frame = self.role.node.codec.encode(body, time.time())
         lock = self.locks.setdefault(peer, trio.Lock())
         stream: trio.SocketStream | None = None  # the connection this send used
@@ -155,14 +166,32 @@ class Links:
                     watchers.start_soon(self._watch, peer, stream)
 
     async def _watch(self, peer: str, stream: trio.SocketStream) -> None:
+        """Until `peer` closes the connection (it died: reported) or tells us it closes it idle
+        (`Idle`: forgotten quietly). Anything else it writes is no notice: taken as a failure."""
+        idle = False
         try:
-            data = await stream.receive_some(1)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            data = b""
-        if not data and self.streams.get(peer) is stream:  # (not one a failed send dropped: reported there)
-            log.info("diloco: %s closed its connection", peer)
-            await self._drop(peer, stream)  # a frame written into it now would be lost
-            await self.role.inbox_send.send(PeerFailed(peer))
+            frame = await FrameReader(stream, max_frame_bytes=NOTICE_MAX_BYTES).frame()
+            if frame is not None:
+                envelope = self.role.node.codec.decode(frame, time.time())
+                idle = isinstance(envelope.body, Idle) and envelope.sender == peer
+                if not idle:
+                    log.warning("diloco: %s wrote %s on our link, where only an idle notice may come", peer,
+                                envelope.kind)
+        except MessageRejected as exc:
+            log.warning("diloco: %s wrote no idle notice on our link: %s", peer, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, PeerUnavailable, OSError):
+            pass  # it closed (or we did: then it is no longer in `streams`)
+        if self.streams.get(peer) is not stream:  # a failed send dropped it, and reported it there
+            return
+        if idle:
+            async with self.locks.setdefault(peer, trio.Lock()):  # a send under way on it ends first: the
+                if self.streams.get(peer) is stream:  # peer reads on until we close (a frame is never cut)
+                    await self._drop(peer, stream)
+            log.info("diloco: %s closed our idle link; the next frame to it opens another", peer)
+            return
+        log.info("diloco: %s closed its connection", peer)
+        await self._drop(peer, stream)  # a frame written into it now would be lost
+        await self.role.inbox_send.send(PeerFailed(peer))
 
     async def _drop(self, peer: str, stream: trio.SocketStream) -> None:
         """Never use `peer`'s connection `stream` again (the next send opens another): close it."""

@@ -3,12 +3,17 @@
 Every frame is signed by its sender's identity key (`p2pnet.wire`), so a contribution is
 attributable: what fails its checks costs the peer that signed it.
 
+A round's connections (`trainer.diloco_links`) carry Join, Members and Part one way; the
+receiving end writes on one only to close it idle (`Idle`), and only when the sender's frames
+said it reads that (`hears_idle`, a field added at the end with a default, so older peers send
+and read these messages as before: an older sender's frames lack it and read as False).
+
 This module must not do I/O or know how a round proceeds (`trainer.allreduce` does).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from p2pnet.wire import message
 
@@ -23,11 +28,18 @@ STAGE_REDUCED = 1  # the owner's mean of one shard, to every member
 class Join:
     """`sender` finished its inner steps of `round`, starting from global weights whose
     digest is `weights_digest` (16 bytes), and asks to take part in the all-reduce. `known`
-    are the trainer peers it knows of: the receiver waits for their Joins too."""
+    are the trainer peers it knows of: the receiver waits for their Joins too.
+
+    `hears_idle` (Join, Members and Part alike): the connection this came on reads what the
+    receiver writes, and takes an `Idle` there for a close that is no death (a newer sender's
+    `Links` sets it on every frame). False, as in every older peer's frames, the receiver closes
+    that connection idle without a word, as any close. It says nothing about the round, so two
+    messages that differ only in it are equal."""
 
     round: int
     weights_digest: bytes
     known: tuple[str, ...]
+    hears_idle: bool = field(default=False, compare=False)  # its link reads an Idle notice (above)
 
     def __post_init__(self) -> None:
         if self.round < 0 or len(self.weights_digest) != 16:
@@ -39,11 +51,12 @@ class Join:
 @dataclass(frozen=True)
 class Members:
     """The round's leader decided: `members` (sorted) average this round, all starting from
-    the global weights whose digest is `weights_digest`."""
+    the global weights whose digest is `weights_digest`. `hears_idle`: as in `Join`."""
 
     round: int
     weights_digest: bytes
     members: tuple[str, ...]
+    hears_idle: bool = field(default=False, compare=False)  # as in Join
 
     def __post_init__(self) -> None:
         if self.round < 0 or len(self.weights_digest) != 16 or not self.members:
@@ -56,7 +69,8 @@ class Members:
 class Part:
     """One piece of one shard. `offset` and `length` are in values, within the shard of
     `shard_length` values; `values`/`scales` are a `trainer.diloco.Packed` of that piece.
-    `contributors` (stage REDUCED only) are the peers whose contributions were averaged."""
+    `contributors` (stage REDUCED only) are the peers whose contributions were averaged.
+    `hears_idle`: as in `Join`."""
 
     round: int
     members_digest: bytes
@@ -70,6 +84,7 @@ class Part:
     values: bytes
     scales: bytes
     contributors: tuple[str, ...]
+    hears_idle: bool = field(default=False, compare=False)  # as in Join
 
     def __post_init__(self) -> None:
         if self.stage not in (STAGE_CONTRIBUTION, STAGE_REDUCED):
@@ -142,11 +157,28 @@ class StateOffer:
             raise ValueError("an offer needs round >= 0, version >= -1 and a round time in [0, 1e7) s")
 
 
+@dataclass(frozen=True)
+class Idle:
+    """Written by the receiving end of a round's connection, the one frame it ever writes there:
+    no frame came on it for `idle_s`, and it closes the connection. Its sender forgets the link
+    (its next frame opens a new connection) and does not take this for a death. Sent only when
+    the connection's frames said they read it (`hears_idle`): an older sender's watcher takes any
+    byte for a live peer, stops watching and would write its next frame into the closed
+    connection, where a plain close tells it at once (it reports the peer failed, as before)."""
+
+    idle_s: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_s < 1e7:
+            raise ValueError("idle_s must be in [0, 1e7)")
+
+
 message("diloco/join", max_bytes=256 * 64 + 1024)(Join)
 message("diloco/members", max_bytes=256 * 64 + 1024)(Members)
 message("diloco/part", max_bytes=MAX_PART_BYTES + 64 * 1024)(Part)
 message("diloco/state_request", max_bytes=512)(StateRequest)
 message("diloco/state_wanted", max_bytes=512)(StateWanted)
 message("diloco/state_offer", max_bytes=512)(StateOffer)
+message("diloco/idle", max_bytes=512)(Idle)
 STATE_PIECE_VALUES = PIECE_VALUES // 4  # weights + momentum: 2 x 256 KiB per piece
 message("diloco/state_piece", max_bytes=2 * 4 * STATE_PIECE_VALUES + 4096)(StatePiece)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,8 @@ from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, 
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state, write_state
-from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Join, Members, Part, StateOffer,
-                                     StatePiece, StateRequest, StateWanted)
+from trainer.diloco_messages import (CHANNEL, MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, Part,
+                                     StateOffer, StatePiece, StateRequest, StateWanted)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,19 @@ ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in thi
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
 STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
+# x STALL_WINDOWS x deadline_s: a connection idle between frames that long is closed (`_serve`). A
+# round's link carries a frame every 3 x deadline_s at most in all but rare rounds: Joins again each
+# time a leader is taken for dead (2 x deadline_s), contributions once Members come, a reduced shard by
+# the reduce deadline, a contribution to the next owner when one is taken for dead (the gather's
+# 2 x deadline_s). Only owners that go silent (not dead: that is seen at once) three in a row can keep
+# a link to a bystander idle that long: a newer sender then reconnects; an older one reports us.
+IDLE_WINDOWS = 3
+# x deadline_s: our whole answer to a StateRequest must be taken by then, a StateOffer within
+# deadline_s; a peer that asks and does not read would otherwise hold the connection, and the task
+# writing to it, once the socket buffers fill. The asker waits as long (`fetch_state`), from before
+# it asks: we never give up on an honest asker first (with the same deadline_s). Both are fixed: the
+# state (8 bytes a parameter: 1.08 GB for SmolLM2-135M) needs 9 MB/s at the default 30 s.
+STATE_SEND_DEADLINES = 4
 
 
 class Phase(enum.StrEnum):
@@ -412,46 +426,112 @@ class DilocoRole:
     # -- serving ----------------------------------------------------------------------------
 
     async def _serve(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
-        """One peer's connection to our diloco channel: its frames, in order. Honest senders open
-        a connection to send a frame at once, and give a frame up (closing the connection) when
-        it is not sent within their deadline; so a connection whose first frame has not come, or
-        whose frame has been under way, for a whole `STALL_WINDOWS` x `deadline_s` is closed: it
-        held one of the data plane's connections for nothing. A connection idle between frames
-        stays (a round's links are quiet between its stages, and a close would be a death)."""
+        """One peer's connection to our diloco channel: its frames, in order. Each connection
+        holds one of our data plane's few (by default 512 in all, 8 a peer, the relay's chunk
+        transfers included), and any admitted identity (they cost nothing) can open some; so none is kept
+        past a bound of ours without a frame coming:
+
+        - Honest senders open a connection to send a frame at once, and give a frame up (closing
+          the connection) when it is not sent within their deadline: a connection whose first
+          frame has not come, or whose frame has been under way, for a whole `STALL_WINDOWS` x
+          `deadline_s` is closed ("stalled").
+        - A round's link is quiet between the round's stages, and lives one round: a connection
+          idle between frames for `IDLE_WINDOWS` windows is closed too. When its frames said so
+          (`hears_idle`: newer senders) we tell the sender first (`Idle`): it forgets the link
+          and sends its next frame on a new connection, which is no death; we read on until it
+          closes, at most one more window (its sends end by its deadline), so no frame it sent
+          before it read the notice is lost. An older sender is not told (its watcher would take
+          the notice for a live peer, stop watching, and write its next frame into the closed
+          connection): it sees a plain close, as any before this bound, reports us failed (a
+          suspect until we next speak to it) and opens a new connection for its next frame.
+
+        Why a time bound. Keeping only each peer's newest idle connection bounds how many an
+        identity holds (one, not 8) but not for how long, and identities are free: 512 of them
+        would hold every connection for ever; it would also close an honest round link when the
+        same peer's `_tell_ahead` link arrives. Closing the connections of peers that are not
+        trainers of our round does not bound them either: that is a heartbeat's claim, and a
+        newcomer's Join must reach us before it is one. The bound ends the free hold, not the
+        holding: a connection with a valid frame (any Part, say) every `IDLE_WINDOWS` windows stays,
+        so 512 are held for about 3 frames a second at the default deadline. And a frame whose
+        `Received` waits for room in the round's inbox (nothing reads it while the inner steps
+        run) holds its connection without a bound: 256 frames fill the inbox.
+
+        Our answers are bounded too: a peer that asks for the state (or an offer) and does not
+        read it held the connection, and the task writing to it, once the sockets' buffers
+        filled; the whole state must be taken within `STATE_SEND_DEADLINES` x `deadline_s`, as
+        long as an honest asker waits for it, an offer within `deadline_s`."""
         reader.max_frame_bytes = MAX_FRAME_BYTES
         window_s = STALL_WINDOWS * self.config.deadline_s
         frames, under_way = 0, False  # under way: a frame had begun at the last window's end
+        quiet = 0  # whole windows since the last frame with none under way
+        hears_idle = False  # a frame on it said its sender reads our Idle notice
+        closing_at = math.inf  # told it is idle: its sender closes it by then
         while True:
-            with trio.move_on_after(window_s) as waited:
+            with trio.move_on_at(min(trio.current_time() + window_s, closing_at)) as waited:
                 frame = await reader.frame()  # (cancelled, it keeps what it read: no byte is lost)
             if waited.cancelled_caught:
+                if trio.current_time() >= closing_at:
+                    raise MessageRejected("idle", f"told it was idle, still open {window_s:g} s later", peer)
                 if not frames or (under_way and reader.buffered):
                     raise MessageRejected("stalled", f"no whole frame in {window_s:g} s", peer)
                 under_way = reader.buffered > 0
+                quiet = 0 if under_way else quiet + 1
+                if quiet == IDLE_WINDOWS:
+                    if not hears_idle:
+                        log.info("diloco: closed %s's connection, idle for %g s (not told: its frames did not ask)",
+                                 peer, quiet * window_s)
+                        return
+                    await self._tell_idle(stream, peer, quiet * window_s)
+                    closing_at = trio.current_time() + window_s
                 continue
-            frames, under_way = frames + 1, False
+            frames, under_way, quiet = frames + 1, False, 0
             if frame is None:
                 return
             envelope = self.node.codec.decode(frame, time.time())  # MessageRejected ends the connection
             if envelope.sender != peer:
                 raise MessageRejected("wrong_sender", "a frame signed by another peer than the connection's")
-            if isinstance(envelope.body, StateRequest):
-                if self.state is None:  # our model still loads (`run` registers the channel first): no one's fault
-                    log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
-                    return  # the joiner asks again, or another trainer peer
-                self.heard.add(peer)
+            if isinstance(envelope.body, (Join, Members, Part)):
+                hears_idle = hears_idle or envelope.body.hears_idle
+            if not await self._on_frame(stream, peer, envelope.body, envelope.kind):
+                return
+
+    async def _on_frame(self, stream: trio.SocketStream, peer: str, body: object, kind: str) -> bool:
+        """Act on one frame `peer` sent on our diloco channel; False: the connection is to end."""
+        if isinstance(body, StateRequest):
+            if self.state is None:  # our model still loads (`run` registers the channel first): no one's fault
+                log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
+                return False  # the joiner asks again, or another trainer peer
+            self.heard.add(peer)
+            limit_s = STATE_SEND_DEADLINES * self.config.deadline_s
+            with trio.move_on_after(limit_s) as sending:
                 await self._send_state(stream)
-            elif isinstance(envelope.body, StateWanted):
-                # its heartbeat may be on its way to us
-                await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
-                offer = self._offer(peer, envelope.body)
+            if sending.cancelled_caught:
+                raise MessageRejected("stalled", f"did not take our state in {limit_s:g} s", peer)
+        elif isinstance(body, StateWanted):
+            # its heartbeat may be on its way to us
+            await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
+            offer = self._offer(peer, body)
+            with trio.move_on_after(self.config.deadline_s) as sending:
                 await send_frame(stream, self.node.codec.encode(offer, time.time()))
-            elif isinstance(envelope.body, (Join, Members, Part)):
-                if isinstance(envelope.body, Join) and self.state is not None and envelope.body.round < self.state.round:
-                    await self._tell_ahead(peer)
-                await self.inbox_send.send(Received(peer, envelope.body))
-            else:
-                raise MessageRejected("unexpected", f"{envelope.kind} on the diloco channel")
+            if sending.cancelled_caught:
+                raise MessageRejected("stalled", f"did not take our offer in {self.config.deadline_s:g} s", peer)
+        elif isinstance(body, (Join, Members, Part)):
+            if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
+                await self._tell_ahead(peer)
+            await self.inbox_send.send(Received(peer, body))
+        else:
+            raise MessageRejected("unexpected", f"{kind} on the diloco channel")
+        return True
+
+    async def _tell_idle(self, stream: trio.SocketStream, peer: str, idle_s: float) -> None:
+        """Tell the sender of a connection we close idle (`Idle`). One small frame into a buffer
+        nothing else of ours was written to on a round's link; bounded all the same (a peer could
+        have left unread an answer we wrote on a connection it also sent Joins on)."""
+        with trio.move_on_after(self.config.deadline_s) as sending:
+            await send_frame(stream, self.node.codec.encode(Idle(idle_s), time.time()))
+        if sending.cancelled_caught:
+            raise MessageRejected("stalled", f"did not take our idle notice in {self.config.deadline_s:g} s", peer)
+        log.info("diloco: closing %s's connection, idle for %g s (told)", peer, idle_s)
 
     def _offer(self, peer: str, wanted: StateWanted) -> StateOffer:
         """Our answer to a peer that wants the outer state in a version: the next version we
@@ -502,7 +582,7 @@ class DilocoRole:
         weights, momentum = torch.empty(total), torch.empty(total)
         stream = await self.open_stream(peer)
         async with stream:
-            with trio.fail_after(self.config.deadline_s * 4):
+            with trio.fail_after(STATE_SEND_DEADLINES * self.config.deadline_s):  # as long as we serve one
                 await send_frame(stream, self.node.codec.encode(StateRequest(self.state.round), time.time()))  # type: ignore[union-attr]
                 reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
                 got, round = 0, -1

@@ -1,6 +1,7 @@
 """Hostile input to the DiLoCo data channel (`DilocoRole._serve`) on a real data-plane listener
 on loopback: what an admitted peer sends ends, at worst, its own connection; the listener goes on
-serving honest peers, and no connection is left counted.
+serving honest peers, no connection is left counted, and none is held past our bounds (no whole
+frame, or idle after one).
 
 The role is a real `DilocoRole` with only what `_serve` reads set (no model is loaded: a role
 whose model is still loading, `state` None, is the case a peer can reach first, since the channel
@@ -19,12 +20,13 @@ import torch
 import trio
 
 from p2pnet.dataplane import DataPlane, DataPlaneLimits, FrameReader, open_data_stream, send_frame
+from p2pnet.errors import PeerUnavailable
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
 from trainer.diloco_local import GlobalState
-from trainer.diloco_messages import CHANNEL, Join, Members, StatePiece, StateRequest, StateWanted
-from trainer.diloco_role import INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, DilocoRole
+from trainer.diloco_messages import CHANNEL, Idle, Join, Members, StatePiece, StateRequest, StateWanted
+from trainer.diloco_role import IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_SEND_DEADLINES, DilocoRole
 
 ME = Identity.from_seed_text("diloco listener")
 PEER = Identity.from_seed_text("diloco admitted peer")
@@ -139,7 +141,9 @@ async def test_garbage_and_mutated_frames_end_only_their_connection(listener: Li
 async def test_a_connection_with_no_whole_frame_is_closed_but_one_idle_between_frames_stays(listener: Listener) -> None:
     """(e) Our deadline, not the peer's: a connection that sends nothing after its handshake, or
     half a frame, is closed after `STALL_WINDOWS` x `deadline_s`; an honest link that goes quiet
-    between frames (a round's stages) is not, and its next frame is received."""
+    between frames (a round's stages) is not, and its next frame is received (quiet for longer
+    than `IDLE_WINDOWS` windows, it would be: see the last test)."""
+    assert IDLE_WINDOWS > 2.5  # the quiet below stays under the idle bound
     listener.role.config.deadline_s = 0.5
     window_s = STALL_WINDOWS * listener.role.config.deadline_s
     join = Codec(PEER).encode(Join(1, b"w" * 16, ()), time.time())
@@ -171,3 +175,72 @@ async def test_a_connection_with_no_whole_frame_is_closed_but_one_idle_between_f
         nursery.start_soon(quiet_between_frames)
     assert sorted(r.body.round for r in received) in ([1, 1], [1, 1, 2])  # (the stalled one's whole frame counts)
     await listener.settle(5)
+
+
+async def test_connections_held_idle_after_one_valid_frame_are_closed_and_their_slots_freed(listener: Listener) -> None:
+    """The hole: an admitted identity (they cost nothing) opens all the connections a peer may
+    have, sends one valid frame on each and holds them idle; 64 such would hold every connection
+    of our data plane. Each is closed `IDLE_WINDOWS` windows after its frame: told first (`Idle`)
+    when its frame said it reads that, and closed a window later all the same when it does not
+    close it then; closed without a word when its frame did not say so (an older sender: its
+    watcher sees a plain close, as it would have any close). Then the peer's slots are free."""
+    listener.role.config.deadline_s = 0.2
+    window_s = STALL_WINDOWS * listener.role.config.deadline_s
+    codec = Codec(PEER)
+    per_peer = listener.plane.limits.max_connections_per_peer
+    held = []
+    for i in range(per_peer):
+        held.append(await listener.connect())
+        await send_frame(held[-1], codec.encode(Join(1, b"w" * 16, (), hears_idle=i % 2 == 0), time.time()))
+    with trio.fail_after(SLACK_S):  # every frame arrived: each connection is idle from here
+        for _ in range(per_peer):
+            assert (await listener.inbox.receive()).body == Join(1, b"w" * 16, ())
+    with pytest.raises(PeerUnavailable):
+        await listener.connect()  # all this peer's slots are held
+    told: dict[int, bytes] = {}
+
+    async def hold(i: int) -> None:
+        async with held[i]:
+            told[i] = await drain_until_closed(held[i], SLACK_S + (IDLE_WINDOWS + 1) * window_s)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(per_peer):
+            nursery.start_soon(hold, i)
+    for i, written in told.items():
+        if i % 2:
+            assert written == b""  # not told: a plain close
+        else:
+            assert int.from_bytes(written[:4], "big") == len(written) - 4
+            notice = codec.decode(written[4:], time.time())
+            assert notice.sender == ME.peer_id and notice.body == Idle(IDLE_WINDOWS * window_s)
+    await listener.settle(per_peer)  # no connection left counted
+    stream = await listener.connect()  # a slot is free again
+    async with stream:
+        await send_frame(stream, codec.encode(Join(2, b"w" * 16, ()), time.time()))
+        with trio.fail_after(SLACK_S):
+            assert (await listener.inbox.receive()).body == Join(2, b"w" * 16, ())
+
+
+@pytest.mark.parametrize("ask", ["state", "offer"])
+async def test_a_peer_that_asks_and_never_reads_our_answer_loses_its_connection(listener: Listener, ask: str) -> None:
+    """A StateRequest is answered with the whole state (here 64 MiB, far more than the sockets'
+    buffers hold): an asker that never reads held the connection, and the task writing to it,
+    for ever. The answer must be taken within `STATE_SEND_DEADLINES` x `deadline_s` (the asker's
+    own limit), a StateOffer within `deadline_s`; then the connection is closed and its slot freed."""
+    listener.role.config.deadline_s = 0.2
+    values = 8 << 20
+    listener.role.state = GlobalState(3, torch.ones(values), torch.zeros(values))
+    codec = Codec(PEER)
+    body = codec.encode(StateWanted(0, False) if ask == "offer" else StateRequest(0), time.time())
+    asks = len(body).to_bytes(4, "big") + body  # one framed ask
+    if ask == "offer":  # an offer is small: 64 MiB of asks, none of the answers read, fill the buffers the same way
+        asks *= 64 * 2**20 // len(asks)
+    stream = await listener.connect()
+    async with stream:
+        with trio.move_on_after(SLACK_S):  # our own sends stop once the listener stops reading
+            try:
+                await stream.send_all(asks)
+            except trio.BrokenResourceError:  # the listener gave up on us first, our asks unread: a reset
+                pass
+        # never read, and still open: the listener must give up on its answer and close
+        await listener.settle(1 + STATE_SEND_DEADLINES)
