@@ -20,6 +20,16 @@ drop it as we do and borrow in their turn, and for the children of a stripe's ro
 origin's one child in a stable plan) they are the only members above nobody failed; without
 them every child of a slow root fell back to the origin (measured at 1,000 relays, 0.25 GB:
 9.6-12.5 copies of the checkpoint from the origin instead of 1.0-1.3).
+Members whose advertised upload the plan capped (`relay.planner.ADVERTISED_CAP`: claims nobody
+checked, beyond 16x the median) are picked only when no other member is eligible: weighted by
+their claim they drew most orphans, and a parent that left orphans behind is most often one
+whose claim was not kept. Measured (200 relays, 1 GB, 20 of them claiming 2^64 - 1 and
+delivering 20 MB/s, seed 1): children that dropped a liar borrowed another liar (at the cap one
+outweighed a dozen honest members) and dropped it three chunks later, liar after liar: with the
+slow-parent rules below, 164.3 s, and 80.6 s with capped claims last (26.6 s with the liars
+telling the truth; capped claims last with the median rule alone, 213.9 s). Honest seeds
+advertising beyond the cap are borrowed from last too, while their planned children keep them
+(20 of 200 relays at 10 GB/s: 10.41 s either way).
 
 Parents are judged by measured delivery (`_delivers_too_little`): each chunk's time is the time
 its bytes took plus the time the request waited in the source's queue for an upload slot (the
@@ -28,15 +38,26 @@ parent is not blamed for its own parent's pace). A parent with more children tha
 upload can feed moves each chunk fast but serves each child rarely; only its queue shows that.
 
 A parent is slow (`_delivers_too_little`) when it delivers under half the median of our other
-sources (over at least 3 of them) and under half the stripe's planned rate, and a member other
-than the origin could replace it. A peer dropped only as slow is alive and delivers: when the
-chain falls through to the origin and the origin is not our planned parent there, we ask the
-slow member again instead (`_instead_of_origin`). The origin's upload is the scarcest (every
-version starts there and each stripe leaves it once, to its root); without this rule the
-origin uploaded 2.11 copies of the checkpoint with 10% of relays at a tenth of their advertised
-upload (1,000 relays, 1 GB), to relays whose parent, grandparent and stripe root they had all
-dropped as slow (a leaf child, served after its parent's interior children, times a fast root
-as slow), and with it 1.00.
+sources (over at least 3 of them) or under a quarter of the fastest of them but the origin, and
+under half the stripe's planned rate, and a member other than the origin could replace it.
+Liars hide behind each other from the median: in the world above the plan gave them about 60%
+of the child links (fan-outs of 20-46 at the cap), most children had liars for most parents,
+the median was a liar's rate, and they kept their liars to the end: 263.2 s, and 164.3 s with
+the fastest's quarter. When our own download binds, every parent delivers about as much and neither rule
+fires. Half of the fastest dropped honest parents merely behind early (1,000 relays, `sim run
+byzantine`, seed 1: parents the median kept dropped 1,055 times, mostly at 2.5-3 s, at 6 MB/s
+against a median of 8-11 and a fastest of 13-30; 20.70 s -> 21.15 s), with a quarter 20.70 s.
+The origin is no measure of a member's delivery (it holds every chunk first and has the
+largest upload: a datacenter among home links): in the world of 20 liars, 64 parents the
+median kept were dropped against its rate, 62 of them honest (80.55 s; 80.13 s without).
+
+A peer dropped only as slow is alive and delivers: when the chain falls through to the origin
+and the origin is not our planned parent there, we ask the slow member again instead
+(`_instead_of_origin`). The origin's upload is the scarcest (every version starts there and
+each stripe leaves it once, to its root); without this rule the origin uploaded 2.11 copies of
+the checkpoint with 10% of relays at a tenth of their advertised upload (1,000 relays, 1 GB), to
+relays whose parent, grandparent and stripe root they had all dropped as slow (a leaf child,
+served after its parent's interior children, times a fast root as slow), and with it 1.00.
 
 One exception: a slow stripe root. Its children drop it and borrow each other, so the whole
 stripe flows through its first-ranked child (the interior member ranked right after the root),
@@ -113,6 +134,7 @@ if TYPE_CHECKING:
     from relay.transfer_state import _Version
 
 SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
+FASTEST_RATIO = 0.25  # ... or under a quarter of the fastest of them (and half the plan): liars hide from the median
 SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
 ENDGAME_MIN_STRIPES = 4  # a plan of fewer stripes (one tree) has no endgame: no stripe lags the others
 # stand-ins that answered "unavailable" for a chunk before the origin is asked (a hung one is dropped, not counted)
@@ -157,7 +179,8 @@ class SourceChoice:
         `skip`: a member not to pick (asking whether a substitute exists before dropping it).
         Among them the one with the highest upload / (1 + depth) / -ln(hash(us, stripe, member)):
         weighted rendezvous hashing, deterministic, spread in proportion to capacity and leaning
-        toward shallow members (fewer ancestors that may have failed unknown to us)."""
+        toward shallow members (fewer ancestors that may have failed unknown to us). A member
+        whose claim the plan capped only when no other is eligible (see the top)."""
         limit = len(plan.ranked_interior(stripe)) if below is None else plan.ranked_before(stripe, below)
         if limit == 0:
             return None
@@ -172,9 +195,10 @@ class SourceChoice:
         return None
 
     def _by_draw(self, plan: StripePlan, stripe: int) -> tuple[str, ...]:
-        """`stripe`'s interior members by falling rendezvous score (`_substitute`), ties in
-        ranked order, so the first eligible one is the member a scan of the ranked interior
-        keeping the first strictly highest score would pick. The score depends only on the plan,
+        """`stripe`'s interior members by falling rendezvous score (`_substitute`), those whose
+        claim the plan capped after all the others, ties in ranked order, so the first eligible
+        one is the member a scan of the ranked interior keeping the first strictly highest score
+        (capped claims losing to any other) would pick. The score depends only on the plan,
         the stripe, our id and the members' uploads: kept per plan (the newest `DRAW_PLANS`),
         forgotten when our membership changes (`set_members`); a build costs what one scan did
         (a hash per member)."""
@@ -186,7 +210,9 @@ class SourceChoice:
         order = kept.get(stripe)
         if order is None:
             ranked = plan.ranked_interior(stripe)
-            scores = [draw_score(self.self_id, stripe, peer, depth, self._members.planned) for peer, depth in ranked]
+            planned, claimed = self._members.planned, self._members.uploads
+            scores = [(planned.get(peer, 0.0) >= claimed.get(peer, 0.0),  # False (capped) sorts last
+                       draw_score(self.self_id, stripe, peer, depth, planned)) for peer, depth in ranked]
             by_score = sorted(range(len(ranked)), key=scores.__getitem__, reverse=True)  # stable: ties keep rank
             order = kept[stripe] = tuple(ranked[i][0] for i in by_score)
         return order
@@ -204,8 +230,9 @@ class SourceChoice:
 
     def _delivers_too_little(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
         """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
-        sources of this version deliver to us (the median, over at least 3 of them) and less
-        than half of the stripe's planned rate (capacity / members) too, and some member other
+        sources of this version deliver to us (the median, over at least 3 of them), or less
+        than a quarter of what the fastest of them but the origin delivers (see the top), and
+        less than half of the stripe's planned rate (capacity / members) too, and some member other
         than the origin could replace it. Judged on measured delivery, never on what the peer
         advertises; relative to our other sources, so our own slow download does not make every
         parent look slow. The origin is never replaced, and takes over from a slow parent only
@@ -223,8 +250,11 @@ class SourceChoice:
             return False  # (each request's time includes its queue behind our others to this peer)
         if self._root_forwards_alone(v.plan, stripe, peer):
             return self._short_of_plan(v, stripe, peer) and self._usable(now, v.plan.origin)
-        others = sorted(self._rates[p] for p in v.sources if p != peer and self._samples.get(p, 0) >= SLOW_MIN_SAMPLES)
-        if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2]:
+        origin, rates, samples = v.plan.origin, self._rates, self._samples
+        others = sorted((rates[p], p == origin) for p in v.sources
+                        if p != peer and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
+        if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2][0] and \
+                rate >= FASTEST_RATIO * max((r for r, from_origin in others if not from_origin), default=0.0):
             return False
         return self._replaceable(now, v.plan, stripe, peer)
 

@@ -954,3 +954,39 @@ def test_one_peer_naming_new_versions_without_end_cannot_stop_a_real_holders_ver
     assert len(c._manifest_asked) <= MAX_MANIFEST_ASKS
     c.manifest_frame(t + 0.5, "holder", SIGNED.frame)  # the answer makes it a holder: a source for any chunk
     assert "holder" in c._versions[1].holders
+
+
+def test_a_parent_is_not_judged_against_the_origins_rate():
+    """A stripe root draws its own stripe from the origin, whose rate says nothing of what a
+    member delivers (it holds every chunk and has the largest upload: a datacenter next to home
+    links). A parent in another stripe delivering about what our other parents deliver (2.1 MB/s
+    against 3.5 MB/s: above half their median) is kept, though it is under a quarter of the
+    origin's 1 GB/s: the fastest other source a parent is judged against is a member
+    (`relay.sources`). Measured (200 relays, 1 GB, 20 claiming 2^64 - 1, seed 1): 71 parents
+    were dropped as slow against the origin's rate, 62 of them honest ones the median kept."""
+    uploads = {PUBLISHER.peer_id: 1e9, **{f"n{i:03d}": 1e8 * (1 + i % 5) for i in range(300)}}
+    signed = fake_manifest(PUBLISHER, 256 * 2**20, 2**20)
+    _, plan = _plan_of("n000", uploads, signed)
+    me = plan.ranked_interior(0)[0][0]  # stripe 0's root: the origin is our parent there
+    c, plan = _plan_of(me, uploads, signed)
+    v = c._versions[1]
+    parents = [v.chains[s][0] for s in range(plan.stripes)]
+    assert parents[0] == PUBLISHER.peer_id and len(set(parents[1:])) >= 5 and PUBLISHER.peer_id not in parents[1:]
+    judged, others = parents[1], [p for p in dict.fromkeys(parents[2:]) if p != parents[1]][:4]
+    t, dropped = 0.0, []
+
+    def deliver(peer: str, seconds: float, chunks: int = 3) -> None:
+        nonlocal t
+        for _ in range(chunks):
+            index = next(i for i, e in sorted(v.in_flight.items()) if e[0] == peer)
+            t += seconds
+            dropped.extend(e.peer for e in c.fetched(t, peer, 1, index, seconds) if isinstance(e, DropSource))
+
+    deliver(PUBLISHER.peer_id, 2**20 / 1e9)
+    for peer in others[:3]:
+        deliver(peer, 2**20 / 3.5e6)
+    deliver(judged, 2**20 / 2.1e6)
+    assert c._samples[judged] == 3 and judged not in dropped, dropped
+    deliver(others[3], 2**20 / 10e6)  # a member over 4 times as fast as it: now it is slow
+    deliver(judged, 2**20 / 2.1e6, chunks=1)
+    assert dropped == [judged]
