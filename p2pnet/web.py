@@ -35,7 +35,7 @@ from hypercorn.utils import wrap_app
 
 from p2pnet.addresses import join_host_port, parse_host_port
 from p2pnet.errors import ConfigError
-from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Connections
+from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Busy, Connections
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +170,13 @@ async def serve(app: WebApp, listen: str, field: str = "--listen", *, connection
     # wait for the next one is keep_alive_timeout's
     url = f"http://{join_host_port(host, port)}"
 
-    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event) -> None:
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event, busy: Busy) -> None:
         async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "websocket":
                 await refuse_websocket(stream, receive)
                 return
-            await app(scope, receive, send)
+            with busy():  # a connection between requests is the cheapest to evict
+                await app(scope, receive, send)
 
         context = WorkerContext(None)
         async with trio.open_nursery() as nursery:

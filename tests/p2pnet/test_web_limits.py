@@ -6,10 +6,12 @@ is that client's pace), an idle keep-alive connection and a client that never re
 are closed by their deadlines (short ones, injected: each wait is that deadline plus `SLACK_S`);
 a client that never reads does not hold the server's shutdown; a client that leaves is forgotten
 at once, and a polling one is asked to reconnect before the lifetime would cut it; the server's
-own count of open connections returns to 0. A client that breaks HTTP's framing (more requests
-after one that asked to close, bytes before a websocket handshake is answered) gets no traceback
-into our logs and does not stop the server. Loopback gives each test several client addresses
-(127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
+own count of open connections returns to 0. A full server takes a slot from the client holding
+the most for a newcomer from one holding fewer (an idle connection first), and refuses a newcomer
+when that would gain nothing. A client that breaks HTTP's framing (more requests after one that
+asked to close, bytes before a websocket handshake is answered) gets no traceback into our logs
+and does not stop the server. Loopback gives each test several client addresses (127.0.0.1,
+127.0.0.2, ...: all of 127/8 is local on Linux)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import p2pnet
 from p2pnet.web import WebApp, serve
-from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, ConnectionGate, Connections, Limits, Refusal, client_key
+from p2pnet.web_limits import (KEEP_ALIVE_MAX_REQUESTS, Admitted, ConnectionGate, Connections, Limits, Refusal,
+                               client_key)
 
 SLACK_S = 10.0  # less than the 30 s keep-alive hypercorn was given before these bounds
 METRICS = b"p2pnet_up 1\n"
@@ -128,12 +131,15 @@ def test_client_keys_and_the_gate_count():
     assert client_key("2001:db8::1") == client_key("2001:db8::ffff%eth0") == "2001:db8::/64"  # one host's /64
     assert client_key("2001:db8:0:1::1") != client_key("2001:db8::1")
     gate = ConnectionGate(Limits(max_connections=3, max_per_ip=2))
-    assert [gate.admit("a"), gate.admit("a"), gate.admit("a")] == [None, None, Refusal.PER_IP]
-    assert [gate.admit("b"), gate.admit("c")] == [None, Refusal.TOTAL]
-    gate.release("a")
-    assert gate.admit("c") is None
-    for key in ("a", "b", "c"):
-        gate.release(key)
+    a1, a2 = gate.admit("a"), gate.admit("a")
+    assert isinstance(a1, Admitted) and isinstance(a2, Admitted) and gate.admit("a") is Refusal.PER_IP
+    b1 = gate.admit("b")
+    assert isinstance(b1, Admitted) and gate.admit("b") is Refusal.TOTAL  # b would hold as many as a
+    gate.release(a1.connection)
+    c1 = gate.admit("c")
+    assert isinstance(c1, Admitted) and c1.evicted is None
+    for admitted in (a2, b1, c1):
+        gate.release(admitted.connection)
     assert (gate.open, gate.by_key, gate.refused) == (0, {}, {Refusal.TOTAL: 1, Refusal.PER_IP: 1})
     with pytest.raises(ValueError):
         Limits(max_connections=2, max_per_ip=3)
@@ -141,6 +147,50 @@ def test_client_keys_and_the_gate_count():
         Limits(idle_s=10, lifetime_s=5)
 
 
+def admit(gate: ConnectionGate, key: str) -> Admitted:
+    admitted = gate.admit(key)
+    assert isinstance(admitted, Admitted), admitted
+    return admitted
+
+
+def test_a_full_gate_gives_a_newcomer_the_slot_of_an_idle_connection_of_the_client_holding_the_most():
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=3))
+    a1, a2, a3, b1 = (admit(gate, key).connection for key in "aaab")
+    gate.started(a1)  # answering a request: kept while an idle one is left
+    assert admit(gate, "c") == Admitted(5, evicted=a2)  # a holds the most: its oldest idle one
+    assert (gate.by_key, gate.closing, gate.open, gate.evicted) == ({"a": 2, "b": 1, "c": 1}, {a2: "a"}, 4, 1)
+    gate.started(a2)  # a request the evicted connection had begun: no longer counted
+    assert admit(gate, "d") == Admitted(6, evicted=a3)  # a still holds the most (2)
+    assert gate.admit("e") is Refusal.TOTAL  # all hold one: a swap would only trade one for another
+    assert gate.admit("a") is Refusal.TOTAL  # a holds as many as the most
+    assert gate.refused == {Refusal.TOTAL: 2, Refusal.PER_IP: 0}
+
+    gate.release(a2)  # the evicted connection ends: its slot was freed when it was taken
+    assert (gate.open, gate.closing, gate.by_key) == (4, {a3: "a"}, {"a": 1, "b": 1, "c": 1, "d": 1})
+    with pytest.raises(KeyError):
+        gate.release(a2)  # freed once only
+    gate.ended(a1)
+    for connection in (a3, a1, b1, 5, 6):
+        gate.release(connection)
+    assert (gate.open, gate.by_key, gate.closing) == (0, {}, {})
+
+
+def test_the_gate_evicts_among_clients_tied_at_the_most_idle_first_then_oldest_within_the_per_client_cap():
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=2))
+    a1, b1, b2, a2 = (admit(gate, key).connection for key in "abba")
+    assert gate.admit("a") is Refusal.TOTAL  # at its own cap (full: counted as the total's)
+    gate.started(a1)
+    gate.started(b1)
+    assert admit(gate, "c").evicted == b2  # a and b tie at 2: the oldest idle one of either
+    assert admit(gate, "d").evicted == a2  # now a alone holds 2: its idle one, not its older busy one
+    gate = ConnectionGate(Limits(max_connections=3, max_per_ip=3))
+    a1, a2, a3 = (admit(gate, "a").connection for _ in range(3))
+    for connection in (a1, a2, a3):
+        gate.started(connection)
+    assert admit(gate, "b").evicted == a1  # all busy: the oldest
+    gate.release(a2)  # one ends on its own just before the next newcomer: a free slot, nobody evicted
+    assert admit(gate, "c").evicted is None
+    assert gate.admit("d") is Refusal.TOTAL
 async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrape(nursery, caplog):
     caplog.set_level(logging.WARNING, logger="p2pnet.web_limits")
     connections, port = await start(nursery, Limits(max_connections=8, max_per_ip=2, **HOLD))
@@ -161,16 +211,63 @@ async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrap
     await close_all(connections, held)
 
 
-async def test_the_total_cap_refuses_until_a_connection_ends(nursery):
+async def test_a_full_server_where_every_client_holds_one_refuses_until_a_connection_ends(nursery):
+    """The residue of fair sharing: as many clients as the cap, one connection each, fill the
+    server (taking one would only trade a client for another)."""
     connections, port = await start(nursery, Limits(max_connections=3, max_per_ip=2, **HOLD))
-    held = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.1", "127.0.0.2")]
+    held = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.2", "127.0.0.3")]
     await settle(connections, 3)
-    assert await unanswered(port, "127.0.0.3") == b""
-    assert connections.gate.refused == {Refusal.TOTAL: 1, Refusal.PER_IP: 0}
+    assert await unanswered(port, "127.0.0.4") == b""
+    assert await unanswered(port, "127.0.0.1") == b""
+    assert (connections.gate.refused, connections.gate.evicted) == ({Refusal.TOTAL: 2, Refusal.PER_IP: 0}, 0)
     held.pop(0).close()
     await settle(connections, 2)
-    assert (await scrape(port, "127.0.0.3")).startswith(b"HTTP/1.1 200")
+    assert (await scrape(port, "127.0.0.4")).startswith(b"HTTP/1.1 200")
     await close_all(connections, held)
+
+
+async def test_a_full_server_admits_a_scrape_in_place_of_an_idle_connection_of_the_client_holding_the_most(
+        nursery, caplog):
+    """Two attacker addresses fill the server; a scraper from a third is served whole, in the slot
+    of the oldest idle connection of the clients holding the most, which is closed: not the older
+    one of the same client that is answering a request (it gets its whole response), nor the
+    other attacker's."""
+    caplog.set_level(logging.WARNING, logger="p2pnet.web_limits")
+    entered, answer = trio.Event(), trio.Event()
+
+    async def snapshot() -> dict:
+        entered.set()
+        await answer.wait()
+        return {"slow": True}
+
+    connections = Connections(Limits(max_connections=4, max_per_ip=2, **HOLD))
+    app = WebApp(snapshot=snapshot, metrics=lambda: METRICS, health=lambda: None)
+    port = int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))).rsplit(":", 1)[1])
+    busy = await connect(port, "127.0.0.1")
+    await busy.send(b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\n\r\n")
+    await entered.wait()
+    idle = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.2", "127.0.0.2")]
+    await settle(connections, 4)
+    scraped = await scrape(port, "127.0.0.3")
+    assert scraped.startswith(b"HTTP/1.1 200") and scraped.endswith(METRICS), scraped[-80:]
+    assert await read_until_closed(idle[0], SLACK_S) == b""
+    answer.set()
+    out = b""
+    with trio.fail_after(SLACK_S):
+        while not out.endswith(b'{"slow": true}'):
+            data = await busy.recv(1 << 16)
+            assert data, out
+            out += data
+    assert out.startswith(b"HTTP/1.1 200")
+    await settle(connections, 3)  # the scrape has ended; the evicted connection has been released
+    assert connections.gate.by_key == {"127.0.0.1": 1, "127.0.0.2": 2}
+    assert (connections.gate.evicted, connections.gate.refused) == (1, {Refusal.TOTAL: 0, Refusal.PER_IP: 0})
+    warnings = [r.getMessage() for r in caplog.records if r.name == "p2pnet.web_limits"]
+    assert len(warnings) == 1 and "of 127.0.0.1" in warnings[0] and "from 127.0.0.3" in warnings[0], warnings
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(connections)
+    assert "p2pnet_http_connections_evicted_total 1.0" in generate_latest(registry).decode()
+    await close_all(connections, [busy, *idle])
 
 
 async def test_a_request_that_never_arrives_whole_and_an_idle_connection_are_closed(nursery):
