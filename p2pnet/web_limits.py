@@ -38,6 +38,10 @@ those the oldest (admitted first: nearest its lifetime's end anyway, and a conne
 longest is the likeliest to be held rather than used). `p2pnet.web` says when a connection is
 busy (`Connections.serve`'s `busy`: while the application answers one of its requests).
 
+What a client sends must never stop the server (and with it the peer): an error raised while
+serving one connection ends that connection only, logged with its traceback as the bug it is (of
+ours or hypercorn's) and counted (`p2pnet_http_connections_failed`).
+
 This module knows nothing of HTTP: it owns accepting, counting and closing.
 """
 
@@ -184,6 +188,10 @@ class ConnectionGate:
         if connection not in self.closing:
             self.held[connection].busy -= 1
 
+    def key_of(self, connection: int) -> str:
+        """Whom `connection` counts against (counted, once it is evicted)."""
+        return self.closing[connection] if connection in self.closing else self.held[connection].key
+
     def release(self, connection: int) -> None:
         """`connection` is closed: its slot is free (it was already, when it was evicted). A
         connection released twice is our bug: KeyError."""
@@ -230,6 +238,7 @@ class Connections:
         self.limits = limits or Limits()
         self.gate = ConnectionGate(self.limits)
         self._live: dict[int, tuple[trio.SocketStream, trio.CancelScope]] = {}  # by the gate's number
+        self.failed = 0  # connections whose serving raised (`_connection`)
         self._changed = trio.Event()
         self._warned = (0, 0)  # refused and evicted in all at the last warning
         self._quiet_until = float("-inf")
@@ -251,6 +260,9 @@ class Connections:
         yield counter("p2pnet_http_connections_evicted", "Connections to this HTTP server reset when it was full, "
                       "each to admit one from a client holding fewer than the client it was taken from.",
                       self.gate.evicted)
+        yield counter("p2pnet_http_connections_failed", "Connections to this HTTP server whose serving raised an "
+                      "unexpected error (a bug of p2pnet's or hypercorn's, logged): each closed, the server going on.",
+                      self.failed)
 
     async def serve(self, listener: trio.socket.SocketType,
                     serve_one: Callable[[trio.SocketStream, trio.Event, Busy], Awaitable[None]]) -> None:
@@ -297,6 +309,15 @@ class Connections:
                     nursery.start_soon(self._expire, stream, wind_down, scope)
                     await serve_one(stream, wind_down, partial(self._busy, connection))
                     scope.cancel()
+        except* Exception as failure:
+            # whatever a client sends is handled by hypercorn and the application, so this is a bug
+            # of ours or hypercorn's, met by one connection: it ends that connection (its socket is
+            # closed by `_expire`), not the server and with it the peer, and is not lost (the
+            # cancellation of a stopping server, a BaseException, goes on up)
+            self.failed += 1
+            log.error("serving an HTTP connection from %s failed, a bug in p2pnet.web or hypercorn; "
+                      "the connection is closed and the server goes on", self.gate.key_of(connection),
+                      exc_info=failure)
         finally:
             del self._live[connection]
             self.gate.release(connection)

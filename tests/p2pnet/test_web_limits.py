@@ -10,7 +10,8 @@ own count of open connections returns to 0. A full server takes a slot from the 
 the most for a newcomer from one holding fewer (an idle connection first), and refuses a newcomer
 when that would gain nothing. A client that breaks HTTP's framing (more requests after one that
 asked to close, bytes before a websocket handshake is answered) gets no traceback into our logs
-and does not stop the server. Loopback gives each test several client addresses (127.0.0.1,
+and does not stop the server, nor does a bug met while serving one connection (it ends that
+connection, logged and counted). Loopback gives each test several client addresses (127.0.0.1,
 127.0.0.2, ...: all of 127/8 is local on Linux)."""
 
 from __future__ import annotations
@@ -191,6 +192,8 @@ def test_the_gate_evicts_among_clients_tied_at_the_most_idle_first_then_oldest_w
     gate.release(a2)  # one ends on its own just before the next newcomer: a free slot, nobody evicted
     assert admit(gate, "c").evicted is None
     assert gate.admit("d") is Refusal.TOTAL
+
+
 async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrape(nursery, caplog):
     caplog.set_level(logging.WARNING, logger="p2pnet.web_limits")
     connections, port = await start(nursery, Limits(max_connections=8, max_per_ip=2, **HOLD))
@@ -498,3 +501,38 @@ async def test_a_client_that_breaks_http_framing_logs_no_traceback_and_the_serve
         await sock.send(b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert (await read_until_closed(sock, SLACK_S)).startswith(b"HTTP/1.1 500")
     assert [str(r.exc_info[1]) for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info] == ["our own bug"]
+
+
+async def test_an_error_serving_one_connection_ends_it_alone_logged_once_and_counted(nursery, caplog):
+    """A bug met while serving one connection (ours or hypercorn's: an exception out of its
+    `TCPServer`, as BusyResourceError and LocalProtocolError were) ends that connection only, with
+    its traceback in the log once and a count; it used to end `Connections.serve`, and with it the
+    server and the peer. Another connection open meanwhile is served whole."""
+    caplog.set_level(logging.ERROR, logger="p2pnet.web_limits")
+    connections = Connections(Limits(**HOLD))
+
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event, busy: object) -> None:
+        if await stream.receive_some(1 << 16) == b"fail":
+            raise RuntimeError("a bug met by one connection")
+        await stream.send_all(b"served")
+
+    with trio.socket.socket() as listener:
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        nursery.start_soon(connections.serve, listener, serve_one)
+        port = listener.getsockname()[1]
+        with await connect(port) as other:
+            await settle(connections, 1)
+            with await connect(port, "127.0.0.2") as failing:
+                await failing.send(b"fail")
+                assert await read_until_closed(failing, SLACK_S) == b""
+            await other.send(b"hello")
+            assert await read_until_closed(other, SLACK_S) == b"served"
+        await settle(connections, 0)
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(failures) == 1 and "from 127.0.0.2" in failures[0].getMessage(), failures
+    assert "a bug met by one connection" in caplog.text  # the traceback, with the error
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(connections)
+    assert "p2pnet_http_connections_failed_total 1.0" in generate_latest(registry).decode()
+
