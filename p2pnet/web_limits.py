@@ -100,8 +100,13 @@ REFUSAL_WARNING_S = 60.0  # at most one warning a minute about connections refus
 # accept() failing for want of descriptors or memory: wait for connections to end (as trio does)
 ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 ACCEPT_RETRY_S = 0.1
-# accept() failing for one connection only (reset or refused by a firewall before we took it)
-ACCEPT_IGNORED_ERRNOS = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM}
+# accept() failing for one connection only: reset or refused by a firewall before we took it, or
+# (accept(2) on Linux) the new connection's pending network error, which a client or its route
+# can cause at will; the set trio's SocketListener ignores, since any other ends the server
+ACCEPT_IGNORED_ERRNOS = {getattr(errno, name) for name in (
+    "ECONNABORTED", "EPROTO", "EPERM", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET", "EHOSTUNREACH",
+    "EOPNOTSUPP", "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET")
+    if hasattr(errno, name)}
 
 
 class Refusal(enum.Enum):

@@ -11,13 +11,15 @@ the most for a newcomer from one holding fewer (an idle connection first), and r
 when that would gain nothing. A client that breaks HTTP's framing (more requests after one that
 asked to close, bytes before a websocket handshake is answered) gets no traceback into our logs
 and does not stop the server, nor does a bug met while serving one connection (it ends that
-connection, logged and counted). Loopback gives each test several client addresses (127.0.0.1,
-127.0.0.2, ...: all of 127/8 is local on Linux)."""
+connection, logged and counted), nor a network error that accept() passes on. Loopback gives
+each test several client addresses (127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
+import os
 import re
 import socket
 import tomllib
@@ -536,3 +538,37 @@ async def test_an_error_serving_one_connection_ends_it_alone_logged_once_and_cou
     registry.register(connections)
     assert "p2pnet_http_connections_failed_total 1.0" in generate_latest(registry).decode()
 
+
+class FailingAccepts:
+    """A listener whose next accepts fail with `errnos` (what Linux's accept() passes on from a
+    new connection: accept(2)), then accepts as `listener` does."""
+
+    def __init__(self, listener: trio.socket.SocketType, errnos: list[int]) -> None:
+        self.listener, self.errnos = listener, errnos
+
+    async def accept(self) -> tuple[trio.socket.SocketType, object]:
+        if self.errnos:
+            await trio.lowlevel.checkpoint()
+            code = self.errnos.pop(0)
+            raise OSError(code, os.strerror(code))
+        return await self.listener.accept()
+
+
+async def test_a_network_error_that_accept_passes_on_from_one_connection_does_not_stop_the_server(nursery):
+    """accept() on Linux returns a new connection's pending network error (a route gone, a reset,
+    a timeout), which a client can cause: the server skips it and goes on, as trio's own listener
+    does; it used to end the server, and the peer, on any but three."""
+    connections = Connections(Limits(**HOLD))
+
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event, busy: object) -> None:
+        await stream.send_all(b"served")
+
+    errnos = [errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ETIMEDOUT, errno.ECONNRESET, errno.ENETDOWN]
+    with trio.socket.socket() as listener:
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        nursery.start_soon(connections.serve, FailingAccepts(listener, errnos), serve_one)
+        with await connect(listener.getsockname()[1]) as sock:
+            assert await read_until_closed(sock, SLACK_S) == b"served"
+    assert errnos == []
+    await settle(connections, 0)
