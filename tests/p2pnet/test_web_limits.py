@@ -106,11 +106,11 @@ async def unanswered(port: int, source: str) -> bytes:
         return await read_until_closed(over, SLACK_S)
 
 
-async def stop_reading_mid_response(port: int) -> trio.socket.SocketType:
+async def stop_reading_mid_response(port: int, request: bytes = KEEP_ALIVE) -> trio.socket.SocketType:
     """A client that asks for a large response, reads its first 64 KiB and no more: the server
     is then inside its write of the rest, which cannot fit in the sockets' buffers."""
     reader = await connect(port, receive_buffer=4096)
-    await reader.send(KEEP_ALIVE)
+    await reader.send(request)
     got = 0
     with trio.fail_after(SLACK_S):
         while got < 1 << 16:
@@ -346,11 +346,16 @@ async def test_a_client_that_does_not_read_is_cut_at_the_lifetime(nursery):
     lifetime_s = 1.0
     body = b"#" * (16 << 20)  # far more than loopback's socket buffers (4 MiB to send, 4 KiB to receive)
     connections, port = await start(nursery, Limits(idle_s=0.5, lifetime_s=lifetime_s), metrics=body)
-    with await stop_reading_mid_response(port) as reader, await connect(port) as h2:
+    with (await stop_reading_mid_response(port) as reader, await connect(port) as h2,
+          await stop_reading_mid_response(port, SCRAPE) as breaking):
         await h2.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # HTTP/2, and then no stream: no idle timer runs
+        # a byte after a request that asked to close: hypercorn closes the connection, which waits
+        # for the write in flight (`ConnectionServer._close`); the reset at the lifetime ends both
+        await breaking.send(b"x")
         with trio.fail_after(lifetime_s + SLACK_S):
             await connections.wait_open(0)
         assert len(await read_until_closed(reader, SLACK_S)) < len(body)
+        assert len(await read_until_closed(breaking, SLACK_S)) < len(body)
         await read_until_closed(h2, SLACK_S)
     assert (await scrape(port, "127.0.0.2")).startswith(b"HTTP/1.1 200")  # the server goes on
 
@@ -367,7 +372,8 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
         stopped.set()
 
     port = await nursery.start(run)
-    with await stop_reading_mid_response(port) as reader:
+    with await stop_reading_mid_response(port) as reader, await stop_reading_mid_response(port, SCRAPE) as breaking:
+        await breaking.send(b"x")  # hypercorn closes it, which waits for its write in flight
         server.cancel()
         with trio.move_on_after(SLACK_S):
             await stopped.wait()
