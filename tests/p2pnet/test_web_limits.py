@@ -7,12 +7,13 @@ are closed by their deadlines (short ones, injected: each wait is that deadline 
 a client that never reads does not hold the server's shutdown; a client that leaves is forgotten
 at once, and a polling one is asked to reconnect before the lifetime would cut it; the server's
 own count of open connections returns to 0. A full server takes a slot from the client holding
-the most for a newcomer from one holding fewer (an idle connection first), and refuses a newcomer
-when that would gain nothing. A client that breaks HTTP's framing (more requests after one that
-asked to close, bytes before a websocket handshake is answered) gets no traceback into our logs
-and does not stop the server, nor does a bug met while serving one connection (it ends that
-connection, logged and counted), nor a network error that accept() passes on. Loopback gives
-each test several client addresses (127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
+the most for a newcomer from one holding fewer (an idle connection first; one inside a write to a
+client that does not read is reset at once), and refuses a newcomer when that would gain nothing.
+A client that breaks HTTP's framing (more requests after one that asked to close, bytes before a
+websocket handshake is answered) gets no traceback into our logs and does not stop the server,
+nor does a bug met while serving one connection (it ends that connection, logged and counted),
+nor a network error that accept() passes on. Loopback gives each test several client addresses
+(127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
 
 from __future__ import annotations
 
@@ -577,4 +578,23 @@ async def test_a_network_error_that_accept_passes_on_from_one_connection_does_no
         with await connect(listener.getsockname()[1]) as sock:
             assert await read_until_closed(sock, SLACK_S) == b"served"
     assert errnos == []
+    await settle(connections, 0)
+
+
+async def test_a_connection_evicted_inside_a_write_its_client_does_not_read_is_reset_at_once(nursery):
+    """The victim of an eviction may be inside hypercorn's shielded write to a client that does not
+    read: it ends at once (its slot is not held until the lifetime), and with a reset, so the kernel
+    drops the megabytes of response it still held for that client instead of going on delivering
+    them."""
+    body = b"#" * (16 << 20)
+    connections, port = await start(nursery, Limits(max_connections=2, max_per_ip=2, **HOLD), metrics=body)
+    with await stop_reading_mid_response(port) as victim, await stop_reading_mid_response(port) as other:
+        with await connect(port, "127.0.0.2"):  # 127.0.0.1 holds both, busy: its oldest is taken
+            with pytest.raises(ConnectionResetError), trio.fail_after(SLACK_S):
+                while await victim.recv(1 << 16):
+                    pass
+            await settle(connections, 2)
+            assert connections.gate.evicted == 1
+            assert connections.gate.by_key == {"127.0.0.1": 1, "127.0.0.2": 1}
+        other.close()
     await settle(connections, 0)
