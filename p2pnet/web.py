@@ -15,7 +15,9 @@ through its control socket): it is built from callables, not from a node. This m
 routing, the socket and hypercorn's settings; what a page or a metric says belongs to the
 modules named above. The server may face the internet, so its connections are accepted within
 the bounds of `p2pnet.web_limits` (connections per client and in all, a deadline for each
-request, a lifetime for each connection) before hypercorn sees them.
+request, a lifetime for each connection) before hypercorn sees them, and what a client sends
+must never end in a traceback in our log nor stop the server (`ConnectionServer`; a websocket
+is closed unanswered, `refuse_websocket`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from hypercorn.utils import wrap_app
 
 from p2pnet.addresses import join_host_port, parse_host_port
 from p2pnet.errors import ConfigError
-from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Connections
+from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Busy, Connections
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ class WebApp:
         self.snapshot = snapshot
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":  # a websocket; `serve` runs no lifespan
+        if scope["type"] != "http":  # `serve` runs no lifespan and refuses websockets before this
             return
         status, content_type, body = await self.respond(scope["method"], scope["path"])
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
@@ -94,13 +96,23 @@ class ConnectionServer(TCPServer):
     its idle timer, holding a slot for up to `idle_s` after the client had gone. Each connection
     gets its own WorkerContext, and setting its `terminated` (hypercorn's graceful-shutdown
     signal) when the read loop ends closes the connection at once, or after the response in
-    flight.
-    tests/p2pnet/test_web_limits.py serves every request through this class and fails if either
+    flight. And `TCPServer._close` sends its end of stream outside the lock its writes take
+    (`send_lock`), so when a connection was closed while a response was being written (a client
+    that sends more after a request that asked to close, or pipelines past
+    `KEEP_ALIVE_MAX_REQUESTS`: hypercorn closes on the protocol error) the two met on the socket
+    and one raised BusyResourceError: in the application's task hypercorn logged it as an error
+    of ours ("Error in ASGI Framework"), in the read loop's it ended the whole server. The end
+    of stream here waits for the write in flight.
+    tests/p2pnet/test_web_limits.py serves every request through this class and fails if any
     of those internals changes, and checks the pin."""
 
     async def _read_data(self) -> None:
         await super()._read_data()
         await self.context.terminated.set()
+
+    async def _close(self) -> None:
+        async with self.send_lock:
+            await super()._close()
 
 
 async def terminate_when(wind_down: trio.Event, context: WorkerContext) -> None:
@@ -108,6 +120,17 @@ async def terminate_when(wind_down: trio.Event, context: WorkerContext) -> None:
     over): closed at once when idle, or once the response in flight is sent."""
     await wind_down.wait()
     await context.terminated.set()
+
+
+async def refuse_websocket(stream: trio.SocketStream, receive: Any) -> None:
+    """We serve no websocket: its connection is closed unanswered, and the application returns
+    only once hypercorn has seen the connection end. Answering (or returning, which hypercorn
+    answers with a 500) raced hypercorn's own 400 to a client that sends bytes before its
+    handshake is answered: each of the two tasks then found h11 in the state the other had left
+    it in, and the LocalProtocolError ended the whole server (hypercorn issue #225)."""
+    stream.socket.close()
+    while (await receive())["type"] != "websocket.disconnect":
+        pass
 
 
 def bind(listen: str, field: str) -> socket.socket:
@@ -145,14 +168,20 @@ async def serve(app: WebApp, listen: str, field: str = "--listen", *, connection
     config.h2_max_concurrent_streams = 1
     # read_timeout stays unset: while a request is served the client owes us nothing, and the
     # wait for the next one is keep_alive_timeout's
-    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
     url = f"http://{join_host_port(host, port)}"
 
-    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event) -> None:
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event, busy: Busy) -> None:
+        async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] == "websocket":
+                await refuse_websocket(stream, receive)
+                return
+            with busy():  # a connection between requests is the cheapest to evict
+                await app(scope, receive, send)
+
         context = WorkerContext(None)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(terminate_when, wind_down, context)
-            await ConnectionServer(asgi, config, context, {}, stream)
+            await ConnectionServer(wrap_app(answer, config.wsgi_max_body_size, "asgi"), config, context, {}, stream)
             nursery.cancel_scope.cancel()
 
     with trio.socket.from_stdlib_socket(sock) as listener:

@@ -6,9 +6,18 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
 `Connections.serve`, which bounds (`Limits`):
 
 - the connections open at once, in all and per client (`client_key`: an IPv4 address, an IPv6
-  /64). A connection over a cap is closed unanswered, counted (`p2pnet_http_connections_refused`,
-  by cap) and named in a warning at most once a minute. `ConnectionGate` is that count, free
-  of I/O;
+  /64). A client at its own cap is refused (closed unanswered). A full server is shared fairly
+  rather than first come, first served: a newcomer whose client, counting it, would still hold
+  fewer connections than the client holding the most takes a slot from that client (one of its
+  connections is reset at once), and any other newcomer is refused. So attackers from a few
+  addresses cannot fill the server and lock the operator's scraper out: while any client holds
+  2 or more, a client holding none gets in. What is left: an attacker with more addresses than
+  `max_connections`, each holding one, still fills it, for as long as it holds them (the
+  lifetime below ends each connection, but it reconnects); that is bounded by how many
+  addresses it has, not by how fast it reconnects. Refusals and evictions are counted
+  (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and named in a
+  warning at most once a minute. `ConnectionGate` is that count, and chooses whom to evict,
+  free of I/O;
 - how long a connection may live (`lifetime_s`): it is then asked to close once the response
   in flight is sent (at once if none is), and reset `idle_s` later whatever it does. The reset
   ends a client that never reads its response (hypercorn shields its writes from cancellation,
@@ -21,6 +30,17 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   ends (`idle_s`: slow headers, idle keep-alive connections), and how many requests one
   connection may carry (`KEEP_ALIVE_MAX_REQUESTS`, so a polling client reconnects before
   `lifetime_s`).
+
+Whom to evict: of the connections of the clients holding the most, an idle one (before its first
+whole request or between two: its client loses only the connection, which an honest keep-alive
+client reopens as a matter of course, where a busy one would lose a response half sent), and of
+those the oldest (admitted first: nearest its lifetime's end anyway, and a connection held
+longest is the likeliest to be held rather than used). `p2pnet.web` says when a connection is
+busy (`Connections.serve`'s `busy`: while the application answers one of its requests).
+
+What a client sends must never stop the server (and with it the peer): an error raised while
+serving one connection ends that connection only, logged with its traceback as the bug it is (of
+ours or hypercorn's) and counted (`p2pnet_http_connections_failed`).
 
 This module knows nothing of HTTP: it owns accepting, counting and closing.
 """
@@ -35,7 +55,8 @@ import logging
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator
+from functools import partial
+from typing import Any, Awaitable, Callable, ContextManager, Iterator
 
 import trio
 
@@ -56,7 +77,9 @@ class Limits:
     responses needs and bounds what a client that does not read can hold (for `idle_s` more: a
     response in flight at the lifetime has that long to finish before the reset). None of this
     is a setting: an operator behind a reverse proxy (one address for every viewer) would be
-    the first to need one."""
+    the first to need one. When the server is full a newcomer takes a slot from the client
+    holding the most, while it would still hold fewer (the module docstring): a scraper gets in
+    unless at least `max_connections` clients hold one each."""
 
     max_connections: int = 64
     max_per_ip: int = 8
@@ -73,19 +96,33 @@ class Limits:
 # a keep-alive client is told to reconnect (Connection: close) after this many requests: the
 # dashboard's 2 s poll does 20 in 40 s, before `lifetime_s` would close it
 KEEP_ALIVE_MAX_REQUESTS = 20
-REFUSAL_WARNING_S = 60.0  # at most one warning about refused connections per minute
+REFUSAL_WARNING_S = 60.0  # at most one warning a minute about connections refused or evicted
 # accept() failing for want of descriptors or memory: wait for connections to end (as trio does)
 ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 ACCEPT_RETRY_S = 0.1
-# accept() failing for one connection only (reset or refused by a firewall before we took it)
-ACCEPT_IGNORED_ERRNOS = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM}
+# accept() failing for one connection only: reset or refused by a firewall before we took it, or
+# (accept(2) on Linux) the new connection's pending network error, which a client or its route
+# can cause at will; the set trio's SocketListener ignores, since any other ends the server
+ACCEPT_IGNORED_ERRNOS = {getattr(errno, name) for name in (
+    "ECONNABORTED", "EPROTO", "EPERM", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET", "EHOSTUNREACH",
+    "EOPNOTSUPP", "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT", "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET")
+    if hasattr(errno, name)}
 
 
 class Refusal(enum.Enum):
     """Why a connection was closed unanswered (the label of the refused counter)."""
 
-    TOTAL = "total"  # max_connections open in all
+    TOTAL = "total"  # max_connections open in all, and its client would hold as many as the most-holding one
     PER_IP = "per_ip"  # max_per_ip open from its address
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A newcomer admitted as `connection`; when the server was full it takes the slot of
+    `evicted`, which the shell must close at once (its key is in `ConnectionGate.closing`)."""
+
+    connection: int
+    evicted: int | None = None
 
 
 def client_key(host: str) -> str:
@@ -100,80 +137,159 @@ def client_key(host: str) -> str:
     return str(address)
 
 
+@dataclass
+class Held:
+    """One admitted connection: whom it counts against, and how many of its requests the
+    application is answering (0: idle)."""
+
+    key: str
+    busy: int = 0
+
+
 class ConnectionGate:
-    """The count of open connections, in all and by client key, against `Limits`: `admit`
-    before serving one (None, or why not), `release` when it is closed. No clock, no I/O."""
+    """The count of open connections, in all and by client key, against `Limits`: `admit` before
+    serving one (an `Admitted`, which may name a connection to evict, or a `Refusal`); `started`
+    and `ended` around each request it carries; `release` once it is closed. Connections are
+    numbered in the order admitted, so the lowest number is the oldest. An evicted connection
+    leaves the count at once (its slot is the newcomer's) and waits in `closing` for its
+    `release`, so that each slot is freed exactly once. No clock, no I/O."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.open = 0
+        self.held: dict[int, Held] = {}  # in the order admitted
         self.by_key: dict[str, int] = {}
+        self.closing: dict[int, str] = {}  # evicted, not yet released: their keys
         self.refused = {refusal: 0 for refusal in Refusal}
+        self.evicted = 0
+        self._next = 0
 
-    def admit(self, key: str) -> Refusal | None:
-        refusal = None
+    @property
+    def open(self) -> int:
+        return len(self.held)
+
+    def admit(self, key: str) -> Admitted | Refusal:
+        count = self.by_key.get(key, 0)
+        evicted = None
         if self.open >= self.limits.max_connections:
-            refusal = Refusal.TOTAL
-        elif self.by_key.get(key, 0) >= self.limits.max_per_ip:
-            refusal = Refusal.PER_IP
-        if refusal is not None:
-            self.refused[refusal] += 1
-            return refusal
-        self.open += 1
-        self.by_key[key] = self.by_key.get(key, 0) + 1
-        return None
+            evicted = self._victim(count)
+            if evicted is None:
+                return self._refuse(Refusal.TOTAL)
+            self._drop(evicted)
+            self.closing[evicted] = self.held.pop(evicted).key
+            self.evicted += 1
+        elif count >= self.limits.max_per_ip:
+            return self._refuse(Refusal.PER_IP)
+        self._next += 1
+        self.held[self._next] = Held(key)
+        self.by_key[key] = count + 1
+        return Admitted(self._next, evicted)
 
-    def release(self, key: str) -> None:
+    def started(self, connection: int) -> None:
+        """The application is answering a request of `connection` (ignored once it is evicted)."""
+        if connection not in self.closing:
+            self.held[connection].busy += 1
+
+    def ended(self, connection: int) -> None:
+        if connection not in self.closing:
+            self.held[connection].busy -= 1
+
+    def key_of(self, connection: int) -> str:
+        """Whom `connection` counts against (counted, once it is evicted)."""
+        return self.closing[connection] if connection in self.closing else self.held[connection].key
+
+    def release(self, connection: int) -> None:
+        """`connection` is closed: its slot is free (it was already, when it was evicted). A
+        connection released twice is our bug: KeyError."""
+        if self.closing.pop(connection, None) is not None:
+            return
+        self._drop(connection)
+        del self.held[connection]
+
+    def _victim(self, count: int) -> int | None:
+        """The connection a newcomer whose client holds `count` takes the slot of: None unless
+        its client, counting it, would still hold fewer than the client holding the most (a
+        swap that only traded one client's connection for another's would gain nothing, and
+        among clients holding one each it would go on for ever); else, of the connections of
+        the clients holding the most, idle before busy, then the oldest."""
+        most = max(self.by_key.values())
+        if count + 1 >= most:
+            return None
+        return min((connection for connection, held in self.held.items() if self.by_key[held.key] == most),
+                   key=lambda connection: (self.held[connection].busy > 0, connection))
+
+    def _drop(self, connection: int) -> None:
+        key = self.held[connection].key
         left = self.by_key[key] - 1
         if left:
             self.by_key[key] = left
         else:
             del self.by_key[key]
-        self.open -= 1
+
+    def _refuse(self, refusal: Refusal) -> Refusal:
+        self.refused[refusal] += 1
+        return refusal
+
+
+Busy = Callable[[], ContextManager[None]]  # held around each request the application answers
 
 
 class Connections:
     """The trio side of the bounds: accepts, admits through a `ConnectionGate`, serves each
-    admitted connection for at most `lifetime_s` (and `idle_s` to wind down); also the
-    prometheus_client collector of its counts and what a test waits on (`wait_open`)."""
+    admitted connection for at most `lifetime_s` (and `idle_s` to wind down), resets the ones
+    the gate evicts; also the prometheus_client collector of its counts and what a test waits
+    on (`wait_open`)."""
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self.gate = ConnectionGate(self.limits)
+        self._live: dict[int, tuple[trio.SocketStream, trio.CancelScope]] = {}  # by the gate's number
+        self.failed = 0  # connections whose serving raised (`_connection`)
         self._changed = trio.Event()
-        self._unwarned = 0
+        self._warned = (0, 0)  # refused and evicted in all at the last warning
         self._quiet_until = float("-inf")
 
     async def wait_open(self, count: int) -> None:
-        """Until exactly `count` connections are open."""
-        while self.gate.open != count:
+        """Until exactly `count` connections are open and none evicted is still ending."""
+        while self.gate.open != count or self.gate.closing:
             await self._changed.wait()
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        from p2pnet.metrics import gauge, labelled
+        from p2pnet.metrics import counter, gauge, labelled
 
         yield gauge("p2pnet_http_connections", "Connections open to this HTTP server.", self.gate.open)
         yield labelled(CounterMetricFamily("p2pnet_http_connections_refused", "Connections to this HTTP server "
                                            "closed unanswered, by the cap they met (total, per_ip).", labels=["cap"]),
                        {refusal.value: count for refusal, count in self.gate.refused.items()})
+        yield counter("p2pnet_http_connections_evicted", "Connections to this HTTP server reset when it was full, "
+                      "each to admit one from a client holding fewer than the client it was taken from.",
+                      self.gate.evicted)
+        yield counter("p2pnet_http_connections_failed", "Connections to this HTTP server whose serving raised an "
+                      "unexpected error (a bug of p2pnet's or hypercorn's, logged): each closed, the server going on.",
+                      self.failed)
 
     async def serve(self, listener: trio.socket.SocketType,
-                    serve_one: Callable[[trio.SocketStream, trio.Event], Awaitable[None]]) -> None:
-        """Accept on `listener` until cancelled; `serve_one(stream, wind_down)` for each admitted
-        connection, which should close it once the response in flight is sent when `wind_down`
-        is set (at `lifetime_s`; it is reset `idle_s` later)."""
+                    serve_one: Callable[[trio.SocketStream, trio.Event, Busy], Awaitable[None]]) -> None:
+        """Accept on `listener` until cancelled; `serve_one(stream, wind_down, busy)` for each
+        admitted connection, which should close it once the response in flight is sent when
+        `wind_down` is set (at `lifetime_s`; it is reset `idle_s` later), and hold `busy()`
+        while its application answers a request (an idle connection is evicted first)."""
         async with trio.open_nursery() as nursery:
             while True:
                 sock, key = await self._accept(listener)
-                refusal = self.gate.admit(key)
-                if refusal is not None:
+                verdict = self.gate.admit(key)
+                if isinstance(verdict, Refusal):
                     sock.close()
-                    self._warn(key, refusal)
+                    cap = (f"{self.limits.max_connections} open in all" if verdict is Refusal.TOTAL
+                           else f"{self.limits.max_per_ip} open from it")
+                    self._warn("refused an HTTP connection from %s (%s)", key, cap)
                     continue
+                if verdict.evicted is not None:
+                    self._evict(verdict.evicted, key)
+                self._live[verdict.connection] = (trio.SocketStream(sock), trio.CancelScope())
                 self._notify()
-                nursery.start_soon(self._connection, trio.SocketStream(sock), key, serve_one)
+                nursery.start_soon(self._connection, verdict.connection, serve_one)
 
     async def _accept(self, listener: trio.socket.SocketType) -> tuple[trio.socket.SocketType, str]:
         while True:
@@ -188,46 +304,82 @@ class Connections:
                 continue
             return sock, client_key(address[0])
 
-    async def _connection(self, stream: trio.SocketStream, key: str,
-                          serve_one: Callable[[trio.SocketStream, trio.Event], Awaitable[None]]) -> None:
+    async def _connection(self, connection: int,
+                          serve_one: Callable[[trio.SocketStream, trio.Event, Busy], Awaitable[None]]) -> None:
+        stream, scope = self._live[connection]
         try:
-            async with trio.open_nursery() as nursery:
-                wind_down = trio.Event()
-                nursery.start_soon(self._expire, stream, wind_down, nursery.cancel_scope)
-                await serve_one(stream, wind_down)
-                nursery.cancel_scope.cancel()
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    wind_down = trio.Event()
+                    nursery.start_soon(self._expire, stream, wind_down, scope)
+                    await serve_one(stream, wind_down, partial(self._busy, connection))
+                    scope.cancel()
+        except* Exception as failure:
+            # whatever a client sends is handled by hypercorn and the application, so this is a bug
+            # of ours or hypercorn's, met by one connection: it ends that connection (its socket is
+            # closed by `_expire`), not the server and with it the peer, and is not lost (the
+            # cancellation of a stopping server, a BaseException, goes on up)
+            self.failed += 1
+            log.error("serving an HTTP connection from %s failed, a bug in p2pnet.web or hypercorn; "
+                      "the connection is closed and the server goes on", self.gate.key_of(connection),
+                      exc_info=failure)
         finally:
-            self.gate.release(key)
+            del self._live[connection]
+            self.gate.release(connection)
             self._notify()
 
     async def _expire(self, stream: trio.SocketStream, wind_down: trio.Event, scope: trio.CancelScope) -> None:
         """Set `wind_down` after `lifetime_s` (an honest client's response in flight is finished,
-        not cut) and close `stream` `idle_s` later, or at once when the connection ends or the
-        server stops. Cancelling is not enough: hypercorn shields its socket writes
-        (tcp_server.py, protocol_send), so a client that does not read holds a write until the socket closes
-        under it (the write then fails as if the client had gone)."""
+        not cut) and reset `stream` `idle_s` later, or close it at once when the connection ends,
+        is evicted or the server stops. Cancelling is not enough: hypercorn shields its socket
+        writes (tcp_server.py, protocol_send), so a client that does not read holds a write until
+        the socket closes under it (the write then fails as if the client had gone)."""
         try:
             await trio.sleep(self.limits.lifetime_s)
             wind_down.set()
             await trio.sleep(self.limits.idle_s)
-            with contextlib.suppress(OSError):  # a reset: the kernel keeps nothing the client would not take
-                stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            reset(stream.socket)
         finally:
             stream.socket.close()
             scope.cancel()
 
-    def _warn(self, key: str, refusal: Refusal) -> None:
-        self._unwarned += 1
+    def _evict(self, connection: int, newcomer: str) -> None:
+        """Reset `connection`, whose slot the gate gave a newcomer from `newcomer`, and end its
+        serving at once; its own task releases it (the gate keeps it in `closing` until then,
+        also when it was ending on its own at this moment)."""
+        stream, scope = self._live[connection]
+        reset(stream.socket)
+        scope.cancel()
+        key = self.gate.closing[connection]
+        self._warn("closed an HTTP connection of %s, the client holding the most (%d), to admit one from %s "
+                   "(%d open in all)", key, self.gate.by_key.get(key, 0) + 1, newcomer, self.limits.max_connections)
+
+    @contextlib.contextmanager
+    def _busy(self, connection: int) -> Iterator[None]:
+        self.gate.started(connection)
+        try:
+            yield
+        finally:
+            self.gate.ended(connection)
+
+    def _warn(self, message: str, *args: object) -> None:
         now = trio.current_time()
         if now < self._quiet_until:
             return
-        cap = (f"{self.limits.max_connections} open in all" if refusal is Refusal.TOTAL
-               else f"{self.limits.max_per_ip} open from it")
-        log.warning("refused an HTTP connection from %s (%s); %d refused since the last such warning",
-                    key, cap, self._unwarned)
-        self._unwarned = 0
+        refused, evicted = sum(self.gate.refused.values()), self.gate.evicted
+        log.warning(message + "; since the last such warning, %d refused and %d closed to admit others",
+                    *args, refused - self._warned[0], evicted - self._warned[1])
+        self._warned = (refused, evicted)
         self._quiet_until = now + REFUSAL_WARNING_S
 
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
+
+
+def reset(sock: trio.socket.SocketType) -> None:
+    """Close `sock` with a reset: the kernel then keeps nothing the client would not take (a
+    plain close goes on trying to deliver what is unsent)."""
+    with contextlib.suppress(OSError):  # closed already
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()

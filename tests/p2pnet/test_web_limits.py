@@ -6,13 +6,21 @@ is that client's pace), an idle keep-alive connection and a client that never re
 are closed by their deadlines (short ones, injected: each wait is that deadline plus `SLACK_S`);
 a client that never reads does not hold the server's shutdown; a client that leaves is forgotten
 at once, and a polling one is asked to reconnect before the lifetime would cut it; the server's
-own count of open connections returns to 0. Loopback gives each test several client addresses
+own count of open connections returns to 0. A full server takes a slot from the client holding
+the most for a newcomer from one holding fewer (an idle connection first; one inside a write to a
+client that does not read is reset at once), and refuses a newcomer when that would gain nothing.
+A client that breaks HTTP's framing (more requests after one that asked to close, bytes before a
+websocket handshake is answered) gets no traceback into our logs and does not stop the server,
+nor does a bug met while serving one connection (it ends that connection, logged and counted),
+nor a network error that accept() passes on. Loopback gives each test several client addresses
 (127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
+import os
 import re
 import socket
 import tomllib
@@ -31,7 +39,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import p2pnet
 from p2pnet.web import WebApp, serve
-from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, ConnectionGate, Connections, Limits, Refusal, client_key
+from p2pnet.web_limits import (KEEP_ALIVE_MAX_REQUESTS, Admitted, ConnectionGate, Connections, Limits, Refusal,
+                               client_key)
 
 SLACK_S = 10.0  # less than the 30 s keep-alive hypercorn was given before these bounds
 METRICS = b"p2pnet_up 1\n"
@@ -98,11 +107,11 @@ async def unanswered(port: int, source: str) -> bytes:
         return await read_until_closed(over, SLACK_S)
 
 
-async def stop_reading_mid_response(port: int) -> trio.socket.SocketType:
+async def stop_reading_mid_response(port: int, request: bytes = KEEP_ALIVE) -> trio.socket.SocketType:
     """A client that asks for a large response, reads its first 64 KiB and no more: the server
     is then inside its write of the rest, which cannot fit in the sockets' buffers."""
     reader = await connect(port, receive_buffer=4096)
-    await reader.send(KEEP_ALIVE)
+    await reader.send(request)
     got = 0
     with trio.fail_after(SLACK_S):
         while got < 1 << 16:
@@ -126,17 +135,66 @@ def test_client_keys_and_the_gate_count():
     assert client_key("2001:db8::1") == client_key("2001:db8::ffff%eth0") == "2001:db8::/64"  # one host's /64
     assert client_key("2001:db8:0:1::1") != client_key("2001:db8::1")
     gate = ConnectionGate(Limits(max_connections=3, max_per_ip=2))
-    assert [gate.admit("a"), gate.admit("a"), gate.admit("a")] == [None, None, Refusal.PER_IP]
-    assert [gate.admit("b"), gate.admit("c")] == [None, Refusal.TOTAL]
-    gate.release("a")
-    assert gate.admit("c") is None
-    for key in ("a", "b", "c"):
-        gate.release(key)
+    a1, a2 = gate.admit("a"), gate.admit("a")
+    assert isinstance(a1, Admitted) and isinstance(a2, Admitted) and gate.admit("a") is Refusal.PER_IP
+    b1 = gate.admit("b")
+    assert isinstance(b1, Admitted) and gate.admit("b") is Refusal.TOTAL  # b would hold as many as a
+    gate.release(a1.connection)
+    c1 = gate.admit("c")
+    assert isinstance(c1, Admitted) and c1.evicted is None
+    for admitted in (a2, b1, c1):
+        gate.release(admitted.connection)
     assert (gate.open, gate.by_key, gate.refused) == (0, {}, {Refusal.TOTAL: 1, Refusal.PER_IP: 1})
     with pytest.raises(ValueError):
         Limits(max_connections=2, max_per_ip=3)
     with pytest.raises(ValueError):
         Limits(idle_s=10, lifetime_s=5)
+
+
+def admit(gate: ConnectionGate, key: str) -> Admitted:
+    admitted = gate.admit(key)
+    assert isinstance(admitted, Admitted), admitted
+    return admitted
+
+
+def test_a_full_gate_gives_a_newcomer_the_slot_of_an_idle_connection_of_the_client_holding_the_most():
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=3))
+    a1, a2, a3, b1 = (admit(gate, key).connection for key in "aaab")
+    gate.started(a1)  # answering a request: kept while an idle one is left
+    assert admit(gate, "c") == Admitted(5, evicted=a2)  # a holds the most: its oldest idle one
+    assert (gate.by_key, gate.closing, gate.open, gate.evicted) == ({"a": 2, "b": 1, "c": 1}, {a2: "a"}, 4, 1)
+    gate.started(a2)  # a request the evicted connection had begun: no longer counted
+    assert admit(gate, "d") == Admitted(6, evicted=a3)  # a still holds the most (2)
+    assert gate.admit("e") is Refusal.TOTAL  # all hold one: a swap would only trade one for another
+    assert gate.admit("a") is Refusal.TOTAL  # a holds as many as the most
+    assert gate.refused == {Refusal.TOTAL: 2, Refusal.PER_IP: 0}
+
+    gate.release(a2)  # the evicted connection ends: its slot was freed when it was taken
+    assert (gate.open, gate.closing, gate.by_key) == (4, {a3: "a"}, {"a": 1, "b": 1, "c": 1, "d": 1})
+    with pytest.raises(KeyError):
+        gate.release(a2)  # freed once only
+    gate.ended(a1)
+    for connection in (a3, a1, b1, 5, 6):
+        gate.release(connection)
+    assert (gate.open, gate.by_key, gate.closing) == (0, {}, {})
+
+
+def test_the_gate_evicts_among_clients_tied_at_the_most_idle_first_then_oldest_within_the_per_client_cap():
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=2))
+    a1, b1, b2, a2 = (admit(gate, key).connection for key in "abba")
+    assert gate.admit("a") is Refusal.TOTAL  # at its own cap (full: counted as the total's)
+    gate.started(a1)
+    gate.started(b1)
+    assert admit(gate, "c").evicted == b2  # a and b tie at 2: the oldest idle one of either
+    assert admit(gate, "d").evicted == a2  # now a alone holds 2: its idle one, not its older busy one
+    gate = ConnectionGate(Limits(max_connections=3, max_per_ip=3))
+    a1, a2, a3 = (admit(gate, "a").connection for _ in range(3))
+    for connection in (a1, a2, a3):
+        gate.started(connection)
+    assert admit(gate, "b").evicted == a1  # all busy: the oldest
+    gate.release(a2)  # one ends on its own just before the next newcomer: a free slot, nobody evicted
+    assert admit(gate, "c").evicted is None
+    assert gate.admit("d") is Refusal.TOTAL
 
 
 async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrape(nursery, caplog):
@@ -159,16 +217,63 @@ async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrap
     await close_all(connections, held)
 
 
-async def test_the_total_cap_refuses_until_a_connection_ends(nursery):
+async def test_a_full_server_where_every_client_holds_one_refuses_until_a_connection_ends(nursery):
+    """The residue of fair sharing: as many clients as the cap, one connection each, fill the
+    server (taking one would only trade a client for another)."""
     connections, port = await start(nursery, Limits(max_connections=3, max_per_ip=2, **HOLD))
-    held = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.1", "127.0.0.2")]
+    held = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.2", "127.0.0.3")]
     await settle(connections, 3)
-    assert await unanswered(port, "127.0.0.3") == b""
-    assert connections.gate.refused == {Refusal.TOTAL: 1, Refusal.PER_IP: 0}
+    assert await unanswered(port, "127.0.0.4") == b""
+    assert await unanswered(port, "127.0.0.1") == b""
+    assert (connections.gate.refused, connections.gate.evicted) == ({Refusal.TOTAL: 2, Refusal.PER_IP: 0}, 0)
     held.pop(0).close()
     await settle(connections, 2)
-    assert (await scrape(port, "127.0.0.3")).startswith(b"HTTP/1.1 200")
+    assert (await scrape(port, "127.0.0.4")).startswith(b"HTTP/1.1 200")
     await close_all(connections, held)
+
+
+async def test_a_full_server_admits_a_scrape_in_place_of_an_idle_connection_of_the_client_holding_the_most(
+        nursery, caplog):
+    """Two attacker addresses fill the server; a scraper from a third is served whole, in the slot
+    of the oldest idle connection of the clients holding the most, which is closed: not the older
+    one of the same client that is answering a request (it gets its whole response), nor the
+    other attacker's."""
+    caplog.set_level(logging.WARNING, logger="p2pnet.web_limits")
+    entered, answer = trio.Event(), trio.Event()
+
+    async def snapshot() -> dict:
+        entered.set()
+        await answer.wait()
+        return {"slow": True}
+
+    connections = Connections(Limits(max_connections=4, max_per_ip=2, **HOLD))
+    app = WebApp(snapshot=snapshot, metrics=lambda: METRICS, health=lambda: None)
+    port = int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))).rsplit(":", 1)[1])
+    busy = await connect(port, "127.0.0.1")
+    await busy.send(b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\n\r\n")
+    await entered.wait()
+    idle = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.2", "127.0.0.2")]
+    await settle(connections, 4)
+    scraped = await scrape(port, "127.0.0.3")
+    assert scraped.startswith(b"HTTP/1.1 200") and scraped.endswith(METRICS), scraped[-80:]
+    assert await read_until_closed(idle[0], SLACK_S) == b""
+    answer.set()
+    out = b""
+    with trio.fail_after(SLACK_S):
+        while not out.endswith(b'{"slow": true}'):
+            data = await busy.recv(1 << 16)
+            assert data, out
+            out += data
+    assert out.startswith(b"HTTP/1.1 200")
+    await settle(connections, 3)  # the scrape has ended; the evicted connection has been released
+    assert connections.gate.by_key == {"127.0.0.1": 1, "127.0.0.2": 2}
+    assert (connections.gate.evicted, connections.gate.refused) == (1, {Refusal.TOTAL: 0, Refusal.PER_IP: 0})
+    warnings = [r.getMessage() for r in caplog.records if r.name == "p2pnet.web_limits"]
+    assert len(warnings) == 1 and "of 127.0.0.1" in warnings[0] and "from 127.0.0.3" in warnings[0], warnings
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(connections)
+    assert "p2pnet_http_connections_evicted_total 1.0" in generate_latest(registry).decode()
+    await close_all(connections, [busy, *idle])
 
 
 async def test_a_request_that_never_arrives_whole_and_an_idle_connection_are_closed(nursery):
@@ -242,11 +347,16 @@ async def test_a_client_that_does_not_read_is_cut_at_the_lifetime(nursery):
     lifetime_s = 1.0
     body = b"#" * (16 << 20)  # far more than loopback's socket buffers (4 MiB to send, 4 KiB to receive)
     connections, port = await start(nursery, Limits(idle_s=0.5, lifetime_s=lifetime_s), metrics=body)
-    with await stop_reading_mid_response(port) as reader, await connect(port) as h2:
+    with (await stop_reading_mid_response(port) as reader, await connect(port) as h2,
+          await stop_reading_mid_response(port, SCRAPE) as breaking):
         await h2.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # HTTP/2, and then no stream: no idle timer runs
+        # a byte after a request that asked to close: hypercorn closes the connection, which waits
+        # for the write in flight (`ConnectionServer._close`); the reset at the lifetime ends both
+        await breaking.send(b"x")
         with trio.fail_after(lifetime_s + SLACK_S):
             await connections.wait_open(0)
         assert len(await read_until_closed(reader, SLACK_S)) < len(body)
+        assert len(await read_until_closed(breaking, SLACK_S)) < len(body)
         await read_until_closed(h2, SLACK_S)
     assert (await scrape(port, "127.0.0.2")).startswith(b"HTTP/1.1 200")  # the server goes on
 
@@ -263,7 +373,8 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
         stopped.set()
 
     port = await nursery.start(run)
-    with await stop_reading_mid_response(port) as reader:
+    with await stop_reading_mid_response(port) as reader, await stop_reading_mid_response(port, SCRAPE) as breaking:
+        await breaking.send(b"x")  # hypercorn closes it, which waits for its write in flight
         server.cancel()
         with trio.move_on_after(SLACK_S):
             await stopped.wait()
@@ -272,9 +383,9 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
 
 def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
-    `_read_data`, `WorkerContext.terminated`), the same in 0.17.0 to 0.18.0 and absent from
-    0.16 (no lifespan state): the pin must keep a fresh install inside that range, not let it
-    pick up the next release, whose internals nobody has checked."""
+    `_read_data`, `_close`, `send_lock`, `WorkerContext.terminated`), the same in 0.17.0 to
+    0.18.0 and absent from 0.16 (no lifespan state): the pin must keep a fresh install inside
+    that range, not let it pick up the next release, whose internals nobody has checked."""
     pyproject = tomllib.loads((Path(p2pnet.__file__).parents[1] / "pyproject.toml").read_text())
     pin = next(Requirement(line) for line in pyproject["project"]["dependencies"]
                if Requirement(line).name == "hypercorn").specifier
@@ -355,4 +466,135 @@ async def test_a_response_in_flight_at_the_lifetime_is_finished_then_the_connect
         answer = await read_until_closed(polling, limits.lifetime_s + SLACK_S)
     assert entered.is_set()
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"slow": true}'), answer[-80:]
+    await settle(connections, 0)
+
+
+WEBSOCKET = (b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+FRAMING_BREAKERS = [
+    KEEP_ALIVE * (KEEP_ALIVE_MAX_REQUESTS + 1),  # more pipelined than one connection carries
+    SCRAPE + KEEP_ALIVE,  # a request after one that asked to close
+    b"GET /metrics HTTP/1.0\r\n\r\n" + KEEP_ALIVE,  # a request after an HTTP/1.0 one
+    WEBSOCKET + b"x",  # a byte before the handshake is answered
+    WEBSOCKET,  # a websocket: we serve none
+]
+ATTEMPTS = 20
+
+
+async def test_a_client_that_breaks_http_framing_logs_no_traceback_and_the_server_goes_on(nursery, caplog):
+    """Bytes after a request that asked to close, or after the request a connection ends with,
+    made hypercorn end the connection while our response was being written: its end of stream
+    and our write met on the socket (BusyResourceError), which it logged as an error of ours or,
+    when its own error response was the write, ended the whole server (and the peer). A byte
+    before a websocket handshake is answered made two tasks answer it at once, which ended the
+    server every time. Each of the first three hit the race about a third to a half of the time
+    without the fix (trio orders runnable tasks at random), hence `ATTEMPTS` of each. An error of
+    our own (a failing page) is still logged, with its traceback."""
+    caplog.set_level(logging.INFO)
+
+    async def snapshot() -> dict:
+        raise RuntimeError("our own bug")
+
+    connections = Connections(Limits(**HOLD))
+    app = WebApp(snapshot=snapshot, metrics=lambda: METRICS, health=lambda: None)
+    port = int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))).rsplit(":", 1)[1])
+    for payload in FRAMING_BREAKERS:
+        for _ in range(ATTEMPTS):
+            with await connect(port) as sock:
+                await sock.send(payload)
+                await read_until_closed(sock, SLACK_S)
+    await settle(connections, 0)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert (await scrape(port, "127.0.0.1")).endswith(METRICS)
+    with await connect(port) as sock:
+        await sock.send(b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await read_until_closed(sock, SLACK_S)).startswith(b"HTTP/1.1 500")
+    assert [str(r.exc_info[1]) for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info] == ["our own bug"]
+
+
+async def test_an_error_serving_one_connection_ends_it_alone_logged_once_and_counted(nursery, caplog):
+    """A bug met while serving one connection (ours or hypercorn's: an exception out of its
+    `TCPServer`, as BusyResourceError and LocalProtocolError were) ends that connection only, with
+    its traceback in the log once and a count; it used to end `Connections.serve`, and with it the
+    server and the peer. Another connection open meanwhile is served whole."""
+    caplog.set_level(logging.ERROR, logger="p2pnet.web_limits")
+    connections = Connections(Limits(**HOLD))
+
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event, busy: object) -> None:
+        if await stream.receive_some(1 << 16) == b"fail":
+            raise RuntimeError("a bug met by one connection")
+        await stream.send_all(b"served")
+
+    with trio.socket.socket() as listener:
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        nursery.start_soon(connections.serve, listener, serve_one)
+        port = listener.getsockname()[1]
+        with await connect(port) as other:
+            await settle(connections, 1)
+            with await connect(port, "127.0.0.2") as failing:
+                await failing.send(b"fail")
+                assert await read_until_closed(failing, SLACK_S) == b""
+            await other.send(b"hello")
+            assert await read_until_closed(other, SLACK_S) == b"served"
+        await settle(connections, 0)
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(failures) == 1 and "from 127.0.0.2" in failures[0].getMessage(), failures
+    assert "a bug met by one connection" in caplog.text  # the traceback, with the error
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(connections)
+    assert "p2pnet_http_connections_failed_total 1.0" in generate_latest(registry).decode()
+
+
+class FailingAccepts:
+    """A listener whose next accepts fail with `errnos` (what Linux's accept() passes on from a
+    new connection: accept(2)), then accepts as `listener` does."""
+
+    def __init__(self, listener: trio.socket.SocketType, errnos: list[int]) -> None:
+        self.listener, self.errnos = listener, errnos
+
+    async def accept(self) -> tuple[trio.socket.SocketType, object]:
+        if self.errnos:
+            await trio.lowlevel.checkpoint()
+            code = self.errnos.pop(0)
+            raise OSError(code, os.strerror(code))
+        return await self.listener.accept()
+
+
+async def test_a_network_error_that_accept_passes_on_from_one_connection_does_not_stop_the_server(nursery):
+    """accept() on Linux returns a new connection's pending network error (a route gone, a reset,
+    a timeout), which a client can cause: the server skips it and goes on, as trio's own listener
+    does; it used to end the server, and the peer, on any but three."""
+    connections = Connections(Limits(**HOLD))
+
+    async def serve_one(stream: trio.SocketStream, wind_down: trio.Event, busy: object) -> None:
+        await stream.send_all(b"served")
+
+    errnos = [errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ETIMEDOUT, errno.ECONNRESET, errno.ENETDOWN]
+    with trio.socket.socket() as listener:
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        nursery.start_soon(connections.serve, FailingAccepts(listener, errnos), serve_one)
+        with await connect(listener.getsockname()[1]) as sock:
+            assert await read_until_closed(sock, SLACK_S) == b"served"
+    assert errnos == []
+    await settle(connections, 0)
+
+
+async def test_a_connection_evicted_inside_a_write_its_client_does_not_read_is_reset_at_once(nursery):
+    """The victim of an eviction may be inside hypercorn's shielded write to a client that does not
+    read: it ends at once (its slot is not held until the lifetime), and with a reset, so the kernel
+    drops the megabytes of response it still held for that client instead of going on delivering
+    them."""
+    body = b"#" * (16 << 20)
+    connections, port = await start(nursery, Limits(max_connections=2, max_per_ip=2, **HOLD), metrics=body)
+    with await stop_reading_mid_response(port) as victim, await stop_reading_mid_response(port) as other:
+        with await connect(port, "127.0.0.2"):  # 127.0.0.1 holds both, busy: its oldest is taken
+            with pytest.raises(ConnectionResetError), trio.fail_after(SLACK_S):
+                while await victim.recv(1 << 16):
+                    pass
+            await settle(connections, 2)
+            assert connections.gate.evicted == 1
+            assert connections.gate.by_key == {"127.0.0.1": 1, "127.0.0.2": 1}
+        other.close()
     await settle(connections, 0)
