@@ -25,6 +25,13 @@ digest is not the round's reference, sits the round out and takes a later global
 
 `status()` says which path gave the last state taken (`state_via`) and how often each did.
 
+Who is in the group. By default the group is open: any peer whose heartbeat claims the diloco
+role (any identity, at no cost) is invited, waited for, counts in a round's reference digest, and
+can send us to fetch the state from it by naming a later round; a direct fetch then takes
+whatever finite weights it sends. `[diloco] trainers` closes the group: our data channel refuses
+every frame of a peer not listed (`not_a_trainer`), and only listed peers are invited, waited for
+or asked for the state. The relay path trusts only `[relay] trusted_publishers` either way.
+
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
 and, after our first round, only peers that have spoken to us on the diloco channel,
@@ -59,6 +66,7 @@ import trio
 from p2pnet.config import from_mapping, validated
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
+from p2pnet.identity import peer_id_from_str
 from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
@@ -128,6 +136,7 @@ class DilocoConfig:
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
     join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
+    trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights)
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -139,6 +148,11 @@ class DilocoConfig:
             problems["join_via"] = "must be relay or direct"
         if not self.deadline_s > 0:
             problems["deadline_s"] = "must be > 0"
+        for peer in self.trainers:
+            try:
+                peer_id_from_str(peer)
+            except ValueError:
+                problems["trainers"] = f"{peer!r} is not an Ed25519 peer id"
         try:
             AllReduceConfig(Encoding(self.encoding) if self.encoding in ("int8", "fp32") else Encoding.INT8,
                             self.block, max(self.deadline_s, 1e-9), self.max_norm_ratio)
@@ -401,11 +415,22 @@ class DilocoRole:
     # -- peers ------------------------------------------------------------------------------
 
     def _known_trainers(self) -> set[str]:
-        """Trainer peers in our peer table (those that stopped heartbeating expire from it)."""
+        """Trainer peers in our peer table (those that stopped heartbeating expire from it), of
+        `trainers` when the group is closed: a role in a heartbeat is only a claim."""
         now = trio.current_time()
         table = self.node.peertable
+        allowed = self.config.trainers
         return {e.peer_id for e in table.with_role("diloco")
-                if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)}
+                if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)
+                and (not allowed or e.peer_id in allowed)}
+
+    def _member_of_group(self, peer: str) -> None:
+        """Refuse `peer`'s frames when the group is closed (`trainers`) and it is not in it: in an
+        open group any identity's Join counts in the reference digest's vote, and one naming a
+        later round sends us to fetch the state from it (`_Behind`), directly if need be, where we
+        take any finite weights it sends."""
+        if self.config.trainers and peer not in self.config.trainers:
+            raise MessageRejected("not_a_trainer", "not one of this group's [diloco] trainers", peer)
 
     async def _wait_for_peers(self) -> None:
         await self.node.wait_for_peers(lambda: len(self._known_trainers()) + 1 >= self.config.min_peers)
@@ -497,6 +522,7 @@ class DilocoRole:
 
     async def _on_frame(self, stream: trio.SocketStream, peer: str, body: object, kind: str) -> bool:
         """Act on one frame `peer` sent on our diloco channel; False: the connection is to end."""
+        self._member_of_group(peer)
         if isinstance(body, StateRequest):
             if self.state is None:  # our model still loads (`run` registers the channel first): no one's fault
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
@@ -660,6 +686,9 @@ class DilocoRole:
     async def _catch_up_directly(self, hint: str | None) -> None:
         """Take the newest global state a live trainer peer has (hint first), if newer than ours;
         also when we are told we drifted (hint given), take the hinted peer's at its round."""
+        drifted = hint is not None
+        if hint is not None and self.config.trainers and hint not in self.config.trainers:
+            hint = None  # (named in a members list: the state only ever comes from the group's trainers)
         peers = ([hint] if hint else []) + sorted(self._known_trainers() - {hint} - self.suspects)
         for peer in peers:
             try:
@@ -668,10 +697,10 @@ class DilocoRole:
                 log.info("diloco: state from %s failed: %s", peer, exc)
                 continue
             assert self.state is not None
-            if fetched.round > self.state.round or (hint is not None and fetched.round == self.state.round):
+            if fetched.round > self.state.round or (drifted and fetched.round == self.state.round):
                 self._took(fetched, peer, JoinPath.DIRECT)
             return
-        if hint is not None:
+        if drifted:
             await trio.sleep(self.config.deadline_s / 10)  # nobody answered: join again later
 
     # -- background: durable state and published versions ------------------------------------
