@@ -136,7 +136,7 @@ class DilocoConfig:
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
     join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
-    trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights)
+    trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers, this one among them; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights)
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -153,6 +153,8 @@ class DilocoConfig:
                 peer_id_from_str(peer)
             except ValueError:
                 problems["trainers"] = f"{peer!r} is not an Ed25519 peer id"
+        if self.trainers and self.min_peers > len(set(self.trainers)):  # (this peer is one of them)
+            problems["min_peers"] = f"must be <= the {len(set(self.trainers))} peers of trainers, or it waits for ever"
         try:
             AllReduceConfig(Encoding(self.encoding) if self.encoding in ("int8", "fp32") else Encoding.INT8,
                             self.block, max(self.deadline_s, 1e-9), self.max_norm_ratio)
@@ -175,6 +177,9 @@ class DilocoRole:
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
         self.config = from_mapping(DilocoConfig, section, "diloco")
+        if self.config.trainers and node.peer_id not in self.config.trainers:  # a list copied to every peer
+            raise ConfigError("diloco.trainers", f"does not list this peer ({node.peer_id}): a group's trainers "
+                              "refuse the frames of a peer they do not list, so it would never take part")
         self.relay = node.roles.get("relay")  # built before us; publishes, and brings a joiner the state
         if self.config.publish and self.relay is None:
             raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")

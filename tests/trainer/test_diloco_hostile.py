@@ -293,3 +293,22 @@ def test_a_closed_group_waits_for_and_fetches_from_its_listed_trainers_only(tmp_
     assert trio.run(known) == {listed}
     role.config = SimpleNamespace(trainers=())  # an open group: every peer claiming the role
     assert trio.run(known) == {listed, stranger}
+
+
+def test_a_closed_group_lists_this_peer_and_at_least_min_peers(tmp_path) -> None:
+    """The listed trainers refuse the frames of a peer they do not list: a list without our own
+    id (one list copied to every peer) would leave us retrying for ever, never in a round; and a
+    `min_peers` above the list's size would wait for ever before the first round. Both at start."""
+    from p2pnet.config import from_mapping
+    from p2pnet.errors import ConfigError
+    from trainer.diloco_role import DilocoConfig
+
+    other = Identity.from_seed_text("listed trainer").peer_id
+    section = {"model_dir": str(tmp_path), "out_dir": str(tmp_path), "trainers": [other]}
+    node = SimpleNamespace(peer_id=ME.peer_id, roles={})
+    with pytest.raises(ConfigError, match="trainers"):
+        DilocoRole(node, section)
+    assert DilocoRole(node, {**section, "trainers": [other, ME.peer_id]}).config.trainers == (other, ME.peer_id)
+    assert DilocoRole(node, {**section, "trainers": []}).config.trainers == ()  # open: as before
+    with pytest.raises(ConfigError, match="min_peers"):
+        from_mapping(DilocoConfig, {**section, "trainers": [other, ME.peer_id], "min_peers": 3}, "diloco")
