@@ -28,9 +28,10 @@ digest is not the round's reference, sits the round out and takes a later global
 Who is in the group. By default the group is open: any peer whose heartbeat claims the diloco
 role (any identity, at no cost) is invited, waited for, counts in a round's reference digest, and
 can send us to fetch the state from it by naming a later round; a direct fetch then takes
-whatever finite weights it sends. `[diloco] trainers` closes the group: our data channel refuses
-every frame of a peer not listed (`not_a_trainer`), and only listed peers are invited, waited for
-or asked for the state. The relay path trusts only `[relay] trusted_publishers` either way.
+whatever finite weights it sends. `[diloco] trainers` closes the group: our data channel closes
+a connection of a peer not listed before reading a frame of it (`not_a_trainer`), and only listed
+peers are invited, waited for or asked for the state. The relay path trusts only `[relay]
+trusted_publishers` either way.
 
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
@@ -430,7 +431,7 @@ class DilocoRole:
                 and (not allowed or e.peer_id in allowed)}
 
     def _member_of_group(self, peer: str) -> None:
-        """Refuse `peer`'s frames when the group is closed (`trainers`) and it is not in it: in an
+        """Refuse `peer`'s connections when the group is closed (`trainers`) and it is not in it: in an
         open group any identity's Join counts in the reference digest's vote, and one naming a
         later round sends us to fetch the state from it (`_Behind`), directly if need be, where we
         take any finite weights it sends."""
@@ -490,6 +491,7 @@ class DilocoRole:
         read it held the connection, and the task writing to it, once the sockets' buffers
         filled; the whole state must be taken within `STATE_SEND_DEADLINES` x `deadline_s`, as
         long as an honest asker waits for it, an offer within `deadline_s`."""
+        self._member_of_group(peer)  # before any read: a stranger's frames are not taken in, nor checked
         reader.max_frame_bytes = MAX_FRAME_BYTES
         window_s = STALL_WINDOWS * self.config.deadline_s
         frames, under_way = 0, False  # under way: a frame had begun at the last window's end
@@ -527,7 +529,6 @@ class DilocoRole:
 
     async def _on_frame(self, stream: trio.SocketStream, peer: str, body: object, kind: str) -> bool:
         """Act on one frame `peer` sent on our diloco channel; False: the connection is to end."""
-        self._member_of_group(peer)
         if isinstance(body, StateRequest):
             if self.state is None:  # our model still loads (`run` registers the channel first): no one's fault
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)

@@ -249,9 +249,16 @@ async def test_a_peer_that_asks_and_never_reads_our_answer_loses_its_connection(
 async def test_a_closed_group_refuses_every_frame_of_a_peer_that_is_not_one_of_its_trainers(listener: Listener) -> None:
     """In an open group any admitted identity's Join counts, and one naming a later round sends
     us to fetch the state from its sender; with `[diloco] trainers` set, the frames of anyone
-    else end their connection unread (`not_a_trainer`), and a listed trainer's still arrive."""
+    else end their connection unread (`not_a_trainer`: not even decoded, so a stranger can make us
+    take in and check no frame of up to MAX_FRAME_BYTES), and a listed trainer's still arrive."""
     listener.role.state = GlobalState(3, torch.ones(4), torch.zeros(4))
     codec = Codec(PEER)
+    decoded: list[bytes] = []
+
+    def decode(frame: bytes, now: float) -> Any:
+        decoded.append(frame)
+        return Codec(ME).decode(frame, now)
+    listener.role.node.codec = SimpleNamespace(encode=Codec(ME).encode, decode=decode)
     listener.role.config.trainers = (Identity.from_seed_text("the only trainer").peer_id,)
     for body in (Join(9, b"w" * 16, ()), Members(9, b"w" * 16, (PEER.peer_id,)), StateRequest(0), StateWanted(0, False)):
         stream = await listener.connect()
@@ -259,7 +266,7 @@ async def test_a_closed_group_refuses_every_frame_of_a_peer_that_is_not_one_of_i
             await send_frame(stream, codec.encode(body, time.time()))
             assert await drain_until_closed(stream, SLACK_S) == b""  # no state, no offer: closed
         await listener.settle(1)
-    assert listener.inbox.statistics().current_buffer_used == 0  # nothing reached the round
+    assert listener.inbox.statistics().current_buffer_used == 0 and not decoded  # nothing reached the round
     listener.role.config.trainers = (PEER.peer_id,)
     stream = await listener.connect()
     async with stream:
