@@ -25,6 +25,14 @@ digest is not the round's reference, sits the round out and takes a later global
 
 `status()` says which path gave the last state taken (`state_via`) and how often each did.
 
+Who is in the group. By default the group is open: any peer whose heartbeat claims the diloco
+role (any identity, at no cost) is invited, waited for, counts in a round's reference digest, and
+can send us to fetch the state from it by naming a later round; a direct fetch then takes
+whatever finite weights it sends. `[diloco] trainers` closes the group: our data channel closes
+a connection of a peer not listed before reading a frame of it (`not_a_trainer`), and only listed
+peers are invited, waited for or asked for the state. The relay path trusts only `[relay]
+trusted_publishers` either way.
+
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
 and, after our first round, only peers that have spoken to us on the diloco channel,
@@ -59,6 +67,7 @@ import trio
 from p2pnet.config import from_mapping, validated
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
+from p2pnet.identity import peer_id_from_str
 from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
@@ -128,6 +137,7 @@ class DilocoConfig:
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
     join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
+    trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers, this one among them; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights)
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -139,6 +149,13 @@ class DilocoConfig:
             problems["join_via"] = "must be relay or direct"
         if not self.deadline_s > 0:
             problems["deadline_s"] = "must be > 0"
+        for peer in self.trainers:
+            try:
+                peer_id_from_str(peer)
+            except ValueError:
+                problems["trainers"] = f"{peer!r} is not an Ed25519 peer id"
+        if self.trainers and self.min_peers > len(set(self.trainers)):  # (this peer is one of them)
+            problems["min_peers"] = f"must be <= the {len(set(self.trainers))} peers of trainers, or it waits for ever"
         try:
             AllReduceConfig(Encoding(self.encoding) if self.encoding in ("int8", "fp32") else Encoding.INT8,
                             self.block, max(self.deadline_s, 1e-9), self.max_norm_ratio)
@@ -161,6 +178,9 @@ class DilocoRole:
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
         self.config = from_mapping(DilocoConfig, section, "diloco")
+        if self.config.trainers and node.peer_id not in self.config.trainers:  # a list copied to every peer
+            raise ConfigError("diloco.trainers", f"does not list this peer ({node.peer_id}): a group's trainers "
+                              "refuse the frames of a peer they do not list, so it would never take part")
         self.relay = node.roles.get("relay")  # built before us; publishes, and brings a joiner the state
         if self.config.publish and self.relay is None:
             raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
@@ -401,11 +421,22 @@ class DilocoRole:
     # -- peers ------------------------------------------------------------------------------
 
     def _known_trainers(self) -> set[str]:
-        """Trainer peers in our peer table (those that stopped heartbeating expire from it)."""
+        """Trainer peers in our peer table (those that stopped heartbeating expire from it), of
+        `trainers` when the group is closed: a role in a heartbeat is only a claim."""
         now = trio.current_time()
         table = self.node.peertable
+        allowed = self.config.trainers
         return {e.peer_id for e in table.with_role("diloco")
-                if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)}
+                if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)
+                and (not allowed or e.peer_id in allowed)}
+
+    def _member_of_group(self, peer: str) -> None:
+        """Refuse `peer`'s connections when the group is closed (`trainers`) and it is not in it: in an
+        open group any identity's Join counts in the reference digest's vote, and one naming a
+        later round sends us to fetch the state from it (`_Behind`), directly if need be, where we
+        take any finite weights it sends."""
+        if self.config.trainers and peer not in self.config.trainers:
+            raise MessageRejected("not_a_trainer", "not one of this group's [diloco] trainers", peer)
 
     async def _wait_for_peers(self) -> None:
         await self.node.wait_for_peers(lambda: len(self._known_trainers()) + 1 >= self.config.min_peers)
@@ -460,6 +491,7 @@ class DilocoRole:
         read it held the connection, and the task writing to it, once the sockets' buffers
         filled; the whole state must be taken within `STATE_SEND_DEADLINES` x `deadline_s`, as
         long as an honest asker waits for it, an offer within `deadline_s`."""
+        self._member_of_group(peer)  # before any read: a stranger's frames are not taken in, nor checked
         reader.max_frame_bytes = MAX_FRAME_BYTES
         window_s = STALL_WINDOWS * self.config.deadline_s
         frames, under_way = 0, False  # under way: a frame had begun at the last window's end
@@ -660,6 +692,9 @@ class DilocoRole:
     async def _catch_up_directly(self, hint: str | None) -> None:
         """Take the newest global state a live trainer peer has (hint first), if newer than ours;
         also when we are told we drifted (hint given), take the hinted peer's at its round."""
+        drifted = hint is not None
+        if hint is not None and self.config.trainers and hint not in self.config.trainers:
+            hint = None  # (named in a members list: the state only ever comes from the group's trainers)
         peers = ([hint] if hint else []) + sorted(self._known_trainers() - {hint} - self.suspects)
         for peer in peers:
             try:
@@ -668,10 +703,10 @@ class DilocoRole:
                 log.info("diloco: state from %s failed: %s", peer, exc)
                 continue
             assert self.state is not None
-            if fetched.round > self.state.round or (hint is not None and fetched.round == self.state.round):
+            if fetched.round > self.state.round or (drifted and fetched.round == self.state.round):
                 self._took(fetched, peer, JoinPath.DIRECT)
             return
-        if hint is not None:
+        if drifted:
             await trio.sleep(self.config.deadline_s / 10)  # nobody answered: join again later
 
     # -- background: durable state and published versions ------------------------------------

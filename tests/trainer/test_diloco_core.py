@@ -314,7 +314,7 @@ def _decide(script) -> dict:
         entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in (FIRST, SECOND)]
         role.node = SimpleNamespace(peer_id=ME, peertable=SimpleNamespace(
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
-        role.config = SimpleNamespace(deadline_s=DEADLINE_S)
+        role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
         role.inbox_send, role.inbox = trio.open_memory_channel(16)
         role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
 

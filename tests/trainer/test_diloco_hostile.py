@@ -42,7 +42,7 @@ class Listener:
         role.node = SimpleNamespace(codec=Codec(ME), peer_id=ME.peer_id,
                                     peertable=SimpleNamespace(with_role=lambda role: [], is_banned=lambda p, now: True),
                                     wait_for_peers=self._no_wait)
-        role.config = SimpleNamespace(publish=False, rounds=10, deadline_s=5.0)
+        role.config = SimpleNamespace(publish=False, rounds=10, deadline_s=5.0, trainers=())
         role.state = None  # the model is still loading
         role.history, role.heard, role.granted_at, role.state_askers = [], set(), {}, {}
         role.outer_state_versions = set()
@@ -244,3 +244,78 @@ async def test_a_peer_that_asks_and_never_reads_our_answer_loses_its_connection(
                 pass
         # never read, and still open: the listener must give up on its answer and close
         await listener.settle(1 + STATE_SEND_DEADLINES)
+
+
+async def test_a_closed_group_refuses_every_frame_of_a_peer_that_is_not_one_of_its_trainers(listener: Listener) -> None:
+    """In an open group any admitted identity's Join counts, and one naming a later round sends
+    us to fetch the state from its sender; with `[diloco] trainers` set, the frames of anyone
+    else end their connection unread (`not_a_trainer`: not even decoded, so a stranger can make us
+    take in and check no frame of up to MAX_FRAME_BYTES), and a listed trainer's still arrive."""
+    listener.role.state = GlobalState(3, torch.ones(4), torch.zeros(4))
+    codec = Codec(PEER)
+    decoded: list[bytes] = []
+
+    def decode(frame: bytes, now: float) -> Any:
+        decoded.append(frame)
+        return Codec(ME).decode(frame, now)
+    listener.role.node.codec = SimpleNamespace(encode=Codec(ME).encode, decode=decode)
+    listener.role.config.trainers = (Identity.from_seed_text("the only trainer").peer_id,)
+    for body in (Join(9, b"w" * 16, ()), Members(9, b"w" * 16, (PEER.peer_id,)), StateRequest(0), StateWanted(0, False)):
+        stream = await listener.connect()
+        async with stream:
+            await send_frame(stream, codec.encode(body, time.time()))
+            assert await drain_until_closed(stream, SLACK_S) == b""  # no state, no offer: closed
+        await listener.settle(1)
+    assert listener.inbox.statistics().current_buffer_used == 0 and not decoded  # nothing reached the round
+    listener.role.config.trainers = (PEER.peer_id,)
+    stream = await listener.connect()
+    async with stream:
+        await send_frame(stream, codec.encode(Join(9, b"w" * 16, ()), time.time()))
+        with trio.fail_after(SLACK_S):
+            assert (await listener.inbox.receive()).body == Join(9, b"w" * 16, ())
+
+
+def test_a_closed_group_waits_for_and_fetches_from_its_listed_trainers_only(tmp_path) -> None:
+    """`[diloco] trainers` is checked (peer ids), and a closed group's known trainers (whom a
+    round invites and waits for, and a direct join asks for the state) are the listed ones in
+    our peer table; a heartbeat claiming the role is not enough."""
+    from p2pnet.config import from_mapping
+    from p2pnet.errors import ConfigError
+    from trainer.diloco_role import DilocoConfig
+
+    with pytest.raises(ConfigError, match="trainers"):
+        from_mapping(DilocoConfig, {"model_dir": str(tmp_path), "out_dir": str(tmp_path), "trainers": ["nope"]}, "diloco")
+    listed, stranger = Identity.from_seed_text("listed trainer").peer_id, PEER.peer_id
+    config = from_mapping(DilocoConfig, {"model_dir": str(tmp_path), "out_dir": str(tmp_path), "trainers": [listed]},
+                          "diloco")
+    assert config.trainers == (listed,)
+    role = object.__new__(DilocoRole)
+    entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in (listed, stranger)]
+    role.node = SimpleNamespace(peer_id=ME.peer_id, peertable=SimpleNamespace(
+        with_role=lambda name: entries if name == "diloco" else [], is_banned=lambda p, now: False))
+    role.config = config
+
+    async def known() -> set[str]:
+        return role._known_trainers()
+    assert trio.run(known) == {listed}
+    role.config = SimpleNamespace(trainers=())  # an open group: every peer claiming the role
+    assert trio.run(known) == {listed, stranger}
+
+
+def test_a_closed_group_lists_this_peer_and_at_least_min_peers(tmp_path) -> None:
+    """The listed trainers refuse the frames of a peer they do not list: a list without our own
+    id (one list copied to every peer) would leave us retrying for ever, never in a round; and a
+    `min_peers` above the list's size would wait for ever before the first round. Both at start."""
+    from p2pnet.config import from_mapping
+    from p2pnet.errors import ConfigError
+    from trainer.diloco_role import DilocoConfig
+
+    other = Identity.from_seed_text("listed trainer").peer_id
+    section = {"model_dir": str(tmp_path), "out_dir": str(tmp_path), "trainers": [other]}
+    node = SimpleNamespace(peer_id=ME.peer_id, roles={})
+    with pytest.raises(ConfigError, match="trainers"):
+        DilocoRole(node, section)
+    assert DilocoRole(node, {**section, "trainers": [other, ME.peer_id]}).config.trainers == (other, ME.peer_id)
+    assert DilocoRole(node, {**section, "trainers": []}).config.trainers == ()  # open: as before
+    with pytest.raises(ConfigError, match="min_peers"):
+        from_mapping(DilocoConfig, {**section, "trainers": [other, ME.peer_id], "min_peers": 3}, "diloco")
