@@ -39,6 +39,14 @@ def _role(address: str, inbox_send: trio.MemorySendChannel[Any], introduce=_cann
                            open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(SENDER), peer=peer))
 
 
+def _receiver(serve) -> tuple[DataPlane, trio.MemorySendChannel[Any], trio.MemoryReceiveChannel[Any]]:
+    """RECEIVER's data plane serving the diloco channel with `serve`, and a round's inbox."""
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
+    plane.register(CHANNEL, serve)
+    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    return plane, inbox_send, inbox
+
+
 async def test_a_join_a_newcomer_refuses_does_not_make_it_a_suspect_but_other_failures_do():
     """A trainer that sends its join to a newcomer that has not heard its heartbeat gets the
     connection closed after its hello: that is no failure to report (the newcomer would become a
@@ -210,9 +218,7 @@ async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_
         await accepted_send.send(hang_up)
         await hang_up.wait()  # returning closes the connection
 
-    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
-    plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    plane, inbox_send, inbox = _receiver(serve)
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
         role = _role(address, inbox_send)
@@ -260,9 +266,7 @@ async def test_a_send_handing_its_connection_over_when_the_round_stops_watching_
     async def serve(stream, reader, peer):
         got.append(Codec(RECEIVER).decode(await reader.frame(), time.time()).body)
 
-    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
-    plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    plane, inbox_send, inbox = _receiver(serve)
     opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](0)  # full: nobody takes
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
@@ -306,9 +310,7 @@ async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once
             pass
         ended.set()
 
-    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
-    plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    plane, inbox_send, inbox = _receiver(serve)
     big = Part(1, b"m" * 16, STAGE_CONTRIBUTION, 0, 1 << 18, 0, 1 << 18, "int8", 256, b"v" * (2 << 20), b"", ())
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
@@ -336,9 +338,7 @@ async def test_a_connection_the_other_end_closed_is_not_written_to_again():
         got.append(Codec(RECEIVER).decode(await reader.frame(), time.time()).body)
         arrived.release()
 
-    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
-    plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    plane, inbox_send, inbox = _receiver(serve)
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
         with trio.fail_after(60):  # generous; nothing here is timed
@@ -446,9 +446,7 @@ async def test_a_receiver_that_writes_anything_but_its_own_idle_notice_is_report
             await stream.send_all(notice)
         await hang_up.wait()
 
-    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
-    plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    plane, inbox_send, inbox = _receiver(serve)
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
         with trio.fail_after(60):  # generous; nothing here is timed
@@ -482,9 +480,7 @@ async def test_a_receiver_that_writes_part_of_a_notice_holds_only_its_watcher_un
             if len(got) == 1:
                 await stream.send_all((200).to_bytes(4, "big") + b"\0" * 10)
 
-    plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
-    plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    plane, inbox_send, inbox = _receiver(serve)
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
         with trio.fail_after(60):  # generous; nothing here is timed
