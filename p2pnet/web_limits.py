@@ -40,7 +40,8 @@ busy (`Connections.serve`'s `busy`: while the application answers one of its req
 
 What a client sends must never stop the server (and with it the peer): an error raised while
 serving one connection ends that connection only, logged with its traceback as the bug it is (of
-ours or hypercorn's) and counted (`p2pnet_http_connections_failed`).
+ours or hypercorn's; one a minute, the rest counted in the next) and counted
+(`p2pnet_http_connections_failed`).
 
 This module knows nothing of HTTP: it owns accepting, counting and closing.
 """
@@ -96,7 +97,7 @@ class Limits:
 # a keep-alive client is told to reconnect (Connection: close) after this many requests: the
 # dashboard's 2 s poll does 20 in 40 s, before `lifetime_s` would close it
 KEEP_ALIVE_MAX_REQUESTS = 20
-REFUSAL_WARNING_S = 60.0  # at most one warning a minute about connections refused or evicted
+REFUSAL_WARNING_S = 60.0  # at most one warning a minute about connections refused or evicted, one error about failed ones
 # accept() failing for want of descriptors or memory: wait for connections to end (as trio does)
 ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 ACCEPT_RETRY_S = 0.1
@@ -244,6 +245,8 @@ class Connections:
         self.gate = ConnectionGate(self.limits)
         self._live: dict[int, tuple[trio.SocketStream, trio.CancelScope]] = {}  # by the gate's number
         self.failed = 0  # connections whose serving raised (`_connection`)
+        self._failures_logged = 0  # `failed` at the last one logged
+        self._failures_quiet_until = float("-inf")
         self._changed = trio.Event()
         self._warned = (0, 0)  # refused and evicted in all at the last warning
         self._quiet_until = float("-inf")
@@ -319,10 +322,16 @@ class Connections:
             # of ours or hypercorn's, met by one connection: it ends that connection (its socket is
             # closed by `_expire`), not the server and with it the peer, and is not lost (the
             # cancellation of a stopping server, a BaseException, goes on up)
+            # (one traceback a minute: a client able to meet such a bug at will must not fill the log)
             self.failed += 1
-            log.error("serving an HTTP connection from %s failed, a bug in p2pnet.web or hypercorn; "
-                      "the connection is closed and the server goes on", self.gate.key_of(connection),
-                      exc_info=failure)
+            now = trio.current_time()
+            if now >= self._failures_quiet_until:
+                log.error("serving an HTTP connection from %s failed, a bug in p2pnet.web or hypercorn; "
+                          "the connection is closed and the server goes on (%d more failed since the last such "
+                          "error, not logged: one a minute)", self.gate.key_of(connection),
+                          self.failed - self._failures_logged - 1, exc_info=failure)
+                self._failures_logged = self.failed
+                self._failures_quiet_until = now + REFUSAL_WARNING_S
         finally:
             del self._live[connection]
             self.gate.release(connection)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,10 @@ def test_devnet_with_three_trainers_reports_rounds(tmp_path: Path) -> None:
     assert rounds[-1]["loss"] < rounds[0]["loss"] * 1.5  # finite, and not blown up
     assert 3 in summary["relay_versions"]["relay1" if "relay1" in summary["relay_versions"] else "relay0"]
     assert "round   3/3" in proc.stdout  # the live line per round
+    group = {summary["peers"][f"trainer{i}"] for i in range(3)}  # a closed group: each lists all three
+    for i in range(3):
+        config = tomllib.loads((tmp_path / "run" / f"trainer{i}" / "peer.toml").read_text())
+        assert set(config["diloco"]["trainers"]) == group
 
 
 def _start_trainer(root: Path, name: str, model_dir: Path, rounds: int, bootstrap: list[str]):
