@@ -1,6 +1,7 @@
 """`p2pnet devnet --trainers N` (N > 1): a DiLoCo group of trainer peers on one machine.
 
-Every trainer is a `p2pnet peer start` child with the `diloco` role; trainer0 also runs the
+Every trainer is a `p2pnet peer start` child with the `diloco` role, in a closed group (`[diloco]
+trainers` lists every trainer's peer id, the joiner's too: their keys are made up front); trainer0 also runs the
 relay role and publishes each round's global weights (signed with its key, the key every relay
 trusts), and `--relays` relay-only peers fetch them as inference workers would. Each trainer
 takes `--inner-steps` AdamW steps per round on its own shard of the arithmetic task; `--steps`
@@ -176,6 +177,9 @@ def _peer_args(lab: Any, name: str) -> tuple[list[str], list[str]]:
 def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoDevnetConfig, model_dir: Path,
            publisher: str, *, min_peers: int, lab: Any = None, joiner: bool = False) -> None:
     roles = ("relay", "diloco") if name == "trainer0" or joiner else ("diloco",)
+    # a closed group (`[diloco] trainers`): every trainer peer's identity, the joiner's too, made up front
+    group = [load_or_create_identity(root / f"trainer{i}").peer_id
+             for i in range(config.trainers + (config.join_at_round is not None))]
     sections: dict[str, Any] = {
         "peer": {"display_name": name},
         "peertable": {"heartbeat_interval_s": 1.0, "expiry_s": 15.0},
@@ -183,7 +187,7 @@ def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoD
                    "inner_steps": config.inner_steps, "inner_lr": config.inner_lr, "batch_size": config.batch_size,
                    "encoding": config.encoding, "deadline_s": config.deadline_s, "min_peers": min_peers,
                    "publish": name == "trainer0", "outer_lr": config.outer_lr,
-                   "outer_momentum": config.outer_momentum},
+                   "outer_momentum": config.outer_momentum, "trainers": group},
     }
     if name == "trainer0" or joiner:  # a joiner takes the global state through its relay role
         sections["relay"] = {"trusted_publishers": [publisher], "chunk_bytes": 256 * 1024, "fsync": False,
