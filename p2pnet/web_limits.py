@@ -231,6 +231,21 @@ class ConnectionGate:
         return refusal
 
 
+class OncePer:
+    """At most once per `interval_s`: `due(now)` is True for the first call and then for the first
+    one `interval_s` or more after the last True (a log a client's behaviour can repeat at will)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._next = float("-inf")
+
+    def due(self, now: float) -> bool:
+        if now < self._next:
+            return False
+        self._next = now + self.interval_s
+        return True
+
+
 Busy = Callable[[], ContextManager[None]]  # held around each request the application answers
 
 
@@ -246,10 +261,10 @@ class Connections:
         self._live: dict[int, tuple[trio.SocketStream, trio.CancelScope]] = {}  # by the gate's number
         self.failed = 0  # connections whose serving raised (`_connection`)
         self._failures_logged = 0  # `failed` at the last one logged
-        self._failures_quiet_until = float("-inf")
+        self._failure_log = OncePer(REFUSAL_WARNING_S)
         self._changed = trio.Event()
         self._warned = (0, 0)  # refused and evicted in all at the last warning
-        self._quiet_until = float("-inf")
+        self._warning_log = OncePer(REFUSAL_WARNING_S)
 
     async def wait_open(self, count: int) -> None:
         """Until exactly `count` connections are open and none evicted is still ending."""
@@ -324,14 +339,12 @@ class Connections:
             # cancellation of a stopping server, a BaseException, goes on up)
             # (one traceback a minute: a client able to meet such a bug at will must not fill the log)
             self.failed += 1
-            now = trio.current_time()
-            if now >= self._failures_quiet_until:
+            if self._failure_log.due(trio.current_time()):
                 log.error("serving an HTTP connection from %s failed, a bug in p2pnet.web or hypercorn; "
                           "the connection is closed and the server goes on (%d more failed since the last such "
                           "error, not logged: one a minute)", self.gate.key_of(connection),
                           self.failed - self._failures_logged - 1, exc_info=failure)
                 self._failures_logged = self.failed
-                self._failures_quiet_until = now + REFUSAL_WARNING_S
         finally:
             del self._live[connection]
             self.gate.release(connection)
@@ -372,14 +385,12 @@ class Connections:
             self.gate.ended(connection)
 
     def _warn(self, message: str, *args: object) -> None:
-        now = trio.current_time()
-        if now < self._quiet_until:
+        if not self._warning_log.due(trio.current_time()):
             return
         refused, evicted = sum(self.gate.refused.values()), self.gate.evicted
         log.warning(message + "; since the last such warning, %d refused and %d closed to admit others",
                     *args, refused - self._warned[0], evicted - self._warned[1])
         self._warned = (refused, evicted)
-        self._quiet_until = now + REFUSAL_WARNING_S
 
     def _notify(self) -> None:
         self._changed.set()
