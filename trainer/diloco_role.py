@@ -59,7 +59,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable
 
 import torch
 import trio
@@ -534,19 +534,14 @@ class DilocoRole:
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
                 return False  # the joiner asks again, or another trainer peer
             self.heard.add(peer)
-            limit_s = STATE_SEND_DEADLINES * self.config.deadline_s
-            with trio.move_on_after(limit_s) as sending:
-                await self._send_state(stream)
-            if sending.cancelled_caught:
-                raise MessageRejected("stalled", f"did not take our state in {limit_s:g} s", peer)
+            await self._sent_within(STATE_SEND_DEADLINES * self.config.deadline_s, peer, "state",
+                                    self._send_state(stream))
         elif isinstance(body, StateWanted):
             # its heartbeat may be on its way to us
             await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
             offer = self._offer(peer, body)
-            with trio.move_on_after(self.config.deadline_s) as sending:
-                await send_frame(stream, self.node.codec.encode(offer, time.time()))
-            if sending.cancelled_caught:
-                raise MessageRejected("stalled", f"did not take our offer in {self.config.deadline_s:g} s", peer)
+            await self._sent_within(self.config.deadline_s, peer, "offer",
+                                    send_frame(stream, self.node.codec.encode(offer, time.time())))
         elif isinstance(body, (Join, Members, Part)):
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)
@@ -555,14 +550,22 @@ class DilocoRole:
             raise MessageRejected("unexpected", f"{kind} on the diloco channel")
         return True
 
+    @staticmethod
+    async def _sent_within(limit_s: float, peer: str, what: str, sending: Awaitable[None]) -> None:
+        """Await `sending`, something we write to `peer` that it asked for or must read (its
+        connection holds one of our slots and the task writing): not taken within `limit_s`, it
+        is the peer's fault ("stalled") and the connection ends."""
+        with trio.move_on_after(limit_s) as waited:
+            await sending
+        if waited.cancelled_caught:
+            raise MessageRejected("stalled", f"did not take our {what} in {limit_s:g} s", peer)
+
     async def _tell_idle(self, stream: trio.SocketStream, peer: str, idle_s: float) -> None:
         """Tell the sender of a connection we close idle (`Idle`). One small frame into a buffer
         nothing else of ours was written to on a round's link; bounded all the same (a peer could
         have left unread an answer we wrote on a connection it also sent Joins on)."""
-        with trio.move_on_after(self.config.deadline_s) as sending:
-            await send_frame(stream, self.node.codec.encode(Idle(idle_s), time.time()))
-        if sending.cancelled_caught:
-            raise MessageRejected("stalled", f"did not take our idle notice in {self.config.deadline_s:g} s", peer)
+        await self._sent_within(self.config.deadline_s, peer, "idle notice",
+                                send_frame(stream, self.node.codec.encode(Idle(idle_s), time.time())))
         log.info("diloco: closing %s's connection, idle for %g s (told)", peer, idle_s)
 
     def _offer(self, peer: str, wanted: StateWanted) -> StateOffer:
@@ -609,7 +612,9 @@ class DilocoRole:
             await send_frame(stream, self.node.codec.encode(piece, time.time()))
 
     async def fetch_state(self, peer: str) -> GlobalState:
-        """The global state of `peer` (a direct fetch on the data channel)."""
+        """The global state of `peer` (a direct fetch on the data channel); in a closed group only
+        from one of its trainers (`not_a_trainer`), whoever named `peer`."""
+        self._member_of_group(peer)
         total = self.state.weights.numel()  # type: ignore[union-attr]
         weights, momentum = torch.empty(total), torch.empty(total)
         stream = await self.open_stream(peer)
@@ -692,9 +697,6 @@ class DilocoRole:
     async def _catch_up_directly(self, hint: str | None) -> None:
         """Take the newest global state a live trainer peer has (hint first), if newer than ours;
         also when we are told we drifted (hint given), take the hinted peer's at its round."""
-        drifted = hint is not None
-        if hint is not None and self.config.trainers and hint not in self.config.trainers:
-            hint = None  # (named in a members list: the state only ever comes from the group's trainers)
         peers = ([hint] if hint else []) + sorted(self._known_trainers() - {hint} - self.suspects)
         for peer in peers:
             try:
@@ -703,10 +705,10 @@ class DilocoRole:
                 log.info("diloco: state from %s failed: %s", peer, exc)
                 continue
             assert self.state is not None
-            if fetched.round > self.state.round or (drifted and fetched.round == self.state.round):
+            if fetched.round > self.state.round or (hint is not None and fetched.round == self.state.round):
                 self._took(fetched, peer, JoinPath.DIRECT)
             return
-        if drifted:
+        if hint is not None:
             await trio.sleep(self.config.deadline_s / 10)  # nobody answered: join again later
 
     # -- background: durable state and published versions ------------------------------------

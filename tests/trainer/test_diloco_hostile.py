@@ -319,3 +319,19 @@ def test_a_closed_group_lists_this_peer_and_at_least_min_peers(tmp_path) -> None
     assert DilocoRole(node, {**section, "trainers": []}).config.trainers == ()  # open: as before
     with pytest.raises(ConfigError, match="min_peers"):
         from_mapping(DilocoConfig, {**section, "trainers": [other, ME.peer_id], "min_peers": 3}, "diloco")
+
+
+async def test_a_closed_group_fetches_the_state_from_its_trainers_only() -> None:
+    """Whoever named it (a members list, a hint), an unlisted peer is never asked for the state:
+    `fetch_state` refuses it before connecting."""
+    from p2pnet.errors import MessageRejected
+
+    role = object.__new__(DilocoRole)
+    role.config = SimpleNamespace(trainers=(Identity.from_seed_text("listed trainer").peer_id,), deadline_s=5.0)
+    role.state = GlobalState(3, torch.ones(4), torch.zeros(4))
+
+    async def no_connection(peer: str) -> Any:
+        raise AssertionError(f"connected to {peer}")
+    role.open_stream = no_connection
+    with pytest.raises(MessageRejected, match="not_a_trainer"):
+        await role.fetch_state(PEER.peer_id)
