@@ -335,3 +335,36 @@ async def test_a_closed_group_fetches_the_state_from_its_trainers_only() -> None
     role.open_stream = no_connection
     with pytest.raises(MessageRejected, match="not_a_trainer"):
         await role.fetch_state(PEER.peer_id)
+
+
+def test_the_command_line_closes_the_group(tmp_path) -> None:
+    """`--diloco-trainer` (comma-separated or repeated, on every command that starts a peer) adds
+    to `[diloco] trainers` through the real parser and overlay, after the file's; none given
+    leaves the file's list (an open group when it has none); a value that is no peer id is the
+    user's error, named by its flag."""
+    import subprocess
+    import sys
+
+    from p2pnet.cli import build_parser, peer_configs
+    from p2pnet.config import from_mapping
+    from trainer.diloco_role import DilocoConfig
+
+    a, b, c = (Identity.from_seed_text(f"trainer {name}").peer_id for name in "abc")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[diloco]\nmodel_dir = "{tmp_path}"\nout_dir = "{tmp_path}"\ntrainers = ["{a}"]\n')
+
+    def trainers(*argv: str) -> tuple[str, ...]:
+        args = build_parser().parse_args([*argv, "--data-dir", str(tmp_path / "p"), "--config", str(config)])
+        _, _, sections = peer_configs(args)
+        return from_mapping(DilocoConfig, sections["diloco"], "diloco").trainers
+
+    assert trainers("peer", "start", "--diloco-trainer", f"{b},{a}", "--diloco-trainer", c) == (a, b, c)
+    assert trainers("trainer", "start", "--diloco-trainer", f" {c} ,") == (a, c)
+    assert trainers("peer", "start") == (a,)
+    config.write_text(f'[diloco]\nmodel_dir = "{tmp_path}"\nout_dir = "{tmp_path}"\n')
+    assert trainers("peer", "start") == ()  # an open group, as before
+    out = subprocess.run([sys.executable, "-m", "p2pnet", "peer", "start", "--data-dir", str(tmp_path / "p"),
+                          "--diloco-trainer", f"{a},nope"], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "--diloco-trainer" in out.stderr and "'nope' is not a peer id" in out.stderr
+
