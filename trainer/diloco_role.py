@@ -53,6 +53,7 @@ This module must not do the arithmetic (trainer.diloco) or decide the protocol (
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
@@ -438,6 +439,27 @@ class DilocoRole:
         if self.config.trainers and peer not in self.config.trainers:
             raise MessageRejected("not_a_trainer", "not one of this group's [diloco] trainers", peer)
 
+    def _listed_only(self, peer: str, body: Join | Members | Part) -> Join | Members | Part | None:
+        """`body` as a round takes it in: in a closed group, the names of peers `trainers` does not
+        list are left out (logged), where they enter. A listed peer whose own list differs (a
+        list not copied to every peer) would otherwise make a leader wait a join deadline for
+        the strangers its Join names, or, in its Members, make us send them our contributions and
+        leave them shards to own. Members naming none of ours is dropped (None). Left out of a
+        leader's Members, those peers make our members digest differ from the others': the round
+        then goes on without us, and we fetch the state after it, as on any disagreement."""
+        allowed = self.config.trainers
+        if not allowed or isinstance(body, Part):
+            return body
+        names = body.known if isinstance(body, Join) else body.members
+        kept = tuple(p for p in names if p in allowed)
+        if len(kept) == len(names):
+            return body
+        log.warning("diloco: %s named %d peers not of [diloco] trainers (%s); left out", peer,
+                    len(names) - len(kept), ", ".join(sorted(set(names) - set(kept))[:4]))
+        if isinstance(body, Join):
+            return dataclasses.replace(body, known=kept)
+        return dataclasses.replace(body, members=kept) if kept else None
+
     async def _wait_for_peers(self) -> None:
         await self.node.wait_for_peers(lambda: len(self._known_trainers()) + 1 >= self.config.min_peers)
 
@@ -545,7 +567,9 @@ class DilocoRole:
         elif isinstance(body, (Join, Members, Part)):
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)
-            await self.inbox_send.send(Received(peer, body))
+            listed = self._listed_only(peer, body)
+            if listed is not None:
+                await self.inbox_send.send(Received(peer, listed))
         else:
             raise MessageRejected("unexpected", f"{kind} on the diloco channel")
         return True

@@ -368,3 +368,28 @@ def test_the_command_line_closes_the_group(tmp_path) -> None:
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and "--diloco-trainer" in out.stderr and "'nope' is not a peer id" in out.stderr
 
+
+async def test_a_closed_group_leaves_out_the_unlisted_peers_a_listed_one_names(listener: Listener) -> None:
+    """A listed trainer whose own list differs names peers ours does not list: in its Join (a
+    leader would wait a join deadline for them) or its Members (we would send them Parts). They
+    are left out where the frame enters the round; a Members naming none of ours is dropped."""
+    listed, stranger = Identity.from_seed_text("listed trainer").peer_id, Identity.from_seed_text("stranger").peer_id
+    listener.role.config.trainers = (ME.peer_id, PEER.peer_id, listed)
+    codec = Codec(PEER)
+    sent = [Join(1, b"w" * 16, tuple(sorted((stranger, listed)))),
+            Members(1, b"w" * 16, tuple(sorted((PEER.peer_id, stranger)))),
+            Members(1, b"w" * 16, (stranger,)),  # none of ours: dropped
+            Join(2, b"w" * 16, (listed,))]  # nothing to leave out
+    stream = await listener.connect()
+    async with stream:
+        for body in sent:
+            await send_frame(stream, codec.encode(body, time.time()))
+        with trio.fail_after(SLACK_S):
+            received = [(await listener.inbox.receive()).body for _ in range(3)]
+    assert received == [Join(1, b"w" * 16, (listed,)), Members(1, b"w" * 16, (PEER.peer_id,)), Join(2, b"w" * 16, (listed,))]
+    listener.role.config.trainers = ()  # an open group: names kept as sent
+    stream = await listener.connect()
+    async with stream:
+        await send_frame(stream, codec.encode(sent[0], time.time()))
+        with trio.fail_after(SLACK_S):
+            assert (await listener.inbox.receive()).body == sent[0]
