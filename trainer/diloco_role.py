@@ -92,12 +92,15 @@ STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame 
 # 2 x deadline_s). Only owners that go silent (not dead: that is seen at once) three in a row can keep
 # a link to a bystander idle that long: a newer sender then reconnects; an older one reports us.
 IDLE_WINDOWS = 3
-# x deadline_s: our whole answer to a StateRequest must be taken by then, a StateOffer within
-# deadline_s; a peer that asks and does not read would otherwise hold the connection, and the task
-# writing to it, once the socket buffers fill. The asker waits as long (`fetch_state`), from before
-# it asks: we never give up on an honest asker first (with the same deadline_s). Both are fixed: the
-# state (8 bytes a parameter: 1.08 GB for SmolLM2-135M) needs 9 MB/s at the default 30 s.
+# x deadline_s: the head start of our answer to a StateRequest; from then on it must keep up
+# `state_min_bytes_per_s` (`state_due`), a StateOffer must be taken within deadline_s. A peer that
+# asks and does not read would otherwise hold the connection, and the task writing to it, once the
+# socket buffers fill. The asker gives each piece as long (`fetch_state`), counted from before it
+# asks: we never give up on an honest asker first (with the same settings). The state is 8 bytes a
+# parameter (1.08 GB for SmolLM2-135M): at the default 1 MB/s it may take 18 minutes, but an asker
+# that stops reading is cut once the pieces it left unread fall behind that rate.
 STATE_SEND_DEADLINES = 4
+STATE_BYTES_PER_VALUE = 8  # a weight and its outer momentum, fp32 each
 
 
 class Phase(enum.StrEnum):
@@ -138,6 +141,7 @@ class DilocoConfig:
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
     join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
+    state_min_bytes_per_s: int = 1_000_000  # a direct state fetch slower than this (after 4 x deadline_s) is cut, at both ends
     trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers, this one among them; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights)
 
     def check(self) -> dict[str, str]:
@@ -150,6 +154,8 @@ class DilocoConfig:
             problems["join_via"] = "must be relay or direct"
         if not self.deadline_s > 0:
             problems["deadline_s"] = "must be > 0"
+        if self.state_min_bytes_per_s < 1:
+            problems["state_min_bytes_per_s"] = "must be >= 1"
         for peer in self.trainers:
             try:
                 peer_id_from_str(peer)
@@ -511,8 +517,9 @@ class DilocoRole:
 
         Our answers are bounded too: a peer that asks for the state (or an offer) and does not
         read it held the connection, and the task writing to it, once the sockets' buffers
-        filled; the whole state must be taken within `STATE_SEND_DEADLINES` x `deadline_s`, as
-        long as an honest asker waits for it, an offer within `deadline_s`."""
+        filled; each piece of the state must be taken by its `state_due` time (`STATE_SEND_DEADLINES`
+        x `deadline_s`, then `state_min_bytes_per_s`), as long as an honest asker waits for it, an
+        offer within `deadline_s`."""
         self._member_of_group(peer)  # before any read: a stranger's frames are not taken in, nor checked
         reader.max_frame_bytes = MAX_FRAME_BYTES
         window_s = STALL_WINDOWS * self.config.deadline_s
@@ -556,8 +563,7 @@ class DilocoRole:
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
                 return False  # the joiner asks again, or another trainer peer
             self.heard.add(peer)
-            await self._sent_within(STATE_SEND_DEADLINES * self.config.deadline_s, peer, "state",
-                                    self._send_state(stream))
+            await self._send_state(stream, peer)
         elif isinstance(body, StateWanted):
             # its heartbeat may be on its way to us
             await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
@@ -624,16 +630,31 @@ class DilocoRole:
             async with open_links(self, self.config.deadline_s) as links:
                 await links.send(peer, Join(self.state.round, digest(self.state.weights), ()))
 
-    async def _send_state(self, stream: trio.SocketStream) -> None:
+    def state_due(self, start: float, values: int) -> float:
+        """When the state's first `values` values are due, for a transfer that began at `start`:
+        `STATE_SEND_DEADLINES` x `deadline_s`, then `state_min_bytes_per_s`. Taken by the asker
+        (ours, sending) or come (theirs, fetching); the asker starts counting before it asks."""
+        return (start + STATE_SEND_DEADLINES * self.config.deadline_s
+                + STATE_BYTES_PER_VALUE * values / self.config.state_min_bytes_per_s)
+
+    async def _send_state(self, stream: trio.SocketStream, peer: str) -> None:
+        """Our global state to `peer`, which asked for it, piece by piece, each taken by its
+        `state_due` time or the asker is at fault ("stalled") and the connection ends: a large
+        state may take long at a steady rate, an asker that stops reading is cut all the same."""
         state = self.state
         assert state is not None
+        start = trio.current_time()
         total = state.weights.numel()
         weights, momentum = state.weights.numpy(), state.momentum.numpy()
         for offset in range(0, max(total, 1), STATE_PIECE_VALUES):
             end = min(total, offset + STATE_PIECE_VALUES)
             piece = StatePiece(state.round, total, offset, end - offset, weights[offset:end].tobytes(),
                                momentum[offset:end].tobytes())
-            await send_frame(stream, self.node.codec.encode(piece, time.time()))
+            with trio.move_on_at(self.state_due(start, end)) as waited:
+                await send_frame(stream, self.node.codec.encode(piece, time.time()))
+            if waited.cancelled_caught:
+                raise MessageRejected("stalled", f"took {offset} of our state's {total} values, slower than "
+                                      f"{self.config.state_min_bytes_per_s} bytes/s", peer)
 
     async def fetch_state(self, peer: str) -> GlobalState:
         """The global state of `peer` (a direct fetch on the data channel); in a closed group only
@@ -643,22 +664,24 @@ class DilocoRole:
         weights, momentum = torch.empty(total), torch.empty(total)
         stream = await self.open_stream(peer)
         async with stream:
-            with trio.fail_after(STATE_SEND_DEADLINES * self.config.deadline_s):  # as long as we serve one
+            start = trio.current_time()  # before we ask: each piece is due here first (`state_due`)
+            with trio.fail_at(self.state_due(start, 0)):
                 await send_frame(stream, self.node.codec.encode(StateRequest(self.state.round), time.time()))  # type: ignore[union-attr]
-                reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
-                got, round = 0, -1
-                while got < total:
+            reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
+            got, round = 0, -1
+            while got < total:
+                with trio.fail_at(self.state_due(start, min(total, got + STATE_PIECE_VALUES))):
                     frame = await reader.frame()
-                    if frame is None:
-                        raise PeerUnavailable(f"{peer} ended the state after {got} of {total} values")
-                    piece = self.node.codec.decode(frame, time.time()).body
-                    if not isinstance(piece, StatePiece) or piece.total != total or piece.offset != got or (
-                            round >= 0 and piece.round != round):
-                        raise MessageRejected("bad_state", f"{peer} sent a state piece that does not fit", peer)
-                    round = piece.round
-                    weights[got:got + piece.length] = torch.frombuffer(bytearray(piece.weights), dtype=torch.float32)
-                    momentum[got:got + piece.length] = torch.frombuffer(bytearray(piece.momentum), dtype=torch.float32)
-                    got += piece.length
+                if frame is None:
+                    raise PeerUnavailable(f"{peer} ended the state after {got} of {total} values")
+                piece = self.node.codec.decode(frame, time.time()).body
+                if not isinstance(piece, StatePiece) or piece.total != total or piece.offset != got or (
+                        round >= 0 and piece.round != round):
+                    raise MessageRejected("bad_state", f"{peer} sent a state piece that does not fit", peer)
+                round = piece.round
+                weights[got:got + piece.length] = torch.frombuffer(bytearray(piece.weights), dtype=torch.float32)
+                momentum[got:got + piece.length] = torch.frombuffer(bytearray(piece.momentum), dtype=torch.float32)
+                got += piece.length
         if not (bool(torch.isfinite(weights).all()) and bool(torch.isfinite(momentum).all())):
             raise MessageRejected("bad_state", f"{peer} sent weights that are not finite", peer)
         return GlobalState(round, weights, momentum)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,7 +27,8 @@ from p2pnet.wire import Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import CHANNEL, Idle, Join, Members, StatePiece, StateRequest, StateWanted
-from trainer.diloco_role import IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_SEND_DEADLINES, DilocoRole
+from trainer.diloco_role import (IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_SEND_DEADLINES, DilocoConfig,
+                                 DilocoRole)
 
 ME = Identity.from_seed_text("diloco listener")
 PEER = Identity.from_seed_text("diloco admitted peer")
@@ -42,7 +44,8 @@ class Listener:
         role.node = SimpleNamespace(codec=Codec(ME), peer_id=ME.peer_id,
                                     peertable=SimpleNamespace(with_role=lambda role: [], is_banned=lambda p, now: True),
                                     wait_for_peers=self._no_wait)
-        role.config = SimpleNamespace(publish=False, rounds=10, deadline_s=5.0, trainers=())
+        role.config = SimpleNamespace(publish=False, rounds=10, deadline_s=5.0, trainers=(),
+                                      state_min_bytes_per_s=DilocoConfig.state_min_bytes_per_s)
         role.state = None  # the model is still loading
         role.history, role.heard, role.granted_at, role.state_askers = [], set(), {}, {}
         role.outer_state_versions = set()
@@ -225,8 +228,9 @@ async def test_connections_held_idle_after_one_valid_frame_are_closed_and_their_
 async def test_a_peer_that_asks_and_never_reads_our_answer_loses_its_connection(listener: Listener, ask: str) -> None:
     """A StateRequest is answered with the whole state (here 64 MiB, far more than the sockets'
     buffers hold): an asker that never reads held the connection, and the task writing to it,
-    for ever. The answer must be taken within `STATE_SEND_DEADLINES` x `deadline_s` (the asker's
-    own limit), a StateOffer within `deadline_s`; then the connection is closed and its slot freed."""
+    for ever. Each piece of the answer must be taken by its `state_due` time (the asker's own
+    limit: `STATE_SEND_DEADLINES` x `deadline_s`, then `state_min_bytes_per_s`), a StateOffer within
+    `deadline_s`; then the connection is closed and its slot freed."""
     listener.role.config.deadline_s = 0.2
     values = 8 << 20
     listener.role.state = GlobalState(3, torch.ones(values), torch.zeros(values))
@@ -393,3 +397,77 @@ async def test_a_closed_group_leaves_out_the_unlisted_peers_a_listed_one_names(l
         await send_frame(stream, codec.encode(sent[0], time.time()))
         with trio.fail_after(SLACK_S):
             assert (await listener.inbox.receive()).body == sent[0]
+
+
+STEADY_STATE_VALUES = 4 << 20  # 32 MiB of state, 16 pieces: more than the sockets' buffers hold
+STEADY_PAUSE_S = 0.1  # a piece per pause: about 20 MB/s, far above the least rate and far past the head start
+
+
+async def test_a_large_state_taken_slowly_but_steadily_is_served_whole(listener: Listener) -> None:
+    """The state's bound scales with its size: an asker that reads it at a steady rate above
+    `state_min_bytes_per_s` gets it whole, however long past `STATE_SEND_DEADLINES` x
+    `deadline_s` that takes (a fixed bound cut it there: 1.08 GB then needed 9 MB/s)."""
+    listener.role.config.deadline_s = 0.05
+    weights = torch.arange(STEADY_STATE_VALUES, dtype=torch.float32)
+    listener.role.state = GlobalState(3, weights, torch.zeros(STEADY_STATE_VALUES))
+    assert STEADY_STATE_VALUES // (256 * 1024) * STEADY_PAUSE_S > 4 * STATE_SEND_DEADLINES * 0.05
+    codec = Codec(PEER)
+    stream = await listener.connect()
+    got = 0
+    async with stream:
+        await send_frame(stream, codec.encode(StateRequest(0), time.time()))
+        reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
+        with trio.fail_after(SLACK_S + 32 * STEADY_PAUSE_S):
+            while got < STEADY_STATE_VALUES:
+                await trio.sleep(STEADY_PAUSE_S)  # a slow reader (the scenario, not a wait for an effect)
+                frame = await reader.frame()
+                assert frame is not None, f"cut after {got} values"
+                piece = codec.decode(frame, time.time()).body
+                assert piece.offset == got and piece.weights == weights[got:got + piece.length].numpy().tobytes()
+                got += piece.length
+    await listener.settle(1)
+
+
+async def test_the_asker_waits_for_a_slow_steady_state_and_gives_up_on_a_stalled_one() -> None:
+    """`fetch_state`, the asking end, bounds the transfer as the sending end does: a state
+    coming steadily above `state_min_bytes_per_s` is taken whole however long past the head
+    start; one that stops coming is given up (TooSlowError, which the joiner takes as that peer
+    failing) once its next piece is overdue."""
+    from trainer.diloco_messages import STATE_PIECE_VALUES
+
+    values = STEADY_STATE_VALUES
+    weights = torch.arange(values, dtype=torch.float32)
+    stall_after: list[int] = []  # pieces the server sends before it stalls (none: all)
+
+    async def serve(stream: trio.SocketStream) -> None:
+        async with stream:
+            await FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES).frame()  # the StateRequest
+            for i, offset in enumerate(range(0, values, STATE_PIECE_VALUES)):
+                if stall_after and i == stall_after[0]:
+                    await trio.sleep_forever()
+                await trio.sleep(STEADY_PAUSE_S)  # a slow sender (the scenario)
+                end = min(values, offset + STATE_PIECE_VALUES)
+                piece = StatePiece(5, values, offset, end - offset, weights[offset:end].numpy().tobytes(),
+                                   bytes(4 * (end - offset)))
+                await send_frame(stream, Codec(ME).encode(piece, time.time()))
+
+    role = object.__new__(DilocoRole)
+    role.node = SimpleNamespace(codec=Codec(PEER))
+    role.config = SimpleNamespace(trainers=(), deadline_s=0.05,
+                                  state_min_bytes_per_s=DilocoConfig.state_min_bytes_per_s)
+    role.state = GlobalState(3, torch.zeros(values), torch.zeros(values))
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+
+        async def connect(peer: str) -> trio.SocketStream:
+            return await trio.open_tcp_stream("127.0.0.1", port)
+        role.open_stream = connect
+        with trio.fail_after(SLACK_S + 32 * STEADY_PAUSE_S):
+            fetched = await role.fetch_state(ME.peer_id)
+        assert fetched.round == 5 and torch.equal(fetched.weights, weights)
+        stall_after.append(2)
+        with trio.fail_after(SLACK_S + role.state_due(0, values)):
+            with pytest.raises(trio.TooSlowError):
+                await role.fetch_state(ME.peer_id)
+        nursery.cancel_scope.cancel()
