@@ -84,6 +84,11 @@ ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this 
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
+# frames of one sender the round's inbox holds at a time (`_deliver`). While the inner steps run
+# nothing reads it; an honest peer sends us a few frames meanwhile (its Joins of our round, again
+# each time the peers it takes for dead change, and a Join or Members telling us we are behind),
+# so 16 a sender leaves room for any honest group: 15 others of ours fill at most 240 of 256.
+PEER_INBOX = 16
 STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
 # x STALL_WINDOWS x deadline_s: a connection idle between frames that long is closed (`_serve`). A
 # round's link carries a frame every 3 x deadline_s at most in all but rare rounds: Joins again each
@@ -192,6 +197,8 @@ class DilocoRole:
         if self.config.publish and self.relay is None:
             raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
         self.inbox_send, self.inbox = trio.open_memory_channel[InboxEvent](INBOX)
+        self.queued: dict[str, int] = {}  # sender -> its frames in the inbox, unread (`_deliver`)
+        self.taken = trio.Event()  # set (and replaced) each time one is read
         self.reduce_config = AllReduceConfig(Encoding(self.config.encoding), self.config.block,
                                              self.config.deadline_s, self.config.max_norm_ratio)
         self.inner: InnerTrainer | None = None
@@ -420,6 +427,7 @@ class DilocoRole:
         with trio.move_on_at(deadline):
             event = await self.inbox.receive()
             if isinstance(event, Received):
+                self._unqueue(event.peer)
                 self.suspects.discard(event.peer)
                 self.heard.add(event.peer)
             return event
@@ -511,9 +519,9 @@ class DilocoRole:
         trainers of our round does not bound them either: that is a heartbeat's claim, and a
         newcomer's Join must reach us before it is one. The bound ends the free hold, not the
         holding: a connection with a valid frame (any Part, say) every `IDLE_WINDOWS` windows stays,
-        so 512 are held for about 3 frames a second at the default deadline. And a frame whose
-        `Received` waits for room in the round's inbox (nothing reads it while the inner steps
-        run) holds its connection without a bound: 256 frames fill the inbox.
+        so 512 are held for about 3 frames a second at the default deadline. A frame that waits
+        for room in the round's inbox (nothing reads it while the inner steps run) is bounded
+        the same way (`_deliver`: a share of the inbox per sender, a window to find room).
 
         Our answers are bounded too: a peer that asks for the state (or an offer) and does not
         read it held the connection, and the task writing to it, once the sockets' buffers
@@ -574,11 +582,54 @@ class DilocoRole:
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)
             listed = self._listed_only(peer, body)
-            if listed is not None:
-                await self.inbox_send.send(Received(peer, listed))
+            if listed is not None and not self._stale(listed):
+                await self._deliver(peer, listed)
         else:
             raise MessageRejected("unexpected", f"{kind} on the diloco channel")
         return True
+
+    def _stale(self, body: Join | Members | Part) -> bool:
+        """A frame no round of ours will use, not worth a place in the inbox: of a round before
+        ours (a Join of one was answered, `_tell_ahead`), or a Part of another round than ours
+        (a round takes Parts of its own round only; one of a later round needs our Join first)."""
+        if self.state is None:
+            return False  # our model still loads: any round may be ours
+        return body.round < self.state.round or (isinstance(body, Part) and body.round != self.state.round)
+
+    async def _deliver(self, peer: str, body: Join | Members | Part) -> None:
+        """Put `peer`'s frame into the round's inbox, where it waits until the round reads it
+        (nothing does while the inner steps run). A sender has `PEER_INBOX` places there at a time,
+        so that no sender fills it for the others; a frame that finds none (its sender's, or the
+        whole inbox's) within `STALL_WINDOWS` x `deadline_s` ends its connection ("inbox_full"),
+        which would otherwise wait unbounded, its reader held, past the idle bound. An honest sender
+        never has that many frames for us unread: during the round we read at once, and before it
+        it sends a few (`PEER_INBOX`); one that meets this sees a closed connection and takes us for
+        failed until our next frame, as on any close, and its next send opens another."""
+        window_s = STALL_WINDOWS * self.config.deadline_s
+        delivered = False
+        with trio.move_on_after(window_s):
+            while self.queued.get(peer, 0) >= PEER_INBOX:
+                await self.taken.wait()
+            self.queued[peer] = self.queued.get(peer, 0) + 1
+            try:
+                await self.inbox_send.send(Received(peer, body))
+                delivered = True
+            finally:
+                if not delivered:
+                    self._unqueue(peer)
+        if not delivered:
+            raise MessageRejected("inbox_full", f"{self.queued.get(peer, 0)} frames of it unread and no room for "
+                                  f"another in {window_s:g} s", peer)
+
+    def _unqueue(self, peer: str) -> None:
+        """One frame of `peer` left the inbox (read, or never put there): a place freed, waiters woken."""
+        left = self.queued.get(peer, 0) - 1
+        if left > 0:
+            self.queued[peer] = left
+        else:
+            self.queued.pop(peer, None)  # (a peer with nothing queued costs nothing)
+        self.taken.set()
+        self.taken = trio.Event()
 
     @staticmethod
     async def _sent_within(limit_s: float, peer: str, what: str, sending: Awaitable[None]) -> None:

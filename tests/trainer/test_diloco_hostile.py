@@ -32,6 +32,7 @@ from trainer.diloco_role import (IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WIN
 
 ME = Identity.from_seed_text("diloco listener")
 PEER = Identity.from_seed_text("diloco admitted peer")
+HONEST = Identity.from_seed_text("diloco honest peer")  # admitted too, sends little
 SEED = 20261205
 SLACK_S = 10.0  # per connection
 
@@ -49,11 +50,12 @@ class Listener:
         role.state = None  # the model is still loading
         role.history, role.heard, role.granted_at, role.state_askers = [], set(), {}, {}
         role.outer_state_versions = set()
+        role.queued, role.taken = {}, trio.Event()
         role.inbox_send, self.inbox = trio.open_memory_channel[Any](INBOX)
         self.role = role
         self.plane = DataPlane("127.0.0.1", 0, codec=Codec(ME), self_id=ME.peer_id,
                                limits=DataPlaneLimits(handshake_timeout_s=2.0),
-                               admit=lambda peer: None if peer == PEER.peer_id else "not in our peer table")
+                               admit=lambda peer: None if peer in (PEER.peer_id, HONEST.peer_id) else "not in our peer table")
         self.plane.register(CHANNEL, role._serve)
         self.address = ""
 
@@ -61,8 +63,8 @@ class Listener:
     async def _no_wait(check, timeout_s: float) -> bool:
         return check()
 
-    async def connect(self) -> trio.SocketStream:
-        return await open_data_stream(self.address, CHANNEL, codec=Codec(PEER), peer=ME.peer_id)
+    async def connect(self, who: Identity = PEER) -> trio.SocketStream:
+        return await open_data_stream(self.address, CHANNEL, codec=Codec(who), peer=ME.peer_id)
 
     async def settle(self, connections: int) -> None:
         with trio.fail_after(SLACK_S * max(1, connections)):
@@ -471,3 +473,53 @@ async def test_the_asker_waits_for_a_slow_steady_state_and_gives_up_on_a_stalled
             with pytest.raises(trio.TooSlowError):
                 await role.fetch_state(ME.peer_id)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_sender_that_fills_its_share_of_the_inbox_loses_its_connection_not_the_others_their_place(
+        listener: Listener) -> None:
+    """Nothing reads the round's inbox while the inner steps run. A sender's frames beyond its
+    `PEER_INBOX` places there wait at most `STALL_WINDOWS` x `deadline_s`, then its connection is
+    closed ("inbox_full"; it held its reader unbounded, past the idle bound, once 256 filled the
+    inbox), and another sender's frame still finds room, and is read among the first."""
+    from trainer.diloco_role import PEER_INBOX
+
+    listener.role.config.deadline_s = 0.2
+    codec = Codec(PEER)
+    frame = codec.encode(Join(1, b"w" * 16, ()), time.time())
+    stream = await listener.connect()
+    async with stream:
+        with trio.move_on_after(SLACK_S):  # our sends stop once the listener stops reading
+            try:
+                for _ in range(INBOX + 1):
+                    await send_frame(stream, frame)
+            except trio.BrokenResourceError:
+                pass
+        await listener.settle(1)  # closed: no connection held
+    honest = await listener.connect(HONEST)
+    async with honest:
+        await send_frame(honest, Codec(HONEST).encode(Join(1, b"h" * 16, ()), time.time()))
+        with trio.fail_after(SLACK_S):
+            senders = [(await listener.inbox.receive()).peer for _ in range(PEER_INBOX + 1)]
+    assert senders == [PEER.peer_id] * PEER_INBOX + [HONEST.peer_id]
+
+
+async def test_frames_no_round_of_ours_will_read_take_no_place_in_the_inbox(listener: Listener) -> None:
+    """At round 3: Members of an older round and Parts of another round than ours are dropped
+    where they come in (a round would skip them); a Join of ours, or of a later round, and
+    Members of a later round (they tell us we are behind) take their place."""
+    from trainer.diloco_messages import Part
+
+    listener.role.state = GlobalState(3, torch.ones(4), torch.zeros(4))
+    codec = Codec(PEER)
+
+    def part(round: int) -> Part:
+        return Part(round, b"m" * 16, 0, 0, 4, 0, 4, "fp32", 4, bytes(16), b"", ())
+    sent = [Members(2, b"w" * 16, (PEER.peer_id,)), part(2), part(4), Join(3, b"w" * 16, ()), part(3),
+            Members(4, b"w" * 16, (PEER.peer_id,)), Join(4, b"w" * 16, ())]
+    stream = await listener.connect()
+    async with stream:
+        for body in sent:
+            await send_frame(stream, codec.encode(body, time.time()))
+        with trio.fail_after(SLACK_S):
+            received = [(await listener.inbox.receive()).body for _ in range(4)]
+    assert received == sent[3:]
