@@ -82,9 +82,10 @@ class Links:
     the last sends finish: a close after the round, ours or the other end's, is no failure)."""
 
     def __init__(self, role: DilocoRole, timeout_s: float,
-                 opened: trio.MemorySendChannel[tuple[str, trio.SocketStream]]) -> None:
+                 opened: trio.MemorySendChannel[tuple[str, trio.SocketStream]], *, reports: bool = True) -> None:
         self.role = role
         self.timeout_s = timeout_s
+        self.reports = reports  # failures go to the round's inbox (False: a link of no round's, logged only)
         self.opened = opened  # to `_watch_all`
         self.watching = trio.CancelScope()  # `_watch_all`'s, with every watcher under it
         self.streams: dict[str, trio.SocketStream] = {}
@@ -124,7 +125,7 @@ class Links:
             # refused to the end: the deadline may come while we introduce ourselves or wait to ask again
             refused = isinstance(exc, NotAdmitted) or (isinstance(exc, trio.TooSlowError) and stream is None
                                                        and bool(refusals))
-            if report_refusal or not refused:
+            if self.reports and (report_refusal or not refused):
                 await self.role.inbox_send.send(PeerFailed(peer))
             return False
 
@@ -191,7 +192,8 @@ class Links:
             return
         log.info("diloco: %s closed its connection", peer)
         await self._drop(peer, stream)  # a frame written into it now would be lost
-        await self.role.inbox_send.send(PeerFailed(peer))
+        if self.reports:
+            await self.role.inbox_send.send(PeerFailed(peer))
 
     async def _drop(self, peer: str, stream: trio.SocketStream) -> None:
         """Never use `peer`'s connection `stream` again (the next send opens another): close it."""
@@ -208,11 +210,12 @@ class Links:
 
 
 @asynccontextmanager
-async def open_links(role: DilocoRole, timeout_s: float) -> AsyncIterator[Links]:
+async def open_links(role: DilocoRole, timeout_s: float, *, reports: bool = True) -> AsyncIterator[Links]:
     """A round's `Links`, watched by a task of our own until the block ends (or `stop_watching`);
-    then, the watchers stopped first so that a close we make is not reported, its connections closed."""
+    then, the watchers stopped first so that a close we make is not reported, its connections closed.
+    Not `reports`: failures are logged, not put into the round's inbox (links no round reads for)."""
     opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](WATCH_QUEUE)
-    links = Links(role, timeout_s, opened_send)
+    links = Links(role, timeout_s, opened_send, reports=reports)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(links._watch_all, opened)

@@ -676,9 +676,13 @@ class DilocoRole:
         return StateOffer(round, version, round_s)
 
     async def _tell_ahead(self, peer: str) -> None:
-        """A peer joins an older round: our Join of the round we are in tells it it is behind."""
+        """A peer joins an older round: our Join of the round we are in tells it it is behind.
+        Called by the data plane's reader, at any time: a failure is not reported to the round's
+        inbox (`reports`), where it would wait unread while the inner steps run, beyond any
+        sender's share, and, once the inbox filled, hold this reader unbounded. A peer we could
+        not tell sends its old Join again, or our next round's Join fails and reports it there."""
         if self.state is not None:
-            async with open_links(self, self.config.deadline_s) as links:
+            async with open_links(self, self.config.deadline_s, reports=False) as links:
                 await links.send(peer, Join(self.state.round, digest(self.state.weights), ()))
 
     def state_due(self, start: float, values: int) -> float:
