@@ -70,7 +70,8 @@ InboxEvent = PeerFailed | Received  # what a round's inbox carries
 class Links:
     """One round's outgoing connections: opened on first use, one sender at a time per peer,
     every send bounded by the deadline. A failed send, or a connection the other end closes
-    (it died), is reported to the round's inbox, and the connection is closed then and never
+    (it died), is reported to the round's inbox (unless `reports` is off: a link no round reads
+    for, as `DilocoRole._tell_ahead`'s), and the connection is closed then and never
     written to again (the next send opens another). The watcher of a connection a failed send
     closed reports nothing more; a peer that closes while a send to it is under way can be
     reported twice, which the round takes as once. A connection the other end closes with an

@@ -550,3 +550,22 @@ async def test_a_peer_behind_that_we_cannot_tell_so_fills_no_place_in_the_inbox(
                 first = await listener.inbox.receive()
     assert first.peer == HONEST.peer_id and first.body == Join(3, b"h" * 16, ())
     await listener.settle(2)
+
+
+def test_the_state_rate_is_checked_and_scales_the_bound_with_the_state(tmp_path) -> None:
+    """`state_min_bytes_per_s` is at least 1 (0 would divide by zero, a negative rate would make
+    every piece due before the request), an integer as TOML writes it; `state_due` gives the
+    head start, then 8 bytes a value (a weight and its momentum, fp32) at that rate."""
+    from p2pnet.config import from_mapping
+    from p2pnet.errors import ConfigError
+    from trainer.diloco_role import STATE_BYTES_PER_VALUE, DilocoConfig
+
+    section = {"model_dir": str(tmp_path), "out_dir": str(tmp_path)}
+    for bad in (0, -1, 1e6, True):
+        with pytest.raises(ConfigError, match="state_min_bytes_per_s"):
+            from_mapping(DilocoConfig, {**section, "state_min_bytes_per_s": bad}, "diloco")
+    role = object.__new__(DilocoRole)
+    role.config = from_mapping(DilocoConfig, {**section, "deadline_s": 2.0, "state_min_bytes_per_s": 4_000}, "diloco")
+    assert STATE_BYTES_PER_VALUE == 2 * torch.finfo(torch.float32).bits // 8
+    assert role.state_due(10.0, 0) == 10.0 + STATE_SEND_DEADLINES * 2.0
+    assert role.state_due(10.0, 1_000) == 10.0 + STATE_SEND_DEADLINES * 2.0 + 2.0
