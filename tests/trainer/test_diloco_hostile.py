@@ -529,9 +529,9 @@ async def test_a_peer_behind_that_we_cannot_tell_so_fills_no_place_in_the_inbox(
     """A Join of an older round is answered with ours (`_tell_ahead`), on a link of its own. Its
     failure is no round's event: reported to the round's inbox (unread while the inner steps
     run, and uncounted), a listed peer sending old Joins and refusing our answers filled it, so
-    that our next such answer held that peer's reader unbounded and an honest frame found no
-    room ("inbox_full"). It reports nothing: the honest frame is the first event read, and the
-    old peer's connection ends when it closes it."""
+    that our next such answer held that peer's reader unbounded (its connection never ended)
+    and an honest frame found no room ("inbox_full"). It reports nothing: the old peer's
+    connection ends when it closes it, nothing waits in the inbox, an honest frame is read first."""
     listener.role.config.deadline_s = 0.2
     listener.role.state = GlobalState(3, torch.ones(4), torch.zeros(4))
 
@@ -543,13 +543,16 @@ async def test_a_peer_behind_that_we_cannot_tell_so_fills_no_place_in_the_inbox(
     async with stream:
         for _ in range(INBOX + 1):
             await send_frame(stream, codec.encode(Join(2, b"w" * 16, ()), time.time()))
-        honest = await listener.connect(HONEST)
-        async with honest:
-            await send_frame(honest, Codec(HONEST).encode(Join(3, b"h" * 16, ()), time.time()))
-            with trio.fail_after(SLACK_S):
-                first = await listener.inbox.receive()
+    await listener.settle(1)  # every frame read, its connection ended
+    with pytest.raises(trio.WouldBlock):
+        listener.inbox.receive_nowait()
+    honest = await listener.connect(HONEST)
+    async with honest:
+        await send_frame(honest, Codec(HONEST).encode(Join(3, b"h" * 16, ()), time.time()))
+        with trio.fail_after(SLACK_S):
+            first = await listener.inbox.receive()
     assert first.peer == HONEST.peer_id and first.body == Join(3, b"h" * 16, ())
-    await listener.settle(2)
+    await listener.settle(1)
 
 
 def test_the_state_rate_is_checked_and_scales_the_bound_with_the_state(tmp_path) -> None:
