@@ -253,6 +253,7 @@ def peer_configs(args: argparse.Namespace, overlay: Callable[[dict[str, Any]], d
         expiry_s=args.peer_expiry_s,
     )
     sections = with_trust(sections, args.trust)
+    sections = with_diloco_trainers(sections, getattr(args, "diloco_trainer", []))
     if overlay is not None:
         sections = overlay(sections)
     check_roles(config.roles, sections)
@@ -285,6 +286,26 @@ def with_trust(sections: dict[str, Any], peer_ids: list[str]) -> dict[str, Any]:
     known = list(relay.get("trusted_publishers", []))
     relay["trusted_publishers"] = known + [p for p in peer_ids if p not in known]
     return {**sections, "relay": relay}
+
+
+def with_diloco_trainers(sections: dict[str, Any], values: list[str]) -> dict[str, Any]:
+    """The sections with `--diloco-trainer` peer ids (each value one id or several, comma-separated)
+    added to [diloco] trainers, the file's first; none given, the sections as they are."""
+    from p2pnet.identity import peer_id_from_str
+
+    peer_ids = [p.strip() for value in values for p in value.split(",") if p.strip()]
+    for peer in peer_ids:
+        try:
+            peer_id_from_str(peer)
+        except ValueError:
+            raise ConfigError("--diloco-trainer", f"{peer!r} is not a peer id; give the base58 id each trainer prints "
+                              "when it starts (12D3KooW...), or `p2pnet peer id --data-dir DIR`") from None
+    if not peer_ids:
+        return sections
+    diloco = dict(sections.get("diloco", {}))
+    known = list(diloco.get("trainers", []))
+    diloco["trainers"] = known + [p for p in dict.fromkeys(peer_ids) if p not in known]
+    return {**sections, "diloco": diloco}
 
 
 def check_roles(roles: tuple[str, ...], sections: dict[str, Any]) -> None:

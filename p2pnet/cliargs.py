@@ -104,6 +104,12 @@ def add_peer_arguments(start: argparse.ArgumentParser, *, roles_help: str) -> No
     roles.add_argument("--trust", action="append", default=[], metavar="PEER_ID",
                        help="believe checkpoints signed by this peer id (a trainer's); repeatable; adds to "
                        "[relay] trusted_publishers")
+    roles.add_argument("--diloco-trainer", action="append", default=[], metavar="PEER_IDS",
+                       help="close the DiLoCo group (--role diloco) to these trainer peers, given by their base58 "
+                       "peer ids (12D3KooW..., this peer's own among them), comma-separated or repeated; a trainer "
+                       "refuses the DiLoCo connections of any other peer and never invites, waits for or takes the "
+                       "state from one; adds to [diloco] trainers; none given and none in the file: an open group, "
+                       "where any peer whose heartbeat claims the diloco role takes part")
     timing = start.add_argument_group("timing and limits")
     timing.add_argument("--heartbeat-interval-s", type=float, metavar="S",
                         help="seconds between heartbeats (default 2)")

@@ -70,7 +70,8 @@ InboxEvent = PeerFailed | Received  # what a round's inbox carries
 class Links:
     """One round's outgoing connections: opened on first use, one sender at a time per peer,
     every send bounded by the deadline. A failed send, or a connection the other end closes
-    (it died), is reported to the round's inbox, and the connection is closed then and never
+    (it died), is reported to the round's inbox (unless `reports` is off: a link no round reads
+    for, as `DilocoRole._tell_ahead`'s), and the connection is closed then and never
     written to again (the next send opens another). The watcher of a connection a failed send
     closed reports nothing more; a peer that closes while a send to it is under way can be
     reported twice, which the round takes as once. A connection the other end closes with an
@@ -82,9 +83,10 @@ class Links:
     the last sends finish: a close after the round, ours or the other end's, is no failure)."""
 
     def __init__(self, role: DilocoRole, timeout_s: float,
-                 opened: trio.MemorySendChannel[tuple[str, trio.SocketStream]]) -> None:
+                 opened: trio.MemorySendChannel[tuple[str, trio.SocketStream]], *, reports: bool = True) -> None:
         self.role = role
         self.timeout_s = timeout_s
+        self.reports = reports  # failures go to the round's inbox (False: a link of no round's, logged only)
         self.opened = opened  # to `_watch_all`
         self.watching = trio.CancelScope()  # `_watch_all`'s, with every watcher under it
         self.streams: dict[str, trio.SocketStream] = {}
@@ -124,7 +126,7 @@ class Links:
             # refused to the end: the deadline may come while we introduce ourselves or wait to ask again
             refused = isinstance(exc, NotAdmitted) or (isinstance(exc, trio.TooSlowError) and stream is None
                                                        and bool(refusals))
-            if report_refusal or not refused:
+            if self.reports and (report_refusal or not refused):
                 await self.role.inbox_send.send(PeerFailed(peer))
             return False
 
@@ -191,7 +193,8 @@ class Links:
             return
         log.info("diloco: %s closed its connection", peer)
         await self._drop(peer, stream)  # a frame written into it now would be lost
-        await self.role.inbox_send.send(PeerFailed(peer))
+        if self.reports:
+            await self.role.inbox_send.send(PeerFailed(peer))
 
     async def _drop(self, peer: str, stream: trio.SocketStream) -> None:
         """Never use `peer`'s connection `stream` again (the next send opens another): close it."""
@@ -208,11 +211,12 @@ class Links:
 
 
 @asynccontextmanager
-async def open_links(role: DilocoRole, timeout_s: float) -> AsyncIterator[Links]:
+async def open_links(role: DilocoRole, timeout_s: float, *, reports: bool = True) -> AsyncIterator[Links]:
     """A round's `Links`, watched by a task of our own until the block ends (or `stop_watching`);
-    then, the watchers stopped first so that a close we make is not reported, its connections closed."""
+    then, the watchers stopped first so that a close we make is not reported, its connections closed.
+    Not `reports`: failures are logged, not put into the round's inbox (links no round reads for)."""
     opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](WATCH_QUEUE)
-    links = Links(role, timeout_s, opened_send)
+    links = Links(role, timeout_s, opened_send, reports=reports)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(links._watch_all, opened)

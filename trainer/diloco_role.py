@@ -53,6 +53,7 @@ This module must not do the arithmetic (trainer.diloco) or decide the protocol (
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
@@ -83,6 +84,11 @@ ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this 
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 INBOX = 256
+# frames of one sender the round's inbox holds at a time (`_deliver`). While the inner steps run
+# nothing reads it; an honest peer sends us a few frames meanwhile (its Joins of our round, again
+# each time the peers it takes for dead change, and a Join or Members telling us we are behind),
+# so 16 a sender leaves room for any honest group: 15 others of ours fill at most 240 of 256.
+PEER_INBOX = 16
 STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
 # x STALL_WINDOWS x deadline_s: a connection idle between frames that long is closed (`_serve`). A
 # round's link carries a frame every 3 x deadline_s at most in all but rare rounds: Joins again each
@@ -91,12 +97,15 @@ STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame 
 # 2 x deadline_s). Only owners that go silent (not dead: that is seen at once) three in a row can keep
 # a link to a bystander idle that long: a newer sender then reconnects; an older one reports us.
 IDLE_WINDOWS = 3
-# x deadline_s: our whole answer to a StateRequest must be taken by then, a StateOffer within
-# deadline_s; a peer that asks and does not read would otherwise hold the connection, and the task
-# writing to it, once the socket buffers fill. The asker waits as long (`fetch_state`), from before
-# it asks: we never give up on an honest asker first (with the same deadline_s). Both are fixed: the
-# state (8 bytes a parameter: 1.08 GB for SmolLM2-135M) needs 9 MB/s at the default 30 s.
+# x deadline_s: the head start of our answer to a StateRequest; from then on it must keep up
+# `state_min_bytes_per_s` (`state_due`), a StateOffer must be taken within deadline_s. A peer that
+# asks and does not read would otherwise hold the connection, and the task writing to it, once the
+# socket buffers fill. The asker gives each piece as long (`fetch_state`), counted from before it
+# asks: we never give up on an honest asker first (with the same settings). The state is 8 bytes a
+# parameter (1.08 GB for SmolLM2-135M): at the default 1 MB/s it may take 18 minutes, but an asker
+# that stops reading is cut once the pieces it left unread fall behind that rate.
 STATE_SEND_DEADLINES = 4
+STATE_BYTES_PER_VALUE = 8  # a weight and its outer momentum, fp32 each
 
 
 class Phase(enum.StrEnum):
@@ -137,6 +146,7 @@ class DilocoConfig:
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
     join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
+    state_min_bytes_per_s: int = 1_000_000  # a direct state fetch slower than this (after 4 x deadline_s) is cut, at both ends
     trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers, this one among them; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights)
 
     def check(self) -> dict[str, str]:
@@ -149,6 +159,8 @@ class DilocoConfig:
             problems["join_via"] = "must be relay or direct"
         if not self.deadline_s > 0:
             problems["deadline_s"] = "must be > 0"
+        if self.state_min_bytes_per_s < 1:
+            problems["state_min_bytes_per_s"] = "must be >= 1"
         for peer in self.trainers:
             try:
                 peer_id_from_str(peer)
@@ -185,6 +197,8 @@ class DilocoRole:
         if self.config.publish and self.relay is None:
             raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
         self.inbox_send, self.inbox = trio.open_memory_channel[InboxEvent](INBOX)
+        self.queued: dict[str, int] = {}  # sender -> its frames in the inbox, unread (`_deliver`)
+        self.taken = trio.Event()  # set (and replaced) each time one is read
         self.reduce_config = AllReduceConfig(Encoding(self.config.encoding), self.config.block,
                                              self.config.deadline_s, self.config.max_norm_ratio)
         self.inner: InnerTrainer | None = None
@@ -413,6 +427,7 @@ class DilocoRole:
         with trio.move_on_at(deadline):
             event = await self.inbox.receive()
             if isinstance(event, Received):
+                self._unqueue(event.peer)
                 self.suspects.discard(event.peer)
                 self.heard.add(event.peer)
             return event
@@ -437,6 +452,27 @@ class DilocoRole:
         take any finite weights it sends."""
         if self.config.trainers and peer not in self.config.trainers:
             raise MessageRejected("not_a_trainer", "not one of this group's [diloco] trainers", peer)
+
+    def _listed_only(self, peer: str, body: Join | Members | Part) -> Join | Members | Part | None:
+        """`body` as a round takes it in: in a closed group, the names of peers `trainers` does not
+        list are left out (logged), where they enter. A listed peer whose own list differs (a
+        list not copied to every peer) would otherwise make a leader wait a join deadline for
+        the strangers its Join names, or, in its Members, make us send them our contributions and
+        leave them shards to own. Members naming none of ours is dropped (None). Left out of a
+        leader's Members, those peers make our members digest differ from the others': the round
+        then goes on without us, and we fetch the state after it, as on any disagreement."""
+        allowed = self.config.trainers
+        if not allowed or isinstance(body, Part):
+            return body
+        names = body.known if isinstance(body, Join) else body.members
+        kept = tuple(p for p in names if p in allowed)
+        if len(kept) == len(names):
+            return body
+        log.warning("diloco: %s named %d peers not of [diloco] trainers (%s); left out", peer,
+                    len(names) - len(kept), ", ".join(sorted(set(names) - set(kept))[:4]))
+        if isinstance(body, Join):
+            return dataclasses.replace(body, known=kept)
+        return dataclasses.replace(body, members=kept) if kept else None
 
     async def _wait_for_peers(self) -> None:
         await self.node.wait_for_peers(lambda: len(self._known_trainers()) + 1 >= self.config.min_peers)
@@ -483,14 +519,15 @@ class DilocoRole:
         trainers of our round does not bound them either: that is a heartbeat's claim, and a
         newcomer's Join must reach us before it is one. The bound ends the free hold, not the
         holding: a connection with a valid frame (any Part, say) every `IDLE_WINDOWS` windows stays,
-        so 512 are held for about 3 frames a second at the default deadline. And a frame whose
-        `Received` waits for room in the round's inbox (nothing reads it while the inner steps
-        run) holds its connection without a bound: 256 frames fill the inbox.
+        so 512 are held for about 3 frames a second at the default deadline. A frame that waits
+        for room in the round's inbox (nothing reads it while the inner steps run) is bounded
+        the same way (`_deliver`: a share of the inbox per sender, a window to find room).
 
         Our answers are bounded too: a peer that asks for the state (or an offer) and does not
         read it held the connection, and the task writing to it, once the sockets' buffers
-        filled; the whole state must be taken within `STATE_SEND_DEADLINES` x `deadline_s`, as
-        long as an honest asker waits for it, an offer within `deadline_s`."""
+        filled; each piece of the state must be taken by its `state_due` time (`STATE_SEND_DEADLINES`
+        x `deadline_s`, then `state_min_bytes_per_s`), as long as an honest asker waits for it, an
+        offer within `deadline_s`."""
         self._member_of_group(peer)  # before any read: a stranger's frames are not taken in, nor checked
         reader.max_frame_bytes = MAX_FRAME_BYTES
         window_s = STALL_WINDOWS * self.config.deadline_s
@@ -534,8 +571,7 @@ class DilocoRole:
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
                 return False  # the joiner asks again, or another trainer peer
             self.heard.add(peer)
-            await self._sent_within(STATE_SEND_DEADLINES * self.config.deadline_s, peer, "state",
-                                    self._send_state(stream))
+            await self._send_state(stream, peer)
         elif isinstance(body, StateWanted):
             # its heartbeat may be on its way to us
             await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
@@ -545,10 +581,55 @@ class DilocoRole:
         elif isinstance(body, (Join, Members, Part)):
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)
-            await self.inbox_send.send(Received(peer, body))
+            listed = self._listed_only(peer, body)
+            if listed is not None and not self._stale(listed):
+                await self._deliver(peer, listed)
         else:
             raise MessageRejected("unexpected", f"{kind} on the diloco channel")
         return True
+
+    def _stale(self, body: Join | Members | Part) -> bool:
+        """A frame no round of ours will use, not worth a place in the inbox: of a round before
+        ours (a Join of one was answered, `_tell_ahead`), or a Part of another round than ours
+        (a round takes Parts of its own round only; one of a later round needs our Join first)."""
+        if self.state is None:
+            return False  # our model still loads: any round may be ours
+        return body.round < self.state.round or (isinstance(body, Part) and body.round != self.state.round)
+
+    async def _deliver(self, peer: str, body: Join | Members | Part) -> None:
+        """Put `peer`'s frame into the round's inbox, where it waits until the round reads it
+        (nothing does while the inner steps run). A sender has `PEER_INBOX` places there at a time,
+        so that no sender fills it for the others; a frame that finds none (its sender's, or the
+        whole inbox's) within `STALL_WINDOWS` x `deadline_s` ends its connection ("inbox_full"),
+        which would otherwise wait unbounded, its reader held, past the idle bound. An honest sender
+        never has that many frames for us unread: during the round we read at once, and before it
+        it sends a few (`PEER_INBOX`); one that meets this sees a closed connection and takes us for
+        failed until our next frame, as on any close, and its next send opens another."""
+        window_s = STALL_WINDOWS * self.config.deadline_s
+        delivered = False
+        with trio.move_on_after(window_s):
+            while self.queued.get(peer, 0) >= PEER_INBOX:
+                await self.taken.wait()
+            self.queued[peer] = self.queued.get(peer, 0) + 1
+            try:
+                await self.inbox_send.send(Received(peer, body))
+                delivered = True
+            finally:
+                if not delivered:
+                    self._unqueue(peer)
+        if not delivered:
+            raise MessageRejected("inbox_full", f"{self.queued.get(peer, 0)} frames of it unread and no room for "
+                                  f"another in {window_s:g} s", peer)
+
+    def _unqueue(self, peer: str) -> None:
+        """One frame of `peer` left the inbox (read, or never put there): a place freed, waiters woken."""
+        left = self.queued.get(peer, 0) - 1
+        if left > 0:
+            self.queued[peer] = left
+        else:
+            self.queued.pop(peer, None)  # (a peer with nothing queued costs nothing)
+        self.taken.set()
+        self.taken = trio.Event()
 
     @staticmethod
     async def _sent_within(limit_s: float, peer: str, what: str, sending: Awaitable[None]) -> None:
@@ -595,21 +676,40 @@ class DilocoRole:
         return StateOffer(round, version, round_s)
 
     async def _tell_ahead(self, peer: str) -> None:
-        """A peer joins an older round: our Join of the round we are in tells it it is behind."""
+        """A peer joins an older round: our Join of the round we are in tells it it is behind.
+        Called by the data plane's reader, at any time: a failure is not reported to the round's
+        inbox (`reports`), where it would wait unread while the inner steps run, beyond any
+        sender's share, and, once the inbox filled, hold this reader unbounded. A peer we could
+        not tell sends its old Join again, or our next round's Join fails and reports it there."""
         if self.state is not None:
-            async with open_links(self, self.config.deadline_s) as links:
+            async with open_links(self, self.config.deadline_s, reports=False) as links:
                 await links.send(peer, Join(self.state.round, digest(self.state.weights), ()))
 
-    async def _send_state(self, stream: trio.SocketStream) -> None:
+    def state_due(self, start: float, values: int) -> float:
+        """When the state's first `values` values are due, for a transfer that began at `start`:
+        `STATE_SEND_DEADLINES` x `deadline_s`, then `state_min_bytes_per_s`. Taken by the asker
+        (ours, sending) or come (theirs, fetching); the asker starts counting before it asks."""
+        return (start + STATE_SEND_DEADLINES * self.config.deadline_s
+                + STATE_BYTES_PER_VALUE * values / self.config.state_min_bytes_per_s)
+
+    async def _send_state(self, stream: trio.SocketStream, peer: str) -> None:
+        """Our global state to `peer`, which asked for it, piece by piece, each taken by its
+        `state_due` time or the asker is at fault ("stalled") and the connection ends: a large
+        state may take long at a steady rate, an asker that stops reading is cut all the same."""
         state = self.state
         assert state is not None
+        start = trio.current_time()
         total = state.weights.numel()
         weights, momentum = state.weights.numpy(), state.momentum.numpy()
         for offset in range(0, max(total, 1), STATE_PIECE_VALUES):
             end = min(total, offset + STATE_PIECE_VALUES)
             piece = StatePiece(state.round, total, offset, end - offset, weights[offset:end].tobytes(),
                                momentum[offset:end].tobytes())
-            await send_frame(stream, self.node.codec.encode(piece, time.time()))
+            with trio.move_on_at(self.state_due(start, end)) as waited:
+                await send_frame(stream, self.node.codec.encode(piece, time.time()))
+            if waited.cancelled_caught:
+                raise MessageRejected("stalled", f"took {offset} of our state's {total} values, slower than "
+                                      f"{self.config.state_min_bytes_per_s} bytes/s", peer)
 
     async def fetch_state(self, peer: str) -> GlobalState:
         """The global state of `peer` (a direct fetch on the data channel); in a closed group only
@@ -619,22 +719,24 @@ class DilocoRole:
         weights, momentum = torch.empty(total), torch.empty(total)
         stream = await self.open_stream(peer)
         async with stream:
-            with trio.fail_after(STATE_SEND_DEADLINES * self.config.deadline_s):  # as long as we serve one
+            start = trio.current_time()  # before we ask: each piece is due here first (`state_due`)
+            with trio.fail_at(self.state_due(start, 0)):
                 await send_frame(stream, self.node.codec.encode(StateRequest(self.state.round), time.time()))  # type: ignore[union-attr]
-                reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
-                got, round = 0, -1
-                while got < total:
+            reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
+            got, round = 0, -1
+            while got < total:
+                with trio.fail_at(self.state_due(start, min(total, got + STATE_PIECE_VALUES))):
                     frame = await reader.frame()
-                    if frame is None:
-                        raise PeerUnavailable(f"{peer} ended the state after {got} of {total} values")
-                    piece = self.node.codec.decode(frame, time.time()).body
-                    if not isinstance(piece, StatePiece) or piece.total != total or piece.offset != got or (
-                            round >= 0 and piece.round != round):
-                        raise MessageRejected("bad_state", f"{peer} sent a state piece that does not fit", peer)
-                    round = piece.round
-                    weights[got:got + piece.length] = torch.frombuffer(bytearray(piece.weights), dtype=torch.float32)
-                    momentum[got:got + piece.length] = torch.frombuffer(bytearray(piece.momentum), dtype=torch.float32)
-                    got += piece.length
+                if frame is None:
+                    raise PeerUnavailable(f"{peer} ended the state after {got} of {total} values")
+                piece = self.node.codec.decode(frame, time.time()).body
+                if not isinstance(piece, StatePiece) or piece.total != total or piece.offset != got or (
+                        round >= 0 and piece.round != round):
+                    raise MessageRejected("bad_state", f"{peer} sent a state piece that does not fit", peer)
+                round = piece.round
+                weights[got:got + piece.length] = torch.frombuffer(bytearray(piece.weights), dtype=torch.float32)
+                momentum[got:got + piece.length] = torch.frombuffer(bytearray(piece.momentum), dtype=torch.float32)
+                got += piece.length
         if not (bool(torch.isfinite(weights).all()) and bool(torch.isfinite(momentum).all())):
             raise MessageRejected("bad_state", f"{peer} sent weights that are not finite", peer)
         return GlobalState(round, weights, momentum)

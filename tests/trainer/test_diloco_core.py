@@ -316,6 +316,7 @@ def _decide(script) -> dict:
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
         role.inbox_send, role.inbox = trio.open_memory_channel(16)
+        role.queued, role.taken = {}, trio.Event()
         role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
 
         async def world():

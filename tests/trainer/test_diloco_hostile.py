@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,10 +27,12 @@ from p2pnet.wire import Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import CHANNEL, Idle, Join, Members, StatePiece, StateRequest, StateWanted
-from trainer.diloco_role import IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_SEND_DEADLINES, DilocoRole
+from trainer.diloco_role import (IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_SEND_DEADLINES, DilocoConfig,
+                                 DilocoRole)
 
 ME = Identity.from_seed_text("diloco listener")
 PEER = Identity.from_seed_text("diloco admitted peer")
+HONEST = Identity.from_seed_text("diloco honest peer")  # admitted too, sends little
 SEED = 20261205
 SLACK_S = 10.0  # per connection
 
@@ -42,15 +45,17 @@ class Listener:
         role.node = SimpleNamespace(codec=Codec(ME), peer_id=ME.peer_id,
                                     peertable=SimpleNamespace(with_role=lambda role: [], is_banned=lambda p, now: True),
                                     wait_for_peers=self._no_wait)
-        role.config = SimpleNamespace(publish=False, rounds=10, deadline_s=5.0, trainers=())
+        role.config = SimpleNamespace(publish=False, rounds=10, deadline_s=5.0, trainers=(),
+                                      state_min_bytes_per_s=DilocoConfig.state_min_bytes_per_s)
         role.state = None  # the model is still loading
         role.history, role.heard, role.granted_at, role.state_askers = [], set(), {}, {}
         role.outer_state_versions = set()
+        role.queued, role.taken = {}, trio.Event()
         role.inbox_send, self.inbox = trio.open_memory_channel[Any](INBOX)
         self.role = role
         self.plane = DataPlane("127.0.0.1", 0, codec=Codec(ME), self_id=ME.peer_id,
                                limits=DataPlaneLimits(handshake_timeout_s=2.0),
-                               admit=lambda peer: None if peer == PEER.peer_id else "not in our peer table")
+                               admit=lambda peer: None if peer in (PEER.peer_id, HONEST.peer_id) else "not in our peer table")
         self.plane.register(CHANNEL, role._serve)
         self.address = ""
 
@@ -58,8 +63,8 @@ class Listener:
     async def _no_wait(check, timeout_s: float) -> bool:
         return check()
 
-    async def connect(self) -> trio.SocketStream:
-        return await open_data_stream(self.address, CHANNEL, codec=Codec(PEER), peer=ME.peer_id)
+    async def connect(self, who: Identity = PEER) -> trio.SocketStream:
+        return await open_data_stream(self.address, CHANNEL, codec=Codec(who), peer=ME.peer_id)
 
     async def settle(self, connections: int) -> None:
         with trio.fail_after(SLACK_S * max(1, connections)):
@@ -225,8 +230,9 @@ async def test_connections_held_idle_after_one_valid_frame_are_closed_and_their_
 async def test_a_peer_that_asks_and_never_reads_our_answer_loses_its_connection(listener: Listener, ask: str) -> None:
     """A StateRequest is answered with the whole state (here 64 MiB, far more than the sockets'
     buffers hold): an asker that never reads held the connection, and the task writing to it,
-    for ever. The answer must be taken within `STATE_SEND_DEADLINES` x `deadline_s` (the asker's
-    own limit), a StateOffer within `deadline_s`; then the connection is closed and its slot freed."""
+    for ever. Each piece of the answer must be taken by its `state_due` time (the asker's own
+    limit: `STATE_SEND_DEADLINES` x `deadline_s`, then `state_min_bytes_per_s`), a StateOffer within
+    `deadline_s`; then the connection is closed and its slot freed."""
     listener.role.config.deadline_s = 0.2
     values = 8 << 20
     listener.role.state = GlobalState(3, torch.ones(values), torch.zeros(values))
@@ -335,3 +341,234 @@ async def test_a_closed_group_fetches_the_state_from_its_trainers_only() -> None
     role.open_stream = no_connection
     with pytest.raises(MessageRejected, match="not_a_trainer"):
         await role.fetch_state(PEER.peer_id)
+
+
+def test_the_command_line_closes_the_group(tmp_path) -> None:
+    """`--diloco-trainer` (comma-separated or repeated, on every command that starts a peer) adds
+    to `[diloco] trainers` through the real parser and overlay, after the file's; none given
+    leaves the file's list (an open group when it has none); a value that is no peer id is the
+    user's error, named by its flag."""
+    import subprocess
+    import sys
+
+    from p2pnet.cli import build_parser, peer_configs
+    from p2pnet.config import from_mapping
+    from trainer.diloco_role import DilocoConfig
+
+    a, b, c = (Identity.from_seed_text(f"trainer {name}").peer_id for name in "abc")
+    config = tmp_path / "config.toml"
+    config.write_text(f'[diloco]\nmodel_dir = "{tmp_path}"\nout_dir = "{tmp_path}"\ntrainers = ["{a}"]\n')
+
+    def trainers(*argv: str) -> tuple[str, ...]:
+        args = build_parser().parse_args([*argv, "--data-dir", str(tmp_path / "p"), "--config", str(config)])
+        _, _, sections = peer_configs(args)
+        return from_mapping(DilocoConfig, sections["diloco"], "diloco").trainers
+
+    assert trainers("peer", "start", "--diloco-trainer", f"{b},{a}", "--diloco-trainer", c) == (a, b, c)
+    assert trainers("trainer", "start", "--diloco-trainer", f" {c} ,") == (a, c)
+    assert trainers("peer", "start") == (a,)
+    config.write_text(f'[diloco]\nmodel_dir = "{tmp_path}"\nout_dir = "{tmp_path}"\n')
+    assert trainers("peer", "start") == ()  # an open group, as before
+    out = subprocess.run([sys.executable, "-m", "p2pnet", "peer", "start", "--data-dir", str(tmp_path / "p"),
+                          "--diloco-trainer", f"{a},nope"], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "--diloco-trainer" in out.stderr and "'nope' is not a peer id" in out.stderr
+
+
+async def test_a_closed_group_leaves_out_the_unlisted_peers_a_listed_one_names(listener: Listener) -> None:
+    """A listed trainer whose own list differs names peers ours does not list: in its Join (a
+    leader would wait a join deadline for them) or its Members (we would send them Parts). They
+    are left out where the frame enters the round; a Members naming none of ours is dropped."""
+    listed, stranger = Identity.from_seed_text("listed trainer").peer_id, Identity.from_seed_text("stranger").peer_id
+    listener.role.config.trainers = (ME.peer_id, PEER.peer_id, listed)
+    codec = Codec(PEER)
+    sent = [Join(1, b"w" * 16, tuple(sorted((stranger, listed)))),
+            Members(1, b"w" * 16, tuple(sorted((PEER.peer_id, stranger)))),
+            Members(1, b"w" * 16, (stranger,)),  # none of ours: dropped
+            Join(2, b"w" * 16, (listed,))]  # nothing to leave out
+    stream = await listener.connect()
+    async with stream:
+        for body in sent:
+            await send_frame(stream, codec.encode(body, time.time()))
+        with trio.fail_after(SLACK_S):
+            received = [(await listener.inbox.receive()).body for _ in range(3)]
+    assert received == [Join(1, b"w" * 16, (listed,)), Members(1, b"w" * 16, (PEER.peer_id,)), Join(2, b"w" * 16, (listed,))]
+    listener.role.config.trainers = ()  # an open group: names kept as sent
+    stream = await listener.connect()
+    async with stream:
+        await send_frame(stream, codec.encode(sent[0], time.time()))
+        with trio.fail_after(SLACK_S):
+            assert (await listener.inbox.receive()).body == sent[0]
+
+
+STEADY_STATE_VALUES = 4 << 20  # 32 MiB of state, 16 pieces: more than the sockets' buffers hold
+STEADY_PAUSE_S = 0.1  # a piece per pause: about 20 MB/s, far above the least rate and far past the head start
+
+
+async def test_a_large_state_taken_slowly_but_steadily_is_served_whole(listener: Listener) -> None:
+    """The state's bound scales with its size: an asker that reads it at a steady rate above
+    `state_min_bytes_per_s` gets it whole, however long past `STATE_SEND_DEADLINES` x
+    `deadline_s` that takes (a fixed bound cut it there: 1.08 GB then needed 9 MB/s)."""
+    listener.role.config.deadline_s = 0.05
+    weights = torch.arange(STEADY_STATE_VALUES, dtype=torch.float32)
+    listener.role.state = GlobalState(3, weights, torch.zeros(STEADY_STATE_VALUES))
+    assert STEADY_STATE_VALUES // (256 * 1024) * STEADY_PAUSE_S > 4 * STATE_SEND_DEADLINES * 0.05
+    codec = Codec(PEER)
+    stream = await listener.connect()
+    got = 0
+    async with stream:
+        await send_frame(stream, codec.encode(StateRequest(0), time.time()))
+        reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
+        with trio.fail_after(SLACK_S + 32 * STEADY_PAUSE_S):
+            while got < STEADY_STATE_VALUES:
+                await trio.sleep(STEADY_PAUSE_S)  # a slow reader (the scenario, not a wait for an effect)
+                frame = await reader.frame()
+                assert frame is not None, f"cut after {got} values"
+                piece = codec.decode(frame, time.time()).body
+                assert piece.offset == got and piece.weights == weights[got:got + piece.length].numpy().tobytes()
+                got += piece.length
+    await listener.settle(1)
+
+
+async def test_the_asker_waits_for_a_slow_steady_state_and_gives_up_on_a_stalled_one() -> None:
+    """`fetch_state`, the asking end, bounds the transfer as the sending end does: a state
+    coming steadily above `state_min_bytes_per_s` is taken whole however long past the head
+    start; one that stops coming is given up (TooSlowError, which the joiner takes as that peer
+    failing) once its next piece is overdue."""
+    from trainer.diloco_messages import STATE_PIECE_VALUES
+
+    values = STEADY_STATE_VALUES
+    weights = torch.arange(values, dtype=torch.float32)
+    stall_after: list[int] = []  # pieces the server sends before it stalls (none: all)
+
+    async def serve(stream: trio.SocketStream) -> None:
+        async with stream:
+            await FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES).frame()  # the StateRequest
+            for i, offset in enumerate(range(0, values, STATE_PIECE_VALUES)):
+                if stall_after and i == stall_after[0]:
+                    await trio.sleep_forever()
+                await trio.sleep(STEADY_PAUSE_S)  # a slow sender (the scenario)
+                end = min(values, offset + STATE_PIECE_VALUES)
+                piece = StatePiece(5, values, offset, end - offset, weights[offset:end].numpy().tobytes(),
+                                   bytes(4 * (end - offset)))
+                await send_frame(stream, Codec(ME).encode(piece, time.time()))
+
+    role = object.__new__(DilocoRole)
+    role.node = SimpleNamespace(codec=Codec(PEER))
+    role.config = SimpleNamespace(trainers=(), deadline_s=0.05,
+                                  state_min_bytes_per_s=DilocoConfig.state_min_bytes_per_s)
+    role.state = GlobalState(3, torch.zeros(values), torch.zeros(values))
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+
+        async def connect(peer: str) -> trio.SocketStream:
+            return await trio.open_tcp_stream("127.0.0.1", port)
+        role.open_stream = connect
+        with trio.fail_after(SLACK_S + 32 * STEADY_PAUSE_S):
+            fetched = await role.fetch_state(ME.peer_id)
+        assert fetched.round == 5 and torch.equal(fetched.weights, weights)
+        stall_after.append(2)
+        with trio.fail_after(SLACK_S + role.state_due(0, values)):
+            with pytest.raises(trio.TooSlowError):
+                await role.fetch_state(ME.peer_id)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sender_that_fills_its_share_of_the_inbox_loses_its_connection_not_the_others_their_place(
+        listener: Listener) -> None:
+    """Nothing reads the round's inbox while the inner steps run. A sender's frames beyond its
+    `PEER_INBOX` places there wait at most `STALL_WINDOWS` x `deadline_s`, then its connection is
+    closed ("inbox_full"; it held its reader unbounded, past the idle bound, once 256 filled the
+    inbox), and another sender's frame still finds room, and is read among the first."""
+    from trainer.diloco_role import PEER_INBOX
+
+    listener.role.config.deadline_s = 0.2
+    codec = Codec(PEER)
+    frame = codec.encode(Join(1, b"w" * 16, ()), time.time())
+    stream = await listener.connect()
+    async with stream:
+        with trio.move_on_after(SLACK_S):  # our sends stop once the listener stops reading
+            try:
+                for _ in range(INBOX + 1):
+                    await send_frame(stream, frame)
+            except trio.BrokenResourceError:
+                pass
+        await listener.settle(1)  # closed: no connection held
+    honest = await listener.connect(HONEST)
+    async with honest:
+        await send_frame(honest, Codec(HONEST).encode(Join(1, b"h" * 16, ()), time.time()))
+        with trio.fail_after(SLACK_S):
+            senders = [(await listener.inbox.receive()).peer for _ in range(PEER_INBOX + 1)]
+    assert senders == [PEER.peer_id] * PEER_INBOX + [HONEST.peer_id]
+
+
+async def test_frames_no_round_of_ours_will_read_take_no_place_in_the_inbox(listener: Listener) -> None:
+    """At round 3: Members of an older round and Parts of another round than ours are dropped
+    where they come in (a round would skip them); a Join of ours, or of a later round, and
+    Members of a later round (they tell us we are behind) take their place."""
+    from trainer.diloco_messages import Part
+
+    listener.role.state = GlobalState(3, torch.ones(4), torch.zeros(4))
+    codec = Codec(PEER)
+
+    def part(round: int) -> Part:
+        return Part(round, b"m" * 16, 0, 0, 4, 0, 4, "fp32", 4, bytes(16), b"", ())
+    sent = [Members(2, b"w" * 16, (PEER.peer_id,)), part(2), part(4), Join(3, b"w" * 16, ()), part(3),
+            Members(4, b"w" * 16, (PEER.peer_id,)), Join(4, b"w" * 16, ())]
+    stream = await listener.connect()
+    async with stream:
+        for body in sent:
+            await send_frame(stream, codec.encode(body, time.time()))
+        with trio.fail_after(SLACK_S):
+            received = [(await listener.inbox.receive()).body for _ in range(4)]
+    assert received == sent[3:]
+
+
+async def test_a_peer_behind_that_we_cannot_tell_so_fills_no_place_in_the_inbox(listener: Listener) -> None:
+    """A Join of an older round is answered with ours (`_tell_ahead`), on a link of its own. Its
+    failure is no round's event: reported to the round's inbox (unread while the inner steps
+    run, and uncounted), a listed peer sending old Joins and refusing our answers filled it, so
+    that our next such answer held that peer's reader unbounded (its connection never ended)
+    and an honest frame found no room ("inbox_full"). It reports nothing: the old peer's
+    connection ends when it closes it, nothing waits in the inbox, an honest frame is read first."""
+    listener.role.config.deadline_s = 0.2
+    listener.role.state = GlobalState(3, torch.ones(4), torch.zeros(4))
+
+    async def unreachable(peer: str) -> trio.SocketStream:
+        raise PeerUnavailable(f"{peer} does not answer")
+    listener.role.open_stream = unreachable
+    codec = Codec(PEER)
+    stream = await listener.connect()
+    async with stream:
+        for _ in range(INBOX + 1):
+            await send_frame(stream, codec.encode(Join(2, b"w" * 16, ()), time.time()))
+    await listener.settle(1)  # every frame read, its connection ended
+    with pytest.raises(trio.WouldBlock):
+        listener.inbox.receive_nowait()
+    honest = await listener.connect(HONEST)
+    async with honest:
+        await send_frame(honest, Codec(HONEST).encode(Join(3, b"h" * 16, ()), time.time()))
+        with trio.fail_after(SLACK_S):
+            first = await listener.inbox.receive()
+    assert first.peer == HONEST.peer_id and first.body == Join(3, b"h" * 16, ())
+    await listener.settle(1)
+
+
+def test_the_state_rate_is_checked_and_scales_the_bound_with_the_state(tmp_path) -> None:
+    """`state_min_bytes_per_s` is at least 1 (0 would divide by zero, a negative rate would make
+    every piece due before the request), an integer as TOML writes it; `state_due` gives the
+    head start, then 8 bytes a value (a weight and its momentum, fp32) at that rate."""
+    from p2pnet.config import from_mapping
+    from p2pnet.errors import ConfigError
+    from trainer.diloco_role import STATE_BYTES_PER_VALUE, DilocoConfig
+
+    section = {"model_dir": str(tmp_path), "out_dir": str(tmp_path)}
+    for bad in (0, -1, 1e6, True):
+        with pytest.raises(ConfigError, match="state_min_bytes_per_s"):
+            from_mapping(DilocoConfig, {**section, "state_min_bytes_per_s": bad}, "diloco")
+    role = object.__new__(DilocoRole)
+    role.config = from_mapping(DilocoConfig, {**section, "deadline_s": 2.0, "state_min_bytes_per_s": 4_000}, "diloco")
+    assert STATE_BYTES_PER_VALUE == 2 * torch.finfo(torch.float32).bits // 8
+    assert role.state_due(10.0, 0) == 10.0 + STATE_SEND_DEADLINES * 2.0
+    assert role.state_due(10.0, 1_000) == 10.0 + STATE_SEND_DEADLINES * 2.0 + 2.0
