@@ -272,40 +272,37 @@ def start_role(args: argparse.Namespace, role: str,
 
 def with_trust(sections: dict[str, Any], peer_ids: list[str]) -> dict[str, Any]:
     """The sections with `--trust` peer ids added to [relay] trusted_publishers."""
-    from p2pnet.identity import peer_id_from_str
-
-    for peer in peer_ids:
-        try:
-            peer_id_from_str(peer)
-        except ValueError:
-            raise ConfigError("--trust", f"{peer!r} is not a peer id; give the id a peer prints when it starts "
-                              "(12D3KooW...), or `p2pnet peer id --data-dir DIR`") from None
-    if not peer_ids:
-        return sections
-    relay = dict(sections.get("relay", {}))
-    known = list(relay.get("trusted_publishers", []))
-    relay["trusted_publishers"] = known + [p for p in peer_ids if p not in known]
-    return {**sections, "relay": relay}
+    return _with_peer_ids(sections, "--trust", ("relay", "trusted_publishers"), peer_ids,
+                          "give the id a peer prints when it starts")
 
 
 def with_diloco_trainers(sections: dict[str, Any], values: list[str]) -> dict[str, Any]:
     """The sections with `--diloco-trainer` peer ids (each value one id or several, comma-separated)
     added to [diloco] trainers, the file's first; none given, the sections as they are."""
+    peer_ids = [p.strip() for value in values for p in value.split(",") if p.strip()]
+    return _with_peer_ids(sections, "--diloco-trainer", ("diloco", "trainers"), peer_ids,
+                          "give the base58 id each trainer prints when it starts")
+
+
+def _with_peer_ids(sections: dict[str, Any], flag: str, where: tuple[str, str], peer_ids: list[str],
+                   hint: str) -> dict[str, Any]:
+    """The sections with `peer_ids` (checked, each named by `flag` if bad) appended to the list
+    `where` = (section, key), after the file's and without repeats."""
     from p2pnet.identity import peer_id_from_str
 
-    peer_ids = [p.strip() for value in values for p in value.split(",") if p.strip()]
     for peer in peer_ids:
         try:
             peer_id_from_str(peer)
         except ValueError:
-            raise ConfigError("--diloco-trainer", f"{peer!r} is not a peer id; give the base58 id each trainer prints "
-                              "when it starts (12D3KooW...), or `p2pnet peer id --data-dir DIR`") from None
+            raise ConfigError(flag, f"{peer!r} is not a peer id; {hint} (12D3KooW...), or "
+                              "`p2pnet peer id --data-dir DIR`") from None
     if not peer_ids:
         return sections
-    diloco = dict(sections.get("diloco", {}))
-    known = list(diloco.get("trainers", []))
-    diloco["trainers"] = known + [p for p in dict.fromkeys(peer_ids) if p not in known]
-    return {**sections, "diloco": diloco}
+    name, key = where
+    section = dict(sections.get(name, {}))
+    known = list(section.get(key, []))
+    section[key] = known + [p for p in dict.fromkeys(peer_ids) if p not in known]
+    return {**sections, name: section}
 
 
 def check_roles(roles: tuple[str, ...], sections: dict[str, Any]) -> None:
