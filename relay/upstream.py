@@ -172,7 +172,8 @@ class Upstream:
             self._pending.pop(header.request_id, None)
             # hash and store it while we read on
             # the source's queue counts (it told us how long we waited for its upload); its long
-            # poll, waiting for the chunk itself, does not
+            # poll, waiting for the chunk itself, does not, unless longer than our other sources'
+            # (the core times it from its ask too: `relay.sources`, `_unexcused_s`)
             nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started + header.queued_s)
 
     async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float) -> None:
