@@ -46,10 +46,13 @@ closes that, and timing holders of the whole version from the request's arrival 
 seed 1) is escaped by a liar that never sends `Holding`. So the wait beyond the report is
 excused only as far as our other sources wait beyond theirs (`_unexcused_s`: the median of
 their EWMAs, the origin aside, over at least 3): in a pipelined broadcast every parent waits
-for its chunks about as long, and our own delays (storing, a held send) are everyone's; the
-rest counts as the source's. Then: 108.1, 86.5 and 90.7 s hiding the queue, 81.5, 73.9 and
-81.0 s telling it; 10 liars in 1,000 relays 115.5 s hiding it (133.1 s before), 111.8 s telling
-it (116.3 s). Colluding liars that are most of our parents lift the median, hence the gap left.
+for its chunks about as long; the rest counts as the source's. Our own delays are left out
+by the shell, which times the wait from when a request is its to send (not while our disk
+holds our sends, nor while we dial the source: the first requests to a source 5 s away by
+dial were all 5 s late, and it was dropped as slow) to the answer's header (not our wait for a
+buffer, nor our storing): `relay.upstream`; the simulator has none of them. Then: 108.1, 86.5
+and 90.7 s hiding the queue, 81.5, 73.9 and 81.0 s telling it; 10 liars in 1,000 relays
+115.5 s hiding it (133.1 s before), 111.8 s telling it (116.3 s). Colluding liars that are most of our parents lift the median, hence the gap left.
 The cost: a parent fed by a slow parent waits longer than our others too, and is dropped (one
 liar in 200 relays: 801 honest parents dropped as slow instead of 31, 94.9 s instead of 78.7 s;
 107.9 s hiding its queue); honest worlds as before (`sim run` broadcast, symmetric, byzantine,
@@ -282,15 +285,15 @@ class SourceChoice:
         return self._replaceable(now, v.plan, stripe, peer)
 
     def _unexcused_s(self, v: _Version, peer: str, unexplained_s: float) -> float:
-        """Of `unexplained_s` (how much longer a chunk from `peer` took by our clock, from the
-        ask, than its bytes' time plus the queue time `peer` reported: its long poll, by its
-        word, and our own delays), the part that counts against it: what exceeds the median of
-        the same wait (EWMA) over our other sources of `v` but the origin, at least 3 of them
-        measured; none with fewer (see the top). Records the wait."""
+        """Of `unexplained_s` (how much longer a chunk from `peer` took by our clock than its
+        bytes' time plus the queue time `peer` reported: its long poll, by its word), the part
+        that counts against it: what exceeds the median of the same wait (EWMA) over our other
+        sources of `v` but the origin, at least 3 of them measured; none with fewer (see the
+        top). Records the wait."""
         waits, samples, origin = self._waits, self._samples, v.plan.origin if v.plan is not None else None
         others = sorted(w for p, w in waits.items()
                         if p != peer and p != origin and p in v.sources and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
-        unexplained_s = max(unexplained_s, 0.0)
+        unexplained_s = unexplained_s if unexplained_s > 0 else 0.0  # (a report longer than our clock's)
         old = waits.get(peer)
         waits[peer] = unexplained_s if old is None else (1 - WAIT_EWMA) * old + WAIT_EWMA * unexplained_s
         if len(others) < 3:
@@ -435,9 +438,9 @@ class SourceChoice:
         that holds the whole version and has served us before (not the origin) with room in its
         window, fastest measured first (our source too, if it holds everything and is the
         fastest), instead of a chain that is still forwarding: a lagging
-        stripe's parent may itself be fed slowly, which our delivery measure (the long poll is
-        not counted) cannot see. Only peers we measured: holders known from gossip alone would
-        draw every relay in the endgame to the same few."""
+        stripe's parent may itself be fed slowly, which our delivery measure (the long poll
+        counts only past our other sources') does not show. Only peers we measured: holders
+        known from gossip alone would draw every relay in the endgame to the same few."""
         plan = v.plan
         assert plan is not None
         if plan.stripes < ENDGAME_MIN_STRIPES:

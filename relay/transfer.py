@@ -280,10 +280,14 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
                 self._pump(now, v, effects)
         return self._arm(now, effects)
 
-    def fetched(self, now: float, peer: str, version: int, index: int, elapsed_s: float) -> list[Any]:
+    def fetched(self, now: float, peer: str, version: int, index: int, elapsed_s: float,
+                unexplained_s: float | None = None) -> list[Any]:
         """The shell stored chunk `index` of `version`, verified, from `peer`; `elapsed_s`: its
-        bytes' time plus the queue time `peer` reported (we time it from our ask too: see
-        `relay.sources`, `_unexcused_s`)."""
+        bytes' time plus the queue time `peer` reported; `unexplained_s`: how much longer the
+        answer took, by the shell's clock, from when the request was its to send (not while it
+        held our sends on our disk, nor while it dialled `peer`) until the answer began (not
+        while it stored it): `peer`'s long poll, by its word (`relay.sources`, `_unexcused_s`).
+        None: timed from our ask to `now`, a shell with no such delays (the simulator's)."""
         v = self._versions.get(version)
         if v is None:
             return []
@@ -296,8 +300,10 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
             stripe = entry[1]
         size = v.size(index)
         effects: list[Any] = []
-        if stripe is not None:  # asked of it and not taken back: our clock timed it too, from the ask
-            elapsed_s += self._unexcused_s(v, peer, now - entry[2] - elapsed_s)  # type: ignore[index]
+        if stripe is not None:  # asked of it and not taken back: our clock timed it too
+            if unexplained_s is None:  # (from our ask)
+                unexplained_s = now - entry[2] - elapsed_s  # type: ignore[index]
+            elapsed_s += self._unexcused_s(v, peer, unexplained_s)
         if elapsed_s > 0:
             rate = size / elapsed_s
             old = self._rates.get(peer)

@@ -48,7 +48,7 @@ class FakeRole:
         self.introduced.append(peer)
         return True
 
-    async def report_fetched(self, peer, fetch, data, elapsed_s) -> None:
+    async def report_fetched(self, peer, fetch, data, elapsed_s, unexplained_s=None) -> None:
         self.told.append(("fetched", fetch.index, len(data)))
         self.elapsed[fetch.index] = elapsed_s
 
@@ -293,7 +293,7 @@ async def test_a_bug_of_ours_after_the_source_was_dropped_is_raised_not_hidden(w
     if where == "read":
         upstream._pending = _FailingPending()
     else:
-        async def report_fetched(peer, fetch, data, elapsed_s) -> None:
+        async def report_fetched(peer, fetch, data, elapsed_s, unexplained_s=None) -> None:
             raise RuntimeError("injected: a bug of ours in storing a chunk")
 
         role.report_fetched = report_fetched
