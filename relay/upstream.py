@@ -57,7 +57,8 @@ class Upstream:
         self.role = role
         self.peer = peer
         self.closed = False
-        self._pending: dict[int, tuple[Fetch, float]] = {}  # request id -> (fetch, its clock's start: `_read`)
+        # request id -> (fetch, its clock's start, `_taking_s` then: `_read`)
+        self._pending: dict[int, tuple[Fetch, float, float]] = {}
         self._next_id = 0
         # Requests for this source not yet written (`_write` takes each as soon as the connection
         # takes its frame). No finite size can be proven: the core keeps a window per (source,
@@ -70,6 +71,7 @@ class Upstream:
         # that closes this one, and every other source's requests, would queue behind it.
         self._send, self._receive = trio.open_memory_channel[tuple[Fetch, float]](math.inf)  # (fetch, submitted at)
         self._connected_at = 0.0  # when `open_stream` returned (`_write` starts after)
+        self._taking_s = 0.0  # seconds the connection spent taking answers in, from header to last byte
         self._scope = trio.CancelScope()
         self._buffers = role.buffers
         self._failure = FetchFailure.UNREACHABLE  # how requests still outstanding fail when the connection ends
@@ -139,7 +141,7 @@ class Upstream:
                 # (`RelayRole._sending_held`: our disk) nor while we dialled (`open_stream`: the
                 # address, the connect, the handshake); from there on, a write that waits (a full
                 # TCP window: the source reads no more of our requests) is the source's wait
-                self._pending[self._next_id] = (fetch, max(submitted_at, self._connected_at))
+                self._pending[self._next_id] = (fetch, max(submitted_at, self._connected_at), self._taking_s)
                 op = OP_CHUNK | (OP_URGENT if fetch.urgent else 0)
                 request = ChunkRequest(op, self._next_id, fetch.version, fetch.index, fetch.digest)
                 await send_frame(stream, request.pack())
@@ -157,7 +159,10 @@ class Upstream:
                 if self._abandoned:  # `close` emptied `_pending` since this read began: no fault of the source's
                     return
                 raise _CorruptSource(f"answer to request {header.request_id}, which we never sent")
-            fetch, clock_from = entry
+            fetch, clock_from, taking_then = entry
+            # the answer may have waited behind others on this connection, its header after their
+            # bytes (and our wait for a buffer for them): that time is theirs, not its source's wait
+            unexplained_s = answered_at - clock_from - (self._taking_s - taking_then) - header.queued_s
             if header.status != STATUS_OK:
                 del self._pending[header.request_id]
                 await self.role.report_failed(self.peer, fetch, FetchFailure.UNAVAILABLE)
@@ -173,6 +178,7 @@ class Upstream:
             except BaseException:
                 self._buffers.give(buffer)
                 raise
+            self._taking_s += trio.current_time() - answered_at
             # (not there if `close` ran while this task was woken and not yet run: nothing in between
             # checks for cancellation. The chunk is whole, and is kept like any received before the
             # drop; the buffer goes back with the report)
@@ -183,7 +189,7 @@ class Upstream:
             # (`relay.sources`, `_unexcused_s`): the wait beyond its report until its answer began,
             # by our clock, not our buffer's wait or our storing
             nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started + header.queued_s,
-                               answered_at - clock_from - header.queued_s)
+                               unexplained_s)
 
     async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float, unexplained_s: float) -> None:
         try:
@@ -198,7 +204,7 @@ class Upstream:
         `_failure`. Not once the core has dropped us (`close`, maybe while this reports)."""
         pending, self._pending = list(self._pending.values()), {}
         with trio.CancelScope(shield=True):
-            for fetch, _ in pending:
+            for fetch, *_ in pending:
                 if self._abandoned:
                     return
                 await self.role.report_failed(self.peer, fetch, self._failure)
