@@ -303,7 +303,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         if stripe is not None:  # asked of it and not taken back: our clock timed it too
             if unexplained_s is None:  # (from our ask)
                 unexplained_s = now - entry[2] - elapsed_s  # type: ignore[index]
-            elapsed_s += self._unexcused_s(v, peer, unexplained_s)
+            elapsed_s += self._unexcused_s(v, stripe, peer, unexplained_s)
         if elapsed_s > 0:
             rate = size / elapsed_s
             old = self._rates.get(peer)
