@@ -9,7 +9,8 @@ unlimited. The first `--liars` relays advertise 2^64 - 1 bytes/s and deliver `--
 row gives the time until every relay holds the version in the honest world (the liars advertise
 `--real-bps`, what they deliver) and in the lying one, their ratio, the lower bound of both (the
 links as simulated: the liars at `--real-bps`), and how many copies of the checkpoint the origin
-uploaded (the plans cap advertised figures: `relay.planner.ADVERTISED_CAP`).
+uploaded (the plans cap advertised figures: `relay.planner.ADVERTISED_CAP`). `--zero-queue`: the
+liars' answers also report no queue time (`queued us` 0 in every header), in the lying world only.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ def world(peers: int, size: int, seed: int):
                            seed=seed, config=config)
 
 
-def run(peers: int, size: int, seed: int, liars: int, claim: float | None, real_bps: float):
+def run(peers: int, size: int, seed: int, liars: int, claim: float | None, real_bps: float,
+        hide_queue: bool = False):
     sim = world(peers, size, seed)
-    advertise_lies(sim, sim.peer_ids[:liars], claim, real_bps)
+    advertise_lies(sim, sim.peer_ids[:liars], claim, real_bps, hide_queue)
     result = run_broadcast_sim(sim, seed=seed)
     return result, sim.world.ports[sim.origin].bytes_up / size
 
@@ -47,17 +49,20 @@ def main() -> int:
     parser.add_argument("--real-bps", type=float, default=20e6, help="what a liar really uploads (bytes/s)")
     parser.add_argument("--bytes", type=float, default=1e9)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--zero-queue", action="store_true",
+                        help="the liars' answers also report no queue time (in the lying world only)")
     args = parser.parse_args()
     if any(p < 2 or not 0 < args.liars < p for p in args.peers) or not 0 < args.real_bps < math.inf \
             or not 1 <= args.bytes < math.inf:
         parser.error("need 0 < --liars < --peers, --peers >= 2, a finite positive --real-bps and --bytes >= 1")
     size = int(args.bytes)
-    print(f"{args.liars} liar(s) claiming 2^64-1 B/s, delivering {args.real_bps:.3g} B/s; {size / 1e9:g} GB, "
+    hidden = "; the liars report no queue time" if args.zero_queue else ""
+    print(f"{args.liars} liar(s) claiming 2^64-1 B/s, delivering {args.real_bps:.3g} B/s{hidden}; {size / 1e9:g} GB, "
           f"seed {args.seed}; times in seconds of virtual time")
     print(f"{'relays':>6} {'truth s':>9} {'origin x':>8} {'lies s':>9} {'origin x':>8} {'lies/truth':>10} {'bound s':>8}")
     for peers in args.peers:
         truth, t_copies = run(peers, size, args.seed, args.liars, args.real_bps, args.real_bps)  # slow, says so
-        lies, l_copies = run(peers, size, args.seed, args.liars, CLAIM, args.real_bps)
+        lies, l_copies = run(peers, size, args.seed, args.liars, CLAIM, args.real_bps, args.zero_queue)
         print(f"{peers:>6} {truth.time_to_all_s:>9.2f} {t_copies:>8.2f} {lies.time_to_all_s:>9.2f} {l_copies:>8.2f} "
               f"{lies.time_to_all_s / truth.time_to_all_s:>9.2f}x {truth.lower_bound_s:>8.2f}", flush=True)
     return 0

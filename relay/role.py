@@ -200,7 +200,8 @@ class RelayRole(ChunkServing, ControlCommands):
         # `found` in the store, their version forgotten), so a full channel makes `report_fetched`
         # wait, holding its chunk buffer (the upstreams stop reading once every buffer waits),
         # never drop a fetch.
-        self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float]](transfer.max_in_flight)
+        self._fetched_send, self._fetched = trio.open_memory_channel[tuple[str, Fetch, float, float | None]](
+            transfer.max_in_flight)
         self._flush_wanted = trio.Event()  # a batch of stored chunks waits for `_flusher`
         self.buffers = Buffers(STORING_CHUNKS)  # shared by every upstream: memory stays flat
         self._members_changed = trio.Event()
@@ -410,9 +411,10 @@ class RelayRole(ChunkServing, ControlCommands):
         return entry.data_addr if entry is not None else None
 
     async def report_fetched(self, peer: str, fetch: Fetch, data: bytes | bytearray | memoryview,
-                             elapsed_s: float) -> None:
+                             elapsed_s: float, unexplained_s: float | None = None) -> None:
         """Verify and store one chunk from `peer`; tell the core either way (a stored chunk in
-        the next batch of completions). `data` is not used after this returns."""
+        the next batch of completions). `data` is not used after this returns. `elapsed_s` and
+        `unexplained_s`: as `TransferCore.fetched` takes them (`relay.upstream` times them)."""
         fetched_bytes = len(data)
         try:
             await trio.to_thread.run_sync(lambda: self.store.put_chunk(fetch.version, fetch.index, data, sender=peer))
@@ -452,9 +454,9 @@ class RelayRole(ChunkServing, ControlCommands):
         self._moved_at = trio.current_time()
         try:
             try:
-                self._fetched_send.send_nowait((peer, fetch, elapsed_s))
+                self._fetched_send.send_nowait((peer, fetch, elapsed_s, unexplained_s))
             except trio.WouldBlock:  # more answers than requests out: wait for the core's next batch
-                await self._fetched_send.send((peer, fetch, elapsed_s))
+                await self._fetched_send.send((peer, fetch, elapsed_s, unexplained_s))
         except trio.BrokenResourceError:  # `_tell_fetched` has ended: the relay stops
             log.info("chunk %d of version %d stored as the relay stops: the core is not told", fetch.index,
                      fetch.version)
@@ -476,14 +478,15 @@ class RelayRole(ChunkServing, ControlCommands):
                         break
                 await self._command(partial(self._stored_all, batch=batch))
 
-    def _stored_all(self, now: float, batch: list[tuple[str, Fetch, float]]) -> list[Any]:
-        return [effect for peer, fetch, took in batch for effect in self._stored(now, peer, fetch, took)]
+    def _stored_all(self, now: float, batch: list[tuple[str, Fetch, float, float | None]]) -> list[Any]:
+        return [effect for peer, fetch, took, beyond in batch
+                for effect in self._stored(now, peer, fetch, took, beyond)]
 
-    def _stored(self, now: float, peer: str, fetch: Fetch, elapsed_s: float) -> list[Any]:
+    def _stored(self, now: float, peer: str, fetch: Fetch, elapsed_s: float, unexplained_s: float | None) -> list[Any]:
         """Tell the core a chunk was stored, if the store still holds it: a failed fsync may have
         lost it since (`ChunksLost`, which the core may hear of first and find nothing to undo)."""
         if self.store.holds(fetch.version, fetch.index):
-            return self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s)
+            return self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s, unexplained_s)
         return self.core.fetch_failed(now, peer, fetch.version, fetch.index, FetchFailure.STORE_FAILED)
 
     async def _flusher(self) -> None:

@@ -138,6 +138,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
+        self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
         self._manifest_asked: dict[int, tuple[float, str, bool]] = {}  # version -> (when, whom, it holds all)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
@@ -232,6 +233,8 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         if any(p not in members for p in self._rates):
             self._rates = {p: r for p, r in self._rates.items() if p in members}
             self._samples = {p: n for p, n in self._samples.items() if p in members}
+        if any(p not in members for p in self._waits):
+            self._waits = {p: w for p, w in self._waits.items() if p in members}
         if self._excluded:
             self._excluded = {p: until for p, until in self._excluded.items() if until > now}
 
@@ -277,8 +280,14 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
                 self._pump(now, v, effects)
         return self._arm(now, effects)
 
-    def fetched(self, now: float, peer: str, version: int, index: int, elapsed_s: float) -> list[Any]:
-        """The shell stored chunk `index` of `version`, verified, from `peer`."""
+    def fetched(self, now: float, peer: str, version: int, index: int, elapsed_s: float,
+                unexplained_s: float | None = None) -> list[Any]:
+        """The shell stored chunk `index` of `version`, verified, from `peer`; `elapsed_s`: its
+        bytes' time plus the queue time `peer` reported; `unexplained_s`: how much longer the
+        answer took, by the shell's clock, from when the request was its to send (not while it
+        held our sends on our disk, nor while it dialled `peer`) until the answer began (not
+        while it stored it): `peer`'s long poll, by its word (`relay.sources`, `_unexcused_s`).
+        None: timed from our ask to `now`, a shell with no such delays (the simulator's)."""
         v = self._versions.get(version)
         if v is None:
             return []
@@ -291,6 +300,10 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
             stripe = entry[1]
         size = v.size(index)
         effects: list[Any] = []
+        if stripe is not None:  # asked of it and not taken back: our clock timed it too
+            if unexplained_s is None:  # (from our ask)
+                unexplained_s = now - entry[2] - elapsed_s  # type: ignore[index]
+            elapsed_s += self._unexcused_s(v, stripe, peer, unexplained_s)
         if elapsed_s > 0:
             rate = size / elapsed_s
             old = self._rates.get(peer)

@@ -57,7 +57,8 @@ class Upstream:
         self.role = role
         self.peer = peer
         self.closed = False
-        self._pending: dict[int, tuple[Fetch, float]] = {}
+        # request id -> (fetch, its clock's start, `_taking_s` then: `_read`)
+        self._pending: dict[int, tuple[Fetch, float, float]] = {}
         self._next_id = 0
         # Requests for this source not yet written (`_write` takes each as soon as the connection
         # takes its frame). No finite size can be proven: the core keeps a window per (source,
@@ -68,7 +69,9 @@ class Upstream:
         # then the connect), and on TCP once the source holds `MAX_REQUESTS_PER_CONNECTION` of
         # ours. Nor may the producer, `_dispatch` (`submit`), wait on one source: the `DropSource`
         # that closes this one, and every other source's requests, would queue behind it.
-        self._send, self._receive = trio.open_memory_channel[Fetch](math.inf)
+        self._send, self._receive = trio.open_memory_channel[tuple[Fetch, float]](math.inf)  # (fetch, submitted at)
+        self._connected_at = 0.0  # when `open_stream` returned (`_write` starts after)
+        self._taking_s = 0.0  # seconds the connection spent taking answers in, from header to last byte
         self._scope = trio.CancelScope()
         self._buffers = role.buffers
         self._failure = FetchFailure.UNREACHABLE  # how requests still outstanding fail when the connection ends
@@ -79,7 +82,7 @@ class Upstream:
         return len(self._pending)
 
     def submit(self, fetch: Fetch) -> None:
-        self._send.send_nowait(fetch)
+        self._send.send_nowait((fetch, trio.current_time()))
 
     def close(self) -> None:
         """Abandon this source: the core gave up on it (`DropSource`: stalled, slow, or banned)
@@ -97,6 +100,7 @@ class Upstream:
         with self._scope:
             try:
                 stream = await self.role.open_stream(self.peer)
+                self._connected_at = trio.current_time()
             except PeerUnavailable as exc:
                 log.info("source %s: %s", self.peer, exc)
                 if isinstance(exc, NotAdmitted):
@@ -131,9 +135,13 @@ class Upstream:
 
     async def _write(self, stream: trio.SocketStream, connection: trio.CancelScope) -> None:
         try:
-            async for fetch in self._receive:
+            async for fetch, submitted_at in self._receive:
                 self._next_id += 1
-                self._pending[self._next_id] = (fetch, trio.current_time())
+                # our clock for it starts once it is ours to send: not while our dispatcher held it
+                # (`RelayRole._sending_held`: our disk) nor while we dialled (`open_stream`: the
+                # address, the connect, the handshake); from there on, a write that waits (a full
+                # TCP window: the source reads no more of our requests) is the source's wait
+                self._pending[self._next_id] = (fetch, max(submitted_at, self._connected_at), self._taking_s)
                 op = OP_CHUNK | (OP_URGENT if fetch.urgent else 0)
                 request = ChunkRequest(op, self._next_id, fetch.version, fetch.index, fetch.digest)
                 await send_frame(stream, request.pack())
@@ -145,12 +153,16 @@ class Upstream:
         reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
         while True:
             header = ChunkResponse.unpack(await read_frame(reader))
+            answered_at = trio.current_time()
             entry = self._pending.get(header.request_id)
             if entry is None:
                 if self._abandoned:  # `close` emptied `_pending` since this read began: no fault of the source's
                     return
                 raise _CorruptSource(f"answer to request {header.request_id}, which we never sent")
-            fetch, _ = entry
+            fetch, clock_from, taking_then = entry
+            # the answer may have waited behind others on this connection, its header after their
+            # bytes (and our wait for a buffer for them): that time is theirs, not its source's wait
+            unexplained_s = answered_at - clock_from - (self._taking_s - taking_then) - header.queued_s
             if header.status != STATUS_OK:
                 del self._pending[header.request_id]
                 await self.role.report_failed(self.peer, fetch, FetchFailure.UNAVAILABLE)
@@ -166,19 +178,24 @@ class Upstream:
             except BaseException:
                 self._buffers.give(buffer)
                 raise
+            self._taking_s += trio.current_time() - answered_at
             # (not there if `close` ran while this task was woken and not yet run: nothing in between
             # checks for cancellation. The chunk is whole, and is kept like any received before the
             # drop; the buffer goes back with the report)
             self._pending.pop(header.request_id, None)
             # hash and store it while we read on
             # the source's queue counts (it told us how long we waited for its upload); its long
-            # poll, waiting for the chunk itself, does not
-            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started + header.queued_s)
+            # poll, waiting for the chunk itself, does not, unless longer than our other sources'
+            # (`relay.sources`, `_unexcused_s`): the wait beyond its report until its answer began,
+            # by our clock, not our buffer's wait or our storing
+            nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started + header.queued_s,
+                               unexplained_s)
 
-    async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float) -> None:
+    async def _report(self, fetch: Fetch, buffer: bytearray, elapsed_s: float, unexplained_s: float) -> None:
         try:
             with trio.CancelScope(shield=True):  # a received chunk is always stored and told, even as we close
-                await self.role.report_fetched(self.peer, fetch, memoryview(buffer)[:fetch.size], elapsed_s)
+                await self.role.report_fetched(self.peer, fetch, memoryview(buffer)[:fetch.size], elapsed_s,
+                                               unexplained_s)
         finally:
             self._buffers.give(buffer)
 
@@ -187,13 +204,13 @@ class Upstream:
         `_failure`. Not once the core has dropped us (`close`, maybe while this reports)."""
         pending, self._pending = list(self._pending.values()), {}
         with trio.CancelScope(shield=True):
-            for fetch, _ in pending:
+            for fetch, *_ in pending:
                 if self._abandoned:
                     return
                 await self.role.report_failed(self.peer, fetch, self._failure)
             while not self._abandoned:  # requests not yet sent fail too
                 try:
-                    fetch = self._receive.receive_nowait()
+                    fetch, _ = self._receive.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 await self.role.report_failed(self.peer, fetch, self._failure)

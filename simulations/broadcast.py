@@ -246,10 +246,14 @@ def simulate_broadcast(
     return run_broadcast_sim(sim, strategy=strategy, seed=seed, until_s=until_s, started=wall)
 
 
-def advertise_lies(sim: BroadcastSim, liars: Sequence[str], claim: float | None, real_bps: float | None) -> None:
+def advertise_lies(sim: BroadcastSim, liars: Sequence[str], claim: float | None, real_bps: float | None,
+                   hide_queue: bool = False) -> None:
     """Make `liars` advertise `claim` bytes/s of upload (None: their true figure) and deliver
     `real_bps` (None: their drawn upload): their link and their pacing. Every core is handed the
-    advertised membership, as every real peer reads the same signed heartbeats."""
+    advertised membership, as every real peer reads the same signed heartbeats. `hide_queue`:
+    their answers report no queue time either (`RelayWorld.hide_queue_peers`)."""
+    if hide_queue:
+        sim.world.hide_queue_peers.update(liars)
     for liar in liars:
         if real_bps is not None:
             port = sim.world.ports[liar]

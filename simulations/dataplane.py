@@ -45,7 +45,8 @@ upload slot, as the real shell measures: from the answer's header, plus the queu
 header reports; waiting in a long poll for the chunk itself is not the source's slowness), or
 `fetch_failed` (`FetchFailure.CORRUPT`) when the source is one of `corrupt_peers` (byzantine) and
 the chunk is corrupt: each chunk such a peer serves is corrupt with probability `corrupt_rate`
-(1.0: always), drawn from a generator seeded by `corrupt_seed`.
+(1.0: always), drawn from a generator seeded by `corrupt_seed`. A source in `hide_queue_peers`
+reports no queue time in its answers (a liar: the header is its word alone).
 
 Failures: `crash(p)` is a killed process: flows from p fail at once as `unreachable` (a reset
 connection), requests queued at p fail, later requests to p fail after one latency.
@@ -170,6 +171,7 @@ class RelayWorld(SimWorld):
         self.corrupt_rate = corrupt_rate
         self._corrupt_rng = random.Random(f"corrupt/{corrupt_seed}")
         self.genuine_from_corrupt_peers = 0  # chunks a corrupt peer served intact (corrupt_rate < 1)
+        self.hide_queue_peers: set[str] = set()  # sources whose answers report no queue time (liars)
         self.ports: dict[str, _Port] = {}
         self.penalties: list[tuple[float, str, str, float]] = []  # (t, by, peer, amount)
         self.transfer_stats = {"fetches": 0, "flows": 0, "corrupt_served": 0, "failed": 0, "bytes": 0}
@@ -540,8 +542,9 @@ class RelayWorld(SimWorld):
             self._apply(sink, request.core_index, core.fetch_failed(now, flow.source, fetch.version, fetch.index,
                                                                     FetchFailure.CORRUPT))
         else:
+            queued_s = 0.0 if flow.source in self.hide_queue_peers else flow.queued_s
             self._apply(sink, request.core_index, core.fetched(now, flow.source, fetch.version, fetch.index,
-                                                               now - flow.started + flow.queued_s))
+                                                               now - flow.started + queued_s))
             key = (fetch.version, fetch.index)
             if core.has(fetch.version, fetch.index):
                 self._release_waiting(request.sink, sink_port, key)  # long polls for it are answered

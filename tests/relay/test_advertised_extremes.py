@@ -20,6 +20,8 @@ from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
 from p2pnet.wire import Codec, Envelope
 from relay.planner import ADVERTISED_CAP, Membership, StripePlan, plan_broadcast, plan_tree
 from relay.role import serving_uploads
+from relay.effects import DropReason
+from relay.failures import FailureHandling
 from relay.transfer import TransferConfig
 from simulations.broadcast import MBIT, advertise_lies, build_broadcast, run_broadcast_sim
 
@@ -127,12 +129,14 @@ def test_figures_within_the_cap_are_planned_as_advertised():
     assert faster.planned == uploads | {"r0": ADVERTISED_CAP * 22e6, ORIGIN: ADVERTISED_CAP * 22e6}
 
 
-def liar_world(peers: int, claim: float | None, real_bps: float | None, seed: int = 1, liars: int = 1):
+def liar_world(peers: int, claim: float | None, real_bps: float | None, seed: int = 1, liars: int = 1,
+               hide_queue: bool = False):
     """A broadcast of 1 GB to `peers` relays (uploads 12.5-125 MB/s, origin 1.25 GB/s) where the
-    first `liars` relays advertise `claim` and deliver `real_bps` (their link and their pacing)."""
+    first `liars` relays advertise `claim` and deliver `real_bps` (their link and their pacing),
+    and, with `hide_queue`, report no queue time in their answers."""
     config = TransferConfig(stall_timeout_s=10.0, exclude_s=30.0, announce_interval_s=3600.0)
     sim = build_broadcast(peers, 10**9, upload_bps=(100 * MBIT, 1000 * MBIT), seed=seed, config=config)
-    advertise_lies(sim, sim.peer_ids[:liars], claim, real_bps)
+    advertise_lies(sim, sim.peer_ids[:liars], claim, real_bps, hide_queue)
     return sim, sim.peer_ids[0]
 
 
@@ -144,7 +148,9 @@ def test_a_relay_claiming_2_64_minus_1_that_delivers_20_mb_s_holds_a_version_bac
     it); 200 relays 168 s instead of 25.8 s, the origin uploading 151 copies of the checkpoint.
     After: 11.4 s (6.25 copies from the origin, 6.41 without the lie: at 8 relays it serves
     most) and 81.5 s (1.27 copies; 78.7 s since parents are judged against the fastest source
-    too, `relay.sources`)."""
+    too, `relay.sources`; 94.9 s since waits beyond a source's report count against it past our
+    other sources' such waits: the liar's children, fed slowly, are dropped by theirs; 79.8 s
+    since a source whose planned parent's claim the plan capped is excused that wait)."""
     honest = run_broadcast_sim(liar_world(peers, None, 20e6)[0], seed=1)
     sim, _ = liar_world(peers, float(2**64 - 1), 20e6)
     lied = run_broadcast_sim(sim, seed=1)
@@ -157,12 +163,50 @@ def test_twenty_relays_in_200_claiming_2_64_minus_1_hold_a_version_back_a_bounde
     the cap, the liars had about 60% of the child links; their children judged them against a
     median of other liars and kept them, and those that dropped one borrowed another: 263.2 s
     instead of 26.6 s told the truth. Now a parent under a quarter of our fastest source is slow
-    too, and capped claims are borrowed from last (`relay.sources`): 80.6 s."""
+    too, and capped claims are borrowed from last (`relay.sources`): 80.6 s (81.5 s since waits
+    beyond a source's report count against it past our other sources' such waits; 82.1 s since
+    a source whose planned parent's claim the plan capped is excused that wait)."""
     honest = run_broadcast_sim(liar_world(200, 20e6, 20e6, liars=20)[0], seed=1)  # they say what they deliver
     sim, _ = liar_world(200, float(2**64 - 1), 20e6, liars=20)
     lied = run_broadcast_sim(sim, seed=1)
     assert honest.time_to_all_s < 30.0 and lied.time_to_all_s < 4 * 30.0
     assert sim.world.ports[sim.origin].bytes_up <= 2 * sim.signed.manifest.total_bytes
+
+
+def test_liars_that_report_no_queue_time_hold_a_version_back_a_bounded_time():
+    """Seed 1, virtual time, `benchmarks/bench_relay_liars.py --peers 200 --liars 20 --zero-queue`:
+    the liars' answers say every request was served at once. A chunk was timed as its bytes' time
+    plus the queue time its source reported, so a liar reporting none was timed only while its
+    bytes flowed: kept, and the fastest holder to borrow from, 191.8 s (80.1 s with the queue
+    told). Now the wait beyond a source's report counts past what our other sources wait beyond
+    theirs (`relay.sources`): 108.1 s (105.6 s excusing a source fed by a capped claim)."""
+    sim, _ = liar_world(200, float(2**64 - 1), 20e6, liars=20, hide_queue=True)
+    hidden = run_broadcast_sim(sim, seed=1)
+    assert hidden.time_to_all_s < 4 * 30.0
+    assert sim.world.ports[sim.origin].bytes_up <= 2 * sim.signed.manifest.total_bytes
+
+
+@pytest.mark.parametrize("hide_queue", [False, True])
+def test_a_liars_planned_children_are_not_dropped_as_slow_by_their_own(monkeypatch, hide_queue):
+    """Seed 1, virtual time: one relay in 200 claiming 2^64 - 1 and delivering 20 MB/s. Its planned
+    children get each chunk of its stripes late, and their own children wait on them for it (their
+    long poll) longer than on their other parents. With that wait counted past our other sources'
+    (`relay.sources`, `_unexcused_s`), 801 honest parents were dropped as slow instead of 31,
+    every one a child of the liar in the plan (94.9 s instead of 78.7 s; hiding its queue, 863 and
+    107.9 s). A source whose planned parent's claim the plan capped waits on that feed, and is
+    excused (`_fed_by_a_capped_claim`): 27 and 29 dropped, 79.8 and 84.3 s."""
+    honest_slow: list[str] = []
+    exclude = FailureHandling._exclude
+
+    def spy(self, now, peer, why, effects):
+        if why is DropReason.SLOW and peer != liar:
+            honest_slow.append(peer)
+        return exclude(self, now, peer, why, effects)
+
+    monkeypatch.setattr(FailureHandling, "_exclude", spy)
+    sim, liar = liar_world(200, float(2**64 - 1), 20e6, hide_queue=hide_queue)
+    run_broadcast_sim(sim, seed=1)
+    assert len(honest_slow) < 100
 
 
 def test_a_relay_whose_own_download_binds_drops_no_honest_lone_forwarder():

@@ -33,6 +33,7 @@ class FakeRole:
         self.told: list[tuple] = []
         self.introduced: list[str] = []  # sources sent our heartbeat (`Node.introduce`)
         self.elapsed: dict[int, float] = {}  # chunk index -> the time its delivery took, as reported
+        self.unexplained: dict[int, float] = {}  # chunk index -> its wait beyond the source's report, as reported
         self.buffers = Buffers(2)
 
     def data_addr(self, peer: str) -> str:
@@ -48,9 +49,10 @@ class FakeRole:
         self.introduced.append(peer)
         return True
 
-    async def report_fetched(self, peer, fetch, data, elapsed_s) -> None:
+    async def report_fetched(self, peer, fetch, data, elapsed_s, unexplained_s=None) -> None:
         self.told.append(("fetched", fetch.index, len(data)))
         self.elapsed[fetch.index] = elapsed_s
+        self.unexplained[fetch.index] = unexplained_s
 
     async def report_failed(self, peer, fetch, reason) -> None:
         assert type(reason) is FetchFailure, reason  # a member, never a bare string
@@ -217,6 +219,15 @@ class InMemoryRole(FakeRole):
         frame = self.requests.get_data_nowait()
         return _parse_request(frame[4:])[0]  # (after the frame's length)
 
+    def requests_written(self) -> list[ChunkRequest]:
+        """Every request the upstream has written by now (each frame after its length)."""
+        data, requests = self.requests.get_data_nowait(), []
+        while data:
+            length = int.from_bytes(data[:4], "big")
+            requests.append(_parse_request(data[4:4 + length])[0])
+            data = data[4 + length:]
+        return requests
+
     @staticmethod
     def answer(request: ChunkRequest, chunk: bytes) -> bytes:
         """A source's whole answer to `request`: the header frame, then the chunk."""
@@ -258,6 +269,35 @@ async def test_a_source_dropped_as_its_answer_comes_in_gives_its_buffer_back_and
     assert role.told == [("fetched", 0, 1000)]
 
 
+async def test_an_answer_behind_another_on_the_connection_did_not_wait_on_the_source(autojump_clock):
+    """Answers to us share one connection: the second's header comes only after the first's bytes.
+    Its wait beyond the source's report (`relay.sources`, `_unexcused_s`) leaves out the time the
+    connection spent taking the first in (its bytes, our wait for a buffer): a parent serving us
+    in several stripes had each answer timed behind all of ours before it, as if its queue. A
+    source that holds them back does not gain by it: its wait since our ask still counts."""
+    role = InMemoryRole()
+    role.buffers = Buffers(2)
+    upstream = Upstream(role, SOURCE.peer_id)
+    for index in (0, 1):
+        upstream.submit(Fetch(SOURCE.peer_id, 1, index, DIGEST, 1000))
+    async with trio.open_nursery() as nursery:
+        ended = await run_until_closed(upstream, nursery)
+        await trio.testing.wait_all_tasks_blocked()
+        first, second = role.requests_written()
+        answer = role.answer(first, b"a" * 1000)
+        role.answers.put_data(answer[:-500])  # half its bytes now ...
+        await trio.sleep(1.0)
+        role.answers.put_data(answer[-500:])  # ... and the rest a second later
+        await trio.sleep(2.0)  # the second, held back by the source, reporting no queue
+        role.answers.put_data(role.answer(second, b"b" * 1000))
+        await trio.testing.wait_all_tasks_blocked()
+        role.answers.put_eof()
+        with trio.fail_after(5):
+            await ended.wait()
+    assert role.elapsed == {0: pytest.approx(1.0), 1: 0.0}
+    assert role.unexplained == {0: 0.0, 1: pytest.approx(2.0)}  # not 3 s: 1 s of it was the first's bytes
+
+
 async def test_a_source_dropped_as_an_answer_comes_in_is_not_said_to_break_the_protocol(caplog):
     """The core drops a source (`close`) while the upstream is woken by an answer's header and not
     yet run: the request is no longer ours, but we did send it; the source broke nothing."""
@@ -293,7 +333,7 @@ async def test_a_bug_of_ours_after_the_source_was_dropped_is_raised_not_hidden(w
     if where == "read":
         upstream._pending = _FailingPending()
     else:
-        async def report_fetched(peer, fetch, data, elapsed_s) -> None:
+        async def report_fetched(peer, fetch, data, elapsed_s, unexplained_s=None) -> None:
             raise RuntimeError("injected: a bug of ours in storing a chunk")
 
         role.report_fetched = report_fetched

@@ -19,6 +19,7 @@ after a while.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -294,3 +295,74 @@ async def test_a_source_that_really_stalls_across_a_hold_is_still_dropped_once_t
     # judged again once the hold ended: within a stall and a tick (stall_timeout_s / 4) after it
     assert hold_ended <= dropped_at <= hold_ended + 1.25 * stall_s + 0.1
     assert h.role.core._held_since is None
+
+
+ANSWER_S = 0.05  # virtual: each `PromptServer` answer waits this long for an upload slot, and says so
+
+
+class PromptServer:
+    """Every source's end of its data connection: reads each request as it comes and answers it
+    after `ANSWER_S`, saying it queued that long (an honest source with every chunk: no long
+    poll), from the publisher's store. Each answer is told to `answered`."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.answered = 0
+
+    async def serve(self, requests: trio.abc.ReceiveStream, answers: trio.abc.SendStream) -> None:
+        reader, lock = FrameReader(requests, max_frame_bytes=4096), trio.Lock()
+        async with trio.open_nursery() as nursery:
+            while (frame := await reader.frame()) is not None:
+                nursery.start_soon(self._answer, answers, lock, _parse_request(frame)[0])
+
+    async def _answer(self, answers: trio.abc.SendStream, lock: trio.Lock, request) -> None:
+        await trio.sleep(ANSWER_S)
+        data = self.store.read_chunk(request.version, request.index)
+        async with lock:
+            await send_frame(answers, ChunkResponse(request.request_id, STATUS_OK, len(data),
+                                                    queued_us=int(ANSWER_S * 1e6)).pack())
+            await answers.send_all(data)
+        self.answered += 1
+
+
+
+async def start_with_prompt_sources(h: Harness, nursery: trio.Nursery, dial_s: Callable[[str], float]) -> PromptServer:
+    """Start `h` with `MEMBERS`: each source fetched from over the role's own `Upstream` (one
+    per peer, closed by `DropSource`) to a `PromptServer`, its connection open `dial_s(peer)`
+    after it was asked for (the address, the connect, the handshake)."""
+    server = PromptServer(h.origin)
+
+    async def open_stream(peer: str) -> trio.abc.Stream:
+        await trio.sleep(dial_s(peer))
+        to_server, from_us = trio.testing.memory_stream_one_way_pair()
+        to_us, from_server = trio.testing.memory_stream_one_way_pair()
+        nursery.start_soon(server.serve, from_us, to_us)
+        return trio.StapledStream(to_server, from_server)
+
+    h.role.open_stream = open_stream
+    await h.start(nursery)
+    h.role._upstream = RelayRole._upstream.__get__(h.role)  # (`Harness.start` put its `Source` there)
+    await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+    return server
+
+
+async def test_a_source_is_not_dropped_as_slow_for_the_time_we_took_to_connect_to_it(tmp_path, clock):
+    """Our sources are timed from our ask too (`relay.sources`, `_unexcused_s`): each chunk's
+    wait beyond what its source reports counts against it past our other sources' such waits.
+    Our parent in one stripe (`SlowParent`) takes `100 * ANSWER_S` to connect to (its address
+    came late, a long path): every request we had asked of it waited that long by the core's
+    clock, our other sources' waits none, and it was dropped as slow for our connecting. The
+    upstream starts each request's clock once the connection is open; answers as prompt as the
+    others' are the others' pace."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    parent = SlowParent(h)
+    async with trio.open_nursery() as nursery:
+        server = await start_with_prompt_sources(h, nursery, lambda peer: 100 * ANSWER_S if peer == parent() else 0.0)
+        await announce_stamped(h, 1, CHUNKS)
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    core = h.role.core
+    assert core._samples[parent()] >= 3 and server.answered >= CHUNKS  # (judged: chunks timed, and enough of them)
+    assert sum(core._samples.get(p, 0) >= 3 for p in MEMBERS if p != parent()) >= 3  # (against 3 others at least)
+    assert drops(h, parent()) == []

@@ -493,12 +493,17 @@ def test_in_the_endgame_a_parent_that_holds_everything_gives_way_only_to_a_faste
     planned by what it advertises): in the endgame the fastest holder that served us is asked,
     not a parent just because it holds everything (1,000 relays, 10 GB, 10% at a tenth: the
     last 1% of relays waited until 280 s on such a parent, the bound being 199 s). A parent
-    that is itself the fastest holder (a MiB in 0.1 ms, against 10 ms from the other) is kept."""
+    that is itself the fastest holder (a MiB in 0.1 ms, against 10 ms from the other) is kept.
+    Fastest by our clock too: the wait beyond its report for a chunk it long-polled since the
+    start counts against it past our other sources' such waits (`relay.sources`), so it is timed
+    on a request asked once it held everything."""
     c, signed, lag, held, t, parent, holder = _endgame()
     plan = c._versions[1].plan
-    for peer in (parent, holder):
-        c.on_message(t, envelope(peer, Holding((HeldVersion(1, signed.manifest_id),))))
-    after = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, parent_s))  # a MiB in parent_s
+    c.on_message(t, envelope(parent, Holding((HeldVersion(1, signed.manifest_id),))))
+    first = fetches(c.fetched(t + 0.01, parent, 1, held[0].index, parent_s))
+    assert [f.peer for f in first] == [parent]  # the only holder that served us
+    c.on_message(t + 0.01, envelope(holder, Holding((HeldVersion(1, signed.manifest_id),))))
+    after = fetches(c.fetched(t + 0.01 + parent_s, parent, 1, first[0].index, parent_s))  # a MiB in parent_s
     assert after and {f.peer for f in after} == {holder if asked == "holder" else parent}
     assert all(plan.stripe_of_chunk[f.index] == lag for f in after)
 
@@ -975,18 +980,26 @@ def test_a_parent_is_not_judged_against_the_origins_rate():
     judged, others = parents[1], [p for p in dict.fromkeys(parents[2:]) if p != parents[1]][:4]
     t, dropped = 0.0, []
 
-    def deliver(peer: str, seconds: float, chunks: int = 3) -> None:
+    def deliver(bps: dict[str, float], chunks: dict[str, int]) -> None:
+        """`chunks[p]` answers from each source p, all at once, each serving our requests one at a
+        time in the order we asked, a MiB at `bps[p]`, its queue told truly (it holds every chunk:
+        no long poll), so that our clock agrees with what it reports."""
         nonlocal t
-        for _ in range(chunks):
-            index = next(i for i, e in sorted(v.in_flight.items()) if e[0] == peer)
-            t += seconds
-            dropped.extend(e.peer for e in c.fetched(t, peer, 1, index, seconds) if isinstance(e, DropSource))
+        free, left = dict.fromkeys(bps, t), dict(chunks)
+        while True:
+            due = []
+            for peer, n in left.items():
+                if n and peer not in dropped:
+                    asked, index = min((e[2], i) for i, e in v.in_flight.items() if e[0] == peer)
+                    due.append((max(free[peer], asked) + 2**20 / bps[peer], peer, index, asked))
+            if not due:
+                return
+            t, peer, index, asked = min(due)
+            free[peer], left[peer] = t, left[peer] - 1
+            dropped.extend(e.peer for e in c.fetched(t, peer, 1, index, t - asked) if isinstance(e, DropSource))
 
-    deliver(PUBLISHER.peer_id, 2**20 / 1e9)
-    for peer in others[:3]:
-        deliver(peer, 2**20 / 3.5e6)
-    deliver(judged, 2**20 / 2.1e6)
+    members = {PUBLISHER.peer_id: 1e9, **dict.fromkeys(others, 3.5e6), judged: 2.1e6}
+    deliver(members, dict.fromkeys(members, 3))
     assert c._samples[judged] == 3 and judged not in dropped, dropped
-    deliver(others[3], 2**20 / 10e6)  # a member over 4 times as fast as it: now it is slow
-    deliver(judged, 2**20 / 2.1e6, chunks=1)
+    deliver({others[3]: 10e6, judged: 2.1e6}, {others[3]: 6, judged: 3})  # a member now over 4 times as fast
     assert dropped == [judged]
