@@ -27,6 +27,7 @@ import tomllib
 from functools import partial
 from pathlib import Path
 
+import h11
 import h2.config
 import h2.connection
 import h2.events
@@ -40,7 +41,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import p2pnet
 from p2pnet.web import WebApp, serve
 from p2pnet.web_limits import (KEEP_ALIVE_MAX_REQUESTS, Admitted, ConnectionGate, Connections, Limits, Refusal,
-                               client_key)
+                               client_key, reset)
 
 SLACK_S = 10.0  # less than the 30 s keep-alive hypercorn was given before these bounds
 METRICS = b"p2pnet_up 1\n"
@@ -325,6 +326,70 @@ async def test_a_polling_client_is_asked_to_reconnect_before_the_lifetime(nurser
     await settle(connections, 0)
 
 
+def responses(data: bytes) -> list[tuple[int, bytes]]:
+    """The responses in what a server sent on one connection, each (status, body) and each whole:
+    a response cut short (its head without all of its body) fails the test."""
+    client = h11.Connection(h11.CLIENT)
+    client.receive_data(data)
+    client.receive_data(b"")  # what was sent is all there is
+    out: list[tuple[int, bytes]] = []
+    while True:
+        client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+        client.send(h11.EndOfMessage())
+        status, body = 0, b""
+        while True:
+            try:
+                event = client.next_event()
+            except h11.RemoteProtocolError as exc:  # the end of stream came inside a response
+                pytest.fail(f"response {len(out) + 1} of {status}: {exc}")
+            if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                break
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+        if isinstance(event, h11.ConnectionClosed):
+            return out
+        out.append((status, body))
+        if client.our_state is not h11.DONE or client.their_state is not h11.DONE:  # it asked to close
+            assert client.next_event() == h11.ConnectionClosed(), "bytes after the last response"
+            return out
+        client.start_next_cycle()
+
+
+async def test_a_pipelining_client_gets_every_response_it_is_promised_whole(nursery):
+    """A client that pipelines more requests than one connection carries gets
+    `KEEP_ALIVE_MAX_REQUESTS` responses, each whole, the last asking it to reconnect, then an end of
+    stream. The head of that last response says Connection: close, after which hypercorn takes any
+    byte as the client's error and closed the connection at once, cutting the body it had just
+    promised: about half such clients lost it (trio orders runnable tasks at random, hence
+    `ATTEMPTS` of each), and every one whose next request came while the responses before it were
+    still being read (a body larger than the sockets' buffers). Also when exactly as many are sent."""
+    body = b"#" * (1 << 20)
+    connections, port = await start(nursery, Limits(**HOLD), metrics=body)
+    whole = [(200, body)] * KEEP_ALIVE_MAX_REQUESTS
+    for extra in (0, 1, 5):
+        for _ in range(ATTEMPTS):
+            with await connect(port) as sock:
+                await sock.send(KEEP_ALIVE * (KEEP_ALIVE_MAX_REQUESTS + extra))
+                assert responses(await read_until_closed(sock, SLACK_S)) == whole, extra
+    for _ in range(ATTEMPTS):
+        with await connect(port) as sock:  # the rest sent once the first response is coming
+            await sock.send(KEEP_ALIVE * KEEP_ALIVE_MAX_REQUESTS)
+            first = await sock.recv(1 << 16)
+            await sock.send(KEEP_ALIVE + b"x" * (1 << 18))
+            assert responses(first + await read_until_closed(sock, SLACK_S)) == whole
+    await settle(connections, 0)
+    with await connect(port) as sock:  # one that leaves inside the last response is forgotten at once
+        await sock.send(KEEP_ALIVE * (KEEP_ALIVE_MAX_REQUESTS + 1))
+        got = b""
+        with trio.fail_after(SLACK_S):
+            while got.count(b"HTTP/1.1 200") < KEEP_ALIVE_MAX_REQUESTS:
+                got += await sock.recv(1 << 16)
+        reset(sock)
+    await settle(connections, 0)  # not at the lifetime (600 s)
+
+
 async def test_a_client_that_leaves_is_forgotten_at_once(nursery):
     connections, port = await start(nursery, Limits(max_connections=8, max_per_ip=1, **HOLD))
     with await connect(port) as sock:  # connects, says nothing, leaves
@@ -383,7 +448,8 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
 
 def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
-    `_read_data`, `_close`, `send_lock`, `WorkerContext.terminated`), the same in 0.17.0 to
+    `_read_data`, `_close`, `protocol_send`, `send_lock`, `WorkerContext.terminated`, and
+    `H11Protocol`'s `stream` and `connection`), the same in 0.17.0 to
     0.18.0 and absent from 0.16 (no lifespan state): the pin must keep a fresh install inside
     that range, not let it pick up the next release, whose internals nobody has checked."""
     pyproject = tomllib.loads((Path(p2pnet.__file__).parents[1] / "pyproject.toml").read_text())
