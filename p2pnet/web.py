@@ -33,6 +33,7 @@ import h11
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -122,6 +123,8 @@ class ConnectionServer(TCPServer):
     had not yet delivered of the last response (the tail of a body, sent to a client that was
     still reading it). After our end of stream the read loop reads and drops what comes until the
     client closes its end, as RFC 9112 (9.6) asks, for at most `keep_alive_timeout`.
+    And an HTTP/2 connection's closing did not wake the writers of its unfinished responses
+    (`_release_http2_streams`).
     tests/p2pnet/test_web_limits.py serves every request through this class and fails if any
     of those internals changes, and checks the pin."""
 
@@ -153,6 +156,7 @@ class ConnectionServer(TCPServer):
             if not data:
                 break
         await self.protocol.handle(Closed())
+        await self._release_http2_streams()
         self._read_ended.set()
         await self.context.terminated.set()
 
@@ -163,6 +167,18 @@ class ConnectionServer(TCPServer):
         await super().protocol_send(event)
         if not self._response_half_sent():  # its end sent, or its client gone (a failed write closes the stream)
             self._response_ended.set()
+        await self._release_http2_streams()
+
+    async def _release_http2_streams(self) -> None:
+        """Once an HTTP/2 connection is closed, wake its responses' writers: each waits on its
+        stream's buffer for the task that sends (`send_task`), which has ended, so an application
+        that had not sent its whole response when the connection closed (an h2c upgrade followed by
+        bytes that are not HTTP/2, a protocol error, a client gone) waited, and held its connection,
+        until the lifetime's reset. A closed buffer takes nothing more and lets its writer go."""
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H2Protocol) and protocol.closed:
+            for buffer in protocol.stream_buffers.values():
+                await buffer.close()
 
     def _response_half_sent(self) -> bool:
         """A response's head is sent, its end is not, and its stream is open (the application's

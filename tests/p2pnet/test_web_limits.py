@@ -449,7 +449,8 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
 def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
     `_read_data`, `_close`, `protocol_send`, `send_lock`, `WorkerContext.terminated`, and
-    `H11Protocol`'s `stream` and `connection`), the same in 0.17.0 to
+    `H11Protocol`'s `stream` and `connection`, `H2Protocol`'s `closed` and `stream_buffers`),
+    the same in 0.17.0 to
     0.18.0 and absent from 0.16 (no lifespan state): the pin must keep a fresh install inside
     that range, not let it pick up the next release, whose internals nobody has checked."""
     pyproject = tomllib.loads((Path(p2pnet.__file__).parents[1] / "pyproject.toml").read_text())
@@ -508,6 +509,26 @@ async def test_an_http2_client_holds_one_response_per_connection_as_http1_does(n
     body = b"".join(event.data for event in events if isinstance(event, h2.events.DataReceived))
     assert (status, body) == (b"200", METRICS)
     await settle(connections, 0)
+
+
+H2C_UPGRADE = (b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
+
+
+async def test_an_h2c_upgrade_followed_by_bytes_that_are_not_http2_is_forgotten_once_its_client_leaves(nursery):
+    """hypercorn answers an h2c upgrade (101) and serves its request as HTTP/2 stream 1; bytes
+    after it that are not HTTP/2 close the connection, and the response's writer, waiting on its
+    stream's buffer for a sending task that had ended with the connection, held the connection
+    until the lifetime's reset (part of the time: it depends on which task trio runs first, hence
+    `ATTEMPTS`). Its client is told at once (an end of stream), and once it closes its end the
+    connection is forgotten."""
+    connections, port = await start(nursery, Limits(**HOLD))
+    for stray in (b"x", b"xyz" * 10, b"\0" * 100):
+        for _ in range(ATTEMPTS):
+            with await connect(port) as sock:
+                await sock.send(H2C_UPGRADE + stray)
+                assert (await read_until_closed(sock, SLACK_S)).startswith(b"HTTP/1.1 101")
+            await settle(connections, 0)  # not at the lifetime (600 s)
 
 
 async def test_a_response_in_flight_at_the_lifetime_is_finished_then_the_connection_closed(nursery):
