@@ -6,14 +6,16 @@ is that client's pace), an idle keep-alive connection and a client that never re
 are closed by their deadlines (short ones, injected: each wait is that deadline plus `SLACK_S`);
 a client that never reads does not hold the server's shutdown; a client that leaves is forgotten
 at once, and a polling one is asked to reconnect before the lifetime would cut it; the server's
-own count of open connections returns to 0. A full server takes a slot from the client holding
-the most for a newcomer from one holding fewer (an idle connection first; one inside a write to a
-client that does not read is reset at once), and refuses a newcomer when that would gain nothing.
+own count of open connections returns to 0. A full server takes a slot from the network holding
+the most for a newcomer from one holding fewer, else from the client of the newcomer's network
+holding the most for a newcomer from one holding fewer (an idle connection first; one inside a
+write to a client that does not read is reset at once), and refuses a newcomer when that would
+gain nothing. A pipelining client gets every response it is promised whole.
 A client that breaks HTTP's framing (more requests after one that asked to close, bytes before a
 websocket handshake is answered) gets no traceback into our logs and does not stop the server,
 nor does a bug met while serving one connection (it ends that connection, logged and counted),
 nor a network error that accept() passes on. Loopback gives each test several client addresses
-(127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
+(127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux), and several networks (127.0.1.1)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import p2pnet
 from p2pnet.web import WebApp, serve
 from p2pnet.web_limits import (KEEP_ALIVE_MAX_REQUESTS, Admitted, ConnectionGate, Connections, Limits, Refusal,
-                               client_key, reset)
+                               client_key, network_key, reset)
 
 SLACK_S = 10.0  # less than the 30 s keep-alive hypercorn was given before these bounds
 METRICS = b"p2pnet_up 1\n"
@@ -196,6 +198,57 @@ def test_the_gate_evicts_among_clients_tied_at_the_most_idle_first_then_oldest_w
     gate.release(a2)  # one ends on its own just before the next newcomer: a free slot, nobody evicted
     assert admit(gate, "c").evicted is None
     assert gate.admit("d") is Refusal.TOTAL
+
+
+def test_network_keys():
+    assert network_key("192.0.2.7") == network_key("::ffff:192.0.2.200") == "192.0.2.0/24"
+    assert network_key("2001:db8:0:ff::1") == network_key("2001:db8::1%eth0") == "2001:db8::/48"  # a /56's 256 /64s
+    assert network_key("2001:db8:1::1") != network_key("2001:db8::1")
+
+
+def test_a_full_gate_is_shared_between_networks_first_then_between_the_clients_of_one():
+    """One customer's /56 is 256 clients (/64s) of one network: holding one connection each, they
+    no longer fill the server against other networks, and within their network the clients share
+    as clients did before."""
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=4))
+    n1, n2, n3, n4 = (gate.admit(f"n{i}", "N") for i in range(1, 5))
+    assert isinstance(n1, Admitted) and isinstance(n2, Admitted)
+    gate.started(n1.connection)
+    assert gate.admit("m1", "M") == Admitted(5, evicted=n2.connection)  # N holds the most: its oldest idle one
+    assert gate.admit("m2", "M") == Admitted(6, evicted=n3.connection)  # N still holds the most (3)
+    assert gate.admit("n5", "N") is Refusal.TOTAL  # N and M hold 2 each; in N every client holds one
+    assert gate.admit("m3", "M") is Refusal.TOTAL  # M would hold as many as the most
+    assert gate.by_network == {"N": 2, "M": 2}
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=4))
+    a1, a2, a3 = (admit_in(gate, "a", "N") for _ in range(3))
+    admit_in(gate, "c", "M")
+    gate.started(a1)
+    assert gate.admit("b", "N").evicted == a2  # N holds the most, b would not gain it: a holds the most within N
+    assert gate.admit("d", "O").evicted == a3  # N holds the most (3): of it a holds the most (2), its idle one
+    assert gate.admit("e", "O") is Refusal.TOTAL  # N (a, b), O (d), M (c): O would hold as many as N
+    assert (gate.by_network, gate.by_key) == ({"N": 2, "M": 1, "O": 1}, {"a": 1, "b": 1, "c": 1, "d": 1})
+
+
+def admit_in(gate: ConnectionGate, key: str, network: str) -> int:
+    admitted = gate.admit(key, network)
+    assert isinstance(admitted, Admitted), admitted
+    return admitted.connection
+
+
+async def test_a_full_server_held_by_many_addresses_of_one_network_admits_a_scrape_from_another(nursery):
+    """Four addresses of 127.0.0.0/24, one connection each, fill the server: a fifth address of
+    that network is refused (within it every address holds one), and a scraper from 127.0.1.0/24
+    is served in the slot of the oldest of them (it was refused: every address held one)."""
+    connections, port = await start(nursery, Limits(max_connections=4, max_per_ip=2, **HOLD))
+    held = [await connect(port, f"127.0.0.{i}") for i in range(1, 5)]
+    await settle(connections, 4)
+    assert await unanswered(port, "127.0.0.5") == b""
+    scraped = await scrape(port, "127.0.1.1")
+    assert scraped.startswith(b"HTTP/1.1 200") and scraped.endswith(METRICS), scraped[-80:]
+    assert await read_until_closed(held[0], SLACK_S) == b""
+    await settle(connections, 3)
+    assert (connections.gate.evicted, connections.gate.refused) == (1, {Refusal.TOTAL: 1, Refusal.PER_IP: 0})
+    await close_all(connections, held)
 
 
 async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrape(nursery, caplog):
