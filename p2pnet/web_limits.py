@@ -200,7 +200,8 @@ class ConnectionGate:
         count = self.by_key.get(key, 0)
         evicted = None
         if self.open >= self.limits.max_connections:
-            evicted = self._victim(key, network)
+            # a client at its cap takes no slot (between networks no client's count is compared)
+            evicted = self._victim(key, network) if count < self.limits.max_per_ip else None
             if evicted is None:
                 return self._refuse(Refusal.TOTAL)
             self._drop(evicted)

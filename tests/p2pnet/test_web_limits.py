@@ -229,6 +229,17 @@ def test_a_full_gate_is_shared_between_networks_first_then_between_the_clients_o
     assert (gate.by_network, gate.by_key) == ({"N": 2, "M": 1, "O": 1}, {"a": 1, "b": 1, "c": 1, "d": 1})
 
 
+def test_a_client_at_its_cap_is_refused_also_when_its_network_could_take_a_slot_from_another():
+    """Between networks the gate compares networks, not clients: a client alone in its network,
+    at its cap, would still take the slot of a network of many clients holding more, and hold
+    more than `max_per_ip`."""
+    gate = ConnectionGate(Limits(max_connections=6, max_per_ip=2))
+    for key in ("b1", "b1", "b2", "b2", "a", "a"):
+        admit_in(gate, key, "A" if key == "a" else "B")
+    assert gate.admit("a", "A") is Refusal.TOTAL  # (full: counted as the total's)
+    assert (gate.by_key, gate.evicted) == ({"b1": 2, "b2": 2, "a": 2}, 0)
+
+
 def admit_in(gate: ConnectionGate, key: str, network: str) -> int:
     admitted = gate.admit(key, network)
     assert isinstance(admitted, Admitted), admitted
