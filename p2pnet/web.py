@@ -131,7 +131,6 @@ class ConnectionServer(TCPServer):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._response_ended = trio.Event()
-        self._reader: trio.lowlevel.Task | None = None
         self._read_scope = trio.CancelScope()
         self._read_ended = trio.Event()
         self._linger_until = math.inf  # once our end of stream is sent: until then the client may send
@@ -142,7 +141,6 @@ class ConnectionServer(TCPServer):
         closes, or `keep_alive_timeout` after our end of stream, so that the close finds nothing
         unread (the kernel resets a socket closed with unread bytes, and drops with it what it
         had not yet delivered of the last response)."""
-        self._reader = trio.lowlevel.current_task()
         while True:
             with trio.CancelScope(deadline=self._linger_until) as self._read_scope:
                 try:
@@ -198,13 +196,12 @@ class ConnectionServer(TCPServer):
                                          trio.ClosedResourceError):
                     await self.stream.send_eof()
         self._response_ended.set()  # nothing more is written
-        if trio.lowlevel.current_task() is self._reader and not self._read_ended.is_set():
-            return  # asked for by the read loop, which lingers; its end closes the socket (`run`)
-        try:
-            with trio.move_on_at(self._linger_until):
-                await self._read_ended.wait()
-        finally:
-            await self.stream.aclose()
+        if not self._read_ended.is_set():
+            # the read loop lingers, and its end closes the socket (`run`); the application's task,
+            # which asks for the close at the end of a last response, does not wait for it, so
+            # that it counts the connection busy no longer (`Connections.serve`)
+            return
+        await self.stream.aclose()
 
 
 async def terminate_when(wind_down: trio.Event, context: WorkerContext) -> None:

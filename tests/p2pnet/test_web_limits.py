@@ -341,6 +341,24 @@ async def test_a_full_server_admits_a_scrape_in_place_of_an_idle_connection_of_t
     await close_all(connections, [busy, *idle])
 
 
+async def test_a_connection_that_waits_for_its_client_to_close_after_its_last_response_is_idle(nursery):
+    """After a last response (Connection: close) the server waits for its client's end of stream
+    (`ConnectionServer`, up to `idle_s`); its application's task waited with it, so the connection
+    was counted busy meanwhile, and a full server took the slot of its client's other, idle, one
+    (one opened after it, here) rather than of the older, which was done."""
+    connections, port = await start(nursery, Limits(max_connections=2, max_per_ip=2, **HOLD))
+    done = await connect(port, "127.0.0.1")
+    await done.send(SCRAPE)
+    assert (await read_until_closed(done, SLACK_S)).endswith(METRICS)  # our end of stream; it keeps its own open
+    kept = await connect(port, "127.0.0.1")  # it will ask later
+    await settle(connections, 2)
+    assert (await scrape(port, "127.0.0.2")).endswith(METRICS)  # in the slot of the oldest idle one
+    await kept.send(KEEP_ALIVE)
+    assert (await read_response(kept)).startswith(b"HTTP/1.1 200")
+    assert connections.gate.evicted == 1
+    await close_all(connections, [done, kept])
+
+
 async def test_a_request_that_never_arrives_whole_and_an_idle_connection_are_closed(nursery):
     idle_s = 1.0  # an honest client here only has to send its request within this of connecting
     connections, port = await start(nursery, Limits(idle_s=idle_s, lifetime_s=600.0))
