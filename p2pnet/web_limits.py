@@ -7,14 +7,23 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
 
 - the connections open at once, in all and per client (`client_key`: an IPv4 address, an IPv6
   /64). A client at its own cap is refused (closed unanswered). A full server is shared fairly
-  rather than first come, first served: a newcomer whose client, counting it, would still hold
-  fewer connections than the client holding the most takes a slot from that client (one of its
-  connections is reset at once), and any other newcomer is refused. So attackers from a few
-  addresses cannot fill the server and lock the operator's scraper out: while any client holds
-  2 or more, a client holding none gets in. What is left: an attacker with more addresses than
-  `max_connections`, each holding one, still fills it, for as long as it holds them (the
-  lifetime below ends each connection, but it reconnects); that is bounded by how many
-  addresses it has, not by how fast it reconnects. Refusals and evictions are counted
+  rather than first come, first served, between networks first (`network_key`: an IPv4 /24, an
+  IPv6 /48), then between the clients of one network: a newcomer whose network, counting it,
+  would still hold fewer connections than the network holding the most takes a slot from that
+  network (one of its connections is reset at once); failing that, a newcomer whose client would
+  still hold fewer than the client of its own network holding the most takes a slot from that
+  client; any other newcomer is refused. So attackers from a few addresses, or from the many
+  /64s of one customer's /56, cannot fill the server and lock the operator's scraper out: while
+  any network holds 2 or more, a scraper from a network holding none gets in, and one from the
+  attacker's own network gets in while any client there holds 2 or more. Why /24 and /48: a
+  customer of a hosting provider or an ISP is commonly handed that much or less, so a network
+  is one owner more often than a client is; an honest NAT stays one client of its network. The
+  price is paid by honest clients sharing a network with an attacker: a scraper on the
+  attacker's /24 (a cloud provider's range) competes only within it, as every client competed
+  before networks were counted. What is left: an attacker with addresses in more networks than
+  `max_connections`, each holding one, still fills the server, for as long as it holds them (the
+  lifetime below ends each connection, but it reconnects); that is bounded by how many networks
+  it has, not by how fast it reconnects. Refusals and evictions are counted
   (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and named in a
   warning at most once a minute. `ConnectionGate` is that count, and chooses whom to evict,
   free of I/O;
@@ -29,14 +38,17 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   long a request may take to arrive whole after the connection opens or the previous response
   ends (`idle_s`: slow headers, idle keep-alive connections), and how many requests one
   connection may carry (`KEEP_ALIVE_MAX_REQUESTS`, so a polling client reconnects before
-  `lifetime_s`).
+  `lifetime_s`), and how long a connection that has sent its end of stream waits for the
+  client's (`idle_s`: closing with the client's bytes unread would reset it, and drop the tail
+  of the last response).
 
-Whom to evict: of the connections of the clients holding the most, an idle one (before its first
-whole request or between two: its client loses only the connection, which an honest keep-alive
-client reopens as a matter of course, where a busy one would lose a response half sent), and of
-those the oldest (admitted first: nearest its lifetime's end anyway, and a connection held
-longest is the likeliest to be held rather than used). `p2pnet.web` says when a connection is
-busy (`Connections.serve`'s `busy`: while the application answers one of its requests).
+Whom to evict, in the networks chosen: of the connections of their clients holding the most, an
+idle one (before its first whole request or between two: its client loses only the connection,
+which an honest keep-alive client reopens as a matter of course, where a busy one would lose a
+response half sent), and of those the oldest (admitted first: nearest its lifetime's end
+anyway, and a connection held longest is the likeliest to be held rather than used).
+`p2pnet.web` says when a connection is busy (`Connections.serve`'s `busy`: while the
+application answers one of its requests).
 
 What a client sends must never stop the server (and with it the peer): an error raised while
 serving one connection ends that connection only, logged with its traceback as the bug it is (of
@@ -78,9 +90,10 @@ class Limits:
     responses needs and bounds what a client that does not read can hold (for `idle_s` more: a
     response in flight at the lifetime has that long to finish before the reset). None of this
     is a setting: an operator behind a reverse proxy (one address for every viewer) would be
-    the first to need one. When the server is full a newcomer takes a slot from the client
-    holding the most, while it would still hold fewer (the module docstring): a scraper gets in
-    unless at least `max_connections` clients hold one each."""
+    the first to need one. When the server is full a newcomer takes a slot from the network
+    holding the most, while its own would still hold fewer, else from the client of its own
+    network holding the most, while its client would still hold fewer (the module docstring): a
+    scraper gets in unless at least `max_connections` networks hold one each."""
 
     max_connections: int = 64
     max_per_ip: int = 8
@@ -126,6 +139,17 @@ class Admitted:
     evicted: int | None = None
 
 
+def network_key(host: str) -> str:
+    """The network a client belongs to, which shares the server first (`ConnectionGate`): the
+    /24 of an IPv4 address, the /48 of an IPv6 one (a site's usual allocation; a customer handed
+    a /56 has 256 /64s, each a client, all in one /48)."""
+    address = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    prefix = 24 if isinstance(address, ipaddress.IPv4Address) else 48
+    return str(ipaddress.ip_network((address, prefix), strict=False))
+
+
 def client_key(host: str) -> str:
     """Whom a connection counts against: its IPv4 address (also when it arrives IPv4-mapped on
     a dual-stack socket), or the /64 of its IPv6 address, since one host is commonly handed a
@@ -140,15 +164,16 @@ def client_key(host: str) -> str:
 
 @dataclass
 class Held:
-    """One admitted connection: whom it counts against, and how many of its requests the
-    application is answering (0: idle)."""
+    """One admitted connection: whom it counts against (its client and the client's network),
+    and how many of its requests the application is answering (0: idle)."""
 
     key: str
+    network: str
     busy: int = 0
 
 
 class ConnectionGate:
-    """The count of open connections, in all and by client key, against `Limits`: `admit` before
+    """The count of open connections, in all, by client and by network, against `Limits`: `admit` before
     serving one (an `Admitted`, which may name a connection to evict, or a `Refusal`); `started`
     and `ended` around each request it carries; `release` once it is closed. Connections are
     numbered in the order admitted, so the lowest number is the oldest. An evicted connection
@@ -159,6 +184,7 @@ class ConnectionGate:
         self.limits = limits
         self.held: dict[int, Held] = {}  # in the order admitted
         self.by_key: dict[str, int] = {}
+        self.by_network: dict[str, int] = {}
         self.closing: dict[int, str] = {}  # evicted, not yet released: their keys
         self.refused = {refusal: 0 for refusal in Refusal}
         self.evicted = 0
@@ -168,11 +194,14 @@ class ConnectionGate:
     def open(self) -> int:
         return len(self.held)
 
-    def admit(self, key: str) -> Admitted | Refusal:
+    def admit(self, key: str, network: str | None = None) -> Admitted | Refusal:
+        """A newcomer from client `key`, in `network` (`network_key`; its own when None)."""
+        network = key if network is None else network
         count = self.by_key.get(key, 0)
         evicted = None
         if self.open >= self.limits.max_connections:
-            evicted = self._victim(count)
+            # a client at its cap takes no slot (between networks no client's count is compared)
+            evicted = self._victim(key, network) if count < self.limits.max_per_ip else None
             if evicted is None:
                 return self._refuse(Refusal.TOTAL)
             self._drop(evicted)
@@ -181,8 +210,9 @@ class ConnectionGate:
         elif count >= self.limits.max_per_ip:
             return self._refuse(Refusal.PER_IP)
         self._next += 1
-        self.held[self._next] = Held(key)
+        self.held[self._next] = Held(key, network)
         self.by_key[key] = count + 1
+        self.by_network[network] = self.by_network.get(network, 0) + 1
         return Admitted(self._next, evicted)
 
     def started(self, connection: int) -> None:
@@ -206,25 +236,33 @@ class ConnectionGate:
         self._drop(connection)
         del self.held[connection]
 
-    def _victim(self, count: int) -> int | None:
-        """The connection a newcomer whose client holds `count` takes the slot of: None unless
-        its client, counting it, would still hold fewer than the client holding the most (a
-        swap that only traded one client's connection for another's would gain nothing, and
-        among clients holding one each it would go on for ever); else, of the connections of
-        the clients holding the most, idle before busy, then the oldest."""
-        most = max(self.by_key.values())
-        if count + 1 >= most:
+    def _victim(self, key: str, network: str) -> int | None:
+        """The connection a newcomer from client `key` in `network` takes the slot of, shared
+        first between networks, then between the clients of the newcomer's network: one of the
+        networks holding the most, when the newcomer's, counting it, would still hold fewer;
+        else one of the clients of its own network holding the most within it, when its client
+        would still hold fewer; else None (a swap that only traded one network's or client's
+        connection for another's would gain nothing, and among equals it would go on for ever).
+        Among those, the connections of the clients holding the most, idle before busy, then the
+        oldest."""
+        most = max(self.by_network.values())
+        between_networks = self.by_network.get(network, 0) + 1 < most
+        candidates = [c for c, held in self.held.items()
+                      if (self.by_network[held.network] == most if between_networks else held.network == network)]
+        most_of_client = max((self.by_key[self.held[c].key] for c in candidates), default=0)
+        if not between_networks and self.by_key.get(key, 0) + 1 >= most_of_client:
             return None
-        return min((connection for connection, held in self.held.items() if self.by_key[held.key] == most),
+        return min((c for c in candidates if self.by_key[self.held[c].key] == most_of_client),
                    key=lambda connection: (self.held[connection].busy > 0, connection))
 
     def _drop(self, connection: int) -> None:
-        key = self.held[connection].key
-        left = self.by_key[key] - 1
-        if left:
-            self.by_key[key] = left
-        else:
-            del self.by_key[key]
+        held = self.held[connection]
+        for counts, key in ((self.by_key, held.key), (self.by_network, held.network)):
+            left = counts[key] - 1
+            if left:
+                counts[key] = left
+            else:
+                del counts[key]
 
     def _refuse(self, refusal: Refusal) -> Refusal:
         self.refused[refusal] += 1
@@ -295,8 +333,9 @@ class Connections:
         while its application answers a request (an idle connection is evicted first)."""
         async with trio.open_nursery() as nursery:
             while True:
-                sock, key = await self._accept(listener)
-                verdict = self.gate.admit(key)
+                sock, host = await self._accept(listener)
+                key = client_key(host)
+                verdict = self.gate.admit(key, network_key(host))
                 if isinstance(verdict, Refusal):
                     sock.close()
                     cap = (f"{self.limits.max_connections} open in all" if verdict is Refusal.TOTAL
@@ -320,7 +359,7 @@ class Connections:
                 elif exc.errno not in ACCEPT_IGNORED_ERRNOS:
                     raise
                 continue
-            return sock, client_key(address[0])
+            return sock, address[0]
 
     async def _connection(self, connection: int,
                           serve_one: Callable[[trio.SocketStream, trio.Event, Busy], Awaitable[None]]) -> None:
@@ -373,8 +412,9 @@ class Connections:
         reset(stream.socket)
         scope.cancel()
         key = self.gate.closing[connection]
-        self._warn("closed an HTTP connection of %s, the client holding the most (%d), to admit one from %s "
-                   "(%d open in all)", key, self.gate.by_key.get(key, 0) + 1, newcomer, self.limits.max_connections)
+        self._warn("closed an HTTP connection of %s (%d open from it, its network or it holding the most) to admit "
+                   "one from %s (%d open in all)", key, self.gate.by_key.get(key, 0) + 1, newcomer,
+                   self.limits.max_connections)
 
     @contextlib.contextmanager
     def _busy(self, connection: int) -> Iterator[None]:

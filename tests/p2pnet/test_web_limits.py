@@ -6,14 +6,16 @@ is that client's pace), an idle keep-alive connection and a client that never re
 are closed by their deadlines (short ones, injected: each wait is that deadline plus `SLACK_S`);
 a client that never reads does not hold the server's shutdown; a client that leaves is forgotten
 at once, and a polling one is asked to reconnect before the lifetime would cut it; the server's
-own count of open connections returns to 0. A full server takes a slot from the client holding
-the most for a newcomer from one holding fewer (an idle connection first; one inside a write to a
-client that does not read is reset at once), and refuses a newcomer when that would gain nothing.
+own count of open connections returns to 0. A full server takes a slot from the network holding
+the most for a newcomer from one holding fewer, else from the client of the newcomer's network
+holding the most for a newcomer from one holding fewer (an idle connection first; one inside a
+write to a client that does not read is reset at once), and refuses a newcomer when that would
+gain nothing. A pipelining client gets every response it is promised whole.
 A client that breaks HTTP's framing (more requests after one that asked to close, bytes before a
 websocket handshake is answered) gets no traceback into our logs and does not stop the server,
 nor does a bug met while serving one connection (it ends that connection, logged and counted),
 nor a network error that accept() passes on. Loopback gives each test several client addresses
-(127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux)."""
+(127.0.0.1, 127.0.0.2, ...: all of 127/8 is local on Linux), and several networks (127.0.1.1)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import tomllib
 from functools import partial
 from pathlib import Path
 
+import h11
 import h2.config
 import h2.connection
 import h2.events
@@ -40,7 +43,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import p2pnet
 from p2pnet.web import WebApp, serve
 from p2pnet.web_limits import (KEEP_ALIVE_MAX_REQUESTS, Admitted, ConnectionGate, Connections, Limits, Refusal,
-                               client_key)
+                               client_key, network_key, reset)
 
 SLACK_S = 10.0  # less than the 30 s keep-alive hypercorn was given before these bounds
 METRICS = b"p2pnet_up 1\n"
@@ -197,6 +200,68 @@ def test_the_gate_evicts_among_clients_tied_at_the_most_idle_first_then_oldest_w
     assert gate.admit("d") is Refusal.TOTAL
 
 
+def test_network_keys():
+    assert network_key("192.0.2.7") == network_key("::ffff:192.0.2.200") == "192.0.2.0/24"
+    assert network_key("2001:db8:0:ff::1") == network_key("2001:db8::1%eth0") == "2001:db8::/48"  # a /56's 256 /64s
+    assert network_key("2001:db8:1::1") != network_key("2001:db8::1")
+
+
+def test_a_full_gate_is_shared_between_networks_first_then_between_the_clients_of_one():
+    """One customer's /56 is 256 clients (/64s) of one network: holding one connection each, they
+    no longer fill the server against other networks, and within their network the clients share
+    as clients did before."""
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=4))
+    n1, n2, n3, n4 = (gate.admit(f"n{i}", "N") for i in range(1, 5))
+    assert isinstance(n1, Admitted) and isinstance(n2, Admitted)
+    gate.started(n1.connection)
+    assert gate.admit("m1", "M") == Admitted(5, evicted=n2.connection)  # N holds the most: its oldest idle one
+    assert gate.admit("m2", "M") == Admitted(6, evicted=n3.connection)  # N still holds the most (3)
+    assert gate.admit("n5", "N") is Refusal.TOTAL  # N and M hold 2 each; in N every client holds one
+    assert gate.admit("m3", "M") is Refusal.TOTAL  # M would hold as many as the most
+    assert gate.by_network == {"N": 2, "M": 2}
+    gate = ConnectionGate(Limits(max_connections=4, max_per_ip=4))
+    a1, a2, a3 = (admit_in(gate, "a", "N") for _ in range(3))
+    admit_in(gate, "c", "M")
+    gate.started(a1)
+    assert gate.admit("b", "N").evicted == a2  # N holds the most, b would not gain it: a holds the most within N
+    assert gate.admit("d", "O").evicted == a3  # N holds the most (3): of it a holds the most (2), its idle one
+    assert gate.admit("e", "O") is Refusal.TOTAL  # N (a, b), O (d), M (c): O would hold as many as N
+    assert (gate.by_network, gate.by_key) == ({"N": 2, "M": 1, "O": 1}, {"a": 1, "b": 1, "c": 1, "d": 1})
+
+
+def test_a_client_at_its_cap_is_refused_also_when_its_network_could_take_a_slot_from_another():
+    """Between networks the gate compares networks, not clients: a client alone in its network,
+    at its cap, would still take the slot of a network of many clients holding more, and hold
+    more than `max_per_ip`."""
+    gate = ConnectionGate(Limits(max_connections=6, max_per_ip=2))
+    for key in ("b1", "b1", "b2", "b2", "a", "a"):
+        admit_in(gate, key, "A" if key == "a" else "B")
+    assert gate.admit("a", "A") is Refusal.TOTAL  # (full: counted as the total's)
+    assert (gate.by_key, gate.evicted) == ({"b1": 2, "b2": 2, "a": 2}, 0)
+
+
+def admit_in(gate: ConnectionGate, key: str, network: str) -> int:
+    admitted = gate.admit(key, network)
+    assert isinstance(admitted, Admitted), admitted
+    return admitted.connection
+
+
+async def test_a_full_server_held_by_many_addresses_of_one_network_admits_a_scrape_from_another(nursery):
+    """Four addresses of 127.0.0.0/24, one connection each, fill the server: a fifth address of
+    that network is refused (within it every address holds one), and a scraper from 127.0.1.0/24
+    is served in the slot of the oldest of them (it was refused: every address held one)."""
+    connections, port = await start(nursery, Limits(max_connections=4, max_per_ip=2, **HOLD))
+    held = [await connect(port, f"127.0.0.{i}") for i in range(1, 5)]
+    await settle(connections, 4)
+    assert await unanswered(port, "127.0.0.5") == b""
+    scraped = await scrape(port, "127.0.1.1")
+    assert scraped.startswith(b"HTTP/1.1 200") and scraped.endswith(METRICS), scraped[-80:]
+    assert await read_until_closed(held[0], SLACK_S) == b""
+    await settle(connections, 3)
+    assert (connections.gate.evicted, connections.gate.refused) == (1, {Refusal.TOTAL: 1, Refusal.PER_IP: 0})
+    await close_all(connections, held)
+
+
 async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrape(nursery, caplog):
     caplog.set_level(logging.WARNING, logger="p2pnet.web_limits")
     connections, port = await start(nursery, Limits(max_connections=8, max_per_ip=2, **HOLD))
@@ -276,6 +341,24 @@ async def test_a_full_server_admits_a_scrape_in_place_of_an_idle_connection_of_t
     await close_all(connections, [busy, *idle])
 
 
+async def test_a_connection_that_waits_for_its_client_to_close_after_its_last_response_is_idle(nursery):
+    """After a last response (Connection: close) the server waits for its client's end of stream
+    (`ConnectionServer`, up to `idle_s`); its application's task waited with it, so the connection
+    was counted busy meanwhile, and a full server took the slot of its client's other, idle, one
+    (one opened after it, here) rather than of the older, which was done."""
+    connections, port = await start(nursery, Limits(max_connections=2, max_per_ip=2, **HOLD))
+    done = await connect(port, "127.0.0.1")
+    await done.send(SCRAPE)
+    assert (await read_until_closed(done, SLACK_S)).endswith(METRICS)  # our end of stream; it keeps its own open
+    kept = await connect(port, "127.0.0.1")  # it will ask later
+    await settle(connections, 2)
+    assert (await scrape(port, "127.0.0.2")).endswith(METRICS)  # in the slot of the oldest idle one
+    await kept.send(KEEP_ALIVE)
+    assert (await read_response(kept)).startswith(b"HTTP/1.1 200")
+    assert connections.gate.evicted == 1
+    await close_all(connections, [done, kept])
+
+
 async def test_a_request_that_never_arrives_whole_and_an_idle_connection_are_closed(nursery):
     idle_s = 1.0  # an honest client here only has to send its request within this of connecting
     connections, port = await start(nursery, Limits(idle_s=idle_s, lifetime_s=600.0))
@@ -323,6 +406,70 @@ async def test_a_polling_client_is_asked_to_reconnect_before_the_lifetime(nurser
         assert [b"connection: close" in answer for answer in answers] == [False] * (len(answers) - 1) + [True]
         assert await read_until_closed(sock, SLACK_S) == b""
     await settle(connections, 0)
+
+
+def responses(data: bytes) -> list[tuple[int, bytes]]:
+    """The responses in what a server sent on one connection, each (status, body) and each whole:
+    a response cut short (its head without all of its body) fails the test."""
+    client = h11.Connection(h11.CLIENT)
+    client.receive_data(data)
+    client.receive_data(b"")  # what was sent is all there is
+    out: list[tuple[int, bytes]] = []
+    while True:
+        client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+        client.send(h11.EndOfMessage())
+        status, body = 0, b""
+        while True:
+            try:
+                event = client.next_event()
+            except h11.RemoteProtocolError as exc:  # the end of stream came inside a response
+                pytest.fail(f"response {len(out) + 1} of {status}: {exc}")
+            if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                break
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+        if isinstance(event, h11.ConnectionClosed):
+            return out
+        out.append((status, body))
+        if client.our_state is not h11.DONE or client.their_state is not h11.DONE:  # it asked to close
+            assert client.next_event() == h11.ConnectionClosed(), "bytes after the last response"
+            return out
+        client.start_next_cycle()
+
+
+async def test_a_pipelining_client_gets_every_response_it_is_promised_whole(nursery):
+    """A client that pipelines more requests than one connection carries gets
+    `KEEP_ALIVE_MAX_REQUESTS` responses, each whole, the last asking it to reconnect, then an end of
+    stream. The head of that last response says Connection: close, after which hypercorn takes any
+    byte as the client's error and closed the connection at once, cutting the body it had just
+    promised: about half such clients lost it (trio orders runnable tasks at random, hence
+    `ATTEMPTS` of each), and every one whose next request came while the responses before it were
+    still being read (a body larger than the sockets' buffers). Also when exactly as many are sent."""
+    body = b"#" * (1 << 20)
+    connections, port = await start(nursery, Limits(**HOLD), metrics=body)
+    whole = [(200, body)] * KEEP_ALIVE_MAX_REQUESTS
+    for extra in (0, 1, 5):
+        for _ in range(ATTEMPTS):
+            with await connect(port) as sock:
+                await sock.send(KEEP_ALIVE * (KEEP_ALIVE_MAX_REQUESTS + extra))
+                assert responses(await read_until_closed(sock, SLACK_S)) == whole, extra
+    for _ in range(ATTEMPTS):
+        with await connect(port) as sock:  # the rest sent once the first response is coming
+            await sock.send(KEEP_ALIVE * KEEP_ALIVE_MAX_REQUESTS)
+            first = await sock.recv(1 << 16)
+            await sock.send(KEEP_ALIVE + b"x" * (1 << 18))
+            assert responses(first + await read_until_closed(sock, SLACK_S)) == whole
+    await settle(connections, 0)
+    with await connect(port) as sock:  # one that leaves inside the last response is forgotten at once
+        await sock.send(KEEP_ALIVE * (KEEP_ALIVE_MAX_REQUESTS + 1))
+        got = b""
+        with trio.fail_after(SLACK_S):
+            while got.count(b"HTTP/1.1 200") < KEEP_ALIVE_MAX_REQUESTS:
+                got += await sock.recv(1 << 16)
+        reset(sock)
+    await settle(connections, 0)  # not at the lifetime (600 s)
 
 
 async def test_a_client_that_leaves_is_forgotten_at_once(nursery):
@@ -383,7 +530,9 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
 
 def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
-    `_read_data`, `_close`, `send_lock`, `WorkerContext.terminated`), the same in 0.17.0 to
+    `_read_data`, `_close`, `protocol_send`, `send_lock`, `WorkerContext.terminated`, and
+    `H11Protocol`'s `stream` and `connection`, `H2Protocol`'s `closed` and `stream_buffers`),
+    the same in 0.17.0 to
     0.18.0 and absent from 0.16 (no lifespan state): the pin must keep a fresh install inside
     that range, not let it pick up the next release, whose internals nobody has checked."""
     pyproject = tomllib.loads((Path(p2pnet.__file__).parents[1] / "pyproject.toml").read_text())
@@ -442,6 +591,26 @@ async def test_an_http2_client_holds_one_response_per_connection_as_http1_does(n
     body = b"".join(event.data for event in events if isinstance(event, h2.events.DataReceived))
     assert (status, body) == (b"200", METRICS)
     await settle(connections, 0)
+
+
+H2C_UPGRADE = (b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
+
+
+async def test_an_h2c_upgrade_followed_by_bytes_that_are_not_http2_is_forgotten_once_its_client_leaves(nursery):
+    """hypercorn answers an h2c upgrade (101) and serves its request as HTTP/2 stream 1; bytes
+    after it that are not HTTP/2 close the connection, and the response's writer, waiting on its
+    stream's buffer for a sending task that had ended with the connection, held the connection
+    until the lifetime's reset (part of the time: it depends on which task trio runs first, hence
+    `ATTEMPTS`). Its client is told at once (an end of stream), and once it closes its end the
+    connection is forgotten."""
+    connections, port = await start(nursery, Limits(**HOLD))
+    for stray in (b"x", b"xyz" * 10, b"\0" * 100):
+        for _ in range(ATTEMPTS):
+            with await connect(port) as sock:
+                await sock.send(H2C_UPGRADE + stray)
+                assert (await read_until_closed(sock, SLACK_S)).startswith(b"HTTP/1.1 101")
+            await settle(connections, 0)  # not at the lifetime (600 s)
 
 
 async def test_a_response_in_flight_at_the_lifetime_is_finished_then_the_connection_closed(nursery):
