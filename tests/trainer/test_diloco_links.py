@@ -6,9 +6,10 @@ none; nor is one the receiving end closes idle, telling us first."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, AsyncIterator
 
 import pytest
 import trio
@@ -39,12 +40,17 @@ def _role(address: str, inbox_send: trio.MemorySendChannel[Any], introduce=_cann
                            open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(SENDER), peer=peer))
 
 
-def _receiver(serve) -> tuple[DataPlane, trio.MemorySendChannel[Any], trio.MemoryReceiveChannel[Any]]:
-    """RECEIVER's data plane serving the diloco channel with `serve`, and a round's inbox."""
+@contextlib.asynccontextmanager
+async def _receiving(serve) -> AsyncIterator[tuple[SimpleNamespace, trio.MemoryReceiveChannel[Any]]]:
+    """RECEIVER's data plane serving the diloco channel with `serve`, running for the block: what
+    `Links` uses of our role (`_role`, connecting to it) and the round's inbox."""
     plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
     plane.register(CHANNEL, serve)
     inbox_send, inbox = trio.open_memory_channel[Any](8)
-    return plane, inbox_send, inbox
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(plane.serve)
+        yield _role(address, inbox_send), inbox
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_join_a_newcomer_refuses_does_not_make_it_a_suspect_but_other_failures_do():
@@ -218,10 +224,7 @@ async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_
         await accepted_send.send(hang_up)
         await hang_up.wait()  # returning closes the connection
 
-    plane, inbox_send, inbox = _receiver(serve)
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(plane.serve)
-        role = _role(address, inbox_send)
+    async with _receiving(serve) as (role, inbox):
         with trio.fail_after(60):  # generous; nothing here is timed
             async with open_links(role, 10.0) as links:  # a round: the receiver dies in it
                 assert await links.send(RECEIVER.peer_id, JOIN)
@@ -252,7 +255,6 @@ async def test_a_connection_the_other_end_closes_mid_round_is_reported_and_none_
                 inbox.receive_nowait()
             hang_up.set()
         assert got == [(SENDER.peer_id, JOIN)] * 3
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_send_handing_its_connection_over_when_the_round_stops_watching_is_no_failure():
@@ -266,11 +268,9 @@ async def test_a_send_handing_its_connection_over_when_the_round_stops_watching_
     async def serve(stream, reader, peer):
         got.append(Codec(RECEIVER).decode(await reader.frame(), time.time()).body)
 
-    plane, inbox_send, inbox = _receiver(serve)
     opened_send, opened = trio.open_memory_channel[tuple[str, trio.SocketStream]](0)  # full: nobody takes
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(plane.serve)
-        links = Links(_role(address, inbox_send), 10.0, opened_send)
+    async with _receiving(serve) as (role, inbox):
+        links = Links(role, 10.0, opened_send)
         sent: list[bool] = []
 
         async def send() -> None:
@@ -293,7 +293,6 @@ async def test_a_send_handing_its_connection_over_when_the_round_stops_watching_
             await stream.receive_some(1)  # closed with the others, not left open and unlisted
         with pytest.raises(trio.WouldBlock):
             inbox.receive_nowait()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once():
@@ -310,11 +309,9 @@ async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once
             pass
         ended.set()
 
-    plane, inbox_send, inbox = _receiver(serve)
     big = Part(1, b"m" * 16, STAGE_CONTRIBUTION, 0, 1 << 18, 0, 1 << 18, "int8", 256, b"v" * (2 << 20), b"", ())
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(plane.serve)
-        async with open_links(_role(address, inbox_send), 2.0) as links:
+    async with _receiving(serve) as (role, inbox):
+        async with open_links(role, 2.0) as links:
             with trio.fail_after(120):  # generous: the buffers fill within a few sends
                 while await links.send(RECEIVER.peer_id, big):
                     pass
@@ -325,7 +322,6 @@ async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once
                 await trio.testing.wait_all_tasks_blocked()
                 with pytest.raises(trio.WouldBlock):
                     inbox.receive_nowait()  # and reported once
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_connection_the_other_end_closed_is_not_written_to_again():
@@ -338,18 +334,15 @@ async def test_a_connection_the_other_end_closed_is_not_written_to_again():
         got.append(Codec(RECEIVER).decode(await reader.frame(), time.time()).body)
         arrived.release()
 
-    plane, inbox_send, inbox = _receiver(serve)
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(plane.serve)
+    async with _receiving(serve) as (role, inbox):
         with trio.fail_after(60):  # generous; nothing here is timed
-            async with open_links(_role(address, inbox_send), 10.0) as links:
+            async with open_links(role, 10.0) as links:
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 await arrived.acquire()
                 assert await inbox.receive() == PeerFailed(RECEIVER.peer_id)  # the close, seen by the watcher
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 await arrived.acquire()  # the second frame arrived, over a second connection
         assert got == [JOIN, JOIN]
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_link_the_receiver_closes_idle_is_forgotten_without_a_failure_and_the_next_frame_opens_another():
@@ -446,11 +439,9 @@ async def test_a_receiver_that_writes_anything_but_its_own_idle_notice_is_report
             await stream.send_all(notice)
         await hang_up.wait()
 
-    plane, inbox_send, inbox = _receiver(serve)
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(plane.serve)
+    async with _receiving(serve) as (role, inbox):
         with trio.fail_after(60):  # generous; nothing here is timed
-            async with open_links(_role(address, inbox_send), 10.0) as links:
+            async with open_links(role, 10.0) as links:
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 first = links.streams[RECEIVER.peer_id]
                 assert await inbox.receive() == PeerFailed(RECEIVER.peer_id)
@@ -464,7 +455,6 @@ async def test_a_receiver_that_writes_anything_but_its_own_idle_notice_is_report
         assert got == [JOIN, JOIN]
         with pytest.raises(trio.WouldBlock):
             inbox.receive_nowait()  # reported once
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_receiver_that_writes_part_of_a_notice_holds_only_its_watcher_until_the_round_ends():
@@ -480,11 +470,9 @@ async def test_a_receiver_that_writes_part_of_a_notice_holds_only_its_watcher_un
             if len(got) == 1:
                 await stream.send_all((200).to_bytes(4, "big") + b"\0" * 10)
 
-    plane, inbox_send, inbox = _receiver(serve)
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(plane.serve)
+    async with _receiving(serve) as (role, inbox):
         with trio.fail_after(60):  # generous; nothing here is timed
-            async with open_links(_role(address, inbox_send), 10.0) as links:
+            async with open_links(role, 10.0) as links:
                 assert await links.send(RECEIVER.peer_id, JOIN)
                 first = links.streams[RECEIVER.peer_id]
                 while len(got) < 1:
@@ -500,4 +488,3 @@ async def test_a_receiver_that_writes_part_of_a_notice_holds_only_its_watcher_un
         await trio.testing.wait_all_tasks_blocked()
         with pytest.raises(trio.WouldBlock):
             inbox.receive_nowait()
-        nursery.cancel_scope.cancel()
