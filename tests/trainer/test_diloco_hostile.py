@@ -375,6 +375,17 @@ def test_the_command_line_closes_the_group(tmp_path) -> None:
     assert out.returncode == 2 and "--diloco-trainer" in out.stderr and "'nope' is not a peer id" in out.stderr
 
 
+async def _taken_in(listener: Listener, codec: Codec, sent: list[Any], count: int) -> list[Any]:
+    """`sent` over one connection to `listener`'s role, and the first `count` bodies its round's
+    inbox takes in."""
+    stream = await listener.connect()
+    async with stream:
+        for body in sent:
+            await send_frame(stream, codec.encode(body, time.time()))
+        with trio.fail_after(SLACK_S):
+            return [(await listener.inbox.receive()).body for _ in range(count)]
+
+
 async def test_a_closed_group_leaves_out_the_unlisted_peers_a_listed_one_names(listener: Listener) -> None:
     """A listed trainer whose own list differs names peers ours does not list: in its Join (a
     leader would wait a join deadline for them) or its Members (we would send them Parts). They
@@ -386,19 +397,10 @@ async def test_a_closed_group_leaves_out_the_unlisted_peers_a_listed_one_names(l
             Members(1, b"w" * 16, tuple(sorted((PEER.peer_id, stranger)))),
             Members(1, b"w" * 16, (stranger,)),  # none of ours: dropped
             Join(2, b"w" * 16, (listed,))]  # nothing to leave out
-    stream = await listener.connect()
-    async with stream:
-        for body in sent:
-            await send_frame(stream, codec.encode(body, time.time()))
-        with trio.fail_after(SLACK_S):
-            received = [(await listener.inbox.receive()).body for _ in range(3)]
+    received = await _taken_in(listener, codec, sent, 3)
     assert received == [Join(1, b"w" * 16, (listed,)), Members(1, b"w" * 16, (PEER.peer_id,)), Join(2, b"w" * 16, (listed,))]
     listener.role.config.trainers = ()  # an open group: names kept as sent
-    stream = await listener.connect()
-    async with stream:
-        await send_frame(stream, codec.encode(sent[0], time.time()))
-        with trio.fail_after(SLACK_S):
-            assert (await listener.inbox.receive()).body == sent[0]
+    assert await _taken_in(listener, codec, sent[:1], 1) == sent[:1]
 
 
 STEADY_STATE_VALUES = 4 << 20  # 32 MiB of state, 16 pieces: more than the sockets' buffers hold
@@ -516,12 +518,7 @@ async def test_frames_no_round_of_ours_will_read_take_no_place_in_the_inbox(list
         return Part(round, b"m" * 16, 0, 0, 4, 0, 4, "fp32", 4, bytes(16), b"", ())
     sent = [Members(2, b"w" * 16, (PEER.peer_id,)), part(2), part(4), Join(3, b"w" * 16, ()), part(3),
             Members(4, b"w" * 16, (PEER.peer_id,)), Join(4, b"w" * 16, ())]
-    stream = await listener.connect()
-    async with stream:
-        for body in sent:
-            await send_frame(stream, codec.encode(body, time.time()))
-        with trio.fail_after(SLACK_S):
-            received = [(await listener.inbox.receive()).body for _ in range(4)]
+    received = await _taken_in(listener, codec, sent, 4)
     assert received == sent[3:]
 
 
