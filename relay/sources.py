@@ -307,12 +307,14 @@ class SourceChoice:
         `peer` waits on a feed the plan does not believe (`_fed_by_a_capped_claim`; see the
         top). Records the wait."""
         waits, samples, origin = self._waits, self._samples, v.plan.origin if v.plan is not None else None
-        others = sorted(w for p, w in waits.items()
-                        if p != peer and p != origin and p in v.sources and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
         unexplained_s = unexplained_s if unexplained_s > 0 else 0.0  # (a report longer than our clock's)
         old = waits.get(peer)
         waits[peer] = unexplained_s if old is None else (1 - WAIT_EWMA) * old + WAIT_EWMA * unexplained_s
-        if len(others) < 3 or self._fed_by_a_capped_claim(v, stripe, peer):
+        if self._fed_by_a_capped_claim(v, stripe, peer):
+            return 0.0
+        others = sorted(w for p, w in waits.items()  # (per chunk: sorted only when it may count)
+                        if p != peer and p != origin and p in v.sources and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
+        if len(others) < 3:
             return 0.0
         return max(unexplained_s - others[len(others) // 2], 0.0)
 
