@@ -139,13 +139,20 @@ class Admitted:
     evicted: int | None = None
 
 
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A peer's address as the socket gave it (a scope id dropped), IPv4 also when it arrives
+    IPv4-mapped on a dual-stack socket."""
+    address = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 def network_key(host: str) -> str:
     """The network a client belongs to, which shares the server first (`ConnectionGate`): the
     /24 of an IPv4 address, the /48 of an IPv6 one (a site's usual allocation; a customer handed
     a /56 has 256 /64s, each a client, all in one /48)."""
-    address = ipaddress.ip_address(host.split("%", 1)[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    address = _address(host)
     prefix = 24 if isinstance(address, ipaddress.IPv4Address) else 48
     return str(ipaddress.ip_network((address, prefix), strict=False))
 
@@ -154,10 +161,8 @@ def client_key(host: str) -> str:
     """Whom a connection counts against: its IPv4 address (also when it arrives IPv4-mapped on
     a dual-stack socket), or the /64 of its IPv6 address, since one host is commonly handed a
     whole /64 and a per-address cap would not bound it."""
-    address = ipaddress.ip_address(host.split("%", 1)[0])
+    address = _address(host)
     if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network((address, 64), strict=False))
     return str(address)
 
