@@ -126,8 +126,8 @@ class Links:
             # refused to the end: the deadline may come while we introduce ourselves or wait to ask again
             refused = isinstance(exc, NotAdmitted) or (isinstance(exc, trio.TooSlowError) and stream is None
                                                        and bool(refusals))
-            if self.reports and (report_refusal or not refused):
-                await self.role.inbox_send.send(PeerFailed(peer))
+            if report_refusal or not refused:
+                await self._report(peer)
             return False
 
     async def _open(self, peer: str, deadline: float, refusals: list[NotAdmitted]) -> trio.SocketStream:
@@ -193,6 +193,11 @@ class Links:
             return
         log.info("diloco: %s closed its connection", peer)
         await self._drop(peer, stream)  # a frame written into it now would be lost
+        await self._report(peer)
+
+    async def _report(self, peer: str) -> None:
+        """`peer` failed us: the round hears of it (`PeerFailed` in its inbox), unless no round
+        reads for these links (`reports` off: logged where it happened, only)."""
         if self.reports:
             await self.role.inbox_send.send(PeerFailed(peer))
 
