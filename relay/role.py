@@ -377,13 +377,22 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
             await self.report_failed(fetch.peer, fetch, FetchFailure.STORE_FAILED)
 
     def _upstream(self, peer: str, nursery: trio.Nursery) -> Upstream:
-        """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none."""
+        """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none. One
+        whose connection has ended stays `peer`'s, and fails what it is handed too, until it has
+        reported every request it carried (then it leaves: `upstream_done`): the core applies
+        that failure to `peer` as a whole, so it must not meet a newer connection's requests."""
         upstream = self._upstreams.get(peer)
-        if upstream is None or upstream.closed:
+        if upstream is None:
             upstream = Upstream(self, peer)
             self._upstreams[peer] = upstream
             nursery.start_soon(upstream.run)
         return upstream
+
+    def upstream_done(self, upstream: Upstream) -> None:
+        """`upstream` will report nothing more: the next request for its peer opens a new one.
+        It removes only itself (`DropSource` may have put it aside already)."""
+        if self._upstreams.get(upstream.peer) is upstream:
+            del self._upstreams[upstream.peer]
 
     def data_addr(self, peer: str) -> str | None:
         entry = self.node.peertable.get(peer)
