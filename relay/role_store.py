@@ -37,8 +37,8 @@ store's events on `_queue_send` through `_token` (the trio loop's, set by `run`)
 that a chunk arrived, and keep its counters (`fetched_from`, `bytes_fetched_from`,
 `chunk_checks`, `timeline`, `_moved_at`); they call its `_command(fn)` and
 `report_failed(peer, fetch, reason)`. `RelayRole._run` starts `_tell_fetched` and `_flusher`
-and its `_dispatch` calls the rest; `_trouble_of` and `_some` serve the role too. Their log
-lines go to the role's logger.
+and its `_dispatch` calls the rest; `_trouble_of` serves the role too (`_copy_failed`). Their
+log lines go to the role's logger.
 """
 
 from __future__ import annotations
