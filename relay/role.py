@@ -1,6 +1,7 @@
 """`RelayRole`: the trio shell that runs the transfer core, serves chunks and fetches them.
 
-What it owns: the store of this peer, one `TransferCore` (driven by a `CoreRunner` that runs in
+What it owns: the store of this peer (what it stores, its durability and faults:
+`relay.role_store`, mixed in), one `TransferCore` (driven by a `CoreRunner` that runs in
 the role's own nursery, `Node.run_core`, and stops with the role), the data-plane channel
 `relay/chunks` (serving: `relay.serving_shell`, mixed in), one `relay.upstream.Upstream` per
 source peer (fetching), the control commands `checkpoint.publish|status|fetch|wait` and
@@ -11,11 +12,7 @@ Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Pen
 `ServeAtOnce`) and relay events are peeled off the core's effect list by `_Peeler` and queued,
 in order, for the dispatcher task; everything else goes to the node as usual. A `Fetch` goes to
 the upstream of its peer, which hands each chunk it receives whole (into one of `STORING_CHUNKS` reused buffers
-shared by all upstreams) to `report_fetched`: hashed against the manifest and written at its
-offsets in a worker thread while the connection reads on. Stored chunks reach the core in
-batches, one round trip for all that finished meanwhile; at most `max_in_flight` wait for it, and
-an answer past those (requests the core asked past its budget, or settled without their answer)
-waits with its buffer, so a core that falls behind slows the reading instead of filling memory.
+shared by all upstreams) to `report_fetched` (`relay.role_store`: stored, then told to the core in batches).
 While the dispatcher waits on our own disk (keeping a manifest, collecting versions, a full
 store's probe), the requests queued behind it wait unsent, and the core is told so
 (`_sending_held`): our disk's delay is not blamed on the sources as a stall. A source whose data
@@ -32,27 +29,9 @@ slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a secon
 the uploads deliver while every slot is busy is measured (`relay.serving.UploadMeter`); when it
 is lower than `upload_bps`, the heartbeat advertises it, and peers plan their next version with it.
 
-Durability. The store makes a version durable (files fsynced, then its bitmap) before the put
-that completes it returns, so the core hears of the last chunk, reports the version complete,
-announces it and hands it to workers only once a crash can no longer lose it. Batches of
-chunks before that (`[relay] fsync_batch_chunks`) are made durable by `_flusher` in the
-background, so the disk taking a batch does not hold the receive buffers.
-
-Our own store's faults. The store tells us (`ChunkStore.listener`, from any thread) when a read
-found a chunk rotten and when a failed fsync lost the chunks written since the version's last
-flush (dropped either way: the core is told it `lost` them, so the version is incomplete, not
-announced, and they are fetched again), and when garbage collection dropped a version (the
-core and the watcher forget it). A stored chunk reaches the core only if the store still holds
-it then (one lost meanwhile is a failed fetch, nobody's fault: `store_failed`), so the core never
-counts a chunk the store dropped before the core heard of it. A store that is full (StoreFull,
-ENOSPC from a put or from a background flush), or whose disk fails (any other OSError, such as
-EIO), holds new requests (`StoreBackoff`: 1 s doubling to 60 s, one warning per hold; what
-started the hold, full or failing, is in the status and the health check), so a bad disk is not
-fed chunks at network speed; while it backs off, a fetch is downloaded only if the store has room
-by then (a disk that fails that question holds on as failing), and the first chunk stored ends
-the backoff (when the error came from a put or an fsync, the first flush that succeeds: writes
-into the page cache succeed on a full or failing disk). A put that fails when another put of the
-same chunk has made it durable since starts no hold: nothing might be left to store and end it.
+Our own store (`relay.role_store`, mixed in): the chunks fetched are stored and made durable
+there, in batches, and what the store tells us (chunks rotten or lost, versions collected), a
+full or failing disk (new requests held: `StoreBackoff`) and garbage collection are handled there.
 
 Test hook: with the environment variable P2PNET_TEST_CORRUPT_CHUNKS=1 this peer flips a byte in
 every chunk it serves (a byzantine relay for the tests). It is read once at start, logged as an
@@ -80,15 +59,15 @@ from p2pnet.handshake import NotAdmitted
 from p2pnet.peertable import PEER_TABLE_CORE, PeerChanged, PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.commands import ControlCommands, _refusing_errors
-from relay.errors import ChunkCorrupt, ManifestRejected, StoreFull, VersionUnknown
+from relay.errors import ManifestRejected, StoreFull
 from relay.loader import VersionWatcher
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, open_manifest
 from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse, ManifestAnnounce
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.serving_shell import ChunkServing, _parse_request  # _parse_request: tests import it from here
 from relay.uploads import Uploads
-from relay.store import (NO_SPACE_ERRNOS, ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreEvent,
-                         StoreTrouble, VersionCollected)
+from relay.role_store import StoreSide, _trouble_of
+from relay.store import ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreTrouble, VersionCollected
 from relay.effects import (DropSource, Fetch, FetchFailure, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce,
                            VersionComplete)
 from relay.transfer import TransferConfig, TransferCore
@@ -150,7 +129,7 @@ def serving_uploads(node: Node) -> dict[str, float]:
     return uploads
 
 
-class RelayRole(ChunkServing, ControlCommands):
+class RelayRole(StoreSide, ChunkServing, ControlCommands):
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
         self.config: RelayConfig = relay_config(section).trusting(node.peer_id)
@@ -398,202 +377,26 @@ class RelayRole(ChunkServing, ControlCommands):
             await self.report_failed(fetch.peer, fetch, FetchFailure.STORE_FAILED)
 
     def _upstream(self, peer: str, nursery: trio.Nursery) -> Upstream:
-        """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none."""
+        """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none. One
+        whose connection has ended stays `peer`'s, and fails what it is handed too, until it has
+        reported every request it carried (then it leaves: `upstream_done`): the core applies
+        that failure to `peer` as a whole, so it must not meet a newer connection's requests."""
         upstream = self._upstreams.get(peer)
-        if upstream is None or upstream.closed:
+        if upstream is None:
             upstream = Upstream(self, peer)
             self._upstreams[peer] = upstream
             nursery.start_soon(upstream.run)
         return upstream
 
+    def upstream_done(self, upstream: Upstream) -> None:
+        """`upstream` will report nothing more: the next request for its peer opens a new one.
+        It removes only itself (`DropSource` may have put it aside already)."""
+        if self._upstreams.get(upstream.peer) is upstream:
+            del self._upstreams[upstream.peer]
+
     def data_addr(self, peer: str) -> str | None:
         entry = self.node.peertable.get(peer)
         return entry.data_addr if entry is not None else None
-
-    async def report_fetched(self, peer: str, fetch: Fetch, data: bytes | bytearray | memoryview,
-                             elapsed_s: float, unexplained_s: float | None = None) -> None:
-        """Verify and store one chunk from `peer`; tell the core either way (a stored chunk in
-        the next batch of completions). `data` is not used after this returns. `elapsed_s` and
-        `unexplained_s`: as `TransferCore.fetched` takes them (`relay.upstream` times them)."""
-        fetched_bytes = len(data)
-        try:
-            await trio.to_thread.run_sync(lambda: self.store.put_chunk(fetch.version, fetch.index, data, sender=peer))
-        except VersionUnknown:
-            log.info("chunk %d of version %d arrived after the version was dropped", fetch.index, fetch.version)
-            return
-        except ChunkCorrupt:
-            self.chunk_checks["rejected"] += 1
-            log.warning("chunk %d of version %d from %s does not match its digest", fetch.index, fetch.version, peer)
-            await self.report_failed(peer, fetch, FetchFailure.CORRUPT)
-            return
-        except StoreFull as exc:
-            await self._not_stored(peer, fetch, str(exc))
-            return
-        except OSError as exc:  # a batched fsync found the disk full (a write raises StoreFull), or our disk failed
-            trouble = _trouble_of(exc)
-            if self.store.is_durable(fetch.version, fetch.index):
-                # another put of it (a second request for the chunk) stored it and a flush made it durable
-                # after this put began: the disk takes writes, and a hold might have nothing left to end it
-                log.error("cannot keep chunk %d of version %d: %s (another put of it is durable since: no hold)",
-                          fetch.index, fetch.version, exc)
-                await self.report_failed(peer, fetch, FetchFailure.STORE_FAILED)
-                return
-            if trouble is StoreTrouble.FAILING:
-                log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
-            self._full_on_flush = self.store.durable_flushes  # (maybe the fsync: only a durable flush ends the hold)
-            await self._not_stored(peer, fetch, str(exc), trouble)
-            return
-        if self._full_on_flush is None or self.store.durable_flushes > self._full_on_flush:
-            await self._room_again()
-        else:  # a write into the page cache proves nothing: a flush of it will
-            self._flush_wanted.set()
-        self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
-        self.chunk_checks["verified"] += 1
-        self.bytes_fetched_from[peer] = self.bytes_fetched_from.get(peer, 0) + fetched_bytes
-        self._uploads.arrived(fetch.version, fetch.index)
-        self._moved_at = trio.current_time()
-        try:
-            try:
-                self._fetched_send.send_nowait((peer, fetch, elapsed_s, unexplained_s))
-            except trio.WouldBlock:  # more answers than requests out: wait for the core's next batch
-                await self._fetched_send.send((peer, fetch, elapsed_s, unexplained_s))
-        except trio.BrokenResourceError:  # `_tell_fetched` has ended: the relay stops
-            log.info("chunk %d of version %d stored as the relay stops: the core is not told", fetch.index,
-                     fetch.version)
-            return
-        if self.store.flush_due:
-            self._flush_wanted.set()
-
-    async def _tell_fetched(self) -> None:
-        """Stored chunks reach the core in batches: one round trip for all that completed while
-        the previous one ran. The channel closes when this ends (the relay stops), so a
-        `report_fetched` waiting on a full one (shielded: see `relay.upstream`) is let go."""
-        with self._fetched:
-            while True:
-                batch = [await self._fetched.receive()]
-                while True:
-                    try:
-                        batch.append(self._fetched.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                await self._command(partial(self._stored_all, batch=batch))
-
-    def _stored_all(self, now: float, batch: list[tuple[str, Fetch, float, float | None]]) -> list[Any]:
-        return [effect for peer, fetch, took, beyond in batch
-                for effect in self._stored(now, peer, fetch, took, beyond)]
-
-    def _stored(self, now: float, peer: str, fetch: Fetch, elapsed_s: float, unexplained_s: float | None) -> list[Any]:
-        """Tell the core a chunk was stored, if the store still holds it: a failed fsync may have
-        lost it since (`ChunksLost`, which the core may hear of first and find nothing to undo)."""
-        if self.store.holds(fetch.version, fetch.index):
-            return self.core.fetched(now, peer, fetch.version, fetch.index, elapsed_s, unexplained_s)
-        return self.core.fetch_failed(now, peer, fetch.version, fetch.index, FetchFailure.STORE_FAILED)
-
-    async def _flusher(self) -> None:
-        """Batches of stored chunks made durable in the background: fsyncing a batch takes the
-        disk for a while, and doing it on the path a chunk arrives by held every receive buffer
-        (on loopback, 8 peers fsyncing at once left the machine idle for 0.6 s of a 5 s round)."""
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted = trio.Event()
-            await self._flush_store()
-
-    async def _flush_store(self, *, stopping: bool = False) -> None:
-        """Make every chunk stored so far durable (the store batches its fsyncs). What a failed
-        fsync lost the store tells us (`ChunksLost`); a full disk also holds new requests, as a
-        full store does for a put (unless `stopping`: no more requests then)."""
-        try:
-            await trio.to_thread.run_sync(self.store.flush)
-        except OSError as exc:
-            trouble = _trouble_of(exc)
-            if trouble is StoreTrouble.FAILING or stopping:
-                log.error("flushing the chunk store failed: %s", exc)
-            if not stopping:
-                self._full_on_flush = self.store.durable_flushes
-                await self._store_trouble(str(exc), trouble=trouble)
-            return
-        if self._full_on_flush is not None and self.store.durable_flushes > self._full_on_flush and not stopping:
-            await self._room_again()
-
-    # -- what the store tells us, and a full store --------------------------------------------
-
-    def _from_store(self, event: StoreEvent) -> None:
-        """The store's listener, called from whichever thread found it: queue it for `_dispatch`."""
-        if self._token is None:  # before `run`: the startup path reads the store as it is then
-            log.info("store event before the relay started: %s", event)
-            return
-        try:
-            self._token.run_sync_soon(self._queue_send.send_nowait, event)
-        except trio.RunFinishedError:
-            log.info("store event after the relay stopped: %s", event)
-
-    async def _chunks_lost(self, version: int, indices: tuple[int, ...], why: str) -> None:
-        """Chunks the store held are dropped (`why`: rot found on read, a failed fsync): their
-        version is incomplete (not reported, not announced) until they are fetched again."""
-        if not self.core.knows(version):
-            return  # a version we no longer follow
-        lost = [i for i in indices if not self.store.holds(version, i)]  # (not stored again meanwhile)
-        if not lost:
-            return
-        self.watcher.forget(version)
-        log.warning("chunk(s) %s of version %d %s: dropped, the version is incomplete until they are fetched "
-                    "again", _some(lost), version, why)
-        await self._command(lambda now: [e for i in lost for e in self.core.lost(now, version, i)])
-
-    async def _collect(self) -> None:
-        """A version became complete: keep the newest `keep_versions` complete ones (the store
-        tells us what it dropped, and the core forgets those)."""
-        try:
-            await trio.to_thread.run_sync(self.store.collect)
-        except OSError as exc:  # our disk: the versions stay until the next collection
-            log.error("garbage collection of the chunk store failed: %s", exc)
-
-    async def _version_collected(self, version: int) -> None:
-        self.watcher.forget(version)
-        self.timeline.pop(version, None)
-        await self._command(lambda now: self.core.collected(version))
-        log.info("version %d was garbage-collected: no longer held or announced", version)
-
-    async def _no_room_for(self, nbytes: int) -> StoreTrouble | None:
-        """Why the store cannot take a chunk now, or None if it can (asked before fetching while
-        backing off): no room, or a disk that fails the question itself."""
-        if trio.current_time() < self.backoff.until:  # a request issued just before the hold began
-            return self.backoff.cause or StoreTrouble.FULL
-        try:
-            return None if await trio.to_thread.run_sync(self.store.has_room, nbytes) else StoreTrouble.FULL
-        except OSError as exc:
-            log.error("cannot check the chunk store's free space: %s", exc)
-            return _trouble_of(exc)
-
-    async def _not_stored(self, peer: str, fetch: Fetch, why: str,
-                          trouble: StoreTrouble = StoreTrouble.FULL) -> None:
-        """Our store had no room for a chunk (or its disk failed: `trouble`): fetch it again later,
-        blaming nobody, and hold new requests (`_store_trouble`)."""
-        reason = FetchFailure.STORE_FULL if trouble is StoreTrouble.FULL else FetchFailure.STORE_FAILED
-        await self._store_trouble(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                          reason), trouble=trouble)
-
-    async def _room_again(self) -> None:
-        """A chunk was stored (or, when an fsync found the disk full, a flush succeeded): a
-        backoff, if one was running, ends, and requests resume at once."""
-        self._full_on_flush = None
-        cause = self.backoff.cause  # (what started the hold, not the last failure inside it)
-        if self.backoff.succeeded():
-            log.warning("the chunk store %s again: fetching resumes",
-                        "takes writes" if cause is StoreTrouble.FAILING else "has room")
-            await self._command(lambda now: self.core.hold_requests(now, now))
-
-    async def _store_trouble(self, why: str, then: Callable[[float], list[Any]] = lambda now: [], *,
-                             trouble: StoreTrouble = StoreTrouble.FULL) -> None:
-        """Our store is full, or its disk fails (`StoreTrouble.FAILING`: EIO and the like): hold
-        new requests (1 s, doubling up to 60 s while it stays so; a failing disk must not be fed
-        chunks at network speed), say so once per hold, and tell the core `then`. A failure inside
-        a hold leaves the hold, and its cause, as they are."""
-        until = self.backoff.failed(trio.current_time(), trouble)
-        if until is not None:
-            log.warning("chunk store %s (%s): no new chunk requests for %.0fs (%d failed stores so far)",
-                        trouble.value, why, until - trio.current_time(), self.backoff.failures)
-        await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else []) + then(now))
 
     def _manifest_gate(self, frame: bytes) -> str | None:
         """A gossiped manifest goes on only if a publisher we trust signed it: checked from its
@@ -706,14 +509,3 @@ class RelayRole(ChunkServing, ControlCommands):
                 await self._members_changed.wait()
             self._members_changed = trio.Event()
 
-
-def _trouble_of(exc: OSError) -> StoreTrouble:
-    """A full disk (ENOSPC, EDQUOT; a write raises StoreFull, a batched fsync the OSError itself)
-    or a failing one (any other error)."""
-    return StoreTrouble.FULL if exc.errno in NO_SPACE_ERRNOS else StoreTrouble.FAILING
-
-
-def _some(indices: list[int], shown: int = 8) -> str:
-    """Chunk indices for a log line: the first few, and how many more."""
-    text = ", ".join(map(str, indices[:shown]))
-    return text + (f" and {len(indices) - shown} more" if len(indices) > shown else "")

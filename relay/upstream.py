@@ -15,8 +15,12 @@ us when the core asks again after `not_admitted_s` instead of after our next hea
 (up to the peer table's `max_interval_s`); a source that answers with the wrong length broke the
 protocol and is reported `corrupt`; one that answers a request we never sent, or sends a frame
 longer than a response header, broke it too: the connection ends and its requests fail as
-`unreachable` (raised, a source's garbage would stop the role). A source the core dropped
-(`close`) reports no failure: the core took its requests back as it dropped it (a chunk
+`unreachable` (raised, a source's garbage would stop the role). A connection that ended stays
+its peer's upstream (`RelayRole._upstream`) until it has reported every request it carried,
+those the role handed it meanwhile included, and then leaves the role's upstreams itself
+(`upstream_done`): the core takes its failure for the peer's (an exclusion takes back every
+request out there), so a newer connection to the peer must not carry requests yet. A source the
+core dropped (`close`) reports no failure: the core took its requests back as it dropped it (a chunk
 received whole by then is still stored and told, and its buffer given back). A bug of
 ours (any other exception) is raised from `run()`, dropped source or not, into the role's
 dispatcher, and stops the role and the peer with it, loudly, as every bug does
@@ -201,19 +205,25 @@ class Upstream:
 
     async def _fail_all(self) -> None:
         """The connection ended by itself: every request still out, sent or not, fails as
-        `_failure`. Not once the core has dropped us (`close`, maybe while this reports)."""
+        `_failure`, those the role hands us while we report included. Not once the core has
+        dropped us (`close`, maybe while this reports). Then, with no checkpoint between the last
+        look at our requests and it, we leave the role's upstreams: a later request goes to a new
+        connection, whose requests none of our reports can take back."""
         pending, self._pending = list(self._pending.values()), {}
-        with trio.CancelScope(shield=True):
-            for fetch, *_ in pending:
-                if self._abandoned:
-                    return
-                await self.role.report_failed(self.peer, fetch, self._failure)
-            while not self._abandoned:  # requests not yet sent fail too
-                try:
-                    fetch, _ = self._receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                await self.role.report_failed(self.peer, fetch, self._failure)
+        try:
+            with trio.CancelScope(shield=True):
+                for fetch, *_ in pending:
+                    if self._abandoned:
+                        return
+                    await self.role.report_failed(self.peer, fetch, self._failure)
+                while not self._abandoned:  # requests not yet sent fail too
+                    try:
+                        fetch, _ = self._receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    await self.role.report_failed(self.peer, fetch, self._failure)
+        finally:
+            self.role.upstream_done(self)
 
 
 class Buffers:

@@ -58,6 +58,9 @@ class FakeRole:
         assert type(reason) is FetchFailure, reason  # a member, never a bare string
         self.told.append((reason, fetch.index))
 
+    def upstream_done(self, upstream) -> None:
+        pass  # (one upstream, no upstreams to leave)
+
 
 async def scripted_server(nursery: trio.Nursery, script, admit=lambda peer, channel: None) -> str:
     """A data-plane listener whose one connection runs `script(stream, requests)`."""

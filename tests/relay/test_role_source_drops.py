@@ -12,12 +12,17 @@ request, or storing a received chunk. A bug raised after a drop (`Upstream.run` 
 the role stops) fails the test; so does a chunk never fetched, or a request the core still counts
 in flight once every answer has come. Trio's scheduler shuffles its batches: each run of a seed
 differs a little, and each finds more.
+
+A connection that ends by itself is failed to the core for the peer as a whole (an exclusion
+takes back every request out there). A core that hears of it late, after asking the same peer
+again, must not have that failure take back requests a newer connection to the peer carries.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import trio
@@ -147,3 +152,98 @@ async def test_sources_dropped_at_random_moments_crash_nothing_and_every_chunk_a
     assert all(role.store.holds(1, i) for i in range(CHUNKS))
     assert core._in_flight == 0
     assert sum(1 for n in closed_with_requests_out if n) >= 5  # (the drops found requests out)
+
+
+class RestartingServer:
+    """The publisher's end of its data connections, answering from its store: its first
+    connection ends by itself after the first answer (the source restarted, or the connection
+    was reset), our other requests on it unanswered; a later one answers each request once
+    `ready` is set."""
+
+    def __init__(self, store, ready: trio.Event) -> None:
+        self.store, self.ready = store, ready
+        self.connections = 0
+
+    async def serve(self, stream: trio.abc.Stream) -> None:
+        self.connections += 1
+        first = self.connections == 1
+        async with stream:
+            try:
+                reader = FrameReader(stream, max_frame_bytes=4096)
+                while (frame := await reader.frame()) is not None:
+                    request, _ = _parse_request(frame)
+                    if not first:
+                        await self.ready.wait()
+                    data = self.store.read_chunk(request.version, request.index)
+                    await send_frame(stream, ChunkResponse(request.request_id, STATUS_OK, len(data)).pack())
+                    await stream.send_all(data)
+                    if first:
+                        return
+            except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # our upstream closed the connection
+
+
+async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_connection_carries(
+        tmp_path, clock, monkeypatch):
+    """The publisher, our only source, ends its first connection by itself with requests out,
+    and our core lags: before it hears of that failure it hears of the chunk the connection
+    delivered, and asks the publisher for another. The old connection's failure must speak only
+    for the requests it carried: every chunk the publisher delivers, on any connection, answers a
+    request the core still has out at it (a later connection answers once the core has heard of
+    the failure), and the version completes."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    role, core = h.role, h.role.core
+    failing = trio.Event()  # the first connection's failure is on its way to the core
+    told = trio.Event()  # the core may hear it
+    heard = trio.Event()  # it has
+    server = RestartingServer(h.origin, heard)
+    command, report_failed = role._command, role.report_failed
+
+    async def lagging(fn) -> None:  # the core hears of stored chunks once that failure is on its way
+        if isinstance(fn, partial) and fn.func == role._stored_all:
+            await failing.wait()
+        await command(fn)
+
+    async def lagging_report(peer, fetch, reason) -> None:
+        failing.set()
+        await told.wait()
+        await report_failed(peer, fetch, reason)
+        heard.set()
+
+    role._command, role.report_failed = lagging, lagging_report
+    answered: list[bool] = []  # per chunk delivered: whether the core still had it out at its sender
+    fetched = core.fetched
+
+    def fetched_checked(now, peer, version, index, *args):
+        entry = core._versions[version].in_flight.get(index)
+        answered.append(entry is not None and entry[0] == peer)
+        return fetched(now, peer, version, index, *args)
+
+    monkeypatch.setattr(core, "fetched", fetched_checked)
+    asked_while_failing = trio.Event()  # a request handed to an upstream after the connection failed
+    submit = Upstream.submit
+
+    def submit_noted(upstream: Upstream, fetch) -> None:
+        if failing.is_set():
+            asked_while_failing.set()
+        submit(upstream, fetch)
+
+    monkeypatch.setattr(Upstream, "submit", submit_noted)
+    async with trio.open_nursery() as nursery:
+        async def open_stream(peer: str) -> trio.abc.Stream:
+            ours, theirs = trio.testing.memory_stream_pair()
+            nursery.start_soon(server.serve, theirs)
+            return ours
+
+        role.open_stream = open_stream
+        await h.start(nursery)
+        role._upstream = RelayRole._upstream.__get__(role)  # the role's own upstreams, not the harness's source
+        await h.announce(1, chunks=CHUNKS)
+        with trio.fail_after(60):
+            await asked_while_failing.wait()
+        told.set()
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert server.connections >= 2
+    assert len(answered) == CHUNKS and all(answered), answered
