@@ -269,6 +269,7 @@ async def test_checkpoints_are_written_one_at_a_time_and_never_step_back_a_round
     import trio
     import trio.testing
 
+    import trainer.diloco_catchup as diloco_catchup  # `_checkpoint` (mixed into the role) writes from there
     import trainer.diloco_role as diloco_role
     from trainer.diloco_local import GlobalState
 
@@ -281,7 +282,7 @@ async def test_checkpoints_are_written_one_at_a_time_and_never_step_back_a_round
             assert release.wait(60.0)
         written.append(state.round)
 
-    monkeypatch.setattr(diloco_role, "write_state", slow_write)
+    monkeypatch.setattr(diloco_catchup, "write_state", slow_write)
     role = SimpleNamespace(checkpointing=trio.Lock(), pending_checkpoint=None, checkpointed_round=-1,
                            config=SimpleNamespace(out_dir=tmp_path))
     state = {r: GlobalState(r, torch.zeros(2), torch.zeros(2)) for r in (1, 2, 3)}
