@@ -8,11 +8,14 @@ thread: the next inner steps start at once) and, on the publishing peer, write t
 weights as version `round` and publish them through the relay role, as the GRPO trainer does,
 so inference workers fetch them as before.
 
-This module owns the rounds (`run`, `_round`, `_decide`, `_all_reduce`), whom they wait for and
-who is in the group (`_known_trainers`, `_member_of_group`), and `status()`. Mixed in: serving other trainer peers' connections, the round's inbox they fill and
-our answers to them (`trainer.diloco_serving`, `DilocoServing`); taking a later global state
-when we join or drift (through the relay or directly), the durable writes and publishing
-(`trainer.diloco_catchup`, `CatchingUp`).
+This module owns the role's config (`DilocoConfig`) and state (`__init__`: each mixin below
+declares the part of it that it uses), the model and the global state it starts from (`_load`,
+`_adopt`), the rounds (`run`, `_round`, `_decide`, `_all_reduce`), whom they wait for and who is
+in the group (`_known_trainers`, `_member_of_group`), our connections to other trainer peers
+(`open_stream`), and `status()`. Mixed in: serving other trainer peers' connections, the
+round's inbox they fill and our answers to them (`trainer.diloco_serving`, `DilocoServing`);
+taking a later global state when we join or drift (through the relay or directly), the durable
+writes and publishing (`trainer.diloco_catchup`, `CatchingUp`).
 
 Who is in the group. By default the group is open: any peer whose heartbeat claims the diloco
 role (any identity, at no cost) is invited, waited for, counts in a round's reference digest, and
@@ -62,7 +65,8 @@ from trainer.diloco_catchup import CatchingUp, JoinPath, _shell_with  # _shell_w
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state
 from trainer.diloco_messages import CHANNEL, Join, Members, Part
-# INBOX sizes our inbox; the other constants: tests import them from here
+# INBOX sizes our inbox; the other constants: tests import them from here, to read (patched here, one
+# would change nothing: `DilocoServing` reads its own module's)
 from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, PEER_INBOX, STALL_WINDOWS,
                                     STATE_BYTES_PER_VALUE, STATE_SEND_DEADLINES, DilocoServing)
 
