@@ -1,8 +1,10 @@
 """The project type-checks (mypy, configured in pyproject.toml): the packages (p2pnet, relay,
 verify, trainer, simulations, models, tasks) and the scripts/ and benchmarks/ folders. The relay's
-cores, store and shells are built from mixins (relay/failures.py, relay/serving_shell.py,
-relay/store_durability.py, ...) that call methods of the class they are mixed into and declare them;
-a method renamed or re-typed in one place and not the other fails here instead of at run time. The
+cores, store and shells, and the diloco role, are built from mixins (relay/failures.py,
+relay/serving_shell.py, relay/store_durability.py, ..., trainer/diloco_serving.py,
+trainer/diloco_catchup.py) that call methods of the class they are mixed into and declare them;
+a method re-typed in one place and not the other fails here instead of at run time (one the class
+renames does not: the mixin's declaration stands in for it, and only a test that calls it fails). The
 bodies of functions without annotations are checked everywhere, and so are the scripts and
 benchmarks (namespace packages, `scripts.calibrate`, `benchmarks.fuzz_parsers`): many run only on
 a GPU or lab machine (for instance scripts/gpu_check_vllm.py against trainer/vllm_backend.py), so

@@ -5,10 +5,11 @@ watched so that a peer that closes it (it died) is reported to the round's inbox
 put there by the role's server (a Join, Members or Part).
 
 The receiving end writes one thing on these, ever: `Idle`, when it closes a connection that
-carried no frame for a long while (`DilocoRole._serve`: an admitted peer could otherwise hold
-its connections for ever). Every frame we send says that we read it (`hears_idle`); our watcher
-then forgets the link without reporting anything, once a send under way on it has ended (the
-receiver reads on until we close), and the next send opens a new connection.
+carried no frame for a long while (`_serve` in `trainer.diloco_serving`: an admitted peer could
+otherwise hold its connections for ever). Every frame we send says that we read it
+(`hears_idle`); our watcher then forgets the link without reporting anything, once a send under
+way on it has ended (the receiver reads on until we close), and the next send opens a new
+connection.
 
 A peer whose data plane refuses us as unknown (`NotAdmitted`: its table has not heard our
 heartbeat, as after we restarted) is sent our latest heartbeat directly, once per connection
@@ -71,8 +72,8 @@ class Links:
     """One round's outgoing connections: opened on first use, one sender at a time per peer,
     every send bounded by the deadline. A failed send, or a connection the other end closes
     (it died), is reported to the round's inbox (unless `reports` is off: a link no round reads
-    for, as `DilocoRole._tell_ahead`'s), and the connection is closed then and never
-    written to again (the next send opens another). The watcher of a connection a failed send
+    for, as `_tell_ahead`'s in `trainer.diloco_serving`), and the connection is closed then and
+    never written to again (the next send opens another). The watcher of a connection a failed send
     closed reports nothing more; a peer that closes while a send to it is under way can be
     reported twice, which the round takes as once. A connection the other end closes with an
     `Idle` notice first is forgotten the same way, and reported not at all.

@@ -262,13 +262,21 @@ def test_global_state_is_written_atomically_and_read_back(tmp_path):
         read_state(tmp_path, 11)  # another model's state is refused, not loaded
 
 
-async def test_checkpoints_are_written_one_at_a_time_and_never_step_back_a_round(tmp_path, monkeypatch):
+@pytest.mark.parametrize("waiting", [(2, 3), (3, 2)], ids=["older_waits_first", "newer_waits_first"])
+async def test_checkpoints_are_written_one_at_a_time_and_never_step_back_a_round(tmp_path, monkeypatch, waiting):
+    """Round 1's write outlasts two rounds; rounds 2 and 3 wait for it, queued for the lock in the
+    order `waiting` pins (it is fair: they take it in that order; trio would start them in either,
+    and each order catches its own mistake). Round 3 is written, once, either way: older first,
+    the first to take the lock writes the newest pending state, not its own; newer first, the
+    older round does not replace the newer one pending. A round older than the one written,
+    coming after it, is not written."""
     import threading
     from types import SimpleNamespace
 
     import trio
     import trio.testing
 
+    import trainer.diloco_catchup as diloco_catchup  # `_checkpoint` (mixed into the role) writes from there
     import trainer.diloco_role as diloco_role
     from trainer.diloco_local import GlobalState
 
@@ -281,18 +289,22 @@ async def test_checkpoints_are_written_one_at_a_time_and_never_step_back_a_round
             assert release.wait(60.0)
         written.append(state.round)
 
-    monkeypatch.setattr(diloco_role, "write_state", slow_write)
+    monkeypatch.setattr(diloco_catchup, "write_state", slow_write)
     role = SimpleNamespace(checkpointing=trio.Lock(), pending_checkpoint=None, checkpointed_round=-1,
                            config=SimpleNamespace(out_dir=tmp_path))
     state = {r: GlobalState(r, torch.zeros(2), torch.zeros(2)) for r in (1, 2, 3)}
+    checkpoint = diloco_role.DilocoRole._checkpoint
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(diloco_role.DilocoRole._checkpoint, role, state[1])
+        nursery.start_soon(checkpoint, role, state[1])
         await trio.to_thread.run_sync(started.wait)
-        nursery.start_soon(diloco_role.DilocoRole._checkpoint, role, state[2])
-        nursery.start_soon(diloco_role.DilocoRole._checkpoint, role, state[3])
-        await trio.testing.wait_all_tasks_blocked()  # both wait for the first write
+        for queued, r in enumerate(waiting, 1):
+            nursery.start_soon(checkpoint, role, state[r])
+            await trio.testing.wait_all_tasks_blocked()  # it waits for the first write, behind those before it
+            assert role.checkpointing.statistics().tasks_waiting == queued
         release.set()
     assert written == [1, 3] and role.checkpointed_round == 3  # round 2 waited, round 3 came: 3 written once
+    await checkpoint(role, state[2])  # late: the file never steps back a round
+    assert written == [1, 3] and role.checkpointed_round == 3
 
 
 DEADLINE_S, DIGEST = 10.0, b"w" * 16
