@@ -10,8 +10,9 @@ own count of open connections returns to 0. A full server takes a slot from the 
 the most for a newcomer from one holding fewer, else from the client of the newcomer's network
 holding the most for a newcomer from one holding fewer (an idle connection first; one inside a
 write to a client that does not read is reset at once), and refuses a newcomer when that would
-gain nothing. A pipelining client gets every response it is promised whole. A request with a
-body no route takes is answered at once and its connection ended, not held until the lifetime.
+gain nothing. A pipelining client gets every response it is promised whole, also when it sends
+more past them (the server lingers rather than reset them away). A request with a body no route
+takes is answered at once and its connection ended, not held until the lifetime.
 A client that breaks HTTP's framing (more requests after one that asked to close, bytes before a
 websocket handshake is answered) gets no traceback into our logs and does not stop the server,
 nor does a bug met while serving one connection (it ends that connection, logged and counted),
@@ -473,6 +474,26 @@ async def test_a_pipelining_client_gets_every_response_it_is_promised_whole(nurs
                 got += await sock.recv(1 << 16)
         reset(sock)
     await settle(connections, 0)  # not at the lifetime (600 s)
+
+
+async def test_the_last_responses_are_not_reset_away_by_bytes_their_client_sent_past_them(nursery):
+    """The server ends a connection after `KEEP_ALIVE_MAX_REQUESTS` responses. A client that
+    pipelined more requests, and more bytes after them, left bytes unread in the server's socket
+    when it closed, and Linux answers such a close with a reset that drops what the server had not
+    yet delivered: the last responses were cut (`ConnectionServer`'s lingering close, which now
+    reads and drops those bytes until the client closes). This client reads nothing until the
+    server has read all it sent (lingering) or reset the connection (which ends its sending), so
+    the responses are still on their way when the server closes."""
+    body = b"#" * (4 << 10)  # 20 of them: more than the client's socket takes in while it reads nothing
+    extra = b"x" * (16 << 20)  # more than the sockets' buffers hold: all sent only once the server reads it
+    connections, port = await start(nursery, Limits(**HOLD), metrics=body)
+    for _ in range(5):  # without the linger, each lost its last responses
+        with await connect(port) as sock:
+            await sock.send(KEEP_ALIVE * (KEEP_ALIVE_MAX_REQUESTS + 5))
+            with trio.fail_after(SLACK_S), contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                await send_all(sock, extra)
+            assert responses(await read_until_closed(sock, SLACK_S)) == [(200, body)] * KEEP_ALIVE_MAX_REQUESTS
+    await settle(connections, 0)
 
 
 async def test_a_client_that_leaves_is_forgotten_at_once(nursery):
