@@ -40,6 +40,8 @@ import h2.exceptions
 import h2.settings
 import pytest
 import trio
+from hypercorn.protocol.events import Body
+from hypercorn.protocol.http_stream import HTTPStream
 from packaging.requirements import Requirement
 from packaging.version import Version
 from prometheus_client import CollectorRegistry, generate_latest
@@ -555,7 +557,8 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
 def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
     `_read_data`, `_close`, `protocol_send`, `send_lock`, `WorkerContext.terminated`, and
-    `H11Protocol`'s `stream` and `connection`, `H2Protocol`'s `closed`, `streams` and `stream_buffers`),
+    `H11Protocol`'s `stream` and `connection`, `H2Protocol`'s `closed`, `streams`, `stream_buffers` and
+    `_handle_events`),
     the same in 0.17.0 to
     0.18.0 and absent from 0.16 (no lifespan state): the pin must keep a fresh install inside
     that range, not let it pick up the next release, whose internals nobody has checked."""
@@ -677,10 +680,13 @@ BODIES = [  # a request with a body no route takes, and the status it is answere
 ]
 
 
-async def start_slow(nursery: trio.Nursery, ready: trio.Event) -> tuple[Connections, int]:
-    """A server whose dashboard answers once `ready` is set (the dashboard process asks its peer)."""
+async def start_slow(nursery: trio.Nursery, ready: trio.Event, fails: bool = False) -> tuple[Connections, int]:
+    """A server whose dashboard answers once `ready` is set (the dashboard process asks its peer),
+    or then fails (`fails`: a bug of ours)."""
     async def snapshot() -> dict:
         await ready.wait()
+        if fails:
+            raise RuntimeError("a failing page")
         return {}
 
     connections = Connections(Limits(**HOLD))
@@ -713,19 +719,22 @@ async def test_a_request_that_declares_a_body_is_refused_at_once_and_its_connect
                 answer = await read_until_closed(sock, SLACK_S)
                 client.cancel_scope.cancel()
         assert answer.startswith(status) and b"connection: close" in answer, answer[:200]
+        assert (b"allow: GET, HEAD" in answer) == status.endswith(b"405"), answer[:200]
         await settle(connections, 0)
     assert connections.failed == 0
 
 
-async def test_an_http2_body_no_header_declares_is_read_and_dropped_while_its_request_is_answered(nursery):
+@pytest.mark.parametrize("fails", [False, True], ids=["page", "failing page"])
+async def test_an_http2_body_no_header_declares_is_read_and_dropped_while_its_request_is_answered(nursery, fails):
     """An HTTP/2 stream carries a body without declaring it (no Content-Length): the server cannot
     refuse it up front, so it reads and drops it while the page is made, then answers; hypercorn's
     queue, full, stopped its reader (and with it the client's flow-control window) and held the
     connection until the lifetime's reset. DATA the client goes on sending after the answer made
     hypercorn fail (a KeyError: it forgets an answered stream); it now closes the connection, as
-    HTTP/1.1's is closed."""
+    HTTP/1.1's is closed. So is a page that fails while the body arrives, answered with
+    hypercorn's 500."""
     sent = trio.Event()
-    connections, port = await start_slow(nursery, sent)
+    connections, port = await start_slow(nursery, sent, fails)
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     client.initiate_connection()
     client.send_headers(1, [(":method", "GET"), (":path", "/api/dashboard"), (":scheme", "http"),
@@ -758,9 +767,35 @@ async def test_an_http2_body_no_header_declares_is_read_and_dropped_while_its_re
             sender.cancel_scope.cancel()
     assert sent.is_set()
     assert [dict(event.headers)[b":status"] for event in events if isinstance(event, h2.events.ResponseReceived)] \
-        == [b"200"]
+        == [b"500" if fails else b"200"]
     await settle(connections, 0)
     assert connections.failed == 0
+
+
+async def test_a_key_error_below_hypercorns_lookup_of_an_answered_stream_is_still_a_failure(nursery, monkeypatch):
+    """`ConnectionServer` takes hypercorn's KeyError for DATA on an answered HTTP/2 stream as its
+    client's doing and closes the connection quietly; a KeyError raised deeper, by what that loop
+    calls (here a stream's handling of the body, standing for a bug of ours or hypercorn's), is
+    not that and ends the connection as the failure it is, counted. Told apart by the key alone
+    (an int that names no open stream), it was swallowed."""
+    handle = HTTPStream.handle
+
+    async def failing_handle(self: HTTPStream, event: object) -> None:
+        if isinstance(event, Body):
+            raise KeyError(99)
+        await handle(self, event)
+
+    monkeypatch.setattr(HTTPStream, "handle", failing_handle)
+    connections, port = await start(nursery, Limits(**HOLD))
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"), (":authority", "x")])
+    client.send_data(1, b"x")
+    with await connect(port) as sock:
+        await send_all(sock, client.data_to_send())
+        await read_until_closed(sock, SLACK_S)
+    await settle(connections, 0)
+    assert connections.failed == 1
 
 
 WEBSOCKET = (b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
