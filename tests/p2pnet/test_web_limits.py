@@ -10,7 +10,9 @@ own count of open connections returns to 0. A full server takes a slot from the 
 the most for a newcomer from one holding fewer, else from the client of the newcomer's network
 holding the most for a newcomer from one holding fewer (an idle connection first; one inside a
 write to a client that does not read is reset at once), and refuses a newcomer when that would
-gain nothing. A pipelining client gets every response it is promised whole.
+gain nothing. A pipelining client gets every response it is promised whole, also when it sends
+more past them (the server lingers rather than reset them away). A request with a body no route
+takes is answered at once and its connection ended, not held until the lifetime.
 A client that breaks HTTP's framing (more requests after one that asked to close, bytes before a
 websocket handshake is answered) gets no traceback into our logs and does not stop the server,
 nor does a bug met while serving one connection (it ends that connection, logged and counted),
@@ -19,6 +21,7 @@ nor a network error that accept() passes on. Loopback gives each test several cl
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.metadata
 import logging
@@ -33,9 +36,12 @@ import h11
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 import pytest
 import trio
+from hypercorn.protocol.events import Body
+from hypercorn.protocol.http_stream import HTTPStream
 from packaging.requirements import Requirement
 from packaging.version import Version
 from prometheus_client import CollectorRegistry, generate_latest
@@ -472,6 +478,26 @@ async def test_a_pipelining_client_gets_every_response_it_is_promised_whole(nurs
     await settle(connections, 0)  # not at the lifetime (600 s)
 
 
+async def test_the_last_responses_are_not_reset_away_by_bytes_their_client_sent_past_them(nursery):
+    """The server ends a connection after `KEEP_ALIVE_MAX_REQUESTS` responses. A client that
+    pipelined more requests, and more bytes after them, left bytes unread in the server's socket
+    when it closed, and Linux answers such a close with a reset that drops what the server had not
+    yet delivered: the last responses were cut (`ConnectionServer`'s lingering close, which now
+    reads and drops those bytes until the client closes). This client reads nothing until the
+    server has read all it sent (lingering) or reset the connection (which ends its sending), so
+    the responses are still on their way when the server closes."""
+    body = b"#" * (4 << 10)  # 20 of them: more than the client's socket takes in while it reads nothing
+    extra = b"x" * (16 << 20)  # more than the sockets' buffers hold: all sent only once the server reads it
+    connections, port = await start(nursery, Limits(**HOLD), metrics=body)
+    for _ in range(5):  # without the linger, each lost its last responses
+        with await connect(port) as sock:
+            await sock.send(KEEP_ALIVE * (KEEP_ALIVE_MAX_REQUESTS + 5))
+            with trio.fail_after(SLACK_S), contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                await send_all(sock, extra)
+            assert responses(await read_until_closed(sock, SLACK_S)) == [(200, body)] * KEEP_ALIVE_MAX_REQUESTS
+    await settle(connections, 0)
+
+
 async def test_a_client_that_leaves_is_forgotten_at_once(nursery):
     connections, port = await start(nursery, Limits(max_connections=8, max_per_ip=1, **HOLD))
     with await connect(port) as sock:  # connects, says nothing, leaves
@@ -531,7 +557,8 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
 def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
     `_read_data`, `_close`, `protocol_send`, `send_lock`, `WorkerContext.terminated`, and
-    `H11Protocol`'s `stream` and `connection`, `H2Protocol`'s `closed` and `stream_buffers`),
+    `H11Protocol`'s `stream` and `connection`, `H2Protocol`'s `closed`, `streams`, `stream_buffers` and
+    `_handle_events`),
     the same in 0.17.0 to
     0.18.0 and absent from 0.16 (no lifespan state): the pin must keep a fresh install inside
     that range, not let it pick up the next release, whose internals nobody has checked."""
@@ -637,6 +664,138 @@ async def test_a_response_in_flight_at_the_lifetime_is_finished_then_the_connect
     assert entered.is_set()
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"slow": true}'), answer[-80:]
     await settle(connections, 0)
+
+
+async def send_all(sock: trio.socket.SocketType, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[await sock.send(view):]
+
+
+BODY_BYTES = 64 << 20  # more than hypercorn's queue and loopback's socket buffers hold (32 MiB in, 4 MiB out)
+BODIES = [  # a request with a body no route takes, and the status it is answered with
+    (b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % BODY_BYTES, b"HTTP/1.1 413"),
+    (b"POST /api/dashboard HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % BODY_BYTES, b"HTTP/1.1 405"),
+    (b"GET /api/dashboard HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", b"HTTP/1.1 413"),
+]
+
+
+async def start_slow(nursery: trio.Nursery, ready: trio.Event, fails: bool = False) -> tuple[Connections, int]:
+    """A server whose dashboard answers once `ready` is set (the dashboard process asks its peer),
+    or then fails (`fails`: a bug of ours)."""
+    async def snapshot() -> dict:
+        await ready.wait()
+        if fails:
+            raise RuntimeError("a failing page")
+        return {}
+
+    connections = Connections(Limits(**HOLD))
+    app = WebApp(snapshot=snapshot, metrics=lambda: METRICS, health=lambda: None)
+    return connections, int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections)))
+                            .rsplit(":", 1)[1])
+
+
+async def test_a_request_that_declares_a_body_is_refused_at_once_and_its_connection_closed(nursery):
+    """No route takes a body. hypercorn queues one for the application, 10 reads deep, and its
+    reader waits while the queue is full, as did the end of the response (it queues the request's
+    end): a body larger than that, arriving while a page took its time (here, until its client has
+    sent the whole body), was never answered and held its connection until the lifetime's reset.
+    A request that declares a body is answered at once (413 on GET, 405 on a method no route
+    serves) with Connection: close, and the server ends its side of the connection then, whatever
+    its client goes on sending."""
+    sent = trio.Event()
+    connections, port = await start_slow(nursery, sent)
+    piece = b"5\r\nxxxxx\r\n" * (1 << 16)  # 640 KiB of valid chunks; a declared body's bytes too
+    for head, status in BODIES:
+        with await connect(port) as sock:
+            async def send_body() -> None:
+                await sock.send(head)
+                for _ in range(BODY_BYTES // len(piece) + 1):
+                    await send_all(sock, piece)
+                sent.set()
+
+            async with trio.open_nursery() as client:
+                client.start_soon(send_body)
+                answer = await read_until_closed(sock, SLACK_S)
+                client.cancel_scope.cancel()
+        assert answer.startswith(status) and b"connection: close" in answer, answer[:200]
+        assert (b"allow: GET, HEAD" in answer) == status.endswith(b"405"), answer[:200]
+        await settle(connections, 0)
+    assert connections.failed == 0
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["page", "failing page"])
+async def test_an_http2_body_no_header_declares_is_read_and_dropped_while_its_request_is_answered(nursery, fails):
+    """An HTTP/2 stream carries a body without declaring it (no Content-Length): the server cannot
+    refuse it up front, so it reads and drops it while the page is made, then answers; hypercorn's
+    queue, full, stopped its reader (and with it the client's flow-control window) and held the
+    connection until the lifetime's reset. DATA the client goes on sending after the answer made
+    hypercorn fail (a KeyError: it forgets an answered stream); it now closes the connection, as
+    HTTP/1.1's is closed. So is a page that fails while the body arrives, answered with
+    hypercorn's 500."""
+    sent = trio.Event()
+    connections, port = await start_slow(nursery, sent, fails)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, [(":method", "GET"), (":path", "/api/dashboard"), (":scheme", "http"),
+                            (":authority", "x")])  # and no end of stream: a body follows
+    events: list[h2.events.Event] = []
+    received = trio.Event()  # anything from the server (a window opened, for one)
+    with await connect(port) as sock:
+        async def send_body() -> None:
+            nonlocal received
+            body = 0
+            with contextlib.suppress(OSError, h2.exceptions.StreamClosedError):
+                while True:
+                    room = min(client.local_flow_control_window(1), client.max_outbound_frame_size)
+                    if room:
+                        client.send_data(1, b"x" * room)
+                        body += room
+                    await send_all(sock, client.data_to_send())
+                    if body >= BODY_BYTES // 16:  # more than the queue and the window hold
+                        sent.set()
+                    if not room:
+                        await received.wait()
+                        received = trio.Event()
+
+        async with trio.open_nursery() as sender:
+            sender.start_soon(send_body)
+            with trio.fail_after(SLACK_S), contextlib.suppress(ConnectionResetError):
+                while data := await sock.recv(1 << 16):
+                    events += client.receive_data(data)
+                    received.set()
+            sender.cancel_scope.cancel()
+    assert sent.is_set()
+    assert [dict(event.headers)[b":status"] for event in events if isinstance(event, h2.events.ResponseReceived)] \
+        == [b"500" if fails else b"200"]
+    await settle(connections, 0)
+    assert connections.failed == 0
+
+
+async def test_a_key_error_below_hypercorns_lookup_of_an_answered_stream_is_still_a_failure(nursery, monkeypatch):
+    """`ConnectionServer` takes hypercorn's KeyError for DATA on an answered HTTP/2 stream as its
+    client's doing and closes the connection quietly; a KeyError raised deeper, by what that loop
+    calls (here a stream's handling of the body, standing for a bug of ours or hypercorn's), is
+    not that and ends the connection as the failure it is, counted. Told apart by the key alone
+    (an int that names no open stream), it was swallowed."""
+    handle = HTTPStream.handle
+
+    async def failing_handle(self: HTTPStream, event: object) -> None:
+        if isinstance(event, Body):
+            raise KeyError(99)
+        await handle(self, event)
+
+    monkeypatch.setattr(HTTPStream, "handle", failing_handle)
+    connections, port = await start(nursery, Limits(**HOLD))
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"), (":authority", "x")])
+    client.send_data(1, b"x")
+    with await connect(port) as sock:
+        await send_all(sock, client.data_to_send())
+        await read_until_closed(sock, SLACK_S)
+    await settle(connections, 0)
+    assert connections.failed == 1
 
 
 WEBSOCKET = (b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
