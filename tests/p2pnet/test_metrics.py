@@ -15,6 +15,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2pnet.cli import configure_logging
+from p2pnet.host import adopt_libp2p_logging
 from p2pnet.localnet import start_network, wait_for_full_tables
 from p2pnet.logformat import event_name, set_log_context
 from p2pnet.metrics import health
@@ -54,6 +55,11 @@ def test_health_says_why_not():
 
 
 def test_json_logs_carry_time_level_peer_role_and_event_also_for_libp2p(capsys):
+    # as in a running peer: py-libp2p imported (its import stops its loggers propagating, and any
+    # earlier test may have imported it) and its logging adopted, as opening a host does
+    import libp2p  # noqa: F401
+
+    adopt_libp2p_logging()
     set_log_context("12D3KooWexample", ("relay", "worker"))
     try:
         configure_logging("info", "json")
