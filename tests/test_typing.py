@@ -4,7 +4,8 @@ cores, store and shells, and the diloco role, are built from mixins (relay/failu
 relay/serving_shell.py, relay/store_durability.py, ..., trainer/diloco_serving.py,
 trainer/diloco_catchup.py) that call methods of the class they are mixed into and declare them;
 a method re-typed in one place and not the other fails here instead of at run time (one the class
-renames does not: the mixin's declaration stands in for it, and only a test that calls it fails). The
+renames does not: the mixin's declaration stands in for it; tests/test_mixins.py checks that every
+name a mixin declares is still its host's). The
 bodies of functions without annotations are checked everywhere, and so are the scripts and
 benchmarks (namespace packages, `scripts.calibrate`, `benchmarks.fuzz_parsers`): many run only on
 a GPU or lab machine (for instance scripts/gpu_check_vllm.py against trainer/vllm_backend.py), so
