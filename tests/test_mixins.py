@@ -6,7 +6,9 @@ its uses and a re-typed method against the host's, but not that the host still h
 method or attribute the host renames keeps its old name in the mixin's declaration, and mypy is
 content (tests/test_typing.py). Here each declared method must be a real attribute of every class
 the mixin is mixed into, and each declared attribute must be assigned (`self.name = ...`) or
-defined somewhere in that class's own code or its other bases'.
+defined somewhere in that class's own code or its other bases'. What only uses the name does not
+count: `self.name += 1`, `self.name[k] = v` or `self.name.x = v` needs it to be there already, and a
+mixin that declares the name as its host's is not where it is set, even if it reassigns it.
 
 The mixins and their hosts are found by reading the packages' source (a class whose body holds
 `if TYPE_CHECKING:` with methods in it; a class naming it as a base), so a new mixin is covered
@@ -27,7 +29,7 @@ PACKAGES = ("p2pnet", "relay", "verify", "trainer", "simulations", "models", "ta
 
 
 def _is_type_checking(node: ast.stmt) -> bool:
-    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def _mixins() -> list[tuple[str, str, list[str], list[str], list[tuple[str, str]]]]:
@@ -41,7 +43,8 @@ def _mixins() -> list[tuple[str, str, list[str], list[str], list[tuple[str, str]
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.ClassDef):
                     continue
-                bases.append((module, node.name, {b.id for b in node.bases if isinstance(b, ast.Name)}))
+                # by its last name: `class Host(serving_shell.ChunkServing)` names ChunkServing too
+                bases.append((module, node.name, {ast.unparse(b).split(".")[-1] for b in node.bases}))
                 methods = [s.name for stmt in node.body if _is_type_checking(stmt) for s in stmt.body
                            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
                 if methods:
@@ -53,29 +56,37 @@ def _mixins() -> list[tuple[str, str, list[str], list[str], list[tuple[str, str]
             for (module, name), (methods, attributes) in sorted(declared.items())]
 
 
-def _set_in(cls: type) -> set[str]:
-    """Names `cls` and its project bases assign on `self` in any method, or define in the class body."""
+def _set_in(cls: type, declared: dict[tuple[str, str], list[str]]) -> set[str]:
+    """Names `cls` and its project bases assign on `self` in any method (`self.a = ...`,
+    `self.a, self.b = ...`, `self.a: T = ...`) or define in the class body, leaving out what each
+    mixin among them declares of its host (`declared`, by (module, class))."""
     names: set[str] = set()
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] not in PACKAGES:
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        own: set[str] = set()
         for node in ast.walk(tree):
             targets: list[ast.expr] = []
             if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and (
-                    not isinstance(node, ast.AnnAssign) or node.value is not None):
+                targets = list(node.targets)
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
                 targets = [node.target]
-            for target in targets:
-                for part in ast.walk(target):  # `self.a, self.b = ...` too
-                    if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == "self":
-                        names.add(part.attr)
-        names.update(k for k, v in vars(klass).items() if not k.startswith("__"))
+            while targets:
+                target = targets.pop()
+                if isinstance(target, (ast.Tuple, ast.List)):
+                    targets.extend(target.elts)
+                elif isinstance(target, ast.Starred):
+                    targets.append(target.value)
+                elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    own.add(target.attr)
+        own.update(k for k in vars(klass) if not k.startswith("__"))  # (a bare annotation is not in `vars`)
+        names |= own - set(declared.get((klass.__module__, klass.__name__), ()))
     return names
 
 
 MIXINS = _mixins()
+DECLARED = {(module, name): attributes for module, name, _, attributes, _ in MIXINS}
 
 
 def test_the_mixins_are_found():
@@ -92,5 +103,5 @@ def test_what_a_mixin_declares_of_its_host_is_there(module, name, methods, attri
         assert issubclass(host, mixin)
         missing = [m for m in methods if not hasattr(host, m)]  # a method, or a property
         assert not missing, f"{name} calls {missing} on {host_name}, which has no such method"
-        unset = [a for a in attributes if a not in _set_in(host)]
+        unset = [a for a in attributes if a not in _set_in(host, DECLARED)]
         assert not unset, f"{name} uses {unset} of {host_name}, which never sets them"
