@@ -20,12 +20,15 @@ import ast
 import importlib
 import inspect
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("p2pnet", "relay", "verify", "trainer", "simulations", "models", "tasks")
+# the project's packages, as installed (`[tool.setuptools.packages.find]`): one added there is read here too
+PACKAGES = tuple(name.rstrip("*") for name in tomllib.loads((REPO / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"]["find"]["include"])
 
 
 def _is_type_checking(node: ast.stmt) -> bool:
