@@ -31,6 +31,7 @@ import socket
 import tomllib
 from functools import partial
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import h11
 import h2.config
@@ -58,10 +59,12 @@ KEEP_ALIVE = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 HOLD = dict(idle_s=300.0, lifetime_s=600.0)  # deadlines no test waits for
 
 
-async def start(nursery: trio.Nursery, limits: Limits, metrics: bytes = METRICS) -> tuple[Connections, int]:
-    async def snapshot() -> dict:
+async def start(nursery: trio.Nursery, limits: Limits, metrics: bytes = METRICS,
+                snapshot: Callable[[], Awaitable[dict]] | None = None) -> tuple[Connections, int]:
+    async def empty() -> dict:
         return {}
 
+    snapshot = snapshot or empty
     connections = Connections(limits)
     app = WebApp(snapshot=snapshot, metrics=lambda: metrics, health=lambda: None)
     url = await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections))
@@ -689,10 +692,7 @@ async def start_slow(nursery: trio.Nursery, ready: trio.Event, fails: bool = Fal
             raise RuntimeError("a failing page")
         return {}
 
-    connections = Connections(Limits(**HOLD))
-    app = WebApp(snapshot=snapshot, metrics=lambda: METRICS, health=lambda: None)
-    return connections, int((await nursery.start(partial(serve, app, "127.0.0.1:0", connections=connections)))
-                            .rsplit(":", 1)[1])
+    return await start(nursery, Limits(**HOLD), snapshot=snapshot)
 
 
 async def test_a_request_that_declares_a_body_is_refused_at_once_and_its_connection_closed(nursery):
