@@ -14,7 +14,9 @@ No route takes a request body. A request that declares one (a Content-Length oth
 any Transfer-Encoding) is answered at once, 405 when its method is not GET or HEAD and 413 when
 it is, its connection closed; whatever body arrives meanwhile, declared or not (an HTTP/2 stream
 needs no header to carry one), is read and dropped while the request is answered
-(`WebApp.__call__`), so hypercorn's queue of what the application has not read never fills.
+(`WebApp.__call__`), so hypercorn's queue of what the application has not read never fills. A
+client that asks leave to send its body (`Expect: 100-continue`) is not given it: the refusal is
+its first answer (`NoContinue`).
 
 The same application serves `p2pnet dashboard` (a separate process reading a running peer
 through its control socket): it is built from callables, not from a node. This module owns
@@ -140,6 +142,23 @@ async def drop_body(receive: Any) -> None:
         pass
 
 
+class NoContinue(h11.Connection):
+    """h11's server side of an HTTP/1.1 connection that never answers `Expect: 100-continue` with
+    a 100 (Continue). hypercorn sends one as soon as h11 says a client waits for it, which is
+    once it has read the request's head (`H11Protocol._handle_events`, the same in 0.17.0 to
+    0.18.0), before the application has seen the request: a client that asked leave to send a
+    body (curl does for bodies over 1 MiB) got the leave, sent the body, and only then heard the
+    413 or 405 refusing it. No route takes a body, so none is ever invited: a request that
+    declares one hears its final status first (RFC 9110 15.2.1 and 10.1.1: a server may answer
+    with one instead of the 100, and need not send a 100 for a request without content). h11
+    itself does not read this property (it keeps its own `client_is_waiting_for_100_continue`);
+    HTTP/2 has no such step in hypercorn, which sends no 100 there."""
+
+    @property
+    def they_are_waiting_for_100_continue(self) -> bool:
+        return False
+
+
 class ConnectionServer(TCPServer):
     """hypercorn's server of one connection, which ends as soon as its client has gone.
 
@@ -182,7 +201,9 @@ class ConnectionServer(TCPServer):
     (`_release_http2_streams`), and a DATA frame for a stream already answered (a body no route
     takes, sent past our answer) raised KeyError in hypercorn's reader, which ended the connection
     as a failure of ours; such a connection now ends as HTTP/1.1's does then, closed after the
-    answer (`_data_for_a_stream_answered`).
+    answer (`_data_for_a_stream_answered`). And an HTTP/1.1 connection's h11 state,
+    `H11Protocol.connection`, is replaced before its first byte is read by one that never asks
+    for a body (`NoContinue`).
     tests/p2pnet/test_web_limits.py serves every request through this class and fails if any
     of those internals changes, and checks the pin."""
 
@@ -198,7 +219,11 @@ class ConnectionServer(TCPServer):
         once our end of stream is sent: what the client sends then is read and dropped until it
         closes, or `keep_alive_timeout` after our end of stream, so that the close finds nothing
         unread (the kernel resets a socket closed with unread bytes, and drops with it what it
-        had not yet delivered of the last response)."""
+        had not yet delivered of the last response). An HTTP/1.1 connection (every one starts as
+        one) never invites a body (`NoContinue`); nothing has been read yet, so nothing is lost."""
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H11Protocol):
+            protocol.connection = NoContinue(h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
         while True:
             with trio.CancelScope(deadline=self._linger_until) as self._read_scope:
                 try:

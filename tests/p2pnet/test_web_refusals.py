@@ -1,0 +1,77 @@
+"""How the peer's HTTP server (`p2pnet.web`) refuses a request body, as the protocols ask: real
+sockets on loopback against the real server (`tests/p2pnet/test_web_limits.py` has the rest).
+
+A client that asks leave before sending its body (`Expect: 100-continue`: curl for bodies over
+1 MiB, many HTTP libraries always) is refused with the final status, not invited first with a
+100 (Continue) it would answer with the body."""
+
+from __future__ import annotations
+
+import h2.config
+import h2.connection
+import h2.events
+import trio
+
+from p2pnet.web_limits import Limits
+from tests.p2pnet.test_web_limits import BODY_BYTES, HOLD, SLACK_S, connect, read_until_closed, settle, start
+
+EXPECTING = [  # a request asking leave to send a body no route takes, and the status that refuses it
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % BODY_BYTES,
+     b"HTTP/1.1 413 "),
+    (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % BODY_BYTES,
+     b"HTTP/1.1 405 "),
+    (b"PUT /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
+     b"HTTP/1.1 405 "),
+]
+
+
+def h2_client() -> h2.connection.H2Connection:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    return client
+
+
+async def h2_events_until(sock: trio.socket.SocketType, client: h2.connection.H2Connection,
+                          done: type[h2.events.Event] | None) -> list[h2.events.Event]:
+    """What the server sends on `sock`, as `client`'s events, until one of type `done` (None: until
+    the server closes the connection), within SLACK_S."""
+    events: list[h2.events.Event] = []
+    with trio.fail_after(SLACK_S):
+        while done is None or not any(isinstance(event, done) for event in events):
+            data = await sock.recv(1 << 16)
+            if not data:
+                assert done is None, events
+                return events
+            events += client.receive_data(data)
+            await sock.send(client.data_to_send())  # its acknowledgements (SETTINGS)
+    return events
+
+
+async def test_a_request_that_expects_100_continue_is_refused_with_its_final_status_first(nursery):
+    """hypercorn answered `Expect: 100-continue` with a 100 as soon as it had read the request's
+    head, before the application saw it, so the client sent the body that the 413 or 405 right
+    after refused (curl sent the whole of a 2 MB upload). Now the refusal is the first and only
+    answer (RFC 9110 10.1.1 and 15.2.1: a server may answer with its final status instead), and
+    the client sends nothing. Over HTTP/2 hypercorn sends no 100 (checked here as well)."""
+    connections, port = await start(nursery, Limits(**HOLD))
+    for head, status in EXPECTING:
+        with await connect(port) as sock:
+            await sock.send(head)  # and nothing more: the body waits for a 100
+            answer = await read_until_closed(sock, SLACK_S)  # the server ends its side after a refusal
+        assert answer.startswith(status) and b"connection: close" in answer, answer[:200]
+        assert b" 100 " not in answer, answer[:200]
+        await settle(connections, 0)
+
+    client = h2_client()
+    client.send_headers(1, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"), (":authority", "x"),
+                            ("content-length", str(BODY_BYTES)), ("expect", "100-continue")])
+    with await connect(port) as sock:
+        await sock.send(client.data_to_send())
+        events = await h2_events_until(sock, client, h2.events.StreamEnded)
+    answers = [event for event in events
+               if isinstance(event, (h2.events.InformationalResponseReceived, h2.events.ResponseReceived))]
+    assert [type(event) for event in answers] == [h2.events.ResponseReceived], answers
+    assert dict(answers[0].headers)[b":status"] == b"413"
+    await settle(connections, 0)
+    assert connections.failed == 0
+
