@@ -16,7 +16,8 @@ it is, its connection closed; whatever body arrives meanwhile, declared or not (
 needs no header to carry one), is read and dropped while the request is answered
 (`WebApp.__call__`), so hypercorn's queue of what the application has not read never fills. A
 client that asks leave to send its body (`Expect: 100-continue`) is not given it: the refusal is
-its first answer (`NoContinue`).
+its first answer (`NoContinue`). An HTTP/2 connection closed because its client sends a body on
+past the answer says so first, with a GOAWAY (`ConnectionServer._go_away`).
 
 The same application serves `p2pnet dashboard` (a separate process reading a running peer
 through its control socket): it is built from callables, not from a node. This module owns
@@ -38,6 +39,7 @@ import socket
 from typing import Any, Awaitable, Callable
 
 import h11
+import h2.errors
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
@@ -201,9 +203,9 @@ class ConnectionServer(TCPServer):
     (`_release_http2_streams`), and a DATA frame for a stream already answered (a body no route
     takes, sent past our answer) raised KeyError in hypercorn's reader, which ended the connection
     as a failure of ours; such a connection now ends as HTTP/1.1's does then, closed after the
-    answer (`_data_for_a_stream_answered`). And an HTTP/1.1 connection's h11 state,
-    `H11Protocol.connection`, is replaced before its first byte is read by one that never asks
-    for a body (`NoContinue`).
+    answer (`_data_for_a_stream_answered`), with a GOAWAY first (`_go_away`, through `H2Protocol`'s
+    `connection`). And an HTTP/1.1 connection's h11 state, `H11Protocol.connection`, is replaced
+    before its first byte is read by one that never asks for a body (`NoContinue`).
     tests/p2pnet/test_web_limits.py serves every request through this class and fails if any
     of those internals changes, and checks the pin."""
 
@@ -238,6 +240,7 @@ class ConnectionServer(TCPServer):
                 except KeyError as exc:
                     if not self._data_for_a_stream_answered(exc):
                         raise
+                    await self._go_away()
                     await self.protocol_send(Closed())  # our end of stream; what follows is dropped
             if not data:
                 break
@@ -279,6 +282,22 @@ class ConnectionServer(TCPServer):
         return (isinstance(protocol, H2Protocol) and innermost is not None
                 and innermost.tb_frame.f_code is H2Protocol._handle_events.__code__
                 and len(exc.args) == 1 and isinstance(exc.args[0], int) and exc.args[0] not in protocol.streams)
+
+    async def _go_away(self) -> None:
+        """An HTTP/2 GOAWAY before the end of stream of a connection closed for a body sent past its
+        answer (`_data_for_a_stream_answered`): without it its client could not tell a close on
+        purpose from a connection lost, nor which of its streams were processed (RFC 9113 6.8). The
+        last stream named is h2's default, the highest the client opened: with one stream at a time
+        (`serve`) that is the one whose body went on, already answered; it may overstate by a stream
+        opened in the same read after that body (hypercorn drops the rest of the read's events),
+        which the RFC allows ("might have been processed"), where naming fewer would tell the client
+        that a request processed is safe to retry. NO_ERROR: a body sent on after the answer breaks
+        no rule, it is only one we do not read. What hypercorn had not yet flushed of that read's
+        events (window updates) goes out before it, in h2's order."""
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H2Protocol):  # always, after `_data_for_a_stream_answered`
+            protocol.connection.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
+            await self.protocol_send(RawData(protocol.connection.data_to_send()))
 
     def _response_half_sent(self) -> bool:
         """A response's head is sent, its end is not, and its stream is open (the application's

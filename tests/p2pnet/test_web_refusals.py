@@ -3,12 +3,15 @@ sockets on loopback against the real server (`tests/p2pnet/test_web_limits.py` h
 
 A client that asks leave before sending its body (`Expect: 100-continue`: curl for bodies over
 1 MiB, many HTTP libraries always) is refused with the final status, not invited first with a
-100 (Continue) it would answer with the body."""
+100 (Continue) it would answer with the body; and an HTTP/2 connection closed because its client
+went on sending a body past the answer says so first with a GOAWAY, which tells the client which
+of its streams were processed."""
 
 from __future__ import annotations
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import trio
 
@@ -75,3 +78,27 @@ async def test_a_request_that_expects_100_continue_is_refused_with_its_final_sta
     await settle(connections, 0)
     assert connections.failed == 0
 
+
+async def test_an_http2_connection_closed_for_a_body_sent_past_its_answer_sends_a_goaway_first(nursery):
+    """A DATA frame on a stream already answered (a body no route takes, undeclared, sent on after
+    the response) closes the connection (`ConnectionServer._data_for_a_stream_answered`), which
+    ended with no GOAWAY: a client could not tell a connection closed on purpose, its requests
+    processed, from one lost (RFC 9113 6.8). It now gets a GOAWAY (NO_ERROR: sending on was no
+    error of the client's; the last stream processed is its one) before the end of stream."""
+    connections, port = await start(nursery, Limits(**HOLD))
+    client = h2_client()
+    client.send_headers(1, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"),
+                            (":authority", "x")])  # and no end of stream: a body follows
+    with await connect(port) as sock:
+        await sock.send(client.data_to_send())
+        answered = await h2_events_until(sock, client, h2.events.StreamEnded)  # the response, whole
+        client.send_data(1, b"x")  # the body goes on past the answer
+        await sock.send(client.data_to_send())
+        events = await h2_events_until(sock, client, None)
+    assert [dict(event.headers)[b":status"] for event in answered if isinstance(event, h2.events.ResponseReceived)] \
+        == [b"200"]
+    goaways = [event for event in events if isinstance(event, h2.events.ConnectionTerminated)]
+    assert [(event.error_code, event.last_stream_id) for event in goaways] == [(h2.errors.ErrorCodes.NO_ERROR, 1)], \
+        events
+    await settle(connections, 0)
+    assert connections.failed == 0
