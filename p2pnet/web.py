@@ -205,9 +205,10 @@ class ConnectionServer(TCPServer):
     as a failure of ours; such a connection now ends as HTTP/1.1's does then, closed after the
     answer (`_data_for_a_stream_answered`), with a GOAWAY first (`_go_away`, through `H2Protocol`'s
     `connection`). And an HTTP/1.1 connection's h11 state, `H11Protocol.connection`, is replaced
-    before its first byte is read by one that never asks for a body (`NoContinue`).
-    tests/p2pnet/test_web_limits.py serves every request through this class and fails if any
-    of those internals changes, and checks the pin."""
+    before its first byte is read by one that never asks for a body (`NoContinue`), which hypercorn
+    keeps for the connection's next requests (`start_next_cycle` reuses it).
+    tests/p2pnet/test_web_limits.py and test_web_refusals.py serve every request through this class
+    and fail if any of those internals changes; the first checks the pin."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

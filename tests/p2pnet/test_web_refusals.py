@@ -16,7 +16,8 @@ import h2.events
 import trio
 
 from p2pnet.web_limits import Limits
-from tests.p2pnet.test_web_limits import BODY_BYTES, HOLD, SLACK_S, connect, read_until_closed, settle, start
+from tests.p2pnet.test_web_limits import (BODY_BYTES, HOLD, KEEP_ALIVE, SLACK_S, connect, read_until_closed, settle,
+                                          start)
 
 EXPECTING = [  # a request asking leave to send a body no route takes, and the status that refuses it
     (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % BODY_BYTES,
@@ -26,6 +27,9 @@ EXPECTING = [  # a request asking leave to send a body no route takes, and the s
     (b"PUT /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n",
      b"HTTP/1.1 405 "),
 ]
+
+
+GET = [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"), (":authority", "x")]
 
 
 def h2_client() -> h2.connection.H2Connection:
@@ -66,8 +70,7 @@ async def test_a_request_that_expects_100_continue_is_refused_with_its_final_sta
         await settle(connections, 0)
 
     client = h2_client()
-    client.send_headers(1, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"), (":authority", "x"),
-                            ("content-length", str(BODY_BYTES)), ("expect", "100-continue")])
+    client.send_headers(1, GET + [("content-length", str(BODY_BYTES)), ("expect", "100-continue")])
     with await connect(port) as sock:
         await sock.send(client.data_to_send())
         events = await h2_events_until(sock, client, h2.events.StreamEnded)
@@ -87,8 +90,7 @@ async def test_an_http2_connection_closed_for_a_body_sent_past_its_answer_sends_
     error of the client's; the last stream processed is its one) before the end of stream."""
     connections, port = await start(nursery, Limits(**HOLD))
     client = h2_client()
-    client.send_headers(1, [(":method", "GET"), (":path", "/metrics"), (":scheme", "http"),
-                            (":authority", "x")])  # and no end of stream: a body follows
+    client.send_headers(1, GET)  # and no end of stream: a body follows
     with await connect(port) as sock:
         await sock.send(client.data_to_send())
         answered = await h2_events_until(sock, client, h2.events.StreamEnded)  # the response, whole
@@ -101,4 +103,21 @@ async def test_an_http2_connection_closed_for_a_body_sent_past_its_answer_sends_
     assert [(event.error_code, event.last_stream_id) for event in goaways] == [(h2.errors.ErrorCodes.NO_ERROR, 1)], \
         events
     await settle(connections, 0)
+    assert connections.failed == 0
+
+
+async def test_a_later_request_on_a_kept_alive_connection_that_expects_100_continue_is_refused_first(nursery):
+    """The h11 state that never invites a body (`NoContinue`) is set once per connection, so it
+    must be the one hypercorn keeps for the connection's next requests (it starts each next cycle
+    on the same object): a request that asks leave to send a body, after one that did not, on a
+    kept-alive connection (pipelined here: the second is read once the first is answered) is
+    refused with its final status, with no 100 (Continue) between the two answers."""
+    connections, port = await start(nursery, Limits(**HOLD))
+    for head, status in EXPECTING:
+        with await connect(port) as sock:
+            await sock.send(KEEP_ALIVE + head)  # the second's body waits for a 100
+            answer = await read_until_closed(sock, SLACK_S)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 2, answer
+        assert status in answer and b" 100 " not in answer, answer
+        await settle(connections, 0)
     assert connections.failed == 0
