@@ -241,7 +241,7 @@ class ConnectionServer(TCPServer):
                 except KeyError as exc:
                     if not self._data_for_a_stream_answered(exc):
                         raise
-                    await self._go_away()
+                    await self._go_away(exc.args[0])
                     await self.protocol_send(Closed())  # our end of stream; what follows is dropped
             if not data:
                 break
@@ -284,20 +284,20 @@ class ConnectionServer(TCPServer):
                 and innermost.tb_frame.f_code is H2Protocol._handle_events.__code__
                 and len(exc.args) == 1 and isinstance(exc.args[0], int) and exc.args[0] not in protocol.streams)
 
-    async def _go_away(self) -> None:
+    async def _go_away(self, answered: int) -> None:
         """An HTTP/2 GOAWAY before the end of stream of a connection closed for a body sent past its
-        answer (`_data_for_a_stream_answered`): without it its client could not tell a close on
-        purpose from a connection lost, nor which of its streams were processed (RFC 9113 6.8). The
-        last stream named is h2's default, the highest the client opened: with one stream at a time
-        (`serve`) that is the one whose body went on, already answered; it may overstate by a stream
-        opened in the same read after that body (hypercorn drops the rest of the read's events),
-        which the RFC allows ("might have been processed"), where naming fewer would tell the client
-        that a request processed is safe to retry. NO_ERROR: a body sent on after the answer breaks
-        no rule, it is only one we do not read. What hypercorn had not yet flushed of that read's
-        events (window updates) goes out before it, in h2's order."""
+        answer on stream `answered` (`_data_for_a_stream_answered`): without it its client could not
+        tell a close on purpose from a connection lost, nor which of its streams were processed (RFC
+        9113 6.8). The last stream it names is `answered`, not h2's default (the highest the client
+        opened): with one stream at a time (`serve`), a stream opened after it can only have come in
+        the same read, once that body had ended it, and hypercorn drops the rest of the read's
+        events, so no such stream reached the application; naming it would tell its client that a
+        request nobody saw might have been processed, which it then may not retry. NO_ERROR: a body
+        sent on after the answer breaks no rule, it is only one we do not read. What hypercorn had
+        not yet flushed of that read's events (window updates) goes out before it, in h2's order."""
         protocol = self.protocol.protocol
         if isinstance(protocol, H2Protocol):  # always, after `_data_for_a_stream_answered`
-            protocol.connection.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
+            protocol.connection.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR, last_stream_id=answered)
             await self.protocol_send(RawData(protocol.connection.data_to_send()))
 
     def _response_half_sent(self) -> bool:
@@ -375,7 +375,8 @@ async def serve(app: WebApp, listen: str, field: str = "--listen", *, connection
     config.keep_alive_max_requests = KEEP_ALIVE_MAX_REQUESTS
     # one request at a time on a connection, as HTTP/1.1 has it: each HTTP/2 stream holds its response
     # until the client takes it, and hypercorn's 100 let 8 connections from one address hold 480 MB of
-    # 1 MiB responses (no browser speaks HTTP/2 without TLS; more streams close the connection)
+    # 1 MiB responses (no browser speaks HTTP/2 without TLS; more streams close the connection);
+    # `ConnectionServer._go_away` counts on it to name the last stream the application saw
     config.h2_max_concurrent_streams = 1
     # read_timeout stays unset: while a request is served the client owes us nothing, and the
     # wait for the next one is keep_alive_timeout's

@@ -121,3 +121,28 @@ async def test_a_later_request_on_a_kept_alive_connection_that_expects_100_conti
         assert status in answer and b" 100 " not in answer, answer
         await settle(connections, 0)
     assert connections.failed == 0
+
+
+async def test_the_goaway_names_the_answered_stream_not_one_opened_in_the_same_read_after_its_body(nursery):
+    """A body sent past the answer that ends its stream lets the client open the next one (one
+    stream at a time) in the same read; hypercorn drops the rest of that read's events, so the
+    next stream never reaches the application. The GOAWAY names the answered stream as the last
+    processed (h2's default, the highest the client opened, would tell it that the request nobody
+    saw might have been processed, which it then may not retry, RFC 9113 6.8), and the stream it
+    does not name is not answered."""
+    connections, port = await start(nursery, Limits(**HOLD))
+    client = h2_client()
+    client.send_headers(1, GET)  # and no end of stream: a body follows
+    with await connect(port) as sock:
+        await sock.send(client.data_to_send())
+        await h2_events_until(sock, client, h2.events.StreamEnded)  # the response, whole
+        client.send_data(1, b"x", end_stream=True)  # the body goes on past the answer, and ends
+        client.send_headers(3, GET, end_stream=True)  # the next request, in the same write
+        await sock.send(client.data_to_send())
+        events = await h2_events_until(sock, client, None)
+    goaways = [event for event in events if isinstance(event, h2.events.ConnectionTerminated)]
+    assert [(event.error_code, event.last_stream_id) for event in goaways] == [(h2.errors.ErrorCodes.NO_ERROR, 1)], \
+        events
+    assert not [event for event in events if isinstance(event, h2.events.ResponseReceived)], events
+    await settle(connections, 0)
+    assert connections.failed == 0
