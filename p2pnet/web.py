@@ -14,7 +14,10 @@ No route takes a request body. A request that declares one (a Content-Length oth
 any Transfer-Encoding) is answered at once, 405 when its method is not GET or HEAD and 413 when
 it is, its connection closed; whatever body arrives meanwhile, declared or not (an HTTP/2 stream
 needs no header to carry one), is read and dropped while the request is answered
-(`WebApp.__call__`), so hypercorn's queue of what the application has not read never fills.
+(`WebApp.__call__`), so hypercorn's queue of what the application has not read never fills. A
+client that asks leave to send its body (`Expect: 100-continue`) is not given it: the refusal is
+its first answer (`NoContinue`). An HTTP/2 connection closed because its client sends a body on
+past the answer says so first, with a GOAWAY (`ConnectionServer._go_away`).
 
 The same application serves `p2pnet dashboard` (a separate process reading a running peer
 through its control socket): it is built from callables, not from a node. This module owns
@@ -36,6 +39,7 @@ import socket
 from typing import Any, Awaitable, Callable
 
 import h11
+import h2.errors
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData
@@ -140,6 +144,23 @@ async def drop_body(receive: Any) -> None:
         pass
 
 
+class NoContinue(h11.Connection):
+    """h11's server side of an HTTP/1.1 connection that never answers `Expect: 100-continue` with
+    a 100 (Continue). hypercorn sends one as soon as h11 says a client waits for it, which is
+    once it has read the request's head (`H11Protocol._handle_events`, the same in 0.17.0 to
+    0.18.0), before the application has seen the request: a client that asked leave to send a
+    body (curl does for bodies over 1 MiB) got the leave, sent the body, and only then heard the
+    413 or 405 refusing it. No route takes a body, so none is ever invited: a request that
+    declares one hears its final status first (RFC 9110 15.2.1 and 10.1.1: a server may answer
+    with one instead of the 100, and need not send a 100 for a request without content). h11
+    itself does not read this property (it keeps its own `client_is_waiting_for_100_continue`);
+    HTTP/2 has no such step in hypercorn, which sends no 100 there."""
+
+    @property
+    def they_are_waiting_for_100_continue(self) -> bool:
+        return False
+
+
 class ConnectionServer(TCPServer):
     """hypercorn's server of one connection, which ends as soon as its client has gone.
 
@@ -182,9 +203,12 @@ class ConnectionServer(TCPServer):
     (`_release_http2_streams`), and a DATA frame for a stream already answered (a body no route
     takes, sent past our answer) raised KeyError in hypercorn's reader, which ended the connection
     as a failure of ours; such a connection now ends as HTTP/1.1's does then, closed after the
-    answer (`_data_for_a_stream_answered`).
-    tests/p2pnet/test_web_limits.py serves every request through this class and fails if any
-    of those internals changes, and checks the pin."""
+    answer (`_data_for_a_stream_answered`), with a GOAWAY first (`_go_away`, through `H2Protocol`'s
+    `connection`). And an HTTP/1.1 connection's h11 state, `H11Protocol.connection`, is replaced
+    before its first byte is read by one that never asks for a body (`NoContinue`), which hypercorn
+    keeps for the connection's next requests (`start_next_cycle` reuses it).
+    tests/p2pnet/test_web_limits.py and test_web_refusals.py serve every request through this class
+    and fail if any of those internals changes; the first checks the pin."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -198,7 +222,11 @@ class ConnectionServer(TCPServer):
         once our end of stream is sent: what the client sends then is read and dropped until it
         closes, or `keep_alive_timeout` after our end of stream, so that the close finds nothing
         unread (the kernel resets a socket closed with unread bytes, and drops with it what it
-        had not yet delivered of the last response)."""
+        had not yet delivered of the last response). An HTTP/1.1 connection (every one starts as
+        one) never invites a body (`NoContinue`); nothing has been read yet, so nothing is lost."""
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H11Protocol):
+            protocol.connection = NoContinue(h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
         while True:
             with trio.CancelScope(deadline=self._linger_until) as self._read_scope:
                 try:
@@ -213,6 +241,7 @@ class ConnectionServer(TCPServer):
                 except KeyError as exc:
                     if not self._data_for_a_stream_answered(exc):
                         raise
+                    await self._go_away(exc.args[0])
                     await self.protocol_send(Closed())  # our end of stream; what follows is dropped
             if not data:
                 break
@@ -254,6 +283,22 @@ class ConnectionServer(TCPServer):
         return (isinstance(protocol, H2Protocol) and innermost is not None
                 and innermost.tb_frame.f_code is H2Protocol._handle_events.__code__
                 and len(exc.args) == 1 and isinstance(exc.args[0], int) and exc.args[0] not in protocol.streams)
+
+    async def _go_away(self, answered: int) -> None:
+        """An HTTP/2 GOAWAY before the end of stream of a connection closed for a body sent past its
+        answer on stream `answered` (`_data_for_a_stream_answered`): without it its client could not
+        tell a close on purpose from a connection lost, nor which of its streams were processed (RFC
+        9113 6.8). The last stream it names is `answered`, not h2's default (the highest the client
+        opened): with one stream at a time (`serve`), a stream opened after it can only have come in
+        the same read, once that body had ended it, and hypercorn drops the rest of the read's
+        events, so no such stream reached the application; naming it would tell its client that a
+        request nobody saw might have been processed, which it then may not retry. NO_ERROR: a body
+        sent on after the answer breaks no rule, it is only one we do not read. What hypercorn had
+        not yet flushed of that read's events (window updates) goes out before it, in h2's order."""
+        protocol = self.protocol.protocol
+        if isinstance(protocol, H2Protocol):  # always, after `_data_for_a_stream_answered`
+            protocol.connection.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR, last_stream_id=answered)
+            await self.protocol_send(RawData(protocol.connection.data_to_send()))
 
     def _response_half_sent(self) -> bool:
         """A response's head is sent, its end is not, and its stream is open (the application's
@@ -330,7 +375,8 @@ async def serve(app: WebApp, listen: str, field: str = "--listen", *, connection
     config.keep_alive_max_requests = KEEP_ALIVE_MAX_REQUESTS
     # one request at a time on a connection, as HTTP/1.1 has it: each HTTP/2 stream holds its response
     # until the client takes it, and hypercorn's 100 let 8 connections from one address hold 480 MB of
-    # 1 MiB responses (no browser speaks HTTP/2 without TLS; more streams close the connection)
+    # 1 MiB responses (no browser speaks HTTP/2 without TLS; more streams close the connection);
+    # `ConnectionServer._go_away` counts on it to name the last stream the application saw
     config.h2_max_concurrent_streams = 1
     # read_timeout stays unset: while a request is served the client owes us nothing, and the
     # wait for the next one is keep_alive_timeout's

@@ -560,8 +560,9 @@ async def test_a_client_that_does_not_read_does_not_hold_the_shutdown(nursery):
 def test_the_hypercorn_pin_admits_only_the_releases_whose_internals_web_uses():
     """`p2pnet.web.ConnectionServer` subclasses hypercorn's internal `TCPServer` (its constructor,
     `_read_data`, `_close`, `protocol_send`, `send_lock`, `WorkerContext.terminated`, and
-    `H11Protocol`'s `stream` and `connection`, `H2Protocol`'s `closed`, `streams`, `stream_buffers` and
-    `_handle_events`),
+    `H11Protocol`'s `stream` and `connection` (which it replaces once, kept for the connection's next
+    requests, and whose `they_are_waiting_for_100_continue` `_handle_events` reads), `H2Protocol`'s
+    `closed`, `connection`, `streams`, `stream_buffers` and `_handle_events`),
     the same in 0.17.0 to
     0.18.0 and absent from 0.16 (no lifespan state): the pin must keep a fresh install inside
     that range, not let it pick up the next release, whose internals nobody has checked."""
