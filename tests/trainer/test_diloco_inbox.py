@@ -226,10 +226,10 @@ async def test_strangers_that_fill_the_pool_before_a_round_syncs_do_not_keep_its
     it must take in (Parts of its round, as a round could use), keeping the pool full while
     its inner steps of round 3 run, as they can in an open group. Its partner's Join of round 3
     arrives then: it finds the places the round's members have of their own (before, it found
-    the 256 places of the whole inbox taken and waited until its connection was cut, so a
-    member dropped out of every round while the flood lasted). The round then reads the members'
-    frames first, Joins, Members and Parts: it completes with both, and both end on the same
-    weights."""
+    the 256 places of the whole inbox taken, and waited there, unread, until its connection was
+    cut at the stall window, or, read at last, came after every stranger's frame before it). The
+    round reads the members' frames first, Joins, Members and Parts: it completes with both, and
+    both end on the same weights."""
     deadline_s = 2 * SLACK_S  # far above what the rounds' work needs: the flood must not make it
     a, b = Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s)
     await _started(nursery, a, b)
@@ -246,7 +246,16 @@ async def test_strangers_that_fill_the_pool_before_a_round_syncs_do_not_keep_its
         rounds.start_soon(_a_round, b, nursery, done)  # b's inner steps ended first: it joins round 3
         await _until(lambda: _waits_in(a, Lane.GROUP, b.peer_id, Join, 3), "b's Join taken in at a")
         assert len(a.role.inbox.core.lanes[Lane.POOL]) == INBOX  # still full: nothing read it
+        read: list[Any] = []
+        receive = a.role.inbox.receive
+
+        async def receive_and_note() -> Any:
+            read.append(await receive())
+            return read[-1]
+        a.role.inbox.receive = receive_and_note
         rounds.start_soon(_a_round, a, nursery, done)  # then a's
+    first = read[0]  # b's Join, before the strangers' frames that came first
+    assert first.peer == b.peer_id and isinstance(first.body, Join) and first.body.round == 3
     for trainer in (a, b):
         row = trainer.role.history[-1]
         assert (row["round"], row["members"], row["contributors"]) == (3, sorted([a.peer_id, b.peer_id]),
