@@ -37,7 +37,7 @@ import trio
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected
 from trainer.diloco import digest
-from trainer.diloco_inbox import Lane
+from trainer.diloco_inbox import Lane, frame_bytes
 from trainer.diloco_links import Received, open_links
 from trainer.diloco_messages import (MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, Part, StateOffer,
                                      StatePiece, StateRequest, StateWanted)
@@ -230,7 +230,7 @@ class DilocoServing:
         with trio.move_on_after(window_s):
             await self.inbox.put(Received(peer, body))
             return
-        full = self.inbox.core.blocked(peer)  # what it waited for last
+        full = self.inbox.core.blocked(peer, frame_bytes(body))  # what it waited for last
         where = f"the inbox's {full.value} lane" if isinstance(full, Lane) else "its places"
         raise MessageRejected("inbox_full", f"{self.inbox.queued(peer)} frames of it unread and no room in {where} "
                               f"for another in {window_s:g} s", peer)

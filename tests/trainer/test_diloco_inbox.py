@@ -10,6 +10,7 @@ events, bounded by a slack per wait; a round's deadline is far above what its wo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from types import SimpleNamespace
@@ -26,10 +27,11 @@ from p2pnet.wire import Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
 from trainer.allreduce import AllReduceConfig
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
-from trainer.diloco_inbox import INBOX, PEER_INBOX, InboxCore, Lane, RoundInbox
+from trainer.diloco_inbox import GROUP_BYTES, INBOX, PEER_INBOX, InboxCore, Lane, RoundInbox, frame_bytes
 from trainer.diloco_links import PeerFailed, Received
 from trainer.diloco_local import GlobalState
-from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Part
+from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, MAX_PART_BYTES, PIECE_VALUES, STAGE_CONTRIBUTION, Join,
+                                     Part)
 from trainer.diloco_role import DilocoConfig, DilocoRole, Phase
 
 SLACK_S = 10.0  # per wait
@@ -45,20 +47,90 @@ def _join(round: int) -> Join:
 # -- the core -------------------------------------------------------------------------------
 
 
-def test_the_groups_lane_is_read_first_and_each_lane_in_the_order_frames_came() -> None:
-    """A member's frame (and our own report) is read before any stranger's that came before it;
-    within a lane, frames keep their order."""
-    core = InboxCore({"member"})
-    sent = [Received("s1", _join(1)), Received("member", _join(1)), PeerFailed("gone"), Received("s2", _join(2)),
-            Received("member", _join(2))]
-    for event in sent:
-        core.report(event) if isinstance(event, PeerFailed) else core.put(event)
+def _taken(core: InboxCore) -> list[tuple[Any, Lane]]:
     taken = []
     while (next_event := core.take()) is not None:
         taken.append(next_event)
-    assert taken == [(sent[1], Lane.GROUP), (sent[2], Lane.GROUP), (sent[4], Lane.GROUP), (sent[0], Lane.POOL),
-                     (sent[3], Lane.POOL)]
-    assert len(core) == 0 and core.queued == {} and core.reported == 0
+    return taken
+
+
+def test_the_groups_lane_is_read_first_and_each_lane_in_the_order_frames_came() -> None:
+    """A member's frame (and our own report of it) is read before any stranger's that came before
+    it; within a lane, frames keep their order. A report of a stranger comes after its frames that
+    came before it, as every frame of a member: read after the report, one would clear the
+    suspicion the report raised."""
+    core = InboxCore({"member"})
+    sent = [Received("s1", _join(1)), Received("member", _join(1)), PeerFailed("member"), Received("s2", _join(2)),
+            PeerFailed("s1"), Received("member", _join(2))]
+    for event in sent:
+        core.report(event) if isinstance(event, PeerFailed) else core.put(event)
+    assert _taken(core) == [(sent[1], Lane.GROUP), (sent[2], Lane.GROUP), (sent[5], Lane.GROUP),
+                            (sent[0], Lane.POOL), (sent[3], Lane.POOL), (sent[4], Lane.POOL)]
+    assert len(core) == 0 and core.queued == {} and core.reported == {Lane.GROUP: 0, Lane.POOL: 0} and core.held == 0
+
+
+def test_a_new_members_frames_from_the_pool_are_read_before_its_later_ones() -> None:
+    """A joiner's frames (and our report of it) taken in before our round's decision wait in the
+    pool; once it is a member (`reserve`) they are read in the order they came, before the frames
+    it sends from then on and before the strangers' frames, as its later ones: else its Parts
+    taken in early could wait behind every member's later Parts, past the round's deadlines."""
+    core = InboxCore({"member"})
+    before = [Received("joiner", _join(3)), Received("s1", _join(3)), Received("joiner", _part(3)),
+              PeerFailed("joiner"), Received("member", _join(3))]
+    for event in before:
+        core.report(event) if isinstance(event, PeerFailed) else core.put(event)
+    core.reserve({"member", "joiner"})
+    later = Received("joiner", dataclasses.replace(_part(3), shard=1))
+    core.put(later)
+    assert [event for event, _ in _taken(core)] == [before[4], before[0], before[2], before[3], later, before[1]]
+    assert core.reported == {Lane.GROUP: 0, Lane.POOL: 0} and core.held == 0 and core.queued == {}
+
+
+def test_the_groups_lane_holds_the_bytes_the_whole_inbox_held_and_an_honest_group_never_waits() -> None:
+    """Every member's whole share of whole Parts would be gigabytes (`MAX_MEMBERS` x `PEER_INBOX`
+    x 2 MB): the group's lane takes frames up to `GROUP_BYTES` (the old inbox's 256 Parts), then a
+    member's next Part waits for the lane though its own places are free, until a frame is read.
+    A group of `MAX_MEMBERS` honest members, 2 frames each naming the whole group, fits with room
+    to spare."""
+    members = [Identity.from_seed_text(f"diloco inbox member {i}").peer_id for i in range(MAX_MEMBERS)]
+    core = InboxCore(members)
+    join = Join(3, b"w" * 16, tuple(sorted(members)))
+    for member in members:
+        for _ in range(2):
+            assert core.blocked(member, frame_bytes(join)) is None
+            core.put(Received(member, join))
+    assert core.held < GROUP_BYTES // 16
+    whole = bytes(MAX_PART_BYTES)  # (one buffer, shared by every Part here)
+    part = Part(3, b"x" * 16, STAGE_CONTRIBUTION, 0, PIECE_VALUES, 0, PIECE_VALUES, "fp32", 4096, whole, b"", ())
+    size = frame_bytes(part)
+    puts = 0
+    while (full := core.blocked(members[puts % MAX_MEMBERS], size)) is None:
+        core.put(Received(members[puts % MAX_MEMBERS], part))
+        puts += 1
+    assert full is Lane.GROUP and core.queued[members[puts % MAX_MEMBERS]] < PEER_INBOX
+    assert core.held <= GROUP_BYTES and puts == (GROUP_BYTES - 2 * MAX_MEMBERS * frame_bytes(join)) // size
+    while core.blocked(members[puts % MAX_MEMBERS], size) is not None:
+        assert core.take() is not None  # the round reads: room comes back
+    core.put(Received(members[puts % MAX_MEMBERS], part))
+    assert core.held <= GROUP_BYTES
+
+
+async def test_a_frame_waiting_for_the_groups_lane_goes_in_once_its_sender_is_no_member() -> None:
+    """`reserve` wakes the frames that wait for either lane: a former member's frame waiting for a
+    full group's lane then takes its place in the pool, with no read needed."""
+    inbox = RoundInbox()
+    inbox.core = InboxCore({"member"}, group=1)
+    await inbox.put(Received("member", _join(3)))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(inbox.put, Received("member", _join(4)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert inbox.queued("member") == 1  # waits for the group's lane
+        inbox.reserve(set())  # the next round went on without it
+        await trio.testing.wait_all_tasks_blocked()
+        assert inbox.queued("member") == 2
+        nursery.cancel_scope.cancel()
+    assert [inbox.receive_nowait(), inbox.receive_nowait()] == [Received("member", _join(3)),
+                                                                 Received("member", _join(4))]
 
 
 def test_members_keep_their_places_when_strangers_fill_the_pool() -> None:
