@@ -24,11 +24,13 @@ can send us to fetch the state from it by naming a later round; a direct fetch t
 whatever finite weights it sends. `[diloco] trainers` closes the group: our data channel closes
 a connection of a peer not listed before reading a frame of it (`not_a_trainer`), and only listed
 peers are invited, waited for or asked for the state. The relay path trusts only `[relay]
-trusted_publishers` either way. Free identities cannot crowd a round's members out of our inbox,
-open group or closed: the members of the last round we took part in (`_reserve`; every listed
-trainer in a closed group) have places of their own there, read first, and every other sender
-(a joiner, or any identity) shares a pool (`trainer.diloco_inbox`), so a flood of them delays
-only joiners.
+trusted_publishers` either way. Identities that take no part in our rounds cannot crowd a
+round's members out of our inbox: the members of the last round we took part in (`_reserve`;
+every listed trainer in a closed group) have places of their own there, read first, and every
+other sender (a joiner, or any identity) shares a pool (`trainer.diloco_inbox`), so a flood of
+them delays only joiners. In an open group an identity takes part at no cost, though: its Join
+makes it a member, and we take a round's Members from any sender, so one naming us on our
+weights makes whoever it lists the members we keep places for, instead of the real ones.
 
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
@@ -418,8 +420,9 @@ class DilocoRole(DilocoServing, CatchingUp):
         part in is decided: their Parts now, their Joins and Members of the next round. In an open
         group these are the only peers we know to be of the group: a heartbeat (`_known_trainers`),
         a frame that reached us (`heard`) or a Join (`Membership.joins`) is what any fresh identity
-        can show, and those share the inbox's pool. In a closed group every listed trainer has had
-        its places from the start."""
+        can show, and those share the inbox's pool. `members` is only as sound as the Members list
+        `_decide` took (from any sender, in an open group: see the module docstring). In a closed
+        group every listed trainer has had its places from the start."""
         if not self.config.trainers:
             self.inbox.reserve(members)
 
