@@ -223,9 +223,11 @@ class DilocoServing:
         connection ("inbox_full"), which would otherwise wait unbounded, its reader held, past the
         idle bound. An honest sender never has that many frames for us unread: during the round we
         read at once, and before it it sends a few (`PEER_INBOX`); a member always has its places,
-        so only a joiner's frame can meet a pool that strangers filled. One that meets this sees a
-        closed connection and takes us for failed until our next frame, as on any close, and its
-        next send opens another (a joiner's Join is sent again)."""
+        in a lane shared only with members (bounded in bytes: there it waits behind their Parts
+        only, as it waited behind every Part before), so only a joiner's frame can meet a pool
+        that strangers filled. One that meets this sees a closed connection and takes us for
+        failed until our next frame, as on any close, and its next send opens another (a
+        joiner's Join is sent again)."""
         window_s = STALL_WINDOWS * self.config.deadline_s
         with trio.move_on_after(window_s):
             await self.inbox.put(Received(peer, body))
