@@ -8,15 +8,15 @@ it for the others. Theory of operation: two lanes, by who sent the frame.
 
 - The group's lane: the frames of the senders the round knows as members (`reserve`: in an open
   group the members of the last round we took part in, from its decision on; in a closed group
-  every listed trainer). No place there is shared with anyone outside the
-  group: a member always finds its `PEER_INBOX` places, whoever else sends. The lane holds at
-  most `GROUP_INBOX` frames, `MAX_MEMBERS` (the most a round's Members lists, and a closed group
-  lists: checked at start) x `PEER_INBOX`, every member's whole share at the largest group a round
-  can hold (an honest member uses about 2 while nothing reads), and at most `GROUP_BYTES` of them
+  every listed trainer). No place there is shared with anyone outside the group: a member always
+  finds its `PEER_INBOX` places, whoever outside it sends. The lane holds at most `GROUP_INBOX`
+  frames, `MAX_MEMBERS` (the most a round's Members lists, and a closed group lists: checked at
+  start) x `PEER_INBOX`, every member's whole share at the largest group a round can hold (an
+  honest member uses about 2 while nothing reads), and at most `GROUP_BYTES` of them
   (`frame_bytes`), what the whole inbox held before: full shares of 2 MB Parts from every member
   would be gigabytes. A member's frame can wait for that lane only behind other members' frames
-  (and those of a peer no longer reserved): members' Parts, which come while the round reads, or
-  a hostile member's share.
+  (and those of a peer no longer reserved): members' Parts, which come while the round reads, or a
+  hostile member's share.
 - The pool: every other sender's frames (a joiner not yet in a round with us; in an open group any
   identity, and identities cost nothing) share `INBOX` places, each sender within its own
   `PEER_INBOX`. Free identities can fill the pool (16 of them); that holds up only joiners, whose
