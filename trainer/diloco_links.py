@@ -200,7 +200,7 @@ class Links:
         """`peer` failed us: the round hears of it (`PeerFailed` in its inbox), unless no round
         reads for these links (`reports` off: logged where it happened, only)."""
         if self.reports:
-            await self.role.inbox_send.send(PeerFailed(peer))
+            await self.role.inbox.report(PeerFailed(peer))
 
     async def _drop(self, peer: str, stream: trio.SocketStream) -> None:
         """Never use `peer`'s connection `stream` again (the next send opens another): close it."""

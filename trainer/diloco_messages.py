@@ -20,6 +20,7 @@ from p2pnet.wire import message
 CHANNEL = "diloco"
 PIECE_VALUES = 256 * 1024  # values per Part: 256 KiB as int8, 1 MiB as fp32 (a multiple of any block below)
 MAX_PART_BYTES = 2 * 1024 * 1024
+MAX_MEMBERS = 256  # the most peers a Join names or a round's Members lists: the largest group a round can hold
 STAGE_CONTRIBUTION = 0  # a peer's pseudo-gradient for one shard, to the shard's owner
 STAGE_REDUCED = 1  # the owner's mean of one shard, to every member
 
@@ -44,8 +45,8 @@ class Join:
     def __post_init__(self) -> None:
         if self.round < 0 or len(self.weights_digest) != 16:
             raise ValueError("a Join needs round >= 0 and a 16-byte digest")
-        if len(self.known) > 256 or any(len(p) > 64 for p in self.known):
-            raise ValueError("a Join names at most 256 known peers")
+        if len(self.known) > MAX_MEMBERS or any(len(p) > 64 for p in self.known):
+            raise ValueError(f"a Join names at most {MAX_MEMBERS} known peers")
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class Members:
     def __post_init__(self) -> None:
         if self.round < 0 or len(self.weights_digest) != 16 or not self.members:
             raise ValueError("Members needs round >= 0, a 16-byte digest and at least one member")
-        if len(self.members) > 256 or list(self.members) != sorted(set(self.members)):
-            raise ValueError("members must be sorted, unique, at most 256")
+        if len(self.members) > MAX_MEMBERS or list(self.members) != sorted(set(self.members)):
+            raise ValueError(f"members must be sorted, unique, at most {MAX_MEMBERS}")
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,8 @@ class Idle:
             raise ValueError("idle_s must be in [0, 1e7)")
 
 
-message("diloco/join", max_bytes=256 * 64 + 1024)(Join)
-message("diloco/members", max_bytes=256 * 64 + 1024)(Members)
+message("diloco/join", max_bytes=MAX_MEMBERS * 64 + 1024)(Join)
+message("diloco/members", max_bytes=MAX_MEMBERS * 64 + 1024)(Members)
 message("diloco/part", max_bytes=MAX_PART_BYTES + 64 * 1024)(Part)
 message("diloco/state_request", max_bytes=512)(StateRequest)
 message("diloco/state_wanted", max_bytes=512)(StateWanted)

@@ -11,9 +11,10 @@ so inference workers fetch them as before.
 This module owns the role's config (`DilocoConfig`) and state (`__init__`: each mixin below
 declares the part of it that it uses), the model and the global state it starts from (`_load`,
 `_adopt`), the rounds (`run`, `_round`, `_decide`, `_all_reduce`), whom they wait for and who is
-in the group (`_known_trainers`, `_member_of_group`), our connections to other trainer peers
-(`open_stream`), and `status()`. Mixed in: serving other trainer peers' connections, the
-round's inbox they fill and our answers to them (`trainer.diloco_serving`, `DilocoServing`);
+in the group (`_known_trainers`, `_member_of_group`, `_reserve`), our connections to other trainer
+peers (`open_stream`), and `status()`. The round's inbox is `trainer.diloco_inbox`'s. Mixed in:
+serving other trainer peers' connections, putting their frames into that inbox and our answers to
+them (`trainer.diloco_serving`, `DilocoServing`);
 taking a later global state when we join or drift (through the relay or directly), the durable
 writes and publishing (`trainer.diloco_catchup`, `CatchingUp`).
 
@@ -23,7 +24,13 @@ can send us to fetch the state from it by naming a later round; a direct fetch t
 whatever finite weights it sends. `[diloco] trainers` closes the group: our data channel closes
 a connection of a peer not listed before reading a frame of it (`not_a_trainer`), and only listed
 peers are invited, waited for or asked for the state. The relay path trusts only `[relay]
-trusted_publishers` either way.
+trusted_publishers` either way. Identities that take no part in our rounds cannot crowd a
+round's members out of our inbox: the members of the last round we took part in (`_reserve`;
+every listed trainer in a closed group) have places of their own there, read first, and every
+other sender (a joiner, or any identity) shares a pool (`trainer.diloco_inbox`), so a flood of
+them delays only joiners. In an open group an identity takes part at no cost, though: its Join
+makes it a member, and we take a round's Members from any sender, so one naming us on our
+weights makes whoever it lists the members we keep places for, instead of the real ones.
 
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
@@ -62,13 +69,14 @@ from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_catchup import CatchingUp, JoinPath, _shell_with  # _shell_with: tests import it from here
+# INBOX bounds the Parts we keep early; PEER_INBOX and the constants below: tests import them from
+# here, to read (patched here, one would change nothing: the modules that use them read their own)
+from trainer.diloco_inbox import INBOX, PEER_INBOX, RoundInbox
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state
-from trainer.diloco_messages import CHANNEL, Join, Members, Part
-# INBOX sizes our inbox; the other constants: tests import them from here, to read (patched here, one
-# would change nothing: `DilocoServing` reads its own module's)
-from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, PEER_INBOX, STALL_WINDOWS,
-                                    STATE_BYTES_PER_VALUE, STATE_SEND_DEADLINES, DilocoServing)
+from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, Members, Part
+from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_BYTES_PER_VALUE,
+                                    STATE_SEND_DEADLINES, DilocoServing)
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +136,8 @@ class DilocoConfig:
                 problems["trainers"] = f"{peer!r} is not an Ed25519 peer id"
         if self.trainers and self.min_peers > len(set(self.trainers)):  # (this peer is one of them)
             problems["min_peers"] = f"must be <= the {len(set(self.trainers))} peers of trainers, or it waits for ever"
+        if len(set(self.trainers)) > MAX_MEMBERS:  # (each has places of its own in the round's inbox)
+            problems["trainers"] = f"at most {MAX_MEMBERS} peers: no round holds more"
         try:
             AllReduceConfig(Encoding(self.encoding) if self.encoding in ("int8", "fp32") else Encoding.INT8,
                             self.block, max(self.deadline_s, 1e-9), self.max_norm_ratio)
@@ -156,9 +166,9 @@ class DilocoRole(DilocoServing, CatchingUp):
         self.relay = node.roles.get("relay")  # built before us; publishes, and brings a joiner the state
         if self.config.publish and self.relay is None:
             raise ConfigError("peer.roles", "diloco with publish = true needs the relay role (--role relay)")
-        self.inbox_send, self.inbox = trio.open_memory_channel[InboxEvent](INBOX)
-        self.queued: dict[str, int] = {}  # sender -> its frames in the inbox, unread (`_deliver`)
-        self.taken = trio.Event()  # set (and replaced) each time one is read
+        # the round's inbox: the group's members have places of their own there (`_reserve`); in a
+        # closed group that is every listed trainer, from the start
+        self.inbox = RoundInbox(self.config.trainers)
         self.reduce_config = AllReduceConfig(Encoding(self.config.encoding), self.config.block,
                                              self.config.deadline_s, self.config.max_norm_ratio)
         self.inner: InnerTrainer | None = None
@@ -242,6 +252,7 @@ class DilocoRole(DilocoServing, CatchingUp):
                 try:
                     self.phase = Phase.JOIN
                     members = await self._decide(state.round, digest(state.weights), links, sends)
+                    self._reserve(members)
                     self.phase = Phase.REDUCE
                     reducing = trio.current_time()
                     result = await self._all_reduce(state.round, members, pseudo, links, sends)
@@ -385,9 +396,8 @@ class DilocoRole(DilocoServing, CatchingUp):
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:
         with trio.move_on_at(deadline):
-            event = await self.inbox.receive()
+            event = await self.inbox.receive()  # the group's frames first (`trainer.diloco_inbox`)
             if isinstance(event, Received):
-                self._unqueue(event.peer)
                 self.suspects.discard(event.peer)
                 self.heard.add(event.peer)
             return event
@@ -404,6 +414,17 @@ class DilocoRole(DilocoServing, CatchingUp):
         return {e.peer_id for e in table.with_role("diloco")
                 if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)
                 and (not allowed or e.peer_id in allowed)}
+
+    def _reserve(self, members: tuple[str, ...]) -> None:
+        """The round's inbox keeps places for `members` from now on, until the next round we take
+        part in is decided: their Parts now, their Joins and Members of the next round. In an open
+        group these are the only peers we know to be of the group: a heartbeat (`_known_trainers`),
+        a frame that reached us (`heard`) or a Join (`Membership.joins`) is what any fresh identity
+        can show, and those share the inbox's pool. `members` is only as sound as the Members list
+        `_decide` took (from any sender, in an open group: see the module docstring). In a closed
+        group every listed trainer has had its places from the start."""
+        if not self.config.trainers:
+            self.inbox.reserve(members)
 
     def _member_of_group(self, peer: str) -> None:
         """Refuse `peer`'s connections when the group is closed (`trainers`) and it is not in it: in an

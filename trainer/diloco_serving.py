@@ -6,19 +6,19 @@ data-plane channel `diloco` (`trainer.diloco_messages.CHANNEL`) before its model
 connection's frames are taken in order (`_serve`: a connection that stalls, or idles past
 `IDLE_WINDOWS` windows, is closed; its docstring says why each bound) and acted on (`_on_frame`):
 
-- Join, Members, Part: into the round's inbox (`_deliver`), where each sender has `PEER_INBOX`
-  places, less what no round of ours will use (`_stale`) and, in a closed group, the names of
-  peers `[diloco] trainers` does not list (`_listed_only`). A Join of an older round is answered
-  with ours (`_tell_ahead`): its sender is behind.
+- Join, Members, Part: into the round's inbox (`_deliver`, `trainer.diloco_inbox`), where each
+  sender has `PEER_INBOX` places, the round's members in a lane of their own and everyone else in
+  a pool they share, less what no round of ours will use (`_stale`) and, in a closed group, the
+  names of peers `[diloco] trainers` does not list (`_listed_only`). A Join of an older round is
+  answered with ours (`_tell_ahead`): its sender is behind.
 - StateRequest (a direct join): our global state, piece by piece, each taken by its `state_due`
   time (`_send_state`); the asker counts the same deadlines (`trainer.diloco_catchup`).
 - StateWanted (a join through the relay): our offer (`_offer`): the next version we publish
   carries the outer state (`trainer.diloco_join`), or a refusal.
 
 These methods read the role's `node`, `config`, `state` and `history`; they add to `heard` (a
-peer that asked for our state), put frames into the inbox (`inbox_send`, counted per sender in
-`queued`; `taken` is set and replaced each time one leaves it: the round's reader calls
-`_unqueue`), and, on the publisher, keep the offers (`outer_state_versions`, `state_askers`,
+peer that asked for our state), put frames into the round's inbox (`inbox`: the role says whose
+places it keeps), and, on the publisher, keep the offers (`outer_state_versions`, `state_askers`,
 `granted_at`). They call the role's `_member_of_group(peer)` and `_known_trainers()`, and hand
 the role itself to `trainer.diloco_links.open_links` (`_tell_ahead`). Their log lines go to the
 role's logger. They must not decide rounds or members (`trainer.diloco_role`, `trainer.allreduce`).
@@ -37,12 +37,13 @@ import trio
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected
 from trainer.diloco import digest
+from trainer.diloco_inbox import Lane, frame_bytes
 from trainer.diloco_links import Received, open_links
 from trainer.diloco_messages import (MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, Part, StateOffer,
                                      StatePiece, StateRequest, StateWanted)
 
 if TYPE_CHECKING:
-    from trainer.diloco_links import InboxEvent
+    from trainer.diloco_inbox import RoundInbox
     from trainer.diloco_local import GlobalState
     from trainer.diloco_role import DilocoConfig, DilocoRole
 
@@ -51,12 +52,6 @@ log = logging.getLogger("trainer.diloco_role")  # the role's logger: its log lin
 ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this long for its heartbeat
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
-INBOX = 256
-# frames of one sender the round's inbox holds at a time (`_deliver`). While the inner steps run
-# nothing reads it; an honest peer sends us a few frames meanwhile (its Joins of our round, again
-# each time the peers it takes for dead change, and a Join or Members telling us we are behind),
-# so 16 a sender leaves room for any honest group: 15 others of ours fill at most 240 of 256.
-PEER_INBOX = 16
 STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
 # x STALL_WINDOWS x deadline_s: a connection idle between frames that long is closed (`_serve`). A
 # round's link carries a frame every 3 x deadline_s at most in all but rare rounds: Joins again each
@@ -85,9 +80,7 @@ class DilocoServing:
     state: GlobalState | None
     history: list[dict[str, Any]]
     heard: set[str]
-    inbox_send: trio.MemorySendChannel[InboxEvent]
-    queued: dict[str, int]
-    taken: trio.Event
+    inbox: RoundInbox
     outer_state_versions: set[int]
     state_askers: dict[str, int]
     granted_at: dict[str, int]
@@ -224,37 +217,25 @@ class DilocoServing:
     async def _deliver(self, peer: str, body: Join | Members | Part) -> None:
         """Put `peer`'s frame into the round's inbox, where it waits until the round reads it
         (nothing does while the inner steps run). A sender has `PEER_INBOX` places there at a time,
-        so that no sender fills it for the others; a frame that finds none (its sender's, or the
-        whole inbox's) within `STALL_WINDOWS` x `deadline_s` ends its connection ("inbox_full"),
-        which would otherwise wait unbounded, its reader held, past the idle bound. An honest sender
-        never has that many frames for us unread: during the round we read at once, and before it
-        it sends a few (`PEER_INBOX`); one that meets this sees a closed connection and takes us for
-        failed until our next frame, as on any close, and its next send opens another."""
+        so that no sender fills it for the others, and a sender outside the round's group shares
+        the pool with every other such sender (`trainer.diloco_inbox`); a frame that finds no room
+        (its sender's places, or its lane, full) within `STALL_WINDOWS` x `deadline_s` ends its
+        connection ("inbox_full"), which would otherwise wait unbounded, its reader held, past the
+        idle bound. An honest sender never has that many frames for us unread: during the round we
+        read at once, and before it it sends a few (`PEER_INBOX`); a member always has its places,
+        in a lane shared only with members (bounded in bytes: there it waits behind their Parts
+        only, as it waited behind every Part before), so only a joiner's frame can meet a pool
+        that strangers filled. One that meets this sees a closed connection and takes us for
+        failed until our next frame, as on any close, and its next send opens another (a
+        joiner's Join is sent again)."""
         window_s = STALL_WINDOWS * self.config.deadline_s
-        delivered = False
         with trio.move_on_after(window_s):
-            while self.queued.get(peer, 0) >= PEER_INBOX:
-                await self.taken.wait()
-            self.queued[peer] = self.queued.get(peer, 0) + 1
-            try:
-                await self.inbox_send.send(Received(peer, body))
-                delivered = True
-            finally:
-                if not delivered:
-                    self._unqueue(peer)
-        if not delivered:
-            raise MessageRejected("inbox_full", f"{self.queued.get(peer, 0)} frames of it unread and no room for "
-                                  f"another in {window_s:g} s", peer)
-
-    def _unqueue(self, peer: str) -> None:
-        """One frame of `peer` left the inbox (read, or never put there): a place freed, waiters woken."""
-        left = self.queued.get(peer, 0) - 1
-        if left > 0:
-            self.queued[peer] = left
-        else:
-            self.queued.pop(peer, None)  # (a peer with nothing queued costs nothing)
-        self.taken.set()
-        self.taken = trio.Event()
+            await self.inbox.put(Received(peer, body))
+            return
+        full = self.inbox.core.blocked(peer, frame_bytes(body))  # what it waited for last
+        where = f"the inbox's {full.value} lane" if isinstance(full, Lane) else "its places"
+        raise MessageRejected("inbox_full", f"{self.inbox.queued(peer)} frames of it unread and no room in {where} "
+                              f"for another in {window_s:g} s", peer)
 
     @staticmethod
     async def _sent_within(limit_s: float, peer: str, what: str, sending: Awaitable[None]) -> None:

@@ -16,6 +16,7 @@ import trio.testing
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
                             max_quantization_error, pack, packed_bytes, unpack)
+from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import PeerFailed, Received
 from trainer.diloco_messages import PIECE_VALUES, Join, Members
 from trainer.diloco_role import DilocoRole, JoinPath, Phase
@@ -327,14 +328,13 @@ def _decide(script) -> dict:
         role.node = SimpleNamespace(peer_id=ME, peertable=SimpleNamespace(
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
-        role.inbox_send, role.inbox = trio.open_memory_channel(16)
-        role.queued, role.taken = {}, trio.Event()
+        role.inbox = RoundInbox()
         role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
 
         async def world():
             for at, event in script:
                 await trio.sleep_until(at)
-                await role.inbox_send.send(event)
+                await (role.inbox.report(event) if isinstance(event, PeerFailed) else role.inbox.put(event))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world)

@@ -25,6 +25,7 @@ from p2pnet.errors import PeerUnavailable
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
+from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import CHANNEL, Idle, Join, Members, StatePiece, StateRequest, StateWanted
 from trainer.diloco_role import (IDLE_WINDOWS, INBOX, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_SEND_DEADLINES, DilocoConfig,
@@ -50,8 +51,7 @@ class Listener:
         role.state = None  # the model is still loading
         role.history, role.heard, role.granted_at, role.state_askers = [], set(), {}, {}
         role.outer_state_versions = set()
-        role.queued, role.taken = {}, trio.Event()
-        role.inbox_send, self.inbox = trio.open_memory_channel[Any](INBOX)
+        role.inbox = self.inbox = RoundInbox()  # an open group: every sender shares the pool until `reserve`
         self.role = role
         self.plane = DataPlane("127.0.0.1", 0, codec=Codec(ME), self_id=ME.peer_id,
                                limits=DataPlaneLimits(handshake_timeout_s=2.0),
@@ -272,7 +272,7 @@ async def test_a_closed_group_refuses_every_frame_of_a_peer_that_is_not_one_of_i
             await send_frame(stream, codec.encode(body, time.time()))
             assert await drain_until_closed(stream, SLACK_S) == b""  # no state, no offer: closed
         await listener.settle(1)
-    assert listener.inbox.statistics().current_buffer_used == 0 and not decoded  # nothing reached the round
+    assert len(listener.inbox) == 0 and not decoded  # nothing reached the round
     listener.role.config.trainers = (PEER.peer_id,)
     stream = await listener.connect()
     async with stream:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from types import SimpleNamespace
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import pytest
 import trio
@@ -21,6 +21,7 @@ from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from tests.trainer.test_diloco_hostile import ME, PEER, SLACK_S, Listener
 from trainer.diloco_messages import CHANNEL, STAGE_CONTRIBUTION, Idle, Join, Part, StateWanted
+from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import Links, PeerFailed, open_links
 from trainer.diloco_role import IDLE_WINDOWS, STALL_WINDOWS
 
@@ -33,23 +34,23 @@ async def _cannot_introduce(peer: str) -> bool:
     return False  # as `Node.introduce` when it has nothing to send (no heartbeat of ours yet, a peer introduced just now)
 
 
-def _role(address: str, inbox_send: trio.MemorySendChannel[Any], introduce=_cannot_introduce) -> SimpleNamespace:
+def _role(address: str, inbox: RoundInbox, introduce=_cannot_introduce) -> SimpleNamespace:
     """What `Links` uses of the role: our codec and introductions, the round's inbox, and
     connections to `address`."""
-    return SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox_send=inbox_send,
+    return SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox=inbox,
                            open_stream=lambda peer: open_data_stream(address, CHANNEL, codec=Codec(SENDER), peer=peer))
 
 
 @contextlib.asynccontextmanager
-async def _receiving(serve) -> AsyncIterator[tuple[SimpleNamespace, trio.MemoryReceiveChannel[Any]]]:
+async def _receiving(serve) -> AsyncIterator[tuple[SimpleNamespace, RoundInbox]]:
     """RECEIVER's data plane serving the diloco channel with `serve`, running for the block: what
     `Links` uses of our role (`_role`, connecting to it) and the round's inbox."""
     plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=lambda peer: None)
     plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    inbox = RoundInbox()
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
-        yield _role(address, inbox_send), inbox
+        yield _role(address, inbox), inbox
         nursery.cancel_scope.cancel()
 
 
@@ -65,10 +66,10 @@ async def test_a_join_a_newcomer_refuses_does_not_make_it_a_suspect_but_other_fa
     plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id,
                       admit=lambda peer: "not in our peer table (no heartbeat heard)")
     plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    inbox = RoundInbox()
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
-        role = _role(address, inbox_send)
+        role = _role(address, inbox)
         async with open_links(role, 10.0) as links:
             body = StateWanted(3, False)
             assert not await links.send(RECEIVER.peer_id, body, report_refusal=False)
@@ -115,10 +116,10 @@ async def test_a_peer_that_has_not_heard_us_is_introduced_to_once_and_the_send_g
 
     plane = DataPlane("127.0.0.1", 0, codec=Codec(RECEIVER), self_id=RECEIVER.peer_id, admit=admit)
     plane.register(CHANNEL, serve)
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    inbox = RoundInbox()
     async with trio.open_nursery() as nursery:
         address = await nursery.start(plane.serve)
-        role = _role(address, inbox_send, introduce)
+        role = _role(address, inbox, introduce)
         async with open_links(role, 30.0) as links:
             assert await links.send(RECEIVER.peer_id, JOIN, report_refusal=False)
             with trio.fail_after(30):
@@ -146,9 +147,9 @@ async def test_a_peer_that_never_admits_us_fails_the_send_by_its_deadline_even_w
         await trio.sleep(8.0)
         return True
 
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    inbox = RoundInbox()
     for introduce, timeout_s in ((slow_introduce, 5.0), (slow_introduce, 20.0)):
-        role = SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox_send=inbox_send,
+        role = SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox=inbox,
                                open_stream=refuse)
         tries.clear()
         start = trio.current_time()
@@ -183,8 +184,8 @@ async def test_a_send_asking_a_refusing_peer_again_gives_up_when_the_round_is_ov
     async def introduce(peer: str) -> bool:
         return True
 
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
-    role = SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox_send=inbox_send,
+    inbox = RoundInbox()
+    role = SimpleNamespace(node=SimpleNamespace(codec=Codec(SENDER), introduce=introduce), inbox=inbox,
                            open_stream=refuse)
     timeout_s = 30.0
     results: list[bool] = []
@@ -360,9 +361,9 @@ async def test_a_link_the_receiver_closes_idle_is_forgotten_without_a_failure_an
         opened.append(await open_data_stream(listener.address, CHANNEL, codec=Codec(PEER), peer=peer))
         return opened[-1]
 
-    inbox_send, inbox = trio.open_memory_channel[Any](8)
+    inbox = RoundInbox()
     role = SimpleNamespace(node=SimpleNamespace(codec=Codec(PEER), introduce=_cannot_introduce),
-                           inbox_send=inbox_send, open_stream=open_stream)
+                           inbox=inbox, open_stream=open_stream)
     async with trio.open_nursery() as nursery:
         listener.address = await nursery.start(listener.plane.serve)
         with trio.fail_after(SLACK_S + idle_s):
