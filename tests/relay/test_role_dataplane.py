@@ -12,6 +12,7 @@ from p2pnet.errors import MessageRejected
 from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
+from relay.config import RelayConfig
 from relay.messages import RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
@@ -29,6 +30,7 @@ class FakeRole:
 
     def __init__(self, address: str) -> None:
         self.address = address
+        self.config = RelayConfig()  # (its `idle_timeout_s`)
         self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME), introduce=self._introduce)
         self.told: list[tuple] = []
         self.introduced: list[str] = []  # sources sent our heartbeat (`Node.introduce`)
@@ -112,6 +114,98 @@ async def test_a_source_that_dies_inside_a_chunk_is_unreachable_never_a_short_ch
     role = await fetch_two_with(script)
     assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
     assert role.introduced == []  # it admitted us: no introduction (only a refusal may dial)
+
+
+async def source_connections(nursery: trio.Nursery, serve) -> tuple[str, list[int], trio.CancelScope]:
+    """A data-plane listener that runs `serve(stream, n)` on its `n`th connection (from 1), once
+    the handshake is done; the list counts the connections, and cancelling the scope kills the
+    source (its listener and its connections close)."""
+    accepted: list[int] = []
+    process = trio.CancelScope()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        accepted.append(len(accepted) + 1)
+        async with stream:
+            await server_handshake(stream, Codec(SOURCE), SOURCE.peer_id, lambda peer, channel: None)
+            await serve(stream, accepted[-1])
+
+    async def listen(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with process:
+            await trio.serve_tcp(handle, 0, host="127.0.0.1", task_status=task_status)
+
+    listeners = await nursery.start(listen)
+    host, port = listeners[0].socket.getsockname()[:2]
+    return f"{host}:{port}", accepted, process
+
+
+async def answer_all(stream: trio.SocketStream) -> None:
+    """Answer our two requests, then close: nothing owed (our upstream's connection ends quietly)."""
+    reader = FrameReader(stream, max_frame_bytes=4096)
+    for _ in range(2):
+        request, _ = _parse_request(await reader.frame())
+        await send_frame(stream, ChunkResponse(request.request_id, STATUS_OK, 1000).pack())
+        await stream.send_all(b"r" * 1000)
+
+
+async def fetch_two_from(address: str) -> FakeRole:
+    role = FakeRole(address)
+    upstream = Upstream(role, SOURCE.peer_id)
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+    with trio.fail_after(5):
+        await upstream.run()
+    return role
+
+
+async def test_a_source_that_closes_its_idle_connection_with_our_request_unread_is_asked_again_on_a_new_one():
+    """An honest source closes a connection on which it owes nothing (its idle bound) just as our
+    request arrives: it closes with the request unread, and its kernel resets the connection (RST,
+    not FIN). That is no evidence that it is gone: the requests, all written after the last bytes
+    it sent us (here: its handshake), are asked again on a new connection, and nothing fails."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        if n == 1:
+            await trio.lowlevel.wait_readable(stream.socket)  # our request is here: closed unread
+        else:
+            await answer_all(stream)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [("fetched", 0, 1000), ("fetched", 1, 1000)]
+    assert accepted == [1, 2]
+
+
+async def test_a_source_that_closes_every_connection_unanswered_gets_one_more_then_is_unreachable():
+    """Requests are asked again on a new connection once: a source that closes that one too
+    before answering anything is unreachable (no loop of connections)."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        await trio.lowlevel.wait_readable(stream.socket)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+    assert accepted == [1, 2]
+
+
+async def test_a_source_killed_between_answers_is_still_unreachable():
+    """A source whose process is killed while it owes us answers (it read our requests) ends the
+    connection between answers, as an idle close does (its kernel's FIN): asked again, its
+    listener is gone (refused), and the requests fail as unreachable."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        reader = FrameReader(stream, max_frame_bytes=4096)
+        for _ in range(2):
+            await reader.frame()
+        process.cancel()  # killed: its listener and connections close
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, process = await source_connections(nursery, serve)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+    assert accepted == [1]
 
 
 async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apart():
