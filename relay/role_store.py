@@ -85,7 +85,8 @@ class StoreSide:
 
     if TYPE_CHECKING:  # what these call on the role (`relay.role.RelayRole`)
         async def _command(self, fn: Callable[[float], list[Any]]) -> None: ...
-        async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure) -> None: ...
+        async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure,
+                                era: int | None = None) -> None: ...
 
     async def report_fetched(self, peer: str, fetch: Fetch, data: bytes | bytearray | memoryview,
                              elapsed_s: float, unexplained_s: float | None = None) -> None:

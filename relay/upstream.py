@@ -23,11 +23,12 @@ then leaves the role's upstreams itself (`upstream_done`): the core takes its fa
 peer's (an exclusion takes back every request out there), so a newer connection to the peer must
 not carry requests yet. A source the core dropped (`close`) reports no failure: the core took
 its requests back as it dropped it (a chunk received whole by then is still stored and told, and
-its buffer given back). A bug of ours (any other exception) is raised from `run()`, dropped
-source or not, into the role's dispatcher, and stops the role and the peer with it, loudly, as
-every bug does (`p2pnet.errors`). After `close` it comes out of a cancelled scope, where the
-connection's close raises Cancelled over it and the scope would take that as its own and return
-quietly: `run` keeps the bug aside before the close and raises it past the scope.
+its buffer given back), and a report already on its way when the core dropped it is not told
+(`era`: `RelayRole.report_failed`). A bug of ours (any other exception) is raised from `run()`,
+dropped source or not, into the role's dispatcher, and stops the role and the peer with it,
+loudly, as every bug does (`p2pnet.errors`). After `close` it comes out of a cancelled scope,
+where the connection's close raises Cancelled over it and the scope would take that as its own
+and return quietly: `run` keeps the bug aside before the close and raises it past the scope.
 
 Idle connections. A source closes a connection with nothing asked or owed for its
 `idle_timeout_s` (`relay.serving_shell`); a request we write as it closes meets a closed
@@ -89,9 +90,10 @@ OP_URGENT = 0x80  # or-ed into the op byte: the requester forwards this chunk
 class Upstream:
     """Our connection to one source: pipelined chunk requests, responses in any order."""
 
-    def __init__(self, role: RelayRole, peer: str) -> None:
+    def __init__(self, role: RelayRole, peer: str, era: int | None = None) -> None:
         self.role = role
         self.peer = peer
+        self.era = era  # the drops of `peer` carried out before this upstream was made (`RelayRole.report_failed`)
         self.closed = False
         # request id -> (fetch, its clock's start, `_taking_s` then: `_read`)
         self._pending: dict[int, tuple[Fetch, float, float]] = {}
@@ -266,7 +268,7 @@ class Upstream:
             # bytes (and our wait for a buffer for them): that time is theirs, not its source's wait
             unexplained_s = answered_at - clock_from - (self._taking_s - taking_then) - header.queued_s
             if header.status != STATUS_OK:  # (owed until told: the connection is not quiet while we tell it)
-                await self.role.report_failed(self.peer, fetch, FetchFailure.UNAVAILABLE)
+                await self.role.report_failed(self.peer, fetch, FetchFailure.UNAVAILABLE, self.era)
                 self._settled(header.request_id)
                 continue
             if header.length != fetch.size or header.length > MAX_CHUNK_BYTES:
@@ -315,13 +317,13 @@ class Upstream:
                 for fetch in pending:
                     if self._abandoned:
                         return
-                    await self.role.report_failed(self.peer, fetch, self._failure)
+                    await self.role.report_failed(self.peer, fetch, self._failure, self.era)
                 while not self._abandoned:  # requests not yet sent fail too
                     try:
                         fetch, _ = self._receive.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                    await self.role.report_failed(self.peer, fetch, self._failure)
+                    await self.role.report_failed(self.peer, fetch, self._failure, self.era)
         finally:
             self.role.upstream_done(self)
 

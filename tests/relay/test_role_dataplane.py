@@ -56,7 +56,7 @@ class FakeRole:
         self.elapsed[fetch.index] = elapsed_s
         self.unexplained[fetch.index] = unexplained_s
 
-    async def report_failed(self, peer, fetch, reason) -> None:
+    async def report_failed(self, peer, fetch, reason, era=None) -> None:
         assert type(reason) is FetchFailure, reason  # a member, never a bare string
         self.told.append((reason, fetch.index))
 
