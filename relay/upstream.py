@@ -2,33 +2,34 @@
 requests, answers in any order, each chunk received into one of a few reused buffers.
 
 `Upstream` is the relay role's connection to one source (`relay.role` creates one per peer it
-fetches from and closes it when the core drops the source). A request is a `ChunkRequest` frame
-(the urgent bit set when we forward that chunk's stripe); an answer is a `ChunkResponse` frame
-followed by exactly `length` raw bytes. An answer is handed to the role only with the expected
-length, received whole into a `Buffers` buffer (shared by every upstream, so a slow disk slows
-the reading instead of filling memory); the role hashes and stores it while the connection reads
-on. A connection that ends inside a chunk (a killed peer) fails every request still outstanding
-as `unreachable`, never as a short chunk (one that ends between answers may be an idle close
-instead: see below); a source that closes the connection after our hello (it has not heard our
-heartbeat yet) fails them as `not_admitted`, and is sent our latest heartbeat directly
-(`Node.introduce`, while the failures are reported), so that it admits us when the core asks
-again after `not_admitted_s` instead of after our next heartbeat reaches it (up to the peer
-table's `max_interval_s`); a source that answers with the wrong length broke the protocol and is
-reported `corrupt`; one that answers a request we never sent, or sends a frame longer than a
-response header, broke it too: the connection ends and its requests fail as `unreachable`
-(raised, a source's garbage would stop the role). A connection that ended stays its peer's
-upstream (`RelayRole._upstream`) until it has reported every request it carried, those the role
-handed it meanwhile included (or carried them over to a new connection of its own, below), and
-then leaves the role's upstreams itself (`upstream_done`): the core takes its failure for the
-peer's (an exclusion takes back every request out there), so a newer connection to the peer must
-not carry requests yet. A source the core dropped (`close`) reports no failure: the core took
-its requests back as it dropped it (a chunk received whole by then is still stored and told, and
-its buffer given back), and a report already on its way when the core dropped it is not told
-(`era`: `RelayRole.report_failed`). A bug of ours (any other exception) is raised from `run()`,
-dropped source or not, into the role's dispatcher, and stops the role and the peer with it,
-loudly, as every bug does (`p2pnet.errors`). After `close` it comes out of a cancelled scope,
-where the connection's close raises Cancelled over it and the scope would take that as its own
-and return quietly: `run` keeps the bug aside before the close and raises it past the scope.
+fetches from and closes it when the core drops the source). A request is a `ChunkRequest`
+frame (the urgent bit set when we forward that chunk's stripe); an answer is a `ChunkResponse`
+frame followed by exactly `length` raw bytes. An answer is handed to the role only with the
+expected length, received whole into a `Buffers` buffer (shared by every upstream, so a slow
+disk slows the reading instead of filling memory); the role hashes and stores it while the
+connection reads on. A connection that ends inside a chunk (a killed peer) fails every request
+still outstanding as `unreachable`, never as a short chunk (one that ends between answers may be
+an idle close instead: see below); a source that closes the connection after our hello (it has
+not heard our heartbeat yet) fails them as `not_admitted`, and is sent our
+latest heartbeat directly (`Node.introduce`, while the failures are reported), so that it admits
+us when the core asks again after `not_admitted_s` instead of after our next heartbeat reaches it
+(up to the peer table's `max_interval_s`); a source that answers with the wrong length broke the
+protocol and is reported `corrupt`; one that answers a request we never sent, or sends a frame
+longer than a response header, broke it too: the connection ends and its requests fail as
+`unreachable` (raised, a source's garbage would stop the role). A connection that ended stays
+its peer's upstream (`RelayRole._upstream`) until it has reported every request it carried,
+those the role handed it meanwhile included (or carried them over to a new connection of its
+own, below), and then leaves the role's upstreams itself
+(`upstream_done`): the core takes its failure for the peer's (an exclusion takes back every
+request out there), so a newer connection to the peer must not carry requests yet. A source the
+core dropped (`close`) reports no failure: the core took its requests back as it dropped it (a chunk
+received whole by then is still stored and told, and its buffer given back), nor does a report
+already on its way as the core dropped it (`era`: `RelayRole.report_failed`). A bug of
+ours (any other exception) is raised from `run()`, dropped source or not, into the role's
+dispatcher, and stops the role and the peer with it, loudly, as every bug does
+(`p2pnet.errors`). After `close` it comes out of a cancelled scope, where the connection's close
+raises Cancelled over it and the scope would take that as its own and return quietly: `run`
+keeps the bug aside before the close and raises it past the scope.
 
 Idle connections. A source closes a connection with nothing asked or owed for its
 `idle_timeout_s` (`relay.serving_shell`); a request we write as it closes meets a closed
