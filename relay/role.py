@@ -164,10 +164,10 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         # (found rotten, lost to a failed fsync) and per version it collects.
         self._queue_send, self._queue = trio.open_memory_channel[Any](math.inf)
         self._peeler = _Peeler(self.core, self._divert)
-        # per peer, the `DropSource`s the core has emitted (counted in its runner, `_divert`) and those
-        # `_dispatch` has carried out (an upstream's `era`): see `report_failed`. One entry per peer dropped.
-        self._drops_emitted: dict[str, int] = {}
-        self._drops_done: dict[str, int] = {}
+        # per peer, the `DropSource`s the core has emitted (`_divert`, in its runner) that `_dispatch`
+        # has not carried out yet: an upstream made meanwhile is dropped already (`report_failed`).
+        # An entry lives only while its drops wait in `_queue`.
+        self._dropping: dict[str, int] = {}
         self._runner: Any = None
         self._upstreams: dict[str, Upstream] = {}
         self._meter = UploadMeter()
@@ -288,7 +288,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
                 elif isinstance(item, FetchManifest):
                     nursery.start_soon(self._fetch_manifest, item)
                 elif isinstance(item, DropSource):
-                    self._drops_done[item.peer] = self._drops_done.get(item.peer, 0) + 1
+                    self._dropping[item.peer] -= 1
+                    if not self._dropping[item.peer]:
+                        del self._dropping[item.peer]
                     upstream = self._upstreams.pop(item.peer, None)
                     if upstream is not None:
                         upstream.close()
@@ -383,9 +385,13 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
 
     def _divert(self, item: Any) -> None:
         """Queue a relay effect or event for `_dispatch`, inside the core's runner, in the core's
-        order; a `DropSource` is counted as it is emitted (see `report_failed`)."""
+        order; a `DropSource` marks the peer's upstream dropped as it is emitted, and is counted
+        until carried out (see `report_failed`)."""
         if isinstance(item, DropSource):
-            self._drops_emitted[item.peer] = self._drops_emitted.get(item.peer, 0) + 1
+            self._dropping[item.peer] = self._dropping.get(item.peer, 0) + 1
+            upstream = self._upstreams.get(item.peer)
+            if upstream is not None:
+                upstream.dropped = True
         self._queue_send.send_nowait(item)
 
     def _upstream(self, peer: str, nursery: trio.Nursery) -> Upstream:
@@ -395,7 +401,8 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         that failure to `peer` as a whole, so it must not meet a newer connection's requests."""
         upstream = self._upstreams.get(peer)
         if upstream is None:
-            upstream = Upstream(self, peer, era=self._drops_done.get(peer, 0))
+            upstream = Upstream(self, peer)
+            upstream.dropped = peer in self._dropping  # (handed only requests that drop took back)
             self._upstreams[peer] = upstream
             nursery.start_soon(upstream.run)
         return upstream
@@ -454,16 +461,17 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         return self.data_addr(peer)  # woken by a join, a known peer's new address, or its ban (a ban of
         # a peer the table does not know yet emits nothing: that wait runs to its timeout)
 
-    async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure, era: int | None = None) -> None:
-        """Tell the core that `fetch` failed at `peer` for `reason`. `era`, from an upstream (the
-        drops of `peer` carried out before it was made): not told if the core has dropped `peer`
-        since (`DropSource` emitted, carried out or not yet), for every request of that upstream
-        was asked before that drop, which took them all back. Told, such a report, on its way to
-        the runner as the core dropped `peer` and asked it again (`relay.sources`,
+    async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure,
+                            upstream: Upstream | None = None) -> None:
+        """Tell the core that `fetch` failed at `peer` for `reason`. From an `upstream`: not told
+        if the core has dropped it (`dropped`: a `DropSource` emitted, carried out or not yet, as
+        it was `peer`'s upstream or before it was made: `_divert`, `_upstream`), for every request
+        of that upstream was asked before that drop, which took them all back. Told, such a report,
+        on its way to the runner as the core dropped `peer` and asked it again (`relay.sources`,
         `_instead_of_origin`, asks a member dropped as slow), took back that newer request and
         passed the old connection's end off as the verdict on `peer`."""
         def failed(now: float) -> list[Any]:
-            if era is not None and self._drops_emitted.get(peer, 0) > era:
+            if upstream is not None and upstream.dropped:  # (read in the runner, after any drop before)
                 return []
             return self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason)
 

@@ -24,7 +24,7 @@ own, below), and then leaves the role's upstreams itself
 request out there), so a newer connection to the peer must not carry requests yet. A source the
 core dropped (`close`) reports no failure: the core took its requests back as it dropped it (a chunk
 received whole by then is still stored and told, and its buffer given back), nor does a report
-already on its way as the core dropped it (`era`: `RelayRole.report_failed`). A bug of
+already on its way as the core dropped it (`dropped`: `RelayRole.report_failed`). A bug of
 ours (any other exception) is raised from `run()`, dropped source or not, into the role's
 dispatcher, and stops the role and the peer with it, loudly, as every bug does
 (`p2pnet.errors`). After `close` it comes out of a cancelled scope, where the connection's close
@@ -49,6 +49,8 @@ alone:
   outstanding was written after the last bytes the source sent us (`_heard_id`: it may not have
   read one of them, and an honest source closes only when it owes nothing) carries those
   requests over, ahead of the queue, to a new connection of the same upstream (`_carry_over`),
+  their clocks still counting what they waited on the old one (a source that closes on a request
+  it holds back does not wipe that wait from its delivery: `relay.sources`, `_unexcused_s`),
   reported to nobody: the upstream stays the peer's throughout, so the ending protocol above
   holds as it is. A source that is really gone fails the new connection's open (a killed
   process: refused; its host gone: the connect's timeout), and its requests fail as
@@ -91,10 +93,12 @@ OP_URGENT = 0x80  # or-ed into the op byte: the requester forwards this chunk
 class Upstream:
     """Our connection to one source: pipelined chunk requests, responses in any order."""
 
-    def __init__(self, role: RelayRole, peer: str, era: int | None = None) -> None:
+    def __init__(self, role: RelayRole, peer: str) -> None:
         self.role = role
         self.peer = peer
-        self.era = era  # the drops of `peer` carried out before this upstream was made (`RelayRole.report_failed`)
+        # the core dropped this source, as its `DropSource` was emitted: before `close`, which
+        # carries it out later (the role sets it: `RelayRole.report_failed`)
+        self.dropped = False
         self.closed = False
         # request id -> (fetch, its clock's start, `_taking_s` then: `_read`)
         self._pending: dict[int, tuple[Fetch, float, float]] = {}
@@ -115,7 +119,8 @@ class Upstream:
         self._buffers = role.buffers
         self._failure = FetchFailure.UNREACHABLE  # how requests still outstanding fail when the connection ends
         self._abandoned = False  # `close`d: the core dropped this source, and its requests with it
-        # Idle connections (see the top): written first on the next connection, (fetch, its clock's start)
+        # Idle connections (see the top): written first on the next connection, (fetch, the seconds
+        # it waited on the one that ended: still the source's, the dial between is not)
         self._again: deque[tuple[Fetch, float]] = deque()
         self._quiet_s = role.config.idle_timeout_s / 2  # we close a connection this quiet (the source: at its bound)
         self._quiet = trio.CancelScope()  # `_write`'s wait for a request, cancelled once the connection is quiet
@@ -205,25 +210,33 @@ class Upstream:
         log.info("our connection to %s ended between answers with %d requests out, none answered since written: "
                  "asking again on a new connection (an idle close crossed them, or it is gone)", self.peer,
                  len(self._pending) + queued)
-        self._again.extend((fetch, clock_from) for fetch, clock_from, _ in self._pending.values())  # (in id order)
+        ended = trio.current_time()
+        self._again.extend((fetch, ended - clock_from) for fetch, clock_from, _ in self._pending.values())  # (id order)
         self._pending.clear()
         self._carried = True
         return True
 
     async def _next_request(self) -> tuple[Fetch, float] | None:
-        """The next request to write (one carried over from a quiet end first), or None once the
-        connection is quiet (nothing written for `_quiet_s`, nothing owed, nothing queued): then
+        """The next request to write (one carried over from a quiet end first) and its clock's
+        start (see `_write`), or None once the connection is quiet (nothing written for `_quiet_s`, nothing owed, nothing queued): then
         this upstream has left the role's upstreams, with no checkpoint since it found nothing
         queued, and the next request for the peer goes to a new one."""
-        while not self._again:
-            with trio.CancelScope(deadline=self._quiet_at()) as self._quiet:  # `_read` moves it when owed nothing
-                return await self._receive.receive()
-            if not self._pending and not self._receive.statistics().current_buffer_used:
-                log.info("closing our idle data connection to %s", self.peer)
-                self.closed = True
-                self.role.upstream_done(self)
-                return None
-        return self._again.popleft()
+        if self._again:  # its clock goes on from what it waited on the connection that ended
+            fetch, waited_s = self._again.popleft()
+            return fetch, self._connected_at - waited_s
+        with trio.CancelScope(deadline=self._quiet_at()) as self._quiet:  # `_read` moves it when owed nothing
+            fetch, submitted_at = await self._receive.receive()
+            return fetch, max(submitted_at, self._connected_at)
+        try:  # one queued as the timer fired: the deadline is past, so `receive` would only raise again
+            fetch, submitted_at = self._receive.receive_nowait()
+            return fetch, max(submitted_at, self._connected_at)
+        except trio.WouldBlock:
+            pass
+        # (owed nothing: the deadline was finite, and only we add to `_pending`)
+        log.info("closing our idle data connection to %s", self.peer)
+        self.closed = True
+        self.role.upstream_done(self)
+        return None
 
     def _quiet_at(self) -> float:
         """When the connection is quiet unless we write or are owed something meanwhile."""
@@ -238,13 +251,15 @@ class Upstream:
     async def _write(self, stream: trio.SocketStream, connection: trio.CancelScope) -> None:
         try:
             while (request := await self._next_request()) is not None:
-                fetch, submitted_at = request
+                fetch, clock_from = request
                 self._next_id += 1
-                # our clock for it starts once it is ours to send: not while our dispatcher held it
-                # (`RelayRole._sending_held`: our disk) nor while we dialled (`open_stream`: the
-                # address, the connect, the handshake); from there on, a write that waits (a full
-                # TCP window: the source reads no more of our requests) is the source's wait
-                self._pending[self._next_id] = (fetch, max(submitted_at, self._connected_at), self._taking_s)
+                # our clock for it (`_next_request`) starts once it is ours to send: not while our
+                # dispatcher held it (`RelayRole._sending_held`: our disk) nor while we dialled
+                # (`open_stream`: the address, the connect, the handshake; for one carried over, the
+                # redial, but what it waited on the connection that ended counts); from there on, a
+                # write that waits (a full TCP window: the source reads no more of our requests) is
+                # the source's wait
+                self._pending[self._next_id] = (fetch, clock_from, self._taking_s)
                 op = OP_CHUNK | (OP_URGENT if fetch.urgent else 0)
                 frame = ChunkRequest(op, self._next_id, fetch.version, fetch.index, fetch.digest).pack()
                 await send_frame(stream, frame)
@@ -269,7 +284,8 @@ class Upstream:
             # bytes (and our wait for a buffer for them): that time is theirs, not its source's wait
             unexplained_s = answered_at - clock_from - (self._taking_s - taking_then) - header.queued_s
             if header.status != STATUS_OK:  # (owed until told: the connection is not quiet while we tell it)
-                await self.role.report_failed(self.peer, fetch, FetchFailure.UNAVAILABLE, self.era)
+                with trio.CancelScope(shield=True):  # told whole, or a connection's end would fail it again
+                    await self.role.report_failed(self.peer, fetch, FetchFailure.UNAVAILABLE, self)
                 self._settled(header.request_id)
                 continue
             if header.length != fetch.size or header.length > MAX_CHUNK_BYTES:
@@ -318,13 +334,13 @@ class Upstream:
                 for fetch in pending:
                     if self._abandoned:
                         return
-                    await self.role.report_failed(self.peer, fetch, self._failure, self.era)
+                    await self.role.report_failed(self.peer, fetch, self._failure, self)
                 while not self._abandoned:  # requests not yet sent fail too
                     try:
                         fetch, _ = self._receive.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                    await self.role.report_failed(self.peer, fetch, self._failure, self.era)
+                    await self.role.report_failed(self.peer, fetch, self._failure, self)
         finally:
             self.role.upstream_done(self)
 

@@ -1,6 +1,8 @@
 """The relay shell's data plane against scripted servers on loopback: what a fetcher believes."""
 
 import random
+import socket
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -56,7 +58,7 @@ class FakeRole:
         self.elapsed[fetch.index] = elapsed_s
         self.unexplained[fetch.index] = unexplained_s
 
-    async def report_failed(self, peer, fetch, reason, era=None) -> None:
+    async def report_failed(self, peer, fetch, reason, upstream=None) -> None:
         assert type(reason) is FetchFailure, reason  # a member, never a bare string
         self.told.append((reason, fetch.index))
 
@@ -205,6 +207,118 @@ async def test_a_source_killed_between_answers_is_still_unreachable():
         role = await fetch_two_from(address)
         nursery.cancel_scope.cancel()
     assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+    assert accepted == [1]
+
+
+async def test_a_request_asked_again_on_a_new_connection_keeps_what_it_waited_on_the_old_one(mock_clock):
+    """A source that reads our requests, holds them `HELD_S` (virtual) and closes the connection
+    having sent nothing is asked again on a new connection (it may have closed an idle one), where
+    it answers at once: that wait was its own, and is still counted in the time our clock gives
+    the answers (`unexplained_s`), the redial left out; closing does not wipe it."""
+    held, release = trio.Event(), trio.Event()
+    held_s = 3.0  # (under `fetch_two_from`'s bound: virtual seconds pass only by our jump)
+
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        if n == 1:
+            reader = FrameReader(stream, max_frame_bytes=4096)
+            for _ in range(2):
+                await reader.frame()
+            held.set()
+            await release.wait()  # then closed, both read: its FIN, as an idle close
+        else:
+            await answer_all(stream)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+
+        async def hold() -> None:
+            await held.wait()
+            mock_clock.jump(held_s)
+            release.set()
+
+        nursery.start_soon(hold)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [("fetched", 0, 1000), ("fetched", 1, 1000)]
+    assert accepted == [1, 2]
+    assert min(role.unexplained.values()) >= held_s, role.unexplained
+
+
+async def test_a_refusal_being_told_as_the_connection_breaks_is_not_told_again_as_unreachable():
+    """The source answers our first request `unavailable` and resets the connection while that
+    answer is being told (the runner is busy); our next request's write finds the reset and ends
+    the connection. The refusal is told once, as it is: not again as `unreachable` with the
+    requests still out."""
+    closed, proceed = trio.Event(), trio.Event()
+
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        reader = FrameReader(stream, max_frame_bytes=4096)
+        requests = [_parse_request(await reader.frame())[0] for _ in range(2)]
+        await send_frame(stream, ChunkResponse(requests[0].request_id, STATUS_UNAVAILABLE, 0).pack())
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        stream.socket.close()  # reset, not closed cleanly: the write below fails
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = FakeRole(address)
+        report_failed = role.report_failed
+
+        async def slow_report(peer, fetch, reason, upstream=None) -> None:
+            await report_failed(peer, fetch, reason, upstream)
+            if reason is FetchFailure.UNAVAILABLE:
+                await proceed.wait()  # told, and the runner not yet done with it
+
+        role.report_failed = slow_report
+        upstream = Upstream(role, SOURCE.peer_id)
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+        with trio.fail_after(5):
+            async with trio.open_nursery() as running:
+                running.start_soon(upstream.run)
+                await closed.wait()
+                await trio.testing.wait_all_tasks_blocked()  # the refusal is being told
+                upstream.submit(Fetch(SOURCE.peer_id, 1, 2, DIGEST, 1000))
+                await trio.testing.wait_all_tasks_blocked()  # its write met the reset
+                proceed.set()
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told, key=lambda t: t[1]) == [
+        (FetchFailure.UNAVAILABLE, 0), (FetchFailure.UNREACHABLE, 1), (FetchFailure.UNREACHABLE, 2)]
+    assert accepted == [1]
+
+
+async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on():
+    """Our quiet timer fires (its deadline is past) and a request for the source is queued before
+    `_write` runs again, in the same scheduling batch: `_write` is owed nothing but has a request
+    to write, so it writes it (on this connection) instead of waiting again on a deadline already
+    past, which would raise at once, forever, with the request queued."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        await answer_all(stream)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = FakeRole(address)
+        first = trio.Event()
+        report_fetched = role.report_fetched
+
+        async def fetched(*args) -> None:
+            await report_fetched(*args)
+            first.set()
+
+        role.report_fetched = fetched
+        upstream = Upstream(role, SOURCE.peer_id)
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        with trio.fail_after(5):
+            async with trio.open_nursery() as running:
+                running.start_soon(upstream.run)
+                await first.wait()
+                await trio.testing.wait_all_tasks_blocked()  # `_write` waits for another request
+                # the timer fires as trio fires it, with its deadline past: no checkpoint before the submit
+                upstream._quiet_s = 0.0
+                upstream._quiet.cancel()
+                upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+        nursery.cancel_scope.cancel()
+    assert role.told == [("fetched", 0, 1000), ("fetched", 1, 1000)]
     assert accepted == [1]
 
 

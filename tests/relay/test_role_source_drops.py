@@ -204,10 +204,10 @@ async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_conn
             await failing.wait()
         await command(fn)
 
-    async def lagging_report(peer, fetch, reason, era=None) -> None:
+    async def lagging_report(peer, fetch, reason, upstream=None) -> None:
         failing.set()
         await told.wait()
-        await report_failed(peer, fetch, reason, era)
+        await report_failed(peer, fetch, reason, upstream)
         heard.set()
 
     role._command, role.report_failed = lagging, lagging_report
@@ -279,10 +279,10 @@ async def test_a_late_report_of_a_dropped_sources_old_connection_takes_back_no_r
     server = RestartingServer(h.origin, answer)
     report_failed = role.report_failed
 
-    async def lagging_report(peer, fetch, reason, era=None) -> None:
+    async def lagging_report(peer, fetch, reason, upstream=None) -> None:
         failing.set()
         await told.wait()
-        await report_failed(peer, fetch, reason, era)
+        await report_failed(peer, fetch, reason, upstream)
         landed.set()
 
     role.report_failed = lagging_report
@@ -317,3 +317,4 @@ async def test_a_late_report_of_a_dropped_sources_old_connection_takes_back_no_r
 
     assert drops(h, PUBLISHER.peer_id) == [DropReason.SLOW]
     assert len(answered) == CHUNKS and all(answered), answered
+    assert role._dropping == {}  # (an entry lives only while its drops wait to be carried out)
