@@ -322,6 +322,58 @@ async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on()
     assert accepted == [1]
 
 
+async def test_an_idle_connection_leaves_the_role_before_a_request_can_be_handed_to_it(mock_clock):
+    """Our idle connection closes itself: from finding nothing queued to leaving the role's
+    upstreams it must not let another task run (a checkpoint there), or the dispatcher could hand
+    it a request for its peer as it leaves: never written, failed as `unreachable` (its source
+    excluded) or lost. Here a request is handed over at every point where `_write` lets other
+    tasks run after its quiet timer fired and before it has left."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        reader = FrameReader(stream, max_frame_bytes=4096)
+        request, _ = _parse_request(await reader.frame())
+        await send_frame(stream, ChunkResponse(request.request_id, STATUS_OK, 1000).pack())
+        await stream.send_all(b"r" * 1000)
+        await reader.frame()  # (a request handed over as we left: read, never answered)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = FakeRole(address)
+        role.config = RelayConfig(idle_timeout_s=2.0)
+        first, left = trio.Event(), trio.Event()
+        report_fetched = role.report_fetched
+
+        async def fetched(*args) -> None:
+            await report_fetched(*args)
+            first.set()
+
+        role.report_fetched = fetched
+        role.upstream_done = lambda upstream: left.set()
+        upstream = Upstream(role, SOURCE.peer_id)
+        handed: list[int] = []
+
+        class HandOver(trio.abc.Instrument):
+            def after_task_step(self, task: trio.lowlevel.Task) -> None:
+                if task.name.endswith("Upstream._write") and upstream._quiet.cancel_called and not left.is_set():
+                    index = 1 + len(handed)  # as `_dispatch` would: it is still the peer's upstream
+                    handed.append(index)
+                    upstream.submit(Fetch(SOURCE.peer_id, 1, index, DIGEST, 1000))
+
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        with trio.fail_after(5):
+            async with trio.open_nursery() as running:
+                running.start_soon(upstream.run)
+                await first.wait()
+                await trio.testing.wait_all_tasks_blocked()  # `_write` waits for another request
+                trio.lowlevel.add_instrument(HandOver())
+                mock_clock.jump(1.5)  # past `idle_timeout_s / 2`: the quiet timer fires
+                await left.wait()
+                await trio.testing.wait_all_tasks_blocked()  # (it has closed: nothing more to run)
+                running.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+    assert (left.is_set(), role.told, handed) == (True, [("fetched", 0, 1000)], [])
+    assert accepted == [1]
+
+
 async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apart():
     async def script(stream, requests):
         (a, _), (b, _) = requests
