@@ -92,16 +92,21 @@ async def fetch_two(script, **server) -> list[tuple]:
     return (await fetch_two_with(script, **server)).told
 
 
+async def fetch_two_from(address: str) -> FakeRole:
+    """Chunks 0 (urgent) and 1 from the source at `address`; the role, with what it was told."""
+    role = FakeRole(address)
+    upstream = Upstream(role, SOURCE.peer_id)
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+    with trio.fail_after(5):
+        await upstream.run()
+    return role
+
+
 async def fetch_two_with(script, **server) -> FakeRole:
-    """Chunks 0 (urgent) and 1 from a `scripted_server`; the role, with what it was told."""
+    """`fetch_two_from` a `scripted_server`."""
     async with trio.open_nursery() as nursery:
-        address = await scripted_server(nursery, script, **server)
-        role = FakeRole(address)
-        upstream = Upstream(role, SOURCE.peer_id)
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
-        with trio.fail_after(5):
-            await upstream.run()
+        role = await fetch_two_from(await scripted_server(nursery, script, **server))
         nursery.cancel_scope.cancel()
     return role
 
@@ -147,16 +152,6 @@ async def answer_all(stream: trio.SocketStream) -> None:
         request, _ = _parse_request(await reader.frame())
         await send_frame(stream, ChunkResponse(request.request_id, STATUS_OK, 1000).pack())
         await stream.send_all(b"r" * 1000)
-
-
-async def fetch_two_from(address: str) -> FakeRole:
-    role = FakeRole(address)
-    upstream = Upstream(role, SOURCE.peer_id)
-    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
-    upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
-    with trio.fail_after(5):
-        await upstream.run()
-    return role
 
 
 async def test_a_source_that_closes_its_idle_connection_with_our_request_unread_is_asked_again_on_a_new_one():

@@ -183,6 +183,34 @@ class RestartingServer:
                 pass  # our upstream closed the connection
 
 
+def answers_checked(core, monkeypatch) -> list[bool]:
+    """Per chunk the core is told fetched, as it is told: whether it still had it out at its sender."""
+    answered: list[bool] = []
+    fetched = core.fetched
+
+    def fetched_checked(now, peer, version, index, *args):
+        entry = core._versions[version].in_flight.get(index)
+        answered.append(entry is not None and entry[0] == peer)
+        return fetched(now, peer, version, index, *args)
+
+    monkeypatch.setattr(core, "fetched", fetched_checked)
+    return answered
+
+
+async def start_fetching(h: Harness, server: RestartingServer, nursery: trio.Nursery) -> None:
+    """Start `h`'s role fetching version 1 from `server` over its own upstreams (each connection
+    a new one of `server`'s)."""
+    async def open_stream(peer: str) -> trio.abc.Stream:
+        ours, theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(server.serve, theirs)
+        return ours
+
+    h.role.open_stream = open_stream
+    await h.start(nursery)
+    h.role._upstream = RelayRole._upstream.__get__(h.role)  # the role's own upstreams, not the harness's source
+    await h.announce(1, chunks=CHUNKS)
+
+
 async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_connection_carries(
         tmp_path, clock, monkeypatch):
     """The publisher, our only source, ends its first connection by itself with requests out,
@@ -211,15 +239,7 @@ async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_conn
         heard.set()
 
     role._command, role.report_failed = lagging, lagging_report
-    answered: list[bool] = []  # per chunk delivered: whether the core still had it out at its sender
-    fetched = core.fetched
-
-    def fetched_checked(now, peer, version, index, *args):
-        entry = core._versions[version].in_flight.get(index)
-        answered.append(entry is not None and entry[0] == peer)
-        return fetched(now, peer, version, index, *args)
-
-    monkeypatch.setattr(core, "fetched", fetched_checked)
+    answered = answers_checked(core, monkeypatch)
     asked_while_failing = trio.Event()  # a request handed to an upstream after the connection failed
     submit = Upstream.submit
 
@@ -230,15 +250,7 @@ async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_conn
 
     monkeypatch.setattr(Upstream, "submit", submit_noted)
     async with trio.open_nursery() as nursery:
-        async def open_stream(peer: str) -> trio.abc.Stream:
-            ours, theirs = trio.testing.memory_stream_pair()
-            nursery.start_soon(server.serve, theirs)
-            return ours
-
-        role.open_stream = open_stream
-        await h.start(nursery)
-        role._upstream = RelayRole._upstream.__get__(role)  # the role's own upstreams, not the harness's source
-        await h.announce(1, chunks=CHUNKS)
+        await start_fetching(h, server, nursery)
         with trio.fail_after(60):
             await asked_while_failing.wait()
         told.set()
@@ -286,25 +298,9 @@ async def test_a_late_report_of_a_dropped_sources_old_connection_takes_back_no_r
         landed.set()
 
     role.report_failed = lagging_report
-    answered: list[bool] = []  # per chunk delivered: whether the core still had it out at its sender
-    fetched = core.fetched
-
-    def fetched_checked(now, peer, version, index, *args):
-        entry = core._versions[version].in_flight.get(index)
-        answered.append(entry is not None and entry[0] == peer)
-        return fetched(now, peer, version, index, *args)
-
-    monkeypatch.setattr(core, "fetched", fetched_checked)
+    answered = answers_checked(core, monkeypatch)
     async with trio.open_nursery() as nursery:
-        async def open_stream(peer: str) -> trio.abc.Stream:
-            ours, theirs = trio.testing.memory_stream_pair()
-            nursery.start_soon(server.serve, theirs)
-            return ours
-
-        role.open_stream = open_stream
-        await h.start(nursery)
-        role._upstream = RelayRole._upstream.__get__(role)  # the role's own upstreams, not the harness's source
-        await h.announce(1, chunks=CHUNKS)
+        await start_fetching(h, server, nursery)
         with trio.fail_after(60):
             await failing.wait()
         await role._command(drop_as_slow_and_ask_again(core, PUBLISHER.peer_id))
