@@ -163,7 +163,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         # are not judged stalled: `_sending_held`). The store adds one event per chunk it drops
         # (found rotten, lost to a failed fsync) and per version it collects.
         self._queue_send, self._queue = trio.open_memory_channel[Any](math.inf)
-        self._peeler = _Peeler(self.core, self._queue_send.send_nowait)
+        self._peeler = _Peeler(self.core, self._divert)
+        # per peer, the `DropSource`s the core has emitted (`_divert`, in its runner) that `_dispatch`
+        # has not carried out yet: an upstream made meanwhile is dropped already (`report_failed`).
+        # An entry lives only while its drops wait in `_queue`.
+        self._dropping: dict[str, int] = {}
         self._runner: Any = None
         self._upstreams: dict[str, Upstream] = {}
         self._meter = UploadMeter()
@@ -284,6 +288,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
                 elif isinstance(item, FetchManifest):
                     nursery.start_soon(self._fetch_manifest, item)
                 elif isinstance(item, DropSource):
+                    self._dropping[item.peer] -= 1
+                    if not self._dropping[item.peer]:
+                        del self._dropping[item.peer]
                     upstream = self._upstreams.pop(item.peer, None)
                     if upstream is not None:
                         upstream.close()
@@ -376,6 +383,17 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         else:  # the flush failed, or a failed fsync lost the chunk meanwhile
             await self.report_failed(fetch.peer, fetch, FetchFailure.STORE_FAILED)
 
+    def _divert(self, item: Any) -> None:
+        """Queue a relay effect or event for `_dispatch`, inside the core's runner, in the core's
+        order; a `DropSource` marks the peer's upstream dropped as it is emitted, and is counted
+        until carried out (see `report_failed`)."""
+        if isinstance(item, DropSource):
+            self._dropping[item.peer] = self._dropping.get(item.peer, 0) + 1
+            upstream = self._upstreams.get(item.peer)
+            if upstream is not None:
+                upstream.dropped = True
+        self._queue_send.send_nowait(item)
+
     def _upstream(self, peer: str, nursery: trio.Nursery) -> Upstream:
         """Our connection to `peer`, started in `nursery` (`_dispatch`'s) if there is none. One
         whose connection has ended stays `peer`'s, and fails what it is handed too, until it has
@@ -384,6 +402,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         upstream = self._upstreams.get(peer)
         if upstream is None:
             upstream = Upstream(self, peer)
+            upstream.dropped = peer in self._dropping  # (handed only requests that drop took back)
             self._upstreams[peer] = upstream
             nursery.start_soon(upstream.run)
         return upstream
@@ -442,8 +461,21 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         return self.data_addr(peer)  # woken by a join, a known peer's new address, or its ban (a ban of
         # a peer the table does not know yet emits nothing: that wait runs to its timeout)
 
-    async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure) -> None:
-        await self._command(lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason))
+    async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure,
+                            upstream: Upstream | None = None) -> None:
+        """Tell the core that `fetch` failed at `peer` for `reason`. From an `upstream`: not told
+        if the core has dropped it (`dropped`: a `DropSource` emitted, carried out or not yet, as
+        it was `peer`'s upstream or before it was made: `_divert`, `_upstream`), for every request
+        of that upstream was asked before that drop, which took them all back. Told, such a report,
+        on its way to the runner as the core dropped `peer` and asked it again (`relay.sources`,
+        `_instead_of_origin`, asks a member dropped as slow), took back that newer request and
+        passed the old connection's end off as the verdict on `peer`."""
+        def failed(now: float) -> list[Any]:
+            if upstream is not None and upstream.dropped:  # (read in the runner, after any drop before)
+                return []
+            return self.core.fetch_failed(now, peer, fetch.version, fetch.index, reason)
+
+        await self._command(failed)
 
     async def _fetch_manifest(self, ask: FetchManifest) -> None:
         try:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from relay.store import ChunkStore, StoreBackoff, StoreEvent
     from relay.transfer import TransferCore
     from relay.uploads import Uploads
+    from relay.upstream import Upstream
 
 log = logging.getLogger("relay.role")  # the role's logger: its log lines keep their name
 
@@ -85,7 +86,8 @@ class StoreSide:
 
     if TYPE_CHECKING:  # what these call on the role (`relay.role.RelayRole`)
         async def _command(self, fn: Callable[[float], list[Any]]) -> None: ...
-        async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure) -> None: ...
+        async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure,
+                                upstream: Upstream | None = None) -> None: ...
 
     async def report_fetched(self, peer: str, fetch: Fetch, data: bytes | bytearray | memoryview,
                              elapsed_s: float, unexplained_s: float | None = None) -> None:

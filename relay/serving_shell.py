@@ -81,7 +81,9 @@ class ChunkServing:
     async def _serve(self, stream: trio.SocketStream, reader: FrameReader, client: str) -> None:
         """One requester's connection (`client`, authenticated by the data plane): answer each
         request when we can, in any order. A connection with nothing asked and nothing owed for
-        `idle_timeout_s` is closed; so is one whose requester stops reading (see `_respond`)."""
+        `idle_timeout_s` is closed (a requester closes its own first, at half of its bound; one
+        that asks as we close asks again on a new connection: `relay.upstream`); so is one whose
+        requester stops reading (see `_respond`)."""
         send_lock = trio.Lock()
         pending = trio.CapacityLimiter(MAX_REQUESTS_PER_CONNECTION)
         async with trio.open_nursery() as nursery:

@@ -1,6 +1,8 @@
 """The relay shell's data plane against scripted servers on loopback: what a fetcher believes."""
 
 import random
+import socket
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +14,7 @@ from p2pnet.errors import MessageRejected
 from p2pnet.handshake import server_handshake
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
+from relay.config import RelayConfig
 from relay.messages import RESPONSE, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.role import RelayRole, _parse_request
 from relay.upstream import Buffers, Upstream
@@ -29,6 +32,7 @@ class FakeRole:
 
     def __init__(self, address: str) -> None:
         self.address = address
+        self.config = RelayConfig()  # (its `idle_timeout_s`)
         self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME), introduce=self._introduce)
         self.told: list[tuple] = []
         self.introduced: list[str] = []  # sources sent our heartbeat (`Node.introduce`)
@@ -54,7 +58,7 @@ class FakeRole:
         self.elapsed[fetch.index] = elapsed_s
         self.unexplained[fetch.index] = unexplained_s
 
-    async def report_failed(self, peer, fetch, reason) -> None:
+    async def report_failed(self, peer, fetch, reason, upstream=None) -> None:
         assert type(reason) is FetchFailure, reason  # a member, never a bare string
         self.told.append((reason, fetch.index))
 
@@ -88,16 +92,21 @@ async def fetch_two(script, **server) -> list[tuple]:
     return (await fetch_two_with(script, **server)).told
 
 
+async def fetch_two_from(address: str) -> FakeRole:
+    """Chunks 0 (urgent) and 1 from the source at `address`; the role, with what it was told."""
+    role = FakeRole(address)
+    upstream = Upstream(role, SOURCE.peer_id)
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
+    upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+    with trio.fail_after(5):
+        await upstream.run()
+    return role
+
+
 async def fetch_two_with(script, **server) -> FakeRole:
-    """Chunks 0 (urgent) and 1 from a `scripted_server`; the role, with what it was told."""
+    """`fetch_two_from` a `scripted_server`."""
     async with trio.open_nursery() as nursery:
-        address = await scripted_server(nursery, script, **server)
-        role = FakeRole(address)
-        upstream = Upstream(role, SOURCE.peer_id)
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000, urgent=True))
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
-        with trio.fail_after(5):
-            await upstream.run()
+        role = await fetch_two_from(await scripted_server(nursery, script, **server))
         nursery.cancel_scope.cancel()
     return role
 
@@ -112,6 +121,252 @@ async def test_a_source_that_dies_inside_a_chunk_is_unreachable_never_a_short_ch
     role = await fetch_two_with(script)
     assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
     assert role.introduced == []  # it admitted us: no introduction (only a refusal may dial)
+
+
+async def source_connections(nursery: trio.Nursery, serve) -> tuple[str, list[int], trio.CancelScope]:
+    """A data-plane listener that runs `serve(stream, n)` on its `n`th connection (from 1), once
+    the handshake is done; the list counts the connections, and cancelling the scope kills the
+    source (its listener and its connections close)."""
+    accepted: list[int] = []
+    process = trio.CancelScope()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        accepted.append(len(accepted) + 1)
+        async with stream:
+            await server_handshake(stream, Codec(SOURCE), SOURCE.peer_id, lambda peer, channel: None)
+            await serve(stream, accepted[-1])
+
+    async def listen(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with process:
+            await trio.serve_tcp(handle, 0, host="127.0.0.1", task_status=task_status)
+
+    listeners = await nursery.start(listen)
+    host, port = listeners[0].socket.getsockname()[:2]
+    return f"{host}:{port}", accepted, process
+
+
+async def answer_all(stream: trio.SocketStream) -> None:
+    """Answer our two requests, then close: nothing owed (our upstream's connection ends quietly)."""
+    reader = FrameReader(stream, max_frame_bytes=4096)
+    for _ in range(2):
+        request, _ = _parse_request(await reader.frame())
+        await send_frame(stream, ChunkResponse(request.request_id, STATUS_OK, 1000).pack())
+        await stream.send_all(b"r" * 1000)
+
+
+async def test_a_source_that_closes_its_idle_connection_with_our_request_unread_is_asked_again_on_a_new_one():
+    """An honest source closes a connection on which it owes nothing (its idle bound) just as our
+    request arrives: it closes with the request unread, and its kernel resets the connection (RST,
+    not FIN). That is no evidence that it is gone: the requests, all written after the last bytes
+    it sent us (here: its handshake), are asked again on a new connection, and nothing fails."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        if n == 1:
+            await trio.lowlevel.wait_readable(stream.socket)  # our request is here: closed unread
+        else:
+            await answer_all(stream)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [("fetched", 0, 1000), ("fetched", 1, 1000)]
+    assert accepted == [1, 2]
+
+
+async def test_a_source_that_closes_every_connection_unanswered_gets_one_more_then_is_unreachable():
+    """Requests are asked again on a new connection once: a source that closes that one too
+    before answering anything is unreachable (no loop of connections)."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        await trio.lowlevel.wait_readable(stream.socket)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+    assert accepted == [1, 2]
+
+
+async def test_a_source_killed_between_answers_is_still_unreachable():
+    """A source whose process is killed while it owes us answers (it read our requests) ends the
+    connection between answers, as an idle close does (its kernel's FIN): asked again, its
+    listener is gone (refused), and the requests fail as unreachable."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        reader = FrameReader(stream, max_frame_bytes=4096)
+        for _ in range(2):
+            await reader.frame()
+        process.cancel()  # killed: its listener and connections close
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, process = await source_connections(nursery, serve)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [(FetchFailure.UNREACHABLE, 0), (FetchFailure.UNREACHABLE, 1)]
+    assert accepted == [1]
+
+
+async def test_a_request_asked_again_on_a_new_connection_keeps_what_it_waited_on_the_old_one(mock_clock):
+    """A source that reads our requests, holds them `HELD_S` (virtual) and closes the connection
+    having sent nothing is asked again on a new connection (it may have closed an idle one), where
+    it answers at once: that wait was its own, and is still counted in the time our clock gives
+    the answers (`unexplained_s`), the redial left out; closing does not wipe it."""
+    held, release = trio.Event(), trio.Event()
+    held_s = 3.0  # (under `fetch_two_from`'s bound: virtual seconds pass only by our jump)
+
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        if n == 1:
+            reader = FrameReader(stream, max_frame_bytes=4096)
+            for _ in range(2):
+                await reader.frame()
+            held.set()
+            await release.wait()  # then closed, both read: its FIN, as an idle close
+        else:
+            await answer_all(stream)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+
+        async def hold() -> None:
+            await held.wait()
+            mock_clock.jump(held_s)
+            release.set()
+
+        nursery.start_soon(hold)
+        role = await fetch_two_from(address)
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told) == [("fetched", 0, 1000), ("fetched", 1, 1000)]
+    assert accepted == [1, 2]
+    assert min(role.unexplained.values()) >= held_s, role.unexplained
+
+
+async def test_a_refusal_being_told_as_the_connection_breaks_is_not_told_again_as_unreachable():
+    """The source answers our first request `unavailable` and resets the connection while that
+    answer is being told (the runner is busy); our next request's write finds the reset and ends
+    the connection. The refusal is told once, as it is: not again as `unreachable` with the
+    requests still out."""
+    closed, proceed = trio.Event(), trio.Event()
+
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        reader = FrameReader(stream, max_frame_bytes=4096)
+        requests = [_parse_request(await reader.frame())[0] for _ in range(2)]
+        await send_frame(stream, ChunkResponse(requests[0].request_id, STATUS_UNAVAILABLE, 0).pack())
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        stream.socket.close()  # reset, not closed cleanly: the write below fails
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = FakeRole(address)
+        report_failed = role.report_failed
+
+        async def slow_report(peer, fetch, reason, upstream=None) -> None:
+            await report_failed(peer, fetch, reason, upstream)
+            if reason is FetchFailure.UNAVAILABLE:
+                await proceed.wait()  # told, and the runner not yet done with it
+
+        role.report_failed = slow_report
+        upstream = Upstream(role, SOURCE.peer_id)
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+        with trio.fail_after(5):
+            async with trio.open_nursery() as running:
+                running.start_soon(upstream.run)
+                await closed.wait()
+                await trio.testing.wait_all_tasks_blocked()  # the refusal is being told
+                upstream.submit(Fetch(SOURCE.peer_id, 1, 2, DIGEST, 1000))
+                await trio.testing.wait_all_tasks_blocked()  # its write met the reset
+                proceed.set()
+        nursery.cancel_scope.cancel()
+    assert sorted(role.told, key=lambda t: t[1]) == [
+        (FetchFailure.UNAVAILABLE, 0), (FetchFailure.UNREACHABLE, 1), (FetchFailure.UNREACHABLE, 2)]
+    assert accepted == [1]
+
+
+async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on():
+    """Our quiet timer fires (its deadline is past) and a request for the source is queued before
+    `_write` runs again, in the same scheduling batch: `_write` is owed nothing but has a request
+    to write, so it writes it (on this connection) instead of waiting again on a deadline already
+    past, which would raise at once, forever, with the request queued."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        await answer_all(stream)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = FakeRole(address)
+        first = trio.Event()
+        report_fetched = role.report_fetched
+
+        async def fetched(*args) -> None:
+            await report_fetched(*args)
+            first.set()
+
+        role.report_fetched = fetched
+        upstream = Upstream(role, SOURCE.peer_id)
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        with trio.fail_after(5):
+            async with trio.open_nursery() as running:
+                running.start_soon(upstream.run)
+                await first.wait()
+                await trio.testing.wait_all_tasks_blocked()  # `_write` waits for another request
+                # the timer fires as trio fires it, with its deadline past: no checkpoint before the submit
+                upstream._quiet_s = 0.0
+                upstream._quiet.cancel()
+                upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+        nursery.cancel_scope.cancel()
+    assert role.told == [("fetched", 0, 1000), ("fetched", 1, 1000)]
+    assert accepted == [1]
+
+
+async def test_an_idle_connection_leaves_the_role_before_a_request_can_be_handed_to_it(mock_clock):
+    """Our idle connection closes itself: from finding nothing queued to leaving the role's
+    upstreams it must not let another task run (a checkpoint there), or the dispatcher could hand
+    it a request for its peer as it leaves: never written, failed as `unreachable` (its source
+    excluded) or lost. Here a request is handed over at every point where `_write` lets other
+    tasks run after its quiet timer fired and before it has left."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        reader = FrameReader(stream, max_frame_bytes=4096)
+        request, _ = _parse_request(await reader.frame())
+        await send_frame(stream, ChunkResponse(request.request_id, STATUS_OK, 1000).pack())
+        await stream.send_all(b"r" * 1000)
+        await reader.frame()  # (a request handed over as we left: read, never answered)
+
+    async with trio.open_nursery() as nursery:
+        address, accepted, _ = await source_connections(nursery, serve)
+        role = FakeRole(address)
+        role.config = RelayConfig(idle_timeout_s=2.0)
+        first, left = trio.Event(), trio.Event()
+        report_fetched = role.report_fetched
+
+        async def fetched(*args) -> None:
+            await report_fetched(*args)
+            first.set()
+
+        role.report_fetched = fetched
+        role.upstream_done = lambda upstream: left.set()
+        upstream = Upstream(role, SOURCE.peer_id)
+        handed: list[int] = []
+
+        class HandOver(trio.abc.Instrument):
+            def after_task_step(self, task: trio.lowlevel.Task) -> None:
+                if task.name.endswith("Upstream._write") and upstream._quiet.cancel_called and not left.is_set():
+                    index = 1 + len(handed)  # as `_dispatch` would: it is still the peer's upstream
+                    handed.append(index)
+                    upstream.submit(Fetch(SOURCE.peer_id, 1, index, DIGEST, 1000))
+
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
+        with trio.fail_after(5):
+            async with trio.open_nursery() as running:
+                running.start_soon(upstream.run)
+                await first.wait()
+                await trio.testing.wait_all_tasks_blocked()  # `_write` waits for another request
+                trio.lowlevel.add_instrument(HandOver())
+                mock_clock.jump(1.5)  # past `idle_timeout_s / 2`: the quiet timer fires
+                await left.wait()
+                await trio.testing.wait_all_tasks_blocked()  # (it has closed: nothing more to run)
+                running.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+    assert (left.is_set(), role.told, handed) == (True, [("fetched", 0, 1000)], [])
+    assert accepted == [1]
 
 
 async def test_answers_in_any_order_and_refusals_and_wrong_lengths_are_told_apart():

@@ -34,7 +34,7 @@ from relay.effects import DropReason, DropSource
 from relay.messages import STATUS_OK, ChunkResponse
 from relay.role import RelayRole, _parse_request
 from relay.upstream import Upstream
-from tests.relay.test_role_source_blame import MEMBERS
+from tests.relay.test_role_source_blame import MEMBERS, drops
 from tests.relay.test_role_store_faults import (  # noqa: F401 (fixtures)
     PUBLISHER, Harness, clock, inline_threads)
 
@@ -183,6 +183,34 @@ class RestartingServer:
                 pass  # our upstream closed the connection
 
 
+def answers_checked(core, monkeypatch) -> list[bool]:
+    """Per chunk the core is told fetched, as it is told: whether it still had it out at its sender."""
+    answered: list[bool] = []
+    fetched = core.fetched
+
+    def fetched_checked(now, peer, version, index, *args):
+        entry = core._versions[version].in_flight.get(index)
+        answered.append(entry is not None and entry[0] == peer)
+        return fetched(now, peer, version, index, *args)
+
+    monkeypatch.setattr(core, "fetched", fetched_checked)
+    return answered
+
+
+async def start_fetching(h: Harness, server: RestartingServer, nursery: trio.Nursery) -> None:
+    """Start `h`'s role fetching version 1 from `server` over its own upstreams (each connection
+    a new one of `server`'s)."""
+    async def open_stream(peer: str) -> trio.abc.Stream:
+        ours, theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(server.serve, theirs)
+        return ours
+
+    h.role.open_stream = open_stream
+    await h.start(nursery)
+    h.role._upstream = RelayRole._upstream.__get__(h.role)  # the role's own upstreams, not the harness's source
+    await h.announce(1, chunks=CHUNKS)
+
+
 async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_connection_carries(
         tmp_path, clock, monkeypatch):
     """The publisher, our only source, ends its first connection by itself with requests out,
@@ -204,22 +232,14 @@ async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_conn
             await failing.wait()
         await command(fn)
 
-    async def lagging_report(peer, fetch, reason) -> None:
+    async def lagging_report(peer, fetch, reason, upstream=None) -> None:
         failing.set()
         await told.wait()
-        await report_failed(peer, fetch, reason)
+        await report_failed(peer, fetch, reason, upstream)
         heard.set()
 
     role._command, role.report_failed = lagging, lagging_report
-    answered: list[bool] = []  # per chunk delivered: whether the core still had it out at its sender
-    fetched = core.fetched
-
-    def fetched_checked(now, peer, version, index, *args):
-        entry = core._versions[version].in_flight.get(index)
-        answered.append(entry is not None and entry[0] == peer)
-        return fetched(now, peer, version, index, *args)
-
-    monkeypatch.setattr(core, "fetched", fetched_checked)
+    answered = answers_checked(core, monkeypatch)
     asked_while_failing = trio.Event()  # a request handed to an upstream after the connection failed
     submit = Upstream.submit
 
@@ -230,15 +250,7 @@ async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_conn
 
     monkeypatch.setattr(Upstream, "submit", submit_noted)
     async with trio.open_nursery() as nursery:
-        async def open_stream(peer: str) -> trio.abc.Stream:
-            ours, theirs = trio.testing.memory_stream_pair()
-            nursery.start_soon(server.serve, theirs)
-            return ours
-
-        role.open_stream = open_stream
-        await h.start(nursery)
-        role._upstream = RelayRole._upstream.__get__(role)  # the role's own upstreams, not the harness's source
-        await h.announce(1, chunks=CHUNKS)
+        await start_fetching(h, server, nursery)
         with trio.fail_after(60):
             await asked_while_failing.wait()
         told.set()
@@ -247,3 +259,58 @@ async def test_a_connection_that_fails_by_itself_cancels_no_request_a_newer_conn
 
     assert server.connections >= 2
     assert len(answered) == CHUNKS and all(answered), answered
+
+
+def drop_as_slow_and_ask_again(core, peer: str):
+    """The core's input that drops `peer` as slow (`fetched` does, `_delivers_too_little`) and
+    asks it again at once, as `_instead_of_origin` asks a member dropped only as slow (alive, it
+    comes before the origin): here `peer` is the only source, so its exclusion is lifted."""
+
+    def drop(now: float) -> list:
+        effects: list = []
+        core._exclude(now, peer, DropReason.SLOW, effects)
+        effects.append(DropSource(peer))
+        del core._excluded[peer]
+        for v in list(core._versions.values()):
+            if not v.complete:
+                core._pump(now, v, effects)
+        return core._arm(now, effects)
+
+    return drop
+
+
+async def test_a_late_report_of_a_dropped_sources_old_connection_takes_back_no_request_asked_of_it_since(
+        tmp_path, clock, monkeypatch):
+    """The publisher's first connection ends by itself with requests out, and the first of their
+    failures is on its way to the core when the core drops the publisher as slow and asks it again
+    on a new connection. That drop took every request of the old connection back: the late
+    failure must not take the new requests back too, nor turn the drop into `unreachable`."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    role, core = h.role, h.role.core
+    failing, told, landed, answer = trio.Event(), trio.Event(), trio.Event(), trio.Event()
+    server = RestartingServer(h.origin, answer)
+    report_failed = role.report_failed
+
+    async def lagging_report(peer, fetch, reason, upstream=None) -> None:
+        failing.set()
+        await told.wait()
+        await report_failed(peer, fetch, reason, upstream)
+        landed.set()
+
+    role.report_failed = lagging_report
+    answered = answers_checked(core, monkeypatch)
+    async with trio.open_nursery() as nursery:
+        await start_fetching(h, server, nursery)
+        with trio.fail_after(60):
+            await failing.wait()
+        await role._command(drop_as_slow_and_ask_again(core, PUBLISHER.peer_id))
+        await h.until(lambda: server.connections == 2, 60)  # asked again, on a new connection
+        told.set()
+        await h.until(landed.is_set, 60)
+        answer.set()
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert drops(h, PUBLISHER.peer_id) == [DropReason.SLOW]
+    assert len(answered) == CHUNKS and all(answered), answered
+    assert role._dropping == {}  # (an entry lives only while its drops wait to be carried out)
