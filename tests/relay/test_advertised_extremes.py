@@ -124,9 +124,26 @@ def test_figures_within_the_cap_are_planned_as_advertised():
     uploads = {f"r{i}": 1e6 * (1 + i) for i in range(40)} | {ORIGIN: 2e8}  # median 20 MB/s: nobody over 16x
     ordinary = Membership.of(uploads)
     assert ordinary.planned is ordinary.uploads
-    # lower median 22 MB/s; the origin's own figure is capped too, but plans take it as given
+    # lower median 22 MB/s; the origin's own figure is capped too (`plan_broadcast` caps the figure
+    # it is given the same way: see `test_an_origin_faster_than_the_cap_is_planned_at_the_cap`)
     faster = Membership.of(uploads | {"r0": 1e12, ORIGIN: 1.25e9})
     assert faster.planned == uploads | {"r0": ADVERTISED_CAP * 22e6, ORIGIN: ADVERTISED_CAP * 22e6}
+
+
+def test_an_origin_faster_than_the_cap_is_planned_at_the_cap():
+    """A datacenter origin serves at most 16 chunks at once, each over one connection: planned with
+    its whole link it took most members as children in every stripe and fed them at the pace of
+    those few flows (`relay.planner`'s docstring). Beyond the cap, its figure changes nothing."""
+    honest = {f"r{i:03d}": 1e7 * (1 + i % 10) for i in range(200)}
+    members = Membership.of({**honest, ORIGIN: 1.25e9})
+    serving = sorted(members.uploads.values())
+    ceiling = ADVERTISED_CAP * serving[(len(serving) - 1) // 2]
+    capped = plan_broadcast(ORIGIN, ceiling, members, 256, 16, stable=True)
+    for fast in (1e11, 2.0**64):
+        plan = plan_broadcast(ORIGIN, fast, members, 256, 16, stable=True)
+        assert plan.parent == capped.parent and plan.stripe_of_chunk == capped.stripe_of_chunk
+        assert plan.capacity_bps == capped.capacity_bps
+    assert all(capped.fanout[s][ORIGIN] == 1 for s in range(capped.stripes))
 
 
 def liar_world(peers: int, claim: float | None, real_bps: float | None, seed: int = 1, liars: int = 1,
