@@ -239,7 +239,7 @@ def test_the_origins_spare_slots_go_to_the_fastest_leaves(n):
         others = [u for p, u in leaves.items() if plan.parent[s][p] != ORIGIN]
         spared += len(under_origin)
         if under_origin and others:
-            assert min(under_origin) > max(others)
+            assert min(under_origin) >= max(others)  # (equal only among those advertising 0)
     assert spared  # the case exists at these sizes
 
 
