@@ -17,7 +17,7 @@ def test_an_origin_far_faster_than_the_relays_keeps_the_broadcast_near_its_bound
     virtual time. Planned with its whole link, the origin took most relays as its children in
     every stripe and fed them through the 16 flows it serves at once: 2.88x the bound at 800
     Gbit/s and 4.15x at 6.4 Tbit/s, uploading 148 and 198 copies, where 10 Gbit/s took 1.01x and
-    2.98 copies. Planned at most at the cap times the median (`relay.planner`): 1.01x, 1.04 copies."""
+    1.04 copies. Planned at most at the cap times the median (`relay.planner`): 1.01x, 1.04 copies."""
     sc = dataclasses.replace(broadcast(200), origin_upload_bps=origin_gbit * GBIT, seed=1)
     s, _, _ = run_broadcast(sc)
     assert s["survivors_complete"] == s["survivors"] == 200
