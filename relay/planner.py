@@ -40,7 +40,8 @@ membership's median (`Membership.planned`: an advertised figure is a stranger's 
    One deal for all of them, so views differing by a few members agree on almost every chunk
    (`_stable_chunks`).
 
-The origin is planned with at most the same ceiling as any member (`Membership.ceiling`, applied in
+Where its whole figure would give it more children than it serves at once (`ORIGIN_SLOTS`), the
+origin is planned with at most the same ceiling as any member (`Membership.ceiling`, applied in
 `plan_broadcast`), although its figure is no stranger's claim: what it can serve at once is not its
 link. It serves at most `RelayConfig.max_concurrent_uploads` (16) chunks at once, each to one child
 over one connection, which carries what the child's download and the connection's window allow, not
@@ -54,12 +55,12 @@ bound (6.4 Tbit/s: 4.1x; 1,000 relays at 800 Gbit/s 5.6x, at 6.4 Tbit/s 21.9x), 
 origin took 1.01x. Capped, such an origin is planned as one of 16x the median (about 16 Gbit/s
 against relays of 0.1-10 Gbit/s), the members carry the stripes, and every origin from 10 Gbit/s to
 6.4 Tbit/s takes 1.01-1.02x at 200 and 1,000 relays (`p2pnet sim run broadcast`, seed 1). What it
-has beyond the plan it still serves: in the endgame and to those that fetch from it directly. The
-price, where flows are not limited (no windows, unlimited downloads:
-`benchmarks/bench_relay_liars.py`'s 8 relays of 12.5-125 MB/s under a 1.25 GB/s origin, which can
-feed all 8 at once): 5.16 s -> 6.13 s against a 4.82 s bound; 200 relays with exact views, no
-windows and unlimited downloads under an 800 Gbit/s origin: 4.30 s -> 6.94 s (a 10 Gbit/s origin:
-6.89 s).
+has beyond the plan it still serves: in the endgame and to those that fetch from it directly. With
+no more children than it serves at once, each has a flow of its own and the whole figure is kept:
+capped, `benchmarks/bench_relay_liars.py`'s 8 relays of 12.5-125 MB/s under a 1.25 GB/s origin
+(no windows, unlimited downloads) took 6.13 s instead of 5.16 s against a 4.82 s bound. The price
+that remains, where flows are not limited: 200 relays with exact views, no windows and unlimited
+downloads under an 800 Gbit/s origin: 4.30 s -> 6.94 s (a 10 Gbit/s origin: 6.89 s).
 
 With balanced stripes every stripe finishes at about N*S/(U_origin + sum u_p), the lower bound,
 plus a pipelining term (tree depth x one chunk time, since each chunk is forwarded as soon as
@@ -118,6 +119,10 @@ MIN_CHUNKS_PER_STRIPE = 12
 #: quarter-of-the-fastest-member rule and capped claims borrowed from last: 46.7, 78.7 and 149.3 s, and
 #: with 20 such liars 65.1, 80.1 and 325.6 s instead of 111.9, 263.2 and 478.2 s; 26.6 s told the truth).
 ADVERTISED_CAP = 16
+
+#: The chunks an origin serves at once (`RelayConfig.max_concurrent_uploads`' default): a plan giving
+#: it more children than this has it planned at most at the members' ceiling (see the top).
+ORIGIN_SLOTS = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -286,8 +291,15 @@ def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, c
     `_stable_chunks`, so two peers whose memberships differ by a few peers agree on every
     peer's home stripe and on all but a few chunks' stripes (dealing by capacity moves most
     chunks to other stripes when one peer is missing from a view)."""
-    origin_upload = min(float(origin_upload_bps), members.ceiling)  # (see the top: what it serves at once)
-    return _plan_cached(origin, origin_upload, members, chunk_count, stripes, salt, stable)
+    plan = _plan_cached(origin, float(origin_upload_bps), members, chunk_count, stripes, salt, stable)
+    if origin_upload_bps <= members.ceiling or _origin_children(plan) <= ORIGIN_SLOTS:
+        return plan  # (see the top: it serves all its children at once)
+    return _plan_cached(origin, members.ceiling, members, chunk_count, stripes, salt, stable)
+
+
+def _origin_children(plan: StripePlan) -> int:
+    """How many members take some stripe from the origin (each is one flow while it fetches)."""
+    return len({p for parent in plan.parent for p, q in parent.items() if q == plan.origin})
 
 
 @lru_cache(maxsize=64)
