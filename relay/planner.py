@@ -40,6 +40,28 @@ membership's median (`Membership.planned`: an advertised figure is a stranger's 
    One deal for all of them, so views differing by a few members agree on almost every chunk
    (`_stable_chunks`).
 
+With more members than it serves at once (`ORIGIN_SLOTS`), the origin is planned with at most the
+same ceiling as any member (`Membership.ceiling`, applied in `plan_broadcast`), although its figure
+is no stranger's claim: what it can serve at once is not its link. It serves at most
+`RelayConfig.max_concurrent_uploads` (16) chunks at once, each to one child over one connection,
+which carries what the child's download and the connection's window allow, not the origin's link
+divided among them; counting each such flow at about the median member's upload,
+16 of them deliver about `ADVERTISED_CAP` x the median. Planned with its whole advertised link, a
+datacenter origin far faster than the relays took most members as its own children in every stripe
+(at 200 relays, 800 Gbit/s: 139-154 of 200 per stripe), each drained through one window- and
+download-limited flow while 16 (48 with lingering) were served at once: it delivered mostly 0.7-4
+GB/s of the 100 GB/s planned, served a copy to nearly every relay, and the broadcast took 2.9x the
+bound (6.4 Tbit/s: 4.1x; 1,000 relays at 800 Gbit/s 5.6x, at 6.4 Tbit/s 21.9x), where a 10 Gbit/s
+origin took 1.01x. Capped, such an origin is planned as one of 16x the median (about 16 Gbit/s
+against relays of 0.1-10 Gbit/s), the members carry the stripes, and every origin from 10 Gbit/s to
+6.4 Tbit/s takes 1.01-1.02x at 200 and 1,000 relays (`p2pnet sim run broadcast`, seed 1). What it
+has beyond the plan it still serves: in the endgame and to those that fetch from it directly. With
+no more members than it serves at once, each can have a flow of its own and the whole figure is
+kept: capped, `benchmarks/bench_relay_liars.py`'s 8 relays of 12.5-125 MB/s under a 1.25 GB/s origin
+(no windows, unlimited downloads) took 6.13 s instead of 5.16 s against a 4.82 s bound. The price
+that remains, where flows are not limited: 200 relays with exact views, no windows and unlimited
+downloads under an 800 Gbit/s origin: 4.30 s -> 6.94 s (a 10 Gbit/s origin: 6.89 s).
+
 With balanced stripes every stripe finishes at about N*S/(U_origin + sum u_p), the lower bound,
 plus a pipelining term (tree depth x one chunk time, since each chunk is forwarded as soon as
 it is verified). `lower_bound_s` gives the bound the simulator reports against.
@@ -98,6 +120,11 @@ MIN_CHUNKS_PER_STRIPE = 12
 #: with 20 such liars 65.1, 80.1 and 325.6 s instead of 111.9, 263.2 and 478.2 s; 26.6 s told the truth).
 ADVERTISED_CAP = 16
 
+#: The chunks an origin serves at once (`RelayConfig.max_concurrent_uploads`' default): with more
+#: members than this, the origin is planned at most at the members' ceiling (see the top). A
+#: constant, not the origin's setting, so that every relay plans alike.
+ORIGIN_SLOTS = 16
+
 
 @dataclass(frozen=True, eq=False)
 class Membership:
@@ -138,11 +165,21 @@ class Membership:
         median. Computed once; the same mapping as `uploads` when nobody is capped."""
         kept = self.__dict__.get("_planned")
         if kept is None:
-            serving = sorted(u for u in self.uploads.values() if u > 0)
-            ceiling = ADVERTISED_CAP * serving[(len(serving) - 1) // 2] if serving else math.inf
-            kept = self.uploads if not serving or serving[-1] <= ceiling else \
+            ceiling = self.ceiling
+            kept = self.uploads if all(u <= ceiling for u in self.uploads.values()) else \
                 {p: min(u, ceiling) for p, u in self.uploads.items()}
             object.__setattr__(self, "_planned", kept)
+        return kept
+
+    @property
+    def ceiling(self) -> float:
+        """The most upload a plan counts on from one member (bytes/s): `ADVERTISED_CAP` times the
+        lower median of the uploads > 0 (inf when nobody serves). Computed once."""
+        kept = self.__dict__.get("_ceiling")
+        if kept is None:
+            serving = sorted(u for u in self.uploads.values() if u > 0)
+            kept = ADVERTISED_CAP * serving[(len(serving) - 1) // 2] if serving else math.inf
+            object.__setattr__(self, "_ceiling", kept)
         return kept
 
     def __contains__(self, peer: object) -> bool:
@@ -255,7 +292,10 @@ def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, c
     `_stable_chunks`, so two peers whose memberships differ by a few peers agree on every
     peer's home stripe and on all but a few chunks' stripes (dealing by capacity moves most
     chunks to other stripes when one peer is missing from a view)."""
-    return _plan_cached(origin, float(origin_upload_bps), members, chunk_count, stripes, salt, stable)
+    origin_upload = float(origin_upload_bps)
+    if sum(p != origin for p in members.uploads) > ORIGIN_SLOTS:  # (see the top: what it serves at once)
+        origin_upload = min(origin_upload, members.ceiling)
+    return _plan_cached(origin, origin_upload, members, chunk_count, stripes, salt, stable)
 
 
 @lru_cache(maxsize=64)

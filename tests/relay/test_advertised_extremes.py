@@ -124,9 +124,43 @@ def test_figures_within_the_cap_are_planned_as_advertised():
     uploads = {f"r{i}": 1e6 * (1 + i) for i in range(40)} | {ORIGIN: 2e8}  # median 20 MB/s: nobody over 16x
     ordinary = Membership.of(uploads)
     assert ordinary.planned is ordinary.uploads
-    # lower median 22 MB/s; the origin's own figure is capped too, but plans take it as given
+    # lower median 22 MB/s; the origin's own figure is capped too (`plan_broadcast` caps the figure
+    # it is given the same way: see `test_an_origin_faster_than_the_cap_is_planned_at_the_cap`)
     faster = Membership.of(uploads | {"r0": 1e12, ORIGIN: 1.25e9})
     assert faster.planned == uploads | {"r0": ADVERTISED_CAP * 22e6, ORIGIN: ADVERTISED_CAP * 22e6}
+
+
+def test_an_origin_faster_than_the_cap_is_planned_at_the_cap():
+    """A datacenter origin serves at most 16 chunks at once, each over one connection: planned with
+    its whole link it took most members as children in every stripe and fed them at the pace of
+    those few flows (`relay.planner`'s docstring). Beyond the cap, its figure changes nothing."""
+    honest = {f"r{i:03d}": 1e7 * (1 + i % 10) for i in range(200)}
+    members = Membership.of({**honest, ORIGIN: 1.25e9})
+    serving = sorted(members.uploads.values())
+    ceiling = ADVERTISED_CAP * serving[(len(serving) - 1) // 2]
+    capped = plan_broadcast(ORIGIN, ceiling, members, 256, 16, stable=True)
+    for fast in (1e11, 2.0**64):
+        plan = plan_broadcast(ORIGIN, fast, members, 256, 16, stable=True)
+        assert plan.parent == capped.parent and plan.stripe_of_chunk == capped.stripe_of_chunk
+        assert plan.capacity_bps == capped.capacity_bps
+    assert all(capped.fanout[s][ORIGIN] == 1 for s in range(capped.stripes))
+
+
+def test_an_origin_serving_every_child_at_once_is_planned_with_its_whole_link():
+    """With no more members than the origin serves at once (8 relays), each can have a flow of its
+    own: capped, the members forwarded what the origin could have sent itself
+    (`benchmarks/bench_relay_liars.py`, 8 relays under a 1.25 GB/s origin: 6.13 s instead of 5.16 s,
+    bound 4.82 s)."""
+    relays = {f"r{i}": 1e7 * (1 + i) for i in range(8)}
+    members = Membership.of(relays | {ORIGIN: 1.25e9})
+    assert members.ceiling < 1.25e9
+    plan = plan_broadcast(ORIGIN, 1.25e9, members, 256, 8)
+    capped = plan_broadcast(ORIGIN, members.ceiling, members, 256, 8)
+    assert sum(plan.capacity_bps) == pytest.approx(1.25e9 + sum(relays.values()))
+
+    def direct(p: StripePlan) -> int:
+        return sum(q == ORIGIN for parent in p.parent for q in parent.values())
+    assert direct(plan) > direct(capped)
 
 
 def liar_world(peers: int, claim: float | None, real_bps: float | None, seed: int = 1, liars: int = 1,

@@ -225,8 +225,12 @@ def test_stable_plans_give_the_slowest_leaves_the_shallowest_free_slots(stable):
 @pytest.mark.parametrize("n", [64, 96, 128])
 def test_the_origins_spare_slots_go_to_the_fastest_leaves(n):
     # with a fast origin a stable plan's origin has slots left after the interior members; a slow
-    # leaf there would drain an origin slot at its own download's pace in every stripe
-    m = members(n, seed=3, high=1.25e8)
+    # leaf there would drain an origin slot at its own download's pace in every stripe. (Planned
+    # at most at the cap times the median, the origin has spare slots only where few members
+    # serve: here 30% of them, the others advertise no upload)
+    rng = random.Random(3)
+    m = Membership.of({f"p{i:04d}": rng.uniform(12.5e6, 1.25e8) if i < 0.3 * n else 0.0 for i in range(n)}
+                      | {ORIGIN: 5e9})
     plan = plan_broadcast(ORIGIN, 5e9, m, 256, 16, stable=True)
     spared = 0
     for s in range(plan.stripes):
@@ -235,7 +239,7 @@ def test_the_origins_spare_slots_go_to_the_fastest_leaves(n):
         others = [u for p, u in leaves.items() if plan.parent[s][p] != ORIGIN]
         spared += len(under_origin)
         if under_origin and others:
-            assert min(under_origin) > max(others)
+            assert min(under_origin) >= max(others)  # (equal only among those advertising 0)
     assert spared  # the case exists at these sizes
 
 
