@@ -22,7 +22,7 @@ import trio
 from p2pnet.dataplane import open_data_stream, send_frame
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
-from tests.trainer.test_diloco_inbox import SLACK_S, Trainer, _a_round, _started
+from tests.trainer.test_diloco_inbox import SLACK_S, Trainer, _a_round, _noting_reads, _started
 from trainer.diloco import digest
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import Received
@@ -44,18 +44,6 @@ async def _send_each(target: Trainer, frames: list[tuple[Identity, Join]]) -> No
         stream = await open_data_stream(target.address, CHANNEL, codec=Codec(who), peer=target.peer_id)
         async with stream:
             await send_frame(stream, Codec(who).encode(body, time.time()))
-
-
-def _noting_reads(trainer: Trainer) -> list[Any]:
-    """What `trainer`'s round reads from its inbox, in order, from now on."""
-    read: list[Any] = []
-    receive = trainer.role.inbox.receive
-
-    async def receive_and_note() -> Any:
-        read.append(await receive())
-        return read[-1]
-    trainer.role.inbox.receive = receive_and_note
-    return read
 
 
 async def _read_all(read: list[Any], frames: list[tuple[Identity, Join]]) -> None:
