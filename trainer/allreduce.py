@@ -8,7 +8,10 @@ arrived from every peer it expects (its own list and the peers the Joins name), 
 deadline, the leader decides: the reference digest is the one most Joins carry (ties: the
 lowest peer id's), the members are the peers that carry it, and it sends `Members` to everyone
 that joined. One decision, so every member runs the all-reduce over the same list. A newcomer
-whose Join reaches the leader in time takes part at once. A peer whose digest is not the
+whose Join reaches the leader in time takes part at once, while the round has room: it holds at
+most `MAX_MEMBERS` (what a Members lists), and in an open group any identity can Join, so the
+peers we keep places for (`room_for`: the members of the last round we took part in) always find
+room, and every other joiner takes what is left, first come first served. A peer whose digest is not the
 reference (it missed a round, or resumed from an older checkpoint), or that is left out, sits
 the round out and fetches the state from a member instead. A follower that hears no Members
 by twice the deadline takes the leader for dead and the next lowest peer leads.
@@ -46,13 +49,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from trainer.diloco import Encoding, Packed, Rejection, pack, screen, unpack
-from trainer.diloco_messages import PIECE_VALUES, STAGE_CONTRIBUTION, STAGE_REDUCED, Join, Part
+from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, STAGE_CONTRIBUTION, STAGE_REDUCED, Join, Part
 
 
 def members_digest(members: tuple[str, ...]) -> bytes:
@@ -95,17 +98,50 @@ def leader_of(candidates: set[str]) -> str:
     return min(candidates)
 
 
-class Membership:
-    """The members of one round as its leader decides them, from the Joins that arrive by a deadline."""
+def room_for(held: Iterable[str], sender: str, keep: Collection[str], limit: int = MAX_MEMBERS) -> tuple[bool, str | None]:
+    """Whether a round's Join from `sender` may be held with those of `held` (their senders, in
+    the order they first came), at most `limit` of them, and whose it replaces, if any. In an
+    open group any identity can Join, so the peers of `keep` (the ones we keep places for: the
+    members of the last round we took part in, at most `limit`) always find room and everyone
+    else takes what is left, first come first served: a sender already held, yes; room left,
+    yes; full, a sender of `keep` replaces the last-come sender not of `keep` (there is one:
+    `keep` holds at most `limit`), anyone else is turned away (the round goes on without it; a
+    peer left out sits the round out as any non-member does). Pure: the caller drops whom it names."""
+    held = list(held)
+    if sender in held or len(held) < limit:
+        return True, None
+    if sender not in keep:
+        return False, None
+    for peer in reversed(held):
+        if peer not in keep:
+            return True, peer
+    return False, None
 
-    def __init__(self, self_id: str, round: int, weights_digest: bytes, now: float, deadline_s: float) -> None:
+
+class Membership:
+    """The members of one round as its leader decides them, from the Joins that arrive by a
+    deadline: at most `MAX_MEMBERS` of them, the peers of `keep` (the members of the last round
+    we took part in, and we) first (`room_for`). A Join turned away, or replaced, counts for
+    nothing here, the peers it names included: what we hold stays bounded whoever sends."""
+
+    def __init__(self, self_id: str, round: int, weights_digest: bytes, now: float, deadline_s: float,
+                 keep: Collection[str] = ()) -> None:
         self.self_id = self_id
         self.round = round
-        self.joins: dict[str, bytes] = {self_id: weights_digest}
+        self.keep = frozenset(keep) | {self_id}
+        if len(self.keep) > MAX_MEMBERS:  # the caller's: no round could hold them all
+            raise ValueError(f"{len(self.keep)} peers to keep places for: a round holds at most {MAX_MEMBERS}")
+        self.joins: dict[str, bytes] = {self_id: weights_digest}  # in the order senders first came
+        self.names: dict[str, frozenset[str]] = {}  # sender -> the peers its latest Join names
         self.deadline_at = now + deadline_s
         self.known: set[str] = set()
-        self.told: set[str] = set()  # peers named in the Joins we received
         self.excluded: set[str] = set()
+
+    @property
+    def told(self) -> set[str]:
+        """Peers named in the Joins we hold, each sender's latest (its view now: a peer sends its
+        Join again when the peers it takes for dead change)."""
+        return set().union(*self.names.values())
 
     @property
     def expected(self) -> set[str]:
@@ -131,14 +167,24 @@ class Membership:
         self.known = set(peers)
         self.excluded = set(excluded) - set(self.joins)
 
-    def receive(self, sender: str, join: Join) -> None:
-        if join.round == self.round:
-            self.joins[sender] = join.weights_digest
-            self.told |= set(join.known)
-            self.excluded.discard(sender)
+    def receive(self, sender: str, join: Join) -> bool:
+        """Take `sender`'s Join of our round if it finds room (`room_for`); False: turned away."""
+        if join.round != self.round:
+            return False
+        admitted, replaced = room_for(self.joins, sender, self.keep)
+        if not admitted:
+            return False
+        if replaced is not None:
+            del self.joins[replaced]
+            self.names.pop(replaced, None)
+        self.joins[sender] = join.weights_digest
+        self.names[sender] = frozenset(join.known)
+        self.excluded.discard(sender)
+        return True
 
     def decided(self, now: float) -> tuple[tuple[str, ...], bytes] | None:
-        """(members, reference digest) once every expected peer joined or at the deadline."""
+        """(members, reference digest) once every expected peer joined or at the deadline. At most
+        `MAX_MEMBERS` members: the Joins we hold (`receive`) are no more."""
         if not self.expected <= set(self.joins) and now < self.deadline_at:
             return None
         joins = self.joins

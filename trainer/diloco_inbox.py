@@ -193,6 +193,11 @@ class RoundInbox:
         for lane in Lane:  # a frame waiting for one lane may be of the other now
             self._wake(lane)
 
+    @property
+    def reserved(self) -> frozenset[str]:
+        """The senders with places of their own (`reserve`)."""
+        return self.core.members
+
     def queued(self, peer: str) -> int:
         return self.core.queued.get(peer, 0)
 
@@ -214,7 +219,8 @@ class RoundInbox:
         it, and before those that came after)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while self.core.report_blocked():
-            self._report_room = self._report_room or trio.Event()
+            if self._report_room is None:  # (an Event has no truth value: trio refuses `or`)
+                self._report_room = trio.Event()
             await self._report_room.wait()
         self.core.report(failed)
         self._wake_reader()

@@ -30,7 +30,12 @@ every listed trainer in a closed group) have places of their own there, read fir
 other sender (a joiner, or any identity) shares a pool (`trainer.diloco_inbox`), so a flood of
 them delays only joiners. In an open group an identity takes part at no cost, though: its Join
 makes it a member, and we take a round's Members from any sender, so one naming us on our
-weights makes whoever it lists the members we keep places for, instead of the real ones.
+weights makes whoever it lists the members we keep places for, instead of the real ones. A round
+holds at most `MAX_MEMBERS`, though many identities Join it: the peers we keep places for always
+find room among the Joins we hold (`Membership`, `room_for`), the rest go to other joiners first
+come, and a joiner left out sits the round out as any non-member does. Joins of the next round
+read during our all-reduce are kept for it, of the next round only and as many, the same peers
+first (`_keep_join`).
 
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
@@ -66,7 +71,7 @@ from p2pnet.dataplane import open_data_stream
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import peer_id_from_str
 from p2pnet.peertable import PEER_TABLE_CORE
-from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send
+from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, room_for
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_catchup import CatchingUp, JoinPath, _shell_with  # _shell_with: tests import it from here
 # INBOX bounds the Parts we keep early; PEER_INBOX and the constants below: tests import them from
@@ -285,7 +290,10 @@ class DilocoRole(DilocoServing, CatchingUp):
                       sends: trio.Nursery) -> tuple[str, ...]:
         """The members of this round: decided here when we lead, else told by the leader."""
         me = self.node.peer_id
-        membership = Membership(me, round, weights_digest, trio.current_time(), self.config.deadline_s)
+        # the peers whose Joins always find room, however many identities Join (`room_for`): those
+        # the inbox keeps places for (the last round's members; a closed group's trainers)
+        membership = Membership(me, round, weights_digest, trio.current_time(), self.config.deadline_s,
+                                self.inbox.reserved)
         for sender, join in self.joins.pop(round, {}).items():
             membership.receive(sender, join)
         self.joins = {r: j for r, j in self.joins.items() if r > round}
@@ -390,9 +398,22 @@ class DilocoRole(DilocoServing, CatchingUp):
             elif isinstance(body, Part):
                 effects = core.receive(now, sender, body)
             else:
-                if isinstance(body, Join) and body.round > round:
-                    self.joins.setdefault(body.round, {})[sender] = body
+                if isinstance(body, Join) and body.round == round + 1:
+                    self._keep_join(sender, body)
                 effects = core.tick(now)
+
+    def _keep_join(self, sender: str, join: Join) -> None:
+        """A Join of the next round, read during our all-reduce, kept for the next `_decide`. Only
+        the next round's: an honest peer that ended this round before us sends those; one further
+        ahead means we are behind, which the next round's Joins show us again (`_Behind`; a peer
+        ahead answers our Join with its own). At most `MAX_MEMBERS` senders, this round's members
+        (reserved: `_reserve`) first, as `Membership` takes them (`room_for`)."""
+        kept = self.joins.setdefault(join.round, {})
+        admitted, replaced = room_for(kept, sender, self.inbox.reserved | {self.node.peer_id})
+        if replaced is not None:
+            del kept[replaced]
+        if admitted:
+            kept[sender] = join
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:
         with trio.move_on_at(deadline):

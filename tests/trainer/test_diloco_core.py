@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +19,7 @@ from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejec
                             max_quantization_error, pack, packed_bytes, unpack)
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import PeerFailed, Received
-from trainer.diloco_messages import PIECE_VALUES, Join, Members
+from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, Join, Members
 from trainer.diloco_role import DilocoRole, JoinPath, Phase
 
 
@@ -246,6 +247,51 @@ def test_the_leader_is_one_every_member_agrees_on_and_a_peer_only_others_name_le
     stranger = Membership("q", 5, d, now=0.0, deadline_s=10.0)
     stranger.receive("a", Join(5, d, ()))
     assert stranger.leader({"p"}, {"p"}, set()) == "p"
+
+
+def test_a_leader_flooded_with_joins_decides_at_most_max_members_and_keeps_its_groups_members():
+    """In an open group identities cost nothing: 300 fresh ones Join the round we lead, on our
+    weights, each naming as many peers as a Join may. The round still decides (a Members of more
+    than `MAX_MEMBERS` cannot be built: the role crashed there), with every member of the last
+    round (`keep`) among the members whether its Join came before the strangers' or after them,
+    and what the Membership holds stays bounded: the Joins it took and the peers they name."""
+    rng = random.Random(43)
+    same = b"a" * 16
+    group = ["g0", "g1", "g2", "g3"]  # the last round's members; g0 leads
+    strangers = [f"s{i:03d}" for i in range(300)]
+    names = tuple(f"n{i:03d}" for i in range(MAX_MEMBERS))
+    for early in (0, 1, 3):  # how many of the group's Joins come before every stranger's
+        m = Membership("g0", 7, same, now=0.0, deadline_s=10.0, keep=group)
+        m.expect(set(group[1:]))
+        order = [(p, Join(7, same, ())) for p in group[1:1 + early]]
+        order += [(p, Join(7, same, names)) for p in strangers]
+        late = [(p, Join(7, same, ())) for p in group[1 + early:]]
+        order[len(order) // 2:len(order) // 2] = late[:1]  # one in the middle of the flood
+        order += late[1:]
+        taken = [m.receive(p, j) for p, j in order]
+        assert len(m.joins) == MAX_MEMBERS and not all(taken)  # full: the last strangers turned away
+        assert m.decided(9.9) is None  # the names the strangers sent are waited for, until the deadline
+        members, reference = m.decided(10.0)
+        assert reference == same and set(group) <= set(members) and len(members) == MAX_MEMBERS
+        Members(7, reference, members)  # what the leader sends: within the message's bound
+        assert len(m.names) < MAX_MEMBERS and m.told == set(names)
+    # a Join sent again by a peer held keeps its place; a stranger's never evicts another
+    m = Membership("g0", 7, same, now=0.0, deadline_s=10.0, keep=group)
+    for p in strangers[:MAX_MEMBERS - 1]:
+        assert m.receive(p, Join(7, same, ()))
+    assert m.receive(strangers[0], Join(7, b"b" * 16, ())) and not m.receive(strangers[-1], Join(7, same, ()))
+    assert m.receive("g3", Join(7, same, ())) and strangers[MAX_MEMBERS - 2] not in m.joins  # the last come goes
+    # however Joins interleave, the group's members are in and the strangers first come hold the rest
+    for _ in range(20):
+        order = group[1:] + strangers
+        rng.shuffle(order)
+        m = Membership("g0", 7, same, now=0.0, deadline_s=10.0, keep=group)
+        for p in order:
+            m.receive(p, Join(7, same, ()))
+        first = [p for p in order if p not in group][:MAX_MEMBERS - len(group)]
+        assert set(m.joins) == set(group) | set(first)
+    with pytest.raises(ValueError, match="at most"):  # the caller's: no round holds them
+        Membership("g0", 7, same, now=0.0, deadline_s=10.0, keep=strangers[:MAX_MEMBERS])
 
 
 def test_global_state_is_written_atomically_and_read_back(tmp_path):

@@ -292,6 +292,18 @@ async def _a_round(trainer: Trainer, background: trio.Nursery, done: list[str]) 
     done.append(trainer.peer_id)
 
 
+def _noting_reads(trainer: Trainer) -> list[Any]:
+    """What `trainer`'s round reads from its inbox, in order, from now on."""
+    read: list[Any] = []
+    receive = trainer.role.inbox.receive
+
+    async def receive_and_note() -> Any:
+        read.append(await receive())
+        return read[-1]
+    trainer.role.inbox.receive = receive_and_note
+    return read
+
+
 async def test_strangers_that_fill_the_pool_before_a_round_syncs_do_not_keep_its_members_out(
         nursery: trio.Nursery) -> None:
     """Two trainers average round 2; then 17 fresh identities flood one of them (a) with frames
@@ -318,13 +330,7 @@ async def test_strangers_that_fill_the_pool_before_a_round_syncs_do_not_keep_its
         rounds.start_soon(_a_round, b, nursery, done)  # b's inner steps ended first: it joins round 3
         await _until(lambda: _waits_in(a, Lane.GROUP, b.peer_id, Join, 3), "b's Join taken in at a")
         assert len(a.role.inbox.core.lanes[Lane.POOL]) == INBOX  # still full: nothing read it
-        read: list[Any] = []
-        receive = a.role.inbox.receive
-
-        async def receive_and_note() -> Any:
-            read.append(await receive())
-            return read[-1]
-        a.role.inbox.receive = receive_and_note
+        read = _noting_reads(a)
         rounds.start_soon(_a_round, a, nursery, done)  # then a's
     first = read[0]  # b's Join, before the strangers' frames that came first
     assert first.peer == b.peer_id and isinstance(first.body, Join) and first.body.round == 3
