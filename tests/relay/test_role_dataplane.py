@@ -282,6 +282,19 @@ async def test_a_refusal_being_told_as_the_connection_breaks_is_not_told_again_a
     assert accepted == [1]
 
 
+def noting_the_first_fetch(role: FakeRole) -> trio.Event:
+    """An event set once `role` has been told its first fetched chunk."""
+    first = trio.Event()
+    report_fetched = role.report_fetched
+
+    async def fetched(*args) -> None:
+        await report_fetched(*args)
+        first.set()
+
+    role.report_fetched = fetched
+    return first
+
+
 async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on():
     """Our quiet timer fires (its deadline is past) and a request for the source is queued before
     `_write` runs again, in the same scheduling batch: `_write` is owed nothing but has a request
@@ -293,14 +306,7 @@ async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on()
     async with trio.open_nursery() as nursery:
         address, accepted, _ = await source_connections(nursery, serve)
         role = FakeRole(address)
-        first = trio.Event()
-        report_fetched = role.report_fetched
-
-        async def fetched(*args) -> None:
-            await report_fetched(*args)
-            first.set()
-
-        role.report_fetched = fetched
+        first = noting_the_first_fetch(role)
         upstream = Upstream(role, SOURCE.peer_id)
         upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
         with trio.fail_after(5):
@@ -334,14 +340,7 @@ async def test_an_idle_connection_leaves_the_role_before_a_request_can_be_handed
         address, accepted, _ = await source_connections(nursery, serve)
         role = FakeRole(address)
         role.config = RelayConfig(idle_timeout_s=2.0)
-        first, left = trio.Event(), trio.Event()
-        report_fetched = role.report_fetched
-
-        async def fetched(*args) -> None:
-            await report_fetched(*args)
-            first.set()
-
-        role.report_fetched = fetched
+        first, left = noting_the_first_fetch(role), trio.Event()
         role.upstream_done = lambda upstream: left.set()
         upstream = Upstream(role, SOURCE.peer_id)
         handed: list[int] = []
