@@ -519,8 +519,8 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         # a figure every relay derives alike from its membership: with our own upload, relays of
         # different uploads planned the same version differently, though plans are meant to agree
         # across relays (`relay.planner`, stable plans). The ceiling is also what `plan_broadcast`
-        # caps a known origin at beyond `ORIGIN_SLOTS` members, so views lacking a fast origin
-        # agree with those that have it. (0 when nobody serves: the ceiling is then infinite.)
+        # caps a known origin at beyond `ORIGIN_SLOTS` members, so a view lacking a fast origin
+        # plans it about as the views that have it do. (0 when nobody serves: the ceiling is inf.)
         ceiling = self._members.ceiling
         origin_upload = self._members.uploads.get(origin, ceiling if ceiling < math.inf else 0.0)
         if self.config.layout == "striped":
