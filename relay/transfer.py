@@ -53,6 +53,7 @@ bookkeeping per version and per source (`_Version`, `_Source`): `relay.transfer_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -514,7 +515,14 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
                 v.swarm = SwarmVersion(v.count, rotation(self.self_id, v.count), mine)
             return
         origin = v.signed.publisher
-        origin_upload = self._members.uploads.get(origin, self._self_upload)
+        # An origin our view lacks (its heartbeat not heard yet) is planned at the view's ceiling,
+        # a figure every relay derives alike from its membership: with our own upload, relays of
+        # different uploads planned the same version differently, though plans are meant to agree
+        # across relays (`relay.planner`, stable plans). The ceiling is also what `plan_broadcast`
+        # caps a known origin at beyond `ORIGIN_SLOTS` members, so a view lacking a fast origin
+        # plans it about as the views that have it do. (0 when nobody serves: the ceiling is inf.)
+        ceiling = self._members.ceiling
+        origin_upload = self._members.uploads.get(origin, ceiling if ceiling < math.inf else 0.0)
         if self.config.layout == "striped":
             v.plan = plan_broadcast(origin, origin_upload, self._members, v.count, self.config.stripes,
                                     salt=v.signed.manifest_id, stable=self.config.stable_plan)

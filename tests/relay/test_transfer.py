@@ -135,6 +135,22 @@ def test_a_request_the_shell_finds_held_is_settled_though_a_dropped_source_told_
     assert c._in_flight == 0
 
 
+@pytest.mark.parametrize("others", [3, 40])  # fewer and more members than the origin serves at once
+def test_relays_whose_views_lack_the_origin_plan_a_version_alike_whatever_their_own_upload(others):
+    """Two relays that have not heard the origin's heartbeat yet, with the same view otherwise,
+    plan the version alike: the origin's figure comes from the view, not from our own upload."""
+    view = {"slow": 2e7, "fast": 8e8, **{f"m{i}": 1e8 * (1 + i % 5) for i in range(others)}}
+    plans = []
+    for name in ("slow", "fast"):
+        c = TransferCore(FAST, name, open_frame=opener, self_upload_bps=view[name])
+        c.set_members(0.0, view)
+        c.on_message(0.0, envelope("m0", ManifestAnnounce(SIGNED.frame)))
+        plan = c._versions[1].plan
+        plans.append((plan.stripes, dict(plan.home), [dict(p) for p in plan.parent],
+                      [dict(f) for f in plan.fanout], plan.stripe_of_chunk, plan.capacity_bps))
+    assert plans[0] == plans[1]
+
+
 # -- the simulated world ------------------------------------------------------------------
 
 
