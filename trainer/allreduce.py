@@ -133,15 +133,13 @@ class Membership:
             raise ValueError(f"{len(self.keep)} peers to keep places for: a round holds at most {MAX_MEMBERS}")
         self.joins: dict[str, bytes] = {self_id: weights_digest}  # in the order senders first came
         self.names: dict[str, frozenset[str]] = {}  # sender -> the peers its latest Join names
+        # peers named in the Joins we hold, each sender's latest (its view now: a peer sends its
+        # Join again when the peers it takes for dead change); redone as `names` changes (`receive`),
+        # not at each read: the shell reads it at every event while a round is decided
+        self.told: set[str] = set()
         self.deadline_at = now + deadline_s
         self.known: set[str] = set()
         self.excluded: set[str] = set()
-
-    @property
-    def told(self) -> set[str]:
-        """Peers named in the Joins we hold, each sender's latest (its view now: a peer sends its
-        Join again when the peers it takes for dead change)."""
-        return set().union(*self.names.values())
 
     @property
     def expected(self) -> set[str]:
@@ -179,6 +177,7 @@ class Membership:
             self.names.pop(replaced, None)
         self.joins[sender] = join.weights_digest
         self.names[sender] = frozenset(join.known)
+        self.told = set().union(*self.names.values())
         self.excluded.discard(sender)
         return True
 
