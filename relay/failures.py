@@ -19,6 +19,17 @@ fault:
   stripes' chains to its ancestors meanwhile, and come back to it once it knows us. A source
   that refuses us `NOT_ADMITTED_TRIES` times in a row (it banned us, or dropped us from its
   table) is treated as unreachable from then on.
+- `no_address`: the shell has no data address for the source: its heartbeat has not reached
+  our peer table, even after the shell waited for it (`request_timeout_s`). Membership comes
+  from the peer table, so every member has one; but the manifest's publisher (the origin, in
+  every chain) and a peer that sent `Holding` can be known before their heartbeat, and past
+  `max_heard_per_s * max_interval_s` peers (150 by default) heartbeats are 30 s apart (up to
+  50 s while busy). So a new relay, or one that just heard of a holder, excluded an alive
+  source (the origin at worst) for `exclude_s` as unreachable. Nobody is at fault yet: it is
+  excluded for `not_admitted_s` only, without substitutes, its chunks may be asked of it
+  again, it stays a holder, and it never counts as unreachable, however often (a source whose
+  heartbeat never comes costs each try the shell's wait, for the chunks handed to it; the
+  origin's chunks, until its heartbeat comes, cannot be fetched from it anyway).
 - `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
   The chunk is retried at the next candidate; the source stays usable for other chunks. Our
   parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
@@ -66,10 +77,15 @@ if TYPE_CHECKING:
     from relay.transfer_state import _Version
 
 NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before a source counts as unreachable
-# failures after which the source may be asked for the chunk again: ours, and a refusal (it will know us soon)
-_ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, FetchFailure.NOT_ADMITTED})
-# drops that borrow no substitute parent: a stall (its ancestors feed us instead) and a refusal (see the top)
-_NO_SUBSTITUTES = frozenset({DropReason.STALLED, DropReason.NOT_ADMITTED})
+# failures after which the source may be asked for the chunk again: ours, a refusal (it will know us
+# soon) and a missing address (we will know it soon)
+_ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, FetchFailure.NOT_ADMITTED,
+                        FetchFailure.NO_ADDRESS})
+# drops that borrow no substitute parent: a stall (its ancestors feed us instead), a refusal and a
+# missing address (see the top)
+_NO_SUBSTITUTES = frozenset({DropReason.STALLED, DropReason.NOT_ADMITTED, DropReason.NO_ADDRESS})
+# drops for `not_admitted_s` only (`exclude_s` for the others): nobody is at fault yet
+_BRIEF = frozenset({DropReason.NOT_ADMITTED, DropReason.NO_ADDRESS})
 
 
 class FailureHandling:
@@ -93,8 +109,8 @@ class FailureHandling:
         def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]: ...
 
     def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: FetchFailure) -> list[Any]:
-        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `unavailable`,
-        or ours, `store_full` or `store_failed` (see the top)."""
+        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `no_address`,
+        `unavailable`, or ours, `store_full` or `store_failed` (see the top)."""
         v = self._versions.get(version)
         effects: list[Any] = []
         if reason is FetchFailure.CORRUPT:
@@ -103,6 +119,8 @@ class FailureHandling:
             self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
             why = DropReason.NOT_ADMITTED if refusals < NOT_ADMITTED_TRIES else DropReason.UNREACHABLE
             self._exclude(now, peer, why, effects)
+        elif reason is FetchFailure.NO_ADDRESS and self._excluded.get(peer, 0.0) <= now:  # (no refusal: not counted)
+            self._exclude(now, peer, DropReason.NO_ADDRESS, effects)
         elif reason is FetchFailure.UNREACHABLE:
             self._exclude(now, peer, DropReason.UNREACHABLE, effects)
         if v is None:
@@ -155,7 +173,7 @@ class FailureHandling:
 
     def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None:
         config = self.config
-        until = now + (config.not_admitted_s if why is DropReason.NOT_ADMITTED else config.exclude_s)
+        until = now + (config.not_admitted_s if why in _BRIEF else config.exclude_s)
         self._excluded[peer] = max(until, self._excluded.get(peer, until))  # a late refusal never shortens an exclusion
         if why is DropReason.SLOW:
             self._slow.add(peer)
@@ -172,8 +190,9 @@ class FailureHandling:
 
     def _release_peer(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None:
         """Move every chunk outstanding at `peer` back to its stripe's retry queue, and (unless it
-        only stalled or has not admitted us yet, see the top) borrow a substitute parent in each stripe where `peer` was the
-        one we fetched from."""
+        only stalled, has not admitted us yet or has no address yet, see the top) borrow a
+        substitute parent in each stripe where `peer` was the one we fetched from. It is no longer
+        a holder of any version, unless we only lack its address."""
         for v in self._versions.values():
             if why not in _NO_SUBSTITUTES and not v.complete and v.plan is not None:
                 for s, chain in enumerate(v.chains):
@@ -185,4 +204,5 @@ class FailureHandling:
                 _requeue(v, index)
             if mine:
                 effects.append(Emit(SourceDropped(peer, v.version, why)))
-            v.holders.discard(peer)
+            if why is not DropReason.NO_ADDRESS:  # (its `Holding`, which made it one, is all we heard
+                v.holders.discard(peer)           # of it, and comes rarely at scale: `relay.announce`)

@@ -8,6 +8,7 @@ from p2pnet.core import Emit, Publish, Send
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
 from relay.announce import MAX_MANIFEST_ASKS
+from relay.failures import NOT_ADMITTED_TRIES
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
@@ -836,6 +837,50 @@ def test_a_parent_that_keeps_refusing_us_counts_as_unreachable_and_a_late_refusa
     for t in (3.5, 6.0):  # it served us in between: the count started over, two refusals are not three
         c2.fetch_failed(t, parent, 1, f.index, FetchFailure.NOT_ADMITTED)
         assert c2._excluded[parent] == pytest.approx(t + FAST.not_admitted_s)
+
+
+def test_an_origin_we_have_no_address_for_yet_is_skipped_briefly_and_asked_again_however_often():
+    """`no_address`: the shell waited in vain for the source's heartbeat, which brings its data
+    address (the manifest's publisher, known before its heartbeat reached our peer table, as a
+    relay that just started knows it). Nobody's fault: excluded for `not_admitted_s` only, and
+    never counted as unreachable (unlike refusals, `NOT_ADMITTED_TRIES`): its heartbeat may be
+    30 s away or more."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    asked = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    t = 0.1
+    for attempt in range(NOT_ADMITTED_TRIES + 2):
+        assert asked and {f.peer for f in asked} == {PUBLISHER.peer_id}, attempt
+        dropped = []
+        for f in asked:
+            dropped += [e.event for e in c.fetch_failed(t, f.peer, 1, f.index, FetchFailure.NO_ADDRESS)
+                        if isinstance(e, Emit) and isinstance(e.event, SourceDropped)]
+        assert [d.why for d in dropped] == [DropReason.NO_ADDRESS], attempt  # one exclusion, not one per fetch
+        assert c._excluded[PUBLISHER.peer_id] == pytest.approx(t + FAST.not_admitted_s), attempt
+        t += FAST.not_admitted_s + 0.1
+        asked = fetches(c.on_timer(t, "relay/tick"))
+
+
+def test_a_holder_we_have_no_address_for_yet_stays_a_holder_and_is_asked_again():
+    """A peer we know only from its `Holding` (it is in no plan: membership comes from heartbeats)
+    whose address the shell could not find yet is asked again once its short exclusion ends; its
+    `Holding` is all that made it a holder, and at scale it comes rarely (`relay.announce`). One
+    found unreachable is no longer a holder (its next `Holding` would count again)."""
+    for why, kept in ((FetchFailure.NO_ADDRESS, True), (FetchFailure.UNREACHABLE, False)):
+        c = core()
+        c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+        c.on_message(0.0, envelope("holder", Holding((HeldVersion(1, SIGNED.manifest_id),))))
+        moved = []
+        for f in first:  # the origin is gone for a while: the chunks go to the holder
+            moved += fetches(c.fetch_failed(0.1, f.peer, 1, f.index, FetchFailure.UNREACHABLE))
+        assert moved and {f.peer for f in moved} == {"holder"}
+        for f in moved:
+            c.fetch_failed(0.2, "holder", 1, f.index, why)
+        assert ("holder" in c._versions[1].holders) == kept, why
+        later = 0.2 + FAST.not_admitted_s + 0.1  # the origin is still excluded (`exclude_s`)
+        again = fetches(c.on_timer(later, "relay/tick"))
+        assert ("holder" in {f.peer for f in again}) == kept, why
 
 
 def test_marks_of_peers_that_left_and_ended_exclusions_are_forgotten():
