@@ -17,9 +17,11 @@ at most `max_heard_per_s` heartbeats a second, times the copies GossipSub delive
 large the network; up to `max_heard_per_s * heartbeat_interval_s - 1` other peers (9 by default)
 nothing changes. Past `max_interval_s * max_heard_per_s` peers (150 by default) the cap holds and
 the cost grows again, linearly. The cap is 30 s because a relay's wait for a holder's address
-waits on heartbeats, so a longer cap would trade that delay for less CPU. A peer's admission on
-the data plane waits on them no longer: a peer refused as unknown (a restarted peer refuses
-fetches from peers it has not heard yet) introduces itself (below).
+waits on heartbeats (one whose address has not come when the wait ends, `request_timeout_s`, is
+asked again soon: `relay.failures`, `no_address`), so a longer cap would trade that delay for
+less CPU. A peer's admission on the data plane waits on them no longer: a peer refused as
+unknown (a restarted peer refuses fetches from peers it has not heard yet) introduces itself
+(below).
 
 The price is paid in time. Every heartbeat declares its sender's spacing (`Heartbeat.interval_ms`:
 the interval of the timer set when it was published), and a receiver forgets a peer only after
@@ -32,11 +34,15 @@ frequent, its table being small). The declared interval is clamped by the receiv
 (0) gets `expiry_s`. Expiry is checked every `heartbeat_interval_s` (a timer of its own), however
 far apart our own heartbeats are.
 
-A receiver knows only the last declaration it heard, so the spacing grows by at most a third of
-the horizon the previous heartbeat declared (`next_cap_s`: 5 / 3 of it by default; from 2 s to
-30 s in 6 heartbeats) however fast our table grows: the heartbeat announcing a longer spacing
-may be lost (a peer's start, a network's bring-up, when tables jump from nothing to everyone)
-without the receivers that missed it forgetting us. It shrinks at once. Older peers' heartbeats
+A receiver knows only the last declaration it heard, so the spacing grows by at most
+`GROWTH_PER_BEAT` (1.5) times, and a third of the horizon, of what the previous heartbeat
+declared (`next_cap_s`; from 2 s to 30 s in 7 heartbeats) however fast our table grows: the
+heartbeats announcing a longer spacing may be lost (a peer's start, a network's bring-up, when
+tables jump from nothing to everyone) without the receivers that missed them forgetting us. A
+third of the horizon alone lets one be lost: growing 5 / 3 a beat (that third, by default), two
+lost in a row left a silence of 1 + 5/3 + 25/9 = 5.44 declared intervals, past the horizon of 5,
+and the receivers forgot us (a peer joined again at its next heartbeat, and every relay replanned
+twice); at 1.5 a beat it is 4.75 of them. It shrinks at once. Older peers' heartbeats
 (without `interval_ms`) are not decoded at all (`p2pnet.wire` wants every field), so a network
 runs one version.
 
@@ -85,6 +91,10 @@ from p2pnet.messages import HEARTBEAT_TOPIC, MAX_HEARTBEAT_INTERVAL_MS, Capacity
 from p2pnet.wire import Envelope
 
 TIMER_HEARTBEAT = "peertable/heartbeat"  # publish our next heartbeat
+# our spacing grows at most this much a heartbeat, so that two heartbeats lost in a row while it
+# grows expire nobody: 1 + 1.5 + 1.5^2 = 4.75 declared intervals of silence, within the horizon of
+# expiry_s / heartbeat_interval_s (5 by default) of them (see the top)
+GROWTH_PER_BEAT = 1.5
 TIMER_EXPIRE = "peertable/expire"  # forget peers silent past their horizon (every heartbeat_interval_s)
 
 
@@ -142,10 +152,11 @@ class PeerTableConfig:
                                             self.horizon_s(self.max_interval_s) / 3))
 
     def next_cap_s(self, declared_s: float) -> float:
-        """The longest spacing after a heartbeat that follows one declaring `declared_s`: a third of
-        the horizon that declaration gives the receivers (never less than it), so the heartbeat
-        announcing a longer spacing may be lost without its sender being forgotten."""
-        return max(declared_s, self.horizon_s(declared_s) / 3)
+        """The longest spacing after a heartbeat that follows one declaring `declared_s` (never
+        less than it): `GROWTH_PER_BEAT` times it, and at most a third of the horizon that
+        declaration gives the receivers, so the heartbeats announcing a longer spacing may be lost
+        (two in a row with the default horizon, one with any) without their sender being forgotten."""
+        return max(declared_s, min(GROWTH_PER_BEAT * declared_s, self.horizon_s(declared_s) / 3))
 
     def interval_s(self, busy: bool, peers_known: int = 0) -> float:
         """Seconds between two of our heartbeats, while busy or not, with `peers_known` other peers
