@@ -18,8 +18,9 @@ has that chunk in our home stripe; views that differ by a few members can deal a
 different stripes, and ours then fetches it down our home stripe's chain at once, urgent,
 instead of as a leaf of another stripe, whose parent may wait for it from us.
 
-Failures (a corrupt chunk, an unreachable or refusing source, a chunk not there in time, a
-stall, and our own full or failing store), by who is at fault, and what each costs the source:
+Failures (a corrupt chunk, an unreachable or refusing source, a source whose heartbeat, and
+with it its data address, has not reached us yet, a chunk not there in time, a stall, and our
+own full or failing store), by who is at fault, and what each costs the source:
 `relay.failures` (mixed into the core).
 
 Our store changes under us, too: `lost` (a held chunk was found corrupt on disk, or lost to a
