@@ -41,10 +41,10 @@ heartbeats announcing a longer spacing may be lost (a peer's start, a network's 
 tables jump from nothing to everyone) without the receivers that missed them forgetting us. A
 third of the horizon alone lets one be lost: growing 5 / 3 a beat (that third, by default), two
 lost in a row left a silence of 1 + 5/3 + 25/9 = 5.44 declared intervals, past the horizon of 5,
-and the receivers forgot us (a peer joined again at its next heartbeat, and every relay replanned
-twice); at 1.5 a beat it is 4.75 of them. It shrinks at once. Older peers' heartbeats
-(without `interval_ms`) are not decoded at all (`p2pnet.wire` wants every field), so a network
-runs one version.
+and the receivers forgot us (it joined their tables again at its next heartbeat, a relay among
+them replanning twice); at 1.5 a beat it is 4.75 of them. It shrinks at once. Older peers'
+heartbeats (without `interval_ms`) are not decoded at all (`p2pnet.wire` wants every field), so
+a network runs one version.
 
 While a role moves bulk data (`set_busy`: a checkpoint transfer), heartbeats are
 `busy_heartbeat_factor` times further apart than the base interval, but never more than a third of
@@ -91,11 +91,11 @@ from p2pnet.messages import HEARTBEAT_TOPIC, MAX_HEARTBEAT_INTERVAL_MS, Capacity
 from p2pnet.wire import Envelope
 
 TIMER_HEARTBEAT = "peertable/heartbeat"  # publish our next heartbeat
+TIMER_EXPIRE = "peertable/expire"  # forget peers silent past their horizon (every heartbeat_interval_s)
 # our spacing grows at most this much a heartbeat, so that two heartbeats lost in a row while it
 # grows expire nobody: 1 + 1.5 + 1.5^2 = 4.75 declared intervals of silence, within the horizon of
 # expiry_s / heartbeat_interval_s (5 by default) of them (see the top)
 GROWTH_PER_BEAT = 1.5
-TIMER_EXPIRE = "peertable/expire"  # forget peers silent past their horizon (every heartbeat_interval_s)
 
 
 @validated

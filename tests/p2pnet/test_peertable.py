@@ -9,8 +9,8 @@ from p2pnet.core import Connect, Emit, Publish, Send, SetTimer
 from p2pnet.errors import ConfigError
 from p2pnet.identity import Identity
 from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
-from p2pnet.peertable import (GROWTH_PER_BEAT, TIMER_EXPIRE, TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined, PeerLeft, PeerTable,
-                              PeerTableConfig)
+from p2pnet.peertable import (GROWTH_PER_BEAT, TIMER_EXPIRE, TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined,
+                              PeerLeft, PeerTable, PeerTableConfig)
 from p2pnet.wire import Envelope
 
 ME = Identity.from_seed_text("me").peer_id

@@ -23,7 +23,8 @@ from relay.errors import AddressUnknown
 from relay.role import RelayRole
 from tests.relay.test_role_idle_connections import SourcePeer, start
 from tests.relay.test_role_source_blame import drops
-from tests.relay.test_role_store_faults import CHUNKS, PUBLISHER, FakeNode, Harness, inline_threads  # noqa: F401 (fixture)
+from tests.relay.test_role_store_faults import (  # noqa: F401 (fixture)
+    CHUNKS, PUBLISHER, FakeNode, Harness, inline_threads)
 
 SOURCE = "12D3KooWsource"
 ADDRESS = "/ip4/10.0.0.7/tcp/4001"
