@@ -42,8 +42,9 @@ class FetchFailure(enum.StrEnum):
     """Nobody yet: the source's heartbeat, which carries its data address, has not reached our
     peer table within the shell's wait (we heard of it first from a `Holding`, or as the
     manifest's publisher; heartbeats come up to the peer table's `max_interval_s` apart, and
-    more while busy). Excluded briefly, then asked again, however often: it is no evidence
-    that the source is gone, and it stays a holder."""
+    more while busy). Excluded briefly, then asked again: it is no evidence that the source is
+    gone, and it stays a holder; unreachable once it has had no address for
+    `relay.failures.NO_ADDRESS_GRACE_S`."""
     UNAVAILABLE = "unavailable"
     """The source, mildly: it answered that it does not hold the chunk (after its wait limit).
     It stays usable for other chunks; the chunk is asked of the next candidate."""
