@@ -51,7 +51,12 @@ While a role moves bulk data (`set_busy`: a checkpoint transfer), heartbeats are
 the horizon that base interval gives the receivers (so one lost heartbeat expires nobody),
 counted from the last one sent (the one already due moves too; it is the one spacing that can
 exceed what the last heartbeat declared, and stays within a third of that horizon). A transfer on
-a CPU-bound machine would otherwise share its CPU with the heartbeats.
+a CPU-bound machine would otherwise share its CPU with the heartbeats. The spacing after a
+heartbeat that came so late may grow by that much less (`_heartbeat`), and never below
+`heartbeat_interval_s`: a transfer that ends (the spacing back to the idle one) and the next
+one beginning at once moved a heartbeat to 5 / 3 of what the last one declared, and with the
+table growing meanwhile (a network's bring-up) the two after it, growing 1.5 times a beat,
+left 5/3 + 1.5 + 2.25 = 5.42 declared intervals silent if both were lost.
 
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
 than the last one taken from that peer, however it arrived (gossiped, or sent directly).
@@ -265,7 +270,8 @@ class PeerTable:
         self.busy = False
         self._beat_at: float | None = None  # when our last heartbeat was published
         self._beat_peers = 0  # peers in our table then: the spacing it declared counts them
-        self._beat_cap_s = math.inf  # its spacing's most, busy or not: `next_cap_s` of the one before
+        # its spacing's most, busy or not: `next_cap_s` of the one before, less what it came late (see the top)
+        self._beat_cap_s = math.inf
         self._last_beat: Heartbeat | None = None  # the heartbeat published last (what `introduce` sends;
         # its `interval_ms` is what receivers last heard us declare)
         self._introduced: dict[str, float] = {}  # peer -> when `introduce` sent it ours, oldest first
@@ -373,7 +379,8 @@ class PeerTable:
     def spacing_s(self) -> float:
         """Seconds from our last heartbeat to the next: busy or not, for the table as it was when
         the last one was published (what it declared, unless `set_busy` changed since), and at
-        most a third of the horizon the heartbeat before it gave (`PeerTableConfig.next_cap_s`)."""
+        most `PeerTableConfig.next_cap_s` of what the heartbeat before it declared, less the time
+        the last one came later than that declaration (see the top)."""
         return min(self.config.interval_s(self.busy, self._beat_peers), self._beat_cap_s)
 
     def introduce(self, now: float, peer: str) -> list[Effect]:
@@ -406,10 +413,12 @@ class PeerTable:
 
     def _heartbeat(self, now: float) -> list[Effect]:
         self._seq += 1
+        if self._last_beat is not None and self._beat_at is not None:  # less what this one is late (see the top)
+            declared_s = self._last_beat.interval_ms / 1000
+            late_s = max(now - self._beat_at - declared_s, 0.0)
+            self._beat_cap_s = max(self.config.next_cap_s(declared_s) - late_s, self.config.heartbeat_interval_s)
         self._beat_at = now
         self._beat_peers = len(self._peers)
-        if self._last_beat is not None:
-            self._beat_cap_s = self.config.next_cap_s(self._last_beat.interval_ms / 1000)
         spacing_s = self.spacing_s()
         interval_ms = math.ceil(spacing_s * 1000)
         beat = Heartbeat(

@@ -65,7 +65,7 @@ def test_the_spacing_grows_with_the_table_and_is_capped():
     settled, now = [], 0.0
     for others in (49, 99, 149, 500):
         filled(t, others, now=now)
-        for _ in range(6):  # it grows by at most a third of a horizon a beat (5 / 3 here)
+        for _ in range(6):  # it grows by at most 1.5 times a beat (and a third of a horizon)
             declared_ms, at = next_beat(t, now)
             assert declared_ms == pytest.approx((at - now) * 1000, abs=1)  # it declares the timer it sets
             now = at
@@ -268,6 +268,52 @@ def test_two_heartbeats_lost_in_a_row_expire_nobody_while_the_senders_table_grow
     receiver = PeerTable(config, ME, LOCAL, started_ms=100)
     emitted = _beats_heard(sender, receiver, {first_lost, first_lost + 1}, beats=14, busy_after=busy_after)
     assert not [e for e in emitted if isinstance(e, PeerLeft)] and receiver.get(BOB) is not None
+
+
+def test_two_heartbeats_lost_in_a_row_expire_nobody_after_going_busy_moved_the_one_due():
+    # a relay whose transfer ended (its spacing back to the idle one it declares) and the next
+    # one began at once: going busy moves the heartbeat due past what the last one declared (to
+    # a third of its horizon, 5 / 3 of it), and its table grows meanwhile (a network's bring-up).
+    # The spacings after grow 1.5 times a beat, less what the moved one came late: without that,
+    # 5/3 + 1.5 + 2.25 = 5.42 declared intervals went by silent when the next two were lost
+    config = PeerTableConfig()
+    sender = PeerTable(config, BOB, LOCAL, started_ms=7)
+    receiver = PeerTable(config, ME, LOCAL, started_ms=100)
+    emitted = []
+    expire_at = receiver.start(0.0)[-1].at
+
+    def heard(publish: Publish, at: float, delivered: bool = True) -> None:
+        nonlocal emitted, expire_at
+        while expire_at <= at:  # the receiver's expiry, on its own timer, up to this heartbeat
+            effects = receiver.on_timer(expire_at, TIMER_EXPIRE)
+            emitted += effects[:-1]
+            expire_at = effects[-1].at
+        if delivered:  # a check just as it arrives too: the worst phase of the receiver's timer
+            emitted += receiver.on_timer(at, TIMER_EXPIRE)[:-1]
+            emitted += receiver.on_message(at, Envelope("heartbeat", BOB, b"", 0, publish.body, 100))
+
+    publish, timer = sender.start(0.0)[:2]
+    heard(publish, 0.0)
+    filled(sender, 10, now=0.1)  # 11 / 5 = 2.2 s apart
+    [timer] = sender.set_busy(True)
+    for _ in range(4):  # busy: up to a third of the horizon, 11 / 3 s
+        at = timer.at
+        publish, timer = sender.on_timer(at, TIMER_HEARTBEAT)
+        heard(publish, at)
+    [timer] = sender.set_busy(False)  # the transfer ended
+    idle_at = timer.at
+    publish, timer = sender.on_timer(idle_at, TIMER_HEARTBEAT)
+    assert publish.body.interval_ms == 2200
+    heard(publish, idle_at)
+    [timer] = sender.set_busy(True)  # the next one begins: the heartbeat due moves
+    assert timer.at == pytest.approx(idle_at + 11.0 / 3)
+    filled(sender, 599, now=idle_at + 0.1)
+    for lost in (True, True, False):
+        at = timer.at
+        publish, timer = sender.on_timer(at, TIMER_HEARTBEAT)
+        heard(publish, at, delivered=not lost)
+    assert not [e for e in emitted if isinstance(e, Emit) and isinstance(e.event, PeerLeft)]
+    assert receiver.get(BOB) is not None
 
 
 def test_the_spacing_reaches_what_the_table_asks_for_growing_at_most_one_and_a_half_times_a_beat():
