@@ -17,9 +17,11 @@ at most `max_heard_per_s` heartbeats a second, times the copies GossipSub delive
 large the network; up to `max_heard_per_s * heartbeat_interval_s - 1` other peers (9 by default)
 nothing changes. Past `max_interval_s * max_heard_per_s` peers (150 by default) the cap holds and
 the cost grows again, linearly. The cap is 30 s because a relay's wait for a holder's address
-waits on heartbeats, so a longer cap would trade that delay for less CPU. A peer's admission on
-the data plane waits on them no longer: a peer refused as unknown (a restarted peer refuses
-fetches from peers it has not heard yet) introduces itself (below).
+waits on heartbeats (one whose address has not come when the wait ends, `request_timeout_s`, is
+asked again soon: `relay.failures`, `no_address`), so a longer cap would trade that delay for
+less CPU. A peer's admission on the data plane waits on them no longer: a peer refused as
+unknown (a restarted peer refuses fetches from peers it has not heard yet) introduces itself
+(below).
 
 The price is paid in time. Every heartbeat declares its sender's spacing (`Heartbeat.interval_ms`:
 the interval of the timer set when it was published), and a receiver forgets a peer only after
@@ -32,20 +34,29 @@ frequent, its table being small). The declared interval is clamped by the receiv
 (0) gets `expiry_s`. Expiry is checked every `heartbeat_interval_s` (a timer of its own), however
 far apart our own heartbeats are.
 
-A receiver knows only the last declaration it heard, so the spacing grows by at most a third of
-the horizon the previous heartbeat declared (`next_cap_s`: 5 / 3 of it by default; from 2 s to
-30 s in 6 heartbeats) however fast our table grows: the heartbeat announcing a longer spacing
-may be lost (a peer's start, a network's bring-up, when tables jump from nothing to everyone)
-without the receivers that missed it forgetting us. It shrinks at once. Older peers' heartbeats
-(without `interval_ms`) are not decoded at all (`p2pnet.wire` wants every field), so a network
-runs one version.
+A receiver knows only the last declaration it heard, so the spacing grows by at most
+`GROWTH_PER_BEAT` (1.5) times, and a third of the horizon, of what the previous heartbeat
+declared (`next_cap_s`; from 2 s to 30 s in 7 heartbeats) however fast our table grows: the
+heartbeats announcing a longer spacing may be lost (a peer's start, a network's bring-up, when
+tables jump from nothing to everyone) without the receivers that missed them forgetting us. A
+third of the horizon alone lets one be lost: growing 5 / 3 a beat (that third, by default), two
+lost in a row left a silence of 1 + 5/3 + 25/9 = 5.44 declared intervals, past the horizon of 5,
+and the receivers forgot us (it joined their tables again at its next heartbeat, a relay among
+them replanning twice); at 1.5 a beat it is 4.75 of them. It shrinks at once. Older peers'
+heartbeats (without `interval_ms`) are not decoded at all (`p2pnet.wire` wants every field), so
+a network runs one version.
 
 While a role moves bulk data (`set_busy`: a checkpoint transfer), heartbeats are
 `busy_heartbeat_factor` times further apart than the base interval, but never more than a third of
 the horizon that base interval gives the receivers (so one lost heartbeat expires nobody),
 counted from the last one sent (the one already due moves too; it is the one spacing that can
 exceed what the last heartbeat declared, and stays within a third of that horizon). A transfer on
-a CPU-bound machine would otherwise share its CPU with the heartbeats.
+a CPU-bound machine would otherwise share its CPU with the heartbeats. The spacing after a
+heartbeat that came so late may grow by that much less (`_heartbeat`), and never below
+`heartbeat_interval_s`: a transfer that ends (the spacing back to the idle one) and the next
+one beginning at once moved a heartbeat to 5 / 3 of what the last one declared, and with the
+table growing meanwhile (a network's bring-up) the two after it, growing 1.5 times a beat,
+left 5/3 + 1.5 + 2.25 = 5.42 declared intervals silent if both were lost.
 
 Replays are harmless: a heartbeat is taken only if it is newer (run start, then sequence number)
 than the last one taken from that peer, however it arrived (gossiped, or sent directly).
@@ -86,6 +97,10 @@ from p2pnet.wire import Envelope
 
 TIMER_HEARTBEAT = "peertable/heartbeat"  # publish our next heartbeat
 TIMER_EXPIRE = "peertable/expire"  # forget peers silent past their horizon (every heartbeat_interval_s)
+# our spacing grows at most this much a heartbeat, so that two heartbeats lost in a row while it
+# grows expire nobody: 1 + 1.5 + 1.5^2 = 4.75 declared intervals of silence, within the horizon of
+# expiry_s / heartbeat_interval_s (5 by default) of them (see the top)
+GROWTH_PER_BEAT = 1.5
 
 
 @validated
@@ -142,10 +157,11 @@ class PeerTableConfig:
                                             self.horizon_s(self.max_interval_s) / 3))
 
     def next_cap_s(self, declared_s: float) -> float:
-        """The longest spacing after a heartbeat that follows one declaring `declared_s`: a third of
-        the horizon that declaration gives the receivers (never less than it), so the heartbeat
-        announcing a longer spacing may be lost without its sender being forgotten."""
-        return max(declared_s, self.horizon_s(declared_s) / 3)
+        """The longest spacing after a heartbeat that follows one declaring `declared_s` (never
+        less than it): `GROWTH_PER_BEAT` times it, and at most a third of the horizon that
+        declaration gives the receivers, so the heartbeats announcing a longer spacing may be lost
+        (two in a row with the default horizon, one with any) without their sender being forgotten."""
+        return max(declared_s, min(GROWTH_PER_BEAT * declared_s, self.horizon_s(declared_s) / 3))
 
     def interval_s(self, busy: bool, peers_known: int = 0) -> float:
         """Seconds between two of our heartbeats, while busy or not, with `peers_known` other peers
@@ -254,7 +270,8 @@ class PeerTable:
         self.busy = False
         self._beat_at: float | None = None  # when our last heartbeat was published
         self._beat_peers = 0  # peers in our table then: the spacing it declared counts them
-        self._beat_cap_s = math.inf  # its spacing's most, busy or not: `next_cap_s` of the one before
+        # its spacing's most, busy or not: `next_cap_s` of the one before, less what it came late (see the top)
+        self._beat_cap_s = math.inf
         self._last_beat: Heartbeat | None = None  # the heartbeat published last (what `introduce` sends;
         # its `interval_ms` is what receivers last heard us declare)
         self._introduced: dict[str, float] = {}  # peer -> when `introduce` sent it ours, oldest first
@@ -362,7 +379,8 @@ class PeerTable:
     def spacing_s(self) -> float:
         """Seconds from our last heartbeat to the next: busy or not, for the table as it was when
         the last one was published (what it declared, unless `set_busy` changed since), and at
-        most a third of the horizon the heartbeat before it gave (`PeerTableConfig.next_cap_s`)."""
+        most `PeerTableConfig.next_cap_s` of what the heartbeat before it declared, less the time
+        the last one came later than that declaration (see the top)."""
         return min(self.config.interval_s(self.busy, self._beat_peers), self._beat_cap_s)
 
     def introduce(self, now: float, peer: str) -> list[Effect]:
@@ -395,10 +413,12 @@ class PeerTable:
 
     def _heartbeat(self, now: float) -> list[Effect]:
         self._seq += 1
+        if self._last_beat is not None and self._beat_at is not None:  # less what this one is late (see the top)
+            declared_s = self._last_beat.interval_ms / 1000
+            late_s = max(now - self._beat_at - declared_s, 0.0)
+            self._beat_cap_s = max(self.config.next_cap_s(declared_s) - late_s, self.config.heartbeat_interval_s)
         self._beat_at = now
         self._beat_peers = len(self._peers)
-        if self._last_beat is not None:
-            self._beat_cap_s = self.config.next_cap_s(self._last_beat.interval_ms / 1000)
         spacing_s = self.spacing_s()
         interval_ms = math.ceil(spacing_s * 1000)
         beat = Heartbeat(

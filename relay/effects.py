@@ -38,6 +38,13 @@ class FetchFailure(enum.StrEnum):
     """Nobody yet: the source closed the connection after our hello, as it has not heard our
     heartbeat (the shell sends it ours directly). Excluded briefly, then asked again; unreachable
     after a few refusals in a row."""
+    NO_ADDRESS = "no_address"
+    """Nobody yet: the source's heartbeat, which carries its data address, has not reached our
+    peer table within the shell's wait (we heard of it first from a `Holding`, or as the
+    manifest's publisher; heartbeats come up to the peer table's `max_interval_s` apart, and
+    more while busy). Excluded briefly, then asked again: it is no evidence that the source is
+    gone, and it stays a holder; unreachable once it has had no address for
+    `relay.failures.NO_ADDRESS_GRACE_S`."""
     UNAVAILABLE = "unavailable"
     """The source, mildly: it answered that it does not hold the chunk (after its wait limit).
     It stays usable for other chunks; the chunk is asked of the next candidate."""
@@ -59,6 +66,9 @@ class DropReason(enum.StrEnum):
     NOT_ADMITTED = "not_admitted"
     """Nobody yet: the source has not heard our heartbeat. Excluded for `not_admitted_s` only,
     without substitutes."""
+    NO_ADDRESS = "no_address"
+    """Nobody yet: we have not heard the source's heartbeat, so we have no data address for it.
+    Excluded for `not_admitted_s` only, without substitutes, and kept as a holder."""
     STALLED = "stalled"
     """The source or the network, silently: requests outstanding and nothing completed for
     `stall_timeout_s` (a hung peer, a partition). Excluded, its connection closed, without

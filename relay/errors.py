@@ -9,13 +9,14 @@
 - `StoreFull`: ours: the disk budget or the disk itself is exhausted.
 - `ChunkMissing`: ours: a chunk is not (or no longer) held; a chunk found rotten is deleted.
 - `VersionUnknown` / `VersionIncomplete`: ours: asked for a version we do not hold in full.
+- `AddressUnknown`: nobody's yet: a source's heartbeat (its data address) has not reached us.
 
 This module must not import anything but p2pnet.errors.
 """
 
 from __future__ import annotations
 
-from p2pnet.errors import ConfigError, LocalStateError, MessageRejected
+from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUnavailable
 
 
 class ManifestRejected(MessageRejected):
@@ -59,3 +60,10 @@ class VersionUnknown(LocalStateError, LookupError):
 
 class VersionIncomplete(LocalStateError):
     """The manifest of this version is held but some of its chunks are not yet."""
+
+
+class AddressUnknown(PeerUnavailable):
+    """No data address is known for a source we heard of (a `Holding`, the manifest's
+    publisher) before its heartbeat reached our peer table, not even after waiting for it: nobody
+    is at fault yet (heartbeats come up to the peer table's `max_interval_s` apart, and more
+    while busy). The transfer core is told `no_address` and asks again soon."""

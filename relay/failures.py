@@ -19,6 +19,23 @@ fault:
   stripes' chains to its ancestors meanwhile, and come back to it once it knows us. A source
   that refuses us `NOT_ADMITTED_TRIES` times in a row (it banned us, or dropped us from its
   table) is treated as unreachable from then on.
+- `no_address`: the shell has no data address for the source: its heartbeat has not reached
+  our peer table, even after the shell waited for it (`request_timeout_s`). Membership comes
+  from the peer table, so every member has one; but the manifest's publisher (the origin, in
+  every chain) and a peer that sent `Holding` can be known before their heartbeat, and past
+  `max_heard_per_s * max_interval_s` peers (150 by default) heartbeats are 30 s apart (up to
+  50 s while busy). So a new relay, or one that just heard of a holder, excluded an alive
+  source (the origin at worst) for `exclude_s` as unreachable. Nobody is at fault yet: it is
+  excluded for `not_admitted_s` only, without substitutes, its chunks may be asked of it
+  again, and it stays a holder, for `NO_ADDRESS_GRACE_S` from its first `no_address` in a row
+  (past the longest spacing of an honest peer's heartbeats). Then it counts as unreachable, as
+  a refusing source does after `NOT_ADMITTED_TRIES`, until it serves us or joins our membership
+  (its heartbeat came): each try costs the shell's wait for the chunks handed to it, and a
+  `Holding` needs no heartbeat, so a peer that sends one and never a heartbeat (any number of
+  made-up identities can), or a holder that left the network before we asked it, would
+  otherwise hold those chunks, and that much of `max_in_flight`, 10 s of every 12 (the
+  defaults) for as long as it stays a holder, which it would forever; as unreachable, 10 s of
+  every 70, and no holder until its next `Holding`.
 - `unavailable`: the source answered that it does not hold the chunk (after its wait limit).
   The chunk is retried at the next candidate; the source stays usable for other chunks. Our
   parent in the chunk's stripe is asked again first, twice (`relay.sources`: it is behind, and
@@ -46,10 +63,11 @@ which is not our parent, do members ranked before us stand in first (`relay.sour
 kept the origin's upload for what only it has, and did not slow hangs or partitions (review
 runs at 10 GB: 20% partitioned 275 -> 226 s, hangs the same time with fewer origin copies).
 
-These methods keep the core's exclusions (`_excluded`, `_slow`, `_refused`) and bans, rebuild
-a version's chains where a dropped peer was our parent, and release its requests through the
-core's `_settle`; they also call its `_chain`, `_pump`, `_arm` and `_ask_parent_again`
-(`relay.sources`). Like the core they do no I/O and take the time as an argument.
+These methods keep the core's exclusions (`_excluded`, `_slow`, `_refused`, `_unaddressed`) and
+bans, rebuild a version's chains where a dropped peer was our parent, and release its requests
+through the core's `_settle`; they also call its `_chain`, `_pump`, `_arm` and
+`_ask_parent_again` (`relay.sources`). Like the core they do no I/O and take the time as an
+argument.
 """
 
 from __future__ import annotations
@@ -66,10 +84,20 @@ if TYPE_CHECKING:
     from relay.transfer_state import _Version
 
 NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before a source counts as unreachable
-# failures after which the source may be asked for the chunk again: ours, and a refusal (it will know us soon)
-_ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, FetchFailure.NOT_ADMITTED})
-# drops that borrow no substitute parent: a stall (its ancestors feed us instead) and a refusal (see the top)
-_NO_SUBSTITUTES = frozenset({DropReason.STALLED, DropReason.NOT_ADMITTED})
+# seconds from a source's first `no_address` in a row after which it counts as unreachable: past the longest
+# spacing of an honest peer's heartbeats (50 s: busy, its table at the cap, `PeerTableConfig.longest_interval_s`),
+# so an honest source's address comes first (about 6 tries with the role's 10 s wait, `request_timeout_s`)
+NO_ADDRESS_GRACE_S = 60.0
+MAX_UNADDRESSED = 1024  # sources remembered without an address at once (anyone may send `Holding`): oldest go first
+# failures after which the source may be asked for the chunk again: ours, a refusal (it will know us
+# soon) and a missing address (we will know it soon)
+_ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, FetchFailure.NOT_ADMITTED,
+                        FetchFailure.NO_ADDRESS})
+# drops that borrow no substitute parent: a stall (its ancestors feed us instead), a refusal and a
+# missing address (see the top)
+_NO_SUBSTITUTES = frozenset({DropReason.STALLED, DropReason.NOT_ADMITTED, DropReason.NO_ADDRESS})
+# drops for `not_admitted_s` only (`exclude_s` for the others): nobody is at fault yet
+_BRIEF = frozenset({DropReason.NOT_ADMITTED, DropReason.NO_ADDRESS})
 
 
 class FailureHandling:
@@ -80,6 +108,7 @@ class FailureHandling:
     _versions: dict[int, _Version]
     _excluded: dict[str, float]
     _refused: dict[str, int]
+    _unaddressed: dict[str, float]
     _slow: set[str]
     _banned: set[str]
     _held_since: float | None  # the shell holds our requests unsent since then (`sending_held`)
@@ -93,8 +122,8 @@ class FailureHandling:
         def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]: ...
 
     def fetch_failed(self, now: float, peer: str, version: int, index: int, reason: FetchFailure) -> list[Any]:
-        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `unavailable`,
-        or ours, `store_full` or `store_failed` (see the top)."""
+        """A fetch from `peer` failed: `corrupt`, `unreachable`, `not_admitted`, `no_address`,
+        `unavailable`, or ours, `store_full` or `store_failed` (see the top)."""
         v = self._versions.get(version)
         effects: list[Any] = []
         if reason is FetchFailure.CORRUPT:
@@ -103,6 +132,9 @@ class FailureHandling:
             self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
             why = DropReason.NOT_ADMITTED if refusals < NOT_ADMITTED_TRIES else DropReason.UNREACHABLE
             self._exclude(now, peer, why, effects)
+        elif reason is FetchFailure.NO_ADDRESS and self._excluded.get(peer, 0.0) <= now:  # one a try, as refusals
+            brief = self._unaddressed_for(now, peer) < NO_ADDRESS_GRACE_S
+            self._exclude(now, peer, DropReason.NO_ADDRESS if brief else DropReason.UNREACHABLE, effects)
         elif reason is FetchFailure.UNREACHABLE:
             self._exclude(now, peer, DropReason.UNREACHABLE, effects)
         if v is None:
@@ -153,9 +185,20 @@ class FailureHandling:
             self._exclude(now, peer, DropReason.STALLED, effects)
             effects.append(DropSource(peer))
 
+    def _unaddressed_for(self, now: float, peer: str) -> float:
+        """Seconds since `peer`'s first `no_address` in a row (0: this is it, remembered now; past
+        `MAX_UNADDRESSED` the oldest is forgotten). `fetched` and `set_members` forget it: it
+        served us, or its heartbeat came."""
+        since = self._unaddressed.get(peer)
+        if since is None:
+            if len(self._unaddressed) >= MAX_UNADDRESSED:
+                del self._unaddressed[next(iter(self._unaddressed))]
+            since = self._unaddressed[peer] = now
+        return now - since
+
     def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None:
         config = self.config
-        until = now + (config.not_admitted_s if why is DropReason.NOT_ADMITTED else config.exclude_s)
+        until = now + (config.not_admitted_s if why in _BRIEF else config.exclude_s)
         self._excluded[peer] = max(until, self._excluded.get(peer, until))  # a late refusal never shortens an exclusion
         if why is DropReason.SLOW:
             self._slow.add(peer)
@@ -172,8 +215,9 @@ class FailureHandling:
 
     def _release_peer(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None:
         """Move every chunk outstanding at `peer` back to its stripe's retry queue, and (unless it
-        only stalled or has not admitted us yet, see the top) borrow a substitute parent in each stripe where `peer` was the
-        one we fetched from."""
+        only stalled, has not admitted us yet or has no address yet, see the top) borrow a
+        substitute parent in each stripe where `peer` was the one we fetched from. It is no longer
+        a holder of any version, unless we only lack its address."""
         for v in self._versions.values():
             if why not in _NO_SUBSTITUTES and not v.complete and v.plan is not None:
                 for s, chain in enumerate(v.chains):
@@ -185,4 +229,5 @@ class FailureHandling:
                 _requeue(v, index)
             if mine:
                 effects.append(Emit(SourceDropped(peer, v.version, why)))
-            v.holders.discard(peer)
+            if why is not DropReason.NO_ADDRESS:  # (its `Holding`, which made it one, is all we heard
+                v.holders.discard(peer)           # of it, and comes rarely at scale: `relay.announce`)

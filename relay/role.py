@@ -18,7 +18,10 @@ store's probe), the requests queued behind it wait unsent, and the core is told 
 (`_sending_held`): our disk's delay is not blamed on the sources as a stall. A source whose data
 plane refuses us as unknown (`NotAdmitted`: it has not heard our heartbeat) is sent our heartbeat
 directly (`Node.introduce`), by the upstream for a chunk fetch and by `_fetch_manifest` for a
-manifest, so it admits us at the next try rather than after our next heartbeat reaches it.
+manifest, so it admits us at the next try rather than after our next heartbeat reaches it. A
+source whose own heartbeat has not reached us (we know of it from a `Holding`, or as the
+manifest's publisher) is waited for up to `request_timeout_s` (`_data_addr_soon`), then failed
+as `no_address`: nobody's fault, asked again soon (`relay.failures`).
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
@@ -59,7 +62,7 @@ from p2pnet.handshake import NotAdmitted
 from p2pnet.peertable import PEER_TABLE_CORE, PeerChanged, PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.commands import ControlCommands, _refusing_errors
-from relay.errors import ManifestRejected, StoreFull
+from relay.errors import AddressUnknown, ManifestRejected, StoreFull
 from relay.loader import VersionWatcher
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, open_manifest
 from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse, ManifestAnnounce
@@ -438,10 +441,15 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
     async def open_stream(self, peer: str) -> trio.SocketStream:
         """A data connection to `peer`'s relay channel, both ends authenticated. An address that
         answers as another peer (WrongPeer, still a PeerUnavailable) costs the peer that
-        advertised it."""
+        advertised it. A peer whose heartbeat has not brought us its address within
+        `request_timeout_s` raises `AddressUnknown` (the upstream fails its requests as
+        `no_address`); a peer the table bans, PeerUnavailable."""
         address = await self._data_addr_soon(peer)
-        if address is None:
-            raise PeerUnavailable(f"no data address known for {peer} after {self.config.request_timeout_s:g} s")
+        if address is None and self.node.peertable.is_banned(peer, trio.current_time()):
+            raise PeerUnavailable(f"{peer} is banned")
+        if address is None:  # nobody's fault yet: the core asks again soon (`no_address`)
+            raise AddressUnknown(f"no data address known for {peer} after {self.config.request_timeout_s:g} s: "
+                                 "its heartbeat has not reached us yet")
         try:
             return await open_data_stream(address, CHANNEL, codec=self.node.codec, peer=peer)
         except WrongPeer as exc:
@@ -451,7 +459,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
     async def _data_addr_soon(self, peer: str) -> str | None:
         """`peer`'s data address, waiting up to `request_timeout_s` for its heartbeat when we have
         heard of it (a Holding, a manifest) before its heartbeat reached our peer table, as a
-        peer that just started does. Failing at once would exclude a good source for `exclude_s`."""
+        peer that just started does. Heartbeats may come further apart than that (up to the peer
+        table's `max_interval_s`, 30 s, past 150 peers; more while busy): what fails here fails
+        as nobody's fault (`AddressUnknown`, `no_address`), and the core asks again soon."""
         address = self.data_addr(peer)
         if address is not None or self.node.peertable.is_banned(peer, trio.current_time()):
             return address  # a banned peer is not waited for

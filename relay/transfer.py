@@ -18,8 +18,9 @@ has that chunk in our home stripe; views that differ by a few members can deal a
 different stripes, and ours then fetches it down our home stripe's chain at once, urgent,
 instead of as a leaf of another stripe, whose parent may wait for it from us.
 
-Failures (a corrupt chunk, an unreachable or refusing source, a chunk not there in time, a
-stall, and our own full or failing store), by who is at fault, and what each costs the source:
+Failures (a corrupt chunk, an unreachable or refusing source, a source whose heartbeat, and
+with it its data address, has not reached us yet, a chunk not there in time, a stall, and our
+own full or failing store), by who is at fault, and what each costs the source:
 `relay.failures` (mixed into the core).
 
 Our store changes under us, too: `lost` (a held chunk was found corrupt on disk, or lost to a
@@ -134,6 +135,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         self._versions: dict[int, _Version] = {}
         self._excluded: dict[str, float] = {}
         self._refused: dict[str, int] = {}  # source -> `not_admitted` refusals in a row
+        self._unaddressed: dict[str, float] = {}  # source -> when its first `no_address` in a row came
         self._slow: set[str] = set()  # excluded only for delivering too little: alive, asked before the origin
         self._banned: set[str] = set()
         self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
@@ -224,13 +226,15 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
     def _prune_peers(self, now: float) -> None:
         """Forget per-peer marks that no longer matter, so a long-running peer's state follows its
         membership, not every peer it ever saw: `slow` and refusal counts of peers that left
-        (a peer that comes back is judged afresh), their measured rates, and exclusions that have
-        ended."""
+        (a peer that comes back is judged afresh), their measured rates, exclusions that have
+        ended, and when members went without an address (their heartbeat came)."""
         members = self._members.uploads
         if self._slow:
             self._slow = {p for p in self._slow if p in members}  # (O(slow), not O(members))
         if self._refused:
             self._refused = {p: n for p, n in self._refused.items() if p in members}
+        if self._unaddressed:  # a member's heartbeat came: its address with it (`relay.failures`, `no_address`)
+            self._unaddressed = {p: t for p, t in self._unaddressed.items() if p not in members}
         if any(p not in members for p in self._rates):
             self._rates = {p: r for p, r in self._rates.items() if p in members}
             self._samples = {p: n for p, n in self._samples.items() if p in members}
@@ -296,6 +300,8 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         stripe = None
         if self._refused:
             self._refused.pop(peer, None)
+        if self._unaddressed:
+            self._unaddressed.pop(peer, None)
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=True)
             stripe = entry[1]

@@ -13,7 +13,9 @@ an idle close instead: see below); a source that closes the connection after our
 not heard our heartbeat yet) fails them as `not_admitted`, and is sent our
 latest heartbeat directly (`Node.introduce`, while the failures are reported), so that it admits
 us when the core asks again after `not_admitted_s` instead of after our next heartbeat reaches it
-(up to the peer table's `max_interval_s`); a source that answers with the wrong length broke the
+(up to the peer table's `max_interval_s`); a source whose heartbeat, and with it its data
+address, has not reached us (`AddressUnknown`, after the role's wait) fails them as
+`no_address`; a source that answers with the wrong length broke the
 protocol and is reported `corrupt`; one that answers a request we never sent, or sends a frame
 longer than a response header, broke it too: the connection ends and its requests fail as
 `unreachable` (raised, a source's garbage would stop the role). A connection that ended stays
@@ -79,6 +81,7 @@ from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.handshake import NotAdmitted
 from relay.effects import Fetch, FetchFailure
+from relay.errors import AddressUnknown
 from relay.manifest import MAX_CHUNK_BYTES
 from relay.messages import OP_CHUNK, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse
 
@@ -158,6 +161,8 @@ class Upstream:
                     log.info("source %s: %s", self.peer, exc)
                     if isinstance(exc, NotAdmitted):
                         self._failure = FetchFailure.NOT_ADMITTED
+                    elif isinstance(exc, AddressUnknown):  # its heartbeat has not reached us yet
+                        self._failure = FetchFailure.NO_ADDRESS
                     break
                 self._opened()
                 async with stream:

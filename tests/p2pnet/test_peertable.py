@@ -9,8 +9,8 @@ from p2pnet.core import Connect, Emit, Publish, Send, SetTimer
 from p2pnet.errors import ConfigError
 from p2pnet.identity import Identity
 from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
-from p2pnet.peertable import (TIMER_EXPIRE, TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined, PeerLeft, PeerTable,
-                              PeerTableConfig)
+from p2pnet.peertable import (GROWTH_PER_BEAT, TIMER_EXPIRE, TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined,
+                              PeerLeft, PeerTable, PeerTableConfig)
 from p2pnet.wire import Envelope
 
 ME = Identity.from_seed_text("me").peer_id
@@ -65,7 +65,7 @@ def test_the_spacing_grows_with_the_table_and_is_capped():
     settled, now = [], 0.0
     for others in (49, 99, 149, 500):
         filled(t, others, now=now)
-        for _ in range(6):  # it grows by at most a third of a horizon a beat (5 / 3 here)
+        for _ in range(6):  # it grows by at most 1.5 times a beat (and a third of a horizon)
             declared_ms, at = next_beat(t, now)
             assert declared_ms == pytest.approx((at - now) * 1000, abs=1)  # it declares the timer it sets
             now = at
@@ -123,7 +123,8 @@ def test_busy_spacing_never_exceeds_a_third_of_the_horizon_its_receivers_allow(o
     busy_ms, _ = next_beat(t, 1.0)
     horizon_s = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0).horizon_s(idle_ms / 1000)
     assert idle_ms <= busy_ms <= horizon_s / 3 * 1000 + 1  # + 1: declared in whole ms, rounded up
-    assert busy_ms == pytest.approx(min(idle_ms * factor, horizon_s / 3 * 1000), abs=1)
+    # (and no more than `GROWTH_PER_BEAT` times the spacing declared before, as any growth)
+    assert busy_ms == pytest.approx(min(idle_ms * factor, idle_ms * GROWTH_PER_BEAT, horizon_s / 3 * 1000), abs=1)
 
 
 def test_busy_spacing_grows_with_the_table():
@@ -158,9 +159,10 @@ def test_busy_spaces_heartbeats_by_the_factor_but_never_past_a_third_of_expiry()
                   started_ms=100)
     assert t.start(0.0)[1] == SetTimer(1.0, TIMER_HEARTBEAT)
     t.set_busy(True)
-    assert t.on_timer(1.0, TIMER_HEARTBEAT)[-1] == SetTimer(3.0, TIMER_HEARTBEAT)
+    assert t.on_timer(1.0, TIMER_HEARTBEAT)[-1] == SetTimer(2.5, TIMER_HEARTBEAT)  # growing 1.5 x a beat at most
+    assert t.on_timer(2.5, TIMER_HEARTBEAT)[-1] == SetTimer(4.5, TIMER_HEARTBEAT)  # then the factor
     t.set_busy(False)
-    assert t.on_timer(3.0, TIMER_HEARTBEAT)[-1] == SetTimer(4.0, TIMER_HEARTBEAT)
+    assert t.on_timer(4.5, TIMER_HEARTBEAT)[-1] == SetTimer(5.5, TIMER_HEARTBEAT)
     capped = PeerTableConfig(heartbeat_interval_s=2.0, expiry_s=10.0, busy_heartbeat_factor=3.0)
     assert capped.interval_s(True) == 10.0 / 3 and capped.interval_s(False) == 2.0
     assert PeerTableConfig(heartbeat_interval_s=3.0, expiry_s=4.0).interval_s(True) == 3.0  # never faster than idle
@@ -220,9 +222,9 @@ def test_own_heartbeats_are_ignored():
     assert table().on_message(1.0, beat_from(ME, 1)) == []
 
 
-def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int, busy_after: int | None) -> list:
+def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: set[int], beats: int, busy_after: int | None) -> list:
     """Run `sender` for `beats` heartbeats, its table 599 peers from 0.5 s on, each delivered to
-    `receiver` as it is published except the one numbered `lost` (0: the first), and busy from
+    `receiver` as it is published except those numbered in `lost` (0: the first), and busy from
     just after the one numbered `busy_after` (None: never); `receiver` checks expiry on its own
     timer all along. Returns the events `receiver` emitted."""
     emitted = []
@@ -231,7 +233,7 @@ def _beats_heard(sender: PeerTable, receiver: PeerTable, lost: int, beats: int, 
     expire_at = receiver.start(0.0)[-1].at
     filled(sender, 599, now=0.5)
     for number in range(beats):
-        if number != lost:
+        if number not in lost:
             emitted += receiver.on_message(published_at, Envelope("heartbeat", BOB, b"", 0, publish.body, 100))
         if number == busy_after:
             [timer] = sender.set_busy(True)  # the heartbeat due moves
@@ -252,11 +254,69 @@ def test_one_lost_heartbeat_expires_nobody_while_the_senders_table_grows(lost, b
     config = PeerTableConfig()  # 2 s, 10 s, 5 heard a second, 30 s at most
     sender = PeerTable(config, BOB, LOCAL, started_ms=7)
     receiver = PeerTable(config, ME, LOCAL, started_ms=100)
-    emitted = _beats_heard(sender, receiver, lost, beats=12, busy_after=busy_after)
+    emitted = _beats_heard(sender, receiver, {lost}, beats=12, busy_after=busy_after)
     assert not [e for e in emitted if isinstance(e, PeerLeft)] and receiver.get(BOB) is not None
 
 
-def test_the_spacing_reaches_what_the_table_asks_for_growing_a_third_of_a_horizon_a_beat():
+@pytest.mark.parametrize("busy_after", [None, 0, 1, 3, 6])
+@pytest.mark.parametrize("first_lost", range(10))
+def test_two_heartbeats_lost_in_a_row_expire_nobody_while_the_senders_table_grows(first_lost, busy_after):
+    # as above, two in a row: growing by a third of the horizon a beat (5 / 3 of the spacing),
+    # 1 + 5/3 + 25/9 = 5.44 declared intervals went by silent, past the horizon of 5
+    config = PeerTableConfig()
+    sender = PeerTable(config, BOB, LOCAL, started_ms=7)
+    receiver = PeerTable(config, ME, LOCAL, started_ms=100)
+    emitted = _beats_heard(sender, receiver, {first_lost, first_lost + 1}, beats=14, busy_after=busy_after)
+    assert not [e for e in emitted if isinstance(e, PeerLeft)] and receiver.get(BOB) is not None
+
+
+def test_two_heartbeats_lost_in_a_row_expire_nobody_after_going_busy_moved_the_one_due():
+    # a relay whose transfer ended (its spacing back to the idle one it declares) and the next
+    # one began at once: going busy moves the heartbeat due past what the last one declared (to
+    # a third of its horizon, 5 / 3 of it), and its table grows meanwhile (a network's bring-up).
+    # The spacings after grow 1.5 times a beat, less what the moved one came late: without that,
+    # 5/3 + 1.5 + 2.25 = 5.42 declared intervals went by silent when the next two were lost
+    config = PeerTableConfig()
+    sender = PeerTable(config, BOB, LOCAL, started_ms=7)
+    receiver = PeerTable(config, ME, LOCAL, started_ms=100)
+    emitted = []
+    expire_at = receiver.start(0.0)[-1].at
+
+    def heard(publish: Publish, at: float, delivered: bool = True) -> None:
+        nonlocal emitted, expire_at
+        while expire_at <= at:  # the receiver's expiry, on its own timer, up to this heartbeat
+            effects = receiver.on_timer(expire_at, TIMER_EXPIRE)
+            emitted += effects[:-1]
+            expire_at = effects[-1].at
+        if delivered:  # a check just as it arrives too: the worst phase of the receiver's timer
+            emitted += receiver.on_timer(at, TIMER_EXPIRE)[:-1]
+            emitted += receiver.on_message(at, Envelope("heartbeat", BOB, b"", 0, publish.body, 100))
+
+    publish, timer = sender.start(0.0)[:2]
+    heard(publish, 0.0)
+    filled(sender, 10, now=0.1)  # 11 / 5 = 2.2 s apart
+    [timer] = sender.set_busy(True)
+    for _ in range(4):  # busy: up to a third of the horizon, 11 / 3 s
+        at = timer.at
+        publish, timer = sender.on_timer(at, TIMER_HEARTBEAT)
+        heard(publish, at)
+    [timer] = sender.set_busy(False)  # the transfer ended
+    idle_at = timer.at
+    publish, timer = sender.on_timer(idle_at, TIMER_HEARTBEAT)
+    assert publish.body.interval_ms == 2200
+    heard(publish, idle_at)
+    [timer] = sender.set_busy(True)  # the next one begins: the heartbeat due moves
+    assert timer.at == pytest.approx(idle_at + 11.0 / 3)
+    filled(sender, 599, now=idle_at + 0.1)
+    for lost in (True, True, False):
+        at = timer.at
+        publish, timer = sender.on_timer(at, TIMER_HEARTBEAT)
+        heard(publish, at, delivered=not lost)
+    assert not [e for e in emitted if isinstance(e, Emit) and isinstance(e.event, PeerLeft)]
+    assert receiver.get(BOB) is not None
+
+
+def test_the_spacing_reaches_what_the_table_asks_for_growing_at_most_one_and_a_half_times_a_beat():
     config = PeerTableConfig()
     t = PeerTable(config, ME, LOCAL, started_ms=100)
     t.start(0.0)
@@ -264,11 +324,12 @@ def test_the_spacing_reaches_what_the_table_asks_for_growing_a_third_of_a_horizo
     declared, now = [2000], 0.0
     for _ in range(12):
         declared_ms, at = next_beat(t, now)
-        assert declared_ms <= math.ceil(config.horizon_s(declared[-1] / 1000) / 3 * 1000)
+        assert declared_ms <= math.ceil(min(GROWTH_PER_BEAT * declared[-1], config.horizon_s(declared[-1] / 1000) / 3
+                                            * 1000))
         assert declared_ms == pytest.approx((at - now) * 1000, abs=1)  # it declares the timer it sets
         declared.append(declared_ms)
         now = at
-    assert declared[-1] == 30_000 and declared[1] == 3334  # a third of 5 x 2 s, then 30 s within 12 beats
+    assert declared[-1] == 30_000 and declared[1:8] == [3000, 4500, 6750, 10_125, 15_188, 22_782, 30_000]
     assert len([e for e in t.on_timer(now + 11.0, TIMER_EXPIRE) if isinstance(e, Emit)]) == 599  # all silent
     assert next_beat(t, now + 11.0)[0] == 2000  # a table that shrank spaces the next at once
 

@@ -1,7 +1,11 @@
 """A source we heard of (a Holding, a manifest) before its heartbeat reached our peer table: the
 relay role waits for its data address, up to `request_timeout_s`, instead of failing at once
 (which would exclude a good source for `exclude_s`, a minute), woken by the node's peer table
-news (`Node.wait_for_peers`): a join, or a known peer's changed entry. Virtual time (MockClock)."""
+news (`Node.wait_for_peers`): a join, or a known peer's changed entry. Virtual time (MockClock).
+
+Heartbeats may come further apart than that wait (30 s past 150 peers, up to 50 s while busy):
+a source whose address has not come when it ends is failed as `no_address`, nobody's fault, and
+asked again soon, not excluded as unreachable for `exclude_s` (the origin, at worst)."""
 
 from __future__ import annotations
 
@@ -12,9 +16,15 @@ import pytest
 import trio
 import trio.testing
 
+from p2pnet.errors import PeerUnavailable
 from p2pnet.peertable import LeftBecause, PeerChanged, PeerJoined, PeerLeft
+from relay.effects import DropReason, FetchFailure
+from relay.errors import AddressUnknown
 from relay.role import RelayRole
-from tests.relay.test_role_store_faults import FakeNode
+from tests.relay.test_role_idle_connections import SourcePeer, start
+from tests.relay.test_role_source_blame import drops
+from tests.relay.test_role_store_faults import (  # noqa: F401 (fixture)
+    CHUNKS, PUBLISHER, FakeNode, Harness, inline_threads)
 
 SOURCE = "12D3KooWsource"
 ADDRESS = "/ip4/10.0.0.7/tcp/4001"
@@ -120,3 +130,55 @@ async def test_a_source_banned_while_we_wait_ends_the_wait_at_its_ban(tmp_path: 
         # does not know it yet emits nothing, and the wait runs to its timeout)
         tell(role, PeerLeft(SOURCE, LeftBecause.BANNED))
     assert got == [(None, pytest.approx(1.7))]  # not waited for until the timeout
+
+
+async def test_an_address_not_known_in_time_fails_as_nobodys_fault_and_a_banned_peer_as_unavailable(
+        tmp_path: Path, clock) -> None:
+    role, table = make_role(tmp_path, request_timeout_s=4.0)
+    with pytest.raises(AddressUnknown):  # (a PeerUnavailable: whoever catches those still does)
+        await role.open_stream(SOURCE)
+    table.banned.add(SOURCE)
+    with pytest.raises(PeerUnavailable) as raised:
+        await role.open_stream(SOURCE)
+    assert not isinstance(raised.value, AddressUnknown)
+
+
+HEARD_AT_S = 23.0  # when the origin's heartbeat reaches us: past the wait (10 s), within a heartbeat at scale
+
+
+async def test_an_origin_whose_heartbeat_comes_after_the_wait_is_fetched_from_and_not_excluded_as_unreachable(
+        tmp_path: Path, clock, monkeypatch) -> None:
+    """A relay hears of a version before the heartbeat of its publisher (a relay that just
+    started, in a network where heartbeats are 30 s apart): every chunk is to come from the
+    origin, whose data address comes only `HEARD_AT_S` in. The role's real upstream and
+    `open_stream` wait for it (`request_timeout_s`), fail the requests as `no_address` when the
+    wait ends, and the core asks the origin again soon: once its heartbeat has come the version
+    is fetched from it. Before, the requests failed as `unreachable` and the origin was excluded
+    for `exclude_s` (60 s here)."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    table = Table(h.node.peertable)
+    h.node.peertable = table  # knows nobody: the publisher's heartbeat has not come
+    h.node.codec = None  # (the wire below authenticates nobody)
+    source = SourcePeer(h, idle_timeout_s=120.0)
+    async with trio.open_nursery() as nursery:
+        failures = await start(h, source, nursery, monkeypatch)
+        del h.role.open_stream  # the role's own: waits for the address in the peer table
+
+        async def open_data_stream(address: str, channel: str, *, codec, peer: str) -> trio.abc.Stream:
+            assert (address, peer) == (ADDRESS, PUBLISHER.peer_id)
+            return await source.connect(nursery)
+
+        monkeypatch.setattr("relay.role.open_data_stream", open_data_stream)
+        started = trio.current_time()
+        await h.announce(1)
+        await trio.sleep_until(started + HEARD_AT_S)
+        assert not h.complete(1) and source.wires == []
+        assert h.role.core._usable(trio.current_time(), PUBLISHER.peer_id)  # not excluded for `exclude_s`
+        table.learn(PUBLISHER.peer_id, ADDRESS)
+        tell(h.role, PeerJoined(PUBLISHER.peer_id))
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert failures and {reason for _, _, reason in failures} == {FetchFailure.NO_ADDRESS}
+    assert set(drops(h, PUBLISHER.peer_id)) == {DropReason.NO_ADDRESS}  # never `unreachable`
+    assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS  # every chunk, from the origin

@@ -8,6 +8,7 @@ from p2pnet.core import Emit, Publish, Send
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
 from relay.announce import MAX_MANIFEST_ASKS
+from relay.failures import MAX_UNADDRESSED, NO_ADDRESS_GRACE_S, NOT_ADMITTED_TRIES
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
@@ -836,6 +837,134 @@ def test_a_parent_that_keeps_refusing_us_counts_as_unreachable_and_a_late_refusa
     for t in (3.5, 6.0):  # it served us in between: the count started over, two refusals are not three
         c2.fetch_failed(t, parent, 1, f.index, FetchFailure.NOT_ADMITTED)
         assert c2._excluded[parent] == pytest.approx(t + FAST.not_admitted_s)
+
+
+def test_an_origin_we_have_no_address_for_yet_is_skipped_briefly_and_asked_again_past_the_refusals_limit():
+    """`no_address`: the shell waited in vain for the source's heartbeat, which brings its data
+    address (the manifest's publisher, known before its heartbeat reached our peer table, as a
+    relay that just started knows it). Nobody's fault: excluded for `not_admitted_s` only, and
+    not counted as unreachable after `NOT_ADMITTED_TRIES` as refusals are: its heartbeat may be
+    30 s away or more (for how long: the next test)."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    asked = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    t = 0.1
+    for attempt in range(NOT_ADMITTED_TRIES + 2):
+        assert asked and {f.peer for f in asked} == {PUBLISHER.peer_id}, attempt
+        dropped = []
+        for f in asked:
+            dropped += [e.event for e in c.fetch_failed(t, f.peer, 1, f.index, FetchFailure.NO_ADDRESS)
+                        if isinstance(e, Emit) and isinstance(e.event, SourceDropped)]
+        assert [d.why for d in dropped] == [DropReason.NO_ADDRESS], attempt  # one exclusion, not one per fetch
+        assert c._excluded[PUBLISHER.peer_id] == pytest.approx(t + FAST.not_admitted_s), attempt
+        t += FAST.not_admitted_s + 0.1
+        asked = fetches(c.on_timer(t, "relay/tick"))
+
+
+def test_a_holder_we_have_no_address_for_yet_stays_a_holder_and_is_asked_again():
+    """A peer we know only from its `Holding` (it is in no plan: membership comes from heartbeats)
+    whose address the shell could not find yet is asked again once its short exclusion ends; its
+    `Holding` is all that made it a holder, and at scale it comes rarely (`relay.announce`). One
+    found unreachable is no longer a holder (its next `Holding` would count again)."""
+    for why, kept in ((FetchFailure.NO_ADDRESS, True), (FetchFailure.UNREACHABLE, False)):
+        c = core()
+        c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+        c.on_message(0.0, envelope("holder", Holding((HeldVersion(1, SIGNED.manifest_id),))))
+        moved = []
+        for f in first:  # the origin is gone for a while: the chunks go to the holder
+            moved += fetches(c.fetch_failed(0.1, f.peer, 1, f.index, FetchFailure.UNREACHABLE))
+        assert moved and {f.peer for f in moved} == {"holder"}
+        for f in moved:
+            c.fetch_failed(0.2, "holder", 1, f.index, why)
+        assert ("holder" in c._versions[1].holders) == kept, why
+        later = 0.2 + FAST.not_admitted_s + 0.1  # the origin is still excluded (`exclude_s`)
+        again = fetches(c.on_timer(later, "relay/tick"))
+        assert ("holder" in {f.peer for f in again}) == kept, why
+
+
+GHOST = "ghost"  # sends `Holding` and never a heartbeat: we never have its data address
+WAIT_S = 10.0  # the role's wait for an address (`request_timeout_s`) before it reports `no_address`
+
+
+def _a_ghost_holds_the_version(until_s: float, holding_every_s: float | None) -> tuple[list[float], list, TransferCore]:
+    """The role's figures (`exclude_s` 60 s, `not_admitted_s` 2 s) in virtual time: the origin is
+    gone (each ask of it fails at once as `unreachable`), and GHOST, a holder by its `Holding`
+    (again every `holding_every_s`, if given), has every ask of it fail as `no_address` `WAIT_S`
+    later, as the role's wait ends. Returns when GHOST was asked, GHOST's drops as (when, why),
+    and the core at `until_s`."""
+    c = TransferCore(TransferConfig(stall_timeout_s=30.0, exclude_s=60.0, announce_interval_s=3600.0), "me",
+                     open_frame=opener, self_upload_bps=1e8)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    holding = envelope(GHOST, Holding((HeldVersion(1, SIGNED.manifest_id),)))
+    due: list[tuple[float, Fetch]] = []  # failures the shell is to report: (when, fetch)
+    asked, dropped = [], []
+
+    def carry(now: float, effects: list) -> None:
+        for e in effects:
+            if isinstance(e, Emit) and isinstance(e.event, SourceDropped) and e.event.peer == GHOST:
+                dropped.append((now, e.event.why))
+        for f in fetches(effects):
+            if f.peer == GHOST and (not asked or asked[-1] != now):
+                asked.append(now)
+            due.append((now + WAIT_S if f.peer == GHOST else now, f))
+
+    carry(0.0, c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+    carry(0.0, c.on_message(0.0, holding))
+    steps = int(until_s / 0.5)
+    for step in range(1, steps + 1):
+        now = step * 0.5
+        while any(when <= now for when, _ in due):  # (a report may ask again at once, the origin's)
+            ready = [d for d in due if d[0] <= now]
+            due = [d for d in due if d[0] > now]
+            for _, f in ready:
+                why = FetchFailure.NO_ADDRESS if f.peer == GHOST else FetchFailure.UNREACHABLE
+                carry(now, c.fetch_failed(now, f.peer, 1, f.index, why))
+        if holding_every_s is not None and now % holding_every_s == 0:
+            carry(now, c.on_message(now, holding))
+        carry(now, c.on_timer(now, "relay/tick"))
+    return asked, dropped, c
+
+
+def test_a_holder_whose_address_never_comes_counts_as_unreachable_after_the_grace():
+    """A `Holding` needs no heartbeat: a peer that sends one and never a heartbeat (any number of
+    made-up identities can), or a holder that left before we asked it, never gets us an address.
+    Each ask of it costs the role's wait (10 s) for the chunks handed to it, and the in-flight
+    budget they take. As nobody's fault for ever (`no_address`: excluded 2 s, kept as a holder)
+    it was asked every 12 s, as long as the version lasted; now for `NO_ADDRESS_GRACE_S`, and
+    then it is unreachable: excluded for `exclude_s`, and no holder until its next `Holding`, as
+    before `no_address` existed."""
+    asked, dropped, c = _a_ghost_holds_the_version(600.0, holding_every_s=None)
+    first = asked[0]
+    assert [why for _, why in dropped] == [DropReason.NO_ADDRESS] * (len(dropped) - 1) + [DropReason.UNREACHABLE]
+    assert len(dropped) >= 2 and dropped[-1][0] >= first + WAIT_S + NO_ADDRESS_GRACE_S  # the grace, in full
+    assert max(asked) < first + NO_ADDRESS_GRACE_S + WAIT_S  # then never again: no longer a holder
+    assert GHOST not in c._versions[1].holders
+    # one that keeps telling `Holding` is a holder again, but unreachable at once from then on
+    asked, dropped, _ = _a_ghost_holds_the_version(600.0, holding_every_s=5.0)
+    late = [at for at in asked if at >= first + NO_ADDRESS_GRACE_S + WAIT_S]
+    assert late and all(b - a >= 60.0 for a, b in zip(late, late[1:]))  # once per `exclude_s`
+    assert all(why is DropReason.UNREACHABLE for at, why in dropped if at >= first + NO_ADDRESS_GRACE_S + WAIT_S)
+    assert len(asked) <= NO_ADDRESS_GRACE_S / 12.0 + 1 + 600.0 / 70.0 + 1  # not every 12 s: 50 of them
+
+
+def test_the_grace_without_an_address_starts_afresh_once_its_heartbeat_came():
+    """The time a source has gone without an address counts from its first `no_address` in a row:
+    forgotten when it serves us, or joins our membership (its heartbeat, and its address, came)."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    c.fetch_failed(1.0, GHOST, 1, 0, FetchFailure.NO_ADDRESS)  # (not asked of it: only the time is kept)
+    assert c._unaddressed == {GHOST: 1.0}
+    c.set_members(2.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, GHOST: 1e8})  # its heartbeat came
+    assert c._unaddressed == {}
+    c.fetch_failed(1.0 + NO_ADDRESS_GRACE_S, GHOST, 1, 0, FetchFailure.NO_ADDRESS)  # it left again: afresh
+    assert c._excluded[GHOST] == pytest.approx(1.0 + NO_ADDRESS_GRACE_S + FAST.not_admitted_s)
+    c.fetched(70.0, GHOST, 1, 0, 0.1)
+    assert c._unaddressed == {}
+    for i in range(MAX_UNADDRESSED + 3):  # made-up holders, each asked once: the memory is bounded
+        c.fetch_failed(80.0 + i, f"made-up{i:04d}", 1, 0, FetchFailure.NO_ADDRESS)
+    assert len(c._unaddressed) == MAX_UNADDRESSED and "made-up0002" not in c._unaddressed  # the oldest went
 
 
 def test_marks_of_peers_that_left_and_ended_exclusions_are_forgotten():
