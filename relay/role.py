@@ -66,7 +66,7 @@ from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, Chunk
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.serving_shell import ChunkServing, _parse_request  # _parse_request: tests import it from here
 from relay.uploads import Uploads
-from relay.role_store import StoreSide, _trouble_of
+from relay.role_store import FailingVersion, StoreSide, _trouble_of
 from relay.store import ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreTrouble, VersionCollected
 from relay.effects import (DropSource, Fetch, FetchFailure, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce,
                            VersionComplete)
@@ -203,6 +203,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         # a flush that makes chunks durable since ends the backoff, not a chunk stored (a write into
         # the page cache)
         self._full_on_flush: int | None = None
+        # the version whose files a failing disk would not write as its hold began, and its chunks
+        # stored since: only one of those made durable ends that hold early (`relay.role_store`)
+        self._failing: FailingVersion | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self.store.listener = self._from_store
 
@@ -366,7 +369,8 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         else:  # (maybe an fsync's or a bitmap's: only a durable flush ends the hold, as for a put)
             trouble = _trouble_of(exc)
             self._full_on_flush = self.store.durable_flushes
-        await self._store_trouble(str(exc), lambda now: self.core.found(now, version, durable), trouble=trouble)
+        await self._store_trouble(str(exc), lambda now: self.core.found(now, version, durable), trouble=trouble,
+                                  version=version)
 
     async def _held_already(self, fetch: Fetch) -> None:
         """The core asks for a chunk the store holds: copied from a held version meanwhile (the

@@ -26,24 +26,31 @@ started the hold, full or failing, is in the status and the health check), so a 
 fed chunks at network speed; while it backs off, a fetch is downloaded only if the store has room
 by then (a disk that fails that question holds on as failing), and the first chunk stored ends
 the backoff (when the error came from a put or an fsync, the first flush that succeeds: writes
-into the page cache succeed on a full or failing disk). A put that fails when another put of the
-same chunk has made it durable since starts no hold: nothing might be left to store and end it.
+into the page cache succeed on a full or failing disk). A hold that a put (or a copy) of one
+version started on a failing disk is ended early only by a chunk of that version stored since and
+made durable (`_ends_hold`), or by that version's collection: a partly failing disk takes another
+version's writes, and those flushes ended the hold at once, so the failing version was fed again
+and every hold started over at 1 s. The cost: every version's requests wait out those holds (a
+hold is the core's, for all versions), the healthy one's too. A put that fails when another put
+of the same chunk has made it durable since starts no hold: nothing might be left to store and
+end it.
 
 These methods read the role's `store`, `core` and `watcher` (versions lost or collected are
 forgotten), hold and end its `backoff` and keep `_full_on_flush` (the store's `durable_flushes`
-when a put or an fsync found the disk full or failing), send stored chunks into `_fetched_send`
-and take them from `_fetched`, set `_flush_wanted` (a batch waits for `_flusher`), queue the
-store's events on `_queue_send` through `_token` (the trio loop's, set by `run`), tell `_uploads`
-that a chunk arrived, and keep its counters (`fetched_from`, `bytes_fetched_from`,
-`chunk_checks`, `timeline`, `_moved_at`); they call its `_command(fn)` and
-`report_failed(peer, fetch, reason)`. `RelayRole._run` starts `_tell_fetched` and `_flusher`
-and its `_dispatch` calls the rest; `_trouble_of` serves the role too (`_copy_failed`). Their
-log lines go to the role's logger.
+when a put or an fsync found the disk full or failing) and `_failing` (`FailingVersion`), send
+stored chunks into `_fetched_send` and take them from `_fetched`, set `_flush_wanted` (a batch
+waits for `_flusher`), queue the store's events on `_queue_send` through `_token` (the trio
+loop's, set by `run`), tell `_uploads` that a chunk arrived, and keep its counters
+(`fetched_from`, `bytes_fetched_from`, `chunk_checks`, `timeline`, `_moved_at`); they call its
+`_command(fn)` and `report_failed(peer, fetch, reason)`. `RelayRole._run` starts `_tell_fetched`
+and `_flusher` and its `_dispatch` calls the rest; `_trouble_of` serves the role too
+(`_copy_failed`). Their log lines go to the role's logger.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -63,6 +70,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay.role")  # the role's logger: its log lines keep their name
 
 
+@dataclass
+class FailingVersion:
+    """The version whose files a failing disk would not write as a hold began (EIO and the like
+    from its put or its copy), and its chunks stored since: only one of those made durable ends
+    that hold before its time (`StoreSide._ends_hold`), or the version's collection."""
+
+    version: int
+    stored: set[int] = field(default_factory=set)
+
+
 class StoreSide:
     """Our own store's side of `relay.role.RelayRole` (see the module docstring)."""
 
@@ -72,6 +89,7 @@ class StoreSide:
     watcher: VersionWatcher
     backoff: StoreBackoff
     _full_on_flush: int | None
+    _failing: FailingVersion | None
     _fetched_send: trio.MemorySendChannel[tuple[str, Fetch, float, float | None]]
     _fetched: trio.MemoryReceiveChannel[tuple[str, Fetch, float, float | None]]
     _flush_wanted: trio.Event
@@ -120,9 +138,9 @@ class StoreSide:
             if trouble is StoreTrouble.FAILING:
                 log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
             self._full_on_flush = self.store.durable_flushes  # (maybe the fsync: only a durable flush ends the hold)
-            await self._not_stored(peer, fetch, str(exc), trouble)
+            await self._not_stored(peer, fetch, str(exc), trouble, version=fetch.version)
             return
-        if self._full_on_flush is None or self.store.durable_flushes > self._full_on_flush:
+        if self._ends_hold(fetch):
             await self._room_again()
         else:  # a write into the page cache proves nothing: a flush of it will
             self._flush_wanted.set()
@@ -191,7 +209,7 @@ class StoreSide:
                 self._full_on_flush = self.store.durable_flushes
                 await self._store_trouble(str(exc), trouble=trouble)
             return
-        if self._full_on_flush is not None and self.store.durable_flushes > self._full_on_flush and not stopping:
+        if not stopping and self._ends_hold(None):
             await self._room_again()
 
     # -- what the store tells us, and a full store --------------------------------------------
@@ -232,6 +250,10 @@ class StoreSide:
         self.timeline.pop(version, None)
         await self._command(lambda now: self.core.collected(version))
         log.info("version %d was garbage-collected: no longer held or announced", version)
+        if self._failing is not None and self._failing.version == version:
+            # nothing of it will come to end its hold, and an incomplete version is collected only
+            # once a newer one is complete here: the disk took other writes
+            await self._room_again()
 
     async def _no_room_for(self, nbytes: int) -> StoreTrouble | None:
         """Why the store cannot take a chunk now, or None if it can (asked before fetching while
@@ -245,17 +267,36 @@ class StoreSide:
             return _trouble_of(exc)
 
     async def _not_stored(self, peer: str, fetch: Fetch, why: str,
-                          trouble: StoreTrouble = StoreTrouble.FULL) -> None:
-        """Our store had no room for a chunk (or its disk failed: `trouble`): fetch it again later,
-        blaming nobody, and hold new requests (`_store_trouble`)."""
+                          trouble: StoreTrouble = StoreTrouble.FULL, *, version: int | None = None) -> None:
+        """Our store had no room for a chunk (or its disk failed: `trouble`, writing `version`'s
+        files if its put failed): fetch it again later, blaming nobody, and hold new requests
+        (`_store_trouble`)."""
         reason = FetchFailure.STORE_FULL if trouble is StoreTrouble.FULL else FetchFailure.STORE_FAILED
         await self._store_trouble(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                          reason), trouble=trouble)
+                                                                          reason), trouble=trouble, version=version)
+
+    def _ends_hold(self, stored: Fetch | None) -> bool:
+        """Whether what just succeeded (a put of `stored`'s chunk; None: a flush) proves that the
+        store takes writes again, ending a hold before its time. A hold that a failing version
+        started (`_failing`, while the core follows it): one of that version's chunks stored since,
+        now durable; another version's writes prove nothing about the failing files (a partly
+        failing disk). Otherwise, once a put or an fsync failed (`_full_on_flush`), a durable flush
+        since; else the chunk stored."""
+        failing = self._failing
+        if failing is not None and self.core.knows(failing.version):
+            if stored is not None:
+                if stored.version != failing.version:
+                    return False
+                failing.stored.add(stored.index)  # (at most its version's chunks, till the next hold or the end)
+            return any(self.store.is_durable(failing.version, index) for index in failing.stored)
+        if self._full_on_flush is None:
+            return stored is not None
+        return self.store.durable_flushes > self._full_on_flush
 
     async def _room_again(self) -> None:
         """A chunk was stored (or, when an fsync found the disk full, a flush succeeded): a
         backoff, if one was running, ends, and requests resume at once."""
-        self._full_on_flush = None
+        self._full_on_flush, self._failing = None, None
         cause = self.backoff.cause  # (what started the hold, not the last failure inside it)
         if self.backoff.succeeded():
             log.warning("the chunk store %s again: fetching resumes",
@@ -263,13 +304,19 @@ class StoreSide:
             await self._command(lambda now: self.core.hold_requests(now, now))
 
     async def _store_trouble(self, why: str, then: Callable[[float], list[Any]] = lambda now: [], *,
-                             trouble: StoreTrouble = StoreTrouble.FULL) -> None:
-        """Our store is full, or its disk fails (`StoreTrouble.FAILING`: EIO and the like): hold
-        new requests (1 s, doubling up to 60 s while it stays so; a failing disk must not be fed
-        chunks at network speed), say so once per hold, and tell the core `then`. A failure inside
-        a hold leaves the hold, and its cause, as they are."""
+                             trouble: StoreTrouble = StoreTrouble.FULL, version: int | None = None) -> None:
+        """Our store is full, or its disk fails (`StoreTrouble.FAILING`: EIO and the like; writing
+        `version`'s files, when a put or a copy named them): hold new requests (1 s, doubling up to
+        60 s while it stays so; a failing disk must not be fed chunks at network speed), say so
+        once per hold, and tell the core `then`. A failure inside a hold leaves the hold, its cause
+        and what ends it early (`_ends_hold`) as they are."""
         until = self.backoff.failed(trio.current_time(), trouble)
-        if until is not None:
+        if until is not None:  # a new hold: a failing version's own durable chunk ends it early
+            if trouble is StoreTrouble.FULL:
+                self._failing = None  # (room is the whole store's: any durable flush shows it)
+            elif version is not None:
+                self._failing = FailingVersion(version)
+            # (a failing disk that named no version, a flush or a probe, keeps what the last hold needed)
             log.warning("chunk store %s (%s): no new chunk requests for %.0fs (%d failed stores so far)",
                         trouble.value, why, until - trio.current_time(), self.backoff.failures)
         await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else []) + then(now))
