@@ -62,10 +62,11 @@ alone:
   version, never excluded (its requests settle at each answer, so no stall either); now its
   second such connection in a row fails as `unreachable`, two connections per `exclude_s`. An
   honest source that is behind answers `unavailable` and keeps the connection; only two idle
-  closes crossing our requests in a row, with no chunk between, fail so. A reset counts because an honest source that closes
-  with our request unread in its socket resets the connection (Linux sends RST, not FIN, when
-  data is left unread); a killed source at an answer boundary looks the same on the wire
-  either way, which is why the evidence is a new connection, not the way this one ended.
+  closes crossing our requests in a row, with no chunk between, fail so. A reset counts
+  because an honest source that closes with our request unread in its socket resets the
+  connection (Linux sends RST, not FIN, when data is left unread); a killed source at an answer
+  boundary looks the same on the wire either way, which is why the evidence is a new
+  connection, not the way this one ended.
 The simulator needs neither: it has no connections (a request is a message, a crash fails
 them at once), so it never modelled the race.
 
