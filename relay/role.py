@@ -22,7 +22,9 @@ manifest, so it admits us at the next try rather than after our next heartbeat r
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
-manifest, or collected it) is not sent.
+manifest, or collected it) is not sent. A manifest the store refuses for good (another one is
+held for its version) the core takes no more (`refuse_manifest`); one it could not keep for now
+(a full store, a failing disk) is only forgotten, and taken again at the next announce.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
 slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a second in all. What
@@ -330,11 +332,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         `_dispatch` awaits this); chunks shared with a version we hold are copied, not fetched."""
         try:
             await trio.to_thread.run_sync(self.store.add_manifest, signed)
-        except ManifestRejected as exc:  # the publisher signed two manifests for one version
+        except ManifestRejected as exc:  # the publisher signed two manifests for one version: never this one
             log.error("manifest for version %d refused by the store: %s", signed.version, exc)
-            await self._command(lambda now: self.core.forget(signed.version))
+            await self._command(lambda now: self.core.refuse_manifest(signed.version, signed.manifest_id))
             return
-        except (StoreFull, OSError) as exc:
+        except (StoreFull, OSError) as exc:  # may pass: taken again at the next announce
             log.error("cannot keep version %d: %s", signed.version, exc)
             await self._command(lambda now: self.core.forget(signed.version))
             return

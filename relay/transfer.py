@@ -54,6 +54,7 @@ bookkeeping per version and per source (`_Version`, `_Source`): `relay.transfer_
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -141,6 +142,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
         self._manifest_asked: dict[int, tuple[float, str, bool]] = {}  # version -> (when, whom, it holds all)
+        self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store's refusals (`relay.announce`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
@@ -260,7 +262,10 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         return self._arm(now, effects)
 
     def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]:
-        """A manifest frame from gossip or a `FetchManifest` answer; believed only if it opens."""
+        """A manifest frame from gossip or a `FetchManifest` answer; believed only if it opens (and
+        not one our store refused: `relay.announce`)."""
+        if self._refused_frame(frame):
+            return []
         try:
             signed = self._open(frame, now)
         except ManifestRejected:
