@@ -205,8 +205,8 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         # a flush that makes chunks durable since ends the backoff, not a chunk stored (a write into
         # the page cache)
         self._full_on_flush: int | None = None
-        # the version whose files a failing disk would not write as its hold began, and its chunks
-        # stored since: only one of those made durable ends that hold early (`relay.role_store`)
+        # the version whose files a failing disk would not write as its hold began, held alone, and
+        # its chunks stored since: only one of those made durable ends that hold early (`relay.role_store`)
         self._failing: FailingVersion | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self.store.listener = self._from_store
@@ -275,14 +275,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
                     if self.store.holds(item.version, item.index):
                         nursery.start_soon(self._held_already, item)
                         continue
-                    trouble = None
-                    if self.backoff.active:
-                        async with self._sending_held():
-                            trouble = await self._no_room_for(item.size)
-                    if trouble is not None:  # not downloaded
-                        why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
-                        await self._not_stored(item.peer, item, f"{why} after the hold", trouble)
-                    else:
+                    if await self._room_to_fetch(item):  # (else not downloaded, and held on)
                         self._upstream(item.peer, nursery).submit(item)
                 elif isinstance(item, ChunkRotten):
                     await self._chunks_lost(item.version, (item.index,), "was corrupt on disk")

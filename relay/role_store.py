@@ -26,14 +26,18 @@ started the hold, full or failing, is in the status and the health check), so a 
 fed chunks at network speed; while it backs off, a fetch is downloaded only if the store has room
 by then (a disk that fails that question holds on as failing), and the first chunk stored ends
 the backoff (when the error came from a put or an fsync, the first flush that succeeds: writes
-into the page cache succeed on a full or failing disk). A hold that a put (or a copy) of one
-version started on a failing disk is ended early only by a chunk of that version stored since and
-made durable (`_ends_hold`), or by that version's collection: a partly failing disk takes another
-version's writes, and those flushes ended the hold at once, so the failing version was fed again
-and every hold started over at 1 s. The cost: every version's requests wait out those holds (a
-hold is the core's, for all versions), the healthy one's too. A put that fails when another put
-of the same chunk has made it durable since starts no hold: nothing might be left to store and
-end it.
+into the page cache succeed on a full or failing disk). A hold that a put (or a copy, or the
+probe before one) of one version started on a failing disk holds that version's requests alone
+(`FailingVersion`; `TransferCore.hold_requests` per version): a partly failing disk (bad sectors
+under one version's files) takes the others' writes, and they fetch on at full speed (held with
+it, a healthy version of 16 chunks took 183 virtual s instead of 3). Such a hold is ended early
+only by a chunk of that version stored since and made durable (`_ends_hold`), or by that
+version's collection: another version's flushes prove nothing about its files (they ended the
+hold at once, so the failing version was fed again and every hold started over at 1 s). Inside
+it, any other failure (a full store, a flush, another version's write) makes it every version's
+until it ends: room and fsyncs are the whole store's, and a second failing version would
+otherwise be fed at network speed. A put that fails when another put of the same chunk has made
+it durable since starts no hold: nothing might be left to store and end it.
 
 These methods read the role's `store`, `core` and `watcher` (versions lost or collected are
 forgotten), hold and end its `backoff` and keep `_full_on_flush` (the store's `durable_flushes`
@@ -61,6 +65,8 @@ from relay.errors import ChunkCorrupt, StoreFull, VersionUnknown
 from relay.store import NO_SPACE_ERRNOS, StoreTrouble
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from relay.loader import VersionWatcher
     from relay.store import ChunkStore, StoreBackoff, StoreEvent
     from relay.transfer import TransferCore
@@ -73,8 +79,9 @@ log = logging.getLogger("relay.role")  # the role's logger: its log lines keep t
 @dataclass
 class FailingVersion:
     """The version whose files a failing disk would not write as a hold began (EIO and the like
-    from its put or its copy), and its chunks stored since: only one of those made durable ends
-    that hold before its time (`StoreSide._ends_hold`), or the version's collection."""
+    from its put, its copy or the probe before its put), which the hold holds alone, and its
+    chunks stored since: only one of those made durable ends that hold before its time
+    (`StoreSide._ends_hold`), or the version's collection."""
 
     version: int
     stored: set[int] = field(default_factory=set)
@@ -104,6 +111,7 @@ class StoreSide:
 
     if TYPE_CHECKING:  # what these call on the role (`relay.role.RelayRole`)
         async def _command(self, fn: Callable[[float], list[Any]]) -> None: ...
+        def _sending_held(self) -> AbstractAsyncContextManager[None]: ...
         async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure,
                                 upstream: Upstream | None = None) -> None: ...
 
@@ -255,6 +263,26 @@ class StoreSide:
             # once a newer one is complete here: the disk took other writes
             await self._room_again()
 
+    def _held_for(self, version: int) -> bool:
+        """Whether the store's hold (`backoff`, between its holds too) holds `version`'s requests:
+        every version's, unless it began as one failing version's (`_failing`)."""
+        return self.backoff.active and (self._failing is None or self._failing.version == version)
+
+    async def _room_to_fetch(self, fetch: Fetch) -> bool:
+        """Whether `fetch` may be downloaded now: yes, unless the store's hold holds its version;
+        then only if the store has room by now (asked with our sends held); if not, the fetch
+        fails as ours and holds on (a probe for a failing version's write fails as its write)."""
+        if not self._held_for(fetch.version):
+            return True
+        async with self._sending_held():
+            trouble = await self._no_room_for(fetch.size)
+        if trouble is None:
+            return True
+        why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
+        await self._not_stored(fetch.peer, fetch, f"{why} after the hold", trouble,
+                               version=fetch.version if trouble is StoreTrouble.FAILING else None)
+        return False
+
     async def _no_room_for(self, nbytes: int) -> StoreTrouble | None:
         """Why the store cannot take a chunk now, or None if it can (asked before fetching while
         backing off): no room, or a disk that fails the question itself."""
@@ -307,19 +335,28 @@ class StoreSide:
                              trouble: StoreTrouble = StoreTrouble.FULL, version: int | None = None) -> None:
         """Our store is full, or its disk fails (`StoreTrouble.FAILING`: EIO and the like; writing
         `version`'s files, when a put or a copy named them): hold new requests (1 s, doubling up to
-        60 s while it stays so; a failing disk must not be fed chunks at network speed), say so
-        once per hold, and tell the core `then`. A failure inside a hold leaves the hold, its cause
-        and what ends it early (`_ends_hold`) as they are."""
+        60 s while it stays so; a failing disk must not be fed chunks at network speed), of that
+        version alone if it named one, say so once per hold, and tell the core `then`. A failure
+        inside a hold leaves the hold, its cause and what ends it early (`_ends_hold`) as they are,
+        unless the hold was one version's and the failure is not that version's write: then it
+        holds every version till its end (see the top)."""
         until = self.backoff.failed(trio.current_time(), trouble)
-        if until is not None:  # a new hold: a failing version's own durable chunk ends it early
-            if trouble is StoreTrouble.FULL:
-                self._failing = None  # (room is the whole store's: any durable flush shows it)
-            elif version is not None:
-                self._failing = FailingVersion(version)
-            # (a failing disk that named no version, a flush or a probe, keeps what the last hold needed)
-            log.warning("chunk store %s (%s): no new chunk requests for %.0fs (%d failed stores so far)",
-                        trouble.value, why, until - trio.current_time(), self.backoff.failures)
-        await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else []) + then(now))
+        failing, hold = self._failing, until
+        if until is not None:  # a new hold: on the failing version alone when its own write failed
+            self._failing = FailingVersion(version) if trouble is StoreTrouble.FAILING and version is not None \
+                else None
+            log.warning("chunk store %s (%s): no new chunk requests%s for %.0fs (%d failed stores so far)",
+                        trouble.value, why, f" for version {version}" if self._failing is not None else "",
+                        until - trio.current_time(), self.backoff.failures)
+        elif failing is not None and (trouble is StoreTrouble.FULL or version != failing.version):
+            # inside one version's hold, a failure that is not that version's write (a full store, a
+            # flush, another version's files): the store's trouble is not that version's alone
+            self._failing, hold = None, self.backoff.until
+            log.info("chunk store %s (%s) inside the hold on version %d: no new chunk requests for any version "
+                     "for %.0fs", trouble.value, why, failing.version, hold - trio.current_time())
+        scope = self._failing.version if self._failing is not None else None
+        await self._command(lambda now: (self.core.hold_requests(now, hold, scope) if hold is not None else [])
+                            + then(now))
 
 
 def _trouble_of(exc: OSError) -> StoreTrouble:
