@@ -17,15 +17,23 @@ asks of the peer we asked most give way, `_room_to_ask`), and the answer makes i
 The swarm layout's `HaveChunks` asks the same way, for a sender that holds only some chunks
 (its answer then makes it no holder).
 
+A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
+an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
+an announce naming it asks for nothing, and its frame, from gossip or an answer, is dropped
+before it is opened (`_refused_frame`), where each announce had it fetched, opened, accepted and
+refused by the store again, and logged. Another manifest for the version is still taken. The
+shell does not call this for a refusal that may pass (a full store, a failing disk): the core
+just forgets the version then (`forget`), and takes it again at the next announce.
+
 These methods read the core's configuration, membership, versions and bans, keep
-`_manifest_asked`, and add holders to a version; they also call the core's `_usable(now, peer)`,
-`_pump(now, v, effects)`, `_arm(now, effects)` and `complete_versions()`. Like the core they do
-no I/O and take the time as an argument.
+`_manifest_asked` and `_refused_manifests`, and add holders to a version; they also call the
+core's `_usable(now, peer)`, `_pump(now, v, effects)`, `_arm(now, effects)`, `forget(version)` and
+`complete_versions()`. Like the core they do no I/O and take the time as an argument.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import blake3
@@ -42,6 +50,7 @@ if TYPE_CHECKING:
 
 
 MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
+MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
 
 
 class Announcing:
@@ -54,6 +63,7 @@ class Announcing:
     _versions: dict[int, _Version]
     _banned: set[str]
     _manifest_asked: dict[int, tuple[float, str, bool]]
+    _refused_manifests: OrderedDict[bytes, int]  # manifest id -> its version
     _collected_through: int
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
@@ -61,14 +71,38 @@ class Announcing:
         def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None: ...
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def complete_versions(self) -> list[int]: ...
+        def forget(self, version: int) -> list[Any]: ...
 
-    def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any], holds_all: bool = True) -> bool:
+    def refuse_manifest(self, version: int, manifest_id: bytes) -> list[Any]:
+        """Our store would not keep this manifest of `version` (it holds another for the version):
+        forget the version, and take this manifest no more (see the top)."""
+        refused = self._refused_manifests
+        refused[manifest_id] = version
+        refused.move_to_end(manifest_id)
+        while len(refused) > MAX_REFUSED_MANIFESTS:
+            refused.popitem(last=False)
+        return self.forget(version)
+
+    def _store_refused(self, manifest_id: bytes) -> bool:
+        """Whether our store refused this manifest (`refuse_manifest`); naming it keeps it remembered."""
+        if manifest_id not in self._refused_manifests:
+            return False
+        self._refused_manifests.move_to_end(manifest_id)
+        return True
+
+    def _refused_frame(self, frame: bytes) -> bool:
+        """Whether `frame` is a manifest our store refused: its id is its hash, checked before
+        the frame is opened (decoding a large manifest takes about 0.1 s; hashing it is cheap)."""
+        return bool(self._refused_manifests) and self._store_refused(blake3.blake3(frame).digest())
+
+    def _ask_manifest(self, now: float, sender: str, version: int, manifest_id: bytes, effects: list[Any],
+                      holds_all: bool = True) -> bool:
         """`sender` holds a version we do not know (all of it, or with `holds_all` False some
-        chunks of it): ask it for the manifest; its answer makes it a holder only in the first case.
-        False when there was no room to remember the ask (`_room_to_ask`), at this `now`, for
-        any new version `sender` names."""
-        if version <= self._collected_through:
-            return True  # collected here: we do not want it back
+        chunks of it), as the manifest `manifest_id`: ask it for the manifest; its answer makes it
+        a holder only in the first case. False when there was no room to remember the ask
+        (`_room_to_ask`), at this `now`, for any new version `sender` names."""
+        if version <= self._collected_through or self._store_refused(manifest_id):
+            return True  # collected here: we do not want it back; or our store would not keep it
         asked = self._manifest_asked.get(version)
         if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
@@ -100,7 +134,7 @@ class Announcing:
         for held in body.versions:
             v = self._versions.get(held.version)
             if v is None:
-                room = room and self._ask_manifest(now, sender, held.version, effects)
+                room = room and self._ask_manifest(now, sender, held.version, held.manifest_id, effects)
                 continue
             if held.manifest_id != v.signed.manifest_id or sender in v.holders or sender in self._banned:
                 continue

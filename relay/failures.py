@@ -53,7 +53,7 @@ fault:
 - `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
   failed fsync lost it before we heard it was stored). Nobody is blamed; it is fetched again,
   and the shell holds new requests as for `store_full` (a failing disk is not fed at network
-  speed).
+  speed), of that version alone when only its files' writes fail (`hold_requests`' `version`).
 
 A parent that only stalled is not replaced by a sibling but by its ancestors: a stall is a
 silent failure (a hung peer, a partition) that may hold the substitute too, unseen by us, and

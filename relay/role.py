@@ -25,7 +25,9 @@ as `no_address`: nobody's fault, asked again soon (`relay.failures`).
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
-manifest, or collected it) is not sent.
+manifest, or collected it) is not sent. A manifest the store refuses for good (another one is
+held for its version) the core takes no more (`refuse_manifest`); one it could not keep for now
+(a full store, a failing disk) is only forgotten, and taken again at the next announce.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
 slots (`ServeAtOnce` sets how many), never more than `[peer] upload_bps` a second in all. What
@@ -69,7 +71,7 @@ from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, Chunk
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.serving_shell import ChunkServing, _parse_request  # _parse_request: tests import it from here
 from relay.uploads import Uploads
-from relay.role_store import StoreSide, _trouble_of
+from relay.role_store import FailingVersion, StoreSide, _trouble_of
 from relay.store import ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreTrouble, VersionCollected
 from relay.effects import (DropSource, Fetch, FetchFailure, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce,
                            VersionComplete)
@@ -206,6 +208,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         # a flush that makes chunks durable since ends the backoff, not a chunk stored (a write into
         # the page cache)
         self._full_on_flush: int | None = None
+        # the version whose files a failing disk would not write as its hold began, held alone, and
+        # its chunks stored since: only one of those made durable ends that hold early (`relay.role_store`)
+        self._failing: FailingVersion | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self.store.listener = self._from_store
 
@@ -273,14 +278,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
                     if self.store.holds(item.version, item.index):
                         nursery.start_soon(self._held_already, item)
                         continue
-                    trouble = None
-                    if self.backoff.active:
-                        async with self._sending_held():
-                            trouble = await self._no_room_for(item.size)
-                    if trouble is not None:  # not downloaded
-                        why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
-                        await self._not_stored(item.peer, item, f"{why} after the hold", trouble)
-                    else:
+                    if await self._room_to_fetch(item):  # (else not downloaded, and held on)
                         self._upstream(item.peer, nursery).submit(item)
                 elif isinstance(item, ChunkRotten):
                     await self._chunks_lost(item.version, (item.index,), "was corrupt on disk")
@@ -330,11 +328,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         `_dispatch` awaits this); chunks shared with a version we hold are copied, not fetched."""
         try:
             await trio.to_thread.run_sync(self.store.add_manifest, signed)
-        except ManifestRejected as exc:  # the publisher signed two manifests for one version
+        except ManifestRejected as exc:  # the publisher signed two manifests for one version: never this one
             log.error("manifest for version %d refused by the store: %s", signed.version, exc)
-            await self._command(lambda now: self.core.forget(signed.version))
+            await self._command(lambda now: self.core.refuse_manifest(signed.version, signed.manifest_id))
             return
-        except (StoreFull, OSError) as exc:
+        except (StoreFull, OSError) as exc:  # may pass: taken again at the next announce
             log.error("cannot keep version %d: %s", signed.version, exc)
             await self._command(lambda now: self.core.forget(signed.version))
             return
@@ -369,7 +367,8 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         else:  # (maybe an fsync's or a bitmap's: only a durable flush ends the hold, as for a put)
             trouble = _trouble_of(exc)
             self._full_on_flush = self.store.durable_flushes
-        await self._store_trouble(str(exc), lambda now: self.core.found(now, version, durable), trouble=trouble)
+        await self._store_trouble(str(exc), lambda now: self.core.found(now, version, durable), trouble=trouble,
+                                  version=version)
 
     async def _held_already(self, fetch: Fetch) -> None:
         """The core asks for a chunk the store holds: copied from a held version meanwhile (the

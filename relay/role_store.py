@@ -26,24 +26,35 @@ started the hold, full or failing, is in the status and the health check), so a 
 fed chunks at network speed; while it backs off, a fetch is downloaded only if the store has room
 by then (a disk that fails that question holds on as failing), and the first chunk stored ends
 the backoff (when the error came from a put or an fsync, the first flush that succeeds: writes
-into the page cache succeed on a full or failing disk). A put that fails when another put of the
-same chunk has made it durable since starts no hold: nothing might be left to store and end it.
+into the page cache succeed on a full or failing disk). A hold that a put (or a copy, or the
+probe before one) of one version started on a failing disk holds that version's requests alone
+(`FailingVersion`; `TransferCore.hold_requests` per version): a partly failing disk (bad sectors
+under one version's files) takes the others' writes, and they fetch on at full speed (held with
+it, a healthy version of 16 chunks took 183 virtual s instead of 3). Such a hold is ended early
+only by a chunk of that version stored since and made durable (`_ends_hold`), or by that
+version's collection: another version's flushes prove nothing about its files (they ended the
+hold at once, so the failing version was fed again and every hold started over at 1 s). Inside
+it, any other failure (a full store, a flush, another version's write) makes it every version's
+until it ends: room and fsyncs are the whole store's, and a second failing version would
+otherwise be fed at network speed. A put that fails when another put of the same chunk has made
+it durable since starts no hold: nothing might be left to store and end it.
 
 These methods read the role's `store`, `core` and `watcher` (versions lost or collected are
 forgotten), hold and end its `backoff` and keep `_full_on_flush` (the store's `durable_flushes`
-when a put or an fsync found the disk full or failing), send stored chunks into `_fetched_send`
-and take them from `_fetched`, set `_flush_wanted` (a batch waits for `_flusher`), queue the
-store's events on `_queue_send` through `_token` (the trio loop's, set by `run`), tell `_uploads`
-that a chunk arrived, and keep its counters (`fetched_from`, `bytes_fetched_from`,
-`chunk_checks`, `timeline`, `_moved_at`); they call its `_command(fn)` and
-`report_failed(peer, fetch, reason)`. `RelayRole._run` starts `_tell_fetched` and `_flusher`
-and its `_dispatch` calls the rest; `_trouble_of` serves the role too (`_copy_failed`). Their
-log lines go to the role's logger.
+when a put or an fsync found the disk full or failing) and `_failing` (`FailingVersion`), send
+stored chunks into `_fetched_send` and take them from `_fetched`, set `_flush_wanted` (a batch
+waits for `_flusher`), queue the store's events on `_queue_send` through `_token` (the trio
+loop's, set by `run`), tell `_uploads` that a chunk arrived, and keep its counters
+(`fetched_from`, `bytes_fetched_from`, `chunk_checks`, `timeline`, `_moved_at`); they call its
+`_command(fn)` and `report_failed(peer, fetch, reason)`. `RelayRole._run` starts `_tell_fetched`
+and `_flusher` and its `_dispatch` calls the rest; `_trouble_of` serves the role too
+(`_copy_failed`). Their log lines go to the role's logger.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -54,6 +65,8 @@ from relay.errors import ChunkCorrupt, StoreFull, VersionUnknown
 from relay.store import NO_SPACE_ERRNOS, StoreTrouble
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from relay.loader import VersionWatcher
     from relay.store import ChunkStore, StoreBackoff, StoreEvent
     from relay.transfer import TransferCore
@@ -61,6 +74,17 @@ if TYPE_CHECKING:
     from relay.upstream import Upstream
 
 log = logging.getLogger("relay.role")  # the role's logger: its log lines keep their name
+
+
+@dataclass
+class FailingVersion:
+    """The version whose files a failing disk would not write as a hold began (EIO and the like
+    from its put, its copy or the probe before its put), which the hold holds alone, and its
+    chunks stored since: only one of those made durable ends that hold before its time
+    (`StoreSide._ends_hold`), or the version's collection."""
+
+    version: int
+    stored: set[int] = field(default_factory=set)
 
 
 class StoreSide:
@@ -72,6 +96,7 @@ class StoreSide:
     watcher: VersionWatcher
     backoff: StoreBackoff
     _full_on_flush: int | None
+    _failing: FailingVersion | None
     _fetched_send: trio.MemorySendChannel[tuple[str, Fetch, float, float | None]]
     _fetched: trio.MemoryReceiveChannel[tuple[str, Fetch, float, float | None]]
     _flush_wanted: trio.Event
@@ -86,6 +111,7 @@ class StoreSide:
 
     if TYPE_CHECKING:  # what these call on the role (`relay.role.RelayRole`)
         async def _command(self, fn: Callable[[float], list[Any]]) -> None: ...
+        def _sending_held(self) -> AbstractAsyncContextManager[None]: ...
         async def report_failed(self, peer: str, fetch: Fetch, reason: FetchFailure,
                                 upstream: Upstream | None = None) -> None: ...
 
@@ -120,9 +146,9 @@ class StoreSide:
             if trouble is StoreTrouble.FAILING:
                 log.error("cannot keep chunk %d of version %d: %s", fetch.index, fetch.version, exc)
             self._full_on_flush = self.store.durable_flushes  # (maybe the fsync: only a durable flush ends the hold)
-            await self._not_stored(peer, fetch, str(exc), trouble)
+            await self._not_stored(peer, fetch, str(exc), trouble, version=fetch.version)
             return
-        if self._full_on_flush is None or self.store.durable_flushes > self._full_on_flush:
+        if self._ends_hold(fetch):
             await self._room_again()
         else:  # a write into the page cache proves nothing: a flush of it will
             self._flush_wanted.set()
@@ -191,7 +217,7 @@ class StoreSide:
                 self._full_on_flush = self.store.durable_flushes
                 await self._store_trouble(str(exc), trouble=trouble)
             return
-        if self._full_on_flush is not None and self.store.durable_flushes > self._full_on_flush and not stopping:
+        if not stopping and self._ends_hold(None):
             await self._room_again()
 
     # -- what the store tells us, and a full store --------------------------------------------
@@ -232,6 +258,30 @@ class StoreSide:
         self.timeline.pop(version, None)
         await self._command(lambda now: self.core.collected(version))
         log.info("version %d was garbage-collected: no longer held or announced", version)
+        if self._failing is not None and self._failing.version == version:
+            # nothing of it will come to end its hold, and an incomplete version is collected only
+            # once a newer one is complete here: the disk took other writes
+            await self._room_again()
+
+    def _held_for(self, version: int) -> bool:
+        """Whether the store's hold (`backoff`, between its holds too) holds `version`'s requests:
+        every version's, unless it began as one failing version's (`_failing`)."""
+        return self.backoff.active and (self._failing is None or self._failing.version == version)
+
+    async def _room_to_fetch(self, fetch: Fetch) -> bool:
+        """Whether `fetch` may be downloaded now: yes, unless the store's hold holds its version;
+        then only if the store has room by now (asked with our sends held); if not, the fetch
+        fails as ours and holds on (a probe for a failing version's write fails as its write)."""
+        if not self._held_for(fetch.version):
+            return True
+        async with self._sending_held():
+            trouble = await self._no_room_for(fetch.size)
+        if trouble is None:
+            return True
+        why = "still no room" if trouble is StoreTrouble.FULL else "its disk still fails"
+        await self._not_stored(fetch.peer, fetch, f"{why} after the hold", trouble,
+                               version=fetch.version if trouble is StoreTrouble.FAILING else None)
+        return False
 
     async def _no_room_for(self, nbytes: int) -> StoreTrouble | None:
         """Why the store cannot take a chunk now, or None if it can (asked before fetching while
@@ -245,17 +295,36 @@ class StoreSide:
             return _trouble_of(exc)
 
     async def _not_stored(self, peer: str, fetch: Fetch, why: str,
-                          trouble: StoreTrouble = StoreTrouble.FULL) -> None:
-        """Our store had no room for a chunk (or its disk failed: `trouble`): fetch it again later,
-        blaming nobody, and hold new requests (`_store_trouble`)."""
+                          trouble: StoreTrouble = StoreTrouble.FULL, *, version: int | None = None) -> None:
+        """Our store had no room for a chunk (or its disk failed: `trouble`, writing `version`'s
+        files if its put failed): fetch it again later, blaming nobody, and hold new requests
+        (`_store_trouble`)."""
         reason = FetchFailure.STORE_FULL if trouble is StoreTrouble.FULL else FetchFailure.STORE_FAILED
         await self._store_trouble(why, lambda now: self.core.fetch_failed(now, peer, fetch.version, fetch.index,
-                                                                          reason), trouble=trouble)
+                                                                          reason), trouble=trouble, version=version)
+
+    def _ends_hold(self, stored: Fetch | None) -> bool:
+        """Whether what just succeeded (a put of `stored`'s chunk; None: a flush) proves that the
+        store takes writes again, ending a hold before its time. A hold that a failing version
+        started (`_failing`, while the core follows it): one of that version's chunks stored since,
+        now durable; another version's writes prove nothing about the failing files (a partly
+        failing disk). Otherwise, once a put or an fsync failed (`_full_on_flush`), a durable flush
+        since; else the chunk stored."""
+        failing = self._failing
+        if failing is not None and self.core.knows(failing.version):
+            if stored is not None:
+                if stored.version != failing.version:
+                    return False
+                failing.stored.add(stored.index)  # (at most its version's chunks, till the next hold or the end)
+            return any(self.store.is_durable(failing.version, index) for index in failing.stored)
+        if self._full_on_flush is None:
+            return stored is not None
+        return self.store.durable_flushes > self._full_on_flush
 
     async def _room_again(self) -> None:
         """A chunk was stored (or, when an fsync found the disk full, a flush succeeded): a
         backoff, if one was running, ends, and requests resume at once."""
-        self._full_on_flush = None
+        self._full_on_flush, self._failing = None, None
         cause = self.backoff.cause  # (what started the hold, not the last failure inside it)
         if self.backoff.succeeded():
             log.warning("the chunk store %s again: fetching resumes",
@@ -263,16 +332,31 @@ class StoreSide:
             await self._command(lambda now: self.core.hold_requests(now, now))
 
     async def _store_trouble(self, why: str, then: Callable[[float], list[Any]] = lambda now: [], *,
-                             trouble: StoreTrouble = StoreTrouble.FULL) -> None:
-        """Our store is full, or its disk fails (`StoreTrouble.FAILING`: EIO and the like): hold
-        new requests (1 s, doubling up to 60 s while it stays so; a failing disk must not be fed
-        chunks at network speed), say so once per hold, and tell the core `then`. A failure inside
-        a hold leaves the hold, and its cause, as they are."""
+                             trouble: StoreTrouble = StoreTrouble.FULL, version: int | None = None) -> None:
+        """Our store is full, or its disk fails (`StoreTrouble.FAILING`: EIO and the like; writing
+        `version`'s files, when a put or a copy named them): hold new requests (1 s, doubling up to
+        60 s while it stays so; a failing disk must not be fed chunks at network speed), of that
+        version alone if it named one, say so once per hold, and tell the core `then`. A failure
+        inside a hold leaves the hold, its cause and what ends it early (`_ends_hold`) as they are,
+        unless the hold was one version's and the failure is not that version's write: then it
+        holds every version till its end (see the top)."""
         until = self.backoff.failed(trio.current_time(), trouble)
-        if until is not None:
-            log.warning("chunk store %s (%s): no new chunk requests for %.0fs (%d failed stores so far)",
-                        trouble.value, why, until - trio.current_time(), self.backoff.failures)
-        await self._command(lambda now: (self.core.hold_requests(now, until) if until is not None else []) + then(now))
+        failing, hold = self._failing, until
+        if until is not None:  # a new hold: on the failing version alone when its own write failed
+            self._failing = FailingVersion(version) if trouble is StoreTrouble.FAILING and version is not None \
+                else None
+            log.warning("chunk store %s (%s): no new chunk requests%s for %.0fs (%d failed stores so far)",
+                        trouble.value, why, f" for version {version}" if self._failing is not None else "",
+                        until - trio.current_time(), self.backoff.failures)
+        elif failing is not None and (trouble is StoreTrouble.FULL or version != failing.version):
+            # inside one version's hold, a failure that is not that version's write (a full store, a
+            # flush, another version's files): the store's trouble is not that version's alone
+            self._failing, hold = None, self.backoff.until
+            log.info("chunk store %s (%s) inside the hold on version %d: no new chunk requests for any version "
+                     "for %.0fs", trouble.value, why, failing.version, hold - trio.current_time())
+        scope = self._failing.version if self._failing is not None else None
+        await self._command(lambda now: (self.core.hold_requests(now, hold, scope) if hold is not None else [])
+                            + then(now))
 
 
 def _trouble_of(exc: OSError) -> StoreTrouble:

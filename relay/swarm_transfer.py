@@ -51,7 +51,7 @@ class SwarmTransfer:
         def _note_request(self, now: float, v: _Version, source: str, index: int, stripe: int) -> None: ...
         def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None: ...
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
-        def _ask_manifest(self, now: float, sender: str, version: int, effects: list[Any],
+        def _ask_manifest(self, now: float, sender: str, version: int, manifest_id: bytes, effects: list[Any],
                           holds_all: bool = True) -> bool: ...
 
     def _pump_swarm(self, now: float, v: _Version, effects: list[Any]) -> None:
@@ -117,7 +117,7 @@ class SwarmTransfer:
         v = self._versions.get(body.version)
         effects: list[Any] = []
         if v is None:
-            self._ask_manifest(now, sender, body.version, effects, holds_all=False)
+            self._ask_manifest(now, sender, body.version, body.manifest_id, effects, holds_all=False)
             return self._arm(now, effects)
         swarm = v.swarm
         if swarm is None or body.manifest_id != v.signed.manifest_id or sender in self._banned:

@@ -55,6 +55,7 @@ bookkeeping per version and per source (`_Version`, `_Source`): `relay.transfer_
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -143,11 +144,13 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
         self._manifest_asked: dict[int, tuple[float, str, bool]] = {}  # version -> (when, whom, it holds all)
+        self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store's refusals (`relay.announce`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
         self._last_announce = -float("inf")
-        self._hold_until = -float("inf")  # no new requests before this (our store is full)
+        self._hold_until = -float("inf")  # no new requests before this (our store is full or failing; a
+        # version's own hold, when only its files' writes fail: `_Version.hold_until`)
         self._held_since: float | None = None  # the shell holds our requests unsent since (`sending_held`)
         self._at_once = 0  # the upload slots we last asked the shell for (`ServeAtOnce`; 0: as configured)
         self._collected_through = -1  # versions up to this one were garbage-collected: never again
@@ -264,7 +267,10 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         return self._arm(now, effects)
 
     def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]:
-        """A manifest frame from gossip or a `FetchManifest` answer; believed only if it opens."""
+        """A manifest frame from gossip or a `FetchManifest` answer; believed only if it opens (and
+        not one our store refused: `relay.announce`)."""
+        if self._refused_frame(frame):
+            return []
         try:
             signed = self._open(frame, now)
         except ManifestRejected:
@@ -384,7 +390,7 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         if v is None or v.plan is None or v.complete or not 0 <= index < v.count or v.have[index]:
             return []
         home = v.plan.home.get(self.self_id, -1)
-        if home < 0 or v.plan.stripe_of_chunk[index] == home or now < self._hold_until:
+        if home < 0 or v.plan.stripe_of_chunk[index] == home or now < self._hold_until or now < v.hold_until:
             return []
         entry = v.in_flight.get(index)
         if entry is not None and entry[1] == home:
@@ -433,13 +439,26 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         self._pump(now, v, effects)
         return self._arm(now, effects)
 
-    def hold_requests(self, now: float, until: float) -> list[Any]:
-        """Issue no new chunk requests before `until` (our store is full); requests already out
-        stay out. An `until` not after `now` lifts the hold at once."""
-        self._hold_until = until
+    def hold_requests(self, now: float, until: float, version: int | None = None) -> list[Any]:
+        """Issue no new chunk requests before `until`: for any version (our store is full, or its
+        disk fails), or only for `version` (the writes of its files fail: the others fetch on).
+        Requests already out stay out. An `until` not after `now` lifts the hold at once; lifting
+        the hold on every version lifts each version's own too (the store takes writes again)."""
+        if version is None:
+            self._hold_until = until
+            lifted = self._newest_first()
+            if until <= now:
+                for v in lifted:
+                    v.hold_until = until
+        else:
+            held = self._versions.get(version)
+            if held is None:
+                return []
+            held.hold_until = until
+            lifted = [held]
         effects: list[Any] = []
         if until <= now:
-            for v in self._newest_first():
+            for v in lifted:
                 if not v.complete:
                     self._pump(now, v, effects)
         return self._arm(now, effects)
@@ -565,10 +584,10 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         """Issue requests while windows and the in-flight budget allow; `stripe` first if given.
         The origin holds everything unless a chunk was `lost`; then it fetches it from holders."""
         if v.swarm is not None:
-            if not v.complete and now >= self._hold_until:
+            if not v.complete and now >= self._hold_until and now >= v.hold_until:
                 self._pump_swarm(now, v, effects)
             return
-        if v.complete or v.plan is None or now < self._hold_until:
+        if v.complete or v.plan is None or now < self._hold_until or now < v.hold_until:
             return
         budget = self.config.max_in_flight - self._in_flight
         if stripe is not None and stripe < v.plan.stripes:
@@ -717,19 +736,28 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         if wanted != self._at_once:
             self._at_once = wanted
             effects.append(ServeAtOnce(wanted))
-        held = now < self._hold_until
-        soon = min(now + self._tick_s, self._hold_until) if held else now + self._tick_s
+        hold_ends = self._hold_ends(now)
+        soon = min(now + self._tick_s, hold_ends)
         if self._tick_at is not None and self._tick_at > now and self._tick_at <= soon:
             return effects  # a tick soon enough is already pending
         if not self._versions:
             return effects
         busy = any(not v.complete for v in self._versions.values())
         interval = min(self.config.announce_interval_s, self._tick_s) if busy else self.config.announce_interval_s
-        at = min(now + interval, self._hold_until) if held else now + interval
+        at = min(now + interval, hold_ends)
         if self._tick_at is None or at < self._tick_at - 1e-9 or self._tick_at <= now:
             self._tick_at = at
             effects.append(SetTimer(at, TIMER_TICK))
         return effects
+
+    def _hold_ends(self, now: float) -> float:
+        """When the first hold on our requests still on ends (the one on every version, or an
+        incomplete version's own; `hold_requests`): a tick then resumes them. inf if none is on."""
+        ends = self._hold_until if now < self._hold_until else math.inf
+        for v in self._versions.values():
+            if now < v.hold_until < ends and not v.complete:
+                ends = v.hold_until
+        return ends
 
     def _newest_first(self) -> list[_Version]:
         return [self._versions[n] for n in sorted(self._versions, reverse=True)]

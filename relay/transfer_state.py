@@ -14,6 +14,7 @@ Used by the core and the mixins it is built from (`relay.sources`, `relay.failur
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -57,6 +58,7 @@ class _Version:
     starved: bool = False  # the in-flight budget, not a window, stopped the last pump
     forwards: int = -1  # the stripe in which we have children (our home stripe), or -1
     swarm: SwarmVersion | None = None  # the swarm layout's bookkeeping (no plan then)
+    hold_until: float = -math.inf  # no new requests for this version before this (its files' writes fail)
 
     @property
     def version(self) -> int:

@@ -57,11 +57,18 @@ alone:
   holds as it is. A source that is really gone fails the new connection's open (a killed
   process: refused; its host gone: the connect's timeout), and its requests fail as
   `unreachable`, as before, one dial later. Only once: a new connection that ends so again
-  before the source answered anything on it fails its requests (a source that accepts and
-  closes each connection is unreachable). A reset counts because an honest source that closes
-  with our request unread in its socket resets the connection (Linux sends RST, not FIN, when
-  data is left unread); a killed source at an answer boundary looks the same on the wire
-  either way, which is why the evidence is a new connection, not the way this one ended.
+  before the source sent a chunk on it fails its requests (a source that accepts and closes
+  each connection is unreachable). An `unavailable` answer does not count as one: a source that
+  answers something on every connection and closes it on our next requests (each close looks
+  idle) was given a new connection per answer, one per core tick for as long as we wanted the
+  version, never excluded (its requests settle at each answer, so no stall either); now its
+  second such connection in a row fails as `unreachable`, two connections per `exclude_s`. An
+  honest source that is behind answers `unavailable` and keeps the connection; only two idle
+  closes crossing our requests in a row, with no chunk between, fail so. A reset counts
+  because an honest source that closes with our request unread in its socket resets the
+  connection (Linux sends RST, not FIN, when data is left unread); a killed source at an answer
+  boundary looks the same on the wire either way, which is why the evidence is a new
+  connection, not the way this one ended.
 The simulator needs neither: it has no connections (a request is a message, a crash fails
 them at once), so it never modelled the race.
 
@@ -129,7 +136,7 @@ class Upstream:
         self._quiet = trio.CancelScope()  # `_write`'s wait for a request, cancelled once the connection is quiet
         self._written_at = 0.0  # when `_write` last wrote a request, or the connection opened
         self._heard_id = 0  # requests up to this id were written before the source's last bytes came
-        self._carried = False  # requests were carried over to this connection, and no answer came on it since
+        self._carried = False  # requests were carried over to this connection, and no chunk came on it since
         self._reader: FrameReader | None = None  # this connection's
 
     @property
@@ -206,7 +213,7 @@ class Upstream:
         first of those outstanding was written (not a frame's start: a protocol break, or a
         chunk cut short, comes after bytes). If so, those written go back ahead of the queue
         (`_again`) for a new connection; only once: not if this one carried some over and has
-        had no answer since."""
+        had no chunk since (an `unavailable` answer does not count: see the top)."""
         queued = self._receive.statistics().current_buffer_used
         if self._abandoned or self._carried or not (self._pending or queued):
             return False
@@ -278,7 +285,7 @@ class Upstream:
         while True:
             header = ChunkResponse.unpack(await read_frame(reader))
             answered_at = trio.current_time()
-            self._heard_id, self._carried = self._next_id, False
+            self._heard_id = self._next_id  # (`_carried` stays: only a chunk is an answer for the once-only rule)
             entry = self._pending.get(header.request_id)
             if entry is None:
                 if self._abandoned:  # `close` emptied `_pending` since this read began: no fault of the source's
@@ -304,7 +311,7 @@ class Upstream:
             except BaseException:
                 self._buffers.give(buffer)
                 raise
-            self._heard_id = self._next_id
+            self._heard_id, self._carried = self._next_id, False
             self._taking_s += trio.current_time() - answered_at
             # (not there if `close` ran while this task was woken and not yet run: nothing in between
             # checks for cancellation. The chunk is whole, and is kept like any received before the

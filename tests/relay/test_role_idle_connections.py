@@ -1,6 +1,7 @@
 """Idle data connections between a relay and its source, in virtual time (MockClock): an honest
 source that closes one as we ask again is not excluded, we close our idle ones before the source
-does, and a source that is really gone is still found unreachable.
+does, a source that is really gone is still found unreachable, and a hostile one that answers and
+closes each connection on our next requests gets two connections per exclusion.
 
 The requester is the role of `Harness` (its real core, runner, dispatcher, store) fetching over
 its own upstreams (`relay.upstream.Upstream`, one per peer). The source is a second real role
@@ -20,10 +21,11 @@ import pytest
 import trio
 import trio.testing
 
-from p2pnet.dataplane import HELLO_MAX_BYTES, FrameReader
+from p2pnet.dataplane import HELLO_MAX_BYTES, FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from relay.effects import DropReason
-from relay.role import RelayRole
+from relay.messages import STATUS_UNAVAILABLE, ChunkResponse
+from relay.role import RelayRole, _parse_request
 from tests.relay.test_role_source_blame import drops
 from tests.relay.test_role_store_faults import (  # noqa: F401 (fixtures)
     ME, PUBLISHER, FakeNode, Harness, clock, inline_threads)
@@ -235,3 +237,70 @@ async def test_a_source_killed_after_an_idle_period_is_still_excluded_as_unreach
     assert drops(h, PUBLISHER.peer_id)[0] is DropReason.UNREACHABLE
     assert failures and {reason for _, _, reason in failures} == {"unreachable"}
     assert not h.complete(2)
+
+
+class ChurningSource:
+    """A hostile source: on each connection it answers every request it reads `unavailable` at
+    once, and closes the connection as soon as it reads a request written after our upstream
+    heard its last answer (read `2 * LATENCY_S` or more after that answer went out). Every request
+    still out then was written after the source's last byte, as when an honest source's idle
+    close crosses our requests; but it answered something on every connection."""
+
+    def __init__(self) -> None:
+        self.wires: list[Wire] = []
+        self.answers = 0
+
+    async def connect(self, nursery: trio.Nursery) -> trio.abc.Stream:
+        wire = Wire(nursery)
+        self.wires.append(wire)
+        nursery.start_soon(self._serve, wire.theirs)
+        return wire.ours
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        answered_at: float | None = None
+        async with stream:
+            try:
+                reader = FrameReader(stream, max_frame_bytes=HELLO_MAX_BYTES)
+                while (frame := await reader.frame()) is not None:
+                    request, _ = _parse_request(frame)
+                    if answered_at is not None and trio.current_time() >= answered_at + 2 * LATENCY_S:
+                        return  # written after our last answer reached it: close on it
+                    await send_frame(stream, ChunkResponse(request.request_id, STATUS_UNAVAILABLE, 0).pack())
+                    answered_at = trio.current_time()
+                    self.answers += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError, PeerUnavailable):
+                pass  # our upstream closed the connection
+
+
+async def test_a_source_that_answers_unavailable_and_closes_on_every_connection_gets_few_connections(
+        tmp_path, clock, monkeypatch):
+    """What a hostile source can make us do by answering `unavailable` on each connection and
+    closing it with our next requests unread: each close looks like an honest idle close (every
+    request out was written after its last byte), and each connection answered something. An
+    `unavailable` answer is no answer for the once-only rule: the second such connection in a row
+    fails its requests as `unreachable`, so the source gets two connections per exclusion
+    (`exclude_s`, twice `stall_timeout_s`). When any answer counted, it got one per core tick
+    (every 5 s here: 36 in these 180 s) and was never excluded: no stall either, for its
+    requests settle at each answer."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    source = ChurningSource()
+    exclude_s = 2 * h.role.config.stall_timeout_s
+    async with trio.open_nursery() as nursery:
+        async def open_stream(peer: str) -> trio.abc.Stream:
+            assert peer == PUBLISHER.peer_id
+            return await source.connect(nursery)
+
+        h.role.open_stream = open_stream
+        await h.start(nursery)
+        h.role._upstream = RelayRole._upstream.__get__(h.role)  # the role's own upstreams
+        await h.announce(1, chunks=CHUNKS)
+        start_at = trio.current_time()
+        await trio.sleep(3 * exclude_s)
+        dropped = drops(h, PUBLISHER.peer_id)
+        nursery.cancel_scope.cancel()
+
+    elapsed_s = trio.current_time() - start_at
+    # two connections per exclusion (the second one's end excludes it), and the one under way
+    assert len(source.wires) <= 2 * (elapsed_s // exclude_s + 1), (len(source.wires), source.answers)
+    assert dropped and set(dropped) == {DropReason.UNREACHABLE}
+    assert not h.complete(1)

@@ -15,7 +15,8 @@ differs a little, and each finds more.
 
 A connection that ends by itself is failed to the core for the peer as a whole (an exclusion
 takes back every request out there). A core that hears of it late, after asking the same peer
-again, must not have that failure take back requests a newer connection to the peer carries.
+again, must not have that failure take back requests a newer connection to the peer carries;
+nor may one made for requests a drop still waiting in the dispatcher's queue took back.
 """
 
 from __future__ import annotations
@@ -314,3 +315,88 @@ async def test_a_late_report_of_a_dropped_sources_old_connection_takes_back_no_r
     assert drops(h, PUBLISHER.peer_id) == [DropReason.SLOW]
     assert len(answered) == CHUNKS and all(answered), answered
     assert role._dropping == {}  # (an entry lives only while its drops wait to be carried out)
+
+
+class HeldDrops:
+    """`_dispatch`'s queue, handing over each `DropSource` only once `ready` is set: the drop
+    waits in the queue, as it does behind our disk or behind a slow dispatcher."""
+
+    def __init__(self, queue: trio.MemoryReceiveChannel, ready: trio.Event) -> None:
+        self.queue, self.ready = queue, ready
+
+    def __aiter__(self) -> HeldDrops:
+        return self
+
+    async def __anext__(self):
+        item = await self.queue.__anext__()
+        if isinstance(item, DropSource):
+            await self.ready.wait()
+        return item
+
+
+async def serve_all(store, stream: trio.abc.Stream) -> None:
+    """A source's end of one data connection: every request answered from `store`."""
+    async with stream:
+        try:
+            reader = FrameReader(stream, max_frame_bytes=4096)
+            while (frame := await reader.frame()) is not None:
+                request, _ = _parse_request(frame)
+                data = store.read_chunk(request.version, request.index)
+                await send_frame(stream, ChunkResponse(request.request_id, STATUS_OK, len(data)).pack())
+                await stream.send_all(data)
+        except (PeerUnavailable, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # our upstream closed the connection
+
+
+async def test_an_upstream_made_while_its_peers_drop_waits_in_the_queue_reports_nothing(
+        tmp_path, clock, monkeypatch):
+    """Our dispatcher waits on the disk (keeping version 1's manifest) with the publisher's first
+    requests queued behind it, and the core drops the publisher as slow and asks it again: the
+    `DropSource` waits in the queue behind those requests. No upstream exists for the publisher
+    yet, so the dispatcher makes one for the old requests (the drop took them back); its
+    connection is refused and it reports their failure before the drop is carried out. That
+    upstream was made dropped (`RelayRole._upstream`: its peer's drop was pending), so its
+    reports tell the core nothing: the publisher stays dropped as slow, not unreachable, and the
+    requests asked of it since are not taken back."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    role, core = h.role, h.role.core
+    disk, reported = trio.Event(), trio.Event()
+    dialled: list[int] = []
+    role._queue = HeldDrops(role._queue, reported)
+    keep_manifest, report_failed = role._keep_manifest, role.report_failed
+
+    async def slow_disk(signed) -> None:
+        await disk.wait()
+        await keep_manifest(signed)
+
+    async def noted_report(peer, fetch, reason, upstream=None) -> None:
+        await report_failed(peer, fetch, reason, upstream)
+        if upstream is not None:
+            reported.set()
+
+    role._keep_manifest, role.report_failed = slow_disk, noted_report
+    answered = answers_checked(core, monkeypatch)
+    async with trio.open_nursery() as nursery:
+        async def open_stream(peer: str) -> trio.abc.Stream:
+            dialled.append(len(dialled))
+            if len(dialled) == 1:
+                raise PeerUnavailable("data plane: ConnectionRefusedError")  # the first dial fails
+            ours, theirs = trio.testing.memory_stream_pair()
+            nursery.start_soon(serve_all, h.origin, theirs)
+            return ours
+
+        role.open_stream = open_stream
+        await h.start(nursery)
+        role._upstream = RelayRole._upstream.__get__(role)  # the role's own upstreams, not the harness's source
+        await h.announce(1, chunks=CHUNKS)
+        await h.until(lambda: core.progress(trio.current_time(), 1)["in_flight"] > 0, 60)
+        await role._command(drop_as_slow_and_ask_again(core, PUBLISHER.peer_id))
+        assert role._upstreams == {} and role._dropping == {PUBLISHER.peer_id: 1}
+        disk.set()
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert reported.is_set() and len(dialled) >= 2
+    assert drops(h, PUBLISHER.peer_id) == [DropReason.SLOW]
+    assert len(answered) == CHUNKS and all(answered), answered
+    assert role._dropping == {}

@@ -129,6 +129,34 @@ def test_lifting_a_hold_early_resumes_at_once():
     assert {f.index for f in fetches(c.hold_requests(31.0, 31.0))} >= {f.index for f in first}
 
 
+def test_a_hold_on_one_version_holds_its_requests_alone_and_the_store_wide_lift_ends_it():
+    """Our disk fails the writes of version 0's files only (the shell holds that version): version
+    1 is fetched on meanwhile, and a tick comes when version 0's hold ends; lifting the hold on
+    every version (the store takes writes again) lifts version 0's too."""
+    c = core()
+    older = fetches(c.manifest_frame(0.0, PUBLISHER.peer_id, OLDER.frame))
+    assert older and {f.version for f in older} == {0}
+    effects = c.hold_requests(0.1, 1.1, version=0)
+    for f in older:
+        effects += c.fetch_failed(0.1, f.peer, 0, f.index, FetchFailure.STORE_FAILED)
+    assert not fetches(effects)
+    newer = fetches(c.manifest_frame(0.2, PUBLISHER.peer_id, SIGNED.frame))
+    assert newer and {f.version for f in newer} == {1}  # not held with version 0
+    t, seen = complete(c, newer, 0.2)
+    assert c.complete_versions() == [1] and {f.version for f in fetches(seen)} <= {1} and t < 1.1
+    tick = c.on_timer(1.0, TIMER_TICK)
+    assert not fetches(tick) and SetTimer(1.1, TIMER_TICK) in tick  # woken when version 0's hold ends
+    assert {f.index for f in fetches(c.on_timer(1.1, TIMER_TICK))} == {f.index for f in older}
+
+    c = core()
+    older = fetches(c.manifest_frame(0.0, PUBLISHER.peer_id, OLDER.frame))
+    c.hold_requests(0.0, 60.0, version=0)
+    for f in older:
+        c.fetch_failed(0.1, f.peer, 0, f.index, FetchFailure.STORE_FAILED)
+    assert not fetches(c.on_timer(30.0, TIMER_TICK))
+    assert {f.index for f in fetches(c.hold_requests(31.0, 31.0))} == {f.index for f in older}
+
+
 def test_a_chunk_our_disk_failed_to_keep_blames_nobody_and_is_fetched_again():
     c = core()
     first = fetches(c.manifest_frame(0.0, PUBLISHER.peer_id, SIGNED.frame))
