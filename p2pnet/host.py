@@ -103,8 +103,10 @@ class Host:
         await self._pubsub.publish(topic, frame)
 
     async def subscribe(self, topic: str, handler: FrameHandler,
-                        validator: Callable[[bytes, str], bool] | None = None) -> None:
-        """Deliver every frame gossiped on `topic` to `handler(frame, forwarding_peer)`; runs forever.
+                        validator: Callable[[bytes, str], bool] | None = None, *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver every frame gossiped on `topic` to `handler(frame, forwarding_peer)` until
+        `unsubscribe(topic)`; `task_status.started()` once subscribed.
 
         `validator(frame, forwarding_peer)`, if given, runs before GossipSub forwards a frame to
         anyone: a frame it refuses is neither forwarded nor delivered."""
@@ -112,9 +114,16 @@ class Host:
             self._pubsub.set_topic_validator(
                 topic, lambda forwarder, msg: validator(msg.data, _peer_text(forwarder.to_bytes())), False)
         subscription = await self._pubsub.subscribe(topic)
-        async for msg in subscription:
+        task_status.started()
+        async for msg in subscription:  # ends when `unsubscribe` closes it
             source = _peer_text(msg.from_id)
             await handler(msg.data, source)
+
+    async def unsubscribe(self, topic: str) -> None:
+        """Leave `topic`: our peers are told (and take us out of its mesh), and its `subscribe`
+        returns once it has handed on what it had received."""
+        await self._pubsub.unsubscribe(topic)
+        self._pubsub.remove_topic_validator(topic)
 
     # -- direct frames --------------------------------------------------------------------
 
