@@ -4,10 +4,11 @@ kind that arrives afterwards reaches the cores still running, or no one, and the
 its stride); the node and its other cores run on, and a core started later is routed to again.
 A gossip topic is left with the last core that wanted it (its neighbours send it nothing more),
 and subscribed again when a core wants it again. Two real peers over loopback TCP; every wait is
-on a frame arriving, under a deadline (and on GossipSub's mesh, polled: py-libp2p signals none)."""
+on a frame arriving, or on GossipSub's mesh taking a peer in, under a deadline."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from libp2p.peer.id import ID
 
 from p2pnet.core import Effect, ReactiveCore
 from p2pnet.identity import Identity
@@ -115,12 +117,14 @@ class MarkerCatcher(Catcher):
     kinds = (Marker.KIND,)  # type: ignore[attr-defined]
 
 
-async def meshed(node: Node, *topics: str) -> None:
-    """Until `node` has a peer in its GossipSub mesh of each of `topics`, whom it publishes to then
-    (a publish before reaches no one, on a topic `node` is subscribed to). Polled, as
-    test_gossip_record waits for a subscription to be known: py-libp2p signals neither."""
-    while not all(node.host._pubsub.router.mesh.get(topic) for topic in topics):
-        await trio.sleep(0.02)
+async def meshed(node: Node, peer: Node, *topics: str) -> None:
+    """Until `peer` is in `node`'s GossipSub mesh of each of `topics`, whom `node` publishes to
+    then (a publish before reaches no one, on a topic `node` is subscribed to). GossipSub sets an
+    event when it takes a peer into a mesh (`wait_for_mesh`); the caller's deadline bounds the
+    wait, not py-libp2p's own 5 s (a topic left and wanted again waits out its 10 s back-off)."""
+    router, peer_id = node.host._pubsub.router, ID.from_base58(peer.peer_id)
+    for topic in topics:
+        await router.wait_for_mesh(peer_id, topic, timeout=math.inf)
 
 
 async def test_a_peer_leaves_a_topic_once_no_running_core_wants_it(tmp_path: Path) -> None:
@@ -153,8 +157,8 @@ async def test_a_peer_leaves_a_topic_once_no_running_core_wants_it(tmp_path: Pat
         async with trio.open_nursery() as b_probes:
             await b_probes.start(b.run_core, Catcher(b_out), "b-probes")
             with trio.fail_after(60):
-                await meshed(a, TOPIC, MARKERS)
-                await meshed(b, MARKERS)
+                await meshed(a, b, TOPIC, MARKERS)
+                await meshed(b, a, MARKERS)
                 await a.publish(TOPIC, Probe(0))
                 assert await b_heard.receive() == 0
             b_probes.cancel_scope.cancel()
@@ -173,7 +177,7 @@ async def test_a_peer_leaves_a_topic_once_no_running_core_wants_it(tmp_path: Pat
         async with trio.open_nursery() as b_again:  # wanted again: subscribed again
             await b_again.start(b.run_core, Catcher(b_out), "b-probes-again")
             with trio.fail_after(60):
-                await meshed(a, TOPIC)
+                await meshed(a, b, TOPIC)
                 await a.publish(TOPIC, Probe(21))
                 while await b_heard.receive() != 21:  # earlier probes may come first: GossipSub offers
                     pass  # its recent messages (IHAVE) to a peer that joins a topic
