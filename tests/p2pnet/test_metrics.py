@@ -155,6 +155,31 @@ async def test_an_app_error_is_a_500_and_a_record_with_its_traceback(nursery, ca
     nursery.cancel_scope.cancel()
 
 
+async def test_what_hypercorn_logs_goes_through_our_handlers_not_its_own(nursery, caplog):
+    """hypercorn logs through `hypercorn.error`, which `serve` hands it so that the peer's handlers
+    and format (--log-format) carry its records; left to itself, hypercorn puts a handler of its own
+    on that logger (stderr, its own format), so each of its lines would come out twice, once bare.
+    What it logs once serving is an error that escapes the application (a failing page is answered
+    by WebApp, so only a failure to answer would)."""
+    hypercorn_log = logging.getLogger("hypercorn.error")
+    handlers = list(hypercorn_log.handlers)
+
+    class Escaping(WebApp):
+        async def __call__(self, scope, receive, send):
+            raise RuntimeError("not answered")
+
+    async def snapshot():
+        return {}
+
+    url = await nursery.start(serve, Escaping(snapshot=snapshot), "127.0.0.1:0")
+    code, _ = await trio.to_thread.run_sync(get, url + "/healthz")
+    assert code == 500
+    assert any(r.name == "hypercorn.error" and r.exc_info and "not answered" in str(r.exc_info[1])
+               for r in caplog.records)
+    assert hypercorn_log.handlers == handlers  # hypercorn added none of its own
+    nursery.cancel_scope.cancel()
+
+
 def test_metrics_listen_errors_are_one_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "p2pnet", "peer", "start", "--data-dir", str(tmp_path / "a"),
                           "--metrics-listen", "9100"], capture_output=True, text=True, timeout=60)
