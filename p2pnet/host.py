@@ -14,8 +14,10 @@ answers as another peer fails as no longer that peer's (and is dropped from what
 knows of it). Its AutoConnector (which re-dials every peer
 it ever met, forever) is turned off: whom to dial is p2pnet's decision. It listens with
 SO_REUSEPORT and runs on, listening on nothing, when a listen fails; `open_host` probes the
-address first and checks what was bound, so both are a `ConfigError("peer.listen")`. Bulk bytes
-never travel here (see `p2pnet.dataplane`).
+address first and checks what was bound, so both are a `ConfigError("peer.listen")`. Its ERROR
+lines for a failed dial or handshake, which its callers are told of and we report, are DEBUG
+lines (`adopt_libp2p_logging`); a failed security handshake is named in `connect`'s error. Bulk
+bytes never travel here (see `p2pnet.dataplane`).
 
 Yamux flow control: py-libp2p 0.8.1 by default returns receive credit after every read
 (`PY_YAMUX_RELEASE_ON_READ`), and its gossip reader reads each RPC's length prefix one byte at a
@@ -38,7 +40,7 @@ import socket
 import struct
 import weakref
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import multiaddr
 import trio
@@ -101,8 +103,10 @@ class Host:
         await self._pubsub.publish(topic, frame)
 
     async def subscribe(self, topic: str, handler: FrameHandler,
-                        validator: Callable[[bytes, str], bool] | None = None) -> None:
-        """Deliver every frame gossiped on `topic` to `handler(frame, forwarding_peer)`; runs forever.
+                        validator: Callable[[bytes, str], bool] | None = None, *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver every frame gossiped on `topic` to `handler(frame, forwarding_peer)` until
+        `unsubscribe(topic)`; `task_status.started()` once subscribed.
 
         `validator(frame, forwarding_peer)`, if given, runs before GossipSub forwards a frame to
         anyone: a frame it refuses is neither forwarded nor delivered."""
@@ -110,9 +114,16 @@ class Host:
             self._pubsub.set_topic_validator(
                 topic, lambda forwarder, msg: validator(msg.data, _peer_text(forwarder.to_bytes())), False)
         subscription = await self._pubsub.subscribe(topic)
-        async for msg in subscription:
+        task_status.started()
+        async for msg in subscription:  # ends when `unsubscribe` closes it
             source = _peer_text(msg.from_id)
             await handler(msg.data, source)
+
+    async def unsubscribe(self, topic: str) -> None:
+        """Leave `topic`: our peers are told (and take us out of its mesh), and its `subscribe`
+        returns once it has handed on what it had received."""
+        await self._pubsub.unsubscribe(topic)
+        self._pubsub.remove_topic_validator(topic)
 
     # -- direct frames --------------------------------------------------------------------
 
@@ -169,6 +180,9 @@ class Host:
                 self._known_addrs(info.peer_id, drop=info.addrs)  # not that peer's: never dialled for it again
                 raise PeerUnavailable(f"{addr}: the address no longer belongs to {named} "
                                       "(another peer answers there)") from exc
+            handshake = _security_failure(exc)
+            if handshake is not None:  # py-libp2p's own ERROR line said this, and is a DEBUG one now
+                raise PeerUnavailable(f"{addr}: the security handshake failed: {handshake}") from exc
             raise PeerUnavailable(f"{addr}: {type(exc).__name__}: {exc}") from exc
         return named
 
@@ -486,27 +500,49 @@ def adopt_libp2p_logging() -> None:
 
     Importing py-libp2p 0.8.1 makes its `libp2p` logger stop propagating, at WARNING, with no
     handler (so its lines reach stderr bare, through logging's last resort), unless LIBP2P_DEBUG
-    is set, in which case its own setup stands."""
+    is set, in which case its own setup stands. Its ERROR lines for a failed TCP dial or handshake
+    become DEBUG ones (`_QuietDialFailures`)."""
     if os.environ.get("LIBP2P_DEBUG"):
         return
     root = logging.getLogger("libp2p")
     root.handlers.clear()
     root.setLevel(logging.NOTSET)
     root.propagate = True
-    tcp = logging.getLogger("libp2p.transport.tcp.tcp")
-    if not any(isinstance(f, _QuietDialFailures) for f in tcp.filters):
-        tcp.addFilter(_QuietDialFailures())
+    quiet = {"libp2p.transport.tcp.tcp": ("Failed to open TCP stream",), **HANDSHAKE_FAILURES}
+    for name, prefixes in quiet.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietDialFailures) for f in logger.filters):
+            logger.addFilter(_QuietDialFailures(prefixes))
 
 
 class _QuietDialFailures(logging.Filter):
     """py-libp2p logs every failed TCP dial as an ERROR; our callers report dial failures
-    themselves, so that line is a DEBUG one (dropped unless DEBUG is on for its logger)."""
+    themselves, so that line is a DEBUG one (dropped unless DEBUG is on for its logger).
+
+    So are its ERROR lines for a failed security or muxer handshake (`HANDSHAKE_FAILURES`: on a
+    dial, 2 lines for each of its 4 tries when what answers speaks no libp2p, 1 for each when
+    another key answers): each is raised to its caller right after, and `Host.connect` names the
+    cause in the `PeerUnavailable` its callers log (`_security_failure`). A failed inbound
+    security handshake (a stranger, a port scanner) is already a DEBUG line of py-libp2p's."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG and record.getMessage().startswith("Failed to open TCP stream"):
+        if record.levelno > logging.DEBUG and record.getMessage().startswith(self.prefixes):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
         return True
+
+
+HANDSHAKE_FAILURES = {  # py-libp2p 0.8.1's ERROR lines for a handshake that failed, by logger
+    "libp2p.network.swarm": ("failed to upgrade security for peer", "fail to upgrade mux for peer"),
+    "libp2p.protocol_muxer.multiselect_client": ("MultiselectClient handshake: ", "MultiselectClient: invalid "
+                                                 "handshake"),
+    "libp2p.security.noise.patterns": ("Noise XX handshake_outbound: signature verification failed",),
+    "libp2p.security.noise.messages": ("verify_handshake_payload_sig: verification exception",),
+}
 
 
 def _disable_auto_connector(network) -> None:
@@ -565,6 +601,22 @@ def _another_key_answered(exc: BaseException) -> bool:
     `PeerIDMismatchesPubkey`, somewhere in py-libp2p's chain of wrapped and gathered errors)."""
     from libp2p.security.noise.exceptions import PeerIDMismatchesPubkey
 
+    return any(isinstance(err, PeerIDMismatchesPubkey) for err in _causes(exc))
+
+
+def _security_failure(exc: BaseException) -> str | None:
+    """What a dial's failed security handshake says (py-libp2p's `SecurityUpgradeFailure` in the
+    chain, and the error it wraps), or None when the dial failed otherwise."""
+    from libp2p.transport.exceptions import SecurityUpgradeFailure
+
+    for err in _causes(exc):
+        if isinstance(err, SecurityUpgradeFailure):
+            return f"{err}: {err.__cause__}" if err.__cause__ is not None else str(err)
+    return None
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every error in py-libp2p's chain of wrapped and gathered errors under it, once."""
     seen: set[int] = set()
     todo: list[BaseException] = [exc]
     while todo:
@@ -572,8 +624,6 @@ def _another_key_answered(exc: BaseException) -> bool:
         if id(err) in seen:
             continue
         seen.add(id(err))
-        if isinstance(err, PeerIDMismatchesPubkey):
-            return True
+        yield err
         todo.extend(e for e in (err.__cause__, err.__context__) if e is not None)
         todo.extend(e for e in getattr(err, "errors", ()) if isinstance(e, BaseException))
-    return False

@@ -7,9 +7,12 @@ Cores: whoever runs a core runs it in its own nursery, `runner = await nursery.s
 core, name)`, and the core lives exactly as long as that task: `run_core` routes the core's kinds
 to its runner while it runs and no longer once it ends, so a frame of a kind no running core
 handles is dropped (and not forwarded by gossip). The gossip topics cores want are asked of the
-node's own subscriber task (one `host.subscribe` per topic, for as long as the peer runs, shared
-by every core that wants it). The peer table and notices run in `run_node`'s nursery; each role
-runs its cores in its own.
+node's own subscriber task (one `host.subscribe` per topic, shared by every core that wants it),
+which leaves a topic once no running core wants it: a peer subscribed to a topic nobody reads
+stayed in its GossipSub mesh, and its neighbours sent it every message of the topic (each
+decoded and signature-checked twice over) that it then forwarded to no one, a dead end in the
+mesh (measured through two real peers: 20 of 20 messages published after the last core stopped).
+The peer table and notices run in `run_node`'s nursery; each role runs its cores in its own.
 
 The node is also the `EffectSink` of its cores: publishes, sends and connects are queued on a
 bounded outbox and carried out by a few sender tasks, so a slow peer never stalls a core. A
@@ -73,7 +76,6 @@ log = logging.getLogger(__name__)
 
 SENDER_TASKS = 8
 OUTBOX_SIZE = 4096
-TOPIC_REQUESTS = 64  # topics asked of the subscriber not read yet (every core's, repeats too)
 
 
 @validated
@@ -188,9 +190,10 @@ class Node:
     peertable: PeerTable
     started_at: float
     _outbox: trio.MemorySendChannel[tuple[str, Effect]]
-    _topic_requests: trio.MemorySendChannel[str]  # read by `_subscriber`, in run_node's nursery
     _runners: list[CoreRunner] = field(default_factory=list)
     _routes: dict[str, list[CoreRunner]] = field(default_factory=dict)
+    _topic_users: dict[str, int] = field(default_factory=dict)  # running cores that want each topic
+    _topics_changed: trio.Event = field(default_factory=trio.Event)  # `_topic_users` changed: `_subscriber` wakes
     _topics: set[str] = field(default_factory=set)  # subscribed (written by `_subscriber` only)
     _listeners: list[Callable[[str, Any], None]] = field(default_factory=list)
     _gates: dict[str, Callable[[bytes], str | None]] = field(default_factory=dict)
@@ -215,18 +218,21 @@ class Node:
         nursery.start(node.run_core, core, name)`. Its kinds are routed to it from before it
         starts (frames wait in its inbox) until it stops; its gossip topics are asked of the
         subscriber before `start` returns (subscribed soon after, not yet: a frame gossiped before
-        is missed, as any frame gossiped before we joined the topic's mesh)."""
+        is missed, as any frame gossiped before we joined the topic's mesh), and given up when it
+        stops (the subscriber leaves a topic no running core wants)."""
         runner, kinds = CoreRunner(core, self, name=name), tuple(core.kinds)
+        topics: tuple[str, ...] = ()
         self._runners.append(runner)
         for kind in kinds:
             self._routes.setdefault(kind, []).append(runner)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(runner.run)
-                for topic in core.topics:
-                    await self._topic_requests.send(topic)
+                topics = tuple(set(core.topics))
+                self._want_topics(topics, 1)
                 task_status.started(runner)
         finally:
+            self._want_topics(topics, -1)
             self._runners.remove(runner)
             for kind in kinds:
                 routed = self._routes[kind]
@@ -234,15 +240,32 @@ class Node:
                 if not routed:  # no core handles the kind now: `_gossip_ok` stops forwarding it
                     del self._routes[kind]
 
-    async def _subscriber(self, requests: trio.MemoryReceiveChannel[str]) -> None:
-        """Subscribe to every topic a core asks for (`run_core`), each once, for as long as the
-        peer runs: a subscription outlives the core that asked for it, since other cores (now or
-        later) may want the same topic."""
+    def _want_topics(self, topics: tuple[str, ...], change: int) -> None:
+        """One running core more (`change` 1) or fewer (-1) wants each of `topics`."""
+        for topic in topics:
+            users = self._topic_users.get(topic, 0) + change
+            if users:
+                self._topic_users[topic] = users
+            else:
+                del self._topic_users[topic]
+        if topics:
+            self._topics_changed.set()
+
+    async def _subscriber(self) -> None:
+        """Subscribe to every topic some running core wants (`run_core`), each once, and leave one
+        once none does. One task does both, one at a time, so that a topic left and wanted again is
+        subscribed after it was left, never before (py-libp2p keeps one subscription per topic,
+        which a late leave would end); a topic wanted again before it was left stays."""
         async with trio.open_nursery() as nursery:
-            async for topic in requests:
-                if topic not in self._topics:
+            while True:
+                await self._topics_changed.wait()
+                self._topics_changed = trio.Event()  # what changes while this one subscribes wakes the next
+                for topic in [t for t in self._topic_users if t not in self._topics]:
                     self._topics.add(topic)
-                    nursery.start_soon(self.host.subscribe, topic, self._on_gossip, self._gossip_ok)
+                    await nursery.start(self.host.subscribe, topic, self._on_gossip, self._gossip_ok)
+                for topic in [t for t in self._topics if t not in self._topic_users]:
+                    self._topics.remove(topic)
+                    await self.host.unsubscribe(topic)
 
     def add_gossip_gate(self, kind: str, gate: Callable[[bytes], str | None]) -> None:
         """Check gossiped frames of `kind` before they are forwarded or decoded in full:
@@ -517,15 +540,13 @@ async def run_node(
             )
             table = PeerTable(peertable_config or PeerTableConfig(), identity.peer_id, local, int(time.time() * 1000))
             outbox_send, outbox_receive = trio.open_memory_channel[tuple[str, Effect]](OUTBOX_SIZE)
-            topics_send, topics_receive = trio.open_memory_channel[str](TOPIC_REQUESTS)
-            node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(),
-                        outbox_send, topics_send)
+            node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(), outbox_send)
             host.set_frame_handler(node._on_direct)
             dataplane.admit_peer = node.admit_data_peer
             node.reachability = Reachability(node, config.reachability_interval_s)
             for _ in range(SENDER_TASKS):
                 nursery.start_soon(node._sender, outbox_receive.clone())
-            nursery.start_soon(node._subscriber, topics_receive)
+            nursery.start_soon(node._subscriber)
             if config.metrics_listen:
                 from p2pnet.web import serve_peer_http
 

@@ -139,19 +139,44 @@ def check_dashboard_command(peer):
     assert board.returncode == 2 and "runs no trainer" in board.stderr and len(board.stderr.splitlines()) == 1
 
 
-async def test_an_app_error_is_a_500_and_a_record_of_hypercorns_logger(nursery, caplog):
-    """hypercorn logs through `hypercorn.error`, which `p2pnet.web` hands it so that the peer's
-    handlers and format (--log-format) carry its records too; a failing page (the peer behind
-    `p2pnet dashboard` gone) is the one thing it logs once serving."""
+async def test_an_app_error_is_a_500_and_a_record_with_its_traceback(nursery, caplog):
+    """A failing page (the peer behind `p2pnet dashboard` gone) is answered 500 and logged with its
+    traceback by `p2pnet.web` (through the peer's handlers and format, --log-format), before the
+    answer; hypercorn, which logged it once, now has nothing of it to log."""
     async def snapshot():
         raise RuntimeError("the peer is gone")
 
     url = await nursery.start(serve, WebApp(snapshot=snapshot), "127.0.0.1:0")
     code, _ = await trio.to_thread.run_sync(get, url + "/api/dashboard")
     assert code == 500
-    assert any(r.name == "hypercorn.error" and r.exc_info and "the peer is gone" in str(r.exc_info[1])
+    assert any(r.name == "p2pnet.web" and r.exc_info and "the peer is gone" in str(r.exc_info[1])
                for r in caplog.records)
     assert (await trio.to_thread.run_sync(get, url + "/healthz"))[0] == 404  # and it serves on
+    nursery.cancel_scope.cancel()
+
+
+async def test_what_hypercorn_logs_goes_through_our_handlers_not_its_own(nursery, caplog):
+    """hypercorn logs through `hypercorn.error`, which `serve` hands it so that the peer's handlers
+    and format (--log-format) carry its records; left to itself, hypercorn puts a handler of its own
+    on that logger (stderr, its own format), so each of its lines would come out twice, once bare.
+    What it logs once serving is an error that escapes the application (a failing page is answered
+    by WebApp, so only a failure to answer would)."""
+    hypercorn_log = logging.getLogger("hypercorn.error")
+    handlers = list(hypercorn_log.handlers)
+
+    class Escaping(WebApp):
+        async def __call__(self, scope, receive, send):
+            raise RuntimeError("not answered")
+
+    async def snapshot():
+        return {}
+
+    url = await nursery.start(serve, Escaping(snapshot=snapshot), "127.0.0.1:0")
+    code, _ = await trio.to_thread.run_sync(get, url + "/healthz")
+    assert code == 500
+    assert any(r.name == "hypercorn.error" and r.exc_info and "not answered" in str(r.exc_info[1])
+               for r in caplog.records)
+    assert hypercorn_log.handlers == handlers  # hypercorn added none of its own
     nursery.cancel_scope.cancel()
 
 

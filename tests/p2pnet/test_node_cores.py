@@ -2,10 +2,13 @@
 Cancelling the nursery stops the core and its kinds are no longer routed to it (a frame of its
 kind that arrives afterwards reaches the cores still running, or no one, and the node takes it in
 its stride); the node and its other cores run on, and a core started later is routed to again.
-Two real peers over loopback TCP; every wait is on a frame arriving, under a deadline."""
+A gossip topic is left with the last core that wanted it (its neighbours send it nothing more),
+and subscribed again when a core wants it again. Two real peers over loopback TCP; every wait is
+on a frame arriving, or on GossipSub's mesh taking a peer in, under a deadline."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -15,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from libp2p.peer.id import ID
 
 from p2pnet.core import Effect, ReactiveCore
 from p2pnet.identity import Identity
@@ -95,5 +99,87 @@ async def test_a_core_stops_with_the_nursery_it_runs_in_and_is_routed_to_no_more
         await trio.testing.wait_all_tasks_blocked()
         heard = (witness_heard, probe_heard, late_heard)
         assert all(c.statistics().current_buffer_used == 0 for c in heard)  # nothing else reached any of them
-        assert TOPIC in a.host._pubsub.topic_ids  # a subscription outlives the cores that asked for it
+        assert TOPIC not in a.host._pubsub.topic_ids  # left with the last core that wanted it
+        peers.cancel_scope.cancel()
+
+
+MARKERS = "p2pnet/test/markers"
+
+
+@message("test/marker", max_bytes=256)
+@dataclass(frozen=True)
+class Marker:
+    n: int
+
+
+class MarkerCatcher(Catcher):
+    topics = (MARKERS,)
+    kinds = (Marker.KIND,)  # type: ignore[attr-defined]
+
+
+async def meshed(node: Node, peer: Node, *topics: str) -> None:
+    """Until `peer` is in `node`'s GossipSub mesh of each of `topics`, whom `node` publishes to
+    then (a publish before reaches no one, on a topic `node` is subscribed to). GossipSub sets an
+    event when it takes a peer into a mesh (`wait_for_mesh`); the caller's deadline bounds the
+    wait, not py-libp2p's own 5 s (a topic left and wanted again waits out its 10 s back-off)."""
+    router, peer_id = node.host._pubsub.router, ID.from_base58(peer.peer_id)
+    for topic in topics:
+        await router.wait_for_mesh(peer_id, topic, timeout=math.inf)
+
+
+async def test_a_peer_leaves_a_topic_once_no_running_core_wants_it(tmp_path: Path) -> None:
+    """A topic's subscription outlived the cores that wanted it: the peer stayed in the topic's
+    GossipSub mesh, and its neighbour sent it every message of the topic (20 of 20 here), each
+    decoded and signature-checked, then forwarded to no one (no core handles its kind). The peer
+    now leaves the topic with its last core; a core wanting it again subscribes again. Markers on
+    a topic both peers keep order the waits: a peer's RPCs to another travel, and are handled, in
+    the order sent."""
+    a_out, a_heard = trio.open_memory_channel[int](64)
+    b_out, b_heard = trio.open_memory_channel[int](64)
+    a_marks_out, a_marks = trio.open_memory_channel[int](8)
+    b_marks_out, b_marks = trio.open_memory_channel[int](8)
+    async with trio.open_nursery() as peers:
+        a: Node = await peers.start(partial(run_node, PeerConfig(data_dir=tmp_path / "a"), identity=A))
+        b: Node = await peers.start(partial(run_node, PeerConfig(data_dir=tmp_path / "b"), identity=B))
+        probes_taken = 0  # frames of the probes' topic B's GossipSub took in (its validator checks each)
+        gossip_ok = b._gossip_ok
+
+        def counting_gossip_ok(frame: bytes, forwarder: str) -> bool:
+            nonlocal probes_taken
+            probes_taken += b.codec.precheck(frame)[0] == Probe.KIND  # type: ignore[attr-defined]
+            return gossip_ok(frame, forwarder)
+
+        b._gossip_ok = counting_gossip_ok  # type: ignore[method-assign]
+        await b.host.connect(a.host.addrs()[0])
+        await peers.start(a.run_core, Catcher(a_out), "a-probes")
+        await peers.start(a.run_core, MarkerCatcher(a_marks_out), "a-markers")
+        await peers.start(b.run_core, MarkerCatcher(b_marks_out), "b-markers")
+        async with trio.open_nursery() as b_probes:
+            await b_probes.start(b.run_core, Catcher(b_out), "b-probes")
+            with trio.fail_after(60):
+                await meshed(a, b, TOPIC, MARKERS)
+                await meshed(b, a, MARKERS)
+                await a.publish(TOPIC, Probe(0))
+                assert await b_heard.receive() == 0
+            b_probes.cancel_scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()  # B's subscriber has left the topic, or never will
+        assert TOPIC not in b.host._pubsub.topic_ids
+        with trio.fail_after(60):
+            await b.publish(MARKERS, Marker(1))  # after B's leave, on the same stream to A
+            assert await a_marks.receive() == 1
+            taken = probes_taken
+            for n in range(1, 21):
+                await a.publish(TOPIC, Probe(n))
+            await a.publish(MARKERS, Marker(2))  # after the probes, on the same stream to B
+            assert await b_marks.receive() == 2
+        assert probes_taken == taken, f"B took in {probes_taken - taken} of 20 probes after its last core stopped"
+
+        async with trio.open_nursery() as b_again:  # wanted again: subscribed again
+            await b_again.start(b.run_core, Catcher(b_out), "b-probes-again")
+            with trio.fail_after(60):
+                await meshed(a, b, TOPIC)
+                await a.publish(TOPIC, Probe(21))
+                while await b_heard.receive() != 21:  # earlier probes may come first: GossipSub offers
+                    pass  # its recent messages (IHAVE) to a peer that joins a topic
+            b_again.cancel_scope.cancel()
         peers.cancel_scope.cancel()

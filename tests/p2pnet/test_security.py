@@ -1,4 +1,9 @@
-"""Only Noise-secured peers get in: a plaintext-only libp2p host cannot connect."""
+"""Only Noise-secured peers get in: a plaintext-only libp2p host cannot connect; a failed
+handshake is ours to report, not a shout of py-libp2p's."""
+
+import contextlib
+import logging
+from functools import partial
 
 import multiaddr
 import pytest
@@ -65,4 +70,56 @@ async def test_garbage_on_the_gossip_protocol_does_not_take_a_peer_down(tmp_path
     with trio.fail_after(20):
         while victim.peertable.get(honest.peer_id).last_heard == seen:
             await trio.sleep(0.1)  # heartbeats still arrive after the attack
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_security_handshake_is_named_in_our_log_and_not_shouted_in_libp2ps(tmp_path, nursery, caplog):
+    """py-libp2p logs a dial whose security handshake fails as ERROR lines (2 for each of its 4
+    tries when what answers speaks no libp2p), though the dial's caller gets the error: they are
+    DEBUG lines now, and our own record (the bootstrap dial's warning) names the cause. A stranger
+    who sends garbage to our libp2p port gets no ERROR line either (py-libp2p's is a DEBUG one
+    already), and an ERROR line of py-libp2p's about anything else stays one."""
+    caplog.set_level(logging.DEBUG)
+    warned = trio.Event()
+
+    class Warned(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.name == "p2pnet.connectivity" and record.levelno == logging.WARNING:
+                warned.set()
+
+    async def speaks_no_libp2p(stream: trio.SocketStream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    listeners = await nursery.start(partial(trio.serve_tcp, speaks_no_libp2p, 0, host="127.0.0.1"))
+    stranger = f"/ip4/127.0.0.1/tcp/{listeners[0].socket.getsockname()[1]}/p2p/" \
+               f"{Identity.from_seed_text('stranger').peer_id}"
+    handler = Warned()
+    logging.getLogger("p2pnet.connectivity").addHandler(handler)
+    try:
+        node = await nursery.start(lambda task_status: run_node(
+            PeerConfig(data_dir=tmp_path / "n", bootstrap=(stranger,)), task_status=task_status))
+        with trio.fail_after(30):
+            await warned.wait()
+    finally:
+        logging.getLogger("p2pnet.connectivity").removeHandler(handler)
+    ours = [r.getMessage() for r in caplog.records if r.name == "p2pnet.connectivity" and r.levelno == logging.WARNING]
+    assert len(ours) == 1 and "the security handshake failed: failed to negotiate the secure protocol" in ours[0], ours
+    theirs = [r for r in caplog.records if r.name == "libp2p.network.swarm"
+              and r.getMessage().startswith("failed to upgrade security for peer")]
+    assert theirs and {r.levelno for r in theirs} == {logging.DEBUG}, [(r.levelname, r.getMessage()) for r in theirs]
+
+    port = int(multiaddr.Multiaddr(node.host.addrs()[0]).value_for_protocol("tcp"))
+    with trio.socket.socket() as scanner:
+        await scanner.connect(("127.0.0.1", port))
+        await scanner.send(b"\x16\x03\x01\x00\x05hello" + bytes(range(256)))
+        with trio.fail_after(30), contextlib.suppress(ConnectionResetError):
+            while await scanner.recv(1 << 16):  # until our peer closes the connection, the failure logged
+                pass
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("libp2p") and r.levelno >= logging.ERROR] \
+        == []
+
+    logging.getLogger("libp2p.network.swarm").error("Error in background prune: %s", "a bug of py-libp2p's")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("libp2p") and r.levelno >= logging.ERROR] \
+        == ["Error in background prune: a bug of py-libp2p's"]
     nursery.cancel_scope.cancel()
