@@ -294,6 +294,80 @@ def test_a_leader_flooded_with_joins_decides_at_most_max_members_and_keeps_its_g
         Membership("g0", 7, same, now=0.0, deadline_s=10.0, keep=strangers[:MAX_MEMBERS])
 
 
+def _own_digest(peer: str) -> bytes:
+    """Weights of a stranger's own: no two the same, so the strangers outvote no one."""
+    return peer.encode().ljust(16, b".")
+
+
+def _leader_as_the_shell_sees_it(m: Membership, own: set[str], trainers: set[str], suspects: set[str]) -> str:
+    """What `DilocoRole._decide` computes at each event: whom it invites (its own peers, and the
+    trainer peers of its table that the Joins name or sent), then the leader among them."""
+    invited = own | (m.named & trainers)
+    m.expect(invited, suspects)
+    return m.leader(own, invited, suspects)
+
+
+def test_two_members_flooded_with_joins_in_other_orders_pick_the_same_leader():
+    """300 identities, more than a round holds, Join the round of two members of the last round,
+    g1 and g2, all of them trainer peers of both tables (a heartbeat claims the role at no cost)
+    and all with lower ids. Each member holds the Joins that came to it first: g1 got them in one
+    order, g2 in the other, so each holds strangers the other turned away. The leader is picked
+    from the senders whose Joins reached a member, held or turned away, so both pick the same
+    one (before, g1 took the lowest it held and g2 the lowest it held: two leaders, and with
+    both deciding, two Members lists, the round's members split between them), then the same
+    next one as each is taken for dead, and, with every stranger dead, g1. What a member keeps
+    of the Joins it turned away stays within its table's trainer peers."""
+    same = b"a" * 16
+    group = {"g1", "g2"}
+    strangers = [f"e{i:03d}" for i in range(300)]  # 'e' < 'g': every stranger has a lower id
+    trainers = group | set(strangers)
+    at: dict[str, Membership] = {}
+    for me, order in (("g1", strangers), ("g2", strangers[::-1])):
+        m = at[me] = Membership(me, 7, same, now=0.0, deadline_s=10.0, keep=group)
+        for p in order:
+            m.receive(p, Join(7, _own_digest(p), ()), trainers)
+        (other,) = group - {me}
+        assert m.receive(other, Join(7, same, tuple(sorted(group))), trainers)  # replaces a stranger
+        assert len(m.joins) == MAX_MEMBERS
+    assert set(at["g1"].joins) != set(at["g2"].joins)  # each holds strangers the other turned away
+    assert "e000" in at["g1"].joins and "e000" not in at["g2"].joins
+    own = {"g1": {"g2"}, "g2": {"g1"}}
+    suspects: set[str] = set()
+    for dead in strangers:
+        leaders = {me: _leader_as_the_shell_sees_it(m, own[me], trainers, suspects) for me, m in at.items()}
+        assert leaders == {"g1": dead, "g2": dead}
+        suspects.add(dead)  # it never sends Members: each member takes it for dead in turn
+    assert {me: _leader_as_the_shell_sees_it(m, own[me], trainers, suspects) for me, m in at.items()} == {
+        "g1": "g1", "g2": "g1"}
+    # strangers that no table lists as trainer peers lead nowhere, and are not kept
+    m = Membership("g1", 7, same, now=0.0, deadline_s=10.0, keep=group)
+    for p in strangers:
+        m.receive(p, Join(7, _own_digest(p), ()), group)
+    assert m.refused == set() and _leader_as_the_shell_sees_it(m, {"g2"}, group, set()) == "g1"
+
+
+def test_a_leader_does_not_wait_for_a_trainer_peer_whose_join_it_turned_away():
+    """The leader g1 waits for g2 and for a newcomer, n, that fetched the state from it (both on
+    its own account). 300 trainer peers' Joins fill the places a round has before n's comes: n's
+    is turned away (n sits the round out). Once g2 joined the round is decided, not at the join
+    deadline (before, the leader waited for n's Join, which it had already turned away, until
+    then), and n still counts for the leader choice (its id is higher: g1 leads)."""
+    same = b"a" * 16
+    group = {"g1", "g2"}
+    strangers = [f"s{i:03d}" for i in range(300)]
+    trainers = group | set(strangers) | {"n"}
+    m = Membership("g1", 7, same, now=0.0, deadline_s=10.0, keep=group)
+    own = {"g2", "n"}
+    for p in strangers:
+        m.receive(p, Join(7, _own_digest(p), ()), trainers)
+    assert _leader_as_the_shell_sees_it(m, own, trainers, set()) == "g1" and m.decided(1.0) is None  # g2's to come
+    assert not m.receive("n", Join(7, same, ("g1", "g2")), trainers)
+    assert m.receive("g2", Join(7, same, ("g1", "n")), trainers)
+    assert _leader_as_the_shell_sees_it(m, own, trainers, set()) == "g1"
+    members, reference = m.decided(1.0)
+    assert reference == same and members == ("g1", "g2") and "n" in m.refused
+
+
 def test_global_state_is_written_atomically_and_read_back(tmp_path):
     from trainer.diloco_local import STATE_FILE, GlobalState, read_state, write_state
 
@@ -376,6 +450,7 @@ def _decide(script) -> dict:
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
         role.inbox = RoundInbox()
         role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
+        role.turned_away = {}
 
         async def world():
             for at, event in script:
