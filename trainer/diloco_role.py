@@ -55,8 +55,9 @@ was turned away is not waited for: it came, and is no member. (A leader we wait 
 account is waited for until the leader timeout, 2 x deadline_s: leaving it at the join deadline
 would let a late lowest-id peer decide the round a second time.) What we remember of whom we heard
 and whom we suspect (`heard`, `suspects`) keeps only trainer peers of our table and the last
-round's members, at most `PEERS` (`_forget`): any identity can send us a frame or fail us, and
-both would otherwise grow for as long as we run. Contributions the core rejects cost their
+round's members (`_forget`), and of those heard at most `PEERS`: any identity can send us a frame
+or fail us, and both would otherwise grow for as long as we run. A suspect of our table stays one
+until it speaks: one forgotten would lead again. Contributions the core rejects cost their
 sender a peer table penalty.
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
@@ -94,8 +95,8 @@ from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES,
 log = logging.getLogger(__name__)
 
 PENALTY = 2.0
-# the most peers `heard` or `suspects` keeps (`_forget`): any identity can send us a frame, or fail
-# us, at no cost. Four rounds' worth of members: a group's trainer peers fit, the reserved first.
+# the most peers `heard` keeps (`_forget`): any identity can send us a frame at no cost. Four
+# rounds' worth of members: a group's trainer peers fit, the reserved first.
 PEERS = 4 * MAX_MEMBERS
 
 
@@ -480,7 +481,8 @@ class DilocoRole(DilocoServing, CatchingUp):
     def _suspect(self, *peers: str) -> None:
         """`peers` failed us (a send, a deadline): joins do not wait for them until they speak.
         Bounded (`_forget`) as it grows: a round's Members and contributions go to peers that
-        need not be in our table (any identity's Join makes it one we send Members to)."""
+        need not be in our table (any identity's Join makes it one we send Members to), and any
+        identity's contribution of other members makes it one of the reduction's dead."""
         self.suspects.update(peers)
         if len(self.suspects) > PEERS:
             self._forget()
@@ -490,20 +492,22 @@ class DilocoRole(DilocoServing, CatchingUp):
         `PEERS`: in an open group any identity can send us a frame or fail us at no cost, and
         both would otherwise grow with every identity a long run meets. Kept: the trainer peers of
         our table (only they are invited, waited for, or leaders: `_known_trainers`) and the
-        members of the last round we took part in (`inbox.reserved`); of more than `PEERS`, the
-        reserved and `PEERS // 2` of the others, whichever (half: a flood of trainer peers in our
-        table that keeps them full then costs a pass over the table every `PEERS // 2` frames,
-        not at each). A peer that left our table is not invited, whatever these say: forgetting it
-        changes nothing until it is back (then it is waited for once it speaks, as a newcomer).
-        Past `PEERS` in our table (a flood of them), one forgotten from `heard` is waited for
-        again once it speaks, a member names it or its Join reaches us; one forgotten from
-        `suspects` is sent our Join and waited for until it fails us once more."""
+        members of the last round we took part in (`inbox.reserved`). A peer that left our table
+        is not invited, whatever these say: forgetting it changes nothing until it is back (then
+        it is waited for once it speaks, as a newcomer). Of more than `PEERS` heard (a flood of
+        trainer peers in our table), the reserved and `PEERS // 2` of the others, whichever
+        (half: one that keeps it full then costs a pass over the table every `PEERS // 2`
+        frames, not at each); one forgotten is waited for again once it speaks, a member names
+        it or its Join reaches us. Suspects of our table are all kept, bounded by it as
+        `Membership.refused` is: one forgotten would be a leader again while silent, a leader
+        timeout more each time, and past `PEERS` silent leaders of lower ids than ours (a
+        heartbeat and a Join each) every member would go round them for ever, never leading."""
         reserved = self.inbox.reserved
         keep = self._known_trainers() | reserved
-        for peers in (self.heard, self.suspects):
-            peers.intersection_update(keep)
-            if len(peers) > PEERS:
-                peers.difference_update(list(peers - reserved)[PEERS // 2:])
+        self.suspects.intersection_update(keep)
+        self.heard.intersection_update(keep)
+        if len(self.heard) > PEERS:
+            self.heard.difference_update(list(self.heard - reserved)[PEERS // 2:])
 
     def _reserve(self, members: tuple[str, ...]) -> None:
         """The round's inbox keeps places for `members` from now on, until the next round we take

@@ -14,6 +14,7 @@ import torch
 import trio
 import trio.testing
 
+import trainer.diloco_role as diloco_role
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
                             max_quantization_error, pack, packed_bytes, unpack)
@@ -432,10 +433,10 @@ DEADLINE_S, DIGEST = 10.0, b"w" * 16
 FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
-def _decide(script) -> dict:
-    """Run the role's real `_decide` for round 1 at ME (FIRST < SECOND < ME known as trainers)
-    on a mock clock; `script` is [(time, event)] put in its inbox. What it returned, whom it
-    suspects, and when."""
+def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf) -> dict:
+    """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
+    SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
+    inbox. What it returned, whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
             return True
@@ -444,7 +445,7 @@ def _decide(script) -> dict:
 
     async def main():
         role = DilocoRole.__new__(DilocoRole)
-        entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in (FIRST, SECOND)]
+        entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in trainers]
         role.node = SimpleNamespace(peer_id=ME, peertable=SimpleNamespace(
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
@@ -459,7 +460,8 @@ def _decide(script) -> dict:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world)
-            out["members"] = await role._decide(1, DIGEST, Links(), nursery)
+            with trio.fail_after(within_s):
+                out["members"] = await role._decide(1, DIGEST, Links(), nursery)
             out["suspects"] = set(role.suspects)
             out["t"] = trio.current_time()
             nursery.cancel_scope.cancel()
@@ -487,6 +489,18 @@ def test_a_leader_that_comes_back_gets_no_new_time():
                    (3.3 * DEADLINE_S, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
     assert out["suspects"] == {FIRST}  # suspected at 3 x deadline, not given until 3.5 x
     assert out["t"] == pytest.approx(3.3 * DEADLINE_S)
+
+
+def test_more_silent_leaders_than_peers_kept_each_hold_a_round_once(monkeypatch):
+    """Twice `PEERS` trainer peers of our table (heartbeats cost nothing) have lower ids than ours
+    and never send a Members: each leads in turn and is taken for dead at its leader timeout. Our
+    suspicions of them all stand until each speaks: once the last is suspected we lead (alone:
+    no other peer is left alive), within a leader timeout each. Before, past `PEERS` suspects
+    half were forgotten, whichever, and led again: the round never ended."""
+    monkeypatch.setattr(diloco_role, "PEERS", 4)
+    silent = tuple(f"a_silent{i}" for i in range(8))
+    out = _decide([], trainers=silent, within_s=(len(silent) + 1) * 2 * DEADLINE_S)
+    assert out["members"] == (ME,) and out["suspects"] == set(silent)
 
 
 def test_phase_and_join_path_read_as_their_text_wherever_they_are_shown():
