@@ -319,12 +319,14 @@ async def test_members_that_kept_other_joins_of_the_next_round_pick_the_same_lea
     keeps those that came first, then its partner's. Round 4's `Membership` (`_membership`)
     counts the trainer peers each turned away for the leader choice, as it counts a Join it turns
     away itself: both pick the same leader (before, each the lowest it kept: two leaders), and
-    neither waits for a peer it turned away. What is remembered is for round 4 only."""
+    neither waits for a peer it turned away), then the same next one as each is taken for dead
+    (a kept Join a partner's replaced is remembered too), and, with every stranger dead, g1.
+    What is remembered is for round 4 only."""
     same = b"a" * 16
     group = ("g1", "g2")
     strangers = [f"e{i:03d}" for i in range(300)]  # lower ids than the group's
     trainers = set(group) | set(strangers)
-    leaders, held = {}, {}
+    leaders, held, at = {}, {}, {}
     for me, order in (("g1", strangers), ("g2", strangers[::-1])):
         role = object.__new__(DilocoRole)
         role.node = SimpleNamespace(peer_id=me)
@@ -338,7 +340,13 @@ async def test_members_that_kept_other_joins_of_the_next_round_pick_the_same_lea
         role._keep_join(other, Join(4, same, group), trainers)
         m = role._membership(4, same, trainers)
         assert role.joins == {} and role.turned_away == {}
-        held[me] = set(m.joins)
+        held[me], at[me] = set(m.joins), m
         leaders[me] = _leader_as_the_shell_sees_it(m, {other}, trainers, set())
         assert m.decided(m.deadline_at - 1.0) is not None  # every peer it waits for is in: none turned away
     assert held["g1"] != held["g2"] and leaders == {"g1": "e000", "g2": "e000"}
+    suspects: set[str] = set()
+    for dead in strangers:
+        assert {me: _leader_as_the_shell_sees_it(m, set(group) - {me}, trainers, suspects)
+                for me, m in at.items()} == {"g1": dead, "g2": dead}
+        suspects.add(dead)  # it never sends Members: each member takes it for dead in turn
+    assert {_leader_as_the_shell_sees_it(m, set(group) - {me}, trainers, suspects) for me, m in at.items()} == {"g1"}
