@@ -69,6 +69,32 @@ async def _round_together(lead: Trainer, other: Trainer, nursery: trio.Nursery, 
         rounds.start_soon(_a_round, other, nursery, done)
 
 
+async def _paired(nursery: trio.Nursery) -> tuple[Trainer, Trainer, list[str], list[str]]:
+    """Two trainers, the round's leader (the lowest id) first, that averaged round 2 together; the
+    list their rounds' ends go into, and their ids. Their deadline is far above what the rounds'
+    work needs."""
+    deadline_s = 6 * SLACK_S
+    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
+    await _started(nursery, lead, other)
+    done: list[str] = []
+    await _round_together(lead, other, nursery, done)
+    return lead, other, done, sorted([lead.peer_id, other.peer_id])
+
+
+def _held_back(other: Trainer) -> tuple[trio.Event, trio.Event, Any]:
+    """`other`'s next all-reduce starts once `release` is set; `decided` is set when the leader's
+    Members reached it (the leader is in its all-reduce). Its own `_all_reduce`, to put back."""
+    decided, release = trio.Event(), trio.Event()
+    all_reduce = other.role._all_reduce
+
+    async def held_back(*args: Any) -> Any:
+        decided.set()
+        await release.wait()
+        return await all_reduce(*args)
+    other.role._all_reduce = held_back
+    return decided, release, all_reduce
+
+
 async def test_a_leader_joined_by_300_fresh_identities_decides_at_most_max_members_its_group_in(
         nursery: trio.Nursery) -> None:
     """Two trainers average round 2. In round 3 the leader reads a Join from each of 300 fresh
@@ -76,12 +102,7 @@ async def test_a_leader_joined_by_300_fresh_identities_decides_at_most_max_membe
     building a Members of 302), at most `MAX_MEMBERS` members with both trainers among them; the
     strangers it takes never send their parts and are taken for dead, and both trainers end the
     round on the same weights."""
-    deadline_s = 6 * SLACK_S  # far above what the rounds' work needs
-    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
-    await _started(nursery, lead, other)
-    done: list[str] = []
-    await _round_together(lead, other, nursery, done)
-    pair = sorted([lead.peer_id, other.peer_id])
+    lead, other, done, pair = await _paired(nursery)
     assert lead.role.history[-1]["members"] == pair
 
     same = digest(lead.role.state.weights)  # round 3's: what the leader's partner joins with
@@ -107,21 +128,9 @@ async def test_joins_of_later_rounds_read_during_an_all_reduce_are_kept_bounded(
     those of round 4 only (what an honest peer that ended round 3 first sends; one further ahead
     means we are behind, which the next round shows us again), of at most `MAX_MEMBERS` senders.
     Round 4 then completes with the two trainers: its partner's Join finds room among the kept."""
-    deadline_s = 6 * SLACK_S
-    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
-    await _started(nursery, lead, other)
-    done: list[str] = []
-    await _round_together(lead, other, nursery, done)
-    pair = sorted([lead.peer_id, other.peer_id])
+    lead, other, done, pair = await _paired(nursery)
 
-    decided, release = trio.Event(), trio.Event()
-    all_reduce = other.role._all_reduce
-
-    async def held_back(*args: Any) -> Any:  # the partner's contributions come once the crowd's Joins are read
-        decided.set()  # the leader's Members reached it: the leader is in its all-reduce
-        await release.wait()
-        return await all_reduce(*args)
-    other.role._all_reduce = held_back
+    decided, release, all_reduce = _held_back(other)  # the partner's contributions: once the crowd's frames are read
     rng = random.Random(SEED)
     frames = [(who, Join(4, rng.randbytes(16), ())) for who in CROWD]
     frames += [(who, Join(5 + i, rng.randbytes(16), ())) for i, who in enumerate(CROWD[:40])]
@@ -215,12 +224,7 @@ async def test_a_newcomer_whose_join_the_flooded_leader_turned_away_does_not_hol
             decisions.append(self.expected <= set(self.joins))
         return result
     monkeypatch.setattr(Membership, "decided", noting)
-    deadline_s = 6 * SLACK_S  # far above what the rounds' work needs
-    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
-    await _started(nursery, lead, other)
-    done: list[str] = []
-    await _round_together(lead, other, nursery, done)
-    pair = sorted([lead.peer_id, other.peer_id])
+    lead, other, done, pair = await _paired(nursery)
 
     newcomer = next(who for who in (Identity.from_seed_text(f"diloco newcomer {i}") for i in range(100))
                     if who.peer_id > max(pair))  # it does not lead: the leader is the one that decides
@@ -259,21 +263,9 @@ async def test_what_a_trainer_remembers_of_a_flood_of_identities_stays_bounded(
     table that spoke to it and failed it is kept in both; once it left the table (no longer
     heartbeating), round 4 forgets it as it begins, with the peers of the crowd left."""
     monkeypatch.setattr(diloco_role, "PEERS", 16)
-    deadline_s = 6 * SLACK_S
-    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
-    await _started(nursery, lead, other)
-    done: list[str] = []
-    await _round_together(lead, other, nursery, done)
-    pair = sorted([lead.peer_id, other.peer_id])
+    lead, other, done, pair = await _paired(nursery)
 
-    decided, release = trio.Event(), trio.Event()
-    all_reduce = other.role._all_reduce
-
-    async def held_back(*args: Any) -> Any:  # the partner's contributions come once the crowd's frames are read
-        decided.set()
-        await release.wait()
-        return await all_reduce(*args)
-    other.role._all_reduce = held_back
+    decided, release, all_reduce = _held_back(other)  # the partner's contributions: once the crowd's frames are read
     # a trainer peer of the leader's table that we cannot reach: it Joins round 3 (spoke: heard)
     # on weights of its own, our Join to it fails (a suspect); it then leaves the table
     departed = Identity.from_seed_text("diloco departed")
