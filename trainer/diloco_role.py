@@ -46,8 +46,9 @@ state fetch on. To these we add, during the join, every trainer peer another mem
 names or whose Join reached us: the round's leader must be the same at every member, and only
 the peer a joiner took its state from (the publisher, through the relay) knows to wait for it;
 a joiner with the lowest id would otherwise lead the round there and not at the others, and the
-round split. The leader (`Membership.leader`) is the lowest id among the peers we wait for on
-our own account and those whose own Join reached us, held or turned away for want of room (of
+round split (a Join names at most `MAX_MEMBERS`: of more, the lowest ids, which lead first). The
+leader (`Membership.leader`) is the lowest id among the peers we wait for on our own account
+and those whose own Join reached us, held or turned away for want of room (of
 more Joins than a round holds, each member holds those that came to it first: counting only
 those, two members could pick two leaders): a peer only others name leads once it joined, so a
 named peer that never joins costs one join deadline, not the leader timeout. A peer whose Join
@@ -320,7 +321,9 @@ class DilocoRole(DilocoServing, CatchingUp):
             trainers = self._known_trainers()
             invited |= membership.named & trainers
             membership.expect(invited, self.suspects)
-            alive = frozenset(invited - self.suspects)  # what our Join names: not the peers we take for dead
+            # what our Join names: not the peers we take for dead; of more than a Join names (a flood of
+            # trainer peers, whose heartbeats cost nothing), the lowest ids: the ones that lead first
+            alive = frozenset(sorted(invited - self.suspects)[:MAX_MEMBERS])
             for peer in sorted(invited):  # (re)send when not delivered yet or when a peer failed us since
                 if delivered.get(peer) != alive:
                     delivered[peer] = alive

@@ -433,12 +433,14 @@ DEADLINE_S, DIGEST = 10.0, b"w" * 16
 FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
-def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf) -> dict:
+def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None) -> dict:
     """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
     SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
-    inbox. What it returned, whom it suspects, and when."""
+    inbox, and what it sends goes into `sent`. What it returned, whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
+            if sent is not None:
+                sent.append(body)
             return True
 
     out = {}
@@ -501,6 +503,18 @@ def test_more_silent_leaders_than_peers_kept_each_hold_a_round_once(monkeypatch)
     silent = tuple(f"a_silent{i}" for i in range(8))
     out = _decide([], trainers=silent, within_s=(len(silent) + 1) * 2 * DEADLINE_S)
     assert out["members"] == (ME,) and out["suspects"] == set(silent)
+
+
+def test_more_trainer_peers_than_a_join_names_are_waited_for_and_named_lowest_first():
+    """More trainer peers of our table than a Join names (`MAX_MEMBERS`; heartbeats cost nothing)
+    with lower ids than ours never send a Members: our Join to each names the lowest of those we
+    take alive, the ones that lead first, and we lead once all are taken for dead. Before, the
+    Join naming them all could not be built and the round died with a ValueError."""
+    silent = tuple(f"a_silent{i:03d}" for i in range(MAX_MEMBERS + 8))
+    joins: list[Join] = []
+    out = _decide([], trainers=silent, within_s=(len(silent) + 1) * 2 * DEADLINE_S, sent=joins)
+    assert out["members"] == (ME,) and out["suspects"] == set(silent)
+    assert joins[0].known == silent[:MAX_MEMBERS] and {j.known[0] for j in joins if j.known} == set(silent)
 
 
 def test_phase_and_join_path_read_as_their_text_wherever_they_are_shown():
