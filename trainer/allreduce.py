@@ -11,10 +11,13 @@ that joined. One decision, so every member runs the all-reduce over the same lis
 whose Join reaches the leader in time takes part at once, while the round has room: it holds at
 most `MAX_MEMBERS` (what a Members lists), and in an open group any identity can Join, so the
 peers we keep places for (`room_for`: the members of the last round we took part in) always find
-room, and every other joiner takes what is left, first come first served. A peer whose digest is not the
-reference (it missed a round, or resumed from an older checkpoint), or that is left out, sits
-the round out and fetches the state from a member instead. A follower that hears no Members
-by twice the deadline takes the leader for dead and the next lowest peer leads.
+room, and every other joiner takes what is left, first come first served. A joiner turned away
+is no member, but still counts for the leader choice (each member holds the Joins that came to
+it first: a leader picked among those alone could differ between members) and is not waited
+for. A peer whose digest is not the reference (it missed a round, or resumed from an older
+checkpoint), or that is left out, sits the round out and fetches the state from a member
+instead. A follower that hears no Members by twice the deadline takes the leader for dead and
+the next lowest peer leads.
 
 `AllReduce` averages one vector over the members by reduce-scatter then all-gather. The
 vector is cut into one contiguous shard per member; shard i is first owned by members[i].
@@ -121,8 +124,11 @@ def room_for(held: Iterable[str], sender: str, keep: Collection[str], limit: int
 class Membership:
     """The members of one round as its leader decides them, from the Joins that arrive by a
     deadline: at most `MAX_MEMBERS` of them, the peers of `keep` (the members of the last round
-    we took part in, and we) first (`room_for`). A Join turned away, or replaced, counts for
-    nothing here, the peers it names included: what we hold stays bounded whoever sends."""
+    we took part in, and we) first (`room_for`). A Join turned away, or replaced, makes no
+    member, and the peers it names count for nothing here: what we hold stays bounded whoever
+    sends. Its sender, when it is a trainer peer of the caller's table (`receive`), is
+    remembered (`refused`): it counts for the leader choice as a sender whose Join we hold does
+    (which Joins a member holds depends on the order they came to it), and is not waited for."""
 
     def __init__(self, self_id: str, round: int, weights_digest: bytes, now: float, deadline_s: float,
                  keep: Collection[str] = ()) -> None:
@@ -137,49 +143,75 @@ class Membership:
         # Join again when the peers it takes for dead change); redone as `names` changes (`receive`),
         # not at each read: the shell reads it at every event while a round is decided
         self.told: set[str] = set()
+        # senders whose Join reached us and was turned away (or replaced), of the trainer peers the
+        # caller knows (`receive`): no members, but leader candidates as the senders we hold are
+        # (`leader`), and not waited for (`expected`). Bounded by the caller's peer table.
+        self.refused: set[str] = set()
         self.deadline_at = now + deadline_s
         self.known: set[str] = set()
         self.excluded: set[str] = set()
 
     @property
     def expected(self) -> set[str]:
-        return (self.known | self.told) - self.excluded - {self.self_id}
+        """The peers whose Joins the decision waits for: not one whose Join we turned away (it
+        came, and makes no member: waiting for it again would hold the round to its deadline)."""
+        return (self.known | self.told) - self.excluded - self.refused - {self.self_id}
 
     @property
     def named(self) -> set[str]:
-        """Peers the Joins we received name, or that sent them: each is waited for by some
-        member, so the shell waits for them too (one leader for all)."""
-        return (self.told | set(self.joins)) - {self.self_id}
+        """Peers the Joins we received name, or that sent them (held or turned away): each is
+        waited for by some member, or leads there, so the shell waits for them too (one leader
+        for all)."""
+        return (self.told | set(self.joins) | self.refused) - {self.self_id}
 
     def leader(self, own: set[str], invited: set[str], suspects: set[str]) -> str:
         """The round's leader as we see it: the lowest id among ourselves, the peers we wait for
-        on our own account (`own`) and the invited peers whose own Join reached us, less those we
-        take for dead. A peer only other members name is sent our Join and waited for as a member,
-        but leads only once its Join shows it takes part: else one that never joins (still
-        loading, still fetching) would hold every member for the leader timeout, not the join
-        deadline."""
-        return leader_of(((set(own) | (set(self.joins) & set(invited))) - set(suspects)) | {self.self_id})
+        on our own account (`own`) and the invited peers whose own Join reached us (held, or
+        turned away: `refused`), less those we take for dead. A peer only other members name is
+        sent our Join and waited for as a member, but leads only once its Join shows it takes
+        part: else one that never joins (still loading, still fetching) would hold every member
+        for the leader timeout, not the join deadline. A Join turned away counts as one held:
+        with more joiners than a round holds, each member holds those that came to it first, and
+        a leader picked among only those could differ between members (two of them deciding
+        the round, its members split between their lists)."""
+        reached = set(self.joins) | self.refused
+        return leader_of(((set(own) | (reached & set(invited))) - set(suspects)) | {self.self_id})
 
     def expect(self, peers: set[str], excluded: Collection[str] = frozenset()) -> None:
         """The trainer peers we know of now, and those we take for dead (refreshed by the shell)."""
         self.known = set(peers)
         self.excluded = set(excluded) - set(self.joins)
 
-    def receive(self, sender: str, join: Join) -> bool:
-        """Take `sender`'s Join of our round if it finds room (`room_for`); False: turned away."""
+    def receive(self, sender: str, join: Join, trainers: Collection[str] = frozenset()) -> bool:
+        """Take `sender`'s Join of our round if it finds room (`room_for`); False: turned away.
+        A sender turned away, or replaced, is remembered in `refused` when it is one of
+        `trainers` (the trainer peers of the caller's table: any identity can send a Join, and
+        only these can lead or be waited for; what we keep stays bounded by that table)."""
         if join.round != self.round:
             return False
         admitted, replaced = room_for(self.joins, sender, self.keep)
         if not admitted:
+            if sender in trainers:
+                self.refused.add(sender)
             return False
         if replaced is not None:
             del self.joins[replaced]
             self.names.pop(replaced, None)
+            if replaced in trainers:
+                self.refused.add(replaced)
+        self.refused.discard(sender)
         self.joins[sender] = join.weights_digest
         self.names[sender] = frozenset(join.known)
         self.told = set().union(*self.names.values())
         self.excluded.discard(sender)
         return True
+
+    def turned_away(self, sender: str, trainers: Collection[str] = frozenset()) -> None:
+        """`sender`'s Join of our round reached us before the round began (during the last one's
+        all-reduce) and found no room among those the caller kept for it, taken first as this
+        class takes them (`room_for`): remembered as a Join `receive` turns away is."""
+        if sender in trainers and sender not in self.joins:
+            self.refused.add(sender)
 
     def decided(self, now: float) -> tuple[tuple[str, ...], bytes] | None:
         """(members, reference digest) once every expected peer joined or at the deadline. At most

@@ -35,7 +35,8 @@ holds at most `MAX_MEMBERS`, though many identities Join it: the peers we keep p
 find room among the Joins we hold (`Membership`, `room_for`), the rest go to other joiners first
 come, and a joiner left out sits the round out as any non-member does. Joins of the next round
 read during our all-reduce are kept for it, of the next round only and as many, the same peers
-first (`_keep_join`).
+first (`_keep_join`), and the trainer peers of our table among the senders it had no room for are
+remembered for it (`turned_away`), as `Membership` remembers those it turns away.
 
 Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
 not be reached, closed a connection or missed a deadline, until a message from them arrives),
@@ -45,12 +46,20 @@ state fetch on. To these we add, during the join, every trainer peer another mem
 names or whose Join reached us: the round's leader must be the same at every member, and only
 the peer a joiner took its state from (the publisher, through the relay) knows to wait for it;
 a joiner with the lowest id would otherwise lead the round there and not at the others, and the
-round split. The leader (`Membership.leader`) is the lowest id among the peers we wait for on
-our own account and those whose own Join reached us: a peer only others name leads once it
-joined, so a named peer that never joins costs one join deadline, not the leader timeout. (A
-leader we wait for on our own account is waited for until the leader timeout, 2 x deadline_s:
-leaving it at the join deadline would let a late lowest-id peer decide the round a second
-time.) Contributions the core rejects cost their sender a peer table penalty.
+round split (a Join names at most `MAX_MEMBERS`: of more, the lowest ids, which lead first). The
+leader (`Membership.leader`) is the lowest id among the peers we wait for on our own account
+and those whose own Join reached us, held or turned away for want of room (of
+more Joins than a round holds, each member holds those that came to it first: counting only
+those, two members could pick two leaders): a peer only others name leads once it joined, so a
+named peer that never joins costs one join deadline, not the leader timeout. A peer whose Join
+was turned away is not waited for: it came, and is no member. (A leader we wait for on our own
+account is waited for until the leader timeout, 2 x deadline_s: leaving it at the join deadline
+would let a late lowest-id peer decide the round a second time.) What we remember of whom we heard
+and whom we suspect (`heard`, `suspects`) keeps only trainer peers of our table and the last
+round's members (`_forget`), and of those heard at most `PEERS`: any identity can send us a frame
+or fail us, and both would otherwise grow for as long as we run. A suspect of our table stays one
+until it speaks: one forgotten would lead again. Contributions the core rejects cost their
+sender a peer table penalty.
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
 """
@@ -59,6 +68,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +96,9 @@ from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES,
 log = logging.getLogger(__name__)
 
 PENALTY = 2.0
+# the most peers `heard` keeps (`_forget`): any identity can send us a frame at no cost. Four
+# rounds' worth of members: a group's trainer peers fit, the reserved first.
+PEERS = 4 * MAX_MEMBERS
 
 
 class Phase(enum.StrEnum):
@@ -179,9 +192,11 @@ class DilocoRole(DilocoServing, CatchingUp):
         self.inner: InnerTrainer | None = None
         self.state: GlobalState | None = None  # replaced whole after each outer step, never mutated
         self.outer: OuterOptimizer | None = None
+        # bounded by `_forget`: trainer peers of our table, and the members of the last round, only
         self.suspects: set[str] = set()  # failed us lately: joins do not wait for them
         self.heard: set[str] = set()  # trainer peers that sent us anything on the diloco channel
-        self.joins: dict[int, dict[str, Join]] = {}
+        self.joins: dict[int, dict[str, Join]] = {}  # Joins of the next round read early (`_keep_join`)
+        self.turned_away: dict[int, set[str]] = {}  # and the trainer peers among their senders it had no room for
         self.early_parts: list[tuple[str, Part]] = []
         self.history: list[dict[str, Any]] = []
         self.fetched: list[dict[str, Any]] = []
@@ -280,7 +295,7 @@ class DilocoRole(DilocoServing, CatchingUp):
         })
         for peer, version in list(self.state_askers.items()):
             if new_state.round >= version:  # its state is in this version: wait for its Join from now on
-                self.heard.add(peer)
+                self._note_heard(peer)
                 del self.state_askers[peer]
         background.start_soon(self._checkpoint, new_state)
         if self.config.publish:
@@ -290,13 +305,8 @@ class DilocoRole(DilocoServing, CatchingUp):
                       sends: trio.Nursery) -> tuple[str, ...]:
         """The members of this round: decided here when we lead, else told by the leader."""
         me = self.node.peer_id
-        # the peers whose Joins always find room, however many identities Join (`room_for`): those
-        # the inbox keeps places for (the last round's members; a closed group's trainers)
-        membership = Membership(me, round, weights_digest, trio.current_time(), self.config.deadline_s,
-                                self.inbox.reserved)
-        for sender, join in self.joins.pop(round, {}).items():
-            membership.receive(sender, join)
-        self.joins = {r: j for r, j in self.joins.items() if r > round}
+        self._forget()
+        membership = self._membership(round, weights_digest, self._known_trainers())
         delivered: dict[str, frozenset[str]] = {}  # peer -> the peers our Join to it named
         invited = self._known_trainers()  # whom we wait for; grows during the round, never shrinks
         if self.history:  # a newcomer is waited for once it spoke to us (a state fetch, a Join)
@@ -308,9 +318,12 @@ class DilocoRole(DilocoServing, CatchingUp):
             # a peer some member waits for (named in its Join), or whose Join reached us, is one we
             # wait for too: every member then picks its leader from the same peers. Else a joiner
             # only its state's source waits for could lead there and not here, and split the round.
-            invited |= membership.named & self._known_trainers()
+            trainers = self._known_trainers()
+            invited |= membership.named & trainers
             membership.expect(invited, self.suspects)
-            alive = frozenset(invited - self.suspects)  # what our Join names: not the peers we take for dead
+            # what our Join names: not the peers we take for dead; of more than a Join names (a flood of
+            # trainer peers, whose heartbeats cost nothing), the lowest ids: the ones that lead first
+            alive = frozenset(sorted(invited - self.suspects)[:MAX_MEMBERS])
             for peer in sorted(invited):  # (re)send when not delivered yet or when a peer failed us since
                 if delivered.get(peer) != alive:
                     delivered[peer] = alive
@@ -332,7 +345,7 @@ class DilocoRole(DilocoServing, CatchingUp):
                     return self._check_members(round, members, reference, weights_digest, me)
             elif now >= leader_deadline:
                 log.info("diloco: no members from leader %s for round %d", leader, round)
-                self.suspects.add(leader)
+                self._suspect(leader)
                 leader_deadline = now + 2 * self.config.deadline_s
                 continue
             wake = membership.deadline_at if leader == me else leader_deadline
@@ -340,17 +353,32 @@ class DilocoRole(DilocoServing, CatchingUp):
             if event is None:
                 continue
             if isinstance(event, PeerFailed):
-                self.suspects.add(event.peer)
+                self._suspect(event.peer)
                 continue
             sender, body = event.peer, event.body
             if isinstance(body, (Join, Members)) and body.round > round:
                 raise _Behind(sender)
             elif isinstance(body, Join) and body.round == round:
-                membership.receive(sender, body)
+                membership.receive(sender, body, trainers)
             elif isinstance(body, Members) and body.round == round:
                 return self._check_members(round, body.members, body.weights_digest, weights_digest, sender)
             elif isinstance(body, Part) and body.round == round and len(self.early_parts) < INBOX * 4:
                 self.early_parts.append((sender, body))
+
+    def _membership(self, round: int, weights_digest: bytes, trainers: set[str]) -> Membership:
+        """The round's `Membership`, with the Joins of it read during the last round's all-reduce
+        (`_keep_join`): those kept, then the trainer peers among the senders it had no room for."""
+        # the peers whose Joins always find room, however many identities Join (`room_for`): those
+        # the inbox keeps places for (the last round's members; a closed group's trainers)
+        membership = Membership(self.node.peer_id, round, weights_digest, trio.current_time(),
+                                self.config.deadline_s, self.inbox.reserved)
+        for sender, join in self.joins.pop(round, {}).items():
+            membership.receive(sender, join, trainers)
+        for sender in sorted(self.turned_away.pop(round, set())):
+            membership.turned_away(sender, trainers)
+        self.joins = {r: j for r, j in self.joins.items() if r > round}
+        self.turned_away = {r: s for r, s in self.turned_away.items() if r > round}
+        return membership
 
     def _check_members(self, round: int, members: tuple[str, ...], reference: bytes, ours: bytes,
                        source: str) -> tuple[str, ...]:
@@ -371,6 +399,7 @@ class DilocoRole(DilocoServing, CatchingUp):
     async def _all_reduce(self, round: int, members: tuple[str, ...], pseudo: torch.Tensor, links: Links,
                           sends: trio.Nursery) -> Finished:
         core = AllReduce(self.node.peer_id, round, members, pseudo, self.reduce_config)
+        trainers = self._known_trainers()  # whose Joins of the next round we had no room for are remembered
         effects = core.start(trio.current_time())
         for sender, part in self.early_parts:
             effects += core.receive(trio.current_time(), sender, part)
@@ -378,7 +407,7 @@ class DilocoRole(DilocoServing, CatchingUp):
         while True:
             for effect in effects:
                 if isinstance(effect, Finished):
-                    self.suspects |= core.dead
+                    self._suspect(*core.dead)
                     return effect
                 if isinstance(effect, Send):
                     sends.start_soon(links.send, effect.peer, effect.body)
@@ -399,28 +428,37 @@ class DilocoRole(DilocoServing, CatchingUp):
                 effects = core.receive(now, sender, body)
             else:
                 if isinstance(body, Join) and body.round == round + 1:
-                    self._keep_join(sender, body)
+                    self._keep_join(sender, body, trainers)
                 effects = core.tick(now)
 
-    def _keep_join(self, sender: str, join: Join) -> None:
+    def _keep_join(self, sender: str, join: Join, trainers: Collection[str] = frozenset()) -> None:
         """A Join of the next round, read during our all-reduce, kept for the next `_decide`. Only
         the next round's: an honest peer that ended this round before us sends those; one further
         ahead means we are behind, which the next round's Joins show us again (`_Behind`; a peer
         ahead answers our Join with its own). At most `MAX_MEMBERS` senders, this round's members
-        (reserved: `_reserve`) first, as `Membership` takes them (`room_for`)."""
+        (reserved: `_reserve`) first, as `Membership` takes them (`room_for`). A sender turned
+        away, or replaced, that is one of `trainers` (of our table) is remembered
+        (`turned_away`), as `Membership` remembers one: it counts for the leader choice, and is
+        not waited for (it sends its Join once; another member may hold it)."""
         kept = self.joins.setdefault(join.round, {})
         admitted, replaced = room_for(kept, sender, self.inbox.reserved | {self.node.peer_id})
+        refused = self.turned_away.setdefault(join.round, set())
         if replaced is not None:
             del kept[replaced]
+            if replaced in trainers:
+                refused.add(replaced)
         if admitted:
             kept[sender] = join
+            refused.discard(sender)
+        elif sender in trainers:
+            refused.add(sender)
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:
         with trio.move_on_at(deadline):
             event = await self.inbox.receive()  # the group's frames first (`trainer.diloco_inbox`)
             if isinstance(event, Received):
                 self.suspects.discard(event.peer)
-                self.heard.add(event.peer)
+                self._note_heard(event.peer)
             return event
         return None
 
@@ -435,6 +473,44 @@ class DilocoRole(DilocoServing, CatchingUp):
         return {e.peer_id for e in table.with_role("diloco")
                 if e.peer_id != self.node.peer_id and e.data_addr and not table.is_banned(e.peer_id, now)
                 and (not allowed or e.peer_id in allowed)}
+
+    def _note_heard(self, peer: str) -> None:
+        """`peer` spoke to us on the diloco channel (a frame, a state fetch): after our first round,
+        only such peers are waited for on our own account. Bounded (`_forget`) as it grows."""
+        self.heard.add(peer)
+        if len(self.heard) > PEERS:
+            self._forget()
+
+    def _suspect(self, *peers: str) -> None:
+        """`peers` failed us (a send, a deadline): joins do not wait for them until they speak.
+        Bounded (`_forget`) as it grows: a round's Members and contributions go to peers that
+        need not be in our table (any identity's Join makes it one we send Members to), and any
+        identity's contribution of other members makes it one of the reduction's dead."""
+        self.suspects.update(peers)
+        if len(self.suspects) > PEERS:
+            self._forget()
+
+    def _forget(self) -> None:
+        """Bound `heard` and `suspects`, at the start of each round and whenever one outgrows
+        `PEERS`: in an open group any identity can send us a frame or fail us at no cost, and
+        both would otherwise grow with every identity a long run meets. Kept: the trainer peers of
+        our table (only they are invited, waited for, or leaders: `_known_trainers`) and the
+        members of the last round we took part in (`inbox.reserved`). A peer that left our table
+        is not invited, whatever these say: forgetting it changes nothing until it is back (then
+        it is waited for once it speaks, as a newcomer). Of more than `PEERS` heard (a flood of
+        trainer peers in our table), the reserved and `PEERS // 2` of the others, whichever
+        (half: one that keeps it full then costs a pass over the table every `PEERS // 2`
+        frames, not at each); one forgotten is waited for again once it speaks, a member names
+        it or its Join reaches us. Suspects of our table are all kept, bounded by it as
+        `Membership.refused` is: one forgotten would be a leader again while silent, a leader
+        timeout more each time, and past `PEERS` silent leaders of lower ids than ours (a
+        heartbeat and a Join each) every member would go round them for ever, never leading."""
+        reserved = self.inbox.reserved
+        keep = self._known_trainers() | reserved
+        self.suspects.intersection_update(keep)
+        self.heard.intersection_update(keep)
+        if len(self.heard) > PEERS:
+            self.heard.difference_update(list(self.heard - reserved)[PEERS // 2:])
 
     def _reserve(self, members: tuple[str, ...]) -> None:
         """The round's inbox keeps places for `members` from now on, until the next round we take

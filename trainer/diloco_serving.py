@@ -17,9 +17,10 @@ connection's frames are taken in order (`_serve`: a connection that stalls, or i
   carries the outer state (`trainer.diloco_join`), or a refusal.
 
 These methods read the role's `node`, `config`, `state` and `history`; they add to `heard` (a
-peer that asked for our state), put frames into the round's inbox (`inbox`: the role says whose
-places it keeps), and, on the publisher, keep the offers (`outer_state_versions`, `state_askers`,
-`granted_at`). They call the role's `_member_of_group(peer)` and `_known_trainers()`, and hand
+peer that asked for our state, through the role's `_note_heard`, which keeps it bounded), put
+frames into the round's inbox (`inbox`: the role says whose places it keeps), and, on the
+publisher, keep the offers (`outer_state_versions`, `state_askers`, `granted_at`). They call the
+role's `_member_of_group(peer)`, `_known_trainers()` and `_note_heard(peer)`, and hand
 the role itself to `trainer.diloco_links.open_links` (`_tell_ahead`). Their log lines go to the
 role's logger. They must not decide rounds or members (`trainer.diloco_role`, `trainer.allreduce`).
 """
@@ -88,6 +89,7 @@ class DilocoServing:
     if TYPE_CHECKING:  # what these call on the role (`trainer.diloco_role.DilocoRole`)
         def _known_trainers(self) -> set[str]: ...
         def _member_of_group(self, peer: str) -> None: ...
+        def _note_heard(self, peer: str) -> None: ...
 
     async def _serve(self, stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
         """One peer's connection to our diloco channel: its frames, in order. Each connection
@@ -167,7 +169,7 @@ class DilocoServing:
             if self.state is None:  # our model still loads (`run` registers the channel first): no one's fault
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
                 return False  # the joiner asks again, or another trainer peer
-            self.heard.add(peer)
+            self._note_heard(peer)
             await self._send_state(stream, peer)
         elif isinstance(body, StateWanted):
             # its heartbeat may be on its way to us

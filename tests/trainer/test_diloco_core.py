@@ -14,6 +14,7 @@ import torch
 import trio
 import trio.testing
 
+import trainer.diloco_role as diloco_role
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
                             max_quantization_error, pack, packed_bytes, unpack)
@@ -294,6 +295,80 @@ def test_a_leader_flooded_with_joins_decides_at_most_max_members_and_keeps_its_g
         Membership("g0", 7, same, now=0.0, deadline_s=10.0, keep=strangers[:MAX_MEMBERS])
 
 
+def _own_digest(peer: str) -> bytes:
+    """Weights of a stranger's own: no two the same, so the strangers outvote no one."""
+    return peer.encode().ljust(16, b".")
+
+
+def _leader_as_the_shell_sees_it(m: Membership, own: set[str], trainers: set[str], suspects: set[str]) -> str:
+    """What `DilocoRole._decide` computes at each event: whom it invites (its own peers, and the
+    trainer peers of its table that the Joins name or sent), then the leader among them."""
+    invited = own | (m.named & trainers)
+    m.expect(invited, suspects)
+    return m.leader(own, invited, suspects)
+
+
+def test_two_members_flooded_with_joins_in_other_orders_pick_the_same_leader():
+    """300 identities, more than a round holds, Join the round of two members of the last round,
+    g1 and g2, all of them trainer peers of both tables (a heartbeat claims the role at no cost)
+    and all with lower ids. Each member holds the Joins that came to it first: g1 got them in one
+    order, g2 in the other, so each holds strangers the other turned away. The leader is picked
+    from the senders whose Joins reached a member, held or turned away, so both pick the same
+    one (before, g1 took the lowest it held and g2 the lowest it held: two leaders, and with
+    both deciding, two Members lists, the round's members split between them), then the same
+    next one as each is taken for dead, and, with every stranger dead, g1. What a member keeps
+    of the Joins it turned away stays within its table's trainer peers."""
+    same = b"a" * 16
+    group = {"g1", "g2"}
+    strangers = [f"e{i:03d}" for i in range(300)]  # 'e' < 'g': every stranger has a lower id
+    trainers = group | set(strangers)
+    at: dict[str, Membership] = {}
+    for me, order in (("g1", strangers), ("g2", strangers[::-1])):
+        m = at[me] = Membership(me, 7, same, now=0.0, deadline_s=10.0, keep=group)
+        for p in order:
+            m.receive(p, Join(7, _own_digest(p), ()), trainers)
+        (other,) = group - {me}
+        assert m.receive(other, Join(7, same, tuple(sorted(group))), trainers)  # replaces a stranger
+        assert len(m.joins) == MAX_MEMBERS
+    assert set(at["g1"].joins) != set(at["g2"].joins)  # each holds strangers the other turned away
+    assert "e000" in at["g1"].joins and "e000" not in at["g2"].joins
+    own = {"g1": {"g2"}, "g2": {"g1"}}
+    suspects: set[str] = set()
+    for dead in strangers:
+        leaders = {me: _leader_as_the_shell_sees_it(m, own[me], trainers, suspects) for me, m in at.items()}
+        assert leaders == {"g1": dead, "g2": dead}
+        suspects.add(dead)  # it never sends Members: each member takes it for dead in turn
+    assert {me: _leader_as_the_shell_sees_it(m, own[me], trainers, suspects) for me, m in at.items()} == {
+        "g1": "g1", "g2": "g1"}
+    # strangers that no table lists as trainer peers lead nowhere, and are not kept
+    m = Membership("g1", 7, same, now=0.0, deadline_s=10.0, keep=group)
+    for p in strangers:
+        m.receive(p, Join(7, _own_digest(p), ()), group)
+    assert m.refused == set() and _leader_as_the_shell_sees_it(m, {"g2"}, group, set()) == "g1"
+
+
+def test_a_leader_does_not_wait_for_a_trainer_peer_whose_join_it_turned_away():
+    """The leader g1 waits for g2 and for a newcomer, n, that fetched the state from it (both on
+    its own account). 300 trainer peers' Joins fill the places a round has before n's comes: n's
+    is turned away (n sits the round out). Once g2 joined the round is decided, not at the join
+    deadline (before, the leader waited for n's Join, which it had already turned away, until
+    then), and n still counts for the leader choice (its id is higher: g1 leads)."""
+    same = b"a" * 16
+    group = {"g1", "g2"}
+    strangers = [f"s{i:03d}" for i in range(300)]
+    trainers = group | set(strangers) | {"n"}
+    m = Membership("g1", 7, same, now=0.0, deadline_s=10.0, keep=group)
+    own = {"g2", "n"}
+    for p in strangers:
+        m.receive(p, Join(7, _own_digest(p), ()), trainers)
+    assert _leader_as_the_shell_sees_it(m, own, trainers, set()) == "g1" and m.decided(1.0) is None  # g2's to come
+    assert not m.receive("n", Join(7, same, ("g1", "g2")), trainers)
+    assert m.receive("g2", Join(7, same, ("g1", "n")), trainers)
+    assert _leader_as_the_shell_sees_it(m, own, trainers, set()) == "g1"
+    members, reference = m.decided(1.0)
+    assert reference == same and members == ("g1", "g2") and "n" in m.refused
+
+
 def test_global_state_is_written_atomically_and_read_back(tmp_path):
     from trainer.diloco_local import STATE_FILE, GlobalState, read_state, write_state
 
@@ -358,24 +433,27 @@ DEADLINE_S, DIGEST = 10.0, b"w" * 16
 FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
-def _decide(script) -> dict:
-    """Run the role's real `_decide` for round 1 at ME (FIRST < SECOND < ME known as trainers)
-    on a mock clock; `script` is [(time, event)] put in its inbox. What it returned, whom it
-    suspects, and when."""
+def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None) -> dict:
+    """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
+    SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
+    inbox, and what it sends goes into `sent`. What it returned, whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
+            if sent is not None:
+                sent.append(body)
             return True
 
     out = {}
 
     async def main():
         role = DilocoRole.__new__(DilocoRole)
-        entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in (FIRST, SECOND)]
+        entries = [SimpleNamespace(peer_id=p, data_addr="127.0.0.1:1") for p in trainers]
         role.node = SimpleNamespace(peer_id=ME, peertable=SimpleNamespace(
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
         role.inbox = RoundInbox()
         role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
+        role.turned_away = {}
 
         async def world():
             for at, event in script:
@@ -384,7 +462,8 @@ def _decide(script) -> dict:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world)
-            out["members"] = await role._decide(1, DIGEST, Links(), nursery)
+            with trio.fail_after(within_s):
+                out["members"] = await role._decide(1, DIGEST, Links(), nursery)
             out["suspects"] = set(role.suspects)
             out["t"] = trio.current_time()
             nursery.cancel_scope.cancel()
@@ -412,6 +491,30 @@ def test_a_leader_that_comes_back_gets_no_new_time():
                    (3.3 * DEADLINE_S, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
     assert out["suspects"] == {FIRST}  # suspected at 3 x deadline, not given until 3.5 x
     assert out["t"] == pytest.approx(3.3 * DEADLINE_S)
+
+
+def test_more_silent_leaders_than_peers_kept_each_hold_a_round_once(monkeypatch):
+    """Twice `PEERS` trainer peers of our table (heartbeats cost nothing) have lower ids than ours
+    and never send a Members: each leads in turn and is taken for dead at its leader timeout. Our
+    suspicions of them all stand until each speaks: once the last is suspected we lead (alone:
+    no other peer is left alive), within a leader timeout each. Before, past `PEERS` suspects
+    half were forgotten, whichever, and led again: the round never ended."""
+    monkeypatch.setattr(diloco_role, "PEERS", 4)
+    silent = tuple(f"a_silent{i}" for i in range(8))
+    out = _decide([], trainers=silent, within_s=(len(silent) + 1) * 2 * DEADLINE_S)
+    assert out["members"] == (ME,) and out["suspects"] == set(silent)
+
+
+def test_more_trainer_peers_than_a_join_names_are_waited_for_and_named_lowest_first():
+    """More trainer peers of our table than a Join names (`MAX_MEMBERS`; heartbeats cost nothing)
+    with lower ids than ours never send a Members: our Join to each names the lowest of those we
+    take alive, the ones that lead first, and we lead once all are taken for dead. Before, the
+    Join naming them all could not be built and the round died with a ValueError."""
+    silent = tuple(f"a_silent{i:03d}" for i in range(MAX_MEMBERS + 8))
+    joins: list[Join] = []
+    out = _decide([], trainers=silent, within_s=(len(silent) + 1) * 2 * DEADLINE_S, sent=joins)
+    assert out["members"] == (ME,) and out["suspects"] == set(silent)
+    assert joins[0].known == silent[:MAX_MEMBERS] and {j.known[0] for j in joins if j.known} == set(silent)
 
 
 def test_phase_and_join_path_read_as_their_text_wherever_they_are_shown():

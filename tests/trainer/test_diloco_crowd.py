@@ -5,9 +5,11 @@ real connections by hundreds of fresh identities.
 
 A round holds at most `MAX_MEMBERS` (what a Members lists): the leader decides no more, the
 last round's members first (`trainer.allreduce.room_for`), and keeps at most that many Joins of
-the next round it reads during its all-reduce, of the next round only. No timing asserts: the
-waits are for events, bounded by a slack that scales with the frames sent; a round's deadline is
-far above what its work needs.
+the next round it reads during its all-reduce, of the next round only. A trainer peer whose Join
+it turned away is not waited for (`Membership.refused`), and what the role remembers of the
+identities that spoke to it or failed it (`heard`, `suspects`) stays bounded (`_forget`). No timing
+asserts: the waits are for events, bounded by a slack that scales with the frames sent; a round's
+deadline is far above what its work needs.
 """
 
 from __future__ import annotations
@@ -19,15 +21,22 @@ from typing import Any
 
 import trio
 
-from p2pnet.dataplane import open_data_stream, send_frame
+import pytest
+
+import trainer.diloco_role as diloco_role
+from p2pnet.dataplane import DataPlane, FrameReader, open_data_stream, send_frame
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
+from tests.trainer.test_diloco_core import _leader_as_the_shell_sees_it
 from tests.trainer.test_diloco_inbox import SLACK_S, Trainer, _a_round, _noting_reads, _started
+from trainer.allreduce import Membership
 from trainer.diloco import digest
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import Received
-from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join
+from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Part, StatePiece,
+                                     StateRequest)
 from trainer.diloco_role import DilocoRole, Phase
+from trainer.diloco_serving import MAX_FRAME_BYTES
 
 CROWD = [Identity.from_seed_text(f"diloco crowd {i}") for i in range(300)]  # more than a round holds
 SEED = 43
@@ -60,6 +69,32 @@ async def _round_together(lead: Trainer, other: Trainer, nursery: trio.Nursery, 
         rounds.start_soon(_a_round, other, nursery, done)
 
 
+async def _paired(nursery: trio.Nursery) -> tuple[Trainer, Trainer, list[str], list[str]]:
+    """Two trainers, the round's leader (the lowest id) first, that averaged round 2 together; the
+    list their rounds' ends go into, and their ids. Their deadline is far above what the rounds'
+    work needs."""
+    deadline_s = 6 * SLACK_S
+    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
+    await _started(nursery, lead, other)
+    done: list[str] = []
+    await _round_together(lead, other, nursery, done)
+    return lead, other, done, sorted([lead.peer_id, other.peer_id])
+
+
+def _held_back(other: Trainer) -> tuple[trio.Event, trio.Event, Any]:
+    """`other`'s next all-reduce starts once `release` is set; `decided` is set when the leader's
+    Members reached it (the leader is in its all-reduce). Its own `_all_reduce`, to put back."""
+    decided, release = trio.Event(), trio.Event()
+    all_reduce = other.role._all_reduce
+
+    async def held_back(*args: Any) -> Any:
+        decided.set()
+        await release.wait()
+        return await all_reduce(*args)
+    other.role._all_reduce = held_back
+    return decided, release, all_reduce
+
+
 async def test_a_leader_joined_by_300_fresh_identities_decides_at_most_max_members_its_group_in(
         nursery: trio.Nursery) -> None:
     """Two trainers average round 2. In round 3 the leader reads a Join from each of 300 fresh
@@ -67,12 +102,7 @@ async def test_a_leader_joined_by_300_fresh_identities_decides_at_most_max_membe
     building a Members of 302), at most `MAX_MEMBERS` members with both trainers among them; the
     strangers it takes never send their parts and are taken for dead, and both trainers end the
     round on the same weights."""
-    deadline_s = 6 * SLACK_S  # far above what the rounds' work needs
-    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
-    await _started(nursery, lead, other)
-    done: list[str] = []
-    await _round_together(lead, other, nursery, done)
-    pair = sorted([lead.peer_id, other.peer_id])
+    lead, other, done, pair = await _paired(nursery)
     assert lead.role.history[-1]["members"] == pair
 
     same = digest(lead.role.state.weights)  # round 3's: what the leader's partner joins with
@@ -98,21 +128,9 @@ async def test_joins_of_later_rounds_read_during_an_all_reduce_are_kept_bounded(
     those of round 4 only (what an honest peer that ended round 3 first sends; one further ahead
     means we are behind, which the next round shows us again), of at most `MAX_MEMBERS` senders.
     Round 4 then completes with the two trainers: its partner's Join finds room among the kept."""
-    deadline_s = 6 * SLACK_S
-    lead, other = _leader_first(Trainer("a", 2, deadline_s), Trainer("b", 2, deadline_s))
-    await _started(nursery, lead, other)
-    done: list[str] = []
-    await _round_together(lead, other, nursery, done)
-    pair = sorted([lead.peer_id, other.peer_id])
+    lead, other, done, pair = await _paired(nursery)
 
-    decided, release = trio.Event(), trio.Event()
-    all_reduce = other.role._all_reduce
-
-    async def held_back(*args: Any) -> Any:  # the partner's contributions come once the crowd's Joins are read
-        decided.set()  # the leader's Members reached it: the leader is in its all-reduce
-        await release.wait()
-        return await all_reduce(*args)
-    other.role._all_reduce = held_back
+    decided, release, all_reduce = _held_back(other)  # the partner's contributions: once the crowd's frames are read
     rng = random.Random(SEED)
     frames = [(who, Join(4, rng.randbytes(16), ())) for who in CROWD]
     frames += [(who, Join(5 + i, rng.randbytes(16), ())) for i, who in enumerate(CROWD[:40])]
@@ -151,7 +169,7 @@ def test_a_members_join_of_the_next_round_is_kept_however_many_strangers_came_fi
     role.node = SimpleNamespace(peer_id=me)
     role.inbox = RoundInbox()
     role.inbox.reserve((me, member))  # this round's members (`_reserve`)
-    role.joins = {}
+    role.joins, role.turned_away = {}, {}
     for who in CROWD:
         role._keep_join(who.peer_id, Join(4, b"s" * 16, ()))
     kept = [who.peer_id for who in CROWD[:MAX_MEMBERS]]
@@ -160,3 +178,167 @@ def test_a_members_join_of_the_next_round_is_kept_however_many_strangers_came_fi
     assert list(role.joins[4]) == kept[:-1] + [member]
     role._keep_join(CROWD[-1].peer_id, Join(4, b"s" * 16, ()))
     assert list(role.joins[4]) == kept[:-1] + [member]
+
+
+async def _sink(nursery: trio.Nursery, who: Identity) -> str:
+    """A data plane of `who` that takes every frame sent to its diloco channel and answers none:
+    a trainer peer we can send to (never a suspect for a failed send) that never leads."""
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(who), self_id=who.peer_id, admit=lambda peer: None)
+
+    async def take(stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
+        while await reader.frame() is not None:
+            pass
+    plane.register(CHANNEL, take)
+    return await nursery.start(plane.serve)
+
+
+async def _fetch_state(source: Trainer, who: Identity) -> StatePiece:
+    """`who` fetches `source`'s global state (a direct join): one piece, the whole state here."""
+    codec = Codec(who)
+    stream = await open_data_stream(source.address, CHANNEL, codec=codec, peer=source.peer_id)
+    async with stream:
+        await send_frame(stream, codec.encode(StateRequest(0), time.time()))
+        with trio.fail_after(SLACK_S):
+            frame = await FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES).frame()
+    assert frame is not None
+    piece = codec.decode(frame, time.time()).body
+    assert isinstance(piece, StatePiece) and piece.offset + piece.length == piece.total
+    return piece
+
+
+async def test_a_newcomer_whose_join_the_flooded_leader_turned_away_does_not_hold_the_round(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two trainers average round 2. A newcomer, a trainer peer of both tables with a higher id,
+    fetches the leader's state: the leader waits for its Join from then on. In round 3, 300
+    fresh identities Join first, each on weights of its own, and fill the places the round has:
+    the newcomer's Join, on the round's weights, is turned away (it sits the round out). The
+    leader decides as soon as its partner's Join is in, not at the join deadline (before, it
+    waited for the newcomer's Join, already turned away, until then), and both trainers end the
+    round on the same weights, the newcomer no member."""
+    decisions: list[bool] = []  # each decision of a round: taken with every Join it waits for in?
+    decided = Membership.decided
+
+    def noting(self: Membership, now: float) -> Any:
+        result = decided(self, now)
+        if result is not None and self.round == 3:
+            decisions.append(self.expected <= set(self.joins))
+        return result
+    monkeypatch.setattr(Membership, "decided", noting)
+    lead, other, done, pair = await _paired(nursery)
+
+    newcomer = next(who for who in (Identity.from_seed_text(f"diloco newcomer {i}") for i in range(100))
+                    if who.peer_id > max(pair))  # it does not lead: the leader is the one that decides
+    entry = SimpleNamespace(peer_id=newcomer.peer_id, data_addr=await _sink(nursery, newcomer))
+    lead.entries.append(entry)
+    other.entries.append(entry)
+    piece = await _fetch_state(lead, newcomer)
+    assert piece.round == 3 and newcomer.peer_id in lead.role.heard  # waited for from now on
+
+    same = digest(lead.role.state.weights)
+    frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
+    frames.append((newcomer, Join(3, same, tuple(pair))))  # the last: no room left for it
+    read = _noting_reads(lead)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        await _send_each(lead, frames)
+        await _read_all(read, frames)
+        rounds.start_soon(_a_round, other, nursery, done)
+    assert decisions == [True]
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+    assert digest(lead.role.state.weights) == digest(other.role.state.weights) and lead.role.state.round == 4
+    nursery.cancel_scope.cancel()
+
+
+async def test_what_a_trainer_remembers_of_a_flood_of_identities_stays_bounded(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two trainers average round 2. During the leader's round 3, 300 fresh identities (more than
+    `PEERS`, made 16 here) each send it a Join of round 3 while it decides and a contribution of
+    other members while it averages: each spoke to it (`heard`), and each is a suspect (the
+    Members it sends those it holds the Joins of finds no address, a contribution of other
+    members makes its sender no member of this reduction). What it keeps of them stays within
+    `PEERS` (before, every identity ever met stayed in both), its partner is still heard and no
+    suspect, and the two trainers end rounds 3 and 4 on the same weights. A trainer peer of its
+    table that spoke to it and failed it is kept in both; once it left the table (no longer
+    heartbeating), round 4 forgets it as it begins, with the peers of the crowd left."""
+    monkeypatch.setattr(diloco_role, "PEERS", 16)
+    lead, other, done, pair = await _paired(nursery)
+
+    decided, release, all_reduce = _held_back(other)  # the partner's contributions: once the crowd's frames are read
+    # a trainer peer of the leader's table that we cannot reach: it Joins round 3 (spoke: heard)
+    # on weights of its own, our Join to it fails (a suspect); it then leaves the table
+    departed = Identity.from_seed_text("diloco departed")
+    lead.entries.append(SimpleNamespace(peer_id=departed.peer_id, data_addr="127.0.0.1:1"))
+    joins = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in [departed] + CROWD]
+    parts = [(who, Part(3, b"x" * 16, STAGE_CONTRIBUTION, 0, 16, 0, 16, "fp32", 4096, bytes(64), b"", ()))
+             for who in CROWD]
+    read = _noting_reads(lead)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        await _send_each(lead, joins)
+        await _read_all(read, joins)
+        assert len(lead.role.heard) <= 16
+        rounds.start_soon(_a_round, other, nursery, done)
+        with trio.fail_after(SLACK_S):
+            await decided.wait()
+        assert lead.role.phase == Phase.REDUCE
+        await _send_each(lead, parts)  # type: ignore[arg-type]
+        with trio.fail_after(SLACK_S * (1 + len(parts) / 50)):
+            while not {who.peer_id for who in CROWD} <= {e.peer for e in read[len(joins):] if isinstance(e, Received)
+                                                          and isinstance(e.body, Part)}:
+                await trio.sleep(0.01)
+        assert lead.role.phase == Phase.REDUCE  # all read during the all-reduce
+        release.set()
+    for trainer in (lead, other):
+        assert len(trainer.role.heard) <= 16 and len(trainer.role.suspects) <= 16
+    assert other.peer_id in lead.role.heard and other.peer_id not in lead.role.suspects
+    assert departed.peer_id in lead.role.heard and departed.peer_id in lead.role.suspects  # in the table: kept
+    lead.entries[:] = [e for e in lead.entries if e.peer_id != departed.peer_id]  # it stopped heartbeating
+    other.role._all_reduce = all_reduce
+    await _round_together(lead, other, nursery, done)  # round 4
+    assert [row["members"] for row in lead.role.history] == [pair, pair, pair]
+    assert [row["members"] for row in other.role.history] == [pair, pair, pair]
+    assert digest(lead.role.state.weights) == digest(other.role.state.weights) and lead.role.state.round == 5
+    # pruned as round 4 began: of the crowd and the departed peer, none of them in its table, nothing is left
+    assert lead.role.heard == {other.peer_id} and lead.role.suspects == set()
+    nursery.cancel_scope.cancel()
+
+
+async def test_members_that_kept_other_joins_of_the_next_round_pick_the_same_leader() -> None:
+    """During their all-reduce of round 3, the two members g1 and g2 read Joins of round 4 from
+    300 trainer peers of their tables, all with lower ids, in other orders (`_keep_join`): each
+    keeps those that came first, then its partner's. Round 4's `Membership` (`_membership`)
+    counts the trainer peers each turned away for the leader choice, as it counts a Join it turns
+    away itself: both pick the same leader (before, each the lowest it kept: two leaders), and
+    neither waits for a peer it turned away), then the same next one as each is taken for dead
+    (a kept Join a partner's replaced is remembered too), and, with every stranger dead, g1.
+    What is remembered is for round 4 only."""
+    same = b"a" * 16
+    group = ("g1", "g2")
+    strangers = [f"e{i:03d}" for i in range(300)]  # lower ids than the group's
+    trainers = set(group) | set(strangers)
+    leaders, held, at = {}, {}, {}
+    for me, order in (("g1", strangers), ("g2", strangers[::-1])):
+        role = object.__new__(DilocoRole)
+        role.node = SimpleNamespace(peer_id=me)
+        role.config = SimpleNamespace(deadline_s=10.0)
+        role.inbox = RoundInbox()
+        role.inbox.reserve(group)  # round 3's members (`_reserve`)
+        role.joins, role.turned_away = {}, {}
+        for p in order:
+            role._keep_join(p, Join(4, p.encode().ljust(16, b"."), ()), trainers)
+        (other,) = set(group) - {me}
+        role._keep_join(other, Join(4, same, group), trainers)
+        m = role._membership(4, same, trainers)
+        assert role.joins == {} and role.turned_away == {}
+        held[me], at[me] = set(m.joins), m
+        leaders[me] = _leader_as_the_shell_sees_it(m, {other}, trainers, set())
+        assert m.decided(m.deadline_at - 1.0) is not None  # every peer it waits for is in: none turned away
+    assert held["g1"] != held["g2"] and leaders == {"g1": "e000", "g2": "e000"}
+    suspects: set[str] = set()
+    for dead in strangers:
+        assert {me: _leader_as_the_shell_sees_it(m, set(group) - {me}, trainers, suspects)
+                for me, m in at.items()} == {"g1": dead, "g2": dead}
+        suspects.add(dead)  # it never sends Members: each member takes it for dead in turn
+    assert {_leader_as_the_shell_sees_it(m, set(group) - {me}, trainers, suspects) for me, m in at.items()} == {"g1"}

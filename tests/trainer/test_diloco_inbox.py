@@ -220,6 +220,7 @@ class Trainer:
                                      load=lambda weights: None, eval_loss=lambda: 0.0)
         role.inbox = RoundInbox()  # an open group: nobody reserved until a round is decided
         role.suspects, role.heard, role.joins, role.early_parts = set(), set(), {}, []
+        role.turned_away = {}
         role.history, role.rejected, role.state_askers, role.granted_at = [], {}, {}, {}
         role.outer_state_versions, role.phase = set(), Phase.STARTING
         role._checkpoint = self._no_checkpoint
