@@ -33,7 +33,9 @@ makes it a member, and we take a round's Members from any sender, so one naming 
 weights makes whoever it lists the members we keep places for, instead of the real ones. A round
 holds at most `MAX_MEMBERS`, though many identities Join it: the peers we keep places for always
 find room among the Joins we hold (`Membership`, `room_for`), the rest go to other joiners first
-come, and a joiner left out sits the round out as any non-member does. Joins of the next round
+come. A joiner left out is not told so (no Members is sent to it): it waits out its leader's
+timeout, may then decide a round of its own with the Joins it holds, and is behind the group the
+round after, which it catches up on as any peer that missed a round does. Joins of the next round
 read during our all-reduce are kept for it, of the next round only and as many, the same peers
 first (`_keep_join`), and the trainer peers of our table among the senders it had no room for are
 remembered for it (`turned_away`), as `Membership` remembers those it turns away.
