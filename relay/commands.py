@@ -17,7 +17,8 @@ got, or that no trusted publisher's manifest for it has arrived.
 These methods read the role's `store`, `core`, `watcher` (when versions complete), `node` (the
 upload we advertise), `backoff`, `corrupt_chunks`, its upstreams (`_upstreams`), upload budget
 and meter (`_upload`, `_meter`) and its counters (`timeline`, `fetched_from`, `serving_now`,
-`served`, `bytes_served`, `_serving_window`); they call its `publish(...)`.
+`served`, `bytes_served`, `_serving_window`); they call its `publish(...)` and `store_hold(...)`
+(the store's hold, `relay.role_store`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class ControlCommands:
     _serving_window: tuple[float, float] | None
 
     if TYPE_CHECKING:  # what these call on the role (`relay.role.RelayRole`)
+        def store_hold(self, now: float) -> dict[str, object]: ...
+
         async def publish(self, paths: list[Path], model: str, version: int, previous_version: int = -1,
                           chunk_bytes: int | None = None, place: str = "link") -> SignedManifest: ...
 
@@ -152,7 +155,7 @@ class ControlCommands:
             upload_advertised_bps=self.node.peertable.local.capacity.upload_bps,
             serving_window_s=round(self._serving_window[1] - self._serving_window[0], 3) if self._serving_window else 0.0,
             corrupting_chunks=self.corrupt_chunks,
-            store_backoff=self.backoff.to_json(now),
+            store_backoff=self.store_hold(now),
         )
         return status
 

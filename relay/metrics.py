@@ -21,10 +21,11 @@ class RelayMetrics:
         self.node = node
 
     def unhealthy(self, role: Any) -> str | None:
-        backoff = role.backoff
-        if backoff.active:  # (between holds too: each new request waits on a probe of the store then)
-            cause = backoff.cause.value if backoff.cause is not None else "full or failing"
-            return f"chunk store {cause}: fetching backs off until it stores again"
+        hold = role.store_hold(0.0)  # (not its timing: only what it holds, and why)
+        if hold["backing_off"]:  # (between holds too: each new request waits on a probe of the store then)
+            cause = hold["cause"] or "full or failing"
+            alone = f" writing version {hold['version']}" if hold["version"] is not None else ""
+            return f"chunk store {cause}{alone}: fetching backs off until it stores again"
         return None
 
     def _by_role(self, per_peer: dict[str, int]) -> dict[str, float]:

@@ -302,13 +302,13 @@ def plan_broadcast(origin: str, origin_upload_bps: float, members: Membership, c
 def _plan_cached(origin: str, origin_upload_bps: float, members: Membership, chunk_count: int,
                  stripes: int, salt: bytes, stable: bool = False) -> StripePlan:
     uploads = members.planned
-    order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
+    order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], tiebreak(salt, p)))
     n = len(order)
     k = max(1, min(stripes, n, chunk_count)) if n and chunk_count else 1
     stable_now = stable and n >= 2 * STABLE_MIN_MEMBERS_PER_STRIPE and chunk_count > 0
     if stable_now:
         k = _stable_stripes(n, min(stripes, chunk_count), chunk_count)
-        home = {p: int.from_bytes(_tiebreak(salt, p), "big") % k for p in order}
+        home = {p: int.from_bytes(tiebreak(salt, p), "big") % k for p in order}
     else:
         home = _deal_home_stripes(order, uploads, k)
     parents: list[dict[str, str]] = []
@@ -349,7 +349,7 @@ def plan_tree(origin: str, members: Membership, chunk_count: int, fanout: int, s
 @lru_cache(maxsize=16)
 def _tree_cached(origin: str, members: Membership, chunk_count: int, fanout: int, salt: bytes) -> StripePlan:
     uploads = members.planned
-    order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], _tiebreak(salt, p)))
+    order = sorted((p for p in uploads if p != origin), key=lambda p: (-uploads[p], tiebreak(salt, p)))
     slots = {origin: fanout, **{p: fanout for p in order}}
     parent = _attach(origin, order, slots)
     home = {p: 0 for p in order}
@@ -369,7 +369,9 @@ def _stable_stripes(n: int, most: int, chunk_count: int) -> int:
     return k
 
 
-def _tiebreak(salt: bytes, peer: str) -> bytes:
+def tiebreak(salt: bytes, peer: str) -> bytes:
+    """`peer`'s place among equals, drawn by `salt` (rendezvous hashing): the same for everyone
+    with that salt, and not one a peer can pick its id to come first in, as it could by its id."""
     return blake3.blake3(salt + peer.encode()).digest(8)
 
 

@@ -22,7 +22,8 @@ it then (one lost meanwhile is a failed fetch, nobody's fault: `store_failed`), 
 counts a chunk the store dropped before the core heard of it. A store that is full (StoreFull,
 ENOSPC from a put or from a background flush), or whose disk fails (any other OSError, such as
 EIO), holds new requests (`StoreBackoff`: 1 s doubling to 60 s, one warning per hold; what
-started the hold, full or failing, is in the status and the health check), so a bad disk is not
+started the hold, full or failing, and the version a version's hold holds alone, are in the status
+and the health check: `store_hold`), so a bad disk is not
 fed chunks at network speed; while it backs off, a fetch is downloaded only if the store has room
 by then (a disk that fails that question holds on as failing), and the first chunk stored ends
 the backoff (when the error came from a put or an fsync, the first flush that succeeds: writes
@@ -262,6 +263,13 @@ class StoreSide:
             # nothing of it will come to end its hold, and an incomplete version is collected only
             # once a newer one is complete here: the disk took other writes
             await self._room_again()
+
+    def store_hold(self, now: float) -> dict[str, object]:
+        """The store's hold for `status()` (`store_backoff`) and `/healthz`: the backoff's state
+        (`StoreBackoff.to_json`) and the version it holds alone (`version`: a hold that version's
+        failing write began, `_failing`), None while it holds every version, or none."""
+        alone = self._failing.version if self.backoff.active and self._failing is not None else None
+        return {**self.backoff.to_json(now), "version": alone}
 
     def _held_for(self, version: int) -> bool:
         """Whether the store's hold (`backoff`, between its holds too) holds `version`'s requests:

@@ -30,7 +30,9 @@ holders if we are the origin; `collected` (garbage collection dropped a version)
 version and refuses it, and any older version we do not know, from then on.
 
 Candidates for a chunk of stripe s, in order: our parent in s, its ancestors up to the origin,
-then peers that announced `Holding` the whole version (fastest measured first). Announcing
+then peers that announced `Holding` the whole version (fastest measured first; those never
+measured in an order each relay draws for itself, `_choose_source`, so that no id can be made up
+to come first everywhere). Announcing
 `Holding`, learning holders and asking a holder of an unknown version for its manifest:
 `relay.announce` (mixed into the core).
 In the endgame (`relay.sources`) the fastest measured holder is asked before our parent, even
@@ -68,7 +70,7 @@ from relay.errors import ManifestRejected
 from relay.failures import FailureHandling
 from relay.manifest import SignedManifest, chunk_range
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HaveChunks, Holding, ManifestAnnounce
-from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
+from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree, tiebreak
 from relay.sources import SourceChoice
 from relay.swarm import SwarmVersion, neighbours, rotation
 from relay.swarm_transfer import SWARM, TIMER_HAVE, SwarmTransfer
@@ -675,14 +677,21 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         src.outstanding += 1
 
     def _choose_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
+        """Who to ask for chunk `index` of `stripe`: the first usable member of its chain, else the
+        fastest usable holder we measured, ties drawn per relay (`relay.planner.tiebreak`); None
+        when nobody is usable."""
         tried = v.tried.get(index, ())
         peer = self._first_usable(now, v.chains[stripe], tried)
         if peer is not None:
             return peer
         uploads = self._members.uploads  # a member with upload 0 cannot be dialled: never a source
         holders = [p for p in v.holders if p not in tried and self._usable(now, p) and uploads.get(p, 1.0) > 0]
-        if holders:
-            return max(holders, key=lambda p: (self._rates.get(p, 0.0), p))
+        if holders:  # the fastest we measured; among equals (all never measured, at first) our own
+            # draw, not the peer id, which made-up ids could be ground to win at every relay
+            rates = self._rates
+            best = max(rates.get(p, 0.0) for p in holders)
+            salt = f"{self.self_id}/holders".encode()
+            return max((p for p in holders if rates.get(p, 0.0) == best), key=lambda p: tiebreak(salt, p))
         return None
 
     def _first_usable(self, now: float, chain: list[str], tried: Any) -> str | None:

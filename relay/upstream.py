@@ -64,7 +64,10 @@ alone:
   version, never excluded (its requests settle at each answer, so no stall either); now its
   second such connection in a row fails as `unreachable`, two connections per `exclude_s`. An
   honest source that is behind answers `unavailable` and keeps the connection; only two idle
-  closes crossing our requests in a row, with no chunk between, fail so. A reset counts
+  closes crossing our requests in a row, with no chunk between, fail so, and "in a row" lasts
+  an exclusion at most: a carried-over connection that lived the core's `exclude_s` (behind for
+  that long, answering `unavailable`) carries over again, which a hostile source gets no more
+  from than the exclusion it would otherwise earn (still two connections per `exclude_s`). A reset counts
   because an honest source that closes with our request unread in its socket resets the
   connection (Linux sends RST, not FIN, when data is left unread); a killed source at an answer
   boundary looks the same on the wire either way, which is why the evidence is a new
@@ -137,6 +140,7 @@ class Upstream:
         self._written_at = 0.0  # when `_write` last wrote a request, or the connection opened
         self._heard_id = 0  # requests up to this id were written before the source's last bytes came
         self._carried = False  # requests were carried over to this connection, and no chunk came on it since
+        # (cleared when it lived `exclude_s` all the same: `_carry_over`)
         self._reader: FrameReader | None = None  # this connection's
 
     @property
@@ -213,8 +217,11 @@ class Upstream:
         first of those outstanding was written (not a frame's start: a protocol break, or a
         chunk cut short, comes after bytes). If so, those written go back ahead of the queue
         (`_again`) for a new connection; only once: not if this one carried some over and has
-        had no chunk since (an `unavailable` answer does not count: see the top)."""
+        had no chunk since (an `unavailable` answer does not count: see the top), unless it lived
+        the core's `exclude_s` (see the top)."""
         queued = self._receive.statistics().current_buffer_used
+        if self._carried and trio.current_time() - self._connected_at >= self.role.core.config.exclude_s:
+            self._carried = False  # it lived an exclusion's length: as many connections as excluding it allows
         if self._abandoned or self._carried or not (self._pending or queued):
             return False
         if any(rid <= self._heard_id for rid in self._pending) or (self._reader is not None and self._reader.buffered):

@@ -33,6 +33,8 @@ class FakeRole:
     def __init__(self, address: str) -> None:
         self.address = address
         self.config = RelayConfig()  # (its `idle_timeout_s`)
+        # (its core's `exclude_s`, as the role sets it: how long the once-only re-send rule lasts)
+        self.core = SimpleNamespace(config=SimpleNamespace(exclude_s=2 * self.config.stall_timeout_s))
         self.node = SimpleNamespace(peer_id=ME.peer_id, codec=Codec(ME), introduce=self._introduce)
         self.told: list[tuple] = []
         self.introduced: list[str] = []  # sources sent our heartbeat (`Node.introduce`)

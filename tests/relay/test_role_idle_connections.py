@@ -1,7 +1,8 @@
 """Idle data connections between a relay and its source, in virtual time (MockClock): an honest
 source that closes one as we ask again is not excluded, we close our idle ones before the source
-does, a source that is really gone is still found unreachable, and a hostile one that answers and
-closes each connection on our next requests gets two connections per exclusion.
+does, a source that is really gone is still found unreachable, a hostile one that answers and
+closes each connection on our next requests gets two connections per exclusion, and an honest one
+behind for longer than an exclusion is not excluded by an idle close at its end.
 
 The requester is the role of `Harness` (its real core, runner, dispatcher, store) fetching over
 its own upstreams (`relay.upstream.Upstream`, one per peer). The source is a second real role
@@ -304,3 +305,69 @@ async def test_a_source_that_answers_unavailable_and_closes_on_every_connection_
     assert len(source.wires) <= 2 * (elapsed_s // exclude_s + 1), (len(source.wires), source.answers)
     assert dropped and set(dropped) == {DropReason.UNREACHABLE}
     assert not h.complete(1)
+
+
+class BehindSource:
+    """An honest source that is behind for a long time: its first connection closes idle as our
+    first requests cross it (they are carried over), its second answers every request
+    `unavailable` until `behind_until` and then closes idle as our next request crosses it (read
+    `2 * LATENCY_S` or more after its last answer went out, as `ChurningSource` does), and from
+    its third on it serves the version (`SourcePeer`)."""
+
+    def __init__(self, peer: SourcePeer, behind_until: float) -> None:
+        self.peer = peer
+        self.behind_until = behind_until
+        self.answers = 0
+
+    async def connect(self, nursery: trio.Nursery) -> trio.abc.Stream:
+        if len(self.peer.wires) >= 2:
+            return await self.peer.connect(nursery)
+        wire = Wire(nursery)
+        self.peer.wires.append(wire)
+        nursery.start_soon(self._serve, wire.theirs, len(self.peer.wires) == 1)
+        return wire.ours
+
+    async def _serve(self, stream: trio.abc.Stream, first: bool) -> None:
+        answered_at: float | None = None
+        async with stream:
+            try:
+                reader = FrameReader(stream, max_frame_bytes=HELLO_MAX_BYTES)
+                while (frame := await reader.frame()) is not None:
+                    request, _ = _parse_request(frame)
+                    if first:
+                        return  # its idle close crossed our first requests
+                    crossed = answered_at is not None and trio.current_time() >= answered_at + 2 * LATENCY_S
+                    if crossed and trio.current_time() >= self.behind_until:
+                        return  # caught up, idle, and closing as our next request comes
+                    await send_frame(stream, ChunkResponse(request.request_id, STATUS_UNAVAILABLE, 0).pack())
+                    answered_at = trio.current_time()
+                    self.answers += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError, PeerUnavailable):
+                pass  # our upstream closed the connection
+
+
+async def test_a_source_behind_for_longer_than_an_exclusion_whose_idle_close_crosses_a_request_is_not_excluded(
+        tmp_path, clock, monkeypatch):
+    """Requests were carried over to a connection, on which the source, behind, answers only
+    `unavailable` for longer than `exclude_s`; then its idle close crosses our next request. The
+    once-only rule lasts an exclusion's length: the connection lived `exclude_s`, so the request
+    is asked again on a new connection, which serves the version, and nobody is excluded."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    peer = SourcePeer(h, idle_timeout_s=120.0)
+    exclude_s = h.role.core.config.exclude_s
+    source = BehindSource(peer, behind_until=trio.current_time() + 1.5 * exclude_s)
+    async with trio.open_nursery() as nursery:
+        failures = await start(h, peer, nursery, monkeypatch)
+
+        async def open_stream(name: str) -> trio.abc.Stream:
+            assert name == PUBLISHER.peer_id
+            return await source.connect(nursery)
+
+        h.role.open_stream = open_stream
+        await h.announce(1, chunks=CHUNKS)
+        await h.until(lambda: h.complete(1), 3 * exclude_s)
+        nursery.cancel_scope.cancel()
+
+    assert source.answers > 0 and len(peer.wires) == 3  # version 1 came on the third connection
+    assert peer.wires[1].closed_first_by() == "source"
+    assert {reason for _, _, reason in failures} <= {"unavailable"} and drops(h, PUBLISHER.peer_id) == []

@@ -2,7 +2,7 @@
 version fail with EIO (its files lie on bad sectors) while another version's are stored and
 flushed. Only the failing version's own chunk made durable (or the hold's own end, or the
 version's collection) ends the hold its failure started; the other version's flushes prove
-nothing about it.
+nothing about it. The status and the health check name the version a hold holds alone.
 
 The harness is `tests.relay.test_role_store_faults`'s: the role's real core, runner, dispatcher
 and store (batched fsyncs), the network replaced by `Source`, worker threads run inline.
@@ -15,6 +15,7 @@ import logging
 
 import trio
 
+from relay.metrics import RelayMetrics
 from tests.relay.test_role_store_faults import (  # noqa: F401 (fixtures)
     CHUNKS, Harness, clock, complete_on_disk, inline_threads, store_failing_warnings)
 
@@ -60,6 +61,9 @@ async def test_a_version_whose_writes_fail_is_held_alone_and_a_healthy_version_f
         await h.announce(1)
         await h.until(lambda: h.role.backoff.active, 30)
         assert holds_s(caplog) == ["1"] and "for version 1" in store_failing_warnings(caplog)[0]
+        hold = h.role.status()["store_backoff"]  # the status and the health check name the version held
+        assert hold["cause"] == "failing" and hold["version"] == 1, hold
+        assert "failing writing version 1" in RelayMetrics(h.node).unhealthy(h.role)
         second = await h.announce(2)
         await h.until(lambda: h.complete(2), 600)
         assert holds_s(caplog) == ["1"], holds_s(caplog)  # version 2 waited on no hold of version 1's
@@ -125,6 +129,9 @@ async def test_another_version_whose_writes_fail_inside_the_hold_makes_it_every_
         await h.until(lambda: h.role.backoff.active, 30)
         await h.announce(2)
         await h.until(lambda: any("inside the hold on version 1" in r.getMessage() for r in caplog.records), 30)
+        hold = h.role.status()["store_backoff"]  # every version's now: none named
+        assert hold["backing_off"] and hold["version"] is None, hold
+        assert "version" not in RelayMetrics(h.node).unhealthy(h.role)
         with trio.move_on_after(30):
             await trio.sleep_forever()
         holds = holds_s(caplog)

@@ -322,15 +322,39 @@ def test_a_holder_that_cannot_be_dialled_is_never_asked_for_chunks():
     """A peer behind NAT (upload 0 in the membership) may hold the whole version and say so;
     when the plan's source fails, chunks are asked of dialable holders only."""
     c = core()
-    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "zz-nat": 0.0, "open": 1e8})
+    behind_nat = [f"nat{i}" for i in range(8)]  # (unmeasured holders tie: our draw would pick one of them)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "open": 1e8, **dict.fromkeys(behind_nat, 0.0)})
     first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
     held = Holding((HeldVersion(1, SIGNED.manifest_id),))
-    c.on_message(0.1, envelope("zz-nat", held))  # sorts after "open": picked first if not filtered
-    c.on_message(0.1, envelope("open", held))
+    for holder in [*behind_nat, "open"]:
+        c.on_message(0.1, envelope(holder, held))
     asked = []
     for f in first:
         asked += fetches(c.fetch_failed(0.3, f.peer, f.version, f.index, FetchFailure.UNREACHABLE))
     assert asked and {f.peer for f in asked} == {"open"}
+
+
+def test_relays_with_different_ids_pick_different_unmeasured_holders_not_the_highest_id():
+    """When the plan's source fails, a chunk is asked of the fastest holder we measured; holders
+    never measured all tie, and among them each relay draws its own (a rendezvous hash of its id
+    and theirs). By peer id, every relay picked the same one, and an id ground to sort last won
+    the whole network's requests."""
+    holders = [f"h{i:02d}" for i in range(40)]
+    picked = {}
+    for me in ("me", "you", "them"):
+        c = core(me)
+        c.set_members(0.0, {PUBLISHER.peer_id: 1e9, me: 1e8})
+        first = fetches(c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame))))
+        held = Holding((HeldVersion(1, SIGNED.manifest_id),))
+        for holder in holders:
+            c.on_message(0.1, envelope(holder, held))
+        asked = []
+        for f in first:
+            asked += fetches(c.fetch_failed(0.3, f.peer, f.version, f.index, FetchFailure.UNREACHABLE))
+        assert asked and {f.peer for f in asked} <= set(holders)
+        picked[me] = {f.peer for f in asked}
+    assert len({frozenset(p) for p in picked.values()}) == 3, picked  # each relay its own draw
+    assert not all(max(holders) in p for p in picked.values()), picked
 
 
 def test_a_new_upload_figure_alone_does_not_replan_a_transfer_in_progress():
