@@ -254,18 +254,23 @@ class ChurningSource:
     async def connect(self, nursery: trio.Nursery) -> trio.abc.Stream:
         wire = Wire(nursery)
         self.wires.append(wire)
-        nursery.start_soon(self._serve, wire.theirs)
+        nursery.start_soon(self._serve, wire.theirs, len(self.wires))
         return wire.ours
 
-    async def _serve(self, stream: trio.abc.Stream) -> None:
+    def _closes_on(self, answered_at: float | None, n: int) -> bool:
+        """Whether it closes its `n`th connection on the request it just read instead of answering
+        it: one written after our upstream heard its last answer (at `answered_at`)."""
+        return answered_at is not None and trio.current_time() >= answered_at + 2 * LATENCY_S
+
+    async def _serve(self, stream: trio.abc.Stream, n: int) -> None:
         answered_at: float | None = None
         async with stream:
             try:
                 reader = FrameReader(stream, max_frame_bytes=HELLO_MAX_BYTES)
                 while (frame := await reader.frame()) is not None:
                     request, _ = _parse_request(frame)
-                    if answered_at is not None and trio.current_time() >= answered_at + 2 * LATENCY_S:
-                        return  # written after our last answer reached it: close on it
+                    if self._closes_on(answered_at, n):
+                        return
                     await send_frame(stream, ChunkResponse(request.request_id, STATUS_UNAVAILABLE, 0).pack())
                     answered_at = trio.current_time()
                     self.answers += 1
@@ -307,43 +312,27 @@ async def test_a_source_that_answers_unavailable_and_closes_on_every_connection_
     assert not h.complete(1)
 
 
-class BehindSource:
+class BehindSource(ChurningSource):
     """An honest source that is behind for a long time: its first connection closes idle as our
     first requests cross it (they are carried over), its second answers every request
-    `unavailable` until `behind_until` and then closes idle as our next request crosses it (read
-    `2 * LATENCY_S` or more after its last answer went out, as `ChurningSource` does), and from
-    its third on it serves the version (`SourcePeer`)."""
+    `unavailable` until `behind_until` and then closes idle as our next request crosses it (as
+    `ChurningSource` closes), and from its third on it serves the version (`SourcePeer`)."""
 
     def __init__(self, peer: SourcePeer, behind_until: float) -> None:
+        super().__init__()
+        self.wires = peer.wires  # one count of connections with the serving peer's own
         self.peer = peer
         self.behind_until = behind_until
-        self.answers = 0
 
     async def connect(self, nursery: trio.Nursery) -> trio.abc.Stream:
-        if len(self.peer.wires) >= 2:
+        if len(self.wires) >= 2:
             return await self.peer.connect(nursery)
-        wire = Wire(nursery)
-        self.peer.wires.append(wire)
-        nursery.start_soon(self._serve, wire.theirs, len(self.peer.wires) == 1)
-        return wire.ours
+        return await super().connect(nursery)
 
-    async def _serve(self, stream: trio.abc.Stream, first: bool) -> None:
-        answered_at: float | None = None
-        async with stream:
-            try:
-                reader = FrameReader(stream, max_frame_bytes=HELLO_MAX_BYTES)
-                while (frame := await reader.frame()) is not None:
-                    request, _ = _parse_request(frame)
-                    if first:
-                        return  # its idle close crossed our first requests
-                    crossed = answered_at is not None and trio.current_time() >= answered_at + 2 * LATENCY_S
-                    if crossed and trio.current_time() >= self.behind_until:
-                        return  # caught up, idle, and closing as our next request comes
-                    await send_frame(stream, ChunkResponse(request.request_id, STATUS_UNAVAILABLE, 0).pack())
-                    answered_at = trio.current_time()
-                    self.answers += 1
-            except (trio.BrokenResourceError, trio.ClosedResourceError, PeerUnavailable):
-                pass  # our upstream closed the connection
+    def _closes_on(self, answered_at: float | None, n: int) -> bool:
+        # the first: its idle close crossed our first requests; the second: caught up, idle, and
+        # closing as our next request comes
+        return n == 1 or (super()._closes_on(answered_at, n) and trio.current_time() >= self.behind_until)
 
 
 async def test_a_source_behind_for_longer_than_an_exclusion_whose_idle_close_crosses_a_request_is_not_excluded(
