@@ -688,10 +688,8 @@ class TransferCore(SourceChoice, FailureHandling, Announcing, SwarmTransfer):
         holders = [p for p in v.holders if p not in tried and self._usable(now, p) and uploads.get(p, 1.0) > 0]
         if holders:  # the fastest we measured; among equals (all never measured, at first) our own
             # draw, not the peer id, which made-up ids could be ground to win at every relay
-            rates = self._rates
-            best = max(rates.get(p, 0.0) for p in holders)
             salt = f"{self.self_id}/holders".encode()
-            return max((p for p in holders if rates.get(p, 0.0) == best), key=lambda p: tiebreak(salt, p))
+            return max(holders, key=lambda p: (self._rates.get(p, 0.0), tiebreak(salt, p)))
         return None
 
     def _first_usable(self, now: float, chain: list[str], tried: Any) -> str | None:
