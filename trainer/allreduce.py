@@ -54,6 +54,7 @@ import math
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -119,6 +120,27 @@ def room_for(held: Iterable[str], sender: str, keep: Collection[str], limit: int
         if peer not in keep:
             return True, peer
     return False, None
+
+
+def hold_join(held: dict[str, Any], refused: set[str], sender: str, keep: Collection[str],
+              trainers: Collection[str]) -> tuple[bool, str | None]:
+    """Make room for `sender`'s Join among those `held` (by sender, in the order they first came;
+    `room_for`), dropping the one it replaces, and keep `refused` up to date: a sender turned
+    away, or replaced, that is one of `trainers` (the trainer peers of the caller's table: any
+    identity can Join, and only these can lead or be waited for, so what is kept stays bounded
+    by that table) is in it, and leaves it once held. As `room_for`: whether the caller may hold
+    the Join (at `held[sender]`), and whose it replaced. One rule for `Membership.receive` and the role's Joins read a round early
+    (`trainer.diloco_role`), so that the members choose one leader whichever took the Joins."""
+    admitted, replaced = room_for(held, sender, keep)
+    if replaced is not None:
+        del held[replaced]
+        if replaced in trainers:
+            refused.add(replaced)
+    if admitted:
+        refused.discard(sender)
+    elif sender in trainers:
+        refused.add(sender)
+    return admitted, replaced
 
 
 class Membership:
@@ -189,17 +211,11 @@ class Membership:
         only these can lead or be waited for; what we keep stays bounded by that table)."""
         if join.round != self.round:
             return False
-        admitted, replaced = room_for(self.joins, sender, self.keep)
+        admitted, replaced = hold_join(self.joins, self.refused, sender, self.keep, trainers)
         if not admitted:
-            if sender in trainers:
-                self.refused.add(sender)
             return False
         if replaced is not None:
-            del self.joins[replaced]
             self.names.pop(replaced, None)
-            if replaced in trainers:
-                self.refused.add(replaced)
-        self.refused.discard(sender)
         self.joins[sender] = join.weights_digest
         self.names[sender] = frozenset(join.known)
         self.told = set().union(*self.names.values())

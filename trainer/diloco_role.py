@@ -83,7 +83,7 @@ from p2pnet.dataplane import open_data_stream
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import peer_id_from_str
 from p2pnet.peertable import PEER_TABLE_CORE
-from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, room_for
+from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, hold_join
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_catchup import CatchingUp, JoinPath, _shell_with  # _shell_with: tests import it from here
 # INBOX bounds the Parts we keep early; PEER_INBOX and the constants below: tests import them from
@@ -443,17 +443,9 @@ class DilocoRole(DilocoServing, CatchingUp):
         (`turned_away`), as `Membership` remembers one: it counts for the leader choice, and is
         not waited for (it sends its Join once; another member may hold it)."""
         kept = self.joins.setdefault(join.round, {})
-        admitted, replaced = room_for(kept, sender, self.inbox.reserved | {self.node.peer_id})
         refused = self.turned_away.setdefault(join.round, set())
-        if replaced is not None:
-            del kept[replaced]
-            if replaced in trainers:
-                refused.add(replaced)
-        if admitted:
+        if hold_join(kept, refused, sender, self.inbox.reserved | {self.node.peer_id}, trainers)[0]:
             kept[sender] = join
-            refused.discard(sender)
-        elif sender in trainers:
-            refused.add(sender)
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:
         with trio.move_on_at(deadline):
