@@ -42,6 +42,7 @@ membership and the DiLoCo round still re-read it on their own clocks, for what e
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import json
 import logging
 import math
@@ -101,6 +102,7 @@ class PeerConfig:
     gossip_heartbeat_s: float = 1.0  # GossipSub's own mesh upkeep, not the peer table's heartbeats
     display_name: str = ""  # shown beside this peer's id on dashboards and leaderboards (at most 64 characters)
     metrics_listen: str = ""  # HOST:PORT serving /metrics (Prometheus), /healthz and the dashboard; "" is off
+    metrics_trusted_networks: tuple[str, ...] = ()
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -130,6 +132,12 @@ class PeerConfig:
                 parse_host_port(self.metrics_listen, "metrics_listen")
             except ConfigError:
                 problems["metrics_listen"] = "must be HOST:PORT such as 127.0.0.1:9100 (port 0 picks one)"
+        for network in self.metrics_trusted_networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                problems["metrics_trusted_networks"] = (f"{network!r} must be an IP network such as 192.0.2.0/24 "
+                                                        "or 2001:db8::/48 (or one address)")
         if not 1 <= self.gossip_degree <= 32:
             problems["gossip_degree"] = "must be in [1, 32]"
         if not 0 <= self.data_port < 65536:
