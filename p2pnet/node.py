@@ -42,7 +42,6 @@ membership and the DiLoCo round still re-read it on their own clocks, for what e
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import json
 import logging
 import math
@@ -71,6 +70,7 @@ from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import PEER_TABLE_CORE, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
 from p2pnet.reachability import Reachability
+from p2pnet.web_limits import trusted_network
 from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
 
 log = logging.getLogger(__name__)
@@ -134,10 +134,9 @@ class PeerConfig:
                 problems["metrics_listen"] = "must be HOST:PORT such as 127.0.0.1:9100 (port 0 picks one)"
         for network in self.metrics_trusted_networks:
             try:
-                ipaddress.ip_network(network, strict=False)
-            except ValueError:
-                problems["metrics_trusted_networks"] = (f"{network!r} must be an IP network such as 192.0.2.0/24 "
-                                                        "or 2001:db8::/48 (or one address)")
+                trusted_network(network)
+            except ValueError as exc:
+                problems["metrics_trusted_networks"] = str(exc)
         if not 1 <= self.gossip_degree <= 32:
             problems["gossip_degree"] = "must be in [1, 32]"
         if not 0 <= self.data_port < 65536:

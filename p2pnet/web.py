@@ -25,9 +25,9 @@ through its control socket): it is built from callables, not from a node. This m
 routing, the socket and hypercorn's settings; what a page or a metric says belongs to the
 modules named above. The server may face the internet, so its connections are accepted within
 the bounds of `p2pnet.web_limits` (connections per client and in all, a share of them kept for
-the operator's own networks, a deadline for each request, a lifetime for each connection) before hypercorn sees them, and what a client sends
-must never end in a traceback in our log nor stop the server (`ConnectionServer`; a websocket
-is closed unanswered, `refuse_websocket`).
+the operator's own networks, a deadline for each request, a lifetime for each connection)
+before hypercorn sees them, and what a client sends must never end in a traceback in our log
+nor stop the server (`ConnectionServer`; a websocket is closed unanswered, `refuse_websocket`).
 """
 
 from __future__ import annotations

@@ -31,7 +31,10 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   `max_connections - trusted_reserve` networks or more, which is bounded by how many networks it
   has, not by how fast it reconnects. A connection is trusted by the address it connected from,
   which TCP's handshake makes a stranger off its path unable to forge; nothing but the share is
-  granted by it (the per-client cap and the deadlines apply as to anyone). Refusals and evictions
+  granted by it (the per-client cap and the deadlines apply as to anyone). A forwarder on the
+  peer's own machine (a reverse proxy, an SSH tunnel, an onion service) makes its clients
+  loopback, so the operator's: as one address they hold at most `max_per_ip`, and a scraper from
+  another trusted network still takes a slot from them. Refusals and evictions
   are counted (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and
   named in a warning at most once a minute, and the trusted connections open are shown
   (`p2pnet_http_connections_trusted`). `ConnectionGate` is that count, and chooses whom to evict,
@@ -126,12 +129,12 @@ class Limits:
             raise ValueError(f"need 0 < trusted_reserve < max_connections, not {self.trusted_reserve}, "
                              f"{self.max_connections}")
         for network in self.trusted_networks:
-            ipaddress.ip_network(network, strict=False)  # ValueError naming it
+            trusted_network(network)  # ValueError naming it
 
     def trusts(self, host: str) -> bool:
         """Whether a client at `host` (as the socket gave it) is in one of `trusted_networks`."""
         address = _address(host)
-        return any(address in ipaddress.ip_network(network, strict=False) for network in self.trusted_networks)
+        return any(address in trusted_network(network) for network in self.trusted_networks)
 
     def share(self, trusted: bool) -> int:
         """How many connections the trusted networks' clients, or strangers, may hold in all: a
@@ -190,6 +193,29 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def trusted_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """One of `Limits.trusted_networks` as the operator wrote it (192.0.2.0/24, 2001:db8::/48, or
+    one address), read as a client's address is (`_address`): an IPv4-mapped network is the IPv4
+    network it maps, since a client arriving mapped on a dual-stack socket is matched as IPv4. A
+    network with host bits set (192.0.2.7/24) is refused, not masked: it is as likely a prefix
+    mistyped, and a prefix too short trusts strangers. ValueError names the text and what was
+    meant."""
+    try:
+        network = ipaddress.ip_network(text)
+    except ValueError as exc:
+        try:
+            masked = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an IP network such as 192.0.2.0/24 or 2001:db8::/48 "
+                             "(or one address)") from exc
+        raise ValueError(f"{text!r} has host bits set: write the network {masked} or the one address "
+                         f"{text.split('/', 1)[0]}") from exc
+    mapped = network.network_address.ipv4_mapped if isinstance(network, ipaddress.IPv6Network) else None
+    if mapped is not None and network.prefixlen >= 96:
+        return ipaddress.IPv4Network((mapped, network.prefixlen - 96))
+    return network
 
 
 def network_key(host: str) -> str:

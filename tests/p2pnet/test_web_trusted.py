@@ -41,6 +41,33 @@ def test_trusted_networks_and_the_peers_share():
         PeerConfig(data_dir="x", metrics_trusted_networks=("192.0.2.0/33",))
 
 
+def test_a_trusted_network_is_read_as_a_clients_address_is_and_one_with_host_bits_set_is_refused():
+    """A client arriving IPv4-mapped is matched as IPv4, so an IPv4-mapped network is the IPv4
+    one; 192.0.2.7/24 is as likely a mistyped prefix as a network (10.0.0.1/0 would trust every
+    stranger): the operator is told what to write."""
+    limits = trusting(("::ffff:192.0.2.0/120",))
+    assert limits.trusts("::ffff:192.0.2.9") and limits.trusts("192.0.2.9") and not limits.trusts("192.0.3.9")
+    for written, meant in (("192.0.2.7/24", "192.0.2.0/24"), ("10.0.0.1/0", "0.0.0.0/0"),
+                           ("2001:db8::1/48", "2001:db8::/48")):
+        with pytest.raises(ConfigError, match=f"metrics_trusted_networks.*{written}.*host bits.*{meant}"):
+            PeerConfig(data_dir="x", metrics_trusted_networks=(written,))
+        with pytest.raises(ValueError, match="host bits"):
+            Limits(trusted_networks=(written,))
+
+
+def test_a_forwarder_on_loopback_holds_one_clients_share_of_the_operators():
+    """A reverse proxy on the peer's machine brings strangers in from loopback, trusted: it holds
+    at most its cap, and the operator's scraper from a configured network takes one of its slots
+    when strangers hold theirs."""
+    limits = trusting(("192.0.2.0/24",))
+    gate = ConnectionGate(limits)
+    for n in range(56):
+        admit(gate, f"198.51.{n}.1", f"198.51.{n}.0/24")
+    proxied = [admit(gate, "127.0.0.1", "127.0.0.0/24", trusted=limits.trusts("127.0.0.1")) for _ in range(8)]
+    assert gate.admit("127.0.0.1", "127.0.0.0/24", trusted=True) is Refusal.TOTAL  # at its cap
+    assert gate.admit("192.0.2.5", "192.0.2.0/24", trusted=limits.trusts("192.0.2.5")) == Admitted(65, proxied[0])
+
+
 def admit(gate: ConnectionGate, key: str, network: str, trusted: bool = False) -> int:
     admitted = gate.admit(key, network, trusted)
     assert isinstance(admitted, Admitted), admitted
