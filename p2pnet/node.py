@@ -70,6 +70,7 @@ from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import PEER_TABLE_CORE, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
 from p2pnet.reachability import Reachability
+from p2pnet.web_limits import trusted_network
 from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class PeerConfig:
     gossip_heartbeat_s: float = 1.0  # GossipSub's own mesh upkeep, not the peer table's heartbeats
     display_name: str = ""  # shown beside this peer's id on dashboards and leaderboards (at most 64 characters)
     metrics_listen: str = ""  # HOST:PORT serving /metrics (Prometheus), /healthz and the dashboard; "" is off
+    metrics_trusted_networks: tuple[str, ...] = ()
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -130,6 +132,11 @@ class PeerConfig:
                 parse_host_port(self.metrics_listen, "metrics_listen")
             except ConfigError:
                 problems["metrics_listen"] = "must be HOST:PORT such as 127.0.0.1:9100 (port 0 picks one)"
+        for network in self.metrics_trusted_networks:
+            try:
+                trusted_network(network)
+            except ValueError as exc:
+                problems["metrics_trusted_networks"] = str(exc)
         if not 1 <= self.gossip_degree <= 32:
             problems["gossip_degree"] = "must be in [1, 32]"
         if not 0 <= self.data_port < 65536:

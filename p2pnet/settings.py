@@ -74,6 +74,12 @@ DESCRIPTIONS: dict[str, str] = {
     "peer.send_timeout_s": "a direct message not delivered within this is given up",
     "peer.bootstrap_backoff_max_s": "longest wait between two dials of the bootstrap peers",
     "peer.reachability_interval_s": "how often connected peers are asked to dial us back",
+    "peer.metrics_trusted_networks": ("IP networks (192.0.2.0/24, 2001:db8::/48, or one address) of the "
+                                      "operator's own scrapers and health checks: of the 64 connections "
+                                      "metrics_listen takes at once, strangers may hold at most 56, so these, "
+                                      "and loopback always, still get in when strangers in many networks fill "
+                                      "the rest; nothing else is granted (8 connections per address and every "
+                                      "deadline hold for them too)"),
     "relay.tree_fanout": "children per peer when layout is tree",
     "peertable.heartbeat_interval_s": ("seconds between two signed heartbeats in a small network (the shortest "
                                        "spacing; with more peers known, see max_heard_per_s); peers silent past "

@@ -24,10 +24,10 @@ The same application serves `p2pnet dashboard` (a separate process reading a run
 through its control socket): it is built from callables, not from a node. This module owns
 routing, the socket and hypercorn's settings; what a page or a metric says belongs to the
 modules named above. The server may face the internet, so its connections are accepted within
-the bounds of `p2pnet.web_limits` (connections per client and in all, a deadline for each
-request, a lifetime for each connection) before hypercorn sees them, and what a client sends
-must never end in a traceback in our log nor stop the server (`ConnectionServer`; a websocket
-is closed unanswered, `refuse_websocket`).
+the bounds of `p2pnet.web_limits` (connections per client and in all, a share of them kept for
+the operator's own networks, a deadline for each request, a lifetime for each connection)
+before hypercorn sees them, and what a client sends must never end in a traceback in our log
+nor stop the server (`ConnectionServer`; a websocket is closed unanswered, `refuse_websocket`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from hypercorn.utils import wrap_app
 
 from p2pnet.addresses import join_host_port, parse_host_port
 from p2pnet.errors import ConfigError
-from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Busy, Connections
+from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Busy, Connections, trusting
 
 log = logging.getLogger(__name__)
 
@@ -365,9 +365,9 @@ def bind(listen: str, field: str) -> socket.socket:
 
 async def serve(app: WebApp, listen: str, field: str = "--listen", *, connections: Connections | None = None,
                 task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve `app` on `listen` until cancelled, within `connections`' bounds (the defaults when
-    None); `task_status.started("http://HOST:PORT")`."""
-    connections = connections or Connections()
+    """Serve `app` on `listen` until cancelled, within `connections`' bounds (when None, the
+    defaults with loopback trusted: `trusting`); `task_status.started("http://HOST:PORT")`."""
+    connections = connections or Connections(trusting())
     sock = bind(listen, field)
     host, port = sock.getsockname()[:2]
     config = Config()
@@ -406,13 +406,14 @@ async def serve(app: WebApp, listen: str, field: str = "--listen", *, connection
 
 async def serve_peer_http(node: Any, listen: str,
                           task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-    """The running peer's server ([peer] metrics_listen): its metrics, health and dashboard."""
+    """The running peer's server ([peer] metrics_listen): its metrics, health and dashboard, with
+    a share of its connections kept for loopback and [peer] metrics_trusted_networks."""
     from p2pnet.dashboard import peer_snapshot
     from p2pnet.metrics import PeerCollector, render
     from prometheus_client import CollectorRegistry
 
     collector = PeerCollector(node)
-    connections = Connections()
+    connections = Connections(trusting(node.config.metrics_trusted_networks))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     registry.register(connections)

@@ -20,12 +20,24 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   is one owner more often than a client is; an honest NAT stays one client of its network. The
   price is paid by honest clients sharing a network with an attacker: a scraper on the
   attacker's /24 (a cloud provider's range) competes only within it, as every client competed
-  before networks were counted. What is left: an attacker with addresses in more networks than
-  `max_connections`, each holding one, still fills the server, for as long as it holds them (the
-  lifetime below ends each connection, but it reconnects); that is bounded by how many networks
-  it has, not by how fast it reconnects. Refusals and evictions are counted
-  (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and named in a
-  warning at most once a minute. `ConnectionGate` is that count, and chooses whom to evict,
+  before networks were counted. Fair sharing alone leaves the server to an attacker with
+  addresses in more networks than it has slots, each holding one (it reconnects as the lifetime
+  below ends each), and the operator's own scraper and health checks with it. So the operator's
+  networks (`trusted_networks`: loopback always, and `[peer] metrics_trusted_networks`) have a
+  share strangers cannot take: strangers hold at most `max_connections - trusted_reserve`, while
+  the operator's clients may take any slot and are shared fairly among themselves as strangers
+  are; neither kind ever takes a slot of the other's. The operator's scraper is then locked out
+  only by the operator's own clients; a stranger's scraper still is by an attacker in
+  `max_connections - trusted_reserve` networks or more, which is bounded by how many networks it
+  has, not by how fast it reconnects. A connection is trusted by the address it connected from,
+  which TCP's handshake makes a stranger off its path unable to forge; nothing but the share is
+  granted by it (the per-client cap and the deadlines apply as to anyone). A forwarder on the
+  peer's own machine (a reverse proxy, an SSH tunnel, an onion service) makes its clients
+  loopback, so the operator's: as one address they hold at most `max_per_ip`, and a scraper from
+  another trusted network still takes a slot from them. Refusals and evictions
+  are counted (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and
+  named in a warning at most once a minute, and the trusted connections open are shown
+  (`p2pnet_http_connections_trusted`). `ConnectionGate` is that count, and chooses whom to evict,
   free of I/O;
 - how long a connection may live (`lifetime_s`): it is then asked to close once the response
   in flight is sent (at once if none is), and reset `idle_s` later whatever it does. The reset
@@ -67,6 +79,7 @@ import ipaddress
 import logging
 import socket
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Awaitable, Callable, ContextManager, Iterator
@@ -88,23 +101,55 @@ class Limits:
     so an open tab keeps its connection; a scraper (every 15 s or more) reconnects each time,
     which it handles as a matter of course. `lifetime_s` 60 s is minutes more than any of our
     responses needs and bounds what a client that does not read can hold (for `idle_s` more: a
-    response in flight at the lifetime has that long to finish before the reset). None of this
-    is a setting: an operator behind a reverse proxy (one address for every viewer) would be
-    the first to need one. When the server is full a newcomer takes a slot from the network
-    holding the most, while its own would still hold fewer, else from the client of its own
-    network holding the most, while its client would still hold fewer (the module docstring): a
-    scraper gets in unless at least `max_connections` networks hold one each."""
+    response in flight at the lifetime has that long to finish before the reset). Of these only
+    the trusted networks are a setting: an operator behind a reverse proxy (one address for every
+    viewer) would be the first to need more. When the server is full a newcomer takes a slot from
+    the network holding the most, while its own would still hold fewer, else from the client of
+    its own network holding the most, while its client would still hold fewer (the module
+    docstring): a stranger's scraper gets in unless `max_connections - trusted_reserve` networks
+    or more hold one each. The operator's own (`trusted_networks`: the peer's server trusts
+    loopback and `[peer] metrics_trusted_networks`, `trusting`) get in whatever strangers hold,
+    since strangers hold at most `max_connections - trusted_reserve`: 8 is a scraper's, a health
+    check's and a dashboard tab's connections at once, and leaves strangers 56, still 7 clients at
+    their cap. With no trusted network nothing is reserved."""
 
     max_connections: int = 64
     max_per_ip: int = 8
     idle_s: float = 5.0
     lifetime_s: float = 60.0
+    trusted_networks: tuple[str, ...] = ()  # IPv4 or IPv6 networks (192.0.2.0/24): the operator's clients
+    trusted_reserve: int = 8  # of max_connections, what strangers cannot take (with a trusted network)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_per_ip <= self.max_connections:
             raise ValueError(f"need 0 < max_per_ip <= max_connections, not {self.max_per_ip}, {self.max_connections}")
         if not 0 < self.idle_s < self.lifetime_s:
             raise ValueError(f"need 0 < idle_s < lifetime_s, not {self.idle_s}, {self.lifetime_s}")
+        if self.trusted_networks and not 0 < self.trusted_reserve < self.max_connections:
+            raise ValueError(f"need 0 < trusted_reserve < max_connections, not {self.trusted_reserve}, "
+                             f"{self.max_connections}")
+        for network in self.trusted_networks:
+            trusted_network(network)  # ValueError naming it
+
+    def trusts(self, host: str) -> bool:
+        """Whether a client at `host` (as the socket gave it) is in one of `trusted_networks`."""
+        address = _address(host)
+        return any(address in trusted_network(network) for network in self.trusted_networks)
+
+    def share(self, trusted: bool) -> int:
+        """How many connections the trusted networks' clients, or strangers, may hold in all: a
+        stranger never takes the last `trusted_reserve`, a trusted client may take any slot."""
+        return self.max_connections - (self.trusted_reserve if self.trusted_networks and not trusted else 0)
+
+
+LOOPBACK = ("127.0.0.0/8", "::1/128")
+
+
+def trusting(networks: tuple[str, ...] = ()) -> Limits:
+    """The bounds of the peer's server and of `p2pnet dashboard`'s (`p2pnet.web.serve`):
+    `networks` trusted, and loopback always (a client on the peer's own machine has the
+    operator's privileges anyway)."""
+    return Limits(trusted_networks=LOOPBACK + networks)
 
 
 # a keep-alive client is told to reconnect (Connection: close) after this many requests: the
@@ -126,7 +171,9 @@ ACCEPT_IGNORED_ERRNOS = {getattr(errno, name) for name in (
 class Refusal(enum.Enum):
     """Why a connection was closed unanswered (the label of the refused counter)."""
 
-    TOTAL = "total"  # max_connections open in all, and its client would hold as many as the most-holding one
+    # its kind's share open (`Limits.share`: max_connections in all, or fewer to strangers), and its
+    # network or client would hold as many as the most-holding one
+    TOTAL = "total"
     PER_IP = "per_ip"  # max_per_ip open from its address
 
 
@@ -146,6 +193,29 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def trusted_network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """One of `Limits.trusted_networks` as the operator wrote it (192.0.2.0/24, 2001:db8::/48, or
+    one address), read as a client's address is (`_address`): an IPv4-mapped network is the IPv4
+    network it maps, since a client arriving mapped on a dual-stack socket is matched as IPv4. A
+    network with host bits set (192.0.2.7/24) is refused, not masked: it is as likely a prefix
+    mistyped, and a prefix too short trusts strangers. ValueError names the text and what was
+    meant."""
+    try:
+        network = ipaddress.ip_network(text)
+    except ValueError as exc:
+        try:
+            masked = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an IP network such as 192.0.2.0/24 or 2001:db8::/48 "
+                             "(or one address)") from exc
+        raise ValueError(f"{text!r} has host bits set: write the network {masked} or the one address "
+                         f"{text.split('/', 1)[0]}") from exc
+    mapped = network.network_address.ipv4_mapped if isinstance(network, ipaddress.IPv6Network) else None
+    if mapped is not None and network.prefixlen >= 96:
+        return ipaddress.IPv4Network((mapped, network.prefixlen - 96))
+    return network
 
 
 def network_key(host: str) -> str:
@@ -170,26 +240,32 @@ def client_key(host: str) -> str:
 @dataclass
 class Held:
     """One admitted connection: whom it counts against (its client and the client's network),
-    and how many of its requests the application is answering (0: idle)."""
+    whether that is a trusted one (`Limits.trusted_networks`), and how many of its requests the
+    application is answering (0: idle)."""
 
     key: str
     network: str
+    trusted: bool = False
     busy: int = 0
 
 
 class ConnectionGate:
-    """The count of open connections, in all, by client and by network, against `Limits`: `admit` before
-    serving one (an `Admitted`, which may name a connection to evict, or a `Refusal`); `started`
-    and `ended` around each request it carries; `release` once it is closed. Connections are
-    numbered in the order admitted, so the lowest number is the oldest. An evicted connection
-    leaves the count at once (its slot is the newcomer's) and waits in `closing` for its
-    `release`, so that each slot is freed exactly once. No clock, no I/O."""
+    """The count of open connections, in all, by client, by network and from trusted networks,
+    against `Limits`: `admit` before serving one (an `Admitted`, which may name a connection to
+    evict, or a `Refusal`); `started` and `ended` around each request it carries; `release` once
+    it is closed. Connections are numbered in the order admitted, so the lowest number is the
+    oldest. An evicted connection leaves the count at once (its slot is the newcomer's) and waits
+    in `closing` for its `release`, so that each slot is freed exactly once. Trusted clients and
+    strangers are two kinds that never take each other's slots: each kind is full at its share
+    (`Limits.share`), or when the server is, and is then shared fairly within itself. No clock,
+    no I/O."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.held: dict[int, Held] = {}  # in the order admitted
         self.by_key: dict[str, int] = {}
         self.by_network: dict[str, int] = {}
+        self.trusted = 0  # of `open`, from trusted networks
         self.closing: dict[int, str] = {}  # evicted, not yet released: their keys
         self.refused = {refusal: 0 for refusal in Refusal}
         self.evicted = 0
@@ -199,14 +275,16 @@ class ConnectionGate:
     def open(self) -> int:
         return len(self.held)
 
-    def admit(self, key: str, network: str | None = None) -> Admitted | Refusal:
-        """A newcomer from client `key`, in `network` (`network_key`; its own when None)."""
+    def admit(self, key: str, network: str | None = None, trusted: bool = False) -> Admitted | Refusal:
+        """A newcomer from client `key`, in `network` (`network_key`; its own when None), of a
+        trusted network or not (`Limits.trusts`)."""
         network = key if network is None else network
         count = self.by_key.get(key, 0)
         evicted = None
-        if self.open >= self.limits.max_connections:
+        of_its_kind = self.trusted if trusted else self.open - self.trusted
+        if self.open >= self.limits.max_connections or of_its_kind >= self.limits.share(trusted):
             # a client at its cap takes no slot (between networks no client's count is compared)
-            evicted = self._victim(key, network) if count < self.limits.max_per_ip else None
+            evicted = self._victim(key, network, trusted) if count < self.limits.max_per_ip else None
             if evicted is None:
                 return self._refuse(Refusal.TOTAL)
             self._drop(evicted)
@@ -215,7 +293,8 @@ class ConnectionGate:
         elif count >= self.limits.max_per_ip:
             return self._refuse(Refusal.PER_IP)
         self._next += 1
-        self.held[self._next] = Held(key, network)
+        self.held[self._next] = Held(key, network, trusted)
+        self.trusted += trusted
         self.by_key[key] = count + 1
         self.by_network[network] = self.by_network.get(network, 0) + 1
         return Admitted(self._next, evicted)
@@ -241,27 +320,32 @@ class ConnectionGate:
         self._drop(connection)
         del self.held[connection]
 
-    def _victim(self, key: str, network: str) -> int | None:
-        """The connection a newcomer from client `key` in `network` takes the slot of, shared
-        first between networks, then between the clients of the newcomer's network: one of the
-        networks holding the most, when the newcomer's, counting it, would still hold fewer;
-        else one of the clients of its own network holding the most within it, when its client
-        would still hold fewer; else None (a swap that only traded one network's or client's
-        connection for another's would gain nothing, and among equals it would go on for ever).
-        Among those, the connections of the clients holding the most, idle before busy, then the
-        oldest."""
-        most = max(self.by_network.values())
-        between_networks = self.by_network.get(network, 0) + 1 < most
-        candidates = [c for c, held in self.held.items()
-                      if (self.by_network[held.network] == most if between_networks else held.network == network)]
-        most_of_client = max((self.by_key[self.held[c].key] for c in candidates), default=0)
-        if not between_networks and self.by_key.get(key, 0) + 1 >= most_of_client:
+    def _victim(self, key: str, network: str, trusted: bool) -> int | None:
+        """The connection a newcomer from client `key` in `network` takes the slot of, among the
+        connections of its kind (trusted or not, counted apart: a trusted client may share a
+        network with strangers), shared first between networks, then between the clients of the
+        newcomer's network: one of the networks holding the most, when the newcomer's, counting
+        it, would still hold fewer; else one of the clients of its own network holding the most
+        within it, when its client would still hold fewer; else None (a swap that only traded one
+        network's or client's connection for another's would gain nothing, and among equals it
+        would go on for ever). Among those, the connections of the clients holding the most, idle
+        before busy, then the oldest."""
+        kind = {c: held for c, held in self.held.items() if held.trusted == trusted}
+        by_network = Counter(held.network for held in kind.values())
+        by_key = Counter(held.key for held in kind.values())
+        most = max(by_network.values(), default=0)
+        between_networks = by_network[network] + 1 < most
+        candidates = [c for c, held in kind.items()
+                      if (by_network[held.network] == most if between_networks else held.network == network)]
+        most_of_client = max((by_key[kind[c].key] for c in candidates), default=0)
+        if not between_networks and by_key[key] + 1 >= most_of_client:
             return None
-        return min((c for c in candidates if self.by_key[self.held[c].key] == most_of_client),
-                   key=lambda connection: (self.held[connection].busy > 0, connection))
+        return min((c for c in candidates if by_key[kind[c].key] == most_of_client),
+                   key=lambda connection: (kind[connection].busy > 0, connection))
 
     def _drop(self, connection: int) -> None:
         held = self.held[connection]
+        self.trusted -= held.trusted
         for counts, key in ((self.by_key, held.key), (self.by_network, held.network)):
             left = counts[key] - 1
             if left:
@@ -320,6 +404,9 @@ class Connections:
         from p2pnet.metrics import counter, gauge, labelled
 
         yield gauge("p2pnet_http_connections", "Connections open to this HTTP server.", self.gate.open)
+        yield gauge("p2pnet_http_connections_trusted", "Connections open to this HTTP server from its trusted "
+                    "networks (loopback, [peer] metrics_trusted_networks), whose share strangers cannot take.",
+                    self.gate.trusted)
         yield labelled(CounterMetricFamily("p2pnet_http_connections_refused", "Connections to this HTTP server "
                                            "closed unanswered, by the cap they met (total, per_ip).", labels=["cap"]),
                        {refusal.value: count for refusal, count in self.gate.refused.items()})
@@ -339,16 +426,16 @@ class Connections:
         async with trio.open_nursery() as nursery:
             while True:
                 sock, host = await self._accept(listener)
-                key = client_key(host)
-                verdict = self.gate.admit(key, network_key(host))
+                key, trusted = client_key(host), self.limits.trusts(host)
+                verdict = self.gate.admit(key, network_key(host), trusted)
                 if isinstance(verdict, Refusal):
                     sock.close()
-                    cap = (f"{self.limits.max_connections} open in all" if verdict is Refusal.TOTAL
+                    cap = (self._full(trusted) if verdict is Refusal.TOTAL
                            else f"{self.limits.max_per_ip} open from it")
                     self._warn("refused an HTTP connection from %s (%s)", key, cap)
                     continue
                 if verdict.evicted is not None:
-                    self._evict(verdict.evicted, key)
+                    self._evict(verdict.evicted, key, trusted)
                 self._live[verdict.connection] = (trio.SocketStream(sock), trio.CancelScope())
                 self._notify()
                 nursery.start_soon(self._connection, verdict.connection, serve_one)
@@ -409,17 +496,24 @@ class Connections:
             stream.socket.close()
             scope.cancel()
 
-    def _evict(self, connection: int, newcomer: str) -> None:
-        """Reset `connection`, whose slot the gate gave a newcomer from `newcomer`, and end its
-        serving at once; its own task releases it (the gate keeps it in `closing` until then,
-        also when it was ending on its own at this moment)."""
+    def _evict(self, connection: int, newcomer: str, trusted: bool) -> None:
+        """Reset `connection`, whose slot the gate gave a newcomer from `newcomer` (of a trusted
+        network or not, as the evicted is), and end its serving at once; its own task releases it
+        (the gate keeps it in `closing` until then, also when it was ending on its own at this
+        moment)."""
         stream, scope = self._live[connection]
         reset(stream.socket)
         scope.cancel()
         key = self.gate.closing[connection]
         self._warn("closed an HTTP connection of %s (%d open from it, its network or it holding the most) to admit "
-                   "one from %s (%d open in all)", key, self.gate.by_key.get(key, 0) + 1, newcomer,
-                   self.limits.max_connections)
+                   "one from %s (%s)", key, self.gate.by_key.get(key, 0) + 1, newcomer, self._full(trusted))
+
+    def _full(self, trusted: bool) -> str:
+        """What was full for a newcomer, trusted or not (`Limits.share`)."""
+        share, most = self.limits.share(trusted), self.limits.max_connections
+        if share == most:
+            return f"{most} open in all"
+        return f"{most} open in all or {share} from untrusted networks, the other {most - share} kept for trusted ones"
 
     @contextlib.contextmanager
     def _busy(self, connection: int) -> Iterator[None]:

@@ -27,7 +27,7 @@ PEER_SERIES = {"p2pnet_peer_info", "p2pnet_peers_known", "p2pnet_peers_connected
                "p2pnet_relay_bytes_served", "p2pnet_relay_bytes_received", "p2pnet_relay_chunks_verified",
                "p2pnet_relay_chunks_rejected", "p2pnet_relay_versions_held", "p2pnet_http_connections",
                "p2pnet_http_connections_refused", "p2pnet_http_connections_evicted",
-               "p2pnet_http_connections_failed"}
+               "p2pnet_http_connections_failed", "p2pnet_http_connections_trusted"}
 
 
 def get(url, timeout=10):

@@ -1,9 +1,11 @@
 """The relay shell's data plane against scripted servers on loopback: what a fetcher believes."""
 
+import contextlib
 import random
 import socket
 import struct
 from types import SimpleNamespace
+from typing import AsyncIterator
 
 import pytest
 import trio
@@ -297,17 +299,18 @@ def noting_the_first_fetch(role: FakeRole) -> trio.Event:
     return first
 
 
-async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on():
-    """Our quiet timer fires (its deadline is past) and a request for the source is queued before
-    `_write` runs again, in the same scheduling batch: `_write` is owed nothing but has a request
-    to write, so it writes it (on this connection) instead of waiting again on a deadline already
-    past, which would raise at once, forever, with the request queued."""
-    async def serve(stream: trio.SocketStream, n: int) -> None:
-        await answer_all(stream)
-
+@contextlib.asynccontextmanager
+async def past_the_first_fetch(serve, config: RelayConfig | None = None) -> AsyncIterator[
+        tuple[FakeRole, Upstream, trio.Nursery, list[int]]]:
+    """An upstream (its role's `config` when given) to a source that `serve` answers, once it has
+    fetched chunk 0 and its `_write` waits for another request: the role, the upstream, the
+    nursery running it (within 5 s in all) and the source's accepted connections. The source
+    stops on leaving; the upstream's nursery is left to the test."""
     async with trio.open_nursery() as nursery:
         address, accepted, _ = await source_connections(nursery, serve)
         role = FakeRole(address)
+        if config is not None:
+            role.config = config
         first = noting_the_first_fetch(role)
         upstream = Upstream(role, SOURCE.peer_id)
         upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
@@ -316,11 +319,23 @@ async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on()
                 running.start_soon(upstream.run)
                 await first.wait()
                 await trio.testing.wait_all_tasks_blocked()  # `_write` waits for another request
-                # the timer fires as trio fires it, with its deadline past: no checkpoint before the submit
-                upstream._quiet_s = 0.0
-                upstream._quiet.cancel()
-                upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
+                yield role, upstream, running, accepted
         nursery.cancel_scope.cancel()
+
+
+async def test_a_request_queued_as_our_idle_timer_fires_is_written_not_spun_on():
+    """Our quiet timer fires (its deadline is past) and a request for the source is queued before
+    `_write` runs again, in the same scheduling batch: `_write` is owed nothing but has a request
+    to write, so it writes it (on this connection) instead of waiting again on a deadline already
+    past, which would raise at once, forever, with the request queued."""
+    async def serve(stream: trio.SocketStream, n: int) -> None:
+        await answer_all(stream)
+
+    async with past_the_first_fetch(serve) as (role, upstream, _, accepted):
+        # the timer fires as trio fires it, with its deadline past: no checkpoint before the submit
+        upstream._quiet_s = 0.0
+        upstream._quiet.cancel()
+        upstream.submit(Fetch(SOURCE.peer_id, 1, 1, DIGEST, 1000))
     assert role.told == [("fetched", 0, 1000), ("fetched", 1, 1000)]
     assert accepted == [1]
 
@@ -338,14 +353,10 @@ async def test_an_idle_connection_leaves_the_role_before_a_request_can_be_handed
         await stream.send_all(b"r" * 1000)
         await reader.frame()  # (a request handed over as we left: read, never answered)
 
-    async with trio.open_nursery() as nursery:
-        address, accepted, _ = await source_connections(nursery, serve)
-        role = FakeRole(address)
-        role.config = RelayConfig(idle_timeout_s=2.0)
-        first, left = noting_the_first_fetch(role), trio.Event()
+    left = trio.Event()
+    handed: list[int] = []
+    async with past_the_first_fetch(serve, RelayConfig(idle_timeout_s=2.0)) as (role, upstream, running, accepted):
         role.upstream_done = lambda upstream: left.set()
-        upstream = Upstream(role, SOURCE.peer_id)
-        handed: list[int] = []
 
         class HandOver(trio.abc.Instrument):
             def after_task_step(self, task: trio.lowlevel.Task) -> None:
@@ -354,18 +365,11 @@ async def test_an_idle_connection_leaves_the_role_before_a_request_can_be_handed
                     handed.append(index)
                     upstream.submit(Fetch(SOURCE.peer_id, 1, index, DIGEST, 1000))
 
-        upstream.submit(Fetch(SOURCE.peer_id, 1, 0, DIGEST, 1000))
-        with trio.fail_after(5):
-            async with trio.open_nursery() as running:
-                running.start_soon(upstream.run)
-                await first.wait()
-                await trio.testing.wait_all_tasks_blocked()  # `_write` waits for another request
-                trio.lowlevel.add_instrument(HandOver())
-                mock_clock.jump(1.5)  # past `idle_timeout_s / 2`: the quiet timer fires
-                await left.wait()
-                await trio.testing.wait_all_tasks_blocked()  # (it has closed: nothing more to run)
-                running.cancel_scope.cancel()
-        nursery.cancel_scope.cancel()
+        trio.lowlevel.add_instrument(HandOver())
+        mock_clock.jump(1.5)  # past `idle_timeout_s / 2`: the quiet timer fires
+        await left.wait()
+        await trio.testing.wait_all_tasks_blocked()  # (it has closed: nothing more to run)
+        running.cancel_scope.cancel()
     assert (left.is_set(), role.told, handed) == (True, [("fetched", 0, 1000)], [])
     assert accepted == [1]
 

@@ -15,8 +15,10 @@ connections closed at once (its kernel's FIN goes out on the wire) and refuses n
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from typing import AsyncIterator
 
 import pytest
 import trio
@@ -170,6 +172,20 @@ async def fetched_first(h: Harness) -> None:
     await h.until(lambda: h.complete(1), 60)
 
 
+@contextlib.asynccontextmanager
+async def idle_after_version_1(tmp_path, monkeypatch) -> AsyncIterator[tuple[Harness, SourcePeer, list[tuple], float]]:
+    """A requester that has fetched version 1 from a source keeping the default idle bound
+    (120 s), as both sides do: the requester, the source, the failures its core is told (`start`)
+    and when the source read our last request. Both stop on leaving."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    source = SourcePeer(h, idle_timeout_s=120.0)
+    async with trio.open_nursery() as nursery:
+        failures = await start(h, source, nursery, monkeypatch)
+        await fetched_first(h)
+        yield h, source, failures, source.read_at[-1]
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_source_closing_an_idle_connection_as_we_ask_again_is_not_excluded_and_serves_the_version(
         tmp_path, clock, monkeypatch):
     """The source's idle bound is shorter than ours: it closes our connection `SHORT_IDLE_S`
@@ -197,19 +213,13 @@ async def test_we_close_an_idle_connection_before_the_source_does_and_ask_on_a_n
     written nothing on it for half of it and are owed nothing, before the source's bound, and
     tell the core nothing: the upstream leaves the role's upstreams, and version 2, asked after
     the source's bound, goes on a new connection."""
-    h = Harness(tmp_path, max_concurrent_downloads=8)
-    source = SourcePeer(h, idle_timeout_s=120.0)
-    async with trio.open_nursery() as nursery:
-        failures = await start(h, source, nursery, monkeypatch)
-        await fetched_first(h)
-        last_read = source.read_at[-1]
+    async with idle_after_version_1(tmp_path, monkeypatch) as (h, source, failures, last_read):
         await trio.sleep_until(last_read + 120.0 - LATENCY_S)  # the source's bound not reached yet
         assert source.wires[0].closed_first_by() == "requester"
         assert h.role._upstreams == {}
         await trio.sleep_until(last_read + 300.0)
         await h.announce(2, chunks=CHUNKS)
         await h.until(lambda: h.complete(2), 600)
-        nursery.cancel_scope.cancel()
 
     assert failures == [] and drops(h, PUBLISHER.peer_id) == []
     assert len(source.wires) == 2
@@ -222,18 +232,12 @@ async def test_we_close_an_idle_connection_before_the_source_does_and_ask_on_a_n
 ])
 async def test_a_source_killed_after_an_idle_period_is_still_excluded_as_unreachable(
         tmp_path, clock, monkeypatch, killed_at_s, asked_at_s):
-    h = Harness(tmp_path, max_concurrent_downloads=8)
-    source = SourcePeer(h, idle_timeout_s=120.0)
-    async with trio.open_nursery() as nursery:
-        failures = await start(h, source, nursery, monkeypatch)
-        await fetched_first(h)
-        last_read = source.read_at[-1]
+    async with idle_after_version_1(tmp_path, monkeypatch) as (h, source, failures, last_read):
         await trio.sleep_until(last_read + killed_at_s)
         source.kill()
         await trio.sleep_until(last_read + asked_at_s)
         await h.announce(2, chunks=CHUNKS)
         await h.until(lambda: bool(drops(h, PUBLISHER.peer_id)), 60)
-        nursery.cancel_scope.cancel()
 
     assert drops(h, PUBLISHER.peer_id)[0] is DropReason.UNREACHABLE
     assert failures and {reason for _, _, reason in failures} == {"unreachable"}
