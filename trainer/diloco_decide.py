@@ -20,7 +20,10 @@ those, two members could pick two leaders): a peer only others name leads once i
 named peer that never joins costs one join deadline, not the leader timeout. A peer whose Join
 was turned away is not waited for: it came, and is no member. (A leader we wait for on our own
 account is waited for until the leader timeout, 2 x deadline_s: leaving it at the join deadline
-would let a late lowest-id peer decide the round a second time.)
+would let a late lowest-id peer decide the round a second time.) We take the round's Members
+from the leader we follow, or from a peer the round's inbox keeps places for (`_believed`), not
+from anyone: in an open group any identity can send one. One from another invited peer is kept,
+and taken if that peer comes to lead here too (its predecessors taken for dead).
 
 These methods read the role's `node`, `config`, `history`, `heard` and `suspects` and the round's
 inbox (`inbox`, through the role's `_next_event`); they keep the Joins of the next round read early
@@ -92,6 +95,7 @@ class Deciding:
         own = set(invited)  # leader candidates on our own account (Membership.leader)
         leader_deadline = trio.current_time() + 2 * self.config.deadline_s
         followed, timed = me, set()  # the leader we wait for Members from; those given their own time to decide
+        told: dict[str, Members] = {}  # Members of this round from invited peers we did not follow then (`_believed`)
         while True:
             # a peer some member waits for (named in its Join), or whose Join reached us, is one we
             # wait for too: every member then picks its leader from the same peers. Else a joiner
@@ -114,6 +118,9 @@ class Deciding:
                 if leader not in timed:  # once per peer and round: a leader that comes and goes cannot hold the round
                     timed.add(leader)
                     leader_deadline = max(leader_deadline, now + 2 * self.config.deadline_s)
+            if leader != me and leader in told:  # it told us before we followed it: it leads now
+                earlier = told.pop(leader)
+                return self._check_members(round, earlier.members, earlier.weights_digest, weights_digest, leader)
             if leader == me:
                 decided = membership.decided(now)
                 if decided is not None:
@@ -139,9 +146,26 @@ class Deciding:
             elif isinstance(body, Join) and body.round == round:
                 membership.receive(sender, body, trainers)
             elif isinstance(body, Members) and body.round == round:
-                return self._check_members(round, body.members, body.weights_digest, weights_digest, sender)
+                leader = membership.leader(own, invited, self.suspects)  # (it spoke: no suspect now)
+                if self._believed(sender, leader):
+                    return self._check_members(round, body.members, body.weights_digest, weights_digest, sender)
+                if sender in invited:  # it may lead yet, once those before it are taken for dead
+                    told[sender] = body
+                log.info("diloco: Members of round %d from %s, not our leader %s: not taken%s", round, sender,
+                         leader, " yet" if sender in invited else "")
             elif isinstance(body, Part) and body.round == round and len(self.early_parts) < INBOX * 4:
                 self.early_parts.append((sender, body))
+
+    def _believed(self, sender: str, leader: str) -> bool:
+        """Whether we take a round's Members from `sender` now: from the peer we follow as the
+        round's leader (`Membership.leader`), or from one of the peers the round's inbox keeps
+        places for (the members of the last round we took part in; every listed trainer in a
+        closed group), who decides in our leader's place when it took that leader for dead
+        before we did. In an open group anyone else could be any identity (a heartbeat costs
+        nothing): one that named us on our weights would make whoever it lists this round's
+        members, and the peers we keep places for next. An invited peer's Members not believed
+        yet is kept (`_decide`): taken once it leads here too."""
+        return sender == leader or sender in self.inbox.reserved
 
     def _membership(self, round: int, weights_digest: bytes, trainers: set[str]) -> Membership:
         """The round's `Membership`, with the Joins of it read during the last round's all-reduce

@@ -30,8 +30,9 @@ round's members out of our inbox: the members of the last round we took part in 
 every listed trainer in a closed group) have places of their own there, read first, and every
 other sender (a joiner, or any identity) shares a pool (`trainer.diloco_inbox`), so a flood of
 them delays only joiners. In an open group an identity takes part at no cost, though: its Join
-makes it a member, and we take a round's Members from any sender, so one naming us on our
-weights makes whoever it lists the members we keep places for, instead of the real ones. A round
+makes it a member (a lower id than the group's, its leader). A round's Members we take only from
+our leader or a peer we keep places for (`trainer.diloco_decide`): any identity can send one, and
+whoever it listed would be the members we keep places for, not the real ones. A round
 holds at most `MAX_MEMBERS`, though many identities Join it: the peers we keep places for always
 find room among the Joins we hold (`Membership`, `room_for`), the rest go to other joiners first
 come. A joiner left out is not told so (no Members is sent to it): it waits out its leader's
@@ -380,7 +381,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         group these are the only peers we know to be of the group: a heartbeat (`_known_trainers`),
         a frame that reached us (`heard`) or a Join (`Membership.joins`) is what any fresh identity
         can show, and those share the inbox's pool. `members` is only as sound as the Members list
-        `_decide` took (from any sender, in an open group: see the module docstring). In a closed
+        `_decide` took (from our leader, or a member of the last round: `Deciding._believed`). In a closed
         group every listed trainer has had its places from the start."""
         if not self.config.trainers:
             self.inbox.reserve(members)

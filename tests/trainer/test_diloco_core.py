@@ -433,10 +433,11 @@ DEADLINE_S, DIGEST = 10.0, b"w" * 16
 FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
-def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None) -> dict:
+def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=()) -> dict:
     """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
     SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
-    inbox, and what it sends goes into `sent`. What it returned, whom it suspects, and when."""
+    inbox, and what it sends goes into `sent`; `reserved`: the last round's members (`_reserve`).
+    What it returned, whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
             if sent is not None:
@@ -452,6 +453,7 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None) -> d
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
         role.inbox = RoundInbox()
+        role.inbox.reserve(reserved)
         role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
         role.turned_away = {}
 
@@ -491,6 +493,41 @@ def test_a_leader_that_comes_back_gets_no_new_time():
                    (3.3 * DEADLINE_S, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
     assert out["suspects"] == {FIRST}  # suspected at 3 x deadline, not given until 3.5 x
     assert out["t"] == pytest.approx(3.3 * DEADLINE_S)
+
+
+def test_a_strangers_members_are_not_taken_and_the_round_goes_on_with_the_leaders():
+    """In an open group, before our leader (FIRST, the lowest id) decides, two others send us
+    Members of our round naming us on our weights: a trainer peer of our table that does not lead
+    (a heartbeat costs nothing) and an identity with a lower id than any, in no table. Neither is
+    taken (before, the first made it and itself the round's members, and the peers we keep places
+    for next): the round's members are the leader's."""
+    stranger, outsider = "b_stranger", "0_outsider"  # FIRST < stranger < ME; outsider lowest, not a trainer
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (FIRST, ME)))),
+                   (0.2, Received(stranger, Members(1, DIGEST, (stranger, ME)))),
+                   (0.3, Received(outsider, Members(1, DIGEST, (outsider, ME)))),
+                   (0.5, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME))))],
+                  trainers=(FIRST, SECOND, stranger))
+    assert out["members"] == (FIRST, SECOND, ME) and out["t"] == pytest.approx(0.5)
+
+
+def test_members_from_a_peer_that_comes_to_lead_are_taken_once_it_leads():
+    """SECOND took FIRST for dead before we did, decided and told us: not our leader then, its
+    Members is kept, and taken as soon as FIRST fails us too (not at SECOND's leader timeout, nor
+    lost: then we would lead alone)."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
+                   (0.4 * DEADLINE_S, PeerFailed(FIRST))])
+    assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
+    assert out["t"] == pytest.approx(0.4 * DEADLINE_S)
+
+
+def test_members_from_a_member_of_the_last_round_are_taken_at_once():
+    """The same, SECOND a member of the last round we took part in (a peer we keep places for): its
+    Members is taken as it comes, as before, though FIRST has not failed us yet (it took FIRST for
+    dead first: waiting for our own leader timeout would leave it averaging without us)."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))], reserved=(SECOND, ME))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), set(), pytest.approx(0.2))
 
 
 def test_more_silent_leaders_than_peers_kept_each_hold_a_round_once(monkeypatch):

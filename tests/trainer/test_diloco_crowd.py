@@ -33,7 +33,7 @@ from trainer.allreduce import Membership
 from trainer.diloco import digest
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import Received
-from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Part, StatePiece,
+from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Members, Part, StatePiece,
                                      StateRequest)
 from trainer.diloco_role import DilocoRole, Phase
 from trainer.diloco_serving import MAX_FRAME_BYTES
@@ -156,6 +156,31 @@ async def test_joins_of_later_rounds_read_during_an_all_reduce_are_kept_bounded(
         assert (trainer.role.history[-1]["round"], trainer.role.history[-1]["members"]) == (4, pair)
     assert digest(lead.role.state.weights) == digest(other.role.state.weights) and lead.role.state.round == 5
     assert lead.role.joins == {}
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_strangers_members_sent_to_a_follower_is_not_taken(nursery: trio.Nursery) -> None:
+    """Two trainers average round 2. In round 3, before the leader decides, a fresh identity (in
+    no table) sends the leader's partner Members of round 3 naming the partner and itself, on the
+    round's weights: the partner does not take it (before, it averaged with the stranger, who
+    never sends a contribution, while the leader averaged with it: the round split, or ended on
+    other weights at each), and the round completes with the two trainers, on the same weights."""
+    lead, other, done, pair = await _paired(nursery)
+    stranger = CROWD[0]
+    same = digest(other.role.state.weights)
+    frames = [(stranger, Members(3, same, tuple(sorted([other.peer_id, stranger.peer_id]))))]
+    read = _noting_reads(other)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, other, nursery, done)  # its Join waits in the leader's inbox
+        await _send_each(other, frames)  # type: ignore[arg-type]
+        await _read_all(read, frames)  # type: ignore[arg-type]
+        assert other.role.phase == Phase.JOIN  # read while it waits for its leader
+        rounds.start_soon(_a_round, lead, nursery, done)
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+    assert digest(lead.role.state.weights) == digest(other.role.state.weights) and lead.role.state.round == 4
+    assert lead.role.inbox.reserved == other.role.inbox.reserved == set(pair)
     nursery.cancel_scope.cancel()
 
 
