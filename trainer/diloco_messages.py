@@ -146,7 +146,8 @@ class StateOffer:
     """The publisher's answer to StateWanted: it is at `round`; `version` (its next, `round` + 1)
     is the version that will carry the outer state, -1 when none will
     (it does not publish, finished its rounds, the asker is not behind and asked only then, is
-    not a trainer peer it knows, or was offered the state within the last few rounds);
+    not a trainer peer it knows, or was offered the state within the last few rounds, as were
+    too many others: `trainer.diloco_serving.ASKERS`);
     `round_s` is its last round's duration (the asker's wait scales with it)."""
 
     round: int

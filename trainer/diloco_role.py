@@ -188,6 +188,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         self.pending_checkpoint: GlobalState | None = None
         self.checkpointed_round = -1
         self.outer_state_versions: set[int] = set()  # versions to publish with the outer state (someone asked)
+        # bounded by `_offer`: the offers of the last ASKER_ROUNDS rounds, at most ASKERS
         self.state_askers: dict[str, int] = {}  # peer -> the version offered to it
         self.granted_at: dict[str, int] = {}  # trainer peer -> our round when we last offered it the state
         self.with_outer_state: list[int] = []  # versions published with the outer state

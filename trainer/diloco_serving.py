@@ -19,7 +19,8 @@ connection's frames are taken in order (`_serve`: a connection that stalls, or i
 These methods read the role's `node`, `config`, `state` and `history`; they add to `heard` (a
 peer that asked for our state, through the role's `_note_heard`, which keeps it bounded), put
 frames into the round's inbox (`inbox`: the role says whose places it keeps), and, on the
-publisher, keep the offers (`outer_state_versions`, `state_askers`, `granted_at`). They call the
+publisher, keep the offers (`outer_state_versions`, `state_askers`, `granted_at`: those of the last
+`ASKER_ROUNDS` rounds, at most `ASKERS`). They call the
 role's `_member_of_group(peer)`, `_known_trainers()` and `_note_heard(peer)`, and hand
 the role itself to `trainer.diloco_links.open_links` (`_tell_ahead`). Their log lines go to the
 role's logger. They must not decide rounds or members (`trainer.diloco_role`, `trainer.allreduce`).
@@ -40,8 +41,8 @@ from p2pnet.errors import MessageRejected
 from trainer.diloco import digest
 from trainer.diloco_inbox import Lane, frame_bytes
 from trainer.diloco_links import Received, open_links
-from trainer.diloco_messages import (MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, Part, StateOffer,
-                                     StatePiece, StateRequest, StateWanted)
+from trainer.diloco_messages import (MAX_MEMBERS, MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, Part,
+                                     StateOffer, StatePiece, StateRequest, StateWanted)
 
 if TYPE_CHECKING:
     from trainer.diloco_inbox import RoundInbox
@@ -52,6 +53,10 @@ log = logging.getLogger("trainer.diloco_role")  # the role's logger: its log lin
 
 ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this long for its heartbeat
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
+# the most trainer peers offered the outer state within ASKER_ROUNDS rounds (`_offer`): what we
+# remember of them (`granted_at`, `state_askers`) grows by one per asker, and a role in a heartbeat
+# is any identity's claim. Four rounds' worth of whole groups: honest joiners fit.
+ASKERS = 4 * MAX_MEMBERS
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
 # x STALL_WINDOWS x deadline_s: a connection idle between frames that long is closed (`_serve`). A
@@ -274,6 +279,18 @@ class DilocoServing:
             # asked a moment ago: it joined, or falls back to the direct fetch; one version per
             # ASKER_ROUNDS rounds, so no peer can make every version carry the momentum
             log.info("diloco: %s asked for the outer state again within %d rounds: refused", peer, ASKER_ROUNDS)
+            return StateOffer(round, -1, round_s)
+        # an offer older than ASKER_ROUNDS rounds is read no more (above): forgotten, as an asker
+        # whose version we have (`_round` forgets it as the version is made; one we took whole, as we
+        # caught up, here). Those of the last rounds are at most ASKERS; past that, an asker takes
+        # the direct fetch, as on any refusal
+        for asker in [p for p, at in self.granted_at.items() if at <= round - ASKER_ROUNDS]:
+            del self.granted_at[asker]
+        for asker in [p for p, version in self.state_askers.items() if version <= round]:
+            del self.state_askers[asker]
+        if len(self.granted_at) >= ASKERS or len(self.state_askers) >= ASKERS:
+            log.warning("diloco: %s wants the outer state, %d trainer peers were offered it within %d rounds: refused",
+                        peer, len(self.granted_at), ASKER_ROUNDS)
             return StateOffer(round, -1, round_s)
         version = round + 1
         self.outer_state_versions.add(version)
