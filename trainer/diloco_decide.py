@@ -25,6 +25,15 @@ from the leader we follow, or from a peer the round's inbox keeps places for (`_
 from anyone: in an open group any identity can send one. One from another invited peer is kept,
 and taken if that peer comes to lead here too (its predecessors taken for dead).
 
+A joiner left out. A round holds at most `MAX_MEMBERS` Joins (`Membership`, `room_for`); a member
+that turns away a trainer peer of its table, or gives its place to a peer it keeps places for,
+tells it so (`NoRoom`), now or, for a Join of the next round read during our all-reduce
+(`_keep_join`), from there, when its Join said it reads that (`hears_no_room`: an older peer's
+server would end the connection on a kind it does not know). The joiner takes it from the leader
+it follows only (any identity can send one, and a member that is not the leader may have had no
+room where the leader had): it sits the round out at once (`_Behind`) and takes a later state,
+as a peer the round's Members leave out does, instead of waiting out its leader's timeout.
+
 These methods read the role's `node`, `config`, `history`, `heard` and `suspects` and the round's
 inbox (`inbox`, through the role's `_next_event`); they keep the Joins of the next round read early
 (`joins`, `turned_away`) and the Parts of this round read before its members were decided
@@ -44,7 +53,7 @@ import trio
 from trainer.allreduce import Membership, hold_join
 from trainer.diloco_inbox import INBOX
 from trainer.diloco_links import Links, PeerFailed
-from trainer.diloco_messages import MAX_MEMBERS, Join, Members, Part
+from trainer.diloco_messages import MAX_MEMBERS, Join, Members, NoRoom, Part
 
 if TYPE_CHECKING:
     from trainer.diloco_inbox import RoundInbox
@@ -96,6 +105,7 @@ class Deciding:
         leader_deadline = trio.current_time() + 2 * self.config.deadline_s
         followed, timed = me, set()  # the leader we wait for Members from; those given their own time to decide
         told: dict[str, Members] = {}  # Members of this round from invited peers we did not follow then (`_believed`)
+        hearing: set[str] = set()  # trainer peers of our table whose Join takes a NoRoom answer
         while True:
             # a peer some member waits for (named in its Join), or whose Join reached us, is one we
             # wait for too: every member then picks its leader from the same peers. Else a joiner
@@ -109,8 +119,8 @@ class Deciding:
             for peer in sorted(invited):  # (re)send when not delivered yet or when a peer failed us since
                 if delivered.get(peer) != alive:
                     delivered[peer] = alive
-                    sends.start_soon(self._send_join, links, peer, Join(round, weights_digest, tuple(sorted(alive))),
-                                     delivered)
+                    join = Join(round, weights_digest, tuple(sorted(alive)), hears_no_room=True)
+                    sends.start_soon(self._send_join, links, peer, join, delivered)
             now = trio.current_time()
             leader = membership.leader(own, invited, self.suspects)
             if leader != followed:  # the last one failed us, or a lower id joined: not its predecessor's rest of time
@@ -144,7 +154,18 @@ class Deciding:
             if isinstance(body, (Join, Members)) and body.round > round:
                 raise _Behind(sender)
             elif isinstance(body, Join) and body.round == round:
+                refused = set(membership.refused)
                 membership.receive(sender, body, trainers)
+                if body.hears_no_room and sender in trainers:
+                    hearing.add(sender)
+                # tell the trainer peers turned away now (this one, or the one it replaced), so that
+                # they stop waiting for our Members: it does not come to them
+                for peer in sorted(((membership.refused - refused) | ({sender} & membership.refused)) & hearing):
+                    sends.start_soon(links.send, peer, NoRoom(round))
+            elif isinstance(body, NoRoom) and body.round == round:
+                if sender == membership.leader(own, invited, self.suspects):  # no one else's say (`_believed`)
+                    log.info("diloco: leader %s had no room for us in round %d: sitting it out", sender, round)
+                    raise _Behind(sender)
             elif isinstance(body, Members) and body.round == round:
                 leader = membership.leader(own, invited, self.suspects)  # (it spoke: no suspect now)
                 if self._believed(sender, leader):
@@ -198,7 +219,7 @@ class Deciding:
         if not await links.send(peer, join, report_refusal=False):
             delivered.pop(peer, None)  # again at the next poll: a newcomer may not have our heartbeat yet
 
-    def _keep_join(self, sender: str, join: Join, trainers: Collection[str] = frozenset()) -> None:
+    def _keep_join(self, sender: str, join: Join, trainers: Collection[str] = frozenset()) -> list[str]:
         """A Join of the next round, read during our all-reduce, kept for the next `_decide`. Only
         the next round's: an honest peer that ended this round before us sends those; one further
         ahead means we are behind, which the next round's Joins show us again (`_Behind`; a peer
@@ -206,8 +227,16 @@ class Deciding:
         (reserved: `_reserve`) first, as `Membership` takes them (`room_for`). A sender turned
         away, or replaced, that is one of `trainers` (of our table) is remembered
         (`turned_away`), as `Membership` remembers one: it counts for the leader choice, and is
-        not waited for (it sends its Join once; another member may hold it)."""
+        not waited for (it sends its Join once; another member may hold it). Returned: those of
+        them turned away by this call (it, or the one it replaced) whose Join takes a `NoRoom`
+        answer (`Join.hears_no_room`), for the all-reduce to tell."""
         kept = self.joins.setdefault(join.round, {})
         refused = self.turned_away.setdefault(join.round, set())
-        if hold_join(kept, refused, sender, self.inbox.reserved | {self.node.peer_id}, trainers)[0]:
+        replaceable = dict(kept) if len(kept) >= MAX_MEMBERS else {}  # (a Join replaced is dropped from `kept`)
+        admitted, replaced = hold_join(kept, refused, sender, self.inbox.reserved | {self.node.peer_id}, trainers)
+        if admitted:
             kept[sender] = join
+        tell = [] if admitted or not join.hears_no_room or sender not in refused else [sender]
+        if replaced is not None and replaced in refused and replaceable[replaced].hears_no_room:
+            tell.append(replaced)
+        return tell

@@ -35,12 +35,14 @@ our leader or a peer we keep places for (`trainer.diloco_decide`): any identity 
 whoever it listed would be the members we keep places for, not the real ones. A round
 holds at most `MAX_MEMBERS`, though many identities Join it: the peers we keep places for always
 find room among the Joins we hold (`Membership`, `room_for`), the rest go to other joiners first
-come. A joiner left out is not told so (no Members is sent to it): it waits out its leader's
-timeout, may then decide a round of its own with the Joins it holds, and is behind the group the
-round after, which it catches up on as any peer that missed a round does. Joins of the next round
+come. A joiner left out is told so (`NoRoom`, by each member that turned its Join away, taken
+from its leader only: `trainer.diloco_decide`): it sits the round out at once and takes a later
+state, as a peer the round's Members leave out does. An older joiner, whose Join does not say it
+reads that, is not told: it waits out its leader's timeout, may then decide a round of its own
+with the Joins it holds, and is behind the group the round after. Joins of the next round
 read during our all-reduce are kept for it, of the next round only and as many, the same peers
 first (`_keep_join`), and the trainer peers of our table among the senders it had no room for are
-remembered for it (`turned_away`), as `Membership` remembers those it turns away.
+remembered for it (`turned_away`), as `Membership` remembers those it turns away, and told.
 
 Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
 What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer
@@ -77,7 +79,7 @@ from trainer.diloco_decide import Deciding, _Behind
 from trainer.diloco_inbox import INBOX, PEER_INBOX, RoundInbox
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state
-from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, Part
+from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, NoRoom, Part
 from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_BYTES_PER_VALUE,
                                     STATE_SEND_DEADLINES, DilocoServing)
 
@@ -314,7 +316,8 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
                 effects = core.receive(now, sender, body)
             else:
                 if isinstance(body, Join) and body.round == round + 1:
-                    self._keep_join(sender, body, trainers)
+                    for peer in self._keep_join(sender, body, trainers):  # no room for it: it is told
+                        sends.start_soon(links.send, peer, NoRoom(round + 1))
                 effects = core.tick(now)
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:

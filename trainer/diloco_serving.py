@@ -6,7 +6,7 @@ data-plane channel `diloco` (`trainer.diloco_messages.CHANNEL`) before its model
 connection's frames are taken in order (`_serve`: a connection that stalls, or idles past
 `IDLE_WINDOWS` windows, is closed; its docstring says why each bound) and acted on (`_on_frame`):
 
-- Join, Members, Part: into the round's inbox (`_deliver`, `trainer.diloco_inbox`), where each
+- Join, Members, Part, NoRoom: into the round's inbox (`_deliver`, `trainer.diloco_inbox`), where each
   sender has `PEER_INBOX` places, the round's members in a lane of their own and everyone else in
   a pool they share, less what no round of ours will use (`_stale`) and, in a closed group, the
   names of peers `[diloco] trainers` does not list (`_listed_only`). A Join of an older round is
@@ -41,8 +41,8 @@ from p2pnet.errors import MessageRejected
 from trainer.diloco import digest
 from trainer.diloco_inbox import Lane, frame_bytes
 from trainer.diloco_links import Received, open_links
-from trainer.diloco_messages import (MAX_MEMBERS, MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, Part,
-                                     StateOffer, StatePiece, StateRequest, StateWanted)
+from trainer.diloco_messages import (MAX_MEMBERS, MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, NoRoom,
+                                     Part, RoundFrame, StateOffer, StatePiece, StateRequest, StateWanted)
 
 if TYPE_CHECKING:
     from trainer.diloco_inbox import RoundInbox
@@ -163,7 +163,7 @@ class DilocoServing:
             envelope = self.node.codec.decode(frame, time.time())  # MessageRejected ends the connection
             if envelope.sender != peer:
                 raise MessageRejected("wrong_sender", "a frame signed by another peer than the connection's")
-            if isinstance(envelope.body, (Join, Members, Part)):
+            if isinstance(envelope.body, (Join, Members, Part, NoRoom)):
                 hears_idle = hears_idle or envelope.body.hears_idle
             if not await self._on_frame(stream, peer, envelope.body, envelope.kind):
                 return
@@ -182,7 +182,7 @@ class DilocoServing:
             offer = self._offer(peer, body)
             await self._sent_within(self.config.deadline_s, peer, "offer",
                                     send_frame(stream, self.node.codec.encode(offer, time.time())))
-        elif isinstance(body, (Join, Members, Part)):
+        elif isinstance(body, (Join, Members, Part, NoRoom)):
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)
             listed = self._listed_only(peer, body)
@@ -192,7 +192,7 @@ class DilocoServing:
             raise MessageRejected("unexpected", f"{kind} on the diloco channel")
         return True
 
-    def _listed_only(self, peer: str, body: Join | Members | Part) -> Join | Members | Part | None:
+    def _listed_only(self, peer: str, body: RoundFrame) -> RoundFrame | None:
         """`body` as a round takes it in: in a closed group, the names of peers `trainers` does not
         list are left out (logged), where they enter. A listed peer whose own list differs (a
         list not copied to every peer) would otherwise make a leader wait a join deadline for
@@ -201,7 +201,7 @@ class DilocoServing:
         leader's Members, those peers make our members digest differ from the others': the round
         then goes on without us, and we fetch the state after it, as on any disagreement."""
         allowed = self.config.trainers
-        if not allowed or isinstance(body, Part):
+        if not allowed or isinstance(body, (Part, NoRoom)):
             return body
         names = body.known if isinstance(body, Join) else body.members
         kept = tuple(p for p in names if p in allowed)
@@ -213,7 +213,7 @@ class DilocoServing:
             return dataclasses.replace(body, known=kept)
         return dataclasses.replace(body, members=kept) if kept else None
 
-    def _stale(self, body: Join | Members | Part) -> bool:
+    def _stale(self, body: RoundFrame) -> bool:
         """A frame no round of ours will use, not worth a place in the inbox: of a round before
         ours (a Join of one was answered, `_tell_ahead`), or a Part of another round than ours
         (a round takes Parts of its own round only; one of a later round needs our Join first)."""
@@ -221,7 +221,7 @@ class DilocoServing:
             return False  # our model still loads: any round may be ours
         return body.round < self.state.round or (isinstance(body, Part) and body.round != self.state.round)
 
-    async def _deliver(self, peer: str, body: Join | Members | Part) -> None:
+    async def _deliver(self, peer: str, body: RoundFrame) -> None:
         """Put `peer`'s frame into the round's inbox, where it waits until the round reads it
         (nothing does while the inner steps run). A sender has `PEER_INBOX` places there at a time,
         so that no sender fills it for the others, and a sender outside the round's group shares

@@ -20,7 +20,8 @@ from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejec
                             max_quantization_error, pack, packed_bytes, unpack)
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import PeerFailed, Received
-from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, Join, Members
+from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, Join, Members, NoRoom
+from trainer.diloco_decide import _Behind
 from trainer.diloco_role import DilocoRole, JoinPath, Phase
 
 
@@ -433,15 +434,18 @@ DEADLINE_S, DIGEST = 10.0, b"w" * 16
 FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
-def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=()) -> dict:
+def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=(), sent_to=None) -> dict:
     """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
     SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
-    inbox, and what it sends goes into `sent`; `reserved`: the last round's members (`_reserve`).
-    What it returned, whom it suspects, and when."""
+    inbox, and what it sends goes into `sent` (and, with whom to, `sent_to`); `reserved`: the last
+    round's members (`_reserve`).
+    What it returned (or whom it sits the round out for), whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
             if sent is not None:
                 sent.append(body)
+            if sent_to is not None:
+                sent_to.append((peer, body))
             return True
 
     out = {}
@@ -465,7 +469,10 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, rese
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world)
             with trio.fail_after(within_s):
-                out["members"] = await role._decide(1, DIGEST, Links(), nursery)
+                try:
+                    out["members"] = await role._decide(1, DIGEST, Links(), nursery)
+                except _Behind as behind:  # it sits the round out (`out["behind"]`: whom it was told by)
+                    out["behind"] = behind.peer
             out["suspects"] = set(role.suspects)
             out["t"] = trio.current_time()
             nursery.cancel_scope.cancel()
@@ -528,6 +535,33 @@ def test_members_from_a_member_of_the_last_round_are_taken_at_once():
     out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
                    (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))], reserved=(SECOND, ME))
     assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), set(), pytest.approx(0.2))
+
+
+def test_a_full_leader_tells_the_trainer_peers_it_turns_away_that_read_it():
+    """We lead (our table's trainer peers have higher ids) and hold as many Joins as a round takes
+    (strangers', on our weights) when two trainer peers of our table Join: both are turned away;
+    the one whose Join says it reads a `NoRoom` is told, once though it Joins again (before, no
+    one was told: each waited out its leader timeout); the other, an older peer (whose server
+    would end the connection on a kind it does not know), is not."""
+    strangers = [f"b_stranger{i:03d}" for i in range(MAX_MEMBERS - 1)]  # no trainers: they do not lead
+    script = [(0.01, Received(s, Join(1, DIGEST, ()))) for s in strangers]
+    script += [(0.1, Received("d_new", Join(1, DIGEST, (ME,), hears_no_room=True))),
+               (0.2, Received("d_old", Join(1, DIGEST, (ME,)))),
+               (0.3, Received("d_new", Join(1, DIGEST, (ME, "d_old"), hears_no_room=True)))]
+    sent_to: list = []
+    out = _decide(script, trainers=("d_new", "d_old"), sent_to=sent_to)
+    assert out["members"] == tuple(sorted([*strangers, ME]))
+    assert [(peer, body) for peer, body in sent_to if isinstance(body, NoRoom)] == [("d_new", NoRoom(1))]
+
+
+def test_no_room_is_taken_from_our_leader_only():
+    """A `NoRoom` from a peer that does not lead here (any identity can send one) is not taken: we
+    wait on for our leader's Members. Our leader's makes us sit the round out at once."""
+    out = _decide([(0.1, Received(SECOND, NoRoom(1))), (0.2, Received("0_outsider", NoRoom(1))),
+                   (0.5, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME))))])
+    assert out["members"] == (FIRST, SECOND, ME)
+    out = _decide([(0.1, Received(FIRST, NoRoom(1)))])
+    assert (out["behind"], out["suspects"], out["t"]) == (FIRST, set(), pytest.approx(0.1))
 
 
 def test_more_silent_leaders_than_peers_kept_each_hold_a_round_once(monkeypatch):
