@@ -96,6 +96,9 @@ class Deciding:
         """The members of this round: decided here when we lead, else told by the leader."""
         me = self.node.peer_id
         self._forget()
+        # trainer peers whose Join takes a NoRoom answer: those of the Joins kept for this round too
+        # (one of them a reserved peer's Join replaces here is told, as one `receive` turns away)
+        hearing = {peer for peer, join in self.joins.get(round, {}).items() if join.hears_no_room}
         membership = self._membership(round, weights_digest, self._known_trainers())
         delivered: dict[str, frozenset[str]] = {}  # peer -> the peers our Join to it named
         invited = self._known_trainers()  # whom we wait for; grows during the round, never shrinks
@@ -105,7 +108,6 @@ class Deciding:
         leader_deadline = trio.current_time() + 2 * self.config.deadline_s
         followed, timed = me, set()  # the leader we wait for Members from; those given their own time to decide
         told: dict[str, Members] = {}  # Members of this round from invited peers we did not follow then (`_believed`)
-        hearing: set[str] = set()  # trainer peers of our table whose Join takes a NoRoom answer
         while True:
             # a peer some member waits for (named in its Join), or whose Join reached us, is one we
             # wait for too: every member then picks its leader from the same peers. Else a joiner
@@ -159,8 +161,10 @@ class Deciding:
                 if body.hears_no_room and sender in trainers:
                     hearing.add(sender)
                 # tell the trainer peers turned away now (this one, or the one it replaced), so that
-                # they stop waiting for our Members: it does not come to them
-                for peer in sorted(((membership.refused - refused) | ({sender} & membership.refused)) & hearing):
+                # they stop waiting for our Members: it does not come to them. Once each (a peer stays
+                # turned away for the round): a Join sent again, by any trainer peer as often as it
+                # likes, is no send more, each of which may wait `deadline_s` on a peer that reads none
+                for peer in sorted((membership.refused - refused) & hearing):
                     sends.start_soon(links.send, peer, NoRoom(round))
             elif isinstance(body, NoRoom) and body.round == round:
                 if sender == membership.leader(own, invited, self.suspects):  # no one else's say (`_believed`)
@@ -229,14 +233,16 @@ class Deciding:
         (`turned_away`), as `Membership` remembers one: it counts for the leader choice, and is
         not waited for (it sends its Join once; another member may hold it). Returned: those of
         them turned away by this call (it, or the one it replaced) whose Join takes a `NoRoom`
-        answer (`Join.hears_no_room`), for the all-reduce to tell."""
+        answer (`Join.hears_no_room`), for the all-reduce to tell: once each, as `_decide` tells
+        (a sender turned away before, sending its Join again, is not named again)."""
         kept = self.joins.setdefault(join.round, {})
         refused = self.turned_away.setdefault(join.round, set())
         replaceable = dict(kept) if len(kept) >= MAX_MEMBERS else {}  # (a Join replaced is dropped from `kept`)
+        told = sender in refused  # turned away before: told then
         admitted, replaced = hold_join(kept, refused, sender, self.inbox.reserved | {self.node.peer_id}, trainers)
         if admitted:
             kept[sender] = join
-        tell = [] if admitted or not join.hears_no_room or sender not in refused else [sender]
+        tell = [] if admitted or told or not join.hears_no_room or sender not in refused else [sender]
         if replaced is not None and replaced in refused and replaceable[replaced].hears_no_room:
             tell.append(replaced)
         return tell

@@ -434,11 +434,13 @@ DEADLINE_S, DIGEST = 10.0, b"w" * 16
 FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
-def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=(), sent_to=None) -> dict:
+def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=(), sent_to=None,
+            kept=()) -> dict:
     """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
     SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
     inbox, and what it sends goes into `sent` (and, with whom to, `sent_to`); `reserved`: the last
-    round's members (`_reserve`).
+    round's members (`_reserve`); `kept`: [(sender, Join)] of round 1 read during the last round's
+    all-reduce (`_keep_join`).
     What it returned (or whom it sits the round out for), whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
@@ -458,7 +460,8 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, rese
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
         role.inbox = RoundInbox()
         role.inbox.reserve(reserved)
-        role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
+        role.suspects, role.heard, role.early_parts, role.history = set(), set(), [], []
+        role.joins = {1: dict(kept)} if kept else {}
         role.turned_away = {}
 
         async def world():
@@ -528,6 +531,18 @@ def test_members_from_a_peer_that_comes_to_lead_are_taken_once_it_leads():
     assert out["t"] == pytest.approx(0.4 * DEADLINE_S)
 
 
+def test_members_from_a_peer_that_comes_to_lead_are_taken_at_our_leader_timeout():
+    """The same in a fresh group (no round behind us, no peer we keep places for), FIRST silent (in
+    our table, a newcomer still loading or a peer the others took for dead: theirs may not hold
+    it): SECOND's Members is kept, and taken when FIRST's leader timeout takes it for dead (that
+    is what not taking Members from any sender costs such a peer); not lost, which would leave us
+    leading alone, then sitting the round out."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
+    assert out["t"] == pytest.approx(2 * DEADLINE_S)
+
+
 def test_members_from_a_member_of_the_last_round_are_taken_at_once():
     """The same, SECOND a member of the last round we took part in (a peer we keep places for): its
     Members is taken as it comes, as before, though FIRST has not failed us yet (it took FIRST for
@@ -540,17 +555,33 @@ def test_members_from_a_member_of_the_last_round_are_taken_at_once():
 def test_a_full_leader_tells_the_trainer_peers_it_turns_away_that_read_it():
     """We lead (our table's trainer peers have higher ids) and hold as many Joins as a round takes
     (strangers', on our weights) when two trainer peers of our table Join: both are turned away;
-    the one whose Join says it reads a `NoRoom` is told, once though it Joins again (before, no
-    one was told: each waited out its leader timeout); the other, an older peer (whose server
-    would end the connection on a kind it does not know), is not."""
+    the one whose Join says it reads a `NoRoom` is told, once though it Joins again before we
+    decide (a third trainer peer never Joins: we wait for it to the join deadline) (before, no
+    one was told: each waited out its leader timeout; and each Join sent again was told again, a
+    send each, however often a trainer peer Joins); the other, an older peer (whose server would
+    end the connection on a kind it does not know), is not."""
     strangers = [f"b_stranger{i:03d}" for i in range(MAX_MEMBERS - 1)]  # no trainers: they do not lead
     script = [(0.01, Received(s, Join(1, DIGEST, ()))) for s in strangers]
     script += [(0.1, Received("d_new", Join(1, DIGEST, (ME,), hears_no_room=True))),
                (0.2, Received("d_old", Join(1, DIGEST, (ME,)))),
-               (0.3, Received("d_new", Join(1, DIGEST, (ME, "d_old"), hears_no_room=True)))]
+               (0.3, Received("d_new", Join(1, DIGEST, (ME, "d_old"), hears_no_room=True))),
+               (0.4, Received("d_new", Join(1, DIGEST, (ME,), hears_no_room=True)))]
     sent_to: list = []
-    out = _decide(script, trainers=("d_new", "d_old"), sent_to=sent_to)
-    assert out["members"] == tuple(sorted([*strangers, ME]))
+    out = _decide(script, trainers=("d_new", "d_old", "e_silent"), sent_to=sent_to)
+    assert out["members"] == tuple(sorted([*strangers, ME])) and out["t"] == pytest.approx(DEADLINE_S)
+    assert [(peer, body) for peer, body in sent_to if isinstance(body, NoRoom)] == [("d_new", NoRoom(1))]
+
+
+def test_a_kept_join_a_member_of_the_last_round_replaces_is_told():
+    """The Joins of our round read during the last one's all-reduce filled its places, the last
+    come a trainer peer's that reads a `NoRoom`; then a member of the last round Joins: its place
+    is that trainer peer's, which is told (before, only a sender read during the join was told)."""
+    member, strangers = "b_member", [f"b_stranger{i:03d}" for i in range(MAX_MEMBERS - 2)]
+    kept = [(s, Join(1, DIGEST, ())) for s in strangers] + [("d_new", Join(1, DIGEST, (ME,), hears_no_room=True))]
+    sent_to: list = []
+    out = _decide([(0.1, Received(member, Join(1, DIGEST, (ME,))))], trainers=("d_new", "e_silent"),
+                  reserved=(member,), kept=kept, sent_to=sent_to)
+    assert out["members"] == tuple(sorted([*strangers, member, ME]))
     assert [(peer, body) for peer, body in sent_to if isinstance(body, NoRoom)] == [("d_new", NoRoom(1))]
 
 

@@ -194,11 +194,13 @@ async def test_a_trainer_peer_whose_join_of_the_next_round_found_no_room_is_told
     lead, other, done, pair = await _paired(nursery)
     joiner = Identity.from_seed_text("diloco late joiner")
     got: list[tuple[str, Any]] = []
+    arrived = trio.Event()
     plane = DataPlane("127.0.0.1", 0, codec=Codec(joiner), self_id=joiner.peer_id, admit=lambda peer: None)
 
     async def take(stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
         while (frame := await reader.frame()) is not None:
             got.append((peer, Codec(joiner).decode(frame, time.time()).body))
+            arrived.set()
     plane.register(CHANNEL, take)
     lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
 
@@ -214,8 +216,7 @@ async def test_a_trainer_peer_whose_join_of_the_next_round_found_no_room_is_told
         await _send_each(lead, frames)
         await _read_all(read, frames)
         with trio.fail_after(SLACK_S):
-            while not got:
-                await trio.sleep(0.01)
+            await arrived.wait()
         assert lead.role.phase == Phase.REDUCE  # told during the all-reduce
         release.set()
     assert got == [(lead.peer_id, NoRoom(4))] and lead.role.turned_away == {4: {joiner.peer_id}}
@@ -258,6 +259,7 @@ def test_trainer_peers_whose_joins_of_the_next_round_find_no_room_are_named_to_b
         assert role._keep_join(who.peer_id, Join(4, b"s" * 16, (), hears_no_room=True), trainers) == []
     assert role._keep_join("t_last", Join(4, b"s" * 16, (), hears_no_room=True), trainers) == []  # the last place
     assert role._keep_join("t_new", Join(4, b"s" * 16, (), hears_no_room=True), trainers) == ["t_new"]
+    assert role._keep_join("t_new", Join(4, b"s" * 16, ("me",), hears_no_room=True), trainers) == []  # told once
     assert role._keep_join("t_old", Join(4, b"s" * 16, ()), trainers) == []
     assert role._keep_join(CROWD[-1].peer_id, Join(4, b"s" * 16, (), hears_no_room=True), trainers) == []
     assert role._keep_join(member, Join(4, b"m" * 16, ()), trainers) == ["t_last"]  # its place goes to a member
