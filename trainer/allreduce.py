@@ -15,9 +15,10 @@ room, and every other joiner takes what is left, first come first served. A join
 is no member, but still counts for the leader choice (each member holds the Joins that came to
 it first: a leader picked among those alone could differ between members) and is not waited
 for. A peer whose digest is not the reference (it missed a round, or resumed from an older
-checkpoint) sits the round out and fetches the state from a member instead; one left out is not
-told so, and catches up the round after (`trainer.diloco_role`). A follower that hears no Members by twice the deadline takes the leader for dead and
-the next lowest peer leads.
+checkpoint) sits the round out and fetches the state from a member instead; one left out for want
+of room is told so by its leader (`NoRoom`, `trainer.diloco_decide`) and does the same. A
+follower that hears no Members by twice the deadline takes the leader for dead and the next
+lowest peer leads.
 
 `AllReduce` averages one vector over the members by reduce-scatter then all-gather. The
 vector is cut into one contiguous shard per member; shard i is first owned by members[i].
@@ -109,8 +110,8 @@ def room_for(held: Iterable[str], sender: str, keep: Collection[str], limit: int
     members of the last round we took part in, at most `limit`) always find room and everyone
     else takes what is left, first come first served: a sender already held, yes; room left,
     yes; full, a sender of `keep` replaces the last-come sender not of `keep` (there is one:
-    `keep` holds at most `limit`), anyone else is turned away (the round goes on without it, and
-    does not tell it: see `trainer.diloco_role`). Pure: the caller drops whom it names."""
+    `keep` holds at most `limit`), anyone else is turned away (the round goes on without it; the
+    shell tells it: `trainer.diloco_decide`). Pure: the caller drops whom it names."""
     held = list(held)
     if sender in held or len(held) < limit:
         return True, None

@@ -1,4 +1,4 @@
-"""A DiLoCo round's inbox: the frames other trainer peers sent us (Join, Members, Part) and our own
+"""A DiLoCo round's inbox: the frames other trainer peers sent us (Join, Members, Part, NoRoom) and our own
 links' failure reports (`PeerFailed`), waiting until the round reads them (`RoundInbox`, the trio
 shell of the pure `InboxCore`).
 
@@ -52,7 +52,7 @@ from collections.abc import Iterable
 import trio
 
 from trainer.diloco_links import InboxEvent, PeerFailed, Received
-from trainer.diloco_messages import MAX_MEMBERS, MAX_PART_BYTES, Join, Members, Part
+from trainer.diloco_messages import MAX_MEMBERS, MAX_PART_BYTES, Join, NoRoom, Part, RoundFrame
 
 # frames of one sender the inbox holds at a time. While the inner steps run nothing reads it; an
 # honest peer sends us a few frames meanwhile (its Joins of our round, again each time the peers
@@ -76,10 +76,12 @@ class Lane(enum.Enum):
     POOL = "pool"
 
 
-def frame_bytes(body: Join | Members | Part) -> int:
+def frame_bytes(body: RoundFrame) -> int:
     """What a frame holds in memory, near enough: its payload, peer ids included, and `FRAME_BYTES`."""
     if isinstance(body, Part):
         return FRAME_BYTES + len(body.values) + len(body.scales) + sum(map(len, body.contributors))
+    if isinstance(body, NoRoom):
+        return FRAME_BYTES
     return FRAME_BYTES + sum(map(len, body.known if isinstance(body, Join) else body.members))
 
 

@@ -37,7 +37,7 @@ import trio
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.handshake import NotAdmitted
-from trainer.diloco_messages import Idle, Join, Members, Part
+from trainer.diloco_messages import Idle, Join, Members, NoRoom, Part, RoundFrame
 
 if TYPE_CHECKING:
     from trainer.diloco_role import DilocoRole
@@ -62,7 +62,7 @@ class Received:
     """A round's inbox event: `peer` sent us `body` on the diloco channel."""
 
     peer: str
-    body: Join | Members | Part
+    body: RoundFrame
 
 
 InboxEvent = PeerFailed | Received  # what a round's inbox carries
@@ -99,7 +99,7 @@ class Links:
         """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
         peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused to
         the end (it is alive but has not heard our heartbeat yet, though introduced: see `_open`)."""
-        if isinstance(body, (Join, Members, Part)):  # our watcher reads the receiver's Idle notice
+        if isinstance(body, (Join, Members, Part, NoRoom)):  # our watcher reads the receiver's Idle notice
             body = dataclasses.replace(body, hears_idle=True)
         frame = self.role.node.codec.encode(body, time.time())
         lock = self.locks.setdefault(peer, trio.Lock())

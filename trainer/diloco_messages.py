@@ -3,10 +3,13 @@
 Every frame is signed by its sender's identity key (`p2pnet.wire`), so a contribution is
 attributable: what fails its checks costs the peer that signed it.
 
-A round's connections (`trainer.diloco_links`) carry Join, Members and Part one way; the
-receiving end writes on one only to close it idle (`Idle`), and only when the sender's frames
+A round's connections (`trainer.diloco_links`) carry Join, Members, Part and NoRoom one way;
+the receiving end writes on one only to close it idle (`Idle`), and only when the sender's frames
 said it reads that (`hears_idle`, a field added at the end with a default, so older peers send
-and read these messages as before: an older sender's frames lack it and read as False).
+and read these messages as before: an older sender's frames lack it and read as False). A Join
+whose round had no room for it is answered `NoRoom` only when the Join said its sender reads
+that (`hears_no_room`, added the same way): to an older peer, whose server ends a connection on a
+frame of a kind it does not know, it is never sent.
 
 This module must not do I/O or know how a round proceeds (`trainer.allreduce` does).
 """
@@ -35,12 +38,17 @@ class Join:
     receiver writes, and takes an `Idle` there for a close that is no death (a newer sender's
     `Links` sets it on every frame). False, as in every older peer's frames, the receiver closes
     that connection idle without a word, as any close. It says nothing about the round, so two
-    messages that differ only in it are equal."""
+    messages that differ only in it are equal.
+
+    `hears_no_room` (a newer sender's, set on its Joins of a round it decides): it takes a
+    `NoRoom` answer to this Join. False, as in every older peer's, it is not sent one. Not
+    compared either."""
 
     round: int
     weights_digest: bytes
     known: tuple[str, ...]
     hears_idle: bool = field(default=False, compare=False)  # its link reads an Idle notice (above)
+    hears_no_room: bool = field(default=False, compare=False)  # its sender takes a NoRoom answer (below)
 
     def __post_init__(self) -> None:
         if self.round < 0 or len(self.weights_digest) != 16:
@@ -101,6 +109,26 @@ class Part:
 
 
 @dataclass(frozen=True)
+class NoRoom:
+    """The sender, a member of `round`, had no room for the receiver's Join of it: it holds as
+    many Joins as a round takes (`MAX_MEMBERS`, the peers it keeps places for first), and turned
+    that one away, or later gave its place to one of those peers (`trainer.allreduce.room_for`).
+    The receiver takes it from the leader it follows (`trainer.diloco_decide`): it is no member of
+    the round, stops waiting for the round's Members and takes a later state. Sent only for a Join
+    that said its sender reads it (`Join.hears_no_room`). `hears_idle`: as in `Join`."""
+
+    round: int
+    hears_idle: bool = field(default=False, compare=False)  # as in Join
+
+    def __post_init__(self) -> None:
+        if self.round < 0:
+            raise ValueError("NoRoom needs round >= 0")
+
+
+RoundFrame = Join | Members | Part | NoRoom  # what a round's connections carry, into its inbox
+
+
+@dataclass(frozen=True)
 class StateRequest:
     """Ask a trainer peer for its global weights and outer momentum (a joining peer)."""
 
@@ -146,7 +174,8 @@ class StateOffer:
     """The publisher's answer to StateWanted: it is at `round`; `version` (its next, `round` + 1)
     is the version that will carry the outer state, -1 when none will
     (it does not publish, finished its rounds, the asker is not behind and asked only then, is
-    not a trainer peer it knows, or was offered the state within the last few rounds);
+    not a trainer peer it knows, or was offered the state within the last few rounds, as were
+    too many others: `trainer.diloco_serving.ASKERS`);
     `round_s` is its last round's duration (the asker's wait scales with it)."""
 
     round: int
@@ -181,5 +210,6 @@ message("diloco/state_request", max_bytes=512)(StateRequest)
 message("diloco/state_wanted", max_bytes=512)(StateWanted)
 message("diloco/state_offer", max_bytes=512)(StateOffer)
 message("diloco/idle", max_bytes=512)(Idle)
+message("diloco/no_room", max_bytes=512)(NoRoom)
 STATE_PIECE_VALUES = PIECE_VALUES // 4  # weights + momentum: 2 x 256 KiB per piece
 message("diloco/state_piece", max_bytes=2 * 4 * STATE_PIECE_VALUES + 4096)(StatePiece)

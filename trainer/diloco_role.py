@@ -10,9 +10,10 @@ so inference workers fetch them as before.
 
 This module owns the role's config (`DilocoConfig`) and state (`__init__`: each mixin below
 declares the part of it that it uses), the model and the global state it starts from (`_load`,
-`_adopt`), the rounds (`run`, `_round`, `_decide`, `_all_reduce`), whom they wait for and who is
-in the group (`_known_trainers`, `_member_of_group`, `_reserve`), our connections to other trainer
-peers (`open_stream`), and `status()`. The round's inbox is `trainer.diloco_inbox`'s. Mixed in:
+`_adopt`), the rounds (`run`, `_round`, `_all_reduce`), whom they may wait for and who is in the group
+(`_known_trainers`, `_member_of_group`, `_reserve`), our connections to other trainer peers
+(`open_stream`), and `status()`. The round's inbox is `trainer.diloco_inbox`'s. Mixed in:
+deciding a round's members (`trainer.diloco_decide`, `Deciding`);
 serving other trainer peers' connections, putting their frames into that inbox and our answers to
 them (`trainer.diloco_serving`, `DilocoServing`);
 taking a later global state when we join or drift (through the relay or directly), the durable
@@ -29,37 +30,24 @@ round's members out of our inbox: the members of the last round we took part in 
 every listed trainer in a closed group) have places of their own there, read first, and every
 other sender (a joiner, or any identity) shares a pool (`trainer.diloco_inbox`), so a flood of
 them delays only joiners. In an open group an identity takes part at no cost, though: its Join
-makes it a member, and we take a round's Members from any sender, so one naming us on our
-weights makes whoever it lists the members we keep places for, instead of the real ones. A round
+makes it a member (a lower id than the group's, its leader). A round's Members we take only from
+our leader or a peer we keep places for (`trainer.diloco_decide`): any identity can send one, and
+whoever it listed would be the members we keep places for, not the real ones. A round
 holds at most `MAX_MEMBERS`, though many identities Join it: the peers we keep places for always
 find room among the Joins we hold (`Membership`, `room_for`), the rest go to other joiners first
-come. A joiner left out is not told so (no Members is sent to it): it waits out its leader's
-timeout, may then decide a round of its own with the Joins it holds, and is behind the group the
-round after, which it catches up on as any peer that missed a round does. Joins of the next round
+come. A joiner left out is told so (`NoRoom`, by each member that turned its Join away, taken
+from its leader only: `trainer.diloco_decide`): it sits the round out at once and takes a later
+state, as a peer the round's Members leave out does. An older joiner, whose Join does not say it
+reads that, is not told: it waits out its leader's timeout, may then decide a round of its own
+with the Joins it holds, and is behind the group the round after. Joins of the next round
 read during our all-reduce are kept for it, of the next round only and as many, the same peers
 first (`_keep_join`), and the trainer peers of our table among the senders it had no room for are
-remembered for it (`turned_away`), as `Membership` remembers those it turns away.
+remembered for it (`turned_away`), as `Membership` remembers those it turns away, and told.
 
-Whom a join waits for: the trainer peers of our peer table, less suspects (peers that could
-not be reached, closed a connection or missed a deadline, until a message from them arrives),
-and, after our first round, only peers that have spoken to us on the diloco channel,
-so a newcomer still loading its model does not hold a round up: it is waited for from its
-state fetch on. To these we add, during the join, every trainer peer another member's Join
-names or whose Join reached us: the round's leader must be the same at every member, and only
-the peer a joiner took its state from (the publisher, through the relay) knows to wait for it;
-a joiner with the lowest id would otherwise lead the round there and not at the others, and the
-round split (a Join names at most `MAX_MEMBERS`: of more, the lowest ids, which lead first). The
-leader (`Membership.leader`) is the lowest id among the peers we wait for on our own account
-and those whose own Join reached us, held or turned away for want of room (of
-more Joins than a round holds, each member holds those that came to it first: counting only
-those, two members could pick two leaders): a peer only others name leads once it joined, so a
-named peer that never joins costs one join deadline, not the leader timeout. A peer whose Join
-was turned away is not waited for: it came, and is no member. (A leader we wait for on our own
-account is waited for until the leader timeout, 2 x deadline_s: leaving it at the join deadline
-would let a late lowest-id peer decide the round a second time.) What we remember of whom we heard
-and whom we suspect (`heard`, `suspects`) keeps only trainer peers of our table and the last
-round's members (`_forget`), and of those heard at most `PEERS`: any identity can send us a frame
-or fail us, and both would otherwise grow for as long as we run. A suspect of our table stays one
+Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
+What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer
+peers of our table and the last round's members (`_forget`), and of those heard at most `PEERS`:
+any identity can send us a frame or fail us, and both would otherwise grow for as long as we run. A suspect of our table stays one
 until it speaks: one forgotten would lead again. Contributions the core rejects cost their
 sender a peer table penalty.
 
@@ -70,7 +58,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,15 +70,16 @@ from p2pnet.dataplane import open_data_stream
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import peer_id_from_str
 from p2pnet.peertable import PEER_TABLE_CORE
-from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Membership, Penalise, Send, hold_join
+from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Penalise, Send
 from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_catchup import CatchingUp, JoinPath, _shell_with  # _shell_with: tests import it from here
-# INBOX bounds the Parts we keep early; PEER_INBOX and the constants below: tests import them from
-# here, to read (patched here, one would change nothing: the modules that use them read their own)
+from trainer.diloco_decide import Deciding, _Behind
+# INBOX, PEER_INBOX and the constants below: tests import them from here, to read (patched here, one
+# would change nothing: the modules that use them read their own)
 from trainer.diloco_inbox import INBOX, PEER_INBOX, RoundInbox
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state
-from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, Members, Part
+from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, NoRoom, Part
 from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_BYTES_PER_VALUE,
                                     STATE_SEND_DEADLINES, DilocoServing)
 
@@ -168,15 +156,7 @@ class DilocoConfig:
         return problems
 
 
-class _Behind(Exception):
-    """Another trainer peer is at a later round, or our weights are not the round's reference."""
-
-    def __init__(self, peer: str) -> None:
-        super().__init__(peer)
-        self.peer = peer
-
-
-class DilocoRole(DilocoServing, CatchingUp):
+class DilocoRole(Deciding, DilocoServing, CatchingUp):
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
         self.config = from_mapping(DilocoConfig, section, "diloco")
@@ -210,6 +190,7 @@ class DilocoRole(DilocoServing, CatchingUp):
         self.pending_checkpoint: GlobalState | None = None
         self.checkpointed_round = -1
         self.outer_state_versions: set[int] = set()  # versions to publish with the outer state (someone asked)
+        # bounded by `_offer`: the offers of the last ASKER_ROUNDS rounds, at most ASKERS
         self.state_askers: dict[str, int] = {}  # peer -> the version offered to it
         self.granted_at: dict[str, int] = {}  # trainer peer -> our round when we last offered it the state
         self.with_outer_state: list[int] = []  # versions published with the outer state
@@ -303,101 +284,6 @@ class DilocoRole(DilocoServing, CatchingUp):
         if self.config.publish:
             background.start_soon(self._publish, new_state)
 
-    async def _decide(self, round: int, weights_digest: bytes, links: Links,
-                      sends: trio.Nursery) -> tuple[str, ...]:
-        """The members of this round: decided here when we lead, else told by the leader."""
-        me = self.node.peer_id
-        self._forget()
-        membership = self._membership(round, weights_digest, self._known_trainers())
-        delivered: dict[str, frozenset[str]] = {}  # peer -> the peers our Join to it named
-        invited = self._known_trainers()  # whom we wait for; grows during the round, never shrinks
-        if self.history:  # a newcomer is waited for once it spoke to us (a state fetch, a Join)
-            invited &= self.heard
-        own = set(invited)  # leader candidates on our own account (Membership.leader)
-        leader_deadline = trio.current_time() + 2 * self.config.deadline_s
-        followed, timed = me, set()  # the leader we wait for Members from; those given their own time to decide
-        while True:
-            # a peer some member waits for (named in its Join), or whose Join reached us, is one we
-            # wait for too: every member then picks its leader from the same peers. Else a joiner
-            # only its state's source waits for could lead there and not here, and split the round.
-            trainers = self._known_trainers()
-            invited |= membership.named & trainers
-            membership.expect(invited, self.suspects)
-            # what our Join names: not the peers we take for dead; of more than a Join names (a flood of
-            # trainer peers, whose heartbeats cost nothing), the lowest ids: the ones that lead first
-            alive = frozenset(sorted(invited - self.suspects)[:MAX_MEMBERS])
-            for peer in sorted(invited):  # (re)send when not delivered yet or when a peer failed us since
-                if delivered.get(peer) != alive:
-                    delivered[peer] = alive
-                    sends.start_soon(self._send_join, links, peer, Join(round, weights_digest, tuple(sorted(alive))),
-                                     delivered)
-            now = trio.current_time()
-            leader = membership.leader(own, invited, self.suspects)
-            if leader != followed:  # the last one failed us, or a lower id joined: not its predecessor's rest of time
-                followed = leader
-                if leader not in timed:  # once per peer and round: a leader that comes and goes cannot hold the round
-                    timed.add(leader)
-                    leader_deadline = max(leader_deadline, now + 2 * self.config.deadline_s)
-            if leader == me:
-                decided = membership.decided(now)
-                if decided is not None:
-                    members, reference = decided
-                    for peer in sorted(set(membership.joins) - {me}):
-                        sends.start_soon(links.send, peer, Members(round, reference, members))
-                    return self._check_members(round, members, reference, weights_digest, me)
-            elif now >= leader_deadline:
-                log.info("diloco: no members from leader %s for round %d", leader, round)
-                self._suspect(leader)
-                leader_deadline = now + 2 * self.config.deadline_s
-                continue
-            wake = membership.deadline_at if leader == me else leader_deadline
-            event = await self._next_event(min(wake, trio.current_time() + 0.5))
-            if event is None:
-                continue
-            if isinstance(event, PeerFailed):
-                self._suspect(event.peer)
-                continue
-            sender, body = event.peer, event.body
-            if isinstance(body, (Join, Members)) and body.round > round:
-                raise _Behind(sender)
-            elif isinstance(body, Join) and body.round == round:
-                membership.receive(sender, body, trainers)
-            elif isinstance(body, Members) and body.round == round:
-                return self._check_members(round, body.members, body.weights_digest, weights_digest, sender)
-            elif isinstance(body, Part) and body.round == round and len(self.early_parts) < INBOX * 4:
-                self.early_parts.append((sender, body))
-
-    def _membership(self, round: int, weights_digest: bytes, trainers: set[str]) -> Membership:
-        """The round's `Membership`, with the Joins of it read during the last round's all-reduce
-        (`_keep_join`): those kept, then the trainer peers among the senders it had no room for."""
-        # the peers whose Joins always find room, however many identities Join (`room_for`): those
-        # the inbox keeps places for (the last round's members; a closed group's trainers)
-        membership = Membership(self.node.peer_id, round, weights_digest, trio.current_time(),
-                                self.config.deadline_s, self.inbox.reserved)
-        for sender, join in self.joins.pop(round, {}).items():
-            membership.receive(sender, join, trainers)
-        for sender in sorted(self.turned_away.pop(round, set())):
-            membership.turned_away(sender, trainers)
-        self.joins = {r: j for r, j in self.joins.items() if r > round}
-        self.turned_away = {r: s for r, s in self.turned_away.items() if r > round}
-        return membership
-
-    def _check_members(self, round: int, members: tuple[str, ...], reference: bytes, ours: bytes,
-                       source: str) -> tuple[str, ...]:
-        """`members` if we are one of them on the reference weights; else we sit the round out
-        and fetch the state (from `source`, a member). Never a round alone while others live."""
-        me = self.node.peer_id
-        if me not in members or reference != ours:
-            raise _Behind(source if source != me else members[0])
-        others = self._known_trainers() - self.suspects
-        if members == (me,) and others:
-            raise _Behind(min(others))
-        return members
-
-    async def _send_join(self, links: Links, peer: str, join: Join, delivered: dict[str, frozenset[str]]) -> None:
-        if not await links.send(peer, join, report_refusal=False):
-            delivered.pop(peer, None)  # again at the next poll: a newcomer may not have our heartbeat yet
-
     async def _all_reduce(self, round: int, members: tuple[str, ...], pseudo: torch.Tensor, links: Links,
                           sends: trio.Nursery) -> Finished:
         core = AllReduce(self.node.peer_id, round, members, pseudo, self.reduce_config)
@@ -430,22 +316,9 @@ class DilocoRole(DilocoServing, CatchingUp):
                 effects = core.receive(now, sender, body)
             else:
                 if isinstance(body, Join) and body.round == round + 1:
-                    self._keep_join(sender, body, trainers)
+                    for peer in self._keep_join(sender, body, trainers):  # no room for it: it is told
+                        sends.start_soon(links.send, peer, NoRoom(round + 1))
                 effects = core.tick(now)
-
-    def _keep_join(self, sender: str, join: Join, trainers: Collection[str] = frozenset()) -> None:
-        """A Join of the next round, read during our all-reduce, kept for the next `_decide`. Only
-        the next round's: an honest peer that ended this round before us sends those; one further
-        ahead means we are behind, which the next round's Joins show us again (`_Behind`; a peer
-        ahead answers our Join with its own). At most `MAX_MEMBERS` senders, this round's members
-        (reserved: `_reserve`) first, as `Membership` takes them (`room_for`). A sender turned
-        away, or replaced, that is one of `trainers` (of our table) is remembered
-        (`turned_away`), as `Membership` remembers one: it counts for the leader choice, and is
-        not waited for (it sends its Join once; another member may hold it)."""
-        kept = self.joins.setdefault(join.round, {})
-        refused = self.turned_away.setdefault(join.round, set())
-        if hold_join(kept, refused, sender, self.inbox.reserved | {self.node.peer_id}, trainers)[0]:
-            kept[sender] = join
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:
         with trio.move_on_at(deadline):
@@ -512,7 +385,7 @@ class DilocoRole(DilocoServing, CatchingUp):
         group these are the only peers we know to be of the group: a heartbeat (`_known_trainers`),
         a frame that reached us (`heard`) or a Join (`Membership.joins`) is what any fresh identity
         can show, and those share the inbox's pool. `members` is only as sound as the Members list
-        `_decide` took (from any sender, in an open group: see the module docstring). In a closed
+        `_decide` took (from our leader, or a member of the last round: `Deciding._believed`). In a closed
         group every listed trainer has had its places from the start."""
         if not self.config.trainers:
             self.inbox.reserve(members)

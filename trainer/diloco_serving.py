@@ -6,7 +6,7 @@ data-plane channel `diloco` (`trainer.diloco_messages.CHANNEL`) before its model
 connection's frames are taken in order (`_serve`: a connection that stalls, or idles past
 `IDLE_WINDOWS` windows, is closed; its docstring says why each bound) and acted on (`_on_frame`):
 
-- Join, Members, Part: into the round's inbox (`_deliver`, `trainer.diloco_inbox`), where each
+- Join, Members, Part, NoRoom: into the round's inbox (`_deliver`, `trainer.diloco_inbox`), where each
   sender has `PEER_INBOX` places, the round's members in a lane of their own and everyone else in
   a pool they share, less what no round of ours will use (`_stale`) and, in a closed group, the
   names of peers `[diloco] trainers` does not list (`_listed_only`). A Join of an older round is
@@ -19,7 +19,8 @@ connection's frames are taken in order (`_serve`: a connection that stalls, or i
 These methods read the role's `node`, `config`, `state` and `history`; they add to `heard` (a
 peer that asked for our state, through the role's `_note_heard`, which keeps it bounded), put
 frames into the round's inbox (`inbox`: the role says whose places it keeps), and, on the
-publisher, keep the offers (`outer_state_versions`, `state_askers`, `granted_at`). They call the
+publisher, keep the offers (`outer_state_versions`, `state_askers`, `granted_at`: those of the last
+`ASKER_ROUNDS` rounds, at most `ASKERS`). They call the
 role's `_member_of_group(peer)`, `_known_trainers()` and `_note_heard(peer)`, and hand
 the role itself to `trainer.diloco_links.open_links` (`_tell_ahead`). Their log lines go to the
 role's logger. They must not decide rounds or members (`trainer.diloco_role`, `trainer.allreduce`).
@@ -40,8 +41,8 @@ from p2pnet.errors import MessageRejected
 from trainer.diloco import digest
 from trainer.diloco_inbox import Lane, frame_bytes
 from trainer.diloco_links import Received, open_links
-from trainer.diloco_messages import (MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, Part, StateOffer,
-                                     StatePiece, StateRequest, StateWanted)
+from trainer.diloco_messages import (MAX_MEMBERS, MAX_PART_BYTES, STATE_PIECE_VALUES, Idle, Join, Members, NoRoom,
+                                     Part, RoundFrame, StateOffer, StatePiece, StateRequest, StateWanted)
 
 if TYPE_CHECKING:
     from trainer.diloco_inbox import RoundInbox
@@ -52,6 +53,10 @@ log = logging.getLogger("trainer.diloco_role")  # the role's logger: its log lin
 
 ASKER_WAIT_S = 5.0  # a StateWanted from a peer not yet in our table waits this long for its heartbeat
 ASKER_ROUNDS = 4  # a peer gets the outer state in a version at most once in this many rounds
+# the most trainer peers offered the outer state within ASKER_ROUNDS rounds (`_offer`): what we
+# remember of them (`granted_at`, `state_askers`) grows by one per asker, and a role in a heartbeat
+# is any identity's claim. Four rounds' worth of whole groups: honest joiners fit.
+ASKERS = 4 * MAX_MEMBERS
 MAX_FRAME_BYTES = MAX_PART_BYTES + 64 * 1024
 STALL_WINDOWS = 2  # x deadline_s: a connection with no first frame, or a frame under way, that long is closed
 # x STALL_WINDOWS x deadline_s: a connection idle between frames that long is closed (`_serve`). A
@@ -158,7 +163,7 @@ class DilocoServing:
             envelope = self.node.codec.decode(frame, time.time())  # MessageRejected ends the connection
             if envelope.sender != peer:
                 raise MessageRejected("wrong_sender", "a frame signed by another peer than the connection's")
-            if isinstance(envelope.body, (Join, Members, Part)):
+            if isinstance(envelope.body, (Join, Members, Part, NoRoom)):
                 hears_idle = hears_idle or envelope.body.hears_idle
             if not await self._on_frame(stream, peer, envelope.body, envelope.kind):
                 return
@@ -177,7 +182,7 @@ class DilocoServing:
             offer = self._offer(peer, body)
             await self._sent_within(self.config.deadline_s, peer, "offer",
                                     send_frame(stream, self.node.codec.encode(offer, time.time())))
-        elif isinstance(body, (Join, Members, Part)):
+        elif isinstance(body, (Join, Members, Part, NoRoom)):
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)
             listed = self._listed_only(peer, body)
@@ -187,7 +192,7 @@ class DilocoServing:
             raise MessageRejected("unexpected", f"{kind} on the diloco channel")
         return True
 
-    def _listed_only(self, peer: str, body: Join | Members | Part) -> Join | Members | Part | None:
+    def _listed_only(self, peer: str, body: RoundFrame) -> RoundFrame | None:
         """`body` as a round takes it in: in a closed group, the names of peers `trainers` does not
         list are left out (logged), where they enter. A listed peer whose own list differs (a
         list not copied to every peer) would otherwise make a leader wait a join deadline for
@@ -196,7 +201,7 @@ class DilocoServing:
         leader's Members, those peers make our members digest differ from the others': the round
         then goes on without us, and we fetch the state after it, as on any disagreement."""
         allowed = self.config.trainers
-        if not allowed or isinstance(body, Part):
+        if not allowed or isinstance(body, (Part, NoRoom)):
             return body
         names = body.known if isinstance(body, Join) else body.members
         kept = tuple(p for p in names if p in allowed)
@@ -208,7 +213,7 @@ class DilocoServing:
             return dataclasses.replace(body, known=kept)
         return dataclasses.replace(body, members=kept) if kept else None
 
-    def _stale(self, body: Join | Members | Part) -> bool:
+    def _stale(self, body: RoundFrame) -> bool:
         """A frame no round of ours will use, not worth a place in the inbox: of a round before
         ours (a Join of one was answered, `_tell_ahead`), or a Part of another round than ours
         (a round takes Parts of its own round only; one of a later round needs our Join first)."""
@@ -216,7 +221,7 @@ class DilocoServing:
             return False  # our model still loads: any round may be ours
         return body.round < self.state.round or (isinstance(body, Part) and body.round != self.state.round)
 
-    async def _deliver(self, peer: str, body: Join | Members | Part) -> None:
+    async def _deliver(self, peer: str, body: RoundFrame) -> None:
         """Put `peer`'s frame into the round's inbox, where it waits until the round reads it
         (nothing does while the inner steps run). A sender has `PEER_INBOX` places there at a time,
         so that no sender fills it for the others, and a sender outside the round's group shares
@@ -274,6 +279,18 @@ class DilocoServing:
             # asked a moment ago: it joined, or falls back to the direct fetch; one version per
             # ASKER_ROUNDS rounds, so no peer can make every version carry the momentum
             log.info("diloco: %s asked for the outer state again within %d rounds: refused", peer, ASKER_ROUNDS)
+            return StateOffer(round, -1, round_s)
+        # an offer older than ASKER_ROUNDS rounds is read no more (above): forgotten, as an asker
+        # whose version we have (`_round` forgets it as the version is made; one we took whole, as we
+        # caught up, here). Those of the last rounds are at most ASKERS; past that, an asker takes
+        # the direct fetch, as on any refusal
+        for asker in [p for p, at in self.granted_at.items() if at <= round - ASKER_ROUNDS]:
+            del self.granted_at[asker]
+        for asker in [p for p, version in self.state_askers.items() if version <= round]:
+            del self.state_askers[asker]
+        if len(self.granted_at) >= ASKERS or len(self.state_askers) >= ASKERS:
+            log.warning("diloco: %s wants the outer state, %d trainer peers were offered it within %d rounds: refused",
+                        peer, len(self.granted_at), ASKER_ROUNDS)
             return StateOffer(round, -1, round_s)
         version = round + 1
         self.outer_state_versions.add(version)

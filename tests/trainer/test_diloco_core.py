@@ -20,7 +20,8 @@ from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejec
                             max_quantization_error, pack, packed_bytes, unpack)
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import PeerFailed, Received
-from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, Join, Members
+from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, Join, Members, NoRoom
+from trainer.diloco_decide import _Behind
 from trainer.diloco_role import DilocoRole, JoinPath, Phase
 
 
@@ -433,14 +434,20 @@ DEADLINE_S, DIGEST = 10.0, b"w" * 16
 FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
-def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None) -> dict:
+def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=(), sent_to=None,
+            kept=()) -> dict:
     """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
     SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
-    inbox, and what it sends goes into `sent`. What it returned, whom it suspects, and when."""
+    inbox, and what it sends goes into `sent` (and, with whom to, `sent_to`); `reserved`: the last
+    round's members (`_reserve`); `kept`: [(sender, Join)] of round 1 read during the last round's
+    all-reduce (`_keep_join`).
+    What it returned (or whom it sits the round out for), whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True):
             if sent is not None:
                 sent.append(body)
+            if sent_to is not None:
+                sent_to.append((peer, body))
             return True
 
     out = {}
@@ -452,7 +459,9 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None) -> d
             with_role=lambda name: entries, is_banned=lambda peer, now: False))
         role.config = SimpleNamespace(deadline_s=DEADLINE_S, trainers=())
         role.inbox = RoundInbox()
-        role.suspects, role.heard, role.joins, role.early_parts, role.history = set(), set(), {}, [], []
+        role.inbox.reserve(reserved)
+        role.suspects, role.heard, role.early_parts, role.history = set(), set(), [], []
+        role.joins = {1: dict(kept)} if kept else {}
         role.turned_away = {}
 
         async def world():
@@ -463,7 +472,10 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None) -> d
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world)
             with trio.fail_after(within_s):
-                out["members"] = await role._decide(1, DIGEST, Links(), nursery)
+                try:
+                    out["members"] = await role._decide(1, DIGEST, Links(), nursery)
+                except _Behind as behind:  # it sits the round out (`out["behind"]`: whom it was told by)
+                    out["behind"] = behind.peer
             out["suspects"] = set(role.suspects)
             out["t"] = trio.current_time()
             nursery.cancel_scope.cancel()
@@ -491,6 +503,96 @@ def test_a_leader_that_comes_back_gets_no_new_time():
                    (3.3 * DEADLINE_S, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
     assert out["suspects"] == {FIRST}  # suspected at 3 x deadline, not given until 3.5 x
     assert out["t"] == pytest.approx(3.3 * DEADLINE_S)
+
+
+def test_a_strangers_members_are_not_taken_and_the_round_goes_on_with_the_leaders():
+    """In an open group, before our leader (FIRST, the lowest id) decides, two others send us
+    Members of our round naming us on our weights: a trainer peer of our table that does not lead
+    (a heartbeat costs nothing) and an identity with a lower id than any, in no table. Neither is
+    taken (before, the first made it and itself the round's members, and the peers we keep places
+    for next): the round's members are the leader's."""
+    stranger, outsider = "b_stranger", "0_outsider"  # FIRST < stranger < ME; outsider lowest, not a trainer
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (FIRST, ME)))),
+                   (0.2, Received(stranger, Members(1, DIGEST, (stranger, ME)))),
+                   (0.3, Received(outsider, Members(1, DIGEST, (outsider, ME)))),
+                   (0.5, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME))))],
+                  trainers=(FIRST, SECOND, stranger))
+    assert out["members"] == (FIRST, SECOND, ME) and out["t"] == pytest.approx(0.5)
+
+
+def test_members_from_a_peer_that_comes_to_lead_are_taken_once_it_leads():
+    """SECOND took FIRST for dead before we did, decided and told us: not our leader then, its
+    Members is kept, and taken as soon as FIRST fails us too (not at SECOND's leader timeout, nor
+    lost: then we would lead alone)."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
+                   (0.4 * DEADLINE_S, PeerFailed(FIRST))])
+    assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
+    assert out["t"] == pytest.approx(0.4 * DEADLINE_S)
+
+
+def test_members_from_a_peer_that_comes_to_lead_are_taken_at_our_leader_timeout():
+    """The same in a fresh group (no round behind us, no peer we keep places for), FIRST silent (in
+    our table, a newcomer still loading or a peer the others took for dead: theirs may not hold
+    it): SECOND's Members is kept, and taken when FIRST's leader timeout takes it for dead (that
+    is what not taking Members from any sender costs such a peer); not lost, which would leave us
+    leading alone, then sitting the round out."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
+    assert out["t"] == pytest.approx(2 * DEADLINE_S)
+
+
+def test_members_from_a_member_of_the_last_round_are_taken_at_once():
+    """The same, SECOND a member of the last round we took part in (a peer we keep places for): its
+    Members is taken as it comes, as before, though FIRST has not failed us yet (it took FIRST for
+    dead first: waiting for our own leader timeout would leave it averaging without us)."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))], reserved=(SECOND, ME))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), set(), pytest.approx(0.2))
+
+
+def test_a_full_leader_tells_the_trainer_peers_it_turns_away_that_read_it():
+    """We lead (our table's trainer peers have higher ids) and hold as many Joins as a round takes
+    (strangers', on our weights) when two trainer peers of our table Join: both are turned away;
+    the one whose Join says it reads a `NoRoom` is told, once though it Joins again before we
+    decide (a third trainer peer never Joins: we wait for it to the join deadline) (before, no
+    one was told: each waited out its leader timeout; and each Join sent again was told again, a
+    send each, however often a trainer peer Joins); the other, an older peer (whose server would
+    end the connection on a kind it does not know), is not."""
+    strangers = [f"b_stranger{i:03d}" for i in range(MAX_MEMBERS - 1)]  # no trainers: they do not lead
+    script = [(0.01, Received(s, Join(1, DIGEST, ()))) for s in strangers]
+    script += [(0.1, Received("d_new", Join(1, DIGEST, (ME,), hears_no_room=True))),
+               (0.2, Received("d_old", Join(1, DIGEST, (ME,)))),
+               (0.3, Received("d_new", Join(1, DIGEST, (ME, "d_old"), hears_no_room=True))),
+               (0.4, Received("d_new", Join(1, DIGEST, (ME,), hears_no_room=True)))]
+    sent_to: list = []
+    out = _decide(script, trainers=("d_new", "d_old", "e_silent"), sent_to=sent_to)
+    assert out["members"] == tuple(sorted([*strangers, ME])) and out["t"] == pytest.approx(DEADLINE_S)
+    assert [(peer, body) for peer, body in sent_to if isinstance(body, NoRoom)] == [("d_new", NoRoom(1))]
+
+
+def test_a_kept_join_a_member_of_the_last_round_replaces_is_told():
+    """The Joins of our round read during the last one's all-reduce filled its places, the last
+    come a trainer peer's that reads a `NoRoom`; then a member of the last round Joins: its place
+    is that trainer peer's, which is told (before, only a sender read during the join was told)."""
+    member, strangers = "b_member", [f"b_stranger{i:03d}" for i in range(MAX_MEMBERS - 2)]
+    kept = [(s, Join(1, DIGEST, ())) for s in strangers] + [("d_new", Join(1, DIGEST, (ME,), hears_no_room=True))]
+    sent_to: list = []
+    out = _decide([(0.1, Received(member, Join(1, DIGEST, (ME,))))], trainers=("d_new", "e_silent"),
+                  reserved=(member,), kept=kept, sent_to=sent_to)
+    assert out["members"] == tuple(sorted([*strangers, member, ME]))
+    assert [(peer, body) for peer, body in sent_to if isinstance(body, NoRoom)] == [("d_new", NoRoom(1))]
+
+
+def test_no_room_is_taken_from_our_leader_only():
+    """A `NoRoom` from a peer that does not lead here (any identity can send one) is not taken: we
+    wait on for our leader's Members. Our leader's makes us sit the round out at once."""
+    out = _decide([(0.1, Received(SECOND, NoRoom(1))), (0.2, Received("0_outsider", NoRoom(1))),
+                   (0.5, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME))))])
+    assert out["members"] == (FIRST, SECOND, ME)
+    out = _decide([(0.1, Received(FIRST, NoRoom(1)))])
+    assert (out["behind"], out["suspects"], out["t"]) == (FIRST, set(), pytest.approx(0.1))
 
 
 def test_more_silent_leaders_than_peers_kept_each_hold_a_round_once(monkeypatch):

@@ -33,9 +33,10 @@ from trainer.allreduce import Membership
 from trainer.diloco import digest
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import Received
-from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Part, StatePiece,
-                                     StateRequest)
-from trainer.diloco_role import DilocoRole, Phase
+from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Members, NoRoom, Part,
+                                     StatePiece, StateRequest)
+from trainer.diloco_decide import _Behind
+from trainer.diloco_role import DilocoRole, JoinPath, Phase
 from trainer.diloco_serving import MAX_FRAME_BYTES
 
 CROWD = [Identity.from_seed_text(f"diloco crowd {i}") for i in range(300)]  # more than a round holds
@@ -159,6 +160,69 @@ async def test_joins_of_later_rounds_read_during_an_all_reduce_are_kept_bounded(
     nursery.cancel_scope.cancel()
 
 
+async def test_a_strangers_members_sent_to_a_follower_is_not_taken(nursery: trio.Nursery) -> None:
+    """Two trainers average round 2. In round 3, before the leader decides, a fresh identity (in
+    no table) sends the leader's partner Members of round 3 naming the partner and itself, on the
+    round's weights: the partner does not take it (before, it averaged with the stranger, who
+    never sends a contribution, while the leader averaged with it: the round split, or ended on
+    other weights at each), and the round completes with the two trainers, on the same weights."""
+    lead, other, done, pair = await _paired(nursery)
+    stranger = CROWD[0]
+    same = digest(other.role.state.weights)
+    frames = [(stranger, Members(3, same, tuple(sorted([other.peer_id, stranger.peer_id]))))]
+    read = _noting_reads(other)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, other, nursery, done)  # its Join waits in the leader's inbox
+        await _send_each(other, frames)  # type: ignore[arg-type]
+        await _read_all(read, frames)  # type: ignore[arg-type]
+        assert other.role.phase == Phase.JOIN  # read while it waits for its leader
+        rounds.start_soon(_a_round, lead, nursery, done)
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+    assert digest(lead.role.state.weights) == digest(other.role.state.weights) and lead.role.state.round == 4
+    assert lead.role.inbox.reserved == other.role.inbox.reserved == set(pair)
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_trainer_peer_whose_join_of_the_next_round_found_no_room_is_told_during_the_all_reduce(
+        nursery: trio.Nursery) -> None:
+    """While the leader's all-reduce of round 3 waits for its partner, 300 fresh identities' Joins
+    of round 4 fill the places it keeps for round 4; then a trainer peer of its table Joins round
+    4, saying it reads a `NoRoom`: it is told so at once, during the all-reduce, on a real
+    connection to it (its leader's word: it sits round 4 out instead of waiting for Members)."""
+    lead, other, done, pair = await _paired(nursery)
+    joiner = Identity.from_seed_text("diloco late joiner")
+    got: list[tuple[str, Any]] = []
+    arrived = trio.Event()
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(joiner), self_id=joiner.peer_id, admit=lambda peer: None)
+
+    async def take(stream: trio.SocketStream, reader: FrameReader, peer: str) -> None:
+        while (frame := await reader.frame()) is not None:
+            got.append((peer, Codec(joiner).decode(frame, time.time()).body))
+            arrived.set()
+    plane.register(CHANNEL, take)
+    lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
+
+    decided, release, all_reduce = _held_back(other)
+    frames = [(who, Join(4, who.peer_id.encode()[:16], ())) for who in CROWD]
+    frames.append((joiner, Join(4, b"j" * 16, (), hears_no_room=True)))  # the last: no room left for it
+    read = _noting_reads(lead)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        rounds.start_soon(_a_round, other, nursery, done)
+        with trio.fail_after(SLACK_S):
+            await decided.wait()
+        await _send_each(lead, frames)
+        await _read_all(read, frames)
+        with trio.fail_after(SLACK_S):
+            await arrived.wait()
+        assert lead.role.phase == Phase.REDUCE  # told during the all-reduce
+        release.set()
+    assert got == [(lead.peer_id, NoRoom(4))] and lead.role.turned_away == {4: {joiner.peer_id}}
+    nursery.cancel_scope.cancel()
+
+
 def test_a_members_join_of_the_next_round_is_kept_however_many_strangers_came_first() -> None:
     """`_keep_join` (what the all-reduce does with a Join of the next round) takes the round's
     members first, as `Membership` does: a member's Join, sent once, that came after the
@@ -178,6 +242,28 @@ def test_a_members_join_of_the_next_round_is_kept_however_many_strangers_came_fi
     assert list(role.joins[4]) == kept[:-1] + [member]
     role._keep_join(CROWD[-1].peer_id, Join(4, b"s" * 16, ()))
     assert list(role.joins[4]) == kept[:-1] + [member]
+
+
+def test_trainer_peers_whose_joins_of_the_next_round_find_no_room_are_named_to_be_told() -> None:
+    """`_keep_join` names whom the all-reduce tells `NoRoom`: a trainer peer of our table whose Join
+    of the next round it turns away, or whose kept Join a member's replaces, when that Join said it
+    reads one; not an older peer (its Join did not say so), nor a stranger of no table."""
+    role = object.__new__(DilocoRole)
+    me, member = "me", "member"
+    role.node = SimpleNamespace(peer_id=me)
+    role.inbox = RoundInbox()
+    role.inbox.reserve((me, member))
+    role.joins, role.turned_away = {}, {}
+    trainers = {"t_last", "t_new", "t_old"}
+    for who in CROWD[:MAX_MEMBERS - 1]:
+        assert role._keep_join(who.peer_id, Join(4, b"s" * 16, (), hears_no_room=True), trainers) == []
+    assert role._keep_join("t_last", Join(4, b"s" * 16, (), hears_no_room=True), trainers) == []  # the last place
+    assert role._keep_join("t_new", Join(4, b"s" * 16, (), hears_no_room=True), trainers) == ["t_new"]
+    assert role._keep_join("t_new", Join(4, b"s" * 16, ("me",), hears_no_room=True), trainers) == []  # told once
+    assert role._keep_join("t_old", Join(4, b"s" * 16, ()), trainers) == []
+    assert role._keep_join(CROWD[-1].peer_id, Join(4, b"s" * 16, (), hears_no_room=True), trainers) == []
+    assert role._keep_join(member, Join(4, b"m" * 16, ()), trainers) == ["t_last"]  # its place goes to a member
+    assert role.turned_away == {4: {"t_last", "t_new", "t_old"}} and member in role.joins[4]
 
 
 async def _sink(nursery: trio.Nursery, who: Identity) -> str:
@@ -248,6 +334,64 @@ async def test_a_newcomer_whose_join_the_flooded_leader_turned_away_does_not_hol
         row = trainer.role.history[-1]
         assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
     assert digest(lead.role.state.weights) == digest(other.role.state.weights) and lead.role.state.round == 4
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_joiner_the_flooded_leader_had_no_room_for_is_told_and_joins_the_round_after(
+        nursery: trio.Nursery) -> None:
+    """Two trainers average round 2. A third trainer, in both tables with a higher id than theirs
+    (it does not lead), joins round 3 on the round's weights after 300 fresh identities' Joins
+    filled the places the leader's round has: the leader turns it away and tells it (`NoRoom`),
+    and it sits the round out as soon as it reads that, sure of its leader (no suspect), before
+    the leader's partner has even joined (before, nothing told it: it waited out the leader
+    timeout, twice a deadline far above this test's waits). The two trainers end round 3 without
+    it; it takes the state of round 4 from its leader and the three average round 4."""
+    lead, other, done, pair = await _paired(nursery)
+    deadline_s = lead.role.config.deadline_s
+    joiner = next(t for t in (Trainer(f"joiner {i}", 3, deadline_s) for i in range(100)) if t.peer_id > max(pair))
+    joiner.role.state = lead.role.state  # the round's weights (a state is never mutated)
+    joiner.address = await nursery.start(joiner.plane.serve)
+    joiner.knows(lead, other)
+    for trainer in (lead, other):
+        trainer.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=joiner.address))
+
+    frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
+    read = _noting_reads(lead)
+    told, behind = trio.Event(), []
+
+    async def joiner_round() -> None:
+        try:
+            await joiner.role._round(nursery)
+        except _Behind as exc:
+            behind.append(exc.peer)
+        told.set()
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        await _send_each(lead, frames)
+        await _read_all(read, frames)  # every place of round 3 is taken
+        rounds.start_soon(joiner_round)
+        with trio.fail_after(SLACK_S):  # (its leader timeout: 2 x deadline_s, 12 slacks)
+            await told.wait()
+        assert behind == [lead.peer_id] and joiner.role.suspects == set() and joiner.role.history == []
+        assert lead.role.phase == Phase.JOIN  # still waiting for its partner's Join
+        rounds.start_soon(_a_round, other, nursery, done)
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+
+    # it takes a later state (its catch-up, directly from the peer that told it), and joins round 4
+    joiner.role.config.outer_lr, joiner.role.config.outer_momentum = 0.7, 0.9
+    joiner.role.fetched, joiner.role.state_via_counts = [], {path: 0 for path in JoinPath}
+    await joiner.role._catch_up_directly(lead.peer_id)
+    assert joiner.role.state.round == 4
+    async with trio.open_nursery() as rounds:
+        for trainer in (lead, other, joiner):
+            rounds.start_soon(_a_round, trainer, nursery, done)
+    trio_ids = sorted([*pair, joiner.peer_id])
+    for trainer in (lead, other, joiner):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (4, trio_ids, trio_ids)
+    assert digest(lead.role.state.weights) == digest(joiner.role.state.weights) and joiner.role.state.round == 5
     nursery.cancel_scope.cancel()
 
 

@@ -27,6 +27,7 @@ from trainer.diloco_join import OUTER_STATE_FILE, ask_publisher, load_from_versi
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer
 from trainer.diloco_messages import CHANNEL, StateOffer, StateWanted
 from trainer.diloco_role import ASKER_ROUNDS, DilocoRole, _shell_with
+from trainer.diloco_serving import ASKERS
 
 NOW = 1_800_000_000.0
 PUBLISHER = Identity.from_seed_text("diloco publisher")
@@ -115,6 +116,26 @@ def test_only_a_known_trainer_gets_the_outer_state_and_at_most_once_in_a_few_rou
     assert DilocoRole._offer(publisher, "trainer4", StateWanted(0, False)).version == -1
     publisher.state.round = 7 + ASKER_ROUNDS
     assert DilocoRole._offer(publisher, "trainer4", StateWanted(0, False)).version == 8 + ASKER_ROUNDS
+
+
+def test_what_the_publisher_remembers_of_its_offers_stays_bounded():
+    """Each trainer peer offered the outer state is remembered (`granted_at`, `state_askers`), and
+    a role in a heartbeat is any identity's claim: at most `ASKERS` offers within `ASKER_ROUNDS`
+    rounds (one more asker is refused: it takes the direct fetch), and an offer older than that,
+    which no answer reads again, is forgotten (before, both grew by one per asker for good)."""
+    askers = [f"trainer{i:04d}" for i in range(ASKERS + 1)]
+    publisher = _publisher(7, set(askers))
+    for asker in askers[:ASKERS]:
+        assert DilocoRole._offer(publisher, asker, StateWanted(0, False)).version == 8
+    assert DilocoRole._offer(publisher, askers[-1], StateWanted(0, False)).version == -1
+    assert len(publisher.granted_at) == len(publisher.state_askers) == ASKERS
+    publisher.state.round = 8  # (taken whole, caught up: `_round` did not forget the askers of version 8)
+    assert DilocoRole._offer(publisher, askers[-1], StateWanted(0, False)).version == -1  # round 7's offers stand
+    assert publisher.state_askers == {}  # version 8 is ours: they are waited for once they speak
+    publisher.state.round = 7 + ASKER_ROUNDS
+    assert DilocoRole._offer(publisher, askers[-1], StateWanted(0, False)).version == 8 + ASKER_ROUNDS
+    assert publisher.granted_at == {askers[-1]: 7 + ASKER_ROUNDS}
+    assert publisher.state_askers == {askers[-1]: 8 + ASKER_ROUNDS}
 
 
 async def test_a_joiner_asks_again_until_the_publisher_has_heard_its_heartbeat():
