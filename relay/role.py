@@ -21,7 +21,8 @@ directly (`Node.introduce`), by the upstream for a chunk fetch and by `_fetch_ma
 manifest, so it admits us at the next try rather than after our next heartbeat reaches it. A
 source whose own heartbeat has not reached us (we know of it from a `Holding`, or as the
 manifest's publisher) is waited for up to `request_timeout_s` (`_data_addr_soon`), then failed
-as `no_address`: nobody's fault, asked again soon (`relay.failures`).
+as `no_address`: nobody's fault, asked again soon (`relay.failures`; a manifest ask,
+`relay.announce`).
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
@@ -502,6 +503,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
                 await self.node.introduce(ask.peer)
+            elif isinstance(exc, AddressUnknown) or (
+                    isinstance(exc, trio.TooSlowError) and self.data_addr(ask.peer) is None):
+                # its heartbeat has not reached us (our deadline may end the wait for it first): asked again soon
+                await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version,
+                                                                          FetchFailure.NO_ADDRESS))
             return
         await self._command(lambda now: self.core.manifest_frame(now, ask.peer, frame))
 

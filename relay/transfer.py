@@ -150,6 +150,7 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
         self._manifest_asked: dict[int, tuple[float, str, bool]] = {}  # version -> (when, whom, it holds all)
+        self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.announce`)
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store's refusals (`relay.announce`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
@@ -189,6 +190,8 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         if key != TIMER_TICK:
             return []
         self._tick_at = None
+        if self._manifest_again:
+            self._ask_again(now, effects)
         for v in self._newest_first():
             if not v.complete:
                 self._check_stalls(now, v, effects)
@@ -528,17 +531,17 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
 
     def _arm(self, now: float, effects: list[Any]) -> list[Any]:
         """Keep one tick pending: soon while transfers run, at the announce interval otherwise,
-        and when a hold on requests ends; ask for the upload slots our versions want
+        and when a hold on requests ends or a manifest is to be asked for again; ask for the upload slots our versions want
         (`ServeAtOnce`) when that changed."""
         wanted = self._slots_wanted()
         if wanted != self._at_once:
             self._at_once = wanted
             effects.append(ServeAtOnce(wanted))
-        hold_ends = self._hold_ends(now)
+        hold_ends = min(self._hold_ends(now), self._asks_due_at())
         soon = min(now + self._tick_s, hold_ends)
         if self._tick_at is not None and self._tick_at > now and self._tick_at <= soon:
             return effects  # a tick soon enough is already pending
-        if not self._versions:
+        if not self._versions and not self._manifest_again:
             return effects
         busy = any(not v.complete for v in self._versions.values())
         interval = min(self.config.announce_interval_s, self._tick_s) if busy else self.config.announce_interval_s

@@ -18,13 +18,15 @@ import trio.testing
 
 from p2pnet.errors import PeerUnavailable
 from p2pnet.peertable import LeftBecause, PeerChanged, PeerJoined, PeerLeft
-from relay.effects import DropReason, FetchFailure
+from p2pnet.wire import Envelope
+from relay.effects import DropReason, FetchFailure, FetchManifest
 from relay.errors import AddressUnknown
+from relay.messages import HeldVersion, Holding
 from relay.role import RelayRole
 from tests.relay.test_role_idle_connections import SourcePeer, start
 from tests.relay.test_role_source_blame import drops
 from tests.relay.test_role_store_faults import (  # noqa: F401 (fixture)
-    CHUNKS, PUBLISHER, FakeNode, Harness, inline_threads)
+    CHUNKS, PUBLISHER, FakeNode, Harness, inline_threads, publish)
 
 SOURCE = "12D3KooWsource"
 ADDRESS = "/ip4/10.0.0.7/tcp/4001"
@@ -182,3 +184,50 @@ async def test_an_origin_whose_heartbeat_comes_after_the_wait_is_fetched_from_an
     assert failures and {reason for _, _, reason in failures} == {FetchFailure.NO_ADDRESS}
     assert set(drops(h, PUBLISHER.peer_id)) == {DropReason.NO_ADDRESS}  # never `unreachable`
     assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS  # every chunk, from the origin
+
+
+async def test_a_manifest_asked_of_a_holder_whose_heartbeat_comes_after_the_wait_is_asked_again(
+        tmp_path: Path, clock, monkeypatch) -> None:
+    """We learn of a version only from a `Holding` (the manifest's announce missed us: we joined
+    after it) whose sender's heartbeat has not reached us, and reaches us only `HEARD_AT_S` in,
+    and no `Holding` comes after it (at scale a holder gossips one every few minutes). The role's
+    real `open_stream` waits for its address (`request_timeout_s`), the manifest ask fails as
+    `no_address`, and the core asks again soon: once its heartbeat has come the manifest, then
+    the version, is fetched from it. Before, the failed ask was only logged, and the version
+    waited for the next `Holding` of it."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    table = Table(h.node.peertable)
+    h.node.peertable = table  # knows nobody: the holder's heartbeat has not come
+    h.node.codec = None  # (the wire below authenticates nobody)
+    source = SourcePeer(h, idle_timeout_s=120.0)
+    asked: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await start(h, source, nursery, monkeypatch)
+        del h.role.open_stream  # the role's own: waits for the address in the peer table
+        fetch_manifest = h.role._fetch_manifest
+
+        async def counted(ask: FetchManifest) -> None:
+            asked.append(trio.current_time())
+            await fetch_manifest(ask)
+
+        h.role._fetch_manifest = counted
+
+        async def open_data_stream(address: str, channel: str, *, codec, peer: str) -> trio.abc.Stream:
+            assert (address, peer) == (ADDRESS, PUBLISHER.peer_id)
+            return await source.connect(nursery)
+
+        monkeypatch.setattr("relay.role.open_data_stream", open_data_stream)
+        signed = publish(h.origin, h.root, 1)  # the holder's (the publisher's) store holds it; no announce
+        holding = Holding((HeldVersion(1, signed.manifest_id),))
+        started = trio.current_time()
+        await h.role._command(lambda now: h.role.core.on_message(
+            now, Envelope(Holding.KIND, PUBLISHER.peer_id, b"", 0, holding, 0)))  # type: ignore[attr-defined]
+        await trio.sleep_until(started + HEARD_AT_S)
+        assert not h.role.core.knows(1) and asked and source.wires == []
+        table.learn(PUBLISHER.peer_id, ADDRESS)
+        tell(h.role, PeerJoined(PUBLISHER.peer_id))
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    assert asked[0] == pytest.approx(started) and len(asked) >= 2  # asked again, not only at the next `Holding`
+    assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS  # then every chunk, from it
