@@ -27,7 +27,8 @@ Every input of the core, the shell's own included (a manifest the store will not
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
 manifest, or collected it) is not sent. A manifest the store refuses for good (another one is
-held for its version) the core takes no more (`refuse_manifest`); one it could not keep for now
+held for its version) the core takes no more (`refuse_manifest`), and follows the held one at
+once (before, only from its next announce); one it could not keep for now
 (a full store, a failing disk) is only forgotten, and taken again at the next announce.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
@@ -65,7 +66,7 @@ from p2pnet.handshake import NotAdmitted
 from p2pnet.peertable import PEER_TABLE_CORE, PeerChanged, PeerJoined, PeerLeft
 from relay.config import RelayConfig, relay_config
 from relay.commands import ControlCommands, _refusing_errors
-from relay.errors import AddressUnknown, ManifestRejected, StoreFull
+from relay.errors import AddressUnknown, ManifestRejected, StoreFull, VersionUnknown
 from relay.loader import VersionWatcher
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, open_manifest
 from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse, ManifestAnnounce
@@ -237,9 +238,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
             nursery.start_soon(self._follow_members)
             self.node.on_event(self._on_node_event)
             for signed in self.store.manifests():
-                missing = set(self.store.missing(signed))
-                held = [i for i in range(len(signed.manifest.chunk_digests)) if i not in missing]
-                await self._command(partial(self.core.add_version, signed=signed, held=held))
+                await self._follow(signed)
             for name, fn in (("checkpoint.publish", self._cmd_publish), ("checkpoint.status", self._cmd_status),
                              ("checkpoint.fetch", self._cmd_fetch), ("checkpoint.wait", self._cmd_wait)):
                 self.node.control.register(name, _refusing_errors(fn))
@@ -247,6 +246,13 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
 
     async def _command(self, fn: Callable[[float], list[Any]]) -> None:
         await self._runner.command(lambda now: self._peeler.peel(fn(now)))
+
+    async def _follow(self, signed: SignedManifest) -> None:
+        """The core follows a manifest our store holds, with the chunks it holds (at startup; the
+        one held when the store refuses another for its version, `_keep_manifest`)."""
+        missing = set(self.store.missing(signed))
+        held = [i for i in range(len(signed.manifest.chunk_digests)) if i not in missing]
+        await self._command(partial(self.core.add_version, signed=signed, held=held))
 
     # -- what trainers and workers use ------------------------------------------------------
 
@@ -274,8 +280,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         async with trio.open_nursery() as nursery:  # what the core's effects start: upstreams, manifest fetches
             async for item in self._queue:
                 if isinstance(item, Fetch):
-                    if not self.core.knows(item.version):
-                        continue  # forgotten since it was asked (its manifest refused by the store, collected)
+                    known = self.core.signed(item.version)
+                    digests = known.manifest.chunk_digests if known is not None else ()
+                    if item.index >= len(digests) or digests[item.index] != item.digest:
+                        continue  # forgotten since it was asked (its manifest refused by the store, collected),
+                        # or of the manifest the store's replaced (`_keep_manifest`)
                     if self.store.holds(item.version, item.index):
                         nursery.start_soon(self._held_already, item)
                         continue
@@ -332,6 +341,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         except ManifestRejected as exc:  # the publisher signed two manifests for one version: never this one
             log.error("manifest for version %d refused by the store: %s", signed.version, exc)
             await self._command(lambda now: self.core.refuse_manifest(signed.version, signed.manifest_id))
+            try:  # the one it holds instead, checked when it was kept: followed now, not at its next announce
+                held = self.store.manifest(signed.version)
+            except VersionUnknown:
+                return  # collected meanwhile
+            await self._follow(held)
             return
         except (StoreFull, OSError) as exc:  # may pass: taken again at the next announce
             log.error("cannot keep version %d: %s", signed.version, exc)
