@@ -489,6 +489,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
         await self._command(failed)
 
     async def _fetch_manifest(self, ask: FetchManifest) -> None:
+        # unknown now: our deadline runs while we wait for its heartbeat, and may end just after
+        # the address came, before the holder could answer (`TooSlowError`): no verdict on it
+        waited = self.data_addr(ask.peer) is None
         try:
             with trio.fail_after(self.config.request_timeout_s):
                 stream = await self.open_stream(ask.peer)
@@ -504,9 +507,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
                 await self.node.introduce(ask.peer)
-            elif isinstance(exc, AddressUnknown) or (
-                    isinstance(exc, trio.TooSlowError) and self.data_addr(ask.peer) is None):
-                # its heartbeat has not reached us (our deadline may end the wait for it first): asked again soon
+            elif isinstance(exc, AddressUnknown) or (isinstance(exc, trio.TooSlowError) and waited):
+                # its heartbeat had not reached us (our deadline ended the wait for it, or the
+                # exchange the wait left too little time for): asked again soon
                 await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version,
                                                                           FetchFailure.NO_ADDRESS))
             return
