@@ -17,6 +17,15 @@ asks of the peer we asked most give way, `_room_to_ask`), and the answer makes i
 The swarm layout's `HaveChunks` asks the same way, for a sender that holds only some chunks
 (its answer then makes it no holder).
 
+An ask that fails because the holder's heartbeat, and with it its data address, has not reached
+us yet (`manifest_failed`, `no_address`: we heard of it from its `Holding` alone) is nobody's
+fault, and its next `Holding` may be minutes away at scale: it is made again `not_admitted_s`
+later (on the tick, `_ask_again`; the shell then waits for the address anew, and the heartbeat
+that brings it wakes that wait), for `NO_ADDRESS_GRACE_S` from the holder's first `no_address`
+in a row, as for a source of chunks (`relay.failures`); past that it counts as unreachable
+(excluded for `exclude_s`), so a holder that never sends a heartbeat (anyone may send `Holding`)
+is not asked for ever. Before, the failed ask waited for the next `Holding` of the version.
+
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
 an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
 an announce naming it asks for nothing, and its frame, from gossip or an answer, is dropped
@@ -25,21 +34,24 @@ refused by the store again, and logged. Another manifest for the version is stil
 shell does not call this for a refusal that may pass (a full store, a failing disk): the core
 just forgets the version then (`forget`), and takes it again at the next announce.
 
-These methods read the core's configuration, membership, versions and bans, keep
-`_manifest_asked` and `_refused_manifests`, and add holders to a version; they also call the
-core's `_usable(now, peer)`, `_pump(now, v, effects)`, `_arm(now, effects)`, `forget(version)` and
-`complete_versions()`. Like the core they do no I/O and take the time as an argument.
+These methods read the core's configuration, membership, versions, exclusions and bans, keep
+`_manifest_asked`, `_manifest_again` and `_refused_manifests`, and add holders to a version; they
+also call the core's `_usable(now, peer)`, `_pump(now, v, effects)`, `_arm(now, effects)`,
+`forget(version)` and `complete_versions()`, and `relay.failures`' `_unaddressed_for` and
+`_exclude`. Like the core they do no I/O and take the time as an argument.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import blake3
 
 from p2pnet.core import Emit, Publish, Send
-from relay.effects import FetchManifest, VersionComplete
+from relay.effects import DropReason, FetchFailure, FetchManifest, VersionComplete
+from relay.failures import NO_ADDRESS_GRACE_S
 from relay.messages import HOLDING_TOPIC, MAX_HELD_VERSIONS, HeldVersion, Holding
 from relay.planner import Membership
 from relay.transfer_state import _requeue
@@ -61,8 +73,10 @@ class Announcing:
     self_id: str
     _members: Membership
     _versions: dict[int, _Version]
+    _excluded: dict[str, float]
     _banned: set[str]
     _manifest_asked: dict[int, tuple[float, str, bool]]
+    _manifest_again: dict[int, tuple[float, str]]  # version -> when to ask whom again (`manifest_failed`)
     _refused_manifests: OrderedDict[bytes, int]  # manifest id -> its version
     _collected_through: int
 
@@ -72,6 +86,8 @@ class Announcing:
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def complete_versions(self) -> list[int]: ...
         def forget(self, version: int) -> list[Any]: ...
+        def _unaddressed_for(self, now: float, peer: str) -> float: ...
+        def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None: ...
 
     def refuse_manifest(self, version: int, manifest_id: bytes) -> list[Any]:
         """Our store would not keep this manifest of `version` (it holds another for the version):
@@ -110,6 +126,43 @@ class Announcing:
             self._manifest_asked[version] = (now, sender, holds_all)
             effects.append(FetchManifest(sender, version))
         return True
+
+    def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure) -> list[Any]:
+        """Our `FetchManifest` of `version` from `peer` failed for `reason`. Only `no_address`
+        (its heartbeat has not reached us yet) is acted on: the ask is made again (see the top).
+        Others wait, as before, for the next `Holding` of the version."""
+        asked = self._manifest_asked.get(version)
+        if reason is not FetchFailure.NO_ADDRESS or asked is None or asked[1] != peer or version in self._versions:
+            return []  # (another holder was asked since, or the manifest came from another)
+        effects: list[Any] = []
+        if self._unaddressed_for(now, peer) < NO_ADDRESS_GRACE_S:
+            self._manifest_again[version] = (now + self.config.not_admitted_s, peer)
+        elif self._excluded.get(peer, 0.0) <= now:  # a ghost: as unreachable a source (`relay.failures`)
+            self._exclude(now, peer, DropReason.UNREACHABLE, effects)
+        return self._arm(now, effects)
+
+    def _ask_again(self, now: float, effects: list[Any]) -> None:
+        """Make the asks `manifest_failed` put off that are due, unless the version is known
+        now, another holder was asked since, or the holder is banned; one excluded is asked at
+        the exclusion's end."""
+        for version, (at, peer) in list(self._manifest_again.items()):
+            if at > now:
+                continue
+            del self._manifest_again[version]
+            asked = self._manifest_asked.get(version)
+            if asked is None or asked[1] != peer or version in self._versions or peer in self._banned \
+                    or version <= self._collected_through:
+                continue
+            until = self._excluded.get(peer, now)
+            if until > now:
+                self._manifest_again[version] = (until, peer)
+                continue
+            self._manifest_asked[version] = (now, peer, asked[2])
+            effects.append(FetchManifest(peer, version))
+
+    def _asks_due_at(self) -> float:
+        """When the first ask `manifest_failed` put off is due (inf: none is)."""
+        return min((at for at, _ in self._manifest_again.values()), default=math.inf)
 
     def _room_to_ask(self, now: float, sender: str) -> bool:
         """With `MAX_MANIFEST_ASKS` asks remembered (any peer may name any version, and made-up

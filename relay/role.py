@@ -5,8 +5,9 @@ What it owns: the store of this peer (what it stores, its durability and faults:
 the role's own nursery, `Node.run_core`, and stops with the role), the data-plane channel
 `relay/chunks` (serving: `relay.serving_shell`, mixed in), one `relay.upstream.Upstream` per
 source peer (fetching), the control commands `checkpoint.publish|status|fetch|wait` and
-`status()` (`relay.commands`, mixed in), and the `VersionWatcher` that tells trainers and
-workers when a version is complete.
+`status()` (`relay.commands`, mixed in), the membership the core plans with and what we
+advertise of our upload (`relay.role_members`, mixed in), and the `VersionWatcher` that tells
+trainers and workers when a version is complete.
 
 Theory of operation. Relay effects (`Fetch`, `FetchManifest`, `DropSource`, `Penalise`,
 `ServeAtOnce`) and relay events are peeled off the core's effect list by `_Peeler` and queued,
@@ -21,12 +22,14 @@ directly (`Node.introduce`), by the upstream for a chunk fetch and by `_fetch_ma
 manifest, so it admits us at the next try rather than after our next heartbeat reaches it. A
 source whose own heartbeat has not reached us (we know of it from a `Holding`, or as the
 manifest's publisher) is waited for up to `request_timeout_s` (`_data_addr_soon`), then failed
-as `no_address`: nobody's fault, asked again soon (`relay.failures`).
+as `no_address`: nobody's fault, asked again soon (`relay.failures`; a manifest ask,
+`relay.announce`).
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
 manifest, or collected it) is not sent. A manifest the store refuses for good (another one is
-held for its version) the core takes no more (`refuse_manifest`); one it could not keep for now
+held for its version) the core takes no more (`refuse_manifest`), and follows the held one at
+once (before, only from its next announce); one it could not keep for now
 (a full store, a failing disk) is only forgotten, and taken again at the next announce.
 
 The server side (`relay.serving_shell`) answers a request once it holds the chunk, in upload
@@ -50,10 +53,9 @@ import math
 import os
 import time
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
@@ -61,16 +63,17 @@ from p2pnet.core import Emit
 from p2pnet.dataplane import FrameReader, WrongPeer, open_data_stream, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.handshake import NotAdmitted
-from p2pnet.peertable import PEER_TABLE_CORE, PeerChanged, PeerJoined, PeerLeft
+from p2pnet.peertable import PEER_TABLE_CORE
 from relay.config import RelayConfig, relay_config
 from relay.commands import ControlCommands, _refusing_errors
-from relay.errors import AddressUnknown, ManifestRejected, StoreFull
+from relay.errors import AddressUnknown, ManifestRejected, StoreFull, VersionUnknown
 from relay.loader import VersionWatcher
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, open_manifest
 from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse, ManifestAnnounce
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.serving_shell import ChunkServing, _parse_request  # _parse_request: tests import it from here
 from relay.uploads import Uploads
+from relay.role_members import MemberFollowing, serving_uploads  # serving_uploads: tests import it from here
 from relay.role_store import FailingVersion, StoreSide, _trouble_of
 from relay.store import ChunkRotten, ChunksLost, ChunkStore, StoreBackoff, StoreTrouble, VersionCollected
 from relay.effects import (DropSource, Fetch, FetchFailure, FetchManifest, ManifestAccepted, Penalise, ServeAtOnce,
@@ -78,17 +81,12 @@ from relay.effects import (DropSource, Fetch, FetchFailure, FetchManifest, Manif
 from relay.transfer import TransferConfig, TransferCore
 from relay.upstream import Buffers, Upstream, read_frame
 
-if TYPE_CHECKING:
-    from p2pnet.node import Node
-
 log = logging.getLogger(__name__)
 
 CHANNEL = "relay/chunks"
 CORRUPT_ENV = "P2PNET_TEST_CORRUPT_CHUNKS"
-MEMBERS_POLL_S = 1.0
 STORING_CHUNKS = 6  # received chunks being hashed and written at once: the chunk buffers this peer holds
 WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
-BUSY_LINGER_S = 3.0  # the node counts us busy (slower heartbeats) until this long after the last chunk moved
 _RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise, ServeAtOnce)
 
 
@@ -125,16 +123,7 @@ class _Peeler:
         return self.peel(self.core.on_rejected(now, peer, reason))
 
 
-def serving_uploads(node: Node) -> dict[str, float]:
-    """Relay members and their advertised upload, 0 for peers that others cannot dial (or not
-    yet known to be dialable: `Heartbeat.reachable`), so the planner never makes them parents."""
-    uploads = {e.peer_id: float(e.capacity.upload_bps) if e.can_serve else 0.0
-               for e in node.peertable.with_role("relay")}
-    uploads[node.peer_id] = float(node.peertable.local.capacity.upload_bps) if node.peertable.local.reachable else 0.0
-    return uploads
-
-
-class RelayRole(StoreSide, ChunkServing, ControlCommands):
+class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
     def __init__(self, node: Any, section: dict[str, Any]) -> None:
         self.node = node
         self.config: RelayConfig = relay_config(section).trusting(node.peer_id)
@@ -236,9 +225,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
             nursery.start_soon(self._follow_members)
             self.node.on_event(self._on_node_event)
             for signed in self.store.manifests():
-                missing = set(self.store.missing(signed))
-                held = [i for i in range(len(signed.manifest.chunk_digests)) if i not in missing]
-                await self._command(partial(self.core.add_version, signed=signed, held=held))
+                await self._follow(signed)
             for name, fn in (("checkpoint.publish", self._cmd_publish), ("checkpoint.status", self._cmd_status),
                              ("checkpoint.fetch", self._cmd_fetch), ("checkpoint.wait", self._cmd_wait)):
                 self.node.control.register(name, _refusing_errors(fn))
@@ -246,6 +233,13 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
 
     async def _command(self, fn: Callable[[float], list[Any]]) -> None:
         await self._runner.command(lambda now: self._peeler.peel(fn(now)))
+
+    async def _follow(self, signed: SignedManifest) -> None:
+        """The core follows a manifest our store holds, with the chunks it holds (at startup; the
+        one held when the store refuses another for its version, `_keep_manifest`)."""
+        missing = set(self.store.missing(signed))
+        held = [i for i in range(len(signed.manifest.chunk_digests)) if i not in missing]
+        await self._command(partial(self.core.add_version, signed=signed, held=held))
 
     # -- what trainers and workers use ------------------------------------------------------
 
@@ -273,8 +267,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         async with trio.open_nursery() as nursery:  # what the core's effects start: upstreams, manifest fetches
             async for item in self._queue:
                 if isinstance(item, Fetch):
-                    if not self.core.knows(item.version):
-                        continue  # forgotten since it was asked (its manifest refused by the store, collected)
+                    known = self.core.signed(item.version)
+                    digests = known.manifest.chunk_digests if known is not None else ()
+                    if item.index >= len(digests) or digests[item.index] != item.digest:
+                        continue  # forgotten since it was asked (its manifest refused by the store, collected),
+                        # or of the manifest the store's replaced (`_keep_manifest`)
                     if self.store.holds(item.version, item.index):
                         nursery.start_soon(self._held_already, item)
                         continue
@@ -331,6 +328,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         except ManifestRejected as exc:  # the publisher signed two manifests for one version: never this one
             log.error("manifest for version %d refused by the store: %s", signed.version, exc)
             await self._command(lambda now: self.core.refuse_manifest(signed.version, signed.manifest_id))
+            try:  # the one it holds instead, checked when it was kept: followed now, not at its next announce
+                held = self.store.manifest(signed.version)
+            except VersionUnknown:
+                return  # collected meanwhile
+            await self._follow(held)
             return
         except (StoreFull, OSError) as exc:  # may pass: taken again at the next announce
             log.error("cannot keep version %d: %s", signed.version, exc)
@@ -487,6 +489,9 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
         await self._command(failed)
 
     async def _fetch_manifest(self, ask: FetchManifest) -> None:
+        # unknown now: our deadline runs while we wait for its heartbeat, and may end just after
+        # the address came, before the holder could answer (`TooSlowError`): no verdict on it
+        waited = self.data_addr(ask.peer) is None
         try:
             with trio.fail_after(self.config.request_timeout_s):
                 stream = await self.open_stream(ask.peer)
@@ -502,51 +507,10 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands):
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
                 await self.node.introduce(ask.peer)
+            elif isinstance(exc, AddressUnknown) or (isinstance(exc, trio.TooSlowError) and waited):
+                # its heartbeat had not reached us (our deadline ended the wait for it, or the
+                # exchange the wait left too little time for): asked again soon
+                await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version,
+                                                                          FetchFailure.NO_ADDRESS))
             return
         await self._command(lambda now: self.core.manifest_frame(now, ask.peer, frame))
-
-    # -- membership -----------------------------------------------------------------------
-
-    def _on_node_event(self, origin: str, event: Any) -> None:
-        if isinstance(event, (PeerJoined, PeerLeft, PeerChanged)):  # roles and reachability plan too
-            self._members_changed.set()
-
-    def _uploads_full(self, full: bool) -> None:
-        (self._meter.full if full else self._meter.not_full)(trio.current_time(), self.bytes_served)
-
-    def _advertise_upload(self) -> None:
-        """Advertise what our uploads measurably deliver when that is below `upload_bps` by more
-        than 10% (no flapping); the configured figure again once nothing recent was measured.
-        Peers plan their next version with it (a transfer in progress keeps its plan)."""
-        configured = self.node.config.upload_bps
-        measured = self._meter.rate(trio.current_time(), self.bytes_served)
-        upload = int(min(configured, measured)) if measured is not None else configured
-        local = self.node.peertable.local
-        if abs(upload - local.capacity.upload_bps) <= 0.1 * local.capacity.upload_bps:
-            return
-        log.info("advertising an upload of %.1f MB/s (%s)", upload / 1e6,
-                 "measured while every upload slot was busy" if upload < configured else "as configured")
-        self.node.peertable.set_local(replace(local, capacity=replace(local.capacity, upload_bps=upload)))
-
-    def _about_to_move(self) -> None:
-        """A version is about to be fetched or served: busy from now (not from the first chunk,
-        up to `MEMBERS_POLL_S` later), lapsing `BUSY_LINGER_S` on if no chunk moves."""
-        self._moved_at = trio.current_time()
-        self.node.set_busy("relay", True)
-
-    def _busy(self) -> bool:
-        """Whether we move chunks now: fetches outstanding, uploads running, or a chunk moved
-        within `BUSY_LINGER_S`."""
-        return (trio.current_time() - self._moved_at < BUSY_LINGER_S or bool(self.serving_now)
-                or any(u.outstanding for u in self._upstreams.values()))
-
-    async def _follow_members(self) -> None:
-        while True:
-            self.node.set_busy("relay", self._busy())  # heartbeats slow down while chunks move
-            self._advertise_upload()
-            uploads = serving_uploads(self.node)
-            await self._command(lambda now: self.core.set_members(now, uploads))
-            with trio.move_on_after(MEMBERS_POLL_S):
-                await self._members_changed.wait()
-            self._members_changed = trio.Event()
-

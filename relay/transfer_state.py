@@ -7,9 +7,9 @@ load per (source, stripe) link, the chunks' failed sources, holders of the whole
 counters for `progress`. `_Source` is one source's outstanding requests and when it last made
 progress (the stall check). `_requeue` puts a chunk back on its stripe's retry queue.
 
-Used by the core and the mixins it is built from (`relay.sources`, `relay.failures`,
-`relay.announce`, `relay.swarm_transfer`); it imports none of them, so they import it (and
-`_requeue`) without importing the core.
+Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`,
+`relay.failures`, `relay.announce`, `relay.swarm_transfer`); it imports none of them, so they
+import it (and `_requeue`) without importing the core.
 """
 
 from __future__ import annotations

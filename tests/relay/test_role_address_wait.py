@@ -18,13 +18,15 @@ import trio.testing
 
 from p2pnet.errors import PeerUnavailable
 from p2pnet.peertable import LeftBecause, PeerChanged, PeerJoined, PeerLeft
-from relay.effects import DropReason, FetchFailure
+from p2pnet.wire import Envelope
+from relay.effects import DropReason, FetchFailure, FetchManifest
 from relay.errors import AddressUnknown
+from relay.messages import HeldVersion, Holding
 from relay.role import RelayRole
 from tests.relay.test_role_idle_connections import SourcePeer, start
 from tests.relay.test_role_source_blame import drops
 from tests.relay.test_role_store_faults import (  # noqa: F401 (fixture)
-    CHUNKS, PUBLISHER, FakeNode, Harness, inline_threads)
+    CHUNKS, PUBLISHER, FakeNode, Harness, inline_threads, publish)
 
 SOURCE = "12D3KooWsource"
 ADDRESS = "/ip4/10.0.0.7/tcp/4001"
@@ -144,6 +146,7 @@ async def test_an_address_not_known_in_time_fails_as_nobodys_fault_and_a_banned_
 
 
 HEARD_AT_S = 23.0  # when the origin's heartbeat reaches us: past the wait (10 s), within a heartbeat at scale
+WAIT_S = 10.0  # the role's wait for a manifest (`request_timeout_s`, its default), its address wait included
 
 
 async def test_an_origin_whose_heartbeat_comes_after_the_wait_is_fetched_from_and_not_excluded_as_unreachable(
@@ -182,3 +185,79 @@ async def test_an_origin_whose_heartbeat_comes_after_the_wait_is_fetched_from_an
     assert failures and {reason for _, _, reason in failures} == {FetchFailure.NO_ADDRESS}
     assert set(drops(h, PUBLISHER.peer_id)) == {DropReason.NO_ADDRESS}  # never `unreachable`
     assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS  # every chunk, from the origin
+
+
+async def _manifest_from_a_late_holder(tmp_path: Path, monkeypatch, heard_at_s: float,
+                                       first_dial_s: float = 0.0) -> tuple[Harness, float, list[float], list[float]]:
+    """We learn of version 1 only from a `Holding` of its publisher, whose heartbeat (its data
+    address) reaches us `heard_at_s` after it, and no `Holding` comes after it; the first dial of
+    it takes `first_dial_s` (virtual). Run through the role's real `open_stream` (its wait for
+    the address, `WAIT_S`) and `_fetch_manifest` until the version is complete (a 600 s limit):
+    the harness, when the `Holding` came, and when the manifest was asked for and the holder dialed."""
+    h = Harness(tmp_path, max_concurrent_downloads=8, request_timeout_s=WAIT_S)
+    table = Table(h.node.peertable)
+    h.node.peertable = table  # knows nobody: the holder's heartbeat has not come
+    h.node.codec = None  # (the wire below authenticates nobody)
+    source = SourcePeer(h, idle_timeout_s=120.0)
+    asked: list[float] = []
+    dials: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await start(h, source, nursery, monkeypatch)
+        del h.role.open_stream  # the role's own: waits for the address in the peer table
+        fetch_manifest = h.role._fetch_manifest
+
+        async def counted(ask: FetchManifest) -> None:
+            asked.append(trio.current_time())
+            await fetch_manifest(ask)
+
+        h.role._fetch_manifest = counted
+
+        async def open_data_stream(address: str, channel: str, *, codec, peer: str) -> trio.abc.Stream:
+            assert (address, peer) == (ADDRESS, PUBLISHER.peer_id)
+            dials.append(trio.current_time())
+            if len(dials) == 1:
+                await trio.sleep(first_dial_s)
+            return await source.connect(nursery)
+
+        monkeypatch.setattr("relay.role.open_data_stream", open_data_stream)
+        signed = publish(h.origin, h.root, 1)  # the holder's (the publisher's) store holds it; no announce
+        holding = Holding((HeldVersion(1, signed.manifest_id),))
+        started = trio.current_time()
+        await h.role._command(lambda now: h.role.core.on_message(
+            now, Envelope(Holding.KIND, PUBLISHER.peer_id, b"", 0, holding, 0)))  # type: ignore[attr-defined]
+        await trio.sleep_until(started + heard_at_s)
+        assert not h.role.core.knows(1) and asked and source.wires == []
+        table.learn(PUBLISHER.peer_id, ADDRESS)
+        tell(h.role, PeerJoined(PUBLISHER.peer_id))
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+    return h, started, asked, dials
+
+
+async def test_a_manifest_asked_of_a_holder_whose_heartbeat_comes_after_the_wait_is_asked_again(
+        tmp_path: Path, clock, monkeypatch) -> None:
+    """We learn of a version only from a `Holding` (the manifest's announce missed us: we joined
+    after it) whose sender's heartbeat has not reached us, and reaches us only `HEARD_AT_S` in,
+    and no `Holding` comes after it (at scale a holder gossips one every few minutes). The role's
+    real `open_stream` waits for its address (`request_timeout_s`), the manifest ask fails as
+    `no_address`, and the core asks again soon: once its heartbeat has come the manifest, then
+    the version, is fetched from it. Before, the failed ask was only logged, and the version
+    waited for the next `Holding` of it."""
+    h, started, asked, _ = await _manifest_from_a_late_holder(tmp_path, monkeypatch, HEARD_AT_S)
+    assert asked[0] == pytest.approx(started) and len(asked) >= 2  # asked again, not only at the next `Holding`
+    assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS  # then every chunk, from it
+
+
+async def test_a_manifest_ask_whose_deadline_ends_just_after_the_holders_address_came_is_asked_again(
+        tmp_path: Path, clock, monkeypatch) -> None:
+    """As above, but the holder's heartbeat comes half a second before our deadline for the ask
+    ends (`request_timeout_s`, which the wait for its address shares), and dialing it takes a
+    second: the ask ends in our deadline (`TooSlowError`) with its address known by then. It is
+    still no verdict on the holder (the wait took the time), so it is asked again, and the
+    version is fetched from it. Before, only an ask whose deadline ended with the address still
+    unknown was made again: this one waited for the next `Holding` (none here)."""
+    h, started, asked, dials = await _manifest_from_a_late_holder(tmp_path, monkeypatch, WAIT_S - 0.5,
+                                                                  first_dial_s=1.0)
+    assert asked[0] == pytest.approx(started) and len(asked) >= 2  # asked again, not only at the next `Holding`
+    assert dials[0] < started + WAIT_S < dials[0] + 1.0  # (the first ask's deadline ended in its dial)
+    assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS  # then every chunk, from it

@@ -1,7 +1,9 @@
 """Manifests our store will not keep, in virtual time (MockClock): one it refuses for good (it
 holds another manifest for the version: an equivocating publisher's) is taken no more, so a new
-announce of it costs nothing and logs nothing, while another manifest for the version is still
-weighed; one it could not keep for now (a full store) is taken again at the next announce.
+announce of it costs nothing and logs nothing, and the core follows the manifest the store holds
+at once (its chunks fetched), so a third manifest for the version is weighed no more than any
+manifest of a version the core knows; one it could not keep for now (a full store) is taken
+again at the next announce.
 
 The harness is `tests.relay.test_role_store_faults`'s: the role's real core, runner, dispatcher
 and store; manifests arrive as gossip does (`ManifestAnnounce`, `Holding`), through the runner.
@@ -10,6 +12,7 @@ and store; manifests arrive as gossip does (`ManifestAnnounce`, `Holding`), thro
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import trio
 
@@ -71,37 +74,67 @@ class Counted:
         role._fetch_manifest = asked
 
 
-async def test_a_manifest_the_store_refuses_for_good_is_taken_no_more_and_another_one_is_still_weighed(
+async def test_a_manifest_the_store_refuses_for_good_is_taken_no_more_and_the_held_one_is_followed(
         tmp_path, clock, caplog, monkeypatch):
     """The store holds another manifest for version 1, so it refuses the one announced. Announced
     again, and named by a holder, each past the core's retry interval, that manifest is not asked
-    for, opened, offered to the store or logged (each announce did all four). A third manifest for
-    version 1 is asked for and offered to the store (which refuses it too: one log line)."""
+    for, opened, offered to the store or logged (each announce did all four). The core follows the
+    held manifest instead, so a third manifest for version 1 is neither asked for nor offered to the
+    store (which would refuse it too); before, the core forgot version 1, and weighed the third."""
     caplog.set_level(logging.INFO)
     h = Harness(tmp_path)
     role, core = h.role, h.role.core
-    role.store.add_manifest(another_manifest(tmp_path, "equivocated", 1, chunks=8))  # held: version 1 conflicts
+    held = another_manifest(tmp_path, "equivocated", 1, chunks=8)
+    role.store.add_manifest(held)  # held: version 1 conflicts
     counted = Counted(h, monkeypatch)
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
+        role._upstream = lambda peer, nursery: SimpleNamespace(submit=lambda fetch: None)  # (nobody serves it)
         refused = await h.announce(1)  # refused by the store, remembered
         await trio.testing.wait_all_tasks_blocked()
-        assert counted.kept == [1] and len(refusals(caplog)) == 1 and not core.knows(1)
+        assert counted.kept == [1, 1] and len(refusals(caplog)) == 1  # (the second: the held one, already there)
+        assert core.signed(1).manifest_id == held.manifest_id  # type: ignore[union-attr]
         opened = counted.opened
         for _ in range(3):  # announced again, and named by a holder
             await role._command(lambda now: core.on_message(now, gossip(ManifestAnnounce(refused.frame))))
             await role._command(lambda now: core.on_message(
                 now, gossip(Holding((HeldVersion(1, refused.manifest_id),)))))
             await trio.sleep(core.config.manifest_retry_s)
-        assert counted.kept == [1] and counted.opened == opened and counted.asked == []
+        assert counted.kept == [1, 1] and counted.opened == opened and counted.asked == []
         assert len(refusals(caplog)) == 1
 
-        third = another_manifest(tmp_path, "third", 1, chunks=4)  # another manifest for version 1: weighed
+        third = another_manifest(tmp_path, "third", 1, chunks=4)  # another manifest for version 1
         await role._command(lambda now: core.on_message(now, gossip(Holding((HeldVersion(1, third.manifest_id),)))))
         await role._command(lambda now: core.on_message(now, gossip(ManifestAnnounce(third.frame))))
         await trio.testing.wait_all_tasks_blocked()
-        assert counted.asked == [1] and counted.kept == [1, 1] and len(refusals(caplog)) == 2
+        assert counted.asked == [] and counted.kept == [1, 1] and len(refusals(caplog)) == 1
+        assert core.signed(1).manifest_id == held.manifest_id  # type: ignore[union-attr]
         nursery.cancel_scope.cancel()
+
+
+async def test_the_manifest_the_store_holds_instead_of_a_refused_one_is_fetched_at_once(tmp_path, clock, monkeypatch):
+    """Our store holds the manifest of version 1 and none of its chunks (the core had forgotten
+    the version: a failing disk, or a restart whose gossip came before the store's manifests were
+    read), when a second manifest its publisher signed for it is announced: the store refuses it,
+    and the core follows the held one, fetched from its holder, at once. Before, the core forgot
+    version 1 until the held manifest's next announce (none here). The requests the core had made
+    for the refused manifest are not sent (their chunks are not the held manifest's)."""
+    h = Harness(tmp_path)
+    role, core = h.role, h.role.core
+    held = publish(h.origin, h.root, 1)  # the holder's (the publisher's) store holds it whole
+    role.store.add_manifest(held)
+    other = another_manifest(tmp_path, "equivocated", 1, chunks=8)
+    sent: list[bytes] = []  # the digest of each fetch the role sends
+    async with trio.open_nursery() as nursery:
+        await h.start(nursery)
+        submit = h.source.submit  # type: ignore[union-attr]
+        h.source.submit = lambda fetch: (sent.append(fetch.digest), submit(fetch))  # type: ignore[union-attr]
+        await role._command(lambda now: core.on_message(now, gossip(ManifestAnnounce(other.frame))))
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+    assert core.signed(1).manifest_id == held.manifest_id  # type: ignore[union-attr]
+    assert core._store_refused(other.manifest_id) and core.status(0.0)["banned"] == []
+    assert sent and set(sent) <= set(held.manifest.chunk_digests)  # none of the other manifest's chunks
 
 
 async def test_a_manifest_the_store_could_not_keep_for_now_is_taken_again_at_the_next_announce(

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from p2pnet.core import Emit, Publish, Send
+from p2pnet.core import Emit, Publish, Send, SetTimer
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
 from relay.announce import MAX_MANIFEST_ASKS
@@ -989,6 +989,55 @@ def test_the_grace_without_an_address_starts_afresh_once_its_heartbeat_came():
     for i in range(MAX_UNADDRESSED + 3):  # made-up holders, each asked once: the memory is bounded
         c.fetch_failed(80.0 + i, f"made-up{i:04d}", 1, 0, FetchFailure.NO_ADDRESS)
     assert len(c._unaddressed) == MAX_UNADDRESSED and "made-up0002" not in c._unaddressed  # the oldest went
+
+
+
+def _manifest_asks_of_a_ghost(until_s: float) -> tuple[list[float], TransferCore]:
+    """A core with no version hears one `Holding` from GHOST of a version it does not know, and
+    nothing else; every manifest ask of GHOST fails as `no_address` `WAIT_S` later, as the role's
+    wait for its address ends. Run by the core's own timers (`SetTimer`), in virtual time, until
+    `until_s`: when GHOST was asked, and the core."""
+    c = TransferCore(TransferConfig(exclude_s=60.0, announce_interval_s=3600.0), "me",
+                     open_frame=opener, self_upload_bps=1e8)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
+    asked: list[float] = []
+    due: list[tuple[float, str, int | None]] = []  # (when, what: "tick" or "failed", version)
+
+    def carry(now: float, effects: list) -> None:
+        for e in effects:
+            if isinstance(e, FetchManifest):
+                assert e.peer == GHOST
+                asked.append(now)
+                due.append((now + WAIT_S, "failed", e.version))
+            elif isinstance(e, SetTimer):
+                due.append((e.at, "tick", None))
+
+    carry(0.0, c.on_message(0.0, envelope(GHOST, Holding((HeldVersion(1, SIGNED.manifest_id),)))))
+    while due:
+        due.sort(key=lambda d: d[0])
+        now, what, version = due.pop(0)
+        if now > until_s:
+            break
+        if what == "failed":
+            carry(now, c.manifest_failed(now, GHOST, version, FetchFailure.NO_ADDRESS))  # type: ignore[arg-type]
+        else:
+            carry(now, c.on_timer(now, "relay/tick"))
+    return asked, c
+
+
+def test_a_manifest_ask_of_a_holder_without_an_address_is_made_again_for_the_grace_only():
+    """A manifest asked of a holder whose heartbeat has not reached us fails as `no_address`
+    (`relay.announce`, `manifest_failed`): it is asked again `not_admitted_s` after each failure,
+    by the core's own tick though it knows no version yet, not at its next `Holding` only; one
+    that never sends a heartbeat (anyone may send `Holding`) for `NO_ADDRESS_GRACE_S`, then it is
+    unreachable, as a source of chunks, and not asked again while excluded (`exclude_s`)."""
+    asked, c = _manifest_asks_of_a_ghost(600.0)
+    assert asked[:3] == pytest.approx([0.0, WAIT_S + 2.0, 2 * (WAIT_S + 2.0)])  # (`not_admitted_s`: 2 s)
+    assert max(asked) < NO_ADDRESS_GRACE_S + WAIT_S  # then never again
+    assert len(asked) == len([t for t in asked if t < NO_ADDRESS_GRACE_S + WAIT_S]) <= NO_ADDRESS_GRACE_S / 12.0 + 2
+    last_failed = max(asked) + WAIT_S
+    assert not c._usable(last_failed + 1.0, GHOST) and c._usable(last_failed + 60.0, GHOST)  # excluded `exclude_s`
+    assert c._manifest_again == {} and not c.knows(1)
 
 
 def test_marks_of_peers_that_left_and_ended_exclusions_are_forgotten():

@@ -1,0 +1,284 @@
+"""The transfer core's chunk requests: which chunk next, whom to ask, and when not to ask.
+
+Mixed into `relay.transfer.TransferCore` (`Requesting`). A stripe's chain of sources is our
+parent in its plan (or a substitute for it, `relay.sources`) and its ancestors (`_chain`).
+`_pump` issues requests while each (source, stripe) link's window (`window_per_source`) and the
+core's in-flight budget (`max_in_flight`) allow, stripe by stripe; `_issue_one` takes a stripe's
+next chunk (its retry queue first, `_next_index`) and asks it of the first usable member of the
+stripe's chain, else of a holder of the whole version (`_choose_source`), parking it for the
+next tick when nobody is usable; `_note_request` and `_settle` keep the in-flight and per-source
+bookkeeping as a request goes out and is answered or taken back. `asked_for` fetches a chunk
+someone waits for from us down our home stripe's chain at once; `hold_requests` stops new
+requests for a while (our store is full or failing), `_hold_ends` says when the tick resumes
+them.
+
+These methods read the core's configuration, membership, versions, exclusions, bans and measured
+rates, keep `_in_flight` and `_hold_until`, and change a version's requests; they also call the
+core's `_substitute`, `_spare_origin` and `_endgame_source` (`relay.sources`), `_pump_swarm`
+(`relay.swarm_transfer`), `_arm(now, effects)` and `_newest_first()`. Like the core they do no I/O
+and take the time as an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from relay.effects import Fetch
+from relay.planner import Membership, tiebreak
+from relay.transfer_state import _Source
+
+if TYPE_CHECKING:
+    from relay.planner import StripePlan
+    from relay.transfer import TransferConfig
+    from relay.transfer_state import _Version
+
+
+class Requesting:
+    """Chunk requests for `relay.transfer.TransferCore` (see the module docstring)."""
+
+    # the core's state these methods use (`TransferCore.__init__` sets it)
+    config: TransferConfig
+    self_id: str
+    _members: Membership
+    _versions: dict[int, _Version]
+    _excluded: dict[str, float]
+    _banned: set[str]
+    _rates: dict[str, float]
+    _in_flight: int
+    _hold_until: float
+
+    if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
+        def _spare_origin(self, now: float, v: _Version, stripe: int, source: str | None,
+                          tried: Any) -> str | None: ...
+        def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
+                        lost: str | None = None, skip: str | None = None, avoid: Any = (),
+                        strict: bool = True) -> str | None: ...
+        def _endgame_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None: ...
+        def _pump_swarm(self, now: float, v: _Version, effects: list[Any]) -> None: ...
+        def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
+        def _newest_first(self) -> list[_Version]: ...
+
+    # -- issuing requests ---------------------------------------------------------------
+
+    def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]:
+        """Where to fetch `stripe` from, in order: our parent (or a substitute: `relay.sources`),
+        then its ancestors up to the origin."""
+        chain = plan.ancestors(stripe, self.self_id)
+        if self.self_id == plan.origin:
+            return chain
+        if chain and (chain[0] == plan.origin or self._usable(now, chain[0])):
+            return chain
+        pick = self._substitute(now, plan, stripe, (len(chain), self.self_id) if chain else None,
+                                chain[0] if chain else None)
+        if not chain:  # we joined after the plan
+            return [p for p in (pick, plan.origin) if p is not None]
+        return [pick] + chain if pick is not None else chain
+
+    def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None:
+        """Issue requests while windows and the in-flight budget allow; `stripe` first if given.
+        The origin holds everything unless a chunk was `lost`; then it fetches it from holders."""
+        if v.swarm is not None:
+            if not v.complete and now >= self._hold_until and now >= v.hold_until:
+                self._pump_swarm(now, v, effects)
+            return
+        if v.complete or v.plan is None or now < self._hold_until or now < v.hold_until:
+            return
+        budget = self.config.max_in_flight - self._in_flight
+        if stripe is not None and stripe < v.plan.stripes:
+            while budget > 0 and self._issue_one(now, v, stripe, effects):
+                budget -= 1
+            if budget > 0 and not v.starved:
+                return  # only that stripe's window opened; the others were not waiting on budget
+        v.starved = False
+        progress = True
+        while budget > 0 and progress:
+            progress = False
+            for s in range(v.plan.stripes):
+                if budget <= 0:
+                    break
+                if self._issue_one(now, v, s, effects):
+                    budget -= 1
+                    progress = True
+        if budget <= 0:
+            v.starved = True  # some stripe may still want to issue when the budget frees up
+
+    def _next_index(self, v: _Version, stripe: int) -> tuple[int | None, bool]:
+        """The next chunk of `stripe` to request, and whether it came from the retry queue."""
+        have, in_flight = v.have, v.in_flight
+        queue = v.retry[stripe]
+        while queue:
+            index = queue[0]
+            if have[index] or index in in_flight:
+                queue.popleft()
+                continue
+            return index, True
+        chunks = v.plan.chunks_of_stripe[stripe]  # type: ignore[union-attr]
+        pos = v.next_pos[stripe]
+        end = len(chunks)
+        while pos < end and (have[chunks[pos]] or chunks[pos] in in_flight):
+            pos += 1
+        v.next_pos[stripe] = pos
+        return (chunks[pos], False) if pos < end else (None, False)
+
+    def _issue_one(self, now: float, v: _Version, stripe: int, effects: list[Any]) -> bool:
+        source = None
+        if not v.tried:  # nothing failed: the source is the first usable ancestor, whichever the chunk
+            source = self._spare_origin(now, v, stripe, self._first_usable(now, v.chains[stripe], ()), ())
+            if source is not None and v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
+                return False  # its window is full: no need to look for the next chunk
+        index, from_retry = self._next_index(v, stripe)
+        if index is None:
+            return False
+        if source is None:
+            source = self._spare_origin(now, v, stripe, self._choose_source(now, v, stripe, index),
+                                        v.tried.get(index, ()))
+        if source is None:
+            if from_retry:
+                v.retry[stripe].popleft()  # type: ignore[union-attr]
+            else:
+                v.next_pos[stripe] += 1
+            v.parked.append(index)  # nobody usable now; retried on the next tick
+            return False
+        if v.holders:  # our source may hold everything and still feed us slowly (`relay.sources`)
+            source = self._endgame_source(now, v, stripe, index) or source
+        link = (source, stripe)
+        load = v.link_load.get(link, 0)
+        if load >= self.config.window_per_source:
+            return False
+        if from_retry:
+            v.retry[stripe].popleft()  # type: ignore[union-attr]
+        else:
+            v.next_pos[stripe] += 1
+        self._note_request(now, v, source, index, stripe)
+        effects.append(Fetch(source, v.signed.manifest.version, index, v.digests[index], v.size(index),
+                             stripe == v.forwards))
+        return True
+
+    def _note_request(self, now: float, v: _Version, source: str, index: int, stripe: int) -> None:
+        """Chunk `index` is now asked of `source` (for `stripe`, or SWARM): in flight, one more
+        request on that link's window, and one more outstanding request on that source, whose
+        busy time starts if it was idle."""
+        v.link_load[(source, stripe)] = v.link_load.get((source, stripe), 0) + 1
+        v.in_flight[index] = (source, stripe, now)
+        self._in_flight += 1
+        src = v.sources.get(source)
+        if src is None:
+            src = v.sources[source] = _Source()
+        if src.outstanding == 0:
+            src.since = now
+        src.outstanding += 1
+
+    def _choose_source(self, now: float, v: _Version, stripe: int, index: int) -> str | None:
+        """Who to ask for chunk `index` of `stripe`: the first usable member of its chain, else the
+        fastest usable holder we measured, ties drawn per relay (`relay.planner.tiebreak`); None
+        when nobody is usable."""
+        tried = v.tried.get(index, ())
+        peer = self._first_usable(now, v.chains[stripe], tried)
+        if peer is not None:
+            return peer
+        uploads = self._members.uploads  # a member with upload 0 cannot be dialled: never a source
+        holders = [p for p in v.holders if p not in tried and self._usable(now, p) and uploads.get(p, 1.0) > 0]
+        if holders:  # the fastest we measured; among equals (all never measured, at first) our own
+            # draw, not the peer id, which made-up ids could be ground to win at every relay
+            salt = f"{self.self_id}/holders".encode()
+            return max(holders, key=lambda p: (self._rates.get(p, 0.0), tiebreak(salt, p)))
+        return None
+
+    def _first_usable(self, now: float, chain: list[str], tried: Any) -> str | None:
+        """The first of `chain` not in `tried` that is usable (`_usable`, inlined: once per chunk)."""
+        banned, excluded = self._banned, self._excluded
+        for peer in chain:
+            if peer in tried or peer == self.self_id or peer in banned:
+                continue
+            until = excluded.get(peer)
+            if until is None or until <= now:
+                return peer
+        return None
+
+    def _usable(self, now: float, peer: str) -> bool:
+        if peer == self.self_id or peer in self._banned:
+            return False
+        until = self._excluded.get(peer)
+        return until is None or until <= now
+
+    def _settle(self, now: float, v: _Version, index: int, entry: tuple[str, int, float], progress: bool) -> None:
+        peer, stripe, _ = entry
+        del v.in_flight[index]
+        self._in_flight -= 1
+        if v.swarm is not None:
+            v.swarm.asked &= ~(1 << index)
+        key = (peer, stripe)
+        load = v.link_load[key] - 1
+        if load <= 0:
+            del v.link_load[key]
+        else:
+            v.link_load[key] = load
+        src = v.sources[peer]
+        src.outstanding -= 1
+        if progress:
+            src.since = now
+
+    # -- commands from the shell: a chunk someone waits for, holds on requests ----------
+
+    def asked_for(self, now: float, version: int, index: int) -> list[Any]:
+        """A peer asked us for chunk `index` of `version`, which we do not hold (its request now
+        waits for it). We forward only our home stripe, so in the asker's plan the chunk is in
+        our home stripe; if ours puts it in another one (views that differ by a few members may
+        deal a few chunks to other stripes), fetch it down our home stripe's chain now, flagged
+        urgent, instead of as a leaf of the other stripe: that leaf's parent may in turn wait for
+        it from us. Nobody on the path the asker expects would fetch it otherwise (measured, 1,023
+        equal peers, 64 chunks, each view missing 1%: three chunks held by the origin alone until
+        stall and wait limits sent requests elsewhere, everyone done after 60 s instead of 1.2)."""
+        v = self._versions.get(version)
+        if v is None or v.plan is None or v.complete or not 0 <= index < v.count or v.have[index]:
+            return []
+        home = v.plan.home.get(self.self_id, -1)
+        if home < 0 or v.plan.stripe_of_chunk[index] == home or now < self._hold_until or now < v.hold_until:
+            return []
+        entry = v.in_flight.get(index)
+        if entry is not None and entry[1] == home:
+            return []  # already asked down our home stripe's chain
+        tried = v.tried.get(index, ())
+        source = self._spare_origin(now, v, home, self._first_usable(now, v.chains[home], tried), tried)
+        if source is None or (entry is not None and entry[0] == source):
+            return []
+        effects: list[Any] = []
+        if entry is not None:
+            self._settle(now, v, index, entry, progress=False)  # its answer, if any, is still taken
+        self._note_request(now, v, source, index, home)
+        effects.append(Fetch(source, version, index, v.digests[index], v.size(index), True))
+        return self._arm(now, effects)
+
+    def hold_requests(self, now: float, until: float, version: int | None = None) -> list[Any]:
+        """Issue no new chunk requests before `until`: for any version (our store is full, or its
+        disk fails), or only for `version` (the writes of its files fail: the others fetch on).
+        Requests already out stay out. An `until` not after `now` lifts the hold at once; lifting
+        the hold on every version lifts each version's own too (the store takes writes again)."""
+        if version is None:
+            self._hold_until = until
+            lifted = self._newest_first()
+            if until <= now:
+                for v in lifted:
+                    v.hold_until = until
+        else:
+            held = self._versions.get(version)
+            if held is None:
+                return []
+            held.hold_until = until
+            lifted = [held]
+        effects: list[Any] = []
+        if until <= now:
+            for v in lifted:
+                if not v.complete:
+                    self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def _hold_ends(self, now: float) -> float:
+        """When the first hold on our requests still on ends (the one on every version, or an
+        incomplete version's own; `hold_requests`): a tick then resumes them. inf if none is on."""
+        ends = self._hold_until if now < self._hold_until else math.inf
+        for v in self._versions.values():
+            if now < v.hold_until < ends and not v.complete:
+                ends = v.hold_until
+        return ends
