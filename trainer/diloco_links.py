@@ -2,7 +2,7 @@
 one sender at a time per peer, every send bounded by the round's deadline, and each connection
 watched so that a peer that closes it (it died) is reported to the round's inbox as
 `PeerFailed(peer)`, as a failed send is. The inbox's other event, `Received(peer, body)`, is
-put there by the role's server (a Join, Members or Part).
+put there by the role's server (a Join, Members, Part or NoRoom: `RoundFrame`).
 
 The receiving end writes one thing on these, ever: `Idle`, when it closes a connection that
 carried no frame for a long while (`_serve` in `trainer.diloco_serving`: an admitted peer could
@@ -37,7 +37,7 @@ import trio
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from p2pnet.handshake import NotAdmitted
-from trainer.diloco_messages import Idle, Join, Members, NoRoom, Part, RoundFrame
+from trainer.diloco_messages import Idle, RoundFrame
 
 if TYPE_CHECKING:
     from trainer.diloco_role import DilocoRole
@@ -99,7 +99,7 @@ class Links:
         """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
         peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused to
         the end (it is alive but has not heard our heartbeat yet, though introduced: see `_open`)."""
-        if isinstance(body, (Join, Members, Part, NoRoom)):  # our watcher reads the receiver's Idle notice
+        if isinstance(body, RoundFrame):  # our watcher reads the receiver's Idle notice
             body = dataclasses.replace(body, hears_idle=True)
         frame = self.role.node.codec.encode(body, time.time())
         lock = self.locks.setdefault(peer, trio.Lock())

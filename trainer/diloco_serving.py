@@ -163,7 +163,7 @@ class DilocoServing:
             envelope = self.node.codec.decode(frame, time.time())  # MessageRejected ends the connection
             if envelope.sender != peer:
                 raise MessageRejected("wrong_sender", "a frame signed by another peer than the connection's")
-            if isinstance(envelope.body, (Join, Members, Part, NoRoom)):
+            if isinstance(envelope.body, RoundFrame):
                 hears_idle = hears_idle or envelope.body.hears_idle
             if not await self._on_frame(stream, peer, envelope.body, envelope.kind):
                 return
@@ -182,7 +182,7 @@ class DilocoServing:
             offer = self._offer(peer, body)
             await self._sent_within(self.config.deadline_s, peer, "offer",
                                     send_frame(stream, self.node.codec.encode(offer, time.time())))
-        elif isinstance(body, (Join, Members, Part, NoRoom)):
+        elif isinstance(body, RoundFrame):
             if isinstance(body, Join) and self.state is not None and body.round < self.state.round:
                 await self._tell_ahead(peer)
             listed = self._listed_only(peer, body)
