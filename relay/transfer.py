@@ -531,8 +531,8 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
 
     def _arm(self, now: float, effects: list[Any]) -> list[Any]:
         """Keep one tick pending: soon while transfers run, at the announce interval otherwise,
-        and when a hold on requests ends or a manifest is to be asked for again; ask for the upload slots our versions want
-        (`ServeAtOnce`) when that changed."""
+        and when a hold on requests ends or a manifest is to be asked for again; ask for the
+        upload slots our versions want (`ServeAtOnce`) when that changed."""
         wanted = self._slots_wanted()
         if wanted != self._at_once:
             self._at_once = wanted

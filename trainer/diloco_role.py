@@ -47,8 +47,8 @@ remembered for it (`turned_away`), as `Membership` remembers those it turns away
 Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
 What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer
 peers of our table and the last round's members (`_forget`), and of those heard at most `PEERS`:
-any identity can send us a frame or fail us, and both would otherwise grow for as long as we run. A suspect of our table stays one
-until it speaks: one forgotten would lead again. Contributions the core rejects cost their
+any identity can send us a frame or fail us, and both would otherwise grow for as long as we
+run. A suspect of our table stays one until it speaks: one forgotten would lead again. Contributions the core rejects cost their
 sender a peer table penalty.
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
