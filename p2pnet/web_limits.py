@@ -6,36 +6,36 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
 `Connections.serve`, which bounds (`Limits`):
 
 - the connections open at once, in all and per client (`client_key`: an IPv4 address, an IPv6
-  /64, a trusted client's own address). A client at its own cap is refused (closed
-  unanswered). A full server is shared fairly rather than first come, first served, between
-  networks first (`network_key`: an IPv4 /24, an IPv6 /48), then between the clients of one
-  network: a newcomer whose network, counting it, would still hold fewer connections than the
-  network holding the most takes a slot from that network (one of its connections is reset at
-  once); failing that, a newcomer whose client would still hold fewer than the client of its
-  own network holding the most takes a slot from that client; any other newcomer is refused.
-  So attackers from a few addresses, or from the many /64s of one customer's /56, cannot fill
-  the server and lock the operator's scraper out: while any network holds 2 or more, a scraper
-  from a network holding none gets in, and one from the attacker's own network gets in while
-  any client there holds 2 or more. Why /24 and /48: a customer of a hosting provider or an
-  ISP is commonly handed that much or less, so a network is one owner more often than a client
-  is; an honest NAT stays one client of its network. The price is paid by honest clients
-  sharing a network with an attacker: a scraper on the attacker's /24 (a cloud provider's
-  range) competes only within it, as every client competed before networks were counted. Fair
-  sharing alone leaves the server to an attacker with addresses in more networks than it has
-  slots, each holding one (it reconnects as the lifetime below ends each), and the operator's
-  own scraper and health checks with it. So the operator's networks (`trusted_networks`:
-  loopback always, and `[peer] metrics_trusted_networks`) have a share strangers cannot take:
-  strangers hold at most `max_connections - trusted_reserve`, while the operator's clients may
-  take any slot and are shared fairly among themselves as strangers are; neither kind ever
-  takes a slot of the other's. The operator's scraper is then locked out only by the
-  operator's own clients; a stranger's scraper still is by an attacker in `max_connections -
-  trusted_reserve` networks or more, which is bounded by how many networks it has, not by how
-  fast it reconnects. A connection is trusted by the address it connected from, which TCP's
-  handshake makes a stranger off its path unable to forge; nothing but the share is granted by
-  it (the per-client cap and the deadlines apply as to anyone). A forwarder on the peer's own
-  machine (a reverse proxy, an SSH tunnel, an onion service) makes its clients loopback, so
-  the operator's: as one address they hold at most `max_per_ip`, and a scraper from another
-  trusted network still takes a slot from them. Refusals and evictions are counted
+  /64 or the trusted network narrower than it that holds the address). A client at its own cap
+  is refused (closed unanswered), whether the server is full or not. A full server is shared
+  fairly rather than first come, first served, between networks first (`network_key`: an IPv4
+  /24, an IPv6 /48), then between the clients of one network: a newcomer whose network, counting
+  it, would still hold fewer connections than the network holding the most takes a slot from
+  that network (one of its connections is reset at once); failing that, a newcomer whose client
+  would still hold fewer than the client of its own network holding the most takes a slot from
+  that client; any other newcomer is refused. So attackers from a few addresses, or from the
+  many /64s of one customer's /56, cannot fill the server and lock the operator's scraper out:
+  while any network holds 2 or more, a scraper from a network holding none gets in, and one from
+  the attacker's own network gets in while any client there holds 2 or more. Why /24 and /48: a
+  customer of a hosting provider or an ISP is commonly handed that much or less, so a network is
+  one owner more often than a client is; an honest NAT stays one client of its network. The
+  price is paid by honest clients sharing a network with an attacker: a scraper on the
+  attacker's /24 (a cloud provider's range) competes only within it, as every client competed
+  before networks were counted. Fair sharing alone leaves the server to an attacker with
+  addresses in more networks than it has slots, each holding one (it reconnects as the lifetime
+  below ends each), and the operator's own scraper and health checks with it. So the operator's
+  networks (`trusted_networks`: loopback always, and `[peer] metrics_trusted_networks`) have a
+  share strangers cannot take: strangers hold at most `max_connections - trusted_reserve`, while
+  the operator's clients may take any slot and are shared fairly among themselves as strangers
+  are; neither kind ever takes a slot of the other's. The operator's scraper is then locked out
+  only by the operator's own clients; a stranger's scraper still is by an attacker in
+  `max_connections - trusted_reserve` networks or more, which is bounded by how many networks it
+  has, not by how fast it reconnects. A connection is trusted by the address it connected from,
+  which TCP's handshake makes a stranger off its path unable to forge; nothing but the share is
+  granted by it (the per-client cap and the deadlines apply as to anyone). A forwarder on the
+  peer's own machine (a reverse proxy, an SSH tunnel, an onion service) makes its clients
+  loopback, so the operator's: as one address they hold at most `max_per_ip`, and a scraper from
+  another trusted network still takes a slot from them. Refusals and evictions are counted
   (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and named in a
   warning at most once a minute, and the trusted connections open are shown
   (`p2pnet_http_connections_trusted`). `ConnectionGate` is that count, and chooses whom to
@@ -139,9 +139,12 @@ class Limits:
 
     def counted_as(self, host: str) -> tuple[str, str, bool]:
         """What a client at `host` (as the socket gave it) counts against: its client and network
-        (`client_key`, `network_key`) and whether it is of a trusted network."""
-        trusted = self.trusts(host)
-        return client_key(host, trusted), network_key(host), trusted
+        (`client_key`, given the narrowest trusted network holding it, `network_key`) and whether
+        it is of a trusted network."""
+        address = _address(host)
+        prefixes = [trusted_network(network).prefixlen for network in self.trusted_networks
+                    if address in trusted_network(network)]
+        return client_key(host, max(prefixes, default=0)), network_key(host), bool(prefixes)
 
     def share(self, trusted: bool) -> int:
         """How many connections the trusted networks' clients, or strangers, may hold in all: a
@@ -181,7 +184,7 @@ class Refusal(enum.Enum):
     # its kind's share open (`Limits.share`: max_connections in all, or fewer to strangers), and its
     # network or client would hold as many as the most-holding one
     TOTAL = "total"
-    PER_IP = "per_ip"  # max_per_ip open from its address
+    PER_IP = "per_ip"  # max_per_ip open from its client (`client_key`), whether the server is full or not
 
 
 @dataclass(frozen=True)
@@ -234,16 +237,17 @@ def network_key(host: str) -> str:
     return str(ipaddress.ip_network((address, prefix), strict=False))
 
 
-def client_key(host: str, trusted: bool = False) -> str:
+def client_key(host: str, trusted_prefix: int = 0) -> str:
     """Whom a connection counts against: its IPv4 address (also when it arrives IPv4-mapped on
-    a dual-stack socket), or the /64 of a stranger's IPv6 address, since one host is commonly
-    handed a whole /64 and a per-address cap would not bound it. A client of a trusted network
-    (`Limits.trusts`) counts as its own address, IPv6 too: the operator may trust one address of
-    a /64 whose other addresses are strangers', who must not use up its cap (their key, the /64,
-    is then another client's)."""
+    a dual-stack socket), or the /64 of its IPv6 address, since one host is commonly handed a
+    whole /64 and a per-address cap would not bound it; but the trusted network it is in when
+    that is narrower (`trusted_prefix`, its prefix length: one address written alone counts as
+    itself). The operator may trust a few addresses of a /64 whose others are strangers', who
+    must not use up their cap; a network written as wide as a /64 or wider (a /48, ::/0) trusts
+    no address on its own, so a host there still counts as its /64, as a stranger's does."""
     address = _address(host)
-    if isinstance(address, ipaddress.IPv6Address) and not trusted:
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    if isinstance(address, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((address, max(64, trusted_prefix)), strict=False))
     return str(address)
 
 
