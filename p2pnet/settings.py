@@ -78,8 +78,9 @@ DESCRIPTIONS: dict[str, str] = {
                                       "operator's own scrapers and health checks: of the 64 connections "
                                       "metrics_listen takes at once, strangers may hold at most 56, so these, "
                                       "and loopback always, still get in when strangers in many networks fill "
-                                      "the rest; nothing else is granted (8 connections per address and every "
-                                      "deadline hold for them too)"),
+                                      "the rest; nothing else is granted (8 connections per address, an IPv6 "
+                                      "/64 unless a narrower network is written, and every deadline hold for "
+                                      "them too)"),
     "relay.tree_fanout": "children per peer when layout is tree",
     "peertable.heartbeat_interval_s": ("seconds between two signed heartbeats in a small network (the shortest "
                                        "spacing; with more peers known, see max_heard_per_s); peers silent past "

@@ -6,18 +6,19 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
 `Connections.serve`, which bounds (`Limits`):
 
 - the connections open at once, in all and per client (`client_key`: an IPv4 address, an IPv6
-  /64). A client at its own cap is refused (closed unanswered). A full server is shared fairly
-  rather than first come, first served, between networks first (`network_key`: an IPv4 /24, an
-  IPv6 /48), then between the clients of one network: a newcomer whose network, counting it,
-  would still hold fewer connections than the network holding the most takes a slot from that
-  network (one of its connections is reset at once); failing that, a newcomer whose client would
-  still hold fewer than the client of its own network holding the most takes a slot from that
-  client; any other newcomer is refused. So attackers from a few addresses, or from the many
-  /64s of one customer's /56, cannot fill the server and lock the operator's scraper out: while
-  any network holds 2 or more, a scraper from a network holding none gets in, and one from the
-  attacker's own network gets in while any client there holds 2 or more. Why /24 and /48: a
-  customer of a hosting provider or an ISP is commonly handed that much or less, so a network
-  is one owner more often than a client is; an honest NAT stays one client of its network. The
+  /64 or the trusted network narrower than it that holds the address). A client at its own cap
+  is refused (closed unanswered), whether the server is full or not. A full server is shared
+  fairly rather than first come, first served, between networks first (`network_key`: an IPv4
+  /24, an IPv6 /48), then between the clients of one network: a newcomer whose network, counting
+  it, would still hold fewer connections than the network holding the most takes a slot from
+  that network (one of its connections is reset at once); failing that, a newcomer whose client
+  would still hold fewer than the client of its own network holding the most takes a slot from
+  that client; any other newcomer is refused. So attackers from a few addresses, or from the
+  many /64s of one customer's /56, cannot fill the server and lock the operator's scraper out:
+  while any network holds 2 or more, a scraper from a network holding none gets in, and one from
+  the attacker's own network gets in while any client there holds 2 or more. Why /24 and /48: a
+  customer of a hosting provider or an ISP is commonly handed that much or less, so a network is
+  one owner more often than a client is; an honest NAT stays one client of its network. The
   price is paid by honest clients sharing a network with an attacker: a scraper on the
   attacker's /24 (a cloud provider's range) competes only within it, as every client competed
   before networks were counted. Fair sharing alone leaves the server to an attacker with
@@ -34,11 +35,11 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   granted by it (the per-client cap and the deadlines apply as to anyone). A forwarder on the
   peer's own machine (a reverse proxy, an SSH tunnel, an onion service) makes its clients
   loopback, so the operator's: as one address they hold at most `max_per_ip`, and a scraper from
-  another trusted network still takes a slot from them. Refusals and evictions
-  are counted (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and
-  named in a warning at most once a minute, and the trusted connections open are shown
-  (`p2pnet_http_connections_trusted`). `ConnectionGate` is that count, and chooses whom to evict,
-  free of I/O;
+  another trusted network still takes a slot from them. Refusals and evictions are counted
+  (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and named in a
+  warning at most once a minute, and the trusted connections open are shown
+  (`p2pnet_http_connections_trusted`). `ConnectionGate` is that count, and chooses whom to
+  evict, free of I/O;
 - how long a connection may live (`lifetime_s`): it is then asked to close once the response
   in flight is sent (at once if none is), and reset `idle_s` later whatever it does. The reset
   ends a client that never reads its response (hypercorn shields its writes from cancellation,
@@ -136,6 +137,15 @@ class Limits:
         address = _address(host)
         return any(address in trusted_network(network) for network in self.trusted_networks)
 
+    def counted_as(self, host: str) -> tuple[str, str, bool]:
+        """What a client at `host` (as the socket gave it) counts against: its client and network
+        (`client_key`, given the narrowest trusted network holding it, `network_key`) and whether
+        it is of a trusted network."""
+        address = _address(host)
+        prefixes = [trusted_network(network).prefixlen for network in self.trusted_networks
+                    if address in trusted_network(network)]
+        return client_key(host, max(prefixes, default=0)), network_key(host), bool(prefixes)
+
     def share(self, trusted: bool) -> int:
         """How many connections the trusted networks' clients, or strangers, may hold in all: a
         stranger never takes the last `trusted_reserve`, a trusted client may take any slot."""
@@ -174,7 +184,7 @@ class Refusal(enum.Enum):
     # its kind's share open (`Limits.share`: max_connections in all, or fewer to strangers), and its
     # network or client would hold as many as the most-holding one
     TOTAL = "total"
-    PER_IP = "per_ip"  # max_per_ip open from its address
+    PER_IP = "per_ip"  # max_per_ip open from its client (`client_key`), whether the server is full or not
 
 
 @dataclass(frozen=True)
@@ -227,13 +237,17 @@ def network_key(host: str) -> str:
     return str(ipaddress.ip_network((address, prefix), strict=False))
 
 
-def client_key(host: str) -> str:
+def client_key(host: str, trusted_prefix: int = 0) -> str:
     """Whom a connection counts against: its IPv4 address (also when it arrives IPv4-mapped on
     a dual-stack socket), or the /64 of its IPv6 address, since one host is commonly handed a
-    whole /64 and a per-address cap would not bound it."""
+    whole /64 and a per-address cap would not bound it; but the trusted network it is in when
+    that is narrower (`trusted_prefix`, its prefix length: one address written alone counts as
+    itself). The operator may trust a few addresses of a /64 whose others are strangers', who
+    must not use up their cap; a network written as wide as a /64 or wider (a /48, ::/0) trusts
+    no address on its own, so a host there still counts as its /64, as a stranger's does."""
     address = _address(host)
     if isinstance(address, ipaddress.IPv6Address):
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
+        return str(ipaddress.IPv6Network((address, max(64, trusted_prefix)), strict=False))
     return str(address)
 
 
@@ -282,16 +296,17 @@ class ConnectionGate:
         count = self.by_key.get(key, 0)
         evicted = None
         of_its_kind = self.trusted if trusted else self.open - self.trusted
+        if count >= self.limits.max_per_ip:
+            # at its cap, full server or not (none is taken from another for it: between networks
+            # no client's count is compared)
+            return self._refuse(Refusal.PER_IP)
         if self.open >= self.limits.max_connections or of_its_kind >= self.limits.share(trusted):
-            # a client at its cap takes no slot (between networks no client's count is compared)
-            evicted = self._victim(key, network, trusted) if count < self.limits.max_per_ip else None
+            evicted = self._victim(key, network, trusted)
             if evicted is None:
                 return self._refuse(Refusal.TOTAL)
             self._drop(evicted)
             self.closing[evicted] = self.held.pop(evicted).key
             self.evicted += 1
-        elif count >= self.limits.max_per_ip:
-            return self._refuse(Refusal.PER_IP)
         self._next += 1
         self.held[self._next] = Held(key, network, trusted)
         self.trusted += trusted
@@ -426,8 +441,8 @@ class Connections:
         async with trio.open_nursery() as nursery:
             while True:
                 sock, host = await self._accept(listener)
-                key, trusted = client_key(host), self.limits.trusts(host)
-                verdict = self.gate.admit(key, network_key(host), trusted)
+                key, network, trusted = self.limits.counted_as(host)
+                verdict = self.gate.admit(key, network, trusted)
                 if isinstance(verdict, Refusal):
                     sock.close()
                     cap = (self._full(trusted) if verdict is Refusal.TOTAL

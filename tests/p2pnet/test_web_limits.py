@@ -146,6 +146,9 @@ def test_client_keys_and_the_gate_count():
     assert client_key("192.0.2.7") == client_key("::ffff:192.0.2.7") == "192.0.2.7"  # dual-stack socket
     assert client_key("2001:db8::1") == client_key("2001:db8::ffff%eth0") == "2001:db8::/64"  # one host's /64
     assert client_key("2001:db8:0:1::1") != client_key("2001:db8::1")
+    assert client_key("2001:db8::1", trusted_prefix=128) == "2001:db8::1/128"  # one address the operator trusts
+    assert client_key("2001:db8::1", trusted_prefix=120) == "2001:db8::/120"
+    assert client_key("2001:db8::1", trusted_prefix=48) == "2001:db8::/64"  # wider: a host's /64 still
     gate = ConnectionGate(Limits(max_connections=3, max_per_ip=2))
     a1, a2 = gate.admit("a"), gate.admit("a")
     assert isinstance(a1, Admitted) and isinstance(a2, Admitted) and gate.admit("a") is Refusal.PER_IP
@@ -194,7 +197,7 @@ def test_a_full_gate_gives_a_newcomer_the_slot_of_an_idle_connection_of_the_clie
 def test_the_gate_evicts_among_clients_tied_at_the_most_idle_first_then_oldest_within_the_per_client_cap():
     gate = ConnectionGate(Limits(max_connections=4, max_per_ip=2))
     a1, b1, b2, a2 = (admit(gate, key).connection for key in "abba")
-    assert gate.admit("a") is Refusal.TOTAL  # at its own cap (full: counted as the total's)
+    assert gate.admit("a") is Refusal.PER_IP  # at its own cap, full server or not
     gate.started(a1)
     gate.started(b1)
     assert admit(gate, "c").evicted == b2  # a and b tie at 2: the oldest idle one of either
@@ -245,7 +248,7 @@ def test_a_client_at_its_cap_is_refused_also_when_its_network_could_take_a_slot_
     gate = ConnectionGate(Limits(max_connections=6, max_per_ip=2))
     for key in ("b1", "b1", "b2", "b2", "a", "a"):
         admit_in(gate, key, "A" if key == "a" else "B")
-    assert gate.admit("a", "A") is Refusal.TOTAL  # (full: counted as the total's)
+    assert gate.admit("a", "A") is Refusal.PER_IP  # its own cap met, not the total
     assert (gate.by_key, gate.evicted) == ({"b1": 2, "b2": 2, "a": 2}, 0)
 
 
@@ -288,6 +291,21 @@ async def test_one_address_over_its_cap_is_closed_and_counted_while_others_scrap
     await settle(connections, 2)
     text = generate_latest(registry).decode()
     assert 'p2pnet_http_connections_refused_total{cap="per_ip"} 2.0' in text and "p2pnet_http_connections 2.0" in text
+    await close_all(connections, held)
+
+
+async def test_a_client_at_its_cap_on_a_full_server_is_counted_as_refused_by_its_own_cap(nursery):
+    """What the operator reads off /metrics names the greedy client's cap, not the server's, also
+    when the server is full: the total cap is met only by a newcomer that would gain nothing."""
+    connections, port = await start(nursery, Limits(max_connections=4, max_per_ip=2, **HOLD))
+    held = [await connect(port, source) for source in ("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2")]
+    await settle(connections, 4)
+    assert await unanswered(port, "127.0.0.1") == b""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(connections)
+    text = generate_latest(registry).decode()
+    assert 'p2pnet_http_connections_refused_total{cap="per_ip"} 1.0' in text, text
+    assert 'p2pnet_http_connections_refused_total{cap="total"} 0.0' in text, text
     await close_all(connections, held)
 
 

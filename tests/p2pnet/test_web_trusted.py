@@ -64,8 +64,42 @@ def test_a_forwarder_on_loopback_holds_one_clients_share_of_the_operators():
     for n in range(56):
         admit(gate, f"198.51.{n}.1", f"198.51.{n}.0/24")
     proxied = [admit(gate, "127.0.0.1", "127.0.0.0/24", trusted=limits.trusts("127.0.0.1")) for _ in range(8)]
-    assert gate.admit("127.0.0.1", "127.0.0.0/24", trusted=True) is Refusal.TOTAL  # at its cap
+    assert gate.admit("127.0.0.1", "127.0.0.0/24", trusted=True) is Refusal.PER_IP  # at its cap
     assert gate.admit("192.0.2.5", "192.0.2.0/24", trusted=limits.trusts("192.0.2.5")) == Admitted(65, proxied[0])
+
+
+def test_strangers_in_the_64_of_one_trusted_ipv6_address_leave_it_its_own_cap():
+    """The operator may trust one address of a /64 whose other addresses are strangers' (a
+    hosting provider's rack sharing one /64): a stranger counts as the /64, the trusted address
+    as itself, so strangers at their cap there do not refuse the operator's scraper."""
+    limits = trusting(("2001:db8::5",))
+    assert limits.counted_as("2001:db8::5") == ("2001:db8::5/128", "2001:db8::/48", True)
+    assert limits.counted_as("2001:db8::6%eth0") == ("2001:db8::/64", "2001:db8::/48", False)
+    gate = ConnectionGate(limits)
+    for n in range(limits.max_per_ip):
+        admit(gate, *limits.counted_as(f"2001:db8::{n + 100:x}"))
+    assert gate.admit(*limits.counted_as("2001:db8::ff")) is Refusal.PER_IP  # the strangers' /64 at its cap
+    scraper = [admit(gate, *limits.counted_as("2001:db8::5")) for _ in range(limits.max_per_ip)]
+    assert gate.admit(*limits.counted_as("2001:db8::5")) is Refusal.PER_IP  # the cap applies to it as to anyone
+    assert (gate.open, gate.trusted, len(scraper)) == (2 * limits.max_per_ip, limits.max_per_ip, limits.max_per_ip)
+
+
+def test_a_host_in_a_trusted_network_as_wide_as_a_64_holds_the_cap_of_its_64_not_of_each_address():
+    """A trusted network written a /64 or wider (the operator's /48, or ::/0 meant as "trust
+    all") does not say which of its addresses are one host's: a host there handed a /64, taking
+    a new address for each connection, holds `max_per_ip` in all, as a stranger does, rather than
+    the whole server and the operator's other clients' slots. A narrower one does say it: its
+    addresses count apart from the strangers of their /64."""
+    for wide in ("2001:db8::/48", "2001:db8::/64", "::/0"):
+        limits = trusting((wide,))
+        assert limits.counted_as("2001:db8::6") == ("2001:db8::/64", "2001:db8::/48", True), wide
+        gate = ConnectionGate(limits)
+        for n in range(limits.max_per_ip):
+            admit(gate, *limits.counted_as(f"2001:db8::{n + 100:x}"))
+        assert gate.admit(*limits.counted_as("2001:db8::ff")) is Refusal.PER_IP, wide
+    limits = trusting(("2001:db8::/48", "2001:db8::/120"))  # the narrowest holding an address counts
+    assert [limits.counted_as(host)[0] for host in ("2001:db8::6", "2001:db8::1:6")] == [
+        "2001:db8::/120", "2001:db8::/64"]
 
 
 def admit(gate: ConnectionGate, key: str, network: str, trusted: bool = False) -> int:
