@@ -35,7 +35,10 @@ wait for an address that never comes), or failed and waits to be asked again, a 
 `Holding` for the version (its heartbeat, with its address, has come) asks it at once
 (`_asks_instead`); before, it asked nothing for `manifest_retry_s` after each ask of the other,
 its asks again included (5 s of every 12 while a ghost's were made again, for up to 60 s).
-Strangers' `Holding`s still ask at most once per `manifest_retry_s` per version.
+Any new ask of a version replaces the one put off, so a member asked instead is not passed over
+in its turn while its ask is in flight: each ask a member's `Holding` makes instead follows a
+failure (a refusal counted as above), not each `Holding` that comes before the failed ask is
+due. Strangers' `Holding`s still ask at most once per `manifest_retry_s` per version.
 
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
 an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
@@ -140,6 +143,7 @@ class Announcing:
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
                 return False
             self._manifest_asked[version] = (now, sender, holds_all)
+            self._manifest_again.pop(version, None)  # this ask replaces one put off (`_asks_instead`)
             effects.append(FetchManifest(sender, version))
         return True
 
