@@ -24,7 +24,21 @@ later (on the tick, `_ask_again`; the shell then waits for the address anew, and
 that brings it wakes that wait), for `NO_ADDRESS_GRACE_S` from the holder's first `no_address`
 in a row, as for a source of chunks (`relay.failures`); past that it counts as unreachable
 (excluded for `exclude_s`), so a holder that never sends a heartbeat (anyone may send `Holding`)
-is not asked for ever. Before, the failed ask waited for the next `Holding` of the version.
+is not asked for ever. An ask refused as not admitted (`not_admitted`: the holder has not heard
+our heartbeat; the shell has just sent it ours) is made again the same way, `not_admitted_s`
+later, counted with the holder's refusals of chunks: after `NOT_ADMITTED_TRIES` in a row it is
+unreachable (`_refused_us`), so a holder that keeps refusing costs a few asks a minute. Before,
+either failed ask waited for the next `Holding` of the version, which may be minutes away.
+
+While the holder asked is no member (we heard of it from its `Holding` alone, and its ask may
+wait for an address that never comes), or failed and waits to be asked again, a member's
+`Holding` for the version (its heartbeat, with its address, has come) asks it at once
+(`_asks_instead`); before, it asked nothing for `manifest_retry_s` after each ask of the other,
+its asks again included (5 s of every 12 while a ghost's were made again, for up to 60 s).
+Any new ask of a version replaces the one put off, so a member asked instead is not passed over
+in its turn while its ask is in flight: each ask a member's `Holding` makes instead follows a
+failure (a refusal counted as above), not each `Holding` that comes before the failed ask is
+due. Strangers' `Holding`s still ask at most once per `manifest_retry_s` per version.
 
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
 an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
@@ -35,10 +49,11 @@ shell does not call this for a refusal that may pass (a full store, a failing di
 just forgets the version then (`forget`), and takes it again at the next announce.
 
 These methods read the core's configuration, membership, versions, exclusions and bans, keep
-`_manifest_asked`, `_manifest_again` and `_refused_manifests`, and add holders to a version; they
-also call the core's `_usable(now, peer)`, `_pump(now, v, effects)`, `_arm(now, effects)`,
-`forget(version)` and `complete_versions()`, and `relay.failures`' `_unaddressed_for` and
-`_exclude`. Like the core they do no I/O and take the time as an argument.
+`_manifest_asked`, `_manifest_again` and `_refused_manifests`, count refusals in `_refused`, and
+add holders to a version; they also call the core's `_usable(now, peer)`, `_pump(now, v,
+effects)`, `_arm(now, effects)`, `forget(version)` and `complete_versions()`, and
+`relay.failures`' `_unaddressed_for` and `_exclude`. Like the core they do no I/O and take the
+time as an argument.
 """
 
 from __future__ import annotations
@@ -51,7 +66,7 @@ import blake3
 
 from p2pnet.core import Emit, Publish, Send
 from relay.effects import DropReason, FetchFailure, FetchManifest, VersionComplete
-from relay.failures import NO_ADDRESS_GRACE_S
+from relay.failures import NO_ADDRESS_GRACE_S, NOT_ADMITTED_TRIES
 from relay.messages import HOLDING_TOPIC, MAX_HELD_VERSIONS, HeldVersion, Holding
 from relay.planner import Membership
 from relay.transfer_state import _requeue
@@ -63,6 +78,7 @@ if TYPE_CHECKING:
 
 MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
 MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
+_ASK_AGAIN = frozenset({FetchFailure.NO_ADDRESS, FetchFailure.NOT_ADMITTED})  # failed manifest asks made again
 
 
 class Announcing:
@@ -74,6 +90,7 @@ class Announcing:
     _members: Membership
     _versions: dict[int, _Version]
     _excluded: dict[str, float]
+    _refused: dict[str, int]
     _banned: set[str]
     _manifest_asked: dict[int, tuple[float, str, bool]]
     _manifest_again: dict[int, tuple[float, str]]  # version -> when to ask whom again (`manifest_failed`)
@@ -120,26 +137,55 @@ class Announcing:
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
         asked = self._manifest_asked.get(version)
-        if (asked is None or now - asked[0] >= self.config.manifest_retry_s) and self._usable(now, sender):
+        retry_s = self.config.manifest_retry_s
+        if (asked is None or now - asked[0] >= retry_s or self._asks_instead(version, asked, sender)) \
+                and self._usable(now, sender):
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
                 return False
             self._manifest_asked[version] = (now, sender, holds_all)
+            self._manifest_again.pop(version, None)  # this ask replaces one put off (`_asks_instead`)
             effects.append(FetchManifest(sender, version))
         return True
 
     def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure) -> list[Any]:
-        """Our `FetchManifest` of `version` from `peer` failed for `reason`. Only `no_address`
-        (its heartbeat has not reached us yet) is acted on: the ask is made again (see the top).
-        Others wait, as before, for the next `Holding` of the version."""
+        """Our `FetchManifest` of `version` from `peer` failed for `reason`. Only `no_address` (its
+        heartbeat has not reached us yet) and `not_admitted` (ours has not reached it) are acted
+        on: the ask is made again (see the top). Others wait, as before, for the next `Holding`
+        of the version."""
         asked = self._manifest_asked.get(version)
-        if reason is not FetchFailure.NO_ADDRESS or asked is None or asked[1] != peer or version in self._versions:
+        if reason not in _ASK_AGAIN or asked is None or asked[1] != peer or version in self._versions:
             return []  # (another holder was asked since, or the manifest came from another)
         effects: list[Any] = []
-        if self._unaddressed_for(now, peer) < NO_ADDRESS_GRACE_S:
+        if reason is FetchFailure.NOT_ADMITTED:
+            again = self._refused_us(now, peer, effects)
+        else:
+            again = self._unaddressed_for(now, peer) < NO_ADDRESS_GRACE_S
+            if not again and self._excluded.get(peer, 0.0) <= now:  # a ghost: unreachable, as a source
+                self._exclude(now, peer, DropReason.UNREACHABLE, effects)
+        if again:
             self._manifest_again[version] = (now + self.config.not_admitted_s, peer)
-        elif self._excluded.get(peer, 0.0) <= now:  # a ghost: as unreachable a source (`relay.failures`)
-            self._exclude(now, peer, DropReason.UNREACHABLE, effects)
         return self._arm(now, effects)
+
+    def _refused_us(self, now: float, peer: str, effects: list[Any]) -> bool:
+        """`peer` refused our manifest ask as not admitted: one refusal, counted with its refusals
+        of chunks and as they are (`relay.failures`: excluded for `not_admitted_s`, the asks that
+        failed at once with it counted once); whether to ask it again, that is, unless it has
+        refused us `NOT_ADMITTED_TRIES` times in a row (it is then excluded as unreachable)."""
+        if self._excluded.get(peer, 0.0) <= now:
+            self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
+            why = DropReason.NOT_ADMITTED if refusals < NOT_ADMITTED_TRIES else DropReason.UNREACHABLE
+            self._exclude(now, peer, why, effects)
+        return self._refused.get(peer, 0) < NOT_ADMITTED_TRIES
+
+    def _asks_instead(self, version: int, asked: tuple[float, str, bool], sender: str) -> bool:
+        """Whether `sender`'s `Holding` asks for `version` though `asked[1]` was asked for it less
+        than `manifest_retry_s` ago: `sender` is a member (its heartbeat, with its address, has
+        reached us) and the one asked is not (its ask may wait for an address that never comes:
+        anyone may send `Holding`) or failed and waits to be asked again (`manifest_failed`).
+        Only members ask instead, and only of a holder that is not one or failed: strangers'
+        `Holding`s still ask at most once per `manifest_retry_s` per version."""
+        members = self._members.uploads
+        return sender in members and sender != asked[1] and (asked[1] not in members or version in self._manifest_again)
 
     def _ask_again(self, now: float, effects: list[Any]) -> None:
         """Make the asks `manifest_failed` put off that are due, unless the version is known

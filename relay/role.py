@@ -19,7 +19,8 @@ store's probe), the requests queued behind it wait unsent, and the core is told 
 (`_sending_held`): our disk's delay is not blamed on the sources as a stall. A source whose data
 plane refuses us as unknown (`NotAdmitted`: it has not heard our heartbeat) is sent our heartbeat
 directly (`Node.introduce`), by the upstream for a chunk fetch and by `_fetch_manifest` for a
-manifest, so it admits us at the next try rather than after our next heartbeat reaches it. A
+manifest (the core is told, `not_admitted`, and asks again soon: `relay.announce`), so it admits
+us at the next try rather than after our next heartbeat reaches it. A
 source whose own heartbeat has not reached us (we know of it from a `Holding`, or as the
 manifest's publisher) is waited for up to `request_timeout_s` (`_data_addr_soon`), then failed
 as `no_address`: nobody's fault, asked again soon (`relay.failures`; a manifest ask,
@@ -507,10 +508,14 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
             if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
                 await self.node.introduce(ask.peer)
+                reason = FetchFailure.NOT_ADMITTED
             elif isinstance(exc, AddressUnknown) or (isinstance(exc, trio.TooSlowError) and waited):
                 # its heartbeat had not reached us (our deadline ended the wait for it, or the
-                # exchange the wait left too little time for): asked again soon
-                await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version,
-                                                                          FetchFailure.NO_ADDRESS))
+                # exchange the wait left too little time for)
+                reason = FetchFailure.NO_ADDRESS
+            else:
+                return
+            # nobody's fault: asked again soon (`relay.announce`)
+            await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version, reason))
             return
         await self._command(lambda now: self.core.manifest_frame(now, ask.peer, frame))

@@ -992,11 +992,12 @@ def test_the_grace_without_an_address_starts_afresh_once_its_heartbeat_came():
 
 
 
-def _manifest_asks_of_a_ghost(until_s: float) -> tuple[list[float], TransferCore]:
-    """A core with no version hears one `Holding` from GHOST of a version it does not know, and
-    nothing else; every manifest ask of GHOST fails as `no_address` `WAIT_S` later, as the role's
-    wait for its address ends. Run by the core's own timers (`SetTimer`), in virtual time, until
-    `until_s`: when GHOST was asked, and the core."""
+def _manifest_asks_of_a_ghost(until_s: float, holder: str = GHOST, reason: FetchFailure = FetchFailure.NO_ADDRESS,
+                              wait_s: float = WAIT_S) -> tuple[list[float], TransferCore]:
+    """A core with no version hears one `Holding` from `holder` (GHOST: no member) of a version it
+    does not know, and nothing else; every manifest ask of it fails for `reason` `wait_s` later
+    (`no_address`: as the role's wait for its address ends). Run by the core's own timers
+    (`SetTimer`), in virtual time, until `until_s`: when `holder` was asked, and the core."""
     c = TransferCore(TransferConfig(exclude_s=60.0, announce_interval_s=3600.0), "me",
                      open_frame=opener, self_upload_bps=1e8)
     c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8})
@@ -1006,20 +1007,20 @@ def _manifest_asks_of_a_ghost(until_s: float) -> tuple[list[float], TransferCore
     def carry(now: float, effects: list) -> None:
         for e in effects:
             if isinstance(e, FetchManifest):
-                assert e.peer == GHOST
+                assert e.peer == holder
                 asked.append(now)
-                due.append((now + WAIT_S, "failed", e.version))
+                due.append((now + wait_s, "failed", e.version))
             elif isinstance(e, SetTimer):
                 due.append((e.at, "tick", None))
 
-    carry(0.0, c.on_message(0.0, envelope(GHOST, Holding((HeldVersion(1, SIGNED.manifest_id),)))))
+    carry(0.0, c.on_message(0.0, envelope(holder, Holding((HeldVersion(1, SIGNED.manifest_id),)))))
     while due:
         due.sort(key=lambda d: d[0])
         now, what, version = due.pop(0)
         if now > until_s:
             break
         if what == "failed":
-            carry(now, c.manifest_failed(now, GHOST, version, FetchFailure.NO_ADDRESS))  # type: ignore[arg-type]
+            carry(now, c.manifest_failed(now, holder, version, reason))  # type: ignore[arg-type]
         else:
             carry(now, c.on_timer(now, "relay/tick"))
     return asked, c
@@ -1038,6 +1039,76 @@ def test_a_manifest_ask_of_a_holder_without_an_address_is_made_again_for_the_gra
     last_failed = max(asked) + WAIT_S
     assert not c._usable(last_failed + 1.0, GHOST) and c._usable(last_failed + 60.0, GHOST)  # excluded `exclude_s`
     assert c._manifest_again == {} and not c.knows(1)
+
+
+def test_a_manifest_ask_refused_as_not_admitted_is_made_again_a_few_times_only():
+    """A holder that refuses our manifest ask as not admitted (it has not heard our heartbeat;
+    the shell has just sent it ours, `Node.introduce`) is asked again `not_admitted_s` later, by
+    the core's own tick, not at its next `Holding` only; one that keeps refusing us (it banned
+    us, or keeps dropping us: `NOT_ADMITTED_TRIES`) is then unreachable, as a source of chunks
+    that refuses us, and not asked again while excluded (`exclude_s`): a few asks a minute."""
+    refusal_s = 0.01  # (the refusal comes at our hello)
+    asked, c = _manifest_asks_of_a_ghost(600.0, PUBLISHER.peer_id, FetchFailure.NOT_ADMITTED, refusal_s)
+    assert asked == pytest.approx([0.0, refusal_s + 2.0, 2 * (refusal_s + 2.0)])  # (`not_admitted_s`: 2 s)
+    last_failed = asked[-1] + refusal_s
+    assert not c._usable(last_failed + 59.0, PUBLISHER.peer_id) and c._usable(last_failed + 60.0, PUBLISHER.peer_id)
+    assert c._manifest_again == {} and not c.knows(1)
+
+
+def test_a_members_holding_asks_at_once_while_a_ghosts_ask_waits_or_is_made_again():
+    """A `Holding` from a member (its heartbeat, with its data address, has come) asks for the
+    manifest at once though a holder that is no member (a ghost's `Holding`: its ask waits for
+    an address that never comes) was asked less than `manifest_retry_s` ago, first or again
+    (`manifest_failed`); a second stranger's `Holding` then asks nothing (strangers ask at most
+    once per `manifest_retry_s` per version), nor a member's while the member asked is waited for."""
+    c = TransferCore(TransferConfig(exclude_s=60.0, announce_interval_s=3600.0), "me",
+                     open_frame=opener, self_upload_bps=1e8)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "me": 1e8})
+    holding = Holding((HeldVersion(1, SIGNED.manifest_id),))
+
+    def asks(now: float, sender: str) -> list[str]:
+        return [e.peer for e in c.on_message(now, envelope(sender, holding)) if isinstance(e, FetchManifest)]
+
+    assert asks(0.0, GHOST) == [GHOST]
+    assert asks(1.0, "ghost2") == []  # a stranger: once per `manifest_retry_s`
+    assert asks(1.5, "holder") == ["holder"]  # a member: at once
+    assert asks(2.0, PUBLISHER.peer_id) == []  # the member asked is not passed over
+    # the ghost asked again (its ask failed as `no_address`), then a member's `Holding`
+    c.manifest_failed(11.5, "holder", 1, FetchFailure.UNREACHABLE)  # (not made again)
+    assert asks(20.0, GHOST) == [GHOST]
+    c.manifest_failed(30.0, GHOST, 1, FetchFailure.NO_ADDRESS)
+    assert 1 in c._manifest_again
+    assert asks(31.0, PUBLISHER.peer_id) == [PUBLISHER.peer_id]
+    assert [e for e in c.on_timer(32.0, "relay/tick") if isinstance(e, FetchManifest)] == []  # not the ghost
+    # a member asked, refused as not admitted, and to be asked again: another member's `Holding` asks at once
+    c.set_members(40.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "other": 1e9, "me": 1e8})
+    holding = Holding((HeldVersion(2, SIGNED.manifest_id),))
+    assert asks(40.0, "holder") == ["holder"]
+    assert asks(41.0, "other") == []
+    c.manifest_failed(41.5, "holder", 2, FetchFailure.NOT_ADMITTED)
+    assert asks(42.0, "other") == ["other"]
+
+
+def test_a_member_asked_instead_of_one_that_failed_is_not_passed_over_in_turn():
+    """Once a member's `Holding` has asked instead of a member whose ask failed and waits to be
+    made again, that ask is put off for good: a third member's `Holding` asks nothing while the
+    second member's ask is in flight (before, each member's `Holding` asked at once until the
+    failed ask fell due: 41 of 100 members sending `Holding` every 5 s were asked within 2 s of
+    one refusal), and the first member is not asked again (the ask to it was replaced)."""
+    c = TransferCore(TransferConfig(exclude_s=60.0, announce_interval_s=3600.0), "me",
+                     open_frame=opener, self_upload_bps=1e8)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "other": 1e9, "third": 1e9, "me": 1e8})
+    holding = Holding((HeldVersion(1, SIGNED.manifest_id),))
+
+    def asks(now: float, sender: str) -> list[str]:
+        return [e.peer for e in c.on_message(now, envelope(sender, holding)) if isinstance(e, FetchManifest)]
+
+    assert asks(0.0, "holder") == ["holder"]
+    c.manifest_failed(0.01, "holder", 1, FetchFailure.NOT_ADMITTED)
+    assert asks(0.5, "other") == ["other"]  # instead of the refusing member, at once
+    assert asks(1.0, "third") == []  # "other" is asked and not failed: not passed over
+    assert c._manifest_again == {}  # nor "holder" asked again 2 s after its refusal
+    assert [e for e in c.on_timer(2.01, "relay/tick") if isinstance(e, FetchManifest)] == []
 
 
 def test_marks_of_peers_that_left_and_ended_exclusions_are_forgotten():
