@@ -26,10 +26,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "== $(VENV) is ready"
 
+# the suite on TEST_WORKERS pytest-xdist processes, one per core of the 2-core CI machine (0: in this
+# process, as a plain `pytest` runs it). --dist loadfile gives each worker whole test files, which
+# it runs in their order, so a module-scoped fixture is set up once, as in one process; the files
+# go out in collection order (--no-loadscope-reorder), which keeps the few long single-test files
+# from all coming last
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(ACCEL_STAMP) $(VERIFY_ACCEL_STAMP)
 	bash scripts/lab_deps.sh
 	bash scripts/ops_deps.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the model tests against the lowest transformers pyproject.toml allows (the venv keeps the highest)
 test-transformers-lowest: $(STAMP)

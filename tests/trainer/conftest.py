@@ -1,5 +1,5 @@
 """Shared fixtures for trainer tests: one torch thread, a tiny model folder, a fast config, and
-one real devnet run that the devnet and dashboard tests both read."""
+one real devnet run that the devnet tests and the dashboard test read."""
 
 from __future__ import annotations
 
@@ -88,7 +88,9 @@ def devnet_run(tmp_path_factory):
     runs after the last step it records what an operator sees: each peer's /metrics and
     /healthz, the trainer's dashboard and leaderboard APIs, `p2pnet leaderboard --json`, and
     (where Chromium is installed) the dashboard page rendered headless. Returns a namespace with
-    `summary` (what `p2pnet devnet --json` writes), `seen`, `root`, `printed`, `steps`."""
+    `summary` (what `p2pnet devnet --json` writes), `seen`, `root`, `printed`, `steps`. Its
+    readers are all in test_devnet.py: each of `make test`'s xdist workers sets a session fixture
+    up for itself, and one worker takes that whole file, so the devnet runs once."""
     from trainer.devnet import DevnetConfig, run_devnet
 
     root = tmp_path_factory.mktemp("devnet")
