@@ -79,7 +79,7 @@ from trainer.diloco_decide import Deciding, _Behind
 from trainer.diloco_inbox import INBOX, PEER_INBOX, RoundInbox
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state
-from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, NoRoom, Part
+from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, Part
 from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_BYTES_PER_VALUE,
                                     STATE_SEND_DEADLINES, DilocoServing)
 
@@ -317,7 +317,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
             else:
                 if isinstance(body, Join) and body.round == round + 1:
                     for peer in self._keep_join(sender, body, trainers):  # no room for it: it is told
-                        sends.start_soon(links.send, peer, NoRoom(round + 1))
+                        sends.start_soon(self._tell_no_room, links, peer, round + 1)
                 effects = core.tick(now)
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:

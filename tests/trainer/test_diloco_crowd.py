@@ -32,7 +32,7 @@ from tests.trainer.test_diloco_inbox import SLACK_S, Trainer, _a_round, _noting_
 from trainer.allreduce import Membership
 from trainer.diloco import digest
 from trainer.diloco_inbox import RoundInbox
-from trainer.diloco_links import Received
+from trainer.diloco_links import Links, PeerFailed, Received
 from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Members, NoRoom, Part,
                                      StatePiece, StateRequest)
 from trainer.diloco_decide import _Behind
@@ -290,6 +290,51 @@ async def _fetch_state(source: Trainer, who: Identity) -> StatePiece:
     piece = codec.decode(frame, time.time()).body
     assert isinstance(piece, StatePiece) and piece.offset + piece.length == piece.total
     return piece
+
+
+async def test_a_joiner_the_leader_could_not_tell_it_had_no_room_is_no_suspect(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """During the leader's join of round 3, 300 fresh identities' Joins fill the places it has; then
+    a trainer peer of its table Joins, saying it reads a `NoRoom`, and its data plane refuses the
+    leader's connections (as one whose table lost the leader's heartbeat): telling it fails, as
+    the leader's own Join to it does. That best-effort notice makes it no suspect, as that Join
+    does not (before, the failed notice did: not waited for, nor a leader candidate, in a later
+    round until it spoke again), and the round goes on as before."""
+    lead, other, done, pair = await _paired(nursery)
+    joiner = next(who for who in (Identity.from_seed_text(f"diloco gone {i}") for i in range(100))
+                  if who.peer_id > max(pair))
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(joiner), self_id=joiner.peer_id, admit=lambda peer: "unknown peer")
+    lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
+    told, tried = trio.Event(), []
+    send = Links.send
+
+    async def noting(self: Links, peer: str, body: object, **kwargs: Any) -> bool:
+        sent = await send(self, peer, body, **kwargs)
+        if isinstance(body, NoRoom):
+            tried.append((peer, body, sent))
+            told.set()
+        return sent
+    monkeypatch.setattr(Links, "send", noting)
+    frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
+    frames.append((joiner, Join(3, b"j" * 16, (), hears_no_room=True)))  # the last: no room left for it
+    read = _noting_reads(lead)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        await _send_each(lead, frames)
+        await _read_all(read, frames)
+        with trio.fail_after(SLACK_S):
+            await told.wait()
+        assert tried == [(joiner.peer_id, NoRoom(3), False)] and lead.role.phase == Phase.JOIN
+        # a failure reported is in the round's inbox before the send returns, or read from it already
+        failed = PeerFailed(joiner.peer_id)
+        assert failed not in read and all(failed not in lane for lane in lead.role.inbox.core.lanes.values())
+        assert joiner.peer_id not in lead.role.suspects
+        rounds.start_soon(_a_round, other, nursery, done)
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+    assert joiner.peer_id not in lead.role.suspects
+    nursery.cancel_scope.cancel()
 
 
 async def test_a_newcomer_whose_join_the_flooded_leader_turned_away_does_not_hold_the_round(
