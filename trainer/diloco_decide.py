@@ -68,11 +68,15 @@ log = logging.getLogger("trainer.diloco_role")  # the role's logger: its log lin
 
 
 class _Behind(Exception):
-    """Another trainer peer is at a later round, or our weights are not the round's reference."""
+    """Another trainer peer is at a later round, or our weights are not the round's reference.
+    `past`: we are no member of that round of ours, on its weights (told `NoRoom`, or left out
+    of its Members): only a later round's state is worth fetching (`StateRequest.after_round`);
+    -1: any later state, or the round's own (we drifted)."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, past: int = -1) -> None:
         super().__init__(peer)
         self.peer = peer
+        self.past = past
 
 
 class Deciding:
@@ -140,7 +144,7 @@ class Deciding:
                 return self._check_members(round, earlier.members, earlier.weights_digest, weights_digest, leader)
             if leader != me and leader in no_room:  # it had no room for us before we followed it: it leads now
                 log.info("diloco: leader %s had no room for us in round %d: sitting it out", leader, round)
-                raise _Behind(leader)
+                raise _Behind(leader, past=round)
             if leader == me:
                 decided = membership.decided(now)
                 if decided is not None:
@@ -177,7 +181,7 @@ class Deciding:
             elif isinstance(body, NoRoom) and body.round == round:
                 if sender == membership.leader(own, invited, self.suspects):  # no one else's say (`_believed`)
                     log.info("diloco: leader %s had no room for us in round %d: sitting it out", sender, round)
-                    raise _Behind(sender)
+                    raise _Behind(sender, past=round)
                 if sender in invited:  # it may lead yet (it is told once a round): taken then
                     no_room.add(sender)
             elif isinstance(body, Members) and body.round == round:
@@ -222,8 +226,8 @@ class Deciding:
         """`members` if we are one of them on the reference weights; else we sit the round out
         and fetch the state (from `source`, a member). Never a round alone while others live."""
         me = self.node.peer_id
-        if me not in members or reference != ours:
-            raise _Behind(source if source != me else members[0])
+        if me not in members or reference != ours:  # on the round's weights, only a later state is news
+            raise _Behind(source if source != me else members[0], past=round if reference == ours else -1)
         others = self._known_trainers() - self.suspects
         if members == (me,) and others:
             raise _Behind(min(others))

@@ -215,7 +215,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
                 try:
                     await self._round(background)
                 except _Behind as behind:
-                    await self._catch_up(behind.peer)
+                    await self._catch_up(behind.peer, behind.past)
             self.done = True
             self.phase = Phase.DONE
             log.info("diloco: reached %d rounds", self.config.rounds)
@@ -268,6 +268,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         new_weights = self.outer.step(state.weights, result.mean)
         new_state = GlobalState(state.round + 1, new_weights, self.outer.momentum_buffer.clone())
         self.state = new_state
+        self._state_moved()  # the StateRequests held for a later round than the last are answered
         inner.load(new_weights)
         contributors = sorted({p for shard in result.contributors for p in shard})
         eval_loss = await trio.to_thread.run_sync(inner.eval_loss)

@@ -440,6 +440,56 @@ async def test_a_joiner_the_flooded_leader_had_no_room_for_is_told_and_joins_the
     nursery.cancel_scope.cancel()
 
 
+async def test_a_joiner_told_there_is_no_room_fetches_the_state_of_the_round_after_once(
+        nursery: trio.Nursery) -> None:
+    """As above, the joiner (on the direct path) is told `NoRoom` while the leader waits for its
+    partner's Join of round 3, and catches up at once, as `run` does. It asks the leader for a
+    later round's state: the leader answers when its round 3 is over, and the joiner takes the
+    state of round 4, in one fetch (before, it fetched the leader's state of round 3 at once, its
+    own round's weights, ran round 3's inner steps again, and, told it was behind, fetched the
+    state again)."""
+    lead, other, done, pair = await _paired(nursery)
+    deadline_s = lead.role.config.deadline_s
+    joiner = next(t for t in (Trainer(f"joiner {i}", 3, deadline_s) for i in range(100)) if t.peer_id > max(pair))
+    joiner.role.state = lead.role.state  # the round's weights (a state is never mutated)
+    joiner.address = await nursery.start(joiner.plane.serve)
+    joiner.knows(lead, other)
+    for trainer in (lead, other):
+        trainer.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=joiner.address))
+    joiner.role.config.outer_lr, joiner.role.config.outer_momentum, joiner.role.config.join_via = 0.7, 0.9, "direct"
+    joiner.role.fetched, joiner.role.state_via_counts = [], {path: 0 for path in JoinPath}
+    served: list[int] = []  # the round of each state the leader sent
+    send_state = lead.role._send_state
+
+    async def noting(stream: Any, peer: str, start: float) -> None:
+        served.append(lead.role.state.round)
+        await send_state(stream, peer, start)
+    lead.role._send_state = noting
+
+    frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
+    read = _noting_reads(lead)
+    told = trio.Event()
+
+    async def joiner_round() -> None:
+        try:
+            await joiner.role._round(nursery)
+        except _Behind as behind:
+            told.set()
+            await joiner.role._catch_up(behind.peer, behind.past)  # as `run` does
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        await _send_each(lead, frames)
+        await _read_all(read, frames)  # every place of round 3 is taken
+        rounds.start_soon(joiner_round)
+        with trio.fail_after(SLACK_S):
+            await told.wait()
+        assert lead.role.phase == Phase.JOIN  # still waiting for its partner's Join
+        rounds.start_soon(_a_round, other, nursery, done)
+    assert served == [4] and [f["round"] for f in joiner.role.fetched] == [4] and joiner.role.state.round == 4
+    assert digest(lead.role.state.weights) == digest(joiner.role.state.weights)
+    nursery.cancel_scope.cancel()
+
+
 async def test_what_a_trainer_remembers_of_a_flood_of_identities_stays_bounded(
         nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two trainers average round 2. During the leader's round 3, 300 fresh identities (more than
