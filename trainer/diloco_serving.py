@@ -187,7 +187,7 @@ class DilocoServing:
                 return False  # the joiner asks again, or another trainer peer
             self._note_heard(peer)
             start = trio.current_time()
-            if body.after_round >= 0:  # the asker wants a later round's state: both ends count from the hold's end
+            if body.after_round >= 0:  # it wants a later round's state: both ends count from the longest hold's end
                 start += STATE_HOLD_DEADLINES * self.config.deadline_s
                 await self._state_past(body.after_round, start)
             await self._send_state(stream, peer, start)
