@@ -15,8 +15,8 @@ import torch
 import trio
 import trio.testing
 
-from p2pnet.wire import Codec
-from tests.p2pnet.test_wire_evolution import ALICE, NOW, decode
+from p2pnet.identity import Identity
+from p2pnet.wire import DOMAIN, WIRE_VERSION, Codec
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import StateRequest
 from trainer.diloco_role import DilocoRole
@@ -58,6 +58,15 @@ def _served(request: StateRequest, at_round: int = 3, moves: list[tuple[float, i
 
 
 HOLD_S = STATE_HOLD_DEADLINES * DEADLINE_S
+ASKER, NOW = Identity.from_seed_text("diloco hold asker"), 1_800_000_000.0
+
+
+def decode(fields: list[Any]) -> Any:
+    """A StateRequest of `fields`, built as a peer of any version builds it (canonical CBOR,
+    signed over DOMAIN || payload, as tests/p2pnet/test_wire_evolution.py does), as we decode it."""
+    payload = cbor2.dumps([WIRE_VERSION, "diloco/state_request", ASKER.peer_id_bytes, int(NOW * 1000), fields],
+                          canonical=True)
+    return Codec(None).decode(payload + ASKER.sign(DOMAIN + payload), NOW).body
 
 
 def test_a_request_for_the_round_after_ours_is_answered_when_our_round_ends():
@@ -114,9 +123,9 @@ def test_an_older_askers_request_reads_as_no_later_round_and_ours_is_its_fields_
     """An asker a version apart: its request (`[have_round]`) decodes here with `after_round`
     -1 (answered at once, above); ours carries the new field last, so an older server, which
     takes the fields it knows and ignores the rest (p2pnet.wire), reads the same `have_round`."""
-    assert decode(ALICE, "diloco/state_request", [3]) == StateRequest(3, -1)
-    assert decode(ALICE, "diloco/state_request", [3, 3]) == StateRequest(3, 3)
-    assert decode(ALICE, "diloco/state_request", [3, 3, "later"]) == StateRequest(3, 3)
-    ours = Codec(ALICE).encode(StateRequest(3, 3), NOW)
+    assert decode([3]) == StateRequest(3, -1)
+    assert decode([3, 3]) == StateRequest(3, 3)
+    assert decode([3, 3, "later"]) == StateRequest(3, 3)
+    ours = Codec(ASKER).encode(StateRequest(3, 3), NOW)
     assert cbor2.loads(ours[:-64])[4] == [3, 3]  # (the payload, then its Ed25519 signature)
     assert Codec(None).decode(ours, NOW).body == StateRequest(3, 3)
