@@ -52,7 +52,7 @@ from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from trainer.diloco_local import GlobalState, write_state
 from trainer.diloco_messages import STATE_PIECE_VALUES, StatePiece, StateRequest
-from trainer.diloco_serving import MAX_FRAME_BYTES
+from trainer.diloco_serving import MAX_FRAME_BYTES, STATE_HOLD_DEADLINES
 
 if TYPE_CHECKING:
     from trainer.diloco_local import InnerTrainer
@@ -97,20 +97,27 @@ class CatchingUp:
         def _adopt(self, state: GlobalState) -> None: ...
         async def open_stream(self, peer: str) -> trio.SocketStream: ...
         def state_due(self, start: float, values: int) -> float: ...
+        def _state_moved(self) -> None: ...
 
     # -- taking a later state ----------------------------------------------------------------
 
-    async def fetch_state(self, peer: str) -> GlobalState:
+    async def fetch_state(self, peer: str, after_round: int = -1) -> GlobalState:
         """The global state of `peer` (a direct fetch on the data channel); in a closed group only
-        from one of its trainers (`not_a_trainer`), whoever named `peer`."""
+        from one of its trainers (`not_a_trainer`), whoever named `peer`. `after_round` (>= 0): we
+        are no member of that round and want a later one's: `peer` answers when its round is
+        over (`StateRequest.after_round`), and both ends count their deadlines from the end of
+        the longest it waits for that (`STATE_HOLD_DEADLINES`)."""
         self._member_of_group(peer)
         total = self.state.weights.numel()  # type: ignore[union-attr]
         weights, momentum = torch.empty(total), torch.empty(total)
         stream = await self.open_stream(peer)
         async with stream:
             start = trio.current_time()  # before we ask: each piece is due here first (`state_due`)
+            if after_round >= 0:
+                start += STATE_HOLD_DEADLINES * self.config.deadline_s
+            request = StateRequest(self.state.round, after_round)  # type: ignore[union-attr]
             with trio.fail_at(self.state_due(start, 0)):
-                await send_frame(stream, self.node.codec.encode(StateRequest(self.state.round), time.time()))  # type: ignore[union-attr]
+                await send_frame(stream, self.node.codec.encode(request, time.time()))
             reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
             got, round = 0, -1
             while got < total:
@@ -130,14 +137,15 @@ class CatchingUp:
             raise MessageRejected("bad_state", f"{peer} sent weights that are not finite", peer)
         return GlobalState(round, weights, momentum)
 
-    async def _catch_up(self, hint: str | None) -> None:
+    async def _catch_up(self, hint: str | None, past: int = -1) -> None:
         """Take the global state of a later round when others are ahead (or, hint given, when we
-        were told we drifted): through the relay when we can (`trainer.diloco_join`), else, or
-        when that fails, directly from a live trainer peer."""
+        were told we drifted): through the relay when we can (`trainer.diloco_join`: the version
+        after the publisher's round), else, or when that fails, directly from a live trainer
+        peer, of a round after `past` when given (we are no member of that round: `_Behind`)."""
         if self.config.join_via == JoinPath.RELAY:
             if await self._catch_up_via_relay(hint):
                 return
-        await self._catch_up_directly(hint)
+        await self._catch_up_directly(hint, past)
 
     def _publishers(self) -> list[str]:
         """Live trainer peers whose versions our relay role believes (the publisher, in a group)."""
@@ -184,15 +192,19 @@ class CatchingUp:
         self.state_via = via
         self.state_via_counts[via] += 1
         self.fetched.append({"from": source, "round": state.round, "at_round": state.round, "had_round": had, "via": via})
+        self._state_moved()  # (the StateRequests we hold for a later round than ours)
         log.info("diloco: took the global state of round %d from %s (%s)", state.round, source, via)
 
-    async def _catch_up_directly(self, hint: str | None) -> None:
+    async def _catch_up_directly(self, hint: str | None, past: int = -1) -> None:
         """Take the newest global state a live trainer peer has (hint first), if newer than ours;
-        also when we are told we drifted (hint given), take the hinted peer's at its round."""
+        also when we are told we drifted (hint given), take the hinted peer's at its round. Told
+        we are no member of our round `past` (>= 0), on its weights, we ask for a later round's
+        state (`fetch_state`'s `after_round`): the peer answers when its round is over, and we
+        fetch it once, not our own round's (the same weights) and then the next one's."""
         peers = ([hint] if hint else []) + sorted(self._known_trainers() - {hint} - self.suspects)
         for peer in peers:
             try:
-                fetched = await self.fetch_state(peer)
+                fetched = await self.fetch_state(peer, past)
             except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 log.info("diloco: state from %s failed: %s", peer, exc)
                 continue

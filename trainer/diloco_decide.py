@@ -32,7 +32,11 @@ tells it so (`NoRoom`), now or, for a Join of the next round read during our all
 server would end the connection on a kind it does not know). The joiner takes it from the leader
 it follows only (any identity can send one, and a member that is not the leader may have had no
 room where the leader had): it sits the round out at once (`_Behind`) and takes a later state,
-as a peer the round's Members leave out does, instead of waiting out its leader's timeout.
+as a peer the round's Members leave out does, instead of waiting out its leader's timeout. One
+from an invited peer we do not follow yet is kept (one a sender, bounded by our table) and taken
+if that peer comes to lead here: a member tells a joiner once a round (each send may wait on a
+peer that reads none), and a peer it turned away stays turned away for the round. Telling is
+best effort (`_tell_no_room`): a joiner we could not tell is no suspect for it.
 
 These methods read the role's `node`, `config`, `history`, `heard` and `suspects` and the round's
 inbox (`inbox`, through the role's `_next_event`); they keep the Joins of the next round read early
@@ -64,11 +68,15 @@ log = logging.getLogger("trainer.diloco_role")  # the role's logger: its log lin
 
 
 class _Behind(Exception):
-    """Another trainer peer is at a later round, or our weights are not the round's reference."""
+    """Another trainer peer is at a later round, or our weights are not the round's reference.
+    `past`: we are no member of that round of ours, on its weights (told `NoRoom`, or left out
+    of its Members): only a later round's state is worth fetching (`StateRequest.after_round`);
+    -1: any later state, or the round's own (we drifted)."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, past: int = -1) -> None:
         super().__init__(peer)
         self.peer = peer
+        self.past = past
 
 
 class Deciding:
@@ -108,6 +116,7 @@ class Deciding:
         leader_deadline = trio.current_time() + 2 * self.config.deadline_s
         followed, timed = me, set()  # the leader we wait for Members from; those given their own time to decide
         told: dict[str, Members] = {}  # Members of this round from invited peers we did not follow then (`_believed`)
+        no_room: set[str] = set()  # invited peers that had no room for us before we followed them
         while True:
             # a peer some member waits for (named in its Join), or whose Join reached us, is one we
             # wait for too: every member then picks its leader from the same peers. Else a joiner
@@ -133,6 +142,9 @@ class Deciding:
             if leader != me and leader in told:  # it told us before we followed it: it leads now
                 earlier = told.pop(leader)
                 return self._check_members(round, earlier.members, earlier.weights_digest, weights_digest, leader)
+            if leader != me and leader in no_room:  # it had no room for us before we followed it: it leads now
+                log.info("diloco: leader %s had no room for us in round %d: sitting it out", leader, round)
+                raise _Behind(leader, past=round)
             if leader == me:
                 decided = membership.decided(now)
                 if decided is not None:
@@ -165,11 +177,13 @@ class Deciding:
                 # turned away for the round): a Join sent again, by any trainer peer as often as it
                 # likes, is no send more, each of which may wait `deadline_s` on a peer that reads none
                 for peer in sorted((membership.refused - refused) & hearing):
-                    sends.start_soon(links.send, peer, NoRoom(round))
+                    sends.start_soon(self._tell_no_room, links, peer, round)
             elif isinstance(body, NoRoom) and body.round == round:
                 if sender == membership.leader(own, invited, self.suspects):  # no one else's say (`_believed`)
                     log.info("diloco: leader %s had no room for us in round %d: sitting it out", sender, round)
-                    raise _Behind(sender)
+                    raise _Behind(sender, past=round)
+                if sender in invited:  # it may lead yet (it is told once a round): taken then
+                    no_room.add(sender)
             elif isinstance(body, Members) and body.round == round:
                 leader = membership.leader(own, invited, self.suspects)  # (it spoke: no suspect now)
                 if self._believed(sender, leader):
@@ -212,12 +226,20 @@ class Deciding:
         """`members` if we are one of them on the reference weights; else we sit the round out
         and fetch the state (from `source`, a member). Never a round alone while others live."""
         me = self.node.peer_id
-        if me not in members or reference != ours:
-            raise _Behind(source if source != me else members[0])
+        if me not in members or reference != ours:  # on the round's weights, only a later state is news
+            raise _Behind(source if source != me else members[0], past=round if reference == ours else -1)
         others = self._known_trainers() - self.suspects
         if members == (me,) and others:
             raise _Behind(min(others))
         return members
+
+    @staticmethod
+    async def _tell_no_room(links: Links, peer: str, round: int) -> None:
+        """Tell `peer`, a trainer peer whose Join of `round` we turned away, that we had no room
+        for it. Best effort: a failure is not reported (`report`), so a joiner that left or reads
+        slowly is no suspect for it (it would not be waited for, nor lead, in a later round until
+        it speaks again); it waits out its leader's timeout, as an older joiner does."""
+        await links.send(peer, NoRoom(round), report=False)
 
     async def _send_join(self, links: Links, peer: str, join: Join, delivered: dict[str, frozenset[str]]) -> None:
         if not await links.send(peer, join, report_refusal=False):

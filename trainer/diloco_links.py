@@ -95,10 +95,14 @@ class Links:
         self.bytes_sent = 0
         self.over = trio.Event()  # `stop_watching`: the round is over, a peer that refuses us is not asked again
 
-    async def send(self, peer: str, body: object, *, report_refusal: bool = True) -> bool:
+    async def send(self, peer: str, body: object, *, report_refusal: bool = True, report: bool = True) -> bool:
         """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
         peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused to
-        the end (it is alive but has not heard our heartbeat yet, though introduced: see `_open`)."""
+        the end (it is alive but has not heard our heartbeat yet, though introduced: see `_open`),
+        and, unless `report`, any failure: a notice of ours the peer need not read (`NoRoom`: a
+        joiner that left, or reads slowly, owes us nothing and is no suspect of a later round for
+        it). Either way the connection a failed send used is dropped; one it opened is watched as
+        any (its close, later, is the peer's)."""
         if isinstance(body, RoundFrame):  # our watcher reads the receiver's Idle notice
             body = dataclasses.replace(body, hears_idle=True)
         frame = self.role.node.codec.encode(body, time.time())
@@ -127,7 +131,7 @@ class Links:
             # refused to the end: the deadline may come while we introduce ourselves or wait to ask again
             refused = isinstance(exc, NotAdmitted) or (isinstance(exc, trio.TooSlowError) and stream is None
                                                        and bool(refusals))
-            if report_refusal or not refused:
+            if report and (report_refusal or not refused):
                 await self._report(peer)
             return False
 

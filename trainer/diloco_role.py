@@ -79,7 +79,7 @@ from trainer.diloco_decide import Deciding, _Behind
 from trainer.diloco_inbox import INBOX, PEER_INBOX, RoundInbox
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state
-from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, NoRoom, Part
+from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, Part
 from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_BYTES_PER_VALUE,
                                     STATE_SEND_DEADLINES, DilocoServing)
 
@@ -215,7 +215,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
                 try:
                     await self._round(background)
                 except _Behind as behind:
-                    await self._catch_up(behind.peer)
+                    await self._catch_up(behind.peer, behind.past)
             self.done = True
             self.phase = Phase.DONE
             log.info("diloco: reached %d rounds", self.config.rounds)
@@ -268,6 +268,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         new_weights = self.outer.step(state.weights, result.mean)
         new_state = GlobalState(state.round + 1, new_weights, self.outer.momentum_buffer.clone())
         self.state = new_state
+        self._state_moved()  # the StateRequests held for a later round than the last are answered
         inner.load(new_weights)
         contributors = sorted({p for shard in result.contributors for p in shard})
         eval_loss = await trio.to_thread.run_sync(inner.eval_loss)
@@ -317,7 +318,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
             else:
                 if isinstance(body, Join) and body.round == round + 1:
                     for peer in self._keep_join(sender, body, trainers):  # no room for it: it is told
-                        sends.start_soon(links.send, peer, NoRoom(round + 1))
+                        sends.start_soon(self._tell_no_room, links, peer, round + 1)
                 effects = core.tick(now)
 
     async def _next_event(self, deadline: float) -> InboxEvent | None:

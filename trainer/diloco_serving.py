@@ -12,7 +12,9 @@ connection's frames are taken in order (`_serve`: a connection that stalls, or i
   names of peers `[diloco] trainers` does not list (`_listed_only`). A Join of an older round is
   answered with ours (`_tell_ahead`): its sender is behind.
 - StateRequest (a direct join): our global state, piece by piece, each taken by its `state_due`
-  time (`_send_state`); the asker counts the same deadlines (`trainer.diloco_catchup`).
+  time (`_send_state`); the asker counts the same deadlines (`trainer.diloco_catchup`). An asker
+  left out of our round asks for a later state (`after_round`): we answer once our round is over
+  (`_state_past`, woken by `_state_moved`), so it fetches the state once, not its own round's again.
 - StateWanted (a join through the relay): our offer (`_offer`): the next version we publish
   carries the outer state (`trainer.diloco_join`), or a refusal.
 
@@ -74,6 +76,12 @@ IDLE_WINDOWS = 3
 # parameter (1.08 GB for SmolLM2-135M): at the default 1 MB/s it may take 18 minutes, but an asker
 # that stops reading is cut once the pieces it left unread fall behind that rate.
 STATE_SEND_DEADLINES = 4
+# x deadline_s: the longest we hold a StateRequest whose asker wants a later round than ours
+# (`StateRequest.after_round`) until our round ends: a round's join and all-reduce, each member
+# taken for dead within its own deadlines, end within it but for rare rounds (then the asker takes
+# what we have). Both ends count their state deadlines from its end (`state_due`), so the asker
+# still never gives up first. A held request holds a connection and a task, as a slow reader does.
+STATE_HOLD_DEADLINES = 4
 STATE_BYTES_PER_VALUE = 8  # a weight and its outer momentum, fp32 each
 
 
@@ -90,6 +98,9 @@ class DilocoServing:
     outer_state_versions: set[int]
     state_askers: dict[str, int]
     granted_at: dict[str, int]
+    # set (and forgotten) when our state moves to a later round (`_state_moved`): held StateRequests
+    # wait on it (`_state_past`). None: nobody waits (a class default: no host need set it)
+    state_moved: trio.Event | None = None
 
     if TYPE_CHECKING:  # what these call on the role (`trainer.diloco_role.DilocoRole`)
         def _known_trainers(self) -> set[str]: ...
@@ -175,7 +186,11 @@ class DilocoServing:
                 log.info("diloco: %s asked for the state before ours was loaded: connection closed", peer)
                 return False  # the joiner asks again, or another trainer peer
             self._note_heard(peer)
-            await self._send_state(stream, peer)
+            start = trio.current_time()
+            if body.after_round >= 0:  # it wants a later round's state: both ends count from the longest hold's end
+                start += STATE_HOLD_DEADLINES * self.config.deadline_s
+                await self._state_past(body.after_round, start)
+            await self._send_state(stream, peer, start)
         elif isinstance(body, StateWanted):
             # its heartbeat may be on its way to us
             await self.node.wait_for_peers(lambda: peer in self._known_trainers(), ASKER_WAIT_S)
@@ -318,13 +333,29 @@ class DilocoServing:
         return (start + STATE_SEND_DEADLINES * self.config.deadline_s
                 + STATE_BYTES_PER_VALUE * values / self.config.state_min_bytes_per_s)
 
-    async def _send_state(self, stream: trio.SocketStream, peer: str) -> None:
-        """Our global state to `peer`, which asked for it, piece by piece, each taken by its
-        `state_due` time or the asker is at fault ("stalled") and the connection ends: a large
-        state may take long at a steady rate, an asker that stops reading is cut all the same."""
+    def _state_moved(self) -> None:
+        """Our state is of a later round now (`self.state` replaced): wake the held StateRequests."""
+        if self.state_moved is not None:
+            self.state_moved.set()
+            self.state_moved = None
+
+    async def _state_past(self, round: int, until: float) -> None:
+        """While we are in our round `round` (the asker is no member of it), until `until` (then
+        the asker takes what we have); at once when we are at another round (a later one: what it
+        wants; an earlier one: waiting would not help it) or train no more rounds."""
+        with trio.move_on_at(until):
+            while self.state is not None and self.state.round == round < self.config.rounds:
+                if self.state_moved is None:
+                    self.state_moved = trio.Event()
+                await self.state_moved.wait()
+
+    async def _send_state(self, stream: trio.SocketStream, peer: str, start: float) -> None:
+        """Our global state to `peer`, which asked for it at `start` (or wanted a later round's, at
+        the end of our wait for it), piece by piece, each taken by its `state_due` time or the
+        asker is at fault ("stalled") and the connection ends: a large state may take long at a
+        steady rate, an asker that stops reading is cut all the same."""
         state = self.state
         assert state is not None
-        start = trio.current_time()
         total = state.weights.numel()
         weights, momentum = state.weights.numpy(), state.momentum.numpy()
         for offset in range(0, max(total, 1), STATE_PIECE_VALUES):

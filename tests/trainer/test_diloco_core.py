@@ -443,7 +443,7 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, rese
     all-reduce (`_keep_join`).
     What it returned (or whom it sits the round out for), whom it suspects, and when."""
     class Links:
-        async def send(self, peer, body, *, report_refusal=True):
+        async def send(self, peer, body, *, report_refusal=True, report=True):
             if sent is not None:
                 sent.append(body)
             if sent_to is not None:
@@ -475,7 +475,7 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, rese
                 try:
                     out["members"] = await role._decide(1, DIGEST, Links(), nursery)
                 except _Behind as behind:  # it sits the round out (`out["behind"]`: whom it was told by)
-                    out["behind"] = behind.peer
+                    out["behind"], out["past"] = behind.peer, behind.past
             out["suspects"] = set(role.suspects)
             out["t"] = trio.current_time()
             nursery.cancel_scope.cancel()
@@ -593,6 +593,28 @@ def test_no_room_is_taken_from_our_leader_only():
     assert out["members"] == (FIRST, SECOND, ME)
     out = _decide([(0.1, Received(FIRST, NoRoom(1)))])
     assert (out["behind"], out["suspects"], out["t"]) == (FIRST, set(), pytest.approx(0.1))
+
+
+def test_no_room_from_a_peer_that_comes_to_lead_is_taken_once_it_leads():
+    """SECOND had no room for our Join and told us while FIRST, silent (a newcomer still loading,
+    or a peer the others gave up on), led here: not our leader then, its `NoRoom` is kept, and we
+    sit the round out as soon as FIRST is taken for dead and SECOND leads (it tells a joiner once
+    a round, and has no room for us still). Before, it was dropped: we waited out SECOND's leader
+    timeout too, then decided a round alone. A `NoRoom` of a peer that never leads here is not
+    taken (the first case of `test_no_room_is_taken_from_our_leader_only`)."""
+    out = _decide([(0.1, Received(SECOND, NoRoom(1))), (0.2, Received("0_outsider", NoRoom(1)))])
+    assert (out["behind"], out["suspects"], out["t"]) == (SECOND, {FIRST}, pytest.approx(2 * DEADLINE_S))
+    assert out["past"] == 1  # no member of round 1, on its weights: it asks for a later round's state
+
+
+def test_members_that_leave_us_out_on_our_weights_make_us_ask_for_the_round_after():
+    """Our leader's Members of round 1 leave us out: on our weights we ask for a later round's
+    state (`_Behind.past`, `StateRequest.after_round`), not the round's own (the same weights);
+    on other weights, or named on other weights, we drifted: the round's own state is news."""
+    for members, reference, past in [((FIRST, SECOND), DIGEST, 1), ((FIRST, SECOND), b"x" * 16, -1),
+                                     ((FIRST, SECOND, ME), b"x" * 16, -1)]:
+        out = _decide([(0.1, Received(FIRST, Members(1, reference, members)))])
+        assert (out["behind"], out["past"], out["t"]) == (FIRST, past, pytest.approx(0.1))
 
 
 def test_more_silent_leaders_than_peers_kept_each_hold_a_round_once(monkeypatch):

@@ -32,7 +32,7 @@ from tests.trainer.test_diloco_inbox import SLACK_S, Trainer, _a_round, _noting_
 from trainer.allreduce import Membership
 from trainer.diloco import digest
 from trainer.diloco_inbox import RoundInbox
-from trainer.diloco_links import Received
+from trainer.diloco_links import Links, PeerFailed, Received
 from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, STAGE_CONTRIBUTION, Join, Members, NoRoom, Part,
                                      StatePiece, StateRequest)
 from trainer.diloco_decide import _Behind
@@ -292,6 +292,51 @@ async def _fetch_state(source: Trainer, who: Identity) -> StatePiece:
     return piece
 
 
+async def test_a_joiner_the_leader_could_not_tell_it_had_no_room_is_no_suspect(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """During the leader's join of round 3, 300 fresh identities' Joins fill the places it has; then
+    a trainer peer of its table Joins, saying it reads a `NoRoom`, and its data plane refuses the
+    leader's connections (as one whose table lost the leader's heartbeat): telling it fails, as
+    the leader's own Join to it does. That best-effort notice makes it no suspect, as that Join
+    does not (before, the failed notice did: not waited for, nor a leader candidate, in a later
+    round until it spoke again), and the round goes on as before."""
+    lead, other, done, pair = await _paired(nursery)
+    joiner = next(who for who in (Identity.from_seed_text(f"diloco gone {i}") for i in range(100))
+                  if who.peer_id > max(pair))
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(joiner), self_id=joiner.peer_id, admit=lambda peer: "unknown peer")
+    lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
+    told, tried = trio.Event(), []
+    send = Links.send
+
+    async def noting(self: Links, peer: str, body: object, **kwargs: Any) -> bool:
+        sent = await send(self, peer, body, **kwargs)
+        if isinstance(body, NoRoom):
+            tried.append((peer, body, sent))
+            told.set()
+        return sent
+    monkeypatch.setattr(Links, "send", noting)
+    frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
+    frames.append((joiner, Join(3, b"j" * 16, (), hears_no_room=True)))  # the last: no room left for it
+    read = _noting_reads(lead)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        await _send_each(lead, frames)
+        await _read_all(read, frames)
+        with trio.fail_after(SLACK_S):
+            await told.wait()
+        assert tried == [(joiner.peer_id, NoRoom(3), False)] and lead.role.phase == Phase.JOIN
+        # a failure reported is in the round's inbox before the send returns, or read from it already
+        failed = PeerFailed(joiner.peer_id)
+        assert failed not in read and all(failed not in lane for lane in lead.role.inbox.core.lanes.values())
+        assert joiner.peer_id not in lead.role.suspects
+        rounds.start_soon(_a_round, other, nursery, done)
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+    assert joiner.peer_id not in lead.role.suspects
+    nursery.cancel_scope.cancel()
+
+
 async def test_a_newcomer_whose_join_the_flooded_leader_turned_away_does_not_hold_the_round(
         nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two trainers average round 2. A newcomer, a trainer peer of both tables with a higher id,
@@ -392,6 +437,56 @@ async def test_a_joiner_the_flooded_leader_had_no_room_for_is_told_and_joins_the
         row = trainer.role.history[-1]
         assert (row["round"], row["members"], row["contributors"]) == (4, trio_ids, trio_ids)
     assert digest(lead.role.state.weights) == digest(joiner.role.state.weights) and joiner.role.state.round == 5
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_joiner_told_there_is_no_room_fetches_the_state_of_the_round_after_once(
+        nursery: trio.Nursery) -> None:
+    """As above, the joiner (on the direct path) is told `NoRoom` while the leader waits for its
+    partner's Join of round 3, and catches up at once, as `run` does. It asks the leader for a
+    later round's state: the leader answers when its round 3 is over, and the joiner takes the
+    state of round 4, in one fetch (before, it fetched the leader's state of round 3 at once, its
+    own round's weights, ran round 3's inner steps again, and, told it was behind, fetched the
+    state again)."""
+    lead, other, done, pair = await _paired(nursery)
+    deadline_s = lead.role.config.deadline_s
+    joiner = next(t for t in (Trainer(f"joiner {i}", 3, deadline_s) for i in range(100)) if t.peer_id > max(pair))
+    joiner.role.state = lead.role.state  # the round's weights (a state is never mutated)
+    joiner.address = await nursery.start(joiner.plane.serve)
+    joiner.knows(lead, other)
+    for trainer in (lead, other):
+        trainer.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=joiner.address))
+    joiner.role.config.outer_lr, joiner.role.config.outer_momentum, joiner.role.config.join_via = 0.7, 0.9, "direct"
+    joiner.role.fetched, joiner.role.state_via_counts = [], {path: 0 for path in JoinPath}
+    served: list[int] = []  # the round of each state the leader sent
+    send_state = lead.role._send_state
+
+    async def noting(stream: Any, peer: str, start: float) -> None:
+        served.append(lead.role.state.round)
+        await send_state(stream, peer, start)
+    lead.role._send_state = noting
+
+    frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
+    read = _noting_reads(lead)
+    told = trio.Event()
+
+    async def joiner_round() -> None:
+        try:
+            await joiner.role._round(nursery)
+        except _Behind as behind:
+            told.set()
+            await joiner.role._catch_up(behind.peer, behind.past)  # as `run` does
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        await _send_each(lead, frames)
+        await _read_all(read, frames)  # every place of round 3 is taken
+        rounds.start_soon(joiner_round)
+        with trio.fail_after(SLACK_S):
+            await told.wait()
+        assert lead.role.phase == Phase.JOIN  # still waiting for its partner's Join
+        rounds.start_soon(_a_round, other, nursery, done)
+    assert served == [4] and [f["round"] for f in joiner.role.fetched] == [4] and joiner.role.state.round == 4
+    assert digest(lead.role.state.weights) == digest(joiner.role.state.weights)
     nursery.cancel_scope.cancel()
 
 
