@@ -99,15 +99,22 @@ the median, and a liar root's real upload was spread over its 20-30 children, ea
 it: 20 liars in 200 relays (1 GB, each delivering 20 MB/s) held versions 1-8 (seed 1) for
 1,459.6 s in all, 322.1 s at worst (version 2; 26.8 s told the truth), and 1,123.4 and 210.7 s
 hiding their queue; with the rule, 864.7 and 159.3 s, and 834.4 and 118.0 s. An honest relay
-whose upload the plan capped delivers more than the plan believed of it, never less (20 of 200
-at 10 GB/s: 10.41, 9.61, 9.84 and 9.85 s for versions 1-4, as before); 10 liars in 1,000
-relays, versions 1-3: 117.50, 94.75 and 117.55 s, as before. When our own download binds,
+whose upload the plan capped and that has it delivers more than the plan believed of it (20 of
+200 at 10 GB/s: 10.41, 9.61, 9.84 and 9.85 s for versions 1-4, as before). One that advertises
+more than it has (the default `upload_bps`, 1 GB/s, among slower links) is planned as a liar
+is, and dropping it helps: 20 of 200 delivering the median upload (39.3 MB/s), versions 1-4:
+59.36, 66.68, 141.89 and 74.29 s against 64.25, 174.18, 181.81 and 122.89; twice it, 49.98,
+45.67, 75.09 and 55.84 against 51.57, 78.19, 90.41 and 60.97; four times it, within 1.4% (40.66
+against 40.11 at version 4); with 3 in 10 relays downloading at 30 MB/s, or 60 such relays, none
+more than 0.4% slower; with every relay downloading at 30 MB/s and the 20 at four times the
+median, version 1 took 46.32 s against 43.98 (1.05x; the others 1.01x at most; at the median,
+all faster). 10 liars in 1,000 relays, versions 1-3: 117.50, 94.75 and 117.55 s, as before. When our own download binds,
 every parent delivers about as much, the capped ones short of their plan too: the quarter and
 the fastest leave them (the 20 at 10 GB/s with every relay downloading at 30 MB/s, versions
 1-4: 37.79, 41.99, 45.91 and 38.02 s, against 38.00, 41.68, 46.36 and 38.46). Under half of the
 plan instead of a quarter: 918.6 and 159.3 s told, 815.3 and 129.1 s hidden, but at 30 MB/s
-40.05, 41.52, 45.63 and 46.22 s (470 drops of the honest relays at 10 GB/s as slow at version 4 instead of 320);
-an eighth: 854.1 and 146.3 s, 1,029.6 and 201.2 s. Against the fastest of our sources whose
+40.05, 41.52, 45.63 and 46.22 s (470 drops of the honest relays at 10 GB/s as slow at version
+4 instead of 320); an eighth: 854.1 and 146.3 s, 1,029.6 and 201.2 s. Against the fastest of our sources whose
 claims were not capped only (dropping a capped parent when we measured none), at half the
 plan: 557.1 and 79.4 s, 580.2 and 86.5 s, but 43.35 s instead of 38.00 at 30 MB/s, version 1;
 with none measured keeping it, 1,573.5 and 337.6 s, 993.6 and 228.7 s; against their median,
