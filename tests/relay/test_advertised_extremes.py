@@ -199,7 +199,8 @@ def test_twenty_relays_in_200_claiming_2_64_minus_1_hold_a_version_back_a_bounde
     instead of 26.6 s told the truth. Now a parent under a quarter of our fastest source is slow
     too, and capped claims are borrowed from last (`relay.sources`): 80.6 s (81.5 s since waits
     beyond a source's report count against it past our other sources' such waits; 82.1 s since
-    a source whose planned parent's claim the plan capped is excused that wait)."""
+    a source whose planned parent's claim the plan capped is excused that wait; 71.2 s since a
+    capped claim is judged against its claim's plan too, `_short_of_claim`: 78.2 s just before)."""
     honest = run_broadcast_sim(liar_world(200, 20e6, 20e6, liars=20)[0], seed=1)  # they say what they deliver
     sim, _ = liar_world(200, float(2**64 - 1), 20e6, liars=20)
     lied = run_broadcast_sim(sim, seed=1)
@@ -213,7 +214,8 @@ def test_liars_that_report_no_queue_time_hold_a_version_back_a_bounded_time():
     plus the queue time its source reported, so a liar reporting none was timed only while its
     bytes flowed: kept, and the fastest holder to borrow from, 191.8 s (80.1 s with the queue
     told). Now the wait beyond a source's report counts past what our other sources wait beyond
-    theirs (`relay.sources`): 108.1 s (105.6 s excusing a source fed by a capped claim)."""
+    theirs (`relay.sources`): 108.1 s (105.6 s excusing a source fed by a capped claim; 96.8 s
+    judging a capped claim against its claim's plan too; 105.4 s just before)."""
     sim, _ = liar_world(200, float(2**64 - 1), 20e6, liars=20, hide_queue=True)
     hidden = run_broadcast_sim(sim, seed=1)
     assert hidden.time_to_all_s < 4 * 30.0

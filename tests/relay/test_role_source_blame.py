@@ -19,7 +19,7 @@ after a while.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -66,11 +66,11 @@ class SlowServer:
 
 
 class SlowParent:
-    """Which peer is slow: the first member other than the origin that is our parent in a stripe
-    of version 1 and that someone could take over from, chosen when first asked and kept."""
+    """Which peer is slow: the first member other than the origin (of `among`) that is our parent
+    in a stripe of version 1 and that someone could take over from, chosen when first asked and kept."""
 
-    def __init__(self, h: Harness) -> None:
-        self.h = h
+    def __init__(self, h: Harness, among: Collection[str] = MEMBERS) -> None:
+        self.h, self.among = h, among
         self.peer: str | None = None
         self.stripe = -1
 
@@ -79,7 +79,7 @@ class SlowParent:
             core = self.h.role.core
             v = core._versions[1]
             self.stripe = next(stripe for stripe, chain in enumerate(v.chains)
-                               if chain[0] != PUBLISHER.peer_id and core._replaceable(0.0, v.plan, stripe, chain[0]))
+                               if chain[0] in self.among and core._replaceable(0.0, v.plan, stripe, chain[0]))
             self.peer = v.chains[self.stripe][0]
         return self.peer
 
@@ -326,8 +326,9 @@ class PromptServer:
 
 
 
-async def start_with_prompt_sources(h: Harness, nursery: trio.Nursery, dial_s: Callable[[str], float]) -> PromptServer:
-    """Start `h` with `MEMBERS`: each source fetched from over the role's own `Upstream` (one
+async def start_with_prompt_sources(h: Harness, nursery: trio.Nursery, dial_s: Callable[[str], float],
+                                    members: Mapping[str, float] = MEMBERS) -> PromptServer:
+    """Start `h` with `members`: each source fetched from over the role's own `Upstream` (one
     per peer, closed by `DropSource`) to a `PromptServer`, its connection open `dial_s(peer)`
     after it was asked for (the address, the connect, the handshake)."""
     server = PromptServer(h.origin)
@@ -342,7 +343,7 @@ async def start_with_prompt_sources(h: Harness, nursery: trio.Nursery, dial_s: C
     h.role.open_stream = open_stream
     await h.start(nursery)
     h.role._upstream = RelayRole._upstream.__get__(h.role)  # (`Harness.start` put its `Source` there)
-    await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **MEMBERS}))
+    await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e8, **members}))
     return server
 
 
@@ -365,4 +366,30 @@ async def test_a_source_is_not_dropped_as_slow_for_the_time_we_took_to_connect_t
     core = h.role.core
     assert core._samples[parent()] >= 3 and server.answered >= CHUNKS  # (judged: chunks timed, and enough of them)
     assert sum(core._samples.get(p, 0) >= 3 for p in MEMBERS if p != parent()) >= 3  # (against 3 others at least)
+    assert drops(h, parent()) == []
+
+
+CAPPED = {p: 2.0**64 - 1 for p in list(MEMBERS)[::2]}  # 16 members that advertise more than they know of their link
+
+
+async def test_a_parent_whose_claim_the_plan_capped_is_not_dropped_as_slow_for_the_time_we_took_to_connect_to_it(
+        tmp_path, clock):
+    """As above, with our slow-to-connect parent one of 16 members whose claims the plan capped
+    (honest relays that advertise more upload than they have, as one left at the default
+    `upload_bps` may among slower ones): such a parent, delivering far under what the plan gave
+    each of its children, is judged against half of our fastest source too (`relay.sources`,
+    `_short_of_claim`), and the wait for its connection is no part of its delivery (with the
+    upstream's clock started at our ask, or with no fastest-source guard, it was dropped)."""
+    h = Harness(tmp_path, max_concurrent_downloads=8)
+    parent = SlowParent(h, among=CAPPED)
+    async with trio.open_nursery() as nursery:
+        server = await start_with_prompt_sources(h, nursery, lambda peer: 100 * ANSWER_S if peer == parent() else 0.0,
+                                                 members={**MEMBERS, **CAPPED})
+        await announce_stamped(h, 1, CHUNKS)
+        await h.until(lambda: h.complete(1), 600)
+        nursery.cancel_scope.cancel()
+
+    core = h.role.core
+    assert core._members.planned[parent()] < CAPPED[parent()]  # (its claim capped)
+    assert core._samples[parent()] >= 3 and server.answered >= CHUNKS  # (judged: chunks timed, and enough of them)
     assert drops(h, parent()) == []
