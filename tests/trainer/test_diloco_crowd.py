@@ -382,6 +382,19 @@ async def test_a_newcomer_whose_join_the_flooded_leader_turned_away_does_not_hol
     nursery.cancel_scope.cancel()
 
 
+async def _a_joiner_of_the_pair(nursery: trio.Nursery, lead: Trainer, other: Trainer, pair: list[str]) -> Trainer:
+    """A third trainer with a higher id than the pair's (it does not lead), on the round's
+    weights, serving, in both tables and knowing both."""
+    deadline_s = lead.role.config.deadline_s
+    joiner = next(t for t in (Trainer(f"joiner {i}", 3, deadline_s) for i in range(100)) if t.peer_id > max(pair))
+    joiner.role.state = lead.role.state  # the round's weights (a state is never mutated)
+    joiner.address = await nursery.start(joiner.plane.serve)
+    joiner.knows(lead, other)
+    for trainer in (lead, other):
+        trainer.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=joiner.address))
+    return joiner
+
+
 async def test_a_joiner_the_flooded_leader_had_no_room_for_is_told_and_joins_the_round_after(
         nursery: trio.Nursery) -> None:
     """Two trainers average round 2. A third trainer, in both tables with a higher id than theirs
@@ -392,13 +405,7 @@ async def test_a_joiner_the_flooded_leader_had_no_room_for_is_told_and_joins_the
     timeout, twice a deadline far above this test's waits). The two trainers end round 3 without
     it; it takes the state of round 4 from its leader and the three average round 4."""
     lead, other, done, pair = await _paired(nursery)
-    deadline_s = lead.role.config.deadline_s
-    joiner = next(t for t in (Trainer(f"joiner {i}", 3, deadline_s) for i in range(100)) if t.peer_id > max(pair))
-    joiner.role.state = lead.role.state  # the round's weights (a state is never mutated)
-    joiner.address = await nursery.start(joiner.plane.serve)
-    joiner.knows(lead, other)
-    for trainer in (lead, other):
-        trainer.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=joiner.address))
+    joiner = await _a_joiner_of_the_pair(nursery, lead, other, pair)
 
     frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
     read = _noting_reads(lead)
@@ -449,13 +456,7 @@ async def test_a_joiner_told_there_is_no_room_fetches_the_state_of_the_round_aft
     own round's weights, ran round 3's inner steps again, and, told it was behind, fetched the
     state again)."""
     lead, other, done, pair = await _paired(nursery)
-    deadline_s = lead.role.config.deadline_s
-    joiner = next(t for t in (Trainer(f"joiner {i}", 3, deadline_s) for i in range(100)) if t.peer_id > max(pair))
-    joiner.role.state = lead.role.state  # the round's weights (a state is never mutated)
-    joiner.address = await nursery.start(joiner.plane.serve)
-    joiner.knows(lead, other)
-    for trainer in (lead, other):
-        trainer.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=joiner.address))
+    joiner = await _a_joiner_of_the_pair(nursery, lead, other, pair)
     joiner.role.config.outer_lr, joiner.role.config.outer_momentum, joiner.role.config.join_via = 0.7, 0.9, "direct"
     joiner.role.fetched, joiner.role.state_via_counts = [], {path: 0 for path in JoinPath}
     served: list[int] = []  # the round of each state the leader sent
