@@ -246,11 +246,14 @@ def test_down_runs_when_the_body_raises(lab_factory):
     sleeper = None
     with pytest.raises(RuntimeError, match="boom"):
         with lab:
-            # started without lab.popen: down() must find it inside the namespace by itself
-            sleeper = subprocess.Popen([*lab.wrap("a"), "sleep", "60"])
+            # started without lab.popen: down() must find it inside the namespace by itself; its
+            # line comes once `ip netns exec` has entered the namespace (before, it may not have)
+            sleeper = subprocess.Popen([*lab.wrap("a"), "sh", "-c", "echo in; exec sleep 60"], stdout=subprocess.PIPE)
+            assert sleeper.stdout is not None and sleeper.stdout.readline() == b"in\n"
             assert lab.status()["hosts"][0]["processes"] == 1
             raise RuntimeError("boom")
     assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    sleeper.stdout.close()
     assert leftovers(lab) == []
 
 
