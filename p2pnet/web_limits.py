@@ -82,7 +82,7 @@ import socket
 import struct
 from collections import Counter
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Awaitable, Callable, ContextManager, Iterator
 
 import trio
@@ -132,18 +132,25 @@ class Limits:
         for network in self.trusted_networks:
             trusted_network(network)  # ValueError naming it
 
+    @cached_property
+    def _networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """`trusted_networks` read (`trusted_network`), once, not at each connection."""
+        return tuple(trusted_network(network) for network in self.trusted_networks)
+
+    def _holding(self, host: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """The trusted networks a client at `host` (as the socket gave it) is in."""
+        address = _address(host)
+        return [network for network in self._networks if address in network]
+
     def trusts(self, host: str) -> bool:
         """Whether a client at `host` (as the socket gave it) is in one of `trusted_networks`."""
-        address = _address(host)
-        return any(address in trusted_network(network) for network in self.trusted_networks)
+        return bool(self._holding(host))
 
     def counted_as(self, host: str) -> tuple[str, str, bool]:
         """What a client at `host` (as the socket gave it) counts against: its client and network
         (`client_key`, given the narrowest trusted network holding it, `network_key`) and whether
         it is of a trusted network."""
-        address = _address(host)
-        prefixes = [trusted_network(network).prefixlen for network in self.trusted_networks
-                    if address in trusted_network(network)]
+        prefixes = [network.prefixlen for network in self._holding(host)]
         return client_key(host, max(prefixes, default=0)), network_key(host), bool(prefixes)
 
     def share(self, trusted: bool) -> int:
