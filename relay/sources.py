@@ -90,39 +90,39 @@ The origin is no measure of a member's delivery (it holds every chunk first and 
 largest upload: a datacenter among home links): in the world of 20 liars, 64 parents the
 median kept were dropped against its rate, 62 of them honest (80.55 s; 80.13 s without).
 
-A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`):
-it is slow when it delivers us under a quarter of what the plan gave each of its children (its
-planned upload over its planned fan-out: about the stripe's per-child rate, as for any parent)
-and under half of what the fastest of our other sources delivers (the origin aside), not a
-quarter. Planned at the cap, liars take every stripe's root and most child links, so they set
-the median, and a liar root's real upload was spread over its 20-30 children, each waiting on
-it: 20 liars in 200 relays (1 GB, each delivering 20 MB/s) held versions 1-8 (seed 1) for
-1,459.6 s in all, 322.1 s at worst (version 2; 26.8 s told the truth), and 1,123.4 and 210.7 s
-hiding their queue; with the rule, 864.7 and 159.3 s, and 834.4 and 118.0 s. An honest relay
-whose upload the plan capped and that has it delivers more than the plan believed of it (20 of
-200 at 10 GB/s: 10.41, 9.61, 9.84 and 9.85 s for versions 1-4, as before). One that advertises
-more than it has (the default `upload_bps`, 1 GB/s, among slower links) is planned as a liar
-is, and dropping it helps: 20 of 200 delivering the median upload (39.3 MB/s), versions 1-4:
-59.36, 66.68, 141.89 and 74.29 s against 64.25, 174.18, 181.81 and 122.89; twice it, 49.98,
-45.67, 75.09 and 55.84 against 51.57, 78.19, 90.41 and 60.97; four times it, within 1.4% (40.66
-against 40.11 at version 4); with 3 in 10 relays downloading at 30 MB/s, or 60 such relays, none
-more than 0.4% slower; with every relay downloading at 30 MB/s and the 20 at four times the
-median, version 1 took 46.32 s against 43.98 (1.05x; the others 1.01x at most; at the median,
-all faster). 10 liars in 1,000 relays, versions 1-3: 117.50, 94.75 and 117.55 s, as before. When our own download binds,
-every parent delivers about as much, the capped ones short of their plan too: the quarter and
-the fastest leave them (the 20 at 10 GB/s with every relay downloading at 30 MB/s, versions
-1-4: 37.79, 41.99, 45.91 and 38.02 s, against 38.00, 41.68, 46.36 and 38.46). Under half of the
-plan instead of a quarter: 918.6 and 159.3 s told, 815.3 and 129.1 s hidden, but at 30 MB/s
-40.05, 41.52, 45.63 and 46.22 s (470 drops of the honest relays at 10 GB/s as slow at version
-4 instead of 320); an eighth: 854.1 and 146.3 s, 1,029.6 and 201.2 s. Against the fastest of our sources whose
-claims were not capped only (dropping a capped parent when we measured none), at half the
-plan: 557.1 and 79.4 s, 580.2 and 86.5 s, but 43.35 s instead of 38.00 at 30 MB/s, version 1;
-with none measured keeping it, 1,573.5 and 337.6 s, 993.6 and 228.7 s; against their median,
-1,591.2 and 337.6 s. A relay whose parents are all liars cannot tell them from its own
-download. Not kept either: charging a capped claim the whole of its wait beyond its report
-where we are a leaf of it (without this rule: 1,355.6 and 304.1 s told, 1,252.2 and 307.6 s
-hidden), and the origin feeding the first uncapped child of a capped root as it feeds the
-first child of a slow root (no change).
+A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
+slow when it delivers us under a quarter of what the plan gave each of its children (its planned
+upload over its planned fan-out: about the stripe's per-child rate, as for any parent) and under
+half of what the fastest of our other sources delivers (the origin aside), not a quarter.
+Planned at the cap, liars take every stripe's root and most child links, so they set the median,
+and a liar root's real upload was spread over its 20-30 children, each waiting on it: 20 liars
+in 200 relays (1 GB, each delivering 20 MB/s) held versions 1-8 (seed 1) for 1,459.6 s in all,
+322.1 s at worst (version 2; 26.8 s told the truth), and 1,123.4 and 210.7 s hiding their queue;
+with the rule, 864.7 and 159.3 s, and 834.4 and 118.0 s. An honest relay whose upload the plan
+capped and that has it delivers more than the plan believed of it (20 of 200 at 10 GB/s: 10.41,
+9.61, 9.84 and 9.85 s for versions 1-4, as before). One that advertises more than it has (the
+default `upload_bps`, 1 GB/s, among slower links) is planned as a liar is, and dropping it
+helps: 20 of 200 delivering the median upload (39.3 MB/s), versions 1-4: 59.36, 66.68, 141.89
+and 74.29 s against 64.25, 174.18, 181.81 and 122.89; twice it, 49.98, 45.67, 75.09 and 55.84
+against 51.57, 78.19, 90.41 and 60.97; four times it, within 1.4% (40.66 against 40.11 at
+version 4); with 3 in 10 relays downloading at 30 MB/s, or 60 such relays, none more than 0.4%
+slower; with every relay downloading at 30 MB/s and the 20 at four times the median, version 1
+took 46.32 s against 43.98 (1.05x; the others 1.01x at most; at the median, all faster). 10
+liars in 1,000 relays, versions 1-3: 117.50, 94.75 and 117.55 s, as before. When our own
+download binds, every parent delivers about as much, the capped ones short of their plan too:
+the quarter and the fastest leave them (the 20 at 10 GB/s with every relay downloading at 30
+MB/s, versions 1-4: 37.79, 41.99, 45.91 and 38.02 s, against 38.00, 41.68, 46.36 and 38.46).
+Under half of the plan instead of a quarter: 918.6 and 159.3 s told, 815.3 and 129.1 s hidden,
+but at 30 MB/s 40.05, 41.52, 45.63 and 46.22 s (470 drops of the honest relays at 10 GB/s as
+slow at version 4 instead of 320); an eighth: 854.1 and 146.3 s, 1,029.6 and 201.2 s. Against
+the fastest of our sources whose claims were not capped only (dropping a capped parent when we
+measured none), at half the plan: 557.1 and 79.4 s, 580.2 and 86.5 s, but 43.35 s instead of
+38.00 at 30 MB/s, version 1; with none measured keeping it, 1,573.5 and 337.6 s, 993.6 and 228.7
+s; against their median, 1,591.2 and 337.6 s. A relay whose parents are all liars cannot tell
+them from its own download. Not kept either: charging a capped claim the whole of its wait
+beyond its report where we are a leaf of it (without this rule: 1,355.6 and 304.1 s told,
+1,252.2 and 307.6 s hidden), and the origin feeding the first uncapped child of a capped root as
+it feeds the first child of a slow root (no change).
 
 A peer dropped only as slow is alive and delivers: when the chain falls through to the origin
 and the origin is not our planned parent there, we ask the slow member again instead
@@ -327,22 +327,21 @@ class SourceChoice:
         if self._root_forwards_alone(v.plan, stripe, peer):
             return self._short_of_plan(v, stripe, peer) and self._usable(now, v.plan.origin)
         origin, rates, samples = v.plan.origin, self._rates, self._samples
-        if self._short_of_claim(v, stripe, peer, rate):
-            return self._replaceable(now, v.plan, stripe, peer)
         others = sorted((rates[p], p == origin) for p in v.sources
                         if p != peer and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
-        if len(others) < 3 or rate >= SLOW_RATIO * others[len(others) // 2][0] and \
-                rate >= FASTEST_RATIO * max((r for r, from_origin in others if not from_origin), default=0.0):
-            return False
-        return self._replaceable(now, v.plan, stripe, peer)
+        fastest = max((r for r, from_origin in others if not from_origin), default=0.0)  # the origin aside
+        if self._short_of_claim(v, stripe, peer, rate, fastest) or len(others) >= 3 and (
+                rate < SLOW_RATIO * others[len(others) // 2][0] or rate < FASTEST_RATIO * fastest):
+            return self._replaceable(now, v.plan, stripe, peer)
+        return False
 
-    def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float) -> bool:
+    def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float, fastest: float) -> bool:
         """Whether `peer`, our parent in `stripe`, is a member whose claim the plan capped and
         delivers us (a window of requests at `rate` each) under a quarter of what the plan gave
         each of its children there (its planned upload over its planned fan-out), and under half of
-        what the fastest of our other sources delivers, the origin aside (see the top). A member
-        that delivers what the plan believed of it never falls short; when our own download
-        binds, every parent delivers about as much, and none falls short of the fastest."""
+        `fastest`, what the fastest of our other sources delivers, the origin aside (see the top).
+        A member that delivers what the plan believed of it never falls short; when our own
+        download binds, every parent delivers about as much, and none falls short of the fastest."""
         plan = v.plan
         assert plan is not None
         planned, claimed = self._members.planned, self._members.uploads
@@ -351,9 +350,6 @@ class SourceChoice:
             return False
         if rate * self.config.window_per_source >= CLAIM_RATIO * claim / max(plan.fanout[stripe].get(peer, 0), 1):
             return False
-        rates, samples = self._rates, self._samples
-        fastest = max((rates[p] for p in v.sources if p != peer and p != plan.origin and
-                       samples.get(p, 0) >= SLOW_MIN_SAMPLES), default=0.0)
         return rate < SLOW_RATIO * fastest
 
     def _unexcused_s(self, v: _Version, stripe: int, peer: str, unexplained_s: float) -> float:
