@@ -97,7 +97,6 @@ class CatchingUp:
         def _adopt(self, state: GlobalState) -> None: ...
         async def open_stream(self, peer: str) -> trio.SocketStream: ...
         def state_due(self, start: float, values: int) -> float: ...
-        def _state_moved(self) -> None: ...
 
     # -- taking a later state ----------------------------------------------------------------
 
@@ -192,7 +191,6 @@ class CatchingUp:
         self.state_via = via
         self.state_via_counts[via] += 1
         self.fetched.append({"from": source, "round": state.round, "at_round": state.round, "had_round": had, "via": via})
-        self._state_moved()  # (the StateRequests we hold for a later round than ours)
         log.info("diloco: took the global state of round %d from %s (%s)", state.round, source, via)
 
     async def _catch_up_directly(self, hint: str | None, past: int = -1) -> None:

@@ -48,8 +48,8 @@ Whom a join waits for, who leads and the members a round takes: `trainer.diloco_
 What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer
 peers of our table and the last round's members (`_forget`), and of those heard at most `PEERS`:
 any identity can send us a frame or fail us, and both would otherwise grow for as long as we
-run. A suspect of our table stays one until it speaks: one forgotten would lead again. Contributions the core rejects cost their
-sender a peer table penalty.
+run. A suspect of our table stays one until it speaks: one forgotten would lead again.
+Contributions the core rejects cost their sender a peer table penalty.
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
 """
@@ -237,6 +237,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
 
     def _adopt(self, state: GlobalState) -> None:
         self.state = state
+        self._state_moved()  # (the StateRequests we hold for a later round than ours)
         self.outer = OuterOptimizer(OuterConfig(self.config.outer_lr, self.config.outer_momentum),
                                     state.weights.numel(), state.momentum)
         self.inner.load(state.weights)  # type: ignore[union-attr]
