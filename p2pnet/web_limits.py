@@ -30,15 +30,15 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   are; neither kind ever takes a slot of the other's. The operator's scraper is then locked out
   only by the operator's own clients; a stranger's scraper still is by an attacker in
   `max_connections - trusted_reserve` networks or more, which is bounded by how many networks it
-  has, not by how fast it reconnects. A trusted network wider than any one operator's (`too_wide`:
-shorter than an IPv4 /8 or an IPv6 /16; 0.0.0.0/0 or ::/0 trusts everyone) gives strangers in it
-the reserve too: it is kept, as it may be meant, and the peer warns at start and in its status.
-A connection is trusted by the address it connected from,
-  which TCP's handshake makes a stranger off its path unable to forge; nothing but the share is
-  granted by it (the per-client cap and the deadlines apply as to anyone). A forwarder on the
-  peer's own machine (a reverse proxy, an SSH tunnel, an onion service) makes its clients
-  loopback, so the operator's: as one address they hold at most `max_per_ip`, and a scraper from
-  another trusted network still takes a slot from them. Refusals and evictions are counted
+  has, not by how fast it reconnects. A trusted network wider than any one operator's
+  (`too_wide`: shorter than an IPv4 /8 or an IPv6 /16; 0.0.0.0/0 or ::/0 trusts everyone) gives
+  strangers in it the reserve too: it is kept, as it may be meant, and the peer warns at start
+  and in its status. A connection is trusted by the address it connected from, which TCP's
+  handshake makes a stranger off its path unable to forge; nothing but the share is granted by it
+  (the per-client cap and the deadlines apply as to anyone). A forwarder on the peer's own machine
+  (a reverse proxy, an SSH tunnel, an onion service) makes its clients loopback, so the
+  operator's: as one address they hold at most `max_per_ip`, and a scraper from another trusted
+  network still takes a slot from them. Refusals and evictions are counted
   (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and named in a
   warning at most once a minute, and the trusted connections open are shown
   (`p2pnet_http_connections_trusted`). `ConnectionGate` is that count, and chooses whom to
