@@ -6,6 +6,10 @@ and corrupts every chunk it serves, and peer7 publishes too, with its uploads ca
 `SLOW_BPS` (`--upload-bps`). Only the publisher holds a version's chunks at first, so a version
 peer7 publishes cannot be whole anywhere before its size over `SLOW_BPS` (less the cap's one
 second of burst): a relay killed once it holds some of it is certain to be killed mid-transfer.
+Each kill test's version is as small as keeps that window several times the time its victim
+takes to hold what the test needs (measured after the publish, on one core: 1 chunk 0.2-0.3 s,
+20 chunks 0.9 s; beside two busy loops 0.6 s and 1.3 s), since every relay left must then fetch
+it all through the cap; the restarted victim's fetch shows it was not whole when killed.
 Each test publishes what it needs (the 64 MiB version of the first two once, in `v1`) and uses
 the relays still running, so each passes alone and in any order. Every wait is bounded, by a
 deadline that scales with the bytes waited for.
@@ -27,7 +31,7 @@ pytestmark = pytest.mark.slow
 PEERS = 8
 BYZANTINE = 6
 SLOW = 7
-SLOW_BPS = 3_000_000  # 24 MiB from peer7 takes at least 7.4 s to leave it
+SLOW_BPS = 3_000_000  # S bytes from peer7 take at least S / SLOW_BPS - 1 s to leave it: 12 MiB 3.2 s, 16 MiB 4.6 s
 FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 
 
@@ -150,30 +154,31 @@ def test_the_byzantine_relay_is_detected_penalised_and_banned(network, v1):
 
 def test_a_relay_killed_mid_transfer_does_not_stop_the_others(network):
     root, _, peers = network
-    source = checkpoint(root / "v2.safetensors", 24, seed=2)
+    source = checkpoint(root / "v2.safetensors", 12, seed=2)
     victim = peers[5]
     publish(peers[SLOW], source, 2, 64 * 1024)
-    wait_mid_transfer(victim, 2, 1, 24 << 20)
+    wait_mid_transfer(victim, 2, 1, 12 << 20)
     victim.kill()
     want = source.read_bytes()
     for peer in honest(peers):
-        files = fetch(peer, 2, root / f"out2-{peer.name}", transfer_deadline_s(24 << 20))
+        files = fetch(peer, 2, root / f"out2-{peer.name}", transfer_deadline_s(12 << 20))
         assert Path(files[0]).read_bytes() == want
 
 
 def test_a_peer_restarted_mid_download_fetches_only_what_it_lacked(network):
     root, config, peers = network
-    source = checkpoint(root / "v3.safetensors", 24, seed=3)
+    source = checkpoint(root / "v3.safetensors", 16, seed=3)
     victim = peers[4]
     publish(peers[SLOW], source, 3, 64 * 1024)
-    row = wait_mid_transfer(victim, 3, 20, 24 << 20)
+    row = wait_mid_transfer(victim, 3, 20, 16 << 20)
     victim.kill()
     have_before = row["chunks_have"]
     restarted = start_relay(root, 4, config, [peers[0].addr])
     peers[4] = restarted  # the fixture stops it at the end
     restarted.wait_ready(30)
-    files = fetch(restarted, 3, root / "out3-restarted", transfer_deadline_s(24 << 20))
+    files = fetch(restarted, 3, root / "out3-restarted", transfer_deadline_s(16 << 20))
     assert Path(files[0]).read_bytes() == source.read_bytes()
     after = progress(restarted, 3)
     held_at_start = after["chunks_total"] - after["fetched_chunks"]
     assert after["complete"] and held_at_start >= have_before
+    assert after["fetched_chunks"] > 0, "the victim was whole when killed (the row above is from before the kill)"
