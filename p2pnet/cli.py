@@ -410,6 +410,8 @@ def cmd_peer_status(args: argparse.Namespace) -> int:
     for addr in status["addrs"]:
         print(f"  {addr}")
     print(f"data plane {status['data_addr']} (bound {status['data_listen']})  reachable: {reachable}")
+    for warning in status.get("warnings", []):
+        print(f"WARNING: {warning}")
     print(f"{len(status['peers'])} peers known, {len(status['connected'])} connected, "
           f"heartbeats every {status['heartbeat_interval_s']:.1f}s")
     for p in status["peers"]:

@@ -70,7 +70,7 @@ from p2pnet.messages import ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import PEER_TABLE_CORE, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
 from p2pnet.reachability import Reachability
-from p2pnet.web_limits import trusted_network
+from p2pnet.web_limits import trusted_network, wide_network_warnings
 from p2pnet.wire import MAX_FRAME_BYTES, Codec, Envelope
 
 log = logging.getLogger(__name__)
@@ -486,6 +486,7 @@ class Node:
             "peers": [entry.to_json(now) for entry in self.peertable.peers()],
             "messages": dict(self.stats),
             "metrics_url": self.metrics_url,
+            "warnings": wide_network_warnings(self.config.metrics_trusted_networks) if self.metrics_url else [],
             "role_status": {name: role.status() for name, role in self.roles.items()},
         }
 

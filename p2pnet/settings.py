@@ -80,7 +80,9 @@ DESCRIPTIONS: dict[str, str] = {
                                       "and loopback always, still get in when strangers in many networks fill "
                                       "the rest; nothing else is granted (8 connections per address, an IPv6 "
                                       "/64 unless a narrower network is written, and every deadline hold for "
-                                      "them too)"),
+                                      "them too); one wider than an IPv4 /8 or an IPv6 /16 (0.0.0.0/0, ::/0 "
+                                      "trust everyone) lets strangers in it take that share, and is warned "
+                                      "about at start and in `p2pnet peer status`"),
     "relay.tree_fanout": "children per peer when layout is tree",
     "peertable.heartbeat_interval_s": ("seconds between two signed heartbeats in a small network (the shortest "
                                        "spacing; with more peers known, see max_heard_per_s); peers silent past "

@@ -52,7 +52,7 @@ from hypercorn.utils import wrap_app
 
 from p2pnet.addresses import join_host_port, parse_host_port
 from p2pnet.errors import ConfigError
-from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Busy, Connections, trusting
+from p2pnet.web_limits import KEEP_ALIVE_MAX_REQUESTS, Busy, Connections, trusting, wide_network_warnings
 
 log = logging.getLogger(__name__)
 
@@ -414,6 +414,8 @@ async def serve_peer_http(node: Any, listen: str,
 
     collector = PeerCollector(node)
     connections = Connections(trusting(node.config.metrics_trusted_networks))
+    for warning in wide_network_warnings(node.config.metrics_trusted_networks):
+        log.warning("%s", warning)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     registry.register(connections)

@@ -30,12 +30,15 @@ the operator's scraper, nor hold the peer's shutdown. `p2pnet.web` accepts conne
   are; neither kind ever takes a slot of the other's. The operator's scraper is then locked out
   only by the operator's own clients; a stranger's scraper still is by an attacker in
   `max_connections - trusted_reserve` networks or more, which is bounded by how many networks it
-  has, not by how fast it reconnects. A connection is trusted by the address it connected from,
-  which TCP's handshake makes a stranger off its path unable to forge; nothing but the share is
-  granted by it (the per-client cap and the deadlines apply as to anyone). A forwarder on the
-  peer's own machine (a reverse proxy, an SSH tunnel, an onion service) makes its clients
-  loopback, so the operator's: as one address they hold at most `max_per_ip`, and a scraper from
-  another trusted network still takes a slot from them. Refusals and evictions are counted
+  has, not by how fast it reconnects. A trusted network wider than any one operator's
+  (`too_wide`: shorter than an IPv4 /8 or an IPv6 /16; 0.0.0.0/0 or ::/0 trusts everyone) gives
+  strangers in it the reserve too: it is kept, as it may be meant, and the peer warns at start
+  and in its status. A connection is trusted by the address it connected from, which TCP's
+  handshake makes a stranger off its path unable to forge; nothing but the share is granted by it
+  (the per-client cap and the deadlines apply as to anyone). A forwarder on the peer's own machine
+  (a reverse proxy, an SSH tunnel, an onion service) makes its clients loopback, so the
+  operator's: as one address they hold at most `max_per_ip`, and a scraper from another trusted
+  network still takes a slot from them. Refusals and evictions are counted
   (`p2pnet_http_connections_refused` by cap, `p2pnet_http_connections_evicted`) and named in a
   warning at most once a minute, and the trusted connections open are shown
   (`p2pnet_http_connections_trusted`). `ConnectionGate` is that count, and chooses whom to
@@ -160,6 +163,37 @@ class Limits:
 
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
+
+
+# The widest trusted network taken without a warning: an IPv4 /8 (10.0.0.0/8, the widest private
+# range, or a legacy block of one owner) and an IPv6 /16 (wider than any one holder's allocation,
+# the widest of which are about /19; fd00::/8 is every site's private /48s at once). A wider one
+# is almost surely a mistake, or 0.0.0.0/0 or ::/0 meant as "trust everyone": either way strangers
+# in it are trusted and share the reserve, which is then no reserve against them.
+WIDE_PREFIX = {4: 8, 6: 16}
+
+
+def too_wide(networks: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of `networks` (as written, each valid: `trusted_network`) wider than `WIDE_PREFIX`:
+    the peer warns about them (`wide_network_warnings`) and keeps them, since trusting everyone
+    may be meant (a peer no stranger can reach)."""
+    wide = []
+    for text in networks:
+        network = trusted_network(text)
+        if network.prefixlen < WIDE_PREFIX[network.version]:
+            wide.append(text)
+    return tuple(wide)
+
+
+def wide_network_warnings(networks: tuple[str, ...]) -> list[str]:
+    """What the peer says of each of `networks` ([peer] metrics_trusted_networks) that is
+    `too_wide`: logged when its server starts (`p2pnet.web.serve_peer_http`) and shown by
+    `p2pnet peer status` while it runs."""
+    reserve = trusting(networks).trusted_reserve
+    return [f"[peer] metrics_trusted_networks {network} is wider than any one operator's network (an IPv4 /8, "
+            f"an IPv6 /16): every client in it is trusted, so strangers there may take the {reserve} connections "
+            "of metrics_listen kept for the operator's scrapers and health checks; write the operator's own "
+            "networks instead, unless trusting all of it is meant" for network in too_wide(networks)]
 
 
 def trusting(networks: tuple[str, ...] = ()) -> Limits:

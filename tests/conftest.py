@@ -6,6 +6,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 from tests.lab_fixtures import lab_factory  # noqa: E402,F401  (the network lab fixture)
+from tests.port_fixtures import reserve_port  # noqa: E402,F401  (a port named before anyone listens)
 
 
 def pytest_report_header() -> str:

@@ -9,17 +9,18 @@ the lines after them, as a shell would. An HTML comment above a block says what 
 that cannot be typed: `<!-- test: skip, REASON -->` (the block needs root, a long run or an
 extra: skipped, the reason reported) and `<!-- test: stop the peers started above -->` (Ctrl-C in
 their terminals: every peer started so far is stopped by its PID and must exit 0). The only
-change made to a command is the fixed port of a first peer (4001, 4011), replaced by a free one.
+change made to a command is the fixed port of a first peer (4001, 4011), replaced by a free one
+(`reserve_port`, tests/port_fixtures.py).
 """
 
 import os
 import re
 import shlex
-import socket
 import subprocess
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -90,16 +91,10 @@ def _commands(body: list[str]) -> list[str]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Reader:
     """A reader following the README in a fresh home directory, with terminals for peers."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, reserve_port: Callable[[], int]) -> None:
         self.home = tmp_path / "home"
         self.cwd = tmp_path / "work"
         self.home.mkdir()
@@ -107,7 +102,7 @@ class Reader:
         (self.cwd / ".venv").symlink_to(ROOT / ".venv")
         self.env = {k: v for k, v in os.environ.items() if k != "P2PNET_HOME"}
         self.env.update(HOME=str(self.home), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        self.ports = {port: str(free_port()) for port in FIXED_PORTS}
+        self.ports = {port: str(reserve_port()) for port in FIXED_PORTS}
         self.peers: list[PeerProcess] = []
 
     def as_here(self, command: str) -> str:
@@ -160,8 +155,8 @@ def test_the_readme_parses_into_runnable_steps():
     assert all(s.reason for s in steps if s.kind == "skip")
 
 
-def test_every_readme_command_runs_as_written(tmp_path):
-    reader = Reader(tmp_path)
+def test_every_readme_command_runs_as_written(tmp_path, reserve_port):
+    reader = Reader(tmp_path, reserve_port)
     skipped = []
     try:
         for step in readme_steps((ROOT / "README.md").read_text()):

@@ -4,7 +4,6 @@ Across real hosts (wildcard listen, NAT, a bootstrap 90 s late) the same is test
 tests/p2pnet/test_lab_network.py.
 """
 
-import socket
 import subprocess
 import sys
 
@@ -16,16 +15,10 @@ pytestmark = pytest.mark.slow
 FAST = ["--heartbeat-interval-s", "0.3", "--peer-expiry-s", "3"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_dialback_finds_who_can_be_dialled_and_announce_is_advertised(tmp_path):
+def test_dialback_finds_who_can_be_dialled_and_announce_is_advertised(tmp_path, reserve_port):
     """b announces a libp2p address where nothing listens (a port that is not forwarded): a
     dials it back with a new connection, which fails, so b is not reachable; a is."""
-    closed = free_port()
+    closed = reserve_port(closed=True)  # bound and not listening: every dial there is refused
     a = start_peer("a", tmp_path / "a", extra_args=FAST)
     a.wait_ready(30)
     b = start_peer("b", tmp_path / "b", bootstrap=[a.addr],
@@ -58,10 +51,10 @@ def run_cli(*args: str) -> str:
     return out.stdout
 
 
-def test_a_bootstrap_peer_that_starts_late_is_still_joined(tmp_path):
+def test_a_bootstrap_peer_that_starts_late_is_still_joined(tmp_path, reserve_port):
     """b and c are started with a bootstrap address nobody listens on yet; a starts there later
     (after b has failed several dials): b and c join through it and find each other."""
-    port = free_port()
+    port = reserve_port()
     config = tmp_path / "peer.toml"
     config.write_text("[peer]\nbootstrap_backoff_max_s = 2.0\n")
     boot_id = peer_id_of(tmp_path / "a")

@@ -8,6 +8,9 @@ client the operator's)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from p2pnet.errors import ConfigError
 from p2pnet.node import PeerConfig
 from p2pnet.web import WebApp, serve, serve_peer_http
-from p2pnet.web_limits import LOOPBACK, Admitted, ConnectionGate, Connections, Limits, Refusal, trusting
+from p2pnet.localnet import start_peer
+from p2pnet.web_limits import LOOPBACK, Admitted, ConnectionGate, Connections, Limits, Refusal, too_wide, trusting
 from tests.p2pnet.test_web_limits import (HOLD, METRICS, SLACK_S, connect, read_until_closed, scrape, settle, start,
                                           unanswered)
 
@@ -199,3 +203,41 @@ async def test_the_peers_server_and_the_dashboards_trust_loopback_and_the_config
 
 async def empty() -> dict:
     return {}
+
+
+def test_networks_wider_than_one_operators_are_named():
+    """An IPv4 network shorter than /8 or an IPv6 one shorter than /16 is wider than any one
+    operator holds (`WIDE_PREFIX`); an IPv4-mapped network counts as the IPv4 network it maps."""
+    kept = ("10.0.0.0/8", "2001::/16", "192.0.2.7", "::1", "::ffff:10.0.0.0/104")
+    wide = ("0.0.0.0/0", "8.0.0.0/7", "::/0", "2000::/3", "2000::/15", "fd00::/8", "::ffff:0.0.0.0/96")
+    assert too_wide(kept + wide) == wide
+
+
+def test_a_peer_trusting_too_wide_a_network_warns_at_start_and_in_its_status(tmp_path):
+    """The real peer, configured as a user would: the warning is in its log at start, in
+    `p2pnet peer status` and in its status; a network of one operator draws none; the setting is
+    kept (the server still starts and trusts it)."""
+    config = tmp_path / "peer.toml"
+    config.write_text('[peer]\nmetrics_listen = "127.0.0.1:0"\n'
+                      'metrics_trusted_networks = ["0.0.0.0/0", "10.0.0.0/8", "::/0"]\n')
+    peer = start_peer("wide", tmp_path / "wide", extra_args=["--config", str(config)])
+    try:
+        peer.wait_ready(30)
+        status = peer.status()
+        text = subprocess.run([sys.executable, "-m", "p2pnet", "peer", "status", "--data-dir", str(peer.data_dir)],
+                              capture_output=True, text=True, timeout=60)
+        as_json = subprocess.run([sys.executable, "-m", "p2pnet", "peer", "status", "--json", "--data-dir",
+                                  str(peer.data_dir)], capture_output=True, text=True, timeout=60)
+    finally:
+        assert peer.stop() == 0
+    assert status["metrics_url"] and len(status["warnings"]) == 2
+    assert json.loads(as_json.stdout)["warnings"] == status["warnings"]
+    for network, warning in zip(("0.0.0.0/0", "::/0"), status["warnings"]):
+        assert warning.startswith(f"[peer] metrics_trusted_networks {network} is wider")
+        assert "strangers there may take the 8 connections" in warning
+    shown = [line for line in text.stdout.splitlines() if line.startswith("WARNING: ")]
+    assert text.returncode == 0 and shown == [f"WARNING: {w}" for w in status["warnings"]], text.stdout
+    logged = [line for line in peer.log_path.read_text().splitlines() if "metrics_trusted_networks" in line]
+    assert len(logged) == 2 and all("WARNING" in line for line in logged), logged
+    assert [w in line for w, line in zip(status["warnings"], logged)] == [True, True]
+    assert "10.0.0.0/8" not in "".join(logged)

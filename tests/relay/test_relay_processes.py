@@ -1,25 +1,37 @@
 """Real `p2pnet peer start --role relay` processes on loopback: the relay as users run it.
 
-One network of seven relays serves every test here (starting processes is the slow part):
+One network of eight relays serves every test here (starting processes is the slow part):
 peer0 publishes, peer1-5 are honest, peer6 runs with the test hook P2PNET_TEST_CORRUPT_CHUNKS=1
-and corrupts every chunk it serves. Every wait is bounded.
+and corrupts every chunk it serves, and peer7 publishes too, with its uploads capped at
+`SLOW_BPS` (`--upload-bps`). Only the publisher holds a version's chunks at first, so a version
+peer7 publishes cannot be whole anywhere before its size over `SLOW_BPS` (less the cap's one
+second of burst): a relay killed once it holds some of it is certain to be killed mid-transfer.
+Each kill test's version is as small as keeps that window several times the time its victim
+takes to hold what the test needs (measured after the publish, on one core: 1 chunk 0.2-0.3 s,
+20 chunks 0.9 s; beside two busy loops 0.6 s and 1.3 s), since every relay left must then fetch
+it all through the cap; the restarted victim's fetch shows it was not whole when killed.
+Each test publishes what it needs (the 64 MiB version of the first two once, in `v1`) and uses
+the relays still running, so each passes alone and in any order. Every wait is bounded, by a
+deadline that scales with the bytes waited for.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for_full_tables, wait_for_reachable
+from p2pnet.localnet import (PeerProcess, control_call, peer_id_of, start_peer, wait_for, wait_for_full_tables,
+                             wait_for_reachable)
 
 pytestmark = pytest.mark.slow
 
-PEERS = 7
+PEERS = 8
 BYZANTINE = 6
+SLOW = 7
+SLOW_BPS = 3_000_000  # S bytes from peer7 take at least S / SLOW_BPS - 1 s to leave it: 12 MiB 3.2 s, 16 MiB 4.6 s
 FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 
 
@@ -51,16 +63,40 @@ def publish(peer: PeerProcess, path: Path, version: int, chunk_bytes: int) -> di
 
 def start_relay(root: Path, i: int, config: Path, bootstrap: list[str]) -> PeerProcess:
     env = {"P2PNET_TEST_CORRUPT_CHUNKS": "1"} if i == BYZANTINE else None
+    slow = ["--upload-bps", str(SLOW_BPS)] if i == SLOW else []
     return start_peer(f"peer{i}", root / f"peer{i}", roles=["relay"], bootstrap=bootstrap,
-                      extra_args=["--config", str(config), *FAST], env=env)
+                      extra_args=["--config", str(config), *FAST, *slow], env=env)
+
+
+def honest(peers: list[PeerProcess]) -> list[PeerProcess]:
+    """The honest relays that are not publishers and still run (a test before may have killed one)."""
+    return [peer for peer in peers[1:BYZANTINE] if peer.alive()]
+
+
+def transfer_deadline_s(nbytes: int) -> float:
+    """How long to wait for `nbytes` to move: four times as long as at the slow publisher's rate
+    (eight relays and the test may share one loaded core), plus a start-up allowance."""
+    return 30.0 + 4 * nbytes / SLOW_BPS
+
+
+def wait_mid_transfer(victim: PeerProcess, version: int, chunks: int, nbytes: int) -> dict:
+    """`victim`'s progress row of `version` once it holds `chunks` chunks or more, asserted not
+    complete (it cannot be: see the module docstring)."""
+    row = wait_for(lambda: (r := progress(victim, version)) is not None and r["chunks_have"] >= chunks and r,
+                   transfer_deadline_s(nbytes), f"{victim.name} holding {chunks} chunks of version {version}",
+                   poll_s=0.05)
+    assert row["chunks_have"] < row["chunks_total"], (f"{victim.name} finished version {version} before the kill "
+                                                      f"({row['chunks_have']} of {row['chunks_total']} chunks)")
+    return row
 
 
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     root = tmp_path_factory.mktemp("relaynet")
-    publisher = peer_id_of(root / "peer0")
+    publishers = [peer_id_of(root / "peer0"), peer_id_of(root / f"peer{SLOW}")]
     config = root / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nstall_timeout_s = 3.0\n'
+    trusted = ", ".join(f'"{publisher}"' for publisher in publishers)
+    config.write_text(f'[relay]\ntrusted_publishers = [{trusted}]\nstall_timeout_s = 3.0\n'
                       'request_timeout_s = 5.0\nannounce_interval_s = 1.0\nfsync = false\n')
     peers = [start_relay(root, 0, config, [])]
     try:
@@ -77,25 +113,35 @@ def network(tmp_path_factory):
                 peer.stop()
 
 
-def test_a_64_mib_checkpoint_reaches_every_relay_byte_identical(network):
+@pytest.fixture(scope="module")
+def v1(network):
+    """Version 1, 64 MiB in 1 MiB chunks, published by peer0 and fetched by every honest relay:
+    (its source file, the files each fetched)."""
     root, _, peers = network
     source = checkpoint(root / "v1.safetensors", 64, seed=1)
     reply = publish(peers[0], source, 1, 1 << 20)
     assert reply["chunks"] == 65
+    return source, {peer.name: fetch(peer, 1, root / f"out1-{peer.name}", transfer_deadline_s(64 << 20))
+                    for peer in honest(peers)}
+
+
+def test_a_64_mib_checkpoint_reaches_every_relay_byte_identical(network, v1):
+    _, _, peers = network
+    source, fetched = v1
     want = source.read_bytes()
-    for peer in peers[1:BYZANTINE]:
-        files = fetch(peer, 1, root / f"out1-{peer.name}")
-        assert [Path(f).read_bytes() == want for f in files] == [True]
-    served = sum(sum(relay_status(p)["served_to"].values()) for p in peers[1:BYZANTINE])
+    assert {name: [Path(f).read_bytes() == want for f in files] for name, files in fetched.items()} == {
+        name: [True] for name in fetched}
+    served = sum(sum(relay_status(p)["served_to"].values()) for p in honest(peers))
     assert served > 0, "honest relays served each other, not only the origin"
 
 
-def test_the_byzantine_relay_is_detected_penalised_and_banned(network):
+def test_the_byzantine_relay_is_detected_penalised_and_banned(network, v1):
+    """Version 1's transfer (`v1`, fetched by every honest relay) asked the liar for chunks."""
     _, _, peers = network
     liar = peers[BYZANTINE]
     assert relay_status(liar)["corrupting_chunks"] is True
     accusers = 0
-    for peer in peers[1:BYZANTINE]:
+    for peer in honest(peers):
         status = peer.status()
         if liar.peer_id in status["role_status"]["relay"]["transfers"]["banned"]:
             accusers += 1
@@ -103,45 +149,36 @@ def test_the_byzantine_relay_is_detected_penalised_and_banned(network):
             assert not entry or entry[0]["score"] < 0  # penalised (or already banned from the table)
     assert accusers >= 1
     assert all(relay_status(p)["transfers"]["banned"] == [] or liar.peer_id in relay_status(p)["transfers"]["banned"]
-               for p in peers[1:BYZANTINE])
+               for p in honest(peers))
 
 
 def test_a_relay_killed_mid_transfer_does_not_stop_the_others(network):
     root, _, peers = network
-    source = checkpoint(root / "v2.safetensors", 24, seed=2)
+    source = checkpoint(root / "v2.safetensors", 12, seed=2)
     victim = peers[5]
-    publish(peers[0], source, 2, 64 * 1024)
-    for _ in range(200):
-        row = progress(victim, 2)
-        if row and row["chunks_have"] > 0:
-            break
-        time.sleep(0.02)
+    publish(peers[SLOW], source, 2, 64 * 1024)
+    wait_mid_transfer(victim, 2, 1, 12 << 20)
     victim.kill()
-    assert row is not None and row["chunks_have"] < row["chunks_total"], "the victim finished before the kill"
     want = source.read_bytes()
-    for peer in peers[1:5]:
-        files = fetch(peer, 2, root / f"out2-{peer.name}")
+    for peer in honest(peers):
+        files = fetch(peer, 2, root / f"out2-{peer.name}", transfer_deadline_s(12 << 20))
         assert Path(files[0]).read_bytes() == want
 
 
 def test_a_peer_restarted_mid_download_fetches_only_what_it_lacked(network):
     root, config, peers = network
-    source = checkpoint(root / "v3.safetensors", 24, seed=3)
+    source = checkpoint(root / "v3.safetensors", 16, seed=3)
     victim = peers[4]
-    publish(peers[0], source, 3, 64 * 1024)
-    for _ in range(200):
-        row = progress(victim, 3)
-        if row and row["chunks_have"] >= 20:
-            break
-        time.sleep(0.02)
+    publish(peers[SLOW], source, 3, 64 * 1024)
+    row = wait_mid_transfer(victim, 3, 20, 16 << 20)
     victim.kill()
-    assert row is not None and 0 < row["chunks_have"] < row["chunks_total"], row
     have_before = row["chunks_have"]
     restarted = start_relay(root, 4, config, [peers[0].addr])
     peers[4] = restarted  # the fixture stops it at the end
     restarted.wait_ready(30)
-    files = fetch(restarted, 3, root / "out3-restarted")
+    files = fetch(restarted, 3, root / "out3-restarted", transfer_deadline_s(16 << 20))
     assert Path(files[0]).read_bytes() == source.read_bytes()
     after = progress(restarted, 3)
     held_at_start = after["chunks_total"] - after["fetched_chunks"]
     assert after["complete"] and held_at_start >= have_before
+    assert after["fetched_chunks"] > 0, "the victim was whole when killed (the row above is from before the kill)"
