@@ -1,0 +1,182 @@
+"""Other holders of a version we asked for, asked when the ask fails (`relay.announce`,
+`_remember_other`, `_ask_another`, `manifest_failed`): the core alone, in virtual time. Through
+the relay role and a real serving peer: `tests/relay/test_role_manifest_asks.py`."""
+
+from __future__ import annotations
+
+from p2pnet.core import SetTimer
+from relay.announce import MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
+from relay.effects import FetchFailure, FetchManifest
+from relay.messages import HeldVersion, Holding, ManifestAnnounce
+from relay.transfer import TransferConfig, TransferCore
+from tests.relay.test_transfer import PUBLISHER, SIGNED, envelope, opener
+
+CONFIG = TransferConfig(exclude_s=60.0, announce_interval_s=3600.0)  # the role's figures (`manifest_retry_s` 5 s)
+
+
+def _core(members: tuple[str, ...] = ()) -> TransferCore:
+    c = TransferCore(CONFIG, "me", open_frame=opener, self_upload_bps=1e8)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{m: 1e9 for m in members}})
+    return c
+
+
+def _asked(effects: list) -> list[str]:
+    return [e.peer for e in effects if isinstance(e, FetchManifest)]
+
+
+def asks(c: TransferCore, now: float, sender: str, version: int = 1) -> list[str]:
+    return _asked(c.on_message(now, envelope(sender, Holding((HeldVersion(version, SIGNED.manifest_id),)))))
+
+
+def failed(c: TransferCore, now: float, peer: str, why: FetchFailure, version: int = 1) -> list[str]:
+    return _asked(c.manifest_failed(now, peer, version, why))
+
+
+def test_each_failed_ask_asks_the_next_holder_that_named_the_version_a_member_first():
+    """Holders that named the version while a member's ask was in flight are asked one at a time,
+    each as the ask before it fails, for any reason, members first; a report of an ask no longer
+    in flight asks nothing. Before, a failed ask was made again only after `no_address` or
+    `not_admitted`, of the same holder, and the others waited for their next `Holding`."""
+    c = _core(("m0", "m1"))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    assert [asks(c, t, s) for t, s in ((1.0, "s1"), (2.0, "s2"), (3.0, "m1"))] == [[], [], []]  # remembered
+    assert failed(c, 4.0, "m0", FetchFailure.UNREACHABLE) == ["m1"]  # the member first, named last
+    assert failed(c, 4.0, "m0", FetchFailure.UNREACHABLE) == []  # (no longer the ask in flight)
+    assert failed(c, 5.0, "m1", FetchFailure.UNAVAILABLE) == ["s1"]  # then strangers, first named first
+    assert failed(c, 5.1, "s1", FetchFailure.CORRUPT) == ["s2"]
+    assert failed(c, 5.1, "s1", FetchFailure.CORRUPT) == []
+    assert failed(c, 5.2, "s2", FetchFailure.UNREACHABLE) == []  # nobody left: each waits for its next `Holding`
+    assert asks(c, 6.0, "m0") == ["m0"]  # a member's, at once: the ask failed (`_asks_instead`)
+    c.on_message(6.5, envelope("m1", ManifestAnnounce(SIGNED.frame)))  # the manifest came: its asks go with it
+    assert c.knows(1) and c._manifest_asked == {} and c._manifest_others == {}
+
+
+def test_other_holders_are_bounded_per_version_and_members_take_strangers_places():
+    """At most `MAX_OTHER_HOLDERS` other holders per version: strangers (anyone may send
+    `Holding`, under any number of identities) only fill free room, and a member takes the place
+    of the first stranger named, so strangers named first cannot keep a member from being asked
+    next; members beyond the bound are not kept, nor a holder not usable when its turn comes."""
+    members = tuple(f"m{i}" for i in range(1, 8))
+    c = _core(("m0", *members))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    for i in range(10):
+        asks(c, 0.1 + i / 100, f"s{i}")
+    assert list(c._manifest_others[1].named) == ["s0", "s1", "s2", "s3"]
+    asks(c, 1.0, "m1")
+    asks(c, 1.1, "m2")
+    assert list(c._manifest_others[1].named) == ["s2", "s3", "m1", "m2"]
+    for i, m in enumerate(members[2:]):
+        asks(c, 2.0 + i / 100, m)
+    asks(c, 3.0, "s10")
+    assert list(c._manifest_others[1].named) == ["m1", "m2", "m3", "m4"] and MAX_OTHER_HOLDERS == 4
+    c.fetch_failed(3.5, "m2", 1, 0, FetchFailure.NOT_ADMITTED)  # (excluded `not_admitted_s` for refusing a chunk)
+    order, peer, t = [], "m0", 4.0
+    while True:
+        nxt = failed(c, t, peer, FetchFailure.UNREACHABLE)
+        if not nxt:
+            break
+        order += nxt
+        peer, t = nxt[0], t + 0.1
+    assert order == ["m1", "m3", "m4"]  # m2 excluded when its turn came
+
+
+def _flood(identities: int, members: bool, why: FetchFailure, until_s: float = 60.0) -> tuple[int, int, TransferCore]:
+    """`identities` peers (members or strangers) each send a `Holding` for version 1 every second,
+    in turn; every ask fails for `why` 0.01 s after it is made. Returns the asks made, the most in
+    flight at once, and the core."""
+    names = [f"p{i:03d}" for i in range(identities)]
+    c = _core(tuple(names) if members else ())
+    made, in_flight, most = 0, [], 0
+    due: list[tuple[float, str]] = []
+
+    def carry(now: float, effects: list) -> None:
+        nonlocal made, most
+        for peer in _asked(effects):
+            made += 1
+            in_flight.append(peer)
+            most = max(most, len(in_flight))
+            due.append((now + 0.01, peer))
+
+    step = 1.0 / identities
+    for k in range(int(until_s / step)):
+        now = k * step
+        for at, peer in sorted(d for d in due if d[0] <= now):
+            due.remove((at, peer))
+            in_flight.remove(peer)
+            carry(at, c.manifest_failed(at, peer, 1, why))
+        carry(now, c.on_timer(now, "relay/tick") if c._tick_at is not None and c._tick_at <= now else [])
+        carry(now, c.on_message(now, envelope(names[k % identities], Holding((HeldVersion(1, SIGNED.manifest_id),)))))
+    return made, most, c
+
+
+def test_strangers_naming_a_version_under_many_identities_get_a_few_asks_per_retry_period():
+    """100 made-up identities, none a member, name one version every second each, and every ask
+    of them fails at once (unreachable): one ask at a time, and at most `MAX_OTHER_HOLDERS` of
+    them made because an ask failed per `manifest_retry_s`, besides the one a stranger's
+    `Holding` may make per `manifest_retry_s` (before: that one alone, 12 in 60 s); each
+    identity's memory is bounded per version."""
+    made, most, c = _flood(100, members=False, why=FetchFailure.UNREACHABLE)
+    windows = 60.0 / CONFIG.manifest_retry_s
+    assert most == 1
+    assert windows < made <= windows * (1 + MAX_OTHER_HOLDERS) + 1  # more than before: failures ask at once
+    assert len(c._manifest_others[1].named) <= MAX_OTHER_HOLDERS
+
+
+def test_members_refusing_our_asks_get_one_ask_per_failure_one_at_a_time():
+    """10 members name one version every second each and refuse every ask as not admitted: each
+    refusal makes at most one ask, of a member usable then (each refusal excludes its member for
+    `not_admitted_s`, and `NOT_ADMITTED_TRIES` in a row for `exclude_s`), one at a time."""
+    made, most, c = _flood(10, members=True, why=FetchFailure.NOT_ADMITTED)
+    assert most == 1
+    assert 10 < made <= 10 * 3 + 60.0 / CONFIG.not_admitted_s  # each refused 3 times, then excluded 60 s
+
+
+def test_other_holders_are_remembered_only_with_an_ask_and_go_with_it():
+    """Other holders are kept only for a version asked for and go with its ask, so their memory
+    is bounded by `MAX_MANIFEST_ASKS` versions as the asks are: a peer naming ever new versions
+    and another naming them after it crowd out only the asks made of the first."""
+    c = _core()
+    for i in range(MAX_MANIFEST_ASKS // 16 + 16):
+        body = Holding(tuple(HeldVersion(10_000 + 16 * i + j, bytes(32)) for j in range(16)))
+        c.on_message(0.0, envelope("mallory", body))
+        c.on_message(0.0, envelope("eve", body))
+    assert len(c._manifest_asked) <= MAX_MANIFEST_ASKS
+    assert set(c._manifest_others) <= set(c._manifest_asked)
+    assert all(list(o.named) == ["eve"] for o in c._manifest_others.values())
+    # (past the bound, eve's `Holding`s asked eve instead of remembering it: mallory's asks gave way)
+    assert sum(a.peer == "eve" for a in c._manifest_asked.values()) > 0
+    version = max(n for n, a in c._manifest_asked.items() if a.peer == "mallory")
+    assert failed(c, 0.5, "mallory", FetchFailure.UNREACHABLE, version) == ["eve"]
+    assert asks(c, CONFIG.manifest_retry_s, "holder") == ["holder"]  # a real holder's version is asked for
+
+
+def test_a_version_forgotten_takes_its_put_off_ask_with_it():
+    """A holder refused our ask as not admitted, and its ask was put off; the manifest came by
+    gossip, and our store would not keep it (`refuse_manifest`, then `forget`): no ask of the
+    version, nor a tick for one, is left. Before, the put-off ask stayed remembered (and kept a
+    tick armed for it) after the version was forgotten."""
+    c = _core(("holder",))
+    assert asks(c, 0.0, "holder") == ["holder"]
+    assert failed(c, 0.01, "holder", FetchFailure.NOT_ADMITTED) == []
+    assert 1 in c._manifest_again
+    c.on_message(0.5, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    c.refuse_manifest(1, SIGNED.manifest_id)
+    assert not c.knows(1)
+    assert c._manifest_again == {} and c._manifest_asked == {} and c._manifest_others == {}
+    effects = c.on_timer(2.01, "relay/tick")
+    assert _asked(effects) == [] and not any(isinstance(e, SetTimer) for e in effects)
+
+
+def test_a_holder_that_refused_is_asked_again_when_the_one_asked_instead_fails_too():
+    """A member refuses our ask as not admitted (excluded `not_admitted_s`, to be asked again): a
+    member that named the version is asked instead at once, and the refusing one remembered;
+    when that ask fails too, the first is asked as its exclusion ends (as it would have been
+    without the other), not left for its next `Holding`; while it is excluded nothing is asked."""
+    c = _core(("m0", "m1"))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    assert asks(c, 0.5, "m1") == []
+    assert failed(c, 1.0, "m0", FetchFailure.NOT_ADMITTED) == ["m1"]
+    assert failed(c, 1.5, "m1", FetchFailure.UNREACHABLE) == []  # m0 excluded until 3.0
+    assert _asked(c.on_timer(2.0, "relay/tick")) == []
+    assert c._manifest_again == {1: (1.0 + CONFIG.not_admitted_s, "m0")}
+    assert _asked(c.on_timer(1.0 + CONFIG.not_admitted_s, "relay/tick")) == ["m0"]
