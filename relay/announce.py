@@ -18,18 +18,19 @@ The swarm layout's `HaveChunks` asks the same way, for a sender that holds only 
 (its answer then makes it no holder).
 
 One ask of a version is made at a time (but for a member's `Holding` while a stranger's ask
-waits, below), and we remember, per version asked for, up to
-`MAX_OTHER_HOLDERS` other holders that named it meanwhile (`_remember_other`: a member takes a
-stranger's place, strangers only fill free room, so identities made up to name a version cannot
-keep its members out; all of them go with the ask, `_drop_asks`, so they count within
-`MAX_MANIFEST_ASKS`). The shell reports every failed ask (`manifest_failed`, with its
+waits, and a stranger's `manifest_retry_s` after the last ask, below), and we remember, per
+version asked for, up to `MAX_OTHER_HOLDERS` other holders that named it meanwhile
+(`_remember_other`: a member takes a stranger's place, strangers only fill free room, so
+identities made up to name a version cannot keep its members out; all of them go with the ask,
+`_drop_asks`, so they count within `MAX_MANIFEST_ASKS`). The shell reports every failed ask (`manifest_failed`, with its
 `FetchFailure`: unreachable or too slow with its address known, not admitted, no address, not
 holding the version, a broken answer), and the next usable one of them is asked at once, a
 member first (`_ask_another`): before, only a failed ask of the two kinds below was made again,
 and every other waited for the next `Holding` of the version, which may be minutes away at
-scale. Each failure makes at most one new ask; those of strangers, at most `MAX_OTHER_HOLDERS`
-per `manifest_retry_s` per version (a stranger's `Holding` costs it nothing); one of a member
-needs the member's `Holding` since it was last asked.
+scale. Each failure makes at most one new ask, and the asks failures make (of a remembered
+holder, or a member's `Holding` asking at once, below) are at most `MAX_OTHER_HOLDERS` per
+`manifest_retry_s` per version (`_spend`): holders that fail at once and name the version again
+and again (a `Holding` costs nothing) cannot make an ask of each `Holding`.
 
 The one whose ask failed is dealt with as the failure says. Failed because its heartbeat, and
 with it its data address, has not reached us yet (`no_address`: we heard of it from its
@@ -114,11 +115,11 @@ class _Ask(NamedTuple):
 @dataclass(slots=True)
 class _Others:
     """Other holders that named a version asked for (peer -> it holds all), first named first,
-    at most `MAX_OTHER_HOLDERS`; and the asks made of strangers among them since `since`."""
+    at most `MAX_OTHER_HOLDERS`; and the asks made since `since` because one failed (`_spend`)."""
 
     named: dict[str, bool] = field(default_factory=dict)
     since: float = -math.inf
-    strangers: int = 0
+    after_failures: int = 0
 
 
 class Announcing:
@@ -180,8 +181,8 @@ class Announcing:
             return True  # collected here: we do not want it back; or our store would not keep it
         asked = self._manifest_asked.get(version)
         retry_s = self.config.manifest_retry_s
-        if (asked is None or now - asked.at >= retry_s or self._asks_instead(asked, sender)) \
-                and self._usable(now, sender):
+        if self._usable(now, sender) and (asked is None or now - asked.at >= retry_s
+                                          or self._asks_instead(now, version, asked, sender)):
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
                 return False
             self._asked(now, version, sender, holds_all, effects)
@@ -217,23 +218,30 @@ class Announcing:
 
     def _ask_another(self, now: float, version: int, effects: list[Any]) -> bool:
         """The ask of `version` failed: ask the first usable holder that named it since, a member
-        first, at once; whether one was asked. Strangers are asked so at most
-        `MAX_OTHER_HOLDERS` times per `manifest_retry_s` per version (their `Holding`s cost
-        nothing), members once per failure (each named it again since it was last asked)."""
+        first, at once, within `_spend`'s bound; whether one was asked."""
         others = self._manifest_others.get(version)
         if others is None:
             return False
         members = self._members.uploads
         usable = [p for p in others.named if self._usable(now, p)]
-        peer = next((p for p in usable if p in members), None)
-        if peer is None:
-            if now - others.since >= self.config.manifest_retry_s:
-                others.since, others.strangers = now, 0
-            if not usable or others.strangers >= MAX_OTHER_HOLDERS:
-                return False
-            peer = usable[0]
-            others.strangers += 1
+        peer = next((p for p in usable if p in members), usable[0] if usable else None)
+        if peer is None or not self._spend(now, version):
+            return False
         self._asked(now, version, peer, others.named[peer], effects)
+        return True
+
+    def _spend(self, now: float, version: int) -> bool:
+        """Whether an ask of `version` may be made because one failed (`_ask_another`, or a
+        member's `Holding`: `_asks_instead`), counted if so: at most `MAX_OTHER_HOLDERS` per
+        `manifest_retry_s` per version. Holders that fail at once (members included: one that
+        answers it does not hold the version is not excluded) and name the version again and
+        again must not make an ask of every `Holding`."""
+        others = self._manifest_others.setdefault(version, _Others())
+        if now - others.since >= self.config.manifest_retry_s:
+            others.since, others.after_failures = now, 0
+        if others.after_failures >= MAX_OTHER_HOLDERS:
+            return False
+        others.after_failures += 1
         return True
 
     def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure) -> list[Any]:
@@ -285,15 +293,17 @@ class Announcing:
             self._exclude(now, peer, why, effects)
         return self._refused.get(peer, 0) < NOT_ADMITTED_TRIES
 
-    def _asks_instead(self, asked: _Ask, sender: str) -> bool:
-        """Whether `sender`'s `Holding` asks for a version though `asked.peer` was asked for it less
+    def _asks_instead(self, now: float, version: int, asked: _Ask, sender: str) -> bool:
+        """Whether `sender`'s `Holding` asks for `version` though `asked.peer` was asked for it less
         than `manifest_retry_s` ago: `sender` is a member (its heartbeat, with its address, has
         reached us) and the one asked is not (its ask may wait for an address that never comes:
-        anyone may send `Holding`) or its ask failed (`manifest_failed`). Only members ask
-        instead, and only of a holder that is not one or failed: strangers' `Holding`s still
-        ask at most once per `manifest_retry_s` per version."""
+        anyone may send `Holding`), or its ask failed (`manifest_failed`; within `_spend`'s
+        bound). Only members ask instead, and only of a holder that is not one or failed:
+        strangers' `Holding`s still ask at most once per `manifest_retry_s` per version."""
         members = self._members.uploads
-        return sender in members and sender != asked.peer and (asked.peer not in members or asked.failed)
+        if sender not in members or sender == asked.peer:
+            return False
+        return asked.peer not in members or (asked.failed and self._spend(now, version))
 
     def _ask_again(self, now: float, effects: list[Any]) -> None:
         """Make the asks `manifest_failed` put off that are due, unless the version is known

@@ -4,6 +4,8 @@ the relay role and a real serving peer: `tests/relay/test_role_manifest_asks.py`
 
 from __future__ import annotations
 
+import pytest
+
 from p2pnet.core import SetTimer
 from relay.announce import MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
 from relay.effects import FetchFailure, FetchManifest
@@ -109,26 +111,21 @@ def _flood(identities: int, members: bool, why: FetchFailure, until_s: float = 6
     return made, most, c
 
 
-def test_strangers_naming_a_version_under_many_identities_get_a_few_asks_per_retry_period():
-    """100 made-up identities, none a member, name one version every second each, and every ask
-    of them fails at once (unreachable): one ask at a time, and at most `MAX_OTHER_HOLDERS` of
-    them made because an ask failed per `manifest_retry_s`, besides the one a stranger's
-    `Holding` may make per `manifest_retry_s` (before: that one alone, 12 in 60 s); each
-    identity's memory is bounded per version."""
-    made, most, c = _flood(100, members=False, why=FetchFailure.UNREACHABLE)
+@pytest.mark.parametrize("members, why", [(False, FetchFailure.UNREACHABLE), (True, FetchFailure.UNREACHABLE),
+                                           (True, FetchFailure.UNAVAILABLE)])
+def test_holders_naming_a_version_under_many_identities_get_a_few_asks_per_retry_period(members, why):
+    """100 identities name one version every second each, and every ask of them fails at once
+    (unreachable, or it answers that it does not hold it: neither excludes it): one ask at a
+    time, and at most `MAX_OTHER_HOLDERS` made because an ask failed per `manifest_retry_s`
+    (`_spend`: of a remembered holder, or a member's `Holding` at once), besides the one a
+    `Holding` may make per `manifest_retry_s` (before: that one alone, 12 in 60 s); without the
+    bound, members that fail at once would have an ask made of each `Holding` (6,000 in 60 s).
+    What is remembered per version stays bounded."""
+    made, most, c = _flood(100, members=members, why=why)
     windows = 60.0 / CONFIG.manifest_retry_s
     assert most == 1
     assert windows < made <= windows * (1 + MAX_OTHER_HOLDERS) + 1  # more than before: failures ask at once
     assert len(c._manifest_others[1].named) <= MAX_OTHER_HOLDERS
-
-
-def test_members_refusing_our_asks_get_one_ask_per_failure_one_at_a_time():
-    """10 members name one version every second each and refuse every ask as not admitted: each
-    refusal makes at most one ask, of a member usable then (each refusal excludes its member for
-    `not_admitted_s`, and `NOT_ADMITTED_TRIES` in a row for `exclude_s`), one at a time."""
-    made, most, c = _flood(10, members=True, why=FetchFailure.NOT_ADMITTED)
-    assert most == 1
-    assert 10 < made <= 10 * 3 + 60.0 / CONFIG.not_admitted_s  # each refused 3 times, then excluded 60 s
 
 
 def test_other_holders_are_remembered_only_with_an_ask_and_go_with_it():
