@@ -22,15 +22,16 @@ waits, and a stranger's `manifest_retry_s` after the last ask, below), and we re
 version asked for, up to `MAX_OTHER_HOLDERS` other holders that named it meanwhile
 (`_remember_other`: a member takes a stranger's place, strangers only fill free room, so
 identities made up to name a version cannot keep its members out; all of them go with the ask,
-`_drop_asks`, so they count within `MAX_MANIFEST_ASKS`). The shell reports every failed ask (`manifest_failed`, with its
-`FetchFailure`: unreachable or too slow with its address known, not admitted, no address, not
-holding the version, a broken answer), and the next usable one of them is asked at once, a
-member first (`_ask_another`): before, only a failed ask of the two kinds below was made again,
-and every other waited for the next `Holding` of the version, which may be minutes away at
-scale. Each failure makes at most one new ask, and the asks failures make (of a remembered
-holder, or a member's `Holding` asking at once, below) are at most `MAX_OTHER_HOLDERS` per
-`manifest_retry_s` per version (`_spend`): holders that fail at once and name the version again
-and again (a `Holding` costs nothing) cannot make an ask of each `Holding`.
+`_drop_asks`, so they count within `MAX_MANIFEST_ASKS`). The shell reports every failed ask
+(`manifest_failed`, with its `FetchFailure`: unreachable or too slow with its address known, not
+admitted, no address, not holding the version, a broken answer), and the next usable one of them
+is asked at once, a member first (`_ask_another`): before, only a failed ask of the two kinds
+below was made again, and every other waited for the next `Holding` of the version, which may be
+minutes away at scale. Each failure makes at most one new ask, and the asks failures make (of a
+remembered holder, or a member's `Holding` asking at once, below) are at most
+`MAX_OTHER_HOLDERS` per `manifest_retry_s` per version (`_spend`): holders that fail at once and
+name the version again and again (a `Holding` costs nothing) cannot make an ask of each
+`Holding`.
 
 The one whose ask failed is dealt with as the failure says. Failed because its heartbeat, and
 with it its data address, has not reached us yet (`no_address`: we heard of it from its
@@ -49,16 +50,17 @@ usable, one remembered but excluded for now is asked as its exclusion ends. Any 
 it waits for its next `Holding`, as before.
 
 While the holder asked is no member (we heard of it from its `Holding` alone, and its ask may
-wait for an address that never comes), or its ask failed and no other holder was left to ask, a
-member's `Holding` for the version (its heartbeat, with its address, has come) asks it at once
+wait for an address that never comes), or its ask failed and no other holder was left to ask (within
+the bound above), a member's `Holding` for the version (its heartbeat, with its address, has come) asks it at once
 (`_asks_instead`); before, it asked nothing for `manifest_retry_s` after each ask of the other,
 its asks again included (5 s of every 12 while a ghost's were made again, for up to 60 s).
 Any new ask of a version replaces the one put off, so a member asked instead is not passed over
 in its turn while its ask is in flight: each ask a member's `Holding` makes instead follows a
 failure (a refusal counted as above), not each `Holding` that comes before the failed ask is
 due. Strangers' `Holding`s still ask at most once per `manifest_retry_s` per version. A version
-that comes, or that our store drops or would not keep (`forget`), takes its asks with it: one put
-off was made again after `forget`.
+that comes, or that our store drops or would not keep (`forget`), takes its asks with it (the
+ask, one put off, the other holders: `_drop_asks`); before, one put off stayed remembered after
+the manifest came, and kept a tick armed for it.
 
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
 an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:

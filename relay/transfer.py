@@ -389,8 +389,8 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
 
     def forget(self, version: int) -> list[Any]:
         """Our store dropped `version`, or would not keep it: stop fetching and announcing it, and
-        asking for it (an ask put off would be made again). An input like any other (the role
-        runs it in the core's runner); no effects today."""
+        forget its asks (`relay.announce`). An input like any other (the role runs it in the
+        core's runner); no effects today."""
         self._drop_asks(version)
         v = self._versions.pop(version, None)
         if v is not None:
