@@ -24,7 +24,9 @@ version asked for, up to `MAX_OTHER_HOLDERS` other holders that named it meanwhi
 identities made up to name a version cannot keep its members out; all of them go with the ask,
 `_drop_asks`, so they count within `MAX_MANIFEST_ASKS`). The shell reports every failed ask
 (`manifest_failed`, with its `FetchFailure`: unreachable or too slow with its address known, not
-admitted, no address, not holding the version, a broken answer), and the next usable one of them
+admitted, no address, not holding the version, a broken answer; and the ask's time, which tells a
+late report of an earlier ask of the same holder, asked again while it was in flight, from the
+ask in flight: that one asks nothing), and the next usable one of them
 is asked at once, a member first (`_ask_another`): before, only a failed ask of the two kinds
 below was made again, and every other waited for the next `Holding` of the version, which may be
 minutes away at scale. Each failure makes at most one new ask, and the asks failures make (of a
@@ -200,7 +202,7 @@ class Announcing:
         others = self._manifest_others.get(version)
         if others is not None:
             others.named.pop(peer, None)
-        effects.append(FetchManifest(peer, version))
+        effects.append(FetchManifest(peer, version, now))
 
     def _remember_other(self, version: int, peer: str, holds_all: bool) -> None:
         """`peer` named `version`, asked of another: kept to ask should that ask fail, at most
@@ -246,15 +248,16 @@ class Announcing:
         others.after_failures += 1
         return True
 
-    def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure) -> list[Any]:
+    def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure,
+                        asked_at: float | None = None) -> list[Any]:
         """Our `FetchManifest` of `version` from `peer` failed for `reason` (the shell reports every
-        failure). Another holder that named it is asked at once (`_ask_another`); `peer`, after
-        `no_address` (its heartbeat has not reached us yet) or `not_admitted` (ours has not
-        reached it), is asked again later, and after any other failure waits for its next
-        `Holding` (see the top)."""
+        failure, with the ask's `asked_at`; None: whichever ask of `peer` is in flight). Another
+        holder that named it is asked at once (`_ask_another`); `peer`, after `no_address` (its
+        heartbeat has not reached us yet) or `not_admitted` (ours has not reached it), is asked
+        again later, and after any other failure waits for its next `Holding` (see the top)."""
         asked = self._manifest_asked.get(version)
-        if asked is None or asked.peer != peer or version in self._versions:
-            return []  # (another holder was asked since, or the manifest came from another)
+        if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
+            return []  # (another ask was made since, of another holder or of `peer` again, or the manifest came)
         effects: list[Any] = []
         again = False
         if reason is FetchFailure.NOT_ADMITTED:

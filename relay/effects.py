@@ -15,7 +15,7 @@ the words the reports print (`relay.failures` says what the core does about each
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relay.manifest import SignedManifest
 
@@ -97,10 +97,12 @@ class Fetch:
 @dataclass(frozen=True, slots=True)
 class FetchManifest:
     """Ask `peer` (who announced holding it) for the manifest frame of `version`; report with
-    `manifest_frame`."""
+    `manifest_frame`, or a failure with `manifest_failed` and `asked_at`: the core's time of this
+    ask, which tells a late report of an earlier ask of the same holder from this one's."""
 
     peer: str
     version: int
+    asked_at: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -522,7 +522,8 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
             else:  # no connection, or no answer in time with its address known (slow)
                 reason = FetchFailure.UNREACHABLE
         if frame is None:  # another holder that named the version is asked at once (`relay.announce`)
-            await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version, reason))
+            await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version, reason,
+                                                                         ask.asked_at))
             return
         answer = frame
         await self._command(lambda now: self.core.manifest_frame(now, ask.peer, answer))

@@ -177,3 +177,20 @@ def test_a_holder_that_refused_is_asked_again_when_the_one_asked_instead_fails_t
     assert _asked(c.on_timer(2.0, "relay/tick")) == []
     assert c._manifest_again == {1: (1.0 + CONFIG.not_admitted_s, "m0")}
     assert _asked(c.on_timer(1.0 + CONFIG.not_admitted_s, "relay/tick")) == ["m0"]
+
+
+def test_a_late_report_of_an_earlier_ask_of_the_same_holder_asks_nothing():
+    """A holder asked, then asked again `manifest_retry_s` later (its `Holding` came again while
+    the first ask was still in flight, as the shell allows up to `request_timeout_s`): the first
+    ask's failure, reported late, is no failure of the ask in flight and asks no other holder;
+    the second's is. Before, the report named only the holder, and the late one made the ask in
+    flight count as failed: another holder was asked beside it."""
+    c = _core(("m0", "m1"))
+    holding = Holding((HeldVersion(1, SIGNED.manifest_id),))
+    first = [e for e in c.on_message(0.0, envelope("m0", holding)) if isinstance(e, FetchManifest)]
+    assert asks(c, 1.0, "m1") == []  # remembered
+    second = [e for e in c.on_message(CONFIG.manifest_retry_s, envelope("m0", holding)) if isinstance(e, FetchManifest)]
+    assert [e.peer for e in first] == [e.peer for e in second] == ["m0"]
+    late = c.manifest_failed(6.0, "m0", 1, FetchFailure.UNREACHABLE, first[0].asked_at)
+    assert _asked(late) == [] and not c._manifest_asked[1].failed
+    assert _asked(c.manifest_failed(7.0, "m0", 1, FetchFailure.UNREACHABLE, second[0].asked_at)) == ["m1"]

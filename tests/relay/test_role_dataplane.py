@@ -410,17 +410,18 @@ async def test_a_manifest_source_that_sends_an_oversized_frame_is_not_believed_a
     role.answers.put_data((1 << 20).to_bytes(4, "big") + b"z" * 64)
     told = _manifest_outcomes(role)
     with trio.fail_after(5):
-        await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1))
+        await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1, asked_at=7.0))
     assert role.introduced == [] and role.told == []
-    assert told == [("failed", SOURCE.peer_id, 1, FetchFailure.CORRUPT)]
+    assert told == [("failed", SOURCE.peer_id, 1, FetchFailure.CORRUPT, 7.0)]  # (the ask's time: which ask failed)
 
 
 def _manifest_outcomes(role: "InMemoryRole") -> list[tuple]:
     """What `_fetch_manifest` tells the core, through the role's runner: ("failed", peer, version,
-    reason) or ("frame", peer, its length)."""
+    reason, the ask's `asked_at`) or ("frame", peer, its length)."""
     told: list[tuple] = []
     role.core = SimpleNamespace(  # type: ignore[assignment]
-        manifest_failed=lambda now, peer, version, reason: told.append(("failed", peer, version, reason)),
+        manifest_failed=lambda now, peer, version, reason, asked_at: told.append(
+            ("failed", peer, version, reason, asked_at)),
         manifest_frame=lambda now, peer, frame: told.append(("frame", peer, len(frame))))
 
     async def command(fn) -> None:
