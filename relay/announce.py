@@ -48,8 +48,14 @@ the holder's refusals of chunks: after `NOT_ADMITTED_TRIES` in a row it is unrea
 (`_refused_us`), so a holder that keeps refusing costs a few asks a minute. When another holder
 was asked instead, these two are remembered as other holders in turn (asked when usable, should
 that ask fail too) rather than asked again on the tick; and when a failed ask leaves no other
-usable, one remembered but excluded for now is asked as its exclusion ends. Any other failure:
-it waits for its next `Holding`, as before.
+usable, one remembered but excluded for now is asked as its exclusion ends. Unreachable (no
+connection, or too slow with its address known): excluded for `exclude_s`, as a source of chunks
+is; a broken answer, on a connection that proved its id: banned and penalised, as for a chunk
+that does not verify; an answer that it has not got a version its `Holding` named in full:
+excluded for `exclude_s` (it lied, or dropped it since). Before, none of these was held against
+it, and members naming a version and failing its asks at once kept an honest one that named it
+every 30 s from being asked (8 of them, for 600 s: core alone). One excluded asks nothing with its
+`Holding`s, and gives its room among the other holders to one usable (`_remember_other`).
 
 While the holder asked is no member (we heard of it from its `Holding` alone, and its ask may
 wait for an address that never comes), or its ask failed and no other holder was left to ask (within
@@ -151,6 +157,7 @@ class Announcing:
         def forget(self, version: int) -> list[Any]: ...
         def _unaddressed_for(self, now: float, peer: str) -> float: ...
         def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None: ...
+        def _ban(self, now: float, peer: str, effects: list[Any], what: str = ...) -> None: ...
 
     def refuse_manifest(self, version: int, manifest_id: bytes) -> list[Any]:
         """Our store would not keep this manifest of `version` (it holds another for the version):
@@ -191,7 +198,7 @@ class Announcing:
                 return False
             self._asked(now, version, sender, holds_all, effects)
         elif asked is not None and sender != asked.peer and sender not in self._banned:
-            self._remember_other(version, sender, holds_all)
+            self._remember_other(now, version, sender, holds_all)
         return True
 
     def _asked(self, now: float, version: int, peer: str, holds_all: bool, effects: list[Any]) -> None:
@@ -204,21 +211,24 @@ class Announcing:
             others.named.pop(peer, None)
         effects.append(FetchManifest(peer, version, now))
 
-    def _remember_other(self, version: int, peer: str, holds_all: bool) -> None:
+    def _remember_other(self, now: float, version: int, peer: str, holds_all: bool) -> None:
         """`peer` named `version`, asked of another: kept to ask should that ask fail, at most
-        `MAX_OTHER_HOLDERS` per version; a member takes the place of the first stranger named,
-        and a stranger is kept only while there is room (anyone may send `Holding`)."""
+        `MAX_OTHER_HOLDERS` per version; one usable takes the place of the first excluded for now
+        (liars, excluded, must not keep the room), a member that of the first stranger named, and
+        a stranger is kept only while there is room (anyone may send `Holding`)."""
         others = self._manifest_others.setdefault(version, _Others())
         named = others.named
         if peer in named or len(named) < MAX_OTHER_HOLDERS:
             named[peer] = holds_all
             return
         members = self._members.uploads
-        if peer in members:
-            stranger = next((p for p in named if p not in members), None)
-            if stranger is not None:
-                del named[stranger]
-                named[peer] = holds_all
+        usable = self._usable(now, peer)
+        gone = next((p for p in named if usable and not self._usable(now, p)), None)
+        if gone is None and peer in members:
+            gone = next((p for p in named if p not in members), None)
+        if gone is not None:
+            del named[gone]
+            named[peer] = holds_all
 
     def _ask_another(self, now: float, version: int, effects: list[Any]) -> bool:
         """The ask of `version` failed: ask the first usable holder that named it since, a member
@@ -266,10 +276,16 @@ class Announcing:
             again = self._unaddressed_for(now, peer) < NO_ADDRESS_GRACE_S
             if not again and self._excluded.get(peer, 0.0) <= now:  # a ghost: unreachable, as a source
                 self._exclude(now, peer, DropReason.UNREACHABLE, effects)
+        elif reason is FetchFailure.CORRUPT:  # it broke the protocol, on a connection that proved its id
+            self._ban(now, peer, effects, "broken manifest answer")
+        elif reason is FetchFailure.UNREACHABLE:  # as a source of chunks
+            self._exclude(now, peer, DropReason.UNREACHABLE, effects)
+        elif asked.holds_all:  # unavailable: its `Holding` named the version, and it says it has not got it
+            self._exclude(now, peer, DropReason.UNAVAILABLE, effects)
         self._manifest_asked[version] = asked._replace(failed=True)
         if self._ask_another(now, version, effects):
             if again:  # asked once usable, should the other fail too
-                self._remember_other(version, peer, asked.holds_all)
+                self._remember_other(now, version, peer, asked.holds_all)
         elif again:
             self._manifest_again[version] = (now + self.config.not_admitted_s, peer)
         else:  # one remembered but excluded for now (it refused us, say): asked as its exclusion ends

@@ -73,6 +73,9 @@ class DropReason(enum.StrEnum):
     """The source or the network, silently: requests outstanding and nothing completed for
     `stall_timeout_s` (a hung peer, a partition). Excluded, its connection closed, without
     substitutes (its ancestors feed us)."""
+    UNAVAILABLE = "unavailable"
+    """The source: it named a version in full in its `Holding` and then answered our manifest ask
+    that it does not hold it (`relay.announce`). Excluded for `exclude_s`, with substitutes."""
     SLOW = "slow"
     """The source: as our parent it delivered too little (`relay.transfer`'s `fetched`). Excluded,
     with substitutes; alive, so asked before the origin where a stand-in is wanted (`relay.sources`)."""

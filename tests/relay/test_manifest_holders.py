@@ -8,7 +8,7 @@ import pytest
 
 from p2pnet.core import SetTimer
 from relay.announce import MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
-from relay.effects import FetchFailure, FetchManifest
+from relay.effects import FetchFailure, FetchManifest, Penalise
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
 from relay.transfer import TransferConfig, TransferCore
 from tests.relay.test_transfer import PUBLISHER, SIGNED, envelope, opener
@@ -39,7 +39,7 @@ def test_each_failed_ask_asks_the_next_holder_that_named_the_version_a_member_fi
     each as the ask before it fails, for any reason, members first; a report of an ask no longer
     in flight asks nothing. Before, a failed ask was made again only after `no_address` or
     `not_admitted`, of the same holder, and the others waited for their next `Holding`."""
-    c = _core(("m0", "m1"))
+    c = _core(("m0", "m1", "m2"))
     assert asks(c, 0.0, "m0") == ["m0"]
     assert [asks(c, t, s) for t, s in ((1.0, "s1"), (2.0, "s2"), (3.0, "m1"))] == [[], [], []]  # remembered
     assert failed(c, 4.0, "m0", FetchFailure.UNREACHABLE) == ["m1"]  # the member first, named last
@@ -48,7 +48,8 @@ def test_each_failed_ask_asks_the_next_holder_that_named_the_version_a_member_fi
     assert failed(c, 5.1, "s1", FetchFailure.CORRUPT) == ["s2"]
     assert failed(c, 5.1, "s1", FetchFailure.CORRUPT) == []
     assert failed(c, 5.2, "s2", FetchFailure.UNREACHABLE) == []  # nobody left: each waits for its next `Holding`
-    assert asks(c, 6.0, "m0") == ["m0"]  # a member's, at once: the ask failed (`_asks_instead`)
+    assert asks(c, 6.0, "m0") == []  # excluded: unreachable, as a source of chunks
+    assert asks(c, 6.0, "m2") == ["m2"]  # a member's, at once: the ask failed (`_asks_instead`)
     c.on_message(6.5, envelope("m1", ManifestAnnounce(SIGNED.frame)))  # the manifest came: its asks go with it
     assert c.knows(1) and c._manifest_asked == {} and c._manifest_others == {}
 
@@ -115,7 +116,7 @@ def _flood(identities: int, members: bool, why: FetchFailure, until_s: float = 6
                                            (True, FetchFailure.UNAVAILABLE)])
 def test_holders_naming_a_version_under_many_identities_get_a_few_asks_per_retry_period(members, why):
     """100 identities name one version every second each, and every ask of them fails at once
-    (unreachable, or it answers that it does not hold it: neither excludes it): one ask at a
+    (unreachable, or it answers that it does not hold it: each excludes it): one ask at a
     time, and at most `MAX_OTHER_HOLDERS` made because an ask failed per `manifest_retry_s`
     (`_spend`: of a remembered holder, or a member's `Holding` at once), besides the one a
     `Holding` may make per `manifest_retry_s` (before: that one alone, 12 in 60 s); without the
@@ -194,3 +195,38 @@ def test_a_late_report_of_an_earlier_ask_of_the_same_holder_asks_nothing():
     late = c.manifest_failed(6.0, "m0", 1, FetchFailure.UNREACHABLE, first[0].asked_at)
     assert _asked(late) == [] and not c._manifest_asked[1].failed
     assert _asked(c.manifest_failed(7.0, "m0", 1, FetchFailure.UNREACHABLE, second[0].asked_at)) == ["m1"]
+
+
+def test_holders_that_name_a_version_and_answer_they_have_not_got_it_cannot_keep_its_asks():
+    """Members name a version, again and again, and answer our asks that they do not hold it:
+    each is excluded (`exclude_s`) on its answer, so their `Holding`s ask no more and they keep
+    no room among the other holders; an honest member that names it meanwhile is remembered, and
+    asked on its next `Holding`. Before, nothing was held against them: once the bound on asks
+    after failures was spent, the honest member's `Holding` was not kept (the room was theirs),
+    and their next `Holding` asked them again (as a core-alone run showed, 8 such members kept
+    an honest one naming the version every 30 s from being asked for 600 s)."""
+    liars = tuple(f"l{i}" for i in range(MAX_OTHER_HOLDERS + 1))
+    c = _core((*liars, "h"))
+    assert asks(c, 0.0, "l0") == ["l0"]
+    assert [asks(c, 0.1 * i, liar) for i, liar in enumerate(liars[1:], 1)] == [[]] * MAX_OTHER_HOLDERS
+    order, peer = [], "l0"
+    while nxt := failed(c, 0.5, peer, FetchFailure.UNAVAILABLE):
+        order += nxt
+        peer = nxt[0]
+    assert order == list(liars[1:])
+    assert [asks(c, 1.0 + 0.1 * i, liar) for i, liar in enumerate(liars)] == [[]] * len(liars)
+    assert asks(c, 2.0, "h") == []  # the bound on asks after failures is spent: remembered
+    assert "h" in c._manifest_others[1].named
+    assert asks(c, 5.5, "l0") == []  # excluded: before, asked again (`manifest_retry_s` after the last ask)
+    assert asks(c, 6.0, "h") == ["h"]
+
+
+def test_a_holder_whose_manifest_answer_is_broken_is_banned_and_penalised():
+    """A broken answer to a manifest ask (the shell's `corrupt`: it broke the protocol on a
+    connection that proved its id) bans and penalises its sender, as a chunk that does not
+    verify does; it is asked for nothing more. Before, nothing was held against it."""
+    c = _core(("m0",))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    effects = c.manifest_failed(0.5, "m0", 1, FetchFailure.CORRUPT)
+    assert [e.peer for e in effects if isinstance(e, Penalise)] == ["m0"]
+    assert asks(c, 10.0, "m0") == [] and asks(c, 10.0, "m0", version=2) == []

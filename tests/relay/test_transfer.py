@@ -1064,7 +1064,7 @@ def test_a_members_holding_asks_at_once_while_a_ghosts_ask_waits_or_is_made_agai
     both are remembered, and asked in turn when an ask fails (a member first)."""
     c = TransferCore(TransferConfig(exclude_s=60.0, announce_interval_s=3600.0), "me",
                      open_frame=opener, self_upload_bps=1e8)
-    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "me": 1e8})
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "third": 1e9, "me": 1e8})
     holding = Holding((HeldVersion(1, SIGNED.manifest_id),))
 
     def asks(now: float, sender: str) -> list[str]:
@@ -1082,14 +1082,15 @@ def test_a_members_holding_asks_at_once_while_a_ghosts_ask_waits_or_is_made_agai
     # the stranger's ask made again (it failed as `no_address`, nobody else left), then a member's `Holding`
     assert failed(22.0, "ghost2", 1, FetchFailure.NO_ADDRESS) == []
     assert 1 in c._manifest_again
-    assert asks(23.0, PUBLISHER.peer_id) == [PUBLISHER.peer_id]
+    assert asks(23.0, PUBLISHER.peer_id) == []  # excluded: it named the version and had not got it
+    assert asks(23.0, "third") == ["third"]
     assert [e for e in c.on_timer(24.0, "relay/tick") if isinstance(e, FetchManifest)] == []  # not the stranger
     # a member asked, refused as not admitted: another member that named it since is asked at once
-    c.set_members(40.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "other": 1e9, "me": 1e8})
+    c.set_members(40.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "third": 1e9, "other": 1e9, "me": 1e8})
     holding = Holding((HeldVersion(2, SIGNED.manifest_id),))
-    assert asks(40.0, "holder") == ["holder"]
+    assert asks(40.0, "third") == ["third"]  # ("holder" is excluded: unreachable at 11.5)
     assert asks(41.0, "other") == []
-    assert failed(41.5, "holder", 2, FetchFailure.NOT_ADMITTED) == ["other"]
+    assert failed(41.5, "third", 2, FetchFailure.NOT_ADMITTED) == ["other"]
     assert asks(42.0, "other") == []
 
 
