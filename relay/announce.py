@@ -17,58 +17,48 @@ asks of the peer we asked most give way, `_room_to_ask`), and the answer makes i
 The swarm layout's `HaveChunks` asks the same way, for a sender that holds only some chunks
 (its answer then makes it no holder).
 
-One ask of a version is made at a time (but for a member's `Holding` while a stranger's ask
-waits, and a stranger's `manifest_retry_s` after the last ask, below), and we remember, per
-version asked for, up to `MAX_OTHER_HOLDERS` other holders that named it meanwhile
-(`_remember_other`: a member takes a stranger's place, strangers only fill free room, so
-identities made up to name a version cannot keep its members out; all of them go with the ask,
-`_drop_asks`, so they count within `MAX_MANIFEST_ASKS`). The shell reports every failed ask
-(`manifest_failed`, with its `FetchFailure`: unreachable or too slow with its address known, not
-admitted, no address, not holding the version, a broken answer; and the ask's time, which tells a
-late report of an earlier ask of the same holder, asked again while it was in flight, from the
-ask in flight: that one asks nothing), and the next usable one of them
-is asked at once, a member first (`_ask_another`): before, only a failed ask of the two kinds
-below was made again, and every other waited for the next `Holding` of the version, which may be
-minutes away at scale. Each failure makes at most one new ask, and the asks failures make (of a
-remembered holder, or a member's `Holding` asking at once, below) are at most
-`MAX_OTHER_HOLDERS` per `manifest_retry_s` per version (`_spend`): holders that fail at once and
-name the version again and again (a `Holding` costs nothing) cannot make an ask of each
-`Holding`.
+One ask of a version is in flight at a time, but for a member's `Holding` while a stranger's
+ask waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap
+one still in flight). With the ask we remember up to `MAX_OTHER_HOLDERS` other holders that
+named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
+for now, a member that of the first stranger, and a stranger only fills free room, so neither
+made-up identities nor excluded liars keep its members out); they go with the ask (`_drop_asks`:
+the manifest came, the version was forgotten, `_room_to_ask` evicted the ask), so they count
+within `MAX_MANIFEST_ASKS`.
 
-The one whose ask failed is dealt with as the failure says. Failed because its heartbeat, and
-with it its data address, has not reached us yet (`no_address`: we heard of it from its
-`Holding` alone), nobody's fault: asked again `not_admitted_s` later (on the tick,
-`_ask_again`; the shell then waits for the address anew, and the heartbeat that brings it wakes
-that wait), for `NO_ADDRESS_GRACE_S` from the holder's first `no_address` in a row, as for a
-source of chunks (`relay.failures`); past that it counts as unreachable (excluded for
-`exclude_s`), so a holder that never sends a heartbeat (anyone may send `Holding`) is not asked
-for ever. Refused as not admitted (`not_admitted`: the holder has not heard our heartbeat; the
-shell has just sent it ours): asked again the same way, `not_admitted_s` later, counted with
-the holder's refusals of chunks: after `NOT_ADMITTED_TRIES` in a row it is unreachable
-(`_refused_us`), so a holder that keeps refusing costs a few asks a minute. When another holder
-was asked instead, these two are remembered as other holders in turn (asked when usable, should
-that ask fail too) rather than asked again on the tick; and when a failed ask leaves no other
-usable, one remembered but excluded for now is asked as its exclusion ends. Unreachable (no
-connection, or too slow with its address known): excluded for `exclude_s`, as a source of chunks
-is; a broken answer, on a connection that proved its id: banned and penalised, as for a chunk
-that does not verify; an answer that it has not got a version its `Holding` named in full:
-excluded for `exclude_s` (it lied, or dropped it since). Before, none of these was held against
-it, and members naming a version and failing its asks at once kept an honest one that named it
-every 30 s from being asked (8 of them, for 600 s: core alone). One excluded asks nothing with its
-`Holding`s, and gives its room among the other holders to one usable (`_remember_other`).
+The shell reports every failed ask (`manifest_failed`) with its `FetchFailure` and the ask's time
+(`FetchManifest.asked_at`): a late report of an earlier ask, of another holder or of the same one
+asked again, asks nothing. The next usable remembered holder is asked at once, a member first
+(`_ask_another`): the next `Holding` of the version may be minutes away at scale. Each failure
+makes at most one new ask, and the asks made because one failed (of a remembered holder, or by a
+member's `Holding`, below) are at most `MAX_OTHER_HOLDERS` per `manifest_retry_s` per version
+(`_spend`): holders that fail at once and name the version again and again (a `Holding` costs
+nothing) cannot have an ask made of each `Holding`.
 
-While the holder asked is no member (we heard of it from its `Holding` alone, and its ask may
-wait for an address that never comes), or its ask failed and no other holder was left to ask (within
-the bound above), a member's `Holding` for the version (its heartbeat, with its address, has come) asks it at once
-(`_asks_instead`); before, it asked nothing for `manifest_retry_s` after each ask of the other,
-its asks again included (5 s of every 12 while a ghost's were made again, for up to 60 s).
-Any new ask of a version replaces the one put off, so a member asked instead is not passed over
-in its turn while its ask is in flight: each ask a member's `Holding` makes instead follows a
-failure (a refusal counted as above), not each `Holding` that comes before the failed ask is
-due. Strangers' `Holding`s still ask at most once per `manifest_retry_s` per version. A version
-that comes, or that our store drops or would not keep (`forget`), takes its asks with it (the
-ask, one put off, the other holders: `_drop_asks`); before, one put off stayed remembered after
-the manifest came, and kept a tick armed for it.
+The holder whose ask failed is dealt with as the failure says, as a source of chunks would be
+(`relay.failures`). `no_address` (its heartbeat, with its data address, has not reached us: we
+heard of it from its `Holding` alone) is nobody's fault: asked again `not_admitted_s` later (on
+the tick, `_ask_again`; the shell waits for the address anew), for `NO_ADDRESS_GRACE_S` from its
+first `no_address` in a row, then excluded as unreachable, so a holder that never sends a
+heartbeat is not asked for ever. `not_admitted` (it has not heard our heartbeat; the shell has
+just sent it ours): asked again the same way, counted with its refusals of chunks, and
+unreachable after `NOT_ADMITTED_TRIES` in a row (`_refused_us`). If another holder was asked
+instead, these two are remembered as other holders rather than asked again on the tick; after
+any other failure that leaves none to ask, one remembered but excluded for now is asked as its
+exclusion ends. `unreachable` (no
+connection, or too slow with its address known): excluded for `exclude_s`. `corrupt` (a broken
+answer, on a connection that proved its id): banned and penalised. `unavailable` for a version
+its `Holding` named in full (it lied, or dropped it since): excluded for `exclude_s`. An excluded
+holder's `Holding` asks nothing: without these exclusions, members naming a version and failing
+its asks at once kept an honest member that named it every 30 s from being asked for 600 s (8
+of them, core alone).
+
+A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
+`manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
+address that never comes: anyone may send `Holding`) or its ask failed and no other holder was
+left to ask (within `_spend`'s bound; `_asks_instead`). A new ask replaces the one put off, so a
+member asked instead is not passed over in its turn while its ask is in flight. Strangers'
+`Holding`s ask at most once per `manifest_retry_s` per version.
 
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
 an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
@@ -79,11 +69,11 @@ shell does not call this for a refusal that may pass (a full store, a failing di
 just forgets the version then (`forget`), and takes it again at the next announce.
 
 These methods read the core's configuration, membership, versions, exclusions and bans, keep
-`_manifest_asked`, `_manifest_again`, `_manifest_others` and `_refused_manifests`, count refusals in `_refused`, and
-add holders to a version; they also call the core's `_usable(now, peer)`, `_pump(now, v,
-effects)`, `_arm(now, effects)`, `forget(version)` and `complete_versions()`, and
-`relay.failures`' `_unaddressed_for` and `_exclude`. Like the core they do no I/O and take the
-time as an argument.
+`_manifest_asked`, `_manifest_again`, `_manifest_others` and `_refused_manifests`, count
+refusals in `_refused`, and add holders to a version; they also call the core's `_usable(now,
+peer)`, `_pump(now, v, effects)`, `_arm(now, effects)`, `forget(version)` and
+`complete_versions()`, and `relay.failures`' `_unaddressed_for`, `_exclude` and `_ban`. Like the
+core they do no I/O and take the time as an argument.
 """
 
 from __future__ import annotations
@@ -247,9 +237,9 @@ class Announcing:
     def _spend(self, now: float, version: int) -> bool:
         """Whether an ask of `version` may be made because one failed (`_ask_another`, or a
         member's `Holding`: `_asks_instead`), counted if so: at most `MAX_OTHER_HOLDERS` per
-        `manifest_retry_s` per version. Holders that fail at once (members included: one that
-        answers it does not hold the version is not excluded) and name the version again and
-        again must not make an ask of every `Holding`."""
+        `manifest_retry_s` per version. Holders that fail at once (members included: each new
+        identity may fail once before it is excluded) and name the version again and again must
+        not make an ask of every `Holding`."""
         others = self._manifest_others.setdefault(version, _Others())
         if now - others.since >= self.config.manifest_retry_s:
             others.since, others.after_failures = now, 0

@@ -26,7 +26,8 @@ manifest's publisher) is waited for up to `request_timeout_s` (`_data_addr_soon`
 as `no_address`: nobody's fault, asked again soon (`relay.failures`; a manifest ask,
 `relay.announce`). `_fetch_manifest` tells the core of every failed manifest ask, by who is at
 fault (unreachable or too slow with its address known, not holding it, a broken answer, besides
-the two above): the core asks another holder that named the version at once.
+the two above) and with the ask's `asked_at`: the core asks another holder that named the
+version at once, and holds the failure against the holder as it would a chunk fetch's.
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
