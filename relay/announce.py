@@ -28,7 +28,8 @@ within `MAX_MANIFEST_ASKS`.
 
 The shell reports every failed ask (`manifest_failed`) with its `FetchFailure` and the ask's time
 (`FetchManifest.asked_at`): a late report of an earlier ask, of another holder or of the same one
-asked again, asks nothing. The next usable remembered holder is asked at once, a member first
+asked again, asks nothing. An answer that gives us no manifest of the version is a broken one
+(`manifest_answer`). The next usable remembered holder is asked at once, a member first
 (`_ask_another`): the next `Holding` of the version may be minutes away at scale. Each failure
 makes at most one new ask, and the asks made because one failed (of a remembered holder, or by a
 member's `Holding`, below) are at most `MAX_OTHER_HOLDERS` per `manifest_retry_s` per version
@@ -145,6 +146,7 @@ class Announcing:
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def complete_versions(self) -> list[int]: ...
         def forget(self, version: int) -> list[Any]: ...
+        def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]: ...
         def _unaddressed_for(self, now: float, peer: str) -> float: ...
         def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None: ...
         def _ban(self, now: float, peer: str, effects: list[Any], what: str = ...) -> None: ...
@@ -285,6 +287,18 @@ class Announcing:
                 first = min(later, key=later.__getitem__)
                 self._manifest_again[version] = (later[first], first)
         return self._arm(now, effects)
+
+    def manifest_answer(self, now: float, peer: str, version: int, frame: bytes,
+                        asked_at: float | None = None) -> list[Any]:
+        """`peer` answered our `FetchManifest` of `version` (made at `asked_at`) with `frame`: taken
+        as any manifest frame (`manifest_frame`); one that gives us no manifest of `version` (it
+        does not open, or opens as another version's) is a broken answer (`manifest_failed`,
+        `corrupt`), not an ask left in flight for `manifest_retry_s` with no verdict on its holder.
+        A manifest our store refused is no fault of the holder's (`refuse_manifest`)."""
+        effects = self.manifest_frame(now, peer, frame)
+        if version in self._versions or self._refused_frame(frame):
+            return effects
+        return effects + self.manifest_failed(now, peer, version, FetchFailure.CORRUPT, asked_at)
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,

@@ -527,4 +527,4 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
                                                                          ask.asked_at))
             return
         answer = frame
-        await self._command(lambda now: self.core.manifest_frame(now, ask.peer, answer))
+        await self._command(lambda now: self.core.manifest_answer(now, ask.peer, ask.version, answer, ask.asked_at))

@@ -230,3 +230,19 @@ def test_a_holder_whose_manifest_answer_is_broken_is_banned_and_penalised():
     effects = c.manifest_failed(0.5, "m0", 1, FetchFailure.CORRUPT)
     assert [e.peer for e in effects if isinstance(e, Penalise)] == ["m0"]
     assert asks(c, 10.0, "m0") == [] and asks(c, 10.0, "m0", version=2) == []
+
+
+@pytest.mark.parametrize("answer", [SIGNED.frame, b"not a manifest"], ids=["another-version", "garbage"])
+def test_an_answer_that_gives_no_manifest_of_the_version_asked_is_a_broken_one(answer):
+    """A holder answers our ask for version 2 with a signed manifest of version 1 (a real one:
+    anyone can replay it) or with bytes that do not open: the answer is broken (`corrupt`): its
+    holder is banned and penalised, and another that named the version is asked at once. Before,
+    the ask stayed in flight with no verdict: no other holder was asked, and the liar's next
+    `Holding` `manifest_retry_s` later was asked again."""
+    c = _core(("m0", "m1"))
+    assert asks(c, 0.0, "m0", version=2) == ["m0"]
+    assert asks(c, 1.0, "m1", version=2) == []
+    effects = c.manifest_answer(1.5, "m0", 2, answer, 0.0)
+    assert _asked(effects) == ["m1"]
+    assert [e.peer for e in effects if isinstance(e, Penalise)] == ["m0"]
+    assert asks(c, 10.0, "m0", version=2) == []

@@ -422,7 +422,7 @@ def _manifest_outcomes(role: "InMemoryRole") -> list[tuple]:
     role.core = SimpleNamespace(  # type: ignore[assignment]
         manifest_failed=lambda now, peer, version, reason, asked_at: told.append(
             ("failed", peer, version, reason, asked_at)),
-        manifest_frame=lambda now, peer, frame: told.append(("frame", peer, len(frame))))
+        manifest_answer=lambda now, peer, version, frame, asked_at: told.append(("frame", peer, len(frame))))
 
     async def command(fn) -> None:
         fn(0.0)
