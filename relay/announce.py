@@ -50,9 +50,8 @@ exclusion ends. `unreachable` (no
 connection, or too slow with its address known): excluded for `exclude_s`. `corrupt` (a broken
 answer, on a connection that proved its id): banned and penalised. `unavailable` for a version
 its `Holding` named in full (it lied, or dropped it since): excluded for `exclude_s`. An excluded
-holder's `Holding` asks nothing: without these exclusions, members naming a version and failing
-its asks at once kept an honest member that named it every 30 s from being asked for 600 s (8
-of them, core alone).
+holder's `Holding` asks nothing, so holders that name a version and fail its asks at once cannot
+keep one that names it rarely from being asked.
 
 A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
 `manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
