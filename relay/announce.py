@@ -17,28 +17,48 @@ asks of the peer we asked most give way, `_room_to_ask`), and the answer makes i
 The swarm layout's `HaveChunks` asks the same way, for a sender that holds only some chunks
 (its answer then makes it no holder).
 
-An ask that fails because the holder's heartbeat, and with it its data address, has not reached
-us yet (`manifest_failed`, `no_address`: we heard of it from its `Holding` alone) is nobody's
-fault, and its next `Holding` may be minutes away at scale: it is made again `not_admitted_s`
-later (on the tick, `_ask_again`; the shell then waits for the address anew, and the heartbeat
-that brings it wakes that wait), for `NO_ADDRESS_GRACE_S` from the holder's first `no_address`
-in a row, as for a source of chunks (`relay.failures`); past that it counts as unreachable
-(excluded for `exclude_s`), so a holder that never sends a heartbeat (anyone may send `Holding`)
-is not asked for ever. An ask refused as not admitted (`not_admitted`: the holder has not heard
-our heartbeat; the shell has just sent it ours) is made again the same way, `not_admitted_s`
-later, counted with the holder's refusals of chunks: after `NOT_ADMITTED_TRIES` in a row it is
-unreachable (`_refused_us`), so a holder that keeps refusing costs a few asks a minute. Before,
-either failed ask waited for the next `Holding` of the version, which may be minutes away.
+One ask of a version is in flight at a time, but for a member's `Holding` while a stranger's
+ask waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap
+one still in flight). With the ask we remember up to `MAX_OTHER_HOLDERS` other holders that
+named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
+for now, a member that of the first stranger, and a stranger only fills free room, so neither
+made-up identities nor excluded liars keep its members out); they go with the ask (`_drop_asks`:
+the manifest came, the version was forgotten, `_room_to_ask` evicted the ask), so they count
+within `MAX_MANIFEST_ASKS`.
 
-While the holder asked is no member (we heard of it from its `Holding` alone, and its ask may
-wait for an address that never comes), or failed and waits to be asked again, a member's
-`Holding` for the version (its heartbeat, with its address, has come) asks it at once
-(`_asks_instead`); before, it asked nothing for `manifest_retry_s` after each ask of the other,
-its asks again included (5 s of every 12 while a ghost's were made again, for up to 60 s).
-Any new ask of a version replaces the one put off, so a member asked instead is not passed over
-in its turn while its ask is in flight: each ask a member's `Holding` makes instead follows a
-failure (a refusal counted as above), not each `Holding` that comes before the failed ask is
-due. Strangers' `Holding`s still ask at most once per `manifest_retry_s` per version.
+The shell reports every failed ask (`manifest_failed`) with its `FetchFailure` and the ask's time
+(`FetchManifest.asked_at`): a late report of an earlier ask, of another holder or of the same one
+asked again, asks nothing. An answer that gives us no manifest of the version is a broken one
+(`manifest_answer`). The next usable remembered holder is asked at once, a member first
+(`_ask_another`): the next `Holding` of the version may be minutes away at scale. Each failure
+makes at most one new ask, and the asks made because one failed (of a remembered holder, or by a
+member's `Holding`, below) are at most `MAX_OTHER_HOLDERS` per `manifest_retry_s` per version
+(`_spend`): holders that fail at once and name the version again and again (a `Holding` costs
+nothing) cannot have an ask made of each `Holding`.
+
+The holder whose ask failed is dealt with as the failure says, as a source of chunks would be
+(`relay.failures`). `no_address` (its heartbeat, with its data address, has not reached us: we
+heard of it from its `Holding` alone) is nobody's fault: asked again `not_admitted_s` later (on
+the tick, `_ask_again`; the shell waits for the address anew), for `NO_ADDRESS_GRACE_S` from its
+first `no_address` in a row, then excluded as unreachable, so a holder that never sends a
+heartbeat is not asked for ever. `not_admitted` (it has not heard our heartbeat; the shell has
+just sent it ours): asked again the same way, counted with its refusals of chunks, and
+unreachable after `NOT_ADMITTED_TRIES` in a row (`_refused_us`). If another holder was asked
+instead, these two are remembered as other holders rather than asked again on the tick; after
+any other failure that leaves none to ask, one remembered but excluded for now is asked as its
+exclusion ends. `unreachable` (no
+connection, or too slow with its address known): excluded for `exclude_s`. `corrupt` (a broken
+answer, on a connection that proved its id): banned and penalised. `unavailable` for a version
+its `Holding` named in full (it lied, or dropped it since): excluded for `exclude_s`. An excluded
+holder's `Holding` asks nothing, so holders that name a version and fail its asks at once cannot
+keep one that names it rarely from being asked.
+
+A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
+`manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
+address that never comes: anyone may send `Holding`) or its ask failed and no other holder was
+left to ask (within `_spend`'s bound; `_asks_instead`). A new ask replaces the one put off, so a
+member asked instead is not passed over in its turn while its ask is in flight. Strangers'
+`Holding`s ask at most once per `manifest_retry_s` per version.
 
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
 an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
@@ -49,18 +69,19 @@ shell does not call this for a refusal that may pass (a full store, a failing di
 just forgets the version then (`forget`), and takes it again at the next announce.
 
 These methods read the core's configuration, membership, versions, exclusions and bans, keep
-`_manifest_asked`, `_manifest_again` and `_refused_manifests`, count refusals in `_refused`, and
-add holders to a version; they also call the core's `_usable(now, peer)`, `_pump(now, v,
-effects)`, `_arm(now, effects)`, `forget(version)` and `complete_versions()`, and
-`relay.failures`' `_unaddressed_for` and `_exclude`. Like the core they do no I/O and take the
-time as an argument.
+`_manifest_asked`, `_manifest_again`, `_manifest_others` and `_refused_manifests`, count
+refusals in `_refused`, and add holders to a version; they also call the core's `_usable(now,
+peer)`, `_pump(now, v, effects)`, `_arm(now, effects)`, `forget(version)` and
+`complete_versions()`, and `relay.failures`' `_unaddressed_for`, `_exclude` and `_ban`. Like the
+core they do no I/O and take the time as an argument.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import blake3
 
@@ -77,8 +98,28 @@ if TYPE_CHECKING:
 
 
 MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
+MAX_OTHER_HOLDERS = 4  # per version asked for: other holders that named it, asked when an ask fails
 MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
-_ASK_AGAIN = frozenset({FetchFailure.NO_ADDRESS, FetchFailure.NOT_ADMITTED})  # failed manifest asks made again
+
+
+class _Ask(NamedTuple):
+    """The manifest ask of a version we remember: when, of whom, whether it holds all of it
+    (a `Holding`; not a `HaveChunks`), and whether the ask failed (`manifest_failed`)."""
+
+    at: float
+    peer: str
+    holds_all: bool
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class _Others:
+    """Other holders that named a version asked for (peer -> it holds all), first named first,
+    at most `MAX_OTHER_HOLDERS`; and the asks made since `since` because one failed (`_spend`)."""
+
+    named: dict[str, bool] = field(default_factory=dict)
+    since: float = -math.inf
+    after_failures: int = 0
 
 
 class Announcing:
@@ -92,8 +133,9 @@ class Announcing:
     _excluded: dict[str, float]
     _refused: dict[str, int]
     _banned: set[str]
-    _manifest_asked: dict[int, tuple[float, str, bool]]
+    _manifest_asked: dict[int, _Ask]
     _manifest_again: dict[int, tuple[float, str]]  # version -> when to ask whom again (`manifest_failed`)
+    _manifest_others: dict[int, _Others]  # version asked for -> other holders that named it
     _refused_manifests: OrderedDict[bytes, int]  # manifest id -> its version
     _collected_through: int
 
@@ -103,8 +145,10 @@ class Announcing:
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def complete_versions(self) -> list[int]: ...
         def forget(self, version: int) -> list[Any]: ...
+        def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]: ...
         def _unaddressed_for(self, now: float, peer: str) -> float: ...
         def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None: ...
+        def _ban(self, now: float, peer: str, effects: list[Any], what: str = ...) -> None: ...
 
     def refuse_manifest(self, version: int, manifest_id: bytes) -> list[Any]:
         """Our store would not keep this manifest of `version` (it holds another for the version):
@@ -131,40 +175,136 @@ class Announcing:
     def _ask_manifest(self, now: float, sender: str, version: int, manifest_id: bytes, effects: list[Any],
                       holds_all: bool = True) -> bool:
         """`sender` holds a version we do not know (all of it, or with `holds_all` False some
-        chunks of it), as the manifest `manifest_id`: ask it for the manifest; its answer makes it
-        a holder only in the first case. False when there was no room to remember the ask
-        (`_room_to_ask`), at this `now`, for any new version `sender` names."""
+        chunks of it), as the manifest `manifest_id`: ask it for the manifest, or remember it as
+        another holder to ask should the ask in flight fail; its answer makes it a holder only in
+        the first case. False when there was no room to remember the ask (`_room_to_ask`), at
+        this `now`, for any new version `sender` names."""
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
         asked = self._manifest_asked.get(version)
         retry_s = self.config.manifest_retry_s
-        if (asked is None or now - asked[0] >= retry_s or self._asks_instead(version, asked, sender)) \
-                and self._usable(now, sender):
+        if self._usable(now, sender) and (asked is None or now - asked.at >= retry_s
+                                          or self._asks_instead(now, version, asked, sender)):
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
                 return False
-            self._manifest_asked[version] = (now, sender, holds_all)
-            self._manifest_again.pop(version, None)  # this ask replaces one put off (`_asks_instead`)
-            effects.append(FetchManifest(sender, version))
+            self._asked(now, version, sender, holds_all, effects)
+        elif asked is not None and sender != asked.peer and sender not in self._banned:
+            self._remember_other(now, version, sender, holds_all)
         return True
 
-    def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure) -> list[Any]:
-        """Our `FetchManifest` of `version` from `peer` failed for `reason`. Only `no_address` (its
-        heartbeat has not reached us yet) and `not_admitted` (ours has not reached it) are acted
-        on: the ask is made again (see the top). Others wait, as before, for the next `Holding`
-        of the version."""
+    def _asked(self, now: float, version: int, peer: str, holds_all: bool, effects: list[Any]) -> None:
+        """Ask `peer` for the manifest of `version`: the one ask of it in flight (it replaces any
+        other, and any put off: `_asks_instead`, `manifest_failed`)."""
+        self._manifest_asked[version] = _Ask(now, peer, holds_all)
+        self._manifest_again.pop(version, None)
+        others = self._manifest_others.get(version)
+        if others is not None:
+            others.named.pop(peer, None)
+        effects.append(FetchManifest(peer, version, now))
+
+    def _remember_other(self, now: float, version: int, peer: str, holds_all: bool) -> None:
+        """`peer` named `version`, asked of another: kept to ask should that ask fail, at most
+        `MAX_OTHER_HOLDERS` per version; one usable takes the place of the first excluded for now
+        (liars, excluded, must not keep the room), a member that of the first stranger named, and
+        a stranger is kept only while there is room (anyone may send `Holding`)."""
+        others = self._manifest_others.setdefault(version, _Others())
+        named = others.named
+        if peer in named or len(named) < MAX_OTHER_HOLDERS:
+            named[peer] = holds_all
+            return
+        members = self._members.uploads
+        usable = self._usable(now, peer)
+        gone = next((p for p in named if usable and not self._usable(now, p)), None)
+        if gone is None and peer in members:
+            gone = next((p for p in named if p not in members), None)
+        if gone is not None:
+            del named[gone]
+            named[peer] = holds_all
+
+    def _ask_another(self, now: float, version: int, effects: list[Any]) -> bool:
+        """The ask of `version` failed: ask the first usable holder that named it since, a member
+        first, at once, within `_spend`'s bound; whether one was asked."""
+        others = self._manifest_others.get(version)
+        if others is None:
+            return False
+        members = self._members.uploads
+        usable = [p for p in others.named if self._usable(now, p)]
+        peer = next((p for p in usable if p in members), usable[0] if usable else None)
+        if peer is None or not self._spend(now, version):
+            return False
+        self._asked(now, version, peer, others.named[peer], effects)
+        return True
+
+    def _spend(self, now: float, version: int) -> bool:
+        """Whether an ask of `version` may be made because one failed (`_ask_another`, or a
+        member's `Holding`: `_asks_instead`), counted if so: at most `MAX_OTHER_HOLDERS` per
+        `manifest_retry_s` per version. Holders that fail at once (members included: each new
+        identity may fail once before it is excluded) and name the version again and again must
+        not make an ask of every `Holding`."""
+        others = self._manifest_others.setdefault(version, _Others())
+        if now - others.since >= self.config.manifest_retry_s:
+            others.since, others.after_failures = now, 0
+        if others.after_failures >= MAX_OTHER_HOLDERS:
+            return False
+        others.after_failures += 1
+        return True
+
+    def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure,
+                        asked_at: float | None = None) -> list[Any]:
+        """Our `FetchManifest` of `version` from `peer` failed for `reason` (the shell reports every
+        failure, with the ask's `asked_at`; None: whichever ask of `peer` is in flight). Another
+        holder that named it is asked at once (`_ask_another`); `peer`, after `no_address` (its
+        heartbeat has not reached us yet) or `not_admitted` (ours has not reached it), is asked
+        again later, and after any other failure waits for its next `Holding` (see the top)."""
         asked = self._manifest_asked.get(version)
-        if reason not in _ASK_AGAIN or asked is None or asked[1] != peer or version in self._versions:
-            return []  # (another holder was asked since, or the manifest came from another)
+        if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
+            return []  # (another ask was made since, of another holder or of `peer` again, or the manifest came)
         effects: list[Any] = []
+        again = False
         if reason is FetchFailure.NOT_ADMITTED:
             again = self._refused_us(now, peer, effects)
-        else:
+        elif reason is FetchFailure.NO_ADDRESS:
             again = self._unaddressed_for(now, peer) < NO_ADDRESS_GRACE_S
             if not again and self._excluded.get(peer, 0.0) <= now:  # a ghost: unreachable, as a source
                 self._exclude(now, peer, DropReason.UNREACHABLE, effects)
-        if again:
+        elif reason is FetchFailure.CORRUPT:  # it broke the protocol, on a connection that proved its id
+            self._ban(now, peer, effects, "broken manifest answer")
+        elif reason is FetchFailure.UNREACHABLE:  # as a source of chunks
+            self._exclude(now, peer, DropReason.UNREACHABLE, effects)
+        elif asked.holds_all:  # unavailable: its `Holding` named the version, and it says it has not got it
+            self._exclude(now, peer, DropReason.UNAVAILABLE, effects)
+        self._manifest_asked[version] = asked._replace(failed=True)
+        if self._ask_another(now, version, effects):
+            if again:  # asked once usable, should the other fail too
+                self._remember_other(now, version, peer, asked.holds_all)
+        elif again:
             self._manifest_again[version] = (now + self.config.not_admitted_s, peer)
+        else:  # one remembered but excluded for now (it refused us, say): asked as its exclusion ends
+            later = {p: until for p in self._manifest_others.get(version, _Others()).named
+                     if (until := self._excluded.get(p, now)) > now and p not in self._banned}
+            if later:
+                first = min(later, key=later.__getitem__)
+                self._manifest_again[version] = (later[first], first)
         return self._arm(now, effects)
+
+    def manifest_answer(self, now: float, peer: str, version: int, frame: bytes,
+                        asked_at: float | None = None) -> list[Any]:
+        """`peer` answered our `FetchManifest` of `version` (made at `asked_at`) with `frame`: taken
+        as any manifest frame (`manifest_frame`); one that gives us no manifest of `version` (it
+        does not open, or opens as another version's) is a broken answer (`manifest_failed`,
+        `corrupt`), not an ask left in flight for `manifest_retry_s` with no verdict on its holder.
+        A manifest our store refused is no fault of the holder's (`refuse_manifest`)."""
+        effects = self.manifest_frame(now, peer, frame)
+        if version in self._versions or self._refused_frame(frame):
+            return effects
+        return effects + self.manifest_failed(now, peer, version, FetchFailure.CORRUPT, asked_at)
+
+    def _drop_asks(self, version: int) -> _Ask | None:
+        """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,
+        one put off and the other holders; the ask made, if any."""
+        self._manifest_again.pop(version, None)
+        self._manifest_others.pop(version, None)
+        return self._manifest_asked.pop(version, None)
 
     def _refused_us(self, now: float, peer: str, effects: list[Any]) -> bool:
         """`peer` refused our manifest ask as not admitted: one refusal, counted with its refusals
@@ -177,34 +317,37 @@ class Announcing:
             self._exclude(now, peer, why, effects)
         return self._refused.get(peer, 0) < NOT_ADMITTED_TRIES
 
-    def _asks_instead(self, version: int, asked: tuple[float, str, bool], sender: str) -> bool:
-        """Whether `sender`'s `Holding` asks for `version` though `asked[1]` was asked for it less
+    def _asks_instead(self, now: float, version: int, asked: _Ask, sender: str) -> bool:
+        """Whether `sender`'s `Holding` asks for `version` though `asked.peer` was asked for it less
         than `manifest_retry_s` ago: `sender` is a member (its heartbeat, with its address, has
         reached us) and the one asked is not (its ask may wait for an address that never comes:
-        anyone may send `Holding`) or failed and waits to be asked again (`manifest_failed`).
-        Only members ask instead, and only of a holder that is not one or failed: strangers'
-        `Holding`s still ask at most once per `manifest_retry_s` per version."""
+        anyone may send `Holding`), or its ask failed (`manifest_failed`; within `_spend`'s
+        bound). Only members ask instead, and only of a holder that is not one or failed:
+        strangers' `Holding`s still ask at most once per `manifest_retry_s` per version."""
         members = self._members.uploads
-        return sender in members and sender != asked[1] and (asked[1] not in members or version in self._manifest_again)
+        if sender not in members or sender == asked.peer:
+            return False
+        return asked.peer not in members or (asked.failed and self._spend(now, version))
 
     def _ask_again(self, now: float, effects: list[Any]) -> None:
         """Make the asks `manifest_failed` put off that are due, unless the version is known
-        now, another holder was asked since, or the holder is banned; one excluded is asked at
-        the exclusion's end."""
+        now, another holder was asked since (and has not failed), or the holder is banned; one
+        excluded is asked at the exclusion's end."""
         for version, (at, peer) in list(self._manifest_again.items()):
             if at > now:
                 continue
             del self._manifest_again[version]
             asked = self._manifest_asked.get(version)
-            if asked is None or asked[1] != peer or version in self._versions or peer in self._banned \
+            if asked is None or not asked.failed or version in self._versions or peer in self._banned \
                     or version <= self._collected_through:
                 continue
             until = self._excluded.get(peer, now)
             if until > now:
                 self._manifest_again[version] = (until, peer)
                 continue
-            self._manifest_asked[version] = (now, peer, asked[2])
-            effects.append(FetchManifest(peer, version))
+            others = self._manifest_others.get(version)
+            self._asked(now, version, peer, others.named.get(peer, asked.holds_all) if others else asked.holds_all,
+                        effects)
 
     def _asks_due_at(self) -> float:
         """When the first ask `manifest_failed` put off is due (inf: none is)."""
@@ -217,14 +360,15 @@ class Announcing:
         ever new versions thus crowds out only its own asks (at most the bound per
         `manifest_retry_s`), and a real holder, which names few, is asked at once."""
         retry_s = self.config.manifest_retry_s
-        self._manifest_asked = {n: a for n, a in self._manifest_asked.items() if now - a[0] < retry_s}
+        for version in [n for n, a in self._manifest_asked.items() if now - a.at >= retry_s]:
+            self._drop_asks(version)
         if len(self._manifest_asked) < MAX_MANIFEST_ASKS:
             return True
-        counts = Counter(a[1] for a in self._manifest_asked.values())
+        counts = Counter(a.peer for a in self._manifest_asked.values())
         most = max(counts, key=lambda peer: (counts[peer], peer))
         if counts[sender] >= counts[most]:
             return False
-        del self._manifest_asked[next(n for n, a in self._manifest_asked.items() if a[1] == most)]
+        self._drop_asks(next(n for n, a in self._manifest_asked.items() if a.peer == most))
         return True
 
     def _on_holding(self, now: float, sender: str, body: Holding) -> list[Any]:

@@ -15,7 +15,7 @@ the words the reports print (`relay.failures` says what the core does about each
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relay.manifest import SignedManifest
 
@@ -73,6 +73,9 @@ class DropReason(enum.StrEnum):
     """The source or the network, silently: requests outstanding and nothing completed for
     `stall_timeout_s` (a hung peer, a partition). Excluded, its connection closed, without
     substitutes (its ancestors feed us)."""
+    UNAVAILABLE = "unavailable"
+    """The source: it named a version in full in its `Holding` and then answered our manifest ask
+    that it does not hold it (`relay.announce`). Excluded for `exclude_s`, with substitutes."""
     SLOW = "slow"
     """The source: as our parent it delivered too little (`relay.transfer`'s `fetched`). Excluded,
     with substitutes; alive, so asked before the origin where a stand-in is wanted (`relay.sources`)."""
@@ -97,10 +100,12 @@ class Fetch:
 @dataclass(frozen=True, slots=True)
 class FetchManifest:
     """Ask `peer` (who announced holding it) for the manifest frame of `version`; report with
-    `manifest_frame`."""
+    `manifest_frame`, or a failure with `manifest_failed` and `asked_at`: the core's time of this
+    ask, which tells a late report of an earlier ask of the same holder from this one's."""
 
     peer: str
     version: int
+    asked_at: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,10 +206,10 @@ class FailureHandling:
             self._slow.discard(peer)
         self._release_peer(now, peer, why, effects)
 
-    def _ban(self, now: float, peer: str, effects: list[Any]) -> None:
+    def _ban(self, now: float, peer: str, effects: list[Any], what: str = "corrupt chunk") -> None:
         if peer not in self._banned:
             self._banned.add(peer)
-            effects.append(Penalise(peer, self.config.corrupt_penalty, "corrupt chunk"))
+            effects.append(Penalise(peer, self.config.corrupt_penalty, what))
             effects.append(DropSource(peer))
         self._release_peer(now, peer, DropReason.CORRUPT, effects)
 

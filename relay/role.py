@@ -24,7 +24,10 @@ us at the next try rather than after our next heartbeat reaches it. A
 source whose own heartbeat has not reached us (we know of it from a `Holding`, or as the
 manifest's publisher) is waited for up to `request_timeout_s` (`_data_addr_soon`), then failed
 as `no_address`: nobody's fault, asked again soon (`relay.failures`; a manifest ask,
-`relay.announce`).
+`relay.announce`). `_fetch_manifest` tells the core of every failed manifest ask, by who is at
+fault (unreachable or too slow with its address known, not holding it, a broken answer, besides
+the two above) and with the ask's `asked_at`: the core asks another holder that named the
+version at once, and holds the failure against the holder as it would a chunk fetch's.
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
@@ -493,6 +496,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
         # unknown now: our deadline runs while we wait for its heartbeat, and may end just after
         # the address came, before the holder could answer (`TooSlowError`): no verdict on it
         waited = self.data_addr(ask.peer) is None
+        reason = FetchFailure.UNAVAILABLE  # it answered that it does not hold the version
         try:
             with trio.fail_after(self.config.request_timeout_s):
                 stream = await self.open_stream(ask.peer)
@@ -500,12 +504,13 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
                     await send_frame(stream, ChunkRequest(OP_MANIFEST, 0, ask.version, 0, bytes(32)).pack())
                     reader = FrameReader(stream, max_frame_bytes=RESPONSE.size)
                     header = ChunkResponse.unpack(await read_frame(reader))
-                    if header.status != STATUS_OK or header.length > MAX_MANIFEST_BYTES:
-                        return
-                    frame = await reader.exactly(header.length)
+                    if header.length > MAX_MANIFEST_BYTES:
+                        raise ValueError(f"a manifest of {header.length} bytes")
+                    frame = await reader.exactly(header.length) if header.status == STATUS_OK else None
         except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError, OSError,
                 ValueError) as exc:  # (MessageRejected: a frame longer than a response)
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
+            frame = None
             if isinstance(exc, NotAdmitted):  # it has not heard us yet: our heartbeat, before the core asks again
                 await self.node.introduce(ask.peer)
                 reason = FetchFailure.NOT_ADMITTED
@@ -513,9 +518,13 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
                 # its heartbeat had not reached us (our deadline ended the wait for it, or the
                 # exchange the wait left too little time for)
                 reason = FetchFailure.NO_ADDRESS
-            else:
-                return
-            # nobody's fault: asked again soon (`relay.announce`)
-            await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version, reason))
+            elif isinstance(exc, (MessageRejected, ValueError)):  # it broke the protocol
+                reason = FetchFailure.CORRUPT
+            else:  # no connection, or no answer in time with its address known (slow)
+                reason = FetchFailure.UNREACHABLE
+        if frame is None:  # another holder that named the version is asked at once (`relay.announce`)
+            await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version, reason,
+                                                                         ask.asked_at))
             return
-        await self._command(lambda now: self.core.manifest_frame(now, ask.peer, frame))
+        answer = frame
+        await self._command(lambda now: self.core.manifest_answer(now, ask.peer, ask.version, answer, ask.asked_at))

@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterable
 from p2pnet.config import validated
 from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.wire import Envelope
-from relay.announce import Announcing
+from relay.announce import Announcing, _Ask, _Others
 from relay.effects import DropReason, DropSource, ManifestAccepted, ServeAtOnce
 from relay.errors import ManifestRejected
 from relay.failures import FailureHandling
@@ -149,8 +149,9 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
-        self._manifest_asked: dict[int, tuple[float, str, bool]] = {}  # version -> (when, whom, it holds all)
+        self._manifest_asked: dict[int, _Ask] = {}  # version -> the ask of it in flight or failed (`relay.announce`)
         self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.announce`)
+        self._manifest_others: dict[int, _Others] = {}  # other holders to ask (`relay.announce`)
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store's refusals (`relay.announce`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
@@ -291,8 +292,8 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         effects: list[Any] = []
         v = self._admit(now, signed, effects, held=None)
         if v is not None:
-            asked = self._manifest_asked.pop(signed.version, None)
-            if asked is not None and asked[1] == sender and asked[2]:
+            asked = self._drop_asks(signed.version)
+            if asked is not None and asked.peer == sender and asked.holds_all:
                 v.holders.add(sender)  # it answered our FetchManifest because it holds the version
             if v.complete:  # every chunk was already here (content shared with an older version)
                 self._completed(now, v, effects)
@@ -387,8 +388,10 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         return self._arm(now, effects)
 
     def forget(self, version: int) -> list[Any]:
-        """Our store dropped `version`, or would not keep it: stop fetching and announcing it.
-        An input like any other (the role runs it in the core's runner); no effects today."""
+        """Our store dropped `version`, or would not keep it: stop fetching and announcing it, and
+        forget its asks (`relay.announce`). An input like any other (the role runs it in the
+        core's runner); no effects today."""
+        self._drop_asks(version)
         v = self._versions.pop(version, None)
         if v is not None:
             self._in_flight -= len(v.in_flight)

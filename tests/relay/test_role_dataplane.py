@@ -403,18 +403,32 @@ async def test_a_source_that_sends_an_oversized_frame_broke_the_protocol_and_cra
 
 async def test_a_manifest_source_that_sends_an_oversized_frame_is_not_believed_and_crashes_nothing():
     """The same of a manifest fetch (`RelayRole._fetch_manifest`, run in the dispatcher's
-    nursery): nothing is handed to the core, and the core asks again later."""
+    nursery): no frame is handed to the core, only that the ask failed on a broken answer (it
+    asks another holder: `relay.announce`)."""
     role = InMemoryRole()
     role.config = SimpleNamespace(request_timeout_s=5.0)
     role.answers.put_data((1 << 20).to_bytes(4, "big") + b"z" * 64)
+    told = _manifest_outcomes(role)
+    with trio.fail_after(5):
+        await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1, asked_at=7.0))
+    assert role.introduced == [] and role.told == []
+    assert told == [("failed", SOURCE.peer_id, 1, FetchFailure.CORRUPT, 7.0)]  # (the ask's time: which ask failed)
+
+
+def _manifest_outcomes(role: "InMemoryRole") -> list[tuple]:
+    """What `_fetch_manifest` tells the core, through the role's runner: ("failed", peer, version,
+    reason, the ask's `asked_at`) or ("frame", peer, its length)."""
+    told: list[tuple] = []
+    role.core = SimpleNamespace(  # type: ignore[assignment]
+        manifest_failed=lambda now, peer, version, reason, asked_at: told.append(
+            ("failed", peer, version, reason, asked_at)),
+        manifest_answer=lambda now, peer, version, frame, asked_at: told.append(("frame", peer, len(frame))))
 
     async def command(fn) -> None:
-        raise AssertionError("nothing of a bloated answer reaches the core")
+        fn(0.0)
 
-    role._command = command
-    with trio.fail_after(5):
-        await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1))
-    assert role.introduced == [] and role.told == []
+    role._command = command  # type: ignore[method-assign]
+    return told
 
 
 async def test_the_time_a_request_queued_at_the_source_counts_in_its_delivery_time():
@@ -833,8 +847,9 @@ def frame_of(payload: bytes) -> bytes:
 
 async def test_hostile_manifest_answers_crash_nothing_and_hand_the_core_only_whole_frames():
     """`RelayRole._fetch_manifest` against seeded answers (random bytes, header fields at their
-    edges, torn answers, then the end of the stream): it returns, and what reaches the core is
-    exactly the `length` bytes an OK header announced (the core opens and checks it)."""
+    edges, torn answers, then the end of the stream): it returns, and tells the core once: either
+    exactly the `length` bytes an OK header announced (the core opens and checks it), or that the
+    ask failed (the core asks another holder: `relay.announce`)."""
     rng = random.Random(20261206)
     answers = [rng.randbytes(n) for n in (0, 1, 4, 21, 22, 300)]
     for status in (STATUS_OK, STATUS_UNAVAILABLE, 255):
@@ -847,14 +862,10 @@ async def test_hostile_manifest_answers_crash_nothing_and_hand_the_core_only_who
         role.config = SimpleNamespace(request_timeout_s=5.0)
         role.answers.put_data(answer)
         role.answers.put_eof()
-        handed: list[int] = []
-
-        async def command(fn, handed=handed) -> None:
-            handed.append(1)
-
-        role._command = command
+        told = _manifest_outcomes(role)
         with trio.fail_after(5):
             await RelayRole._fetch_manifest(role, FetchManifest(SOURCE.peer_id, 1))
-        if handed:  # only a whole OK answer
+        assert len(told) == 1  # the frame, or that the ask failed (the core then asks another holder)
+        if told[0][0] == "frame":  # only a whole OK answer
             header = ChunkResponse.unpack(answer[4:4 + RESPONSE.size])
             assert header.status == STATUS_OK and len(answer) == 4 + RESPONSE.size + header.length

@@ -7,6 +7,7 @@ must still come (`relay.announce`, `manifest_failed` and `_asks_instead`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import pytest
 import trio
@@ -19,10 +20,14 @@ from relay.failures import NO_ADDRESS_GRACE_S
 from relay.messages import HeldVersion, Holding
 from tests.relay.test_role_address_wait import ADDRESS, Table
 from tests.relay.test_role_idle_connections import SourcePeer, start
+from relay.store import ChunkStore
 from tests.relay.test_role_store_faults import (  # noqa: F401 (fixture)
     CHUNKS, PUBLISHER, Harness, inline_threads, publish)
 
 GHOST = "12D3KooWghost"  # sends `Holding` and never a heartbeat: no member, no address
+HOLDER = "12D3KooWholder"  # a member, whose address we know: it names the version, and cannot give it
+HOLDER_ADDRESS = "/ip4/127.0.0.2/tcp/4001"
+Dial = Callable[[Harness, trio.Nursery], Awaitable[trio.abc.Stream]]  # how dialling HOLDER goes
 WAIT_S = 10.0  # the role's wait for a manifest (`request_timeout_s`), its address wait included
 
 
@@ -32,16 +37,19 @@ def clock():
 
 
 async def _version_from_holdings(tmp_path: Path, monkeypatch, holdings: list[tuple[float, str]],
-                                 refusals: int = 0) -> tuple[Harness, list[tuple[float, str]], list[str]]:
+                                 refusals: int = 0, holder: Dial | None = None,
+                                 ) -> tuple[Harness, list[tuple[float, str]], list[str]]:
     """Version 1 is held by its publisher (a member, whose address we know) and named to us only
-    by `holdings` ((seconds in, sender): the publisher or GHOST, one `Holding` each); the
+    by `holdings` ((seconds in, sender): the publisher, GHOST or HOLDER, one `Holding` each); the
     publisher's data plane refuses our first `refusals` connections as not admitted (it has not
-    heard our heartbeat). Run until the version is complete (a 600 s limit): the harness, the
-    manifest asks ((seconds in, of whom)) and the peers sent our heartbeat (`Node.introduce`)."""
+    heard our heartbeat). HOLDER, a member whose address we know too, is dialled by `holder`.
+    Run until the version is complete (a 600 s limit): the harness, the manifest asks ((seconds
+    in, of whom)) and the peers sent our heartbeat (`Node.introduce`)."""
     h = Harness(tmp_path, max_concurrent_downloads=8, request_timeout_s=WAIT_S)
     table = Table(h.node.peertable)
     h.node.peertable = table
     table.learn(PUBLISHER.peer_id, ADDRESS)  # the publisher's heartbeat came; the ghost's never does
+    table.learn(HOLDER, HOLDER_ADDRESS)
     h.node.codec = None  # (the wire below authenticates nobody)
     introduced: list[str] = []
 
@@ -55,6 +63,8 @@ async def _version_from_holdings(tmp_path: Path, monkeypatch, holdings: list[tup
     dials: list[float] = []
     async with trio.open_nursery() as nursery:
         await start(h, source, nursery, monkeypatch)
+        if holder is not None:  # (a member that serves nobody: planned as a leaf, asked for no chunk)
+            await h.role._command(lambda now: h.role.core.set_members(now, {PUBLISHER.peer_id: 1e9, HOLDER: 0.0}))
         del h.role.open_stream  # the role's own: waits for the address in the peer table
         fetch_manifest = h.role._fetch_manifest
         started = trio.current_time()
@@ -66,6 +76,8 @@ async def _version_from_holdings(tmp_path: Path, monkeypatch, holdings: list[tup
         h.role._fetch_manifest = counted
 
         async def open_data_stream(address: str, channel: str, *, codec, peer: str) -> trio.abc.Stream:
+            if holder is not None and (address, peer) == (HOLDER_ADDRESS, HOLDER):
+                return await holder(h, nursery)
             assert (address, peer) == (ADDRESS, PUBLISHER.peer_id)
             dials.append(trio.current_time())
             if len(dials) <= refusals:
@@ -108,4 +120,35 @@ async def test_a_members_holding_is_asked_at_once_while_a_ghosts_ask_waits(tmp_p
     h, asked, _ = await _version_from_holdings(tmp_path, monkeypatch, [(0.0, GHOST), (1.0, PUBLISHER.peer_id)])
     assert asked[:2] == [(0.0, GHOST), (pytest.approx(1.0), PUBLISHER.peer_id)]
     assert all(at < NO_ADDRESS_GRACE_S for at, _ in asked)  # (the ghost's asks again end with the version)
+    assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS
+
+
+async def _unreachable(h: Harness, nursery: trio.Nursery) -> trio.abc.Stream:
+    """HOLDER's host is gone: the dial fails when the connection attempt times out."""
+    await trio.sleep(3.0)
+    raise OSError(110, "Connection timed out")
+
+
+async def _without_it(h: Harness, nursery: trio.Nursery) -> trio.abc.Stream:
+    """HOLDER serves, as a relay, from a store without the version (it dropped it): the real
+    role's `_serve` answers that it does not hold the manifest."""
+    without = SourcePeer(h, idle_timeout_s=120.0)
+    without.role.store = ChunkStore(h.root / "without", budget_bytes=10**9, trusted_publishers=[PUBLISHER.peer_id],
+                                    fsync=False)
+    return await without.connect(nursery)
+
+
+@pytest.mark.parametrize("dial", [_unreachable, _without_it])
+async def test_a_failed_manifest_ask_goes_at_once_to_another_holder_that_named_the_version(
+        tmp_path: Path, clock, monkeypatch, dial: Dial) -> None:
+    """HOLDER, a member, names the version first and cannot give it (unreachable, or it answers
+    that it does not hold it); the publisher, a member too, names it a second later, while that
+    ask is in flight (unreachable: the connection attempt times out at 3 s) or has failed (not
+    held): the publisher is asked as the failure comes, and the version comes from it. Before,
+    the role told the core nothing of such a failure, and the version waited for another
+    `Holding` (none here: the 600 s limit)."""
+    h, asked, _ = await _version_from_holdings(tmp_path, monkeypatch, [(0.0, HOLDER), (1.0, PUBLISHER.peer_id)],
+                                               holder=dial)
+    at = 3.0 if dial is _unreachable else 1.0  # (not held: the answer comes at once, before the publisher's `Holding`)
+    assert asked == [(0.0, HOLDER), (pytest.approx(at), PUBLISHER.peer_id)]
     assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS

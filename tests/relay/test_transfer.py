@@ -1060,33 +1060,38 @@ def test_a_members_holding_asks_at_once_while_a_ghosts_ask_waits_or_is_made_agai
     manifest at once though a holder that is no member (a ghost's `Holding`: its ask waits for
     an address that never comes) was asked less than `manifest_retry_s` ago, first or again
     (`manifest_failed`); a second stranger's `Holding` then asks nothing (strangers ask at most
-    once per `manifest_retry_s` per version), nor a member's while the member asked is waited for."""
+    once per `manifest_retry_s` per version), nor a member's while the member asked is waited for:
+    both are remembered, and asked in turn when an ask fails (a member first)."""
     c = TransferCore(TransferConfig(exclude_s=60.0, announce_interval_s=3600.0), "me",
                      open_frame=opener, self_upload_bps=1e8)
-    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "me": 1e8})
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "third": 1e9, "me": 1e8})
     holding = Holding((HeldVersion(1, SIGNED.manifest_id),))
 
     def asks(now: float, sender: str) -> list[str]:
         return [e.peer for e in c.on_message(now, envelope(sender, holding)) if isinstance(e, FetchManifest)]
 
+    def failed(now: float, peer: str, version: int, why: FetchFailure) -> list[str]:
+        return [e.peer for e in c.manifest_failed(now, peer, version, why) if isinstance(e, FetchManifest)]
+
     assert asks(0.0, GHOST) == [GHOST]
     assert asks(1.0, "ghost2") == []  # a stranger: once per `manifest_retry_s`
     assert asks(1.5, "holder") == ["holder"]  # a member: at once
     assert asks(2.0, PUBLISHER.peer_id) == []  # the member asked is not passed over
-    # the ghost asked again (its ask failed as `no_address`), then a member's `Holding`
-    c.manifest_failed(11.5, "holder", 1, FetchFailure.UNREACHABLE)  # (not made again)
-    assert asks(20.0, GHOST) == [GHOST]
-    c.manifest_failed(30.0, GHOST, 1, FetchFailure.NO_ADDRESS)
+    assert failed(11.5, "holder", 1, FetchFailure.UNREACHABLE) == [PUBLISHER.peer_id]  # the member remembered
+    assert failed(12.0, PUBLISHER.peer_id, 1, FetchFailure.UNAVAILABLE) == ["ghost2"]  # then the stranger
+    # the stranger's ask made again (it failed as `no_address`, nobody else left), then a member's `Holding`
+    assert failed(22.0, "ghost2", 1, FetchFailure.NO_ADDRESS) == []
     assert 1 in c._manifest_again
-    assert asks(31.0, PUBLISHER.peer_id) == [PUBLISHER.peer_id]
-    assert [e for e in c.on_timer(32.0, "relay/tick") if isinstance(e, FetchManifest)] == []  # not the ghost
-    # a member asked, refused as not admitted, and to be asked again: another member's `Holding` asks at once
-    c.set_members(40.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "other": 1e9, "me": 1e8})
+    assert asks(23.0, PUBLISHER.peer_id) == []  # excluded: it named the version and had not got it
+    assert asks(23.0, "third") == ["third"]
+    assert [e for e in c.on_timer(24.0, "relay/tick") if isinstance(e, FetchManifest)] == []  # not the stranger
+    # a member asked, refused as not admitted: another member that named it since is asked at once
+    c.set_members(40.0, {PUBLISHER.peer_id: 1e9, "holder": 1e9, "third": 1e9, "other": 1e9, "me": 1e8})
     holding = Holding((HeldVersion(2, SIGNED.manifest_id),))
-    assert asks(40.0, "holder") == ["holder"]
+    assert asks(40.0, "third") == ["third"]  # ("holder" is excluded: unreachable at 11.5)
     assert asks(41.0, "other") == []
-    c.manifest_failed(41.5, "holder", 2, FetchFailure.NOT_ADMITTED)
-    assert asks(42.0, "other") == ["other"]
+    assert failed(41.5, "third", 2, FetchFailure.NOT_ADMITTED) == ["other"]
+    assert asks(42.0, "other") == []
 
 
 def test_a_member_asked_instead_of_one_that_failed_is_not_passed_over_in_turn():

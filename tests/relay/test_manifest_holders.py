@@ -1,0 +1,248 @@
+"""Other holders of a version we asked for, asked when the ask fails (`relay.announce`,
+`_remember_other`, `_ask_another`, `manifest_failed`): the core alone, in virtual time. Through
+the relay role and a real serving peer: `tests/relay/test_role_manifest_asks.py`."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pnet.core import SetTimer
+from relay.announce import MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
+from relay.effects import FetchFailure, FetchManifest, Penalise
+from relay.messages import HeldVersion, Holding, ManifestAnnounce
+from relay.transfer import TransferConfig, TransferCore
+from tests.relay.test_transfer import PUBLISHER, SIGNED, envelope, opener
+
+CONFIG = TransferConfig(exclude_s=60.0, announce_interval_s=3600.0)  # the role's figures (`manifest_retry_s` 5 s)
+
+
+def _core(members: tuple[str, ...] = ()) -> TransferCore:
+    c = TransferCore(CONFIG, "me", open_frame=opener, self_upload_bps=1e8)
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{m: 1e9 for m in members}})
+    return c
+
+
+def _asked(effects: list) -> list[str]:
+    return [e.peer for e in effects if isinstance(e, FetchManifest)]
+
+
+def asks(c: TransferCore, now: float, sender: str, version: int = 1) -> list[str]:
+    return _asked(c.on_message(now, envelope(sender, Holding((HeldVersion(version, SIGNED.manifest_id),)))))
+
+
+def failed(c: TransferCore, now: float, peer: str, why: FetchFailure, version: int = 1) -> list[str]:
+    return _asked(c.manifest_failed(now, peer, version, why))
+
+
+def test_each_failed_ask_asks_the_next_holder_that_named_the_version_a_member_first():
+    """Holders that named the version while a member's ask was in flight are asked one at a time,
+    each as the ask before it fails, for any reason, members first; a report of an ask no longer
+    in flight asks nothing. Before, a failed ask was made again only after `no_address` or
+    `not_admitted`, of the same holder, and the others waited for their next `Holding`."""
+    c = _core(("m0", "m1", "m2"))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    assert [asks(c, t, s) for t, s in ((1.0, "s1"), (2.0, "s2"), (3.0, "m1"))] == [[], [], []]  # remembered
+    assert failed(c, 4.0, "m0", FetchFailure.UNREACHABLE) == ["m1"]  # the member first, named last
+    assert failed(c, 4.0, "m0", FetchFailure.UNREACHABLE) == []  # (no longer the ask in flight)
+    assert failed(c, 5.0, "m1", FetchFailure.UNAVAILABLE) == ["s1"]  # then strangers, first named first
+    assert failed(c, 5.1, "s1", FetchFailure.CORRUPT) == ["s2"]
+    assert failed(c, 5.1, "s1", FetchFailure.CORRUPT) == []
+    assert failed(c, 5.2, "s2", FetchFailure.UNREACHABLE) == []  # nobody left: each waits for its next `Holding`
+    assert asks(c, 6.0, "m0") == []  # excluded: unreachable, as a source of chunks
+    assert asks(c, 6.0, "m2") == ["m2"]  # a member's, at once: the ask failed (`_asks_instead`)
+    c.on_message(6.5, envelope("m1", ManifestAnnounce(SIGNED.frame)))  # the manifest came: its asks go with it
+    assert c.knows(1) and c._manifest_asked == {} and c._manifest_others == {}
+
+
+def test_other_holders_are_bounded_per_version_and_members_take_strangers_places():
+    """At most `MAX_OTHER_HOLDERS` other holders per version: strangers (anyone may send
+    `Holding`, under any number of identities) only fill free room, and a member takes the place
+    of the first stranger named, so strangers named first cannot keep a member from being asked
+    next; members beyond the bound are not kept, nor a holder not usable when its turn comes."""
+    members = tuple(f"m{i}" for i in range(1, 8))
+    c = _core(("m0", *members))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    for i in range(10):
+        asks(c, 0.1 + i / 100, f"s{i}")
+    assert list(c._manifest_others[1].named) == ["s0", "s1", "s2", "s3"]
+    asks(c, 1.0, "m1")
+    asks(c, 1.1, "m2")
+    assert list(c._manifest_others[1].named) == ["s2", "s3", "m1", "m2"]
+    for i, m in enumerate(members[2:]):
+        asks(c, 2.0 + i / 100, m)
+    asks(c, 3.0, "s10")
+    assert list(c._manifest_others[1].named) == ["m1", "m2", "m3", "m4"] and MAX_OTHER_HOLDERS == 4
+    c.fetch_failed(3.5, "m2", 1, 0, FetchFailure.NOT_ADMITTED)  # (excluded `not_admitted_s` for refusing a chunk)
+    order, peer, t = [], "m0", 4.0
+    while True:
+        nxt = failed(c, t, peer, FetchFailure.UNREACHABLE)
+        if not nxt:
+            break
+        order += nxt
+        peer, t = nxt[0], t + 0.1
+    assert order == ["m1", "m3", "m4"]  # m2 excluded when its turn came
+
+
+def _flood(identities: int, members: bool, why: FetchFailure, until_s: float = 60.0) -> tuple[int, int, TransferCore]:
+    """`identities` peers (members or strangers) each send a `Holding` for version 1 every second,
+    in turn; every ask fails for `why` 0.01 s after it is made. Returns the asks made, the most in
+    flight at once, and the core."""
+    names = [f"p{i:03d}" for i in range(identities)]
+    c = _core(tuple(names) if members else ())
+    made, in_flight, most = 0, [], 0
+    due: list[tuple[float, str]] = []
+
+    def carry(now: float, effects: list) -> None:
+        nonlocal made, most
+        for peer in _asked(effects):
+            made += 1
+            in_flight.append(peer)
+            most = max(most, len(in_flight))
+            due.append((now + 0.01, peer))
+
+    step = 1.0 / identities
+    for k in range(int(until_s / step)):
+        now = k * step
+        for at, peer in sorted(d for d in due if d[0] <= now):
+            due.remove((at, peer))
+            in_flight.remove(peer)
+            carry(at, c.manifest_failed(at, peer, 1, why))
+        carry(now, c.on_timer(now, "relay/tick") if c._tick_at is not None and c._tick_at <= now else [])
+        carry(now, c.on_message(now, envelope(names[k % identities], Holding((HeldVersion(1, SIGNED.manifest_id),)))))
+    return made, most, c
+
+
+@pytest.mark.parametrize("members, why", [(False, FetchFailure.UNREACHABLE), (True, FetchFailure.UNREACHABLE),
+                                           (True, FetchFailure.UNAVAILABLE)])
+def test_holders_naming_a_version_under_many_identities_get_a_few_asks_per_retry_period(members, why):
+    """100 identities name one version every second each, and every ask of them fails at once
+    (unreachable, or it answers that it does not hold it: each excludes it): one ask at a
+    time, and at most `MAX_OTHER_HOLDERS` made because an ask failed per `manifest_retry_s`
+    (`_spend`: of a remembered holder, or a member's `Holding` at once), besides the one a
+    `Holding` may make per `manifest_retry_s` (before: that one alone, 12 in 60 s); without the
+    bound, members that fail at once would have an ask made of each `Holding` (6,000 in 60 s).
+    What is remembered per version stays bounded."""
+    made, most, c = _flood(100, members=members, why=why)
+    windows = 60.0 / CONFIG.manifest_retry_s
+    assert most == 1
+    assert windows < made <= windows * (1 + MAX_OTHER_HOLDERS) + 1  # more than before: failures ask at once
+    assert len(c._manifest_others[1].named) <= MAX_OTHER_HOLDERS
+
+
+def test_other_holders_are_remembered_only_with_an_ask_and_go_with_it():
+    """Other holders are kept only for a version asked for and go with its ask, so their memory
+    is bounded by `MAX_MANIFEST_ASKS` versions as the asks are: a peer naming ever new versions
+    and another naming them after it crowd out only the asks made of the first."""
+    c = _core()
+    for i in range(MAX_MANIFEST_ASKS // 16 + 16):
+        body = Holding(tuple(HeldVersion(10_000 + 16 * i + j, bytes(32)) for j in range(16)))
+        c.on_message(0.0, envelope("mallory", body))
+        c.on_message(0.0, envelope("eve", body))
+    assert len(c._manifest_asked) <= MAX_MANIFEST_ASKS
+    assert set(c._manifest_others) <= set(c._manifest_asked)
+    assert all(list(o.named) == ["eve"] for o in c._manifest_others.values())
+    # (past the bound, eve's `Holding`s asked eve instead of remembering it: mallory's asks gave way)
+    assert sum(a.peer == "eve" for a in c._manifest_asked.values()) > 0
+    version = max(n for n, a in c._manifest_asked.items() if a.peer == "mallory")
+    assert failed(c, 0.5, "mallory", FetchFailure.UNREACHABLE, version) == ["eve"]
+    assert asks(c, CONFIG.manifest_retry_s, "holder") == ["holder"]  # a real holder's version is asked for
+
+
+def test_a_version_forgotten_takes_its_put_off_ask_with_it():
+    """A holder refused our ask as not admitted, and its ask was put off; the manifest came by
+    gossip, and our store would not keep it (`refuse_manifest`, then `forget`): no ask of the
+    version, nor a tick for one, is left. Before, the put-off ask stayed remembered (and kept a
+    tick armed for it) after the version was forgotten."""
+    c = _core(("holder",))
+    assert asks(c, 0.0, "holder") == ["holder"]
+    assert failed(c, 0.01, "holder", FetchFailure.NOT_ADMITTED) == []
+    assert 1 in c._manifest_again
+    c.on_message(0.5, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    c.refuse_manifest(1, SIGNED.manifest_id)
+    assert not c.knows(1)
+    assert c._manifest_again == {} and c._manifest_asked == {} and c._manifest_others == {}
+    effects = c.on_timer(2.01, "relay/tick")
+    assert _asked(effects) == [] and not any(isinstance(e, SetTimer) for e in effects)
+
+
+def test_a_holder_that_refused_is_asked_again_when_the_one_asked_instead_fails_too():
+    """A member refuses our ask as not admitted (excluded `not_admitted_s`, to be asked again): a
+    member that named the version is asked instead at once, and the refusing one remembered;
+    when that ask fails too, the first is asked as its exclusion ends (as it would have been
+    without the other), not left for its next `Holding`; while it is excluded nothing is asked."""
+    c = _core(("m0", "m1"))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    assert asks(c, 0.5, "m1") == []
+    assert failed(c, 1.0, "m0", FetchFailure.NOT_ADMITTED) == ["m1"]
+    assert failed(c, 1.5, "m1", FetchFailure.UNREACHABLE) == []  # m0 excluded until 3.0
+    assert _asked(c.on_timer(2.0, "relay/tick")) == []
+    assert c._manifest_again == {1: (1.0 + CONFIG.not_admitted_s, "m0")}
+    assert _asked(c.on_timer(1.0 + CONFIG.not_admitted_s, "relay/tick")) == ["m0"]
+
+
+def test_a_late_report_of_an_earlier_ask_of_the_same_holder_asks_nothing():
+    """A holder asked, then asked again `manifest_retry_s` later (its `Holding` came again while
+    the first ask was still in flight, as the shell allows up to `request_timeout_s`): the first
+    ask's failure, reported late, is no failure of the ask in flight and asks no other holder;
+    the second's is. Before, the report named only the holder, and the late one made the ask in
+    flight count as failed: another holder was asked beside it."""
+    c = _core(("m0", "m1"))
+    holding = Holding((HeldVersion(1, SIGNED.manifest_id),))
+    first = [e for e in c.on_message(0.0, envelope("m0", holding)) if isinstance(e, FetchManifest)]
+    assert asks(c, 1.0, "m1") == []  # remembered
+    second = [e for e in c.on_message(CONFIG.manifest_retry_s, envelope("m0", holding)) if isinstance(e, FetchManifest)]
+    assert [e.peer for e in first] == [e.peer for e in second] == ["m0"]
+    late = c.manifest_failed(6.0, "m0", 1, FetchFailure.UNREACHABLE, first[0].asked_at)
+    assert _asked(late) == [] and not c._manifest_asked[1].failed
+    assert _asked(c.manifest_failed(7.0, "m0", 1, FetchFailure.UNREACHABLE, second[0].asked_at)) == ["m1"]
+
+
+def test_holders_that_name_a_version_and_answer_they_have_not_got_it_cannot_keep_its_asks():
+    """Members name a version, again and again, and answer our asks that they do not hold it:
+    each is excluded (`exclude_s`) on its answer, so their `Holding`s ask no more and they keep
+    no room among the other holders; an honest member that names it meanwhile is remembered, and
+    asked on its next `Holding`. Before, nothing was held against them: once the bound on asks
+    after failures was spent, the honest member's `Holding` was not kept (the room was theirs),
+    and their next `Holding` asked them again (as a core-alone run showed, 8 such members kept
+    an honest one naming the version every 30 s from being asked for 600 s)."""
+    liars = tuple(f"l{i}" for i in range(MAX_OTHER_HOLDERS + 1))
+    c = _core((*liars, "h"))
+    assert asks(c, 0.0, "l0") == ["l0"]
+    assert [asks(c, 0.1 * i, liar) for i, liar in enumerate(liars[1:], 1)] == [[]] * MAX_OTHER_HOLDERS
+    order, peer = [], "l0"
+    while nxt := failed(c, 0.5, peer, FetchFailure.UNAVAILABLE):
+        order += nxt
+        peer = nxt[0]
+    assert order == list(liars[1:])
+    assert [asks(c, 1.0 + 0.1 * i, liar) for i, liar in enumerate(liars)] == [[]] * len(liars)
+    assert asks(c, 2.0, "h") == []  # the bound on asks after failures is spent: remembered
+    assert "h" in c._manifest_others[1].named
+    assert asks(c, 5.5, "l0") == []  # excluded: before, asked again (`manifest_retry_s` after the last ask)
+    assert asks(c, 6.0, "h") == ["h"]
+
+
+def test_a_holder_whose_manifest_answer_is_broken_is_banned_and_penalised():
+    """A broken answer to a manifest ask (the shell's `corrupt`: it broke the protocol on a
+    connection that proved its id) bans and penalises its sender, as a chunk that does not
+    verify does; it is asked for nothing more. Before, nothing was held against it."""
+    c = _core(("m0",))
+    assert asks(c, 0.0, "m0") == ["m0"]
+    effects = c.manifest_failed(0.5, "m0", 1, FetchFailure.CORRUPT)
+    assert [e.peer for e in effects if isinstance(e, Penalise)] == ["m0"]
+    assert asks(c, 10.0, "m0") == [] and asks(c, 10.0, "m0", version=2) == []
+
+
+@pytest.mark.parametrize("answer", [SIGNED.frame, b"not a manifest"], ids=["another-version", "garbage"])
+def test_an_answer_that_gives_no_manifest_of_the_version_asked_is_a_broken_one(answer):
+    """A holder answers our ask for version 2 with a signed manifest of version 1 (a real one:
+    anyone can replay it) or with bytes that do not open: the answer is broken (`corrupt`): its
+    holder is banned and penalised, and another that named the version is asked at once. Before,
+    the ask stayed in flight with no verdict: no other holder was asked, and the liar's next
+    `Holding` `manifest_retry_s` later was asked again."""
+    c = _core(("m0", "m1"))
+    assert asks(c, 0.0, "m0", version=2) == ["m0"]
+    assert asks(c, 1.0, "m1", version=2) == []
+    effects = c.manifest_answer(1.5, "m0", 2, answer, 0.0)
+    assert _asked(effects) == ["m1"]
+    assert [e.peer for e in effects if isinstance(e, Penalise)] == ["m0"]
+    assert asks(c, 10.0, "m0", version=2) == []
