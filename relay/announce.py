@@ -46,12 +46,15 @@ just sent it ours): asked again the same way, counted with its refusals of chunk
 unreachable after `NOT_ADMITTED_TRIES` in a row (`_refused_us`). If another holder was asked
 instead, these two are remembered as other holders rather than asked again on the tick; after
 any other failure that leaves none to ask, one remembered but excluded for now is asked as its
-exclusion ends. `unreachable` (no
-connection, or too slow with its address known): excluded for `exclude_s`. `corrupt` (a broken
-answer, on a connection that proved its id): banned and penalised. `unavailable` for a version
-its `Holding` named in full (it lied, or dropped it since): excluded for `exclude_s`. An excluded
+exclusion ends. `unreachable` (no connection, or too slow with its address known): excluded for
+`exclude_s`. `corrupt` (a broken answer, on a connection that proved its id: bytes that are no
+signed manifest, or another version's): banned and penalised. `unavailable` for a version its
+`Holding` named in full (it lied, or dropped it since): excluded for `exclude_s`. An excluded
 holder's `Holding` asks nothing, so holders that name a version and fail its asks at once cannot
-keep one that names it rarely from being asked.
+keep one that names it rarely from being asked. A sound manifest of the version that we will not
+take (signed by a publisher we do not trust, or stamped beyond our clock's reach: the holder's
+trust or clock differs from ours) fails its ask with no verdict on the holder (`_not_for_us`),
+and one of an untrusted publisher is then remembered as one our store refused (below).
 
 A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
 `manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
@@ -87,12 +90,14 @@ import blake3
 
 from p2pnet.core import Emit, Publish, Send
 from relay.effects import DropReason, FetchFailure, FetchManifest, VersionComplete
+from relay.errors import ManifestRejected
 from relay.failures import NO_ADDRESS_GRACE_S, NOT_ADMITTED_TRIES
 from relay.messages import HOLDING_TOPIC, MAX_HELD_VERSIONS, HeldVersion, Holding
 from relay.planner import Membership
 from relay.transfer_state import _requeue
 
 if TYPE_CHECKING:
+    from relay.manifest import SignedManifest
     from relay.transfer import TransferConfig
     from relay.transfer_state import _Version
 
@@ -100,6 +105,7 @@ if TYPE_CHECKING:
 MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
 MAX_OTHER_HOLDERS = 4  # per version asked for: other holders that named it, asked when an ask fails
 MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
+_NOT_THE_HOLDERS = frozenset({"untrusted_publisher", "stale"})  # a sound manifest we will not take (`_not_for_us`)
 
 
 class _Ask(NamedTuple):
@@ -145,7 +151,8 @@ class Announcing:
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def complete_versions(self) -> list[int]: ...
         def forget(self, version: int) -> list[Any]: ...
-        def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]: ...
+        def _take_manifest(self, now: float, sender: str, frame: bytes,
+                           effects: list[Any]) -> SignedManifest | ManifestRejected | None: ...
         def _unaddressed_for(self, now: float, peer: str) -> float: ...
         def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None: ...
         def _ban(self, now: float, peer: str, effects: list[Any], what: str = ...) -> None: ...
@@ -290,14 +297,37 @@ class Announcing:
     def manifest_answer(self, now: float, peer: str, version: int, frame: bytes,
                         asked_at: float | None = None) -> list[Any]:
         """`peer` answered our `FetchManifest` of `version` (made at `asked_at`) with `frame`: taken
-        as any manifest frame (`manifest_frame`); one that gives us no manifest of `version` (it
-        does not open, or opens as another version's) is a broken answer (`manifest_failed`,
-        `corrupt`), not an ask left in flight for `manifest_retry_s` with no verdict on its holder.
-        A manifest our store refused is no fault of the holder's (`refuse_manifest`)."""
-        effects = self.manifest_frame(now, peer, frame)
-        if version in self._versions or self._refused_frame(frame):
-            return effects
-        return effects + self.manifest_failed(now, peer, version, FetchFailure.CORRUPT, asked_at)
+        as any manifest frame (`manifest_frame`). One that gives us no manifest of `version` and
+        is no sound manifest of it (it does not open as a signed manifest, or opens as another
+        version's) is a broken answer (`manifest_failed`, `corrupt`), not an ask left in flight for
+        `manifest_retry_s` with no verdict on its holder. A sound manifest of `version` that we
+        will not take is no fault of the holder's (our store refused it, `refuse_manifest`; it is
+        signed by a publisher we do not trust, or stamped out of our clock's reach, though its
+        holder's trust and clock took it): its ask fails and another holder is asked, and it is
+        held against nobody (`_not_for_us`)."""
+        effects: list[Any] = []
+        opened = self._take_manifest(now, peer, frame, effects)
+        if version in self._versions or opened is None:
+            return self._arm(now, effects)
+        if isinstance(opened, ManifestRejected) and opened.reason in _NOT_THE_HOLDERS:
+            return self._not_for_us(now, version, frame, opened, effects)
+        return self._arm(now, effects) + self.manifest_failed(now, peer, version, FetchFailure.CORRUPT, asked_at)
+
+    def _not_for_us(self, now: float, version: int, frame: bytes, why: ManifestRejected,
+                    effects: list[Any]) -> list[Any]:
+        """The sound manifest of `version` its holder answered with is one we will not take
+        (`manifest_answer`): its ask failed, with no verdict on its holder; another that named the
+        version is asked at once. One signed by a publisher we do not trust is remembered as one
+        our store refused: a `Holding` naming it asks for it no more, nor is its frame opened."""
+        if why.reason == "untrusted_publisher":
+            self._refused_manifests[blake3.blake3(frame).digest()] = version
+            while len(self._refused_manifests) > MAX_REFUSED_MANIFESTS:
+                self._refused_manifests.popitem(last=False)
+        asked = self._manifest_asked.get(version)
+        if asked is not None:
+            self._manifest_asked[version] = asked._replace(failed=True)
+            self._ask_another(now, version, effects)
+        return self._arm(now, effects)
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,

@@ -279,17 +279,23 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
     def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]:
         """A manifest frame from gossip or a `FetchManifest` answer; believed only if it opens (and
         not one our store refused: `relay.announce`)."""
+        effects: list[Any] = []
+        self._take_manifest(now, sender, frame, effects)
+        return self._arm(now, effects) if effects else []  # (nothing changed: no tick to move)
+
+    def _take_manifest(self, now: float, sender: str, frame: bytes,
+                       effects: list[Any]) -> SignedManifest | ManifestRejected | None:
+        """`manifest_frame`'s work, less arming the timer: what `frame` opened as, or why it did not
+        open (None: a manifest our store refused, not opened)."""
         if self._refused_frame(frame):
-            return []
+            return None
         try:
             signed = self._open(frame, now)
-        except ManifestRejected:
+        except ManifestRejected as exc:
             self.rejected_manifests += 1
-            return []
-        known = self._versions.get(signed.version)
-        if known is not None:
-            return []  # already known (or a conflicting one from an equivocating publisher)
-        effects: list[Any] = []
+            return exc
+        if signed.version in self._versions:
+            return signed  # already known (or a conflicting one from an equivocating publisher)
         v = self._admit(now, signed, effects, held=None)
         if v is not None:
             asked = self._drop_asks(signed.version)
@@ -299,7 +305,7 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
                 self._completed(now, v, effects)
             else:
                 self._pump(now, v, effects)
-        return self._arm(now, effects)
+        return signed
 
     def fetched(self, now: float, peer: str, version: int, index: int, elapsed_s: float,
                 unexplained_s: float | None = None) -> list[Any]:

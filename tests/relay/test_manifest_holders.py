@@ -4,14 +4,18 @@ the relay role and a real serving peer: `tests/relay/test_role_manifest_asks.py`
 
 from __future__ import annotations
 
+import blake3
 import pytest
 
 from p2pnet.core import SetTimer
 from relay.announce import MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
 from relay.effects import FetchFailure, FetchManifest, Penalise
+from relay.manifest import sign_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
 from relay.transfer import TransferConfig, TransferCore
-from tests.relay.test_transfer import PUBLISHER, SIGNED, envelope, opener
+from simulations.broadcast import fake_manifest
+from simulations.world import EPOCH_S
+from tests.relay.test_transfer import MALLORY, PUBLISHER, SIGNED, envelope, opener
 
 CONFIG = TransferConfig(exclude_s=60.0, announce_interval_s=3600.0)  # the role's figures (`manifest_retry_s` 5 s)
 
@@ -246,3 +250,31 @@ def test_an_answer_that_gives_no_manifest_of_the_version_asked_is_a_broken_one(a
     assert _asked(effects) == ["m1"]
     assert [e.peer for e in effects if isinstance(e, Penalise)] == ["m0"]
     assert asks(c, 10.0, "m0", version=2) == []
+
+
+def _sound_manifest_we_will_not_take(kind: str) -> bytes:
+    """A manifest of version 2 that opens for its holder but not for us: signed by a publisher we
+    do not trust (MALLORY), or by ours and stamped an hour past our clock (the holder's is ahead)."""
+    if kind == "untrusted":
+        return fake_manifest(MALLORY, 2**20, 2**20, version=2).frame
+    return sign_manifest(PUBLISHER, fake_manifest(PUBLISHER, 2**20, 2**20, version=2).manifest, EPOCH_S + 3600).frame
+
+
+@pytest.mark.parametrize("kind", ["untrusted", "stamped-ahead"])
+def test_a_sound_manifest_we_will_not_take_fails_its_ask_and_blames_nobody(kind):
+    """A holder answers our ask for version 2 with a real signed manifest of version 2 that our
+    trust or clock will not take, though its holder's took it: the ask fails and another holder
+    that named the version is asked at once, and the holder is neither banned, penalised nor
+    excluded (it is still asked for another version). One of an untrusted publisher is remembered:
+    a `Holding` naming it asks for it no more. Before, such an answer banned its honest holder."""
+    frame = _sound_manifest_we_will_not_take(kind)
+    c = _core(("m0", "m1"))
+    assert asks(c, 0.0, "m0", version=2) == ["m0"]
+    assert asks(c, 1.0, "m1", version=2) == []
+    effects = c.manifest_answer(1.5, "m0", 2, frame, 0.0)
+    assert _asked(effects) == ["m1"]
+    assert [e for e in effects if isinstance(e, Penalise)] == []
+    assert "m0" not in c._banned and c._excluded.get("m0", 0.0) <= 1.5
+    assert asks(c, 10.0, "m0", version=3) == ["m0"]
+    named = envelope("m2", Holding((HeldVersion(2, blake3.blake3(frame).digest()),)))
+    assert _asked(c.on_message(20.0, named)) == ([] if kind == "untrusted" else ["m2"])
