@@ -149,7 +149,6 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
-        self._clock_rates: dict[str, float] = {}  # peer -> bytes/s by our clock, its whole wait counted (EWMA)
         self._manifest_asked: dict[int, tuple[float, str, bool]] = {}  # version -> (when, whom, it holds all)
         self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.announce`)
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store's refusals (`relay.announce`)
@@ -253,8 +252,6 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
             self._samples = {p: n for p, n in self._samples.items() if p in members}
         if any(p not in members for p in self._waits):
             self._waits = {p: w for p, w in self._waits.items() if p in members}
-        if any(p not in members for p in self._clock_rates):
-            self._clock_rates = {p: r for p, r in self._clock_rates.items() if p in members}
         if self._excluded:
             self._excluded = {p: until for p, until in self._excluded.items() if until > now}
 
@@ -328,11 +325,6 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         if stripe is not None:  # asked of it and not taken back: our clock timed it too
             if unexplained_s is None:  # (from our ask)
                 unexplained_s = now - entry[2] - elapsed_s  # type: ignore[index]
-            clock_s = elapsed_s + max(unexplained_s, 0.0)
-            if clock_s > 0:
-                old = self._clock_rates.get(peer)
-                self._clock_rates[peer] = size / clock_s if old is None else \
-                    (1 - RATE_EWMA) * old + RATE_EWMA * size / clock_s
             elapsed_s += self._unexcused_s(v, stripe, peer, unexplained_s)
         if elapsed_s > 0:
             rate = size / elapsed_s

@@ -171,7 +171,7 @@ def _fetch_all(core: TransferCore, pending: list[Fetch], chunk_s: dict[str, floa
     return dropped
 
 
-@pytest.mark.parametrize("capped_s, other_s, drops", [(2.0, 0.8, True), (0.01, 0.01, False), (0.2, 0.12, False)])
+@pytest.mark.parametrize("capped_s, other_s, drops", [(2.0, 0.8, True), (0.01, 0.01, False), (2.0, 1.2, False)])
 def test_a_capped_claim_delivering_far_below_what_the_plan_gave_each_child_is_dropped(capped_s, other_s, drops):
     """300 relays (1e8-5e8 bytes/s), a tenth of them claiming 2^64 - 1: planned at the cap, they
     take the top of every stripe, and the plan gives each of their children about what it gives
@@ -182,36 +182,25 @@ def test_a_capped_claim_delivering_far_below_what_the_plan_gave_each_child_is_dr
     liars in 200 delivering 20 MB/s: versions 1-8 held up to 322 s, 26.8 s told the truth; 159 s
     with `_short_of_claim`). Now a capped claim is judged against its claim's plan and half the
     fastest: every parent dropped is a capped one, and none while they deliver what the plan
-    believed of them, nor while they deliver at least half of what our fastest source does (0.2 s
-    against 0.12, a fifth to a fourteenth of the plan's shares: where our own download binds,
-    every parent looks short of a capped plan; a parent under a sixteenth of it is dropped
-    anyway, see the next test)."""
+    believed of them, nor while they deliver at least half of what our fastest source does (2 s
+    against 1.2: where our own download binds, every parent looks short of a capped plan)."""
     core, pending, capped = _relay_with_most_parents_capped()
     dropped = _fetch_all(core, pending, {p: capped_s if p in capped else other_s for p in core._members.uploads})
     assert all(d.peer in capped and d.why is DropReason.SLOW for d in dropped)
     assert bool(dropped) == drops
 
 
-@pytest.mark.parametrize("reported_s, waited_s, chunks, drops", [(2.0, None, 512, True), (0.2, 1.8, 512, True),
-                                                               (2.0, None, 24, False)])
-def test_capped_claims_delivering_under_a_sixteenth_of_their_plan_are_dropped_however_alike(reported_s, waited_s,
-                                                                                           chunks, drops):
-    """Every parent delivers as slowly as the others, a window of 1 MiB chunks in 2 s by our
-    clock (about 1 MB/s, a fiftieth to a hundred-and-fiftieth of what the plan gave each child of
-    our capped parents): the median and the fastest see nothing, and neither does half the
-    fastest (`_short_of_claim`), which spares a relay whose own download binds. A relay whose
-    parents are all liars looks the same, and kept them: 20 liars in 200 delivering 20 MB/s held
-    version 2 for 159 s (`benchmarks/bench_relay_liars.py`), its last relays fed by nothing but
-    liars at 1.6 MB/s each. Under a sixteenth of the plan's share (`CLAIM_FLOOR`), once 16 of its
-    chunks are timed (64 per stripe of 512 chunks; none of 24 chunks in 2 stripes), a capped claim is
-    dropped whatever our other sources deliver, timed by our clock: each answer here says 0.2 s
-    and comes 1.8 s later (a liar reporting no queue, every source waiting as long, so the median
-    excuses the wait; by the rate the median rule judges, 10 MB/s, over a sixteenth of every
-    share)."""
-    core, pending, capped = _relay_with_most_parents_capped(chunks)
-    dropped = _fetch_all(core, pending, {p: reported_s for p in core._members.uploads}, waited_s)
-    assert all(d.peer in capped and d.why is DropReason.SLOW for d in dropped)
-    assert bool(dropped) == drops
+@pytest.mark.parametrize("reported_s, waited_s", [(2.0, None), (0.2, 1.8)])
+def test_capped_claims_as_slow_as_every_other_source_are_kept_however_far_below_their_plan(reported_s, waited_s):
+    """Every source delivers a window of 1 MiB chunks in 2 s by our clock (told, or 0.2 s
+    reported and 1.8 s more waited), about 1 MB/s: a fiftieth to a hundred-and-fiftieth of what
+    the plan gave each child of our capped parents, over 512 chunks (64 timed per stripe). So it
+    is where our own download binds (home links of 1-6 MB/s): none dropped. A floor under a
+    sixteenth of that share, whatever our other sources deliver, dropped them, and 100 relays
+    downloading at 2 MB/s, 30 of them capped and honest, took 1,320.7 s instead of 504.2
+    (`relay.sources`, the top)."""
+    core, pending, capped = _relay_with_most_parents_capped(512)
+    assert _fetch_all(core, pending, {p: reported_s for p in core._members.uploads}, waited_s) == []
 
 
 def test_a_capped_claim_delivering_a_third_of_what_the_plan_gave_each_child_is_kept():
