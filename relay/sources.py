@@ -123,6 +123,17 @@ them from its own download. Not kept either: charging a capped claim the whole o
 beyond its report where we are a leaf of it (without this rule: 1,355.6 and 304.1 s told,
 1,252.2 and 307.6 s hidden), and the origin feeding the first uncapped child of a capped root as
 it feeds the first child of a slow root (no change).
+Nor a floor whatever our other sources deliver: a capped claim under a sixteenth of what the
+plan gave each child, by our clock (its whole wait counted) once 16 of its chunks were timed.
+Versions 1-8: told 660.0 s in all, 101.1 s at worst (864.7 and 159.3 without it); hidden 785.5
+and 107.9 s (834.4 and 118.0). But a relay downloading at home-link speeds takes every capped
+parent for a liar: 100 relays, 1 GB, each downloading at 2 MB/s, 30 of them capped and honest
+(they hold the interior of every stripe, so all of a relay's sources are capped claims), 1,320.7
+s at version 1 instead of 504.2, 3,460 drops as slow instead of none; 10 of them, 1,061.6 s
+instead of 510.0. Sparing it where a source whose claim was not capped is as slow (our download
+binds) mended the 10 at version 1 (514.8 s) but not at 4 (628.4 s against 517.0), and left the
+30 as they were; judged by the rate the median rule judges, the simulator ran the 30 for 11
+minutes without finishing.
 
 A peer dropped only as slow is alive and delivers: when the chain falls through to the origin
 and the origin is not our planned parent there, we ask the slow member again instead
