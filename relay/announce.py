@@ -310,21 +310,22 @@ class Announcing:
         if version in self._versions or opened is None:
             return self._arm(now, effects)
         if isinstance(opened, ManifestRejected) and opened.reason in _NOT_THE_HOLDERS:
-            return self._not_for_us(now, version, frame, opened, effects)
+            return self._not_for_us(now, peer, version, frame, opened, asked_at, effects)
         return self._arm(now, effects) + self.manifest_failed(now, peer, version, FetchFailure.CORRUPT, asked_at)
 
-    def _not_for_us(self, now: float, version: int, frame: bytes, why: ManifestRejected,
-                    effects: list[Any]) -> list[Any]:
-        """The sound manifest of `version` its holder answered with is one we will not take
-        (`manifest_answer`): its ask failed, with no verdict on its holder; another that named the
-        version is asked at once. One signed by a publisher we do not trust is remembered as one
-        our store refused: a `Holding` naming it asks for it no more, nor is its frame opened."""
+    def _not_for_us(self, now: float, peer: str, version: int, frame: bytes, why: ManifestRejected,
+                    asked_at: float | None, effects: list[Any]) -> list[Any]:
+        """The sound manifest of `version` that `peer` answered our ask (made at `asked_at`) with is
+        one we will not take (`manifest_answer`): the ask failed, with no verdict on `peer`; another
+        holder that named the version is asked at once. One signed by a publisher we do not trust
+        is remembered as one our store refused: a `Holding` naming it asks for it no more, nor is
+        its frame opened."""
         if why.reason == "untrusted_publisher":
             self._refused_manifests[blake3.blake3(frame).digest()] = version
             while len(self._refused_manifests) > MAX_REFUSED_MANIFESTS:
                 self._refused_manifests.popitem(last=False)
         asked = self._manifest_asked.get(version)
-        if asked is not None:
+        if asked is not None and asked.peer == peer and asked_at in (None, asked.at):  # (the ask in flight)
             self._manifest_asked[version] = asked._replace(failed=True)
             self._ask_another(now, version, effects)
         return self._arm(now, effects)

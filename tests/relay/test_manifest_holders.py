@@ -265,16 +265,18 @@ def test_a_sound_manifest_we_will_not_take_fails_its_ask_and_blames_nobody(kind)
     """A holder answers our ask for version 2 with a real signed manifest of version 2 that our
     trust or clock will not take, though its holder's took it: the ask fails and another holder
     that named the version is asked at once, and the holder is neither banned, penalised nor
-    excluded (it is still asked for another version). One of an untrusted publisher is remembered:
-    a `Holding` naming it asks for it no more. Before, such an answer banned its honest holder."""
+    excluded (it is still asked for another version); the same answer again, no longer to the ask
+    in flight, asks nothing. One of an untrusted publisher is remembered: a `Holding` naming it
+    asks for it no more. Before, such an answer banned its honest holder."""
     frame = _sound_manifest_we_will_not_take(kind)
-    c = _core(("m0", "m1"))
+    c = _core(("m0", "m1", "m2"))
     assert asks(c, 0.0, "m0", version=2) == ["m0"]
-    assert asks(c, 1.0, "m1", version=2) == []
+    assert asks(c, 1.0, "m1", version=2) == [] and asks(c, 1.2, "m2", version=2) == []
     effects = c.manifest_answer(1.5, "m0", 2, frame, 0.0)
     assert _asked(effects) == ["m1"]
+    assert _asked(c.manifest_answer(1.6, "m0", 2, frame, 0.0)) == []  # (m1's ask is in flight)
     assert [e for e in effects if isinstance(e, Penalise)] == []
     assert "m0" not in c._banned and c._excluded.get("m0", 0.0) <= 1.5
     assert asks(c, 10.0, "m0", version=3) == ["m0"]
-    named = envelope("m2", Holding((HeldVersion(2, blake3.blake3(frame).digest()),)))
-    assert _asked(c.on_message(20.0, named)) == ([] if kind == "untrusted" else ["m2"])
+    named = envelope("s3", Holding((HeldVersion(2, blake3.blake3(frame).digest()),)))
+    assert _asked(c.on_message(20.0, named)) == ([] if kind == "untrusted" else ["s3"])
