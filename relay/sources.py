@@ -100,6 +100,16 @@ relays, 7 under a 3 MB/s origin, 24 MiB in 64 KiB chunks (a stripe each, every r
 stripe's only forwarder, so the origin replaced each one dropped) dropped a root 2-9 times
 each in a version, the origin served 2.3 copies and every relay took 18-19 s; judged against
 the feed, no drop, 1.00 copies, 7.6-7.9 s (`tests/relay/test_capped_origin_processes.py`).
+An origin that advertises the default (1 GB/s: nothing measured) on a home uplink advertises
+what it measures only after every upload slot was busy for 2 s (`relay.role_members`), and its
+first version was judged against the default: 14.5 s and 1.81 copies (the same relays, the
+origin sending at 3 MB/s and advertising 1 GB/s; 17.8-18.5 s and 2.28 before the feed counted).
+So the feed is also no more than what the origin delivers us, once we timed 3 of its chunks (a
+root, or a relay the origin replaced a root for): 12.2 s and 1.54 copies, every drop left in
+the first 1.2 s (presumably the origin's first chunks, timed before its queue formed; not
+traced); the next version, the measured figure advertised, 8.0 s and 1.00 copies with either.
+Peers that crowd the origin lower what it delivers us, and excuse our parents more: still
+only those delivering half of it.
 Where the origin feeds each stripe faster than the stripe's capacity over the members, nothing
 changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's time the same).
 
@@ -351,10 +361,16 @@ class SourceChoice:
 
     def _stripe_feed_bps(self, plan: StripePlan) -> float:
         """The rate a stripe enters the network at: the origin's advertised upload over the
-        stripes (inf when we do not know it, or it advertises none). No member can forward a
+        stripes (inf when we do not know it, or it advertises none), and no more than the
+        origin delivers us (a window of requests), once we timed `SLOW_MIN_SAMPLES` of its
+        chunks: an origin that advertises the default and has a home uplink measures its
+        upload only once every slot is busy, and we know it sooner. No member can forward a
         stripe faster than the origin feeds it (see the top)."""
         upload = self._members.uploads.get(plan.origin, 0.0)
-        return upload / plan.stripes if upload > 0 else math.inf
+        feed = upload / plan.stripes if upload > 0 else math.inf
+        if self._samples.get(plan.origin, 0) >= SLOW_MIN_SAMPLES:
+            return min(feed, self._rates[plan.origin] * self.config.window_per_source)
+        return feed
 
     def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float, fastest: float) -> bool:
         """Whether `peer`, our parent in `stripe`, is a member whose claim the plan capped and
