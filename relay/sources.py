@@ -89,6 +89,29 @@ against a median of 8-11 and a fastest of 13-30; 20.70 s -> 21.15 s), with a qua
 The origin is no measure of a member's delivery (it holds every chunk first and has the
 largest upload: a datacenter among home links): in the world of 20 liars, 64 parents the
 median kept were dropped against its rate, 62 of them honest (80.55 s; 80.13 s without).
+The stripe's planned rate is its capacity over the members, but no more than the origin feeds
+the stripe (`_stripe_feed_bps`: its advertised upload over the stripes): every chunk of a stripe
+enters the network there, so no member forwards it faster. An origin whose upload is capped (a
+trainer on a home uplink) feeds every stripe slowly and alike, so every parent waits on its
+own feed; each chunk's bytes take next to nothing on a fast link, the rate we measure is mostly
+the part of that wait beyond our other sources' median (noise, one way or the other), and
+against the plan's rate (the roots' own advertised uploads) every parent looked slow: real
+relays, 7 under a 3 MB/s origin, 24 MiB in 64 KiB chunks (a stripe each, every root its
+stripe's only forwarder, so the origin replaced each one dropped) dropped a root 2-9 times
+each in a version, the origin served 2.3 copies and every relay took 18-19 s; judged against
+the feed, no drop, 1.00 copies, 7.6-7.9 s (`tests/relay/test_capped_origin_processes.py`).
+An origin that advertises the default (1 GB/s: nothing measured) on a home uplink advertises
+what it measures only after every upload slot was busy for 2 s (`relay.role_members`), and its
+first version was judged against the default: 14.5 s and 1.81 copies (the same relays, the
+origin sending at 3 MB/s and advertising 1 GB/s; 17.8-18.5 s and 2.28 before the feed counted).
+So the feed is also no more than what the origin delivers us, once we timed 3 of its chunks (a
+root, or a relay the origin replaced a root for): 12.2 s and 1.54 copies, every drop left in
+the first 1.2 s (presumably the origin's first chunks, timed before its queue formed; not
+traced); the next version, the measured figure advertised, 8.0 s and 1.00 copies with either.
+Peers that crowd the origin lower what it delivers us, and excuse our parents more: still
+only those delivering half of it.
+Where the origin feeds each stripe faster than the stripe's capacity over the members, nothing
+changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's time the same).
 
 A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
 slow when it delivers us under a quarter of what the plan gave each of its children (its planned
@@ -319,8 +342,9 @@ class SourceChoice:
         """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
         sources of this version deliver to us (the median, over at least 3 of them), or less
         than a quarter of what the fastest of them but the origin delivers (see the top), and
-        less than half of the stripe's planned rate (capacity / members) too, and some member other
-        than the origin could replace it. Judged on measured delivery, never on what the peer
+        less than half of the stripe's planned rate (capacity / members, and no more than the
+        origin feeds the stripe: `_stripe_feed_bps`) too, and some member other than the origin
+        could replace it. Judged on measured delivery, never on what the peer
         advertises; relative to our other sources, so our own slow download does not make every
         parent look slow. The origin is never replaced, and takes over from a slow parent only
         for the first-ranked child of a slow stripe root (see the top: a sixteenth of a copy) and
@@ -332,7 +356,7 @@ class SourceChoice:
         if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
-        planned = v.plan.capacity_bps[stripe] / max(len(self._members), 1)
+        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(v.plan))
         if rate * self.config.window_per_source >= SLOW_RATIO * planned:
             return False  # (each request's time includes its queue behind our others to this peer)
         if self._root_forwards_alone(v.plan, stripe, peer):
@@ -345,6 +369,19 @@ class SourceChoice:
                 rate < SLOW_RATIO * others[len(others) // 2][0] or rate < FASTEST_RATIO * fastest):
             return self._replaceable(now, v.plan, stripe, peer)
         return False
+
+    def _stripe_feed_bps(self, plan: StripePlan) -> float:
+        """The rate a stripe enters the network at: the origin's advertised upload over the
+        stripes (inf when we do not know it, or it advertises none), and no more than the
+        origin delivers us (a window of requests), once we timed `SLOW_MIN_SAMPLES` of its
+        chunks: an origin that advertises the default and has a home uplink measures its
+        upload only once every slot is busy, and we know it sooner. No member can forward a
+        stripe faster than the origin feeds it (see the top)."""
+        upload = self._members.uploads.get(plan.origin, 0.0)
+        feed = upload / plan.stripes if upload > 0 else math.inf
+        if self._samples.get(plan.origin, 0) >= SLOW_MIN_SAMPLES:
+            return min(feed, self._rates[plan.origin] * self.config.window_per_source)
+        return feed
 
     def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float, fastest: float) -> bool:
         """Whether `peer`, our parent in `stripe`, is a member whose claim the plan capped and
