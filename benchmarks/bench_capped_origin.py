@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_relay_loopback import _expect, _pipe, http_client, make_checkpoint  # noqa: E402
+from benchmarks.bench_relay_loopback import VersionWaits, _expect, _pipe, http_client, make_checkpoint  # noqa: E402
 
 BLOCK = 64 * 1024
 BURST_S = 1.0
@@ -140,29 +140,13 @@ def run_p2pnet(path: Path, relays: int, work: Path, chunk: int, cap_bps: float) 
         wait_for_full_tables(procs, 120)
         wait_for_reachable(procs, 120)
         deadline_s = 60 + 4 * relays * path.stat().st_size / cap_bps  # (even a star through the cap fits)
-        done: dict[str, float] = {}
-        failed: list[BaseException] = []
-
-        def wait(peer) -> None:
-            try:
-                control_call(peer.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": deadline_s},
-                             timeout_s=deadline_s + 10)
-                done[peer.name] = time.perf_counter()
-            except BaseException as exc:  # reported below
-                failed.append(exc)
-
-        waiters = [threading.Thread(target=wait, args=(p,)) for p in procs[1:]]
-        for t in waiters:
-            t.start()
-        time.sleep(1.0)  # the waits are in place (they cost nothing while they wait)
+        waits = VersionWaits(procs[1:], deadline_s)
         t0 = time.perf_counter()
         control_call(origin.data_dir, {"cmd": "checkpoint.publish", "paths": [str(path)], "model": "bench",
                                        "version": 1, "chunk_bytes": chunk}, timeout_s=600)
         published = time.perf_counter() - t0
-        for t in waiters:
-            t.join()
-        if failed:
-            raise RuntimeError(f"checkpoint.wait failed: {failed[0]}")
+        waits.join()
+        done = waits.answered()
         served = origin.status()["role_status"]["relay"]["bytes_served"]
         return {"seconds": max(done.values()) - t0, "first_s": min(done.values()) - t0, "publish_s": published,
                 "origin_copies": served / path.stat().st_size}

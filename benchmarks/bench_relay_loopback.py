@@ -404,6 +404,39 @@ def run_http(path: Path, peers: int, work: Path, digest: str) -> dict:
     return result
 
 
+class VersionWaits:
+    """Each peer's `checkpoint.wait` of version 1, in a thread of its own, placed before the publish
+    (a wait costs nothing while it waits): `join` waits for every answer, `answered` gives when each
+    came (`time.perf_counter`) or raises the first failure."""
+
+    def __init__(self, peers: list, timeout_s: float) -> None:
+        self._done: dict[str, float] = {}
+        self._failed: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._wait, args=(p, timeout_s)) for p in peers]
+        for t in self._threads:
+            t.start()
+        time.sleep(1.0)  # the waits are in place
+
+    def _wait(self, peer, timeout_s: float) -> None:
+        from p2pnet.localnet import control_call
+
+        try:
+            control_call(peer.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": timeout_s},
+                         timeout_s=timeout_s + 10)
+            self._done[peer.name] = time.perf_counter()
+        except BaseException as exc:  # reported by `answered`
+            self._failed.append(exc)
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+
+    def answered(self) -> dict[str, float]:
+        if self._failed:
+            raise RuntimeError(f"checkpoint.wait failed: {self._failed[0]}")
+        return self._done
+
+
 def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
     from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables
 
@@ -420,21 +453,7 @@ def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
         for p in procs[1:]:
             p.wait_ready(60)
         wait_for_full_tables(procs, 120)
-        done: dict[str, float] = {}
-        failed: list[BaseException] = []
-
-        def wait(peer) -> None:
-            try:
-                control_call(peer.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": 900},
-                             timeout_s=910)
-                done[peer.name] = time.perf_counter()
-            except BaseException as exc:  # reported below
-                failed.append(exc)
-
-        waiters = [threading.Thread(target=wait, args=(p,)) for p in procs[1:]]
-        for t in waiters:
-            t.start()
-        time.sleep(1.0)  # the waits are in place (they cost nothing while they wait)
+        waits = VersionWaits(procs[1:], 900)
         idle0 = [cpu_s(p.proc.pid) for p in procs]
         time.sleep(IDLE_S)  # what the network costs doing nothing: heartbeats and gossip
         idle_cpu_per_s = sum(sum(b) - sum(a) for a, b in zip(idle0, (cpu_s(p.proc.pid) for p in procs))) / IDLE_S
@@ -444,12 +463,9 @@ def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
         control_call(procs[0].data_dir, {"cmd": "checkpoint.publish", "paths": [str(path)], "model": "bench",
                                          "version": 1, "chunk_bytes": chunk}, timeout_s=600)
         published = time.perf_counter() - watch.t0
-        for t in waiters:
-            t.join()
+        waits.join()
         result = watch.stop()
-        if failed:
-            raise RuntimeError(f"checkpoint.wait failed: {failed[0]}")
-        result["seconds"] = max(done.values()) - watch.t0  # the last peer's answer, not the harness's join
+        result["seconds"] = max(waits.answered().values()) - watch.t0  # the last peer's answer, not the harness's join
         result["publish_s"] = published
         result["idle_cpu_per_s"] = idle_cpu_per_s
         result["served"] = {p.name: p.status()["role_status"]["relay"]["bytes_served"] for p in procs}
