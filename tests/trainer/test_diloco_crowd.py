@@ -337,6 +337,54 @@ async def test_a_joiner_the_leader_could_not_tell_it_had_no_room_is_no_suspect(
     nursery.cancel_scope.cancel()
 
 
+async def test_a_joiner_the_leader_could_not_tell_during_its_all_reduce_is_no_suspect(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The all-reduce's `NoRoom` is as best effort as the join's: while the leader's all-reduce of
+    round 3 waits for its partner, 300 fresh identities' Joins of round 4 fill the places it keeps
+    for round 4; then a trainer peer of its table Joins round 4, saying it reads a `NoRoom`, and its
+    data plane refuses the leader's connections. Telling it fails, and the failure is not put into
+    the round's inbox (where the all-reduce would read it as a failed peer): the round finishes
+    with the two trainers and the joiner is no suspect."""
+    lead, other, done, pair = await _paired(nursery)
+    joiner = Identity.from_seed_text("diloco late joiner gone")
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(joiner), self_id=joiner.peer_id, admit=lambda peer: "unknown peer")
+    lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
+    told, tried = trio.Event(), []
+    send = Links.send
+
+    async def noting(self: Links, peer: str, body: object, **kwargs: Any) -> bool:
+        sent = await send(self, peer, body, **kwargs)
+        if isinstance(body, NoRoom):
+            tried.append((peer, body, sent))
+            told.set()
+        return sent
+    monkeypatch.setattr(Links, "send", noting)
+    decided, release, all_reduce = _held_back(other)
+    frames = [(who, Join(4, who.peer_id.encode()[:16], ())) for who in CROWD]
+    frames.append((joiner, Join(4, b"j" * 16, (), hears_no_room=True)))  # the last: no room left for it
+    read = _noting_reads(lead)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        rounds.start_soon(_a_round, other, nursery, done)
+        with trio.fail_after(SLACK_S):
+            await decided.wait()
+        await _send_each(lead, frames)
+        await _read_all(read, frames)
+        with trio.fail_after(SLACK_S):
+            await told.wait()
+        assert tried == [(joiner.peer_id, NoRoom(4), False)] and lead.role.phase == Phase.REDUCE
+        # a failure reported is in the round's inbox before the send returns, or read from it already
+        failed = PeerFailed(joiner.peer_id)
+        assert failed not in read and all(failed not in lane for lane in lead.role.inbox.core.lanes.values())
+        release.set()
+    assert failed not in read
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+    assert lead.role.turned_away == {4: {joiner.peer_id}} and joiner.peer_id not in lead.role.suspects
+    nursery.cancel_scope.cancel()
+
+
 async def test_a_newcomer_whose_join_the_flooded_leader_turned_away_does_not_hold_the_round(
         nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two trainers average round 2. A newcomer, a trainer peer of both tables with a higher id,
