@@ -15,7 +15,7 @@ connection's frames are taken in order (`_serve`: a connection that stalls, or i
   time (`_send_state`); the asker counts the same deadlines (`trainer.diloco_catchup`). An asker
   left out of our round asks for a later state (`after_round`): we answer once our round is over
   (`_state_past`, woken by `_state_moved`), so it fetches the state once, not its own round's again;
-  at most `STATE_HOLDS` such requests at once, one an asker (`_hold`).
+  at most `STATE_HOLDS` such requests at once, one an asker, each until its asker closes (`_hold`).
 - StateWanted (a join through the relay): our offer (`_offer`): the next version we publish
   carries the outer state (`trainer.diloco_join`), or a refusal.
 
@@ -90,7 +90,9 @@ STATE_HOLD_DEADLINES = 4
 # for up to the hold, then its answer's first piece deadline, and identities cost nothing. Honest
 # askers are the joiners left out of our round (told `NoRoom`, or left out of its Members), each
 # asking its leader first: a few a round. One beyond it is refused (the connection closed, the
-# reason logged): the joiner asks another trainer peer, as after any failure.
+# reason logged): the joiner asks another trainer peer, as after any failure. An asker that closes
+# its connection while held frees its place then, not at the hold's end: a place is kept only
+# by a connection kept open (one of the data plane's few a peer).
 STATE_HOLDS = 8
 STATE_BYTES_PER_VALUE = 8  # a weight and its outer momentum, fp32 each
 
@@ -201,7 +203,8 @@ class DilocoServing:
             self._note_heard(peer)
             start = trio.current_time()
             if body.after_round >= 0:  # it wants a later round's state: held, then counted from the hold's end
-                held = await self._hold(peer, body.after_round, start + STATE_HOLD_DEADLINES * self.config.deadline_s)
+                held = await self._hold(stream, peer, body.after_round,
+                                        start + STATE_HOLD_DEADLINES * self.config.deadline_s)
                 if held is None:
                     return False
                 start = held
@@ -354,23 +357,44 @@ class DilocoServing:
             self.state_moved.set()
             self.state_moved = None
 
-    async def _hold(self, peer: str, round: int, until: float) -> float | None:
+    async def _hold(self, stream: trio.SocketStream, peer: str, round: int, until: float) -> float | None:
         """Hold `peer`'s StateRequest for a later round than `round` (`_state_past`, at most until
         `until`), and say when the hold ended: our answer's piece deadlines count from there
         (`state_due`), so an asker that does not read holds its connection and our task at most the
         hold and then a piece's deadline, however soon our round ends. None: not held, refused (one
-        of `peer`'s is held already, or `STATE_HOLDS` are; logged), the connection is to end."""
+        of `peer`'s is held already, or `STATE_HOLDS` are; logged), or the asker closed `stream`
+        while held (logged: its place is free at once, not at the hold's end, and it may ask again),
+        the connection is to end. An asker writing while held (it waits for our answer, an honest
+        one writes nothing) is rejected ("unexpected")."""
         if peer in self.holding or len(self.holding) >= STATE_HOLDS:
             log.info("diloco: %s asks for the state after round %d; %s: refused (connection closed)", peer, round,
                      "one of its requests is held already" if peer in self.holding
                      else f"{len(self.holding)} requests are held already")
             return None
+        wrote: list[bytes] = []  # what the asker wrote while held (b"": it closed `stream`)
+
+        async def watch() -> None:
+            try:
+                wrote.append(await stream.receive_some(1))
+            except trio.BrokenResourceError:  # a reset: closed as well
+                wrote.append(b"")
+            held.cancel_scope.cancel()
+
         self.holding = self.holding | {peer}
         try:
-            await self._state_past(round, until)
+            async with trio.open_nursery() as held:
+                held.start_soon(watch)
+                await self._state_past(round, until)
+                held.cancel_scope.cancel()
         finally:
             self.holding = self.holding - {peer}
-        return trio.current_time()
+        if not wrote:
+            return trio.current_time()
+        if wrote[0]:
+            raise MessageRejected("unexpected", "wrote while its state request was held", peer)
+        log.info("diloco: %s closed its connection while its request for the state after round %d was held",
+                 peer, round)
+        return None
 
     async def _state_past(self, round: int, until: float) -> None:
         """While we are in our round `round` (the asker is no member of it), until `until` (then

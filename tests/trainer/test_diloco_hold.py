@@ -34,6 +34,10 @@ from trainer.diloco_serving import STATE_HOLD_DEADLINES, STATE_HOLDS
 DEADLINE_S, ROUNDS = 10.0, 8
 
 
+# an asker's connection while it waits for its answer: it writes nothing, and keeps it open
+SILENT = SimpleNamespace(receive_some=lambda max_bytes: trio.sleep_forever())
+
+
 def _served(request: StateRequest, at_round: int = 3, moves: list[tuple[float, int]] = (), rounds: int = ROUNDS
             ) -> list[tuple[float, int, float]]:
     """The role's `_on_frame` takes `request` at time 0 while its state is of `at_round`; at each
@@ -59,7 +63,7 @@ def _served(request: StateRequest, at_round: int = 3, moves: list[tuple[float, i
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(world)
-            assert await role._on_frame(None, "asker", request, "diloco/state_request")
+            assert await role._on_frame(SILENT, "asker", request, "diloco/state_request")
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -119,11 +123,11 @@ def test_a_move_wakes_every_held_request_and_the_next_hold_waits_for_the_next_mo
 
         async with trio.open_nursery() as nursery:
             for asker in ("one", "two"):
-                nursery.start_soon(role._on_frame, None, asker, StateRequest(3, 3), "diloco/state_request")
+                nursery.start_soon(role._on_frame, SILENT, asker, StateRequest(3, 3), "diloco/state_request")
             await trio.sleep(1.0)
             move(4)
             await trio.sleep(1.0)
-            nursery.start_soon(role._on_frame, None, "three", StateRequest(4, 4), "diloco/state_request")
+            nursery.start_soon(role._on_frame, SILENT, "three", StateRequest(4, 4), "diloco/state_request")
             await trio.sleep(1.0)
             move(5)
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -231,6 +235,31 @@ async def test_at_most_state_holds_requests_are_held_the_rest_refused_and_an_hon
     piece = Codec(HONEST).decode(frame or b"", time.time()).body
     assert (piece.round, piece.offset, piece.length, piece.total) == (5, 0, 5, 5)
     assert piece.weights == weights.numpy().tobytes()
+
+
+@pytest.mark.parametrize("leaves", ["closes", "writes"])
+async def test_an_asker_that_leaves_while_held_frees_its_place_at_once(listener: Listener, leaves: str) -> None:
+    """A held request's asker that closes its connection (or writes on it, out of turn: an honest
+    one waits for its answer) frees its place among the `STATE_HOLDS` while our round goes on, not
+    at the hold's end: a stranger cannot keep the places with requests it left, nor is a joiner
+    that asks again (restarted, or on a new connection) refused as one held already."""
+    _fast(listener, 1000.0)  # the hold's end far off: only the asker's leaving ends it
+    _at(listener, 3, values=4)
+    stream = await _ask(listener, PEER, 3)
+    await _until(lambda: PEER.peer_id in listener.role.holding)
+    if leaves == "closes":
+        await stream.aclose()
+    else:
+        async with stream:
+            await send_frame(stream, Codec(PEER).encode(StateRequest(3, 3), time.time()))
+            assert await drain_until_closed(stream, SLACK_S) == b""  # rejected: nothing written
+    await _until(lambda: not listener.role.holding)
+    async with await _ask(listener, PEER, 3) as again:  # held, not refused
+        await _until(lambda: PEER.peer_id in listener.role.holding)
+        _at(listener, 4, values=4)
+        with trio.fail_after(SLACK_S):
+            frame = await FrameReader(again, max_frame_bytes=MAX_FRAME_BYTES).frame()
+    assert Codec(PEER).decode(frame or b"", time.time()).body.round == 4
 
 
 async def test_the_asker_gives_up_on_a_server_that_stalls_after_its_first_piece_from_that_piece_on() -> None:
