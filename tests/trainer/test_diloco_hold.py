@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,7 +24,7 @@ from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.identity import Identity
 from p2pnet.wire import DOMAIN, WIRE_VERSION, Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
-from tests.trainer.test_diloco_hostile import HONEST, PEER, SLACK_S, Listener, listener  # noqa: F401 (a fixture)
+from tests.trainer.test_diloco_hostile import HONEST, PEER, SLACK_S, Listener, asking, listener  # noqa: F401 (a fixture)
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import STATE_PIECE_VALUES, StatePiece, StateRequest
 from trainer.diloco_role import MAX_FRAME_BYTES, DilocoRole
@@ -278,18 +277,7 @@ async def test_the_asker_gives_up_on_a_server_that_stalls_after_its_first_piece_
             first_sent.append(trio.current_time())
             await trio.sleep_forever()  # then stalls
 
-    role = object.__new__(DilocoRole)
-    role.node = SimpleNamespace(codec=Codec(PEER))
-    role.config = SimpleNamespace(trainers=(), deadline_s=1.0, state_min_bytes_per_s=10**9)
-    role.state = GlobalState(3, torch.zeros(values), torch.zeros(values))
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-
-        async def connect(peer: str) -> trio.SocketStream:
-            return await trio.open_tcp_stream("127.0.0.1", port)
-        role.open_stream = connect
+    async with asking(serve, values, 1.0, 10**9) as role:
         with pytest.raises(trio.TooSlowError):
             await role.fetch_state(server.peer_id, after_round=3)
         assert trio.current_time() < role.state_due(first_sent[0], values) + role.config.deadline_s
-        nursery.cancel_scope.cancel()
