@@ -365,7 +365,11 @@ class DilocoServing:
         of `peer`'s is held already, or `STATE_HOLDS` are; logged), or the asker closed `stream`
         while held (logged: its place is free at once, not at the hold's end, and it may ask again),
         the connection is to end. An asker writing while held (it waits for our answer, an honest
-        one writes nothing) is rejected ("unexpected")."""
+        one writes nothing) is rejected ("unexpected"). A request that needs no hold (we are past
+        `round`, or at an earlier one: `_unfinished`) is answered at once, whatever we hold: the
+        cap bounds what is held, and a joiner that asks after our round ended is never refused."""
+        if not self._unfinished(round):
+            return trio.current_time()
         if peer in self.holding or len(self.holding) >= STATE_HOLDS:
             log.info("diloco: %s asks for the state after round %d; %s: refused (connection closed)", peer, round,
                      "one of its requests is held already" if peer in self.holding
@@ -401,10 +405,14 @@ class DilocoServing:
         the asker takes what we have); at once when we are at another round (a later one: what it
         wants; an earlier one: waiting would not help it) or train no more rounds."""
         with trio.move_on_at(until):
-            while self.state is not None and self.state.round == round < self.config.rounds:
+            while self._unfinished(round):
                 if self.state_moved is None:
                     self.state_moved = trio.Event()
                 await self.state_moved.wait()
+
+    def _unfinished(self, round: int) -> bool:
+        """We are in our round `round`, and train more: a request for a later round's state waits."""
+        return self.state is not None and self.state.round == round < self.config.rounds
 
     async def _send_state(self, stream: trio.SocketStream, peer: str, start: float) -> None:
         """Our global state to `peer`, which asked for it at `start` (or wanted a later round's, at

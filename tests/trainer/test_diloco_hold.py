@@ -236,6 +236,28 @@ async def test_at_most_state_holds_requests_are_held_the_rest_refused_and_an_hon
     assert piece.weights == weights.numpy().tobytes()
 
 
+async def test_a_request_that_needs_no_hold_is_answered_at_once_while_state_holds_are_held(
+        listener: Listener) -> None:
+    """The cap bounds the requests we hold, not the others: while `STATE_HOLDS` strangers' requests
+    for the round after ours are held, a joiner asking for the state after a round we are past
+    already (its own, which ended as it asked) is answered at once, not refused."""
+    _fast(listener, 1000.0)  # the hold's end far off
+    listener.plane.admit_peer = lambda peer: None  # every identity of our table
+    _at(listener, 3, values=4)
+    held = [await _ask(listener, Identity.from_seed_text(f"held asker {i}"), 3) for i in range(STATE_HOLDS)]
+    try:
+        await _until(lambda: len(listener.role.holding) == STATE_HOLDS)
+        async with await _ask(listener, HONEST, 2) as stream:
+            with trio.fail_after(SLACK_S):
+                frame = await FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES).frame()
+        assert frame is not None, "refused"
+        assert Codec(HONEST).decode(frame, time.time()).body.round == 3
+        assert len(listener.role.holding) == STATE_HOLDS
+    finally:
+        for stream in held:
+            await stream.aclose()
+
+
 @pytest.mark.parametrize("leaves", ["closes", "writes"])
 async def test_an_asker_that_leaves_while_held_frees_its_place_at_once(listener: Listener, leaves: str) -> None:
     """A held request's asker that closes its connection (or writes on it, out of turn: an honest
