@@ -104,8 +104,11 @@ class CatchingUp:
         """The global state of `peer` (a direct fetch on the data channel); in a closed group only
         from one of its trainers (`not_a_trainer`), whoever named `peer`. `after_round` (>= 0): we
         are no member of that round and want a later one's: `peer` answers when its round is
-        over (`StateRequest.after_round`), and both ends count their deadlines from the end of
-        the longest it waits for that (`STATE_HOLD_DEADLINES`)."""
+        over (`StateRequest.after_round`), at most `STATE_HOLD_DEADLINES` x deadline_s: we cannot
+        tell how long it holds us, so its first piece is due from the longest hold's end, and the
+        rest from the first's arrival when that is sooner (`peer` counts from the hold's end, before
+        it sent that piece): a peer that stalls once it has begun is given up as soon as on a plain
+        request, one that never begins only after the longest hold."""
         self._member_of_group(peer)
         total = self.state.weights.numel()  # type: ignore[union-attr]
         weights, momentum = torch.empty(total), torch.empty(total)
@@ -128,6 +131,8 @@ class CatchingUp:
                 if not isinstance(piece, StatePiece) or piece.total != total or piece.offset != got or (
                         round >= 0 and piece.round != round):
                     raise MessageRejected("bad_state", f"{peer} sent a state piece that does not fit", peer)
+                if round < 0:  # the first piece: `peer` has begun to answer, the rest are due from here at the latest
+                    start = min(start, trio.current_time())
                 round = piece.round
                 weights[got:got + piece.length] = torch.frombuffer(bytearray(piece.weights), dtype=torch.float32)
                 momentum[got:got + piece.length] = torch.frombuffer(bytearray(piece.momentum), dtype=torch.float32)

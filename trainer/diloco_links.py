@@ -99,15 +99,19 @@ class Links:
         """Send `body` to `peer`; False when it failed. A failure is reported to the inbox (the
         peer becomes a suspect), except, unless `report_refusal`, a handshake the peer refused to
         the end (it is alive but has not heard our heartbeat yet, though introduced: see `_open`),
-        and, unless `report`, any failure: a notice of ours the peer need not read (`NoRoom`: a
-        joiner that left, or reads slowly, owes us nothing and is no suspect of a later round for
-        it). Either way the connection a failed send used is dropped; one it opened is watched as
-        any (its close, later, is the peer's)."""
+        and, unless `report`, any failure of the send's own: a notice of ours the peer need not read
+        (`NoRoom`: a joiner that left, or reads slowly, owes us nothing and is no suspect of a later
+        round for it). Not the peer's close of a connection an earlier send opened, which this send
+        met before the connection's watcher did: the watcher would have reported it (a joiner that
+        died just then, and may lead, would be found only at its leader timeout), and a failed
+        send's connection is dropped, its watcher silent. Either way the connection a failed send
+        used is dropped; one it opened is watched as any (its close, later, is the peer's)."""
         if isinstance(body, RoundFrame):  # our watcher reads the receiver's Idle notice
             body = dataclasses.replace(body, hears_idle=True)
         frame = self.role.node.codec.encode(body, time.time())
         lock = self.locks.setdefault(peer, trio.Lock())
         stream: trio.SocketStream | None = None  # the connection this send used
+        opened = False  # by this send (else by an earlier one, and watched since)
         refusals: list[NotAdmitted] = []  # of the connection it opened (introduced after the first)
         deadline = trio.current_time() + self.timeout_s
         try:
@@ -115,6 +119,7 @@ class Links:
                 async with lock:
                     stream = self.streams.get(peer)
                     if stream is None:
+                        opened = True
                         stream = self.streams[peer] = await self._open(peer, deadline, refusals)
                         if not self.watching.cancel_called:  # (once stopped, nobody takes it off the channel)
                             try:
@@ -131,7 +136,9 @@ class Links:
             # refused to the end: the deadline may come while we introduce ourselves or wait to ask again
             refused = isinstance(exc, NotAdmitted) or (isinstance(exc, trio.TooSlowError) and stream is None
                                                        and bool(refusals))
-            if report and (report_refusal or not refused):
+            # the peer closed a watched connection (a reset, a broken pipe): what its watcher reports
+            closed = stream is not None and not opened and isinstance(exc, trio.BrokenResourceError)
+            if (report or closed) and (report_refusal or not refused):
                 await self._report(peer)
             return False
 

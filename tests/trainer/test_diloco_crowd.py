@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -82,6 +84,53 @@ async def _paired(nursery: trio.Nursery) -> tuple[Trainer, Trainer, list[str], l
     return lead, other, done, sorted([lead.peer_id, other.peer_id])
 
 
+@asynccontextmanager
+async def _crowded_during_all_reduce(lead: Trainer, other: Trainer, nursery: trio.Nursery, done: list[str],
+                                     frames: list[tuple[Identity, Join]]) -> AsyncIterator[list[Any]]:
+    """Round 3 of `lead` and `other`, `lead`'s all-reduce held back (`_held_back`) while `frames`
+    are sent to `lead` and read; the block runs then (given what `lead`'s round read), the
+    all-reduce goes on at its end, and `other`'s own all-reduce is put back once the round is over."""
+    decided, release, all_reduce = _held_back(other)
+    read = _noting_reads(lead)
+    async with trio.open_nursery() as rounds:
+        rounds.start_soon(_a_round, lead, nursery, done)
+        rounds.start_soon(_a_round, other, nursery, done)
+        with trio.fail_after(SLACK_S):
+            await decided.wait()
+        await _send_each(lead, frames)
+        await _read_all(read, frames)
+        yield read
+        release.set()
+    other.role._all_reduce = all_reduce
+
+
+def _crowd_then(joiner: Identity) -> list[tuple[Identity, Join]]:
+    """CROWD's Joins of round 4, which fill the places a round keeps for it, then `joiner`'s, saying it
+    reads a `NoRoom`: no room is left for it."""
+    frames = [(who, Join(4, who.peer_id.encode()[:16], ())) for who in CROWD]
+    return frames + [(joiner, Join(4, b"j" * 16, (), hears_no_room=True))]
+
+
+async def _refusing_and_told(lead: Trainer, joiner: Identity, nursery: trio.Nursery,
+                             monkeypatch: pytest.MonkeyPatch) -> tuple[trio.Event, list[tuple[str, object, bool]]]:
+    """`joiner`, a trainer peer of `lead`'s table whose data plane refuses `lead`'s connections
+    (as one whose table lost its heartbeat); every `NoRoom` `lead` sends is noted (to whom, what,
+    whether sent), and the event set."""
+    plane = DataPlane("127.0.0.1", 0, codec=Codec(joiner), self_id=joiner.peer_id, admit=lambda peer: "unknown peer")
+    lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
+    told, tried = trio.Event(), []
+    send = Links.send
+
+    async def noting(self: Links, peer: str, body: object, **kwargs: Any) -> bool:
+        sent = await send(self, peer, body, **kwargs)
+        if isinstance(body, NoRoom):
+            tried.append((peer, body, sent))
+            told.set()
+        return sent
+    monkeypatch.setattr(Links, "send", noting)
+    return told, tried
+
+
 def _held_back(other: Trainer) -> tuple[trio.Event, trio.Event, Any]:
     """`other`'s next all-reduce starts once `release` is set; `decided` is set when the leader's
     Members reached it (the leader is in its all-reduce). Its own `_all_reduce`, to put back."""
@@ -131,27 +180,16 @@ async def test_joins_of_later_rounds_read_during_an_all_reduce_are_kept_bounded(
     Round 4 then completes with the two trainers: its partner's Join finds room among the kept."""
     lead, other, done, pair = await _paired(nursery)
 
-    decided, release, all_reduce = _held_back(other)  # the partner's contributions: once the crowd's frames are read
     rng = random.Random(SEED)
     frames = [(who, Join(4, rng.randbytes(16), ())) for who in CROWD]
     frames += [(who, Join(5 + i, rng.randbytes(16), ())) for i, who in enumerate(CROWD[:40])]
     rng.shuffle(frames)
-    read = _noting_reads(lead)
-    async with trio.open_nursery() as rounds:
-        rounds.start_soon(_a_round, lead, nursery, done)
-        rounds.start_soon(_a_round, other, nursery, done)
-        with trio.fail_after(SLACK_S):
-            await decided.wait()
-        assert lead.role.phase == Phase.REDUCE
-        await _send_each(lead, frames)
-        await _read_all(read, frames)
+    async with _crowded_during_all_reduce(lead, other, nursery, done, frames):
         assert lead.role.phase == Phase.REDUCE  # all read during the all-reduce
-        release.set()
     assert [row["members"] for row in lead.role.history] == [pair, pair]
     assert set(lead.role.joins) == {4} and len(lead.role.joins[4]) == MAX_MEMBERS
     assert set(lead.role.joins[4]) < {who.peer_id for who in CROWD}
 
-    other.role._all_reduce = all_reduce
     await _round_together(lead, other, nursery, done)  # round 4, with the kept Joins
     for trainer in (lead, other):
         assert (trainer.role.history[-1]["round"], trainer.role.history[-1]["members"]) == (4, pair)
@@ -204,21 +242,10 @@ async def test_a_trainer_peer_whose_join_of_the_next_round_found_no_room_is_told
     plane.register(CHANNEL, take)
     lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
 
-    decided, release, all_reduce = _held_back(other)
-    frames = [(who, Join(4, who.peer_id.encode()[:16], ())) for who in CROWD]
-    frames.append((joiner, Join(4, b"j" * 16, (), hears_no_room=True)))  # the last: no room left for it
-    read = _noting_reads(lead)
-    async with trio.open_nursery() as rounds:
-        rounds.start_soon(_a_round, lead, nursery, done)
-        rounds.start_soon(_a_round, other, nursery, done)
-        with trio.fail_after(SLACK_S):
-            await decided.wait()
-        await _send_each(lead, frames)
-        await _read_all(read, frames)
+    async with _crowded_during_all_reduce(lead, other, nursery, done, _crowd_then(joiner)):
         with trio.fail_after(SLACK_S):
             await arrived.wait()
         assert lead.role.phase == Phase.REDUCE  # told during the all-reduce
-        release.set()
     assert got == [(lead.peer_id, NoRoom(4))] and lead.role.turned_away == {4: {joiner.peer_id}}
     nursery.cancel_scope.cancel()
 
@@ -303,18 +330,7 @@ async def test_a_joiner_the_leader_could_not_tell_it_had_no_room_is_no_suspect(
     lead, other, done, pair = await _paired(nursery)
     joiner = next(who for who in (Identity.from_seed_text(f"diloco gone {i}") for i in range(100))
                   if who.peer_id > max(pair))
-    plane = DataPlane("127.0.0.1", 0, codec=Codec(joiner), self_id=joiner.peer_id, admit=lambda peer: "unknown peer")
-    lead.entries.append(SimpleNamespace(peer_id=joiner.peer_id, data_addr=await nursery.start(plane.serve)))
-    told, tried = trio.Event(), []
-    send = Links.send
-
-    async def noting(self: Links, peer: str, body: object, **kwargs: Any) -> bool:
-        sent = await send(self, peer, body, **kwargs)
-        if isinstance(body, NoRoom):
-            tried.append((peer, body, sent))
-            told.set()
-        return sent
-    monkeypatch.setattr(Links, "send", noting)
+    told, tried = await _refusing_and_told(lead, joiner, nursery, monkeypatch)
     frames = [(who, Join(3, who.peer_id.encode()[:16], ())) for who in CROWD]
     frames.append((joiner, Join(3, b"j" * 16, (), hears_no_room=True)))  # the last: no room left for it
     read = _noting_reads(lead)
@@ -334,6 +350,32 @@ async def test_a_joiner_the_leader_could_not_tell_it_had_no_room_is_no_suspect(
         row = trainer.role.history[-1]
         assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
     assert joiner.peer_id not in lead.role.suspects
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_joiner_the_leader_could_not_tell_during_its_all_reduce_is_no_suspect(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The all-reduce's `NoRoom` is as best effort as the join's: while the leader's all-reduce of
+    round 3 waits for its partner, 300 fresh identities' Joins of round 4 fill the places it keeps
+    for round 4; then a trainer peer of its table Joins round 4, saying it reads a `NoRoom`, and its
+    data plane refuses the leader's connections. Telling it fails, and the failure is not put into
+    the round's inbox (where the all-reduce would read it as a failed peer): the round finishes
+    with the two trainers and the joiner is no suspect."""
+    lead, other, done, pair = await _paired(nursery)
+    joiner = Identity.from_seed_text("diloco late joiner gone")
+    told, tried = await _refusing_and_told(lead, joiner, nursery, monkeypatch)
+    async with _crowded_during_all_reduce(lead, other, nursery, done, _crowd_then(joiner)) as read:
+        with trio.fail_after(SLACK_S):
+            await told.wait()
+        assert tried == [(joiner.peer_id, NoRoom(4), False)] and lead.role.phase == Phase.REDUCE
+        # a failure reported is in the round's inbox before the send returns, or read from it already
+        failed = PeerFailed(joiner.peer_id)
+        assert failed not in read and all(failed not in lane for lane in lead.role.inbox.core.lanes.values())
+    assert failed not in read
+    for trainer in (lead, other):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (3, pair, pair)
+    assert lead.role.turned_away == {4: {joiner.peer_id}} and joiner.peer_id not in lead.role.suspects
     nursery.cancel_scope.cancel()
 
 

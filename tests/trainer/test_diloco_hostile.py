@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -455,10 +457,25 @@ async def test_the_asker_waits_for_a_slow_steady_state_and_gives_up_on_a_stalled
                                    bytes(4 * (end - offset)))
                 await send_frame(stream, Codec(ME).encode(piece, time.time()))
 
+    async with asking(serve, values, 0.05, DilocoConfig.state_min_bytes_per_s) as role:
+        with trio.fail_after(SLACK_S + 32 * STEADY_PAUSE_S):
+            fetched = await role.fetch_state(ME.peer_id)
+        assert fetched.round == 5 and torch.equal(fetched.weights, weights)
+        stall_after.append(2)
+        with trio.fail_after(SLACK_S + role.state_due(0, values)):
+            with pytest.raises(trio.TooSlowError):
+                await role.fetch_state(ME.peer_id)
+
+
+@asynccontextmanager
+async def asking(serve: Callable[[trio.SocketStream], Awaitable[None]], values: int, deadline_s: float,
+                 min_bytes_per_s: float) -> AsyncIterator[DilocoRole]:
+    """A role of PEER's, its state of round 3 (`values` values), that asks for the state
+    (`fetch_state`, of whichever peer it names) from `serve`, a plain TCP server on loopback,
+    while the block runs."""
     role = object.__new__(DilocoRole)
     role.node = SimpleNamespace(codec=Codec(PEER))
-    role.config = SimpleNamespace(trainers=(), deadline_s=0.05,
-                                  state_min_bytes_per_s=DilocoConfig.state_min_bytes_per_s)
+    role.config = SimpleNamespace(trainers=(), deadline_s=deadline_s, state_min_bytes_per_s=min_bytes_per_s)
     role.state = GlobalState(3, torch.zeros(values), torch.zeros(values))
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
@@ -467,13 +484,7 @@ async def test_the_asker_waits_for_a_slow_steady_state_and_gives_up_on_a_stalled
         async def connect(peer: str) -> trio.SocketStream:
             return await trio.open_tcp_stream("127.0.0.1", port)
         role.open_stream = connect
-        with trio.fail_after(SLACK_S + 32 * STEADY_PAUSE_S):
-            fetched = await role.fetch_state(ME.peer_id)
-        assert fetched.round == 5 and torch.equal(fetched.weights, weights)
-        stall_after.append(2)
-        with trio.fail_after(SLACK_S + role.state_due(0, values)):
-            with pytest.raises(trio.TooSlowError):
-                await role.fetch_state(ME.peer_id)
+        yield role
         nursery.cancel_scope.cancel()
 
 

@@ -7,6 +7,8 @@ none; nor is one the receiving end closes idle, telling us first."""
 from __future__ import annotations
 
 import contextlib
+import socket
+import struct
 import time
 from types import SimpleNamespace
 from typing import AsyncIterator
@@ -20,7 +22,7 @@ from p2pnet.handshake import NotAdmitted
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from tests.trainer.test_diloco_hostile import ME, PEER, SLACK_S, Listener
-from trainer.diloco_messages import CHANNEL, STAGE_CONTRIBUTION, Idle, Join, Part, StateWanted
+from trainer.diloco_messages import CHANNEL, STAGE_CONTRIBUTION, Idle, Join, NoRoom, Part, StateWanted
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_links import Links, PeerFailed, open_links
 from trainer.diloco_role import IDLE_WINDOWS, STALL_WINDOWS
@@ -323,6 +325,33 @@ async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once
                 await trio.testing.wait_all_tasks_blocked()
                 with pytest.raises(trio.WouldBlock):
                     inbox.receive_nowait()  # and reported once
+
+
+async def test_a_notice_that_meets_the_close_of_a_connection_an_earlier_send_opened_reports_it():
+    """A notice sent best effort (`report=False`: `NoRoom`) fails unreported when it is its own
+    failure; but when it meets the peer's close of a connection our Join opened (the joiner died
+    just then) before that connection's watcher does, the close is reported as the watcher would
+    have (the failed send drops the connection, and its watcher then says nothing): else the
+    joiner, which may lead, was found only at its leader timeout."""
+    die, dead = trio.Event(), trio.Event()
+
+    async def serve(stream, reader, peer):  # takes our Join, then dies: its end resets the connection
+        await reader.frame()
+        await die.wait()
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+        dead.set()
+
+    async with _receiving(serve) as (role, inbox):
+        with trio.fail_after(60):  # generous; nothing here is timed
+            async with open_links(role, 10.0) as links:
+                assert await links.send(RECEIVER.peer_id, JOIN)  # opens the connection, watched
+                links.watching.cancel()  # its watcher has not seen the close yet: the notice meets it first
+                die.set()
+                await dead.wait()
+                assert not await links.send(RECEIVER.peer_id, NoRoom(1), report=False)
+                assert inbox.receive_nowait() == PeerFailed(RECEIVER.peer_id)
+                assert RECEIVER.peer_id not in links.streams
 
 
 async def test_a_connection_the_other_end_closed_is_not_written_to_again():
