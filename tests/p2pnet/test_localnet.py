@@ -76,6 +76,7 @@ def test_every_peer_is_stopped_by_its_pid_on_exit_restarted_ones_too(tmp_path):
             assert all(alive(pid) for pid in pids)
             raise RuntimeError("the caller's own error")
     assert [pid for pid in pids if alive(pid)] == []
+    assert [p.proc.returncode for p in net.peers] == [0, 0, 0]  # each shut down cleanly, on one SIGTERM
     assert running_under(tmp_path) == []
     assert (tmp_path / "peer2" / "peer2.log").exists()  # (logs stay)
 
