@@ -8,12 +8,12 @@ receivers are fast. Two contenders, both in every run (the order alternates), on
 
 1. p2pnet: a publisher started with `p2pnet peer start --role relay --upload-bps CAP` (its token
    bucket, one second of burst, and the upload it advertises) and N `--role relay` processes
-   bootstrapped from it (`p2pnet.localnet`, as the tests start them), default settings (fsync on),
-   a fresh network per run, started and fully meshed (every table full, every peer reachable)
-   before the clock starts. Timed from the `checkpoint.publish` request until every relay's
-   `checkpoint.wait` returned (the version verified, complete and durable). Also: bytes the
-   publisher served (its relay status `bytes_served`) over the file's size: 1.00 means it sent
-   each chunk once and the relays carried it on.
+   bootstrapped from it (`p2pnet.localnet.relay_network`, as the tests start them), default
+   settings (fsync on), a fresh network per run, started and fully meshed (every table full,
+   every peer reachable) before the clock starts. Timed from the `checkpoint.publish` request
+   until every relay's `checkpoint.wait` returned (the version verified, complete and durable).
+   Also: bytes the publisher served (its relay status `bytes_served`) over the file's size: 1.00
+   means it sent each chunk once and the relays carried it on.
 2. star: python's `http.server` (ThreadingHTTPServer) serves the file through one token bucket of
    the same rate and one second of burst, shared by all its connections (`relay.serving.ByteBudget`,
    the bucket `--upload-bps` uses, in 64 KiB blocks); N client processes download it at once, hash

@@ -89,7 +89,8 @@ class PeerProcess:
         return self.proc.poll() is None
 
     def check_running(self) -> None:
-        """PeerExited if this peer's process has exited (a control socket it left says no more)."""
+        """PeerExited if this peer's process has exited (a killed one leaves its control socket
+        on disk: asking it would only say the connection was refused)."""
         if not self.alive():
             raise self.exited()
 
