@@ -6,6 +6,7 @@ while waited for fails the wait at once, not at its deadline.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,25 @@ def test_a_peer_that_exits_while_waited_for_fails_the_wait_at_once_with_its_log(
                 wait(net.peers, 120)  # (at its deadline it would raise PeerUnavailable, not PeerExited)
             assert str(caught.value).startswith(f"peer1 (pid {victim.proc.pid}) exited with -9;")
             assert f"log: {victim.log_path}" in str(caught.value)
+
+
+class SlowToAsk:
+    """A peer whose status call takes `ask_s` and whose table is full from its `full_from`-th call."""
+
+    def __init__(self, peer_id: str, others: set[str], ask_s: float, full_from: int):
+        self.peer_id, self.others, self.ask_s, self.full_from, self.calls = peer_id, others, ask_s, full_from, 0
+
+    def status(self, timeout_s: float) -> dict:
+        self.calls += 1
+        time.sleep(self.ask_s)
+        known = self.others if self.calls >= self.full_from else set()
+        return {"peers": [{"peer_id": p} for p in known]}
+
+
+def test_the_time_spent_asking_the_peers_does_not_count_against_the_tables_deadline():
+    """Many peers on a slow machine: one round of status calls outlasts `timeout_s`. The wait still
+    gets its second round (its budget is `timeout_s` between rounds, as under the counted poll)."""
+    peers = [SlowToAsk(name, {"a", "b"} - {name}, ask_s=0.2, full_from=2) for name in ("a", "b")]
+    wait_for_full_tables(peers, timeout_s=0.05, poll_s=0.01)  # type: ignore[arg-type]
+    assert [p.calls for p in peers] == [2, 2]
+
