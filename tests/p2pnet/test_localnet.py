@@ -6,12 +6,15 @@ while waited for fails the wait at once, not at its deadline.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from p2pnet.localnet import PeerExited, relay_network, wait_for_full_tables, wait_for_reachable
+from p2pnet.localnet import PeerExited, PeerProcess, relay_network, stop_all, wait_for_full_tables, wait_for_reachable
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +116,35 @@ def test_the_time_spent_asking_the_peers_does_not_count_against_the_tables_deadl
     wait_for_full_tables(peers, timeout_s=0.05, poll_s=0.01)  # type: ignore[arg-type]
     assert [p.calls for p in peers] == [2, 2]
 
+
+IGNORES_SIGTERM = """
+import signal, sys
+def count(signum, frame):
+    with open(sys.argv[1], "a") as f:
+        f.write("TERM\\n")
+signal.signal(signal.SIGTERM, count)
+print("ready", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_stop_all_sends_one_sigterm_and_kills_a_peer_that_ignores_it_at_the_deadline(tmp_path):
+    """A second SIGTERM would cut a peer's clean shutdown short: the stub counts what it gets."""
+    peers = []
+    try:
+        for i in range(2):
+            counted = tmp_path / f"stub{i}.signals"
+            proc = subprocess.Popen([sys.executable, "-c", IGNORES_SIGTERM, str(counted)], stdout=subprocess.PIPE)
+            peers.append(PeerProcess(f"stub{i}", tmp_path, proc, tmp_path / f"stub{i}.log"))
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"  # (its handler is set)
+        stop_all(peers, timeout_s=2.0)
+    finally:
+        for peer in peers:
+            peer.proc.kill()
+            peer.proc.wait()
+    assert [p.proc.returncode for p in peers] == [-signal.SIGKILL] * 2
+    # one each at most (a handler may not have run before the kill); the second stub, waited for
+    # after the first's deadline, would have counted a second SIGTERM
+    counts = [f.read_text().count("TERM") if f.exists() else 0 for f in sorted(tmp_path.glob("*.signals"))]
+    assert max(counts) <= 1, counts
