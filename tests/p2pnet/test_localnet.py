@@ -1,7 +1,8 @@
 """`p2pnet.localnet.relay_network`, the starter the relay process tests and benchmarks share: real
 `p2pnet peer start --role relay` processes on loopback. A peer that fails to start is named with
 its log; every process it started is stopped, by its PID, on error and on exit; a peer that exits
-while waited for fails the wait at once, not at its deadline.
+while waited for fails the wait at once, not at its deadline. Also `stop_all` (one SIGTERM each,
+SIGKILL at the deadline) and `wait_for_full_tables`' budget (the time spent asking does not count).
 """
 
 from __future__ import annotations
