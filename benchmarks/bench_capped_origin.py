@@ -8,12 +8,12 @@ receivers are fast. Two contenders, both in every run (the order alternates), on
 
 1. p2pnet: a publisher started with `p2pnet peer start --role relay --upload-bps CAP` (its token
    bucket, one second of burst, and the upload it advertises) and N `--role relay` processes
-   bootstrapped from it (`p2pnet.localnet`, as the tests start them), default settings (fsync on),
-   a fresh network per run, started and fully meshed (every table full, every peer reachable)
-   before the clock starts. Timed from the `checkpoint.publish` request until every relay's
-   `checkpoint.wait` returned (the version verified, complete and durable). Also: bytes the
-   publisher served (its relay status `bytes_served`) over the file's size: 1.00 means it sent
-   each chunk once and the relays carried it on.
+   bootstrapped from it (`p2pnet.localnet.relay_network`, as the tests start them), default
+   settings (fsync on), a fresh network per run, started and fully meshed (every table full,
+   every peer reachable) before the clock starts. Timed from the `checkpoint.publish` request
+   until every relay's `checkpoint.wait` returned (the version verified, complete and durable).
+   Also: bytes the publisher served (its relay status `bytes_served`) over the file's size: 1.00
+   means it sent each chunk once and the relays carried it on.
 2. star: python's `http.server` (ThreadingHTTPServer) serves the file through one token bucket of
    the same rate and one second of burst, shared by all its connections (`relay.serving.ByteBudget`,
    the bucket `--upload-bps` uses, in 64 KiB blocks); N client processes download it at once, hash
@@ -123,24 +123,13 @@ def run_star(path: Path, relays: int, work: Path, digest: str, cap_bps: float) -
 
 
 def run_p2pnet(path: Path, relays: int, work: Path, chunk: int, cap_bps: float) -> dict:
-    from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables, wait_for_reachable
+    from p2pnet.localnet import control_call, relay_network
 
-    config = work / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{peer_id_of(work / "origin")}"]\n')
-    args = ["--config", str(config)]
-    origin = start_peer("origin", work / "origin", roles=["relay"],
-                        extra_args=[*args, "--upload-bps", str(int(cap_bps))])
-    procs = [origin]
-    try:
-        origin.wait_ready(60)
-        procs += [start_peer(f"relay{i}", work / f"relay{i}", roles=["relay"], bootstrap=[origin.addr],
-                             extra_args=args) for i in range(relays)]
-        for p in procs[1:]:
-            p.wait_ready(60)
-        wait_for_full_tables(procs, 120)
-        wait_for_reachable(procs, 120)
+    with relay_network(work, relays, args_for={0: ["--upload-bps", str(int(cap_bps))]}, ready_timeout_s=60,
+                       tables_timeout_s=120, reachable_timeout_s=120) as net:
+        origin = net.publisher
         deadline_s = 60 + 4 * relays * path.stat().st_size / cap_bps  # (even a star through the cap fits)
-        waits = VersionWaits(procs[1:], deadline_s)
+        waits = VersionWaits(net.relays, deadline_s)
         t0 = time.perf_counter()
         control_call(origin.data_dir, {"cmd": "checkpoint.publish", "paths": [str(path)], "model": "bench",
                                        "version": 1, "chunk_bytes": chunk}, timeout_s=600)
@@ -150,9 +139,6 @@ def run_p2pnet(path: Path, relays: int, work: Path, chunk: int, cap_bps: float) 
         served = origin.status()["role_status"]["relay"]["bytes_served"]
         return {"seconds": max(done.values()) - t0, "first_s": min(done.values()) - t0, "publish_s": published,
                 "origin_copies": served / path.stat().st_size}
-    finally:
-        for p in procs:
-            p.stop()
 
 
 # -- the runs -------------------------------------------------------------------------------------

@@ -438,21 +438,11 @@ class VersionWaits:
 
 
 def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
-    from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables
+    from p2pnet.localnet import control_call, relay_network
 
-    root = work / "p2pnet"
-    publisher = peer_id_of(root / "peer0")
-    config = root / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nbudget_bytes = {4 * path.stat().st_size}\n' + os.environ.get("BENCH_RELAY_EXTRA", ""))
-    args = ["--config", str(config)]
-    procs = [start_peer("peer0", root / "peer0", roles=["relay"], extra_args=args)]
-    try:
-        procs[0].wait_ready(60)
-        procs += [start_peer(f"peer{i}", root / f"peer{i}", roles=["relay"], extra_args=args,
-                             bootstrap=[procs[0].addr]) for i in range(1, peers + 1)]
-        for p in procs[1:]:
-            p.wait_ready(60)
-        wait_for_full_tables(procs, 120)
+    with relay_network(work / "p2pnet", peers, config=f"budget_bytes = {4 * path.stat().st_size}\n"
+                       + os.environ.get("BENCH_RELAY_EXTRA", ""), ready_timeout_s=60, tables_timeout_s=120) as net:
+        procs = net.peers
         waits = VersionWaits(procs[1:], 900)
         idle0 = [cpu_s(p.proc.pid) for p in procs]
         time.sleep(IDLE_S)  # what the network costs doing nothing: heartbeats and gossip
@@ -470,9 +460,6 @@ def run_p2pnet(path: Path, peers: int, work: Path, chunk: int) -> dict:
         result["idle_cpu_per_s"] = idle_cpu_per_s
         result["served"] = {p.name: p.status()["role_status"]["relay"]["bytes_served"] for p in procs}
         return result
-    finally:
-        for p in procs:
-            p.stop()
 
 
 # -- the race -------------------------------------------------------------------------------------

@@ -4,11 +4,17 @@ Used by `p2pnet demo`, `p2pnet devnet`, the benchmarks and the real-process test
 a `p2pnet peer start` child process with its own data directory and log file. Readiness is the
 `listening on` line on its stdout; status comes through its control socket; stopping sends
 SIGTERM to that child's PID alone and waits, escalating to SIGKILL after a deadline. Every wait
-here is bounded in time.
+here is bounded by a deadline, and one that finds a peer exited fails at once with `PeerExited`
+(its exit status and the tail of its log), not at the deadline.
+
+`relay_network` starts the network the relay tests and benchmarks share: a publisher and relays
+bootstrapped from it, all `--role relay` under one config that trusts the publisher, started
+until every table is full (and, if asked, every peer reachable), each stopped by its PID on exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -18,12 +24,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import trio
 
 from p2pnet.control import call
 from p2pnet.errors import PeerUnavailable
+
+LOG_TAIL_CHARS = 2000
+
+
+class PeerExited(PeerUnavailable):
+    """A peer process we started has exited; the message names it, its exit status and its log,
+    with the log's tail. `wait_for` does not retry it: an exited process never comes back."""
 
 
 @dataclass
@@ -49,14 +62,15 @@ class PeerProcess:
         while not self.addrs:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PeerUnavailable(f"{self.name} not ready after {timeout_s}s; log: {self.log_path}")
+                raise PeerUnavailable(f"{self.name} not ready after {timeout_s}s; log: {self.log_path}\n"
+                                      f"{self.log_tail()}")
             ready, _, _ = select.select([fd], [], [], remaining)
             if not ready:
                 continue
             data = os.read(fd, 65536)
             if not data:
-                raise PeerUnavailable(f"{self.name} exited with {self.proc.wait()} before it was ready; "
-                                      f"log: {self.log_path}\n{self.log_path.read_text()[-2000:]}")
+                self.proc.wait()
+                raise self.exited("before it was ready")
             pending += data
             *lines, pending = pending.split(b"\n")
             for raw in lines:
@@ -68,15 +82,34 @@ class PeerProcess:
                     self.addrs.append(line.removeprefix("listening on ").strip())
 
     def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        self.check_running()
         return control_call(self.data_dir, {"cmd": "status"}, timeout_s=timeout_s)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, timeout_s: float = 10.0, sig: int = signal.SIGTERM) -> int:
-        """Signal this child and wait for it; SIGKILL if it has not exited by `timeout_s`."""
+    def check_running(self) -> None:
+        """PeerExited if this peer's process has exited (a killed one leaves its control socket
+        on disk: asking it would only say the connection was refused)."""
+        if not self.alive():
+            raise self.exited()
+
+    def exited(self, when: str = "") -> PeerExited:
+        return PeerExited(f"{self.name} (pid {self.proc.pid}) exited with {self.proc.returncode}"
+                          f"{' ' + when if when else ''}; log: {self.log_path}\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError as exc:
+            return f"(log unreadable: {exc})"
+
+    def stop(self, timeout_s: float = 10.0, sig: int | None = signal.SIGTERM) -> int:
+        """Signal this child (`sig` None: it was signalled already) and wait for it; SIGKILL if it
+        has not exited by `timeout_s`."""
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if sig is not None:
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -90,6 +123,17 @@ class PeerProcess:
 
     def kill(self) -> int:
         return self.stop(timeout_s=5.0, sig=signal.SIGKILL)
+
+
+def stop_all(peers: Sequence[PeerProcess], timeout_s: float = 10.0) -> None:
+    """Stop `peers`, each by its PID: SIGTERM to every one still running first, then wait for each
+    (SIGKILL past `timeout_s`). They shut down side by side: stopped one after another, eight
+    relays took 9.3 s on one core, against 2.8 s."""
+    for peer in peers:
+        if peer.alive():
+            peer.proc.send_signal(signal.SIGTERM)
+    for peer in peers:
+        peer.stop(timeout_s, sig=None)  # (a second SIGTERM would cut a clean shutdown short)
 
 
 def peer_id_of(data_dir: Path) -> str:
@@ -164,12 +208,15 @@ def start_network(
 
 def wait_for(check: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> Any:
     """Call `check()` until it returns something truthy (returned) or `timeout_s` passes
-    (PeerUnavailable naming `what` and the last value). Peers that are not up yet are retried."""
+    (PeerUnavailable naming `what` and the last value). Peers that are not up yet are retried;
+    one whose process has exited (`PeerExited`) is not."""
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while True:
         try:
             last = check()
+        except PeerExited:
+            raise
         except PeerUnavailable as exc:
             last = exc
         else:
@@ -182,10 +229,13 @@ def wait_for(check: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> A
 
 def wait_for_reachable(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25) -> None:
     """Wait until every peer has been dialled back and sees every other as reachable: from then
-    on relays plan each other as parents (`relay.role.serving_uploads`)."""
+    on relays plan each other as parents (`relay.role.serving_uploads`). Any of them exiting
+    meanwhile fails the wait at once (`PeerExited`)."""
     ids = {p.peer_id for p in peers}
 
     def settled(peer: PeerProcess) -> bool:
+        for each in peers:
+            each.check_running()
         status = peer.status()
         seen = {e["peer_id"] for e in status["peers"] if e["reachable"]}
         return status["reachable"] is True and seen >= ids - {peer.peer_id}
@@ -196,15 +246,115 @@ def wait_for_reachable(peers: Sequence[PeerProcess], timeout_s: float, poll_s: f
 
 def wait_for_full_tables(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25,
                          on_progress: Any = None, status_timeout_s: float = 10.0) -> float:
-    """Poll until every peer knows every other; returns seconds taken; raises on timeout."""
-    start = time.monotonic()
+    """Poll until every peer knows every other; returns seconds taken; raises once `timeout_s`
+    has passed between the rounds of status calls. The rounds themselves (one call per peer, each
+    bounded by `status_timeout_s`) do not count: they grow with the peers and the machine's load,
+    and a deadline that counted them would give many peers on a slow machine fewer rounds than
+    `timeout_s / poll_s`, the budget every caller was sized for."""
+    start = asked = time.monotonic()
+    deadline = start + timeout_s
     want = {p.peer_id for p in peers}
-    for _ in range(int(timeout_s / poll_s) + 1):
+    while True:
         known = {p.peer_id: {e["peer_id"] for e in p.status(status_timeout_s)["peers"]} for p in peers}
         if on_progress is not None:
             on_progress(known)
         if all(known[p] == want - {p} for p in want):
             return time.monotonic() - start
+        now = time.monotonic()
+        deadline += now - asked
+        if now >= deadline:
+            raise PeerUnavailable(f"peer tables incomplete after {timeout_s}s between rounds "
+                                  f"({now - start:.1f}s in all): "
+                                  + json.dumps({k[:12]: len(v) for k, v in known.items()}))
         time.sleep(poll_s)
-    raise PeerUnavailable(f"peer tables incomplete after {timeout_s}s: "
-                          + json.dumps({k[:12]: len(v) for k, v in known.items()}))
+        asked = time.monotonic()
+
+
+@dataclass
+class RelayNetwork:
+    """What `relay_network` started: `peers[0]` is the publisher, `peers[1:]` the relays, each
+    named `peer<i>` with its data directory `root/peer<i>` and its log `peer<i>.log` in it."""
+
+    root: Path
+    config: Path
+    peers: list[PeerProcess]
+    _args_for: Mapping[int, Sequence[str]]
+    _env_for: Mapping[int, Mapping[str, str]]
+    _args: Sequence[str]
+    _ready_timeout_s: float
+    _started: list[PeerProcess] = field(default_factory=list)
+
+    @property
+    def publisher(self) -> PeerProcess:
+        return self.peers[0]
+
+    @property
+    def relays(self) -> list[PeerProcess]:
+        return self.peers[1:]
+
+    def start(self, i: int) -> PeerProcess:
+        """Start peer `i` again (same data directory, settings and bootstrap) after it was stopped
+        or killed, and wait until it listens; it is stopped with the rest on exit."""
+        peer = self._launch(i)
+        peer.wait_ready(self._ready_timeout_s)
+        return peer
+
+    def _launch(self, i: int) -> PeerProcess:
+        env = self._env_for.get(i)
+        peer = start_peer(f"peer{i}", self.root / f"peer{i}", roles=["relay"],
+                          bootstrap=[self.publisher.addr] if i else [],
+                          extra_args=["--config", str(self.config), *self._args, *self._args_for.get(i, ())],
+                          env=dict(env) if env is not None else None)
+        self._started.append(peer)
+        if i < len(self.peers):
+            self.peers[i] = peer
+        else:
+            self.peers.append(peer)
+        return peer
+
+    def stop(self) -> None:
+        """Stop every peer this network started (restarted ones too), each by its PID."""
+        stop_all(self._started)
+
+
+@contextlib.contextmanager
+def relay_network(
+    root: Path,
+    relays: int,
+    *,
+    config: str = "",
+    trusted: Sequence[int] = (0,),
+    args: Sequence[str] = (),
+    args_for: Mapping[int, Sequence[str]] | None = None,
+    env_for: Mapping[int, Mapping[str, str]] | None = None,
+    ready_timeout_s: float = 30.0,
+    tables_timeout_s: float = 30.0,
+    reachable_timeout_s: float | None = None,
+) -> Iterator[RelayNetwork]:
+    """A publisher and `relays` relays on loopback, every one `p2pnet peer start --role relay`.
+
+    Writes `root/relay.toml`: a `[relay]` section trusting the peers numbered in `trusted` (peer 0,
+    the publisher, by default) followed by the lines of `config` (for example `fsync = false`).
+    Every peer gets `--config` and `args`; peer `i` also `args_for[i]` and the environment
+    `env_for[i]`. Starts the publisher, then the relays bootstrapped from it; waits until each
+    listens (`ready_timeout_s` each), every table is full (`tables_timeout_s`) and, with
+    `reachable_timeout_s`, every peer is reachable and sees every other reachable (from then on
+    relays plan each other as parents). Yields the `RelayNetwork`; on exit, or on any error
+    while starting, stops every peer it started by its PID. A peer that exits while the network
+    starts raises `PeerExited` naming it, with its log's tail; the logs stay under `root`."""
+    net = RelayNetwork(root, root / "relay.toml", [], args_for or {}, env_for or {}, args, ready_timeout_s)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        trusted_ids = ", ".join(f'"{peer_id_of(root / f"peer{i}")}"' for i in trusted)
+        net.config.write_text(f"[relay]\ntrusted_publishers = [{trusted_ids}]\n{config}")
+        net.start(0)
+        for i in range(1, relays + 1):  # all launched, then waited for: they start side by side
+            net._launch(i)
+        for peer in net.relays:
+            peer.wait_ready(ready_timeout_s)
+        wait_for_full_tables(net.peers, tables_timeout_s)
+        if reachable_timeout_s is not None:
+            wait_for_reachable(net.peers, reachable_timeout_s)
+        yield net
+    finally:
+        net.stop()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables, wait_for_reachable
+from p2pnet.localnet import control_call, relay_network
 
 pytestmark = pytest.mark.slow
 
@@ -35,35 +35,20 @@ def relay_status(peer) -> dict:
 
 
 def test_a_capped_origin_sends_each_chunk_once_and_no_relay_drops_a_root(tmp_path: Path):
-    origin_id = peer_id_of(tmp_path / "origin")
-    config = tmp_path / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{origin_id}"]\nannounce_interval_s = 1.0\nfsync = false\n')
-    args = ["--config", str(config), *FAST]
     source = tmp_path / "w.safetensors"
     save_file({"w": np.random.default_rng(7).integers(0, 256, size=SIZE, dtype=np.uint8)}, str(source))
-    origin = start_peer("origin", tmp_path / "origin", roles=["relay"],
-                        extra_args=[*args, "--upload-bps", str(ORIGIN_BPS)])
-    peers = [origin]
-    try:
-        origin.wait_ready(30)
-        peers += [start_peer(f"relay{i}", tmp_path / f"relay{i}", roles=["relay"], bootstrap=[origin.addr],
-                             extra_args=args) for i in range(RELAYS)]
-        for peer in peers[1:]:
-            peer.wait_ready(30)
-        wait_for_full_tables(peers, 30)
-        wait_for_reachable(peers, 60)
+    with relay_network(tmp_path, RELAYS, config="announce_interval_s = 1.0\nfsync = false\n", args=FAST,
+                       args_for={0: ["--upload-bps", str(ORIGIN_BPS)]}, reachable_timeout_s=60) as net:
+        origin = net.publisher
         control_call(origin.data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)], "model": "t",
                                        "version": 1, "chunk_bytes": CHUNK}, timeout_s=60)
         deadline_s = 30 + 4 * SIZE * RELAYS / ORIGIN_BPS  # (even a star through the cap fits)
-        for peer in peers[1:]:
+        for peer in net.relays:
             control_call(peer.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": deadline_s},
                          timeout_s=deadline_s + 10)
         payload = source.stat().st_size
         served = relay_status(origin)["bytes_served"]
         assert served >= payload
         assert served <= 1.25 * payload, f"the origin served {served / payload:.2f} copies"
-        excluded = {peer.name: relay_status(peer)["transfers"]["excluded"] for peer in peers[1:]}
-        assert excluded == {peer.name: [] for peer in peers[1:]}, "an honest relay dropped a source"
-    finally:
-        for peer in peers:
-            peer.stop()
+        excluded = {peer.name: relay_status(peer)["transfers"]["excluded"] for peer in net.relays}
+        assert excluded == {peer.name: [] for peer in net.relays}, "an honest relay dropped a source"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables
+from p2pnet.localnet import control_call, relay_network
 
 pytestmark = pytest.mark.slow
 
@@ -23,27 +23,18 @@ MIB = 2**20
 SIZE_MIB = 5
 CHUNK = 64 * 1024  # 81 chunks: the last of the store's fsync batches of 32 leaves 17 behind
 PER_MIB_S = 5.0  # generous seconds per MiB moved, on a loaded 2-core machine
+FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 
 
 def test_a_relay_killed_as_soon_as_a_version_is_complete_keeps_it(tmp_path):
-    publisher = peer_id_of(tmp_path / "pub")
-    config = tmp_path / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nannounce_interval_s = 1.0\n')
-    args = ["--config", str(config), "--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
     source = tmp_path / "weights.safetensors"
     save_file({"w": np.random.default_rng(3).integers(0, 256, size=SIZE_MIB * MIB, dtype=np.uint8)}, str(source))
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text('{"model": {"vocab": {"a": 0}}}')
     want = {p.name: p.read_bytes() for p in (source, tokenizer)}
     deadline_s = 30 + PER_MIB_S * SIZE_MIB
-    pub = start_peer("pub", tmp_path / "pub", roles=["relay"], extra_args=args)
-    peers = [pub]
-    try:
-        pub.wait_ready(30)
-        sink = start_peer("sink", tmp_path / "sink", roles=["relay"], bootstrap=[pub.addr], extra_args=args)
-        peers.append(sink)
-        sink.wait_ready(30)
-        wait_for_full_tables(peers, 30)
+    with relay_network(tmp_path, 1, config="announce_interval_s = 1.0\n", args=FAST) as net:
+        pub, sink = net.peers
         control_call(pub.data_dir, {"cmd": "checkpoint.publish", "paths": [str(source), str(tokenizer)],
                                     "model": "test", "version": 1, "chunk_bytes": CHUNK}, timeout_s=60)
         answer = control_call(sink.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": deadline_s},
@@ -51,9 +42,7 @@ def test_a_relay_killed_as_soon_as_a_version_is_complete_keeps_it(tmp_path):
         sink.kill()  # SIGKILL, at once: no flush on the way out
         assert {Path(f).name: Path(f).read_bytes() for f in answer["files"]} == want
 
-        again = start_peer("sink", tmp_path / "sink", roles=["relay"], bootstrap=[pub.addr], extra_args=args)
-        peers.append(again)
-        again.wait_ready(30)
+        again = net.start(1)  # (same data directory, settings and bootstrap; stopped with the rest)
         latest = control_call(again.data_dir, {"cmd": "checkpoint.wait", "version": "latest", "timeout_s": 30},
                               timeout_s=40)
         assert latest["version"] == 1 and latest["dir"] == answer["dir"]
@@ -68,6 +57,3 @@ def test_a_relay_killed_as_soon_as_a_version_is_complete_keeps_it(tmp_path):
         assert {name: p.read_bytes() for name, p in exported.items()} == want
         stored = {Path(f).name: Path(f) for f in latest["files"]}
         assert all(os.stat(exported[n]).st_ino == os.stat(stored[n]).st_ino for n in want)  # links, not copies
-    finally:
-        for peer in peers:
-            peer.stop()

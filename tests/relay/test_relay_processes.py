@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import (PeerProcess, control_call, peer_id_of, start_peer, wait_for, wait_for_full_tables,
-                             wait_for_reachable)
+from p2pnet.localnet import PeerProcess, control_call, relay_network, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -61,13 +60,6 @@ def publish(peer: PeerProcess, path: Path, version: int, chunk_bytes: int) -> di
                                         "version": version, "chunk_bytes": chunk_bytes}, timeout_s=60)
 
 
-def start_relay(root: Path, i: int, config: Path, bootstrap: list[str]) -> PeerProcess:
-    env = {"P2PNET_TEST_CORRUPT_CHUNKS": "1"} if i == BYZANTINE else None
-    slow = ["--upload-bps", str(SLOW_BPS)] if i == SLOW else []
-    return start_peer(f"peer{i}", root / f"peer{i}", roles=["relay"], bootstrap=bootstrap,
-                      extra_args=["--config", str(config), *FAST, *slow], env=env)
-
-
 def honest(peers: list[PeerProcess]) -> list[PeerProcess]:
     """The honest relays that are not publishers and still run (a test before may have killed one)."""
     return [peer for peer in peers[1:BYZANTINE] if peer.alive()]
@@ -93,31 +85,19 @@ def wait_mid_transfer(victim: PeerProcess, version: int, chunks: int, nbytes: in
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     root = tmp_path_factory.mktemp("relaynet")
-    publishers = [peer_id_of(root / "peer0"), peer_id_of(root / f"peer{SLOW}")]
-    config = root / "relay.toml"
-    trusted = ", ".join(f'"{publisher}"' for publisher in publishers)
-    config.write_text(f'[relay]\ntrusted_publishers = [{trusted}]\nstall_timeout_s = 3.0\n'
-                      'request_timeout_s = 5.0\nannounce_interval_s = 1.0\nfsync = false\n')
-    peers = [start_relay(root, 0, config, [])]
-    try:
-        peers[0].wait_ready(30)
-        peers += [start_relay(root, i, config, [peers[0].addr]) for i in range(1, PEERS)]
-        for peer in peers[1:]:
-            peer.wait_ready(30)
-        wait_for_full_tables(peers, 30)
-        wait_for_reachable(peers, 60)  # else the byzantine relay may not be anyone's parent yet
-        yield root, config, peers
-    finally:
-        for peer in peers:
-            if peer.proc.stdout is None or not peer.proc.stdout.closed:  # killed ones were stopped already
-                peer.stop()
+    config = "stall_timeout_s = 3.0\nrequest_timeout_s = 5.0\nannounce_interval_s = 1.0\nfsync = false\n"
+    # reachable: else the byzantine relay may not be anyone's parent yet
+    with relay_network(root, PEERS - 1, config=config, trusted=(0, SLOW), args=FAST,
+                       args_for={SLOW: ["--upload-bps", str(SLOW_BPS)]},
+                       env_for={BYZANTINE: {"P2PNET_TEST_CORRUPT_CHUNKS": "1"}}, reachable_timeout_s=60) as net:
+        yield net
 
 
 @pytest.fixture(scope="module")
 def v1(network):
     """Version 1, 64 MiB in 1 MiB chunks, published by peer0 and fetched by every honest relay:
     (its source file, the files each fetched)."""
-    root, _, peers = network
+    root, peers = network.root, network.peers
     source = checkpoint(root / "v1.safetensors", 64, seed=1)
     reply = publish(peers[0], source, 1, 1 << 20)
     assert reply["chunks"] == 65
@@ -126,7 +106,7 @@ def v1(network):
 
 
 def test_a_64_mib_checkpoint_reaches_every_relay_byte_identical(network, v1):
-    _, _, peers = network
+    peers = network.peers
     source, fetched = v1
     want = source.read_bytes()
     assert {name: [Path(f).read_bytes() == want for f in files] for name, files in fetched.items()} == {
@@ -137,7 +117,7 @@ def test_a_64_mib_checkpoint_reaches_every_relay_byte_identical(network, v1):
 
 def test_the_byzantine_relay_is_detected_penalised_and_banned(network, v1):
     """Version 1's transfer (`v1`, fetched by every honest relay) asked the liar for chunks."""
-    _, _, peers = network
+    peers = network.peers
     liar = peers[BYZANTINE]
     assert relay_status(liar)["corrupting_chunks"] is True
     accusers = 0
@@ -153,7 +133,7 @@ def test_the_byzantine_relay_is_detected_penalised_and_banned(network, v1):
 
 
 def test_a_relay_killed_mid_transfer_does_not_stop_the_others(network):
-    root, _, peers = network
+    root, peers = network.root, network.peers
     source = checkpoint(root / "v2.safetensors", 12, seed=2)
     victim = peers[5]
     publish(peers[SLOW], source, 2, 64 * 1024)
@@ -166,16 +146,14 @@ def test_a_relay_killed_mid_transfer_does_not_stop_the_others(network):
 
 
 def test_a_peer_restarted_mid_download_fetches_only_what_it_lacked(network):
-    root, config, peers = network
+    root, peers = network.root, network.peers
     source = checkpoint(root / "v3.safetensors", 16, seed=3)
     victim = peers[4]
     publish(peers[SLOW], source, 3, 64 * 1024)
     row = wait_mid_transfer(victim, 3, 20, 16 << 20)
     victim.kill()
     have_before = row["chunks_have"]
-    restarted = start_relay(root, 4, config, [peers[0].addr])
-    peers[4] = restarted  # the fixture stops it at the end
-    restarted.wait_ready(30)
+    restarted = network.start(4)  # (the network stops it at the end)
     files = fetch(restarted, 3, root / "out3-restarted", transfer_deadline_s(16 << 20))
     assert Path(files[0]).read_bytes() == source.read_bytes()
     after = progress(restarted, 3)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for, wait_for_full_tables
+from p2pnet.localnet import PeerProcess, control_call, relay_network, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -54,25 +54,9 @@ def rot_one_chunk(peer: PeerProcess, index: int) -> None:
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     root = tmp_path_factory.mktemp("rotnet")
-    publisher = peer_id_of(root / "peer0")
-    config = root / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nstall_timeout_s = 3.0\n'
-                      'request_timeout_s = 5.0\nannounce_interval_s = 1.0\nfsync = false\n')
-    peers: list[PeerProcess] = []
-    try:
-        for i in range(3):
-            bootstrap = [peers[0].addr] if peers else []
-            peers.append(start_peer(f"peer{i}", root / f"peer{i}", roles=["relay"], bootstrap=bootstrap,
-                                    extra_args=["--config", str(config), *FAST]))
-            if i == 0:
-                peers[0].wait_ready(30)
-        for peer in peers[1:]:
-            peer.wait_ready(30)
-        wait_for_full_tables(peers, 30)
-        yield root, peers
-    finally:
-        for peer in peers:
-            peer.stop()
+    with relay_network(root, 2, args=FAST, config="stall_timeout_s = 3.0\nrequest_timeout_s = 5.0\n"
+                       "announce_interval_s = 1.0\nfsync = false\n") as net:
+        yield root, net.peers
 
 
 def test_a_chunk_rotten_on_disk_is_fetched_again_and_checkpoint_fetch_returns_identical_files(network):

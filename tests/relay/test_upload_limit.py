@@ -9,30 +9,22 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from p2pnet.localnet import control_call, peer_id_of, start_peer, wait_for_full_tables
+from p2pnet.localnet import control_call, relay_network
 
 pytestmark = pytest.mark.slow
 
 LIMIT = 2_000_000  # bytes a second
 SIZE = 6 * 2**20
 CHUNK = 256 * 1024
+FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 
 
 def test_a_relay_never_serves_faster_than_its_upload_limit(tmp_path):
-    publisher = peer_id_of(tmp_path / "pub")
-    config = tmp_path / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nfsync = false\n')
-    args = ["--config", str(config), "--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
     source = tmp_path / "w.safetensors"
     save_file({"w": np.random.default_rng(5).integers(0, 256, size=SIZE, dtype=np.uint8)}, str(source))
-    pub = start_peer("pub", tmp_path / "pub", roles=["relay"], extra_args=[*args, "--upload-bps", str(LIMIT)])
-    peers = [pub]
-    try:
-        pub.wait_ready(30)
-        sink = start_peer("sink", tmp_path / "sink", roles=["relay"], bootstrap=[pub.addr], extra_args=args)
-        peers.append(sink)
-        sink.wait_ready(30)
-        wait_for_full_tables(peers, 30)
+    with relay_network(tmp_path, 1, config="fsync = false\n", args=FAST,
+                       args_for={0: ["--upload-bps", str(LIMIT)]}) as net:
+        pub, sink = net.peers
         control_call(pub.data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)], "model": "t", "version": 1,
                                     "chunk_bytes": CHUNK}, timeout_s=60)
         control_call(sink.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": 120}, timeout_s=130)
@@ -41,6 +33,3 @@ def test_a_relay_never_serves_faster_than_its_upload_limit(tmp_path):
         # the first chunk goes out at once; every byte after one second's burst waits for its tokens
         allowed = LIMIT * relay["serving_window_s"] + LIMIT + CHUNK
         assert relay["bytes_served"] <= allowed, relay
-    finally:
-        for peer in peers:
-            peer.stop()

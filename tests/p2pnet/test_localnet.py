@@ -1,0 +1,151 @@
+"""`p2pnet.localnet.relay_network`, the starter the relay process tests and benchmarks share: real
+`p2pnet peer start --role relay` processes on loopback. A peer that fails to start is named with
+its log; every process it started is stopped, by its PID, on error and on exit; a peer that exits
+while waited for fails the wait at once, not at its deadline. Also `stop_all` (one SIGTERM each,
+SIGKILL at the deadline) and `wait_for_full_tables`' budget (the time spent asking does not count).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from p2pnet.localnet import PeerExited, PeerProcess, relay_network, stop_all, wait_for_full_tables, wait_for_reachable
+
+pytestmark = pytest.mark.slow
+
+FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
+
+
+def running_under(root: Path) -> list[int]:
+    """PIDs of the processes alive now whose command line names a data directory under `root`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # (it exited while we looked)
+            continue
+        if state != "Z" and any(arg.decode(errors="replace").startswith(f"{root}/") for arg in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("failing", [0, 2], ids=["publisher", "relay"])
+def test_a_peer_that_fails_to_start_is_named_with_its_log_and_every_peer_started_is_stopped(tmp_path, failing):
+    with pytest.raises(PeerExited) as caught:
+        with relay_network(tmp_path, 2, args=FAST, args_for={failing: ["--upload-bps", "-5"]}):
+            pytest.fail("the network started with a peer that cannot")
+    message = str(caught.value)
+    log = tmp_path / f"peer{failing}" / f"peer{failing}.log"
+    assert message.startswith(f"peer{failing} (pid ") and "exited with 2 before it was ready" in message
+    assert f"log: {log}" in message
+    assert "peer.upload_bps: must be > 0 (got -5)" in message  # the log's tail
+    assert log.exists()
+    if failing:
+        assert "listening on" not in message and (tmp_path / "peer1" / "peer1.log").exists()  # (it was started)
+    assert running_under(tmp_path) == []
+
+
+def test_every_peer_is_stopped_by_its_pid_on_exit_restarted_ones_too(tmp_path):
+    with pytest.raises(RuntimeError, match="the caller's own error"):
+        with relay_network(tmp_path, 2, args=FAST, reachable_timeout_s=60) as net:
+            assert [p.name for p in net.peers] == ["peer0", "peer1", "peer2"] and net.publisher is net.peers[0]
+            ids = {p.peer_id for p in net.peers}
+            for peer in net.peers:
+                status = peer.status()
+                assert status["reachable"] is True
+                assert {e["peer_id"] for e in status["peers"] if e["reachable"]} == ids - {peer.peer_id}
+            trusted = net.config.read_text()
+            assert trusted.startswith(f'[relay]\ntrusted_publishers = ["{net.publisher.peer_id}"]\n')
+            first = net.peers[2].proc.pid
+            net.peers[2].kill()
+            again = net.start(2)
+            assert net.peers[2] is again and again.proc.pid != first
+            pids = [p.proc.pid for p in net.peers]
+            assert all(alive(pid) for pid in pids)
+            raise RuntimeError("the caller's own error")
+    assert [pid for pid in pids if alive(pid)] == []
+    assert [p.proc.returncode for p in net.peers] == [0, 0, 0]  # each shut down cleanly, on one SIGTERM
+    assert running_under(tmp_path) == []
+    assert (tmp_path / "peer2" / "peer2.log").exists()  # (logs stay)
+
+
+def test_a_peer_that_exits_while_waited_for_fails_the_wait_at_once_with_its_log(tmp_path):
+    with relay_network(tmp_path, 1, args=FAST) as net:
+        victim = net.relays[0]
+        victim.kill()
+        for wait in (wait_for_full_tables, wait_for_reachable):
+            with pytest.raises(PeerExited) as caught:
+                wait(net.peers, 120)  # (at its deadline it would raise PeerUnavailable, not PeerExited)
+            assert str(caught.value).startswith(f"peer1 (pid {victim.proc.pid}) exited with -9;")
+            assert f"log: {victim.log_path}" in str(caught.value)
+
+
+class SlowToAsk:
+    """A peer whose status call takes `ask_s` and whose table is full from its `full_from`-th call."""
+
+    def __init__(self, peer_id: str, others: set[str], ask_s: float, full_from: int):
+        self.peer_id, self.others, self.ask_s, self.full_from, self.calls = peer_id, others, ask_s, full_from, 0
+
+    def status(self, timeout_s: float) -> dict:
+        self.calls += 1
+        time.sleep(self.ask_s)
+        known = self.others if self.calls >= self.full_from else set()
+        return {"peers": [{"peer_id": p} for p in known]}
+
+
+def test_the_time_spent_asking_the_peers_does_not_count_against_the_tables_deadline():
+    """Many peers on a slow machine: one round of status calls outlasts `timeout_s`. The wait still
+    gets its second round (its budget is `timeout_s` between rounds, as under the counted poll)."""
+    peers = [SlowToAsk(name, {"a", "b"} - {name}, ask_s=0.2, full_from=2) for name in ("a", "b")]
+    wait_for_full_tables(peers, timeout_s=0.05, poll_s=0.01)  # type: ignore[arg-type]
+    assert [p.calls for p in peers] == [2, 2]
+
+
+IGNORES_SIGTERM = """
+import signal, sys
+def count(signum, frame):
+    with open(sys.argv[1], "a") as f:
+        f.write("TERM\\n")
+signal.signal(signal.SIGTERM, count)
+print("ready", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_stop_all_sends_one_sigterm_and_kills_a_peer_that_ignores_it_at_the_deadline(tmp_path):
+    """A second SIGTERM would cut a peer's clean shutdown short: the stub counts what it gets."""
+    peers = []
+    try:
+        for i in range(2):
+            counted = tmp_path / f"stub{i}.signals"
+            proc = subprocess.Popen([sys.executable, "-c", IGNORES_SIGTERM, str(counted)], stdout=subprocess.PIPE)
+            peers.append(PeerProcess(f"stub{i}", tmp_path, proc, tmp_path / f"stub{i}.log"))
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"  # (its handler is set)
+        stop_all(peers, timeout_s=2.0)
+    finally:
+        for peer in peers:
+            peer.proc.kill()
+            peer.proc.wait()
+    assert [p.proc.returncode for p in peers] == [-signal.SIGKILL] * 2
+    # one each at most (a handler may not have run before the kill); the second stub, waited for
+    # after the first's deadline, would have counted a second SIGTERM
+    counts = [f.read_text().count("TERM") if f.exists() else 0 for f in sorted(tmp_path.glob("*.signals"))]
+    assert max(counts) <= 1, counts
