@@ -198,7 +198,7 @@ class SourceJudgement:
         if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
-        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(v.plan))
+        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(now, v))
         if rate * self.config.window_per_source >= SLOW_RATIO * planned:
             return False  # (each request's time includes its queue behind our others to this peer)
         if self._root_forwards_alone(v.plan, stripe, peer):
@@ -212,18 +212,37 @@ class SourceJudgement:
             return self._replaceable(now, v.plan, stripe, peer)
         return False
 
-    def _stripe_feed_bps(self, plan: StripePlan) -> float:
-        """The rate a stripe enters the network at: the origin's advertised upload over the
-        stripes (inf when we do not know it, or it advertises none), and no more than the
+    def _stripe_feed_bps(self, now: float, v: _Version) -> float:
+        """The rate a stripe of `v` enters the network at: the origin's advertised upload over
+        the stripes (inf when we do not know it, or it advertises none), and no more than the
         origin delivers us (a window of requests), once we timed `SLOW_MIN_SAMPLES` of its
-        chunks: an origin that advertises the default and has a home uplink measures its
-        upload only once every slot is busy, and we know it sooner. No member can forward a
-        stripe faster than the origin feeds it (see the top)."""
+        chunks, nor than it sent us of each stripe where it is our planned parent from when we
+        took `v` in to its latest chunk there (`_count_feed`; not counting the time after it,
+        once our stripe is complete), once it sent `SLOW_MIN_SAMPLES` of them: an origin
+        that advertises the default and has a home uplink measures its upload only once every
+        slot is busy, and its first chunks, sent within its burst, time it as fast as the
+        default (see the top). No member can forward a stripe faster than the origin feeds it."""
+        plan = v.plan
+        assert plan is not None
         upload = self._members.uploads.get(plan.origin, 0.0)
         feed = upload / plan.stripes if upload > 0 else math.inf
         if self._samples.get(plan.origin, 0) >= SLOW_MIN_SAMPLES:
-            return min(feed, self._rates[plan.origin] * self.config.window_per_source)
+            feed = min(feed, self._rates[plan.origin] * self.config.window_per_source)
+        if v.fed_chunks >= SLOW_MIN_SAMPLES and v.fed_at > v.known_at:
+            fed = sum(1 for parents in plan.parent if parents.get(self.self_id) == plan.origin)
+            feed = min(feed, v.fed_bytes / (v.fed_at - v.known_at) / max(fed, 1))
         return feed
+
+    def _count_feed(self, now: float, v: _Version, stripe: int, peer: str, size: int) -> None:
+        """Count a chunk of `size` bytes `peer` sent us in `stripe` towards the origin's feed
+        (`_stripe_feed_bps`) if `peer` is the origin and our planned parent there (a root's
+        stripe; not a stripe we took from it in place of another)."""
+        plan = v.plan
+        if plan is not None and peer == plan.origin and 0 <= stripe < plan.stripes and \
+                plan.parent[stripe].get(self.self_id) == peer:
+            v.fed_bytes += size
+            v.fed_chunks += 1
+            v.fed_at = now
 
     def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float, fastest: float) -> bool:
         """Whether `peer`, our parent in `stripe`, is a member whose claim the plan capped and
