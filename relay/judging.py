@@ -80,13 +80,28 @@ what it measures only after every upload slot was busy for 2 s (`relay.role_memb
 first version was judged against the default: 14.5 s and 1.81 copies (the same relays, the
 origin sending at 3 MB/s and advertising 1 GB/s; 17.8-18.5 s and 2.28 before the feed counted).
 So the feed is also no more than what the origin delivers us, once we timed 3 of its chunks (a
-root, or a relay the origin replaced a root for): 12.2 s and 1.54 copies, every drop left in
-the first 1.2 s (presumably the origin's first chunks, timed before its queue formed; not
-traced); the next version, the measured figure advertised, 8.0 s and 1.00 copies with either.
+root, or a relay the origin replaced a root for): 12.2 s and 1.54 copies, every drop in the
+first 1.2 s. Traced (11.9 s, 1.50 copies): each relay dropped 1-3 roots, every one judged
+against the other roots' rates as the stripe's only forwarder (`_short_of_plan`, 4.5-35 MB/s
+against a median of 50-700 MB/s, the noise above), after 3-11 of its chunks, with the origin
+already timed over 4-12 chunks at 50 MB/s to 1.2 GB/s: its first chunks leave within its burst
+(a second of its upload) and before its queue forms, so their time is their bytes' on a fast
+link, and the EWMA still held them. A rate per request says how fast a source answers when it
+answers, not how much it sends over time. So the feed is also no more than what the origin
+sent us of each stripe where it is our planned parent (a root's own stripe), from when we took
+the version in to its latest chunk there, once it sent 3 (`_count_feed`): bytes over time,
+burst and pauses included, the time after its latest chunk left out (our stripe may be
+complete long before the others). The same relays: 7.7-7.8 s and 1.00 copies at the first
+version, no drop; the next version, the measured figure advertised, 7.9-8.0 s and 1.00 copies
+(and once 10.1 s and 1.26 copies: not traced).
 Peers that crowd the origin lower what it delivers us, and excuse our parents more: still
-only those delivering half of it.
+only those delivering half of it. A root whose download binds measures the origin's feed as
+its own share of that download, as every parent of ours delivers it then.
 Where the origin feeds each stripe faster than the stripe's capacity over the members, nothing
-changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's time the same).
+changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's time the same;
+`--symmetric`, every upload alike and 10% of relays at half theirs: 834 drops as slow instead of
+815, 80.034058 s instead of 80.032839, the sum of the relays' times +0.05%; presumably roots
+whose download binds, measuring the feed below the plan's share; not traced).
 
 A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
 slow when it delivers us under a quarter of what the plan gave each of its children (its planned
