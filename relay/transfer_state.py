@@ -7,7 +7,7 @@ load per (source, stripe) link, the chunks' failed sources, holders of the whole
 counters for `progress`. `_Source` is one source's outstanding requests and when it last made
 progress (the stall check). `_requeue` puts a chunk back on its stripe's retry queue.
 
-Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`,
+Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
 `relay.failures`, `relay.announce`, `relay.swarm_transfer`); it imports none of them, so they
 import it (and `_requeue`) without importing the core.
 """
