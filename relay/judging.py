@@ -213,7 +213,7 @@ class SourceJudgement:
         if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
-        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(now, v))
+        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(v))
         if rate * self.config.window_per_source >= SLOW_RATIO * planned:
             return False  # (each request's time includes its queue behind our others to this peer)
         if self._root_forwards_alone(v.plan, stripe, peer):
@@ -227,7 +227,7 @@ class SourceJudgement:
             return self._replaceable(now, v.plan, stripe, peer)
         return False
 
-    def _stripe_feed_bps(self, now: float, v: _Version) -> float:
+    def _stripe_feed_bps(self, v: _Version) -> float:
         """The rate a stripe of `v` enters the network at: the origin's advertised upload over
         the stripes (inf when we do not know it, or it advertises none), and no more than the
         origin delivers us (a window of requests), once we timed `SLOW_MIN_SAMPLES` of its

@@ -123,8 +123,6 @@ class SourceChoice:
     self_id: str
     _members: Membership
     _rates: dict[str, float]
-    _samples: dict[str, int]
-    _waits: dict[str, float]
     _banned: set[str]
     _slow: set[str]
     _draw_orders: dict[StripePlan, dict[int, tuple[str, ...]]]  # `_by_draw`'s, for our current membership
