@@ -1,8 +1,9 @@
-"""How a relay's transfer core picks, judges and replaces its sources, with no I/O.
+"""How a relay's transfer core picks and replaces its sources, with no I/O.
 
 Mixed into `relay.transfer.TransferCore` (`SourceChoice`): these methods read the core's
 membership, measured delivery rates and exclusions, and never change them; like the core they
-take the time as an argument and draw nothing at random.
+take the time as an argument and draw nothing at random. Whether a parent delivers too little
+(slow) is judged in `relay.judging` (`SourceJudgement`, mixed in beside this).
 
 Reattaching orphans. When our parent in s is dropped (crashed, stalled, unreachable) or banned,
 walking up the ancestor chain would send every orphan of a relay near the root to the origin,
@@ -26,137 +27,10 @@ their claim they drew most orphans, and a parent that left orphans behind is mos
 whose claim was not kept. Measured (200 relays, 1 GB, 20 of them claiming 2^64 - 1 and
 delivering 20 MB/s, seed 1): children that dropped a liar borrowed another liar (at the cap one
 outweighed a dozen honest members) and dropped it three chunks later, liar after liar: with the
-slow-parent rules below, 164.3 s, and 80.6 s with capped claims last (26.6 s with the liars
+slow-parent rules of `relay.judging`, 164.3 s, and 80.6 s with capped claims last (26.6 s with the liars
 telling the truth; capped claims last with the median rule alone, 213.9 s). Honest seeds
 advertising beyond the cap are borrowed from last too, while their planned children keep them
 (20 of 200 relays at 10 GB/s: 10.41 s either way).
-
-Parents are judged by measured delivery (`_delivers_too_little`): each chunk's time is the time
-its bytes took plus the time the request waited in the source's queue for an upload slot (the
-source's answer header says; its long poll, waiting for the chunk itself, counts only past our
-other sources', below, so a parent is not blamed for its own parent's pace). A parent with more
-children than its real upload can feed moves each chunk fast but serves each child rarely; only
-its queue shows that.
-The queue is the source's word, though, and so is the long poll it leaves: our clock, from the
-ask to the last byte, says only how much longer than its report a chunk took, not why. A liar
-reporting no queue was timed while its bytes flowed alone (200 relays, 1 GB, 20 claiming 2^64 -
-1 and delivering 20 MB/s, seeds 1-3: 191.8, 252.9 and 136.7 s against 80.1, 75.8 and 76.1 s with
-the queue told; kept, and the fastest holder to borrow from). No clamp of a report closes that,
-and timing holders of the whole version from the request's arrival (122.1 s at seed 1) is
-escaped by a liar that never sends `Holding`. So the wait beyond the report is excused only as
-far as our other sources wait beyond theirs (`_unexcused_s`: the median of their EWMAs, the
-origin aside, over at least 3): in a pipelined broadcast every parent waits for its chunks about
-as long; the rest counts as the source's. Our own delays are left out by the shell, which times
-the wait from when a request is its to send (not while our disk holds our sends, nor while we
-dial the source: the first requests to a source 5 s away by dial were all 5 s late, and it was
-dropped as slow) to the answer's header (not our wait for a buffer, nor our storing):
-`relay.upstream`; the simulator has none of them. Then: 108.1, 86.5 and 90.7 s hiding the queue,
-81.5, 73.9 and 81.0 s telling it; 10 liars in 1,000 relays 115.5 s hiding it (133.1 s before),
-111.8 s telling it (116.3 s). Colluding liars that are most of our parents lift the median,
-hence the gap left.
-The cost: a parent fed by a slow parent waits longer than our others too, and was dropped (one
-liar in 200 relays: 801 honest parents dropped as slow instead of 31, every one the liar's child
-in the plan, 94.9 s instead of 78.7 s; 107.9 s hiding its queue). So a source whose planned
-parent in the stripe is a member whose claim the plan capped, its own claim not capped, is
-excused its wait (`_fed_by_a_capped_claim`: every peer knows the plan): one liar, seeds 1-3,
-told and hidden: 79.8, 84.3, 67.8, 66.0, 68.2 and 68.8 s (27 and 29 honest drops at seed 1)
-instead of 94.9, 107.9, 72.7, 79.3, 69.0 and 68.4; 20 liars, seeds 1-6, told 480.8 s in all
-instead of 463.0, hidden 571.8 instead of 566.9; 10 in 1,000, 116.3 s told and 111.7 s
-hidden instead of 111.8 and 115.5. Tried and not kept
-(same worlds; in all, one liar 434.7 s and 20 liars 1,052.6 s with this, 492.2 and 1,029.9
-without): also excusing a source whose planned parent we dropped (no change), that alone (455.1
-and 1,044.0 s; 10 in 1,000, 115.3 and 117.3 s), counting the wait only while the source's bytes
-are below our other sources' median too (386.1 s, but 20 hiding it 627.8 s against 566.9, 10 in
-1,000 hiding it 135.6 s, and a liar moving each chunk fast escapes it), or only the part past
-twice the median (seeds 1-3: 20 hiding it 324.5 s against 285.3). Honest worlds as before
-(`sim run` broadcast, symmetric, byzantine, churn, hostile at 1,000 relays, seed 1: within -0.3
-to +0.2 s, the same with the excuse; 20 seeds at 10 GB/s in 200: 10.41 s; the 20 relays above
-telling the truth: 26.6 -> 26.7 s), but 5 seeds at 10 GB/s (capped) in 200 downloading 30 MB/s:
-45.6 s, 42.0 s, and 44.4 s with the excuse. Timing from the ask alone (the whole wait counted)
-made hiding useless, but blamed more honest parents: 108.3, 117.6 and 119.8 s hidden or told;
-one liar in 200, 85.7 s.
-
-A parent is slow (`_delivers_too_little`) when it delivers under half the median of our other
-sources (over at least 3 of them) or under a quarter of the fastest of them but the origin, and
-under half the stripe's planned rate, and a member other than the origin could replace it.
-Liars hide behind each other from the median: in the world above the plan gave them about 60%
-of the child links (fan-outs of 20-46 at the cap), most children had liars for most parents,
-the median was a liar's rate, and they kept their liars to the end: 263.2 s, and 164.3 s with
-the fastest's quarter. When our own download binds, every parent delivers about as much and neither rule
-fires. Half of the fastest dropped honest parents merely behind early (1,000 relays, `sim run
-byzantine`, seed 1: parents the median kept dropped 1,055 times, mostly at 2.5-3 s, at 6 MB/s
-against a median of 8-11 and a fastest of 13-30; 20.70 s -> 21.15 s), with a quarter 20.70 s.
-The origin is no measure of a member's delivery (it holds every chunk first and has the
-largest upload: a datacenter among home links): in the world of 20 liars, 64 parents the
-median kept were dropped against its rate, 62 of them honest (80.55 s; 80.13 s without).
-The stripe's planned rate is its capacity over the members, but no more than the origin feeds
-the stripe (`_stripe_feed_bps`: its advertised upload over the stripes): every chunk of a stripe
-enters the network there, so no member forwards it faster. An origin whose upload is capped (a
-trainer on a home uplink) feeds every stripe slowly and alike, so every parent waits on its
-own feed; each chunk's bytes take next to nothing on a fast link, the rate we measure is mostly
-the part of that wait beyond our other sources' median (noise, one way or the other), and
-against the plan's rate (the roots' own advertised uploads) every parent looked slow: real
-relays, 7 under a 3 MB/s origin, 24 MiB in 64 KiB chunks (a stripe each, every root its
-stripe's only forwarder, so the origin replaced each one dropped) dropped a root 2-9 times
-each in a version, the origin served 2.3 copies and every relay took 18-19 s; judged against
-the feed, no drop, 1.00 copies, 7.6-7.9 s (`tests/relay/test_capped_origin_processes.py`).
-An origin that advertises the default (1 GB/s: nothing measured) on a home uplink advertises
-what it measures only after every upload slot was busy for 2 s (`relay.role_members`), and its
-first version was judged against the default: 14.5 s and 1.81 copies (the same relays, the
-origin sending at 3 MB/s and advertising 1 GB/s; 17.8-18.5 s and 2.28 before the feed counted).
-So the feed is also no more than what the origin delivers us, once we timed 3 of its chunks (a
-root, or a relay the origin replaced a root for): 12.2 s and 1.54 copies, every drop left in
-the first 1.2 s (presumably the origin's first chunks, timed before its queue formed; not
-traced); the next version, the measured figure advertised, 8.0 s and 1.00 copies with either.
-Peers that crowd the origin lower what it delivers us, and excuse our parents more: still
-only those delivering half of it.
-Where the origin feeds each stripe faster than the stripe's capacity over the members, nothing
-changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's time the same).
-
-A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
-slow when it delivers us under a quarter of what the plan gave each of its children (its planned
-upload over its planned fan-out: about the stripe's per-child rate, as for any parent) and under
-half of what the fastest of our other sources delivers (the origin aside), not a quarter.
-Planned at the cap, liars take every stripe's root and most child links, so they set the median,
-and a liar root's real upload was spread over its 20-30 children, each waiting on it: 20 liars
-in 200 relays (1 GB, each delivering 20 MB/s) held versions 1-8 (seed 1) for 1,459.6 s in all,
-322.1 s at worst (version 2; 26.8 s told the truth), and 1,123.4 and 210.7 s hiding their queue;
-with the rule, 864.7 and 159.3 s, and 834.4 and 118.0 s. An honest relay whose upload the plan
-capped and that has it delivers more than the plan believed of it (20 of 200 at 10 GB/s: 10.41,
-9.61, 9.84 and 9.85 s for versions 1-4, as before). One that advertises more than it has (the
-default `upload_bps`, 1 GB/s, among slower links) is planned as a liar is, and dropping it
-helps: 20 of 200 delivering the median upload (39.3 MB/s), versions 1-4: 59.36, 66.68, 141.89
-and 74.29 s against 64.25, 174.18, 181.81 and 122.89; twice it, 49.98, 45.67, 75.09 and 55.84
-against 51.57, 78.19, 90.41 and 60.97; four times it, within 1.4% (40.66 against 40.11 at
-version 4); with 3 in 10 relays downloading at 30 MB/s, or 60 such relays, none more than 0.4%
-slower; with every relay downloading at 30 MB/s and the 20 at four times the median, version 1
-took 46.32 s against 43.98 (1.05x; the others 1.01x at most; at the median, all faster). 10
-liars in 1,000 relays, versions 1-3: 117.50, 94.75 and 117.55 s, as before. When our own
-download binds, every parent delivers about as much, the capped ones short of their plan too:
-the quarter and the fastest leave them (the 20 at 10 GB/s with every relay downloading at 30
-MB/s, versions 1-4: 37.79, 41.99, 45.91 and 38.02 s, against 38.00, 41.68, 46.36 and 38.46).
-Under half of the plan instead of a quarter: 918.6 and 159.3 s told, 815.3 and 129.1 s hidden,
-but at 30 MB/s 40.05, 41.52, 45.63 and 46.22 s (470 drops of the honest relays at 10 GB/s as
-slow at version 4 instead of 320); an eighth: 854.1 and 146.3 s, 1,029.6 and 201.2 s. Against
-the fastest of our sources whose claims were not capped only (dropping a capped parent when we
-measured none), at half the plan: 557.1 and 79.4 s, 580.2 and 86.5 s, but 43.35 s instead of
-38.00 at 30 MB/s, version 1; with none measured keeping it, 1,573.5 and 337.6 s, 993.6 and 228.7
-s; against their median, 1,591.2 and 337.6 s. A relay whose parents are all liars cannot tell
-them from its own download. Not kept either: charging a capped claim the whole of its wait
-beyond its report where we are a leaf of it (without this rule: 1,355.6 and 304.1 s told,
-1,252.2 and 307.6 s hidden), and the origin feeding the first uncapped child of a capped root as
-it feeds the first child of a slow root (no change).
-Nor a floor whatever our other sources deliver: a capped claim under a sixteenth of what the
-plan gave each child, by our clock (its whole wait counted) once 16 of its chunks were timed.
-Versions 1-8: told 660.0 s in all, 101.1 s at worst (864.7 and 159.3 without it); hidden 785.5
-and 107.9 s (834.4 and 118.0). But a relay downloading at home-link speeds takes every capped
-parent for a liar: 100 relays, 1 GB, each downloading at 2 MB/s, 30 of them capped and honest
-(they hold the interior of every stripe, so all of a relay's sources are capped claims), 1,320.7
-s at version 1 instead of 504.2, 3,460 drops as slow instead of none; 10 of them, 1,061.6 s
-instead of 510.0. Sparing it where a source whose claim was not capped is as slow (our download
-binds) mended the 10 at version 1 (514.8 s) but not at 4 (628.4 s against 517.0), and left the
-30 as they were; judged by the rate the median rule judges, the simulator ran the 30 for 11
-minutes without finishing.
 
 A peer dropped only as slow is alive and delivers: when the chain falls through to the origin
 and the origin is not our planned parent there, we ask the slow member again instead
@@ -179,18 +53,6 @@ relays, 9.3 copies of the checkpoint from the origin (10.30 in all); with the ru
 copies, and 1.098x the bound instead of 1.189x. With the rule alone the stripe's median fell
 to 128 s, but its last 1% of relays, the children of a slow depth-2 member with 61 of them,
 waited until 280 s (1.40x): the origin's copies had been feeding that tail.
-The same holds for every child of a root that is its stripe's only forwarder (no other member
-of the stripe has children: small memberships, one member per stripe, `_root_forwards_alone`):
-nobody but the origin can replace it, and it is judged against the plan (`_short_of_plan`): it
-is slow when the share of its stripe's planned capacity it delivers is under half the share our
-parents in the other stripes deliver of theirs, and its rate under half the fastest of theirs
-(our own download may be what binds them all). Comparing rates as such, as for other parents,
-never found a relay that advertised far more than it delivered (the wire admits 2^64 - 1 bytes/s)
-slower than honest members of a small network, each of which feeds its children at its own few
-MB/s; and with no replacement it could not be dropped at all: 8 relays, 1 GB, one of them
-claiming 2^64 - 1 and delivering 20 MB/s, planned as the only forwarder of a stripe of most of
-the chunks, took 350 s instead of 5.1 s; with the rule (and `relay.planner.ADVERTISED_CAP`),
-11.4 s (`tests/relay/test_advertised_extremes.py`).
 
 Whatever dropped our chain (a stall included), the origin is asked only after others when it
 is not our planned parent (`_instead_of_origin`): a chain member dropped as slow, a peer we
@@ -240,11 +102,6 @@ if TYPE_CHECKING:
     from relay.transfer import TransferConfig
     from relay.transfer_state import _Version
 
-SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sources (and of the plan) is slow
-FASTEST_RATIO = 0.25  # ... or under a quarter of the fastest of them (and half the plan): liars hide from the median
-CLAIM_RATIO = 0.25  # a capped claim delivering under a quarter of what the plan gave each child (and half the fastest)
-SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
-WAIT_EWMA = 0.3  # as `relay.transfer.RATE_EWMA`: a source's waits beyond its reports (`_unexcused_s`)
 ENDGAME_MIN_STRIPES = 4  # a plan of fewer stripes (one tree) has no endgame: no stripe lags the others
 # stand-ins that answered "unavailable" for a chunk before the origin is asked (a hung one is dropped, not counted)
 ORIGIN_SPARE_TRIES = 2
@@ -266,8 +123,6 @@ class SourceChoice:
     self_id: str
     _members: Membership
     _rates: dict[str, float]
-    _samples: dict[str, int]
-    _waits: dict[str, float]
     _banned: set[str]
     _slow: set[str]
     _draw_orders: dict[StripePlan, dict[int, tuple[str, ...]]]  # `_by_draw`'s, for our current membership
@@ -337,138 +192,6 @@ class SourceChoice:
                 return False
             current = parents.get(current)
         return True
-
-    def _delivers_too_little(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
-        """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
-        sources of this version deliver to us (the median, over at least 3 of them), or less
-        than a quarter of what the fastest of them but the origin delivers (see the top), and
-        less than half of the stripe's planned rate (capacity / members, and no more than the
-        origin feeds the stripe: `_stripe_feed_bps`) too, and some member other than the origin
-        could replace it. Judged on measured delivery, never on what the peer
-        advertises; relative to our other sources, so our own slow download does not make every
-        parent look slow. The origin is never replaced, and takes over from a slow parent only
-        for the first-ranked child of a slow stripe root (see the top: a sixteenth of a copy) and
-        for the children of a root that is its stripe's only forwarder, judged against the plan
-        instead (`_short_of_plan`)."""
-        if v.plan is None:
-            return False
-        chain = v.chains[stripe]
-        if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
-            return False
-        rate = self._rates[peer]
-        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(v.plan))
-        if rate * self.config.window_per_source >= SLOW_RATIO * planned:
-            return False  # (each request's time includes its queue behind our others to this peer)
-        if self._root_forwards_alone(v.plan, stripe, peer):
-            return self._short_of_plan(v, stripe, peer) and self._usable(now, v.plan.origin)
-        origin, rates, samples = v.plan.origin, self._rates, self._samples
-        others = sorted((rates[p], p == origin) for p in v.sources
-                        if p != peer and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
-        fastest = max((r for r, from_origin in others if not from_origin), default=0.0)  # the origin aside
-        if self._short_of_claim(v, stripe, peer, rate, fastest) or len(others) >= 3 and (
-                rate < SLOW_RATIO * others[len(others) // 2][0] or rate < FASTEST_RATIO * fastest):
-            return self._replaceable(now, v.plan, stripe, peer)
-        return False
-
-    def _stripe_feed_bps(self, plan: StripePlan) -> float:
-        """The rate a stripe enters the network at: the origin's advertised upload over the
-        stripes (inf when we do not know it, or it advertises none), and no more than the
-        origin delivers us (a window of requests), once we timed `SLOW_MIN_SAMPLES` of its
-        chunks: an origin that advertises the default and has a home uplink measures its
-        upload only once every slot is busy, and we know it sooner. No member can forward a
-        stripe faster than the origin feeds it (see the top)."""
-        upload = self._members.uploads.get(plan.origin, 0.0)
-        feed = upload / plan.stripes if upload > 0 else math.inf
-        if self._samples.get(plan.origin, 0) >= SLOW_MIN_SAMPLES:
-            return min(feed, self._rates[plan.origin] * self.config.window_per_source)
-        return feed
-
-    def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float, fastest: float) -> bool:
-        """Whether `peer`, our parent in `stripe`, is a member whose claim the plan capped and
-        delivers us (a window of requests at `rate` each) under a quarter of what the plan gave
-        each of its children there (its planned upload over its planned fan-out), and under half of
-        `fastest`, what the fastest of our other sources delivers, the origin aside (see the top).
-        A member that delivers what the plan believed of it never falls short; when our own
-        download binds, every parent delivers about as much, and none falls short of the fastest."""
-        plan = v.plan
-        assert plan is not None
-        planned, claimed = self._members.planned, self._members.uploads
-        claim = planned.get(peer, 0.0)
-        if claim >= claimed.get(peer, 0.0):
-            return False
-        if rate * self.config.window_per_source >= CLAIM_RATIO * claim / max(plan.fanout[stripe].get(peer, 0), 1):
-            return False
-        return rate < SLOW_RATIO * fastest
-
-    def _unexcused_s(self, v: _Version, stripe: int, peer: str, unexplained_s: float) -> float:
-        """Of `unexplained_s` (how much longer a chunk from `peer` took by our clock than its
-        bytes' time plus the queue time `peer` reported: its long poll, by its word), the part
-        that counts against it: what exceeds the median of the same wait (EWMA) over our other
-        sources of `v` but the origin, at least 3 of them measured; none with fewer, nor when
-        `peer` waits on a feed the plan does not believe (`_fed_by_a_capped_claim`; see the
-        top). Records the wait."""
-        waits, samples, origin = self._waits, self._samples, v.plan.origin if v.plan is not None else None
-        unexplained_s = unexplained_s if unexplained_s > 0 else 0.0  # (a report longer than our clock's)
-        old = waits.get(peer)
-        waits[peer] = unexplained_s if old is None else (1 - WAIT_EWMA) * old + WAIT_EWMA * unexplained_s
-        if self._fed_by_a_capped_claim(v, stripe, peer):
-            return 0.0
-        others = sorted(w for p, w in waits.items()  # (per chunk: sorted only when it may count)
-                        if p != peer and p != origin and p in v.sources and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
-        if len(others) < 3:
-            return 0.0
-        return max(unexplained_s - others[len(others) // 2], 0.0)
-
-    def _fed_by_a_capped_claim(self, v: _Version, stripe: int, peer: str) -> bool:
-        """Whether `peer`'s planned parent in `stripe` (not the origin) is a member whose claim
-        the plan capped, `peer`'s own claim not capped: its long poll waits on a feed nobody
-        believes (see the top). Every peer knows as much: the plan is drawn from the signed
-        heartbeats."""
-        plan = v.plan
-        if plan is None or not 0 <= stripe < plan.stripes:  # (a swarm request; a stripe of an older plan)
-            return False
-        up = plan.parent[stripe].get(peer)
-        if up is None or up == plan.origin:
-            return False
-        planned, claimed = self._members.planned, self._members.uploads
-        if planned.get(peer, 0.0) < claimed.get(peer, 0.0):
-            return False
-        return planned.get(up, 0.0) < claimed.get(up, 0.0)
-
-    def _root_forwards_alone(self, plan: StripePlan, stripe: int, peer: str) -> bool:
-        """Whether `peer`, our planned parent in `stripe`, is the stripe's root and its only
-        interior member: nobody but the origin can replace it."""
-        ranked = plan.ranked_interior(stripe)
-        return len(ranked) == 1 and ranked[0][0] == peer and plan.ancestors(stripe, self.self_id) == [peer, plan.origin]
-
-    def _short_of_plan(self, v: _Version, stripe: int, peer: str) -> bool:
-        """Whether `peer`, our source in `stripe`, delivers under half the share of its stripe's
-        planned capacity that our parents in the other stripes deliver of theirs (the median,
-        over at least 3 of them), and under half the rate the fastest of them delivers. For a
-        stripe's only forwarder (see the top): an honest peer alone in a stripe delivers at a
-        rate that is a share of what it advertised like the others, whatever the figures; one
-        that advertised far more than it delivers falls short of that by the ratio of its lie.
-        Rates are compared as shares of the plan, not as such: a small network's honest members
-        feed their children at their own few MB/s each, and a liar delivering as much was never
-        under half of their median. The fastest parent's rate is what our own download lets
-        through: when it binds, every parent delivers about as much, and the one with the most
-        planned capacity would look short of its plan (8 honest relays, 1 GB, one downloading
-        at 5 MB/s: it dropped 3 honest forwarders 6 times, 207.7 s instead of 200.1 s; 12 and 20
-        relays downloading at 20 and 30 MB/s: 38 and 37 drops, the origin uploading 8.87 and
-        11.01 copies instead of 5.66 and 5.75; with the fastest's rate: no drop at 8 relays,
-        200.1 s; 13 and 5 drops, 7.04 and 9.73 copies; not traced, presumably forwarders
-        planned at hundreds of MB/s that their own 20-30 MB/s download holds back)."""
-        plan = v.plan
-        assert plan is not None
-        rates, samples = self._rates, self._samples
-        parents = [(rates[c[0]], plan.capacity_bps[s]) for s, c in enumerate(v.chains)
-                   if s != stripe and c and c[0] != peer and samples.get(c[0], 0) >= SLOW_MIN_SAMPLES]
-        if len(parents) < 3:
-            return False
-        rate = rates[peer]
-        shares = sorted(r / capacity for r, capacity in parents)
-        return rate / plan.capacity_bps[stripe] < SLOW_RATIO * shares[len(shares) // 2] and \
-            rate < SLOW_RATIO * max(r for r, _ in parents)
 
     def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
         """Whether someone could take over from `peer`, our source in `stripe`: a substitute

@@ -41,8 +41,8 @@ when the parent holds the whole version too.
 Issuing requests (the chains of sources, windows and budget, whom to ask, `asked_for` and holds
 on requests): `relay.requests` (mixed into the core).
 
-Reattaching orphans, judging parents by measured delivery, keeping the origin for what only it
-has and the endgame: `relay.sources` (mixed into the core).
+Reattaching orphans, keeping the origin for what only it has and the endgame: `relay.sources`;
+judging parents by measured delivery (slow): `relay.judging` (both mixed into the core).
 
 The "swarm" layout (a baseline, `relay.swarm`) has no plan: peers send their chunk bitmaps
 (`HaveChunks`) to their neighbours and pull any chunk from any neighbour known to hold it,
@@ -71,6 +71,7 @@ from relay.announce import Announcing, _Ask, _Others
 from relay.effects import DropReason, DropSource, ManifestAccepted, ServeAtOnce
 from relay.errors import ManifestRejected
 from relay.failures import FailureHandling
+from relay.judging import SourceJudgement
 from relay.manifest import SignedManifest, chunk_range
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HaveChunks, Holding, ManifestAnnounce
 from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
@@ -124,7 +125,7 @@ class TransferConfig:
 OpenFrame = Callable[[bytes, float], SignedManifest]
 
 
-class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmTransfer):
+class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, Announcing, SwarmTransfer):
     """One peer's relay transfers. Inputs are the core contract plus the commands below (and
     `fetch_failed`, `relay.failures`)."""
 
@@ -313,7 +314,7 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
         bytes' time plus the queue time `peer` reported; `unexplained_s`: how much longer the
         answer took, by the shell's clock, from when the request was its to send (not while it
         held our sends on our disk, nor while it dialled `peer`) until the answer began (not
-        while it stored it): `peer`'s long poll, by its word (`relay.sources`, `_unexcused_s`).
+        while it stored it): `peer`'s long poll, by its word (`relay.judging`, `_unexcused_s`).
         None: timed from our ask to `now`, a shell with no such delays (the simulator's)."""
         v = self._versions.get(version)
         if v is None:
@@ -333,6 +334,7 @@ class TransferCore(Requesting, SourceChoice, FailureHandling, Announcing, SwarmT
             if unexplained_s is None:  # (from our ask)
                 unexplained_s = now - entry[2] - elapsed_s  # type: ignore[index]
             elapsed_s += self._unexcused_s(v, stripe, peer, unexplained_s)
+            self._count_feed(now, v, stripe, peer, size)
         if elapsed_s > 0:
             rate = size / elapsed_s
             old = self._rates.get(peer)

@@ -7,7 +7,7 @@ load per (source, stripe) link, the chunks' failed sources, holders of the whole
 counters for `progress`. `_Source` is one source's outstanding requests and when it last made
 progress (the stall check). `_requeue` puts a chunk back on its stripe's retry queue.
 
-Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`,
+Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
 `relay.failures`, `relay.announce`, `relay.swarm_transfer`); it imports none of them, so they
 import it (and `_requeue`) without importing the core.
 """
@@ -54,6 +54,9 @@ class _Version:
     holders: set[str] = field(default_factory=set)
     fetched_chunks: int = 0
     fetched_bytes: int = 0
+    fed_chunks: int = 0  # chunks, and bytes, the origin sent us where it is our planned parent (`relay.judging`)
+    fed_bytes: int = 0
+    fed_at: float = 0.0  # when the latest of them came
     completed_at: float | None = None
     starved: bool = False  # the in-flight budget, not a window, stopped the last pump
     forwards: int = -1  # the stripe in which we have children (our home stripe), or -1

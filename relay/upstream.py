@@ -52,7 +52,7 @@ alone:
   read one of them, and an honest source closes only when it owes nothing) carries those
   requests over, ahead of the queue, to a new connection of the same upstream (`_carry_over`),
   their clocks still counting what they waited on the old one (a source that closes on a request
-  it holds back does not wipe that wait from its delivery: `relay.sources`, `_unexcused_s`),
+  it holds back does not wipe that wait from its delivery: `relay.judging`, `_unexcused_s`),
   reported to nobody: the upstream stays the peer's throughout, so the ending protocol above
   holds as it is. A source that is really gone fails the new connection's open (a killed
   process: refused; its host gone: the connect's timeout), and its requests fail as
@@ -327,7 +327,7 @@ class Upstream:
             # hash and store it while we read on
             # the source's queue counts (it told us how long we waited for its upload); its long
             # poll, waiting for the chunk itself, does not, unless longer than our other sources'
-            # (`relay.sources`, `_unexcused_s`): the wait beyond its report until its answer began,
+            # (`relay.judging`, `_unexcused_s`): the wait beyond its report until its answer began,
             # by our clock, not our buffer's wait or our storing
             nursery.start_soon(self._report, fetch, buffer, trio.current_time() - started + header.queued_s,
                                unexplained_s)

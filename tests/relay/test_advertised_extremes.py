@@ -227,7 +227,7 @@ def test_a_liars_planned_children_are_not_dropped_as_slow_by_their_own(monkeypat
     """Seed 1, virtual time: one relay in 200 claiming 2^64 - 1 and delivering 20 MB/s. Its planned
     children get each chunk of its stripes late, and their own children wait on them for it (their
     long poll) longer than on their other parents. With that wait counted past our other sources'
-    (`relay.sources`, `_unexcused_s`), 801 honest parents were dropped as slow instead of 31,
+    (`relay.judging`, `_unexcused_s`), 801 honest parents were dropped as slow instead of 31,
     every one a child of the liar in the plan (94.9 s instead of 78.7 s; hiding its queue, 863 and
     107.9 s). A source whose planned parent's claim the plan capped waits on that feed, and is
     excused (`_fed_by_a_capped_claim`): 27 and 29 dropped, 79.8 and 84.3 s."""

@@ -1,7 +1,11 @@
-"""A stripe's root is judged against what the origin feeds its stripe (`relay.sources`,
+"""A stripe's root is judged against what the origin feeds its stripe (`relay.judging`,
 `_stripe_feed_bps`): under an origin whose upload is capped, a root that forwards faster than the
-origin feeds it is kept, and one far slower than that is still dropped. The transfer core alone;
-`tests/relay/test_capped_origin_processes.py` shows the same with real relay processes."""
+origin feeds it is kept, and one far slower than that is still dropped; so too under an origin
+that advertises the default and sends its first chunks within a burst, judged by what it sent
+of our own stripe over time, while a slow root under a fast origin is dropped. The transfer core
+alone; `tests/relay/test_capped_origin_processes.py` shows the same with real relay processes."""
+
+import heapq
 
 import pytest
 
@@ -69,5 +73,51 @@ def test_a_root_is_judged_against_what_the_capped_origin_feeds_its_stripe(laggin
         out = core.fetched(t, fetch.peer, 1, fetch.index, per_chunk[fetch.peer], 0.0)
         drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
         pending += [e for e in out if isinstance(e, Fetch)]
+    assert core._versions[1].complete
+    assert [(d.peer, d.why) for d in drops] == ([(lagging, DropReason.SLOW)] if dropped else [])
+
+
+@pytest.mark.parametrize("origin_sends_bps, lagging_bps, dropped", [
+    (ORIGIN_BPS, 5e6, False),  # the capped origin feeds every stripe 0.43 MB/s: the root forwards all it gets
+    (ORIGIN_BPS, 4e4, True),  # a root under a tenth of that feed
+    (RELAY_BPS, 5e6, True),  # under an origin that sends what it advertises, a root at 5 MB/s among 65 MB/s
+])
+def test_a_root_is_judged_against_what_an_origin_advertising_the_default_sent_us(origin_sends_bps, lagging_bps,
+                                                                                  dropped):
+    """The origin advertises the default 1 GB/s (it has not measured its upload yet) and times as
+    fast: each of its chunks takes a millisecond's bytes and, within its burst, no queue, so the
+    rate we measure of it (a window of requests) says nothing of its uplink. Each source answers
+    our requests one after another, in time at what it is fed; our clock times each chunk at its
+    bytes (65 MB/s; the lagging root's `lagging_bps`: the noise real relays logged, 4.5 MB/s to
+    1.4 GB/s). Real relays under such an origin on a 3 MB/s uplink (7 of them, 24 MiB) dropped a
+    root 1-3 times each in its first version, every drop judged against the plan's share of the
+    stripe (`_short_of_plan`) with the origin timed at 50 MB/s to 1.2 GB/s over 4-12 chunks: 1.50
+    copies from the origin and 11.9 s instead of 1.00 and 7.8 s. Now the feed is also what the
+    origin sent us of our own stripe over the time it took (`_count_feed`): kept at 5 MB/s, while
+    a root at 40 KB/s is dropped, and one at 5 MB/s under an origin that sends at 1 GB/s too."""
+    core, pending = _relay(RELAY_BPS)
+    plan = core._versions[1].plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    lagging = next(plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin)
+    fed_bps = min(origin_sends_bps / plan.stripes, 65e6)  # each stripe, as the origin sends it to its root
+    sends = {p: CHUNK / fed_bps for p in core._members.uploads}  # each answer's time, one after another
+    sends[lagging] = CHUNK / min(fed_bps, lagging_bps)
+    timed = {p: CHUNK / 65e6 for p in core._members.uploads}  # what our clock makes of its bytes
+    timed[lagging], timed[origin] = CHUNK / lagging_bps, CHUNK / 1e9
+    free = dict.fromkeys(sends, 0.0)
+    due: list[tuple[float, int, str, int]] = []
+
+    def ask(now: float, fetches: list[Fetch]) -> None:
+        for fetch in fetches:
+            free[fetch.peer] = max(free[fetch.peer], now) + sends[fetch.peer]
+            heapq.heappush(due, (free[fetch.peer], fetch.index, fetch.peer, fetch.index))
+
+    ask(0.0, pending)
+    drops: list[SourceDropped] = []
+    while due:
+        t, _, peer, index = heapq.heappop(due)
+        out = core.fetched(t, peer, 1, index, timed[peer], 0.0)
+        drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
+        ask(t, [e for e in out if isinstance(e, Fetch)])
     assert core._versions[1].complete
     assert [(d.peer, d.why) for d in drops] == ([(lagging, DropReason.SLOW)] if dropped else [])

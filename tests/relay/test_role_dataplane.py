@@ -548,7 +548,7 @@ async def test_a_source_dropped_as_its_answer_comes_in_gives_its_buffer_back_and
 
 async def test_an_answer_behind_another_on_the_connection_did_not_wait_on_the_source(autojump_clock):
     """Answers to us share one connection: the second's header comes only after the first's bytes.
-    Its wait beyond the source's report (`relay.sources`, `_unexcused_s`) leaves out the time the
+    Its wait beyond the source's report (`relay.judging`, `_unexcused_s`) leaves out the time the
     connection spent taking the first in (its bytes, our wait for a buffer): a parent serving us
     in several stripes had each answer timed behind all of ours before it, as if its queue. A
     source that holds them back does not gain by it: its wait since our ask still counts."""

@@ -348,7 +348,7 @@ async def start_with_prompt_sources(h: Harness, nursery: trio.Nursery, dial_s: C
 
 
 async def test_a_source_is_not_dropped_as_slow_for_the_time_we_took_to_connect_to_it(tmp_path, clock):
-    """Our sources are timed from our ask too (`relay.sources`, `_unexcused_s`): each chunk's
+    """Our sources are timed from our ask too (`relay.judging`, `_unexcused_s`): each chunk's
     wait beyond what its source reports counts against it past our other sources' such waits.
     Our parent in one stripe (`SlowParent`) takes `100 * ANSWER_S` to connect to (its address
     came late, a long path): every request we had asked of it waited that long by the core's
