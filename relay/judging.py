@@ -100,8 +100,17 @@ its own share of that download, as every parent of ours delivers it then.
 Where the origin feeds each stripe faster than the stripe's capacity over the members, nothing
 changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's time the same;
 `--symmetric`, every upload alike and 10% of relays at half theirs: 834 drops as slow instead of
-815, 80.034058 s instead of 80.032839, the sum of the relays' times +0.05%; presumably roots
-whose download binds, measuring the feed below the plan's share; not traced).
+815, 80.034058 s instead of 80.032839, the sum of the relays' times +0.05%: traced, two
+verdicts differ, one root keeping its parent in another stripe at 12.72 MB/s against 11.98
+instead of 12.88 at 18.06 s and 19.14 s, its own stripe's feed timed until 2.7 s, and the world
+diverging after it; the figure is stale once our stripe is whole, left so: judging only while
+it is fed may drop parents at the end of a capped origin's version, not measured).
+A late start also lowers the figure (our dial, a held send: counted from taking the version
+in), so a slow root under a fast origin is kept where every first answer came 1-5 s late (a
+4 MiB version, the core alone); with the time counted from our first request's arrival, a
+capped origin's first second of upload, sent as a burst, read 2.7-3.3 MB/s for a stripe fed at
+0.43 and roots were dropped again (real relays: 11.1 s and 1.41 copies): a sound figure would
+leave the burst out, not built.
 
 A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
 slow when it delivers us under a quarter of what the plan gave each of its children (its planned
