@@ -361,11 +361,28 @@ class Announcing:
             self._refused_manifests[blake3.blake3(frame).digest()] = version
             while len(self._refused_manifests) > MAX_REFUSED_MANIFESTS:
                 self._refused_manifests.popitem(last=False)
+        self._failed_blameless(now, peer, version, asked_at, effects)
+        return self._arm(now, effects)
+
+    def manifest_declined(self, now: float, peer: str, version: int, asked_at: float | None = None) -> list[Any]:
+        """`peer` answered our `FetchManifest` of `version` (made at `asked_at`) with a status we do
+        not know (`relay.role`): a newer peer's, which may add statuses as `p2pnet.wire`'s rule adds
+        fields, so it says nothing we can read, neither "not held" (which would exclude it) nor a
+        broken answer (a ban). The ask failed with no verdict on `peer`: another holder that named
+        the version is asked at once, and `peer` stays usable, asked again only in its turn among
+        those remembered (`_after_failure`), so answering so gains a liar nothing."""
+        effects: list[Any] = []
+        self._failed_blameless(now, peer, version, asked_at, effects)
+        return self._arm(now, effects)
+
+    def _failed_blameless(self, now: float, peer: str, version: int, asked_at: float | None,
+                          effects: list[Any]) -> None:
+        """The ask of `version` of `peer` (made at `asked_at`), if it is the ask in flight, failed
+        with no verdict on `peer`: another holder that named the version is asked at once."""
         asked = self._manifest_asked.get(version)
-        if asked is not None and asked.peer == peer and asked_at in (None, asked.at):  # (the ask in flight)
+        if asked is not None and asked.peer == peer and asked_at in (None, asked.at) and version not in self._versions:
             self._manifest_asked[version] = asked._replace(failed=True)
             self._ask_another(now, version, effects)
-        return self._arm(now, effects)
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,
