@@ -10,6 +10,7 @@ import pytest
 from p2pnet.core import SetTimer
 from relay.announce import MAX_ASKS_AFTER_FAILURES, MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
 from relay.effects import FetchFailure, FetchManifest, Penalise
+from relay.failures import MAX_BANNED
 from relay.manifest import sign_manifest
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
 from relay.transfer import TransferConfig, TransferCore
@@ -317,3 +318,21 @@ def test_a_sound_manifest_we_will_not_take_fails_its_ask_and_blames_nobody(kind)
     assert asks(c, 10.0, "m0", version=3) == ["m0"]
     named = envelope("s3", Holding((HeldVersion(2, blake3.blake3(frame).digest()),)))
     assert _asked(c.on_message(20.0, named)) == ([] if kind == "untrusted" else ["s3"])
+
+
+def test_bans_are_bounded_and_a_flood_of_identities_unbans_a_liar_only_after_as_many_bans():
+    """A holder answers our manifest ask with garbage and is banned; then ever new identities
+    each serve garbage once (a chunk that does not verify, or a broken manifest answer): the bans
+    remembered stay at `MAX_BANNED`, the first banned forgotten first, so the liar is banned
+    until `MAX_BANNED` others were banned after it. Before, each identity added a ban for ever."""
+    c = _core(("liar",))
+    assert asks(c, 0.0, "liar") == ["liar"]
+    c.manifest_failed(0.5, "liar", 1, FetchFailure.CORRUPT)
+    for i in range(MAX_BANNED - 1):
+        c.fetch_failed(1.0, f"x{i:05d}", 1, 0, FetchFailure.CORRUPT)
+    assert len(c._banned) == MAX_BANNED and "liar" in c._banned
+    assert asks(c, 10.0, "liar", version=2) == []
+    for i in range(MAX_BANNED - 1, 2 * MAX_BANNED):
+        c.fetch_failed(2.0, f"x{i:05d}", 1, 0, FetchFailure.CORRUPT)
+    assert len(c._banned) == MAX_BANNED and "liar" not in c._banned
+    assert c._banned == {f"x{i:05d}" for i in range(MAX_BANNED, 2 * MAX_BANNED)}
