@@ -33,12 +33,15 @@ asked again, asks nothing. An answer that gives us no manifest of the version is
 (`_ask_another`): the next `Holding` of the version may be minutes away at scale. Each failure
 makes at most one new ask, and the asks made because one failed (of a remembered holder, or by a
 member's `Holding`, below) are at most `MAX_ASKS_AFTER_FAILURES` (4) per `manifest_retry_s` per
-version (`_spend`): holders that fail at once and name the version again and again (a `Holding`
-costs nothing) cannot have an ask made of each `Holding`. Once an ask has failed, every ask of
-the version goes to the first remembered holder (`_after_failure`): a `Holding` only joins them
-(members taking strangers' places), whether it asks at once (a member's, within the bound) or
-`manifest_retry_s` after the last ask; with the bound spent the ask is put off until it allows
-one (`_manifest_again`, of whoever is first then). So identities that spend the bound and name
+version (`_spend`), one of them kept for a member: holders that fail at once and name the
+version again and again (a `Holding` costs nothing) cannot have an ask made of each `Holding`,
+and strangers (asked only while no member is remembered) cannot spend the bound before a member
+names the version (100 strangers failing at once: a member naming it at 0.5 s was asked at
+0.51 s; 5.02 s without the share kept). Once an ask has failed, every ask of the version goes
+to the first remembered holder (`_after_failure`): a `Holding` only joins them (members taking
+strangers' places), whether it asks at once (a member's, within the bound) or `manifest_retry_s`
+after the last ask; with the bound spent the ask is put off until it allows one
+(`_manifest_again`, of whoever is first then). So identities that spend the bound and name
 the version again and again cannot ask ahead of a holder remembered from one `Holding`: with 20
 members naming a version every second and answering "not held", an honest member naming it once
 at 0.5 s was asked at 10.1 s (30.5 s, its next `Holding`, before), with 100 at 80.1 s (never in
@@ -136,6 +139,7 @@ class _Others:
     named: dict[str, bool] = field(default_factory=dict)
     since: float = -math.inf
     after_failures: int = 0
+    of_strangers: int = 0  # of them, asks of strangers (`_spend`: one is kept for a member)
 
 
 class Announcing:
@@ -268,7 +272,7 @@ class Announcing:
         peer = next((p for p in usable if p in members), usable[0] if usable else None)
         if peer is None:
             return False
-        if spend and not self._spend(now, version):
+        if spend and not self._spend(now, version, peer in members):
             self._manifest_again[version] = (others.since + self.config.manifest_retry_s, "")
             return False
         self._asked(now, version, peer, others.named[peer], effects)
@@ -279,18 +283,22 @@ class Announcing:
         again = self._manifest_again.get(version)
         return again is not None and not again[1]
 
-    def _spend(self, now: float, version: int) -> bool:
-        """Whether an ask of `version` may be made because one failed (`_ask_another`, or a
-        member's `Holding`: `_after_failure`), counted if so: at most `MAX_ASKS_AFTER_FAILURES`
-        per `manifest_retry_s` per version. Holders that fail at once (members included: each new
-        identity may fail once before it is excluded) and name the version again and again must
-        not make an ask of every `Holding`."""
+    def _spend(self, now: float, version: int, of_member: bool) -> bool:
+        """Whether an ask of `version` (of a member or not: `of_member`) may be made because one
+        failed (`_ask_another`, or a member's `Holding`: `_after_failure`), counted if so: at most
+        `MAX_ASKS_AFTER_FAILURES` per `manifest_retry_s` per version, one of them kept for a
+        member. Holders that fail at once (members included: each new identity may fail once
+        before it is excluded) and name the version again and again must not make an ask of every
+        `Holding`; strangers (anyone may send `Holding`, and a stranger is asked only while no
+        member is remembered) must not spend the bound a member named since would be asked in."""
         others = self._manifest_others.setdefault(version, _Others())
         if now >= others.since + self.config.manifest_retry_s:  # (the sum `_ask_another` puts an ask off to)
-            others.since, others.after_failures = now, 0
-        if others.after_failures >= MAX_ASKS_AFTER_FAILURES:
+            others.since, others.after_failures, others.of_strangers = now, 0, 0
+        if others.after_failures >= MAX_ASKS_AFTER_FAILURES \
+                or (not of_member and others.of_strangers >= MAX_ASKS_AFTER_FAILURES - 1):
             return False
         others.after_failures += 1
+        others.of_strangers += not of_member
         return True
 
     def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure,

@@ -336,3 +336,21 @@ def test_bans_are_bounded_and_a_flood_of_identities_unbans_a_liar_only_after_as_
         c.fetch_failed(2.0, f"x{i:05d}", 1, 0, FetchFailure.CORRUPT)
     assert len(c._banned) == MAX_BANNED and "liar" not in c._banned
     assert c._banned == {f"x{i:05d}" for i in range(MAX_BANNED, 2 * MAX_BANNED)}
+
+
+def test_strangers_that_fail_at_once_cannot_spend_the_asks_a_member_named_since_is_asked_in():
+    """Strangers name a version and fail each ask at once: those made because one failed are
+    asked of them, while no member is remembered, but one of the `MAX_ASKS_AFTER_FAILURES` per
+    `manifest_retry_s` is kept for a member, so an honest member naming the version then is asked
+    at once. Before, the strangers spent the bound, and the member's ask was put off until it
+    allowed one (`manifest_retry_s`; 5.02 s against 0.51 s in a core-alone run of 100 such)."""
+    strangers = [f"s{i}" for i in range(MAX_ASKS_AFTER_FAILURES + 2)]
+    c = _core(("h",))
+    assert asks(c, 0.0, strangers[0]) == [strangers[0]]
+    assert [asks(c, 0.01 * i, s) for i, s in enumerate(strangers[1:], 1)] == [[]] * (len(strangers) - 1)
+    order, peer = [], strangers[0]
+    while nxt := failed(c, 0.1, peer, FetchFailure.UNAVAILABLE):
+        order += nxt
+        peer = nxt[0]
+    assert order == strangers[1:MAX_ASKS_AFTER_FAILURES]  # one kept for a member
+    assert asks(c, 0.5, "h") == ["h"]
