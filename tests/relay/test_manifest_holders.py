@@ -354,3 +354,17 @@ def test_strangers_that_fail_at_once_cannot_spend_the_asks_a_member_named_since_
         peer = nxt[0]
     assert order == strangers[1:MAX_ASKS_AFTER_FAILURES]  # one kept for a member
     assert asks(c, 0.5, "h") == ["h"]
+
+
+def test_a_holding_after_the_retry_period_asks_the_first_holder_remembered_not_its_sender():
+    """The ask of a version failed with no other holder to ask; strangers name it since, s1 first
+    (a stranger's `Holding` after a failure only joins those remembered). `manifest_retry_s`
+    after the last ask, s2 names it again: the first remembered, s1, is asked, not s2. Before,
+    the `Holding` asked its sender, so one that names the version again and again was asked
+    each period ahead of a holder that named it once."""
+    c = _core()
+    assert asks(c, 0.0, "s0") == ["s0"]
+    assert failed(c, 0.1, "s0", FetchFailure.UNREACHABLE) == []  # none other named it
+    assert asks(c, 1.0, "s1") == []
+    assert asks(c, 2.0, "s2") == []
+    assert asks(c, CONFIG.manifest_retry_s + 0.5, "s2") == ["s1"]
