@@ -116,6 +116,7 @@ if TYPE_CHECKING:
 MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
 MAX_OTHER_HOLDERS = 16  # per version asked for: other holders that named it, asked when an ask fails
 MAX_ASKS_AFTER_FAILURES = 4  # per version, per `manifest_retry_s`: asks made because one failed (`_spend`)
+MAX_DECLINED = 2 * MAX_OTHER_HOLDERS  # per version asked for: holders that declined its ask (`manifest_declined`)
 MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
 _NOT_THE_HOLDERS = frozenset({"untrusted_publisher", "stale"})  # a sound manifest we will not take (`_not_for_us`)
 
@@ -133,13 +134,15 @@ class _Ask(NamedTuple):
 @dataclass(slots=True)
 class _Others:
     """Other holders that named a version asked for (peer -> it holds all), first named first,
-    at most `MAX_OTHER_HOLDERS`; and the asks made since `since` because one failed (`_spend`:
-    at most `MAX_ASKS_AFTER_FAILURES`)."""
+    at most `MAX_OTHER_HOLDERS`; the asks made since `since` because one failed (`_spend`: at
+    most `MAX_ASKS_AFTER_FAILURES`); and the last `MAX_DECLINED` holders that declined its ask
+    (`manifest_declined`), first declined first, not asked for it again."""
 
     named: dict[str, bool] = field(default_factory=dict)
     since: float = -math.inf
     after_failures: int = 0
     of_strangers: int = 0  # of them, asks of strangers (`_spend`: one is kept for a member)
+    declined: dict[str, None] = field(default_factory=dict)
 
 
 class Announcing:
@@ -202,6 +205,9 @@ class Announcing:
         this `now`, for any new version `sender` names."""
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
+        others = self._manifest_others.get(version)
+        if others is not None and sender in others.declined:
+            return True  # it declined the ask of this version (`manifest_declined`): asked no more
         asked = self._manifest_asked.get(version)
         if asked is not None and asked.failed and sender not in self._banned:
             self._after_failure(now, version, asked, sender, holds_all, effects)
@@ -377,20 +383,29 @@ class Announcing:
         not know (`relay.role`): a newer peer's, which may add statuses as `p2pnet.wire`'s rule adds
         fields, so it says nothing we can read, neither "not held" (which would exclude it) nor a
         broken answer (a ban). The ask failed with no verdict on `peer`: another holder that named
-        the version is asked at once, and `peer` stays usable, asked again only in its turn among
-        those remembered (`_after_failure`), so answering so gains a liar nothing."""
+        the version is asked at once, and `peer` stays usable but is not asked for this version
+        while its ask is remembered (the last `MAX_DECLINED` per version): liars answering so and
+        naming it again at once, never excluded, kept the holders remembered full, an honest
+        member out, and were asked for ever (17 members: 65 asks in 90 s, the honest one never)."""
         effects: list[Any] = []
-        self._failed_blameless(now, peer, version, asked_at, effects)
+        if self._failed_blameless(now, peer, version, asked_at, effects):
+            declined = self._manifest_others.setdefault(version, _Others()).declined
+            declined[peer] = None
+            if len(declined) > MAX_DECLINED:
+                del declined[next(iter(declined))]
         return self._arm(now, effects)
 
     def _failed_blameless(self, now: float, peer: str, version: int, asked_at: float | None,
-                          effects: list[Any]) -> None:
+                          effects: list[Any]) -> bool:
         """The ask of `version` of `peer` (made at `asked_at`), if it is the ask in flight, failed
-        with no verdict on `peer`: another holder that named the version is asked at once."""
+        with no verdict on `peer`: another holder that named the version is asked at once;
+        whether it was the ask in flight."""
         asked = self._manifest_asked.get(version)
-        if asked is not None and asked.peer == peer and asked_at in (None, asked.at) and version not in self._versions:
-            self._manifest_asked[version] = asked._replace(failed=True)
-            self._ask_another(now, version, effects)
+        if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
+            return False
+        self._manifest_asked[version] = asked._replace(failed=True)
+        self._ask_another(now, version, effects)
+        return True
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,

@@ -8,7 +8,7 @@ import blake3
 import pytest
 
 from p2pnet.core import SetTimer
-from relay.announce import MAX_ASKS_AFTER_FAILURES, MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
+from relay.announce import MAX_ASKS_AFTER_FAILURES, MAX_DECLINED, MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
 from relay.effects import FetchFailure, FetchManifest, Penalise
 from relay.failures import MAX_BANNED
 from relay.manifest import sign_manifest
@@ -368,3 +368,45 @@ def test_a_holding_after_the_retry_period_asks_the_first_holder_remembered_not_i
     assert asks(c, 1.0, "s1") == []
     assert asks(c, 2.0, "s2") == []
     assert asks(c, CONFIG.manifest_retry_s + 0.5, "s2") == ["s1"]
+
+
+def test_holders_that_answer_with_a_status_we_do_not_know_cannot_keep_an_honest_member_out():
+    """`MAX_OTHER_HOLDERS` + 1 members name a version, answer each ask with a status we do not
+    know (`manifest_declined`: neither excluded nor banned) and name it again at once; an honest
+    member names it once, at 1 s. A holder that declined an ask of a version is not asked for it
+    again while the ask is remembered, so the honest member is remembered and asked once each
+    liar was, once. Before, each liar joined the holders remembered again at once, which it kept
+    full of members: the honest member was not remembered, and liars were asked for ever."""
+    liars = [f"l{i:02d}" for i in range(MAX_OTHER_HOLDERS + 1)]
+    c = _core((*liars, "h"))
+    assert asks(c, 0.0, liars[0]) == [liars[0]]
+    assert [asks(c, 0.01 * i, liar) for i, liar in enumerate(liars[1:], 1)] == [[]] * MAX_OTHER_HOLDERS
+    nxt = _asked(c.manifest_declined(0.5, liars[0], 1))
+    assert asks(c, 0.5, liars[0]) == []  # it names the version again at once
+    assert asks(c, 1.0, "h") == []  # the one asked is a member, its ask in flight: remembered
+    order, now = [], 1.5
+    while nxt and nxt[0] != "h" and now < 120.0:
+        order.append(nxt[0])
+        nxt = _asked(c.manifest_declined(now, nxt[0], 1))
+        asks(c, now, order[-1])
+        if not nxt:  # put off by `_spend`'s bound: made as it allows
+            now += CONFIG.manifest_retry_s
+            nxt = _asked(c.on_timer(now, "relay/tick"))
+        now += 0.1
+    assert nxt == ["h"]
+    assert order == liars[1:]
+    assert list(c._manifest_others[1].declined) == liars
+
+
+def test_the_holders_that_declined_an_ask_are_remembered_per_version_the_first_forgotten_first():
+    """Holders that decline an ask of a version (`manifest_declined`) are asked no more for it,
+    the last `MAX_DECLINED` of them (anyone may decline under any number of identities): one
+    forgotten names it and is asked again, `manifest_retry_s` after the last ask."""
+    peers = [f"s{i:02d}" for i in range(MAX_DECLINED + 2)]
+    c = _core()
+    for i, peer in enumerate(peers):
+        assert asks(c, 10.0 * i, peer) == [peer]
+        c.manifest_declined(10.0 * i + 1.0, peer, 1)
+    assert list(c._manifest_others[1].declined) == peers[2:]
+    assert asks(c, 1000.0, peers[-1]) == []
+    assert asks(c, 1000.0, peers[0]) == [peers[0]]
