@@ -65,7 +65,9 @@ holder's `Holding` asks nothing, so holders that name a version and fail its ask
 keep one that names it rarely from being asked. A sound manifest of the version that we will not
 take (signed by a publisher we do not trust, or stamped beyond our clock's reach: the holder's
 trust or clock differs from ours) fails its ask with no verdict on the holder (`_not_for_us`),
-and one of an untrusted publisher is then remembered as one our store refused (below).
+and one of an untrusted publisher is then remembered as one our store refused (below). So does
+an answer with a status we do not know (`manifest_declined`), whose holder's `Holding`s of the
+version are then ignored for `exclude_s` (liars never excluded must not keep the line full).
 
 A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
 `manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
@@ -136,13 +138,13 @@ class _Others:
     """Other holders that named a version asked for (peer -> it holds all), first named first,
     at most `MAX_OTHER_HOLDERS`; the asks made since `since` because one failed (`_spend`: at
     most `MAX_ASKS_AFTER_FAILURES`); and the last `MAX_DECLINED` holders that declined its ask
-    (`manifest_declined`), first declined first, not asked for it again."""
+    (peer -> when: `manifest_declined`), first declined first, not asked for it for `exclude_s`."""
 
     named: dict[str, bool] = field(default_factory=dict)
     since: float = -math.inf
     after_failures: int = 0
     of_strangers: int = 0  # of them, asks of strangers (`_spend`: one is kept for a member)
-    declined: dict[str, None] = field(default_factory=dict)
+    declined: dict[str, float] = field(default_factory=dict)
 
 
 class Announcing:
@@ -206,8 +208,8 @@ class Announcing:
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
         others = self._manifest_others.get(version)
-        if others is not None and sender in others.declined:
-            return True  # it declined the ask of this version (`manifest_declined`): asked no more
+        if others is not None and now - others.declined.get(sender, -math.inf) < self.config.exclude_s:
+            return True  # it declined the ask of this version (`manifest_declined`)
         asked = self._manifest_asked.get(version)
         if asked is not None and asked.failed and sender not in self._banned:
             self._after_failure(now, version, asked, sender, holds_all, effects)
@@ -383,14 +385,16 @@ class Announcing:
         not know (`relay.role`): a newer peer's, which may add statuses as `p2pnet.wire`'s rule adds
         fields, so it says nothing we can read, neither "not held" (which would exclude it) nor a
         broken answer (a ban). The ask failed with no verdict on `peer`: another holder that named
-        the version is asked at once, and `peer` stays usable but is not asked for this version
-        while its ask is remembered (the last `MAX_DECLINED` per version): liars answering so and
-        naming it again at once, never excluded, kept the holders remembered full, an honest
-        member out, and were asked for ever (17 members: 65 asks in 90 s, the honest one never)."""
+        the version is asked at once, and `peer` stays usable but its `Holding`s of this version
+        are ignored for `exclude_s`, as "not held" would exclude it (the last `MAX_DECLINED` per
+        version): liars answering so and naming it again at once, never excluded, kept the holders
+        remembered full, an honest member out, and were asked for ever (17 members: 65 asks in
+        90 s, the honest one never)."""
         effects: list[Any] = []
         if self._failed_blameless(now, peer, version, asked_at, effects):
             declined = self._manifest_others.setdefault(version, _Others()).declined
-            declined[peer] = None
+            declined.pop(peer, None)
+            declined[peer] = now
             if len(declined) > MAX_DECLINED:
                 del declined[next(iter(declined))]
         return self._arm(now, effects)

@@ -4,6 +4,8 @@ the relay role and a real serving peer: `tests/relay/test_role_manifest_asks.py`
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import blake3
 import pytest
 
@@ -396,14 +398,16 @@ def test_holders_that_answer_with_a_status_we_do_not_know_cannot_keep_an_honest_
     assert nxt == ["h"]
     assert order == liars[1:]
     assert list(c._manifest_others[1].declined) == liars
+    assert asks(c, now + CONFIG.manifest_retry_s, liars[-1]) == []
+    assert asks(c, now + CONFIG.exclude_s, liars[-1]) == [liars[-1]]  # as "not held" would exclude it
 
 
 def test_the_holders_that_declined_an_ask_are_remembered_per_version_the_first_forgotten_first():
-    """Holders that decline an ask of a version (`manifest_declined`) are asked no more for it,
-    the last `MAX_DECLINED` of them (anyone may decline under any number of identities): one
-    forgotten names it and is asked again, `manifest_retry_s` after the last ask."""
+    """Holders that decline an ask of a version (`manifest_declined`) are not asked for it for
+    `exclude_s`, the last `MAX_DECLINED` of them (anyone may decline under any number of
+    identities): one forgotten names it and is asked again, `manifest_retry_s` after the last ask."""
     peers = [f"s{i:02d}" for i in range(MAX_DECLINED + 2)]
-    c = _core()
+    c = TransferCore(replace(CONFIG, exclude_s=3600.0), "me", open_frame=opener, self_upload_bps=1e8)
     for i, peer in enumerate(peers):
         assert asks(c, 10.0 * i, peer) == [peer]
         c.manifest_declined(10.0 * i + 1.0, peer, 1)
