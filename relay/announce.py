@@ -66,8 +66,8 @@ keep one that names it rarely from being asked. A sound manifest of the version 
 take (signed by a publisher we do not trust, or stamped beyond our clock's reach: the holder's
 trust or clock differs from ours) fails its ask with no verdict on the holder (`_not_for_us`),
 and one of an untrusted publisher is then remembered as one our store refused (below). So does
-an answer with a status we do not know (`manifest_declined`), whose holder's `Holding`s of the
-version are then ignored for `exclude_s` (liars never excluded must not keep the line full).
+an answer with a status we do not know (`manifest_declined`), whose holder then counts, for that
+version alone, as excluded for `exclude_s` (liars never excluded must not keep the line full).
 
 A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
 `manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
@@ -207,13 +207,10 @@ class Announcing:
         this `now`, for any new version `sender` names."""
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
-        others = self._manifest_others.get(version)
-        if others is not None and now - others.declined.get(sender, -math.inf) < self.config.exclude_s:
-            return True  # it declined the ask of this version (`manifest_declined`)
         asked = self._manifest_asked.get(version)
         if asked is not None and asked.failed and sender not in self._banned:
             self._after_failure(now, version, asked, sender, holds_all, effects)
-        elif self._usable(now, sender) and (asked is None or now - asked.at >= self.config.manifest_retry_s
+        elif self._usable_for(now, version, sender) and (asked is None or now - asked.at >= self.config.manifest_retry_s
                                             or self._asks_instead(asked, sender)):
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
                 return False
@@ -234,7 +231,7 @@ class Announcing:
             self._remember_other(now, version, sender, holds_all)
         if now - asked.at >= self.config.manifest_retry_s:
             self._ask_another(now, version, effects, spend=False)
-        elif sender in self._members.uploads and self._usable(now, sender):
+        elif sender in self._members.uploads and self._usable_for(now, version, sender):
             self._ask_another(now, version, effects)
 
     def _asked(self, now: float, version: int, peer: str, holds_all: bool, effects: list[Any]) -> None:
@@ -258,8 +255,8 @@ class Announcing:
             named[peer] = holds_all
             return
         members = self._members.uploads
-        usable = self._usable(now, peer)
-        gone = next((p for p in named if usable and not self._usable(now, p)), None)
+        usable = self._usable_for(now, version, peer)
+        gone = next((p for p in named if usable and not self._usable_for(now, version, p)), None)
         if gone is None and peer in members:
             gone = next((p for p in named if p not in members), None)
         if gone is not None:
@@ -276,7 +273,7 @@ class Announcing:
         if others is None:
             return False
         members = self._members.uploads
-        usable = [p for p in others.named if self._usable(now, p)]
+        usable = [p for p in others.named if self._usable_for(now, version, p)]
         peer = next((p for p in usable if p in members), usable[0] if usable else None)
         if peer is None:
             return False
@@ -285,6 +282,13 @@ class Announcing:
             return False
         self._asked(now, version, peer, others.named[peer], effects)
         return True
+
+    def _usable_for(self, now: float, version: int, peer: str) -> bool:
+        """Whether `peer` may be asked for `version`'s manifest: usable (`_usable`), and it has not
+        declined an ask of it in the last `exclude_s` (`manifest_declined`: as if excluded)."""
+        others = self._manifest_others.get(version)
+        declined = others.declined.get(peer, -math.inf) if others is not None else -math.inf
+        return self._usable(now, peer) and now - declined >= self.config.exclude_s
 
     def _put_off(self, version: int) -> bool:
         """Whether an ask of `version` is put off until `_spend`'s bound allows one (`_ask_another`)."""
@@ -385,11 +389,11 @@ class Announcing:
         not know (`relay.role`): a newer peer's, which may add statuses as `p2pnet.wire`'s rule adds
         fields, so it says nothing we can read, neither "not held" (which would exclude it) nor a
         broken answer (a ban). The ask failed with no verdict on `peer`: another holder that named
-        the version is asked at once, and `peer` stays usable but its `Holding`s of this version
-        are ignored for `exclude_s`, as "not held" would exclude it (the last `MAX_DECLINED` per
-        version): liars answering so and naming it again at once, never excluded, kept the holders
-        remembered full, an honest member out, and were asked for ever (17 members: 65 asks in
-        90 s, the honest one never)."""
+        the version is asked at once, and `peer` stays usable but, for this version, counts as
+        excluded for `exclude_s`, as "not held" would exclude it (`_usable_for`; the last
+        `MAX_DECLINED` per version): liars answering so and naming it again at once, never
+        excluded, kept the holders remembered full, an honest member out, and were asked for ever
+        (17 members: 65 asks in 90 s, the honest one never)."""
         effects: list[Any] = []
         if self._failed_blameless(now, peer, version, asked_at, effects):
             declined = self._manifest_others.setdefault(version, _Others()).declined

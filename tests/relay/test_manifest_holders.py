@@ -375,9 +375,10 @@ def test_a_holding_after_the_retry_period_asks_the_first_holder_remembered_not_i
 def test_holders_that_answer_with_a_status_we_do_not_know_cannot_keep_an_honest_member_out():
     """`MAX_OTHER_HOLDERS` + 1 members name a version, answer each ask with a status we do not
     know (`manifest_declined`: neither excluded nor banned) and name it again at once; an honest
-    member names it once, at 1 s. A holder that declined an ask of a version is not asked for it
-    again while the ask is remembered, so the honest member is remembered and asked once each
-    liar was, once. Before, each liar joined the holders remembered again at once, which it kept
+    member names it once, at 1 s. A holder that declined an ask of a version counts, for it, as
+    excluded for `exclude_s` (as "not held" would exclude it), so the honest member is
+    remembered and asked once each liar was, once, and a liar is asked again only after
+    `exclude_s`. Before, each liar joined the holders remembered again at once, which it kept
     full of members: the honest member was not remembered, and liars were asked for ever."""
     liars = [f"l{i:02d}" for i in range(MAX_OTHER_HOLDERS + 1)]
     c = _core((*liars, "h"))
