@@ -415,3 +415,17 @@ def test_the_holders_that_declined_an_ask_are_remembered_per_version_the_first_f
     assert list(c._manifest_others[1].declined) == peers[2:]
     assert asks(c, 1000.0, peers[-1]) == []
     assert asks(c, 1000.0, peers[0]) == [peers[0]]
+
+
+def test_a_holder_whose_ask_failed_with_no_verdict_is_not_asked_again_for_naming_the_version_at_once():
+    """m0 answers a sound manifest we will not take (stamped past our clock: no verdict on it, it
+    stays usable) and names the version again and again: nothing is asked (its `Holding` within
+    `manifest_retry_s` of its failed ask does not make it a holder remembered: `_after_failure`)
+    until `manifest_retry_s` after the last ask, as before the failure; else each `Holding` of a
+    holder whose answer we cannot take would ask it again, within `_spend`'s bound."""
+    frame = _sound_manifest_we_will_not_take("stamped-ahead")
+    c = _core(("m0",))
+    assert asks(c, 0.0, "m0", version=2) == ["m0"]
+    assert _asked(c.manifest_answer(0.5, "m0", 2, frame, 0.0)) == []
+    assert [asks(c, 1.0 + i, "m0", version=2) for i in range(3)] == [[]] * 3
+    assert asks(c, CONFIG.manifest_retry_s, "m0", version=2) == ["m0"]
