@@ -210,8 +210,9 @@ class Announcing:
         asked = self._manifest_asked.get(version)
         if asked is not None and asked.failed and sender not in self._banned:
             self._after_failure(now, version, asked, sender, holds_all, effects)
-        elif self._usable_for(now, version, sender) and (asked is None or now - asked.at >= self.config.manifest_retry_s
-                                            or self._asks_instead(asked, sender)):
+        elif self._usable_for(now, version, sender) and (asked is None
+                                                         or now - asked.at >= self.config.manifest_retry_s
+                                                         or self._asks_instead(asked, sender)):
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
                 return False
             self._asked(now, version, sender, holds_all, effects)
