@@ -19,7 +19,7 @@ The swarm layout's `HaveChunks` asks the same way, for a sender that holds only 
 
 One ask of a version is in flight at a time, but for a member's `Holding` while a stranger's
 ask waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap
-one still in flight). With the ask we remember up to `MAX_OTHER_HOLDERS` other holders that
+one still in flight). With the ask we remember up to `MAX_OTHER_HOLDERS` (16) other holders that
 named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
 for now, a member that of the first stranger, and a stranger only fills free room, so neither
 made-up identities nor excluded liars keep its members out); they go with the ask (`_drop_asks`:
@@ -32,9 +32,20 @@ asked again, asks nothing. An answer that gives us no manifest of the version is
 (`manifest_answer`). The next usable remembered holder is asked at once, a member first
 (`_ask_another`): the next `Holding` of the version may be minutes away at scale. Each failure
 makes at most one new ask, and the asks made because one failed (of a remembered holder, or by a
-member's `Holding`, below) are at most `MAX_OTHER_HOLDERS` per `manifest_retry_s` per version
-(`_spend`): holders that fail at once and name the version again and again (a `Holding` costs
-nothing) cannot have an ask made of each `Holding`.
+member's `Holding`, below) are at most `MAX_ASKS_AFTER_FAILURES` (4) per `manifest_retry_s` per
+version (`_spend`), one of them kept for a member: holders that fail at once and name the
+version again and again (a `Holding` costs nothing) cannot have an ask made of each `Holding`,
+and strangers (asked only while no member is remembered) cannot spend the bound before a member
+names the version (100 strangers failing at once: a member naming it at 0.5 s was asked at
+0.51 s; 5.02 s without the share kept). Once an ask has failed, every ask of the version goes
+to the first remembered holder (`_after_failure`): a `Holding` only joins them (members taking
+strangers' places), whether it asks at once (a member's, within the bound) or `manifest_retry_s`
+after the last ask; with the bound spent the ask is put off until it allows one
+(`_manifest_again`, of whoever is first then). So identities that spend the bound and name
+the version again and again cannot ask ahead of a holder remembered from one `Holding`: with 20
+members naming a version every second and answering "not held", an honest member naming it once
+at 0.5 s was asked at 10.1 s (30.5 s, its next `Holding`, before), with 100 at 80.1 s (never in
+600 s before; core alone, `exclude_s` 60 s); the rate of asks is as before.
 
 The holder whose ask failed is dealt with as the failure says, as a source of chunks would be
 (`relay.failures`). `no_address` (its heartbeat, with its data address, has not reached us: we
@@ -54,13 +65,15 @@ holder's `Holding` asks nothing, so holders that name a version and fail its ask
 keep one that names it rarely from being asked. A sound manifest of the version that we will not
 take (signed by a publisher we do not trust, or stamped beyond our clock's reach: the holder's
 trust or clock differs from ours) fails its ask with no verdict on the holder (`_not_for_us`),
-and one of an untrusted publisher is then remembered as one our store refused (below).
+and one of an untrusted publisher is then remembered as one our store refused (below). So does
+an answer with a status we do not know (`manifest_declined`), whose holder then counts, for that
+version alone, as excluded for `exclude_s` (liars never excluded must not keep the line full).
 
 A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
 `manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
-address that never comes: anyone may send `Holding`) or its ask failed and no other holder was
-left to ask (within `_spend`'s bound; `_asks_instead`). A new ask replaces the one put off, so a
-member asked instead is not passed over in its turn while its ask is in flight. Strangers'
+address that never comes: anyone may send `Holding`; `_asks_instead`) or its ask failed (within
+`_spend`'s bound, of the first remembered: `_after_failure`). A new ask replaces the one put off,
+so a member asked instead is not passed over in its turn while its ask is in flight. Strangers'
 `Holding`s ask at most once per `manifest_retry_s` per version.
 
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
@@ -103,7 +116,9 @@ if TYPE_CHECKING:
 
 
 MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
-MAX_OTHER_HOLDERS = 4  # per version asked for: other holders that named it, asked when an ask fails
+MAX_OTHER_HOLDERS = 16  # per version asked for: other holders that named it, asked when an ask fails
+MAX_ASKS_AFTER_FAILURES = 4  # per version, per `manifest_retry_s`: asks made because one failed (`_spend`)
+MAX_DECLINED = 2 * MAX_OTHER_HOLDERS  # per version asked for: holders that declined its ask (`manifest_declined`)
 MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
 _NOT_THE_HOLDERS = frozenset({"untrusted_publisher", "stale"})  # a sound manifest we will not take (`_not_for_us`)
 
@@ -121,11 +136,15 @@ class _Ask(NamedTuple):
 @dataclass(slots=True)
 class _Others:
     """Other holders that named a version asked for (peer -> it holds all), first named first,
-    at most `MAX_OTHER_HOLDERS`; and the asks made since `since` because one failed (`_spend`)."""
+    at most `MAX_OTHER_HOLDERS`; the asks made since `since` because one failed (`_spend`: at
+    most `MAX_ASKS_AFTER_FAILURES`); and the last `MAX_DECLINED` holders that declined its ask
+    (peer -> when: `manifest_declined`), first declined first, not asked for it for `exclude_s`."""
 
     named: dict[str, bool] = field(default_factory=dict)
     since: float = -math.inf
     after_failures: int = 0
+    of_strangers: int = 0  # of them, asks of strangers (`_spend`: one is kept for a member)
+    declined: dict[str, float] = field(default_factory=dict)
 
 
 class Announcing:
@@ -189,15 +208,32 @@ class Announcing:
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
         asked = self._manifest_asked.get(version)
-        retry_s = self.config.manifest_retry_s
-        if self._usable(now, sender) and (asked is None or now - asked.at >= retry_s
-                                          or self._asks_instead(now, version, asked, sender)):
+        if asked is not None and asked.failed and sender not in self._banned:
+            self._after_failure(now, version, asked, sender, holds_all, effects)
+        elif self._usable_for(now, version, sender) and (asked is None
+                                                         or now - asked.at >= self.config.manifest_retry_s
+                                                         or self._asks_instead(asked, sender)):
             if asked is None and len(self._manifest_asked) >= MAX_MANIFEST_ASKS and not self._room_to_ask(now, sender):
                 return False
             self._asked(now, version, sender, holds_all, effects)
         elif asked is not None and sender != asked.peer and sender not in self._banned:
             self._remember_other(now, version, sender, holds_all)
         return True
+
+    def _after_failure(self, now: float, version: int, asked: _Ask, sender: str, holds_all: bool,
+                       effects: list[Any]) -> None:
+        """`sender` named `version`, whose last ask failed: it joins the holders remembered, and
+        the first of them (a member first, then first named first: `_ask_another`) is asked, not
+        `sender` itself unless it is that one, when a `Holding` would have asked before the
+        failure (`manifest_retry_s` after the last ask) or a member's asks instead (within
+        `_spend`'s bound). So holders that name the version again and again cannot jump the line
+        of those remembered, which a `Holding` seldom renews, nor spend its asks ahead of them."""
+        if sender != asked.peer or now - asked.at >= self.config.manifest_retry_s:
+            self._remember_other(now, version, sender, holds_all)
+        if now - asked.at >= self.config.manifest_retry_s:
+            self._ask_another(now, version, effects, spend=False)
+        elif sender in self._members.uploads and self._usable_for(now, version, sender):
+            self._ask_another(now, version, effects)
 
     def _asked(self, now: float, version: int, peer: str, holds_all: bool, effects: list[Any]) -> None:
         """Ask `peer` for the manifest of `version`: the one ask of it in flight (it replaces any
@@ -220,40 +256,62 @@ class Announcing:
             named[peer] = holds_all
             return
         members = self._members.uploads
-        usable = self._usable(now, peer)
-        gone = next((p for p in named if usable and not self._usable(now, p)), None)
+        usable = self._usable_for(now, version, peer)
+        gone = next((p for p in named if usable and not self._usable_for(now, version, p)), None)
         if gone is None and peer in members:
             gone = next((p for p in named if p not in members), None)
         if gone is not None:
             del named[gone]
             named[peer] = holds_all
 
-    def _ask_another(self, now: float, version: int, effects: list[Any]) -> bool:
+    def _ask_another(self, now: float, version: int, effects: list[Any], spend: bool = True) -> bool:
         """The ask of `version` failed: ask the first usable holder that named it since, a member
-        first, at once, within `_spend`'s bound; whether one was asked."""
+        first, at once, within `_spend`'s bound (unless `spend` is False: an ask a `Holding` would
+        have made anyway); whether one was asked. With the bound spent, the ask is put off until
+        it allows one (`_manifest_again`, of whoever is first then), so the holders that spent it
+        cannot then ask ahead of those remembered by naming the version again."""
         others = self._manifest_others.get(version)
         if others is None:
             return False
         members = self._members.uploads
-        usable = [p for p in others.named if self._usable(now, p)]
+        usable = [p for p in others.named if self._usable_for(now, version, p)]
         peer = next((p for p in usable if p in members), usable[0] if usable else None)
-        if peer is None or not self._spend(now, version):
+        if peer is None:
+            return False
+        if spend and not self._spend(now, version, peer in members):
+            self._manifest_again[version] = (others.since + self.config.manifest_retry_s, "")
             return False
         self._asked(now, version, peer, others.named[peer], effects)
         return True
 
-    def _spend(self, now: float, version: int) -> bool:
-        """Whether an ask of `version` may be made because one failed (`_ask_another`, or a
-        member's `Holding`: `_asks_instead`), counted if so: at most `MAX_OTHER_HOLDERS` per
-        `manifest_retry_s` per version. Holders that fail at once (members included: each new
-        identity may fail once before it is excluded) and name the version again and again must
-        not make an ask of every `Holding`."""
+    def _usable_for(self, now: float, version: int, peer: str) -> bool:
+        """Whether `peer` may be asked for `version`'s manifest: usable (`_usable`), and it has not
+        declined an ask of it in the last `exclude_s` (`manifest_declined`: as if excluded)."""
+        others = self._manifest_others.get(version)
+        declined = others.declined.get(peer, -math.inf) if others is not None else -math.inf
+        return self._usable(now, peer) and now - declined >= self.config.exclude_s
+
+    def _put_off(self, version: int) -> bool:
+        """Whether an ask of `version` is put off until `_spend`'s bound allows one (`_ask_another`)."""
+        again = self._manifest_again.get(version)
+        return again is not None and not again[1]
+
+    def _spend(self, now: float, version: int, of_member: bool) -> bool:
+        """Whether an ask of `version` (of a member or not: `of_member`) may be made because one
+        failed (`_ask_another`, or a member's `Holding`: `_after_failure`), counted if so: at most
+        `MAX_ASKS_AFTER_FAILURES` per `manifest_retry_s` per version, one of them kept for a
+        member. Holders that fail at once (members included: each new identity may fail once
+        before it is excluded) and name the version again and again must not make an ask of every
+        `Holding`; strangers (anyone may send `Holding`, and a stranger is asked only while no
+        member is remembered) must not spend the bound a member named since would be asked in."""
         others = self._manifest_others.setdefault(version, _Others())
-        if now - others.since >= self.config.manifest_retry_s:
-            others.since, others.after_failures = now, 0
-        if others.after_failures >= MAX_OTHER_HOLDERS:
+        if now >= others.since + self.config.manifest_retry_s:  # (the sum `_ask_another` puts an ask off to)
+            others.since, others.after_failures, others.of_strangers = now, 0, 0
+        if others.after_failures >= MAX_ASKS_AFTER_FAILURES \
+                or (not of_member and others.of_strangers >= MAX_ASKS_AFTER_FAILURES - 1):
             return False
         others.after_failures += 1
+        others.of_strangers += not of_member
         return True
 
     def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure,
@@ -281,7 +339,7 @@ class Announcing:
         elif asked.holds_all:  # unavailable: its `Holding` named the version, and it says it has not got it
             self._exclude(now, peer, DropReason.UNAVAILABLE, effects)
         self._manifest_asked[version] = asked._replace(failed=True)
-        if self._ask_another(now, version, effects):
+        if self._ask_another(now, version, effects) or self._put_off(version):
             if again:  # asked once usable, should the other fail too
                 self._remember_other(now, version, peer, asked.holds_all)
         elif again:
@@ -324,11 +382,39 @@ class Announcing:
             self._refused_manifests[blake3.blake3(frame).digest()] = version
             while len(self._refused_manifests) > MAX_REFUSED_MANIFESTS:
                 self._refused_manifests.popitem(last=False)
-        asked = self._manifest_asked.get(version)
-        if asked is not None and asked.peer == peer and asked_at in (None, asked.at):  # (the ask in flight)
-            self._manifest_asked[version] = asked._replace(failed=True)
-            self._ask_another(now, version, effects)
+        self._failed_blameless(now, peer, version, asked_at, effects)
         return self._arm(now, effects)
+
+    def manifest_declined(self, now: float, peer: str, version: int, asked_at: float | None = None) -> list[Any]:
+        """`peer` answered our `FetchManifest` of `version` (made at `asked_at`) with a status we do
+        not know (`relay.role`): a newer peer's, which may add statuses as `p2pnet.wire`'s rule adds
+        fields, so it says nothing we can read, neither "not held" (which would exclude it) nor a
+        broken answer (a ban). The ask failed with no verdict on `peer`: another holder that named
+        the version is asked at once, and `peer` stays usable but, for this version, counts as
+        excluded for `exclude_s`, as "not held" would exclude it (`_usable_for`; the last
+        `MAX_DECLINED` per version): liars answering so and naming it again at once, never
+        excluded, kept the holders remembered full, an honest member out, and were asked for ever
+        (17 members: 65 asks in 90 s, the honest one never)."""
+        effects: list[Any] = []
+        if self._failed_blameless(now, peer, version, asked_at, effects):
+            declined = self._manifest_others.setdefault(version, _Others()).declined
+            declined.pop(peer, None)
+            declined[peer] = now
+            if len(declined) > MAX_DECLINED:
+                del declined[next(iter(declined))]
+        return self._arm(now, effects)
+
+    def _failed_blameless(self, now: float, peer: str, version: int, asked_at: float | None,
+                          effects: list[Any]) -> bool:
+        """The ask of `version` of `peer` (made at `asked_at`), if it is the ask in flight, failed
+        with no verdict on `peer`: another holder that named the version is asked at once;
+        whether it was the ask in flight."""
+        asked = self._manifest_asked.get(version)
+        if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
+            return False
+        self._manifest_asked[version] = asked._replace(failed=True)
+        self._ask_another(now, version, effects)
+        return True
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,
@@ -348,17 +434,15 @@ class Announcing:
             self._exclude(now, peer, why, effects)
         return self._refused.get(peer, 0) < NOT_ADMITTED_TRIES
 
-    def _asks_instead(self, now: float, version: int, asked: _Ask, sender: str) -> bool:
-        """Whether `sender`'s `Holding` asks for `version` though `asked.peer` was asked for it less
-        than `manifest_retry_s` ago: `sender` is a member (its heartbeat, with its address, has
-        reached us) and the one asked is not (its ask may wait for an address that never comes:
-        anyone may send `Holding`), or its ask failed (`manifest_failed`; within `_spend`'s
-        bound). Only members ask instead, and only of a holder that is not one or failed:
-        strangers' `Holding`s still ask at most once per `manifest_retry_s` per version."""
+    def _asks_instead(self, asked: _Ask, sender: str) -> bool:
+        """Whether `sender`'s `Holding` asks for a version though `asked.peer` was asked for it
+        less than `manifest_retry_s` ago, and that ask has not failed (`_after_failure` says what
+        a `Holding` does after a failure): `sender` is a member (its heartbeat, with its address,
+        has reached us) and the one asked is not (its ask may wait for an address that never
+        comes: anyone may send `Holding`). Strangers' `Holding`s ask at most once per
+        `manifest_retry_s` per version."""
         members = self._members.uploads
-        if sender not in members or sender == asked.peer:
-            return False
-        return asked.peer not in members or (asked.failed and self._spend(now, version))
+        return sender in members and sender != asked.peer and asked.peer not in members
 
     def _ask_again(self, now: float, effects: list[Any]) -> None:
         """Make the asks `manifest_failed` put off that are due, unless the version is known
@@ -371,6 +455,9 @@ class Announcing:
             asked = self._manifest_asked.get(version)
             if asked is None or not asked.failed or version in self._versions or peer in self._banned \
                     or version <= self._collected_through:
+                continue
+            if not peer:  # put off by `_spend`'s bound: whoever is first among those remembered now
+                self._ask_another(now, version, effects)
                 continue
             until = self._excluded.get(peer, now)
             if until > now:

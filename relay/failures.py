@@ -55,6 +55,13 @@ fault:
   and the shell holds new requests as for `store_full` (a failing disk is not fed at network
   speed), of that version alone when only its files' writes fail (`hold_requests`' `version`).
 
+Bans are remembered for `MAX_BANNED` peers at once, the first banned forgotten first: each ban
+needs a connection that proved its peer id and an ask of ours, but any number of made-up
+identities may each serve one answer of garbage (a manifest ask of a made-up version is enough),
+so the set must not grow without bound. Forgetting the oldest ban un-bans a peer only after
+`MAX_BANNED` others were banned since, and gains it no more than any new identity has: one more
+answer, which bans it again (and the peer table, penalised, ignores its heartbeats for `ban_s`).
+
 A parent that only stalled is not replaced by a sibling but by its ancestors: a stall is a
 silent failure (a hung peer, a partition) that may hold the substitute too, unseen by us, and
 each wrong pick costs another `stall_timeout_s` (measured in the simulator: substituting after
@@ -64,14 +71,15 @@ kept the origin's upload for what only it has, and did not slow hangs or partiti
 runs at 10 GB: 20% partitioned 275 -> 226 s, hangs the same time with fewer origin copies).
 
 These methods keep the core's exclusions (`_excluded`, `_slow`, `_refused`, `_unaddressed`) and
-bans, rebuild a version's chains where a dropped peer was our parent, and release its requests
-through the core's `_settle`; they also call its `_chain`, `_pump`, `_arm` and
-`_ask_parent_again` (`relay.sources`). Like the core they do no I/O and take the time as an
-argument.
+bans (`_banned`, `_ban_order`), rebuild a version's chains where a dropped peer was our parent,
+and release its requests through the core's `_settle`; they also call its `_chain`, `_pump`,
+`_arm` and `_ask_parent_again` (`relay.sources`). Like the core they do no I/O and take the time
+as an argument.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from p2pnet.core import Emit
@@ -89,6 +97,7 @@ NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before
 # so an honest source's address comes first (about 6 tries with the role's 10 s wait, `request_timeout_s`)
 NO_ADDRESS_GRACE_S = 60.0
 MAX_UNADDRESSED = 1024  # sources remembered without an address at once (anyone may send `Holding`): oldest go first
+MAX_BANNED = 4096  # peers remembered as banned at once (each served us garbage): the first banned is forgotten first
 # failures after which the source may be asked for the chunk again: ours, a refusal (it will know us
 # soon) and a missing address (we will know it soon)
 _ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, FetchFailure.NOT_ADMITTED,
@@ -111,6 +120,7 @@ class FailureHandling:
     _unaddressed: dict[str, float]
     _slow: set[str]
     _banned: set[str]
+    _ban_order: deque[str]  # `_banned`, first banned first
     _held_since: float | None  # the shell holds our requests unsent since then (`sending_held`)
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
@@ -208,7 +218,10 @@ class FailureHandling:
 
     def _ban(self, now: float, peer: str, effects: list[Any], what: str = "corrupt chunk") -> None:
         if peer not in self._banned:
+            if len(self._ban_order) >= MAX_BANNED:  # (see the top: a flood of identities cannot grow it)
+                self._banned.discard(self._ban_order.popleft())
             self._banned.add(peer)
+            self._ban_order.append(peer)
             effects.append(Penalise(peer, self.config.corrupt_penalty, what))
             effects.append(DropSource(peer))
         self._release_peer(now, peer, DropReason.CORRUPT, effects)

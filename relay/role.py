@@ -27,7 +27,10 @@ as `no_address`: nobody's fault, asked again soon (`relay.failures`; a manifest 
 `relay.announce`). `_fetch_manifest` tells the core of every failed manifest ask, by who is at
 fault (unreachable or too slow with its address known, not holding it, a broken answer, besides
 the two above) and with the ask's `asked_at`: the core asks another holder that named the
-version at once, and holds the failure against the holder as it would a chunk fetch's.
+version at once, and holds the failure against the holder as it would a chunk fetch's. An
+answer whose status we do not know (a newer peer may add statuses, as `p2pnet.wire`'s rule adds
+fields: an old peer cannot tell what one means) is told as such (`manifest_declined`): another
+holder is asked, with no verdict on this one; before, it counted as "not held" and excluded it.
 Every input of the core, the shell's own included (a manifest the store will not keep is
 `forget`, a collected version `collected`), goes through its runner (`_command`), whose effects
 are carried out; a `Fetch` of a version the core forgot after asking it (the store refused its
@@ -73,7 +76,8 @@ from relay.commands import ControlCommands, _refusing_errors
 from relay.errors import AddressUnknown, ManifestRejected, StoreFull, VersionUnknown
 from relay.loader import VersionWatcher
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, open_manifest
-from relay.messages import OP_MANIFEST, RESPONSE, STATUS_OK, ChunkRequest, ChunkResponse, ManifestAnnounce
+from relay.messages import (OP_MANIFEST, RESPONSE, STATUS_BUSY, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
+                            ChunkResponse, ManifestAnnounce)
 from relay.serving import ByteBudget, ServingConfig, UploadMeter
 from relay.serving_shell import ChunkServing, _parse_request  # _parse_request: tests import it from here
 from relay.uploads import Uploads
@@ -91,6 +95,8 @@ CHANNEL = "relay/chunks"
 CORRUPT_ENV = "P2PNET_TEST_CORRUPT_CHUNKS"
 STORING_CHUNKS = 6  # received chunks being hashed and written at once: the chunk buffers this peer holds
 WRONG_ADDRESS_PENALTY = 5.0  # advertised a data address that answers as someone else
+# the answers to a manifest ask we know the meaning of; any other is a newer peer's (`_fetch_manifest`)
+_MANIFEST_STATUSES = frozenset({STATUS_OK, STATUS_UNAVAILABLE, STATUS_BUSY})
 _RELAY_EFFECTS = (Fetch, FetchManifest, DropSource, Penalise, ServeAtOnce)
 
 
@@ -496,7 +502,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
         # unknown now: our deadline runs while we wait for its heartbeat, and may end just after
         # the address came, before the holder could answer (`TooSlowError`): no verdict on it
         waited = self.data_addr(ask.peer) is None
-        reason = FetchFailure.UNAVAILABLE  # it answered that it does not hold the version
+        reason: FetchFailure | None = FetchFailure.UNAVAILABLE  # it answered that it does not hold the version
         try:
             with trio.fail_after(self.config.request_timeout_s):
                 stream = await self.open_stream(ask.peer)
@@ -507,6 +513,8 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
                     if header.length > MAX_MANIFEST_BYTES:
                         raise ValueError(f"a manifest of {header.length} bytes")
                     frame = await reader.exactly(header.length) if header.status == STATUS_OK else None
+                    if header.status not in _MANIFEST_STATUSES:  # a newer peer's: no verdict (`manifest_declined`)
+                        reason = None
         except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError, OSError,
                 ValueError) as exc:  # (MessageRejected: a frame longer than a response)
             log.info("manifest %d from %s: %s", ask.version, ask.peer, exc)
@@ -523,7 +531,11 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
             else:  # no connection, or no answer in time with its address known (slow)
                 reason = FetchFailure.UNREACHABLE
         if frame is None:  # another holder that named the version is asked at once (`relay.announce`)
-            await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version, reason,
+            if reason is None:  # (no verdict on this one)
+                await self._command(lambda now: self.core.manifest_declined(now, ask.peer, ask.version, ask.asked_at))
+                return
+            failure = reason
+            await self._command(lambda now: self.core.manifest_failed(now, ask.peer, ask.version, failure,
                                                                          ask.asked_at))
             return
         answer = frame

@@ -60,7 +60,7 @@ bookkeeping per version and per source (`_Version`, `_Source`): `relay.transfer_
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -146,6 +146,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._unaddressed: dict[str, float] = {}  # source -> when its first `no_address` in a row came
         self._slow: set[str] = set()  # excluded only for delivering too little: alive, asked before the origin
         self._banned: set[str] = set()
+        self._ban_order: deque[str] = deque()  # `_banned`, first banned first (`relay.failures`, `MAX_BANNED`)
         self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed

@@ -417,12 +417,14 @@ async def test_a_manifest_source_that_sends_an_oversized_frame_is_not_believed_a
 
 def _manifest_outcomes(role: "InMemoryRole") -> list[tuple]:
     """What `_fetch_manifest` tells the core, through the role's runner: ("failed", peer, version,
-    reason, the ask's `asked_at`) or ("frame", peer, its length)."""
+    reason, the ask's `asked_at`), ("declined", peer, version, `asked_at`: a status we do not know)
+    or ("frame", peer, its length)."""
     told: list[tuple] = []
     role.core = SimpleNamespace(  # type: ignore[assignment]
         manifest_failed=lambda now, peer, version, reason, asked_at: told.append(
             ("failed", peer, version, reason, asked_at)),
-        manifest_answer=lambda now, peer, version, frame, asked_at: told.append(("frame", peer, len(frame))))
+        manifest_answer=lambda now, peer, version, frame, asked_at: told.append(("frame", peer, len(frame))),
+        manifest_declined=lambda now, peer, version, asked_at: told.append(("declined", peer, version, asked_at)))
 
     async def command(fn) -> None:
         fn(0.0)

@@ -13,11 +13,13 @@ import pytest
 import trio
 import trio.testing
 
+from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.handshake import NotAdmitted
 from p2pnet.wire import Envelope
 from relay.effects import FetchManifest
 from relay.failures import NO_ADDRESS_GRACE_S
-from relay.messages import HeldVersion, Holding
+from relay.messages import REQUEST, ChunkRequest, ChunkResponse, HeldVersion, Holding
+from relay.upstream import read_frame
 from tests.relay.test_role_address_wait import ADDRESS, Table
 from tests.relay.test_role_idle_connections import SourcePeer, start
 from relay.store import ChunkStore
@@ -28,6 +30,7 @@ GHOST = "12D3KooWghost"  # sends `Holding` and never a heartbeat: no member, no 
 HOLDER = "12D3KooWholder"  # a member, whose address we know: it names the version, and cannot give it
 HOLDER_ADDRESS = "/ip4/127.0.0.2/tcp/4001"
 Dial = Callable[[Harness, trio.Nursery], Awaitable[trio.abc.Stream]]  # how dialling HOLDER goes
+NEWER_STATUS = 255  # a status a newer peer may send: none this peer knows
 WAIT_S = 10.0  # the role's wait for a manifest (`request_timeout_s`), its address wait included
 
 
@@ -152,3 +155,30 @@ async def test_a_failed_manifest_ask_goes_at_once_to_another_holder_that_named_t
     at = 3.0 if dial is _unreachable else 1.0  # (not held: the answer comes at once, before the publisher's `Holding`)
     assert asked == [(0.0, HOLDER), (pytest.approx(at), PUBLISHER.peer_id)]
     assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS
+
+
+async def _newer_status(h: Harness, nursery: trio.Nursery) -> trio.abc.Stream:
+    """HOLDER is a newer peer: it answers our manifest ask with a status this peer does not know."""
+    ours, theirs = trio.testing.memory_stream_pair()
+
+    async def serve() -> None:
+        reader = FrameReader(theirs, max_frame_bytes=REQUEST.size)
+        request = ChunkRequest.unpack(await read_frame(reader))
+        await send_frame(theirs, ChunkResponse(request.request_id, NEWER_STATUS, 0, 0).pack())
+
+    nursery.start_soon(serve)
+    return ours
+
+
+async def test_an_answer_with_a_status_we_do_not_know_asks_another_holder_and_holds_nothing_against_it(
+        tmp_path: Path, clock, monkeypatch) -> None:
+    """HOLDER, a member, names the version first and answers our ask with a status a newer peer
+    may add (an old peer cannot tell what it means: `p2pnet.wire`'s evolution rule): the
+    publisher, naming it a second later, is asked at once, and HOLDER is neither excluded nor
+    banned. Before, any status but OK counted as "not held", which excluded HOLDER (`exclude_s`)."""
+    h, asked, _ = await _version_from_holdings(tmp_path, monkeypatch, [(0.0, HOLDER), (1.0, PUBLISHER.peer_id)],
+                                               holder=_newer_status)
+    assert asked == [(0.0, HOLDER), (pytest.approx(1.0), PUBLISHER.peer_id)]
+    assert h.role.fetched_from.get(PUBLISHER.peer_id) == CHUNKS
+    core = h.role.core
+    assert HOLDER not in core._banned and core._excluded.get(HOLDER, 0.0) <= 1.0
