@@ -33,8 +33,8 @@ Candidates for a chunk of stripe s, in order: our parent in s, its ancestors up 
 then peers that announced `Holding` the whole version (fastest measured first; those never
 measured in an order each relay draws for itself, `_choose_source`, so that no id can be made up
 to come first everywhere). Announcing
-`Holding`, learning holders and asking a holder of an unknown version for its manifest:
-`relay.announce` (mixed into the core).
+`Holding` and learning holders: `relay.announce`; asking a holder of an unknown version for its
+manifest: `relay.manifest_asks` (both mixed into the core).
 In the endgame (`relay.sources`) the fastest measured holder is asked before our parent, even
 when the parent holds the whole version too.
 
@@ -67,12 +67,13 @@ from typing import Any, Callable, Iterable
 from p2pnet.config import validated
 from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.wire import Envelope
-from relay.announce import Announcing, _Ask, _Others
+from relay.announce import Announcing
 from relay.effects import DropReason, DropSource, ManifestAccepted, ServeAtOnce
 from relay.errors import ManifestRejected
 from relay.failures import FailureHandling
 from relay.judging import SourceJudgement
 from relay.manifest import SignedManifest, chunk_range
+from relay.manifest_asks import ManifestAsks, _Ask, _Others
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HaveChunks, Holding, ManifestAnnounce
 from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
 from relay.requests import Requesting
@@ -125,7 +126,8 @@ class TransferConfig:
 OpenFrame = Callable[[bytes, float], SignedManifest]
 
 
-class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, Announcing, SwarmTransfer):
+class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, Announcing, ManifestAsks,
+                   SwarmTransfer):
     """One peer's relay transfers. Inputs are the core contract plus the commands below (and
     `fetch_failed`, `relay.failures`)."""
 
@@ -151,10 +153,10 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
-        self._manifest_asked: dict[int, _Ask] = {}  # version -> the ask of it in flight or failed (`relay.announce`)
-        self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.announce`)
-        self._manifest_others: dict[int, _Others] = {}  # other holders to ask (`relay.announce`)
-        self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store's refusals (`relay.announce`)
+        self._manifest_asked: dict[int, _Ask] = {}  # version -> its ask in flight or failed (`relay.manifest_asks`)
+        self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.manifest_asks`)
+        self._manifest_others: dict[int, _Others] = {}  # other holders to ask (`relay.manifest_asks`)
+        self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_asks`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
@@ -280,7 +282,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
 
     def manifest_frame(self, now: float, sender: str, frame: bytes) -> list[Any]:
         """A manifest frame from gossip or a `FetchManifest` answer; believed only if it opens (and
-        not one our store refused: `relay.announce`)."""
+        not one our store refused: `relay.manifest_asks`)."""
         effects: list[Any] = []
         self._take_manifest(now, sender, frame, effects)
         return self._arm(now, effects) if effects else []  # (nothing changed: no tick to move)
@@ -398,7 +400,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
 
     def forget(self, version: int) -> list[Any]:
         """Our store dropped `version`, or would not keep it: stop fetching and announcing it, and
-        forget its asks (`relay.announce`). An input like any other (the role runs it in the
+        forget its asks (`relay.manifest_asks`). An input like any other (the role runs it in the
         core's runner); no effects today."""
         self._drop_asks(version)
         v = self._versions.pop(version, None)

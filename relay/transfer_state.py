@@ -8,8 +8,8 @@ counters for `progress`. `_Source` is one source's outstanding requests and when
 progress (the stall check). `_requeue` puts a chunk back on its stripe's retry queue.
 
 Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
-`relay.failures`, `relay.announce`, `relay.swarm_transfer`); it imports none of them, so they
-import it (and `_requeue`) without importing the core.
+`relay.failures`, `relay.announce`, `relay.manifest_asks`, `relay.swarm_transfer`); it imports none
+of them, so they import it (and `_requeue`) without importing the core.
 """
 
 from __future__ import annotations

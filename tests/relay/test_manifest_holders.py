@@ -1,4 +1,4 @@
-"""Other holders of a version we asked for, asked when the ask fails (`relay.announce`,
+"""Other holders of a version we asked for, asked when the ask fails (`relay.manifest_asks`,
 `_remember_other`, `_ask_another`, `manifest_failed`): the core alone, in virtual time. Through
 the relay role and a real serving peer: `tests/relay/test_role_manifest_asks.py`."""
 
@@ -10,7 +10,7 @@ import blake3
 import pytest
 
 from p2pnet.core import SetTimer
-from relay.announce import MAX_ASKS_AFTER_FAILURES, MAX_DECLINED, MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
+from relay.manifest_asks import MAX_ASKS_AFTER_FAILURES, MAX_DECLINED, MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
 from relay.effects import FetchFailure, FetchManifest, Penalise
 from relay.failures import MAX_BANNED
 from relay.manifest import sign_manifest

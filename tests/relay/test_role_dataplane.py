@@ -404,7 +404,7 @@ async def test_a_source_that_sends_an_oversized_frame_broke_the_protocol_and_cra
 async def test_a_manifest_source_that_sends_an_oversized_frame_is_not_believed_and_crashes_nothing():
     """The same of a manifest fetch (`RelayRole._fetch_manifest`, run in the dispatcher's
     nursery): no frame is handed to the core, only that the ask failed on a broken answer (it
-    asks another holder: `relay.announce`)."""
+    asks another holder: `relay.manifest_asks`)."""
     role = InMemoryRole()
     role.config = SimpleNamespace(request_timeout_s=5.0)
     role.answers.put_data((1 << 20).to_bytes(4, "big") + b"z" * 64)
@@ -851,7 +851,7 @@ async def test_hostile_manifest_answers_crash_nothing_and_hand_the_core_only_who
     """`RelayRole._fetch_manifest` against seeded answers (random bytes, header fields at their
     edges, torn answers, then the end of the stream): it returns, and tells the core once: either
     exactly the `length` bytes an OK header announced (the core opens and checks it), or that the
-    ask failed (the core asks another holder: `relay.announce`)."""
+    ask failed (the core asks another holder: `relay.manifest_asks`)."""
     rng = random.Random(20261206)
     answers = [rng.randbytes(n) for n in (0, 1, 4, 21, 22, 300)]
     for status in (STATUS_OK, STATUS_UNAVAILABLE, 255):

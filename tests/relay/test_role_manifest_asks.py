@@ -2,7 +2,7 @@
 `_fetch_manifest`, `open_stream` and address wait and a real serving peer over the in-memory
 wire, virtual time (MockClock): we learn of version 1 only from `Holding`s, none comes after
 the first of each holder (at scale a holder gossips one every few minutes), and the version
-must still come (`relay.announce`, `manifest_failed` and `_asks_instead`)."""
+must still come (`relay.manifest_asks`, `manifest_failed` and `_asks_instead`)."""
 
 from __future__ import annotations
 

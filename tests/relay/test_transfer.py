@@ -7,7 +7,7 @@ import pytest
 from p2pnet.core import Emit, Publish, Send, SetTimer
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
-from relay.announce import MAX_MANIFEST_ASKS
+from relay.manifest_asks import MAX_MANIFEST_ASKS
 from relay.failures import MAX_UNADDRESSED, NO_ADDRESS_GRACE_S, NOT_ADMITTED_TRIES
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
@@ -1028,7 +1028,7 @@ def _manifest_asks_of_a_ghost(until_s: float, holder: str = GHOST, reason: Fetch
 
 def test_a_manifest_ask_of_a_holder_without_an_address_is_made_again_for_the_grace_only():
     """A manifest asked of a holder whose heartbeat has not reached us fails as `no_address`
-    (`relay.announce`, `manifest_failed`): it is asked again `not_admitted_s` after each failure,
+    (`relay.manifest_asks`, `manifest_failed`): it is asked again `not_admitted_s` after each failure,
     by the core's own tick though it knows no version yet, not at its next `Holding` only; one
     that never sends a heartbeat (anyone may send `Holding`) for `NO_ADDRESS_GRACE_S`, then it is
     unreachable, as a source of chunks, and not asked again while excluded (`exclude_s`)."""
