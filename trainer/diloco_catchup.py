@@ -33,7 +33,7 @@ the role's `_adopt(state)` and keep `state_via`, `state_via_counts` and `fetched
 writes (`checkpointing`, `pending_checkpoint`, `checkpointed_round`) and what was published
 (`publishing`, `published`, `with_outer_state`, `outer_state_bytes`). They call the role's
 `_known_trainers()`, `_member_of_group(peer)`, `open_stream(peer)` and `state_due(start, values)`
-(`trainer.diloco_serving`), and hand the role itself to `trainer.diloco_join.state_via_relay`.
+(`trainer.diloco_state_answer`), and hand the role itself to `trainer.diloco_join.state_via_relay`.
 Their log lines go to the role's logger. They must not decide rounds or members
 (`trainer.diloco_role`).
 """
@@ -52,7 +52,8 @@ from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from trainer.diloco_local import GlobalState, write_state
 from trainer.diloco_messages import STATE_PIECE_VALUES, StatePiece, StateRequest
-from trainer.diloco_serving import MAX_FRAME_BYTES, STATE_HOLD_DEADLINES
+from trainer.diloco_serving import MAX_FRAME_BYTES
+from trainer.diloco_state_answer import STATE_HOLD_DEADLINES
 
 if TYPE_CHECKING:
     from trainer.diloco_local import InnerTrainer
@@ -91,7 +92,7 @@ class CatchingUp:
     with_outer_state: list[int]
     outer_state_bytes: int
 
-    if TYPE_CHECKING:  # what these call on the role (`trainer.diloco_role.DilocoRole`, `trainer.diloco_serving`)
+    if TYPE_CHECKING:  # what these call on the role (`trainer.diloco_role.DilocoRole`, `trainer.diloco_state_answer`)
         def _known_trainers(self) -> set[str]: ...
         def _member_of_group(self, peer: str) -> None: ...
         def _adopt(self, state: GlobalState) -> None: ...

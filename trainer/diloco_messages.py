@@ -135,7 +135,7 @@ class StateRequest:
     `after_round` (added at the end, with a default): the asker is no member of that round (it
     was told `NoRoom`, or the round's Members left it out, on the round's weights) and wants the
     state of a later one: the receiver answers once its own state is past that round, or, if it
-    is not within `trainer.diloco_serving.STATE_HOLD_DEADLINES` x deadline_s, with what it has
+    is not within `trainer.diloco_state_answer.STATE_HOLD_DEADLINES` x deadline_s, with what it has
     then; one holding many such requests (`STATE_HOLDS`) closes the connection instead.
     -1 (an older asker's, which lacks it): at once. An older receiver ignores it and
     answers at once (the asker then takes the round's state again, as before)."""

@@ -28,7 +28,7 @@ from tests.trainer.test_diloco_hostile import HONEST, PEER, SLACK_S, Listener, a
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import STATE_PIECE_VALUES, StatePiece, StateRequest
 from trainer.diloco_role import MAX_FRAME_BYTES, DilocoRole
-from trainer.diloco_serving import STATE_HOLD_DEADLINES, STATE_HOLDS
+from trainer.diloco_state_answer import STATE_HOLD_DEADLINES, STATE_HOLDS
 
 DEADLINE_S, ROUNDS = 10.0, 8
 
