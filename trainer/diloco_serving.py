@@ -41,8 +41,8 @@ from p2pnet.errors import MessageRejected
 from trainer.diloco import digest
 from trainer.diloco_inbox import Lane, frame_bytes
 from trainer.diloco_links import Received, open_links
-from trainer.diloco_messages import (MAX_MEMBERS, MAX_PART_BYTES, Idle, Join, Members, NoRoom, Part, RoundFrame,
-                                     StateOffer, StateRequest, StateWanted)
+from trainer.diloco_messages import (MAX_MEMBERS, MAX_PART_BYTES, HoldsFull, Idle, Join, Members, NoRoom, Part,
+                                     RoundFrame, StateOffer, StateRequest, StateWanted)
 from trainer.diloco_state_answer import STATE_HOLD_DEADLINES, AnsweringState
 
 if TYPE_CHECKING:
@@ -171,6 +171,11 @@ class DilocoServing(AnsweringState):
             if body.after_round >= 0:  # it wants a later round's state: held, then counted from the hold's end
                 held = await self._hold(stream, peer, body.after_round,
                                         start + STATE_HOLD_DEADLINES * self.config.deadline_s)
+                if isinstance(held, HoldsFull):  # no room: told why when it reads that, so it asks elsewhere at once
+                    if body.hears_full:
+                        await self._sent_within(self.config.deadline_s, peer, "refusal",
+                                                send_frame(stream, self.node.codec.encode(held, time.time())))
+                    return False
                 if held is None:
                     return False
                 start = held

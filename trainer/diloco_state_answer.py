@@ -3,12 +3,14 @@ piece, each taken by its `state_due` time (`_send_state`); the asker counts the 
 (`trainer.diloco_catchup`). An asker left out of our round asks for a later state
 (`after_round`): we hold its request until our round is over (`_hold`, `_state_past`, woken by
 `_state_moved`), so it fetches the state once, not its own round's again; at most `STATE_HOLDS`
-such requests at once, one an asker, each until its asker closes.
+such requests at once, one an asker, each until its asker closes, and of them at most
+`STRANGER_HOLDS` for askers we do not know to be of our group; one more is refused (`HoldsFull`).
 
 Mixed into `trainer.diloco_serving.DilocoServing` (`AnsweringState`), whose `_on_frame` takes the
 request and calls these; `trainer.diloco_role.DilocoRole` calls `_state_moved` as its state moves,
-and `trainer.diloco_catchup` `state_due`. These methods read the role's `node`, `config` and
-`state`, and keep what they hold (`holding`, `state_moved`). Their log lines go to the role's
+and `trainer.diloco_catchup` `state_due`. These methods read the role's `node`, `config`, `state`,
+`history` and `inbox` (whose members we know: `_of_group`), and keep what they hold (`holding`,
+`strangers_held`, `state_moved`). Their log lines go to the role's
 logger. They must not read other frames of the connection than the request, nor decide rounds.
 """
 
@@ -22,9 +24,10 @@ import trio
 
 from p2pnet.dataplane import send_frame
 from p2pnet.errors import MessageRejected
-from trainer.diloco_messages import STATE_PIECE_VALUES, StatePiece
+from trainer.diloco_messages import STATE_PIECE_VALUES, HoldsFull, StatePiece
 
 if TYPE_CHECKING:
+    from trainer.diloco_inbox import RoundInbox
     from trainer.diloco_local import GlobalState
     from trainer.diloco_role import DilocoConfig
 
@@ -51,11 +54,16 @@ STATE_HOLD_DEADLINES = 4
 # the most StateRequests held at once (`_hold`), one an asker: each holds a connection and a task
 # for up to the hold, then its answer's first piece deadline, and identities cost nothing. Honest
 # askers are the joiners left out of our round (told `NoRoom`, or left out of its Members), each
-# asking its leader first: a few a round. One beyond it is refused (the connection closed, the
-# reason logged): the joiner asks another trainer peer, as after any failure. An asker that closes
-# its connection while held frees its place then, not at the hold's end: a place is kept only
-# by a connection kept open (one of the data plane's few a peer).
+# asking its leader first: a few a round. One beyond it is refused (`HoldsFull` to an asker that
+# reads it, else a bare close; the reason logged): the joiner asks another trainer peer at once.
+# An asker that closes its connection while held frees its place then, not at the hold's end: a
+# place is kept only by a connection kept open (one of the data plane's few a peer).
 STATE_HOLDS = 8
+# of those, the most held for askers we do not know to be of our group (`_of_group`): in an open
+# group any identity may ask, and strangers holding every place would refuse each member of ours
+# left out of a round. The rest, STATE_HOLDS - STRANGER_HOLDS, only a member takes (a member takes
+# any free place). A joiner new to the group is a stranger here, as it is in the round's inbox.
+STRANGER_HOLDS = 4
 STATE_BYTES_PER_VALUE = 8  # a weight and its outer momentum, fp32 each
 
 
@@ -66,12 +74,16 @@ class AnsweringState:
     node: Any
     config: DilocoConfig
     state: GlobalState | None
+    history: list[dict[str, Any]]
+    inbox: RoundInbox
     # set (and forgotten) when our state moves to a later round (`_state_moved`): held StateRequests
     # wait on it (`_state_past`). None: nobody waits (a class default: no host need set it)
     state_moved: trio.Event | None = None
-    # the askers whose StateRequests we hold (`_hold`), at most STATE_HOLDS (a class default,
-    # replaced, never changed in place: no host need set it)
+    # the askers whose StateRequests we hold (`_hold`), at most STATE_HOLDS, and those of them not
+    # known to be of our group, at most STRANGER_HOLDS (class defaults, replaced, never changed in
+    # place: no host need set them)
     holding: frozenset[str] = frozenset()
+    strangers_held: frozenset[str] = frozenset()
 
     def state_due(self, start: float, values: int) -> float:
         """When the state's first `values` values are due, for a transfer that began at `start`:
@@ -86,24 +98,32 @@ class AnsweringState:
             self.state_moved.set()
             self.state_moved = None
 
-    async def _hold(self, stream: trio.SocketStream, peer: str, round: int, until: float) -> float | None:
+    async def _hold(self, stream: trio.SocketStream, peer: str, round: int, until: float) -> float | HoldsFull | None:
         """Hold `peer`'s StateRequest for a later round than `round` (`_state_past`, at most until
         `until`), and say when the hold ended: our answer's piece deadlines count from there
         (`state_due`), so an asker that does not read holds its connection and our task at most the
-        hold and then a piece's deadline, however soon our round ends. None: not held, refused (one
-        of `peer`'s is held already, or `STATE_HOLDS` are; logged), or the asker closed `stream`
-        while held (logged: its place is free at once, not at the hold's end, and it may ask again),
-        the connection is to end. An asker writing while held (it waits for our answer, an honest
+        hold and then a piece's deadline, however soon our round ends. `HoldsFull`: refused for
+        room (`STATE_HOLDS` are held, or `STRANGER_HOLDS` of askers not of our group and `peer` is
+        not either: `_of_group`; logged), the answer to send if the asker reads it, then the
+        connection is to end. None: not held, the connection is to end: one of `peer`'s is held
+        already (logged; no room refusal: an honest asker has one request at a time), or the
+        asker closed `stream` while held (logged: its place is free at once, not at the hold's end,
+        and it may ask again). An asker writing while held (it waits for our answer, an honest
         one writes nothing) is rejected ("unexpected"). A request that needs no hold (we are past
         `round`, or at an earlier one: `_unfinished`) is answered at once, whatever we hold: the
         cap bounds what is held, and a joiner that asks after our round ended is never refused."""
         if not self._unfinished(round):
             return trio.current_time()
-        if peer in self.holding or len(self.holding) >= STATE_HOLDS:
-            log.info("diloco: %s asks for the state after round %d; %s: refused (connection closed)", peer, round,
-                     "one of its requests is held already" if peer in self.holding
-                     else f"{len(self.holding)} requests are held already")
+        if peer in self.holding:
+            log.info("diloco: %s asks for the state after round %d; one of its requests is held already: refused "
+                     "(connection closed)", peer, round)
             return None
+        stranger = not self._of_group(peer)
+        if len(self.holding) >= STATE_HOLDS or (stranger and len(self.strangers_held) >= STRANGER_HOLDS):
+            kept = 0 if len(self.holding) >= STATE_HOLDS else STATE_HOLDS - len(self.holding)
+            log.info("diloco: %s asks for the state after round %d; %d requests are held already%s: refused", peer,
+                     round, len(self.holding), f", the {kept} places left kept for our group's members" if kept else "")
+            return HoldsFull(round, len(self.holding), kept)
         wrote: list[bytes] = []  # what the asker wrote while held (b"": it closed `stream`)
 
         async def watch() -> None:
@@ -114,6 +134,8 @@ class AnsweringState:
             held.cancel_scope.cancel()
 
         self.holding = self.holding | {peer}
+        if stranger:
+            self.strangers_held = self.strangers_held | {peer}
         try:
             async with trio.open_nursery() as held:
                 held.start_soon(watch)
@@ -121,6 +143,7 @@ class AnsweringState:
                 held.cancel_scope.cancel()
         finally:
             self.holding = self.holding - {peer}
+            self.strangers_held = self.strangers_held - {peer}
         if not wrote:
             return trio.current_time()
         if wrote[0]:
@@ -128,6 +151,14 @@ class AnsweringState:
         log.info("diloco: %s closed its connection while its request for the state after round %d was held",
                  peer, round)
         return None
+
+    def _of_group(self, peer: str) -> bool:
+        """`peer` is of our group as far as we know here: a member of the last round we took part
+        in, or of our round once it is decided (`inbox.reserved`: every listed trainer in a closed
+        group), or of the last round we finished (`history`: a member left out of the round we are
+        in, the asker a hold is for, is in no later one). Not what a heartbeat or a Join says: any
+        identity can show those (`_known_trainers`, `heard`)."""
+        return peer in self.inbox.reserved or (bool(self.history) and peer in self.history[-1]["members"])
 
     async def _state_past(self, round: int, until: float) -> None:
         """While we are in our round `round` (the asker is no member of it), until `until` (then
