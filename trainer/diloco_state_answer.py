@@ -4,7 +4,8 @@ piece, each taken by its `state_due` time (`_send_state`); the asker counts the 
 (`after_round`): we hold its request until our round is over (`_hold`, `_state_past`, woken by
 `_state_moved`), so it fetches the state once, not its own round's again; at most `STATE_HOLDS`
 such requests at once, one an asker, each until its asker closes, and of them at most
-`STRANGER_HOLDS` for askers we do not know to be of our group; one more is refused (`HoldsFull`).
+`STRANGER_HOLDS` for askers we do not know to be of our group (once we finished a round); one
+more is refused (`HoldsFull`).
 
 Mixed into `trainer.diloco_serving.DilocoServing` (`AnsweringState`), whose `_on_frame` takes the
 request and calls these; `trainer.diloco_role.DilocoRole` calls `_state_moved` as its state moves,
@@ -63,6 +64,10 @@ STATE_HOLDS = 8
 # group any identity may ask, and strangers holding every place would refuse each member of ours
 # left out of a round. The rest, STATE_HOLDS - STRANGER_HOLDS, only a member takes (a member takes
 # any free place). A joiner new to the group is a stranger here, as it is in the round's inbox.
+# Until we finish a round (`history` empty: a new open group, or one we resumed) no member of
+# ours can be left out of the round we are in (its members are those of that round; we know no
+# earlier one), so every asker is a stranger and none is capped: places kept then would refuse
+# honest joiners of the group's first round and serve no one.
 STRANGER_HOLDS = 4
 STATE_BYTES_PER_VALUE = 8  # a weight and its outer momentum, fp32 each
 
@@ -103,9 +108,9 @@ class AnsweringState:
         `until`), and say when the hold ended: our answer's piece deadlines count from there
         (`state_due`), so an asker that does not read holds its connection and our task at most the
         hold and then a piece's deadline, however soon our round ends. `HoldsFull`: refused for
-        room (`STATE_HOLDS` are held, or `STRANGER_HOLDS` of askers not of our group and `peer` is
-        not either: `_of_group`; logged), the answer to send if the asker reads it, then the
-        connection is to end. None: not held, the connection is to end: one of `peer`'s is held
+        room (`STATE_HOLDS` are held, or, once we finished a round, `STRANGER_HOLDS` of askers not
+        of our group and `peer` is not either: `_of_group`; logged), the answer to send if the
+        asker reads it, then the connection is to end. None: not held, the connection is to end: one of `peer`'s is held
         already (logged; no room refusal: an honest asker has one request at a time), or the
         asker closed `stream` while held (logged: its place is free at once, not at the hold's end,
         and it may ask again). An asker writing while held (it waits for our answer, an honest
@@ -119,7 +124,8 @@ class AnsweringState:
                      "(connection closed)", peer, round)
             return None
         stranger = not self._of_group(peer)
-        if len(self.holding) >= STATE_HOLDS or (stranger and len(self.strangers_held) >= STRANGER_HOLDS):
+        capped = stranger and bool(self.history)  # no round finished: no member of ours can be left out yet
+        if len(self.holding) >= STATE_HOLDS or (capped and len(self.strangers_held) >= STRANGER_HOLDS):
             kept = 0 if len(self.holding) >= STATE_HOLDS else STATE_HOLDS - len(self.holding)
             log.info("diloco: %s asks for the state after round %d; %d requests are held already%s: refused", peer,
                      round, len(self.holding), f", the {kept} places left kept for our group's members" if kept else "")

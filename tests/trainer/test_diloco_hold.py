@@ -342,6 +342,7 @@ async def test_strangers_holding_every_place_they_may_take_leave_a_members_reque
     listener.plane.admit_peer = lambda peer: None  # every identity of our table
     if known == "reserved":
         listener.inbox.reserve([PEER.peer_id])
+        listener.role.history = [{"members": [ME.peer_id]}]  # a round of ours finished: strangers are capped
     else:
         listener.role.history = [{"members": [ME.peer_id, PEER.peer_id]}]
     _at(listener, 3, values=4)
@@ -363,6 +364,26 @@ async def test_strangers_holding_every_place_they_may_take_leave_a_members_reque
             with trio.fail_after(SLACK_S):
                 frame = await FrameReader(member, max_frame_bytes=MAX_FRAME_BYTES).frame()
         assert Codec(PEER).decode(frame or b"", time.time()).body.round == 4
+    finally:
+        for stream in held:
+            await stream.aclose()
+
+
+async def test_before_our_first_round_ends_strangers_may_take_every_place(listener: Listener) -> None:
+    """An open group's first round (no round of ours finished: `history` empty): every asker for
+    the state after it is a stranger, as is every joiner left out of it, and no member of ours can
+    be left out yet, so none is capped at `STRANGER_HOLDS`: `STATE_HOLDS` are held, as before
+    places were kept, and only one more is refused, naming no places kept."""
+    _fast(listener, 1000.0)  # the hold's end far off: only our round's end ends it
+    listener.plane.admit_peer = lambda peer: None  # every identity of our table
+    _at(listener, 0, values=4)
+    held: list[trio.SocketStream] = []
+    try:
+        for i in range(STATE_HOLDS):  # honest joiners left out of our first round, as strangers are
+            held.append(await _ask(listener, Identity.from_seed_text(f"joiner {i}"), 0, hears_full=True))
+            await _until(lambda: len(listener.role.holding) == i + 1)  # noqa: B023 (awaited here)
+        async with await _ask(listener, HONEST, 0, hears_full=True) as refused:
+            assert await _refusal(refused) == HoldsFull(0, STATE_HOLDS, 0)
     finally:
         for stream in held:
             await stream.aclose()
