@@ -24,6 +24,7 @@ import trio
 import trio.testing
 
 from p2pnet.dataplane import FrameReader, send_frame
+from p2pnet.errors import MessageRejected
 from p2pnet.identity import Identity
 from p2pnet.wire import DOMAIN, WIRE_VERSION, Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
@@ -320,6 +321,27 @@ async def test_the_asker_gives_up_on_a_server_that_stalls_after_its_first_piece_
         with pytest.raises(trio.TooSlowError):
             await role.fetch_state(server.peer_id, after_round=3)
         assert trio.current_time() < role.state_due(first_sent[0], values) + role.config.deadline_s
+
+
+async def test_a_refusal_after_the_first_piece_is_a_bad_state_not_room() -> None:
+    """`HoldsFull` answers a request instead of the state: a server that sends it once it has
+    begun to send the state (a liar, or broken) sent a state that does not fit, its fault
+    ("bad_state"), not a refusal for room the asker logs as no failure."""
+    server, values = Identity.from_seed_text("diloco refusing liar"), 2 * STATE_PIECE_VALUES
+
+    async def serve(stream: trio.SocketStream) -> None:
+        async with stream:
+            await FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES).frame()  # the StateRequest: answered at once
+            piece = StatePiece(4, values, 0, STATE_PIECE_VALUES, bytes(4 * STATE_PIECE_VALUES),
+                               bytes(4 * STATE_PIECE_VALUES))
+            await send_frame(stream, Codec(server).encode(piece, time.time()))
+            await send_frame(stream, Codec(server).encode(HoldsFull(4, STATE_HOLDS, 0), time.time()))
+            await trio.sleep_forever()
+
+    async with asking(serve, values, 1.0, 10**9) as role:
+        with pytest.raises(MessageRejected) as rejected:
+            await role.fetch_state(server.peer_id, after_round=3)
+    assert rejected.value.reason == "bad_state"
 
 
 async def _refusal(stream: trio.SocketStream) -> object:
