@@ -33,7 +33,7 @@ the role's `_adopt(state)` and keep `state_via`, `state_via_counts` and `fetched
 writes (`checkpointing`, `pending_checkpoint`, `checkpointed_round`) and what was published
 (`publishing`, `published`, `with_outer_state`, `outer_state_bytes`). They call the role's
 `_known_trainers()`, `_member_of_group(peer)`, `open_stream(peer)` and `state_due(start, values)`
-(`trainer.diloco_serving`), and hand the role itself to `trainer.diloco_join.state_via_relay`.
+(`trainer.diloco_state_answer`), and hand the role itself to `trainer.diloco_join.state_via_relay`.
 Their log lines go to the role's logger. They must not decide rounds or members
 (`trainer.diloco_role`).
 """
@@ -51,8 +51,9 @@ import trio
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from trainer.diloco_local import GlobalState, write_state
-from trainer.diloco_messages import STATE_PIECE_VALUES, StatePiece, StateRequest
-from trainer.diloco_serving import MAX_FRAME_BYTES, STATE_HOLD_DEADLINES
+from trainer.diloco_messages import STATE_PIECE_VALUES, HoldsFull, StatePiece, StateRequest
+from trainer.diloco_serving import MAX_FRAME_BYTES
+from trainer.diloco_state_answer import STATE_HOLD_DEADLINES
 
 if TYPE_CHECKING:
     from trainer.diloco_local import InnerTrainer
@@ -66,6 +67,18 @@ class JoinPath(enum.StrEnum):
 
     RELAY = "relay"  # a version carrying the outer state, fetched by our relay role
     DIRECT = "direct"  # a StateRequest on the data channel to a live trainer peer
+
+
+class StateRefused(PeerUnavailable):
+    """A trainer peer had no room to hold our request for a later round's state (`HoldsFull`): no
+    fault of its, nor ours (it holds as many as it takes, or as many of askers it does not know to
+    be of its group); we ask the next trainer peer at once."""
+
+    def __init__(self, peer: str, after_round: int, full: HoldsFull) -> None:
+        kept = f", the {full.kept} places left kept for its group's members" if full.kept else ""
+        super().__init__(f"{peer} had no room to hold our request for the state after round {after_round}: "
+                         f"it holds {full.held}{kept}")
+        self.peer, self.full = peer, full
 
 
 class CatchingUp:
@@ -91,7 +104,7 @@ class CatchingUp:
     with_outer_state: list[int]
     outer_state_bytes: int
 
-    if TYPE_CHECKING:  # what these call on the role (`trainer.diloco_role.DilocoRole`, `trainer.diloco_serving`)
+    if TYPE_CHECKING:  # what these call on the role (`trainer.diloco_role.DilocoRole`, `trainer.diloco_state_answer`)
         def _known_trainers(self) -> set[str]: ...
         def _member_of_group(self, peer: str) -> None: ...
         def _adopt(self, state: GlobalState) -> None: ...
@@ -108,7 +121,8 @@ class CatchingUp:
         tell how long it holds us, so its first piece is due from the longest hold's end, and the
         rest from the first's arrival when that is sooner (`peer` counts from the hold's end, before
         it sent that piece): a peer that stalls once it has begun is given up as soon as on a plain
-        request, one that never begins only after the longest hold."""
+        request, one that never begins only after the longest hold. One with no room to hold our
+        request says so (`HoldsFull`, as we ask it to: `hears_full`): `StateRefused`."""
         self._member_of_group(peer)
         total = self.state.weights.numel()  # type: ignore[union-attr]
         weights, momentum = torch.empty(total), torch.empty(total)
@@ -117,7 +131,7 @@ class CatchingUp:
             start = trio.current_time()  # before we ask: each piece is due here first (`state_due`)
             if after_round >= 0:
                 start += STATE_HOLD_DEADLINES * self.config.deadline_s
-            request = StateRequest(self.state.round, after_round)  # type: ignore[union-attr]
+            request = StateRequest(self.state.round, after_round, hears_full=True)  # type: ignore[union-attr]
             with trio.fail_at(self.state_due(start, 0)):
                 await send_frame(stream, self.node.codec.encode(request, time.time()))
             reader = FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES)
@@ -128,6 +142,8 @@ class CatchingUp:
                 if frame is None:
                     raise PeerUnavailable(f"{peer} ended the state after {got} of {total} values")
                 piece = self.node.codec.decode(frame, time.time()).body
+                if isinstance(piece, HoldsFull) and round < 0:  # its answer instead of the state: no room
+                    raise StateRefused(peer, after_round, piece)
                 if not isinstance(piece, StatePiece) or piece.total != total or piece.offset != got or (
                         round >= 0 and piece.round != round):
                     raise MessageRejected("bad_state", f"{peer} sent a state piece that does not fit", peer)
@@ -203,11 +219,15 @@ class CatchingUp:
         also when we are told we drifted (hint given), take the hinted peer's at its round. Told
         we are no member of our round `past` (>= 0), on its weights, we ask for a later round's
         state (`fetch_state`'s `after_round`): the peer answers when its round is over, and we
-        fetch it once, not our own round's (the same weights) and then the next one's."""
+        fetch it once, not our own round's (the same weights) and then the next one's. One with no
+        room to hold that request (`StateRefused`) is no failure: logged as such, the next asked."""
         peers = ([hint] if hint else []) + sorted(self._known_trainers() - {hint} - self.suspects)
         for peer in peers:
             try:
                 fetched = await self.fetch_state(peer, past)
+            except StateRefused as exc:  # full, not failed: the next one at once
+                log.info("diloco: %s; asking the next trainer peer", exc)
+                continue
             except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 log.info("diloco: state from %s failed: %s", peer, exc)
                 continue

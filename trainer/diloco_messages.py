@@ -9,7 +9,10 @@ said it reads that (`hears_idle`, a field added at the end with a default, so ol
 and read these messages as before: an older sender's frames lack it and read as False). A Join
 whose round had no room for it is answered `NoRoom` only when the Join said its sender reads
 that (`hears_no_room`, added the same way): to an older peer, whose server ends a connection on a
-frame of a kind it does not know, it is never sent.
+frame of a kind it does not know, it is never sent. A `StateRequest` the receiver has no room to
+hold is answered `HoldsFull` only when the request said its asker reads that (`hears_full`, added
+the same way): an older asker would take a frame of a kind it does not know for a bad state, and
+sees the bare close it always saw.
 
 This module must not do I/O or know how a round proceeds (`trainer.allreduce` does).
 """
@@ -135,13 +138,38 @@ class StateRequest:
     `after_round` (added at the end, with a default): the asker is no member of that round (it
     was told `NoRoom`, or the round's Members left it out, on the round's weights) and wants the
     state of a later one: the receiver answers once its own state is past that round, or, if it
-    is not within `trainer.diloco_serving.STATE_HOLD_DEADLINES` x deadline_s, with what it has
-    then; one holding many such requests (`STATE_HOLDS`) closes the connection instead.
-    -1 (an older asker's, which lacks it): at once. An older receiver ignores it and
-    answers at once (the asker then takes the round's state again, as before)."""
+    is not within `trainer.diloco_state_answer.STATE_HOLD_DEADLINES` x deadline_s, with what it has
+    then; one holding as many such requests as it takes (`STATE_HOLDS`, fewer for an asker it
+    does not know to be of its group) refuses it (`HoldsFull`, or a bare close). -1 (an older
+    asker's, which lacks it): at once. An older receiver ignores it and answers at once (the
+    asker then takes the round's state again, as before).
+
+    `hears_full` (added at the end, with a default): the asker takes a `HoldsFull` answer. False,
+    as in every older asker's, a refusal is a bare close. An older receiver ignores it and refuses
+    with a bare close, as before."""
 
     have_round: int
     after_round: int = -1
+    hears_full: bool = False
+
+
+@dataclass(frozen=True)
+class HoldsFull:
+    """The answer to a `StateRequest` for a later round's state (`after_round`) that the sender,
+    at `round`, had no room to hold: it holds `held` such requests, and of the places it has left
+    `kept` are kept for the members of its group (`trainer.diloco_state_answer`: `held` + `kept`
+    is `STATE_HOLDS` when the asker is not known to it as one; `kept` is 0 when every place is
+    taken). No one's fault: the asker asks another trainer peer at once and does not take the
+    sender for failed. The sender closes the connection after it. Sent only for a request that
+    said its asker reads it (`StateRequest.hears_full`)."""
+
+    round: int
+    held: int
+    kept: int
+
+    def __post_init__(self) -> None:
+        if min(self.round, self.held, self.kept) < 0:
+            raise ValueError("HoldsFull needs round, held and kept >= 0")
 
 
 @dataclass(frozen=True)
@@ -220,5 +248,6 @@ message("diloco/state_wanted", max_bytes=512)(StateWanted)
 message("diloco/state_offer", max_bytes=512)(StateOffer)
 message("diloco/idle", max_bytes=512)(Idle)
 message("diloco/no_room", max_bytes=512)(NoRoom)
+message("diloco/holds_full", max_bytes=512)(HoldsFull)
 STATE_PIECE_VALUES = PIECE_VALUES // 4  # weights + momentum: 2 x 256 KiB per piece
 message("diloco/state_piece", max_bytes=2 * 4 * STATE_PIECE_VALUES + 4096)(StatePiece)

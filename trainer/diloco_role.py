@@ -15,7 +15,8 @@ declares the part of it that it uses), the model and the global state it starts 
 (`open_stream`), and `status()`. The round's inbox is `trainer.diloco_inbox`'s. Mixed in:
 deciding a round's members (`trainer.diloco_decide`, `Deciding`);
 serving other trainer peers' connections, putting their frames into that inbox and our answers to
-them (`trainer.diloco_serving`, `DilocoServing`);
+them (`trainer.diloco_serving`, `DilocoServing`, with `trainer.diloco_state_answer`'s `AnsweringState`
+mixed into it: our state to a joiner's `StateRequest`);
 taking a later global state when we join or drift (through the relay or directly), the durable
 writes and publishing (`trainer.diloco_catchup`, `CatchingUp`).
 
@@ -80,8 +81,8 @@ from trainer.diloco_inbox import INBOX, PEER_INBOX, RoundInbox
 from trainer.diloco_links import InboxEvent, Links, PeerFailed, Received, open_links
 from trainer.diloco_local import GlobalState, InnerConfig, InnerTrainer, read_state
 from trainer.diloco_messages import CHANNEL, MAX_MEMBERS, Join, Part
-from trainer.diloco_serving import (ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES, STALL_WINDOWS, STATE_BYTES_PER_VALUE,
-                                    STATE_SEND_DEADLINES, DilocoServing)
+from trainer.diloco_serving import ASKER_ROUNDS, IDLE_WINDOWS, MAX_FRAME_BYTES, STALL_WINDOWS, DilocoServing
+from trainer.diloco_state_answer import STATE_BYTES_PER_VALUE, STATE_SEND_DEADLINES
 
 log = logging.getLogger(__name__)
 
