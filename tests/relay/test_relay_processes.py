@@ -11,8 +11,9 @@ chunks, then peer5, holding some. 16 MiB keeps that window several times the tim
 to hold its 20 chunks (measured after the publish, on one core: 0.9 s; beside two busy loops
 1.3 s; peer5 needs one chunk: 0.2-0.3 s, 0.6 s), and no larger, since every relay left must
 then fetch it all through the cap (the relays take each chunk from peer7 more than twice over:
-about 9 s for 12 MiB). One transfer through the cap, not one per test: the file took 43 s, 24 s
-of it in two. The restarted victim's fetch shows it was not whole when killed.
+about 9 s for 12 MiB; the corrupting peer6's doing, not the kills': without kills 1.84 copies of
+12 MiB left peer7, and without peer6 1.00). One transfer through the cap, not one per test: the
+file took 43 s, 24 s of it in two. The restarted victim's fetch shows it was not whole when killed.
 Each test publishes what it needs (the 64 MiB version of the first two once, in `v1`, the kill
 tests' in `v2`) and uses the relays still running, so each passes alone and in any order. Every
 wait is bounded, by a deadline that scales with the bytes waited for.
