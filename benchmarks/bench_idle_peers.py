@@ -62,9 +62,11 @@ def idle_round(peers: int, seconds: float, config_extra: str = "") -> IdleRound:
     work = Path(tempfile.mkdtemp(prefix="bench-idle-"))
     config = f"budget_bytes = {4 << 30}\n" + (f"\n{config_extra}\n" if config_extra else "")
     try:
-        # 150 s between rounds at 0.25 s: the 600 rounds it had polling every second
+        # 150 s between rounds at 0.25 s: the 600 rounds it had polling every second. The stop
+        # deadline is the set's: peers pinned to one core shut down side by side in about 0.4 s each
+        # (16 idle relays 6.7 s), so 27 would pass the default 10 s and be SIGKILLed
         with relay_network(work / "p2pnet", peers - 1, config=config, ready_timeout_s=60, tables_timeout_s=150,
-                           status_timeout_s=STATUS_TIMEOUT_S) as net:
+                           status_timeout_s=STATUS_TIMEOUT_S, stop_timeout_s=max(10.0, 1.0 * peers)) as net:
             procs = net.peers
             time.sleep(SETTLE_S)  # the joins' own gossip settles
             heard_before = _received(procs)
