@@ -12,8 +12,9 @@ One ask of a version is in flight at a time, but for a member's `Holding` while 
 ask waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap
 one still in flight). With the ask we remember up to `MAX_OTHER_HOLDERS` (16) other holders that
 named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
-for now, a member that of the first stranger, and a stranger only fills free room, so neither
-made-up identities nor excluded liars keep its members out); they go with the ask (`_drop_asks`:
+for now, a member that of the first stranger, and one usable that of the one of its kind whose
+ask failed last, if later than its own (`_rank`); so neither made-up identities, excluded liars
+nor liars that failed keep its members out); they go with the ask (`_drop_asks`:
 the manifest came, the version was forgotten, `_room_to_ask` evicted the ask), so they count
 within `MAX_MANIFEST_ASKS`.
 
@@ -32,11 +33,21 @@ names the version (100 strangers failing at once: a member naming it at 0.5 s wa
 to the first remembered holder (`_after_failure`): a `Holding` only joins them (members taking
 strangers' places), whether it asks at once (a member's, within the bound) or `manifest_retry_s`
 after the last ask; with the bound spent the ask is put off until it allows one
-(`_manifest_again`, of whoever is first then). So identities that spend the bound and name
-the version again and again cannot ask ahead of a holder remembered from one `Holding`: with 20
-members naming a version every second and answering "not held", an honest member naming it once
-at 0.5 s was asked at 10.1 s (30.5 s, its next `Holding`, before), with 100 at 80.1 s (never in
-600 s before; core alone, `exclude_s` 60 s); the rate of asks is as before.
+(`_manifest_again`, of whoever is first then). A stranger's `Holding` that asks nothing (it may
+ask once per `manifest_retry_s`, failure or not) puts one off to `manifest_retry_s` after the
+last ask, when it would have asked (of whoever is first then), and one of a holder excluded for
+now to when the first remembered may be asked (`_ask_when_usable`): a `Holding` may not come
+again for an announce interval. First means a member first, then the one whose ask (of any
+version, the last `MAX_FAILED_ASKS` peers) failed longest ago, never first, then first named
+(`_rank`). So identities that spend the bound and name the version again and again cannot ask
+ahead of a holder remembered from one `Holding`, and liars, however many, are each asked once
+before any is asked again: K members naming a version every second and answering "not held"
+keep an honest member that names it every 30 s waiting at most until each was asked once (at
+4 asks per 5 s) and its next `Holding` (core alone, `exclude_s` 60 s; 8, 20, 100, 1000 liars, it
+first naming the version at 0.5, 1.5 or 7.3 s: asked by 7.3, 20.1, 130.0, 1245.1 s; before, 100
+or more liars kept it out of the 16 places for 600 s but when it first named it at 0.5 s, 80 s).
+Any identity the others cannot tell from the honest one costs it an ask; the rate of asks is as
+before.
 
 The holder whose ask failed is dealt with as the failure says, as a source of chunks would be
 (`relay.failures`). `no_address` (its heartbeat, with its data address, has not reached us: we
@@ -47,13 +58,14 @@ heartbeat is not asked for ever. `not_admitted` (it has not heard our heartbeat;
 just sent it ours): asked again the same way, counted with its refusals of chunks, and
 unreachable after `NOT_ADMITTED_TRIES` in a row (`_refused_us`). If another holder was asked
 instead, these two are remembered as other holders rather than asked again on the tick; after
-any other failure that leaves none to ask, one remembered but excluded for now is asked as its
-exclusion ends. `unreachable` (no connection, or too slow with its address known): excluded for
-`exclude_s`. `corrupt` (a broken answer, on a connection that proved its id: bytes that are no
-signed manifest, or another version's): banned and penalised. `unavailable` for a version its
-`Holding` named in full (it lied, or dropped it since): excluded for `exclude_s`. An excluded
-holder's `Holding` asks nothing, so holders that name a version and fail its asks at once cannot
-keep one that names it rarely from being asked. A sound manifest of the version that we will not
+any other failure that leaves none to ask, one remembered but excluded for now (from us, or for
+this version: below) is asked as its exclusion ends (`_ask_when_usable`). `unreachable` (no
+connection, or too slow with its address known): excluded for `exclude_s`. `corrupt` (a broken
+answer, on a connection that proved its id: bytes that are no signed manifest, or another
+version's): banned and penalised. `unavailable` for a version its `Holding` named in full (it
+lied, or dropped it since): excluded for `exclude_s`. An excluded holder's `Holding` asks nothing
+at once, so holders that name a version and fail its asks at once cannot keep one that names it
+rarely from being asked. A sound manifest of the version that we will not
 take (signed by a publisher we do not trust, or stamped beyond our clock's reach: the holder's
 trust or clock differs from ours) fails its ask with no verdict on the holder (`_not_for_us`),
 and one of an untrusted publisher is then remembered as one our store refused (below). So does
@@ -107,6 +119,7 @@ MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered 
 MAX_OTHER_HOLDERS = 16  # per version asked for: other holders that named it, asked when an ask fails
 MAX_ASKS_AFTER_FAILURES = 4  # per version, per `manifest_retry_s`: asks made because one failed (`_spend`)
 MAX_DECLINED = 2 * MAX_OTHER_HOLDERS  # per version asked for: holders that declined its ask (`manifest_declined`)
+MAX_FAILED_ASKS = 4096  # peers whose last failed manifest ask we remember, to rank holders by (`_rank`)
 MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
 _NOT_THE_HOLDERS = frozenset({"untrusted_publisher", "stale"})  # a sound manifest we will not take (`_not_for_us`)
 
@@ -148,6 +161,7 @@ class ManifestAsks:
     _manifest_asked: dict[int, _Ask]
     _manifest_again: dict[int, tuple[float, str]]  # version -> when to ask whom again (`manifest_failed`)
     _manifest_others: dict[int, _Others]  # version asked for -> other holders that named it
+    _manifest_failed_at: dict[str, float]  # peer -> when an ask of it last failed, first failed first (`_rank`)
     _refused_manifests: OrderedDict[bytes, int]  # manifest id -> its version
     _collected_through: int
 
@@ -212,13 +226,21 @@ class ManifestAsks:
         `sender` itself unless it is that one, when a `Holding` would have asked before the
         failure (`manifest_retry_s` after the last ask) or a member's asks instead (within
         `_spend`'s bound). So holders that name the version again and again cannot jump the line
-        of those remembered, which a `Holding` seldom renews, nor spend its asks ahead of them."""
+        of those remembered, which a `Holding` seldom renews, nor spend its asks ahead of them.
+        A `Holding` that asks nothing puts an ask off (see the top): a stranger's, usable, to
+        when it would have asked; one of a holder excluded for now to when one may be asked."""
         if sender != asked.peer or now - asked.at >= self.config.manifest_retry_s:
             self._remember_other(now, version, sender, holds_all)
         if now - asked.at >= self.config.manifest_retry_s:
             self._ask_another(now, version, effects, spend=False)
         elif sender in self._members.uploads and self._usable_for(now, version, sender):
             self._ask_another(now, version, effects)
+        if self._manifest_asked[version] is asked and version not in self._manifest_again:
+            others = self._manifest_others.get(version)
+            if others is not None and any(self._usable_for(now, version, p) for p in others.named):
+                self._manifest_again[version] = (asked.at + self.config.manifest_retry_s, "")  # as a `Holding` then
+            else:
+                self._ask_when_usable(now, version)
 
     def _asked(self, now: float, version: int, peer: str, holds_all: bool, effects: list[Any]) -> None:
         """Ask `peer` for the manifest of `version`: the one ask of it in flight (it replaces any
@@ -245,14 +267,20 @@ class ManifestAsks:
         gone = next((p for p in named if usable and not self._usable_for(now, version, p)), None)
         if gone is None and peer in members:
             gone = next((p for p in named if p not in members), None)
+        if gone is None and usable:  # the one whose ask failed last, if later than `peer`'s, of its kind
+            kind = [p for p in named if (p in members) == (peer in members)]
+            last = max(kind, key=self._rank, default=None)
+            if last is not None and self._rank(last) > self._rank(peer):
+                gone = last
         if gone is not None:
             del named[gone]
             named[peer] = holds_all
 
     def _ask_another(self, now: float, version: int, effects: list[Any], spend: bool = True) -> bool:
         """The ask of `version` failed: ask the first usable holder that named it since, a member
-        first, at once, within `_spend`'s bound (unless `spend` is False: an ask a `Holding` would
-        have made anyway); whether one was asked. With the bound spent, the ask is put off until
+        first, then the one whose ask failed longest ago (`_rank`), at once, within `_spend`'s
+        bound (unless `spend` is False: an ask a `Holding` would have made anyway); whether one
+        was asked. With the bound spent, the ask is put off until
         it allows one (`_manifest_again`, of whoever is first then), so the holders that spent it
         cannot then ask ahead of those remembered by naming the version again."""
         others = self._manifest_others.get(version)
@@ -260,7 +288,7 @@ class ManifestAsks:
             return False
         members = self._members.uploads
         usable = [p for p in others.named if self._usable_for(now, version, p)]
-        peer = next((p for p in usable if p in members), usable[0] if usable else None)
+        peer = min(usable, key=lambda p: (p not in members, self._rank(p)), default=None)
         if peer is None:
             return False
         if spend and not self._spend(now, version, peer in members):
@@ -323,18 +351,14 @@ class ManifestAsks:
             self._exclude(now, peer, DropReason.UNREACHABLE, effects)
         elif asked.holds_all:  # unavailable: its `Holding` named the version, and it says it has not got it
             self._exclude(now, peer, DropReason.UNAVAILABLE, effects)
-        self._manifest_asked[version] = asked._replace(failed=True)
+        self._failed(now, version, asked)
         if self._ask_another(now, version, effects) or self._put_off(version):
             if again:  # asked once usable, should the other fail too
                 self._remember_other(now, version, peer, asked.holds_all)
         elif again:
             self._manifest_again[version] = (now + self.config.not_admitted_s, peer)
-        else:  # one remembered but excluded for now (it refused us, say): asked as its exclusion ends
-            later = {p: until for p in self._manifest_others.get(version, _Others()).named
-                     if (until := self._excluded.get(p, now)) > now and p not in self._banned}
-            if later:
-                first = min(later, key=later.__getitem__)
-                self._manifest_again[version] = (later[first], first)
+        else:
+            self._ask_when_usable(now, version)
         return self._arm(now, effects)
 
     def manifest_answer(self, now: float, peer: str, version: int, frame: bytes,
@@ -397,9 +421,43 @@ class ManifestAsks:
         asked = self._manifest_asked.get(version)
         if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
             return False
-        self._manifest_asked[version] = asked._replace(failed=True)
-        self._ask_another(now, version, effects)
+        self._failed(now, version, asked)
+        if not self._ask_another(now, version, effects) and not self._put_off(version):
+            self._ask_when_usable(now, version)
         return True
+
+    def _failed(self, now: float, version: int, asked: _Ask) -> None:
+        """The ask of `version` in flight, `asked`, failed: remembered so, and when its holder's
+        ask last failed (`_rank`; the last `MAX_FAILED_ASKS` peers, the first failed forgotten first)."""
+        self._manifest_asked[version] = asked._replace(failed=True)
+        failed_at = self._manifest_failed_at
+        failed_at.pop(asked.peer, None)
+        failed_at[asked.peer] = now
+        if len(failed_at) > MAX_FAILED_ASKS:
+            del failed_at[next(iter(failed_at))]
+
+    def _rank(self, peer: str) -> float:
+        """When an ask of `peer` last failed, for any version and any reason (-inf: none remembered):
+        of the holders remembered, the one whose ask failed longest ago is asked first, and kept
+        first (`_ask_another`, `_remember_other`), so identities that failed are asked again only
+        once all the others were asked."""
+        return self._manifest_failed_at.get(peer, -math.inf)
+
+    def _ask_when_usable(self, now: float, version: int) -> None:
+        """No holder of `version` remembered may be asked now: the first whose exclusion ends (from
+        us, or, having declined an ask of it, for `version`) is asked then (`_ask_again`)."""
+        later = {p: until for p in self._manifest_others.get(version, _Others()).named
+                 if (until := self._usable_from(now, version, p)) > now and p not in self._banned}
+        if later:
+            first = min(later, key=later.__getitem__)
+            self._manifest_again[version] = (later[first], first)
+
+    def _usable_from(self, now: float, version: int, peer: str) -> float:
+        """When `peer`'s exclusion ends, from us or, having declined an ask of it, for `version`
+        (`_usable_for`); `now` or before if it has none."""
+        others = self._manifest_others.get(version)
+        declined = others.declined.get(peer, -math.inf) if others is not None else -math.inf
+        return max(self._excluded.get(peer, now), declined + self.config.exclude_s)
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,
@@ -444,7 +502,7 @@ class ManifestAsks:
             if not peer:  # put off by `_spend`'s bound: whoever is first among those remembered now
                 self._ask_another(now, version, effects)
                 continue
-            until = self._excluded.get(peer, now)
+            until = self._usable_from(now, version, peer)
             if until > now:
                 self._manifest_again[version] = (until, peer)
                 continue

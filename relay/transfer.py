@@ -156,6 +156,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._manifest_asked: dict[int, _Ask] = {}  # version -> its ask in flight or failed (`relay.manifest_asks`)
         self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.manifest_asks`)
         self._manifest_others: dict[int, _Others] = {}  # other holders to ask (`relay.manifest_asks`)
+        self._manifest_failed_at: dict[str, float] = {}  # when an ask of a peer last failed (`relay.manifest_asks`)
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_asks`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
