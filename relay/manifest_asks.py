@@ -8,9 +8,14 @@ of the peer we asked most give way, `_room_to_ask`), and the answer makes it a h
 The swarm layout's `HaveChunks` asks the same way, for a sender that holds only some chunks
 (its answer then makes it no holder).
 
-One ask of a version is in flight at a time, but for a member's `Holding` while a stranger's
-ask waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap
-one still in flight). With the ask we remember up to `MAX_OTHER_HOLDERS` (16) other holders that
+One ask of a version is in flight at a time, but for a member's `Holding` while a stranger's ask
+waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap one
+still in flight; that ask then counts as failed, `_rank`, and the `Holding` asks the first
+remembered, `_after_failure`, not its sender: a holder that never answers, whose failure after
+the shell's `request_timeout_s` comes late and asks nothing, and that names the version every
+second was otherwise asked again at each retry, and an honest member remembered never; 1, 8, 100
+such liars: the member asked at 5, 40, 500 s, about `manifest_retry_s` each). With the ask we
+remember up to `MAX_OTHER_HOLDERS` (16) other holders that
 named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
 for now, a member that of the first stranger, and one usable that of the one of its kind whose
 ask failed last, if later than its own (`_rank`); so neither made-up identities, excluded liars
@@ -128,6 +133,7 @@ class ManifestAsks:
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _usable(self, now: float, peer: str) -> bool: ...
         def _store_refused(self, manifest_id: bytes) -> bool: ...
+        def _failed(self, now: float, version: int, asked: _Ask) -> None: ...
 
     def _ask_manifest(self, now: float, sender: str, version: int, manifest_id: bytes, effects: list[Any],
                       holds_all: bool = True) -> bool:
@@ -139,6 +145,10 @@ class ManifestAsks:
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
         asked = self._manifest_asked.get(version)
+        if asked is not None and not asked.failed and now - asked.at >= self.config.manifest_retry_s \
+                and sender not in self._banned and self._usable_for(now, version, sender):
+            self._failed(now, version, asked)  # unanswered for `manifest_retry_s`: the first remembered asked
+            asked = self._manifest_asked[version]
         if asked is not None and asked.failed and sender not in self._banned:
             self._after_failure(now, version, asked, sender, holds_all, effects)
         elif self._usable_for(now, version, sender) and (asked is None

@@ -116,3 +116,21 @@ def test_a_stranger_that_names_a_version_after_its_ask_failed_is_asked_when_a_ho
     assert asks(c, 1.0, "s1") == []
     assert c._tick_at == CONFIG.manifest_retry_s
     assert _asked(c.on_timer(CONFIG.manifest_retry_s, "relay/tick")) == ["s1"]
+
+
+def test_a_holder_that_never_answers_is_passed_over_at_the_next_retry_for_one_remembered():
+    """A liar member names the version every second and never answers our ask (its failure,
+    `unreachable` after the role's 10 s, comes after the next `Holding` has asked again, so it is
+    a late report); an honest member names it at 1.5 s and is remembered. The ask unanswered for
+    `manifest_retry_s` counts as failed (`_rank`): the liar's `Holding` then asks the first
+    remembered, the honest member, not the liar again; and the liar's late report asks nothing.
+    Before, each liar `Holding` `manifest_retry_s` after the last ask asked the liar again, its
+    late reports gave no verdict, and the honest member was never asked (in 600 s; 1, 8 or 100
+    such liars alike)."""
+    c = _core(("l", "h"))
+    assert asks(c, 0.0, "l") == ["l"]
+    assert asks(c, 1.0, "l") == []
+    assert asks(c, 1.5, "h") == []  # remembered
+    assert [asks(c, float(t), "l") for t in (2, 3, 4)] == [[], [], []]
+    assert asks(c, CONFIG.manifest_retry_s, "l") == ["h"]
+    assert _asked(c.manifest_failed(10.0, "l", 1, FetchFailure.UNREACHABLE, asked_at=0.0)) == []
