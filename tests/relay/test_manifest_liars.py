@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 
 import pytest
 
 from relay.effects import FetchFailure
+from relay.manifest_answers import MAX_FAILED_ASKS
 from relay.manifest_asks import MAX_OTHER_HOLDERS
 from relay.messages import HeldVersion, Holding
 from tests.relay.test_manifest_holders import CONFIG, _asked, _core, asks, failed
@@ -134,3 +136,22 @@ def test_a_holder_that_never_answers_is_passed_over_at_the_next_retry_for_one_re
     assert [asks(c, float(t), "l") for t in (2, 3, 4)] == [[], [], []]
     assert asks(c, CONFIG.manifest_retry_s, "l") == ["h"]
     assert _asked(c.manifest_failed(10.0, "l", 1, FetchFailure.UNREACHABLE, asked_at=0.0)) == []
+
+
+def test_the_peers_whose_asks_failed_are_remembered_at_most_max_failed_asks_the_first_failed_forgotten_first():
+    """When each peer's manifest ask last failed (`_rank`) is remembered for the last
+    `MAX_FAILED_ASKS` peers (any number of identities may fail asks), one failing again counting
+    as the last: past the bound the peer whose last failure is the oldest is forgotten, and ranks
+    as one never failed."""
+    c = _core()
+    peers = ["p0", "p1", *(f"x{i:05d}" for i in range(MAX_FAILED_ASKS - 1))]
+    for i, peer in enumerate(peers[:2]):
+        assert asks(c, float(i), peer, version=10 + i) == [peer]
+        c.manifest_declined(i + 0.5, peer, 10 + i)
+    assert asks(c, 2.0, "p0", version=12) == ["p0"]
+    c.manifest_declined(2.5, "p0", 12)  # p0 failed again: now the last
+    for i, peer in enumerate(peers[2:], 3):
+        assert asks(c, float(i), peer, version=10 + i) == [peer]
+        c.manifest_declined(i + 0.5, peer, 10 + i)
+    assert len(c._manifest_failed_at) == MAX_FAILED_ASKS
+    assert c._rank("p0") == 2.5 and c._rank("p1") == -math.inf
