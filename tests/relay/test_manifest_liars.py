@@ -155,3 +155,25 @@ def test_the_peers_whose_asks_failed_are_remembered_at_most_max_failed_asks_the_
         c.manifest_declined(i + 0.5, peer, 10 + i)
     assert len(c._manifest_failed_at) == MAX_FAILED_ASKS
     assert c._rank("p0") == 2.5 and c._rank("p1") == -math.inf
+
+
+def test_a_holder_takes_the_place_of_the_one_of_its_kind_that_failed_last_if_later_never_a_strangers_a_members():
+    """The holders remembered are full of members whose asks (of other versions) failed: a member
+    that never failed takes the place of the one that failed last, one that failed later than all
+    takes none; a stranger that never failed takes none (anyone may send `Holding` under any
+    number of identities: strangers never keep a member out)."""
+    members = [f"m{i:02d}" for i in range(MAX_OTHER_HOLDERS)]
+    c = _core(("a", "new", "late", *members))
+    assert asks(c, 19.0, "late", version=99) == ["late"]
+    c.manifest_declined(19.5, "late", 99)  # after all the members' failures
+    for i, member in enumerate(members):  # each declines an ask of its own version: failed, still usable for 1
+        assert asks(c, float(i), member, version=100 + i) == [member]
+        c.manifest_declined(i + 0.5, member, 100 + i)
+    assert asks(c, 20.0, "a") == ["a"]
+    assert [asks(c, 20.1, member) for member in members] == [[]] * MAX_OTHER_HOLDERS
+    assert asks(c, 20.2, "s") == []
+    assert list(c._manifest_others[1].named) == members  # the stranger took no member's place
+    assert asks(c, 20.25, "late") == []
+    assert list(c._manifest_others[1].named) == members  # nor the member that failed last of all
+    assert asks(c, 20.3, "new") == []
+    assert list(c._manifest_others[1].named) == [*members[:-1], "new"]  # the member failed last gave way
