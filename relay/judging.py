@@ -174,9 +174,11 @@ the chunks, took 350 s instead of 5.1 s; with the rule (and `relay.planner.ADVER
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import TYPE_CHECKING
 
 from relay.planner import Membership, StripePlan
+from relay.transfer_state import _Feed
 
 if TYPE_CHECKING:
     from relay.transfer import TransferConfig
@@ -186,6 +188,7 @@ SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sourc
 FASTEST_RATIO = 0.25  # ... or under a quarter of the fastest of them (and half the plan): liars hide from the median
 CLAIM_RATIO = 0.25  # a capped claim delivering under a quarter of what the plan gave each child (and half the fastest)
 SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
+FEED_BURST_S = 1.0  # an uplink's burst, as our own upload budget's (`relay.serving.ByteBudget`): the origin's feed
 WAIT_EWMA = 0.3  # as `relay.transfer.RATE_EWMA`: a source's waits beyond its reports (`_unexcused_s`)
 
 
@@ -222,7 +225,7 @@ class SourceJudgement:
         if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
-        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(v))
+        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(now, v))
         if rate * self.config.window_per_source >= SLOW_RATIO * planned:
             return False  # (each request's time includes its queue behind our others to this peer)
         if self._root_forwards_alone(v.plan, stripe, peer):
@@ -236,37 +239,68 @@ class SourceJudgement:
             return self._replaceable(now, v.plan, stripe, peer)
         return False
 
-    def _stripe_feed_bps(self, v: _Version) -> float:
+    def _stripe_feed_bps(self, now: float, v: _Version) -> float:
         """The rate a stripe of `v` enters the network at: the origin's advertised upload over
         the stripes (inf when we do not know it, or it advertises none), and no more than the
         origin delivers us (a window of requests), once we timed `SLOW_MIN_SAMPLES` of its
-        chunks, nor than it sent us of each stripe where it is our planned parent from when we
-        took `v` in to its latest chunk there (`_count_feed`; not counting the time after it,
-        once our stripe is complete), once it sent `SLOW_MIN_SAMPLES` of them: an origin
-        that advertises the default and has a home uplink measures its upload only once every
-        slot is busy, and its first chunks, sent within its burst, time it as fast as the
-        default (see the top). No member can forward a stripe faster than the origin feeds it."""
+        chunks, nor than it sent us of each stripe where it is our planned parent
+        (`_sent_us_bps`): an origin that advertises the default and has a home uplink measures
+        its upload only once every slot is busy, and its first chunks, sent within its burst,
+        time it as fast as the default (see the top). No member can forward a stripe faster
+        than the origin feeds it."""
         plan = v.plan
         assert plan is not None
         upload = self._members.uploads.get(plan.origin, 0.0)
         feed = upload / plan.stripes if upload > 0 else math.inf
         if self._samples.get(plan.origin, 0) >= SLOW_MIN_SAMPLES:
             feed = min(feed, self._rates[plan.origin] * self.config.window_per_source)
-        if v.fed_chunks >= SLOW_MIN_SAMPLES and v.fed_at > v.known_at:
-            fed = sum(1 for parents in plan.parent if parents.get(self.self_id) == plan.origin)
-            feed = min(feed, v.fed_bytes / (v.fed_at - v.known_at) / max(fed, 1))
-        return feed
+        return min(feed, self._sent_us_bps(now, v))
+
+    def _sent_us_bps(self, now: float, v: _Version) -> float:
+        """What the origin sent us of each stripe where it is our planned parent (`_count_feed`),
+        the least of two rates: the bytes of its latest chunks there (at most `SLOW_MIN_SAMPLES`
+        after the first kept) over the time since the first kept came, and all it sent there over
+        the time since its first came plus `FEED_BURST_S`, each until `now` while we wait on it
+        for more (a stall reads as one; nothing yet, as none). inf where it is none of our
+        planned parents, and once it sent us the last of them longer ago than it took to send
+        them all: the other stripes are in the network by then (see the top)."""
+        plan, feed = v.plan, v.feed
+        assert plan is not None
+        key = self._fed_stripes(plan)
+        if not key[1]:
+            return math.inf
+        if feed is None or feed.key != key:
+            feed = None
+        if any(v.link_load.get((plan.origin, s), 0) for s in key[1]):
+            end = now  # (asked of it and not come yet)
+        elif feed is None or now - feed.latest[-1][0] > feed.latest[-1][0] - feed.first_at:
+            return math.inf
+        else:
+            end = feed.latest[-1][0]
+        if feed is None:
+            return 0.0
+        latest = feed.latest
+        recent = (sum(size for _, size in latest) - latest[0][1]) / max(end - latest[0][0], 1e-9)
+        return min(recent, feed.sent / (end - feed.first_at + FEED_BURST_S)) / len(key[1])
 
     def _count_feed(self, now: float, v: _Version, stripe: int, peer: str, size: int) -> None:
         """Count a chunk of `size` bytes `peer` sent us in `stripe` towards the origin's feed
-        (`_stripe_feed_bps`) if `peer` is the origin and our planned parent there (a root's
-        stripe; not a stripe we took from it in place of another)."""
+        (`_sent_us_bps`) if `peer` is the origin and our planned parent there (a root's
+        stripe; not a stripe we took from it in place of another). A plan in which the
+        origin is our planned parent in other stripes starts the count afresh."""
         plan = v.plan
-        if plan is not None and peer == plan.origin and 0 <= stripe < plan.stripes and \
-                plan.parent[stripe].get(self.self_id) == peer:
-            v.fed_bytes += size
-            v.fed_chunks += 1
-            v.fed_at = now
+        if plan is None or peer != plan.origin or not 0 <= stripe < plan.stripes or \
+                plan.parent[stripe].get(self.self_id) != peer:
+            return
+        feed, key = v.feed, self._fed_stripes(plan)
+        if feed is None or feed.key != key:
+            feed = v.feed = _Feed(key, now, deque(maxlen=SLOW_MIN_SAMPLES + 1))
+        feed.latest.append((now, size))
+        feed.sent += size
+
+    def _fed_stripes(self, plan: StripePlan) -> tuple[int, tuple[int, ...]]:
+        """`plan`'s stripe count and the stripes where the origin is our planned parent."""
+        return plan.stripes, tuple(s for s in range(plan.stripes) if plan.parent[s].get(self.self_id) == plan.origin)
 
     def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float, fastest: float) -> bool:
         """Whether `peer`, our parent in `stripe`, is a member whose claim the plan capped and
