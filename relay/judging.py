@@ -257,13 +257,14 @@ class SourceJudgement:
         return min(feed, self._sent_us_bps(now, v))
 
     def _sent_us_bps(self, now: float, v: _Version) -> float:
-        """What the origin sent us of each stripe where it is our planned parent (`_count_feed`),
-        the least of two rates: the bytes of its latest chunks there (at most `SLOW_MIN_SAMPLES`
-        after the first kept) over the time since the first kept came, and all it sent there over
-        the time since its first came plus `FEED_BURST_S`, each until `now` while we wait on it
-        for more (a stall reads as one; nothing yet, as none). inf where it is none of our
-        planned parents, and once it sent us the last of them longer ago than it took to send
-        them all: the other stripes are in the network by then (see the top)."""
+        """What the origin sent us of each stripe where it is our planned parent (`_count_feed`):
+        the bytes of its latest chunks there (`SLOW_MIN_SAMPLES` a stripe after the first kept) over the
+        time since the first kept came, or while that one came within `FEED_BURST_S` of its
+        first, all it sent there over the time since its first came plus `FEED_BURST_S` (a
+        burst counts as that much of the feed); until `now` while we wait on it for more (a
+        stall reads as one; nothing yet, as none). inf where it is none of our planned parents,
+        and once it sent us the last of them longer ago than it took to send them all: the
+        other stripes are in the network by then (see the top)."""
         plan, feed = v.plan, v.feed
         assert plan is not None
         key = self._fed_stripes(plan)
@@ -280,8 +281,9 @@ class SourceJudgement:
         if feed is None:
             return 0.0
         latest = feed.latest
-        recent = (sum(size for _, size in latest) - latest[0][1]) / max(end - latest[0][0], 1e-9)
-        return min(recent, feed.sent / (end - feed.first_at + FEED_BURST_S)) / len(key[1])
+        if latest[0][0] - feed.first_at < FEED_BURST_S:  # (the burst may be in it)
+            return feed.sent / (end - feed.first_at + FEED_BURST_S) / len(key[1])
+        return (sum(size for _, size in latest) - latest[0][1]) / max(end - latest[0][0], 1e-9) / len(key[1])
 
     def _count_feed(self, now: float, v: _Version, stripe: int, peer: str, size: int) -> None:
         """Count a chunk of `size` bytes `peer` sent us in `stripe` towards the origin's feed
@@ -294,7 +296,7 @@ class SourceJudgement:
             return
         feed, key = v.feed, self._fed_stripes(plan)
         if feed is None or feed.key != key:
-            feed = v.feed = _Feed(key, now, deque(maxlen=SLOW_MIN_SAMPLES + 1))
+            feed = v.feed = _Feed(key, now, deque(maxlen=SLOW_MIN_SAMPLES * len(key[1]) + 1))
         feed.latest.append((now, size))
         feed.sent += size
 
