@@ -171,7 +171,8 @@ def test_the_feed_is_timed_from_the_origin_s_first_chunk_and_its_burst_left_out(
     among roots at 65 MB/s under an origin sending 1 GB/s was kept; timed from our first
     request's arrival, a capped origin's burst read 2.7-3.3 MB/s for a stripe fed at 0.43 and
     real relays dropped roots again (11.1 s, 1.41 copies). Now the late start is left out (timed
-    from the origin's first chunk) and so is the burst (counted as a second of the feed)."""
+    from the origin's first chunk) and so is the burst (counted as a second of the feed, until
+    the latest chunks came past it: then they time the feed)."""
     core, pending = _relay(RELAY_BPS)
     plan = core._versions[1].plan
     me, origin = core.self_id, PUBLISHER.peer_id
@@ -183,6 +184,23 @@ def test_the_feed_is_timed_from_the_origin_s_first_chunk_and_its_burst_left_out(
     timed[lagging], timed[origin] = lagging_bps, 1e9
     burst = int(burst_s * fed_bps / CHUNK) if lagging_bps >= fed_bps else 0  # (a root slower than its feed has none)
     drops = _serve(core, pending, sends, timed, dict.fromkeys(sends, late_s), burst)
+    assert [(d.peer, d.why) for d in drops] == ([(lagging, DropReason.SLOW)] if dropped else [])
+
+
+@pytest.mark.parametrize("lagging_bps, dropped", [(1e5, True), (1.3e5, False)])
+def test_past_the_origin_s_first_second_its_feed_is_timed_by_its_latest_chunks(lagging_bps, dropped):
+    """The origin (advertising 1 GB/s) sends each stripe 0.43 MB/s with no burst, 16 MiB; a root
+    keeps pace with it, but our clock times its chunks at `lagging_bps`. All the origin sent us
+    over a second more than it took reads 0.36 MB/s at most, and kept a root at 0.1 MB/s (a
+    window of requests under half the feed): past the first second the latest chunks time it."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    plan = core._versions[1].plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    lagging = next(plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin)
+    sends = {p: ORIGIN_BPS / plan.stripes for p in core._members.uploads}
+    timed = {p: 65e6 for p in core._members.uploads}
+    timed[origin], timed[lagging] = 1e9, lagging_bps
+    drops = _serve(core, pending, sends, timed, {})
     assert [(d.peer, d.why) for d in drops] == ([(lagging, DropReason.SLOW)] if dropped else [])
 
 
@@ -224,3 +242,37 @@ def test_the_feed_of_a_relay_the_origin_feeds_two_stripes_is_per_stripe(lagging_
     timed[origin], timed[lagging] = 1e9, lagging_bps
     drops = _serve(core, pending, sends, timed, {})
     assert [(d.peer, d.why) for d in drops] == ([(lagging, DropReason.SLOW)] if dropped else [])
+
+
+@pytest.mark.parametrize("origin_late_s", [0.0, 2.0])
+def test_a_root_is_not_judged_against_the_plan_while_the_origin_has_sent_us_nothing(origin_late_s):
+    """The origin (advertising 1 GB/s, sending 3 MB/s) answers us `origin_late_s` late, while the
+    other roots forward their stripes as the origin feeds them, one of them timed at 1.3 MB/s by
+    our clock (three times its feed, a tenth of the others). Before the origin sent us anything
+    we cannot tell its feed: the root is not judged against the plan meanwhile (it was dropped),
+    and then kept against the feed."""
+    core, pending = _relay(RELAY_BPS)
+    plan = core._versions[1].plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    lagging = next(plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin)
+    sends = {p: ORIGIN_BPS / plan.stripes for p in core._members.uploads}
+    timed = {p: 65e6 for p in core._members.uploads}
+    timed[origin], timed[lagging] = 1e9, 1.3e6
+    assert _serve(core, pending, sends, timed, {origin: origin_late_s}) == []
+
+
+def test_chunks_the_origin_sends_us_in_place_of_a_dropped_root_are_no_feed():
+    """Under the origin sending 3 MB/s (advertising 1 GB/s; 0.43 MB/s a stripe, 16 MiB), a root
+    our clock times at 40 KB/s is dropped and the origin, its only replacement, sends us that
+    stripe too. Those chunks are not its feed of our own stripe: another root, timed at 0.16
+    MB/s, is kept, where counting them as our stripe's (0.86 MB/s) dropped it."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    plan = core._versions[1].plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    slow, lagging = [plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin][:2]
+    sends = {p: ORIGIN_BPS / plan.stripes for p in core._members.uploads}
+    sends[slow] = 4e4
+    timed = {p: 65e6 for p in core._members.uploads}
+    timed[origin], timed[slow], timed[lagging] = 1e9, 4e4, 1.6e5
+    drops = _serve(core, pending, sends, timed, {})
+    assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW)]
