@@ -124,11 +124,15 @@ def test_a_root_is_judged_against_what_an_origin_advertising_the_default_sent_us
 
 
 def _serve(core: TransferCore, pending: list[Fetch], sends_bps: dict[str, float], timed_bps: dict[str, float],
-           late_s: dict[str, float], burst_chunks: int = 0) -> list[SourceDropped]:
+           late_s: dict[str, float], burst_chunks: int = 0,
+           replan: tuple[float, Membership, dict[str, float]] | None = None,
+           drop_times: list[float] | None = None) -> list[SourceDropped]:
     """Answer the core's fetches of version 1 until it holds every chunk: each source answers our
     requests of each stripe one after another, each `late_s` late at first, its first
     `burst_chunks` there at once (its burst) and then at `sends_bps` (what it is fed), while our
-    clock times each chunk's bytes at `timed_bps`. The drops as slow, in order."""
+    clock times each chunk's bytes at `timed_bps`; `replan`: when the membership changes, to
+    what, and how our clock times sources from then on. The drops as slow, in order (and their
+    times, into `drop_times`)."""
     stripe_of = core._versions[1].plan.stripe_of_chunk
     free: dict[tuple[str, int], float] = {}
     answered: dict[tuple[str, int], int] = {}
@@ -146,8 +150,16 @@ def _serve(core: TransferCore, pending: list[Fetch], sends_bps: dict[str, float]
     drops: list[SourceDropped] = []
     while due:
         t, index, peer = heapq.heappop(due)
+        if replan is not None and t >= replan[0]:
+            out = core.set_members(t, replan[1])
+            timed_bps = {**timed_bps, **replan[2]}
+            replan, stripe_of = None, core._versions[1].plan.stripe_of_chunk
+            ask(t, [e for e in out if isinstance(e, Fetch)])
         out = core.fetched(t, peer, 1, index, CHUNK / timed_bps[peer], 0.0)
-        drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
+        dropped = [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
+        drops += dropped
+        if drop_times is not None:
+            drop_times += [t] * len(dropped)
         ask(t, [e for e in out if isinstance(e, Fetch)])
     assert core._versions[1].complete
     return drops
@@ -276,3 +288,23 @@ def test_chunks_the_origin_sends_us_in_place_of_a_dropped_root_are_no_feed():
     timed[origin], timed[slow], timed[lagging] = 1e9, 4e4, 1.6e5
     drops = _serve(core, pending, sends, timed, {})
     assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW)]
+
+
+def test_a_replan_counts_the_feed_afresh():
+    """A relay leaves at 1.5 s (16 MiB, the origin sending 3 MB/s and advertising 1 GB/s): the
+    replan deals 6 stripes, and the origin feeds us our stripe under another number. From then
+    on our clock times a root at 40 KB/s: dropped while our stripe is still fed. With the
+    chunks of the new plan's stripe counted on the old plan's count, the figure read as none
+    until the origin's feed ended, and the root was dropped only then."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    members, origin = core._members, PUBLISHER.peer_id
+    sends = {p: ORIGIN_BPS / 6 for p in members.uploads}
+    timed = {p: 65e6 for p in members.uploads}
+    timed[origin] = 1e9
+    left = Membership.of({p: u for p, u in members.uploads.items() if p != "r6"})
+    times: list[float] = []
+    drops = _serve(core, pending, sends, timed, {}, replan=(1.5, left, {"r2": 4e4}), drop_times=times)
+    plan = core._versions[1].plan
+    assert plan.stripes == 6 and plan.parent[0][core.self_id] == "r2"
+    assert [(d.peer, d.why) for d in drops] == [("r2", DropReason.SLOW)]
+    assert times[0] < core._versions[1].feed.latest[-1][0]  # (the origin's last chunk of our stripe)
