@@ -34,7 +34,8 @@ class _Source:
 class _Feed:
     """The chunks the origin sent us of the stripes where it is our planned parent (`key`: the
     plan's stripe count and those stripes, a root's own; a plan with others starts afresh): when
-    the first came, and the time and size of the latest few (`relay.judging`, `_sent_us_bps`)."""
+    the first came, the time and size of the latest few, and all their bytes (`relay.judging`,
+    `_sent_us_bps`)."""
     key: tuple[int, tuple[int, ...]]
     first_at: float
     latest: deque[tuple[float, int]]

@@ -1295,5 +1295,7 @@ def test_a_parent_is_not_judged_against_the_origins_rate():
     members = {PUBLISHER.peer_id: 1e9, **dict.fromkeys(others, 3.5e6), judged: 2.1e6}
     deliver(members, dict.fromkeys(members, 3))
     assert c._samples[judged] == 3 and judged not in dropped, dropped
-    deliver({others[3]: 10e6, judged: 2.1e6}, {others[3]: 6, judged: 3})  # a member now over 4 times as fast
+    # a member now over 4 times as fast; the origin goes on feeding us (`relay.judging`,
+    # `_sent_us_bps`: 3 MiB and then nothing may be a capped origin's burst, and excuses 1.5 MB/s)
+    deliver({others[3]: 10e6, judged: 2.1e6, PUBLISHER.peer_id: 1e9}, {others[3]: 6, judged: 3, PUBLISHER.peer_id: 6})
     assert dropped == [judged]
