@@ -309,3 +309,22 @@ def test_a_replan_counts_the_feed_afresh():
     assert plan.stripes == 6 and plan.parent[0][core.self_id] == "r2"
     assert [(d.peer, d.why) for d in drops] == [("r2", DropReason.SLOW)]
     assert times[0] < core._versions[1].feed.latest[-1][0]  # (the origin's last chunk of our stripe)
+
+
+def test_the_origin_serving_us_a_dropped_root_s_stripe_keeps_no_stale_feed():
+    """The origin sends us our own stripe at 0.43 MB/s (whole after 1.4 s); a root our clock
+    times at 40 KB/s is dropped at 4.9 s and the origin, its only replacement, serves us that
+    stripe until 6.1 s. Another root delivers us at 1 MB/s from 5 s on, while the origin serves
+    that stripe: our own stripe's feed is long over (we wait on none of it), so that root is judged
+    against the plan and dropped (5.2 s); with the origin's requests in any stripe counted as
+    waiting on the feed, its 0.43 MB/s excused it to the end."""
+    core, pending = _relay(RELAY_BPS)
+    plan = core._versions[1].plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    slow, lagging = [plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin][:2]
+    sends = {p: 65e6 for p in core._members.uploads}
+    sends[origin], sends[slow], sends[lagging] = ORIGIN_BPS / plan.stripes, 4e4, 1e6
+    timed = {p: 65e6 for p in core._members.uploads}
+    timed[origin], timed[slow], timed[lagging] = 1e9, 4e4, 1e6
+    drops = _serve(core, pending, sends, timed, {lagging: 5.0})
+    assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW), (lagging, DropReason.SLOW)]
