@@ -1293,9 +1293,9 @@ def test_a_parent_is_not_judged_against_the_origins_rate():
             free[peer], left[peer] = t, left[peer] - 1
             dropped.extend(e.peer for e in c.fetched(t, peer, 1, index, t - asked) if isinstance(e, DropSource))
 
-    # the origin's first chunk, then its first second (`relay.judging`, `FEED_BURST_S`: all it sent
-    # us within it may be a capped origin's burst, and then its feed excused this parent, so it was
-    # kept whatever the fastest source); from then on it feeds us at 1 GB/s and is timed so
+    # the origin's first chunk, then its first second passes (`relay.judging`, `FEED_BURST_S`: its
+    # 3 MiB within that second read as a capped origin's burst, a 3 MB/s feed, which kept this parent
+    # whatever the fastest source); from then on it feeds us at 1 GB/s, and its latest chunks say so
     deliver({PUBLISHER.peer_id: 1e9}, {PUBLISHER.peer_id: 1})
     t += FEED_BURST_S
     members = {PUBLISHER.peer_id: 1e9, **dict.fromkeys(others, 3.5e6), judged: 2.1e6}
