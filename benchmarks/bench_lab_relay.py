@@ -6,7 +6,12 @@ Needs root (network namespaces; see `p2pnet.lab`). One lab for the whole run: an
 with `--origin-mbit` upload (100) and N peer hosts whose upload limits are drawn uniformly from
 `--upload-mbit LOW HIGH` (25-200, seeded), download limits `--download-factor` (4) times the
 upload, all as tbf on both ends of each host's link. Every peer is a real `p2pnet peer start
---role relay` process in its own host, listening on 0.0.0.0 and advertising its upload limit.
+--role relay` process in its own host, listening on 0.0.0.0 and advertising its upload limit;
+`--unadvertised origin` starts the origin without `--upload-bps`, so it advertises the default
+(1 GB/s) on its capped link, as a trainer on a home uplink that never measured it, and
+`--unadvertised all` every peer (`relay.judging`, `_sent_us_bps`: the row's
+`origin_upload_copies` says what the origin served). With the origin alone unadvertised the plan
+takes it for the fastest member by far and makes it every peer's parent in every stripe.
 
 For each layout, in the same run, on the same lab and file: fresh peers are started, the run
 waits until every peer knows every other and is dialled back (`reachable`), then the origin
@@ -98,7 +103,8 @@ def run_layout(lab: Lab, layout: str, root: Path, source: Path, args: argparse.N
     def start(name: str, bootstrap: list[str]) -> PeerProcess:
         peer = start_peer(name, root / name, roles=["relay"], bootstrap=bootstrap, wrap=lab.wrap(name),
                           extra_args=["--listen", "/ip4/0.0.0.0/tcp/0", "--config", str(config),
-                                      "--upload-bps", str(int(uploads[name]))])
+                                      *([] if args.unadvertised == "all" or args.unadvertised == name
+                                        else ["--upload-bps", str(int(uploads[name]))])])
         peers.append(peer)
         return peer
 
@@ -148,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=128)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--origin-mbit", type=float, default=100.0)
+    parser.add_argument("--unadvertised", choices=["none", "origin", "all"], default="none",
+                        help="start these peers without --upload-bps: links capped, the default advertised")
     parser.add_argument("--upload-mbit", type=float, nargs=2, default=(25.0, 200.0))
     parser.add_argument("--download-factor", type=float, default=4.0)
     parser.add_argument("--chunk-kib", type=int, default=1024)

@@ -88,29 +88,28 @@ already timed over 4-12 chunks at 50 MB/s to 1.2 GB/s: its first chunks leave wi
 (a second of its upload) and before its queue forms, so their time is their bytes' on a fast
 link, and the EWMA still held them. A rate per request says how fast a source answers when it
 answers, not how much it sends over time. So the feed is also no more than what the origin
-sent us of each stripe where it is our planned parent (a root's own stripe), from when we took
-the version in to its latest chunk there, once it sent 3 (`_count_feed`): bytes over time,
-burst and pauses included, the time after its latest chunk left out (our stripe may be
-complete long before the others). The same relays: 7.7-7.8 s and 1.00 copies at the first
-version, no drop; the next version, the measured figure advertised, 7.9-8.0 s and 1.00 copies
-(and once 10.1 s and 1.26 copies: not traced).
+sent us of each stripe where it is our planned parent (a root's own stripe; `_count_feed`,
+`_sent_us_bps`): timed from its first chunk there, not from taking the version in (a late start,
+our dial or a held send, read as a slow feed, and a slow root under a fast origin was kept where
+every first answer came 1-5 s late: a 4 MiB version, the core alone); over its latest chunks
+(3 a stripe), not all of them, but while those may hold its burst (within a second of its first
+chunk), all it sent over a second more than it took: a burst is at most a second of upload
+(`relay.serving.ByteBudget`), and timed from our first request, a capped origin's first second,
+sent at once, read 2.7-3.3 MB/s for a stripe fed at 0.43 and roots were dropped again (real
+relays: 11.1 s and 1.41 copies; from taking the version in, 7.7-7.8 s and 1.00 copies, by the
+grace of our start's delay). Before its first chunk, none: we cannot tell its feed yet. And
+no longer once it sent us our last chunk longer ago than it took to send them all: every
+stripe enters the network at about one pace, so the others are in it by then, and nothing
+waits on the feed; a figure kept to the end was 15 s old when a root of the `--symmetric`
+world (below) kept a parent at 12.72 MB/s against 11.98 instead of 12.88. A plan that makes
+the origin our parent in other stripes counts afresh.
 Peers that crowd the origin lower what it delivers us, and excuse our parents more: still
 only those delivering half of it. A root whose download binds measures the origin's feed as
 its own share of that download, as every parent of ours delivers it then.
 Where the origin feeds each stripe faster than the stripe's capacity over the members, nothing
 changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's time the same;
-`--symmetric`, every upload alike and 10% of relays at half theirs: 834 drops as slow instead of
-815, 80.034058 s instead of 80.032839, the sum of the relays' times +0.05%: traced, two
-verdicts differ, one root keeping its parent in another stripe at 12.72 MB/s against 11.98
-instead of 12.88 at 18.06 s and 19.14 s, its own stripe's feed timed until 2.7 s, and the world
-diverging after it; the figure is stale once our stripe is whole, left so: judging only while
-it is fed may drop parents at the end of a capped origin's version, not measured).
-A late start also lowers the figure (our dial, a held send: counted from taking the version
-in), so a slow root under a fast origin is kept where every first answer came 1-5 s late (a
-4 MiB version, the core alone); with the time counted from our first request's arrival, a
-capped origin's first second of upload, sent as a burst, read 2.7-3.3 MB/s for a stripe fed at
-0.43 and roots were dropped again (real relays: 11.1 s and 1.41 copies): a sound figure would
-leave the burst out, not built.
+`--symmetric`, every upload alike and 10% of relays at half theirs: 80.032839 s, as with no
+feed figure: with one timed until the end, 80.034058).
 
 A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
 slow when it delivers us under a quarter of what the plan gave each of its children (its planned
@@ -174,9 +173,11 @@ the chunks, took 350 s instead of 5.1 s; with the rule (and `relay.planner.ADVER
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import TYPE_CHECKING
 
 from relay.planner import Membership, StripePlan
+from relay.transfer_state import _Feed
 
 if TYPE_CHECKING:
     from relay.transfer import TransferConfig
@@ -186,6 +187,7 @@ SLOW_RATIO = 0.5  # a parent delivering under half the median of our other sourc
 FASTEST_RATIO = 0.25  # ... or under a quarter of the fastest of them (and half the plan): liars hide from the median
 CLAIM_RATIO = 0.25  # a capped claim delivering under a quarter of what the plan gave each child (and half the fastest)
 SLOW_MIN_SAMPLES = 3  # chunks timed before a peer's delivery is judged
+FEED_BURST_S = 1.0  # an uplink's burst, as our own upload budget's (`relay.serving.ByteBudget`): the origin's feed
 WAIT_EWMA = 0.3  # as `relay.transfer.RATE_EWMA`: a source's waits beyond its reports (`_unexcused_s`)
 
 
@@ -222,7 +224,7 @@ class SourceJudgement:
         if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
-        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(v))
+        planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(now, v))
         if rate * self.config.window_per_source >= SLOW_RATIO * planned:
             return False  # (each request's time includes its queue behind our others to this peer)
         if self._root_forwards_alone(v.plan, stripe, peer):
@@ -236,37 +238,68 @@ class SourceJudgement:
             return self._replaceable(now, v.plan, stripe, peer)
         return False
 
-    def _stripe_feed_bps(self, v: _Version) -> float:
+    def _stripe_feed_bps(self, now: float, v: _Version) -> float:
         """The rate a stripe of `v` enters the network at: the origin's advertised upload over
         the stripes (inf when we do not know it, or it advertises none), and no more than the
         origin delivers us (a window of requests), once we timed `SLOW_MIN_SAMPLES` of its
-        chunks, nor than it sent us of each stripe where it is our planned parent from when we
-        took `v` in to its latest chunk there (`_count_feed`; not counting the time after it,
-        once our stripe is complete), once it sent `SLOW_MIN_SAMPLES` of them: an origin
-        that advertises the default and has a home uplink measures its upload only once every
-        slot is busy, and its first chunks, sent within its burst, time it as fast as the
-        default (see the top). No member can forward a stripe faster than the origin feeds it."""
+        chunks, nor than it sent us of each stripe where it is our planned parent
+        (`_sent_us_bps`): an origin that advertises the default and has a home uplink measures
+        its upload only once every slot is busy, and its first chunks, sent within its burst,
+        time it as fast as the default (see the top). No member can forward a stripe faster
+        than the origin feeds it."""
         plan = v.plan
         assert plan is not None
         upload = self._members.uploads.get(plan.origin, 0.0)
         feed = upload / plan.stripes if upload > 0 else math.inf
         if self._samples.get(plan.origin, 0) >= SLOW_MIN_SAMPLES:
             feed = min(feed, self._rates[plan.origin] * self.config.window_per_source)
-        if v.fed_chunks >= SLOW_MIN_SAMPLES and v.fed_at > v.known_at:
-            fed = sum(1 for parents in plan.parent if parents.get(self.self_id) == plan.origin)
-            feed = min(feed, v.fed_bytes / (v.fed_at - v.known_at) / max(fed, 1))
-        return feed
+        return min(feed, self._sent_us_bps(now, v))
+
+    def _sent_us_bps(self, now: float, v: _Version) -> float:
+        """What the origin sent us of each stripe where it is our planned parent (`_count_feed`):
+        the bytes of its latest chunks there (`SLOW_MIN_SAMPLES` a stripe after the first kept)
+        over the time since the first kept came, or while that one came within `FEED_BURST_S`
+        of its first, all it sent there over the time since its first came plus `FEED_BURST_S`
+        (a burst counts as that much of the feed). None (0) while we wait on its first; inf
+        where it is none of our planned parents, and once it sent us the last of them longer
+        ago than it took to send them all: the other stripes are in the network by then (see
+        the top)."""
+        plan, feed = v.plan, v.feed
+        assert plan is not None
+        key = self._fed_stripes(plan)
+        if not key[1]:
+            return math.inf
+        waiting = any(v.link_load.get((plan.origin, s), 0) for s in key[1])
+        if feed is None or feed.key != key:
+            return 0.0 if waiting else math.inf
+        latest, first_at = feed.latest, feed.first_at
+        end = latest[-1][0]
+        if not waiting and now - end > end - first_at:
+            return math.inf
+        if latest[0][0] - first_at < FEED_BURST_S:  # (the burst may be in it)
+            sent = feed.sent / (end - first_at + FEED_BURST_S)
+        else:
+            sent = (sum(size for _, size in latest) - latest[0][1]) / max(end - latest[0][0], 1e-9)
+        return sent / len(key[1])
 
     def _count_feed(self, now: float, v: _Version, stripe: int, peer: str, size: int) -> None:
         """Count a chunk of `size` bytes `peer` sent us in `stripe` towards the origin's feed
-        (`_stripe_feed_bps`) if `peer` is the origin and our planned parent there (a root's
-        stripe; not a stripe we took from it in place of another)."""
+        (`_sent_us_bps`) if `peer` is the origin and our planned parent there (a root's
+        stripe; not a stripe we took from it in place of another). A plan in which the
+        origin is our planned parent in other stripes starts the count afresh."""
         plan = v.plan
-        if plan is not None and peer == plan.origin and 0 <= stripe < plan.stripes and \
-                plan.parent[stripe].get(self.self_id) == peer:
-            v.fed_bytes += size
-            v.fed_chunks += 1
-            v.fed_at = now
+        if plan is None or peer != plan.origin or not 0 <= stripe < plan.stripes or \
+                plan.parent[stripe].get(self.self_id) != peer:
+            return
+        feed, key = v.feed, self._fed_stripes(plan)
+        if feed is None or feed.key != key:
+            feed = v.feed = _Feed(key, now, deque(maxlen=SLOW_MIN_SAMPLES * len(key[1]) + 1))
+        feed.latest.append((now, size))
+        feed.sent += size
+
+    def _fed_stripes(self, plan: StripePlan) -> tuple[int, tuple[int, ...]]:
+        """`plan`'s stripe count and the stripes where the origin is our planned parent."""
+        return plan.stripes, tuple(s for s in range(plan.stripes) if plan.parent[s].get(self.self_id) == plan.origin)
 
     def _short_of_claim(self, v: _Version, stripe: int, peer: str, rate: float, fastest: float) -> bool:
         """Whether `peer`, our parent in `stripe`, is a member whose claim the plan capped and

@@ -5,7 +5,8 @@ which chunks we hold, the plan and our chain of sources per stripe, where each s
 request starts and which chunks wait to be asked for again, the requests in flight and their
 load per (source, stripe) link, the chunks' failed sources, holders of the whole version, and
 counters for `progress`. `_Source` is one source's outstanding requests and when it last made
-progress (the stall check). `_requeue` puts a chunk back on its stripe's retry queue.
+progress (the stall check). `_Feed` is what the origin sent us of our own stripe. `_requeue`
+puts a chunk back on its stripe's retry queue.
 
 Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
 `relay.failures`, `relay.announce`, `relay.manifest_asks`, `relay.swarm_transfer`); it imports none
@@ -27,6 +28,18 @@ from relay.swarm import SwarmVersion
 class _Source:
     outstanding: int = 0
     since: float = 0.0  # last completion, or when outstanding went from 0 to 1
+
+
+@dataclass(slots=True)
+class _Feed:
+    """The chunks the origin sent us of the stripes where it is our planned parent (`key`: the
+    plan's stripe count and those stripes, a root's own; a plan with others starts afresh): when
+    the first came, the time and size of the latest few, and all their bytes (`relay.judging`,
+    `_sent_us_bps`)."""
+    key: tuple[int, tuple[int, ...]]
+    first_at: float
+    latest: deque[tuple[float, int]]
+    sent: int = 0  # bytes, since the first
 
 
 @dataclass(slots=True)
@@ -54,9 +67,7 @@ class _Version:
     holders: set[str] = field(default_factory=set)
     fetched_chunks: int = 0
     fetched_bytes: int = 0
-    fed_chunks: int = 0  # chunks, and bytes, the origin sent us where it is our planned parent (`relay.judging`)
-    fed_bytes: int = 0
-    fed_at: float = 0.0  # when the latest of them came
+    feed: _Feed | None = None  # what the origin sent us where it is our planned parent (`relay.judging`)
     completed_at: float | None = None
     starved: bool = False  # the in-flight budget, not a window, stopped the last pump
     forwards: int = -1  # the stripe in which we have children (our home stripe), or -1

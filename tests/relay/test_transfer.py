@@ -8,6 +8,7 @@ from p2pnet.core import Emit, Publish, Send, SetTimer
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
 from relay.manifest_asks import MAX_MANIFEST_ASKS
+from relay.judging import FEED_BURST_S
 from relay.failures import MAX_UNADDRESSED, NO_ADDRESS_GRACE_S, NOT_ADMITTED_TRIES
 from relay.errors import ManifestRejected
 from relay.manifest import open_manifest
@@ -1292,8 +1293,15 @@ def test_a_parent_is_not_judged_against_the_origins_rate():
             free[peer], left[peer] = t, left[peer] - 1
             dropped.extend(e.peer for e in c.fetched(t, peer, 1, index, t - asked) if isinstance(e, DropSource))
 
+    # the origin's first chunk, then its first second passes (`relay.judging`, `FEED_BURST_S`: its
+    # 3 MiB within that second read as a capped origin's burst, a 3 MB/s feed, which kept this parent
+    # whatever the fastest source); from then on it feeds us at 1 GB/s, and its latest chunks say so
+    deliver({PUBLISHER.peer_id: 1e9}, {PUBLISHER.peer_id: 1})
+    t += FEED_BURST_S
     members = {PUBLISHER.peer_id: 1e9, **dict.fromkeys(others, 3.5e6), judged: 2.1e6}
-    deliver(members, dict.fromkeys(members, 3))
+    deliver(members, {**dict.fromkeys(members, 3), PUBLISHER.peer_id: 6})
     assert c._samples[judged] == 3 and judged not in dropped, dropped
-    deliver({others[3]: 10e6, judged: 2.1e6}, {others[3]: 6, judged: 3})  # a member now over 4 times as fast
+    assert c._stripe_feed_bps(t, v) > 2 * c.config.window_per_source * c._rates[judged]  # (not what kept it)
+    # a member now over 4 times as fast; the origin goes on feeding us
+    deliver({others[3]: 10e6, judged: 2.1e6, PUBLISHER.peer_id: 1e9}, {others[3]: 6, judged: 3, PUBLISHER.peer_id: 6})
     assert dropped == [judged]
