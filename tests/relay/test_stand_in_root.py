@@ -1,0 +1,66 @@
+"""A stripe whose root, its only forwarder, is lost (killed or banned) under a capped origin
+re-forms through one stand-in (`relay.sources`, `_stand_in`): the first of the root's children
+in peer id order takes the stripe from the origin and the others from it, instead of every child
+taking it from the origin (real relays under a 3 MB/s origin, one root killed and one banned:
+2.38 copies from the origin, 1.16 with the stand-in). The transfer core alone, one per relay;
+`tests/relay/test_relay_processes.py` kills roots of real relay processes."""
+
+import pytest
+
+from p2pnet.identity import Identity
+from p2pnet.wire import Envelope
+from relay.effects import Fetch, FetchFailure
+from relay.manifest import open_manifest
+from relay.messages import ManifestAnnounce
+from relay.planner import Membership
+from relay.transfer import TransferConfig, TransferCore
+from simulations.broadcast import fake_manifest
+from simulations.world import EPOCH_S
+
+PUBLISHER = Identity.from_seed_text("capped origin, lost root")
+ORIGIN = PUBLISHER.peer_id
+RELAYS = [f"r{i}" for i in range(7)]
+CONFIG = TransferConfig(stall_timeout_s=3.0, exclude_s=60.0, announce_interval_s=3600.0)
+SIGNED = fake_manifest(PUBLISHER, 4 * 2**20, 64 * 1024)
+
+
+def _relay(me: str) -> tuple[TransferCore, list[Fetch]]:
+    """Relay `me` of 7 under an origin capped at 3 MB/s (a stripe each, every root its stripe's
+    only forwarder): its core and first fetches of a 4 MiB version in 64 KiB chunks."""
+    members = Membership.of({ORIGIN: 3e6, **dict.fromkeys(RELAYS, 1e9)})
+
+    def opener(frame: bytes, now: float):
+        return open_manifest(frame, trusted_publishers={ORIGIN}, now_s=EPOCH_S + now)
+
+    core = TransferCore(CONFIG, me, open_frame=opener, self_upload_bps=1e9)
+    core.set_members(0.0, members)
+    announce = Envelope(ManifestAnnounce.KIND, ORIGIN, b"", 0, ManifestAnnounce(SIGNED.frame), 0)
+    pending = [e for e in core.on_message(0.0, announce) if isinstance(e, Fetch)]
+    plan = core._versions[1].plan
+    assert plan.stripes == 7 and all(len(plan.ranked_interior(s)) == 1 for s in range(7))
+    return core, pending
+
+
+@pytest.mark.parametrize("failure", [FetchFailure.UNREACHABLE, FetchFailure.CORRUPT])
+def test_the_children_of_a_lost_lone_root_take_its_stripe_from_one_stand_in_that_asks_the_origin(failure):
+    """Every child of the lost root fails a fetch from it (`unreachable`: killed; `corrupt`:
+    banned) and asks again for the stripe's chunks: the first child by peer id asks the origin,
+    every other child asks that child. Before, each of the 6 asked the origin."""
+    plan = _relay(RELAYS[0])[0]._versions[1].plan
+    stripe = plan.home[RELAYS[3]]
+    root = plan.ranked_interior(stripe)[0][0]
+    children = plan.children(stripe, root)
+    assert sorted(children) == sorted(set(RELAYS) - {root})
+    asked: dict[str, set[str]] = {}
+    for me in children:
+        core, pending = _relay(me)
+        lost = [f for f in pending if f.peer == root]
+        assert lost
+        again = []
+        for f in lost:
+            again += [e for e in core.fetch_failed(0.5, root, 1, f.index, failure) if isinstance(e, Fetch)]
+        mine = [f for f in again if plan.stripe_of_chunk[f.index] == stripe]
+        assert mine, f"{me} asked nobody again for stripe {stripe}"
+        asked[me] = {f.peer for f in mine}
+    stand_in = children[0]
+    assert asked == {me: {ORIGIN} if me == stand_in else {stand_in} for me in children}
