@@ -64,3 +64,20 @@ def test_the_children_of_a_lost_lone_root_take_its_stripe_from_one_stand_in_that
         asked[me] = {f.peer for f in mine}
     stand_in = children[0]
     assert asked == {me: {ORIGIN} if me == stand_in else {stand_in} for me in children}
+
+
+def test_a_child_that_saw_the_stand_in_fail_too_takes_the_stripe_from_the_next_child_or_the_origin():
+    """The stand-in (first child by peer id) is lost as well: the second child, with nobody
+    left before it, asks the origin; the third asks the second."""
+    plan = _relay(RELAYS[0])[0]._versions[1].plan
+    stripe = plan.home[RELAYS[3]]
+    root = plan.ranked_interior(stripe)[0][0]
+    first, second, third = plan.children(stripe, root)[:3]
+    for me, want in ((second, ORIGIN), (third, second)):
+        core, pending = _relay(me)
+        core.fetch_failed(0.5, first, 1, next(f.index for f in pending if f.peer == first), FetchFailure.UNREACHABLE)
+        again = []
+        for f in [f for f in pending if f.peer == root]:
+            again += [e for e in core.fetch_failed(0.6, root, 1, f.index, FetchFailure.UNREACHABLE)
+                      if isinstance(e, Fetch)]
+        assert {f.peer for f in again if plan.stripe_of_chunk[f.index] == stripe} == {want}, me
