@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_relay_loopback import cpu_s  # noqa: E402
-from p2pnet.localnet import PeerProcess, peer_id_of, start_peer, wait_for_full_tables  # noqa: E402
+from p2pnet.localnet import PeerProcess, relay_network  # noqa: E402
 
 SETTLE_S = 3.0
 STATUS_TIMEOUT_S = 60.0  # 27 peers pinned to one core saturate it: a status answer can take many seconds
@@ -60,30 +60,21 @@ def _received(procs: list[PeerProcess]) -> list[tuple[float, int, float | None]]
 def idle_round(peers: int, seconds: float, config_extra: str = "") -> IdleRound:
     """What `peers` idle relay peers spend over `seconds`, once their tables are full."""
     work = Path(tempfile.mkdtemp(prefix="bench-idle-"))
-    root = work / "p2pnet"
-    config = root / "relay.toml"
-    procs = []
+    config = f"budget_bytes = {4 << 30}\n" + (f"\n{config_extra}\n" if config_extra else "")
     try:
-        publisher = peer_id_of(root / "peer0")
-        config.write_text(f'[relay]\ntrusted_publishers = ["{publisher}"]\nbudget_bytes = {4 << 30}\n'
-                          + (f"\n{config_extra}\n" if config_extra else ""))
-        args = ["--config", str(config)]
-        procs.append(start_peer("peer0", root / "peer0", roles=["relay"], extra_args=args))
-        procs[0].wait_ready(60)
-        procs += [start_peer(f"peer{i}", root / f"peer{i}", roles=["relay"], extra_args=args,
-                             bootstrap=[procs[0].addr]) for i in range(1, peers)]
-        for p in procs[1:]:
-            p.wait_ready(60)
-        wait_for_full_tables(procs, 600, poll_s=1.0, status_timeout_s=STATUS_TIMEOUT_S)
-        time.sleep(SETTLE_S)  # the joins' own gossip settles
-        heard_before = _received(procs)
-        before = [cpu_s(p.proc.pid) for p in procs]
-        time.sleep(seconds)
-        after = [cpu_s(p.proc.pid) for p in procs]
-        heard_after = _received(procs)
+        # 150 s between rounds at 0.25 s: the 600 rounds it had polling every second. The stop
+        # deadline is the set's: peers pinned to one core shut down side by side in about 0.4 s each
+        # (16 idle relays 6.7 s), so 27 would pass the default 10 s and be SIGKILLed
+        with relay_network(work / "p2pnet", peers - 1, config=config, ready_timeout_s=60, tables_timeout_s=150,
+                           status_timeout_s=STATUS_TIMEOUT_S, stop_timeout_s=max(10.0, 1.0 * peers)) as net:
+            procs = net.peers
+            time.sleep(SETTLE_S)  # the joins' own gossip settles
+            heard_before = _received(procs)
+            before = [cpu_s(p.proc.pid) for p in procs]
+            time.sleep(seconds)
+            after = [cpu_s(p.proc.pid) for p in procs]
+            heard_after = _received(procs)
     finally:
-        for p in procs:
-            p.stop()
         shutil.rmtree(work, ignore_errors=True)
     user = sum(b[0] - a[0] for a, b in zip(before, after)) / seconds
     system = sum(b[1] - a[1] for a, b in zip(before, after)) / seconds

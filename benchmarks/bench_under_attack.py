@@ -101,50 +101,41 @@ def sample(pid: int) -> tuple[int, int]:
 
 
 def run(lab, root: Path, source: Path, args: argparse.Namespace, attacked: bool) -> dict:
-    from p2pnet.localnet import PeerProcess, control_call, peer_id_of, start_peer, wait_for, wait_for_reachable
+    from p2pnet.localnet import control_call, relay_network, wait_for
 
-    root.mkdir(parents=True)
-    names = [f"r{i}" for i in range(args.relays)]
-    origin_id = peer_id_of(root / names[0])
-    config = root / "relay.toml"
-    config.write_text(f'[relay]\ntrusted_publishers = ["{origin_id}"]\nchunk_bytes = 1048576\nfsync = false\n'
-                      'announce_interval_s = 5.0\n[peertable]\nheartbeat_interval_s = 5.0\nexpiry_s = 20.0\n')
-    peers: list[PeerProcess] = []
+    config = ("chunk_bytes = 1048576\nfsync = false\nannounce_interval_s = 5.0\n"
+              "[peertable]\nheartbeat_interval_s = 5.0\nexpiry_s = 20.0\n")
     attacker = None
     peaks: dict[str, dict[str, int]] = {}
     try:
-        for name in names:
-            peer = start_peer(name, root / name, roles=["relay"], bootstrap=[peers[0].addr] if peers else [],
-                              wrap=lab.wrap(name), extra_args=["--listen", "/ip4/0.0.0.0/tcp/0", "--config", str(config)])
-            peers.append(peer)
-            if name == names[0]:
-                peer.wait_ready(60)
-        for peer in peers:
-            peer.wait_ready(120)
-        wait_for_reachable(peers, 180)
-        if attacked:
-            targets = ",".join(f"{p.status()['data_addr']}={p.peer_id}" for p in peers)
-            attacker = lab.popen("evil", [sys.executable, str(Path(__file__).resolve()), "attack", targets,
-                                          str(args.per_relay), str(args.attack_s)],
-                                 stdout=subprocess.PIPE, text=True)
-            time.sleep(args.ramp_s)  # let the flood reach every relay before the publish
-        started = time.time()
-        control_call(peers[0].data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)], "model": "bench",
-                                         "version": 1, "chunk_bytes": 1 << 20}, timeout_s=300)
+        # peer i runs on lab host r<i>, listening on its host's address (0.0.0.0: the host has one)
+        with relay_network(root, args.relays - 1, config=config, args=["--listen", "/ip4/0.0.0.0/tcp/0"],
+                           wrap_for={i: lab.wrap(f"r{i}") for i in range(args.relays)}, ready_timeout_s=120,
+                           tables_timeout_s=180, reachable_timeout_s=180, stop_timeout_s=20) as net:
+            peers = net.peers
+            if attacked:
+                targets = ",".join(f"{p.status()['data_addr']}={p.peer_id}" for p in peers)
+                attacker = lab.popen("evil", [sys.executable, str(Path(__file__).resolve()), "attack", targets,
+                                              str(args.per_relay), str(args.attack_s)],
+                                     stdout=subprocess.PIPE, text=True)
+                time.sleep(args.ramp_s)  # let the flood reach every relay before the publish
+            started = time.time()
+            control_call(peers[0].data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)], "model": "bench",
+                                             "version": 1, "chunk_bytes": 1 << 20}, timeout_s=300)
 
-        def done() -> bool:
-            for p in peers:
-                rss, files = sample(p.proc.pid)
-                peak = peaks.setdefault(p.name, {"rss": 0, "files": 0})
-                peak["rss"], peak["files"] = max(peak["rss"], rss), max(peak["files"], files)
-            return all("version 1 complete" in p.log_path.read_text() for p in peers[1:])
+            def done() -> bool:
+                for p in peers:
+                    rss, files = sample(p.proc.pid)
+                    peak = peaks.setdefault(p.name, {"rss": 0, "files": 0})
+                    peak["rss"], peak["files"] = max(peak["rss"], rss), max(peak["files"], files)
+                return all("version 1 complete" in p.log_path.read_text() for p in peers[1:])
 
-        wait_for(done, args.timeout_s, "every relay completes", poll_s=0.5)
-        times = [p.status()["role_status"]["relay"]["timeline"]["1"]["complete_at_s"] for p in peers[1:]]
-        refused = {p.name: p.status()["data_refused"] for p in peers}
-        alive = all(p.alive() for p in peers)
+            wait_for(done, args.timeout_s, "every relay completes", poll_s=0.5)
+            times = [p.status()["role_status"]["relay"]["timeline"]["1"]["complete_at_s"] for p in peers[1:]]
+            refused = {p.name: p.status()["data_refused"] for p in peers}
+            alive = all(p.alive() for p in peers)
+        codes = [p.proc.returncode for p in peers]  # (the network stopped them, the attacker still at it)
     finally:
-        codes = [p.stop(timeout_s=20) for p in peers]
         attack_stats = None
         if attacker is not None:
             attacker.terminate()

@@ -126,14 +126,24 @@ class PeerProcess:
 
 
 def stop_all(peers: Sequence[PeerProcess], timeout_s: float = 10.0) -> None:
-    """Stop `peers`, each by its PID: SIGTERM to every one still running first, then wait for each
-    (SIGKILL past `timeout_s`). They shut down side by side: stopped one after another, eight
-    relays took 9.3 s on one core, against 2.8 s."""
+    """Stop `peers`, each by its PID: SIGTERM to every one still running, one wait for them all,
+    then SIGKILL to every one still running at `timeout_s`, and reap them. They shut down side by
+    side (stopped one after another, eight relays took 9.3 s on one core, against 2.8 s), and the
+    deadline is the set's, not each peer's: k peers ignoring SIGTERM cost `timeout_s`, not k times it."""
     for peer in peers:
         if peer.alive():
             peer.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
     for peer in peers:
-        peer.stop(timeout_s, sig=None)  # (a second SIGTERM would cut a clean shutdown short)
+        try:
+            peer.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass  # (killed below, with every other one still running)
+    for peer in peers:
+        if peer.alive():
+            peer.proc.kill()
+    for peer in peers:
+        peer.stop(timeout_s, sig=None)  # reaps it (a second SIGTERM would cut a clean shutdown short)
 
 
 def peer_id_of(data_dir: Path) -> str:
@@ -200,8 +210,7 @@ def start_network(
         for peer in peers[1:]:
             peer.wait_ready(ready_timeout_s)
     except BaseException:
-        for peer in peers:
-            peer.kill()
+        stop_all(peers)  # (SIGTERM first: a peer killed outright leaves its control socket behind)
         raise
     return peers
 
@@ -227,7 +236,8 @@ def wait_for(check: Any, timeout_s: float, what: str, poll_s: float = 0.25) -> A
         time.sleep(poll_s)
 
 
-def wait_for_reachable(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25) -> None:
+def wait_for_reachable(peers: Sequence[PeerProcess], timeout_s: float, poll_s: float = 0.25,
+                       status_timeout_s: float = 10.0) -> None:
     """Wait until every peer has been dialled back and sees every other as reachable: from then
     on relays plan each other as parents (`relay.role.serving_uploads`). Any of them exiting
     meanwhile fails the wait at once (`PeerExited`)."""
@@ -236,7 +246,7 @@ def wait_for_reachable(peers: Sequence[PeerProcess], timeout_s: float, poll_s: f
     def settled(peer: PeerProcess) -> bool:
         for each in peers:
             each.check_running()
-        status = peer.status()
+        status = peer.status(status_timeout_s)
         seen = {e["peer_id"] for e in status["peers"] if e["reachable"]}
         return status["reachable"] is True and seen >= ids - {peer.peer_id}
 
@@ -282,6 +292,8 @@ class RelayNetwork:
     _env_for: Mapping[int, Mapping[str, str]]
     _args: Sequence[str]
     _ready_timeout_s: float
+    _wrap_for: Mapping[int, Sequence[str]] = field(default_factory=dict)
+    _stop_timeout_s: float = 10.0
     _started: list[PeerProcess] = field(default_factory=list)
 
     @property
@@ -294,7 +306,10 @@ class RelayNetwork:
 
     def start(self, i: int) -> PeerProcess:
         """Start peer `i` again (same data directory, settings and bootstrap) after it was stopped
-        or killed, and wait until it listens; it is stopped with the rest on exit."""
+        or killed, and wait until it listens; it is stopped with the rest on exit. A peer still
+        running is the caller's mistake (a second process on its data directory): ValueError."""
+        if i < len(self.peers) and self.peers[i].alive():
+            raise ValueError(f"peer{i} (pid {self.peers[i].proc.pid}) is still running: stop or kill it first")
         peer = self._launch(i)
         peer.wait_ready(self._ready_timeout_s)
         return peer
@@ -304,7 +319,7 @@ class RelayNetwork:
         peer = start_peer(f"peer{i}", self.root / f"peer{i}", roles=["relay"],
                           bootstrap=[self.publisher.addr] if i else [],
                           extra_args=["--config", str(self.config), *self._args, *self._args_for.get(i, ())],
-                          env=dict(env) if env is not None else None)
+                          env=dict(env) if env is not None else None, wrap=self._wrap_for.get(i, ()))
         self._started.append(peer)
         if i < len(self.peers):
             self.peers[i] = peer
@@ -314,7 +329,7 @@ class RelayNetwork:
 
     def stop(self) -> None:
         """Stop every peer this network started (restarted ones too), each by its PID."""
-        stop_all(self._started)
+        stop_all(self._started, self._stop_timeout_s)
 
 
 @contextlib.contextmanager
@@ -327,22 +342,29 @@ def relay_network(
     args: Sequence[str] = (),
     args_for: Mapping[int, Sequence[str]] | None = None,
     env_for: Mapping[int, Mapping[str, str]] | None = None,
+    wrap_for: Mapping[int, Sequence[str]] | None = None,
     ready_timeout_s: float = 30.0,
     tables_timeout_s: float = 30.0,
     reachable_timeout_s: float | None = None,
+    status_timeout_s: float = 10.0,
+    stop_timeout_s: float = 10.0,
 ) -> Iterator[RelayNetwork]:
     """A publisher and `relays` relays on loopback, every one `p2pnet peer start --role relay`.
 
     Writes `root/relay.toml`: a `[relay]` section trusting the peers numbered in `trusted` (peer 0,
     the publisher, by default) followed by the lines of `config` (for example `fsync = false`).
-    Every peer gets `--config` and `args`; peer `i` also `args_for[i]` and the environment
-    `env_for[i]`. Starts the publisher, then the relays bootstrapped from it; waits until each
-    listens (`ready_timeout_s` each), every table is full (`tables_timeout_s`) and, with
+    Every peer gets `--config` and `args`; peer `i` also `args_for[i]`, the environment
+    `env_for[i]` and the command prefix `wrap_for[i]` (`Lab.wrap(host)`: it runs on a lab host).
+    Starts the publisher, then the relays bootstrapped from it; waits until each listens
+    (`ready_timeout_s` each), every table is full (`tables_timeout_s`) and, with
     `reachable_timeout_s`, every peer is reachable and sees every other reachable (from then on
-    relays plan each other as parents). Yields the `RelayNetwork`; on exit, or on any error
-    while starting, stops every peer it started by its PID. A peer that exits while the network
-    starts raises `PeerExited` naming it, with its log's tail; the logs stay under `root`."""
-    net = RelayNetwork(root, root / "relay.toml", [], args_for or {}, env_for or {}, args, ready_timeout_s)
+    relays plan each other as parents); each status call in those waits may take
+    `status_timeout_s` (many peers on one core answer slowly). Yields the `RelayNetwork`; on exit,
+    or on any error while starting, stops every peer it started by its PID (`stop_all`, one
+    `stop_timeout_s` for them all). A peer that exits while the network starts raises
+    `PeerExited` naming it, with its log's tail; the logs stay under `root`."""
+    net = RelayNetwork(root, root / "relay.toml", [], args_for or {}, env_for or {}, args, ready_timeout_s,
+                       wrap_for or {}, stop_timeout_s)
     try:
         root.mkdir(parents=True, exist_ok=True)
         trusted_ids = ", ".join(f'"{peer_id_of(root / f"peer{i}")}"' for i in trusted)
@@ -352,9 +374,9 @@ def relay_network(
             net._launch(i)
         for peer in net.relays:
             peer.wait_ready(ready_timeout_s)
-        wait_for_full_tables(net.peers, tables_timeout_s)
+        wait_for_full_tables(net.peers, tables_timeout_s, status_timeout_s=status_timeout_s)
         if reachable_timeout_s is not None:
-            wait_for_reachable(net.peers, reachable_timeout_s)
+            wait_for_reachable(net.peers, reachable_timeout_s, status_timeout_s=status_timeout_s)
         yield net
     finally:
         net.stop()

@@ -75,7 +75,7 @@ class DropReason(enum.StrEnum):
     substitutes (its ancestors feed us)."""
     UNAVAILABLE = "unavailable"
     """The source: it named a version in full in its `Holding` and then answered our manifest ask
-    that it does not hold it (`relay.manifest_asks`). Excluded for `exclude_s`, with substitutes."""
+    that it does not hold it (`relay.manifest_answers`). Excluded for `exclude_s`, with substitutes."""
     SLOW = "slow"
     """The source: as our parent it delivered too little (`relay.transfer`'s `fetched`). Excluded,
     with substitutes; alive, so asked before the origin where a stand-in is wanted (`relay.sources`)."""

@@ -8,12 +8,18 @@ of the peer we asked most give way, `_room_to_ask`), and the answer makes it a h
 The swarm layout's `HaveChunks` asks the same way, for a sender that holds only some chunks
 (its answer then makes it no holder).
 
-One ask of a version is in flight at a time, but for a member's `Holding` while a stranger's
-ask waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap
-one still in flight). With the ask we remember up to `MAX_OTHER_HOLDERS` (16) other holders that
+One ask of a version is in flight at a time, but for a member's `Holding` while a stranger's ask
+waits (below) and a `Holding` `manifest_retry_s` after the last ask (that ask may overlap one
+still in flight; that ask then counts as failed, `_rank`, and the `Holding` asks the first
+remembered, `_after_failure`, not its sender: a holder that never answers, whose failure after
+the shell's `request_timeout_s` comes late and asks nothing, and that names the version every
+second was otherwise asked again at each retry, and an honest member remembered never; 1, 8, 100
+such liars: the member asked at 5, 40, 500 s, about `manifest_retry_s` each). With the ask we
+remember up to `MAX_OTHER_HOLDERS` (16) other holders that
 named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
-for now, a member that of the first stranger, and a stranger only fills free room, so neither
-made-up identities nor excluded liars keep its members out); they go with the ask (`_drop_asks`:
+for now, a member that of the first stranger, and one usable that of the one of its kind whose
+ask failed last, if later than its own (`_rank`); so neither made-up identities, excluded liars
+nor liars that failed keep its members out); they go with the ask (`_drop_asks`:
 the manifest came, the version was forgotten, `_room_to_ask` evicted the ask), so they count
 within `MAX_MANIFEST_ASKS`.
 
@@ -32,33 +38,21 @@ names the version (100 strangers failing at once: a member naming it at 0.5 s wa
 to the first remembered holder (`_after_failure`): a `Holding` only joins them (members taking
 strangers' places), whether it asks at once (a member's, within the bound) or `manifest_retry_s`
 after the last ask; with the bound spent the ask is put off until it allows one
-(`_manifest_again`, of whoever is first then). So identities that spend the bound and name
-the version again and again cannot ask ahead of a holder remembered from one `Holding`: with 20
-members naming a version every second and answering "not held", an honest member naming it once
-at 0.5 s was asked at 10.1 s (30.5 s, its next `Holding`, before), with 100 at 80.1 s (never in
-600 s before; core alone, `exclude_s` 60 s); the rate of asks is as before.
-
-The holder whose ask failed is dealt with as the failure says, as a source of chunks would be
-(`relay.failures`). `no_address` (its heartbeat, with its data address, has not reached us: we
-heard of it from its `Holding` alone) is nobody's fault: asked again `not_admitted_s` later (on
-the tick, `_ask_again`; the shell waits for the address anew), for `NO_ADDRESS_GRACE_S` from its
-first `no_address` in a row, then excluded as unreachable, so a holder that never sends a
-heartbeat is not asked for ever. `not_admitted` (it has not heard our heartbeat; the shell has
-just sent it ours): asked again the same way, counted with its refusals of chunks, and
-unreachable after `NOT_ADMITTED_TRIES` in a row (`_refused_us`). If another holder was asked
-instead, these two are remembered as other holders rather than asked again on the tick; after
-any other failure that leaves none to ask, one remembered but excluded for now is asked as its
-exclusion ends. `unreachable` (no connection, or too slow with its address known): excluded for
-`exclude_s`. `corrupt` (a broken answer, on a connection that proved its id: bytes that are no
-signed manifest, or another version's): banned and penalised. `unavailable` for a version its
-`Holding` named in full (it lied, or dropped it since): excluded for `exclude_s`. An excluded
-holder's `Holding` asks nothing, so holders that name a version and fail its asks at once cannot
-keep one that names it rarely from being asked. A sound manifest of the version that we will not
-take (signed by a publisher we do not trust, or stamped beyond our clock's reach: the holder's
-trust or clock differs from ours) fails its ask with no verdict on the holder (`_not_for_us`),
-and one of an untrusted publisher is then remembered as one our store refused (below). So does
-an answer with a status we do not know (`manifest_declined`), whose holder then counts, for that
-version alone, as excluded for `exclude_s` (liars never excluded must not keep the line full).
+(`_manifest_again`, of whoever is first then). A stranger's `Holding` that asks nothing (it may
+ask once per `manifest_retry_s`, failure or not) puts one off to `manifest_retry_s` after the
+last ask, when it would have asked (of whoever is first then), and one of a holder excluded for
+now to when the first remembered may be asked (`_ask_when_usable`): a `Holding` may not come
+again for an announce interval. First means a member first, then the one whose ask (of any
+version, the last `MAX_FAILED_ASKS` peers) failed longest ago, never first, then first named
+(`_rank`). So identities that spend the bound and name the version again and again cannot ask
+ahead of a holder remembered from one `Holding`, and liars, however many, are each asked once
+before any is asked again: K members naming a version every second and answering "not held"
+keep an honest member that names it every 30 s waiting at most until each was asked once (at
+4 asks per 5 s) and its next `Holding` (core alone, `exclude_s` 60 s; 8, 20, 100, 1000 liars, it
+first naming the version at 0.5, 1.5 or 7.3 s: asked by 7.3, 20.1, 130.0, 1245.1 s; before, 100
+or more liars kept it out of the 16 places for 600 s but when it first named it at 0.5 s, 80 s).
+Any identity the others cannot tell from the honest one costs it an ask; the rate of asks is as
+before.
 
 A member's `Holding` (its heartbeat, with its address, has come) asks at once, within
 `manifest_retry_s` of the last ask, when the holder asked is no member (its ask may wait for an
@@ -67,38 +61,26 @@ address that never comes: anyone may send `Holding`; `_asks_instead`) or its ask
 so a member asked instead is not passed over in its turn while its ask is in flight. Strangers'
 `Holding`s ask at most once per `manifest_retry_s` per version.
 
-A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
-an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
-an announce naming it asks for nothing, and its frame, from gossip or an answer, is dropped
-before it is opened (`_refused_frame`), where each announce had it fetched, opened, accepted and
-refused by the store again, and logged. Another manifest for the version is still taken. The
-shell does not call this for a refusal that may pass (a full store, a failing disk): the core
-just forgets the version then (`forget`), and takes it again at the next announce.
+What an answer, or a failure, does to the holder asked (excluded, banned, asked again later) and
+the manifests our store refused: `relay.manifest_answers`.
 
-These methods read the core's configuration, membership, versions, exclusions and bans, keep
-`_manifest_asked`, `_manifest_again`, `_manifest_others` and `_refused_manifests`, and count
-refusals in `_refused`; they also call the core's `_usable(now, peer)`, `_arm(now, effects)`,
-`forget(version)` and `_take_manifest(now, sender, frame, effects)`, and `relay.failures`'
-`_unaddressed_for`, `_exclude` and `_ban`. Like the core they do no I/O and take the time as an
-argument.
+These methods read the core's configuration, membership, versions, exclusions, bans and
+`_manifest_failed_at`, and keep `_manifest_asked`, `_manifest_again` and `_manifest_others`; they
+also call the core's `_usable(now, peer)` and `relay.manifest_answers`' `_store_refused`. Like
+the core they do no I/O and take the time as an argument.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import blake3
-
-from relay.effects import DropReason, FetchFailure, FetchManifest
-from relay.errors import ManifestRejected
-from relay.failures import NO_ADDRESS_GRACE_S, NOT_ADMITTED_TRIES
+from relay.effects import FetchManifest
 from relay.planner import Membership
 
 if TYPE_CHECKING:
-    from relay.manifest import SignedManifest
     from relay.transfer import TransferConfig
     from relay.transfer_state import _Version
 
@@ -107,8 +89,6 @@ MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered 
 MAX_OTHER_HOLDERS = 16  # per version asked for: other holders that named it, asked when an ask fails
 MAX_ASKS_AFTER_FAILURES = 4  # per version, per `manifest_retry_s`: asks made because one failed (`_spend`)
 MAX_DECLINED = 2 * MAX_OTHER_HOLDERS  # per version asked for: holders that declined its ask (`manifest_declined`)
-MAX_REFUSED_MANIFESTS = 64  # manifests our store would not keep, remembered (the least recently named go first)
-_NOT_THE_HOLDERS = frozenset({"untrusted_publisher", "stale"})  # a sound manifest we will not take (`_not_for_us`)
 
 
 class _Ask(NamedTuple):
@@ -143,45 +123,17 @@ class ManifestAsks:
     _members: Membership
     _versions: dict[int, _Version]
     _excluded: dict[str, float]
-    _refused: dict[str, int]
     _banned: set[str]
     _manifest_asked: dict[int, _Ask]
     _manifest_again: dict[int, tuple[float, str]]  # version -> when to ask whom again (`manifest_failed`)
     _manifest_others: dict[int, _Others]  # version asked for -> other holders that named it
-    _refused_manifests: OrderedDict[bytes, int]  # manifest id -> its version
+    _manifest_failed_at: dict[str, float]  # peer -> when an ask of it last failed, first failed first (`_rank`)
     _collected_through: int
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _usable(self, now: float, peer: str) -> bool: ...
-        def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
-        def forget(self, version: int) -> list[Any]: ...
-        def _take_manifest(self, now: float, sender: str, frame: bytes,
-                           effects: list[Any]) -> SignedManifest | ManifestRejected | None: ...
-        def _unaddressed_for(self, now: float, peer: str) -> float: ...
-        def _exclude(self, now: float, peer: str, why: DropReason, effects: list[Any]) -> None: ...
-        def _ban(self, now: float, peer: str, effects: list[Any], what: str = ...) -> None: ...
-
-    def refuse_manifest(self, version: int, manifest_id: bytes) -> list[Any]:
-        """Our store would not keep this manifest of `version` (it holds another for the version):
-        forget the version, and take this manifest no more (see the top)."""
-        refused = self._refused_manifests
-        refused[manifest_id] = version
-        refused.move_to_end(manifest_id)
-        while len(refused) > MAX_REFUSED_MANIFESTS:
-            refused.popitem(last=False)
-        return self.forget(version)
-
-    def _store_refused(self, manifest_id: bytes) -> bool:
-        """Whether our store refused this manifest (`refuse_manifest`); naming it keeps it remembered."""
-        if manifest_id not in self._refused_manifests:
-            return False
-        self._refused_manifests.move_to_end(manifest_id)
-        return True
-
-    def _refused_frame(self, frame: bytes) -> bool:
-        """Whether `frame` is a manifest our store refused: its id is its hash, checked before
-        the frame is opened (decoding a large manifest takes about 0.1 s; hashing it is cheap)."""
-        return bool(self._refused_manifests) and self._store_refused(blake3.blake3(frame).digest())
+        def _store_refused(self, manifest_id: bytes) -> bool: ...
+        def _failed(self, now: float, version: int, asked: _Ask) -> None: ...
 
     def _ask_manifest(self, now: float, sender: str, version: int, manifest_id: bytes, effects: list[Any],
                       holds_all: bool = True) -> bool:
@@ -193,6 +145,10 @@ class ManifestAsks:
         if version <= self._collected_through or self._store_refused(manifest_id):
             return True  # collected here: we do not want it back; or our store would not keep it
         asked = self._manifest_asked.get(version)
+        if asked is not None and not asked.failed and now - asked.at >= self.config.manifest_retry_s \
+                and sender not in self._banned and self._usable_for(now, version, sender):
+            self._failed(now, version, asked)  # unanswered for `manifest_retry_s`: the first remembered asked
+            asked = self._manifest_asked[version]
         if asked is not None and asked.failed and sender not in self._banned:
             self._after_failure(now, version, asked, sender, holds_all, effects)
         elif self._usable_for(now, version, sender) and (asked is None
@@ -212,13 +168,21 @@ class ManifestAsks:
         `sender` itself unless it is that one, when a `Holding` would have asked before the
         failure (`manifest_retry_s` after the last ask) or a member's asks instead (within
         `_spend`'s bound). So holders that name the version again and again cannot jump the line
-        of those remembered, which a `Holding` seldom renews, nor spend its asks ahead of them."""
+        of those remembered, which a `Holding` seldom renews, nor spend its asks ahead of them.
+        A `Holding` that asks nothing puts an ask off (see the top): a stranger's, usable, to
+        when it would have asked; one of a holder excluded for now to when one may be asked."""
         if sender != asked.peer or now - asked.at >= self.config.manifest_retry_s:
             self._remember_other(now, version, sender, holds_all)
         if now - asked.at >= self.config.manifest_retry_s:
             self._ask_another(now, version, effects, spend=False)
         elif sender in self._members.uploads and self._usable_for(now, version, sender):
             self._ask_another(now, version, effects)
+        if self._manifest_asked[version] is asked and version not in self._manifest_again:
+            others = self._manifest_others.get(version)
+            if others is not None and any(self._usable_for(now, version, p) for p in others.named):
+                self._manifest_again[version] = (asked.at + self.config.manifest_retry_s, "")  # as a `Holding` then
+            else:
+                self._ask_when_usable(now, version)
 
     def _asked(self, now: float, version: int, peer: str, holds_all: bool, effects: list[Any]) -> None:
         """Ask `peer` for the manifest of `version`: the one ask of it in flight (it replaces any
@@ -245,14 +209,20 @@ class ManifestAsks:
         gone = next((p for p in named if usable and not self._usable_for(now, version, p)), None)
         if gone is None and peer in members:
             gone = next((p for p in named if p not in members), None)
+        if gone is None and usable:  # the one whose ask failed last, if later than `peer`'s, of its kind
+            kind = [p for p in named if (p in members) == (peer in members)]
+            last = max(kind, key=self._rank, default=None)
+            if last is not None and self._rank(last) > self._rank(peer):
+                gone = last
         if gone is not None:
             del named[gone]
             named[peer] = holds_all
 
     def _ask_another(self, now: float, version: int, effects: list[Any], spend: bool = True) -> bool:
         """The ask of `version` failed: ask the first usable holder that named it since, a member
-        first, at once, within `_spend`'s bound (unless `spend` is False: an ask a `Holding` would
-        have made anyway); whether one was asked. With the bound spent, the ask is put off until
+        first, then the one whose ask failed longest ago (`_rank`), at once, within `_spend`'s
+        bound (unless `spend` is False: an ask a `Holding` would have made anyway); whether one
+        was asked. With the bound spent, the ask is put off until
         it allows one (`_manifest_again`, of whoever is first then), so the holders that spent it
         cannot then ask ahead of those remembered by naming the version again."""
         others = self._manifest_others.get(version)
@@ -260,7 +230,7 @@ class ManifestAsks:
             return False
         members = self._members.uploads
         usable = [p for p in others.named if self._usable_for(now, version, p)]
-        peer = next((p for p in usable if p in members), usable[0] if usable else None)
+        peer = min(usable, key=lambda p: (p not in members, self._rank(p)), default=None)
         if peer is None:
             return False
         if spend and not self._spend(now, version, peer in members):
@@ -299,107 +269,28 @@ class ManifestAsks:
         others.of_strangers += not of_member
         return True
 
-    def manifest_failed(self, now: float, peer: str, version: int, reason: FetchFailure,
-                        asked_at: float | None = None) -> list[Any]:
-        """Our `FetchManifest` of `version` from `peer` failed for `reason` (the shell reports every
-        failure, with the ask's `asked_at`; None: whichever ask of `peer` is in flight). Another
-        holder that named it is asked at once (`_ask_another`); `peer`, after `no_address` (its
-        heartbeat has not reached us yet) or `not_admitted` (ours has not reached it), is asked
-        again later, and after any other failure waits for its next `Holding` (see the top)."""
-        asked = self._manifest_asked.get(version)
-        if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
-            return []  # (another ask was made since, of another holder or of `peer` again, or the manifest came)
-        effects: list[Any] = []
-        again = False
-        if reason is FetchFailure.NOT_ADMITTED:
-            again = self._refused_us(now, peer, effects)
-        elif reason is FetchFailure.NO_ADDRESS:
-            again = self._unaddressed_for(now, peer) < NO_ADDRESS_GRACE_S
-            if not again and self._excluded.get(peer, 0.0) <= now:  # a ghost: unreachable, as a source
-                self._exclude(now, peer, DropReason.UNREACHABLE, effects)
-        elif reason is FetchFailure.CORRUPT:  # it broke the protocol, on a connection that proved its id
-            self._ban(now, peer, effects, "broken manifest answer")
-        elif reason is FetchFailure.UNREACHABLE:  # as a source of chunks
-            self._exclude(now, peer, DropReason.UNREACHABLE, effects)
-        elif asked.holds_all:  # unavailable: its `Holding` named the version, and it says it has not got it
-            self._exclude(now, peer, DropReason.UNAVAILABLE, effects)
-        self._manifest_asked[version] = asked._replace(failed=True)
-        if self._ask_another(now, version, effects) or self._put_off(version):
-            if again:  # asked once usable, should the other fail too
-                self._remember_other(now, version, peer, asked.holds_all)
-        elif again:
-            self._manifest_again[version] = (now + self.config.not_admitted_s, peer)
-        else:  # one remembered but excluded for now (it refused us, say): asked as its exclusion ends
-            later = {p: until for p in self._manifest_others.get(version, _Others()).named
-                     if (until := self._excluded.get(p, now)) > now and p not in self._banned}
-            if later:
-                first = min(later, key=later.__getitem__)
-                self._manifest_again[version] = (later[first], first)
-        return self._arm(now, effects)
+    def _rank(self, peer: str) -> float:
+        """When an ask of `peer` last failed, for any version and any reason (-inf: none remembered):
+        of the holders remembered, the one whose ask failed longest ago is asked first, and kept
+        first (`_ask_another`, `_remember_other`), so identities that failed are asked again only
+        once all the others were asked."""
+        return self._manifest_failed_at.get(peer, -math.inf)
 
-    def manifest_answer(self, now: float, peer: str, version: int, frame: bytes,
-                        asked_at: float | None = None) -> list[Any]:
-        """`peer` answered our `FetchManifest` of `version` (made at `asked_at`) with `frame`: taken
-        as any manifest frame (`manifest_frame`). One that gives us no manifest of `version` and
-        is no sound manifest of it (it does not open as a signed manifest, or opens as another
-        version's) is a broken answer (`manifest_failed`, `corrupt`), not an ask left in flight for
-        `manifest_retry_s` with no verdict on its holder. A sound manifest of `version` that we
-        will not take is no fault of the holder's (our store refused it, `refuse_manifest`; it is
-        signed by a publisher we do not trust, or stamped out of our clock's reach, though its
-        holder's trust and clock took it): its ask fails and another holder is asked, and it is
-        held against nobody (`_not_for_us`)."""
-        effects: list[Any] = []
-        opened = self._take_manifest(now, peer, frame, effects)
-        if version in self._versions or opened is None:
-            return self._arm(now, effects)
-        if isinstance(opened, ManifestRejected) and opened.reason in _NOT_THE_HOLDERS:
-            return self._not_for_us(now, peer, version, frame, opened, asked_at, effects)
-        return self._arm(now, effects) + self.manifest_failed(now, peer, version, FetchFailure.CORRUPT, asked_at)
+    def _ask_when_usable(self, now: float, version: int) -> None:
+        """No holder of `version` remembered may be asked now: the first whose exclusion ends (from
+        us, or, having declined an ask of it, for `version`) is asked then (`_ask_again`)."""
+        later = {p: until for p in self._manifest_others.get(version, _Others()).named
+                 if (until := self._usable_from(now, version, p)) > now and p not in self._banned}
+        if later:
+            first = min(later, key=later.__getitem__)
+            self._manifest_again[version] = (later[first], first)
 
-    def _not_for_us(self, now: float, peer: str, version: int, frame: bytes, why: ManifestRejected,
-                    asked_at: float | None, effects: list[Any]) -> list[Any]:
-        """The sound manifest of `version` that `peer` answered our ask (made at `asked_at`) with is
-        one we will not take (`manifest_answer`): the ask failed, with no verdict on `peer`; another
-        holder that named the version is asked at once. One signed by a publisher we do not trust
-        is remembered as one our store refused: a `Holding` naming it asks for it no more, nor is
-        its frame opened."""
-        if why.reason == "untrusted_publisher":
-            self._refused_manifests[blake3.blake3(frame).digest()] = version
-            while len(self._refused_manifests) > MAX_REFUSED_MANIFESTS:
-                self._refused_manifests.popitem(last=False)
-        self._failed_blameless(now, peer, version, asked_at, effects)
-        return self._arm(now, effects)
-
-    def manifest_declined(self, now: float, peer: str, version: int, asked_at: float | None = None) -> list[Any]:
-        """`peer` answered our `FetchManifest` of `version` (made at `asked_at`) with a status we do
-        not know (`relay.role`): a newer peer's, which may add statuses as `p2pnet.wire`'s rule adds
-        fields, so it says nothing we can read, neither "not held" (which would exclude it) nor a
-        broken answer (a ban). The ask failed with no verdict on `peer`: another holder that named
-        the version is asked at once, and `peer` stays usable but, for this version, counts as
-        excluded for `exclude_s`, as "not held" would exclude it (`_usable_for`; the last
-        `MAX_DECLINED` per version): liars answering so and naming it again at once, never
-        excluded, kept the holders remembered full, an honest member out, and were asked for ever
-        (17 members: 65 asks in 90 s, the honest one never)."""
-        effects: list[Any] = []
-        if self._failed_blameless(now, peer, version, asked_at, effects):
-            declined = self._manifest_others.setdefault(version, _Others()).declined
-            declined.pop(peer, None)
-            declined[peer] = now
-            if len(declined) > MAX_DECLINED:
-                del declined[next(iter(declined))]
-        return self._arm(now, effects)
-
-    def _failed_blameless(self, now: float, peer: str, version: int, asked_at: float | None,
-                          effects: list[Any]) -> bool:
-        """The ask of `version` of `peer` (made at `asked_at`), if it is the ask in flight, failed
-        with no verdict on `peer`: another holder that named the version is asked at once;
-        whether it was the ask in flight."""
-        asked = self._manifest_asked.get(version)
-        if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
-            return False
-        self._manifest_asked[version] = asked._replace(failed=True)
-        self._ask_another(now, version, effects)
-        return True
+    def _usable_from(self, now: float, version: int, peer: str) -> float:
+        """When `peer`'s exclusion ends, from us or, having declined an ask of it, for `version`
+        (`_usable_for`); `now` or before if it has none."""
+        others = self._manifest_others.get(version)
+        declined = others.declined.get(peer, -math.inf) if others is not None else -math.inf
+        return max(self._excluded.get(peer, now), declined + self.config.exclude_s)
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,
@@ -407,17 +298,6 @@ class ManifestAsks:
         self._manifest_again.pop(version, None)
         self._manifest_others.pop(version, None)
         return self._manifest_asked.pop(version, None)
-
-    def _refused_us(self, now: float, peer: str, effects: list[Any]) -> bool:
-        """`peer` refused our manifest ask as not admitted: one refusal, counted with its refusals
-        of chunks and as they are (`relay.failures`: excluded for `not_admitted_s`, the asks that
-        failed at once with it counted once); whether to ask it again, that is, unless it has
-        refused us `NOT_ADMITTED_TRIES` times in a row (it is then excluded as unreachable)."""
-        if self._excluded.get(peer, 0.0) <= now:
-            self._refused[peer] = refusals = self._refused.get(peer, 0) + 1
-            why = DropReason.NOT_ADMITTED if refusals < NOT_ADMITTED_TRIES else DropReason.UNREACHABLE
-            self._exclude(now, peer, why, effects)
-        return self._refused.get(peer, 0) < NOT_ADMITTED_TRIES
 
     def _asks_instead(self, asked: _Ask, sender: str) -> bool:
         """Whether `sender`'s `Holding` asks for a version though `asked.peer` was asked for it
@@ -444,7 +324,7 @@ class ManifestAsks:
             if not peer:  # put off by `_spend`'s bound: whoever is first among those remembered now
                 self._ask_another(now, version, effects)
                 continue
-            until = self._excluded.get(peer, now)
+            until = self._usable_from(now, version, peer)
             if until > now:
                 self._manifest_again[version] = (until, peer)
                 continue

@@ -19,12 +19,12 @@ store's probe), the requests queued behind it wait unsent, and the core is told 
 (`_sending_held`): our disk's delay is not blamed on the sources as a stall. A source whose data
 plane refuses us as unknown (`NotAdmitted`: it has not heard our heartbeat) is sent our heartbeat
 directly (`Node.introduce`), by the upstream for a chunk fetch and by `_fetch_manifest` for a
-manifest (the core is told, `not_admitted`, and asks again soon: `relay.manifest_asks`), so it admits
+manifest (the core is told, `not_admitted`, and asks again soon: `relay.manifest_answers`), so it admits
 us at the next try rather than after our next heartbeat reaches it. A
 source whose own heartbeat has not reached us (we know of it from a `Holding`, or as the
 manifest's publisher) is waited for up to `request_timeout_s` (`_data_addr_soon`), then failed
 as `no_address`: nobody's fault, asked again soon (`relay.failures`; a manifest ask,
-`relay.manifest_asks`). `_fetch_manifest` tells the core of every failed manifest ask, by who is at
+`relay.manifest_answers`). `_fetch_manifest` tells the core of every failed manifest ask, by who is at
 fault (unreachable or too slow with its address known, not holding it, a broken answer, besides
 the two above) and with the ask's `asked_at`: the core asks another holder that named the
 version at once, and holds the failure against the holder as it would a chunk fetch's. An

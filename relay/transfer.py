@@ -34,7 +34,8 @@ then peers that announced `Holding` the whole version (fastest measured first; t
 measured in an order each relay draws for itself, `_choose_source`, so that no id can be made up
 to come first everywhere). Announcing
 `Holding` and learning holders: `relay.announce`; asking a holder of an unknown version for its
-manifest: `relay.manifest_asks` (both mixed into the core).
+manifest: `relay.manifest_asks`, and what its answer does: `relay.manifest_answers` (all mixed
+into the core).
 In the endgame (`relay.sources`) the fastest measured holder is asked before our parent, even
 when the parent holds the whole version too.
 
@@ -73,6 +74,7 @@ from relay.errors import ManifestRejected
 from relay.failures import FailureHandling
 from relay.judging import SourceJudgement
 from relay.manifest import SignedManifest, chunk_range
+from relay.manifest_answers import ManifestAnswers
 from relay.manifest_asks import ManifestAsks, _Ask, _Others
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HaveChunks, Holding, ManifestAnnounce
 from relay.planner import Membership, StripePlan, plan_broadcast, plan_tree
@@ -127,7 +129,7 @@ OpenFrame = Callable[[bytes, float], SignedManifest]
 
 
 class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, Announcing, ManifestAsks,
-                   SwarmTransfer):
+                   ManifestAnswers, SwarmTransfer):
     """One peer's relay transfers. Inputs are the core contract plus the commands below (and
     `fetch_failed`, `relay.failures`)."""
 
@@ -156,7 +158,8 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._manifest_asked: dict[int, _Ask] = {}  # version -> its ask in flight or failed (`relay.manifest_asks`)
         self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.manifest_asks`)
         self._manifest_others: dict[int, _Others] = {}  # other holders to ask (`relay.manifest_asks`)
-        self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_asks`)
+        self._manifest_failed_at: dict[str, float] = {}  # when an ask of a peer last failed (`relay.manifest_answers`)
+        self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_answers`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run

@@ -1,8 +1,10 @@
 """`p2pnet.localnet.relay_network`, the starter the relay process tests and benchmarks share: real
 `p2pnet peer start --role relay` processes on loopback. A peer that fails to start is named with
 its log; every process it started is stopped, by its PID, on error and on exit; a peer that exits
-while waited for fails the wait at once, not at its deadline. Also `stop_all` (one SIGTERM each,
-SIGKILL at the deadline) and `wait_for_full_tables`' budget (the time spent asking does not count).
+while waited for fails the wait at once, not at its deadline; starting a peer still running is
+refused. Also `stop_all` (one SIGTERM each, SIGKILL to every survivor at one deadline for the set),
+`start_network`'s clean stop when a peer fails to start, and `wait_for_full_tables`' budget (the
+time spent asking does not count).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from p2pnet.localnet import PeerExited, PeerProcess, relay_network, stop_all, wait_for_full_tables, wait_for_reachable
+from p2pnet import localnet
+from p2pnet.localnet import (PeerExited, PeerProcess, relay_network, start_network, stop_all, wait_for_full_tables,
+                            wait_for_reachable)
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +77,9 @@ def test_every_peer_is_stopped_by_its_pid_on_exit_restarted_ones_too(tmp_path):
                 assert {e["peer_id"] for e in status["peers"] if e["reachable"]} == ids - {peer.peer_id}
             trusted = net.config.read_text()
             assert trusted.startswith(f'[relay]\ntrusted_publishers = ["{net.publisher.peer_id}"]\n')
+            with pytest.raises(ValueError, match=r"peer1 \(pid \d+\) is still running"):
+                net.start(1)  # (a second process on its data directory)
+            assert len(running_under(tmp_path)) == 3
             first = net.peers[2].proc.pid
             net.peers[2].kill()
             again = net.start(2)
@@ -95,6 +102,23 @@ def test_a_peer_that_exits_while_waited_for_fails_the_wait_at_once_with_its_log(
                 wait(net.peers, 120)  # (at its deadline it would raise PeerUnavailable, not PeerExited)
             assert str(caught.value).startswith(f"peer1 (pid {victim.proc.pid}) exited with -9;")
             assert f"log: {victim.log_path}" in str(caught.value)
+
+
+def test_start_network_stops_the_peers_it_started_cleanly_when_one_fails_to_start(tmp_path, monkeypatch):
+    """On SIGTERM a peer shuts down and removes its control socket; killed outright, it leaves it."""
+    started: list[PeerProcess] = []
+    start_peer = localnet.start_peer
+
+    def recorded(*args, **kwargs) -> PeerProcess:
+        started.append(start_peer(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr("p2pnet.localnet.start_peer", recorded)
+    with pytest.raises(PeerExited, match=r"^peer2 \(pid \d+\) exited with 2 before it was ready"):
+        start_network(tmp_path, 3, extra_args=FAST, roles_for={2: ["nonsense"]})
+    assert [p.proc.returncode for p in started] == [0, 0, 2]
+    assert [p.name for p in started if (p.data_dir / "control.sock").exists()] == []
+    assert running_under(tmp_path) == []
 
 
 class SlowToAsk:
@@ -130,22 +154,48 @@ while True:
 """
 
 
-def test_stop_all_sends_one_sigterm_and_kills_a_peer_that_ignores_it_at_the_deadline(tmp_path):
-    """A second SIGTERM would cut a peer's clean shutdown short: the stub counts what it gets."""
+class Recorded(subprocess.Popen):
+    """A child whose signals and waits are written down, in order, in `events`."""
+
+    def __init__(self, args: list[str], events: list[tuple[int, str, object]], **kwargs) -> None:
+        super().__init__(args, **kwargs)
+        self.events = events
+
+    def send_signal(self, sig: int) -> None:  # (`kill()` sends SIGKILL through it)
+        self.events.append((self.pid, "signal", sig))
+        super().send_signal(sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.events.append((self.pid, "wait", timeout))
+        return super().wait(timeout)
+
+
+def test_stop_all_sends_one_sigterm_and_kills_every_peer_that_ignores_it_at_one_deadline(tmp_path):
+    """Three stubs that ignore SIGTERM (a second SIGTERM would cut a peer's clean shutdown short:
+    they count what they get). Each gets one SIGTERM and one SIGKILL; the waits before the last
+    SIGKILL ask for one deadline in all, the set's, not one per peer."""
+    events: list[tuple[int, str, object]] = []
     peers = []
     try:
-        for i in range(2):
+        for i in range(3):
             counted = tmp_path / f"stub{i}.signals"
-            proc = subprocess.Popen([sys.executable, "-c", IGNORES_SIGTERM, str(counted)], stdout=subprocess.PIPE)
+            proc = Recorded([sys.executable, "-c", IGNORES_SIGTERM, str(counted)], events, stdout=subprocess.PIPE)
             peers.append(PeerProcess(f"stub{i}", tmp_path, proc, tmp_path / f"stub{i}.log"))
             assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"  # (its handler is set)
         stop_all(peers, timeout_s=2.0)
+        seen = list(events)
     finally:
         for peer in peers:
-            peer.proc.kill()
-            peer.proc.wait()
-    assert [p.proc.returncode for p in peers] == [-signal.SIGKILL] * 2
-    # one each at most (a handler may not have run before the kill); the second stub, waited for
-    # after the first's deadline, would have counted a second SIGTERM
+            if peer.proc.poll() is None:
+                peer.proc.kill()
+                peer.proc.wait()
+    pids = [p.proc.pid for p in peers]
+    assert [p.proc.returncode for p in peers] == [-signal.SIGKILL] * 3 and not any(alive(pid) for pid in pids)
+    assert {pid: [what for who, kind, what in seen if who == pid and kind == "signal"] for pid in pids} == {
+        pid: [signal.SIGTERM, signal.SIGKILL] for pid in pids}
+    last_kill = max(n for n, (_, kind, what) in enumerate(seen) if kind == "signal" and what == signal.SIGKILL)
+    asked = [what for _, kind, what in seen[:last_kill] if kind == "wait"]
+    assert sum(asked) <= 2.0, asked  # type: ignore[arg-type]
+    # received: one each at most (a handler may not have run before the kill)
     counts = [f.read_text().count("TERM") if f.exists() else 0 for f in sorted(tmp_path.glob("*.signals"))]
     assert max(counts) <= 1, counts

@@ -197,9 +197,9 @@ def test_a_late_report_of_an_earlier_ask_of_the_same_holder_asks_nothing():
     c = _core(("m0", "m1"))
     holding = Holding((HeldVersion(1, SIGNED.manifest_id),))
     first = [e for e in c.on_message(0.0, envelope("m0", holding)) if isinstance(e, FetchManifest)]
-    assert asks(c, 1.0, "m1") == []  # remembered
     second = [e for e in c.on_message(CONFIG.manifest_retry_s, envelope("m0", holding)) if isinstance(e, FetchManifest)]
-    assert [e.peer for e in first] == [e.peer for e in second] == ["m0"]
+    assert [e.peer for e in first] == [e.peer for e in second] == ["m0"]  # (none other remembered to ask)
+    assert asks(c, CONFIG.manifest_retry_s + 0.5, "m1") == []  # remembered
     late = c.manifest_failed(6.0, "m0", 1, FetchFailure.UNREACHABLE, first[0].asked_at)
     assert _asked(late) == [] and not c._manifest_asked[1].failed
     assert _asked(c.manifest_failed(7.0, "m0", 1, FetchFailure.UNREACHABLE, second[0].asked_at)) == ["m1"]
@@ -319,7 +319,7 @@ def test_a_sound_manifest_we_will_not_take_fails_its_ask_and_blames_nobody(kind)
     assert "m0" not in c._banned and c._excluded.get("m0", 0.0) <= 1.5
     assert asks(c, 10.0, "m0", version=3) == ["m0"]
     named = envelope("s3", Holding((HeldVersion(2, blake3.blake3(frame).digest()),)))
-    assert _asked(c.on_message(20.0, named)) == ([] if kind == "untrusted" else ["s3"])
+    assert _asked(c.on_message(20.0, named)) == ([] if kind == "untrusted" else ["m2"])  # (m1's ask unanswered)
 
 
 def test_bans_are_bounded_and_a_flood_of_identities_unbans_a_liar_only_after_as_many_bans():
@@ -400,7 +400,8 @@ def test_holders_that_answer_with_a_status_we_do_not_know_cannot_keep_an_honest_
     assert order == liars[1:]
     assert list(c._manifest_others[1].declined) == liars
     assert asks(c, now + CONFIG.manifest_retry_s, liars[-1]) == []
-    assert asks(c, now + CONFIG.exclude_s, liars[-1]) == [liars[-1]]  # as "not held" would exclude it
+    # as "not held" would exclude them; h's ask unanswered: the one that declined longest ago first
+    assert asks(c, now + CONFIG.exclude_s, liars[-1]) == [liars[1]]
 
 
 def test_the_holders_that_declined_an_ask_are_remembered_per_version_the_first_forgotten_first():

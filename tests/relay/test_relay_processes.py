@@ -6,13 +6,17 @@ and corrupts every chunk it serves, and peer7 publishes too, with its uploads ca
 `SLOW_BPS` (`--upload-bps`). Only the publisher holds a version's chunks at first, so a version
 peer7 publishes cannot be whole anywhere before its size over `SLOW_BPS` (less the cap's one
 second of burst): a relay killed once it holds some of it is certain to be killed mid-transfer.
-Each kill test's version is as small as keeps that window several times the time its victim
-takes to hold what the test needs (measured after the publish, on one core: 1 chunk 0.2-0.3 s,
-20 chunks 0.9 s; beside two busy loops 0.6 s and 1.3 s), since every relay left must then fetch
-it all through the cap; the restarted victim's fetch shows it was not whole when killed.
-Each test publishes what it needs (the 64 MiB version of the first two once, in `v1`) and uses
-the relays still running, so each passes alone and in any order. Every wait is bounded, by a
-deadline that scales with the bytes waited for.
+The two kill tests share one such version, `v2` (16 MiB): peer4 is killed once it holds 20
+chunks, then peer5, holding some. 16 MiB keeps that window several times the time peer4 takes
+to hold its 20 chunks (measured after the publish, on one core: 0.9 s; beside two busy loops
+1.3 s; peer5 needs one chunk: 0.2-0.3 s, 0.6 s), and no larger, since every relay left must
+then fetch it all through the cap (the relays take each chunk from peer7 more than twice over:
+about 9 s for 12 MiB; the corrupting peer6's doing, not the kills': without kills 1.84 copies of
+12 MiB left peer7, and without peer6 1.00). One transfer through the cap, not one per test: the
+file took 43 s, 24 s of it in two. The restarted victim's fetch shows it was not whole when killed.
+Each test publishes what it needs (the 64 MiB version of the first two once, in `v1`, the kill
+tests' in `v2`) and uses the relays still running, so each passes alone and in any order. Every
+wait is bounded, by a deadline that scales with the bytes waited for.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ pytestmark = pytest.mark.slow
 PEERS = 8
 BYZANTINE = 6
 SLOW = 7
-SLOW_BPS = 3_000_000  # S bytes from peer7 take at least S / SLOW_BPS - 1 s to leave it: 12 MiB 3.2 s, 16 MiB 4.6 s
+SLOW_BPS = 3_000_000  # S bytes from peer7 take at least S / SLOW_BPS - 1 s to leave it: 16 MiB 4.6 s
 FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 
 
@@ -132,31 +136,38 @@ def test_the_byzantine_relay_is_detected_penalised_and_banned(network, v1):
                for p in honest(peers))
 
 
-def test_a_relay_killed_mid_transfer_does_not_stop_the_others(network):
+@pytest.fixture(scope="module")
+def v2(network):
+    """Version 2, 16 MiB in 64 KiB chunks, published by the slow peer7; its victims killed
+    mid-transfer: peer4 once it holds 20 chunks, then peer5 (holding some, not all). (Its source
+    file, peer4's progress row just before its kill.)"""
     root, peers = network.root, network.peers
-    source = checkpoint(root / "v2.safetensors", 12, seed=2)
-    victim = peers[5]
+    source = checkpoint(root / "v2.safetensors", 16, seed=2)
     publish(peers[SLOW], source, 2, 64 * 1024)
-    wait_mid_transfer(victim, 2, 1, 12 << 20)
-    victim.kill()
+    row = wait_mid_transfer(peers[4], 2, 20, 16 << 20)
+    peers[4].kill()
+    wait_mid_transfer(peers[5], 2, 1, 16 << 20)
+    peers[5].kill()
+    return source, row
+
+
+def test_relays_killed_mid_transfer_do_not_stop_the_others(network, v2):
+    root, peers = network.root, network.peers
+    source, _ = v2
     want = source.read_bytes()
-    for peer in honest(peers):
-        files = fetch(peer, 2, root / f"out2-{peer.name}", transfer_deadline_s(12 << 20))
+    for peer in honest(peers):  # (peer4 among them if the restart test ran first)
+        files = fetch(peer, 2, root / f"out2-{peer.name}", transfer_deadline_s(16 << 20))
         assert Path(files[0]).read_bytes() == want
 
 
-def test_a_peer_restarted_mid_download_fetches_only_what_it_lacked(network):
-    root, peers = network.root, network.peers
-    source = checkpoint(root / "v3.safetensors", 16, seed=3)
-    victim = peers[4]
-    publish(peers[SLOW], source, 3, 64 * 1024)
-    row = wait_mid_transfer(victim, 3, 20, 16 << 20)
-    victim.kill()
+def test_a_peer_restarted_mid_download_fetches_only_what_it_lacked(network, v2):
+    root = network.root
+    source, row = v2
     have_before = row["chunks_have"]
     restarted = network.start(4)  # (the network stops it at the end)
-    files = fetch(restarted, 3, root / "out3-restarted", transfer_deadline_s(16 << 20))
+    files = fetch(restarted, 2, root / "out2-restarted", transfer_deadline_s(16 << 20))
     assert Path(files[0]).read_bytes() == source.read_bytes()
-    after = progress(restarted, 3)
+    after = progress(restarted, 2)
     held_at_start = after["chunks_total"] - after["fetched_chunks"]
     assert after["complete"] and held_at_start >= have_before
     assert after["fetched_chunks"] > 0, "the victim was whole when killed (the row above is from before the kill)"

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import trio
 
 from p2pnet.wire import Envelope
-from relay.manifest_asks import MAX_REFUSED_MANIFESTS
+from relay.manifest_answers import MAX_REFUSED_MANIFESTS
 from relay.errors import StoreFull
 from relay.messages import HeldVersion, Holding, ManifestAnnounce
 from relay.store import ChunkStore

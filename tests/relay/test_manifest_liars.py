@@ -1,0 +1,179 @@
+"""Manifest asks under many liar identities (`relay.manifest_asks`: `_rank`, `_ask_when_usable`,
+`_after_failure`): the core alone, in virtual time. The other holders of a version asked for, and
+their bounds: `tests/relay/test_manifest_holders.py`."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+import pytest
+
+from relay.effects import FetchFailure
+from relay.manifest_answers import MAX_FAILED_ASKS
+from relay.manifest_asks import MAX_OTHER_HOLDERS
+from relay.messages import HeldVersion, Holding
+from tests.relay.test_manifest_holders import CONFIG, _asked, _core, asks, failed
+from tests.relay.test_transfer import SIGNED, envelope
+
+HOLDING = Holding((HeldVersion(1, SIGNED.manifest_id),))
+
+
+def _liars_and_an_honest_member(liars: list[str], first_at: float, until_s: float) -> list[tuple[float, str]]:
+    """The liars (members) name version 1 every second, in turn, and answer each ask that they do
+    not hold it, 0.01 s after it; an honest member h names it first at `first_at`, then every 30 s.
+    Returns what happened until h is asked, or until `until_s`: the asks, (when, of whom), and
+    h's `Holding`s, (when, "h named")."""
+    c = _core((*liars, "h"))
+    queue: list[tuple[float, int, str, str]] = []
+    order = itertools.count()
+
+    def push(at: float, what: str, peer: str) -> None:
+        heapq.heappush(queue, (at, next(order), what, peer))
+
+    log: list[tuple[float, str]] = []
+    for i, liar in enumerate(liars):
+        push(i / len(liars), "holding", liar)
+    push(first_at, "holding", "h")
+    ticks: set[float] = set()
+    while queue:
+        now, _, what, peer = heapq.heappop(queue)
+        if now > until_s:
+            break
+        if what == "holding":
+            effects = c.on_message(now, envelope(peer, HOLDING))
+            push(now + (30.0 if peer == "h" else 1.0), "holding", peer)
+            if peer == "h":
+                log.append((now, "h named"))
+        elif what == "failed":
+            effects = c.manifest_failed(now, peer, 1, FetchFailure.UNAVAILABLE)
+        else:
+            effects = c.on_timer(now, "relay/tick")
+        for asked in _asked(effects):
+            log.append((now, asked))
+            if asked == "h":
+                return log
+            push(now + 0.01, "failed", asked)
+        if c._tick_at is not None and c._tick_at not in ticks:
+            ticks.add(c._tick_at)
+            push(c._tick_at, "tick", "")
+    return log
+
+
+@pytest.mark.parametrize("first_at", [1.5, 7.3])
+def test_an_honest_member_is_asked_once_each_of_many_liar_identities_failed_once(first_at):
+    """100 members (over 6 times `MAX_OTHER_HOLDERS`) name a version every second and answer each
+    ask that they do not hold it; an honest member names it every 30 s, first at `first_at`, when
+    the holders remembered are full of liars not asked yet. Holders are ranked by when an ask of
+    them last failed (`_rank`): a liar that failed takes a place, and is asked, only after those
+    that have not, so the honest member is remembered at its first `Holding` once each liar failed
+    once, and asked before any liar is asked again. Before, the liars not yet asked kept the
+    places full (each freed place taken by the next liar's `Holding`, within the second), and with
+    their exclusions (`exclude_s`, 60 s) ending as new ones were asked the honest member was
+    never asked in 600 s (481 asks of liars); it was asked (at 80 s) only if it first named the
+    version at 0.5 s."""
+    liars = [f"l{i:03d}" for i in range(100)]
+    log = _liars_and_an_honest_member(liars, first_at, until_s=600.0)
+    assert log[-1][1] == "h"
+    last_named = max(i for i, (_, what) in enumerate(log) if what == "h named")
+    asked_before = [p for _, p in log[:last_named] if p != "h named"]
+    assert set(asked_before) == set(liars)  # each liar was asked before the honest member was remembered
+    since = [p for _, p in log[last_named + 1:-1]]
+    assert not set(since) & set(asked_before)  # and then none was asked again before it
+    assert len(since) < MAX_OTHER_HOLDERS
+
+
+def test_a_holder_remembered_that_declined_is_asked_as_its_exclusion_for_the_version_ends():
+    """m0 declines our ask (a status we do not know: `manifest_declined`, so, for this version,
+    as if excluded for `exclude_s`), and is the only holder: it names the version again after
+    `manifest_retry_s` and is remembered, and asked as that exclusion ends, on the tick; so it is
+    when a stranger that named the version since was asked, and declined too. Before, nothing
+    was asked then: the exclusion's end was looked for among the holders excluded from us
+    (`_excluded`), and a holder's `manifest_declined` asked no one later; m0 waited for a
+    `Holding` after the exclusion, the stranger's for a `Holding` after its own."""
+    until = 0.5 + CONFIG.exclude_s
+    for stranger in (False, True):
+        c = _core(("m0",))
+        assert asks(c, 0.0, "m0") == ["m0"]
+        assert _asked(c.manifest_declined(0.5, "m0", 1)) == []
+        assert asks(c, CONFIG.manifest_retry_s + 1.0, "m0") == []  # remembered, excluded for the version
+        if stranger:
+            assert asks(c, CONFIG.manifest_retry_s + 2.0, "s1") == ["s1"]  # (`manifest_retry_s` after the last ask)
+            assert _asked(c.manifest_declined(CONFIG.manifest_retry_s + 2.5, "s1", 1)) == []
+        assert c._tick_at is not None and c._tick_at <= until
+        assert _asked(c.on_timer(until - 0.1, "relay/tick")) == []
+        assert _asked(c.on_timer(until, "relay/tick")) == ["m0"]
+
+
+def test_a_stranger_that_names_a_version_after_its_ask_failed_is_asked_when_a_holding_would_ask_it():
+    """The ask of a version failed with no other holder remembered; a stranger names it 0.9 s
+    later: it is only remembered (a stranger's `Holding` asks at most once per `manifest_retry_s`
+    per version, failure or not), and asked `manifest_retry_s` after the last ask, on the tick,
+    as its `Holding` would have been then. Before, it waited for a `Holding` of the version after
+    that, its own next one maybe an announce interval away (and nobody's, never)."""
+    c = _core()
+    assert asks(c, 0.0, "s0") == ["s0"]
+    assert failed(c, 0.1, "s0", FetchFailure.UNREACHABLE) == []
+    assert asks(c, 1.0, "s1") == []
+    assert c._tick_at == CONFIG.manifest_retry_s
+    assert _asked(c.on_timer(CONFIG.manifest_retry_s, "relay/tick")) == ["s1"]
+
+
+def test_a_holder_that_never_answers_is_passed_over_at_the_next_retry_for_one_remembered():
+    """A liar member names the version every second and never answers our ask (its failure,
+    `unreachable` after the role's 10 s, comes after the next `Holding` has asked again, so it is
+    a late report); an honest member names it at 1.5 s and is remembered. The ask unanswered for
+    `manifest_retry_s` counts as failed (`_rank`): the liar's `Holding` then asks the first
+    remembered, the honest member, not the liar again; and the liar's late report asks nothing.
+    Before, each liar `Holding` `manifest_retry_s` after the last ask asked the liar again, its
+    late reports gave no verdict, and the honest member was never asked (in 600 s; 1, 8 or 100
+    such liars alike)."""
+    c = _core(("l", "h"))
+    assert asks(c, 0.0, "l") == ["l"]
+    assert asks(c, 1.0, "l") == []
+    assert asks(c, 1.5, "h") == []  # remembered
+    assert [asks(c, float(t), "l") for t in (2, 3, 4)] == [[], [], []]
+    assert asks(c, CONFIG.manifest_retry_s, "l") == ["h"]
+    assert _asked(c.manifest_failed(10.0, "l", 1, FetchFailure.UNREACHABLE, asked_at=0.0)) == []
+
+
+def test_the_peers_whose_asks_failed_are_remembered_at_most_max_failed_asks_the_first_failed_forgotten_first():
+    """When each peer's manifest ask last failed (`_rank`) is remembered for the last
+    `MAX_FAILED_ASKS` peers (any number of identities may fail asks), one failing again counting
+    as the last: past the bound the peer whose last failure is the oldest is forgotten, and ranks
+    as one never failed."""
+    c = _core()
+    peers = ["p0", "p1", *(f"x{i:05d}" for i in range(MAX_FAILED_ASKS - 1))]
+    for i, peer in enumerate(peers[:2]):
+        assert asks(c, float(i), peer, version=10 + i) == [peer]
+        c.manifest_declined(i + 0.5, peer, 10 + i)
+    assert asks(c, 2.0, "p0", version=12) == ["p0"]
+    c.manifest_declined(2.5, "p0", 12)  # p0 failed again: now the last
+    for i, peer in enumerate(peers[2:], 3):
+        assert asks(c, float(i), peer, version=10 + i) == [peer]
+        c.manifest_declined(i + 0.5, peer, 10 + i)
+    assert len(c._manifest_failed_at) == MAX_FAILED_ASKS
+    assert c._rank("p0") == 2.5 and c._rank("p1") == -math.inf
+
+
+def test_a_holder_takes_the_place_of_the_one_of_its_kind_that_failed_last_if_later_never_a_strangers_a_members():
+    """The holders remembered are full of members whose asks (of other versions) failed: a member
+    that never failed takes the place of the one that failed last, one that failed later than all
+    takes none; a stranger that never failed takes none (anyone may send `Holding` under any
+    number of identities: strangers never keep a member out)."""
+    members = [f"m{i:02d}" for i in range(MAX_OTHER_HOLDERS)]
+    c = _core(("a", "new", "late", *members))
+    assert asks(c, 19.0, "late", version=99) == ["late"]
+    c.manifest_declined(19.5, "late", 99)  # after all the members' failures
+    for i, member in enumerate(members):  # each declines an ask of its own version: failed, still usable for 1
+        assert asks(c, float(i), member, version=100 + i) == [member]
+        c.manifest_declined(i + 0.5, member, 100 + i)
+    assert asks(c, 20.0, "a") == ["a"]
+    assert [asks(c, 20.1, member) for member in members] == [[]] * MAX_OTHER_HOLDERS
+    assert asks(c, 20.2, "s") == []
+    assert list(c._manifest_others[1].named) == members  # the stranger took no member's place
+    assert asks(c, 20.25, "late") == []
+    assert list(c._manifest_others[1].named) == members  # nor the member that failed last of all
+    assert asks(c, 20.3, "new") == []
+    assert list(c._manifest_others[1].named) == [*members[:-1], "new"]  # the member failed last gave way
