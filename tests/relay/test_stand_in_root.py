@@ -9,7 +9,7 @@ import pytest
 
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
-from relay.effects import Fetch, FetchFailure
+from relay.effects import DropSource, Fetch, FetchFailure
 from relay.manifest import open_manifest
 from relay.messages import ManifestAnnounce
 from relay.planner import Membership
@@ -81,3 +81,26 @@ def test_a_child_that_saw_the_stand_in_fail_too_takes_the_stripe_from_the_next_c
             again += [e for e in core.fetch_failed(0.6, root, 1, f.index, FetchFailure.UNREACHABLE)
                       if isinstance(e, Fetch)]
         assert {f.peer for f in again if plan.stripe_of_chunk[f.index] == stripe} == {want}, me
+
+
+def test_a_child_whose_stand_in_stalls_drops_it_and_takes_the_stripe_from_the_next_child():
+    """The stand-in (first child by peer id) hangs: it takes our requests, its own stripe's
+    and the lost one's, and never answers, while our other sources deliver: after the stall
+    timeout we drop it and ask the next child before us (the third child asks the second), not
+    the origin while the second is usable."""
+    plan = _relay(RELAYS[0])[0]._versions[1].plan
+    stripe = plan.home[RELAYS[3]]
+    root = plan.ranked_interior(stripe)[0][0]
+    first, second, third = plan.children(stripe, root)[:3]
+    core, pending = _relay(third)
+    out = []
+    for f in [f for f in pending if f.peer == root]:
+        out += core.fetch_failed(0.5, root, 1, f.index, FetchFailure.UNREACHABLE)
+    assert {f.peer for f in out if isinstance(f, Fetch) and plan.stripe_of_chunk[f.index] == stripe} == {first}
+    delivered = 0.5 + CONFIG.stall_timeout_s - 0.1  # every other source answers in time (new asks go out)
+    for f in [f for f in pending if f.peer not in (root, first)]:
+        core.fetched(delivered, f.peer, 1, f.index, 0.02, 0.0)
+    effects = core.on_timer(0.5 + CONFIG.stall_timeout_s + 0.01, "relay/tick")
+    assert [e.peer for e in effects if isinstance(e, DropSource)] == [first]
+    again = {f.peer for f in effects if isinstance(f, Fetch) and plan.stripe_of_chunk[f.index] == stripe}
+    assert again == {second}
