@@ -1,6 +1,6 @@
 """A stripe whose root, its only forwarder, is lost (killed or banned) under a capped origin
 re-forms through one stand-in (`relay.sources`, `_stand_in`): the first of the root's children
-in peer id order takes the stripe from the origin and the others from it, instead of every child
+in an order drawn per version and stripe takes the stripe from the origin and the others from it, instead of every child
 taking it from the origin (real relays under a 3 MB/s origin, one root killed and one banned:
 2.38 copies from the origin, 1.16 with the stand-in). The transfer core alone, one per relay;
 `tests/relay/test_relay_processes.py` kills roots of real relay processes."""
@@ -12,7 +12,8 @@ from p2pnet.wire import Envelope
 from relay.effects import DropSource, Fetch, FetchFailure
 from relay.manifest import open_manifest
 from relay.messages import ManifestAnnounce
-from relay.planner import Membership
+from relay.planner import Membership, StripePlan
+from relay.sources import stand_in_key
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import fake_manifest
 from simulations.world import EPOCH_S
@@ -41,38 +42,57 @@ def _relay(me: str) -> tuple[TransferCore, list[Fetch]]:
     return core, pending
 
 
+def _drawn(plan: StripePlan, stripe: int) -> tuple[str, list[str]]:
+    """`stripe`'s lone root and its children in the order they stand in for it (`stand_in_key`)."""
+    root = plan.ranked_interior(stripe)[0][0]
+    return root, sorted(plan.children(stripe, root), key=lambda p: stand_in_key(SIGNED.manifest_id, stripe, p))
+
+
+def _asked_again(me: str, stripe: int, failure: FetchFailure) -> set[str]:
+    """Whom relay `me` asks for `stripe`'s chunks once every fetch from its lost root failed."""
+    core, pending = _relay(me)
+    plan = core._versions[1].plan
+    root = plan.ranked_interior(stripe)[0][0]
+    again = []
+    for f in [f for f in pending if f.peer == root]:
+        again += [e for e in core.fetch_failed(0.5, root, 1, f.index, failure) if isinstance(e, Fetch)]
+    return {f.peer for f in again if plan.stripe_of_chunk[f.index] == stripe}
+
+
 @pytest.mark.parametrize("failure", [FetchFailure.UNREACHABLE, FetchFailure.CORRUPT])
 def test_the_children_of_a_lost_lone_root_take_its_stripe_from_one_stand_in_that_asks_the_origin(failure):
     """Every child of the lost root fails a fetch from it (`unreachable`: killed; `corrupt`:
-    banned) and asks again for the stripe's chunks: the first child by peer id asks the origin,
-    every other child asks that child. Before, each of the 6 asked the origin."""
+    banned) and asks again for the stripe's chunks: the first child in the drawn order asks the
+    origin, every other child asks that child. Before, each of the 6 asked the origin."""
     plan = _relay(RELAYS[0])[0]._versions[1].plan
     stripe = plan.home[RELAYS[3]]
-    root = plan.ranked_interior(stripe)[0][0]
-    children = plan.children(stripe, root)
+    root, children = _drawn(plan, stripe)
     assert sorted(children) == sorted(set(RELAYS) - {root})
-    asked: dict[str, set[str]] = {}
-    for me in children:
-        core, pending = _relay(me)
-        lost = [f for f in pending if f.peer == root]
-        assert lost
-        again = []
-        for f in lost:
-            again += [e for e in core.fetch_failed(0.5, root, 1, f.index, failure) if isinstance(e, Fetch)]
-        mine = [f for f in again if plan.stripe_of_chunk[f.index] == stripe]
-        assert mine, f"{me} asked nobody again for stripe {stripe}"
-        asked[me] = {f.peer for f in mine}
+    asked = {me: _asked_again(me, stripe, failure) for me in children}
     stand_in = children[0]
     assert asked == {me: {ORIGIN} if me == stand_in else {stand_in} for me in children}
 
 
+def test_the_stand_ins_are_drawn_per_stripe_not_the_lowest_peer_id_for_every_lost_root():
+    """Each stripe's root lost in turn: its stand-in is the first of its children in that
+    stripe's draw, so a peer whose id sorts first (one can be ground) does not stand in for
+    every lost stripe. In peer id order "r0" stood in for the 6 stripes it is a child in."""
+    plan = _relay(RELAYS[0])[0]._versions[1].plan
+    stand_ins = {}
+    for stripe in range(plan.stripes):
+        root, children = _drawn(plan, stripe)
+        assert _asked_again(children[-1], stripe, FetchFailure.UNREACHABLE) == {children[0]}
+        stand_ins[stripe] = children[0]
+    assert stand_ins != {s: min(_drawn(plan, s)[1]) for s in range(plan.stripes)}
+
+
 def test_a_child_that_saw_the_stand_in_fail_too_takes_the_stripe_from_the_next_child_or_the_origin():
-    """The stand-in (first child by peer id) is lost as well: the second child, with nobody
+    """The stand-in (first child in the draw) is lost as well: the second child, with nobody
     left before it, asks the origin; the third asks the second."""
     plan = _relay(RELAYS[0])[0]._versions[1].plan
     stripe = plan.home[RELAYS[3]]
-    root = plan.ranked_interior(stripe)[0][0]
-    first, second, third = plan.children(stripe, root)[:3]
+    root, children = _drawn(plan, stripe)
+    first, second, third = children[:3]
     for me, want in ((second, ORIGIN), (third, second)):
         core, pending = _relay(me)
         core.fetch_failed(0.5, first, 1, next(f.index for f in pending if f.peer == first), FetchFailure.UNREACHABLE)
@@ -84,14 +104,14 @@ def test_a_child_that_saw_the_stand_in_fail_too_takes_the_stripe_from_the_next_c
 
 
 def test_a_child_whose_stand_in_stalls_drops_it_and_takes_the_stripe_from_the_next_child():
-    """The stand-in (first child by peer id) hangs: it takes our requests, its own stripe's
+    """The stand-in (first child in the draw) hangs: it takes our requests, its own stripe's
     and the lost one's, and never answers, while our other sources deliver: after the stall
     timeout we drop it and ask the next child before us (the third child asks the second), not
     the origin while the second is usable."""
     plan = _relay(RELAYS[0])[0]._versions[1].plan
     stripe = plan.home[RELAYS[3]]
-    root = plan.ranked_interior(stripe)[0][0]
-    first, second, third = plan.children(stripe, root)[:3]
+    root, children = _drawn(plan, stripe)
+    first, second, third = children[:3]
     core, pending = _relay(third)
     out = []
     for f in [f for f in pending if f.peer == root]:
