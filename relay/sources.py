@@ -58,14 +58,14 @@ A lost lone root (`_stand_in`). A plan of few members may give each stripe one
 interior member, its root, and every other member as its children; when that root is killed or
 banned (not slow: see below), no member is left to borrow from, and every child took the stripe
 from the origin. One stand-in instead: the first of the root's children, in an order drawn per
-version and stripe, that we did not see fail takes the stripe from the origin, and each later
-child takes it from the first one before it that it did not see fail (only earlier ones: no
-cycle). The order is salted by the manifest id (the same for every member; no peer knows it
-before the version is out): in peer id order, an id ground to sort first made one peer the
-stand-in of every lost stripe of every version. Measured (8 real relays, the publisher capped
-at 3 MB/s, 16 MiB in 64 KiB chunks, two roots killed mid-version and one banned for
-corrupting; in peer id order): 2.55 copies from the origin and 13.6 s, with the stand-in 1.16
-copies and 5.8 s.
+version, that we did not see fail takes the stripe from the origin, and each later child takes
+it from the first one before it that it did not see fail (only earlier ones: no cycle, even
+between members whose plans differ, since the order is one for the whole version). The order is
+salted by the manifest id (the same for every member; no peer knows it before the version is
+out): in peer id order, an id ground to sort first made one peer the stand-in of every lost
+stripe of every version. Measured (8 real relays, the publisher capped at 3 MB/s, 16 MiB in
+64 KiB chunks, two roots killed mid-version and one banned for corrupting; in peer id order):
+2.55 copies from the origin and 13.6 s, with the stand-in 1.16 copies and 5.8 s.
 
 Whatever dropped our chain (a stall included), the origin is asked only after others when it
 is not our planned parent (`_instead_of_origin`): a chain member dropped as slow, a peer we
@@ -122,10 +122,10 @@ PARENT_REASKS = 2  # "unavailable" answers from our parent for one chunk before 
 DRAW_PLANS = 4  # plans whose members' substitute order (`_by_draw`) a core keeps
 
 
-def stand_in_key(manifest_id: bytes, stripe: int, peer: str) -> tuple[bytes, str]:
-    """`peer`'s place in the order in which the children of `stripe`'s lost lone root stand in
-    for it (`SourceChoice._stand_in`): drawn per version and stripe, the same for every member."""
-    return tiebreak(manifest_id + b"/%d" % stripe, peer), peer
+def stand_in_key(manifest_id: bytes, peer: str) -> tuple[bytes, str]:
+    """`peer`'s place in the order in which the children of a lost lone root stand in for it
+    (`SourceChoice._stand_in`): drawn per version, the same for every member and every stripe."""
+    return tiebreak(manifest_id, peer), peer
 
 
 def draw_score(self_id: str, stripe: int, peer: str, depth: int, uploads: Mapping[str, float]) -> float:
@@ -308,15 +308,15 @@ class SourceChoice:
                   manifest_id: bytes) -> str | None:
         """Whom to ask for `stripe` instead of the origin now that its lone root `root` is lost
         (`_lost_lone_root`): the first of the root's children in the order drawn for this version
-        and stripe (`stand_in_key`, salted by `manifest_id`; see the top) that ranks before us
+        (`stand_in_key`, salted by `manifest_id`; see the top) that ranks before us
         and that we neither dropped, banned nor tried for this chunk. The first child none of us
         saw fail has nobody before it and asks the origin: it is the stripe's stand-in root, and
         the others take the stripe from it (or from the one before it that they still take for
         alive), so picks only point to earlier children and never form a cycle. A liar among
-        the children is a lost stripe's stand-in by one chance in the fan-out, not by its id.
+        the children is the stand-in by one chance in the fan-out, not by its id.
         O(fan-out log fan-out): only for a lone root, a small membership."""
-        mine = stand_in_key(manifest_id, stripe, self.self_id)
-        drawn = sorted(stand_in_key(manifest_id, stripe, peer) for peer in plan.children(stripe, root))
+        mine = stand_in_key(manifest_id, self.self_id)
+        drawn = sorted(stand_in_key(manifest_id, peer) for peer in plan.children(stripe, root))
         for key in drawn:
             peer = key[1]
             if key >= mine:

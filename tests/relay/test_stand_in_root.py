@@ -1,6 +1,6 @@
 """A stripe whose root, its only forwarder, is lost (killed or banned) under a capped origin
 re-forms through one stand-in (`relay.sources`, `_stand_in`): the first of the root's children
-in an order drawn per version and stripe takes the stripe from the origin and the others from it, instead of every child
+in an order drawn per version takes the stripe from the origin and the others from it, instead of every child
 taking it from the origin (real relays under a 3 MB/s origin, one root killed and one banned:
 2.38 copies from the origin, 1.16 with the stand-in). The transfer core alone, one per relay;
 `tests/relay/test_relay_processes.py` kills roots of real relay processes."""
@@ -45,7 +45,7 @@ def _relay(me: str) -> tuple[TransferCore, list[Fetch]]:
 def _drawn(plan: StripePlan, stripe: int) -> tuple[str, list[str]]:
     """`stripe`'s lone root and its children in the order they stand in for it (`stand_in_key`)."""
     root = plan.ranked_interior(stripe)[0][0]
-    return root, sorted(plan.children(stripe, root), key=lambda p: stand_in_key(SIGNED.manifest_id, stripe, p))
+    return root, sorted(plan.children(stripe, root), key=lambda p: stand_in_key(SIGNED.manifest_id, p))
 
 
 def _asked_again(me: str, stripe: int, failure: FetchFailure) -> set[str]:
@@ -73,10 +73,10 @@ def test_the_children_of_a_lost_lone_root_take_its_stripe_from_one_stand_in_that
     assert asked == {me: {ORIGIN} if me == stand_in else {stand_in} for me in children}
 
 
-def test_the_stand_ins_are_drawn_per_stripe_not_the_lowest_peer_id_for_every_lost_root():
-    """Each stripe's root lost in turn: its stand-in is the first of its children in that
-    stripe's draw, so a peer whose id sorts first (one can be ground) does not stand in for
-    every lost stripe. In peer id order "r0" stood in for the 6 stripes it is a child in."""
+def test_the_stand_ins_are_drawn_per_version_not_the_lowest_peer_id():
+    """Each stripe's root lost in turn: its stand-in is the first of its children in the
+    version's draw, so a peer whose id sorts first (one can be ground) is not the stand-in of
+    every version. In peer id order "r0" stood in for the 6 stripes it is a child in."""
     plan = _relay(RELAYS[0])[0]._versions[1].plan
     stand_ins = {}
     for stripe in range(plan.stripes):
