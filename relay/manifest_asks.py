@@ -164,9 +164,9 @@ class ManifestAsks:
     def _after_failure(self, now: float, version: int, asked: _Ask, sender: str, holds_all: bool,
                        effects: list[Any]) -> None:
         """`sender` named `version`, whose last ask failed: it joins the holders remembered, and
-        the first of them (a member first, then first named first: `_ask_another`) is asked, not
-        `sender` itself unless it is that one, when a `Holding` would have asked before the
-        failure (`manifest_retry_s` after the last ask) or a member's asks instead (within
+        the first of them (a member first, then the one whose ask failed longest ago, then first
+        named: `_ask_another`) is asked, not `sender` itself unless it is that one, when a
+        `Holding` would have asked before the failure (`manifest_retry_s` after the last ask) or a member's asks instead (within
         `_spend`'s bound). So holders that name the version again and again cannot jump the line
         of those remembered, which a `Holding` seldom renews, nor spend its asks ahead of them.
         A `Holding` that asks nothing puts an ask off (see the top): a stranger's, usable, to
@@ -242,9 +242,12 @@ class ManifestAsks:
     def _usable_for(self, now: float, version: int, peer: str) -> bool:
         """Whether `peer` may be asked for `version`'s manifest: usable (`_usable`), and it has not
         declined an ask of it in the last `exclude_s` (`manifest_declined`: as if excluded)."""
+        return self._usable(now, peer) and now - self._declined_at(version, peer) >= self.config.exclude_s
+
+    def _declined_at(self, version: int, peer: str) -> float:
+        """When `peer` last declined an ask of `version` (`manifest_declined`; -inf: not of late)."""
         others = self._manifest_others.get(version)
-        declined = others.declined.get(peer, -math.inf) if others is not None else -math.inf
-        return self._usable(now, peer) and now - declined >= self.config.exclude_s
+        return others.declined.get(peer, -math.inf) if others is not None else -math.inf
 
     def _put_off(self, version: int) -> bool:
         """Whether an ask of `version` is put off until `_spend`'s bound allows one (`_ask_another`)."""
@@ -288,9 +291,7 @@ class ManifestAsks:
     def _usable_from(self, now: float, version: int, peer: str) -> float:
         """When `peer`'s exclusion ends, from us or, having declined an ask of it, for `version`
         (`_usable_for`); `now` or before if it has none."""
-        others = self._manifest_others.get(version)
-        declined = others.declined.get(peer, -math.inf) if others is not None else -math.inf
-        return max(self._excluded.get(peer, now), declined + self.config.exclude_s)
+        return max(self._excluded.get(peer, now), self._declined_at(version, peer) + self.config.exclude_s)
 
     def _drop_asks(self, version: int) -> _Ask | None:
         """Forget the asks of `version` (its manifest came, or it was forgotten): the one made,
