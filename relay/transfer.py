@@ -477,6 +477,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             "versions": self.complete_versions(),
             "progress": [self.progress(now, n) for n in sorted(self._versions)],
             "members": len(self._members),
+            "serving_members": sum(1 for upload in self._members.uploads.values() if upload > 0),  # parents to plan
             "excluded": sorted(p for p, until in self._excluded.items() if until > now),
             "banned": sorted(self._banned),
             "rejected_manifests": self.rejected_manifests,

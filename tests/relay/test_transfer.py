@@ -137,6 +137,19 @@ def test_a_request_the_shell_finds_held_is_settled_though_a_dropped_source_told_
     assert c._in_flight == 0
 
 
+def test_the_status_counts_the_members_the_plan_may_make_parents_not_those_nobody_can_dial():
+    """`serving_members` (what the lab waits on before it publishes) counts the members with an
+    upload > 0, this peer included: one that others cannot dial (0) is a member but a leaf only,
+    and it counts once it is dialable."""
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "a": 1e8, "nat": 0.0})
+    assert (c.status(0.0)["members"], c.status(0.0)["serving_members"]) == (4, 3)
+    c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    assert "nat" not in {p for parents in c._versions[1].plan.parent for p in parents.values()}
+    c.set_members(1.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, "a": 1e8, "nat": 1e8})
+    assert (c.status(1.0)["members"], c.status(1.0)["serving_members"]) == (4, 4)
+
+
 @pytest.mark.parametrize("others", [3, 40])  # fewer and more members than the origin serves at once
 def test_relays_whose_views_lack_the_origin_plan_a_version_alike_whatever_their_own_upload(others):
     """Two relays that have not heard the origin's heartbeat yet, with the same view otherwise,
