@@ -263,8 +263,8 @@ class SourceJudgement:
         delivery against the members' own planned uploads: a fast origin, or one whose child's
         download binds, delivers more than the members could give, and is kept."""
         plan = v.plan
-        if plan is None or not 0 <= stripe < plan.stripes:
-            return False
+        if plan is None or not 0 <= stripe < plan.stripes or self.config.layout != "striped":
+            return False  # (the baselines, a star and one tree, keep their shape)
         origin = plan.origin
         if plan.parent[stripe].get(self.self_id) != origin or self._samples.get(origin, 0) < SLOW_MIN_SAMPLES:
             return False

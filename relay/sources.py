@@ -229,9 +229,11 @@ class SourceChoice:
         cycle), else one ranked before us; where the plan has none, the member whose home
         stripe it is (they borrow from nobody there). The origin stays behind it in our chain:
         if the forwarder is dropped, the chain is the plan's again (`_chain`). With no usable
-        forwarder, nothing changes. Requests already asked of the origin stay with it."""
+        forwarder, nothing changes. Requests already asked of the origin stay with it. Only in
+        striped plans: the baselines (a star, one tree, the swarm) keep their shape."""
         plan = v.plan
-        assert plan is not None
+        if plan is None or self.config.layout != "striped":
+            return
         for stripe, chain in enumerate(v.chains):
             if not chain or chain[0] != plan.origin or not self._origin_feeds_too_little(v, stripe):
                 continue
