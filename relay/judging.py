@@ -125,6 +125,11 @@ simulator, the copies past one being the requests every relay had sent it before
 chunks (16 relays of 3-25 MB/s: 112.9 s and 13.46 copies -> 14.2 s and 1.64). A fast origin, or
 one whose children's downloads bind, delivers more than the members could give and is kept
 (the same relays under a 1 GB/s origin telling the truth: 5.00 copies, its bytes' time, as before).
+A forwarder we took in its place is judged from its first chunk against what the origin
+delivered us (`_short_of_origin`): one that delivers what the plan counts on delivers at least
+twice that; one that does not drew our requests away from the origin, and judged as any parent,
+after 3 chunks shared by all who moved to it, a forwarder sending 20 KB/s held each of 5
+members for 38-55 s (the version: 55.3 s against 43.3 s with the origin kept).
 
 A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
 slow when it delivers us under a quarter of what the plan gave each of its children (its planned
@@ -237,7 +242,11 @@ class SourceJudgement:
         if v.plan is None:
             return False
         chain = v.chains[stripe]
-        if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
+        if not chain or chain[0] != peer or peer == v.plan.origin:
+            return False
+        if chain[1:] == [v.plan.origin] and v.plan.parent[stripe].get(self.self_id) == v.plan.origin:
+            return self._short_of_origin(now, v, peer)  # (a forwarder taken in place of the origin)
+        if self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
         planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(now, v))
@@ -274,6 +283,15 @@ class SourceJudgement:
         planned = self._members.planned
         members_bps = sum(planned.get(p, 0.0) for p in forwarders) / max(len(self._members), 1)
         return self._rates[origin] * self.config.window_per_source < SLOW_RATIO * members_bps
+
+    def _short_of_origin(self, now: float, v: _Version, peer: str) -> bool:
+        """Whether `peer`, a forwarder we took in place of the origin (`relay.sources`,
+        `_leave_origin`), delivers us less than the origin did when we left it, from its first
+        timed chunk on, and the origin can take the stripe back (see the top). One delivering
+        what the plan counts on delivers at least twice that: we left an origin delivering
+        under a quarter of the forwarders' planned upload per member."""
+        origin = v.plan.origin  # type: ignore[union-attr]
+        return self._rates[peer] < self._rates.get(origin, 0.0) and self._usable(now, origin)
 
     def _stripe_feed_bps(self, now: float, v: _Version) -> float:
         """The rate a stripe of `v` enters the network at: the origin's advertised upload over

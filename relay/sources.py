@@ -72,8 +72,9 @@ a home uplink) is left, stripe by stripe, for a forwarder of the stripe where th
 parent (`_leave_origin`, judged in `relay.judging`): an interior member (`_substitute`; any of
 them from a leaf, which nobody borrows from), or where the plan gave the stripe none, the member
 whose home stripe it is (`_forwarders`). The origin stays behind it in our chain, and is what
-replaces it if it is judged slow (`_replaceable`), so a forwarder that delivers too little gains
-nothing by it.
+replaces it if it is judged slow (`_replaceable`; from its first chunk, against what the origin
+delivered us: `relay.judging`, `_short_of_origin`), and a forwarder once judged slow is not taken
+in the origin's place again, so a forwarder that delivers too little gains nothing by it.
 
 Whatever dropped our chain (a stall included), the origin is asked only after others when it
 is not our planned parent (`_instead_of_origin`): a chain member dropped as slow, a peer we
@@ -239,9 +240,10 @@ class SourceChoice:
                 continue
             if plan.ranked_interior(stripe):
                 below = (len(chain), self.self_id) if plan.fanout[stripe].get(self.self_id, 0) > 0 else None
-                pick = self._substitute(now, plan, stripe, below)
+                pick = self._substitute(now, plan, stripe, below, avoid=self._slow)
             else:
-                pick = next((p for p in self._forwarders(plan, stripe)[0] if self._usable(now, p)), None)
+                pick = next((p for p in self._forwarders(plan, stripe)[0]
+                             if p not in self._slow and self._usable(now, p)), None)
             if pick is not None:
                 v.chains[stripe] = [pick] + chain
 

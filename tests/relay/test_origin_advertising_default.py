@@ -24,7 +24,8 @@ CONFIG = TransferConfig(stall_timeout_s=30.0, exclude_s=60.0, announce_interval_
 
 
 def _world(relays: int, upload_mbit: tuple[float, float], origin_mbit: float, origin_advertises: float | None,
-           lying: dict[int, tuple[float | None, float]] | None = None, mib: int = 24) -> BroadcastSim:
+           lying: dict[int, tuple[float | None, float]] | None = None, mib: int = 24,
+           config: TransferConfig = CONFIG) -> BroadcastSim:
     """The lab's world in the simulator: `relays` relays with uploads drawn from `upload_mbit`
     (seed 1) and 4x as much download, each advertising its upload, under an origin whose link
     carries `origin_mbit` and that advertises `origin_advertises` (None: its link); `lying`:
@@ -35,7 +36,7 @@ def _world(relays: int, upload_mbit: tuple[float, float], origin_mbit: float, or
     drawn, downs = iter(ups), iter([4 * u for u in ups])
     sim = build_broadcast(relays, mib * 2**20, upload_bps=lambda r: next(drawn), origin_upload_bps=origin_mbit * MBIT,
                           download_bps=lambda r: next(downs), strategy="relay", chunk_bytes=64 * 1024,
-                          latency_s=0.0002, config=CONFIG, pace_uploads=True)
+                          latency_s=0.0002, config=config, pace_uploads=True)
     advertised = dict(sim.uploads)
     if origin_advertises is not None:
         advertised[sim.origin] = origin_advertises
@@ -111,3 +112,66 @@ def test_a_forwarder_taken_in_place_of_the_origin_that_delivers_too_little_gives
     assert len(borrowed) >= 3
     assert [p for p in borrowed if sim.cores[p]._versions[1].chains[stripe][0] == liar] == []
     assert all(liar in sim.cores[p]._slow for p in borrowed)
+
+
+def test_home_members_of_a_stripe_with_no_forwarder_keep_the_origin():
+    """4 relays of 3-25 MB/s in 2 stripes under the origin advertising the default: its claim
+    outweighs every member, so the plan gives each stripe no forwarder and two home members,
+    both children of the origin. The members of the other stripe leave the origin for them;
+    they keep taking their home stripe from the origin whatever it delivers (`relay.sources`,
+    `_forwarders`: all of them keepers). Were each to leave it for the other, each would wait
+    on a stripe the other never gets until the stall rule dropped it, and both would finish
+    their home stripe from a source that has none of it (the chain's head stays the other)."""
+    config = TransferConfig(stall_timeout_s=30.0, exclude_s=60.0, announce_interval_s=1.0, max_in_flight=16, stripes=2)
+    sim = _world(4, (25.0, 200.0), 24.0, DEFAULT_BPS, mib=8, config=config)
+    run_broadcast_sim(sim)
+    assert sim.done()
+    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
+    assert plan.stripes == 2 and all(plan.ranked_interior(s) == () for s in range(2))
+    for s in range(2):
+        home = [p for p in sim.peer_ids if plan.home[p] == s]
+        assert len(home) == 2
+        for peer in home:
+            assert sim.cores[peer]._versions[1].chains[s][0] == sim.origin, (peer, s)
+            assert not any(p in sim.cores[peer]._excluded for p in home), (peer, s)
+    others_borrowed = [p for p in sim.peer_ids if sim.cores[p]._versions[1].chains[1 - plan.home[p]][0] != sim.origin]
+    assert others_borrowed  # the rule did fire for the members of the other stripe
+
+
+@pytest.mark.parametrize("exclude_s", [60.0, 5.0])
+def test_a_forwarder_taken_in_place_of_the_origin_is_judged_on_its_first_chunk(exclude_s):
+    """The same world with the forwarder's link at 20 KB/s, advertising its drawn 44 MB/s: the
+    members that left the origin for it judge it against what the origin delivered them, from
+    its first chunk (`relay.judging`, `_short_of_origin`), and never take it in the origin's
+    place again (`relay.sources`, `_leave_origin`). Judged as any parent, after 3 chunks shared
+    by the 5 members that moved to it, each waited 38-55 s on it, and the version took 55.3 s
+    instead of 43.3 s with the origin kept. With its exclusion over (5 s) long before the
+    version is, it is still not taken again."""
+    config = TransferConfig(stall_timeout_s=30.0, exclude_s=exclude_s, announce_interval_s=1.0, max_in_flight=16)
+    sim = _world(6, (200.0, 400.0), 24.0, DEFAULT_BPS, lying={2: (None, 20e3)}, config=config)
+    liar = sim.peer_ids[2]
+    run_broadcast_sim(sim)
+    assert sim.done()
+    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
+    stripe = plan.home[liar]
+    borrowed = [p for p in sim.peer_ids if p != liar and plan.parent[stripe][p] == sim.origin]
+    assert len(borrowed) >= 3
+    for peer in borrowed:
+        core = sim.cores[peer]
+        assert liar in core._slow and core._versions[1].chains[stripe][0] != liar, peer
+        assert core._samples[liar] < 3, peer  # (chunks it timed from the liar)
+
+
+def test_a_forwarder_taken_in_place_of_the_origin_that_sends_nothing_gives_the_stripe_back():
+    """The forwarder's link carries (next to) nothing: no chunk from it is ever timed, and the
+    members that moved to it drop it when their requests stall (`stall_timeout_s`); the stripe
+    is the origin's again in their chains and they finish it there."""
+    sim = _world(6, (200.0, 400.0), 24.0, DEFAULT_BPS, lying={2: (None, 1.0)})
+    liar = sim.peer_ids[2]
+    run_broadcast_sim(sim)
+    assert sim.done()
+    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
+    stripe = plan.home[liar]
+    borrowed = [p for p in sim.peer_ids if p != liar and plan.parent[stripe][p] == sim.origin]
+    assert len(borrowed) >= 3
+    assert [p for p in borrowed if sim.cores[p]._versions[1].chains[stripe][0] == liar] == []
