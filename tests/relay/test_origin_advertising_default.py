@@ -161,17 +161,3 @@ def test_a_forwarder_taken_in_place_of_the_origin_is_judged_on_its_first_chunk(e
         assert liar in core._slow and core._versions[1].chains[stripe][0] != liar, peer
         assert core._samples[liar] < 3, peer  # (chunks it timed from the liar)
 
-
-def test_a_forwarder_taken_in_place_of_the_origin_that_sends_nothing_gives_the_stripe_back():
-    """The forwarder's link carries (next to) nothing: no chunk from it is ever timed, and the
-    members that moved to it drop it when their requests stall (`stall_timeout_s`); the stripe
-    is the origin's again in their chains and they finish it there."""
-    sim = _world(6, (200.0, 400.0), 24.0, DEFAULT_BPS, lying={2: (None, 1.0)})
-    liar = sim.peer_ids[2]
-    run_broadcast_sim(sim)
-    assert sim.done()
-    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
-    stripe = plan.home[liar]
-    borrowed = [p for p in sim.peer_ids if p != liar and plan.parent[stripe][p] == sim.origin]
-    assert len(borrowed) >= 3
-    assert [p for p in borrowed if sim.cores[p]._versions[1].chains[stripe][0] == liar] == []
