@@ -73,8 +73,8 @@ parent (`_leave_origin`, judged in `relay.judging`): an interior member (`_subst
 them from a leaf, which nobody borrows from), or where the plan gave the stripe none, the member
 whose home stripe it is (`_forwarders`). The origin stays behind it in our chain, and is what
 replaces it if it is judged slow (`_replaceable`; from its first chunk, against what the origin
-delivered us: `relay.judging`, `_short_of_origin`), and a forwarder once judged slow is not taken
-in the origin's place again, so a forwarder that delivers too little gains nothing by it.
+delivered us: `relay.judging`, `_short_of_origin`), so a forwarder that delivers too little
+gains nothing by it.
 
 Whatever dropped our chain (a stall included), the origin is asked only after others when it
 is not our planned parent (`_instead_of_origin`): a chain member dropped as slow, a peer we
@@ -240,10 +240,9 @@ class SourceChoice:
                 continue
             if plan.ranked_interior(stripe):
                 below = (len(chain), self.self_id) if plan.fanout[stripe].get(self.self_id, 0) > 0 else None
-                pick = self._substitute(now, plan, stripe, below, avoid=self._slow)
+                pick = self._substitute(now, plan, stripe, below)
             else:
-                pick = next((p for p in self._forwarders(plan, stripe)[0]
-                             if p not in self._slow and self._usable(now, p)), None)
+                pick = next((p for p in self._forwarders(plan, stripe)[0] if self._usable(now, p)), None)
             if pick is not None:
                 v.chains[stripe] = [pick] + chain
 
