@@ -94,14 +94,11 @@ def test_an_origin_that_delivers_what_it_advertises_stays_every_members_parent()
     assert _origin_copies(sim) > 4.5
 
 
-def test_a_forwarder_taken_in_place_of_the_origin_that_delivers_too_little_gives_the_stripe_back():
-    """Under the origin advertising the default, a relay advertises its drawn upload (44 MB/s,
-    its stripe's only forwarder) and its link carries 0.2 MB/s. The members the plan made
-    children of the origin in its stripe leave the origin for it, judge it slow and take that
-    stripe from the origin again, their planned parent (`relay.sources`, `_replaceable`):
-    nobody keeps it as its source, whereas without the origin counted as its replacement they
-    could not drop it and kept it to the end."""
-    sim = _world(6, (200.0, 400.0), 24.0, DEFAULT_BPS, lying={2: (None, 0.2e6)})
+def _forwarder_sending(real_bps: float) -> tuple[BroadcastSim, str, int, list[str]]:
+    """The 6 relays under the origin advertising the default, one of them (its stripe's only
+    forwarder, 44 MB/s advertised) sending `real_bps`, run to the end: the sim, that relay, its
+    stripe and the members the plan made children of the origin there."""
+    sim = _world(6, (200.0, 400.0), 24.0, DEFAULT_BPS, lying={2: (None, real_bps)})
     liar = sim.peer_ids[2]
     run_broadcast_sim(sim)
     assert sim.done()
@@ -110,6 +107,17 @@ def test_a_forwarder_taken_in_place_of_the_origin_that_delivers_too_little_gives
     assert [p for p, _ in plan.ranked_interior(stripe)] == [liar]
     borrowed = [p for p in sim.peer_ids if p != liar and plan.parent[stripe][p] == sim.origin]
     assert len(borrowed) >= 3
+    return sim, liar, stripe, borrowed
+
+
+def test_a_forwarder_taken_in_place_of_the_origin_that_delivers_too_little_gives_the_stripe_back():
+    """Under the origin advertising the default, a relay advertises its drawn upload (44 MB/s,
+    its stripe's only forwarder) and its link carries 0.2 MB/s. The members the plan made
+    children of the origin in its stripe leave the origin for it, judge it slow and take that
+    stripe from the origin again, their planned parent (`relay.sources`, `_replaceable`):
+    nobody keeps it as its source, whereas without the origin counted as its replacement they
+    could not drop it and kept it to the end."""
+    sim, liar, stripe, borrowed = _forwarder_sending(0.2e6)
     assert [p for p in borrowed if sim.cores[p]._versions[1].chains[stripe][0] == liar] == []
     assert all(liar in sim.cores[p]._slow for p in borrowed)
 
@@ -142,17 +150,10 @@ def test_a_forwarder_taken_in_place_of_the_origin_is_judged_on_its_first_chunk()
     """The same world with the forwarder's link at 20 KB/s, advertising its drawn 44 MB/s: the
     members that left the origin for it judge it against what the origin delivered them, from
     its first chunk (`relay.judging`, `_short_of_origin`) and take the stripe from the origin
-    again. Judged as any parent, after 3 chunks shared
-    by the 5 members that moved to it, each waited 38-55 s on it, and the version took 55.3 s
-    instead of 43.3 s with the origin kept (now 38.8 s)."""
-    sim = _world(6, (200.0, 400.0), 24.0, DEFAULT_BPS, lying={2: (None, 20e3)})
-    liar = sim.peer_ids[2]
-    run_broadcast_sim(sim)
-    assert sim.done()
-    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
-    stripe = plan.home[liar]
-    borrowed = [p for p in sim.peer_ids if p != liar and plan.parent[stripe][p] == sim.origin]
-    assert len(borrowed) >= 3
+    again. Judged as any parent, after 3 chunks shared by the 5 members that moved to it, each
+    waited 38-55 s on it, and the version took 55.3 s instead of 43.3 s with the origin kept
+    (now 38.8 s)."""
+    sim, liar, stripe, borrowed = _forwarder_sending(20e3)
     for peer in borrowed:
         core = sim.cores[peer]
         assert liar in core._slow and core._versions[1].chains[stripe][0] != liar, peer
