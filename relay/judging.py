@@ -111,6 +111,26 @@ changes (`sim run broadcast`, 1,000 relays, seed 1: 20.276155 s, every relay's t
 `--symmetric`, every upload alike and 10% of relays at half theirs: 80.032839 s, as with no
 feed figure: with one timed until the end, 80.034058).
 
+The origin itself is judged where the plan made it our parent and a member forwards the stripe
+(`_origin_feeds_too_little`): it is never dropped (it holds every chunk first, and feeds the
+stripes' roots), but when it delivers us under half of what the stripe's forwarders could give
+each member by their planned uploads, we take that stripe from a forwarder instead
+(`relay.sources`, `_leave_origin`), its first forwarder aside, which keeps taking it from the
+origin. A trainer started without `--upload-bps` advertises the default (1 GB/s) on whatever
+uplink it has; among relays advertising their caps the plan took it for the fastest member by far
+and made it the parent of 5 of the 6 members in every stripe, and nothing moved them off it: the
+lab (6 relays of 28-46 MB/s, the origin's link 3 MB/s, 24 MiB in 64 KiB chunks) took 42.8 s and
+the origin served 5.00 copies (the simulator: 41.9 s, 5.00); now 9.6 s and 1.14 copies in the
+simulator, the copies past one being the requests every relay had sent it before timing 3 of its
+chunks (16 relays of 3-25 MB/s: 112.9 s and 13.46 copies -> 14.2 s and 1.64). A fast origin, or
+one whose children's downloads bind, delivers more than the members could give and is kept
+(the same relays under a 1 GB/s origin telling the truth: 5.00 copies, its bytes' time, as before).
+A forwarder we took in its place is judged from its first chunk against what the origin
+delivered us (`_short_of_origin`): one that delivers what the plan counts on delivers at least
+twice that; one that does not drew our requests away from the origin, and judged as any parent,
+after 3 chunks shared by all who moved to it, a forwarder sending 20 KB/s held each of 5
+members for 38-55 s (the version: 55.3 s against 43.3 s with the origin kept).
+
 A parent whose claim the plan capped is judged against that claim too (`_short_of_claim`): it is
 slow when it delivers us under a quarter of what the plan gave each of its children (its planned
 upload over its planned fan-out: about the stripe's per-child rate, as for any parent) and under
@@ -205,6 +225,7 @@ class SourceJudgement:
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _usable(self, now: float, peer: str) -> bool: ...
         def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool: ...
+        def _forwarders(self, plan: StripePlan, stripe: int) -> tuple[tuple[str, ...], int]: ...
 
     def _delivers_too_little(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
         """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
@@ -221,7 +242,11 @@ class SourceJudgement:
         if v.plan is None:
             return False
         chain = v.chains[stripe]
-        if not chain or chain[0] != peer or peer == v.plan.origin or self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
+        if not chain or chain[0] != peer or peer == v.plan.origin:
+            return False
+        if chain[1:] == [v.plan.origin] and v.plan.parent[stripe].get(self.self_id) == v.plan.origin:
+            return self._short_of_origin(now, v, peer)  # (a forwarder taken in place of the origin)
+        if self._samples.get(peer, 0) < SLOW_MIN_SAMPLES:
             return False
         rate = self._rates[peer]
         planned = min(v.plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(now, v))
@@ -237,6 +262,36 @@ class SourceJudgement:
                 rate < SLOW_RATIO * others[len(others) // 2][0] or rate < FASTEST_RATIO * fastest):
             return self._replaceable(now, v.plan, stripe, peer)
         return False
+
+    def _origin_feeds_too_little(self, v: _Version, stripe: int) -> bool:
+        """Whether the origin, our planned parent in `stripe`, delivers us (a window of requests)
+        under half of what the stripe's forwarders (`relay.sources`, `_forwarders`) could give
+        each member by the uploads the plan counts on, once `SLOW_MIN_SAMPLES` of its chunks are
+        timed, and we are not a forwarder that takes the stripe from the origin whatever it
+        delivers (see the top: an origin that advertises more than it has). Judged on measured
+        delivery against the members' own planned uploads: a fast origin, or one whose child's
+        download binds, delivers more than the members could give, and is kept."""
+        plan = v.plan
+        if plan is None or not 0 <= stripe < plan.stripes or self.config.layout != "striped":
+            return False  # (the baselines, a star and one tree, keep their shape)
+        origin = plan.origin
+        if plan.parent[stripe].get(self.self_id) != origin or self._samples.get(origin, 0) < SLOW_MIN_SAMPLES:
+            return False
+        forwarders, keepers = self._forwarders(plan, stripe)
+        if not forwarders or self.self_id in forwarders[:keepers]:
+            return False
+        planned = self._members.planned
+        members_bps = sum(planned.get(p, 0.0) for p in forwarders) / max(len(self._members), 1)
+        return self._rates[origin] * self.config.window_per_source < SLOW_RATIO * members_bps
+
+    def _short_of_origin(self, now: float, v: _Version, peer: str) -> bool:
+        """Whether `peer`, a forwarder we took in place of the origin (`relay.sources`,
+        `_leave_origin`), delivers us less than the origin did when we left it, from its first
+        timed chunk on, and the origin can take the stripe back (see the top). One delivering
+        what the plan counts on delivers at least twice that: we left an origin delivering
+        under a quarter of the forwarders' planned upload per member."""
+        origin = v.plan.origin  # type: ignore[union-attr]
+        return self._rates[peer] < self._rates.get(origin, 0.0) and self._usable(now, origin)
 
     def _stripe_feed_bps(self, now: float, v: _Version) -> float:
         """The rate a stripe of `v` enters the network at: the origin's advertised upload over

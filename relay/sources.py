@@ -67,6 +67,15 @@ stripe of every version. Measured (8 real relays, the publisher capped at 3 MB/s
 64 KiB chunks, two roots killed mid-version and one banned for corrupting; in peer id order):
 2.55 copies from the origin and 13.6 s, with the stand-in 1.16 copies and 5.8 s.
 
+An origin that delivers far less than it advertises (a trainer advertising the default upload on
+a home uplink) is left, stripe by stripe, for a forwarder of the stripe where the plan made it our
+parent (`_leave_origin`, judged in `relay.judging`): an interior member (`_substitute`; any of
+them from a leaf, which nobody borrows from), or where the plan gave the stripe none, the member
+whose home stripe it is (`_forwarders`). The origin stays behind it in our chain, and is what
+replaces it if it is judged slow (`_replaceable`; from its first chunk, against what the origin
+delivered us: `relay.judging`, `_short_of_origin`), so a forwarder that delivers too little
+gains nothing by it.
+
 Whatever dropped our chain (a stall included), the origin is asked only after others when it
 is not our planned parent (`_instead_of_origin`): a chain member dropped as slow, a peer we
 measured that holds the whole version, then members ranked before us in the stripe (their
@@ -149,6 +158,7 @@ class SourceChoice:
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _usable(self, now: float, peer: str) -> bool: ...
         def _next_index(self, v: _Version, stripe: int) -> tuple[int | None, bool]: ...
+        def _origin_feeds_too_little(self, v: _Version, stripe: int) -> bool: ...
 
     def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
                     lost: str | None = None, skip: str | None = None, avoid: Any = (),
@@ -212,6 +222,44 @@ class SourceChoice:
             current = parents.get(current)
         return True
 
+    def _leave_origin(self, now: float, v: _Version) -> None:
+        """In each stripe where the origin is our planned parent and delivers too little
+        (`relay.judging`, `_origin_feeds_too_little`; see the top), take the stripe from a
+        forwarder of it (`_forwarders`) instead: an interior member (`_substitute`), any of
+        them if we forward nothing of the stripe ourselves (nobody borrows from a leaf: no
+        cycle), else one ranked before us; where the plan has none, the member whose home
+        stripe it is (they borrow from nobody there). The origin stays behind it in our chain:
+        if the forwarder is dropped, the chain is the plan's again (`_chain`). With no usable
+        forwarder, nothing changes. Requests already asked of the origin stay with it. Only in
+        striped plans: the baselines (a star, one tree, the swarm) keep their shape."""
+        plan = v.plan
+        if plan is None or self.config.layout != "striped":
+            return
+        for stripe, chain in enumerate(v.chains):
+            if not chain or chain[0] != plan.origin or not self._origin_feeds_too_little(v, stripe):
+                continue
+            if plan.ranked_interior(stripe):
+                below = (len(chain), self.self_id) if plan.fanout[stripe].get(self.self_id, 0) > 0 else None
+                pick = self._substitute(now, plan, stripe, below)
+            else:
+                pick = next((p for p in self._forwarders(plan, stripe)[0] if self._usable(now, p)), None)
+            if pick is not None:
+                v.chains[stripe] = [pick] + chain
+
+    def _forwarders(self, plan: StripePlan, stripe: int) -> tuple[tuple[str, ...], int]:
+        """The members that forward `stripe` in `plan`, and how many of the first of them take
+        it from the origin whatever it delivers (`_leave_origin`): its interior members in
+        ranked order, the first of them; where the plan made every member a child of the origin
+        (its claim outweighing theirs), the serving members whose home stripe it is, the most
+        planned upload first, all of them. O(members) in that case only."""
+        ranked = plan.ranked_interior(stripe)
+        if ranked:
+            return tuple(p for p, _ in ranked), 1
+        planned = self._members.planned
+        home = sorted((p for p, s in plan.home.items() if s == stripe and planned.get(p, 0.0) > 0),
+                      key=lambda p: (-planned[p], p))
+        return tuple(home), len(home)
+
     def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool:
         """Whether someone could take over from `peer`, our source in `stripe`: a substitute
         (see the top) or a usable planned ancestor other than the origin; or, for the
@@ -220,6 +268,8 @@ class SourceChoice:
         planned = plan.ancestors(stripe, self.self_id)
         if planned and planned[0] == peer and self._first_child_of_root(plan, stripe, planned):
             return self._usable(now, plan.origin)  # only the origin can take over the stripe from its root
+        if planned == [plan.origin]:  # a forwarder we took in place of the origin (`_leave_origin`)
+            return self._usable(now, plan.origin)
         if any(p != peer and p != plan.origin and self._usable(now, p) for p in planned):
             return True
         below = (len(planned), self.self_id) if planned else None

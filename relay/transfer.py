@@ -355,6 +355,8 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
                 effects.append(DropSource(peer))
                 if moved:  # a chunk of another stripe asked of it (`asked_for`) went back to that
                     stripe = None  # stripe's queue: pump them all (pumping all on every drop: 1% missed 1.06x -> 1.09x)
+            elif stripe is not None and peer == v.signed.publisher:
+                self._leave_origin(now, v)  # where it delivers too little, forwarders feed us instead
         if not v.have[index]:
             v.have[index] = 1
             v.have_count += 1
