@@ -426,5 +426,6 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
                 "encoding": self.config.encoding, "inner_steps": self.config.inner_steps,
                 "values": state.weights.numel() if state else 0, "state_via": self.state_via or "",
                 "state_via_counts": dict(self.state_via_counts), "with_outer_state": self.with_outer_state[-20:],
-                "outer_state_bytes": self.outer_state_bytes}
+                "outer_state_bytes": self.outer_state_bytes, "state_holds": self.holds_status(),
+                "state_asks_refused": self.state_asks_refused}
 

@@ -11,7 +11,8 @@ Mixed into `trainer.diloco_serving.DilocoServing` (`AnsweringState`), whose `_on
 request and calls these; `trainer.diloco_role.DilocoRole` calls `_state_moved` as its state moves,
 and `trainer.diloco_catchup` `state_due`. These methods read the role's `node`, `config`, `state`,
 `history` and `inbox` (whose members we know: `_of_group`), and keep what they hold (`holding`,
-`strangers_held`, `state_moved`). Their log lines go to the role's
+`strangers_held`, `state_moved`) and count the requests refused for room (`refused_members`,
+`refused_strangers`; `holds_status`, shown in the role's `status()`). Their log lines go to the role's
 logger. They must not read other frames of the connection than the request, nor decide rounds.
 """
 
@@ -89,6 +90,10 @@ class AnsweringState:
     # place: no host need set them)
     holding: frozenset[str] = frozenset()
     strangers_held: frozenset[str] = frozenset()
+    # the StateRequests refused for room (`HoldsFull`) since we started, of askers of our group and
+    # of strangers (`_of_group`), for `holds_status` (class defaults, replaced: no host need set them)
+    refused_members: int = 0
+    refused_strangers: int = 0
 
     def state_due(self, start: float, values: int) -> float:
         """When the state's first `values` values are due, for a transfer that began at `start`:
@@ -127,6 +132,10 @@ class AnsweringState:
         capped = stranger and bool(self.history)  # no round finished: no member of ours can be left out yet
         if len(self.holding) >= STATE_HOLDS or (capped and len(self.strangers_held) >= STRANGER_HOLDS):
             kept = 0 if len(self.holding) >= STATE_HOLDS else STATE_HOLDS - len(self.holding)
+            if stranger:
+                self.refused_strangers += 1
+            else:
+                self.refused_members += 1
             log.info("diloco: %s asks for the state after round %d; %d requests are held already%s: refused", peer,
                      round, len(self.holding), f", the {kept} places left kept for our group's members" if kept else "")
             return HoldsFull(round, len(self.holding), kept)
@@ -157,6 +166,17 @@ class AnsweringState:
         log.info("diloco: %s closed its connection while its request for the state after round %d was held",
                  peer, round)
         return None
+
+    def holds_status(self) -> dict[str, int]:
+        """What `status()` shows of our held StateRequests: the places in use (`held`, of them
+        `held_strangers`) of `places` (`STATE_HOLDS`, of them at most `stranger_places` for askers
+        not of our group once we finished a round), and the requests refused for room since we
+        started, of our group's members and of strangers (`HoldsFull`, or a bare close to an older
+        asker; `_hold`). Refusals of strangers while members' places stay free are the cap at
+        work; refusals of members mean every place was held."""
+        return {"held": len(self.holding), "held_strangers": len(self.strangers_held), "places": STATE_HOLDS,
+                "stranger_places": STRANGER_HOLDS, "refused_members": self.refused_members,
+                "refused_strangers": self.refused_strangers}
 
     def _of_group(self, peer: str) -> bool:
         """`peer` is of our group as far as we know here: a member of the last round we took part

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 import trio
 import trio.testing
 
+from p2pnet.control import ControlServer, call
 from p2pnet.dataplane import FrameReader, send_frame
 from p2pnet.errors import MessageRejected
 from p2pnet.identity import Identity
@@ -34,7 +36,7 @@ from trainer.diloco_catchup import JoinPath, StateRefused
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_local import GlobalState
 from trainer.diloco_messages import STATE_PIECE_VALUES, HoldsFull, StatePiece, StateRequest
-from trainer.diloco_role import MAX_FRAME_BYTES, DilocoRole
+from trainer.diloco_role import MAX_FRAME_BYTES, DilocoRole, Phase
 from trainer.diloco_state_answer import STATE_HOLD_DEADLINES, STATE_HOLDS, STRANGER_HOLDS
 
 DEADLINE_S, ROUNDS = 10.0, 8
@@ -452,6 +454,76 @@ async def test_a_server_with_no_room_says_so_and_the_asker_takes_the_next_traine
             await stream.aclose()
     assert role.state.round == 4 and torch.equal(role.state.weights, weights)
     assert [f["from"] for f in role.fetched] == ["b free"]
+    assert role.state_asks_refused == 1  # (`status()` shows it: the test below)
     lines = [r.getMessage() for r in caplog.records if r.name == "trainer.diloco_role"]
     assert any(line.startswith("diloco: a full had no room to hold our request") for line in lines), lines
     assert not any("failed" in line for line in lines), lines
+
+
+async def _status(listener: Listener, control_dir: Path) -> dict[str, Any]:
+    """The listener role's `status()` as `p2pnet peer status --json` reads it: through a real
+    control socket, under `role_status` as `run_node`'s status command nests it (the role's other
+    fields, which `_serve` does not read, set to a fresh role's)."""
+    role = listener.role
+    for name, value in (("done", False), ("phase", Phase.STARTING), ("fetched", []), ("rejected", {}),
+                        ("suspects", set()), ("published", []), ("state_via", None), ("with_outer_state", []),
+                        ("outer_state_bytes", 0), ("state_via_counts", {path: 0 for path in JoinPath})):
+        if not hasattr(role, name):
+            setattr(role, name, value)
+    role.config.encoding, role.config.inner_steps = "int8", 1
+    control = ControlServer(control_dir)
+
+    async def status(request: dict[str, Any], reply: Any) -> dict[str, Any]:
+        return {"role_status": {"diloco": role.status()}}
+
+    control.register("status", status)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(control.serve)
+        answer = await call(control_dir, {"cmd": "status"})
+        nursery.cancel_scope.cancel()
+    return answer["role_status"]["diloco"]
+
+
+async def test_held_places_and_refusals_for_room_show_in_status(listener: Listener, tmp_path: Path) -> None:
+    """An operator sees the held requests' places in use and the requests refused for room, of
+    strangers and of members (`status()["state_holds"]`), and an asker how often it was refused
+    (`state_asks_refused`, in the test above's role): strangers fill their `STRANGER_HOLDS`
+    places and two more are refused; members fill the rest and one more member is refused; once
+    the askers leave, no place is in use and the refusals stay counted."""
+    _fast(listener, 1000.0)  # the hold's end far off: only the askers' leaving ends a hold
+    listener.plane.admit_peer = lambda peer: None  # every identity of our table
+    members = [Identity.from_seed_text(f"counted member {i}") for i in range(STATE_HOLDS - STRANGER_HOLDS + 1)]
+    listener.inbox.reserve(m.peer_id for m in members)
+    listener.role.history = [{"members": [ME.peer_id]}]  # a round of ours finished: strangers are capped
+    _at(listener, 3, values=4)
+    before = await _status(listener, tmp_path)
+    assert before["state_holds"] == {"held": 0, "held_strangers": 0, "places": STATE_HOLDS,
+                                     "stranger_places": STRANGER_HOLDS, "refused_members": 0, "refused_strangers": 0}
+    assert before["state_asks_refused"] == 0
+    held: list[trio.SocketStream] = []
+    try:
+        for i in range(STRANGER_HOLDS + 2):
+            stream = await _ask(listener, Identity.from_seed_text(f"counted stranger {i}"), 3, hears_full=True)
+            if i >= STRANGER_HOLDS:
+                async with stream:
+                    assert isinstance(await _refusal(stream), HoldsFull)
+                continue
+            held.append(stream)
+            await _until(lambda: len(listener.role.holding) == i + 1)  # noqa: B023 (awaited here)
+        for i, member in enumerate(members):
+            stream = await _ask(listener, member, 3, hears_full=True)
+            if i == len(members) - 1:
+                async with stream:
+                    assert await _refusal(stream) == HoldsFull(3, STATE_HOLDS, 0)
+                continue
+            held.append(stream)
+            await _until(lambda: len(listener.role.holding) == STRANGER_HOLDS + i + 1)  # noqa: B023 (awaited here)
+        full = await _status(listener, tmp_path)
+        assert full["state_holds"] == {"held": STATE_HOLDS, "held_strangers": STRANGER_HOLDS, "places": STATE_HOLDS,
+                                       "stranger_places": STRANGER_HOLDS, "refused_members": 1, "refused_strangers": 2}
+    finally:
+        for stream in held:
+            await stream.aclose()
+    await _until(lambda: not listener.role.holding)
+    after = await _status(listener, tmp_path)
+    assert after["state_holds"] == full["state_holds"] | {"held": 0, "held_strangers": 0}
