@@ -273,6 +273,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         self._state_moved()  # the StateRequests held for a later round than the last are answered
         inner.load(new_weights)
         contributors = sorted({p for shard in result.contributors for p in shard})
+        self.contributed = result.whole_contributors()  # of our group, for the held state requests' places
         eval_loss = await trio.to_thread.run_sync(inner.eval_loss)
         self.history.append({
             "round": state.round, "from_digest": digest(state.weights).hex(), "loss": round(eval_loss, 5), "train_loss": round(train_loss, 5),

@@ -281,3 +281,12 @@ def test_phase_and_join_path_read_as_their_text_wherever_they_are_shown():
     assert json.loads(json.dumps(shown)) == {"phase": "reduce", "state_via": "direct",
                                              "state_via_counts": {"relay": 1, "direct": 1}}
     assert f"{Phase.JOIN} {JoinPath.RELAY}" == "join relay" and Phase.DONE == "done"
+
+
+def test_the_whole_contributors_are_the_peers_every_shard_took():
+    """What marks a peer of an open group (`AnsweringState._of_group`): a contribution every shard
+    took, not one part of it (a peer whose part reached one shard's owner only), nor none."""
+    shards = (("a", "b", "c"), ("a", "c"), ("c", "d", "a"))
+    assert Finished(torch.zeros(1), shards).whole_contributors() == {"a", "c"}
+    assert Finished(torch.zeros(1), (("a",),)).whole_contributors() == {"a"}
+    assert Finished(torch.zeros(0), ()).whole_contributors() == frozenset()

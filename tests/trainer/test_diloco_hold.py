@@ -51,7 +51,7 @@ def _served(request: StateRequest, at_round: int = 3, moves: list[tuple[float, i
 
     async def main() -> None:
         role = DilocoRole.__new__(DilocoRole)
-        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=rounds)
+        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=rounds, trainers=())
         role.state = GlobalState(at_round, torch.zeros(4), torch.zeros(4))
         role.inbox, role.history = RoundInbox(), []  # (an open group, no round of ours yet: whom `_of_group` knows)
         role._note_heard = lambda peer: None
@@ -114,7 +114,7 @@ def test_a_move_wakes_every_held_request_and_the_next_hold_waits_for_the_next_mo
 
     async def main() -> None:
         role = DilocoRole.__new__(DilocoRole)
-        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=ROUNDS)
+        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=ROUNDS, trainers=())
         role.state = GlobalState(3, torch.zeros(4), torch.zeros(4))
         role.inbox, role.history = RoundInbox(), []
         role._note_heard = lambda peer: None

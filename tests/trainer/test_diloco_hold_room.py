@@ -64,40 +64,70 @@ async def _refusal(stream: trio.SocketStream) -> object:
     return Codec(None).decode(frame or b"", time.time()).body
 
 
-@pytest.mark.parametrize("known", ["reserved", "last round"])
+async def _strangers_fill_their_places(listener: Listener, held: list[trio.SocketStream]) -> None:
+    """`STATE_HOLDS` strangers ask for the state after our round 3: the first `STRANGER_HOLDS`
+    are held (their connections kept in `held`), the rest refused, naming the places kept."""
+    for i in range(STATE_HOLDS):  # strangers: as many as there are places
+        stranger = Identity.from_seed_text(f"stranger {i}")
+        stream = await _ask(listener, stranger, 3, hears_full=True)
+        if i >= STRANGER_HOLDS:
+            async with stream:
+                kept = STATE_HOLDS - STRANGER_HOLDS  # the places only a member takes
+                assert await _refusal(stream) == HoldsFull(3, STRANGER_HOLDS, kept)
+            continue
+        held.append(stream)
+        await _until(lambda: stranger.peer_id in listener.role.holding)  # noqa: B023 (awaited here)
+
+
 async def test_strangers_holding_every_place_they_may_take_leave_a_members_request_held_and_served(
-        listener: Listener, known: str) -> None:
+        listener: Listener) -> None:
     """In an open group any identity may ask for the state after our round, and a held request
     is kept until our round ends: strangers asking first hold at most `STRANGER_HOLDS` places, the
     rest are refused (`HoldsFull`, naming the places kept), and a member of our group left out of
-    our round (one of the round we are in or last took part in: `inbox.reserved`; or of the last
-    round we finished: `history`) is still held, and served our next round's state."""
+    our round (its whole contribution taken by the last round we finished: `contributed`) is
+    still held, and served our next round's state."""
     _fast(listener, 1000.0)  # the hold's end far off: only our round's end ends it
     listener.plane.admit_peer = lambda peer: None  # every identity of our table
-    if known == "reserved":
-        listener.inbox.reserve([PEER.peer_id])
-        listener.role.history = [{"members": [ME.peer_id]}]  # a round of ours finished: strangers are capped
-    else:
-        listener.role.history = [{"members": [ME.peer_id, PEER.peer_id]}]
+    listener.role.history = [{"members": [ME.peer_id, PEER.peer_id]}]  # a round of ours finished: strangers capped
+    listener.role.contributed = frozenset({ME.peer_id, PEER.peer_id})
     _at(listener, 3, values=4)
     held: list[trio.SocketStream] = []
     try:
-        for i in range(STATE_HOLDS):  # strangers: as many as there are places
-            stranger = Identity.from_seed_text(f"stranger {i}")
-            stream = await _ask(listener, stranger, 3, hears_full=True)
-            if i >= STRANGER_HOLDS:
-                async with stream:
-                    kept = STATE_HOLDS - STRANGER_HOLDS  # the places only a member takes
-                    assert await _refusal(stream) == HoldsFull(3, STRANGER_HOLDS, kept)
-                continue
-            held.append(stream)
-            await _until(lambda: stranger.peer_id in listener.role.holding)  # noqa: B023 (awaited here)
+        await _strangers_fill_their_places(listener, held)
         async with await _ask(listener, PEER, 3, hears_full=True) as member:
             await _until(lambda: PEER.peer_id in listener.role.holding)
             _at(listener, 4, values=4)
             with trio.fail_after(SLACK_S):
                 frame = await FrameReader(member, max_frame_bytes=MAX_FRAME_BYTES).frame()
         assert Codec(PEER).decode(frame or b"", time.time()).body.round == 4
+    finally:
+        for stream in held:
+            await stream.aclose()
+
+
+@pytest.mark.parametrize("admitted", ["last round", "our round"])
+async def test_an_identity_only_admitted_to_a_round_shares_the_strangers_places(listener: Listener,
+                                                                               admitted: str) -> None:
+    """In an open group a Join gets any identity into a round's members while there is room: one
+    listed in the last round we finished (`history`), or in our round, decided (the inbox keeps
+    its places: `reserved`), whose contribution did not reach every shard (it sent none, or only
+    a part) is no member of ours for the held places: once strangers hold theirs it is refused
+    (`HoldsFull`, counted a stranger's), not held in the places kept for our group."""
+    _fast(listener, 1000.0)  # the hold's end far off: only our round's end ends it
+    listener.plane.admit_peer = lambda peer: None  # every identity of our table
+    listener.role.history = [{"members": [ME.peer_id, PEER.peer_id] if admitted == "last round" else [ME.peer_id],
+                              "contributors": [ME.peer_id, PEER.peer_id]}]  # (a part from it, to one shard)
+    if admitted == "our round":
+        listener.inbox.reserve([ME.peer_id, PEER.peer_id])
+    listener.role.contributed = frozenset({ME.peer_id})
+    _at(listener, 3, values=4)
+    held: list[trio.SocketStream] = []
+    try:
+        await _strangers_fill_their_places(listener, held)
+        async with await _ask(listener, PEER, 3, hears_full=True) as admitted_once:
+            assert await _refusal(admitted_once) == HoldsFull(3, STRANGER_HOLDS, STATE_HOLDS - STRANGER_HOLDS)
+        assert PEER.peer_id not in listener.role.holding
+        assert (listener.role.refused_strangers, listener.role.refused_members) == (STATE_HOLDS - STRANGER_HOLDS + 1, 0)
     finally:
         for stream in held:
             await stream.aclose()
@@ -203,7 +233,7 @@ async def test_held_places_and_refusals_for_room_show_in_status(listener: Listen
     _fast(listener, 1000.0)  # the hold's end far off: only the askers' leaving ends a hold
     listener.plane.admit_peer = lambda peer: None  # every identity of our table
     members = [Identity.from_seed_text(f"counted member {i}") for i in range(STATE_HOLDS - STRANGER_HOLDS + 1)]
-    listener.inbox.reserve(m.peer_id for m in members)
+    listener.role.contributed = frozenset(m.peer_id for m in members)
     listener.role.history = [{"members": [ME.peer_id]}]  # a round of ours finished: strangers are capped
     _at(listener, 3, values=4)
     before = await _status(listener, tmp_path)

@@ -94,6 +94,10 @@ async def test_trainer_peers_finish_rounds_when_one_dies_mid_round_and_one_joins
     # every live peer ends on the same global weights, at the last round
     digests = {r.status()["weights_digest"] for r in roles}
     assert len(digests) == 1 and all(r.state.round == ROUNDS for r in roles)
+    # whom each knows to be of the group (the held state requests' places): those whose whole
+    # contribution its last round took, itself among them
+    for r in roles:
+        assert r.node.peer_id in r.contributed and r.contributed == set(r.history[-1]["contributors"])
     rows = {row["round"]: row for row in roles[0].history}
     assert victim.peer_id in rows[1]["members"] and victim.peer_id not in rows[1]["contributors"]
     assert set(rows[1]["contributors"]) == {first.peer_id, third.peer_id}  # round 1 completed without it
