@@ -162,28 +162,37 @@ def control_call(data_dir: Path, request: dict[str, Any], timeout_s: float = 10.
     return reply
 
 
+# the signals whose Python handler a peer's start holds off (`_interrupts_held`): a Ctrl-C, and a
+# SIGTERM where the starter raises on it as on a Ctrl-C (`p2pnet devnet`'s handler)
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """Hold SIGINT's Python handler (KeyboardInterrupt, by default) off until the block ends, then
-    run it: a child started inside is on its caller's list before the interrupt unwinds the
-    caller, which then stops it (`start_network`, `relay_network`), where an interrupt between
-    `Popen` and the list (or inside `Popen`, once the child exists) left it running, unnamed. Only
-    our own handler is swapped, for the block: no signal mask changes, so a child's SIGINT is its
-    own as before (exec resets a caught signal to its default; a Ctrl-C reaches the children as
-    ever). Outside the main thread, where no handler runs, and where SIGINT is ignored or left
-    to its default action (no Python handler: nothing to hold), the block runs as it is."""
-    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if not callable(previous):
-        yield
-        return
-    caught: list[Any] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    """Hold SIGINT's and SIGTERM's Python handlers (KeyboardInterrupt, by default, for SIGINT;
+    `p2pnet devnet` raises it on SIGTERM too) off until the block ends, then run them, once per
+    signal that came, in the order they came: a child started inside is on its caller's list
+    before the interrupt unwinds the caller, which then stops it (`start_network`,
+    `relay_network`, the devnets), where an interrupt between `Popen` and the list (or inside
+    `Popen`, once the child exists) left it running, unnamed. Only our own handlers are swapped,
+    for the block, and put back whatever the block raised: no signal mask changes, so a child's
+    signals are its own as before (exec resets a caught signal to its default; a Ctrl-C reaches
+    the children as ever). Outside the main thread, where no handler runs, and for a signal
+    ignored or left to its default action (no Python handler: nothing to hold), nothing is
+    swapped."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = {signum: handler for signum in HELD_SIGNALS
+                if main and callable(handler := signal.getsignal(signum))}
+    caught: list[tuple[int, Any]] = []
     try:
+        for signum in previous:
+            signal.signal(signum, lambda signum, frame: caught.append((signum, frame)))
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            previous(signal.SIGINT, caught[0])
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum, frame in caught:
+            previous[signum](signum, frame)  # type: ignore[operator]  (callable: only those are held)
 
 
 def start_peer(
@@ -196,14 +205,16 @@ def start_peer(
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
     wrap: Sequence[str] = (),
-    into: list[PeerProcess] | None = None,
+    into: list[PeerProcess] | dict[str, PeerProcess] | None = None,
 ) -> PeerProcess:
     """Start `p2pnet peer start` as a child process; call `wait_ready` before using it.
 
     `wrap` is a command prefix, for example `Lab.wrap(host)` (`ip netns exec NS`) to run the
     peer on a lab host; it execs the peer, so the child's PID is still the peer's. `into`: the
-    list of the caller's peers, to stop on its way out; the new one is on it once its process
-    exists, before a KeyboardInterrupt can unwind the caller (`_interrupts_held`)."""
+    caller's peers, to stop on its way out (a list, or a dict by name, where the new one is
+    `into[name]`); the new one is in it once its process exists, before a KeyboardInterrupt can
+    unwind the caller (`_interrupts_held`): a caller that only keeps what we return never gets
+    the peer an interrupt in that window started."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = (log_dir or data_dir) / f"{name}.log"
     args = [*wrap, sys.executable, "-m", "p2pnet", "--log-level", "info", "peer", "start", "--data-dir", str(data_dir)]
@@ -217,7 +228,9 @@ def start_peer(
     with _interrupts_held(), open(log_path, "ab") as log:  # (the child has its own copy of the log's descriptor)
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=child_env, stdin=subprocess.DEVNULL)
         peer = PeerProcess(name, data_dir, proc, log_path)
-        if into is not None:
+        if isinstance(into, dict):
+            into[name] = peer
+        elif into is not None:
             into.append(peer)
     return peer
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from p2pnet import localnet
-from p2pnet.localnet import (PeerExited, PeerProcess, relay_network, start_network, stop_all, wait_for_full_tables,
-                            wait_for_reachable)
+from p2pnet.localnet import (PeerExited, PeerProcess, relay_network, start_network, start_peer, stop_all,
+                            wait_for_full_tables, wait_for_reachable)
 
 pytestmark = pytest.mark.slow
 
@@ -210,13 +210,14 @@ class InterruptedAfter(subprocess.Popen):
 
     started: list[subprocess.Popen] = []
     at = 1
+    signum = signal.SIGINT  # (or SIGTERM, where the starter raises KeyboardInterrupt on it: the devnets)
 
     def __init__(self, args: list[str], **kwargs) -> None:
         super().__init__(args, **kwargs)
         if "start" in args:  # (`p2pnet peer start`, not `peer id`)
             self.started.append(self)
             if len(self.started) == self.at:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), self.signum)
 
 
 @pytest.mark.parametrize("starter", ["start_network", "relay_network"])
@@ -252,3 +253,40 @@ def test_a_relay_network_refuses_to_start_a_peer_past_its_next_new_one(tmp_path)
             net.start(2)
         assert [p.name for p in net.peers] == ["peer0"] and running_under(tmp_path) == [net.publisher.proc.pid]
         assert not (tmp_path / "peer2").exists()
+
+
+@pytest.fixture
+def sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt in this process, as `p2pnet devnet` has it
+    (`trainer.devnet._stop_on_sigterm`), for the test; the handler before it put back after."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_peer_started_into_a_dict_by_name_is_in_it_through_an_interrupt(tmp_path, monkeypatch, signum,
+                                                                          sigterm_interrupts):
+    """The devnets keep their peers in a dict by name: `into=` a dict names the new peer there once
+    its process exists, so an interrupt in the window (a Ctrl-C, or the SIGTERM a devnet turns into
+    one) unwinds a caller that holds it, and the handlers are ours again after."""
+    monkeypatch.setattr(InterruptedAfter, "started", [])
+    monkeypatch.setattr(InterruptedAfter, "signum", signum)
+    monkeypatch.setattr(subprocess, "Popen", InterruptedAfter)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs: dict[str, object] = {}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_peer("a", tmp_path / "a", extra_args=FAST, into=procs)
+        assert [p.proc for p in procs.values()] == InterruptedAfter.started and list(procs) == ["a"]
+    finally:
+        for proc in InterruptedAfter.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
