@@ -133,6 +133,29 @@ async def test_an_identity_only_admitted_to_a_round_shares_the_strangers_places(
             await stream.aclose()
 
 
+async def test_in_a_closed_group_every_listed_trainer_takes_any_place(listener: Listener) -> None:
+    """A closed group's data channel reads its listed trainers only, so each is of our group
+    (`config.trainers`), whatever the last round we finished took from it: listed trainers left
+    out of that round, no contribution of theirs taken, are held in every place, not capped at
+    `STRANGER_HOLDS` as strangers."""
+    _fast(listener, 1000.0)  # the hold's end far off: only our round's end ends it
+    listener.plane.admit_peer = lambda peer: None  # every identity of our table
+    listed = [Identity.from_seed_text(f"listed trainer {i}") for i in range(STATE_HOLDS)]
+    listener.role.config.trainers = (ME.peer_id, *(t.peer_id for t in listed))
+    listener.role.history = [{"members": [ME.peer_id]}]  # a round of ours finished: strangers are capped
+    listener.role.contributed = frozenset({ME.peer_id})
+    _at(listener, 3, values=4)
+    held: list[trio.SocketStream] = []
+    try:
+        for i, trainer in enumerate(listed):
+            held.append(await _ask(listener, trainer, 3, hears_full=True))
+            await _until(lambda: len(listener.role.holding) == i + 1)  # noqa: B023 (awaited here)
+        assert not listener.role.strangers_held and listener.role.refused_strangers == 0
+    finally:
+        for stream in held:
+            await stream.aclose()
+
+
 async def test_before_our_first_round_ends_strangers_may_take_every_place(listener: Listener) -> None:
     """An open group's first round (no round of ours finished: `history` empty): every asker for
     the state after it is a stranger, as is every joiner left out of it, and no member of ours can
