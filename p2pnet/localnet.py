@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import trio
 
@@ -181,8 +181,11 @@ def _interrupts_held() -> Iterator[None]:
     ignored or left to its default action (no Python handler: nothing to hold), nothing is
     swapped."""
     main = threading.current_thread() is threading.main_thread()
-    previous = {signum: handler for signum in HELD_SIGNALS
-                if main and callable(handler := signal.getsignal(signum))}
+    previous: dict[int, Callable[[int, Any], Any]] = {}
+    for signum in HELD_SIGNALS if main else ():
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            previous[signum] = handler
     caught: list[tuple[int, Any]] = []
     try:
         for signum in previous:
@@ -192,7 +195,7 @@ def _interrupts_held() -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         for signum, frame in caught:
-            previous[signum](signum, frame)  # type: ignore[operator]  (callable: only those are held)
+            previous[signum](signum, frame)
 
 
 def start_peer(
