@@ -164,7 +164,7 @@ def control_call(data_dir: Path, request: dict[str, Any], timeout_s: float = 10.
 
 # the signals whose Python handler a peer's start holds off (`_interrupts_held`): a Ctrl-C, and a
 # SIGTERM where the starter raises on it as on a Ctrl-C (`p2pnet devnet`'s handler)
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HELD_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
