@@ -5,7 +5,9 @@ a `p2pnet peer start` child process with its own data directory and log file. Re
 `listening on` line on its stdout; status comes through its control socket; stopping sends
 SIGTERM to that child's PID alone and waits, escalating to SIGKILL after a deadline. Every wait
 here is bounded by a deadline, and one that finds a peer exited fails at once with `PeerExited`
-(its exit status and the tail of its log), not at the deadline.
+(its exit status and the tail of its log), not at the deadline. A peer is on its starter's list
+(the peers stopped on the way out) as soon as its process exists: a Ctrl-C while starting a
+network stops every peer started (`_interrupts_held`).
 
 `relay_network` starts the network the relay tests and benchmarks share: a publisher and relays
 bootstrapped from it, all `--role relay` under one config that trusts the publisher, started
@@ -21,10 +23,11 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import trio
 
@@ -159,6 +162,42 @@ def control_call(data_dir: Path, request: dict[str, Any], timeout_s: float = 10.
     return reply
 
 
+# the signals whose Python handler a peer's start holds off (`_interrupts_held`): a Ctrl-C, and a
+# SIGTERM where the starter raises on it as on a Ctrl-C (`p2pnet devnet`'s handler)
+HELD_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT's and SIGTERM's Python handlers (KeyboardInterrupt, by default, for SIGINT;
+    `p2pnet devnet` raises it on SIGTERM too) off until the block ends, then run them, once per
+    signal that came, in the order they came: a child started inside is on its caller's list
+    before the interrupt unwinds the caller, which then stops it (`start_network`,
+    `relay_network`, the devnets), where an interrupt between `Popen` and the list (or inside
+    `Popen`, once the child exists) left it running, unnamed. Only our own handlers are swapped,
+    for the block, and put back whatever the block raised: no signal mask changes, so a child's
+    signals are its own as before (exec resets a caught signal to its default; a Ctrl-C reaches
+    the children as ever). Outside the main thread, where no handler runs, and for a signal
+    ignored or left to its default action (no Python handler: nothing to hold), nothing is
+    swapped."""
+    main = threading.current_thread() is threading.main_thread()
+    previous: dict[int, Callable[[int, Any], Any]] = {}
+    for signum in HELD_SIGNALS if main else ():
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            previous[signum] = handler
+    caught: list[tuple[int, Any]] = []
+    try:
+        for signum in previous:
+            signal.signal(signum, lambda signum, frame: caught.append((signum, frame)))
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum, frame in caught:
+            previous[signum](signum, frame)
+
+
 def start_peer(
     name: str,
     data_dir: Path,
@@ -169,11 +208,16 @@ def start_peer(
     log_dir: Path | None = None,
     env: dict[str, str] | None = None,
     wrap: Sequence[str] = (),
+    into: list[PeerProcess] | dict[str, PeerProcess] | None = None,
 ) -> PeerProcess:
     """Start `p2pnet peer start` as a child process; call `wait_ready` before using it.
 
     `wrap` is a command prefix, for example `Lab.wrap(host)` (`ip netns exec NS`) to run the
-    peer on a lab host; it execs the peer, so the child's PID is still the peer's."""
+    peer on a lab host; it execs the peer, so the child's PID is still the peer's. `into`: the
+    caller's peers, to stop on its way out (a list, or a dict by name, where the new one is
+    `into[name]`); the new one is in it once its process exists, before a KeyboardInterrupt can
+    unwind the caller (`_interrupts_held`): a caller that only keeps what we return never gets
+    the peer an interrupt in that window started."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = (log_dir or data_dir) / f"{name}.log"
     args = [*wrap, sys.executable, "-m", "p2pnet", "--log-level", "info", "peer", "start", "--data-dir", str(data_dir)]
@@ -184,10 +228,14 @@ def start_peer(
     args += list(extra_args)
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     child_env.update(env or {})
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=child_env, stdin=subprocess.DEVNULL)
-    log.close()
-    return PeerProcess(name, data_dir, proc, log_path)
+    with _interrupts_held(), open(log_path, "ab") as log:  # (the child has its own copy of the log's descriptor)
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=child_env, stdin=subprocess.DEVNULL)
+        peer = PeerProcess(name, data_dir, proc, log_path)
+        if isinstance(into, dict):
+            into[name] = peer
+        elif into is not None:
+            into.append(peer)
+    return peer
 
 
 def start_network(
@@ -198,15 +246,17 @@ def start_network(
     roles_for: dict[int, Sequence[str]] | None = None,
     ready_timeout_s: float = 60.0,
 ) -> list[PeerProcess]:
-    """Start `count` peers under `root`: peer 0 first, the others bootstrapped from it."""
+    """Start `count` peers under `root`: peer 0 first, the others bootstrapped from it. On any
+    error, a KeyboardInterrupt too, every peer started is stopped (each is on the list once its
+    process exists: `start_peer`'s `into`)."""
     peers: list[PeerProcess] = []
     try:
-        first = start_peer("peer0", root / "peer0", extra_args=extra_args, roles=(roles_for or {}).get(0, ()))
-        peers.append(first)
+        first = start_peer("peer0", root / "peer0", extra_args=extra_args, roles=(roles_for or {}).get(0, ()),
+                           into=peers)
         first.wait_ready(ready_timeout_s)
         for i in range(1, count):
-            peers.append(start_peer(f"peer{i}", root / f"peer{i}", bootstrap=[first.addr],
-                                    extra_args=extra_args, roles=(roles_for or {}).get(i, ())))
+            start_peer(f"peer{i}", root / f"peer{i}", bootstrap=[first.addr], extra_args=extra_args,
+                       roles=(roles_for or {}).get(i, ()), into=peers)
         for peer in peers[1:]:
             peer.wait_ready(ready_timeout_s)
     except BaseException:
@@ -307,7 +357,8 @@ class RelayNetwork:
     def start(self, i: int) -> PeerProcess:
         """Start peer `i` again (same data directory, settings and bootstrap) after it was stopped
         or killed, and wait until it listens; it is stopped with the rest on exit. A peer still
-        running is the caller's mistake (a second process on its data directory): ValueError."""
+        running is the caller's mistake (a second process on its data directory): ValueError, as
+        is one past the next new peer (`_launch`)."""
         if i < len(self.peers) and self.peers[i].alive():
             raise ValueError(f"peer{i} (pid {self.peers[i].proc.pid}) is still running: stop or kill it first")
         peer = self._launch(i)
@@ -315,12 +366,20 @@ class RelayNetwork:
         return peer
 
     def _launch(self, i: int) -> PeerProcess:
+        """Start peer `i`'s process (not waited for): one of ours again, or the next new one
+        (`i` == the number of peers: `peers[i]` is it). Past that, ValueError, nothing started:
+        `peers[i]` must be peer `i` (its name, data directory and settings), and a gap would put it
+        at another place. Its process is among those stopped on exit (`_started`) as soon as it
+        exists, before a KeyboardInterrupt can unwind us (`start_peer`'s `into`)."""
+        if not 0 <= i <= len(self.peers):
+            raise ValueError(f"peer{i}: this network has peers 0 to {len(self.peers) - 1}; the next new one is "
+                             f"peer{len(self.peers)}")
         env = self._env_for.get(i)
         peer = start_peer(f"peer{i}", self.root / f"peer{i}", roles=["relay"],
                           bootstrap=[self.publisher.addr] if i else [],
                           extra_args=["--config", str(self.config), *self._args, *self._args_for.get(i, ())],
-                          env=dict(env) if env is not None else None, wrap=self._wrap_for.get(i, ()))
-        self._started.append(peer)
+                          env=dict(env) if env is not None else None, wrap=self._wrap_for.get(i, ()),
+                          into=self._started)
         if i < len(self.peers):
             self.peers[i] = peer
         else:

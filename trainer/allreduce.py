@@ -94,6 +94,13 @@ class Finished:
     mean: torch.Tensor
     contributors: tuple[tuple[str, ...], ...]  # per shard
 
+    def whole_contributors(self) -> frozenset[str]:
+        """The peers whose contribution every shard took: a whole pseudo-gradient each, sent and
+        accepted by every shard's owner (our own shard's list among them, if we own one)."""
+        if not self.contributors:
+            return frozenset()
+        return frozenset(self.contributors[0]).intersection(*self.contributors[1:])
+
 
 # -- membership -------------------------------------------------------------------------------
 

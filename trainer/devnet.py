@@ -368,8 +368,8 @@ def _start_peers(plan: list[Any], procs: dict[str, PeerProcess], root: Path, lab
             extra += ["--metrics-listen", "127.0.0.1:0"]  # /metrics, /healthz and the dashboard of each peer
         if lab is not None:
             extra += lab_peer_args(lab, name)
-        procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, extra_args=extra,
-                                 log_dir=root, wrap=lab.wrap(name) if lab is not None else ())
+        start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, extra_args=extra, log_dir=root,
+                   wrap=lab.wrap(name) if lab is not None else (), into=procs)  # stopped on the way out, Ctrl-C too
         if name == "trainer":
             procs[name].wait_ready(ready_timeout_s)
     for proc in procs.values():

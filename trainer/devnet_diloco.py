@@ -197,8 +197,8 @@ def _start(procs: dict[str, PeerProcess], root: Path, name: str, config: DilocoD
     (data_dir / "peer.toml").write_text(to_toml(sections))
     bootstrap = [procs["trainer0"].addr] if "trainer0" in procs else []
     extra, wrap = _peer_args(lab, name)
-    procs[name] = start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, log_dir=root, wrap=wrap,
-                             extra_args=["--config", str(data_dir / "peer.toml"), *extra])
+    start_peer(name, data_dir, roles=roles, bootstrap=bootstrap, log_dir=root, wrap=wrap,
+               extra_args=["--config", str(data_dir / "peer.toml"), *extra], into=procs)  # (stopped by `_stop_all`)
     if name == "trainer0":
         procs[name].wait_ready(max(60.0, config.step_timeout_s))
 
@@ -212,8 +212,8 @@ def _start_relay(procs: dict[str, PeerProcess], root: Path, name: str, publisher
                                                      "fsync": False, "announce_interval_s": 1.0}}
     (data_dir / "peer.toml").write_text(to_toml(sections))
     extra, wrap = _peer_args(lab, name)
-    procs[name] = start_peer(name, data_dir, roles=("relay",), bootstrap=[procs["trainer0"].addr], log_dir=root,
-                             wrap=wrap, extra_args=["--config", str(data_dir / "peer.toml"), *extra])
+    start_peer(name, data_dir, roles=("relay",), bootstrap=[procs["trainer0"].addr], log_dir=root,
+               wrap=wrap, extra_args=["--config", str(data_dir / "peer.toml"), *extra], into=procs)
 
 
 def _follow(procs: dict[str, PeerProcess], config: DilocoDevnetConfig, root: Path, model_dir: Path,

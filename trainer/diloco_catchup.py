@@ -19,7 +19,8 @@ digest is not the round's reference, sits the round out and takes a later global
   a deadline that scales with the round time): a `StateRequest` on the data channel to a live
   trainer peer, which any live trainer can answer, also when the publisher is the peer that died.
 
-`status()` says which path gave the last state taken (`state_via`) and how often each did.
+`status()` says which path gave the last state taken (`state_via`) and how often each did,
+and how many of our direct requests a trainer peer refused for room (`state_asks_refused`).
 The other end of both paths, answering a `StateRequest` or a `StateWanted`, is
 `trainer.diloco_serving`.
 
@@ -103,6 +104,9 @@ class CatchingUp:
     outer_state_versions: set[int]
     with_outer_state: list[int]
     outer_state_bytes: int
+    # our requests for a later round's state that a trainer peer refused for room (`StateRefused`)
+    # since we started, shown in `status()` (a class default, replaced: no host need set it)
+    state_asks_refused: int = 0
 
     if TYPE_CHECKING:  # what these call on the role (`trainer.diloco_role.DilocoRole`, `trainer.diloco_state_answer`)
         def _known_trainers(self) -> set[str]: ...
@@ -226,6 +230,7 @@ class CatchingUp:
             try:
                 fetched = await self.fetch_state(peer, past)
             except StateRefused as exc:  # full, not failed: the next one at once
+                self.state_asks_refused += 1
                 log.info("diloco: %s; asking the next trainer peer", exc)
                 continue
             except (PeerUnavailable, MessageRejected, trio.TooSlowError, trio.BrokenResourceError) as exc:

@@ -273,6 +273,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         self._state_moved()  # the StateRequests held for a later round than the last are answered
         inner.load(new_weights)
         contributors = sorted({p for shard in result.contributors for p in shard})
+        self.contributed = result.whole_contributors()  # of our group, for the held state requests' places
         eval_loss = await trio.to_thread.run_sync(inner.eval_loss)
         self.history.append({
             "round": state.round, "from_digest": digest(state.weights).hex(), "loss": round(eval_loss, 5), "train_loss": round(train_loss, 5),
@@ -426,5 +427,6 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
                 "encoding": self.config.encoding, "inner_steps": self.config.inner_steps,
                 "values": state.weights.numel() if state else 0, "state_via": self.state_via or "",
                 "state_via_counts": dict(self.state_via_counts), "with_outer_state": self.with_outer_state[-20:],
-                "outer_state_bytes": self.outer_state_bytes}
+                "outer_state_bytes": self.outer_state_bytes, "state_holds": self.holds_status(),
+                "state_asks_refused": self.state_asks_refused}
 

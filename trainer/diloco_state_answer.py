@@ -5,13 +5,16 @@ piece, each taken by its `state_due` time (`_send_state`); the asker counts the 
 `_state_moved`), so it fetches the state once, not its own round's again; at most `STATE_HOLDS`
 such requests at once, one an asker, each until its asker closes, and of them at most
 `STRANGER_HOLDS` for askers we do not know to be of our group (once we finished a round); one
-more is refused (`HoldsFull`).
+more is refused (`HoldsFull`). Of our group, here: a listed trainer of a closed group, or in an
+open one a peer whose whole contribution the last round we finished took (`contributed`), not
+any identity that got into a round's members (`_of_group`).
 
 Mixed into `trainer.diloco_serving.DilocoServing` (`AnsweringState`), whose `_on_frame` takes the
 request and calls these; `trainer.diloco_role.DilocoRole` calls `_state_moved` as its state moves,
 and `trainer.diloco_catchup` `state_due`. These methods read the role's `node`, `config`, `state`,
-`history` and `inbox` (whose members we know: `_of_group`), and keep what they hold (`holding`,
-`strangers_held`, `state_moved`). Their log lines go to the role's
+`history` and `contributed` (whom we know to be of our group: `_of_group`), and keep what they hold (`holding`,
+`strangers_held`, `state_moved`) and count the requests refused for room (`refused_members`,
+`refused_strangers`; `holds_status`, shown in the role's `status()`). Their log lines go to the role's
 logger. They must not read other frames of the connection than the request, nor decide rounds.
 """
 
@@ -28,7 +31,6 @@ from p2pnet.errors import MessageRejected
 from trainer.diloco_messages import STATE_PIECE_VALUES, HoldsFull, StatePiece
 
 if TYPE_CHECKING:
-    from trainer.diloco_inbox import RoundInbox
     from trainer.diloco_local import GlobalState
     from trainer.diloco_role import DilocoConfig
 
@@ -63,7 +65,9 @@ STATE_HOLDS = 8
 # of those, the most held for askers we do not know to be of our group (`_of_group`): in an open
 # group any identity may ask, and strangers holding every place would refuse each member of ours
 # left out of a round. The rest, STATE_HOLDS - STRANGER_HOLDS, only a member takes (a member takes
-# any free place). A joiner new to the group is a stranger here, as it is in the round's inbox.
+# any free place). A joiner new to the group is a stranger here, as it is in the round's inbox,
+# and so is an identity that only got into a round's members (a Join, while there was room): of
+# our group is a whole contribution to the last round we finished (`_of_group`).
 # Until we finish a round (`history` empty: a new open group, or one we resumed) no member of
 # ours can be left out of the round we are in (its members are those of that round; we know no
 # earlier one), so every asker is a stranger and none is capped: places kept then would refuse
@@ -80,7 +84,6 @@ class AnsweringState:
     config: DilocoConfig
     state: GlobalState | None
     history: list[dict[str, Any]]
-    inbox: RoundInbox
     # set (and forgotten) when our state moves to a later round (`_state_moved`): held StateRequests
     # wait on it (`_state_past`). None: nobody waits (a class default: no host need set it)
     state_moved: trio.Event | None = None
@@ -89,6 +92,13 @@ class AnsweringState:
     # place: no host need set them)
     holding: frozenset[str] = frozenset()
     strangers_held: frozenset[str] = frozenset()
+    # the peers whose contribution every shard of the last round we finished took
+    # (`Finished.whole_contributors`; set by `DilocoRole._round`, a class default until then)
+    contributed: frozenset[str] = frozenset()
+    # the StateRequests refused for room (`HoldsFull`) since we started, of askers of our group and
+    # of strangers (`_of_group`), for `holds_status` (class defaults, replaced: no host need set them)
+    refused_members: int = 0
+    refused_strangers: int = 0
 
     def state_due(self, start: float, values: int) -> float:
         """When the state's first `values` values are due, for a transfer that began at `start`:
@@ -127,6 +137,10 @@ class AnsweringState:
         capped = stranger and bool(self.history)  # no round finished: no member of ours can be left out yet
         if len(self.holding) >= STATE_HOLDS or (capped and len(self.strangers_held) >= STRANGER_HOLDS):
             kept = 0 if len(self.holding) >= STATE_HOLDS else STATE_HOLDS - len(self.holding)
+            if stranger:
+                self.refused_strangers += 1
+            else:
+                self.refused_members += 1
             log.info("diloco: %s asks for the state after round %d; %d requests are held already%s: refused", peer,
                      round, len(self.holding), f", the {kept} places left kept for our group's members" if kept else "")
             return HoldsFull(round, len(self.holding), kept)
@@ -158,13 +172,29 @@ class AnsweringState:
                  peer, round)
         return None
 
+    def holds_status(self) -> dict[str, int]:
+        """What `status()` shows of our held StateRequests: the places in use (`held`, of them
+        `held_strangers`) of `places` (`STATE_HOLDS`, of them at most `stranger_places` for askers
+        not of our group once we finished a round), and the requests refused for room since we
+        started, of our group's members and of strangers (`HoldsFull`, or a bare close to an older
+        asker; `_hold`). Refusals of strangers while members' places stay free are the cap at
+        work; refusals of members mean every place was held."""
+        return {"held": len(self.holding), "held_strangers": len(self.strangers_held), "places": STATE_HOLDS,
+                "stranger_places": STRANGER_HOLDS, "refused_members": self.refused_members,
+                "refused_strangers": self.refused_strangers}
+
     def _of_group(self, peer: str) -> bool:
-        """`peer` is of our group as far as we know here: a member of the last round we took part
-        in, or of our round once it is decided (`inbox.reserved`: every listed trainer in a closed
-        group), or of the last round we finished (`history`: a member left out of the round we are
-        in, the asker a hold is for, is in no later one). Not what a heartbeat or a Join says: any
-        identity can show those (`_known_trainers`, `heard`)."""
-        return peer in self.inbox.reserved or (bool(self.history) and peer in self.history[-1]["members"])
+        """`peer` is of our group as far as we know here: a listed trainer of a closed group (the
+        only askers it reads), or in an open one a peer whose whole contribution the last round we
+        finished took (`contributed`: a member left out of the round we are in, the asker a hold is
+        for, took part in that one). Not what a heartbeat, a Join or a round's Members says: any
+        identity can show those at no cost (`_known_trainers`, `heard`), and a Join gets it into a
+        round's members while there is room (`Membership`), so an identity admitted once would
+        otherwise take our members' places the round after. A contribution every shard took is
+        the dearest thing an open group asks (a pseudo-gradient of the model's size, within every
+        shard's norm screen, each round). The cost: a member whose contribution a shard lost (it
+        died mid-round, or was screened out) shares the strangers' places the next round."""
+        return peer in self.config.trainers or peer in self.contributed
 
     async def _state_past(self, round: int, until: float) -> None:
         """While we are in our round `round` (the asker is no member of it), until `until` (then

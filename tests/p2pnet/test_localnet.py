@@ -2,13 +2,15 @@
 `p2pnet peer start --role relay` processes on loopback. A peer that fails to start is named with
 its log; every process it started is stopped, by its PID, on error and on exit; a peer that exits
 while waited for fails the wait at once, not at its deadline; starting a peer still running is
-refused. Also `stop_all` (one SIGTERM each, SIGKILL to every survivor at one deadline for the set),
-`start_network`'s clean stop when a peer fails to start, and `wait_for_full_tables`' budget (the
-time spent asking does not count).
+refused, as is one past the next new peer. Also `stop_all` (one SIGTERM each, SIGKILL to every
+survivor at one deadline for the set), `start_network`'s clean stop when a peer fails to start,
+`wait_for_full_tables`' budget (the time spent asking does not count), and a Ctrl-C as a peer's
+process starts: both starters stop it with the rest.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -18,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from p2pnet import localnet
-from p2pnet.localnet import (PeerExited, PeerProcess, relay_network, start_network, stop_all, wait_for_full_tables,
-                            wait_for_reachable)
+from p2pnet.localnet import (PeerExited, PeerProcess, relay_network, start_network, start_peer, stop_all,
+                            wait_for_full_tables, wait_for_reachable)
 
 pytestmark = pytest.mark.slow
 
@@ -199,3 +201,92 @@ def test_stop_all_sends_one_sigterm_and_kills_every_peer_that_ignores_it_at_one_
     # received: one each at most (a handler may not have run before the kill)
     counts = [f.read_text().count("TERM") if f.exists() else 0 for f in sorted(tmp_path.glob("*.signals"))]
     assert max(counts) <= 1, counts
+
+
+class InterruptedAfter(subprocess.Popen):
+    """A real child, then a SIGINT to us as its `Popen` returns, at the `at`-th peer started (the
+    children started are in `started`): the KeyboardInterrupt of a Ctrl-C in the worst place,
+    the child running and not yet in any list of its starter's."""
+
+    started: list[subprocess.Popen] = []
+    at = 1
+    signum = signal.SIGINT  # (or SIGTERM, where the starter raises KeyboardInterrupt on it: the devnets)
+
+    def __init__(self, args: list[str], **kwargs) -> None:
+        super().__init__(args, **kwargs)
+        if "start" in args:  # (`p2pnet peer start`, not `peer id`)
+            self.started.append(self)
+            if len(self.started) == self.at:
+                os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("starter", ["start_network", "relay_network"])
+def test_a_ctrl_c_as_a_peer_starts_stops_every_peer_started_that_one_too(tmp_path, monkeypatch, starter):
+    """The interrupt comes as the second peer's `Popen` returns: the starter stops it with the
+    first (each on its list once its process exists), none is left running under `tmp_path`."""
+    monkeypatch.setattr(InterruptedAfter, "started", [])
+    monkeypatch.setattr(InterruptedAfter, "at", 2)
+    monkeypatch.setattr(subprocess, "Popen", InterruptedAfter)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if starter == "start_network":
+                start_network(tmp_path, 3, extra_args=FAST)
+            else:
+                with relay_network(tmp_path, 2, args=FAST):
+                    pytest.fail("the network started through the interrupt")
+        left = [proc.pid for proc in InterruptedAfter.started if proc.poll() is None]
+    finally:
+        for proc in InterruptedAfter.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len(InterruptedAfter.started) == 2 and left == []
+    assert running_under(tmp_path) == []
+
+
+def test_a_relay_network_refuses_to_start_a_peer_past_its_next_new_one(tmp_path):
+    """`start(i)` starts peer `i` again, or the next new peer: `peers[i]` is peer `i`. One past
+    that is refused before any process starts (it went on the list at the next place, under
+    another number than its name's)."""
+    with relay_network(tmp_path, 0, args=FAST) as net:
+        with pytest.raises(ValueError, match=r"^peer2: this network has peers 0 to 0; the next new one is peer1$"):
+            net.start(2)
+        assert [p.name for p in net.peers] == ["peer0"] and running_under(tmp_path) == [net.publisher.proc.pid]
+        assert not (tmp_path / "peer2").exists()
+
+
+@pytest.fixture
+def sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt in this process, as `p2pnet devnet` has it
+    (`trainer.devnet._stop_on_sigterm`), for the test; the handler before it put back after."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_peer_started_into_a_dict_by_name_is_in_it_through_an_interrupt(tmp_path, monkeypatch, signum,
+                                                                          sigterm_interrupts):
+    """The devnets keep their peers in a dict by name: `into=` a dict names the new peer there once
+    its process exists, so an interrupt in the window (a Ctrl-C, or the SIGTERM a devnet turns into
+    one) unwinds a caller that holds it, and the handlers are ours again after."""
+    monkeypatch.setattr(InterruptedAfter, "started", [])
+    monkeypatch.setattr(InterruptedAfter, "signum", signum)
+    monkeypatch.setattr(subprocess, "Popen", InterruptedAfter)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs: dict[str, object] = {}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_peer("a", tmp_path / "a", extra_args=FAST, into=procs)
+        assert [p.proc for p in procs.values()] == InterruptedAfter.started and list(procs) == ["a"]
+    finally:
+        for proc in InterruptedAfter.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert {s: signal.getsignal(s) for s in handlers} == handlers

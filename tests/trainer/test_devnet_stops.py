@@ -1,11 +1,17 @@
 """How a devnet ends early and what it leaves (no peer processes: the trainer is a stand-in that
 answers status): a step over its deadline names the step; what a user reads afterwards (logs,
-summary, plot) is kept; the summary says nothing about cheaters when there were none."""
+summary, plot) is kept; the summary says nothing about cheaters when there were none. And an
+interrupt as a peer starts (one real peer process): the peer is among those stopped."""
+
+import signal
+import subprocess
+from typing import Any
 
 import pytest
 
 from p2pnet.errors import ConfigError, PeerUnavailable
-from trainer.devnet import DevnetConfig, _follow, keep_for_inspection
+from tests.p2pnet.test_localnet import InterruptedAfter
+from trainer.devnet import DevnetConfig, _follow, _start_peers, _stop_on_sigterm, keep_for_inspection
 from trainer.devnet_report import disk_usage, print_summary
 
 
@@ -85,3 +91,27 @@ def test_an_honest_workers_rejected_batch_is_named_with_its_reasons_and_its_logs
     (root / "validator0.log").write_text("verdict reject ... row3:bad_stop_reason")
     kept = keep_for_inspection(root, tmp_path / "devnet-rejections-x", run)
     assert sorted(p.name for p in kept.iterdir()) == ["summary.json", "validator0.log"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_as_a_devnet_peer_starts_leaves_it_among_the_peers_stopped(tmp_path, monkeypatch, signum):
+    """A Ctrl-C (or the SIGTERM the devnet raises KeyboardInterrupt on) as the first peer's process
+    starts: `_start_peers` has it in `procs` (what `run_devnet`'s finally stops), not running
+    unnamed. A real `p2pnet peer start` child; the interrupt from `Popen`, as it returns."""
+    monkeypatch.setattr(InterruptedAfter, "started", [])
+    monkeypatch.setattr(InterruptedAfter, "signum", signum)
+    monkeypatch.setattr(subprocess, "Popen", InterruptedAfter)
+    previous = signal.getsignal(signal.SIGTERM)
+    procs: dict[str, Any] = {}
+    try:
+        _stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt):
+            _start_peers([("trainer", (), {"peer": {"display_name": "trainer"}})], procs, tmp_path, None, {}, 60.0)
+        assert [p.proc for p in procs.values()] == InterruptedAfter.started and list(procs) == ["trainer"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for proc in InterruptedAfter.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -5,13 +5,13 @@ a request without the field (an older asker's) is answered at once. Driven on a 
 through the role's real `_on_frame`, with the sending itself noted, not done; and the wire form
 both ways between an asker and a server a version apart. Then on a real data plane
 (`tests.trainer.test_diloco_hostile.Listener`): askers that never read, the cap on held
-requests, and an honest joiner served after them; the places strangers may not take, kept for our
-group's members; and the refusal an asker reads (`HoldsFull`), which sends it to the next trainer
-peer with no failure counted."""
+requests, and an honest joiner served after them, a request needing no hold answered at once,
+an asker leaving while held, an asker giving up on a stalling server. The room for held requests
+(the places strangers may not take, the refusal an asker reads, what status shows):
+tests/trainer/test_diloco_hold_room.py, on these helpers."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -24,18 +24,16 @@ import trio
 import trio.testing
 
 from p2pnet.dataplane import FrameReader, send_frame
-from p2pnet.errors import MessageRejected
 from p2pnet.identity import Identity
 from p2pnet.wire import DOMAIN, WIRE_VERSION, Codec
 from tests.relay.test_hostile_listeners import drain_until_closed
-from tests.trainer.test_diloco_hostile import HONEST, ME, PEER, SLACK_S, Listener, asking
+from tests.trainer.test_diloco_hostile import HONEST, PEER, SLACK_S, Listener, asking
 from tests.trainer.test_diloco_hostile import listener  # noqa: F401 (a fixture)
-from trainer.diloco_catchup import JoinPath, StateRefused
 from trainer.diloco_inbox import RoundInbox
 from trainer.diloco_local import GlobalState
-from trainer.diloco_messages import STATE_PIECE_VALUES, HoldsFull, StatePiece, StateRequest
+from trainer.diloco_messages import STATE_PIECE_VALUES, StatePiece, StateRequest
 from trainer.diloco_role import MAX_FRAME_BYTES, DilocoRole
-from trainer.diloco_state_answer import STATE_HOLD_DEADLINES, STATE_HOLDS, STRANGER_HOLDS
+from trainer.diloco_state_answer import STATE_HOLD_DEADLINES, STATE_HOLDS
 
 DEADLINE_S, ROUNDS = 10.0, 8
 
@@ -53,7 +51,7 @@ def _served(request: StateRequest, at_round: int = 3, moves: list[tuple[float, i
 
     async def main() -> None:
         role = DilocoRole.__new__(DilocoRole)
-        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=rounds)
+        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=rounds, trainers=())
         role.state = GlobalState(at_round, torch.zeros(4), torch.zeros(4))
         role.inbox, role.history = RoundInbox(), []  # (an open group, no round of ours yet: whom `_of_group` knows)
         role._note_heard = lambda peer: None
@@ -116,7 +114,7 @@ def test_a_move_wakes_every_held_request_and_the_next_hold_waits_for_the_next_mo
 
     async def main() -> None:
         role = DilocoRole.__new__(DilocoRole)
-        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=ROUNDS)
+        role.config = SimpleNamespace(deadline_s=DEADLINE_S, rounds=ROUNDS, trainers=())
         role.state = GlobalState(3, torch.zeros(4), torch.zeros(4))
         role.inbox, role.history = RoundInbox(), []
         role._note_heard = lambda peer: None
@@ -321,137 +319,3 @@ async def test_the_asker_gives_up_on_a_server_that_stalls_after_its_first_piece_
         with pytest.raises(trio.TooSlowError):
             await role.fetch_state(server.peer_id, after_round=3)
         assert trio.current_time() < role.state_due(first_sent[0], values) + role.config.deadline_s
-
-
-async def test_a_refusal_after_the_first_piece_is_a_bad_state_not_room() -> None:
-    """`HoldsFull` answers a request instead of the state: a server that sends it once it has
-    begun to send the state (a liar, or broken) sent a state that does not fit, its fault
-    ("bad_state"), not a refusal for room the asker logs as no failure."""
-    server, values = Identity.from_seed_text("diloco refusing liar"), 2 * STATE_PIECE_VALUES
-
-    async def serve(stream: trio.SocketStream) -> None:
-        async with stream:
-            await FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES).frame()  # the StateRequest: answered at once
-            piece = StatePiece(4, values, 0, STATE_PIECE_VALUES, bytes(4 * STATE_PIECE_VALUES),
-                               bytes(4 * STATE_PIECE_VALUES))
-            await send_frame(stream, Codec(server).encode(piece, time.time()))
-            await send_frame(stream, Codec(server).encode(HoldsFull(4, STATE_HOLDS, 0), time.time()))
-            await trio.sleep_forever()
-
-    async with asking(serve, values, 1.0, 10**9) as role:
-        with pytest.raises(MessageRejected) as rejected:
-            await role.fetch_state(server.peer_id, after_round=3)
-    assert rejected.value.reason == "bad_state"
-
-
-async def _refusal(stream: trio.SocketStream) -> object:
-    """What a refused asker that reads `HoldsFull` reads, once its connection is closed after it."""
-    with trio.fail_after(SLACK_S):
-        frame = await FrameReader(stream, max_frame_bytes=MAX_FRAME_BYTES).frame()
-    assert await drain_until_closed(stream, SLACK_S) == b""
-    return Codec(None).decode(frame or b"", time.time()).body
-
-
-@pytest.mark.parametrize("known", ["reserved", "last round"])
-async def test_strangers_holding_every_place_they_may_take_leave_a_members_request_held_and_served(
-        listener: Listener, known: str) -> None:
-    """In an open group any identity may ask for the state after our round, and a held request
-    is kept until our round ends: strangers asking first hold at most `STRANGER_HOLDS` places, the
-    rest are refused (`HoldsFull`, naming the places kept), and a member of our group left out of
-    our round (one of the round we are in or last took part in: `inbox.reserved`; or of the last
-    round we finished: `history`) is still held, and served our next round's state."""
-    _fast(listener, 1000.0)  # the hold's end far off: only our round's end ends it
-    listener.plane.admit_peer = lambda peer: None  # every identity of our table
-    if known == "reserved":
-        listener.inbox.reserve([PEER.peer_id])
-        listener.role.history = [{"members": [ME.peer_id]}]  # a round of ours finished: strangers are capped
-    else:
-        listener.role.history = [{"members": [ME.peer_id, PEER.peer_id]}]
-    _at(listener, 3, values=4)
-    held: list[trio.SocketStream] = []
-    try:
-        for i in range(STATE_HOLDS):  # strangers: as many as there are places
-            stranger = Identity.from_seed_text(f"stranger {i}")
-            stream = await _ask(listener, stranger, 3, hears_full=True)
-            if i >= STRANGER_HOLDS:
-                async with stream:
-                    kept = STATE_HOLDS - STRANGER_HOLDS  # the places only a member takes
-                    assert await _refusal(stream) == HoldsFull(3, STRANGER_HOLDS, kept)
-                continue
-            held.append(stream)
-            await _until(lambda: stranger.peer_id in listener.role.holding)  # noqa: B023 (awaited here)
-        async with await _ask(listener, PEER, 3, hears_full=True) as member:
-            await _until(lambda: PEER.peer_id in listener.role.holding)
-            _at(listener, 4, values=4)
-            with trio.fail_after(SLACK_S):
-                frame = await FrameReader(member, max_frame_bytes=MAX_FRAME_BYTES).frame()
-        assert Codec(PEER).decode(frame or b"", time.time()).body.round == 4
-    finally:
-        for stream in held:
-            await stream.aclose()
-
-
-async def test_before_our_first_round_ends_strangers_may_take_every_place(listener: Listener) -> None:
-    """An open group's first round (no round of ours finished: `history` empty): every asker for
-    the state after it is a stranger, as is every joiner left out of it, and no member of ours can
-    be left out yet, so none is capped at `STRANGER_HOLDS`: `STATE_HOLDS` are held, as before
-    places were kept, and only one more is refused, naming no places kept."""
-    _fast(listener, 1000.0)  # the hold's end far off: only our round's end ends it
-    listener.plane.admit_peer = lambda peer: None  # every identity of our table
-    _at(listener, 0, values=4)
-    held: list[trio.SocketStream] = []
-    try:
-        for i in range(STATE_HOLDS):  # honest joiners left out of our first round, as strangers are
-            held.append(await _ask(listener, Identity.from_seed_text(f"joiner {i}"), 0, hears_full=True))
-            await _until(lambda: len(listener.role.holding) == i + 1)  # noqa: B023 (awaited here)
-        async with await _ask(listener, HONEST, 0, hears_full=True) as refused:
-            assert await _refusal(refused) == HoldsFull(0, STATE_HOLDS, 0)
-    finally:
-        for stream in held:
-            await stream.aclose()
-
-
-async def test_a_server_with_no_room_says_so_and_the_asker_takes_the_next_trainer_peers_state(
-        listener: Listener, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture) -> None:
-    """A server holding every place refuses our request for the state after our round with
-    `HoldsFull`, as we ask it to (`hears_full`): the asker knows it was refused for room
-    (`StateRefused`, not "ended the state after 0 of N values", which a broken server shows too),
-    logs it as no failure and takes the next trainer peer's state at once. Two real data planes."""
-    _fast(listener, 1000.0)  # the hold's end far off
-    listener.plane.admit_peer = lambda peer: None  # every identity of our table
-    _at(listener, 3, values=4)
-    members = [Identity.from_seed_text(f"held asker {i}") for i in range(STATE_HOLDS)]
-    listener.inbox.reserve(m.peer_id for m in members)
-    held = [await _ask(listener, member, 3) for member in members]
-    free = Listener()  # past round 3: answers at once
-    free.address = await nursery.start(free.plane.serve)
-    weights = torch.arange(4, dtype=torch.float32)
-    free.role.state = GlobalState(4, weights, torch.zeros(4))
-    servers = {"a full": listener, "b free": free}
-
-    async def connect(peer: str) -> trio.SocketStream:
-        return await servers[peer].connect(HONEST)
-
-    role = object.__new__(DilocoRole)  # HONEST's, left out of round 3: only what catching up reads
-    role.node = SimpleNamespace(codec=Codec(HONEST))
-    role.config = SimpleNamespace(trainers=(), deadline_s=1000.0, state_min_bytes_per_s=10**9)
-    role.state = GlobalState(3, torch.zeros(4), torch.zeros(4))
-    role.open_stream = connect
-    role._known_trainers = lambda: set(servers)
-    role.suspects, role.fetched, role.state_via_counts = set(), [], {path: 0 for path in JoinPath}
-    role._adopt = lambda state: setattr(role, "state", state)
-    try:
-        await _until(lambda: len(listener.role.holding) == STATE_HOLDS)
-        with pytest.raises(StateRefused) as refused:
-            await role.fetch_state("a full", after_round=3)
-        assert refused.value.full == HoldsFull(3, STATE_HOLDS, 0)
-        with caplog.at_level(logging.INFO, logger="trainer.diloco_role"):
-            await role._catch_up_directly(None, 3)  # "a full" first, then "b free"
-    finally:
-        for stream in held:
-            await stream.aclose()
-    assert role.state.round == 4 and torch.equal(role.state.weights, weights)
-    assert [f["from"] for f in role.fetched] == ["b free"]
-    lines = [r.getMessage() for r in caplog.records if r.name == "trainer.diloco_role"]
-    assert any(line.startswith("diloco: a full had no room to hold our request") for line in lines), lines
-    assert not any("failed" in line for line in lines), lines

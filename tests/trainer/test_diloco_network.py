@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 import trio
 
+from p2pnet.control import call
 from p2pnet.identity import Identity
 from p2pnet.node import PeerConfig, run_node
 from p2pnet.peertable import PeerTableConfig
+from trainer.diloco_state_answer import STATE_HOLDS, STRANGER_HOLDS
 
 FAST = PeerTableConfig(heartbeat_interval_s=0.2, expiry_s=30.0)
 ROUNDS = 8
@@ -94,6 +96,18 @@ async def test_trainer_peers_finish_rounds_when_one_dies_mid_round_and_one_joins
     # every live peer ends on the same global weights, at the last round
     digests = {r.status()["weights_digest"] for r in roles}
     assert len(digests) == 1 and all(r.state.round == ROUNDS for r in roles)
+    # whom each knows to be of the group (the held state requests' places): those whose whole
+    # contribution its last round took, itself among them
+    for r in roles:
+        assert r.node.peer_id in r.contributed and r.contributed == set(r.history[-1]["contributors"])
+    # what `p2pnet peer status --json` shows of it, through each live node's own control socket:
+    # the held state requests' places (none in use now) and the refusals for room (none here)
+    for name in [n for n in nodes if n != victim_name] + ["t3"]:
+        shown = (await call(tmp_path / name, {"cmd": "status"}))["role_status"]["diloco"]
+        assert shown["state_holds"] == {"held": 0, "held_strangers": 0, "places": STATE_HOLDS,
+                                        "stranger_places": STRANGER_HOLDS, "refused_members": 0,
+                                        "refused_strangers": 0}
+        assert shown["state_asks_refused"] == 0
     rows = {row["round"]: row for row in roles[0].history}
     assert victim.peer_id in rows[1]["members"] and victim.peer_id not in rows[1]["contributors"]
     assert set(rows[1]["contributors"]) == {first.peer_id, third.peer_id}  # round 1 completed without it
