@@ -243,6 +243,21 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
                 self._pump(now, v, effects)
         return self._arm(now, effects)
 
+    def _rated_as_stand_in(self, v: _Version, stripe: int, peer: str, rate: float) -> bool:
+        """Count a chunk `peer` delivered us at `rate` in `stripe` towards its delivery there
+        (`_Version.link_rates`, an EWMA as `_rates`) if it is neither our source in the stripe's
+        chain nor the origin (a stand-in of a lost lone root, `relay.sources`, or a holder or
+        member asked instead): its rate per peer mixes in the stripe where it is our parent, so
+        one that serves that stripe well and this one slowly is judged here on this one's alone
+        (`relay.judging`, `_short_as_stand_in`). Whether it was counted."""
+        chain = v.chains[stripe]
+        if not chain or chain[0] == peer or v.plan is None or peer == v.plan.origin:
+            return False
+        old = v.link_rates.get((peer, stripe))
+        v.link_rates[(peer, stripe)] = (rate, 1) if old is None else \
+            ((1 - RATE_EWMA) * old[0] + RATE_EWMA * rate, old[1] + 1)
+        return True
+
     def _prune_peers(self, now: float) -> None:
         """Forget per-peer marks that no longer matter, so a long-running peer's state follows its
         membership, not every peer it ever saw: `slow` and refusal counts of peers that left
@@ -355,6 +370,9 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
                 effects.append(DropSource(peer))
                 if moved:  # a chunk of another stripe asked of it (`asked_for`) went back to that
                     stripe = None  # stripe's queue: pump them all (pumping all on every drop: 1% missed 1.06x -> 1.09x)
+            elif stripe is not None and stripe != SWARM and stripe < len(v.chains) and \
+                    self._rated_as_stand_in(v, stripe, peer, rate) and self._short_as_stand_in(now, v, stripe, peer):
+                self._pass_over(now, v, peer, stripe, DropReason.SLOW, effects)  # our parent elsewhere: kept there
         if not v.have[index]:
             v.have[index] = 1
             v.have_count += 1
