@@ -549,6 +549,8 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         home = v.plan.home.get(self.self_id, -1)
         v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
         v.next_pos = [0] * v.plan.stripes
+        v.passed.clear()  # (passed over and timed per stripe of the old plan: its stripes are not the new one's)
+        v.link_rates.clear()
         old = [i for q in v.retry if q for i in q] + v.parked
         v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
         v.parked = []

@@ -247,3 +247,21 @@ def test_a_stand_in_withholding_its_own_stripe_is_passed_over_there_as_a_lost_ro
     assert run.asked(own, start + CONFIG.stall_timeout_s) == {want}
     assert run.asked(lost, start + CONFIG.stall_timeout_s) == {stand_in}
     assert run.dropped == []
+
+
+def test_a_replan_forgets_whom_we_passed_over_in_the_old_plan_s_stripes():
+    """Passing over and a stand-in's delivery are kept per stripe of the plan: a replan (a member
+    left) numbers the stripes afresh, and a stand-in passed over in the old plan's stripe is not
+    passed over in whatever the new plan numbers so."""
+    plan = _plan()
+    lost = plan.home[RELAYS[3]]
+    root, children = _drawn(plan, lost)
+    first, third = children[0], children[2]
+    run = _lost_root_run(third, lost, _withheld_by(first, lost))
+    start = run.now
+    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
+        run.step()
+    v = run.core._versions[1]
+    assert (first, lost) in v.passed
+    run.take(run.core.set_members(run.now, Membership.of({ORIGIN: 3e6, **dict.fromkeys(set(RELAYS) - {root}, 1e9)})))
+    assert v.plan is not plan and v.passed == {} and v.link_rates == {}
