@@ -47,7 +47,7 @@ fault:
   closes the connection. A source that serves us in several stripes is judged per (source, stripe)
   too: one whose requests in one stripe complete nothing for `stall_timeout_s` while it serves us in
   another is passed over in that stripe alone, for `exclude_s`, and stays usable (and its connection
-  open) for the others (`_pass_over`). A stand-in of a lost lone root (`relay.sources`) is our
+  open) for the others (`_pass_over`; told as `SourcePassedOver`, not as a drop). A stand-in of a lost lone root (`relay.sources`) is our
   parent in its own stripe, so judged per source it was never dropped for withholding the lost one,
   and the lost stripe waited on it for as long as it kept serving its own. The origin is never
   passed over (nobody else holds every chunk). Time the shell held our requests unsent does not
@@ -89,7 +89,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from p2pnet.core import Emit
-from relay.effects import DropReason, DropSource, FetchFailure, Penalise, SourceDropped
+from relay.effects import DropReason, DropSource, FetchFailure, Penalise, SourceDropped, SourcePassedOver
 from relay.transfer_state import _requeue
 
 if TYPE_CHECKING:
@@ -226,8 +226,8 @@ class FailureHandling:
         for index, entry in mine:
             self._settle(now, v, index, entry, progress=False)
             _requeue(v, index)
-        if mine:
-            effects.append(Emit(SourceDropped(peer, v.version, why)))
+        if mine:  # (not `SourceDropped`: it is not dropped, and nobody counts it as dropped)
+            effects.append(Emit(SourcePassedOver(peer, v.version, stripe, why)))
 
     def _unaddressed_for(self, now: float, peer: str) -> float:
         """Seconds since `peer`'s first `no_address` in a row (0: this is it, remembered now; past

@@ -13,7 +13,8 @@ every root its stripe's only forwarder, every other relay its child), on a virtu
 
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
-from relay.effects import DropSource, Fetch, FetchFailure
+from p2pnet.core import Emit
+from relay.effects import DropReason, DropSource, Fetch, FetchFailure, SourceDropped, SourcePassedOver
 from relay.manifest import open_manifest
 from relay.messages import ManifestAnnounce
 from relay.planner import Membership, StripePlan
@@ -73,6 +74,7 @@ class _Run:
         self.fetches: list[tuple[float, Fetch]] = [(0.0, f) for f in self.pending]
         self.dropped: list[str] = []
         self.marks: dict[str, int] = {}
+        self.events: list[object] = []
 
     def take(self, effects) -> None:
         for e in effects:
@@ -82,6 +84,8 @@ class _Run:
             elif isinstance(e, DropSource):
                 self.dropped.append(e.peer)
                 self.marks.setdefault(e.peer, len(self.fetches))
+            elif isinstance(e, Emit):
+                self.events.append(e.event)
 
     def fail(self, peer: str, reason: FetchFailure) -> None:
         """Every fetch outstanding at `peer` fails now with `reason`."""
@@ -265,3 +269,107 @@ def test_a_replan_forgets_whom_we_passed_over_in_the_old_plan_s_stripes():
     assert (first, lost) in v.passed
     run.take(run.core.set_members(run.now, Membership.of({ORIGIN: 3e6, **dict.fromkeys(set(RELAYS) - {root}, 1e9)})))
     assert v.plan is not plan and v.passed == {} and v.link_rates == {}
+
+
+def test_passing_over_is_told_as_a_pass_over_in_that_stripe_not_as_a_drop():
+    """Passing a source over in one stripe is not a drop (it stays our source in the others, its
+    connection open): the core tells it as `SourcePassedOver`, naming the stripe, and never as
+    `SourceDropped`, which the simulator's reports count as sources dropped (`sources_dropped`).
+    Before, a pass-over was told as `SourceDropped` and counted among them."""
+    plan = _plan()
+    lost = plan.home[RELAYS[3]]
+    root, children = _drawn(plan, lost)
+    first, third = children[0], children[2]
+    run = _lost_root_run(third, lost, _withheld_by(first, lost))
+    start = run.now
+    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
+        run.step()
+    assert SourcePassedOver(first, 1, lost, DropReason.STALLED) in run.events
+    assert [e.peer for e in run.events if isinstance(e, SourceDropped)] == [root]  # the lost root alone
+
+
+def test_a_withholding_lost_root_is_passed_over_in_its_stripe_while_another_chunk_has_failed_sources():
+    """The mirror case (above) while some chunk of the version has a failed source (`tried`: its
+    requests then go through `relay.requests`' `_choose_source`, not the first-usable shortcut):
+    here a chunk of the lost stripe the stand-in said it did not have, which the next child in the
+    draw then holds on to. The stand-in, passed over in its own stripe, is not asked for it again
+    there: that stripe goes to its first child in the draw."""
+    plan = _plan()
+    lost = plan.home[RELAYS[3]]
+    root, children = _drawn(plan, lost)
+    stand_in, second = children[0], children[1]
+    own = _home(plan, stand_in)
+    _, theirs = _drawn(plan, own)
+    me = [p for p in theirs if p in children[2:]][-1]
+    want = next(p for p in theirs if p != root)
+    run = _lost_root_run(me, lost, lambda f, s: None if f.peer == stand_in and s == own else FAST_S)
+    run.step()
+    stuck = next(f for f in run.pending if f.peer == stand_in and plan.stripe_of_chunk[f.index] == lost)
+    run.pending.remove(stuck)
+    run.take(run.core.fetch_failed(run.now, stand_in, 1, stuck.index, FetchFailure.UNAVAILABLE))
+    answer = run.answer
+    run.answer = lambda f, s: None if f.peer == second and f.index == stuck.index else answer(f, s)
+    start = run.now
+    while run.now < start + CONFIG.stall_timeout_s:
+        run.step()
+    v = run.core._versions[1]
+    assert v.tried == {stuck.index: {stand_in}} and (stand_in, own) in v.passed
+    assert run.asked(own, start + STEP_S) == {want}
+    assert stand_in in run.asked(lost, start + STEP_S)
+    assert stand_in not in run.dropped
+
+
+def _upstream_run(me: str, lost: int, stand_in: str, upstream_s: float) -> _Run:
+    """`me`'s run once `lost`'s lone root was found unreachable, where `stand_in` (honest) waits on
+    its own source of the lost stripe (the origin, capped and busy): each of its chunks there comes
+    `upstream_s` after we ask; its own stripe comes at once."""
+    asked_at: dict[int, float] = {}
+
+    def answer(f: Fetch, stripe: int):
+        if f.peer != stand_in or stripe != lost:
+            return FAST_S
+        at = asked_at.setdefault(f.index, run.now - STEP_S)
+        return upstream_s if run.now - at >= upstream_s else None
+
+    run = _lost_root_run(me, lost, answer)
+    return run
+
+
+def test_an_honest_stand_in_whose_upstream_is_slower_than_ours_but_not_slow_is_kept():
+    """An honest stand-in that waits on its own upstream for the lost stripe (the origin, busy),
+    each of its chunks there coming 2 steps after we ask (over half the stripe's planned rate,
+    so not slow: `relay.judging`, `_short_as_stand_in`; one under half of it is passed over as
+    slow, above), is never passed over: its link is never idle, and its clock moves on each
+    completion, so nobody else is asked for the stripe (the origin not at all)."""
+    plan = _plan()
+    lost = plan.home[RELAYS[3]]
+    root, children = _drawn(plan, lost)
+    first, second = children[0], children[1]
+    run = _upstream_run(second, lost, first, 2 * STEP_S)
+    start = run.now
+    while run.now < start + 4 * CONFIG.stall_timeout_s:
+        run.step()
+    assert run.asked(lost, start) == {first}
+    assert run.core._versions[1].passed == {} and run.dropped == []
+
+
+def test_an_honest_stand_in_whose_upstream_stalls_is_passed_over_as_a_parent_would_be_dropped():
+    """An honest stand-in whose own upstream delivers nothing of the lost stripe for longer than
+    `stall_timeout_s` is passed over there, as a parent that serves us in one stripe alone is
+    dropped as stalled when its upstream stalls (the per-source rule, unchanged): the second child
+    in the draw then asks the origin (one more copy of what remains of the stripe), and the third
+    asks the second, not the origin, so the origin's extra copies are one per lost stripe, not one
+    per child. Before per-(source, stripe) stalls, both waited on the stand-in (its own stripe
+    kept its clock moving)."""
+    plan = _plan()
+    lost = plan.home[RELAYS[3]]
+    root, children = _drawn(plan, lost)
+    first, second, third = children[0], children[1], children[2]
+    for me, then in ((second, ORIGIN), (third, second)):
+        run = _upstream_run(me, lost, first, 2 * CONFIG.stall_timeout_s)
+        start = run.now
+        while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
+            run.step()
+        assert run.asked(lost, start + CONFIG.stall_timeout_s) == {then}, me
+        assert first in run.asked(_home(plan, first), start + CONFIG.stall_timeout_s), me
+        assert run.dropped == [], me
