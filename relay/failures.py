@@ -47,8 +47,8 @@ fault:
   closes the connection. A source that serves us in several stripes is judged per (source, stripe)
   too: one whose requests in one stripe complete nothing for `stall_timeout_s` while it serves us in
   another is passed over in that stripe alone, for `exclude_s`, and stays usable (and its connection
-  open) for the others (`_pass_over`; told as `SourcePassedOver`, not as a drop). A stand-in of a lost lone root (`relay.sources`) is our
-  parent in its own stripe, so judged per source it was never dropped for withholding the lost one,
+  open) for the others (`_pass_over`; told as `SourcePassedOver`, not as a drop). A stand-in of a
+  lost lone root (`relay.sources`) is our parent in its own stripe, so judged per source it was never dropped for withholding the lost one,
   and the lost stripe waited on it for as long as it kept serving its own. The origin is never
   passed over (nobody else holds every chunk). Time the shell held our requests unsent does not
   count: while its dispatcher waits on our own disk (`sending_held` ... `sending_resumed`) no source
