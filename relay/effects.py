@@ -4,7 +4,9 @@ Effects (beside p2pnet's Publish/Send/SetTimer/Emit) that the relay shell (`rela
 simulator (`simulations.dataplane`) carries out: `Fetch` a chunk over the data plane,
 `FetchManifest` from a holder, `DropSource` (close a stalled connection), `Penalise` a peer that
 served bytes that do not verify. Events (inside `Emit`): `ManifestAccepted`, `VersionComplete`,
-`SourceDropped`. Plain frozen data; no behaviour.
+`SourceDropped`, and `SourcePassedOver` (not a drop: the source is passed over in one stripe of a
+version alone and stays in use for the others, its connection open). Plain frozen data; no
+behaviour.
 
 And the two vocabularies of a source's failures: `FetchFailure`, how a `Fetch` failed (what the
 shell or the simulator tells the core with `fetch_failed`), and `DropReason`, why the core
@@ -56,7 +58,8 @@ class FetchFailure(enum.StrEnum):
 
 class DropReason(enum.StrEnum):
     """Why the transfer core stopped fetching from a source: for a while (excluded) or for good
-    (banned, `CORRUPT`). Said in `SourceDropped`, and counted by reason in the simulator's reports."""
+    (banned, `CORRUPT`). Said in `SourceDropped`, and counted by reason in the simulator's reports;
+    `STALLED` and `SLOW` also say why a source is passed over in one stripe (`SourcePassedOver`)."""
 
     CORRUPT = "corrupt"
     """The source: it served a chunk that does not verify (`FetchFailure.CORRUPT`). Banned."""
@@ -163,4 +166,15 @@ class VersionComplete:
 class SourceDropped:
     peer: str
     version: int
+    why: DropReason
+
+
+@dataclass(frozen=True)
+class SourcePassedOver:
+    """`peer` is passed over in `stripe` of `version` alone, for `exclude_s` (`why`: `STALLED`, or
+    `SLOW` as a stand-in; `relay.failures`, `_pass_over`): it stays a source in the other stripes,
+    is neither excluded nor disconnected, and is not counted among the sources dropped."""
+    peer: str
+    version: int
+    stripe: int
     why: DropReason

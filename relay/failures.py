@@ -43,11 +43,17 @@ fault:
   it holds the whole version (`Holding`) is no longer counted among its holders: the answer
   contradicts that (it lost the chunk, or its claim was false); its next `Holding` counts again.
 - stall (detected here on the tick): a source with requests outstanding and no completion for
-  `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`)
-  so it closes the connection. Time the shell held our requests unsent does not count: while
-  its dispatcher waits on our own disk (`sending_held` ... `sending_resumed`) no source is
-  judged stalled, and each source's clock then moves on by the time held (one whose requests
-  were all issued meanwhile starts afresh): our disk's slowness is not theirs.
+  `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`) so it
+  closes the connection. A source that serves us in several stripes is judged per (source, stripe)
+  too: one whose requests in one stripe complete nothing for `stall_timeout_s` while it serves us in
+  another is passed over in that stripe alone, for `exclude_s`, and stays usable (and its connection
+  open) for the others (`_pass_over`; told as `SourcePassedOver`, not as a drop). A stand-in of a
+  lost lone root (`relay.sources`) is our parent in its own stripe, so judged per source it was never dropped for withholding the lost one,
+  and the lost stripe waited on it for as long as it kept serving its own. The origin is never
+  passed over (nobody else holds every chunk). Time the shell held our requests unsent does not
+  count: while its dispatcher waits on our own disk (`sending_held` ... `sending_resumed`) no source
+  is judged stalled, and each source's clock then moves on by the time held (one whose requests were
+  all issued meanwhile starts afresh): our disk's slowness is not theirs.
 - `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
   is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
 - `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
@@ -83,7 +89,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from p2pnet.core import Emit
-from relay.effects import DropReason, DropSource, FetchFailure, Penalise, SourceDropped
+from relay.effects import DropReason, DropSource, FetchFailure, Penalise, SourceDropped, SourcePassedOver
 from relay.transfer_state import _requeue
 
 if TYPE_CHECKING:
@@ -184,6 +190,8 @@ class FailureHandling:
             for src in v.sources.values():
                 if src.outstanding > 0:
                     src.since = now if src.since >= since else src.since + (now - since)
+            for link, at in v.link_since.items():  # (only links with requests out are kept)
+                v.link_since[link] = now if at >= since else at + (now - since)
         return []
 
     def _check_stalls(self, now: float, v: _Version, effects: list[Any]) -> None:
@@ -194,6 +202,32 @@ class FailureHandling:
         for peer in stalled:
             self._exclude(now, peer, DropReason.STALLED, effects)
             effects.append(DropSource(peer))
+        origin = v.plan.origin if v.plan is not None else None
+        links = [link for link, since in v.link_since.items() if since < horizon and link[0] != origin]
+        for peer, stripe in links:  # the source made progress in another stripe (or it stalled above)
+            if (peer, stripe) in v.link_since:
+                self._pass_over(now, v, peer, stripe, DropReason.STALLED, effects)
+
+    def _pass_over(self, now: float, v: _Version, peer: str, stripe: int, why: DropReason,
+                   effects: list[Any]) -> None:
+        """Stop asking `peer` for `stripe`'s chunks of `v` for `exclude_s`, in that stripe alone:
+        it serves us in another stripe (a stand-in is our parent in its own), where it stays
+        usable, but stalled here (`why`: `STALLED`) or, as a stand-in, delivers too little here
+        (`SLOW`, `relay.judging`). Its requests in that stripe go back to the retry queue and the
+        stripe's next source is picked as if it were dropped (`relay.requests`, `_passed_over`):
+        for a lost lone root's stripe, the next earlier child, then the origin (see the top)."""
+        v.passed[(peer, stripe)] = now + self.config.exclude_s
+        v.link_since.pop((peer, stripe), None)
+        v.link_rates.pop((peer, stripe), None)
+        kept = v.spare.get(stripe)
+        if kept is not None and kept[0] == peer:
+            del v.spare[stripe]
+        mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer and e[1] == stripe]
+        for index, entry in mine:
+            self._settle(now, v, index, entry, progress=False)
+            _requeue(v, index)
+        if mine:  # (not `SourceDropped`: it is not dropped, and nobody counts it as dropped)
+            effects.append(Emit(SourcePassedOver(peer, v.version, stripe, why)))
 
     def _unaddressed_for(self, now: float, peer: str) -> float:
         """Seconds since `peer`'s first `no_address` in a row (0: this is it, remembered now; past

@@ -194,7 +194,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from relay.planner import Membership, StripePlan
 from relay.transfer_state import _Feed
@@ -226,6 +226,9 @@ class SourceJudgement:
         def _usable(self, now: float, peer: str) -> bool: ...
         def _replaceable(self, now: float, plan: StripePlan, stripe: int, peer: str) -> bool: ...
         def _forwarders(self, plan: StripePlan, stripe: int) -> tuple[tuple[str, ...], int]: ...
+        def _lost_lone_root(self, now: float, plan: StripePlan, stripe: int, planned: list[str],
+                            passed: Any = ()) -> bool: ...
+        def _passed_over(self, now: float, v: _Version, stripe: int) -> set[str]: ...
 
     def _delivers_too_little(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
         """Whether `peer`, our parent in `stripe`, delivers less than half of what our other
@@ -414,9 +417,30 @@ class SourceJudgement:
         ranked = plan.ranked_interior(stripe)
         return len(ranked) == 1 and ranked[0][0] == peer and plan.ancestors(stripe, self.self_id) == [peer, plan.origin]
 
-    def _short_of_plan(self, v: _Version, stripe: int, peer: str) -> bool:
-        """Whether `peer`, our source in `stripe`, delivers under half the share of its stripe's
-        planned capacity that our parents in the other stripes deliver of theirs (the median,
+    def _short_as_stand_in(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
+        """Whether `peer`, whom we ask for `stripe` in place of the stripe's lost lone root (a
+        stand-in, `relay.sources`; our parent in its own stripe), delivers us too little there,
+        judged as that root was (`_delivers_too_little`, `_short_of_plan`) on what it delivered
+        of this stripe alone (`_Version.link_rates`, `SLOW_MIN_SAMPLES` chunks timed): a stand-in
+        that kept the slow root it stands in for, or that forwards the stripe slowly, is passed
+        over there in turn (for the next earlier child, then the origin, while usable)."""
+        plan = v.plan
+        link = v.link_rates.get((peer, stripe))
+        if plan is None or link is None or link[1] < SLOW_MIN_SAMPLES:
+            return False
+        planned_chain = plan.ancestors(stripe, self.self_id)
+        passed = self._passed_over(now, v, stripe) if v.passed else ()
+        if not self._lost_lone_root(now, plan, stripe, planned_chain, passed):
+            return False
+        rate = link[0]
+        planned = min(plan.capacity_bps[stripe] / max(len(self._members), 1), self._stripe_feed_bps(now, v))
+        if rate * self.config.window_per_source >= SLOW_RATIO * planned:
+            return False
+        return self._short_of_plan(v, stripe, peer, rate) and self._usable(now, plan.origin)
+
+    def _short_of_plan(self, v: _Version, stripe: int, peer: str, rate: float | None = None) -> bool:
+        """Whether `peer`, our source in `stripe`, delivers (at `rate`, or its rate per peer)
+        under half the share of its stripe's planned capacity that our parents in the other stripes deliver of theirs (the median,
         over at least 3 of them), and under half the rate the fastest of them delivers. For a
         stripe's only forwarder (see the top): an honest peer alone in a stripe delivers at a
         rate that is a share of what it advertised like the others, whatever the figures; one
@@ -438,7 +462,7 @@ class SourceJudgement:
                    if s != stripe and c and c[0] != peer and samples.get(c[0], 0) >= SLOW_MIN_SAMPLES]
         if len(parents) < 3:
             return False
-        rate = rates[peer]
+        rate = rates[peer] if rate is None else rate
         shares = sorted(r / capacity for r, capacity in parents)
         return rate / plan.capacity_bps[stripe] < SLOW_RATIO * shares[len(shares) // 2] and \
             rate < SLOW_RATIO * max(r for r, _ in parents)

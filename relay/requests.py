@@ -1,16 +1,16 @@
 """The transfer core's chunk requests: which chunk next, whom to ask, and when not to ask.
 
-Mixed into `relay.transfer.TransferCore` (`Requesting`). A stripe's chain of sources is our
-parent in its plan (or a substitute for it, `relay.sources`) and its ancestors (`_chain`).
-`_pump` issues requests while each (source, stripe) link's window (`window_per_source`) and the
-core's in-flight budget (`max_in_flight`) allow, stripe by stripe; `_issue_one` takes a stripe's
-next chunk (its retry queue first, `_next_index`) and asks it of the first usable member of the
-stripe's chain, else of a holder of the whole version (`_choose_source`), parking it for the
-next tick when nobody is usable; `_note_request` and `_settle` keep the in-flight and per-source
-bookkeeping as a request goes out and is answered or taken back. `asked_for` fetches a chunk
-someone waits for from us down our home stripe's chain at once; `hold_requests` stops new
-requests for a while (our store is full or failing), `_hold_ends` says when the tick resumes
-them.
+Mixed into `relay.transfer.TransferCore` (`Requesting`). A stripe's chain of sources is our parent
+in its plan (or a substitute for it, `relay.sources`) and its ancestors (`_chain`). `_pump` issues
+requests while each (source, stripe) link's window (`window_per_source`) and the core's in-flight
+budget (`max_in_flight`) allow, stripe by stripe; `_issue_one` takes a stripe's next chunk (its
+retry queue first, `_next_index`) and asks it of the first usable member of the stripe's chain, else
+of a holder of the whole version (`_choose_source`), passing over those we pass over in that stripe
+alone (`_passed_over`), parking it for the next tick when nobody is usable; `_note_request` and
+`_settle` keep the in-flight and per-source bookkeeping as a request goes out and is answered or
+taken back. `asked_for` fetches a chunk someone waits for from us down our home stripe's chain at
+once; `hold_requests` stops new requests for a while (our store is full or failing), `_hold_ends`
+says when the tick resumes them.
 
 These methods read the core's configuration, membership, versions, exclusions, bans and measured
 rates, keep `_in_flight` and `_hold_until`, and change a version's requests; they also call the
@@ -124,7 +124,8 @@ class Requesting:
     def _issue_one(self, now: float, v: _Version, stripe: int, effects: list[Any]) -> bool:
         source = None
         if not v.tried:  # nothing failed: the source is the first usable ancestor, whichever the chunk
-            source = self._spare_origin(now, v, stripe, self._first_usable(now, v.chains[stripe], ()), ())
+            first = self._first_usable(now, v.chains[stripe], self._passed_over(now, v, stripe) if v.passed else ())
+            source = self._spare_origin(now, v, stripe, first, ())
             if source is not None and v.link_load.get((source, stripe), 0) >= self.config.window_per_source:
                 return False  # its window is full: no need to look for the next chunk
         index, from_retry = self._next_index(v, stripe)
@@ -159,7 +160,9 @@ class Requesting:
         """Chunk `index` is now asked of `source` (for `stripe`, or SWARM): in flight, one more
         request on that link's window, and one more outstanding request on that source, whose
         busy time starts if it was idle."""
-        v.link_load[(source, stripe)] = v.link_load.get((source, stripe), 0) + 1
+        load = v.link_load[(source, stripe)] = v.link_load.get((source, stripe), 0) + 1
+        if load == 1:
+            v.link_since[(source, stripe)] = now
         v.in_flight[index] = (source, stripe, now)
         self._in_flight += 1
         src = v.sources.get(source)
@@ -174,6 +177,8 @@ class Requesting:
         fastest usable holder we measured, ties drawn per relay (`relay.planner.tiebreak`); None
         when nobody is usable."""
         tried = v.tried.get(index, ())
+        if v.passed:
+            tried = self._passed_over(now, v, stripe).union(tried)
         peer = self._first_usable(now, v.chains[stripe], tried)
         if peer is not None:
             return peer
@@ -196,6 +201,12 @@ class Requesting:
                 return peer
         return None
 
+    def _passed_over(self, now: float, v: _Version, stripe: int) -> set[str]:
+        """The sources we pass over in `stripe` of `v` alone for now: a link of theirs stalled, or a
+        stand-in delivered too little there, while they serve us elsewhere (`relay.failures`,
+        `_pass_over`). O(links passed over): few, and only looked at when there are some."""
+        return {peer for (peer, s), until in v.passed.items() if s == stripe and until > now}
+
     def _usable(self, now: float, peer: str) -> bool:
         if peer == self.self_id or peer in self._banned:
             return False
@@ -212,8 +223,11 @@ class Requesting:
         load = v.link_load[key] - 1
         if load <= 0:
             del v.link_load[key]
+            v.link_since.pop(key, None)
         else:
             v.link_load[key] = load
+            if progress:
+                v.link_since[key] = now
         src = v.sources[peer]
         src.outstanding -= 1
         if progress:

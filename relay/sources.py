@@ -54,18 +54,30 @@ copies, and 1.098x the bound instead of 1.189x. With the rule alone the stripe's
 to 128 s, but its last 1% of relays, the children of a slow depth-2 member with 61 of them,
 waited until 280 s (1.40x): the origin's copies had been feeding that tail.
 
-A lost lone root (`_stand_in`). A plan of few members may give each stripe one
-interior member, its root, and every other member as its children; when that root is killed or
-banned (not slow: see below), no member is left to borrow from, and every child took the stripe
-from the origin. One stand-in instead: the first of the root's children, in an order drawn per
-version, that we did not see fail takes the stripe from the origin, and each later child takes
-it from the first one before it that it did not see fail (only earlier ones: no cycle, even
-between members whose plans differ, since the order is one for the whole version). The order is
-salted by the manifest id (the same for every member; no peer knows it before the version is
-out): in peer id order, an id ground to sort first made one peer the stand-in of every lost
-stripe of every version. Measured (8 real relays, the publisher capped at 3 MB/s, 16 MiB in
-64 KiB chunks, two roots killed mid-version and one banned for corrupting; in peer id order):
-2.55 copies from the origin and 13.6 s, with the stand-in 1.16 copies and 5.8 s.
+A lost lone root (`_stand_in`). A plan of few members may give each stripe one interior member, its
+root, and every other member as its children; when that root is killed, banned or dropped as slow,
+or passed over in its stripe (below), no member is left to borrow from, and every child took the
+stripe from the origin. One stand-in instead: the first of the root's children, in an order drawn
+per version, that we did not see fail takes the stripe from the origin, and each later child takes
+it from the first one before it that it did not see fail (only earlier ones: no cycle, even between
+members whose plans differ, since the order is one for the whole version). The order is salted by
+the manifest id (the same for every member; no peer knows it before the version is out): in peer id
+order, an id ground to sort first made one peer the stand-in of every lost stripe of every version.
+Measured (8 real relays, the publisher capped at 3 MB/s, 16 MiB in 64 KiB chunks, two roots killed
+mid-version and one banned for corrupting; in peer id order): 2.55 copies from the origin and 13.6
+s, with the stand-in 1.16 copies and 5.8 s. A stand-in is our parent in its own stripe too, so a
+stall per source never caught one that served that stripe and withheld the lost one: the lost stripe
+waited on it for as long as it served its own. Stalls are judged per (source, stripe) as well
+(`relay.failures`, `_pass_over`): one stalled there is passed over in that stripe alone
+(`_passed_over`; for the next earlier child, then the origin) and stays our parent in its own; and
+its delivery of the lost stripe is judged on that stripe's chunks alone, as the root's was
+(`relay.judging`, `_short_as_stand_in`). So a root dropped as slow is stood in for as well (before,
+every child that dropped it asked the origin, the first-ranked child's rule below), and a slow
+stand-in is passed over in turn. Measured (the same 8 relays, 16 MiB, one run each way unless said):
+the stand-in of a killed root withholding the lost stripe, 8.81 and 8.79 s -> 5.61 and 5.86 s
+(1.13-1.14 copies either way); a root serving at 250 KB/s while it advertises the default, 1.25 ->
+1.13 copies (most of its children never dropped it: holders of the whole version fed its stripe at
+the end).
 
 An origin that delivers far less than it advertises (a trainer advertising the default upload on
 a home uplink) is left, stripe by stripe, for a forwarder of the stripe where the plan made it our
@@ -159,6 +171,7 @@ class SourceChoice:
         def _usable(self, now: float, peer: str) -> bool: ...
         def _next_index(self, v: _Version, stripe: int) -> tuple[int | None, bool]: ...
         def _origin_feeds_too_little(self, v: _Version, stripe: int) -> bool: ...
+        def _passed_over(self, now: float, v: _Version, stripe: int) -> set[str]: ...
 
     def _substitute(self, now: float, plan: StripePlan, stripe: int, below: tuple[int, str] | None,
                     lost: str | None = None, skip: str | None = None, avoid: Any = (),
@@ -310,56 +323,67 @@ class SourceChoice:
         slowly), else a peer we measured that holds the whole version, else (while fewer than
         `ORIGIN_SPARE_TRIES` peers failed this chunk) a member ranked before us in the stripe
         (`_substitute`, its ancestors unchecked: the one we dropped may be theirs, busy rather
-        than hung). The origin's upload is the scarcest (each stripe is sent once from it, to
-        its root). When only the origin could replace a stripe root we dropped as slow (see
-        the top, `_origin_replaces_root`): a measured holder of the whole version, else nobody
-        (ask the origin)."""
+        than hung), or for a lost lone root a stand-in (`_stand_in`). The origin's upload is
+        the scarcest (each stripe is sent once from it, to its root). When only the origin
+        could replace a stripe root we dropped as slow (see the top, `_origin_replaces_root`):
+        a measured holder of the whole version, else nobody (ask the origin), unless that root
+        is its stripe's only forwarder: a stand-in then, as for one lost. Peers we pass over in
+        `stripe` alone (`_passed_over`) are skipped as those in `tried` are, but not counted
+        among them."""
         plan = v.plan
         assert plan is not None
         if self.self_id == plan.origin or plan.parent[stripe].get(self.self_id) == plan.origin:
             return None
         planned = plan.ancestors(stripe, self.self_id)
-        slow_root = bool(planned) and planned[0] in self._slow and not self._usable(now, planned[0]) and \
-            self._origin_replaces_root(plan, stripe, planned)
-        if not slow_root:
+        passed = self._passed_over(now, v, stripe) if v.passed else set()
+        avoid = passed.union(tried) if passed else tried
+        lone = self._lost_lone_root(now, plan, stripe, planned, passed)
+        slow_root = not lone and bool(planned) and planned[0] in self._slow and \
+            not self._usable(now, planned[0]) and self._origin_replaces_root(plan, stripe, planned)
+        if not slow_root and not lone:
             for peer in v.chains[stripe]:
-                if peer in self._slow and peer not in tried and peer not in self._banned:
+                if peer in self._slow and peer not in avoid and peer not in self._banned:
                     return peer
         rates = self._rates
-        held = [p for p in v.holders if p in rates and p != plan.origin and p not in tried and self._usable(now, p)]
+        held = [p for p in v.holders if p in rates and p != plan.origin and p not in avoid and self._usable(now, p)]
         if held:
             return max(held, key=lambda p: (rates[p], p))
         if slow_root:
-            return None  # the origin feeds the first-ranked child of a slow root, or a lone root's (see the top)
+            return None  # the origin feeds the first-ranked child of a slow root (see the top)
         if len(tried) >= ORIGIN_SPARE_TRIES:
             return None
         if not tried:  # the pick for the stripe's next chunks, kept for one tick (`_substitute` is O(members))
             kept = v.spare.get(stripe)
+            # (`relay.failures`' `_pass_over` forgets a pick it passes over)
             if kept is not None and kept[1] > now and (kept[0] is None or self._usable(now, kept[0])):
                 return kept[0]
         below = (len(planned), self.self_id) if planned else None
-        pick = self._substitute(now, plan, stripe, below, planned[0] if planned else None, avoid=tried, strict=False)
-        if pick is None and self._lost_lone_root(now, plan, stripe, planned):
-            pick = self._stand_in(now, plan, stripe, planned[0], tried, v.signed.manifest_id)
+        pick = self._substitute(now, plan, stripe, below, planned[0] if planned else None, avoid=avoid, strict=False)
+        if pick is None and lone:
+            pick = self._stand_in(now, plan, stripe, planned[0], avoid, v.signed.manifest_id)
         if not tried:
             v.spare[stripe] = (pick, now + self.config.stall_timeout_s / 4)
         return pick
 
-    def _lost_lone_root(self, now: float, plan: StripePlan, stripe: int, planned: list[str]) -> bool:
+    def _lost_lone_root(self, now: float, plan: StripePlan, stripe: int, planned: list[str],
+                        passed: Any = ()) -> bool:
         """Whether our parent in `stripe` (`planned`: our planned ancestors there) is the
-        stripe's root and only interior member, and we dropped (not as slow) or banned it:
+        stripe's root and only interior member, and we dropped (as slow too) or banned it, or
+        pass it over there (`passed`: it withheld the stripe while it served us in another):
         nobody else in the plan forwards the stripe (see the top, a lost lone root)."""
-        if len(planned) != 2 or planned[1] != plan.origin or self._usable(now, planned[0]):
+        if len(planned) != 2 or planned[1] != plan.origin or \
+                self._usable(now, planned[0]) and planned[0] not in passed:
             return False
         ranked = plan.ranked_interior(stripe)
-        return len(ranked) == 1 and ranked[0][0] == planned[0] and planned[0] not in self._slow
+        return len(ranked) == 1 and ranked[0][0] == planned[0]
 
     def _stand_in(self, now: float, plan: StripePlan, stripe: int, root: str, tried: Any,
                   manifest_id: bytes) -> str | None:
         """Whom to ask for `stripe` instead of the origin now that its lone root `root` is lost
         (`_lost_lone_root`): the first of the root's children in the order drawn for this version
         (`stand_in_key`, salted by `manifest_id`; see the top) that ranks before us
-        and that we neither dropped, banned nor tried for this chunk. The first child none of us
+        and that we neither dropped, banned, tried for this chunk nor pass over in the stripe
+        (`tried` holds both). The first child none of us
         saw fail has nobody before it and asks the origin: it is the stripe's stand-in root, and
         the others take the stripe from it (or from the one before it that they still take for
         alive), so picks only point to earlier children and never form a cycle. A liar among
@@ -408,6 +432,8 @@ class SourceChoice:
             if s != stripe and self._next_index(v, s)[0] is not None:
                 return None  # another stripe still has chunks to ask for: not the endgame yet
         tried = v.tried.get(index, ())
+        if v.passed:
+            tried = self._passed_over(now, v, stripe).union(tried)
         window, load = self.config.window_per_source, v.link_load
         best, best_key = None, None
         rates = self._rates

@@ -55,17 +55,17 @@ uploads measurably deliver) applies from the next version on: replanning mid-way
 to parents that no longer forwarded those chunks, and they stalled (measured on loopback).
 
 Per-chunk work is O(stripes) (pointer per stripe, cached ancestor chains): no O(N) per event. The
-bookkeeping per version and per source (`_Version`, `_Source`): `relay.transfer_state`.
+bookkeeping per version and per source (`_Version`, `_Source`): `relay.transfer_state`; the
+settings (`TransferConfig`): `relay.transfer_config`; the read-only queries (`has`, `progress`,
+`status`, ...): `relay.transfer_queries` (mixed into the core).
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from p2pnet.config import validated
 from p2pnet.core import Emit, Publish, SetTimer
 from p2pnet.wire import Envelope
 from relay.announce import Announcing
@@ -82,54 +82,19 @@ from relay.requests import Requesting
 from relay.sources import SourceChoice
 from relay.swarm import SwarmVersion, neighbours, rotation
 from relay.swarm_transfer import SWARM, TIMER_HAVE, SwarmTransfer
+from relay.transfer_config import LAYOUTS as LAYOUTS, TransferConfig  # (both importable from here as before)
+from relay.transfer_queries import Reporting
 from relay.transfer_state import _requeue, _Version
 
 TIMER_TICK = "relay/tick"
-LAYOUTS = ("striped", "tree", "star", "swarm")
 RATE_EWMA = 0.3
-
-
-@validated
-@dataclass(frozen=True)
-class TransferConfig:
-    stripes: int = 16
-    window_per_source: int = 2
-    max_in_flight: int = 16
-    stall_timeout_s: float = 30.0
-    exclude_s: float = 60.0
-    not_admitted_s: float = 2.0  # by then the source has our heartbeat: the refused fetch sent it (`Node.introduce`)
-    announce_interval_s: float = 5.0
-    corrupt_penalty: float = 5.0
-    manifest_retry_s: float = 5.0
-    announce_sample: int = 8  # about this many holders gossip `Holding` per interval, network-wide
-    layout: str = "striped"  # "tree", "star" and "swarm" exist as baselines for the simulator
-    tree_fanout: int = 4
-    stable_plan: bool = True  # see `relay.planner.plan_broadcast`
-    swarm_degree: int = 8  # the swarm layout: neighbours we pick (those that pick us come on top)
-    have_interval_s: float = 0.2  # the swarm layout: our bitmap goes out at most this often
-
-    def check(self) -> dict[str, str]:
-        problems = {}
-        if self.layout not in LAYOUTS:
-            problems["layout"] = f"must be one of {LAYOUTS}"
-        if self.tree_fanout < 1:
-            problems["tree_fanout"] = "must be >= 1"
-        for name in ("stripes", "window_per_source", "max_in_flight", "announce_sample", "swarm_degree"):
-            if getattr(self, name) < 1:
-                problems[name] = "must be >= 1"
-        for name in ("stall_timeout_s", "exclude_s", "not_admitted_s", "announce_interval_s", "manifest_retry_s", "have_interval_s"):
-            if not getattr(self, name) > 0:
-                problems[name] = "must be > 0"
-        if self.corrupt_penalty < 0:
-            problems["corrupt_penalty"] = "must be >= 0"
-        return problems
 
 
 OpenFrame = Callable[[bytes, float], SignedManifest]
 
 
 class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, Announcing, ManifestAsks,
-                   ManifestAnswers, SwarmTransfer):
+                   ManifestAnswers, SwarmTransfer, Reporting):
     """One peer's relay transfers. Inputs are the core contract plus the commands below (and
     `fetch_failed`, `relay.failures`)."""
 
@@ -242,6 +207,21 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
                 self._replan(now, v)
                 self._pump(now, v, effects)
         return self._arm(now, effects)
+
+    def _rated_as_stand_in(self, v: _Version, stripe: int, peer: str, rate: float) -> bool:
+        """Count a chunk `peer` delivered us at `rate` in `stripe` towards its delivery there
+        (`_Version.link_rates`, an EWMA as `_rates`) if it is neither our source in the stripe's
+        chain nor the origin (a stand-in of a lost lone root, `relay.sources`, or a holder or
+        member asked instead): its rate per peer mixes in the stripe where it is our parent, so
+        one that serves that stripe well and this one slowly is judged here on this one's alone
+        (`relay.judging`, `_short_as_stand_in`). Whether it was counted."""
+        chain = v.chains[stripe]
+        if not chain or chain[0] == peer or v.plan is None or peer == v.plan.origin:
+            return False
+        old = v.link_rates.get((peer, stripe))
+        v.link_rates[(peer, stripe)] = (rate, 1) if old is None else \
+            ((1 - RATE_EWMA) * old[0] + RATE_EWMA * rate, old[1] + 1)
+        return True
 
     def _prune_peers(self, now: float) -> None:
         """Forget per-peer marks that no longer matter, so a long-running peer's state follows its
@@ -357,6 +337,9 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
                     stripe = None  # stripe's queue: pump them all (pumping all on every drop: 1% missed 1.06x -> 1.09x)
             elif stripe is not None and peer == v.signed.publisher:
                 self._leave_origin(now, v)  # where it delivers too little, forwarders feed us instead
+            elif stripe is not None and stripe != SWARM and stripe < len(v.chains) and \
+                    self._rated_as_stand_in(v, stripe, peer, rate) and self._short_as_stand_in(now, v, stripe, peer):
+                self._pass_over(now, v, peer, stripe, DropReason.SLOW, effects)  # our parent elsewhere: kept there
         if not v.have[index]:
             v.have[index] = 1
             v.have_count += 1
@@ -438,54 +421,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._pump(now, v, effects)
         return self._arm(now, effects)
 
-    # -- queries --------------------------------------------------------------------------
-
-    def has(self, version: int, index: int) -> bool:
-        v = self._versions.get(version)
-        return v is not None and bool(v.have[index])
-
-    def knows(self, version: int) -> bool:
-        return version in self._versions
-
-    def complete_versions(self) -> list[int]:
-        return sorted(n for n, v in self._versions.items() if v.complete)
-
-    def signed(self, version: int) -> SignedManifest | None:
-        v = self._versions.get(version)
-        return v.signed if v is not None else None
-
-    def progress(self, now: float, version: int) -> dict[str, Any]:
-        v = self._versions[version]
-        end = v.completed_at if v.completed_at is not None else now
-        took = max(end - v.known_at, 1e-9)
-        return {
-            "version": version,
-            "manifest_id": v.signed.manifest_id.hex(),
-            "chunks_have": v.have_count,
-            "chunks_total": v.count,
-            "complete": v.complete,
-            "origin": v.is_origin,
-            "fetched_chunks": v.fetched_chunks,
-            "fetched_bytes": v.fetched_bytes,
-            "bytes_per_s": round(v.fetched_bytes / took, 1),
-            "in_flight": len(v.in_flight),
-            "sources": sorted({peer for peer, _, _ in v.in_flight.values()}),
-            "parents": [chain[0] if chain else None for chain in v.chains],
-            "holders": len(v.holders),
-        }
-
-    def status(self, now: float) -> dict[str, Any]:
-        return {
-            "versions": self.complete_versions(),
-            "progress": [self.progress(now, n) for n in sorted(self._versions)],
-            "members": len(self._members),
-            "serving_members": sum(1 for upload in self._members.uploads.values() if upload > 0),  # parents to plan
-            "excluded": sorted(p for p, until in self._excluded.items() if until > now),
-            "banned": sorted(self._banned),
-            "rejected_manifests": self.rejected_manifests,
-        }
-
-    # -- internals: admission and planning ------------------------------------------------
+    # -- internals: admission and planning (the queries: `relay.transfer_queries`) ----------
 
     def _admit(self, now: float, signed: SignedManifest, effects: list[Any],
                held: Iterable[int] | None) -> _Version | None:
@@ -534,6 +470,8 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         home = v.plan.home.get(self.self_id, -1)
         v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
         v.next_pos = [0] * v.plan.stripes
+        v.passed.clear()  # (passed over and timed per stripe of the old plan: its stripes are not the new one's)
+        v.link_rates.clear()
         old = [i for q in v.retry if q for i in q] + v.parked
         v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
         v.parked = []

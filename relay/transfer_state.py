@@ -1,12 +1,13 @@
 """The transfer core's bookkeeping per version and per source: plain records, no decisions.
 
-`_Version` is what `relay.transfer.TransferCore` knows of one version: the signed manifest,
-which chunks we hold, the plan and our chain of sources per stripe, where each stripe's next
-request starts and which chunks wait to be asked for again, the requests in flight and their
-load per (source, stripe) link, the chunks' failed sources, holders of the whole version, and
-counters for `progress`. `_Source` is one source's outstanding requests and when it last made
-progress (the stall check). `_Feed` is what the origin sent us of our own stripe. `_requeue`
-puts a chunk back on its stripe's retry queue.
+`_Version` is what `relay.transfer.TransferCore` knows of one version: the signed manifest, which
+chunks we hold, the plan and our chain of sources per stripe, where each stripe's next request
+starts and which chunks wait to be asked for again, the requests in flight and their load per
+(source, stripe) link, the chunks' failed sources, holders of the whole version, and counters for
+`progress`, and per (source, stripe) link when it last made progress, until when a source is passed
+over in one stripe alone, and a stand-in's delivery there. `_Source` is one source's outstanding
+requests and when it last made progress (the stall check). `_Feed` is what the origin sent us of our
+own stripe. `_requeue` puts a chunk back on its stripe's retry queue.
 
 Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
 `relay.failures`, `relay.announce`, `relay.manifest_asks`, `relay.swarm_transfer`); it imports none
@@ -60,6 +61,13 @@ class _Version:
     parked: list[int] = field(default_factory=list)
     in_flight: dict[int, tuple[str, int, float]] = field(default_factory=dict)  # index -> peer, stripe, t
     link_load: dict[tuple[str, int], int] = field(default_factory=dict)
+    # (source, stripe) -> last completion on that link, or when its load went from 0 to 1: a stall per link
+    link_since: dict[tuple[str, int], float] = field(default_factory=dict)
+    # (source, stripe) -> until when we pass the source over in that stripe alone (`relay.failures`, `_pass_over`)
+    passed: dict[tuple[str, int], float] = field(default_factory=dict)
+    # (source, stripe) -> its delivery (EWMA, bytes/s) and chunks timed there, where it is not our parent
+    # in the stripe's chain nor the origin (a stand-in: `relay.judging`, `_short_as_stand_in`)
+    link_rates: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)
     tried: dict[int, set[str]] = field(default_factory=dict)
     reasked: dict[int, int] = field(default_factory=dict)  # index -> our parent answered "unavailable" this often
     spare: dict[int, tuple[str | None, float]] = field(default_factory=dict)  # stripe -> whom to ask instead of the origin, until

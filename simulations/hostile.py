@@ -42,7 +42,7 @@ from p2pnet.identity import Identity
 from relay.manifest import SignedManifest
 from relay.messages import HOLDING_TOPIC, MANIFEST_TOPIC, HeldVersion, Holding, ManifestAnnounce
 from relay.planner import Membership, lower_bound_s
-from relay.effects import SourceDropped, VersionComplete
+from relay.effects import SourceDropped, SourcePassedOver, VersionComplete
 from relay.serving import ServingConfig
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import build_broadcast, fake_manifest, identity
@@ -273,10 +273,13 @@ def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
     finished = max(done) if len(done) == len(survivors) and done else None
     penalised = sorted({peer for _, _, peer, _ in run.world.penalties})
     dropped: dict[str, int] = {}
+    passed: dict[str, int] = {}
     for _, _, event in run.world.events:
         if isinstance(event, SourceDropped):
             why = event.why.value  # (the reason's word: the summary is plain data, written as JSON)
             dropped[why] = dropped.get(why, 0) + 1
+        elif isinstance(event, SourcePassedOver):  # (in one stripe alone: not a drop)
+            passed[event.why.value] = passed.get(event.why.value, 0) + 1
     join_s = [run.completed[p] - run.joined[p] for p in joiners if p in run.completed]
     return {
         "scenario": sc.name,
@@ -308,6 +311,7 @@ def summarize(run: BroadcastRun, wall_s: float) -> dict[str, Any]:
         "chunks_accepted_from_byzantine": run.world.genuine_from_corrupt_peers,
         "forged_manifests_rejected": sum(c.rejected_manifests for c in run.cores.values()),
         "sources_dropped": dict(sorted(dropped.items())),
+        "sources_passed_over": dict(sorted(passed.items())),
         "replans": run.replans,
         "transfer": dict(sorted(run.world.transfer_stats.items())),
         "messages": dict(sorted(run.world.stats.items())),
