@@ -82,7 +82,7 @@ def test_other_holders_are_bounded_per_version_and_members_take_strangers_places
     assert list(c._manifest_others[1].named) == list(members[:n])
     c.fetch_failed(3.5, "m2", 1, 0, FetchFailure.UNREACHABLE)  # (excluded `exclude_s`, as a source of chunks)
     order, peer, t = [], "m0", 4.0
-    while True:
+    for _ in range(2 * n):  # (bounded: a holder asked again and again must fail the test, not hang it)
         nxt = failed(c, t, peer, FetchFailure.UNREACHABLE)
         if not nxt:
             break
