@@ -15,7 +15,12 @@ remembered, `_after_failure`, not its sender: a holder that never answers, whose
 the shell's `request_timeout_s` comes late and asks nothing, and that names the version every
 second was otherwise asked again at each retry, and an honest member remembered never; 1, 8, 100
 such liars: the member asked at 5, 40, 500 s, about `manifest_retry_s` each). With the ask we
-remember up to `MAX_OTHER_HOLDERS` (16) other holders that
+remember up to `MAX_OTHER_HOLDERS` (128; 16 before stop 50, when 100 liars naming a version
+before an honest member and fresh identities coming faster than asks are made, 1 or 10 per
+second, kept it from being asked for ever: each freed place was taken by the next fresh
+identity within the second; now it is remembered at its first `Holding` when fewer than 128
+named the version before it, then never pushed out, and no identity named after it, ranked
+never failed like it, is asked before it: 125 / 125 / 130 s, 0.5 / 1 / 10 fresh per second) other holders that
 named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
 for now, a member that of the first stranger, and one usable that of the one of its kind whose
 ask failed last, if later than its own (`_rank`); so neither made-up identities, excluded liars
@@ -86,7 +91,7 @@ if TYPE_CHECKING:
 
 
 MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered at once (any peer may name any)
-MAX_OTHER_HOLDERS = 16  # per version asked for: other holders that named it, asked when an ask fails
+MAX_OTHER_HOLDERS = 128  # per version asked for: other holders that named it, asked when an ask fails
 MAX_ASKS_AFTER_FAILURES = 4  # per version, per `manifest_retry_s`: asks made because one failed (`_spend`)
 MAX_DECLINED = 2 * MAX_OTHER_HOLDERS  # per version asked for: holders that declined its ask (`manifest_declined`)
 
