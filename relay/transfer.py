@@ -442,6 +442,14 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         v = self._versions.get(version)
         return v is not None and bool(v.have[index])
 
+    def asking(self, version: int, index: int) -> str | None:
+        """The peer our request for chunk `index` of `version` is outstanding with (None: we have
+        not asked, or took the request back). The serving core answers that peer's own request
+        for the chunk at once instead of holding it (`relay.serving.ServingCore.ask`)."""
+        v = self._versions.get(version)
+        entry = v.in_flight.get(index) if v is not None else None
+        return entry[0] if entry is not None else None
+
     def knows(self, version: int) -> bool:
         return version in self._versions
 
