@@ -9,6 +9,7 @@ other's request until the request timeout (30 s lost to one chunk).
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from relay.messages import OP_CHUNK, ChunkRequest
 from relay.serving import Refuse, Serve, ServingConfig, ServingCore
@@ -50,8 +51,8 @@ async def test_a_relay_asked_for_a_chunk_by_the_peer_it_waits_on_for_that_chunk_
         source = core.asking(1, index)
         assert source == PUBLISHER.peer_id  # (the harness's one member)
 
-        def ask(request_id: int, client: str) -> None:
-            request = (ChunkRequest(OP_CHUNK, request_id, 1, index, signed.manifest.chunk_digests[index]), False)
+        def ask(request_id: int, client: str, chunk: int = index) -> None:
+            request = (ChunkRequest(OP_CHUNK, request_id, 1, chunk, signed.manifest.chunk_digests[chunk]), False)
             pending = trio.CapacityLimiter(1)
             pending.acquire_on_behalf_of_nowait(request)  # as the connection's reader does
             nursery.start_soon(h.role._answer, None, trio.Lock(), client, request, pending, trio.CancelScope())
@@ -62,6 +63,12 @@ async def test_a_relay_asked_for_a_chunk_by_the_peer_it_waits_on_for_that_chunk_
         await h.until(lambda: 2 in answers, 5)  # well before the 10 s wait limit
         assert answers[2] == (start, False)  # "unavailable", at once
         assert 1 not in answers  # the other relay's request waits for the chunk
+        # P asks for a chunk of the same stripe that we have not asked anyone for (our other requests
+        # are with P): no cycle, so it waits like any other; only that very chunk's request counts
+        other = next(i for i in range(16) if core.asking(1, i) is None and not core.has(1, i))
+        ask(3, source, other)
+        await trio.testing.wait_all_tasks_blocked()
+        assert 3 not in answers
         h.source.gate.set()
         await h.until(lambda: 1 in answers, 5)
         assert answers[1][1]  # served once it arrived
