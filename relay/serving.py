@@ -6,7 +6,9 @@ of what our uploads really deliver. The relay role (real world) and `simulations
 core asks, `relay.effects.ServeAtOnce`: every child at once where fan-outs are small, since a
 child beyond the slots gets each chunk a whole transfer late), at most `per_peer` to one requester,
 urgent requests (the requester forwards that stripe) first, then round robin across peers; a
-request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`. Once urgent
+request for a chunk not held yet waits for it (long poll) up to `wait_limit_s`, unless its
+requester is the peer we asked for that chunk ourselves: then it is refused at once, or the two
+of us would wait on each other until a wait limit (`ask`). Once urgent
 requests hold every slot but one, a waiting request that is not urgent (and under its
 `per_peer`) goes before them; no slot is left idle for it, and with one slot urgent requests
 keep it. Why: a fast member high in its home stripe feeds dozens of children, most of them
@@ -158,7 +160,8 @@ class ServingCore:
 
     A request (`ask`) for a chunk we hold joins the queue; one for a chunk we do not hold yet
     waits for it (`arrived`) up to `wait_limit_s` (`expire` refuses the late ones), so a
-    child is answered as soon as we verified the chunk (cut-through). Queued requests get
+    child is answered as soon as we verified the chunk (cut-through); one from the peer we asked
+    for that chunk ourselves is refused at once (no two peers wait on each other). Queued requests get
     slots urgent first (the requester forwards that chunk's stripe to others) until urgent ones
     hold every slot but one, then a waiting request that is not urgent first
     (`_urgent_hold_all_but_one`), round robin across peers, first come first served within a
@@ -193,8 +196,18 @@ class ServingCore:
         return self.free <= 0
 
     def ask(self, now: float, token: Hashable, peer: str, version: int, index: int, urgent: bool,
-            held: bool) -> list[Serve | Refuse]:
+            held: bool, asked_of: str | None = None) -> list[Serve | Refuse]:
+        """`peer` asks for chunk `index` of `version` (`held`: we hold it). `asked_of`: the peer
+        our own request for that chunk is outstanding with (`relay.transfer.TransferCore.asking`;
+        None: none). A request for a chunk we do not hold waits for it, unless its requester is
+        that very peer: then it is refused at once, since each of us would wait on the other until
+        a wait limit (plans made before and after a membership change can put the chunk in
+        different stripes, each of us a leaf of the other's; seen in the lab: 30 s lost to one
+        chunk). The requester asks the next candidate, and the chunk comes to us from wherever
+        it gets it (our own request is still waiting there)."""
         ask = _Ask(token, peer, urgent, (version, index), now + self.config.wait_limit_s, now)
+        if not held and asked_of == peer:
+            return [Refuse(token)]
         if not held:
             self._waiting.setdefault(ask.key, []).append(ask)
             self._deadlines.append(ask)

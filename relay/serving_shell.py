@@ -6,7 +6,8 @@ carries up to `MAX_REQUESTS_PER_CONNECTION` requests at once, each a manifest (`
 a chunk, answered in any order as soon as we can (`_answer`, `_respond`).
 
 The server side answers a request once it holds the chunk (waiting up to `request_timeout_s`
-for it to arrive: this is how chunks are forwarded as soon as they are verified), serving at
+for it to arrive: this is how chunks are forwarded as soon as they are verified; but "unavailable"
+at once to the peer we have asked for that chunk ourselves, `ServingCore.ask`), serving at
 most `max_concurrent_uploads` at once (more when the core asks for them with `ServeAtOnce`:
 all our children, in a plan of small fan-outs; a chunk served for `upload_linger` times our
 typical serving time stops holding its slot: a slow downloader does not hold up the others),
@@ -126,12 +127,15 @@ class ChunkServing:
             if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`)
                 await self._command(lambda now: self.core.asked_for(now, req.version, req.index))
                 held = self.store.holds(req.version, req.index)
+            # whom we asked for it ourselves (after `asked_for`, which may have asked again elsewhere): if
+            # `client`, it is refused at once, or each of us would wait on the other (`ServingCore.ask`)
+            asked_of = None if held else self.core.asking(req.version, req.index)
             if self.config.serve_bytes_per_peer_s and held:  # a peer's budget is spent waiting, not holding a slot
                 budget = self._budgets.setdefault(client, ByteBudget(self.config.serve_bytes_per_peer_s))
                 nbytes = self._size_of(req)
                 reserved.append((budget, nbytes))
                 await trio.sleep(budget.reserve(trio.current_time(), nbytes))
-            async with self._uploads.turn(client, req.version, req.index, urgent, held) as queued_s:
+            async with self._uploads.turn(client, req.version, req.index, urgent, held, asked_of) as queued_s:
                 if queued_s is None or not self._matches(req.version, req.index, req.digest):
                     await self._respond(stream, send_lock, req.request_id, None)  # not here in time, or not this
                     return

@@ -1,4 +1,4 @@
-"""The transfer core's read-only queries: which versions and chunks it holds, and the progress
+"""The transfer core's read-only queries: which versions and chunks it holds, whom a chunk is asked of, and the progress
 and status it reports (`relay.commands`' `checkpoint.status`, the simulator's summaries).
 
 Mixed into `relay.transfer.TransferCore` (`Reporting`). These methods read the core's versions,
@@ -28,6 +28,14 @@ class Reporting:
     def has(self, version: int, index: int) -> bool:
         v = self._versions.get(version)
         return v is not None and bool(v.have[index])
+
+    def asking(self, version: int, index: int) -> str | None:
+        """The peer our request for chunk `index` of `version` is outstanding with (None: we have
+        not asked, or took the request back). The serving core answers that peer's own request
+        for the chunk at once instead of holding it (`relay.serving.ServingCore.ask`)."""
+        v = self._versions.get(version)
+        entry = v.in_flight.get(index) if v is not None else None
+        return entry[0] if entry is not None else None
 
     def knows(self, version: int) -> bool:
         return version in self._versions

@@ -5,7 +5,8 @@ queued_s` waits until the core gives the request an upload slot (`queued_s`: the
 waited for the slot once we held the chunk, told to the requester in the answer's header; send
 the chunk, the slot is freed when the block ends) or refuses it because the chunk did not
 arrive within the wait limit (`queued_s` None: answer "unavailable"). `arrived(version, index)` tells
-the core a chunk is now held; `run()` wakes the core at its `next_deadline`: it refuses requests
+the core a chunk is now held (a request from the peer we asked for that chunk ourselves is refused
+at once: `ServingCore.ask`); `run()` wakes the core at its `next_deadline`: it refuses requests
 whose wait limit passed and releases the slots of serves that lasted too long
 (`ServingConfig.linger_factor`: the chunk goes on, the next queued request is served). The
 decisions are the core's; this module only waits on trio events and keeps no policy of its own.
@@ -50,10 +51,12 @@ class Uploads:
 
     @asynccontextmanager
     async def turn(self, peer: str, version: int, index: int, urgent: bool,
-                   held: bool) -> AsyncIterator[float | None]:
+                   held: bool, asked_of: str | None = None) -> AsyncIterator[float | None]:
+        """`asked_of`: the peer our own request for the chunk is outstanding with (refused at
+        once if that is `peer`: `ServingCore.ask`)."""
         token = object()
         event = self._events[token] = trio.Event()
-        self._apply(self.core.ask(trio.current_time(), token, peer, version, index, urgent, held))
+        self._apply(self.core.ask(trio.current_time(), token, peer, version, index, urgent, held, asked_of))
         try:
             await event.wait()
         except BaseException:

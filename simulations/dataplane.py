@@ -331,12 +331,13 @@ class RelayWorld(SimWorld):
         fetch = request.fetch
         core = _transfer_core(source, port.core_index)
         held = core.has(fetch.version, fetch.index)
+        if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`), as the
+            # relay role's server does before the request waits: then whom we asked for it is known
+            self._apply(source, port.core_index, core.asked_for(self.engine.now, fetch.version, fetch.index))
         actions = port.serving.ask(self.engine.now, request, request.sink, fetch.version, fetch.index, fetch.urgent,
-                                   held)
+                                   held, None if held else core.asking(fetch.version, fetch.index))
         if actions:
             self._serve(source_id, port, actions)
-        if not held:  # the core decides whether to fetch it another way (`TransferCore.asked_for`)
-            self._apply(source, port.core_index, core.asked_for(self.engine.now, fetch.version, fetch.index))
         if not held or not actions:
             self._arm_expiry(source_id, port)
 
