@@ -1,5 +1,6 @@
-"""The transfer core's read-only queries: which versions and chunks it holds, whom a chunk is asked of, and the progress
-and status it reports (`relay.commands`' `checkpoint.status`, the simulator's summaries).
+"""The transfer core's read-only queries: which versions and chunks it holds, whom a chunk is
+asked of (`asking`), and the progress and status it reports (`relay.commands`' `checkpoint.status`,
+the simulator's summaries).
 
 Mixed into `relay.transfer.TransferCore` (`Reporting`). These methods read the core's versions,
 membership, exclusions, bans and refused manifests, and change nothing.
