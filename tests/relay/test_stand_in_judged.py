@@ -12,16 +12,13 @@ every root its stripe's only forwarder, every other relay its child), on a virtu
 `tests/relay/test_stand_in_root.py` has the lost root's first cases."""
 
 from p2pnet.identity import Identity
-from p2pnet.wire import Envelope
 from p2pnet.core import Emit
 from relay.effects import DropReason, DropSource, Fetch, FetchFailure, SourceDropped, SourcePassedOver
-from relay.manifest import open_manifest
-from relay.messages import ManifestAnnounce
 from relay.planner import Membership, StripePlan
 from relay.sources import stand_in_key
 from relay.transfer import TransferConfig, TransferCore
 from simulations.broadcast import fake_manifest
-from simulations.world import EPOCH_S
+from tests.relay.test_stand_in_root import capped_relay
 
 PUBLISHER = Identity.from_seed_text("capped origin, judged stand-in")
 ORIGIN = PUBLISHER.peer_id
@@ -36,18 +33,7 @@ SLOW_S = 2.0  # ... from a slow one (33 KB/s: under half the origin's 430 KB/s f
 
 def _relay(me: str) -> tuple[TransferCore, list[Fetch]]:
     """Relay `me` of 7 under an origin capped at 3 MB/s: its core and first fetches of version 1."""
-    members = Membership.of({ORIGIN: 3e6, **dict.fromkeys(RELAYS, 1e9)})
-
-    def opener(frame: bytes, now: float):
-        return open_manifest(frame, trusted_publishers={ORIGIN}, now_s=EPOCH_S + now)
-
-    core = TransferCore(CONFIG, me, open_frame=opener, self_upload_bps=1e9)
-    core.set_members(0.0, members)
-    announce = Envelope(ManifestAnnounce.KIND, ORIGIN, b"", 0, ManifestAnnounce(SIGNED.frame), 0)
-    pending = [e for e in core.on_message(0.0, announce) if isinstance(e, Fetch)]
-    plan = core._versions[1].plan
-    assert plan.stripes == 7 and all(len(plan.ranked_interior(s)) == 1 for s in range(7))
-    return core, pending
+    return capped_relay(me, SIGNED, CONFIG)
 
 
 def _plan() -> StripePlan:
@@ -253,10 +239,9 @@ def test_a_stand_in_withholding_its_own_stripe_is_passed_over_there_as_a_lost_ro
     assert run.dropped == []
 
 
-def test_a_replan_forgets_whom_we_passed_over_in_the_old_plan_s_stripes():
-    """Passing over and a stand-in's delivery are kept per stripe of the plan: a replan (a member
-    left) numbers the stripes afresh, and a stand-in passed over in the old plan's stripe is not
-    passed over in whatever the new plan numbers so."""
+def _first_child_withholding_past_the_stall():
+    """The third child of a lost root whose first child (its stand-in) withholds the lost stripe,
+    run until past the stall timeout: the plan, the lost stripe, its root, the stand-in, the run."""
     plan = _plan()
     lost = plan.home[RELAYS[3]]
     root, children = _drawn(plan, lost)
@@ -265,6 +250,14 @@ def test_a_replan_forgets_whom_we_passed_over_in_the_old_plan_s_stripes():
     start = run.now
     while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
         run.step()
+    return plan, lost, root, first, run
+
+
+def test_a_replan_forgets_whom_we_passed_over_in_the_old_plan_s_stripes():
+    """Passing over and a stand-in's delivery are kept per stripe of the plan: a replan (a member
+    left) numbers the stripes afresh, and a stand-in passed over in the old plan's stripe is not
+    passed over in whatever the new plan numbers so."""
+    plan, lost, root, first, run = _first_child_withholding_past_the_stall()
     v = run.core._versions[1]
     assert (first, lost) in v.passed
     run.take(run.core.set_members(run.now, Membership.of({ORIGIN: 3e6, **dict.fromkeys(set(RELAYS) - {root}, 1e9)})))
@@ -276,14 +269,7 @@ def test_passing_over_is_told_as_a_pass_over_in_that_stripe_not_as_a_drop():
     connection open): the core tells it as `SourcePassedOver`, naming the stripe, and never as
     `SourceDropped`, which the simulator's reports count as sources dropped (`sources_dropped`).
     Before, a pass-over was told as `SourceDropped` and counted among them."""
-    plan = _plan()
-    lost = plan.home[RELAYS[3]]
-    root, children = _drawn(plan, lost)
-    first, third = children[0], children[2]
-    run = _lost_root_run(third, lost, _withheld_by(first, lost))
-    start = run.now
-    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
-        run.step()
+    plan, lost, root, first, run = _first_child_withholding_past_the_stall()
     assert SourcePassedOver(first, 1, lost, DropReason.STALLED) in run.events
     assert [e.peer for e in run.events if isinstance(e, SourceDropped)] == [root]  # the lost root alone
 

@@ -10,7 +10,7 @@ import pytest
 from p2pnet.identity import Identity
 from p2pnet.wire import Envelope
 from relay.effects import DropSource, Fetch, FetchFailure
-from relay.manifest import open_manifest
+from relay.manifest import SignedManifest, open_manifest
 from relay.messages import ManifestAnnounce
 from relay.planner import Membership, StripePlan
 from relay.sources import stand_in_key
@@ -25,21 +25,27 @@ CONFIG = TransferConfig(stall_timeout_s=3.0, exclude_s=60.0, announce_interval_s
 SIGNED = fake_manifest(PUBLISHER, 4 * 2**20, 64 * 1024)
 
 
-def _relay(me: str) -> tuple[TransferCore, list[Fetch]]:
-    """Relay `me` of 7 under an origin capped at 3 MB/s (a stripe each, every root its stripe's
-    only forwarder): its core and first fetches of a 4 MiB version in 64 KiB chunks."""
-    members = Membership.of({ORIGIN: 3e6, **dict.fromkeys(RELAYS, 1e9)})
+def capped_relay(me: str, signed: SignedManifest, config: TransferConfig) -> tuple[TransferCore, list[Fetch]]:
+    """Relay `me` of `RELAYS` under `signed`'s publisher capped at 3 MB/s (a stripe each, every
+    root its stripe's only forwarder): its core and first fetches of `signed`'s version 1."""
+    origin = signed.publisher
+    members = Membership.of({origin: 3e6, **dict.fromkeys(RELAYS, 1e9)})
 
     def opener(frame: bytes, now: float):
-        return open_manifest(frame, trusted_publishers={ORIGIN}, now_s=EPOCH_S + now)
+        return open_manifest(frame, trusted_publishers={origin}, now_s=EPOCH_S + now)
 
-    core = TransferCore(CONFIG, me, open_frame=opener, self_upload_bps=1e9)
+    core = TransferCore(config, me, open_frame=opener, self_upload_bps=1e9)
     core.set_members(0.0, members)
-    announce = Envelope(ManifestAnnounce.KIND, ORIGIN, b"", 0, ManifestAnnounce(SIGNED.frame), 0)
+    announce = Envelope(ManifestAnnounce.KIND, origin, b"", 0, ManifestAnnounce(signed.frame), 0)
     pending = [e for e in core.on_message(0.0, announce) if isinstance(e, Fetch)]
     plan = core._versions[1].plan
     assert plan.stripes == 7 and all(len(plan.ranked_interior(s)) == 1 for s in range(7))
     return core, pending
+
+
+def _relay(me: str) -> tuple[TransferCore, list[Fetch]]:
+    """Relay `me` of 7 under the capped origin: a 4 MiB version in 64 KiB chunks."""
+    return capped_relay(me, SIGNED, CONFIG)
 
 
 def _drawn(plan: StripePlan, stripe: int) -> tuple[str, list[str]]:
