@@ -92,6 +92,9 @@ class _Source:
     def asked_for(self, now, version, index):  # a request for a chunk not held: nothing else to fetch here
         return []
 
+    def asking(self, version, index):  # whom we asked for the chunk ourselves (`ServingCore.ask`): nobody here
+        return None
+
 
 class _Sink(_Source):
     def __init__(self, name: str, out: dict, send_s: float = SEND_S) -> None:
