@@ -90,6 +90,13 @@ class _Run:
                 self.take(self.core.fetched(self.now, f.peer, 1, f.index, elapsed, 0.0))
         self.take(self.core.on_timer(self.now, "relay/tick"))
 
+    def past_the_stall(self) -> float:
+        """Step until two steps past the stall timeout from now; returns when it began."""
+        start = self.now
+        while self.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
+            self.step()
+        return start
+
     def asked(self, stripe: int, since: float, after: int = 0) -> set[str]:
         """Whom the core asked for `stripe`'s chunks at `since` or later (and past the first
         `after` fetches)."""
@@ -127,9 +134,7 @@ def test_a_stand_in_withholding_the_lost_stripe_is_passed_over_there_and_stays_o
     first, second, third = children[:3]
     run = _lost_root_run(third, lost, _withheld_by(first, lost))
     assert run.asked(lost, run.now) == {first}
-    start = run.now
-    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
-        run.step()
+    start = run.past_the_stall()
     assert run.asked(lost, start + CONFIG.stall_timeout_s) == {second}
     assert first in run.asked(_home(plan, first), start + CONFIG.stall_timeout_s)
     assert run.dropped == []  # (the stand-in's connection stays open)
@@ -144,9 +149,7 @@ def test_a_child_with_nobody_before_it_but_a_withholding_stand_in_asks_the_origi
     first, second = children[:2]
     run = _lost_root_run(second, lost, _withheld_by(first, lost))
     assert run.asked(lost, run.now) == {first}
-    start = run.now
-    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
-        run.step()
+    start = run.past_the_stall()
     assert run.asked(lost, start + CONFIG.stall_timeout_s) == {ORIGIN}
     assert first in run.asked(_home(plan, first), start + CONFIG.stall_timeout_s)
 
@@ -208,9 +211,7 @@ def test_passing_over_excludes_the_stand_in_for_exclude_s_in_the_withheld_stripe
     root, children = _drawn(plan, lost)
     first, second, third = children[:3]
     run = _lost_root_run(third, lost, _withheld_by(first, lost))
-    start = run.now
-    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
-        run.step()
+    run.past_the_stall()
     v = run.core._versions[1]
     assert v.passed == {(first, lost): v.passed[(first, lost)]}
     assert v.passed[(first, lost)] - run.now > CONFIG.exclude_s - CONFIG.stall_timeout_s
@@ -231,9 +232,7 @@ def test_a_stand_in_withholding_its_own_stripe_is_passed_over_there_as_a_lost_ro
     me = [p for p in theirs if p != root][-1]
     want = next(p for p in theirs if p != root)
     run = _lost_root_run(me, lost, _withheld_by(stand_in, own))
-    start = run.now
-    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
-        run.step()
+    start = run.past_the_stall()
     assert run.asked(own, start + CONFIG.stall_timeout_s) == {want}
     assert run.asked(lost, start + CONFIG.stall_timeout_s) == {stand_in}
     assert run.dropped == []
@@ -247,9 +246,7 @@ def _first_child_withholding_past_the_stall():
     root, children = _drawn(plan, lost)
     first, third = children[0], children[2]
     run = _lost_root_run(third, lost, _withheld_by(first, lost))
-    start = run.now
-    while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
-        run.step()
+    run.past_the_stall()
     return plan, lost, root, first, run
 
 
@@ -353,9 +350,7 @@ def test_an_honest_stand_in_whose_upstream_stalls_is_passed_over_as_a_parent_wou
     first, second, third = children[0], children[1], children[2]
     for me, then in ((second, ORIGIN), (third, second)):
         run = _upstream_run(me, lost, first, 2 * CONFIG.stall_timeout_s)
-        start = run.now
-        while run.now < start + CONFIG.stall_timeout_s + 2 * STEP_S:
-            run.step()
+        start = run.past_the_stall()
         assert run.asked(lost, start + CONFIG.stall_timeout_s) == {then}, me
         assert first in run.asked(_home(plan, first), start + CONFIG.stall_timeout_s), me
         assert run.dropped == [], me
