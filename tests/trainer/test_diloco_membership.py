@@ -267,27 +267,74 @@ def test_a_strangers_members_are_not_taken_and_the_round_goes_on_with_the_leader
     assert out["members"] == (FIRST, SECOND, ME) and out["t"] == pytest.approx(0.5)
 
 
+THIRD = "d_third"  # a trainer peer with a higher id than ours: it never leads here
+
+
 def test_members_from_a_peer_that_comes_to_lead_are_taken_once_it_leads():
     """SECOND took FIRST for dead before we did, decided and told us: not our leader then, its
     Members is kept, and taken as soon as FIRST fails us too (not at SECOND's leader timeout, nor
-    lost: then we would lead alone)."""
+    lost: then we would lead alone). THIRD still names FIRST: not every peer we hear from gave up
+    on it, so it is not passed over (`_passed_over`)."""
     out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.15, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
                    (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
-                   (0.4 * DEADLINE_S, PeerFailed(FIRST))])
+                   (0.4 * DEADLINE_S, PeerFailed(FIRST))], trainers=(FIRST, SECOND, THIRD))
     assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
     assert out["t"] == pytest.approx(0.4 * DEADLINE_S)
 
 
 def test_members_from_a_peer_that_comes_to_lead_are_taken_at_our_leader_timeout():
     """The same in a fresh group (no round behind us, no peer we keep places for), FIRST silent (in
-    our table, a newcomer still loading or a peer the others took for dead: theirs may not hold
-    it): SECOND's Members is kept, and taken when FIRST's leader timeout takes it for dead (that
-    is what not taking Members from any sender costs such a peer); not lost, which would leave us
-    leading alone, then sitting the round out."""
+    our table, a newcomer still loading or a peer some took for dead: theirs may not hold it) and
+    named by THIRD's Join: SECOND's Members is kept, and taken when FIRST's leader timeout takes
+    it for dead (that is what not taking Members from any sender costs such a peer while another
+    peer still waits for it); not lost, which would leave us leading alone, then sitting the
+    round out."""
     out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
-                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
+                   (0.15, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))], trainers=(FIRST, SECOND, THIRD))
     assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
     assert out["t"] == pytest.approx(2 * DEADLINE_S)
+
+
+def test_on_our_first_round_a_lower_id_every_peer_gave_up_on_holds_us_no_leader_timeout():
+    """A joiner's first round (no round of ours behind us): our table still holds FIRST, which the
+    group took for dead (its heartbeat not expired; it takes our Join and never answers). SECOND
+    and THIRD, all the others we wait for, Join naming no FIRST, and SECOND, their leader, sends
+    its Members: we pass FIRST over as leader (`_passed_over`) and take SECOND's Members as it
+    comes, in the round with them. Before, we waited FIRST's leader timeout (2 x deadline) while
+    they averaged without us. FIRST is not suspected (it would lead again once it speaks)."""
+    script = [(0.1, Received(SECOND, Join(1, DIGEST, (ME, THIRD)))),
+              (0.15, Received(THIRD, Join(1, DIGEST, (SECOND, ME)))),
+              (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME, THIRD))))]
+    out = _decide(script, trainers=(FIRST, SECOND, THIRD), within_s=DEADLINE_S)
+    assert (out["members"], out["suspects"]) == ((SECOND, ME, THIRD), set())
+    assert out["t"] == pytest.approx(0.2)
+    # the Members before the last Join we wait for: kept, and taken once THIRD's Join came
+    out = _decide([script[0], (0.12, script[2][1]), script[1]], trainers=(FIRST, SECOND, THIRD), within_s=DEADLINE_S)
+    assert out["members"] == (SECOND, ME, THIRD) and out["t"] == pytest.approx(0.15)
+
+
+def test_a_lower_id_is_not_passed_over_while_a_peer_we_wait_for_still_names_it_or_has_not_joined():
+    """What keeps an identity from leading us past a live peer (`_passed_over`): SECOND (any
+    identity of our table, in an open group) Joins naming no FIRST and sends its Members at once.
+    THIRD has not Joined yet: we wait for it; its Join names FIRST: FIRST is not passed over, and
+    its Members is the one we take. Nor is FIRST passed over with only SECOND's word, when our
+    round is not our first (we wait on our own account for peers that spoke to us only), or when
+    FIRST spoke to us this round."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
+                   (0.5, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+                   (1.0, Received(FIRST, Members(1, DIGEST, (FIRST, ME, THIRD))))], trainers=(FIRST, SECOND, THIRD))
+    assert (out["members"], out["t"]) == ((FIRST, ME, THIRD), pytest.approx(1.0))
+    # only SECOND to hear from, FIRST silent and in no table but ours: passed over (a fresh group
+    # whose only other peer is slow is the case just below, not this one: SECOND joined)
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))], within_s=DEADLINE_S)
+    assert (out["members"], out["t"]) == ((SECOND, ME), pytest.approx(0.2))
+    # no other peer's Join (a fresh group, FIRST and SECOND still loading): FIRST leads to its timeout
+    out = _decide([(0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    assert (out["members"], out["t"]) == ((SECOND, ME), pytest.approx(2 * DEADLINE_S))
 
 
 def test_members_from_a_member_of_the_last_round_are_taken_at_once():
