@@ -2,7 +2,8 @@
 last round we finished took (`Finished.whole_contributors`, `DilocoRole.contributed`), read by the
 held state requests' places (`trainer.diloco_state_answer`, `_of_group`). Not a peer one shard's
 owner turned away: it is among the round's members and the contributors of its other shards, and
-a stranger for the places.
+a stranger for the places. And a joiner's first round, whose table still holds a lower id the
+group gave up on, is one with the group (`trainer.diloco_decide._passed_over`).
 
 Real roles (`tests.trainer.test_diloco_inbox.Trainer`: `DilocoRole._round` on real data planes on
 loopback, no model) average one round; then real connections ask one of them for the state after
@@ -20,6 +21,7 @@ from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from tests.trainer.test_diloco_inbox import SLACK_S, VALUES, Trainer, _a_round, _started, _until
 from trainer.allreduce import shard_bounds
+from trainer.diloco import digest
 from trainer.diloco_messages import CHANNEL, HoldsFull, StateRequest
 from trainer.diloco_role import MAX_FRAME_BYTES
 from trainer.diloco_state_answer import STATE_HOLDS, STRANGER_HOLDS
@@ -110,3 +112,35 @@ async def test_a_peer_one_shard_turned_away_is_no_member_of_the_group_for_the_he
             await stream.aclose()
     nursery.cancel_scope.cancel()
 
+
+
+async def test_a_joiners_first_round_passes_over_a_lower_id_the_group_gave_up_on(nursery: trio.Nursery) -> None:
+    """A joiner's first round in an open group (no round of its own behind it): its table still
+    holds FIRST, the lowest id, which the group took for dead (each of the group's trainers
+    suspects it) but which is alive enough to take Joins and never answers. The group's Joins to
+    the joiner name no FIRST: the joiner passes FIRST over as leader (`_passed_over`) and takes
+    the group's leader's Members as it comes, so the round is one of all three, every shard taking
+    each one's contribution, and all end on the same weights. Before, the joiner followed FIRST to
+    its leader timeout (2 x deadline_s) while the group averaged without it (a member whose
+    contributions came after the shards were reduced). FIRST is not suspected at the joiner."""
+    deadline_s = 2 * SLACK_S  # far above what the round's work needs: the leader timeout twice that
+    made = sorted((Trainer(name, 2, deadline_s) for name in ("first", "g", "h", "joiner")), key=lambda t: t.peer_id)
+    first, group, joiner = made[0], made[1:3], made[3]  # by id: FIRST lowest, then the group, the joiner last
+    await _started(nursery, *made)
+    for trainer in group:
+        trainer.role.history = [{"round": 1}]  # a round of theirs behind them, with each other
+        trainer.role.inbox.reserve([g.peer_id for g in group])
+        trainer.role.heard = {p.peer_id for p in (*group, joiner)} - {trainer.peer_id}  # the joiner fetched a state
+        trainer.role.suspects = {first.peer_id}  # the group gave up on FIRST
+    done: list[str] = []
+    async with trio.open_nursery() as rounds:  # FIRST runs no round: its data plane takes frames, answers none
+        for trainer in (*group, joiner):
+            rounds.start_soon(_a_round, trainer, nursery, done)
+    everyone = sorted(t.peer_id for t in (*group, joiner))
+    for trainer in (*group, joiner):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (2, everyone, everyone)
+        assert trainer.role.contributed == frozenset(everyone)  # every shard took the joiner's too
+    assert len({digest(t.role.state.weights) for t in (*group, joiner)}) == 1
+    assert first.peer_id not in joiner.role.suspects
+    nursery.cancel_scope.cancel()
