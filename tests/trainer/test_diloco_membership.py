@@ -182,12 +182,13 @@ FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
 def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=(), sent_to=None,
-            kept=()) -> dict:
+            kept=(), heard=None) -> dict:
     """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
     SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
     inbox, and what it sends goes into `sent` (and, with whom to, `sent_to`); `reserved`: the last
     round's members (`_reserve`); `kept`: [(sender, Join)] of round 1 read during the last round's
-    all-reduce (`_keep_join`).
+    all-reduce (`_keep_join`); `heard`: not our first round (a round of ours behind us), these
+    peers heard from (`heard`: whom we wait for on our own account).
     What it returned (or whom it sits the round out for), whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True, report=True):
@@ -208,6 +209,8 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, rese
         role.inbox = RoundInbox()
         role.inbox.reserve(reserved)
         role.suspects, role.heard, role.early_parts, role.history = set(), set(), [], []
+        if heard is not None:
+            role.heard, role.history = set(heard), [{"round": 0}]
         role.joins = {1: dict(kept)} if kept else {}
         role.turned_away = {}
 
@@ -319,22 +322,91 @@ def test_a_lower_id_is_not_passed_over_while_a_peer_we_wait_for_still_names_it_o
     """What keeps an identity from leading us past a live peer (`_passed_over`): SECOND (any
     identity of our table, in an open group) Joins naming no FIRST and sends its Members at once.
     THIRD has not Joined yet: we wait for it; its Join names FIRST: FIRST is not passed over, and
-    its Members is the one we take. Nor is FIRST passed over with only SECOND's word, when our
-    round is not our first (we wait on our own account for peers that spoke to us only), or when
-    FIRST spoke to us this round."""
+    its Members is the one we take. What is left: with SECOND the only other peer we wait for,
+    its word is enough on our first round (FIRST silent: a peer the group gave up on, or a
+    one-trainer group's slow trainer; `test_an_identity_joining_us_beside_a_slow_lone_trainer_leads_our_first_round`);
+    with no other peer's Join at all FIRST leads to its timeout. Not after our first round
+    (`test_members_from_a_peer_that_comes_to_lead_after_our_first_round_are_taken_as_before`), nor
+    once FIRST spoke to us this round (`test_a_lower_id_passed_over_that_speaks_to_us_leads_again`)."""
     out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
                    (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
                    (0.5, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
                    (1.0, Received(FIRST, Members(1, DIGEST, (FIRST, ME, THIRD))))], trainers=(FIRST, SECOND, THIRD))
     assert (out["members"], out["t"]) == ((FIRST, ME, THIRD), pytest.approx(1.0))
-    # only SECOND to hear from, FIRST silent and in no table but ours: passed over (a fresh group
-    # whose only other peer is slow is the case just below, not this one: SECOND joined)
-    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
-                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))], within_s=DEADLINE_S)
-    assert (out["members"], out["t"]) == ((SECOND, ME), pytest.approx(0.2))
     # no other peer's Join (a fresh group, FIRST and SECOND still loading): FIRST leads to its timeout
     out = _decide([(0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
     assert (out["members"], out["t"]) == ((SECOND, ME), pytest.approx(2 * DEADLINE_S))
+
+
+def test_members_from_a_peer_that_comes_to_lead_after_our_first_round_are_taken_as_before():
+    """The two tests above as they stood before `_passed_over`, THIRD left out, at a round that is
+    not our first (we heard FIRST and SECOND: we wait for them on our own account): SECOND took
+    FIRST for dead before we did and its Join names FIRST no more. No first-round rule: FIRST
+    leads here until it fails us, or to its leader timeout, and SECOND's Members is kept and
+    taken then (SECOND's word that FIRST is gone is not enough once we know the group)."""
+    script = [(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+              (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))]
+    out = _decide([*script, (0.4 * DEADLINE_S, PeerFailed(FIRST))], heard=(FIRST, SECOND))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), {FIRST}, pytest.approx(0.4 * DEADLINE_S))
+    out = _decide(script, heard=(FIRST, SECOND))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), {FIRST}, pytest.approx(2 * DEADLINE_S))
+
+
+def test_a_lower_id_passed_over_that_speaks_to_us_leads_again():
+    """FIRST is passed over on our first round (SECOND, all we wait for, Joined naming no FIRST),
+    then FIRST speaks to us before SECOND's Members comes: it leads here again. Its Members is
+    taken (kept while we followed SECOND: not its leader then); its NoRoom makes us sit the round
+    out; after its Join we wait for its Members, SECOND's not taken."""
+    join = (0.1, Received(SECOND, Join(1, DIGEST, (ME,))))
+    seconds = (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))
+    out = _decide([join, (0.15, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME)))), seconds],
+                  within_s=DEADLINE_S)
+    assert (out["members"], out["t"]) == ((FIRST, SECOND, ME), pytest.approx(0.15))
+    out = _decide([join, (0.15, Received(FIRST, NoRoom(1))), seconds], within_s=DEADLINE_S)
+    assert (out["behind"], out["past"], out["t"]) == (FIRST, 1, pytest.approx(0.15))
+    out = _decide([join, (0.15, Received(FIRST, Join(1, DIGEST, (SECOND, ME)))), seconds,
+                   (0.3, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME))))], within_s=DEADLINE_S)
+    assert (out["members"], out["t"]) == ((FIRST, SECOND, ME), pytest.approx(0.3))
+
+
+def test_passing_over_a_lower_id_we_lead_and_wait_for_it_as_a_member_to_the_join_deadline():
+    """On our first round THIRD (a higher id than ours, a round behind it, FIRST taken for dead
+    there) Joins naming no FIRST: FIRST is passed over and we lead, waiting for FIRST as a member
+    to the join deadline (deadline_s; before, we followed FIRST to its leader timeout, 2 x
+    deadline_s, then led), then decide without it, FIRST not suspected. If FIRST's Join reaches
+    THIRD before that, THIRD follows FIRST and Joins us again naming it (the peers it invites
+    changed): FIRST leads here again and we take its Members, as THIRD does. The race left: FIRST's
+    Join reaches THIRD just before our join deadline and THIRD's Join naming it reaches us after
+    we decided: THIRD follows FIRST (our Members is not its leader's) and our round is split from
+    theirs, as a late lower id's Join splits the round of any leader deciding at its join deadline."""
+    trainers, join = (FIRST, THIRD), (0.1, Received(THIRD, Join(1, DIGEST, (ME,))))
+    sent_to: list = []
+    out = _decide([join], trainers=trainers, sent_to=sent_to, within_s=2 * DEADLINE_S)
+    assert (out["members"], out["suspects"], out["t"]) == ((ME, THIRD), set(), pytest.approx(DEADLINE_S))
+    assert (THIRD, Members(1, DIGEST, (ME, THIRD))) in sent_to
+    out = _decide([join, (0.5 * DEADLINE_S, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+                   (0.6 * DEADLINE_S, Received(FIRST, Members(1, DIGEST, (FIRST, ME, THIRD))))], trainers=trainers)
+    assert (out["members"], out["t"]) == ((FIRST, ME, THIRD), pytest.approx(0.6 * DEADLINE_S))
+
+
+def test_an_identity_joining_us_beside_a_slow_lone_trainer_leads_our_first_round():
+    """The residual `_passed_over` leaves (the module docstring): a one-trainer open group, FIRST,
+    slow in its inner steps (alive: it takes our Join, and decides later), and SECOND, any
+    identity of our table (a heartbeat costs nothing), which Joins us at once naming no FIRST and
+    sends its Members. SECOND is the only other peer we wait for: FIRST is passed over and
+    SECOND's Members taken as it comes; our first round is SECOND's and not the group's (FIRST's
+    Members, later, is not read). An identity with an id above ours instead makes us lead, and
+    decide with it at the join deadline unless FIRST Joins by then (the first case of
+    `test_passing_over_a_lower_id_we_lead_and_wait_for_it_as_a_member_to_the_join_deadline`). Before, we followed FIRST,
+    unless an identity had an id below FIRST's, which makes it lead here (and at every member
+    its Join reaches) still: a few key generations, so this gives an attacker nothing it lacked."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
+                   (0.5, Received(FIRST, Members(1, DIGEST, (FIRST, ME))))])
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), set(), pytest.approx(0.2))
+    lower = "0_lower"  # below FIRST: it leads us with or without `_passed_over`
+    out = _decide([(0.2, Received(lower, Members(1, DIGEST, (lower, ME))))], trainers=(lower, FIRST))
+    assert (out["members"], out["t"]) == ((lower, ME), pytest.approx(0.2))
 
 
 def test_members_from_a_member_of_the_last_round_are_taken_at_once():
