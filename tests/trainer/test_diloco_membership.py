@@ -409,6 +409,20 @@ def test_an_identity_joining_us_beside_a_slow_lone_trainer_leads_our_first_round
     assert (out["members"], out["t"]) == ((lower, ME), pytest.approx(0.2))
 
 
+def test_a_lower_id_is_not_passed_over_once_we_turned_a_trainer_peers_join_away():
+    """On our first round, strangers' Joins (no trainer peers: they lead nowhere) fill our round
+    but for SECOND's, which names no FIRST; THIRD's Join comes when no room is left, and is turned
+    away: whom it names we do not keep, so we cannot know that every peer we hear from gave up on
+    FIRST. FIRST is not passed over: it leads to its timeout, then SECOND's Members is taken."""
+    strangers = [f"e_stranger{i:03d}" for i in range(MAX_MEMBERS - 2)]
+    script = [(0.01, Received(s, Join(1, DIGEST, ()))) for s in strangers]
+    script += [(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+               (0.12, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+               (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))]
+    out = _decide(script, trainers=(FIRST, SECOND, THIRD))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), {FIRST}, pytest.approx(2 * DEADLINE_S))
+
+
 def test_members_from_a_member_of_the_last_round_are_taken_at_once():
     """The same, SECOND a member of the last round we took part in (a peer we keep places for): its
     Members is taken as it comes, as before, though FIRST has not failed us yet (it took FIRST for
