@@ -34,16 +34,24 @@ our first round a candidate that has not spoken to us this round is passed over 
 (`_passed_over`; not suspected, and still waited for as a member) once every peer we wait for but
 such ones has Joined us, at least one has, none of the Joins we hold names it, and we turned no
 Join away (whose names we would not know): every peer of the round we hear from has given up on it.
-Its Join reaching us makes it lead again (with the time it had: `timed`). What is authenticated:
+Its Join, Members or NoRoom reaching us, or a Join naming it, makes it lead again (with the time
+it had: `timed`). When we lead instead (every other peer's id above ours), we wait for it as a
+member to the join deadline (deadline_s, not the leader timeout), then decide without it: the
+race a late lower id's Join makes for any leader deciding at its join deadline (it reaches another
+member just before, and that member follows it, not us) is ours too then. What is authenticated:
 each frame is its sender's, proven by the data plane's handshake (`p2pnet.handshake`); nothing a
 frame says about others is (a Join's `known` is its sender's word). So the rule trusts no one's
 word that a peer is dead: it follows what every peer we hear from does. An identity cannot make
 us pass over a live peer that any other peer we wait for still names (we wait for that peer's Join
-first, and it names it), nor one whose Join reached us. What is left, a group whose only other
-honest peer is the silent one, an identity with a lower id than ours could then lead us: in an open
-group the lowest id that Joins leads every round anyway, and an id below a given one costs a few
-key generations, so this buys an attacker nothing it lacked. A closed group (`[diloco] trainers`)
-is the defence against identities leading, here as elsewhere.
+first, and it names it), nor one whose Join reached us. What is left: when the silent peer is
+the only other honest peer we wait for (a one-trainer group whose trainer is slower than us in its
+inner steps, or one the group gave up on), any identity of our table that Joins us naming no one
+else makes us pass it over: it leads our first round when its id is below ours, else we lead and
+decide with it at our join deadline unless the silent peer Joins by then; either way our round is
+not that trainer's. In an open group the lowest id that Joins leads every round anyway (here and
+at every member its Join reaches), and an id below a given one costs a few key generations, so
+this buys an attacker nothing it lacked. A closed group (`[diloco] trainers`) is the defence
+against identities leading, here as elsewhere.
 
 A joiner left out. A round holds at most `MAX_MEMBERS` Joins (`Membership`, `room_for`); a member
 that turns away a trainer peer of its table, or gives its place to a peer it keeps places for,

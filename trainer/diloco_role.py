@@ -54,9 +54,14 @@ inner steps. An all-zero one is the cheapest to make, but we do not refuse it: a
 sends small random values instead spends exactly as much (no compute, the same upload) and passes
 any check for zeros, so such a check would cost an attacker nothing and only look like a defence
 (and an honest peer's pseudo-gradient is never exactly zero anyway, so it would catch no mistake
-either). Such contributions are averaged in, bounded by the norm screen, as any member's are. The
-defence is to close the group (`[diloco] trainers`): then only listed trainers are members, and a
-stranger's connection is refused before a frame of it is read.
+either). Nor is the norm screen a bound on what such identities do: it judges each contribution
+against the lower median of the others' norms, so zero or tiny contributions from as many
+identities as there are honest members less one (one beside two honest trainers, two beside one)
+make every honest contribution an outlier, rejected and its sender penalised; the round's mean is
+then theirs, and they alone are whole contributors (`contributed`). Fewer are averaged in,
+diluting the mean (`tests/trainer/test_diloco_open_group.py` shows both). The defence is to close
+the group (`[diloco] trainers`): then only listed trainers are members, and a stranger's
+connection is refused before a frame of it is read.
 
 Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
 What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer

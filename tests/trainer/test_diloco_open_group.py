@@ -3,7 +3,8 @@ last round we finished took (`Finished.whole_contributors`, `DilocoRole.contribu
 held state requests' places (`trainer.diloco_state_answer`, `_of_group`). Not a peer one shard's
 owner turned away: it is among the round's members and the contributors of its other shards, and
 a stranger for the places. And a joiner's first round, whose table still holds a lower id the
-group gave up on, is one with the group (`trainer.diloco_decide._passed_over`).
+group gave up on, is one with the group (`trainer.diloco_decide._passed_over`). And what all-zero
+contributions do on the norm screen, as the role's docstring and the README say.
 
 Real roles (`tests.trainer.test_diloco_inbox.Trainer`: `DilocoRole._round` on real data planes on
 loopback, no model) average one round; then real connections ask one of them for the state after
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+import torch
 import trio
 
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
@@ -21,7 +23,7 @@ from p2pnet.identity import Identity
 from p2pnet.wire import Codec
 from tests.trainer.test_diloco_inbox import SLACK_S, VALUES, Trainer, _a_round, _started, _until
 from trainer.allreduce import shard_bounds
-from trainer.diloco import digest
+from trainer.diloco import Rejection, digest, screen
 from trainer.diloco_messages import CHANNEL, HoldsFull, StateRequest
 from trainer.diloco_role import MAX_FRAME_BYTES
 from trainer.diloco_state_answer import STATE_HOLDS, STRANGER_HOLDS
@@ -113,7 +115,6 @@ async def test_a_peer_one_shard_turned_away_is_no_member_of_the_group_for_the_he
     nursery.cancel_scope.cancel()
 
 
-
 async def test_a_joiners_first_round_passes_over_a_lower_id_the_group_gave_up_on(nursery: trio.Nursery) -> None:
     """A joiner's first round in an open group (no round of its own behind it): its table still
     holds FIRST, the lowest id, which the group took for dead (each of the group's trainers
@@ -144,3 +145,23 @@ async def test_a_joiners_first_round_passes_over_a_lower_id_the_group_gave_up_on
     assert len({digest(t.role.state.weights) for t in (*group, joiner)}) == 1
     assert first.peer_id not in joiner.role.suspects
     nursery.cancel_scope.cancel()
+
+
+def test_zero_contributions_dilute_the_mean_and_enough_of_them_make_the_honest_ones_outliers() -> None:
+    """What the role's docstring ("What being of an open group costs") and the README say of an
+    open group's all-zero contributions, on the norm screen (`trainer.diloco.screen`): each is
+    taken (no check for zeros), and beside h honest contributions, fewer than h - 1 of them (two
+    at least when h is one) leave every honest one taken, while that many make every honest one
+    a norm outlier (the lower median of the others' norms is a zero), so the zeros alone are taken."""
+    rng = torch.Generator().manual_seed(5)
+    for honest in range(1, 7):
+        enough = max(honest - 1, 2 if honest == 1 else 1)
+        for zeros in range(enough + 2):
+            parts = {f"h{i}": torch.randn(4096, generator=rng) * 1e-3 for i in range(honest)}
+            parts |= {f"z{i}": torch.zeros(4096) for i in range(zeros)}
+            accepted, rejected = screen(parts, 4096)
+            assert {p for p in accepted if p.startswith("z")} == {f"z{i}" for i in range(zeros)}
+            if zeros < enough:
+                assert not rejected, (honest, zeros)
+            else:
+                assert rejected == {f"h{i}": Rejection.NORM_OUTLIER for i in range(honest)}, (honest, zeros)
