@@ -25,6 +25,34 @@ from the leader we follow, or from a peer the round's inbox keeps places for (`_
 from anyone: in an open group any identity can send one. One from another invited peer is kept,
 and taken if that peer comes to lead here too (its predecessors taken for dead).
 
+A lower id the group gave up on. On our first round (no round of ours behind us) we wait on our
+own account for every trainer peer of our table, silent ones too: a joiner's table may still hold
+a trainer peer the group took for dead (its heartbeat not expired yet, or alive but taking no part:
+it accepts our Join and never answers). With a lower id than the group's real leader it would hold
+us for its leader timeout while the others, which name it in no Join, average without us. So on
+our first round a candidate that has not spoken to us this round is passed over as leader
+(`_passed_over`; not suspected, and still waited for as a member) once every peer we wait for but
+such ones has Joined us, at least one has, none of the Joins we hold names it, and we turned no
+Join away (whose names we would not know): every peer of the round we hear from has given up on it.
+Its Join, Members or NoRoom reaching us, or a Join naming it, makes it lead again (with the time
+it had: `timed`). When we lead instead (every other peer's id above ours), we wait for it as a
+member to the join deadline (deadline_s, not the leader timeout), then decide without it: the
+race a late lower id's Join makes for any leader deciding at its join deadline (it reaches another
+member just before, and that member follows it, not us) is ours too then. What is authenticated:
+each frame is its sender's, proven by the data plane's handshake (`p2pnet.handshake`); nothing a
+frame says about others is (a Join's `known` is its sender's word). So the rule trusts no one's
+word that a peer is dead: it follows what every peer we hear from does. An identity cannot make
+us pass over a live peer that any other peer we wait for still names (we wait for that peer's Join
+first, and it names it), nor one whose Join reached us. What is left: when the silent peer is
+the only other honest peer we wait for (a one-trainer group whose trainer is slower than us in its
+inner steps, or one the group gave up on), any identity of our table that Joins us naming no one
+else makes us pass it over: it leads our first round when its id is below ours, else we lead and
+decide with it at our join deadline unless the silent peer Joins by then; either way our round is
+not that trainer's. In an open group the lowest id that Joins leads every round anyway (here and
+at every member its Join reaches), and an id below a given one costs a few key generations, so
+this buys an attacker nothing it lacked. A closed group (`[diloco] trainers`) is the defence
+against identities leading, here as elsewhere.
+
 A joiner left out. A round holds at most `MAX_MEMBERS` Joins (`Membership`, `room_for`); a member
 that turns away a trainer peer of its table, or gives its place to a peer it keeps places for,
 tells it so (`NoRoom`), now or, for a Join of the next round read during our all-reduce
@@ -133,7 +161,8 @@ class Deciding:
                     join = Join(round, weights_digest, tuple(sorted(alive)), hears_no_room=True)
                     sends.start_soon(self._send_join, links, peer, join, delivered)
             now = trio.current_time()
-            leader = membership.leader(own, invited, self.suspects)
+            candidates = own - self._passed_over(membership, own, invited, set(told) | no_room)
+            leader = membership.leader(candidates, invited, self.suspects)
             if leader != followed:  # the last one failed us, or a lower id joined: not its predecessor's rest of time
                 followed = leader
                 if leader not in timed:  # once per peer and round: a leader that comes and goes cannot hold the round
@@ -179,13 +208,13 @@ class Deciding:
                 for peer in sorted((membership.refused - refused) & hearing):
                     sends.start_soon(self._tell_no_room, links, peer, round)
             elif isinstance(body, NoRoom) and body.round == round:
-                if sender == membership.leader(own, invited, self.suspects):  # no one else's say (`_believed`)
+                if sender == membership.leader(candidates, invited, self.suspects):  # no one else's say (`_believed`)
                     log.info("diloco: leader %s had no room for us in round %d: sitting it out", sender, round)
                     raise _Behind(sender, past=round)
                 if sender in invited:  # it may lead yet (it is told once a round): taken then
                     no_room.add(sender)
             elif isinstance(body, Members) and body.round == round:
-                leader = membership.leader(own, invited, self.suspects)  # (it spoke: no suspect now)
+                leader = membership.leader(candidates, invited, self.suspects)  # (it spoke: no suspect now)
                 if self._believed(sender, leader):
                     return self._check_members(round, body.members, body.weights_digest, weights_digest, sender)
                 if sender in invited:  # it may lead yet, once those before it are taken for dead
@@ -194,6 +223,25 @@ class Deciding:
                          leader, " yet" if sender in invited else "")
             elif isinstance(body, Part) and body.round == round and len(self.early_parts) < INBOX * 4:
                 self.early_parts.append((sender, body))
+
+    def _passed_over(self, membership: Membership, own: set[str], invited: set[str],
+                     spoke: Collection[str]) -> set[str]:
+        """The peers we wait for on our own account that we pass over as the round's leader (see
+        the module docstring): those with a lower id than the leader we would follow without them
+        that did not speak to us this round (no Join, Members or NoRoom of it: `spoke`) and that
+        none of the Joins we hold names. On our first round only (after it we wait on our own
+        account only for peers that spoke to us), once we hold no Join turned away, at least one
+        other peer's Join, and the Join of every peer we wait for but these."""
+        if self.history or membership.refused or not set(membership.joins) - {self.node.peer_id}:
+            return set()
+        silent = own - set(membership.joins) - set(spoke) - membership.told
+        if not silent:
+            return set()
+        leader = membership.leader(own - silent, invited, self.suspects)
+        passed = {peer for peer in silent if peer < leader}
+        if not passed or not membership.expected - passed <= set(membership.joins):
+            return set()
+        return passed
 
     def _believed(self, sender: str, leader: str) -> bool:
         """Whether we take a round's Members from `sender` now: from the peer we follow as the

@@ -45,6 +45,24 @@ read during our all-reduce are kept for it, of the next round only and as many, 
 first (`_keep_join`), and the trainer peers of our table among the senders it had no room for are
 remembered for it (`turned_away`), as `Membership` remembers those it turns away, and told.
 
+What being of an open group costs. We know a peer to be of our open group (`contributed`: the
+places only the group's members take among the held state requests, `trainer.diloco_state_answer`)
+when every shard of the last round we finished took its contribution: one model-sized upload a
+round, screened for shape, finiteness and a norm within `max_norm_ratio` of the others'
+(`trainer.diloco.screen`). That is bandwidth, not compute: nothing shows a contribution came of
+inner steps. An all-zero one is the cheapest to make, but we do not refuse it: a stranger that
+sends small random values instead spends exactly as much (no compute, the same upload) and passes
+any check for zeros, so such a check would cost an attacker nothing and only look like a defence
+(and an honest peer's pseudo-gradient is never exactly zero anyway, so it would catch no mistake
+either). Nor is the norm screen a bound on what such identities do: it judges each contribution
+against the lower median of the others' norms, so zero or tiny contributions from as many
+identities as there are honest members less one (one beside two honest trainers, two beside one)
+make every honest contribution an outlier, rejected and its sender penalised; the round's mean is
+then theirs, and they alone are whole contributors (`contributed`). Fewer are averaged in,
+diluting the mean (`tests/trainer/test_diloco_open_group.py` shows both). The defence is to close
+the group (`[diloco] trainers`): then only listed trainers are members, and a stranger's
+connection is refused before a frame of it is read.
+
 Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
 What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer
 peers of our table and the last round's members (`_forget`), and of those heard at most `PEERS`:
@@ -124,7 +142,7 @@ class DilocoConfig:
     max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
     join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
     state_min_bytes_per_s: int = 1_000_000  # a direct state fetch slower than this (after 4 x deadline_s) is cut, at both ends
-    trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers, this one among them; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights)
+    trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers, this one among them; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights), its contributions screened by norm only (zeros or noise pass: nothing shows they came of training)
 
     def check(self) -> dict[str, str]:
         problems = {}

@@ -182,12 +182,13 @@ FIRST, SECOND, ME = "a_first", "b_second", "c_me"
 
 
 def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, reserved=(), sent_to=None,
-            kept=()) -> dict:
+            kept=(), heard=None) -> dict:
     """Run the role's real `_decide` for round 1 at ME (`trainers` known as trainers: FIRST <
     SECOND < ME) on a mock clock, failing past `within_s`; `script` is [(time, event)] put in its
     inbox, and what it sends goes into `sent` (and, with whom to, `sent_to`); `reserved`: the last
     round's members (`_reserve`); `kept`: [(sender, Join)] of round 1 read during the last round's
-    all-reduce (`_keep_join`).
+    all-reduce (`_keep_join`); `heard`: not our first round (a round of ours behind us), these
+    peers heard from (`heard`: whom we wait for on our own account).
     What it returned (or whom it sits the round out for), whom it suspects, and when."""
     class Links:
         async def send(self, peer, body, *, report_refusal=True, report=True):
@@ -208,6 +209,8 @@ def _decide(script, trainers=(FIRST, SECOND), within_s=math.inf, sent=None, rese
         role.inbox = RoundInbox()
         role.inbox.reserve(reserved)
         role.suspects, role.heard, role.early_parts, role.history = set(), set(), [], []
+        if heard is not None:
+            role.heard, role.history = set(heard), [{"round": 0}]
         role.joins = {1: dict(kept)} if kept else {}
         role.turned_away = {}
 
@@ -267,27 +270,157 @@ def test_a_strangers_members_are_not_taken_and_the_round_goes_on_with_the_leader
     assert out["members"] == (FIRST, SECOND, ME) and out["t"] == pytest.approx(0.5)
 
 
+THIRD = "d_third"  # a trainer peer with a higher id than ours: it never leads here
+
+
 def test_members_from_a_peer_that_comes_to_lead_are_taken_once_it_leads():
     """SECOND took FIRST for dead before we did, decided and told us: not our leader then, its
     Members is kept, and taken as soon as FIRST fails us too (not at SECOND's leader timeout, nor
-    lost: then we would lead alone)."""
+    lost: then we would lead alone). THIRD still names FIRST: not every peer we hear from gave up
+    on it, so it is not passed over (`_passed_over`)."""
     out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.15, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
                    (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
-                   (0.4 * DEADLINE_S, PeerFailed(FIRST))])
+                   (0.4 * DEADLINE_S, PeerFailed(FIRST))], trainers=(FIRST, SECOND, THIRD))
     assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
     assert out["t"] == pytest.approx(0.4 * DEADLINE_S)
 
 
 def test_members_from_a_peer_that_comes_to_lead_are_taken_at_our_leader_timeout():
     """The same in a fresh group (no round behind us, no peer we keep places for), FIRST silent (in
-    our table, a newcomer still loading or a peer the others took for dead: theirs may not hold
-    it): SECOND's Members is kept, and taken when FIRST's leader timeout takes it for dead (that
-    is what not taking Members from any sender costs such a peer); not lost, which would leave us
-    leading alone, then sitting the round out."""
+    our table, a newcomer still loading or a peer some took for dead: theirs may not hold it) and
+    named by THIRD's Join: SECOND's Members is kept, and taken when FIRST's leader timeout takes
+    it for dead (that is what not taking Members from any sender costs such a peer while another
+    peer still waits for it); not lost, which would leave us leading alone, then sitting the
+    round out."""
     out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
-                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
+                   (0.15, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))], trainers=(FIRST, SECOND, THIRD))
     assert (out["members"], out["suspects"]) == ((SECOND, ME), {FIRST})
     assert out["t"] == pytest.approx(2 * DEADLINE_S)
+
+
+def test_on_our_first_round_a_lower_id_every_peer_gave_up_on_holds_us_no_leader_timeout():
+    """A joiner's first round (no round of ours behind us): our table still holds FIRST, which the
+    group took for dead (its heartbeat not expired; it takes our Join and never answers). SECOND
+    and THIRD, all the others we wait for, Join naming no FIRST, and SECOND, their leader, sends
+    its Members: we pass FIRST over as leader (`_passed_over`) and take SECOND's Members as it
+    comes, in the round with them. Before, we waited FIRST's leader timeout (2 x deadline) while
+    they averaged without us. FIRST is not suspected (it would lead again once it speaks)."""
+    script = [(0.1, Received(SECOND, Join(1, DIGEST, (ME, THIRD)))),
+              (0.15, Received(THIRD, Join(1, DIGEST, (SECOND, ME)))),
+              (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME, THIRD))))]
+    out = _decide(script, trainers=(FIRST, SECOND, THIRD), within_s=DEADLINE_S)
+    assert (out["members"], out["suspects"]) == ((SECOND, ME, THIRD), set())
+    assert out["t"] == pytest.approx(0.2)
+    # the Members before the last Join we wait for: kept, and taken once THIRD's Join came
+    out = _decide([script[0], (0.12, script[2][1]), script[1]], trainers=(FIRST, SECOND, THIRD), within_s=DEADLINE_S)
+    assert out["members"] == (SECOND, ME, THIRD) and out["t"] == pytest.approx(0.15)
+
+
+def test_a_lower_id_is_not_passed_over_while_a_peer_we_wait_for_still_names_it_or_has_not_joined():
+    """What keeps an identity from leading us past a live peer (`_passed_over`): SECOND (any
+    identity of our table, in an open group) Joins naming no FIRST and sends its Members at once.
+    THIRD has not Joined yet: we wait for it; its Join names FIRST: FIRST is not passed over, and
+    its Members is the one we take. What is left: with SECOND the only other peer we wait for,
+    its word is enough on our first round (FIRST silent: a peer the group gave up on, or a
+    one-trainer group's slow trainer; `test_an_identity_joining_us_beside_a_slow_lone_trainer_leads_our_first_round`);
+    with no other peer's Join at all FIRST leads to its timeout. Not after our first round
+    (`test_members_from_a_peer_that_comes_to_lead_after_our_first_round_are_taken_as_before`), nor
+    once FIRST spoke to us this round (`test_a_lower_id_passed_over_that_speaks_to_us_leads_again`)."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
+                   (0.5, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+                   (1.0, Received(FIRST, Members(1, DIGEST, (FIRST, ME, THIRD))))], trainers=(FIRST, SECOND, THIRD))
+    assert (out["members"], out["t"]) == ((FIRST, ME, THIRD), pytest.approx(1.0))
+    # no other peer's Join (a fresh group, FIRST and SECOND still loading): FIRST leads to its timeout
+    out = _decide([(0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))])
+    assert (out["members"], out["t"]) == ((SECOND, ME), pytest.approx(2 * DEADLINE_S))
+
+
+def test_members_from_a_peer_that_comes_to_lead_after_our_first_round_are_taken_as_before():
+    """The two tests above as they stood before `_passed_over`, THIRD left out, at a round that is
+    not our first (we heard FIRST and SECOND: we wait for them on our own account): SECOND took
+    FIRST for dead before we did and its Join names FIRST no more. No first-round rule: FIRST
+    leads here until it fails us, or to its leader timeout, and SECOND's Members is kept and
+    taken then (SECOND's word that FIRST is gone is not enough once we know the group)."""
+    script = [(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+              (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))]
+    out = _decide([*script, (0.4 * DEADLINE_S, PeerFailed(FIRST))], heard=(FIRST, SECOND))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), {FIRST}, pytest.approx(0.4 * DEADLINE_S))
+    out = _decide(script, heard=(FIRST, SECOND))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), {FIRST}, pytest.approx(2 * DEADLINE_S))
+
+
+def test_a_lower_id_passed_over_that_speaks_to_us_leads_again():
+    """FIRST is passed over on our first round (SECOND, all we wait for, Joined naming no FIRST),
+    then FIRST speaks to us before SECOND's Members comes: it leads here again. Its Members is
+    taken (kept while we followed SECOND: not its leader then); its NoRoom makes us sit the round
+    out; after its Join we wait for its Members, SECOND's not taken."""
+    join = (0.1, Received(SECOND, Join(1, DIGEST, (ME,))))
+    seconds = (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))
+    out = _decide([join, (0.15, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME)))), seconds],
+                  within_s=DEADLINE_S)
+    assert (out["members"], out["t"]) == ((FIRST, SECOND, ME), pytest.approx(0.15))
+    out = _decide([join, (0.15, Received(FIRST, NoRoom(1))), seconds], within_s=DEADLINE_S)
+    assert (out["behind"], out["past"], out["t"]) == (FIRST, 1, pytest.approx(0.15))
+    out = _decide([join, (0.15, Received(FIRST, Join(1, DIGEST, (SECOND, ME)))), seconds,
+                   (0.3, Received(FIRST, Members(1, DIGEST, (FIRST, SECOND, ME))))], within_s=DEADLINE_S)
+    assert (out["members"], out["t"]) == ((FIRST, SECOND, ME), pytest.approx(0.3))
+
+
+def test_passing_over_a_lower_id_we_lead_and_wait_for_it_as_a_member_to_the_join_deadline():
+    """On our first round THIRD (a higher id than ours, a round behind it, FIRST taken for dead
+    there) Joins naming no FIRST: FIRST is passed over and we lead, waiting for FIRST as a member
+    to the join deadline (deadline_s; before, we followed FIRST to its leader timeout, 2 x
+    deadline_s, then led), then decide without it, FIRST not suspected. If FIRST's Join reaches
+    THIRD before that, THIRD follows FIRST and Joins us again naming it (the peers it invites
+    changed): FIRST leads here again and we take its Members, as THIRD does. The race left: FIRST's
+    Join reaches THIRD just before our join deadline and THIRD's Join naming it reaches us after
+    we decided: THIRD follows FIRST (our Members is not its leader's) and our round is split from
+    theirs, as a late lower id's Join splits the round of any leader deciding at its join deadline."""
+    trainers, join = (FIRST, THIRD), (0.1, Received(THIRD, Join(1, DIGEST, (ME,))))
+    sent_to: list = []
+    out = _decide([join], trainers=trainers, sent_to=sent_to, within_s=2 * DEADLINE_S)
+    assert (out["members"], out["suspects"], out["t"]) == ((ME, THIRD), set(), pytest.approx(DEADLINE_S))
+    assert (THIRD, Members(1, DIGEST, (ME, THIRD))) in sent_to
+    out = _decide([join, (0.5 * DEADLINE_S, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+                   (0.6 * DEADLINE_S, Received(FIRST, Members(1, DIGEST, (FIRST, ME, THIRD))))], trainers=trainers)
+    assert (out["members"], out["t"]) == ((FIRST, ME, THIRD), pytest.approx(0.6 * DEADLINE_S))
+
+
+def test_an_identity_joining_us_beside_a_slow_lone_trainer_leads_our_first_round():
+    """The residual `_passed_over` leaves (the module docstring): a one-trainer open group, FIRST,
+    slow in its inner steps (alive: it takes our Join, and decides later), and SECOND, any
+    identity of our table (a heartbeat costs nothing), which Joins us at once naming no FIRST and
+    sends its Members. SECOND is the only other peer we wait for: FIRST is passed over and
+    SECOND's Members taken as it comes; our first round is SECOND's and not the group's (FIRST's
+    Members, later, is not read). An identity with an id above ours instead makes us lead, and
+    decide with it at the join deadline unless FIRST Joins by then (the first case of
+    `test_passing_over_a_lower_id_we_lead_and_wait_for_it_as_a_member_to_the_join_deadline`). Before, we followed FIRST,
+    unless an identity had an id below FIRST's, which makes it lead here (and at every member
+    its Join reaches) still: a few key generations, so this gives an attacker nothing it lacked."""
+    out = _decide([(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+                   (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME)))),
+                   (0.5, Received(FIRST, Members(1, DIGEST, (FIRST, ME))))])
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), set(), pytest.approx(0.2))
+    lower = "0_lower"  # below FIRST: it leads us with or without `_passed_over`
+    out = _decide([(0.2, Received(lower, Members(1, DIGEST, (lower, ME))))], trainers=(lower, FIRST))
+    assert (out["members"], out["t"]) == ((lower, ME), pytest.approx(0.2))
+
+
+def test_a_lower_id_is_not_passed_over_once_we_turned_a_trainer_peers_join_away():
+    """On our first round, strangers' Joins (no trainer peers: they lead nowhere) fill our round
+    but for SECOND's, which names no FIRST; THIRD's Join comes when no room is left, and is turned
+    away: whom it names we do not keep, so we cannot know that every peer we hear from gave up on
+    FIRST. FIRST is not passed over: it leads to its timeout, then SECOND's Members is taken."""
+    strangers = [f"e_stranger{i:03d}" for i in range(MAX_MEMBERS - 2)]
+    script = [(0.01, Received(s, Join(1, DIGEST, ()))) for s in strangers]
+    script += [(0.1, Received(SECOND, Join(1, DIGEST, (ME,)))),
+               (0.12, Received(THIRD, Join(1, DIGEST, (FIRST, ME)))),
+               (0.2, Received(SECOND, Members(1, DIGEST, (SECOND, ME))))]
+    out = _decide(script, trainers=(FIRST, SECOND, THIRD))
+    assert (out["members"], out["suspects"], out["t"]) == ((SECOND, ME), {FIRST}, pytest.approx(2 * DEADLINE_S))
 
 
 def test_members_from_a_member_of_the_last_round_are_taken_at_once():

@@ -1,0 +1,167 @@
+"""Who is of an open DiLoCo group after a real round: a peer whose contribution every shard of the
+last round we finished took (`Finished.whole_contributors`, `DilocoRole.contributed`), read by the
+held state requests' places (`trainer.diloco_state_answer`, `_of_group`). Not a peer one shard's
+owner turned away: it is among the round's members and the contributors of its other shards, and
+a stranger for the places. And a joiner's first round, whose table still holds a lower id the
+group gave up on, is one with the group (`trainer.diloco_decide._passed_over`). And what all-zero
+contributions do on the norm screen, as the role's docstring and the README say.
+
+Real roles (`tests.trainer.test_diloco_inbox.Trainer`: `DilocoRole._round` on real data planes on
+loopback, no model) average one round; then real connections ask one of them for the state after
+its round, as joiners left out of a round do. No timing asserts: waits are for events, bounded.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import trio
+
+from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
+from p2pnet.identity import Identity
+from p2pnet.wire import Codec
+from tests.trainer.test_diloco_inbox import SLACK_S, VALUES, Trainer, _a_round, _started, _until
+from trainer.allreduce import shard_bounds
+from trainer.diloco import Rejection, digest, screen
+from trainer.diloco_messages import CHANNEL, HoldsFull, StateRequest
+from trainer.diloco_role import MAX_FRAME_BYTES
+from trainer.diloco_state_answer import STATE_HOLDS, STRANGER_HOLDS
+
+
+def _outsized_in_one_shard(trainer: Trainer, shard: tuple[int, int]) -> None:
+    """`trainer`'s pseudo-gradient is its own step everywhere but in `shard`, where it is a
+    thousand times that: the shard's owner screens it out (a norm far above the others'), the
+    other shards' owners take it."""
+    role = trainer.role
+    step = role.state.weights - role.inner.weights()
+    step[shard[0]:shard[1]] *= 1000.0
+    role.inner.weights = lambda: role.state.weights - step
+
+
+def _no_penalties(trainer: Trainer) -> list[str]:
+    """The peers `trainer`'s round penalised (a contribution it screened out), noted: its peer
+    table here is the test's."""
+    penalised: list[str] = []
+
+    def penalise(now: float, peer: str, amount: float) -> list[object]:
+        penalised.append(peer)
+        return []
+    trainer.role.node.peertable.penalise = penalise
+    trainer.role.node.carry_out = lambda core, effect: None
+    return penalised
+
+
+async def _ask_after(trainer: Trainer, who: Identity, round: int) -> trio.SocketStream:
+    """`who` asks `trainer` for the state after `round` (a joiner left out of it), taking `HoldsFull`."""
+    stream = await open_data_stream(trainer.address, CHANNEL, codec=Codec(who), peer=trainer.peer_id)
+    await send_frame(stream, Codec(who).encode(StateRequest(round, round, True), time.time()))
+    return stream
+
+
+async def test_a_peer_one_shard_turned_away_is_no_member_of_the_group_for_the_held_places(
+        nursery: trio.Nursery) -> None:
+    """Three trainers average a round; one's contribution is outsized in the last shard only. The
+    last shard's owner screens it out, the other two take it: it is among the round's members and
+    (the other shards') contributors, but not a whole contributor, so no trainer counts it of the
+    group (`contributed`). Then strangers hold the places they may take at an honest trainer:
+    the partial contributor asking for the state after the round is refused as a stranger
+    (`HoldsFull`), while the other honest trainer, a whole contributor, is held."""
+    deadline_s = 2 * SLACK_S  # far above what the round's work needs
+    trainers = [Trainer(name, 2, deadline_s) for name in ("a", "bb", "ccc")]
+    await _started(nursery, *trainers)
+    cheat = trainers[1]
+    honest = [t for t in trainers if t is not cheat]
+    last = shard_bounds(VALUES, len(trainers))[-1]
+    _outsized_in_one_shard(cheat, last)
+    penalised = {t.peer_id: _no_penalties(t) for t in trainers}
+    done: list[str] = []
+    async with trio.open_nursery() as rounds:
+        for trainer in trainers:
+            rounds.start_soon(_a_round, trainer, nursery, done)
+    everyone = sorted(t.peer_id for t in trainers)
+    whole = frozenset(t.peer_id for t in honest)
+    last_owner = next(t for t in trainers if t.peer_id == everyone[-1])
+    assert penalised[last_owner.peer_id] == [cheat.peer_id]  # screened out at the last shard's owner only
+    assert all(not penalised[t.peer_id] for t in trainers if t is not last_owner)
+    for trainer in honest:
+        row = trainer.role.history[-1]
+        # its parts of the other shards were taken: a contributor of the round, and one of its members
+        assert (row["round"], row["members"], row["contributors"]) == (2, everyone, everyone)
+        assert trainer.role.contributed == whole  # but not a whole contributor: not of the group
+        assert trainer.role.state.round == 3
+
+    asked = honest[0]
+    strangers = [Identity.from_seed_text(f"diloco open group stranger {i}") for i in range(STRANGER_HOLDS)]
+    held: list[trio.SocketStream] = []
+    try:
+        for stranger in strangers:
+            held.append(await _ask_after(asked, stranger, 3))
+            await _until(lambda: stranger.peer_id in asked.role.holding, "a stranger's request held")  # noqa: B023
+        async with await _ask_after(asked, cheat.identity, 3) as refused:
+            with trio.fail_after(SLACK_S):
+                frame = await FrameReader(refused, max_frame_bytes=MAX_FRAME_BYTES).frame()
+        assert Codec(None).decode(frame or b"", time.time()).body == HoldsFull(3, STRANGER_HOLDS,
+                                                                             STATE_HOLDS - STRANGER_HOLDS)
+        assert cheat.peer_id not in asked.role.holding
+        assert (asked.role.refused_strangers, asked.role.refused_members) == (1, 0)
+        member = honest[1]
+        held.append(await _ask_after(asked, member.identity, 3))  # a whole contributor: a member's place
+        await _until(lambda: member.peer_id in asked.role.holding, "the member's request held")
+        assert asked.role.strangers_held == frozenset(s.peer_id for s in strangers)
+    finally:
+        for stream in held:
+            await stream.aclose()
+    nursery.cancel_scope.cancel()
+
+
+async def test_a_joiners_first_round_passes_over_a_lower_id_the_group_gave_up_on(nursery: trio.Nursery) -> None:
+    """A joiner's first round in an open group (no round of its own behind it): its table still
+    holds FIRST, the lowest id, which the group took for dead (each of the group's trainers
+    suspects it) but which is alive enough to take Joins and never answers. The group's Joins to
+    the joiner name no FIRST: the joiner passes FIRST over as leader (`_passed_over`) and takes
+    the group's leader's Members as it comes, so the round is one of all three, every shard taking
+    each one's contribution, and all end on the same weights. Before, the joiner followed FIRST to
+    its leader timeout (2 x deadline_s) while the group averaged without it (a member whose
+    contributions came after the shards were reduced). FIRST is not suspected at the joiner."""
+    deadline_s = 2 * SLACK_S  # far above what the round's work needs: the leader timeout twice that
+    made = sorted((Trainer(name, 2, deadline_s) for name in ("first", "g", "h", "joiner")), key=lambda t: t.peer_id)
+    first, group, joiner = made[0], made[1:3], made[3]  # by id: FIRST lowest, then the group, the joiner last
+    await _started(nursery, *made)
+    for trainer in group:
+        trainer.role.history = [{"round": 1}]  # a round of theirs behind them, with each other
+        trainer.role.inbox.reserve([g.peer_id for g in group])
+        trainer.role.heard = {p.peer_id for p in (*group, joiner)} - {trainer.peer_id}  # the joiner fetched a state
+        trainer.role.suspects = {first.peer_id}  # the group gave up on FIRST
+    done: list[str] = []
+    async with trio.open_nursery() as rounds:  # FIRST runs no round: its data plane takes frames, answers none
+        for trainer in (*group, joiner):
+            rounds.start_soon(_a_round, trainer, nursery, done)
+    everyone = sorted(t.peer_id for t in (*group, joiner))
+    for trainer in (*group, joiner):
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (2, everyone, everyone)
+        assert trainer.role.contributed == frozenset(everyone)  # every shard took the joiner's too
+    assert len({digest(t.role.state.weights) for t in (*group, joiner)}) == 1
+    assert first.peer_id not in joiner.role.suspects
+    nursery.cancel_scope.cancel()
+
+
+def test_zero_contributions_dilute_the_mean_and_enough_of_them_make_the_honest_ones_outliers() -> None:
+    """What the role's docstring ("What being of an open group costs") and the README say of an
+    open group's all-zero contributions, on the norm screen (`trainer.diloco.screen`): each is
+    taken (no check for zeros), and beside h honest contributions, fewer than h - 1 of them (two
+    at least when h is one) leave every honest one taken, while that many make every honest one
+    a norm outlier (the lower median of the others' norms is a zero), so the zeros alone are taken."""
+    rng = torch.Generator().manual_seed(5)
+    for honest in range(1, 7):
+        enough = max(honest - 1, 2 if honest == 1 else 1)
+        for zeros in range(enough + 2):
+            parts = {f"h{i}": torch.randn(4096, generator=rng) * 1e-3 for i in range(honest)}
+            parts |= {f"z{i}": torch.zeros(4096) for i in range(zeros)}
+            accepted, rejected = screen(parts, 4096)
+            assert {p for p in accepted if p.startswith("z")} == {f"z{i}" for i in range(zeros)}
+            if zeros < enough:
+                assert not rejected, (honest, zeros)
+            else:
+                assert rejected == {f"h{i}": Rejection.NORM_OUTLIER for i in range(honest)}, (honest, zeros)
