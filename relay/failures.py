@@ -76,6 +76,16 @@ which is not our parent, do members ranked before us stand in first (`relay.sour
 kept the origin's upload for what only it has, and did not slow hangs or partitions (review
 runs at 10 GB: 20% partitioned 275 -> 226 s, hangs the same time with fewer origin copies).
 
+A forwarder we took in place of the origin (`relay.sources`, `_leave_origin`) that we then drop
+(stalled, slow, unreachable, corrupt) or pass over in its stripe is forsaken there (`_forsake`):
+our chain is the plan's again (the origin), and it is not taken in the origin's place again in
+this plan, so the next origin chunk may pick another forwarder. Dropped as stalled, the chain kept
+it in front of the origin (a stall borrows no substitute, above), and when its exclusion ended we
+asked it again and waited another `stall_timeout_s` on it: the lab's 6 relays under an origin
+advertising the default, the stripe's forwarder sending 1 byte/s, 192 MiB: each of the 4 members
+that had left the origin for it dropped it twice (at 31 s and 122 s), 142.0 s; now once,
+122.3 s. A refusal or a missing address (nobody at fault yet) keeps it.
+
 These methods keep the core's exclusions (`_excluded`, `_slow`, `_refused`, `_unaddressed`) and
 bans (`_banned`, `_ban_order`), rebuild a version's chains where a dropped peer was our parent,
 and release its requests through the core's `_settle`; they also call its `_chain`, `_pump`,
@@ -222,12 +232,26 @@ class FailureHandling:
         kept = v.spare.get(stripe)
         if kept is not None and kept[0] == peer:
             del v.spare[stripe]
+        if v.chains[stripe] and v.chains[stripe][0] == peer:
+            self._forsake(v, stripe)
         mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer and e[1] == stripe]
         for index, entry in mine:
             self._settle(now, v, index, entry, progress=False)
             _requeue(v, index)
         if mine:  # (not `SourceDropped`: it is not dropped, and nobody counts it as dropped)
             effects.append(Emit(SourcePassedOver(peer, v.version, stripe, why)))
+
+    def _forsake(self, v: _Version, stripe: int) -> None:
+        """If the head of our chain in `stripe` of `v` is a forwarder we took in place of the origin
+        (`relay.sources`, `_leave_origin`), which we now drop or pass over there: the chain is the
+        plan's again (the origin), and that forwarder is not taken in the origin's place there again
+        in this plan (`_Version.forsaken`; see the top). Else nothing."""
+        plan, chain = v.plan, v.chains[stripe]
+        assert plan is not None
+        if chain[1:] != [plan.origin] or plan.parent[stripe].get(self.self_id) != plan.origin:
+            return
+        v.forsaken.add((chain[0], stripe))
+        v.chains[stripe] = chain[1:]
 
     def _unaddressed_for(self, now: float, peer: str) -> float:
         """Seconds since `peer`'s first `no_address` in a row (0: this is it, remembered now; past
@@ -266,6 +290,10 @@ class FailureHandling:
         substitute parent in each stripe where `peer` was the one we fetched from. It is no longer
         a holder of any version, unless we only lack its address."""
         for v in self._versions.values():
+            if why not in _BRIEF and not v.complete and v.plan is not None:
+                for s, chain in enumerate(v.chains):
+                    if chain and chain[0] == peer:
+                        self._forsake(v, s)
             if why not in _NO_SUBSTITUTES and not v.complete and v.plan is not None:
                 for s, chain in enumerate(v.chains):
                     if chain and chain[0] == peer:

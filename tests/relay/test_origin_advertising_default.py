@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from relay.effects import SourceDropped
 from relay.planner import Membership
 from relay.serving import ByteBudget
 from relay.transfer import TransferConfig
@@ -159,3 +160,27 @@ def test_a_forwarder_taken_in_place_of_the_origin_is_judged_on_its_first_chunk()
         assert liar in core._slow and core._versions[1].chains[stripe][0] != liar, peer
         assert core._samples[liar] < 3, peer  # (chunks it timed from the liar)
 
+
+
+def test_a_silent_forwarder_taken_in_place_of_the_origin_is_not_asked_again_when_its_exclusion_ends():
+    """The same world with the forwarder's link at 1 byte/s (it sends nothing), the stall
+    timeout 5 s and exclusions 10 s, so the version outlasts its exclusion: the members that left
+    the origin for it drop it as stalled once, and take the stripe from the origin from then on
+    (`relay.failures`, `_forsake`): it is not taken in the origin's place again in this plan.
+    Before, the chain kept it in front of the origin, and each asked it again when its exclusion
+    ended and waited on it another stall timeout (dropped twice each)."""
+    config = TransferConfig(stall_timeout_s=5.0, exclude_s=10.0, announce_interval_s=1.0, max_in_flight=16)
+    sim = _world(6, (200.0, 400.0), 24.0, DEFAULT_BPS, lying={2: (None, 1.0)}, config=config)
+    liar = sim.peer_ids[2]
+    drops: dict[str, int] = {}
+    sim.world.listeners.append(lambda now, peer, event: drops.__setitem__(peer, drops.get(peer, 0) + 1)
+                               if isinstance(event, SourceDropped) and event.peer == liar else None)
+    run_broadcast_sim(sim)
+    assert sim.done()
+    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
+    stripe = plan.home[liar]
+    borrowed = [p for p in sim.peer_ids if p != liar and plan.parent[stripe][p] == sim.origin]
+    assert len(borrowed) >= 3
+    # (it outlasts a drop, the exclusion and one more stall timeout)
+    assert max(sim.cores[p]._versions[1].completed_at for p in sim.peer_ids) > 2 * config.stall_timeout_s + config.exclude_s
+    assert {p: drops.get(p) for p in borrowed} == dict.fromkeys(borrowed, 1)
