@@ -232,8 +232,8 @@ class FailureHandling:
         kept = v.spare.get(stripe)
         if kept is not None and kept[0] == peer:
             del v.spare[stripe]
-        if v.chains[stripe] and v.chains[stripe][0] == peer:
-            self._forsake(v, stripe)
+        if v.plan is not None and 0 <= stripe < len(v.chains) and v.chains[stripe] and v.chains[stripe][0] == peer:
+            self._forsake(v, stripe)  # (not a swarm request's link, nor a stripe of an older plan)
         mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer and e[1] == stripe]
         for index, entry in mine:
             self._settle(now, v, index, entry, progress=False)

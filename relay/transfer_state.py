@@ -6,9 +6,9 @@ starts and which chunks wait to be asked for again, the requests in flight and t
 (source, stripe) link, the chunks' failed sources, holders of the whole version, and counters for
 `progress`, and per (source, stripe) link when it last made progress, until when a source is passed
 over in one stripe alone, a stand-in's delivery there, and the forwarders taken in place of the origin
-that failed us. `_Source` is one source's outstanding
-requests and when it last made progress (the stall check). `_Feed` is what the origin sent us of our
-own stripe. `_requeue` puts a chunk back on its stripe's retry queue.
+that failed us. `_Source` is one source's outstanding requests and when it last made progress (the
+stall check). `_Feed` is what the origin sent us of our own stripe. `_requeue` puts a chunk back on
+its stripe's retry queue.
 
 Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
 `relay.failures`, `relay.announce`, `relay.manifest_asks`, `relay.swarm_transfer`); it imports none
