@@ -130,6 +130,7 @@ class FailureHandling:
 
     # the core's state these methods use (`TransferCore.__init__` sets it)
     config: TransferConfig
+    self_id: str
     _versions: dict[int, _Version]
     _excluded: dict[str, float]
     _refused: dict[str, int]
