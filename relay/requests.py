@@ -252,6 +252,8 @@ class Requesting:
         src.outstanding -= 1
         if progress:
             src.since = now
+            if v.borrowed and key in v.borrowed:  # (a forwarder taken in place of the origin delivered)
+                v.borrowed[key] = True
 
     # -- commands from the shell: a chunk someone waits for, holds on requests ----------
 

@@ -244,7 +244,8 @@ class SourceChoice:
         stripe it is (they borrow from nobody there). The origin stays behind it in our chain:
         if the forwarder is dropped, the chain is the plan's again (`_chain`). With no usable
         forwarder, nothing changes; a forwarder we took so and then dropped or passed over there
-        is not taken again in this plan (`_Version.forsaken`, `relay.failures`' `_forsake`).
+        is not taken again in this plan (`_Version.forsaken`, `relay.failures`' `_forsake`; a
+        stall or a reset after it delivered us a chunk is excused once: `_Version.borrowed`).
         Requests already asked of the origin stay with it. Only in
         striped plans: the baselines (a star, one tree, the swarm) keep their shape."""
         plan = v.plan
@@ -262,6 +263,7 @@ class SourceChoice:
                              if p not in forsaken and self._usable(now, p)), None)
             if pick is not None:
                 v.chains[stripe] = [pick] + chain
+                v.borrowed[(pick, stripe)] = False  # (nothing delivered yet: `relay.failures`, `_forsake`)
 
     def _forwarders(self, plan: StripePlan, stripe: int) -> tuple[tuple[str, ...], int]:
         """The members that forward `stripe` in `plan`, and how many of the first of them take
