@@ -264,11 +264,9 @@ class FailureHandling:
         if chain[1:] != [plan.origin] or plan.parent[stripe].get(self.self_id) != plan.origin:
             return
         link = (chain[0], stripe)
-        if why in _EXCUSED and v.borrowed.get(link):
-            v.borrowed[link] = False  # (it must deliver again before another stall is excused)
-        else:
-            v.borrowed.pop(link, None)
-            v.forsaken.add(link)
+        if why not in _EXCUSED or not v.borrowed.get(link):  # (excused: `_leave_origin` resets its flag
+            v.borrowed.pop(link, None)                       # when it takes it again, so it must deliver
+            v.forsaken.add(link)                             # again before another failure is excused)
         v.chains[stripe] = chain[1:]
 
     def _unaddressed_for(self, now: float, peer: str) -> float:

@@ -72,8 +72,8 @@ class _Version:
     # (source, stripe): forwarders we took in place of the origin there (`relay.sources`, `_leave_origin`)
     # that then failed us (dropped, or passed over in the stripe): not taken in its place again in this plan
     forsaken: set[tuple[str, int]] = field(default_factory=set)
-    # (source, stripe) -> whether it delivered us a chunk there since we took it in place of the origin (or
-    # since we last excused a stall or a reset of it: `relay.failures`, `_forsake`)
+    # (source, stripe) -> whether it delivered us a chunk there since we last took it in place of the origin
+    # (`relay.sources`, `_leave_origin`): a stall or a reset of it is then excused (`relay.failures`, `_forsake`)
     borrowed: dict[tuple[str, int], bool] = field(default_factory=dict)
     tried: dict[int, set[str]] = field(default_factory=dict)
     reasked: dict[int, int] = field(default_factory=dict)  # index -> our parent answered "unavailable" this often
