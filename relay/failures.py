@@ -76,6 +76,23 @@ which is not our parent, do members ranked before us stand in first (`relay.sour
 kept the origin's upload for what only it has, and did not slow hangs or partitions (review
 runs at 10 GB: 20% partitioned 275 -> 226 s, hangs the same time with fewer origin copies).
 
+A forwarder we took in place of the origin (`relay.sources`, `_leave_origin`) that we then drop
+(stalled, slow, unreachable, corrupt) or pass over in its stripe is forsaken there (`_forsake`):
+our chain is the plan's again (the origin), and it is not taken in the origin's place again in
+this plan, so the next origin chunk may pick another forwarder. Dropped as stalled, the chain kept
+it in front of the origin (a stall borrows no substitute, above), and when its exclusion ended we
+asked it again and waited another `stall_timeout_s` on it: the lab's 6 relays under an origin
+advertising the default, the stripe's forwarder sending 1 byte/s, 192 MiB: each of the 4 members
+that had left the origin for it dropped it twice (at 31 s and 122 s), 142.0 s; now once,
+122.3 s. A refusal or a missing address (nobody at fault yet) keeps it. One that stalled or was
+unreachable after it delivered us a chunk there since we took it (a blip of its link or of its
+own feed, a reset connection) is excused once (`_Version.borrowed`): our chain is the origin's
+while it is excluded, it may be taken again when its exclusion ends, and it is forsaken if it
+fails so again before it delivers another. Forsaken at once, a member took the stripe from the
+capped origin for the rest of the plan: the same world (simulator), the answers of an honest
+forwarder to its 4 borrowers lost 3 s in (stall timeout 5 s, exclusions 10 s, 192 MiB): 74.0 s
+and 1.10 origin copies, 113.3 s and 1.69 forsaken at once; now 74.0 s, 1.10 again.
+
 These methods keep the core's exclusions (`_excluded`, `_slow`, `_refused`, `_unaddressed`) and
 bans (`_banned`, `_ban_order`), rebuild a version's chains where a dropped peer was our parent,
 and release its requests through the core's `_settle`; they also call its `_chain`, `_pump`,
@@ -113,6 +130,9 @@ _ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, Fetc
 _NO_SUBSTITUTES = frozenset({DropReason.STALLED, DropReason.NOT_ADMITTED, DropReason.NO_ADDRESS})
 # drops for `not_admitted_s` only (`exclude_s` for the others): nobody is at fault yet
 _BRIEF = frozenset({DropReason.NOT_ADMITTED, DropReason.NO_ADDRESS})
+# failures of a forwarder taken in place of the origin that may be passing (a blip, a reset connection): not
+# forsaken for them if it delivered us a chunk since we took it (`_forsake`)
+_EXCUSED = frozenset({DropReason.STALLED, DropReason.UNREACHABLE})
 
 
 class FailureHandling:
@@ -120,6 +140,7 @@ class FailureHandling:
 
     # the core's state these methods use (`TransferCore.__init__` sets it)
     config: TransferConfig
+    self_id: str
     _versions: dict[int, _Version]
     _excluded: dict[str, float]
     _refused: dict[str, int]
@@ -222,12 +243,31 @@ class FailureHandling:
         kept = v.spare.get(stripe)
         if kept is not None and kept[0] == peer:
             del v.spare[stripe]
+        if v.plan is not None and 0 <= stripe < len(v.chains) and v.chains[stripe] and v.chains[stripe][0] == peer:
+            self._forsake(v, stripe, why)  # (not a swarm request's link, nor a stripe of an older plan)
         mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer and e[1] == stripe]
         for index, entry in mine:
             self._settle(now, v, index, entry, progress=False)
             _requeue(v, index)
         if mine:  # (not `SourceDropped`: it is not dropped, and nobody counts it as dropped)
             effects.append(Emit(SourcePassedOver(peer, v.version, stripe, why)))
+
+    def _forsake(self, v: _Version, stripe: int, why: DropReason) -> None:
+        """If the head of our chain in `stripe` of `v` is a forwarder we took in place of the origin
+        (`relay.sources`, `_leave_origin`), which we now drop or pass over there for `why`: the chain
+        is the plan's again (the origin), and that forwarder is not taken in the origin's place there
+        again in this plan (`_Version.forsaken`; see the top), unless it stalled or was unreachable
+        after it delivered us a chunk there since we took it (`_Version.borrowed`): that is excused
+        once, and it may be taken again when its exclusion ends. Else nothing."""
+        plan, chain = v.plan, v.chains[stripe]
+        assert plan is not None
+        if chain[1:] != [plan.origin] or plan.parent[stripe].get(self.self_id) != plan.origin:
+            return
+        link = (chain[0], stripe)
+        if why not in _EXCUSED or not v.borrowed.get(link):  # (excused: `_leave_origin` resets its flag
+            v.borrowed.pop(link, None)                       # when it takes it again, so it must deliver
+            v.forsaken.add(link)                             # again before another failure is excused)
+        v.chains[stripe] = chain[1:]
 
     def _unaddressed_for(self, now: float, peer: str) -> float:
         """Seconds since `peer`'s first `no_address` in a row (0: this is it, remembered now; past
@@ -266,6 +306,10 @@ class FailureHandling:
         substitute parent in each stripe where `peer` was the one we fetched from. It is no longer
         a holder of any version, unless we only lack its address."""
         for v in self._versions.values():
+            if why not in _BRIEF and not v.complete and v.plan is not None:
+                for s, chain in enumerate(v.chains):
+                    if chain and chain[0] == peer:
+                        self._forsake(v, s, why)
             if why not in _NO_SUBSTITUTES and not v.complete and v.plan is not None:
                 for s, chain in enumerate(v.chains):
                     if chain and chain[0] == peer:

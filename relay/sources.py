@@ -243,7 +243,10 @@ class SourceChoice:
         cycle), else one ranked before us; where the plan has none, the member whose home
         stripe it is (they borrow from nobody there). The origin stays behind it in our chain:
         if the forwarder is dropped, the chain is the plan's again (`_chain`). With no usable
-        forwarder, nothing changes. Requests already asked of the origin stay with it. Only in
+        forwarder, nothing changes; a forwarder we took so and then dropped or passed over there
+        is not taken again in this plan (`_Version.forsaken`, `relay.failures`' `_forsake`; a
+        stall or a reset after it delivered us a chunk is excused once: `_Version.borrowed`).
+        Requests already asked of the origin stay with it. Only in
         striped plans: the baselines (a star, one tree, the swarm) keep their shape."""
         plan = v.plan
         if plan is None or self.config.layout != "striped":
@@ -251,13 +254,16 @@ class SourceChoice:
         for stripe, chain in enumerate(v.chains):
             if not chain or chain[0] != plan.origin or not self._origin_feeds_too_little(v, stripe):
                 continue
+            forsaken = {p for p, s in v.forsaken if s == stripe} if v.forsaken else ()
             if plan.ranked_interior(stripe):
                 below = (len(chain), self.self_id) if plan.fanout[stripe].get(self.self_id, 0) > 0 else None
-                pick = self._substitute(now, plan, stripe, below)
+                pick = self._substitute(now, plan, stripe, below, avoid=forsaken)
             else:
-                pick = next((p for p in self._forwarders(plan, stripe)[0] if self._usable(now, p)), None)
+                pick = next((p for p in self._forwarders(plan, stripe)[0]
+                             if p not in forsaken and self._usable(now, p)), None)
             if pick is not None:
                 v.chains[stripe] = [pick] + chain
+                v.borrowed[(pick, stripe)] = False  # (nothing delivered yet: `relay.failures`, `_forsake`)
 
     def _forwarders(self, plan: StripePlan, stripe: int) -> tuple[tuple[str, ...], int]:
         """The members that forward `stripe` in `plan`, and how many of the first of them take

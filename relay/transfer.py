@@ -472,6 +472,8 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         v.next_pos = [0] * v.plan.stripes
         v.passed.clear()  # (passed over and timed per stripe of the old plan: its stripes are not the new one's)
         v.link_rates.clear()
+        v.forsaken.clear()
+        v.borrowed.clear()
         old = [i for q in v.retry if q for i in q] + v.parked
         v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
         v.parked = []

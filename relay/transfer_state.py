@@ -5,9 +5,10 @@ chunks we hold, the plan and our chain of sources per stripe, where each stripe'
 starts and which chunks wait to be asked for again, the requests in flight and their load per
 (source, stripe) link, the chunks' failed sources, holders of the whole version, and counters for
 `progress`, and per (source, stripe) link when it last made progress, until when a source is passed
-over in one stripe alone, and a stand-in's delivery there. `_Source` is one source's outstanding
-requests and when it last made progress (the stall check). `_Feed` is what the origin sent us of our
-own stripe. `_requeue` puts a chunk back on its stripe's retry queue.
+over in one stripe alone, a stand-in's delivery there, and the forwarders taken in place of the origin
+that failed us. `_Source` is one source's outstanding requests and when it last made progress (the
+stall check). `_Feed` is what the origin sent us of our own stripe. `_requeue` puts a chunk back on
+its stripe's retry queue.
 
 Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
 `relay.failures`, `relay.announce`, `relay.manifest_asks`, `relay.swarm_transfer`); it imports none
@@ -68,6 +69,12 @@ class _Version:
     # (source, stripe) -> its delivery (EWMA, bytes/s) and chunks timed there, where it is not our parent
     # in the stripe's chain nor the origin (a stand-in: `relay.judging`, `_short_as_stand_in`)
     link_rates: dict[tuple[str, int], tuple[float, int]] = field(default_factory=dict)
+    # (source, stripe): forwarders we took in place of the origin there (`relay.sources`, `_leave_origin`)
+    # that then failed us (dropped, or passed over in the stripe): not taken in its place again in this plan
+    forsaken: set[tuple[str, int]] = field(default_factory=set)
+    # (source, stripe) -> whether it delivered us a chunk there since we last took it in place of the origin
+    # (`relay.sources`, `_leave_origin`): a stall or a reset of it is then excused (`relay.failures`, `_forsake`)
+    borrowed: dict[tuple[str, int], bool] = field(default_factory=dict)
     tried: dict[int, set[str]] = field(default_factory=dict)
     reasked: dict[int, int] = field(default_factory=dict)  # index -> our parent answered "unavailable" this often
     spare: dict[int, tuple[str | None, float]] = field(default_factory=dict)  # stripe -> whom to ask instead of the origin, until

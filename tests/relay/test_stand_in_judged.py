@@ -354,3 +354,40 @@ def test_an_honest_stand_in_whose_upstream_stalls_is_passed_over_as_a_parent_wou
         assert run.asked(lost, start + CONFIG.stall_timeout_s) == {then}, me
         assert first in run.asked(_home(plan, first), start + CONFIG.stall_timeout_s), me
         assert run.dropped == [], me
+
+
+def test_the_origin_our_only_source_left_for_a_stripe_is_never_passed_over_when_it_stalls_there():
+    """The second child of a killed lone root passes the withholding stand-in over and, nobody
+    left before it in the draw, takes the lost stripe from the origin, which also feeds it its own
+    home stripe (it is that stripe's root). The origin's upload is saturated: its first chunks
+    of the lost stripe come only two steps past the stall timeout after we asked, then at the
+    usual pace. It is never passed over there (nobody else holds every chunk, and here nobody
+    else is left to ask): the stripe waits on it and the version completes from it, well before
+    `exclude_s`. Passed over like any source, it left the stripe with nobody to ask until the
+    stand-in's exclusion ended (`exclude_s`, 60 s)."""
+    plan = _plan()
+    lost = plan.home[RELAYS[3]]
+    root, children = _drawn(plan, lost)
+    first, second = children[:2]
+    asked_at: dict[int, float] = {}
+    busy_until: list[float] = []
+
+    def answer(f: Fetch, stripe: int):
+        if f.peer == first and stripe == lost:
+            return None
+        if f.peer != ORIGIN or stripe != lost:
+            return FAST_S
+        at = asked_at.setdefault(f.index, run.now - STEP_S)
+        if not busy_until:
+            busy_until.append(at + CONFIG.stall_timeout_s + 2 * STEP_S)  # its queue when we first asked
+        return FAST_S if run.now >= busy_until[0] else None
+
+    run = _lost_root_run(second, lost, answer)
+    run.past_the_stall()  # the stand-in is passed over: the origin is asked
+    assert run.asked(lost, run.now - STEP_S) == {ORIGIN}
+    v = run.core._versions[1]
+    while not v.complete and run.now < CONFIG.exclude_s / 2:
+        run.step()
+    assert v.complete
+    assert not [e for e in run.events if isinstance(e, SourcePassedOver) and e.peer == ORIGIN]
+    assert ORIGIN not in run.dropped
