@@ -12,7 +12,7 @@ import pytest
 
 from relay.effects import FetchFailure
 from relay.manifest_answers import MAX_FAILED_ASKS
-from relay.manifest_asks import MAX_OTHER_HOLDERS
+from relay.manifest_asks import MAX_ASKS_AFTER_FAILURES, MAX_OTHER_HOLDERS
 from relay.messages import HeldVersion, Holding
 from tests.relay.test_manifest_holders import CONFIG, _asked, _core, asks, failed
 from tests.relay.test_transfer import SIGNED, envelope
@@ -21,13 +21,14 @@ HOLDING = Holding((HeldVersion(1, SIGNED.manifest_id),))
 
 
 def _liars_and_an_honest_member(liars: list[str], first_at: float, until_s: float,
-                                flood: float = 0.0) -> list[tuple[float, str]]:
+                                flood: float = 0.0, h_refuses: int = 0) -> list[tuple[float, str]]:
     """The liars (members) name version 1 every second, in turn, and answer each ask that they do
     not hold it, 0.01 s after it; an honest member h names it first at `first_at`, then every 30 s.
     With `flood`, fresh liar identities (members too, "f00000" on) come besides, `flood` per
     second from 1 s, each naming the version every second from its first `Holding`.
-    Returns what happened until h is asked, or until `until_s`: the asks, (when, of whom), and
-    h's `Holding`s, (when, "h named")."""
+    h refuses its first `h_refuses` asks as not admitted (it had not heard our heartbeat: nobody's
+    fault), 0.01 s after each. Returns what happened until h is asked and does not refuse, or until
+    `until_s`: the asks, (when, of whom), and h's `Holding`s, (when, "h named")."""
     fresh = [f"f{i:05d}" for i in range(int(flood * until_s))]
     c = _core((*liars, *fresh, "h"))
     queue: list[tuple[float, int, str, str]] = []
@@ -52,15 +53,17 @@ def _liars_and_an_honest_member(liars: list[str], first_at: float, until_s: floa
             push(now + (30.0 if peer == "h" else 1.0), "holding", peer)
             if peer == "h":
                 log.append((now, "h named"))
-        elif what == "failed":
-            effects = c.manifest_failed(now, peer, 1, FetchFailure.UNAVAILABLE)
+        elif what in ("failed", "refused"):
+            why = FetchFailure.UNAVAILABLE if what == "failed" else FetchFailure.NOT_ADMITTED
+            effects = c.manifest_failed(now, peer, 1, why)
         else:
             effects = c.on_timer(now, "relay/tick")
         for asked in _asked(effects):
             log.append((now, asked))
-            if asked == "h":
+            if asked == "h" and h_refuses == 0:
                 return log
-            push(now + 0.01, "failed", asked)
+            h_refuses -= asked == "h"
+            push(now + 0.01, "refused" if asked == "h" else "failed", asked)
         if c._tick_at is not None and c._tick_at not in ticks:
             ticks.add(c._tick_at)
             push(c._tick_at, "tick", "")
@@ -150,6 +153,7 @@ def test_the_peers_whose_asks_failed_are_remembered_at_most_max_failed_asks_the_
     as one never failed."""
     c = _core()
     peers = ["p0", "p1", *(f"x{i:05d}" for i in range(MAX_FAILED_ASKS - 1))]
+    c._manifest_excused.update(dict.fromkeys(peers))  # each had its one failure excused (`_failed`)
     for i, peer in enumerate(peers[:2]):
         assert asks(c, float(i), peer, version=10 + i) == [peer]
         c.manifest_declined(i + 0.5, peer, 10 + i)
@@ -169,6 +173,7 @@ def test_a_holder_takes_the_place_of_the_one_of_its_kind_that_failed_last_if_lat
     number of identities: strangers never keep a member out)."""
     members = [f"m{i:02d}" for i in range(MAX_OTHER_HOLDERS)]
     c = _core(("a", "new", "late", *members))
+    c._manifest_excused.update(dict.fromkeys(("late", *members)))  # each had its one failure excused (`_failed`)
     assert asks(c, 19.0, "late", version=99) == ["late"]
     c.manifest_declined(19.5, "late", 99)  # after all the members' failures
     for i, member in enumerate(members):  # each declines an ask of its own version: failed, still usable for 1
@@ -202,3 +207,23 @@ def test_fresh_liar_identities_coming_faster_than_asks_are_made_cannot_keep_an_h
     asked = [p for _, p in log[:-1] if p != "h named"]
     named_before = {*liars, "f00000"}  # (f00000 named it at 1.0 s)
     assert set(asked) <= named_before and len(asked) == len(set(asked))
+
+
+def test_a_member_refused_once_through_nobodys_fault_is_not_ranked_behind_liars_that_never_failed():
+    """60 members name a version every second, the first at 0 s, and answer each ask that they do
+    not hold it; fresh identities (members) come besides, 2 per second from 1 s, faster than asks
+    are made (`_spend`: 4 per 5 s). An honest member names it at 0.005 s, is asked once the first
+    liar failed, and refuses as not admitted (it had not heard our heartbeat: nobody's fault; it
+    is excluded for `not_admitted_s`, then asked again). That failure is excused
+    (`_failed`): it keeps its rank, and is asked again within the next period of asks after its
+    exclusion ends, before the identities that named the version after it. Before, it ranked as
+    failed then, behind every identity that never failed, and with fresh ones coming faster than
+    asks it was never asked again (300 s)."""
+    liars = [f"l{i:03d}" for i in range(60)]
+    log = _liars_and_an_honest_member(liars, first_at=0.005, until_s=300.0, flood=2.0, h_refuses=1)
+    asks_of = [(at, p) for at, p in log if p != "h named"]
+    assert [p for _, p in asks_of[:2]] == ["l000", "h"]  # asked, and refused as not admitted
+    assert asks_of[-1][1] == "h"
+    again_at = asks_of[-1][0]
+    assert again_at <= asks_of[1][0] + CONFIG.not_admitted_s + CONFIG.manifest_retry_s
+    assert len(asks_of) - 3 <= MAX_ASKS_AFTER_FAILURES  # the liars asked meanwhile: one period's
