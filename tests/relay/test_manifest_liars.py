@@ -24,13 +24,15 @@ def _liars_and_an_honest_member(liars: list[str], first_at: float, until_s: floa
                                 flood: float = 0.0, h_refuses: int = 0) -> list[tuple[float, str]]:
     """The liars (members) name version 1 every second, in turn, and answer each ask that they do
     not hold it, 0.01 s after it; an honest member h names it first at `first_at`, then every 30 s.
-    With `flood`, fresh liar identities (members too, "f00000" on) come besides, `flood` per
-    second from 1 s, each naming the version every second from its first `Holding`.
+    With `flood`, fresh liar identities (members too, "f00000" on: each joins our membership,
+    its heartbeat come, just before its first `Holding`) come besides, `flood` per second from
+    1 s, each naming the version every second from its first `Holding`.
     h refuses its first `h_refuses` asks as not admitted (it had not heard our heartbeat: nobody's
     fault), 0.01 s after each. Returns what happened until h is asked and does not refuse, or until
     `until_s`: the asks, (when, of whom), and h's `Holding`s, (when, "h named")."""
     fresh = [f"f{i:05d}" for i in range(int(flood * until_s))]
-    c = _core((*liars, *fresh, "h"))
+    c = _core((*liars, "h"))
+    uploads = dict(c._members.uploads)
     queue: list[tuple[float, int, str, str]] = []
     order = itertools.count()
 
@@ -49,6 +51,9 @@ def _liars_and_an_honest_member(liars: list[str], first_at: float, until_s: floa
         if now > until_s:
             break
         if what == "holding":
+            if peer not in uploads:  # a fresh identity: its heartbeat came just before
+                uploads[peer] = 1e9
+                c.set_members(now, uploads)
             effects = c.on_message(now, envelope(peer, HOLDING))
             push(now + (30.0 if peer == "h" else 1.0), "holding", peer)
             if peer == "h":
@@ -227,3 +232,20 @@ def test_a_member_refused_once_through_nobodys_fault_is_not_ranked_behind_liars_
     again_at = asks_of[-1][0]
     assert again_at <= asks_of[1][0] + CONFIG.not_admitted_s + CONFIG.manifest_retry_s
     assert len(asks_of) - 3 <= MAX_ASKS_AFTER_FAILURES  # the liars asked meanwhile: one period's
+
+
+def test_more_liars_than_places_naming_first_and_fresh_ones_cannot_keep_a_settled_member_out():
+    """`MAX_OTHER_HOLDERS` + 72 members name a version in its first second, fresh identities join
+    our membership and name it besides, 1 per second from 1 s, faster than places are freed (asks:
+    4 per 5 s); each names it every second and answers each ask that it does not hold it. An honest
+    member, a member since before the version was first asked for, names it every 30 s from 1.5 s.
+    Those in line are ranked, after when their asks last failed, members settled before the
+    version was first asked for before those that joined since (`_order`): the honest member takes
+    a newcomer's place and is asked once each of those settled that named it before it was, and
+    no newcomer before it. Before, the places were full of liars not asked yet, each freed place
+    taken by the next fresh identity within the second, and it was never asked in 600 s."""
+    liars = [f"l{i:03d}" for i in range(MAX_OTHER_HOLDERS + 72)]
+    log = _liars_and_an_honest_member(liars, first_at=1.5, until_s=600.0, flood=1.0)
+    assert log[-1][1] == "h"
+    asked = [p for _, p in log[:-1] if p != "h named"]
+    assert sorted(asked) == liars  # each settled liar once, no newcomer
