@@ -19,11 +19,12 @@ remember up to `MAX_OTHER_HOLDERS` (128; 16 before stop 50, when 100 liars namin
 before an honest member and fresh identities coming faster than asks are made, 1 or 10 per
 second, kept it from being asked for ever: each freed place was taken by the next fresh
 identity within the second; now it is remembered at its first `Holding` when fewer than 128
-named the version before it, then never pushed out, and no identity named after it, ranked
+named the version before it, then never pushed out (but, if it joined our membership since the
+version was first asked for, by a settled member: below), and no identity named after it, ranked
 never failed like it, is asked before it: 125 / 125 / 130 s, 0.5 / 1 / 10 fresh per second) other holders that
 named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
-for now, a member that of the first stranger, and one usable that of the one of its kind whose
-ask failed last, if later than its own (`_rank`); so neither made-up identities, excluded liars
+for now, a member that of the first stranger, and one usable that of the last of its kind in
+line, if after it (`_order`); so neither made-up identities, excluded liars
 nor liars that failed keep its members out); they go with the ask (`_drop_asks`:
 the manifest came, the version was forgotten, `_room_to_ask` evicted the ask), so they count
 within `MAX_MANIFEST_ASKS`.
@@ -140,6 +141,7 @@ class ManifestAsks:
     _manifest_others: dict[int, _Others]  # version asked for -> other holders that named it
     _manifest_failed_at: dict[str, float]  # peer -> when an ask of it last failed, first failed first (`_rank`)
     _member_since: dict[str, float]  # member -> since when, in our membership (`_settled`)
+    _manifest_excused: dict[str, int]  # peer -> the version whose ask failed, nobody's fault, unranked (`_settled`)
     _collected_through: int
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
@@ -304,9 +306,17 @@ class ManifestAsks:
         return self._rank(peer), not self._settled(version, peer)
 
     def _settled(self, version: int, peer: str) -> bool:
-        """Whether `peer` has been a member since before `version` was first asked for (`_order`)."""
+        """Whether `peer` has been a member since before `version` was first asked for (`_order`),
+        and its ask of `version` has not failed excused (`relay.manifest_answers`' `_failed`: a
+        failure nobody's fault keeps its rank, but it stands in line for the version as one that
+        joined since, from when it named it again). Any identity may fail so once, and excused,
+        settled liars were asked twice before a member that joined since (100 liars declining
+        each ask, the member joining at 1 s: asked at 245 s; 120 s at stop 50, now 125 s), or
+        before a settled one that the places kept out until they named the version again (200
+        liars declining, 1 fresh identity a second: 475 s, 181 liars asked twice; now 245 s, none)."""
         asked = self._manifest_asked.get(version)
-        return asked is not None and self._member_since.get(peer, math.inf) <= asked.first
+        return asked is not None and self._member_since.get(peer, math.inf) <= asked.first \
+            and self._manifest_excused.get(peer) != version
 
     def _ask_when_usable(self, now: float, version: int) -> None:
         """No holder of `version` remembered may be asked now: the first whose exclusion ends (from

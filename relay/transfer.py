@@ -125,7 +125,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._manifest_others: dict[int, _Others] = {}  # other holders to ask (`relay.manifest_asks`)
         self._manifest_failed_at: dict[str, float] = {}  # when an ask of a peer last failed (`relay.manifest_answers`)
         self._member_since: dict[str, float] = {}  # member -> since when, in our membership (`relay.manifest_asks`)
-        self._manifest_excused: dict[str, None] = {}  # one failure of theirs held against nobody (`relay.manifest_answers`)
+        self._manifest_excused: dict[str, int] = {}  # one failure of theirs held against nobody (`relay.manifest_answers`)
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_answers`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
