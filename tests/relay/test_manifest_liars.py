@@ -303,3 +303,18 @@ def test_a_holders_one_excused_failure_is_restored_by_a_manifest_it_answers_and_
         c.manifest_declined(i + 0.5, peer, 10 + i)
     assert len(c._manifest_excused) == MAX_FAILED_ASKS and peers[0] not in c._manifest_excused
     assert all(c._rank(peer) == -math.inf for peer in peers)
+
+
+def test_a_member_that_left_our_membership_and_came_back_stands_in_line_as_one_that_joined_since():
+    """Settled (`_settled`) means a member since before the version was first asked for, without a
+    break: one that left our membership (`set_members`: its heartbeats expired) and came back is
+    one that joined since, as anyone may make up an identity that joins."""
+    c = _core(("m0", "m1"))
+    assert asks(c, 0.0, "m1") == ["m1"]  # version 1 first asked for at 0 s
+    assert c._settled(1, "m0")
+    uploads = dict(c._members.uploads)
+    del uploads["m0"]
+    c.set_members(1.0, uploads)
+    uploads["m0"] = 1e9
+    c.set_members(2.0, uploads)
+    assert not c._settled(1, "m0") and c._settled(1, "m1")
