@@ -27,6 +27,10 @@ trust or clock differs from ours) fails its ask with no verdict on the holder (`
 and one of an untrusted publisher is then remembered as one our store refused (below). So does
 an answer with a status we do not know (`manifest_declined`), whose holder then counts, for that
 version alone, as excluded for `exclude_s` (liars never excluded must not keep the line full).
+Each of these failures that is nobody's fault (`not_admitted` or `no_address` asked again later,
+a sound manifest we will not take, a status we do not know) is excused once per holder: it does
+not rank the holder behind those that never failed (`_failed`, `relay.manifest_asks`' `_rank`),
+but for that version it stands in line as a member that joined since (`_settled`).
 
 A manifest our store would not keep (`refuse_manifest`: it holds another one for that version,
 an equivocating publisher's) is remembered by its id, the last `MAX_REFUSED_MANIFESTS` of them:
@@ -80,6 +84,7 @@ class ManifestAnswers:
     _manifest_again: dict[int, tuple[float, str]]  # version -> when to ask whom again (`manifest_failed`)
     _manifest_others: dict[int, _Others]  # version asked for -> other holders that named it
     _manifest_failed_at: dict[str, float]  # peer -> when an ask of it last failed, first failed first (`_failed`)
+    _manifest_excused: dict[str, int]  # peer -> the version whose ask failed, nobody's fault, unranked (`_failed`)
     _refused_manifests: OrderedDict[bytes, int]  # manifest id -> its version
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
@@ -141,7 +146,7 @@ class ManifestAnswers:
             self._exclude(now, peer, DropReason.UNREACHABLE, effects)
         elif asked.holds_all:  # unavailable: its `Holding` named the version, and it says it has not got it
             self._exclude(now, peer, DropReason.UNAVAILABLE, effects)
-        self._failed(now, version, asked)
+        self._failed(now, version, asked, blamed=not again)
         if self._ask_another(now, version, effects) or self._put_off(version):
             if again:  # asked once usable, should the other fail too
                 self._remember_other(now, version, peer, asked.holds_all)
@@ -164,6 +169,8 @@ class ManifestAnswers:
         held against nobody (`_not_for_us`)."""
         effects: list[Any] = []
         opened = self._take_manifest(now, peer, frame, effects)
+        if version in self._versions and opened is not None and not isinstance(opened, ManifestRejected):
+            self._manifest_excused.pop(peer, None)  # it answered: excused again (`_failed`)
         if version in self._versions or opened is None:
             return self._arm(now, effects)
         if isinstance(opened, ManifestRejected) and opened.reason in _NOT_THE_HOLDERS:
@@ -211,15 +218,32 @@ class ManifestAnswers:
         asked = self._manifest_asked.get(version)
         if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
             return False
-        self._failed(now, version, asked)
+        self._failed(now, version, asked, blamed=False)
         if not self._ask_another(now, version, effects) and not self._put_off(version):
             self._ask_when_usable(now, version)
         return True
 
-    def _failed(self, now: float, version: int, asked: _Ask) -> None:
+    def _failed(self, now: float, version: int, asked: _Ask, blamed: bool = True) -> None:
         """The ask of `version` in flight, `asked`, failed: remembered so, and when its holder's
-        ask last failed (`_rank`; the last `MAX_FAILED_ASKS` peers, the first failed forgotten first)."""
+        ask last failed (`_rank`; the last `MAX_FAILED_ASKS` peers, the first failed forgotten
+        first). A failure that is not its holder's fault (`blamed` False: `not_admitted` or
+        `no_address` when it is to be asked again, a sound manifest we will not take, a status we
+        do not know) is excused once, and ranks it as before (`_manifest_excused`: peer -> that
+        version, the last `MAX_FAILED_ASKS` peers; a manifest it answered clears it): ranked as
+        failed now, a member refused once as not admitted was asked only after every identity that
+        never failed, and never while fresh ones came faster than asks (60 liars, 2 fresh per
+        second: not in 300 s; excused, at 75 s, once each settled liar was). Excused only once, for
+        the holder decides these failures: a liar naming the version again and again and failing
+        so is then ranked as any failure ranks it; and for that version it stands in line as a
+        member that joined since (`_settled`), so settled liars that fail so are not asked twice
+        before a member that joined since, or one the places kept out meanwhile."""
         self._manifest_asked[version] = asked._replace(failed=True)
+        excused = self._manifest_excused
+        if not blamed and asked.peer not in excused:
+            excused[asked.peer] = version
+            if len(excused) > MAX_FAILED_ASKS:
+                del excused[next(iter(excused))]
+            return
         failed_at = self._manifest_failed_at
         failed_at.pop(asked.peer, None)
         failed_at[asked.peer] = now

@@ -19,11 +19,12 @@ remember up to `MAX_OTHER_HOLDERS` (128; 16 before stop 50, when 100 liars namin
 before an honest member and fresh identities coming faster than asks are made, 1 or 10 per
 second, kept it from being asked for ever: each freed place was taken by the next fresh
 identity within the second; now it is remembered at its first `Holding` when fewer than 128
-named the version before it, then never pushed out, and no identity named after it, ranked
+named the version before it, then never pushed out (but, if it joined our membership since the
+version was first asked for, by a settled member: below), and no identity named after it, ranked
 never failed like it, is asked before it: 125 / 125 / 130 s, 0.5 / 1 / 10 fresh per second) other holders that
 named the version meanwhile (`_remember_other`: one usable takes the place of the first excluded
-for now, a member that of the first stranger, and one usable that of the one of its kind whose
-ask failed last, if later than its own (`_rank`); so neither made-up identities, excluded liars
+for now, a member that of the first stranger, and one usable that of the last of its kind in
+line, if after it (`_order`); so neither made-up identities, excluded liars
 nor liars that failed keep its members out); they go with the ask (`_drop_asks`:
 the manifest came, the version was forgotten, `_room_to_ask` evicted the ask), so they count
 within `MAX_MANIFEST_ASKS`.
@@ -48,8 +49,12 @@ ask once per `manifest_retry_s`, failure or not) puts one off to `manifest_retry
 last ask, when it would have asked (of whoever is first then), and one of a holder excluded for
 now to when the first remembered may be asked (`_ask_when_usable`): a `Holding` may not come
 again for an announce interval. First means a member first, then the one whose ask (of any
-version, the last `MAX_FAILED_ASKS` peers) failed longest ago, never first, then first named
-(`_rank`). So identities that spend the bound and name the version again and again cannot ask
+version, the last `MAX_FAILED_ASKS` peers) failed longest ago, never first, then a member since
+before the version was first asked for before one that joined since, then first named (`_rank`,
+`_order`; a settled member takes a newcomer's place when the places are full, so more than 128
+liars naming a version first, and fresh identities joining as places free, keep it out only
+until each liar settled before was asked once: 200 liars, 1 fresh per second, asked at 245 s, not
+in 600 s before). So identities that spend the bound and name the version again and again cannot ask
 ahead of a holder remembered from one `Holding`, and liars, however many, are each asked once
 before any is asked again: K members naming a version every second and answering "not held"
 keep an honest member that names it every 30 s waiting at most until each was asked once (at
@@ -98,12 +103,14 @@ MAX_DECLINED = 2 * MAX_OTHER_HOLDERS  # per version asked for: holders that decl
 
 class _Ask(NamedTuple):
     """The manifest ask of a version we remember: when, of whom, whether it holds all of it
-    (a `Holding`; not a `HaveChunks`), and whether the ask failed (`manifest_failed`)."""
+    (a `Holding`; not a `HaveChunks`), whether the ask failed (`manifest_failed`), and when the
+    version was first asked for (`_settled`)."""
 
     at: float
     peer: str
     holds_all: bool
     failed: bool = False
+    first: float = math.inf
 
 
 @dataclass(slots=True)
@@ -133,12 +140,14 @@ class ManifestAsks:
     _manifest_again: dict[int, tuple[float, str]]  # version -> when to ask whom again (`manifest_failed`)
     _manifest_others: dict[int, _Others]  # version asked for -> other holders that named it
     _manifest_failed_at: dict[str, float]  # peer -> when an ask of it last failed, first failed first (`_rank`)
+    _member_since: dict[str, float]  # member -> since when, in our membership (`_settled`)
+    _manifest_excused: dict[str, int]  # peer -> the version whose ask failed, nobody's fault, unranked (`_settled`)
     _collected_through: int
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _usable(self, now: float, peer: str) -> bool: ...
         def _store_refused(self, manifest_id: bytes) -> bool: ...
-        def _failed(self, now: float, version: int, asked: _Ask) -> None: ...
+        def _failed(self, now: float, version: int, asked: _Ask, blamed: bool = ...) -> None: ...
 
     def _ask_manifest(self, now: float, sender: str, version: int, manifest_id: bytes, effects: list[Any],
                       holds_all: bool = True) -> bool:
@@ -192,7 +201,8 @@ class ManifestAsks:
     def _asked(self, now: float, version: int, peer: str, holds_all: bool, effects: list[Any]) -> None:
         """Ask `peer` for the manifest of `version`: the one ask of it in flight (it replaces any
         other, and any put off: `_asks_instead`, `manifest_failed`)."""
-        self._manifest_asked[version] = _Ask(now, peer, holds_all)
+        before = self._manifest_asked.get(version)
+        self._manifest_asked[version] = _Ask(now, peer, holds_all, first=now if before is None else before.first)
         self._manifest_again.pop(version, None)
         others = self._manifest_others.get(version)
         if others is not None:
@@ -214,10 +224,10 @@ class ManifestAsks:
         gone = next((p for p in named if usable and not self._usable_for(now, version, p)), None)
         if gone is None and peer in members:
             gone = next((p for p in named if p not in members), None)
-        if gone is None and usable:  # the one whose ask failed last, if later than `peer`'s, of its kind
+        if gone is None and usable:  # the last of its kind in line (`_order`), if after `peer`
             kind = [p for p in named if (p in members) == (peer in members)]
-            last = max(kind, key=self._rank, default=None)
-            if last is not None and self._rank(last) > self._rank(peer):
+            last = max(reversed(kind), key=lambda p: self._order(version, p), default=None)
+            if last is not None and self._order(version, last) > self._order(version, peer):
                 gone = last
         if gone is not None:
             del named[gone]
@@ -235,7 +245,7 @@ class ManifestAsks:
             return False
         members = self._members.uploads
         usable = [p for p in others.named if self._usable_for(now, version, p)]
-        peer = min(usable, key=lambda p: (p not in members, self._rank(p)), default=None)
+        peer = min(usable, key=lambda p: (p not in members, *self._order(version, p)), default=None)
         if peer is None:
             return False
         if spend and not self._spend(now, version, peer in members):
@@ -283,6 +293,30 @@ class ManifestAsks:
         first (`_ask_another`, `_remember_other`), so identities that failed are asked again only
         once all the others were asked."""
         return self._manifest_failed_at.get(peer, -math.inf)
+
+    def _order(self, version: int, peer: str) -> tuple[float, bool]:
+        """Where `peer` stands in line for `version` among holders of its kind (members, or
+        strangers), first first: by when its ask last failed (`_rank`), then a member settled
+        before the version was first asked for (`_settled`) before one that joined since; then
+        first named. Any number of identities may join our membership as a version spreads and
+        name it first, never failing until asked (200 liars naming a version in its first second,
+        fresh ones at 1 or 10 per second: an honest member naming it every 30 s was not asked in
+        600 s); those settled before it are a number fixed before it was named, each asked once
+        before any that failed is asked again."""
+        return self._rank(peer), not self._settled(version, peer)
+
+    def _settled(self, version: int, peer: str) -> bool:
+        """Whether `peer` has been a member since before `version` was first asked for (`_order`),
+        and its ask of `version` has not failed excused (`relay.manifest_answers`' `_failed`: a
+        failure nobody's fault keeps its rank, but it stands in line for the version as one that
+        joined since, from when it named it again). Any identity may fail so once, and excused,
+        settled liars were asked twice before a member that joined since (100 liars declining
+        each ask, the member joining at 1 s: asked at 245 s; 120 s at stop 50, now 125 s), or
+        before a settled one that the places kept out until they named the version again (200
+        liars declining, 1 fresh identity a second: 475 s, 181 liars asked twice; now 245 s, none)."""
+        asked = self._manifest_asked.get(version)
+        return asked is not None and self._member_since.get(peer, math.inf) <= asked.first \
+            and self._manifest_excused.get(peer) != version
 
     def _ask_when_usable(self, now: float, version: int) -> None:
         """No holder of `version` remembered may be asked now: the first whose exclusion ends (from

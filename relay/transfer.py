@@ -124,6 +124,8 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._manifest_again: dict[int, tuple[float, str]] = {}  # asks to make again (`relay.manifest_asks`)
         self._manifest_others: dict[int, _Others] = {}  # other holders to ask (`relay.manifest_asks`)
         self._manifest_failed_at: dict[str, float] = {}  # when an ask of a peer last failed (`relay.manifest_answers`)
+        self._member_since: dict[str, float] = {}  # member -> since when, in our membership (`relay.manifest_asks`)
+        self._manifest_excused: dict[str, int] = {}  # one failure of theirs held against nobody (`relay.manifest_answers`)
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_answers`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
@@ -195,6 +197,11 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             return []
         only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
+        since = self._member_since
+        for peer in [p for p in since if p not in members.uploads]:
+            del since[peer]
+        for peer in members.uploads:
+            since.setdefault(peer, now)
         self._prune_peers(now)
         self._draw_orders.clear()  # (scored with the old membership's uploads: rebuilt on demand)
         if self.config.layout == "swarm":
