@@ -306,13 +306,13 @@ class FailureHandling:
         substitute parent in each stripe where `peer` was the one we fetched from. It is no longer
         a holder of any version, unless we only lack its address."""
         for v in self._versions.values():
-            if why not in _BRIEF and not v.complete and v.plan is not None:
+            if not v.complete and v.plan is not None:
                 for s, chain in enumerate(v.chains):
-                    if chain and chain[0] == peer:
-                        self._forsake(v, s, why)
-            if why not in _NO_SUBSTITUTES and not v.complete and v.plan is not None:
-                for s, chain in enumerate(v.chains):
-                    if chain and chain[0] == peer:
+                    if not chain or chain[0] != peer:
+                        continue
+                    if why not in _BRIEF:
+                        self._forsake(v, s, why)  # (a forwarder in the origin's place: the chain is the origin's now)
+                    if why not in _NO_SUBSTITUTES and v.chains[s][0] == peer:
                         v.chains[s] = self._chain(now, v.plan, s)
             mine = [(i, e) for i, e in v.in_flight.items() if e[0] == peer]
             for index, entry in mine:
