@@ -5,6 +5,7 @@ state's durable writes, and how the role's enums read. The membership decision (
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -16,7 +17,7 @@ import trio.testing
 import trainer.diloco_role as diloco_role
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
-                            max_quantization_error, pack, packed_bytes, unpack)
+                            max_quantization_error, norm_limit, pack, packed_bytes, screen, unpack)
 from trainer.diloco_messages import PIECE_VALUES
 from trainer.diloco_role import JoinPath, Phase
 
@@ -59,12 +60,34 @@ def test_outer_step_matches_torch_sgd_nesterov():
 
 
 def test_contribution_checks_name_the_fault():
-    others = [1.0, 1.1, 0.9]
-    assert check_contribution(torch.ones(4) / 2, 4, others) is None
-    assert check_contribution(torch.ones(5), 4, others) is Rejection.WRONG_SHAPE
-    assert check_contribution(torch.tensor([1.0, math.nan, 0, 0]), 4, others) is Rejection.NOT_FINITE
-    assert check_contribution(torch.tensor([1.0, math.inf, 0, 0]), 4, others) is Rejection.NOT_FINITE
-    assert check_contribution(torch.ones(4) * 100, 4, others) is Rejection.NORM_OUTLIER
+    limit = norm_limit([1.0, 1.1, 0.9, 2.0])  # 10 x the lower median of all the norms, 1.0
+    assert limit == 10.0
+    assert check_contribution(torch.ones(4) / 2, 4, limit) is None
+    assert check_contribution(torch.ones(5), 4, limit) is Rejection.WRONG_SHAPE
+    assert check_contribution(torch.tensor([1.0, math.nan, 0, 0]), 4, limit) is Rejection.NOT_FINITE
+    assert check_contribution(torch.tensor([1.0, math.inf, 0, 0]), 4, limit) is Rejection.NOT_FINITE
+    assert check_contribution(torch.ones(4) * 100, 4, limit) is Rejection.NORM_OUTLIER
+    assert norm_limit([1.0, 1e9]) == math.inf  # two: no majority to judge by
+
+
+def test_the_screen_decides_the_same_whatever_order_the_contributions_came_in():
+    """The screen is part of the protocol (one peer reduces a shard, every member applies its
+    mean): over every order of the same contributions (two honest, a zero, an outsized one, a
+    NaN) it rejects and takes the same, keyed in peer order, and the all-reduce's mean of a shard
+    is the same to the bit (float sums depend on their order)."""
+    gen = torch.Generator().manual_seed(9)
+    parts = {"p0": torch.randn(64, generator=gen), "p1": torch.randn(64, generator=gen),
+             "p2": torch.randn(64, generator=gen), "p3": torch.zeros(64), "p4": torch.randn(64, generator=gen) * 1e4,
+             "p5": torch.full((64,), math.nan)}
+    decided = set()
+    for order in itertools.permutations(parts):
+        accepted, rejected = screen({p: parts[p] for p in order}, 64)
+        mean = torch.stack(list(accepted.values())).mean(dim=0)
+        decided.add((tuple(accepted), tuple(rejected.items()), mean.numpy().tobytes()))
+    assert len(decided) == 1
+    [(accepted_in_order, rejected_in_order, _)] = decided
+    assert accepted_in_order == ("p0", "p1", "p2", "p3")
+    assert rejected_in_order == (("p4", Rejection.NORM_OUTLIER), ("p5", Rejection.NOT_FINITE))
 
 
 def _peers(n: int) -> list[str]:
