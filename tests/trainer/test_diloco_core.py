@@ -198,6 +198,27 @@ def test_bad_contributions_are_rejected_penalised_and_left_out():
     assert bool(torch.isfinite(mean).all())
 
 
+def test_a_shard_reduced_from_the_same_contributions_is_the_same_to_the_bit_whatever_their_order():
+    """A shard's owner averages what came in peer order: the same contributions arriving in any
+    order give the same reduced shard, to the bit (a successor that adopts a dead owner's shard and
+    reduces the same contributions sends what the owner would have)."""
+    vectors = _vectors(4, 5000, seed=11)
+    members = tuple(sorted(vectors))
+    cfg = AllReduceConfig(encoding=Encoding.FP32)
+    to_owner = {p: [e.body for e in AllReduce(p, 0, members, v, cfg).start(0.0) if isinstance(e, Send)
+                    and e.peer == "peer0"] for p, v in vectors.items() if p != "peer0"}
+    reduced = set()
+    for order in itertools.permutations(to_owner):
+        owner = AllReduce("peer0", 0, members, vectors["peer0"], cfg)
+        owner.start(0.0)
+        for sender in order:
+            for part in to_owner[sender]:
+                owner.receive(0.0, sender, part)
+        assert owner.shards[0].contributors == members
+        reduced.add(owner.shards[0].reduced.numpy().tobytes())
+    assert len(reduced) == 1
+
+
 def test_parts_of_another_view_or_round_are_ignored_and_bad_shapes_penalised():
     vectors = _vectors(2, 100)
     members = tuple(sorted(vectors))
