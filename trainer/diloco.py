@@ -31,12 +31,23 @@ smallest and the largest of the other party's norms. Hence, whatever a minority 
 faint noise, huge values or a mix): an honest contribution is rejected only if it is more than
 `max_norm_ratio` times the smallest honest norm (the honest ones disagree that much among
 themselves), and a contribution taken has a norm of at most `max_norm_ratio` times the largest
-honest one. Exactly half is the tie the lower median breaks: half the contributions zero (or
-tiny) can get every honest one rejected, half of them huge still cannot get one above that limit
-taken. More than half set the median and can do either: nothing here stops a majority, and in an
-open group identities cost nothing (closing the group does: `[diloco] trainers`). With fewer
-than three contributions there is no majority to judge by and norms are not checked (one huge
-contribution beside one other is taken).
+honest one (or times 1e-12, the median's floor, if that is larger). The n are the well-formed
+contributions: one of the wrong length or not finite is rejected and left out of the median, so
+sending such ones moves nothing. Exactly half is the tie the lower median breaks: half the
+contributions zero (or tiny) can get every honest one rejected, half of them huge still cannot
+get one above that limit taken. More than half set the median and can do either: nothing here
+stops a majority, and in an open group identities cost nothing (closing the group does:
+`[diloco] trainers`). With fewer than three contributions there is no majority to judge by and
+norms are not checked (one huge contribution beside one other is taken).
+
+Whose screen this is. All of the above is what a shard's owner decides when it is honest: the
+screen runs only there (`trainer.allreduce`), and every member applies the reduced value it is
+sent. A member owns a shard every round (shard i is members[i]'s), so one identity admitted to a
+round sends whatever mean and contributors it likes for its own shard, screened by no one; and a
+member takes the first reduced value of a shard to come from any member, not only from the peer
+it takes for the shard's owner, so one identity that sends its own reduced values for others'
+shards first gets them applied at the members it sends them to (and those members then end the
+round on other weights than the rest). No norm screen bounds that; closing the group does.
 
 Rejected, not clipped. Clipping an outsized contribution to the limit (robust aggregation's
 usual norm clipping) would give its sender the weight of one sent just under the limit, which the

@@ -18,7 +18,7 @@ import trainer.diloco_role as diloco_role
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
                             max_quantization_error, norm_limit, pack, packed_bytes, screen, unpack)
-from trainer.diloco_messages import PIECE_VALUES
+from trainer.diloco_messages import PIECE_VALUES, STAGE_REDUCED, Part
 from trainer.diloco_role import JoinPath, Phase
 
 
@@ -334,3 +334,28 @@ def test_the_whole_contributors_are_the_peers_every_shard_took():
     assert Finished(torch.zeros(1), shards).whole_contributors() == {"a", "c"}
     assert Finished(torch.zeros(1), (("a",),)).whole_contributors() == {"a"}
     assert Finished(torch.zeros(0), ()).whole_contributors() == frozenset()
+
+
+def test_a_reduced_shard_from_a_member_that_does_not_own_it_is_taken_if_it_comes_first():
+    """What `trainer.diloco` ("Whose screen this is") says, pinned: the screen bounds only what an
+    honest owner reduces. A member takes the first reduced value of a shard from any member: one
+    (peer2, the owner of shard 2 only) that sends peer1 its own value of shard 0 before peer0 (the
+    owner) does gets it applied at peer1, contributors and all, while peer0 and peer2 apply peer0's
+    screened mean; peer1 ends the round on other weights than the rest."""
+    vectors = _vectors(3, 3000, seed=12)
+    members = tuple(sorted(vectors))
+    cfg = AllReduceConfig(encoding=Encoding.FP32)
+    reducers = {p: AllReduce(p, 0, members, v, cfg) for p, v in vectors.items()}
+    start, end = shard_bounds(3000, 3)[0]
+    forged = torch.full((end - start,), 1e3)
+    for offset in range(0, end - start, PIECE_VALUES):
+        packed = pack(forged[offset:offset + PIECE_VALUES], Encoding.FP32, cfg.block)
+        reducers["peer1"].receive(0.0, "peer2", Part(0, reducers["peer1"].digest, STAGE_REDUCED, 0, end - start, offset,
+                                                     packed.length, packed.encoding.value, packed.block, packed.values,
+                                                     packed.scales, ("peer2",)))
+    finished, penalties = _run(reducers)
+    assert not penalties
+    assert finished["peer1"].contributors[0] == ("peer2",) and torch.equal(finished["peer1"].mean[start:end], forged)
+    for peer in ("peer0", "peer2"):
+        assert finished[peer].contributors[0] == members
+        assert float(finished[peer].mean[start:end].abs().max()) < 10

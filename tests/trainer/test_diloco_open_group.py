@@ -236,3 +236,18 @@ async def test_zero_contributions_beside_more_honest_ones_leave_the_honest_whole
     expected = OuterOptimizer(OuterConfig(), VALUES).step(start, mean)
     assert torch.allclose(trainers[0].role.state.weights, expected, atol=1e-6)
     nursery.cancel_scope.cancel()
+
+
+def test_malformed_contributions_are_left_out_of_the_median_so_sending_them_moves_nothing() -> None:
+    """`trainer.diloco`: the median is of the well-formed contributions only. Beside two honest
+    contributions and one zero (a minority of the well-formed), up to five more from the same
+    identities that are not finite or of the wrong length are rejected and change nothing: both
+    honest contributions are still taken. Counted in the median as nothing (norm zero), three of
+    them would make it a zero and every honest contribution an outlier."""
+    rng = torch.Generator().manual_seed(7)
+    for malformed in range(6):
+        parts = _honest(2, rng) | _attack("zero", 1, rng)
+        parts |= {f"m{i}": torch.full((4096,), float("nan")) if i % 2 else torch.zeros(4095) for i in range(malformed)}
+        accepted, rejected = screen(parts, 4096)
+        assert set(accepted) == {"h0", "h1", "x0"}, malformed
+        assert set(rejected) == {f"m{i}" for i in range(malformed)}, malformed
