@@ -242,7 +242,7 @@ def test_malformed_contributions_are_left_out_of_the_median_so_sending_them_move
     """`trainer.diloco`: the median is of the well-formed contributions only. Beside two honest
     contributions and one zero (a minority of the well-formed), up to five more from the same
     identities that are not finite or of the wrong length are rejected and change nothing: both
-    honest contributions are still taken. Counted in the median as nothing (norm zero), three of
+    honest contributions are still taken. Counted in the median as nothing (norm zero), one of
     them would make it a zero and every honest contribution an outlier."""
     rng = torch.Generator().manual_seed(7)
     for malformed in range(6):
