@@ -63,11 +63,11 @@ honest norm taken; half of them sending zeros can get every honest one rejected,
 half can do anything: the median is theirs, the honest contributions rejected and their senders
 penalised, the round's mean theirs and they alone its whole contributors (`contributed`). In an
 open group identities cost nothing, so that is only as many identities as the honest members
-(while a round has room for them: `MAX_MEMBERS`), each with one upload a round (`tests/trainer/test_diloco_open_group.py` shows each case).
-All that bounds only the shards an honest peer reduces: one identity admitted to a round owns a
-shard and sends whatever mean it likes for it, and a reduced value of any shard is taken from any
-member that sends it first (`trainer.diloco`, "Whose screen this is"). The
-defence is to close the group (`[diloco] trainers`): then only listed trainers are members, and a
+(while a round has room for them: `MAX_MEMBERS`), each with one upload a round
+(`tests/trainer/test_diloco_open_group.py` shows each case). All that bounds only the shards an
+honest peer reduces: one identity admitted to a round owns a shard and sends whatever mean it
+likes for it, and a reduced value of any shard is taken from any member that sends it first
+(`trainer.diloco`, "Whose screen this is"). The defence is to close the group (`[diloco] trainers`): then only listed trainers are members, and a
 stranger's connection is refused before a frame of it is read.
 
 Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
