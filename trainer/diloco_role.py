@@ -67,8 +67,9 @@ open group identities cost nothing, so that is only as many identities as the ho
 (`tests/trainer/test_diloco_open_group.py` shows each case). All that bounds only the shards an
 honest peer reduces: one identity admitted to a round owns a shard and sends whatever mean it
 likes for it, and a reduced value of any shard is taken from any member that sends it first
-(`trainer.diloco`, "Whose screen this is"). The defence is to close the group (`[diloco] trainers`): then only listed trainers are members, and a
-stranger's connection is refused before a frame of it is read.
+(`trainer.diloco`, "Whose screen this is"). The defence is to close the group
+(`[diloco] trainers`): then only listed trainers are members, and a stranger's connection is
+refused before a frame of it is read.
 
 Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
 What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer
