@@ -200,8 +200,10 @@ def test_bad_contributions_are_rejected_penalised_and_left_out():
 
 def test_a_shard_reduced_from_the_same_contributions_is_the_same_to_the_bit_whatever_their_order():
     """A shard's owner averages what came in peer order: the same contributions arriving in any
-    order give the same reduced shard, to the bit (a successor that adopts a dead owner's shard and
-    reduces the same contributions sends what the owner would have)."""
+    order give the same reduced shard, to the bit: what a shard's reducer sends is a function of
+    what came, not of when. (Not that an owner and a successor agree: a successor that adopts a
+    dead owner's shard lacks the owner's contribution and holds its own unquantized, where the
+    owner held it int8-quantized.)"""
     vectors = _vectors(4, 5000, seed=11)
     members = tuple(sorted(vectors))
     cfg = AllReduceConfig(encoding=Encoding.FP32)
