@@ -27,8 +27,10 @@ vector is cut into one contiguous shard per member; shard i is first owned by me
      in `Part`s of at most PIECE_VALUES values) and keeps its own shard.
   2. The owner reduces a shard when every live member's contribution is in, or at
      `reduce_at` (start + deadline): contributions are screened (`trainer.diloco.screen`:
-     shape, finite, norm against the others'), the rejected are reported (`Penalise`), the
-     rest averaged; the mean is quantized once and sent to every live member.
+     shape, finite, norm against the median of all of them, the owner's own included, so a
+     minority cannot get an honest one rejected), the rejected are reported (`Penalise`), the
+     rest averaged in peer order (the mean, to the bit, depends on which contributions came, not
+     on when); the mean is quantized once and sent to every live member.
   3. All-gather: a peer is done when it holds the reduced value of every shard. Everyone,
      owner included, uses the dequantized mean, so every member applies the same update.
 
@@ -440,9 +442,9 @@ class AllReduce:
         effects: list[object] = [Penalise(peer, why) for peer, why in sorted(rejected.items())]
         for peer, why in rejected.items():
             self.rejected[peer] = why.value
-        if not accepted:  # only possible if our own contribution was rejected: keep ours, flagged
+        if not accepted:  # only when no contribution, ours included, was finite: keep ours, flagged
             accepted = {self.self_id: shard.contributions[self.self_id]}
-        mean = torch.stack(list(accepted.values())).mean(dim=0)
+        mean = torch.stack(list(accepted.values())).mean(dim=0)  # in peer order (`screen`)
         contributors = tuple(sorted(accepted))
         to = tuple(p for p in self.members if p != self.self_id and p not in self.dead)
         effects += self._parts(index, STAGE_REDUCED, mean, to, contributors)

@@ -14,9 +14,61 @@ Vectors travel quantized: each block of `block` values is sent as int8 `round(x 
 `scale = max|x| / 127` of that block as float32, so a value's error is at most half a scale
 (`max|x_block| / 254`) and the bytes are `n + 4 * ceil(n / block)`, about 4x fewer than fp32.
 
-Before a contribution is reduced it is checked (`check_contribution`): the right length, only
-finite values, and a norm within `max_norm_ratio` of the median of the others. What fails is
-named by `Rejection`; the shell penalises the sender.
+Before a contribution is reduced it is checked (`screen`, `check_contribution`): the right
+length, only finite values, and a norm at most `max_norm_ratio` times the median norm of ALL the
+shard's well-formed contributions, this one's among them (`norm_limit`). What fails is named by
+`Rejection`; the shell penalises the sender.
+
+Why the median of all, not of the others. The screen exists to keep one outsized (or non-finite)
+contribution out of the mean: averaged in, it would move every member's weights by as much as it
+likes. Judged against the others alone, each honest contribution's reference leaves itself out
+and takes the attacker's in, so h - 1 zero contributions beside h honest ones (a minority: one
+beside two, two beside three) made the lower median of every honest one's others a zero, and
+every honest contribution was rejected. Taken over all of them, the lower median is the
+((n+1)//2)-th smallest norm of n: while fewer than half of the n come from one party, at least
+one of the other party's norms is at or below it and one at or above it, so it lies between the
+smallest and the largest of the other party's norms. Hence, whatever a minority sends (zeros,
+faint noise, huge values or a mix): an honest contribution is rejected only if it is more than
+`max_norm_ratio` times the smallest honest norm (the honest ones disagree that much among
+themselves), and a contribution taken has a norm of at most `max_norm_ratio` times the largest
+honest one (or times 1e-12, the median's floor, if that is larger). The n are the well-formed
+contributions: one of the wrong length or not finite is rejected and left out of the median, so
+sending such ones moves nothing. Exactly half is the tie the lower median breaks: half the
+contributions zero (or tiny) can get every honest one rejected, half of them huge still cannot
+get one above that limit taken. More than half set the median and can do either: nothing here
+stops a majority, and in an open group identities cost nothing (closing the group does:
+`[diloco] trainers`). With fewer than three contributions there is no majority to judge by and
+norms are not checked (one huge contribution beside one other is taken).
+
+Whose screen this is. All of the above is what a shard's owner decides when it is honest: the
+screen runs only there (`trainer.allreduce`), and every member applies the reduced value it is
+sent. A member owns a shard every round (shard i is members[i]'s), so one identity admitted to a
+round sends whatever mean and contributors it likes for its own shard, screened by no one; and a
+member takes the first reduced value of a shard to come from any member, not only from the peer
+it takes for the shard's owner, so one identity that sends its own reduced values for others'
+shards first gets them applied at the members it sends them to (and those members then end the
+round on other weights than the rest). No norm screen bounds that; closing the group does.
+
+Rejected, not clipped. Clipping an outsized contribution to the limit (robust aggregation's
+usual norm clipping) would give its sender the weight of one sent just under the limit, which the
+screen takes anyway, so it would take nothing from an attacker that rejecting takes; and a
+penalty would then be for a contribution averaged in all the same, while without one a peer
+could send outsized values for ever. Rejected, it has no weight in the mean and costs its sender
+a peer-table penalty: one that keeps sending them is banned. A minority cannot turn that against
+an honest peer (above: unless the honest contributions themselves differ more than
+`max_norm_ratio`-fold, which the penalty then says).
+
+Not screened from below. A check for small norms would catch zeros and faint noise alike (unlike
+a check for zeros), but an attacker then sends random values of an honest norm, which costs the
+same (no compute, the same upload), passes, and moves the mean where a zero only shrinks it: it
+would stop nothing and make the cheapest attack a worse one. An honest peer's contribution is
+never exactly zero either, so it would catch no mistake. What a contribution within the limit
+does to the mean (dilutes it, or adds up to `max_norm_ratio` times the median in any direction,
+divided by the number averaged) no screen by norm can tell from training: only the group's
+membership bounds it.
+
+The screen is part of the protocol: one peer reduces a shard and every member applies the mean it
+sends, so its result depends only on the contributions, not on the order they came in.
 
 This module must not do I/O or hold any clock or global random state: it is handed tensors
 and returns tensors.
@@ -27,7 +79,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 import torch
 
@@ -150,38 +202,56 @@ class Rejection(enum.Enum):
     NORM_OUTLIER = "norm_outlier"
 
 
-def check_contribution(part: torch.Tensor, expected_length: int, other_norms: list[float],
-                       max_norm_ratio: float = 10.0) -> Rejection | None:
-    """Why `part` must not be reduced, or None. `other_norms` are the norms of the other
-    contributions to the same shard: a norm above `max_norm_ratio` x their lower median is
-    rejected (the lower median, so that one huge contribution among two others cannot make an
-    honest one look small). A small norm is not rejected: it only dilutes the mean. With fewer
-    than two others there is nothing to judge by and the norm is not checked."""
+MIN_JUDGED = 3  # well-formed contributions a shard needs before their norms are judged
+
+
+def norm_limit(norms: Collection[float], max_norm_ratio: float = 10.0) -> float:
+    """The largest norm a contribution to a shard may have, given `norms`: the norms of ALL the
+    shard's well-formed (right length, finite) contributions, the one judged among them. It is
+    `max_norm_ratio` x their lower median (the ((n+1)//2)-th smallest of n: a minority of them,
+    whatever it sends, cannot move it outside the range of the others' norms; see the module
+    docstring), infinite with fewer than `MIN_JUDGED` of them (no majority to judge by). A zero
+    median counts as 1e-12."""
+    if len(norms) < MIN_JUDGED:
+        return math.inf
+    lower_median = sorted(norms)[(len(norms) - 1) // 2]
+    return max_norm_ratio * max(lower_median, 1e-12)
+
+
+def check_contribution(part: torch.Tensor, expected_length: int, limit: float = math.inf) -> Rejection | None:
+    """Why `part` must not be reduced, or None: the wrong shape, a value that is not finite, or a
+    norm above `limit` (`norm_limit` of the shard's contributions). A small norm is not rejected:
+    it only dilutes the mean (the module docstring says why a check from below would stop
+    nothing)."""
     if part.dim() != 1 or part.numel() != expected_length:
         return Rejection.WRONG_SHAPE
     if not bool(torch.isfinite(part).all()):
         return Rejection.NOT_FINITE
-    if len(other_norms) >= 2:
-        lower_median = sorted(other_norms)[(len(other_norms) - 1) // 2]
-        if float(part.norm()) > max_norm_ratio * max(lower_median, 1e-12):
-            return Rejection.NORM_OUTLIER
+    if _norm(part) > limit:
+        return Rejection.NORM_OUTLIER
     return None
 
 
 def screen(parts: Mapping[str, torch.Tensor], expected_length: int,
            max_norm_ratio: float = 10.0) -> tuple[dict[str, torch.Tensor], dict[str, Rejection]]:
-    """Split contributions into (accepted, rejected with why); each is judged against the others."""
-    norms = {peer: float(p.norm()) if p.numel() == expected_length and bool(torch.isfinite(p).all()) else math.nan
-             for peer, p in parts.items()}
+    """Split a shard's contributions into (accepted, rejected with why), each judged against the
+    median norm of all the well-formed ones (`norm_limit`). Both are keyed in peer order: what
+    is decided does not depend on the order `parts` came in."""
+    norms = {peer: _norm(p) for peer, p in parts.items()
+             if p.dim() == 1 and p.numel() == expected_length and bool(torch.isfinite(p).all())}
+    limit = norm_limit(list(norms.values()), max_norm_ratio)
     accepted, rejected = {}, {}
-    for peer, part in parts.items():
-        others = [v for q, v in norms.items() if q != peer and not math.isnan(v)]
-        why = check_contribution(part, expected_length, others, max_norm_ratio)
+    for peer in sorted(parts):
+        why = check_contribution(parts[peer], expected_length, limit)
         if why is None:
-            accepted[peer] = part
+            accepted[peer] = parts[peer]
         else:
             rejected[peer] = why
     return accepted, rejected
+
+
+def _norm(part: torch.Tensor) -> float:
+    return float(part.norm())
 
 
 # -- the outer optimizer -------------------------------------------------------------------

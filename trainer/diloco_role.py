@@ -48,20 +48,28 @@ remembered for it (`turned_away`), as `Membership` remembers those it turns away
 What being of an open group costs. We know a peer to be of our open group (`contributed`: the
 places only the group's members take among the held state requests, `trainer.diloco_state_answer`)
 when every shard of the last round we finished took its contribution: one model-sized upload a
-round, screened for shape, finiteness and a norm within `max_norm_ratio` of the others'
-(`trainer.diloco.screen`). That is bandwidth, not compute: nothing shows a contribution came of
-inner steps. An all-zero one is the cheapest to make, but we do not refuse it: a stranger that
-sends small random values instead spends exactly as much (no compute, the same upload) and passes
-any check for zeros, so such a check would cost an attacker nothing and only look like a defence
-(and an honest peer's pseudo-gradient is never exactly zero anyway, so it would catch no mistake
-either). Nor is the norm screen a bound on what such identities do: it judges each contribution
-against the lower median of the others' norms, so zero or tiny contributions from as many
-identities as there are honest members less one (one beside two honest trainers, two beside one)
-make every honest contribution an outlier, rejected and its sender penalised; the round's mean is
-then theirs, and they alone are whole contributors (`contributed`). Fewer are averaged in,
-diluting the mean (`tests/trainer/test_diloco_open_group.py` shows both). The defence is to close
-the group (`[diloco] trainers`): then only listed trainers are members, and a stranger's
-connection is refused before a frame of it is read.
+round, screened for shape, finiteness and a norm at most `max_norm_ratio` times the median norm of
+all the shard's contributions (`trainer.diloco.screen`). That is bandwidth, not compute: nothing
+shows a contribution came of inner steps. An all-zero one is the cheapest to make, but we do not
+refuse it: a stranger that sends small random values instead spends exactly as much (no compute,
+the same upload) and passes any check for zeros, and one that sends random values of an honest
+norm passes a check for small norms too, so neither would cost an attacker anything (and an
+honest peer's pseudo-gradient is never exactly zero, so they would catch no mistake either).
+Zero or tiny contributions dilute the round's mean; noise within the limit moves it. What the
+screen does bound: identities that send fewer than half of a shard's contributions cannot get
+an honest one rejected (unless the honest ones differ more than `max_norm_ratio`-fold among
+themselves), whatever they send, and cannot get one above `max_norm_ratio` times the largest
+honest norm taken; half of them sending zeros can get every honest one rejected, and more than
+half can do anything: the median is theirs, the honest contributions rejected and their senders
+penalised, the round's mean theirs and they alone its whole contributors (`contributed`). In an
+open group identities cost nothing, so that is only as many identities as the honest members
+(while a round has room for them: `MAX_MEMBERS`), each with one upload a round
+(`tests/trainer/test_diloco_open_group.py` shows each case). All that bounds only the shards an
+honest peer reduces: one identity admitted to a round owns a shard and sends whatever mean it
+likes for it, and a reduced value of any shard is taken from any member that sends it first
+(`trainer.diloco`, "Whose screen this is"). The defence is to close the group
+(`[diloco] trainers`): then only listed trainers are members, and a stranger's connection is
+refused before a frame of it is read.
 
 Whom a join waits for, who leads and the members a round takes: `trainer.diloco_decide`.
 What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keeps only trainer
@@ -139,7 +147,7 @@ class DilocoConfig:
     data_seed: int = -1  # this peer's data shard (-1: derived from its peer id)
     publish: bool = False  # publish each round's global weights through this peer's relay role
     min_peers: int = 1  # trainer peers (this one included) to see before the first round
-    max_norm_ratio: float = 10.0  # contributions with a norm above this x the others' lower median are rejected
+    max_norm_ratio: float = 10.0  # a shard's contributions with a norm above this x the lower median of all of its contributions' norms are rejected
     join_via: str = "relay"  # how a joining peer gets the global state: relay (then direct) or direct
     state_min_bytes_per_s: int = 1_000_000  # a direct state fetch slower than this (after 4 x deadline_s) is cut, at both ends
     trainers: tuple[str, ...] = ()  # base58 peer ids of the group's trainer peers, this one among them; empty: an open group, where any peer that heartbeats the diloco role takes part (and can hand a direct join its weights), its contributions screened by norm only (zeros or noise pass: nothing shows they came of training)

@@ -5,6 +5,7 @@ state's durable writes, and how the role's enums read. The membership decision (
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -16,8 +17,8 @@ import trio.testing
 import trainer.diloco_role as diloco_role
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
-                            max_quantization_error, pack, packed_bytes, unpack)
-from trainer.diloco_messages import PIECE_VALUES
+                            max_quantization_error, norm_limit, pack, packed_bytes, screen, unpack)
+from trainer.diloco_messages import PIECE_VALUES, STAGE_REDUCED, Part
 from trainer.diloco_role import JoinPath, Phase
 
 
@@ -59,12 +60,34 @@ def test_outer_step_matches_torch_sgd_nesterov():
 
 
 def test_contribution_checks_name_the_fault():
-    others = [1.0, 1.1, 0.9]
-    assert check_contribution(torch.ones(4) / 2, 4, others) is None
-    assert check_contribution(torch.ones(5), 4, others) is Rejection.WRONG_SHAPE
-    assert check_contribution(torch.tensor([1.0, math.nan, 0, 0]), 4, others) is Rejection.NOT_FINITE
-    assert check_contribution(torch.tensor([1.0, math.inf, 0, 0]), 4, others) is Rejection.NOT_FINITE
-    assert check_contribution(torch.ones(4) * 100, 4, others) is Rejection.NORM_OUTLIER
+    limit = norm_limit([1.0, 1.1, 0.9, 2.0])  # 10 x the lower median of all the norms, 1.0
+    assert limit == 10.0
+    assert check_contribution(torch.ones(4) / 2, 4, limit) is None
+    assert check_contribution(torch.ones(5), 4, limit) is Rejection.WRONG_SHAPE
+    assert check_contribution(torch.tensor([1.0, math.nan, 0, 0]), 4, limit) is Rejection.NOT_FINITE
+    assert check_contribution(torch.tensor([1.0, math.inf, 0, 0]), 4, limit) is Rejection.NOT_FINITE
+    assert check_contribution(torch.ones(4) * 100, 4, limit) is Rejection.NORM_OUTLIER
+    assert norm_limit([1.0, 1e9]) == math.inf  # two: no majority to judge by
+
+
+def test_the_screen_decides_the_same_whatever_order_the_contributions_came_in():
+    """The screen is part of the protocol (one peer reduces a shard, every member applies its
+    mean): over every order of the same contributions (two honest, a zero, an outsized one, a
+    NaN) it rejects and takes the same, keyed in peer order, and the all-reduce's mean of a shard
+    is the same to the bit (float sums depend on their order)."""
+    gen = torch.Generator().manual_seed(9)
+    parts = {"p0": torch.randn(64, generator=gen), "p1": torch.randn(64, generator=gen),
+             "p2": torch.randn(64, generator=gen), "p3": torch.zeros(64), "p4": torch.randn(64, generator=gen) * 1e4,
+             "p5": torch.full((64,), math.nan)}
+    decided = set()
+    for order in itertools.permutations(parts):
+        accepted, rejected = screen({p: parts[p] for p in order}, 64)
+        mean = torch.stack(list(accepted.values())).mean(dim=0)
+        decided.add((tuple(accepted), tuple(rejected.items()), mean.numpy().tobytes()))
+    assert len(decided) == 1
+    [(accepted_in_order, rejected_in_order, _)] = decided
+    assert accepted_in_order == ("p0", "p1", "p2", "p3")
+    assert rejected_in_order == (("p4", Rejection.NORM_OUTLIER), ("p5", Rejection.NOT_FINITE))
 
 
 def _peers(n: int) -> list[str]:
@@ -173,6 +196,29 @@ def test_bad_contributions_are_rejected_penalised_and_left_out():
     start, end = shard_bounds(5000, 4)[0]
     assert torch.allclose(mean[start:end], exact[start:end], atol=1e-6)
     assert bool(torch.isfinite(mean).all())
+
+
+def test_a_shard_reduced_from_the_same_contributions_is_the_same_to_the_bit_whatever_their_order():
+    """A shard's owner averages what came in peer order: the same contributions arriving in any
+    order give the same reduced shard, to the bit: what a shard's reducer sends is a function of
+    what came, not of when. (Not that an owner and a successor agree: a successor that adopts a
+    dead owner's shard lacks the owner's contribution and holds its own unquantized, where the
+    owner held it int8-quantized.)"""
+    vectors = _vectors(4, 5000, seed=11)
+    members = tuple(sorted(vectors))
+    cfg = AllReduceConfig(encoding=Encoding.FP32)
+    to_owner = {p: [e.body for e in AllReduce(p, 0, members, v, cfg).start(0.0) if isinstance(e, Send)
+                    and e.peer == "peer0"] for p, v in vectors.items() if p != "peer0"}
+    reduced = set()
+    for order in itertools.permutations(to_owner):
+        owner = AllReduce("peer0", 0, members, vectors["peer0"], cfg)
+        owner.start(0.0)
+        for sender in order:
+            for part in to_owner[sender]:
+                owner.receive(0.0, sender, part)
+        assert owner.shards[0].contributors == members
+        reduced.add(owner.shards[0].reduced.numpy().tobytes())
+    assert len(reduced) == 1
 
 
 def test_parts_of_another_view_or_round_are_ignored_and_bad_shapes_penalised():
@@ -290,3 +336,28 @@ def test_the_whole_contributors_are_the_peers_every_shard_took():
     assert Finished(torch.zeros(1), shards).whole_contributors() == {"a", "c"}
     assert Finished(torch.zeros(1), (("a",),)).whole_contributors() == {"a"}
     assert Finished(torch.zeros(0), ()).whole_contributors() == frozenset()
+
+
+def test_a_reduced_shard_from_a_member_that_does_not_own_it_is_taken_if_it_comes_first():
+    """What `trainer.diloco` ("Whose screen this is") says, pinned: the screen bounds only what an
+    honest owner reduces. A member takes the first reduced value of a shard from any member: one
+    (peer2, the owner of shard 2 only) that sends peer1 its own value of shard 0 before peer0 (the
+    owner) does gets it applied at peer1, contributors and all, while peer0 and peer2 apply peer0's
+    screened mean; peer1 ends the round on other weights than the rest."""
+    vectors = _vectors(3, 3000, seed=12)
+    members = tuple(sorted(vectors))
+    cfg = AllReduceConfig(encoding=Encoding.FP32)
+    reducers = {p: AllReduce(p, 0, members, v, cfg) for p, v in vectors.items()}
+    start, end = shard_bounds(3000, 3)[0]
+    forged = torch.full((end - start,), 1e3)
+    for offset in range(0, end - start, PIECE_VALUES):
+        packed = pack(forged[offset:offset + PIECE_VALUES], Encoding.FP32, cfg.block)
+        reducers["peer1"].receive(0.0, "peer2", Part(0, reducers["peer1"].digest, STAGE_REDUCED, 0, end - start, offset,
+                                                     packed.length, packed.encoding.value, packed.block, packed.values,
+                                                     packed.scales, ("peer2",)))
+    finished, penalties = _run(reducers)
+    assert not penalties
+    assert finished["peer1"].contributors[0] == ("peer2",) and torch.equal(finished["peer1"].mean[start:end], forged)
+    for peer in ("peer0", "peer2"):
+        assert finished[peer].contributors[0] == members
+        assert float(finished[peer].mean[start:end].abs().max()) < 10
