@@ -103,6 +103,22 @@ stripe enters the network at about one pace, so the others are in it by then, an
 waits on the feed; a figure kept to the end was 15 s old when a root of the `--symmetric`
 world (below) kept a parent at 12.72 MB/s against 11.98 instead of 12.88. A plan that makes
 the origin our parent in other stripes counts afresh.
+That figure is the feed of our own stripes, though, not of the others: a capped origin may split
+its uplink unevenly (a trainer under a 24 Mbit/s tbf in the lab, 6 relays, 12 MiB: three
+stripes whole by 2.6 s, three with 6 of 32 chunks; `tests/relay/test_lab_capped_origin.py`),
+and once the fast ones were whole a relay's own stripe came about 5x faster, the figure rose
+with it, and two honest roots whose stripes the origin still fed slowly, each chunk's long
+poll beyond our other sources', fell under half of it and were dropped (2.8 s: 3 runs of 13
+failed, 1.15-1.61 copies). What the origin feeds a stripe we are not fed is unknown to us: no
+figure of ours bounds it whatever the split. So once the origin fed us a version under half a
+stripe's planned rate (a capped origin, `_fed_by_a_capped_origin`, `_Version.origin_capped`;
+for the rest of the version, as our stripe's end says nothing of the others'), a root's wait
+beyond its report is excused whole (`_unexcused_s`): that is its long poll on the origin, and
+the root is judged on its bytes and its queue alone. The same world, the core alone (16 MiB,
+three stripes fed at 0.8 MB/s, then our own at 1.5 and three at 0.5): three honest roots were
+dropped at 3.2 s; now none. The cost: under a capped origin a root that hides its queue is
+timed by its bytes alone, as before the wait rule (above); the liar worlds' origin (1.25 GB/s)
+feeds every stripe faster than the plan, and nothing there moves, nor in the honest worlds below.
 Peers that crowd the origin lower what it delivers us, and excuse our parents more: still
 only those delivering half of it. A root whose download binds measures the origin's feed as
 its own share of that download, as every parent of ours delivers it then.
@@ -376,18 +392,18 @@ class SourceJudgement:
             return False
         return rate < SLOW_RATIO * fastest
 
-    def _unexcused_s(self, v: _Version, stripe: int, peer: str, unexplained_s: float) -> float:
+    def _unexcused_s(self, now: float, v: _Version, stripe: int, peer: str, unexplained_s: float) -> float:
         """Of `unexplained_s` (how much longer a chunk from `peer` took by our clock than its
         bytes' time plus the queue time `peer` reported: its long poll, by its word), the part
         that counts against it: what exceeds the median of the same wait (EWMA) over our other
         sources of `v` but the origin, at least 3 of them measured; none with fewer, nor when
-        `peer` waits on a feed the plan does not believe (`_fed_by_a_capped_claim`; see the
-        top). Records the wait."""
+        `peer` waits on a feed the plan does not believe (`_fed_by_a_capped_claim`) or on a
+        capped origin (`_fed_by_a_capped_origin`; see the top). Records the wait."""
         waits, samples, origin = self._waits, self._samples, v.plan.origin if v.plan is not None else None
         unexplained_s = unexplained_s if unexplained_s > 0 else 0.0  # (a report longer than our clock's)
         old = waits.get(peer)
         waits[peer] = unexplained_s if old is None else (1 - WAIT_EWMA) * old + WAIT_EWMA * unexplained_s
-        if self._fed_by_a_capped_claim(v, stripe, peer):
+        if self._fed_by_a_capped_claim(v, stripe, peer) or self._fed_by_a_capped_origin(now, v, stripe, peer):
             return 0.0
         others = sorted(w for p, w in waits.items()  # (per chunk: sorted only when it may count)
                         if p != peer and p != origin and p in v.sources and samples.get(p, 0) >= SLOW_MIN_SAMPLES)
@@ -410,6 +426,20 @@ class SourceJudgement:
         if planned.get(peer, 0.0) < claimed.get(peer, 0.0):
             return False
         return planned.get(up, 0.0) < claimed.get(up, 0.0)
+
+    def _fed_by_a_capped_origin(self, now: float, v: _Version, stripe: int, peer: str) -> bool:
+        """Whether `peer` is the root of `stripe` (the origin its planned parent there) and the
+        origin fed us this version under half the stripe's planned rate (`_stripe_feed_bps`,
+        once: `_Version.origin_capped`): the root's long poll waits on what the origin feeds
+        its stripe, which we cannot see, and an origin with a capped uplink may feed the stripes
+        unevenly (see the top)."""
+        plan = v.plan
+        if plan is None or not 0 <= stripe < plan.stripes or plan.parent[stripe].get(peer) != plan.origin:
+            return False
+        if not v.origin_capped:
+            feed = self._stripe_feed_bps(now, v)
+            v.origin_capped = 0 < feed < SLOW_RATIO * plan.capacity_bps[stripe] / max(len(self._members), 1)
+        return v.origin_capped
 
     def _root_forwards_alone(self, plan: StripePlan, stripe: int, peer: str) -> bool:
         """Whether `peer`, our planned parent in `stripe`, is the stripe's root and its only

@@ -326,7 +326,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         if stripe is not None:  # asked of it and not taken back: our clock timed it too
             if unexplained_s is None:  # (from our ask)
                 unexplained_s = now - entry[2] - elapsed_s  # type: ignore[index]
-            elapsed_s += self._unexcused_s(v, stripe, peer, unexplained_s)
+            elapsed_s += self._unexcused_s(now, v, stripe, peer, unexplained_s)
             self._count_feed(now, v, stripe, peer, size)
         if elapsed_s > 0:
             rate = size / elapsed_s

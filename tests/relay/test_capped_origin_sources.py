@@ -328,3 +328,52 @@ def test_the_origin_serving_us_a_dropped_root_s_stripe_keeps_no_stale_feed():
     timed[origin], timed[slow], timed[lagging] = 1e9, 4e4, 1e6
     drops = _serve(core, pending, sends, timed, {lagging: 5.0})
     assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW), (lagging, DropReason.SLOW)]
+
+
+@pytest.mark.parametrize("slow_bytes", [False, True])
+def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(slow_bytes):
+    """The origin (advertising 1 GB/s, sending 3 MB/s, 16 MiB) splits its uplink unevenly, as a
+    trainer under a tbf did in the lab (`tests/relay/test_lab_capped_origin.py`): three stripes
+    at 0.8 MB/s each until they are whole (3 s), the other four, our own among them, at 0.15 MB/s;
+    then our own stripe at 1.5 MB/s and the other three at 0.5 MB/s each. Every root forwards each
+    chunk as soon as it has it (its bytes at 65 MB/s on a fast link), so the time it takes beyond
+    that is its long poll on the origin (its report of its queue leaves it out). Judged against
+    what the origin sent us of our own stripe lately (1.5 MB/s), the roots of the three stripes
+    it still fed at 0.5 were dropped as slow once the fast ones were whole, and the origin served
+    their stripes to us; now no root is dropped. A root whose bytes come at 40 KB/s (`slow_bytes`:
+    its own uplink, not its wait on the origin) still is."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    ours = next(s for s in range(plan.stripes) if plan.parent[s][me] == origin)
+    fast = [s for s in range(plan.stripes) if s != ours][:3]
+    slow = plan.parent[next(s for s in range(plan.stripes) if s != ours and s not in fast)][me]
+    chunks = [[i for i in range(v.count) if plan.stripe_of_chunk[i] == s] for s in range(plan.stripes)]
+    whole_s = max(len(chunks[s]) for s in fast) * CHUNK / 0.8e6
+    fed_at: dict[int, float] = {}  # when the origin has sent each chunk (to its root, or to us in our stripe)
+    for s in range(plan.stripes):
+        t = 0.0
+        for index in chunks[s]:
+            bps = 0.8e6 if s in fast else 0.15e6 if t < whole_s else 1.5e6 if s == ours else 0.5e6
+            t += CHUNK / bps
+            fed_at[index] = t
+    due: list[tuple[float, int, str, float, float]] = []
+
+    def ask(now: float, fetches: list[Fetch]) -> None:
+        for fetch in fetches:
+            at = max(now, fed_at[fetch.index])
+            bytes_s = CHUNK / (4e4 if slow_bytes and fetch.peer == slow else 65e6)
+            unexplained = 0.0 if fetch.peer == origin else at - now  # (the origin's pace: its upload slot)
+            elapsed = bytes_s + (at - now if fetch.peer == origin else 0.0)
+            heapq.heappush(due, (at + bytes_s, fetch.index, fetch.peer, elapsed, unexplained))
+
+    ask(0.0, pending)
+    drops: list[SourceDropped] = []
+    while due:
+        t, index, peer, elapsed, unexplained = heapq.heappop(due)
+        out = core.fetched(t, peer, 1, index, elapsed, unexplained)
+        drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
+        ask(t, [e for e in out if isinstance(e, Fetch)])
+    assert v.complete
+    assert [(d.peer, d.why) for d in drops] == ([(slow, DropReason.SLOW)] if slow_bytes else [])
