@@ -330,8 +330,8 @@ def test_the_origin_serving_us_a_dropped_root_s_stripe_keeps_no_stale_feed():
     assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW), (lagging, DropReason.SLOW)]
 
 
-@pytest.mark.parametrize("slow_bytes", [False, True])
-def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(slow_bytes):
+@pytest.mark.parametrize("ours_fast, slow_bytes", [(False, False), (False, True), (True, False)])
+def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(ours_fast, slow_bytes):
     """The origin (advertising 1 GB/s, sending 3 MB/s, 16 MiB) splits its uplink unevenly, as a
     trainer under a tbf did in the lab (`tests/relay/test_lab_capped_origin.py`): three stripes
     at 0.8 MB/s each until they are whole (3 s), the other four, our own among them, at 0.15 MB/s;
@@ -340,14 +340,16 @@ def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(slow_
     that is its long poll on the origin (its report of its queue leaves it out). Judged against
     what the origin sent us of our own stripe lately (1.5 MB/s), the roots of the three stripes
     it still fed at 0.5 were dropped as slow once the fast ones were whole, and the origin served
-    their stripes to us; now no root is dropped. A root whose bytes come at 40 KB/s (`slow_bytes`:
-    its own uplink, not its wait on the origin) still is."""
+    their stripes to us; now no root is dropped. So too where our own stripe is a fourth fast one
+    (`ours_fast`: whole by 3 s, and from 6 s the figure is none, the rest judged against the
+    plan). A root whose bytes come at 40 KB/s (`slow_bytes`: its own uplink, not its wait on the
+    origin) still is dropped."""
     core, pending = _relay(RELAY_BPS, mib=16)
     v = core._versions[1]
     plan = v.plan
     me, origin = core.self_id, PUBLISHER.peer_id
     ours = next(s for s in range(plan.stripes) if plan.parent[s][me] == origin)
-    fast = [s for s in range(plan.stripes) if s != ours][:3]
+    fast = ([ours] if ours_fast else []) + [s for s in range(plan.stripes) if s != ours][:3]
     slow = plan.parent[next(s for s in range(plan.stripes) if s != ours and s not in fast)][me]
     chunks = [[i for i in range(v.count) if plan.stripe_of_chunk[i] == s] for s in range(plan.stripes)]
     whole_s = max(len(chunks[s]) for s in fast) * CHUNK / 0.8e6
