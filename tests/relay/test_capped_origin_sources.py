@@ -330,8 +330,8 @@ def test_the_origin_serving_us_a_dropped_root_s_stripe_keeps_no_stale_feed():
     assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW), (lagging, DropReason.SLOW)]
 
 
-@pytest.mark.parametrize("ours_fast, slow_bytes", [(False, False), (False, True), (True, False)])
-def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(ours_fast, slow_bytes):
+@pytest.mark.parametrize("ours_fast, slow_root", [(False, None), (False, "bytes"), (False, "held"), (True, None)])
+def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(ours_fast, slow_root):
     """The origin (advertising 1 GB/s, sending 3 MB/s, 16 MiB) splits its uplink unevenly, as a
     trainer under a tbf did in the lab (`tests/relay/test_lab_capped_origin.py`): three stripes
     at 0.8 MB/s each until they are whole (3 s), the other four, our own among them, at 0.15 MB/s;
@@ -342,8 +342,10 @@ def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(ours_
     it still fed at 0.5 were dropped as slow once the fast ones were whole, and the origin served
     their stripes to us; now no root is dropped. So too where our own stripe is a fourth fast one
     (`ours_fast`: whole by 3 s, and from 6 s the figure is none, the rest judged against the
-    plan). A root whose bytes come at 40 KB/s (`slow_bytes`: its own uplink, not its wait on the
-    origin) still is dropped."""
+    plan). A root whose bytes come at 40 KB/s (`slow_root` "bytes": its own uplink, not its wait
+    on the origin) still is dropped, and so is one that holds each chunk it was fed and sends
+    us one every 1.3 s (50 KB/s, "held"), telling the wait as its long poll: its stripe's feed
+    keeps pace with the other slow stripes', and only the wait beyond theirs counts."""
     core, pending = _relay(RELAY_BPS, mib=16)
     v = core._versions[1]
     plan = v.plan
@@ -361,11 +363,14 @@ def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(ours_
             t += CHUNK / bps
             fed_at[index] = t
     due: list[tuple[float, int, str, float, float]] = []
+    sent = dict.fromkeys(core._members.uploads, 0.0)  # when each source last sent us a chunk
 
     def ask(now: float, fetches: list[Fetch]) -> None:
         for fetch in fetches:
             at = max(now, fed_at[fetch.index])
-            bytes_s = CHUNK / (4e4 if slow_bytes and fetch.peer == slow else 65e6)
+            if slow_root == "held" and fetch.peer == slow:
+                at = sent[slow] = max(at, sent[slow] + CHUNK / 5e4)
+            bytes_s = CHUNK / (4e4 if slow_root == "bytes" and fetch.peer == slow else 65e6)
             unexplained = 0.0 if fetch.peer == origin else at - now  # (the origin's pace: its upload slot)
             elapsed = bytes_s + (at - now if fetch.peer == origin else 0.0)
             heapq.heappush(due, (at + bytes_s, fetch.index, fetch.peer, elapsed, unexplained))
@@ -378,4 +383,4 @@ def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(ours_
         drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
         ask(t, [e for e in out if isinstance(e, Fetch)])
     assert v.complete
-    assert [(d.peer, d.why) for d in drops] == ([(slow, DropReason.SLOW)] if slow_bytes else [])
+    assert [(d.peer, d.why) for d in drops] == ([(slow, DropReason.SLOW)] if slow_root else [])
