@@ -83,7 +83,6 @@ class _Version:
     fetched_chunks: int = 0
     fetched_bytes: int = 0
     feed: _Feed | None = None  # what the origin sent us where it is our planned parent (`relay.judging`)
-    origin_capped: bool = False  # it fed us under half a stripe's planned rate (`relay.judging`)
     completed_at: float | None = None
     starved: bool = False  # the in-flight budget, not a window, stopped the last pump
     forwards: int = -1  # the stripe in which we have children (our home stripe), or -1
