@@ -333,10 +333,9 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             self._count_feed(now, v, stripe, peer, size)
         if elapsed_s > 0:
             rate = size / elapsed_s
-            old = self._rates.get(peer)
-            self._rates[peer] = rate if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * rate
-            served, old = size / served_s if served_s > 0 else rate, self._served_rates.get(peer)
-            self._served_rates[peer] = served if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * served
+            for rates, sample in ((self._rates, rate), (self._served_rates, size / served_s if served_s > 0 else rate)):
+                old = rates.get(peer)
+                rates[peer] = sample if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * sample
             self._samples[peer] = self._samples.get(peer, 0) + 1
             # (a stripe of an older plan is no longer ours to judge when the replan has fewer)
             if stripe is not None and stripe != SWARM and stripe < len(v.chains) and \
