@@ -110,10 +110,10 @@ were dropped (1 run in 4), also with their wait excused as far as our other root
 twice theirs, 2 of 5). Nothing we see of that split tells such a root from one that holds its
 chunks; what the origin can feed in all bounds it. So while a capped origin (feeding us under half
 a stripe's planned rate) still feeds us (`_origin_feeds_us`: until our own stripes' end and as long
-again), a stripe's root is judged on what it served once it had each chunk, its long poll left
-out (`_served_rates`); after, on its rate with its waits counted since the version began. The
-cost: a root that holds its chunks keeps them until then (7 and 16 relays under a 3 MB/s origin,
-one root serving 0.3 MB/s: 17.51 and 18.80 s, against 17.51 and 17.27 s; whole, 46.3 and 51.8 s).
+again), a stripe's root is judged on its bytes' time and the queue it tells, its long poll (its
+word) left out (`_served_rates`); after, on its rate, waits counted. The cost: a root holding its
+chunks keeps them until then, longer under a slower origin (7 and 16 relays, a root serving 0.3
+MB/s under 3 MB/s: 17.51, 18.80 s, the base 17.51, 17.27; 0.1 under 1: 43.37, 57.06 (25.02, 48.55)).
 Peers that crowd the origin lower what it delivers us, and excuse our parents more: still
 only those delivering half of it. A root whose download binds measures the origin's feed as
 its own share of that download, as every parent of ours delivers it then.
