@@ -118,6 +118,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._ban_order: deque[str] = deque()  # `_banned`, first banned first (`relay.failures`, `MAX_BANNED`)
         self._draw_orders: dict[StripePlan, Any] = {}  # `SourceChoice._by_draw`: substitutes by score, per plan
         self._rates: dict[str, float] = {}  # peer -> bytes/s its chunks moved at (EWMA)
+        self._served_rates: dict[str, float] = {}  # the same, its long poll left out (`relay.judging`)
         self._samples: dict[str, int] = {}  # peer -> chunks timed
         self._waits: dict[str, float] = {}  # peer -> seconds its answers took beyond what it reported (EWMA)
         self._manifest_asked: dict[int, _Ask] = {}  # version -> its ask in flight or failed (`relay.manifest_asks`)
@@ -244,6 +245,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             self._unaddressed = {p: t for p, t in self._unaddressed.items() if p not in members}
         if any(p not in members for p in self._rates):
             self._rates = {p: r for p, r in self._rates.items() if p in members}
+            self._served_rates = {p: r for p, r in self._served_rates.items() if p in members}
             self._samples = {p: n for p, n in self._samples.items() if p in members}
         if any(p not in members for p in self._waits):
             self._waits = {p: w for p, w in self._waits.items() if p in members}
@@ -323,6 +325,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             stripe = entry[1]
         size = v.size(index)
         effects: list[Any] = []
+        served_s = elapsed_s  # (its long poll left out: `relay.judging`, `_served_rates`)
         if stripe is not None:  # asked of it and not taken back: our clock timed it too
             if unexplained_s is None:  # (from our ask)
                 unexplained_s = now - entry[2] - elapsed_s  # type: ignore[index]
@@ -330,8 +333,9 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             self._count_feed(now, v, stripe, peer, size)
         if elapsed_s > 0:
             rate = size / elapsed_s
-            old = self._rates.get(peer)
-            self._rates[peer] = rate if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * rate
+            for rates, sample in ((self._rates, rate), (self._served_rates, size / served_s if served_s > 0 else rate)):
+                old = rates.get(peer)
+                rates[peer] = sample if old is None else (1 - RATE_EWMA) * old + RATE_EWMA * sample
             self._samples[peer] = self._samples.get(peer, 0) + 1
             # (a stripe of an older plan is no longer ours to judge when the replan has fewer)
             if stripe is not None and stripe != SWARM and stripe < len(v.chains) and \

@@ -328,3 +328,96 @@ def test_the_origin_serving_us_a_dropped_root_s_stripe_keeps_no_stale_feed():
     timed[origin], timed[slow], timed[lagging] = 1e9, 4e4, 1e6
     drops = _serve(core, pending, sends, timed, {lagging: 5.0})
     assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW), (lagging, DropReason.SLOW)]
+
+
+def _fed_unevenly(core: TransferCore, pending: list[Fetch], fed_at: dict[int, float], slow: str,
+                  slow_root: str | None) -> list[SourceDropped]:
+    """Serve version 1 to `core` (its first fetches `pending`) on fast links, the origin having
+    sent each chunk (to its root, or to us in our stripe) at `fed_at[index]`: every root forwards
+    a chunk as soon as it has it (its bytes at 65 MB/s), so the time beyond that is its long poll
+    on the origin, which its report of its queue leaves out. Root `slow` instead sends its bytes
+    at 40 KB/s (`slow_root` "bytes": its own uplink), or holds each chunk it was fed and sends us
+    one every 1.3 s (50 KB/s, "held"), telling the wait as its long poll. The sources dropped."""
+    origin = PUBLISHER.peer_id
+    due: list[tuple[float, int, str, float, float]] = []
+    sent = dict.fromkeys(core._members.uploads, 0.0)  # when each source last sent us a chunk
+
+    def ask(now: float, fetches: list[Fetch]) -> None:
+        for fetch in fetches:
+            at = max(now, fed_at[fetch.index])
+            if slow_root == "held" and fetch.peer == slow:
+                at = sent[slow] = max(at, sent[slow] + CHUNK / 5e4)
+            bytes_s = CHUNK / (4e4 if slow_root == "bytes" and fetch.peer == slow else 65e6)
+            unexplained = 0.0 if fetch.peer == origin else at - now  # (the origin's pace: its upload slot)
+            elapsed = bytes_s + (at - now if fetch.peer == origin else 0.0)
+            heapq.heappush(due, (at + bytes_s, fetch.index, fetch.peer, elapsed, unexplained))
+
+    ask(0.0, pending)
+    drops: list[SourceDropped] = []
+    while due:
+        t, index, peer, elapsed, unexplained = heapq.heappop(due)
+        out = core.fetched(t, peer, 1, index, elapsed, unexplained)
+        drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
+        ask(t, [e for e in out if isinstance(e, Fetch)])
+    assert core._versions[1].complete
+    return drops
+
+
+@pytest.mark.parametrize("ours_fast, slow_root", [(False, None), (False, "bytes"), (False, "held"), (True, None)])
+def test_an_origin_feeding_its_stripes_unevenly_has_no_honest_root_dropped(ours_fast, slow_root):
+    """The origin (advertising 1 GB/s, sending 3 MB/s, 16 MiB) splits its uplink unevenly, as a
+    trainer under a tbf did in the lab (`tests/relay/test_lab_capped_origin.py`): three stripes
+    at 0.8 MB/s each until they are whole (3 s), the other four, our own among them, at 0.15 MB/s;
+    then our own stripe at 1.5 MB/s and the other three at 0.5 MB/s each. Judged against what the
+    origin sent us of our own stripe lately (1.5 MB/s), the roots of the three stripes it still
+    fed at 0.5 were dropped as slow once the fast ones were whole, and the origin served their
+    stripes to us; now no root is dropped. So too where our own stripe is a fourth fast one
+    (`ours_fast`: whole by 3 s, and from 6 s the figure is none, the rest judged against the
+    plan). A root slow in its bytes, or holding its chunks (`_fed_unevenly`), is still dropped:
+    its stripe's feed keeps pace with the other slow stripes', and its wait beyond theirs counts."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    ours = next(s for s in range(plan.stripes) if plan.parent[s][me] == origin)
+    fast = ([ours] if ours_fast else []) + [s for s in range(plan.stripes) if s != ours][:3]
+    slow = plan.parent[next(s for s in range(plan.stripes) if s != ours and s not in fast)][me]
+    chunks = [[i for i in range(v.count) if plan.stripe_of_chunk[i] == s] for s in range(plan.stripes)]
+    whole_s = max(len(chunks[s]) for s in fast) * CHUNK / 0.8e6
+    fed_at: dict[int, float] = {}
+    for s in range(plan.stripes):
+        t = 0.0
+        for index in chunks[s]:
+            bps = 0.8e6 if s in fast else 0.15e6 if t < whole_s else 1.5e6 if s == ours else 0.5e6
+            t += CHUNK / bps
+            fed_at[index] = t
+    drops = _fed_unevenly(core, pending, fed_at, slow, slow_root)
+    assert [(d.peer, d.why) for d in drops] == ([(slow, DropReason.SLOW)] if slow_root else [])
+
+
+@pytest.mark.parametrize("slow_root", [None, "held"])
+def test_a_stripe_the_origin_starves_while_it_feeds_the_others_has_its_root_kept(slow_root):
+    """The origin (advertising 1 GB/s, sending 3 MB/s, 16 MiB) sends one stripe's first chunk at
+    0.5 s and the rest of it only once the other six are whole (4.9 s, at 0.5 MB/s each), then at
+    its whole 3 MB/s (whole by 5.7 s), as a trainer under a tbf did in the lab
+    (`tests/relay/test_lab_capped_origin.py`: a stripe's root had its second chunk at 4.2 s, the
+    others theirs by 0.3 s). Its children time each chunk of it 4 s late, no root we know of waits
+    as long, and its root was dropped on the base code and excused only as far as our other
+    roots' waits (or twice them); now, while the origin still feeds us (our own stripe's end and
+    as long again: `relay.judging`, `_origin_feeds_us`), a root is judged on what it served when
+    it had the chunk (`_served_rates`), and it is kept. A root that holds each chunk it was fed
+    (`_fed_unevenly`, "held", 50 KB/s) is kept as long, and dropped after: its waits count then."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    starved = next(s for s in range(plan.stripes) if plan.parent[s][me] != origin)
+    chunks = [[i for i in range(v.count) if plan.stripe_of_chunk[i] == s] for s in range(plan.stripes)]
+    even_bps = ORIGIN_BPS / (plan.stripes - 1)
+    fed_at = {index: (n + 1) * CHUNK / even_bps for s in range(plan.stripes) if s != starved
+              for n, index in enumerate(chunks[s])}
+    others_whole_s = max(fed_at.values())
+    fed_at |= {index: 0.5 if n == 0 else others_whole_s + n * CHUNK / ORIGIN_BPS for n, index in enumerate(chunks[starved])}
+    slow = plan.parent[starved][me]
+    drops = _fed_unevenly(core, pending, fed_at, slow, slow_root)
+    assert [(d.peer, d.why) for d in drops] == ([(slow, DropReason.SLOW)] if slow_root else [])
