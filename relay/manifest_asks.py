@@ -164,7 +164,7 @@ class ManifestAsks(MemberStanding):
         asked = self._manifest_asked.get(version)
         if asked is not None and not asked.failed and now - asked.at >= self.config.manifest_retry_s \
                 and sender not in self._banned and self._usable_for(now, version, sender):
-            if self._offline(now, version, asked, whole=True):  # nothing came from anyone since: our link was down
+            if self._offline(now, version, asked):  # nothing came from anyone since: our link was down
                 self._asked(now, version, asked.peer, asked.holds_all, effects)  # up again: the same one
                 if sender != asked.peer:
                     self._remember_other(now, version, sender, holds_all)
@@ -330,14 +330,14 @@ class ManifestAsks(MemberStanding):
         return asked is not None and self._member_since.get(peer, math.inf) + SETTLE_S <= asked.first \
             and self._manifest_excused.get(peer) != version
 
-    def _offline(self, now: float, version: int, asked: _Ask, whole: bool = False) -> bool:
+    def _offline(self, now: float, version: int, asked: _Ask) -> bool:
         """Whether the ask `asked` of `version`, unanswered at `now`, timed out while our own link
-        was down (`_link_silent`, with `whole`: for all of it), and is excused so, at most `MAX_OFFLINE` times per version (a
+        was down (`_link_silent`), and is excused so, at most `MAX_OFFLINE` times per version (a
         holder that never answers in a network quiet that long is then judged as any other):
         if so it failed with no verdict on its holder, which keeps its rank, its excuse and the
         first place in line (`_put_first`), to be asked again."""
         others = self._manifest_others.setdefault(version, _Others())
-        if others.offline >= MAX_OFFLINE or not self._link_silent(now, asked.at, whole):
+        if others.offline >= MAX_OFFLINE or not self._link_silent(now, asked.at):
             return False
         others.offline += 1
         self._manifest_asked[version] = asked._replace(failed=True)

@@ -14,9 +14,9 @@ version's first ask settled an identity, and after our restart liars whose heart
 stood before a member whose heartbeat came later (asked at 120 s, not 60 s).
 
 Whether our own link was up (`_hear`, `_link_silent`): a frame from anyone (a message, a
-manifest answer, a chunk) says it was; an ask that timed out with nothing heard from anyone for
-its last `manifest_retry_s` or more timed out while it was down, and says nothing of its holder
-(`ManifestAsks._offline`). A holder cannot make us hear nothing from
+manifest answer, a chunk) says it was; an ask that timed out (`manifest_retry_s` or more) with
+nothing heard from anyone since it was made timed out while it was down, and says nothing of its
+holder (`ManifestAsks._offline`). A holder cannot make us hear nothing from
 the others.
 
 Bounded: `MAX_RECALLED` members recalled and recorded; `_member_since` follows the membership.
@@ -89,19 +89,16 @@ class MemberStanding:
         if now != self._heard_at:
             self._heard_before, self._heard_at = self._heard_at, now
 
-    def _link_silent(self, now: float, since: float, whole: bool = False) -> bool:
+    def _link_silent(self, now: float, since: float) -> bool:
         """Whether an ask made at `since` that failed unanswered at `now` timed out while our own
-        link was down: no frame reached us from anyone (the one that came at `now` left out) for
-        the last `manifest_retry_s` of it, or more (a timeout, not a refused connection, which
-        comes at once, and long enough to say our link, not one slow frame, was gone); with
-        `whole`, none since the ask at all (a `Holding` that finds the ask unanswered for
-        `manifest_retry_s`: a network that quiet while our link is up is common in a small one,
-        and the holder, no longer asked, is passed over for one named since). It says nothing of
-        its holder then (`relay.manifest_answers`' `manifest_failed`, the `manifest_retry_s`
-        lapse: `ManifestAsks._offline`). A holder cannot make us hear nothing from the others; in
-        a network quiet for that long, one that never answers is asked again as if we were
-        offline (`MAX_OFFLINE` times per version)."""
+        link was down: at least `manifest_retry_s` on (a timeout, not a refused connection, which
+        comes at once) and no frame reached us from anyone since the ask (the one that came at
+        `now` left out). It says nothing of its holder then (`relay.manifest_answers`'
+        `manifest_failed`, the `manifest_retry_s` lapse: `ManifestAsks._offline`). A holder cannot
+        make us hear nothing from the others; in a network quiet for that long, one that never
+        answers is asked again as if we were offline (`MAX_OFFLINE` times per version). A frame
+        heard after the ask, before our link went down, leaves the holder judged as before
+        (the last `manifest_retry_s` alone, a quiet stretch common in small networks, judged
+        holders that time out there, and passed over none, in the tests' worlds)."""
         heard = self._heard_before if self._heard_at >= now else self._heard_at
-        if whole:
-            return heard <= since and now - since >= self.config.manifest_retry_s
-        return now - max(heard, since) >= self.config.manifest_retry_s
+        return heard <= since and now - since >= self.config.manifest_retry_s

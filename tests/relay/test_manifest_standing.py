@@ -99,15 +99,13 @@ def test_a_recalled_member_counts_its_time_only_if_back_within_recall_s():
 
 @pytest.mark.parametrize("back_by", ["tick", "holding"])
 def test_a_timeout_while_our_own_link_was_down_does_not_pass_the_holder_over(back_by):
-    """h, named first, is asked; liars name the version meanwhile; our link goes down at 1 s and
-    nothing comes from anyone meanwhile. h's ask times out (10 s): it is asked again, first in
-    line (on the tick, 12 s, or at a liar's `Holding` once our link is back, 11 s), not excluded
-    and ranked behind every liar (before: a liar asked at once, h after each had failed)."""
+    """h names a version and is asked; our link goes down at once and nothing comes from anyone
+    meanwhile. h's ask times out (10 s): it is asked again, first in line (on the tick, 12 s, or
+    at a liar's `Holding` once our link is back, 11 s), not excluded and ranked behind every liar
+    (before: excluded, ranked, and the liar asked)."""
     c = _core(("h", *LIARS))
     assert asks(c, 0.0, "h") == ["h"]
-    for i, liar in enumerate(LIARS):
-        assert asks(c, 0.1 + i / 40, liar) == []
-    assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE) == []  # nothing heard since 0.6 s
+    assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE) == []  # nothing heard since the ask
     if back_by == "tick":
         assert _asked(c.on_timer(12.0, "relay/tick")) == ["h"]
     else:
@@ -116,23 +114,21 @@ def test_a_timeout_while_our_own_link_was_down_does_not_pass_the_holder_over(bac
 
 
 def test_a_holder_that_times_out_while_the_link_is_up_is_passed_over():
-    """The same, but a liar's `Holding` (of another version) came at 6 s: our link was up, h is
-    judged (excluded), and a liar asked at once."""
+    """The same, but a liar's `Holding` came at 4 s: our link was up, h is judged (excluded),
+    and the liar asked at once."""
     c = _core(("h", *LIARS))
     assert asks(c, 0.0, "h") == ["h"]
-    for i, liar in enumerate(LIARS):
-        assert asks(c, 0.1 + i / 40, liar) == []
-    assert asks(c, 6.0, "l00", version=2) == ["l00"]  # (another version's)
+    assert asks(c, 4.0, "l00") == []
     assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE) == ["l00"]
     assert "h" in c._excluded
 
 
 def test_a_holder_that_never_answers_in_a_network_quiet_that_long_is_excused_at_most_max_offline_times():
-    """Nothing comes from anyone after 0.1 s, and m0, asked, never answers: its timeouts are
+    """Nothing comes from anyone after 0 s, and m0, asked, never answers: its timeouts are
     taken for our link being down `MAX_OFFLINE` times, then it is judged, and m1 asked."""
     c = _core(("m0", "m1"))
     assert asks(c, 0.0, "m0") == ["m0"]
-    assert asks(c, 0.1, "m1") == []
+    assert asks(c, 0.0, "m1") == []
     t, order = 10.0, ["m0"]
     for _ in range(2 * MAX_OFFLINE + 2):
         nxt = failed(c, t, order[-1], FetchFailure.UNREACHABLE)
