@@ -47,11 +47,11 @@ def load(path: Path) -> dict[str, float]:
     """The record (member -> seconds it had been a member), at most `MAX_RECALLED` entries;
     empty if there is none. Raises `MemberRecordUnreadable` if the file is not one `save` wrote."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
     try:
-        members = json.loads(text)["members"]
+        members = json.loads(raw.decode("utf-8"))["members"]
         ages = {str(peer): float(age) for peer, age in members.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise MemberRecordUnreadable(f"{path}: {e}") from e

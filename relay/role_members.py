@@ -99,18 +99,21 @@ class MemberFollowing:
 
     async def _follow_members(self) -> None:
         await self._recall_members()
-        kept_at = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_members_every)  # (a slow disk does not hold up our membership)
+            while True:
+                self.node.set_busy("relay", self._busy())  # heartbeats slow down while chunks move
+                self._advertise_upload()
+                uploads = serving_uploads(self.node)
+                await self._command(lambda now: self.core.set_members(now, uploads))
+                with trio.move_on_after(MEMBERS_POLL_S):
+                    await self._members_changed.wait()
+                self._members_changed = trio.Event()
+
+    async def _keep_members_every(self) -> None:
         while True:
-            self.node.set_busy("relay", self._busy())  # heartbeats slow down while chunks move
-            self._advertise_upload()
-            uploads = serving_uploads(self.node)
-            await self._command(lambda now: self.core.set_members(now, uploads))
-            if trio.current_time() - kept_at >= SAVE_EVERY_S:
-                kept_at = trio.current_time()
-                await self._keep_members()
-            with trio.move_on_after(MEMBERS_POLL_S):
-                await self._members_changed.wait()
-            self._members_changed = trio.Event()
+            await trio.sleep(SAVE_EVERY_S)
+            await self._keep_members()
 
     def _members_path(self) -> Path:
         return Path(self.node.config.data_dir) / MEMBERS_FILE
