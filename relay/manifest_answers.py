@@ -99,6 +99,8 @@ class ManifestAnswers:
         def _put_off(self, version: int) -> bool: ...
         def _remember_other(self, now: float, version: int, peer: str, holds_all: bool) -> None: ...
         def _ask_when_usable(self, now: float, version: int) -> None: ...
+        def _hear(self, now: float) -> None: ...
+        def _offline(self, now: float, version: int, asked: _Ask) -> bool: ...
 
     def refuse_manifest(self, version: int, manifest_id: bytes) -> list[Any]:
         """Our store would not keep this manifest of `version` (it holds another for the version):
@@ -133,6 +135,9 @@ class ManifestAnswers:
         if asked is None or asked.peer != peer or asked_at not in (None, asked.at) or version in self._versions:
             return []  # (another ask was made since, of another holder or of `peer` again, or the manifest came)
         effects: list[Any] = []
+        if reason is FetchFailure.UNREACHABLE and self._offline(now, version, asked):  # our link was down
+            self._manifest_again[version] = (now + self.config.not_admitted_s, peer)  # (or a `Holding`, once up)
+            return self._arm(now, effects)
         again = False
         if reason is FetchFailure.NOT_ADMITTED:
             again = self._refused_us(now, peer, effects)
@@ -168,6 +173,7 @@ class ManifestAnswers:
         holder's trust and clock took it): its ask fails and another holder is asked, and it is
         held against nobody (`_not_for_us`)."""
         effects: list[Any] = []
+        self._hear(now)
         opened = self._take_manifest(now, peer, frame, effects)
         if version in self._versions and opened is not None and not isinstance(opened, ManifestRejected):
             self._manifest_excused.pop(peer, None)  # it answered: excused again (`_failed`)
@@ -236,7 +242,8 @@ class ManifestAnswers:
         the holder decides these failures: a liar naming the version again and again and failing
         so is then ranked as any failure ranks it; and for that version it stands in line as a
         member that joined since (`_settled`), so settled liars that fail so are not asked twice
-        before a member that joined since, or one the places kept out meanwhile."""
+        before a member that joined since, or one the places kept out meanwhile. (A timeout while
+        our own link was down is no failure of the holder's at all: `relay.manifest_asks`' `_offline`.)"""
         self._manifest_asked[version] = asked._replace(failed=True)
         excused = self._manifest_excused
         if not blamed and asked.peer not in excused:

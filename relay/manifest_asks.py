@@ -88,6 +88,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from relay.effects import FetchManifest
+from relay.manifest_standing import SETTLE_S, MemberStanding
 from relay.planner import Membership
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ MAX_MANIFEST_ASKS = 1024  # versions asked for and not yet answered, remembered 
 MAX_OTHER_HOLDERS = 128  # per version asked for: other holders that named it, asked when an ask fails
 MAX_ASKS_AFTER_FAILURES = 4  # per version, per `manifest_retry_s`: asks made because one failed (`_spend`)
 MAX_DECLINED = 2 * MAX_OTHER_HOLDERS  # per version asked for: holders that declined its ask (`manifest_declined`)
+MAX_OFFLINE = 3  # per version asked for: asks that timed out while our link was down, excused (`_offline`)
 
 
 class _Ask(NamedTuple):
@@ -125,9 +127,10 @@ class _Others:
     after_failures: int = 0
     of_strangers: int = 0  # of them, asks of strangers (`_spend`: one is kept for a member)
     declined: dict[str, float] = field(default_factory=dict)
+    offline: int = 0  # asks of it that timed out while our link was down (`_link_silent`), excused
 
 
-class ManifestAsks:
+class ManifestAsks(MemberStanding):
     """Manifest asks for `relay.transfer.TransferCore` (see the module docstring)."""
 
     # the core's state these methods use (`TransferCore.__init__` sets it)
@@ -161,6 +164,11 @@ class ManifestAsks:
         asked = self._manifest_asked.get(version)
         if asked is not None and not asked.failed and now - asked.at >= self.config.manifest_retry_s \
                 and sender not in self._banned and self._usable_for(now, version, sender):
+            if self._offline(now, version, asked):  # nothing came from anyone since: our link was down
+                self._asked(now, version, asked.peer, asked.holds_all, effects)  # up again: the same one
+                if sender != asked.peer:
+                    self._remember_other(now, version, sender, holds_all)
+                return True
             self._failed(now, version, asked)  # unanswered for `manifest_retry_s`: the first remembered asked
             asked = self._manifest_asked[version]
         if asked is not None and asked.failed and sender not in self._banned:
@@ -306,17 +314,42 @@ class ManifestAsks:
         return self._rank(peer), not self._settled(version, peer)
 
     def _settled(self, version: int, peer: str) -> bool:
-        """Whether `peer` has been a member since before `version` was first asked for (`_order`),
-        and its ask of `version` has not failed excused (`relay.manifest_answers`' `_failed`: a
-        failure nobody's fault keeps its rank, but it stands in line for the version as one that
-        joined since, from when it named it again). Any identity may fail so once, and excused,
+        """Whether `peer` has been a member for `SETTLE_S` before `version` was first asked for
+        (`_order`), and its ask of `version` has not failed excused (`relay.manifest_answers`'
+        `_failed`: a failure nobody's fault keeps its rank, but it stands in line for the version
+        as one that joined since, from when it named it again). Any identity may fail so once, and excused,
         settled liars were asked twice before a member that joined since (100 liars declining
         each ask, the member joining at 1 s: asked at 245 s; 120 s at stop 50, now 125 s), or
         before a settled one that the places kept out until they named the version again (200
-        liars declining, 1 fresh identity a second: 475 s, 181 liars asked twice; now 245 s, none)."""
+        liars declining, 1 fresh identity a second: 475 s, 181 liars asked twice; now 245 s, none).
+        A member's time counts from our first sight of it, before our restart too (`recall_members`):
+        one heartbeat just before a version's first ask settled an identity, and after our restart
+        liars beating first stood before a member beating later (asked at 120 s, not 60 s); now an
+        identity must stay in our membership, beating, for `SETTLE_S`."""
         asked = self._manifest_asked.get(version)
-        return asked is not None and self._member_since.get(peer, math.inf) <= asked.first \
+        return asked is not None and self._member_since.get(peer, math.inf) + SETTLE_S <= asked.first \
             and self._manifest_excused.get(peer) != version
+
+    def _offline(self, now: float, version: int, asked: _Ask) -> bool:
+        """Whether the ask `asked` of `version`, unanswered at `now`, timed out while our own link
+        was down (`_link_silent`), and is excused so, at most `MAX_OFFLINE` times per version (a
+        holder that never answers in a network quiet that long is then judged as any other):
+        if so it failed with no verdict on its holder, which keeps its rank, its excuse and the
+        first place in line (`_put_first`), to be asked again."""
+        others = self._manifest_others.setdefault(version, _Others())
+        if others.offline >= MAX_OFFLINE or not self._link_silent(now, asked.at):
+            return False
+        others.offline += 1
+        self._manifest_asked[version] = asked._replace(failed=True)
+        self._put_first(version, asked.peer, asked.holds_all)
+        return True
+
+    def _put_first(self, version: int, peer: str, holds_all: bool) -> None:
+        """`peer` stands first in line for `version` among those remembered (`_ask_another`, of its
+        kind and rank), the last in line giving way if the places are full."""
+        others = self._manifest_others.setdefault(version, _Others())
+        rest = [(p, a) for p, a in others.named.items() if p != peer][:MAX_OTHER_HOLDERS - 1]
+        others.named = {peer: holds_all, **dict(rest)}
 
     def _ask_when_usable(self, now: float, version: int) -> None:
         """No holder of `version` remembered may be asked now: the first whose exclusion ends (from

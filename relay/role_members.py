@@ -6,7 +6,9 @@ cannot dial) at least every `MEMBERS_POLL_S`, and at once when the node tells of
 joined, left or changed (`_on_node_event`); on the way it marks the node busy while chunks move
 (`_busy`, `_about_to_move`: heartbeats slow down then), and advertises what our uploads
 measurably deliver when that is below `upload_bps` (`_advertise_upload`, measured by the upload
-meter while every upload slot is busy: `_uploads_full`).
+meter while every upload slot is busy: `_uploads_full`). It keeps how long our members have been
+members on disk every `SAVE_EVERY_S` (`_keep_members`) and gives it back to the core at start
+(`_recall_members`), so our restart does not make newcomers of them (`relay.member_record`).
 
 These methods read the role's node, core, upload meter, serving counters and upstreams, keep
 `_members_changed` and `_moved_at`, and call its `_command(fn)`.
@@ -16,11 +18,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
 from p2pnet.peertable import PeerChanged, PeerJoined, PeerLeft
+from relay.member_record import MEMBERS_FILE, SAVE_EVERY_S, MemberRecordUnreadable, load, save
 from relay.serving import UploadMeter
 
 if TYPE_CHECKING:
@@ -93,11 +98,41 @@ class MemberFollowing:
                 or any(u.outstanding for u in self._upstreams.values()))
 
     async def _follow_members(self) -> None:
+        await self._recall_members()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep_members_every)  # (a slow disk does not hold up our membership)
+            while True:
+                self.node.set_busy("relay", self._busy())  # heartbeats slow down while chunks move
+                self._advertise_upload()
+                uploads = serving_uploads(self.node)
+                await self._command(lambda now: self.core.set_members(now, uploads))
+                with trio.move_on_after(MEMBERS_POLL_S):
+                    await self._members_changed.wait()
+                self._members_changed = trio.Event()
+
+    async def _keep_members_every(self) -> None:
         while True:
-            self.node.set_busy("relay", self._busy())  # heartbeats slow down while chunks move
-            self._advertise_upload()
-            uploads = serving_uploads(self.node)
-            await self._command(lambda now: self.core.set_members(now, uploads))
-            with trio.move_on_after(MEMBERS_POLL_S):
-                await self._members_changed.wait()
-            self._members_changed = trio.Event()
+            await trio.sleep(SAVE_EVERY_S)
+            await self._keep_members()
+
+    def _members_path(self) -> Path:
+        return Path(self.node.config.data_dir) / MEMBERS_FILE
+
+    async def _recall_members(self) -> None:
+        """At start: how long our members had been members before our restart, from our record on
+        disk (`relay.member_record`), to the core (`recall_members`)."""
+        try:
+            ages = await trio.to_thread.run_sync(load, self._members_path())
+        except (MemberRecordUnreadable, OSError) as e:  # (only orders manifest asks: as after a first start)
+            log.warning("the record of our members is unreadable, starting without it: %s", e)
+            ages = {}
+        await self._command(partial(self.core.recall_members, ages=ages))
+
+    async def _keep_members(self) -> None:
+        """Write how long our members have been members to our record on disk (`relay.member_record`)."""
+        seen: dict[str, float] = {}
+        await self._command(lambda now: seen.update(self.core.members_seen(now)) or [])
+        try:
+            await trio.to_thread.run_sync(save, self._members_path(), seen)
+        except OSError as e:  # our disk: the record stays as it was; tried again in `SAVE_EVERY_S`
+            log.warning("could not keep the record of our members: %s", e)

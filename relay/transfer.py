@@ -127,6 +127,8 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._manifest_failed_at: dict[str, float] = {}  # when an ask of a peer last failed (`relay.manifest_answers`)
         self._member_since: dict[str, float] = {}  # member -> since when, in our membership (`relay.manifest_asks`)
         self._manifest_excused: dict[str, int] = {}  # one failure of theirs held against nobody (`relay.manifest_answers`)
+        self._member_recalled: dict[str, float] = {}  # members before our restart (`relay.manifest_asks`)
+        self._recalled_until = self._heard_at = self._heard_before = -math.inf  # (`relay.manifest_asks`)
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_answers`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
@@ -149,6 +151,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
 
     def on_message(self, now: float, envelope: Envelope[Any]) -> list[Any]:
         body = envelope.body
+        self._hear(now)
         if isinstance(body, ManifestAnnounce):
             return self.manifest_frame(now, envelope.sender, body.frame)
         if isinstance(body, Holding):
@@ -198,11 +201,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             return []
         only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
-        since = self._member_since
-        for peer in [p for p in since if p not in members.uploads]:
-            del since[peer]
-        for peer in members.uploads:
-            since.setdefault(peer, now)
+        self._note_members(now, members)
         self._prune_peers(now)
         self._draw_orders.clear()  # (scored with the old membership's uploads: rebuilt on demand)
         if self.config.layout == "swarm":
@@ -311,6 +310,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         held our sends on our disk, nor while it dialled `peer`) until the answer began (not
         while it stored it): `peer`'s long poll, by its word (`relay.judging`, `_unexcused_s`).
         None: timed from our ask to `now`, a shell with no such delays (the simulator's)."""
+        self._hear(now)
         v = self._versions.get(version)
         if v is None:
             return []

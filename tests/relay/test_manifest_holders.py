@@ -10,7 +10,7 @@ import blake3
 import pytest
 
 from p2pnet.core import SetTimer
-from relay.manifest_asks import MAX_ASKS_AFTER_FAILURES, MAX_DECLINED, MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS
+from relay.manifest_asks import MAX_ASKS_AFTER_FAILURES, MAX_DECLINED, MAX_MANIFEST_ASKS, MAX_OTHER_HOLDERS, SETTLE_S
 from relay.effects import FetchFailure, FetchManifest, Penalise
 from relay.failures import MAX_BANNED
 from relay.manifest import sign_manifest
@@ -25,7 +25,7 @@ CONFIG = TransferConfig(exclude_s=60.0, announce_interval_s=3600.0)  # the role'
 
 def _core(members: tuple[str, ...] = ()) -> TransferCore:
     c = TransferCore(CONFIG, "me", open_frame=opener, self_upload_bps=1e8)
-    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{m: 1e9 for m in members}})
+    c.set_members(-SETTLE_S, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{m: 1e9 for m in members}})  # (settled at 0 s)
     return c
 
 

@@ -14,6 +14,7 @@ from relay.effects import FetchFailure
 from relay.manifest_answers import MAX_FAILED_ASKS
 from relay.manifest_asks import MAX_ASKS_AFTER_FAILURES, MAX_OTHER_HOLDERS
 from relay.messages import HeldVersion, Holding
+from relay.transfer import TransferCore
 from tests.relay.test_manifest_holders import CONFIG, _asked, _core, asks, failed
 from tests.relay.test_transfer import SIGNED, envelope
 
@@ -22,7 +23,7 @@ HOLDING = Holding((HeldVersion(1, SIGNED.manifest_id),))
 
 def _liars_and_an_honest_member(liars: list[str], first_at: float, until_s: float,
                                 flood: float = 0.0, h_refuses: int = 0, liars_decline: bool = False,
-                                h_joins_at: float = 0.0) -> list[tuple[float, str]]:
+                                h_joins_at: float = 0.0, core: TransferCore | None = None) -> list[tuple[float, str]]:
     """The liars (members) name version 1 every second, in turn, and answer each ask that they do
     not hold it (with `liars_decline`, with a status we do not know: `manifest_declined`, nobody's
     fault), 0.01 s after it; an honest member h names it first at `first_at`, then every 30 s; it
@@ -32,9 +33,10 @@ def _liars_and_an_honest_member(liars: list[str], first_at: float, until_s: floa
     1 s, each naming the version every second from its first `Holding`.
     h refuses its first `h_refuses` asks as not admitted (it had not heard our heartbeat: nobody's
     fault), 0.01 s after each. Returns what happened until h is asked and does not refuse, or until
-    `until_s`: the asks, (when, of whom), and h's `Holding`s, (when, "h named")."""
+    `until_s`: the asks, (when, of whom), and h's `Holding`s, (when, "h named"). With `core`, that
+    core, with its membership as it is."""
     fresh = [f"f{i:05d}" for i in range(int(flood * until_s))]
-    c = _core((*liars, "h") if h_joins_at == 0.0 else tuple(liars))
+    c = core if core is not None else _core((*liars, "h") if h_joins_at == 0.0 else tuple(liars))
     uploads = dict(c._members.uploads)
     queue: list[tuple[float, int, str, str]] = []
     order = itertools.count()
