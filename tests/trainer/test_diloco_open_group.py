@@ -16,6 +16,7 @@ its round, as joiners left out of a round do. No timing asserts: waits are for e
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import pytest
 import torch
@@ -55,6 +56,15 @@ def _no_penalties(trainer: Trainer) -> list[str]:
     return penalised
 
 
+async def _round_at_each(nursery: trio.Nursery, trainers: Sequence[Trainer]) -> list[str]:
+    """Each of `trainers` runs its round, all at once, until every one is done; their peer ids, sorted."""
+    done: list[str] = []
+    async with trio.open_nursery() as rounds:
+        for trainer in trainers:
+            rounds.start_soon(_a_round, trainer, nursery, done)
+    return sorted(t.peer_id for t in trainers)
+
+
 async def _ask_after(trainer: Trainer, who: Identity, round: int) -> trio.SocketStream:
     """`who` asks `trainer` for the state after `round` (a joiner left out of it), taking `HoldsFull`."""
     stream = await open_data_stream(trainer.address, CHANNEL, codec=Codec(who), peer=trainer.peer_id)
@@ -78,11 +88,7 @@ async def test_a_peer_one_shard_turned_away_is_no_member_of_the_group_for_the_he
     last = shard_bounds(VALUES, len(trainers))[-1]
     _outsized_in_one_shard(cheat, last)
     penalised = {t.peer_id: _no_penalties(t) for t in trainers}
-    done: list[str] = []
-    async with trio.open_nursery() as rounds:
-        for trainer in trainers:
-            rounds.start_soon(_a_round, trainer, nursery, done)
-    everyone = sorted(t.peer_id for t in trainers)
+    everyone = await _round_at_each(nursery, trainers)
     whole = frozenset(t.peer_id for t in honest)
     last_owner = next(t for t in trainers if t.peer_id == everyone[-1])
     assert penalised[last_owner.peer_id] == [cheat.peer_id]  # screened out at the last shard's owner only
@@ -136,11 +142,8 @@ async def test_a_joiners_first_round_passes_over_a_lower_id_the_group_gave_up_on
         trainer.role.inbox.reserve([g.peer_id for g in group])
         trainer.role.heard = {p.peer_id for p in (*group, joiner)} - {trainer.peer_id}  # the joiner fetched a state
         trainer.role.suspects = {first.peer_id}  # the group gave up on FIRST
-    done: list[str] = []
-    async with trio.open_nursery() as rounds:  # FIRST runs no round: its data plane takes frames, answers none
-        for trainer in (*group, joiner):
-            rounds.start_soon(_a_round, trainer, nursery, done)
-    everyone = sorted(t.peer_id for t in (*group, joiner))
+    # FIRST runs no round: its data plane takes frames, answers none
+    everyone = await _round_at_each(nursery, (*group, joiner))
     for trainer in (*group, joiner):
         row = trainer.role.history[-1]
         assert (row["round"], row["members"], row["contributors"]) == (2, everyone, everyone)
@@ -221,11 +224,7 @@ async def test_zero_contributions_beside_more_honest_ones_leave_the_honest_whole
     start = trainers[0].role.state.weights.clone()
     steps = [t.role.state.weights - t.role.inner.weights() for t in trainers]
     penalised = {t.peer_id: _no_penalties(t) for t in trainers}
-    done: list[str] = []
-    async with trio.open_nursery() as rounds:
-        for trainer in trainers:
-            rounds.start_soon(_a_round, trainer, nursery, done)
-    everyone = sorted(t.peer_id for t in trainers)
+    everyone = await _round_at_each(nursery, trainers)
     assert not any(penalised.values())
     for trainer in trainers:
         row = trainer.role.history[-1]
