@@ -428,20 +428,11 @@ class SourceJudgement:
 
     def _origin_feeds_us(self, now: float, v: _Version) -> bool:
         """Whether the origin may still be feeding the stripes of `v`, by what it feeds us where it
-        is our planned parent (`_count_feed`): while we wait on it there, and until it sent us our
-        last chunk there longer ago than it took to send them all (as `_sent_us_bps`). Not where
-        it is none of our planned parents: we cannot tell its pace (see the top)."""
-        plan, feed = v.plan, v.feed
-        assert plan is not None
-        key = self._fed_stripes(plan)
-        if not key[1]:
-            return False
-        if any(v.link_load.get((plan.origin, s), 0) for s in key[1]):
-            return True
-        if feed is None or feed.key != key:
-            return False
-        end = feed.latest[-1][0]
-        return now - end <= end - feed.first_at
+        is our planned parent: while we wait on it there, and until it sent us our last chunk there
+        longer ago than it took to send them all, the horizon past which `_sent_us_bps` no longer
+        counts its feed. Not where it is none of our planned parents: we cannot tell its pace (see
+        the top)."""
+        return self._sent_us_bps(now, v) < math.inf
 
     def _root_forwards_alone(self, plan: StripePlan, stripe: int, peer: str) -> bool:
         """Whether `peer`, our planned parent in `stripe`, is the stripe's root and its only
