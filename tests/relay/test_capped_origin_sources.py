@@ -26,23 +26,24 @@ CHUNK = 64 * 1024
 CONFIG = TransferConfig(stall_timeout_s=3.0, exclude_s=60.0, announce_interval_s=3600.0)
 
 
-def _relay(origin_advertised_bps: float = ORIGIN_BPS, me: int = 0, mib: int = 4) -> tuple[TransferCore, list[Fetch]]:
-    """Relay `me` of 7 under the capped origin (a stripe each, every root its stripe's only
-    forwarder), the origin advertising `origin_advertised_bps`: its core and first fetches of a
-    `mib` MiB version in 64 KiB chunks."""
-    relays = [f"r{i}" for i in range(7)]
-    members = Membership.of({PUBLISHER.peer_id: origin_advertised_bps, **dict.fromkeys(relays, RELAY_BPS)})
+def _relay(origin_advertised_bps: float = ORIGIN_BPS, me: int = 0, mib: int = 4, relays: int = 7,
+           relay_bps: float = RELAY_BPS) -> tuple[TransferCore, list[Fetch]]:
+    """Relay `me` of `relays` (7: a stripe each, every root its stripe's only forwarder), each
+    advertising `relay_bps`, under the origin advertising `origin_advertised_bps`: its core and
+    first fetches of a `mib` MiB version in 64 KiB chunks."""
+    names = [f"r{i}" for i in range(relays)]
+    members = Membership.of({PUBLISHER.peer_id: origin_advertised_bps, **dict.fromkeys(names, relay_bps)})
 
     def opener(frame: bytes, now: float):
         return open_manifest(frame, trusted_publishers={PUBLISHER.peer_id}, now_s=EPOCH_S + now)
 
-    core = TransferCore(CONFIG, relays[me], open_frame=opener, self_upload_bps=RELAY_BPS)
+    core = TransferCore(CONFIG, names[me], open_frame=opener, self_upload_bps=relay_bps)
     core.set_members(0.0, members)
     signed = fake_manifest(PUBLISHER, mib * 2**20, CHUNK)
     announce = Envelope(ManifestAnnounce.KIND, PUBLISHER.peer_id, b"", 0, ManifestAnnounce(signed.frame), 0)
     pending = [e for e in core.on_message(0.0, announce) if isinstance(e, Fetch)]
     plan = core._versions[1].plan
-    assert plan.stripes == 7 and all(len(plan.ranked_interior(s)) == 1 for s in range(7))
+    assert relays != 7 or plan.stripes == 7 and all(len(plan.ranked_interior(s)) == 1 for s in range(7))
     return core, pending
 
 
@@ -331,13 +332,16 @@ def test_the_origin_serving_us_a_dropped_root_s_stripe_keeps_no_stale_feed():
 
 
 def _fed_unevenly(core: TransferCore, pending: list[Fetch], fed_at: dict[int, float], slow: str,
-                  slow_root: str | None) -> list[SourceDropped]:
+                  slow_root: str | None, held_bps: float = 5e4,
+                  judged_at: dict[str, float] | None = None) -> list[SourceDropped]:
     """Serve version 1 to `core` (its first fetches `pending`) on fast links, the origin having
     sent each chunk (to its root, or to us in our stripe) at `fed_at[index]`: every root forwards
     a chunk as soon as it has it (its bytes at 65 MB/s), so the time beyond that is its long poll
-    on the origin, which its report of its queue leaves out. Root `slow` instead sends its bytes
+    on the origin, which its report of its queue leaves out. Parent `slow` instead sends its bytes
     at 40 KB/s (`slow_root` "bytes": its own uplink), or holds each chunk it was fed and sends us
-    one every 1.3 s (50 KB/s, "held"), telling the wait as its long poll. The sources dropped."""
+    one every 1.3 s (`held_bps`, 50 KB/s, "held"), telling the wait as its long poll. The sources
+    dropped (and into `judged_at`, when each was first judged slow, requests outstanding at it or
+    not)."""
     origin = PUBLISHER.peer_id
     due: list[tuple[float, int, str, float, float]] = []
     sent = dict.fromkeys(core._members.uploads, 0.0)  # when each source last sent us a chunk
@@ -346,7 +350,7 @@ def _fed_unevenly(core: TransferCore, pending: list[Fetch], fed_at: dict[int, fl
         for fetch in fetches:
             at = max(now, fed_at[fetch.index])
             if slow_root == "held" and fetch.peer == slow:
-                at = sent[slow] = max(at, sent[slow] + CHUNK / 5e4)
+                at = sent[slow] = max(at, sent[slow] + CHUNK / held_bps)
             bytes_s = CHUNK / (4e4 if slow_root == "bytes" and fetch.peer == slow else 65e6)
             unexplained = 0.0 if fetch.peer == origin else at - now  # (the origin's pace: its upload slot)
             elapsed = bytes_s + (at - now if fetch.peer == origin else 0.0)
@@ -358,6 +362,8 @@ def _fed_unevenly(core: TransferCore, pending: list[Fetch], fed_at: dict[int, fl
         t, index, peer, elapsed, unexplained = heapq.heappop(due)
         out = core.fetched(t, peer, 1, index, elapsed, unexplained)
         drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
+        if judged_at is not None and peer in core._slow:
+            judged_at.setdefault(peer, t)
         ask(t, [e for e in out if isinstance(e, Fetch)])
     assert core._versions[1].complete
     return drops
@@ -421,3 +427,106 @@ def test_a_stripe_the_origin_starves_while_it_feeds_the_others_has_its_root_kept
     slow = plan.parent[starved][me]
     drops = _fed_unevenly(core, pending, fed_at, slow, slow_root)
     assert [(d.peer, d.why) for d in drops] == ([(slow, DropReason.SLOW)] if slow_root else [])
+
+
+def _fed_evenly(core: TransferCore, origin_bps: float) -> dict[int, float]:
+    """When the origin, sending `origin_bps` in all, sends each chunk of version 1 (to its stripe's
+    root, or to us in our stripe): every stripe at its share, from 0 s."""
+    v = core._versions[1]
+    plan = v.plan
+    fed_at: dict[int, float] = {}
+    for s in range(plan.stripes):
+        chunks = [i for i in range(v.count) if plan.stripe_of_chunk[i] == s]
+        fed_at |= {index: (n + 1) * CHUNK * plan.stripes / origin_bps for n, index in enumerate(chunks)}
+    return fed_at
+
+
+@pytest.mark.parametrize("slow_root", [None, "held"])
+def test_a_root_under_an_origin_feeding_the_stripes_at_the_plans_pace_is_judged_on_its_waits(slow_root):
+    """Relays on home links (advertising 4 MB/s: a stripe's planned share 0.55 MB/s a member)
+    under an origin that advertises and sends 3 MB/s (0.43 MB/s a stripe, more than half that
+    share): no capped origin, so a root that holds each chunk it was fed (50 KB/s, telling the wait
+    as its long poll) is judged on its rate, its waits counted, and dropped while the origin still
+    feeds us our own stripe (3.9 s; its last chunk there 5.7 s). Judged on its bytes' time there
+    (`_served_rates`, whatever the origin's feed) it was kept until the horizon (`_origin_feeds_us`:
+    our stripe's end and as long again; dropped at 11.8 s)."""
+    core, pending = _relay(ORIGIN_BPS, mib=16, relay_bps=4e6)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    assert ORIGIN_BPS / plan.stripes >= 0.5 * plan.capacity_bps[0] / len(core._members)  # (not capped)
+    slow = next(plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin)
+    judged_at: dict[str, float] = {}
+    drops = _fed_unevenly(core, pending, _fed_evenly(core, ORIGIN_BPS), slow, slow_root, judged_at=judged_at)
+    assert [(d.peer, d.why) for d in drops] == ([(slow, DropReason.SLOW)] if slow_root else [])
+    if slow_root:
+        assert list(judged_at) == [slow] and judged_at[slow] < v.feed.latest[-1][0]  # (our stripe's last chunk)
+
+
+@pytest.mark.parametrize("slow_parent", [None, "held"])
+def test_a_parent_that_is_no_root_is_judged_on_its_waits_under_a_capped_origin(slow_parent):
+    """20 relays, 16 stripes, 64 MiB, the origin sending 3 MB/s (advertising 1 GB/s): our parent in
+    four stripes is the stripe's second interior member, its root's child, and the origin is our
+    parent in our own stripe. One of those parents holds each chunk (20 KB/s, telling the wait as
+    its long poll): it waits on no origin's feed, only on a root whose chunks come at the pace of
+    the others', so it is judged on its rate, its waits counted, while the origin still feeds us:
+    judged slow by its third chunk (9.8 s; our stripe is fed until 18.2 s). Judged on its bytes'
+    time as a root is (`_served_rates`) it was kept until the horizon (judged slow at 36.1 s)."""
+    core, pending = _relay(RELAY_BPS, mib=64, relays=20)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    slow = plan.parent[0][me]
+    assert plan.stripes == 16 and plan.parent[12][me] == origin and plan.parent[0][slow] != origin  # (no root)
+    judged_at: dict[str, float] = {}
+    _fed_unevenly(core, pending, _fed_evenly(core, ORIGIN_BPS), slow, slow_parent, 2e4, judged_at)
+    if slow_parent:
+        assert list(judged_at) == [slow] and judged_at[slow] < v.feed.latest[-1][0]  # (our stripe's last chunk)
+    else:
+        assert judged_at == {}
+
+
+def test_a_root_holding_its_chunks_under_a_capped_origin_is_kept_until_the_horizon_and_dropped_at_it():
+    """The origin sends 3 MB/s (advertising 1 GB/s), 0.43 MB/s a stripe, 16 MiB: our own stripe's
+    first chunk comes at 0.15 s and its last at 5.66 s, so the origin feeds us until 11.17 s (its
+    last chunk, and as long again: `_origin_feeds_us`). A root holding each chunk it was fed (50
+    KB/s: one every 1.31 s) is judged on its bytes' time until then, kept, and dropped at the first
+    chunk it sends us after it (11.8 s). Half that window dropped it at 9.2 s; twice it, at 17.0 s."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    slow = next(plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin)
+    judged_at: dict[str, float] = {}
+    drops = _fed_unevenly(core, pending, _fed_evenly(core, ORIGIN_BPS), slow, "held", 5e4, judged_at)
+    assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW)]
+    first, end = v.feed.first_at, v.feed.latest[-1][0]
+    horizon = end + (end - first)
+    assert list(judged_at) == [slow] and horizon < judged_at[slow] <= horizon + CHUNK / 5e4
+
+
+def test_a_root_is_judged_on_its_bytes_while_the_origin_starves_our_own_stripe():
+    """The origin (advertising 1 GB/s, sending 3 MB/s, 16 MiB) sends our own stripe's first chunk
+    at 0.5 s and the rest of it only once the others are whole (7.2 s), and another stripe's first
+    chunk at 0.5 s and the rest from 2.5 s on, as fast as the others (0.5 MB/s). That stripe's
+    root sends us each chunk as soon as it has it. Until 7.2 s we wait on the origin in our own
+    stripe, longer than it took to send us what it sent there (one chunk): it still feeds us, so
+    that root, timed 2 s late, is judged on its bytes' time and kept. With our wait not counted,
+    our stripe's feed read as over at once (as fast as the plan), and that root was dropped at
+    its third chunk (2.8 s)."""
+    core, pending = _relay(RELAY_BPS, mib=16)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    ours = next(s for s in range(plan.stripes) if plan.parent[s][me] == origin)
+    late = next(s for s in range(plan.stripes) if s != ours)
+    chunks = [[i for i in range(v.count) if plan.stripe_of_chunk[i] == s] for s in range(plan.stripes)]
+    even_bps = ORIGIN_BPS / (plan.stripes - 1)
+    fed_at = {index: (n + 1) * CHUNK / even_bps for s in range(plan.stripes) if s not in (ours, late)
+              for n, index in enumerate(chunks[s])}
+    fed_at |= {index: 0.5 if n == 0 else 2.5 + n * CHUNK / even_bps for n, index in enumerate(chunks[late])}
+    others_whole_s = max(fed_at.values())
+    fed_at |= {index: 0.5 if n == 0 else others_whole_s + n * CHUNK / ORIGIN_BPS for n, index in enumerate(chunks[ours])}
+    judged_at: dict[str, float] = {}
+    assert _fed_unevenly(core, pending, fed_at, plan.parent[late][me], None, judged_at=judged_at) == []
+    assert judged_at == {}
