@@ -27,7 +27,7 @@ CONFIG = TransferConfig(stall_timeout_s=3.0, exclude_s=60.0, announce_interval_s
 
 
 def _relay(origin_advertised_bps: float = ORIGIN_BPS, me: int = 0, mib: int = 4, relays: int = 7,
-           relay_bps: float = RELAY_BPS) -> tuple[TransferCore, list[Fetch]]:
+           relay_bps: float = RELAY_BPS, config: TransferConfig = CONFIG) -> tuple[TransferCore, list[Fetch]]:
     """Relay `me` of `relays` (7: a stripe each, every root its stripe's only forwarder), each
     advertising `relay_bps`, under the origin advertising `origin_advertised_bps`: its core and
     first fetches of a `mib` MiB version in 64 KiB chunks."""
@@ -37,7 +37,7 @@ def _relay(origin_advertised_bps: float = ORIGIN_BPS, me: int = 0, mib: int = 4,
     def opener(frame: bytes, now: float):
         return open_manifest(frame, trusted_publishers={PUBLISHER.peer_id}, now_s=EPOCH_S + now)
 
-    core = TransferCore(CONFIG, names[me], open_frame=opener, self_upload_bps=relay_bps)
+    core = TransferCore(config, names[me], open_frame=opener, self_upload_bps=relay_bps)
     core.set_members(0.0, members)
     signed = fake_manifest(PUBLISHER, mib * 2**20, CHUNK)
     announce = Envelope(ManifestAnnounce.KIND, PUBLISHER.peer_id, b"", 0, ManifestAnnounce(signed.frame), 0)
