@@ -507,9 +507,9 @@ def test_a_root_holding_its_chunks_under_a_capped_origin_is_kept_until_the_horiz
 
 def test_a_root_is_judged_on_its_bytes_while_the_origin_starves_our_own_stripe():
     """The origin (advertising 1 GB/s, sending 3 MB/s, 16 MiB) sends our own stripe's first chunk
-    at 0.5 s and the rest of it only once the others are whole (7.2 s), and another stripe's first
+    at 0.5 s and the rest of it only once the others are whole (7.1 s), and another stripe's first
     chunk at 0.5 s and the rest from 2.5 s on, as fast as the others (0.5 MB/s). That stripe's
-    root sends us each chunk as soon as it has it. Until 7.2 s we wait on the origin in our own
+    root sends us each chunk as soon as it has it. Until 7.1 s we wait on the origin in our own
     stripe, longer than it took to send us what it sent there (one chunk): it still feeds us, so
     that root, timed 2 s late, is judged on its bytes' time and kept. With our wait not counted,
     our stripe's feed read as over at once (as fast as the plan), and that root was dropped at
