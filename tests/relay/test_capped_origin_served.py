@@ -115,3 +115,49 @@ def test_a_root_is_judged_on_its_bytes_while_the_origin_starves_our_own_stripe()
     judged_at: dict[str, float] = {}
     assert _fed_unevenly(core, pending, fed_at, plan.parent[late][me], None, judged_at=judged_at) == []
     assert judged_at == {}
+
+
+@pytest.mark.parametrize("relay_bps, capped", [(4e6, False), (8e6, True)])
+def test_an_origin_feeding_a_stripe_under_half_its_planned_share_is_capped(relay_bps, capped):
+    """The world of the first test here, the relays advertising 4 or 8 MB/s: the origin's 0.43 MB/s
+    a stripe is 0.77 or 0.41 of a stripe's planned share a member. Under half of it (8 MB/s) the
+    origin is capped: the root holding each chunk it was fed is judged on its bytes' time until the
+    horizon (our stripe's last chunk at 5.66 s, and as long again: 11.16 s), and dropped after it
+    (11.8 s); over half (4 MB/s), on its rate, its waits counted, while the origin still feeds us
+    (3.9 s). With a quarter of the share as the bound, it was dropped at 3.9 s under both."""
+    core, pending = _relay(ORIGIN_BPS, mib=16, relay_bps=relay_bps)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    share = plan.capacity_bps[0] / len(core._members)
+    assert (ORIGIN_BPS / plan.stripes < 0.5 * share) == capped and ORIGIN_BPS / plan.stripes > 0.25 * share
+    slow = next(plan.parent[s][me] for s in range(plan.stripes) if plan.parent[s][me] != origin)
+    judged_at: dict[str, float] = {}
+    drops = _fed_unevenly(core, pending, _fed_evenly(core, ORIGIN_BPS), slow, "held", judged_at=judged_at)
+    assert [(d.peer, d.why) for d in drops] == [(slow, DropReason.SLOW)]
+    first, end = v.feed.first_at, v.feed.latest[-1][0]
+    assert list(judged_at) == [slow]
+    assert judged_at[slow] > end + (end - first) if capped else judged_at[slow] < end
+
+
+@pytest.mark.parametrize("slow_root", [None, "held"])
+def test_a_root_that_is_not_its_stripe_s_only_forwarder_is_judged_on_its_bytes_under_a_capped_origin(slow_root):
+    """The 20-relay world above, seen from r2, the root of stripe 7 (the origin its parent there):
+    its parent in stripe 1 is that stripe's root, r10, which has a child of its own that forwards
+    the stripe too (r17). r10 holds each chunk (20 KB/s, telling the wait as its long poll): a
+    root, so under the capped origin it is judged on its bytes' time as a lone root is, until the
+    horizon (our stripe's last chunk at 18.18 s, and as long again: 36.0 s), and judged slow after
+    it (36.05 s). With only a lone root judged so, it was judged on its waits (9.83 s)."""
+    core, pending = _relay(RELAY_BPS, mib=64, me=2, relays=20)
+    v = core._versions[1]
+    plan = v.plan
+    me, origin = core.self_id, PUBLISHER.peer_id
+    slow = plan.parent[1][me]
+    assert plan.parent[7][me] == origin and plan.parent[1][slow] == origin and len(plan.ranked_interior(1)) == 2
+    judged_at: dict[str, float] = {}
+    _fed_unevenly(core, pending, _fed_evenly(core, ORIGIN_BPS), slow, slow_root, 2e4, judged_at)
+    first, end = v.feed.first_at, v.feed.latest[-1][0]
+    if slow_root:
+        assert list(judged_at) == [slow] and judged_at[slow] > end + (end - first)
+    else:
+        assert judged_at == {}
