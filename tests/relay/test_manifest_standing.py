@@ -185,3 +185,23 @@ def test_a_holder_that_times_out_while_only_chunks_or_other_answers_reach_us_is_
     else:
         assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE, version=2) == ["m"]
         assert "h" in c._excluded
+
+
+def test_frames_that_come_with_the_timeout_say_nothing_of_our_link_while_the_ask_waited():
+    """Version 1 is in flight; h names version 2 and is asked at 0 s (m names it then too), and
+    nothing reaches us until 10 s, when two chunks of version 1 come in the same instant as h's
+    ask times out: our link is back now, but nothing came while the ask waited, so the timeout
+    is taken for our link being down (`_link_silent`: the frames at the timeout's own time left
+    out): h is not excluded and m not asked. With the second frame of an instant counted as heard
+    before it (`_hear`), h was judged and m asked."""
+    c = _core(("h", "m"))
+    fetches = [e for e in c.on_message(-2.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+               if isinstance(e, Fetch)]
+    second = fake_manifest(PUBLISHER, 2**20, 2**20, version=2)
+    held = Holding((HeldVersion(2, second.manifest_id),))
+    assert _asked(c.on_message(0.0, envelope("h", held))) == ["h"]
+    assert _asked(c.on_message(0.0, envelope("m", held))) == []
+    for fetch in fetches[:2]:
+        c.fetched(10.0, fetch.peer, 1, fetch.index, 0.01, 0.0)
+    assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE, version=2) == []
+    assert "h" not in c._excluded
