@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 
 from p2pnet.core import SetTimer
 from relay.effects import Fetch, FetchFailure, SourcePassedOver
@@ -34,19 +35,22 @@ def _world() -> tuple[TransferCore, list[Fetch]]:
     return core, pending
 
 
-def _bps(peer: str, stripe: int) -> float:
+def _bps(peer: str, stripe: int, forwarder_bps: float = 3e7) -> float:
     """How fast `peer` sends us each chunk of `stripe`, one after another: the origin 0.2 MB/s (its
     capped uplink), FORWARDER in OTHER as slowly (it holds the whole version, but has its own
-    children to feed), every other member 30 MB/s."""
+    children to feed), FORWARDER in STRIPE `forwarder_bps`, every other member 30 MB/s."""
+    if (peer, stripe) == (FORWARDER, STRIPE):
+        return forwarder_bps
     return 0.2e6 if peer == ORIGIN or (peer, stripe) == (FORWARDER, OTHER) else 3e7
 
 
-def _run(core: TransferCore, pending: list[Fetch], withholds_from: float, replan_at: float | None = None
-         ) -> tuple[dict[tuple[str, int], list[float]], list[float]]:
+def _run(core: TransferCore, pending: list[Fetch], withholds_from: float, replan_at: float | None = None,
+         forwarder_bps: float = 3e7) -> tuple[dict[tuple[str, int], list[float]], list[float]]:
     """Serve version 1 to `core` until it holds every chunk: each source answers our requests of
     each stripe one after another (`_bps`); LOST_ROOT never answers (its requests unreachable at 1
     s); FORWARDER holds the whole version (its `Holding` at 0.5 s) and, from `withholds_from` on,
-    never answers a request of STRIPE while it answers those of OTHER. At `replan_at` a relay joins
+    never answers a request of STRIPE while it answers those of OTHER (before, it sends each at
+    `forwarder_bps`). At `replan_at` a relay joins
     as a leaf (no upload): a replan. When each (source, stripe) was asked, and when FORWARDER was
     passed over in STRIPE."""
     plan = core._versions[1].plan
@@ -74,7 +78,7 @@ def _run(core: TransferCore, pending: list[Fetch], withholds_from: float, replan
                 if peer == LOST_ROOT or (peer, stripe) == (FORWARDER, STRIPE) and now >= withholds_from:
                     continue
                 link = (peer, stripe)
-                free[link] = max(free.get(link, 0.0), now) + CHUNK / _bps(peer, stripe)
+                free[link] = max(free.get(link, 0.0), now) + CHUNK / _bps(peer, stripe, forwarder_bps)
                 push(free[link], "chunk", f"{peer} {effect.index}")
 
     apply(0.0, pending)
@@ -86,7 +90,7 @@ def _run(core: TransferCore, pending: list[Fetch], withholds_from: float, replan
         now, _, what, arg = heapq.heappop(due)
         if what == "chunk":
             peer, index = arg.split()
-            out = core.fetched(now, peer, 1, int(index), CHUNK / _bps(peer, stripe_of[int(index)]), 0.0)
+            out = core.fetched(now, peer, 1, int(index), CHUNK / _bps(peer, stripe_of[int(index)], forwarder_bps), 0.0)
         elif what == "tick":
             out = core.on_timer(now, arg)
         elif what == "holding":
@@ -133,3 +137,15 @@ def test_a_replan_takes_a_forwarder_forsaken_in_the_old_plan_afresh():
     assert plan.stripes == 7 and plan.parent[STRIPE][ME] == ORIGIN and plan.ranked_interior(STRIPE)[0][0] == FORWARDER
     assert len([t for t in passed if t < 20.0]) == 2  # (forsaken in the old plan, as above)
     assert [t for t in asked[(FORWARDER, STRIPE)] if t >= 20.0]
+
+
+def test_a_forwarder_taken_in_place_of_the_origin_and_dropped_as_slow_there_is_forsaken_at_once():
+    """FORWARDER, taken in place of the origin in STRIPE, sends us its chunks there at 0.1 MB/s,
+    under the origin's 0.2 MB/s: it is dropped as slow on its first (`relay.judging`,
+    `_short_of_origin`), having delivered it, and forsaken at once (only a stall or an unreachable
+    link is excused once): asked for STRIPE that once (0.66 s), never again. With a slow drop
+    excused as a stall is, it was taken again at each exclusion's end (6.55, 12.45, 18.35 and
+    24.25 s), and dropped as slow each time."""
+    core, pending = _world()
+    asked, _ = _run(core, pending, withholds_from=math.inf, forwarder_bps=0.1e6)
+    assert len(asked[(FORWARDER, STRIPE)]) == 1 and FORWARDER in core._slow
