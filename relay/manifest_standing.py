@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 SETTLE_S = 300.0  # in our membership this long before a version was first asked for: settled for it (`_settled`)
 RECALL_S = 600.0  # a member recalled from before our restart counts its time only if it is back within this
-MAX_RECALLED = 8192  # members recalled from before our restart (`recall_members`), and recorded (`members_seen`)
+MAX_RECALLED = 8192  # members recalled from before our restart (`recall_members`), and recorded (`member_record.save`)
 
 
 class MemberStanding:
@@ -63,10 +63,10 @@ class MemberStanding:
                 since[peer] = min(now, recalled.pop(peer, now))
 
     def members_seen(self, now: float) -> dict[str, float]:
-        """Our members and how long each has been one (seconds), the longest first, at most
-        `MAX_RECALLED`: what the shell keeps on disk to `recall_members` after a restart."""
-        first = sorted(self._member_since.items(), key=lambda item: item[1])[:MAX_RECALLED]
-        return {peer: now - since for peer, since in first}
+        """Our members and how long each has been one (seconds): what the shell keeps on disk
+        to `recall_members` after a restart (`relay.member_record.save` writes the longest
+        `MAX_RECALLED`, sorting them in its worker thread, not in this command)."""
+        return {peer: now - since for peer, since in self._member_since.items()}
 
     def recall_members(self, now: float, ages: dict[str, float]) -> list[Any]:
         """After our restart (a command, effects none): these were our members, each for

@@ -44,8 +44,9 @@ def save(path: Path, ages: dict[str, float]) -> None:
 
 
 def load(path: Path) -> dict[str, float]:
-    """The record (member -> seconds it had been a member), at most `MAX_RECALLED` entries;
-    empty if there is none. Raises `MemberRecordUnreadable` if the file is not one `save` wrote."""
+    """The record (member -> seconds it had been a member), as the file holds it (the core
+    keeps the longest `MAX_RECALLED`: `recall_members`); empty if there is none. Raises
+    `MemberRecordUnreadable` if the file is not one `save` wrote."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -57,4 +58,4 @@ def load(path: Path) -> dict[str, float]:
         raise MemberRecordUnreadable(f"{path}: {e}") from e
     if not all(math.isfinite(age) and age >= 0 for age in ages.values()):
         raise MemberRecordUnreadable(f"{path}: an age that is no number of seconds")
-    return dict(sorted(ages.items(), key=lambda item: -item[1])[:MAX_RECALLED])
+    return ages

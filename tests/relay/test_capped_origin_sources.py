@@ -26,23 +26,24 @@ CHUNK = 64 * 1024
 CONFIG = TransferConfig(stall_timeout_s=3.0, exclude_s=60.0, announce_interval_s=3600.0)
 
 
-def _relay(origin_advertised_bps: float = ORIGIN_BPS, me: int = 0, mib: int = 4) -> tuple[TransferCore, list[Fetch]]:
-    """Relay `me` of 7 under the capped origin (a stripe each, every root its stripe's only
-    forwarder), the origin advertising `origin_advertised_bps`: its core and first fetches of a
-    `mib` MiB version in 64 KiB chunks."""
-    relays = [f"r{i}" for i in range(7)]
-    members = Membership.of({PUBLISHER.peer_id: origin_advertised_bps, **dict.fromkeys(relays, RELAY_BPS)})
+def _relay(origin_advertised_bps: float = ORIGIN_BPS, me: int = 0, mib: int = 4, relays: int = 7,
+           relay_bps: float = RELAY_BPS, config: TransferConfig = CONFIG) -> tuple[TransferCore, list[Fetch]]:
+    """Relay `me` of `relays` (7: a stripe each, every root its stripe's only forwarder), each
+    advertising `relay_bps`, under the origin advertising `origin_advertised_bps`: its core and
+    first fetches of a `mib` MiB version in 64 KiB chunks."""
+    names = [f"r{i}" for i in range(relays)]
+    members = Membership.of({PUBLISHER.peer_id: origin_advertised_bps, **dict.fromkeys(names, relay_bps)})
 
     def opener(frame: bytes, now: float):
         return open_manifest(frame, trusted_publishers={PUBLISHER.peer_id}, now_s=EPOCH_S + now)
 
-    core = TransferCore(CONFIG, relays[me], open_frame=opener, self_upload_bps=RELAY_BPS)
+    core = TransferCore(config, names[me], open_frame=opener, self_upload_bps=relay_bps)
     core.set_members(0.0, members)
     signed = fake_manifest(PUBLISHER, mib * 2**20, CHUNK)
     announce = Envelope(ManifestAnnounce.KIND, PUBLISHER.peer_id, b"", 0, ManifestAnnounce(signed.frame), 0)
     pending = [e for e in core.on_message(0.0, announce) if isinstance(e, Fetch)]
     plan = core._versions[1].plan
-    assert plan.stripes == 7 and all(len(plan.ranked_interior(s)) == 1 for s in range(7))
+    assert relays != 7 or plan.stripes == 7 and all(len(plan.ranked_interior(s)) == 1 for s in range(7))
     return core, pending
 
 
@@ -331,13 +332,16 @@ def test_the_origin_serving_us_a_dropped_root_s_stripe_keeps_no_stale_feed():
 
 
 def _fed_unevenly(core: TransferCore, pending: list[Fetch], fed_at: dict[int, float], slow: str,
-                  slow_root: str | None) -> list[SourceDropped]:
+                  slow_root: str | None, held_bps: float = 5e4,
+                  judged_at: dict[str, float] | None = None) -> list[SourceDropped]:
     """Serve version 1 to `core` (its first fetches `pending`) on fast links, the origin having
     sent each chunk (to its root, or to us in our stripe) at `fed_at[index]`: every root forwards
     a chunk as soon as it has it (its bytes at 65 MB/s), so the time beyond that is its long poll
-    on the origin, which its report of its queue leaves out. Root `slow` instead sends its bytes
+    on the origin, which its report of its queue leaves out. Parent `slow` instead sends its bytes
     at 40 KB/s (`slow_root` "bytes": its own uplink), or holds each chunk it was fed and sends us
-    one every 1.3 s (50 KB/s, "held"), telling the wait as its long poll. The sources dropped."""
+    one every 1.3 s (`held_bps`, 50 KB/s, "held"), telling the wait as its long poll. The sources
+    dropped (and into `judged_at`, when each was first judged slow, requests outstanding at it or
+    not)."""
     origin = PUBLISHER.peer_id
     due: list[tuple[float, int, str, float, float]] = []
     sent = dict.fromkeys(core._members.uploads, 0.0)  # when each source last sent us a chunk
@@ -346,7 +350,7 @@ def _fed_unevenly(core: TransferCore, pending: list[Fetch], fed_at: dict[int, fl
         for fetch in fetches:
             at = max(now, fed_at[fetch.index])
             if slow_root == "held" and fetch.peer == slow:
-                at = sent[slow] = max(at, sent[slow] + CHUNK / 5e4)
+                at = sent[slow] = max(at, sent[slow] + CHUNK / held_bps)
             bytes_s = CHUNK / (4e4 if slow_root == "bytes" and fetch.peer == slow else 65e6)
             unexplained = 0.0 if fetch.peer == origin else at - now  # (the origin's pace: its upload slot)
             elapsed = bytes_s + (at - now if fetch.peer == origin else 0.0)
@@ -358,6 +362,8 @@ def _fed_unevenly(core: TransferCore, pending: list[Fetch], fed_at: dict[int, fl
         t, index, peer, elapsed, unexplained = heapq.heappop(due)
         out = core.fetched(t, peer, 1, index, elapsed, unexplained)
         drops += [e.event for e in out if isinstance(getattr(e, "event", None), SourceDropped)]
+        if judged_at is not None and peer in core._slow:
+            judged_at.setdefault(peer, t)
         ask(t, [e for e in out if isinstance(e, Fetch)])
     assert core._versions[1].complete
     return drops

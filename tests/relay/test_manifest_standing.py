@@ -10,13 +10,15 @@ import json
 import pytest
 
 from relay import member_record
-from relay.effects import FetchFailure
+from relay.effects import Fetch, FetchFailure
 from relay.manifest_asks import MAX_ASKS_AFTER_FAILURES, MAX_OFFLINE
 from relay.manifest_standing import MAX_RECALLED
+from relay.messages import HeldVersion, Holding, ManifestAnnounce
 from relay.transfer import TransferCore
+from simulations.broadcast import fake_manifest
 from tests.relay.test_manifest_holders import CONFIG, _asked, _core, asks, failed
 from tests.relay.test_manifest_liars import _liars_and_an_honest_member
-from tests.relay.test_transfer import PUBLISHER, opener
+from tests.relay.test_transfer import PUBLISHER, SIGNED, envelope, opener
 
 LIARS = [f"l{i:02d}" for i in range(20)]
 
@@ -149,3 +151,57 @@ def test_an_ask_found_unanswered_by_the_first_holding_after_our_link_was_down_as
     assert asks(c, 0.0, "h") == ["h"]
     assert asks(c, 7.0, "l05") == ["h"]
     assert c._rank("h") == float("-inf") and list(c._manifest_others[1].named) == ["l05"]
+
+
+@pytest.mark.parametrize("heard", ["chunk", "answer", None])
+def test_a_holder_that_times_out_while_only_chunks_or_other_answers_reach_us_is_passed_over(heard):
+    """Version 1 is in flight and another ask (version 3, of g) went out before h's; h names
+    version 2 and is asked at 0 s (m names it then too), and the one frame that reaches us before
+    h's ask times out (10 s) is a chunk of version 1 or g's answer to our other ask (3 s): no
+    message came, but our link was up, so h is judged (excluded) and m asked at once. With that
+    frame not heard (`relay.manifest_standing`, `_hear`), the timeout was taken for our link
+    being down, as when nothing comes (None): h not excluded, asked again later, m not yet."""
+    c = _core(("h", "g", "m"))
+    fetches = [e for e in c.on_message(-2.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+               if isinstance(e, Fetch)]
+    second, third = (fake_manifest(PUBLISHER, 2**20, 2**20, version=v) for v in (2, 3))
+
+    def names(now: float, sender: str, signed) -> list[str]:
+        held = Holding((HeldVersion(signed.manifest.version, signed.manifest_id),))
+        return _asked(c.on_message(now, envelope(sender, held)))
+
+    assert names(-1.0, "g", third) == ["g"]
+    assert names(0.0, "h", second) == ["h"]
+    assert names(0.0, "m", second) == []  # (remembered: h's ask is in flight)
+    if heard == "chunk":
+        c.fetched(3.0, fetches[0].peer, 1, fetches[0].index, 0.01, 0.0)
+        assert c._versions[1].have[fetches[0].index]
+    elif heard == "answer":
+        c.manifest_answer(3.0, "g", 3, third.frame)
+        assert c.knows(3)
+    if heard is None:
+        assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE, version=2) == []
+        assert "h" not in c._excluded
+    else:
+        assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE, version=2) == ["m"]
+        assert "h" in c._excluded
+
+
+def test_frames_that_come_with_the_timeout_say_nothing_of_our_link_while_the_ask_waited():
+    """Version 1 is in flight; h names version 2 and is asked at 0 s (m names it then too), and
+    nothing reaches us until 10 s, when two chunks of version 1 come in the same instant as h's
+    ask times out: our link is back now, but nothing came while the ask waited, so the timeout
+    is taken for our link being down (`_link_silent`: the frames at the timeout's own time left
+    out): h is not excluded and m not asked. With the second frame of an instant counted as heard
+    before it (`_hear`), h was judged and m asked."""
+    c = _core(("h", "m"))
+    fetches = [e for e in c.on_message(-2.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+               if isinstance(e, Fetch)]
+    second = fake_manifest(PUBLISHER, 2**20, 2**20, version=2)
+    held = Holding((HeldVersion(2, second.manifest_id),))
+    assert _asked(c.on_message(0.0, envelope("h", held))) == ["h"]
+    assert _asked(c.on_message(0.0, envelope("m", held))) == []
+    for fetch in fetches[:2]:
+        c.fetched(10.0, fetch.peer, 1, fetch.index, 0.01, 0.0)
+    assert failed(c, 10.0, "h", FetchFailure.UNREACHABLE, version=2) == []
+    assert "h" not in c._excluded

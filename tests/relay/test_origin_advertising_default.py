@@ -286,3 +286,30 @@ def test_a_forwarder_taken_in_place_of_the_origin_that_stalls_after_it_delivered
         assert ((liar, stripe) in v.forsaken) == (dropped == 2), peer
     if dropped == 1:
         assert _origin_copies(sim) < 1.3
+
+
+def test_home_members_of_a_stripe_with_no_forwarder_are_forsaken_each_in_turn():
+    """The 4-relay world above (2 stripes, no forwarder in the plan, 32 MiB), both home members of
+    stripe 0 silent (their links at 1 byte/s), the stall timeout 5 s and exclusions 3 s: the members
+    of the other stripe leave the origin for the first home member (`relay.sources`,
+    `_leave_origin`: the plan has no interior member there), drop it as stalled (6 s), leave the
+    origin for the second, drop it too (12 s), and take the stripe from the origin from then on:
+    each dropped once by each of them, the version whole by 33.7 s. With the forsaken not passed
+    over among the home members, each was taken again when its exclusion ended, in turn, and the
+    version took 762 s."""
+    config = TransferConfig(stall_timeout_s=5.0, exclude_s=3.0, announce_interval_s=1.0, max_in_flight=16, stripes=2)
+    sim = _world(4, (25.0, 200.0), 24.0, DEFAULT_BPS, mib=32, config=config, lying={0: (None, 1.0), 1: (None, 1.0)})
+    silent = sim.peer_ids[:2]
+    drops: dict[tuple[str, str], int] = {}
+
+    def dropped(now: float, peer: str, event: object) -> None:
+        if isinstance(event, SourceDropped) and event.peer in silent:
+            drops[(peer, event.peer)] = drops.get((peer, event.peer), 0) + 1
+
+    sim.world.listeners.append(dropped)
+    run_broadcast_sim(sim)
+    assert sim.done()
+    plan = sim.cores[sim.peer_ids[0]]._versions[1].plan
+    assert plan.ranked_interior(0) == () and {p for p in sim.peer_ids if plan.home[p] == 0} == set(silent)
+    borrowers = [p for p in sim.peer_ids if p not in silent]
+    assert drops == {(p, s): 1 for p in borrowers for s in silent}

@@ -11,6 +11,7 @@ membership the core plans with.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +21,7 @@ import trio
 import trio.testing
 
 import relay.member_record as member_record
-from relay.manifest_standing import SETTLE_S
+from relay.manifest_standing import MAX_RECALLED, SETTLE_S
 from relay.member_record import MEMBERS_FILE, SAVE_EVERY_S
 from relay.role import RelayRole
 from tests.relay.test_role_store_faults import FakeNode, start_shell
@@ -197,4 +198,40 @@ async def test_a_slow_disk_does_not_hold_up_our_membership(tmp_path: Path, clock
         disk.writes.set()
         await trio.sleep(1.0)
         assert member_record.load(tmp_path / "relay" / MEMBERS_FILE)[OLD] >= SAVE_EVERY_S
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_record_holds_the_longest_standing_members_up_to_its_bound(tmp_path: Path, clock, disk) -> None:
+    """More relay members than the record holds (`MAX_RECALLED`): 100 of long standing, then
+    `MAX_RECALLED` newcomers. The record written holds `MAX_RECALLED` of them, every member of long
+    standing among them. At our restart a longer record (one we did not write: a hand edit, an
+    older bound) is recalled only to the bound, the longest first: the members of long standing
+    count their time before the restart, the newcomers cut off count none."""
+    data_dir = tmp_path / "relay"
+    path = data_dir / MEMBERS_FILE
+    old = [f"12D3KooWold{i:03d}" for i in range(100)]
+    new = [f"12D3KooWnew{i:05d}" for i in range(MAX_RECALLED)]
+    async with trio.open_nursery() as nursery:
+        first, table = make_role(data_dir)
+        table.members.update(old)
+        await follow(first, nursery)
+        await trio.sleep(SAVE_EVERY_S + 10.0)
+        table.members.update(new)
+        first._members_changed.set()
+        await trio.sleep(SAVE_EVERY_S)  # (the second write: at 120 s)
+        written = json.loads(path.read_text())["members"]
+        assert len(written) == MAX_RECALLED and set(old) <= set(written)
+        assert all(written[p] >= 2 * SAVE_EVERY_S for p in old)
+        nursery.cancel_scope.cancel()
+    cut = [f"12D3KooWcut{i:03d}" for i in range(100)]
+    longer = {**{p: 1000.0 for p in old}, **{p: 500.0 for p in new}, **{p: 10.0 for p in cut}}
+    path.write_text(json.dumps({"members": longer}))
+    async with trio.open_nursery() as nursery:
+        second, table = make_role(data_dir)
+        table.members.update(old + cut)
+        await follow(second, nursery)
+        await trio.sleep(2.0)
+        ages = seen(second)
+        assert all(ages[p] >= 1000.0 for p in old) and all(ages[p] < 5.0 for p in cut)
+        assert len(second.core._member_recalled) == MAX_RECALLED - len(old)  # (the newcomers, not back yet)
         nursery.cancel_scope.cancel()
