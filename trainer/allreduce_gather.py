@@ -1,0 +1,102 @@
+"""The all-gather's reduced values at one peer: kept per sender, and taken only from the member
+we hold to reduce the shard. Pure: `trainer.allreduce` (`AllReduce`) feeds it.
+
+Whose value a shard takes. Shard i of a round is reduced by the first member of its chain
+(members[i], members[i+1], ..., wrapping around) that we do not take for dead (`reducer`): the
+owner as we see it. A reduced value is taken from that member only, whole: the pieces of one
+sender are never joined with another's (`Offers`). A value from any other member is kept, not
+taken, and is taken if and when our own view makes its sender the shard's reducer (the members
+before it in the chain die for us: a failed send, or an owner silent past `gather_at`). That is
+how an honest successor whose view ran ahead of ours (it saw the owner die first, reduced the
+shard and sent us its mean while we still wait on the owner) is heard: its mean waits here
+until we too take the owner for dead, and is then used at once, where it would not be sent
+again.
+
+Why not sooner. A value from a later member of the chain is only its claim that the members
+before it are dead; taken on that claim, every member could set its predecessor's shard as well
+as its own (the owner alive, its screened mean in flight), and members that got the two values
+in different orders would end the round on different weights. So the rule goes by our own
+`dead` alone, which grows only by what we saw (a send that failed, a deadline that passed): a
+value is taken sooner than that only where we already take every member before its sender for
+dead. A value whose sender never becomes the reducer is dropped with the round, unpenalised: an
+honest member whose view differs from ours (one link down) sends such values, and one never
+taken costs us memory only, bounded below.
+
+Bounds. At most one value per member and shard, a shard's length each, and a sender's pieces
+are kept at the offsets a shard has, the first of each only: a member can make us hold at most
+one vector's length of reduced values (as its contributions already can, one per shard we own
+or adopt). A shard's offers are dropped once it is reduced.
+
+What this does not bound: the reducer itself. The member we hold to reduce a shard sets its mean,
+screened by no one but itself; every member owns a shard each round. A check of the mean's norm
+at each receiver (against `max_norm_ratio` times our own contribution's, say) is not built:
+each member would judge against its own contribution, so an owner could send a mean that passes
+at some members and fails at others, and the members would then apply different updates; a
+round that fails at some members only needs an agreement this protocol does not have (one
+reducer per shard, no vote), and a member that refused the mean alone would fetch the others'
+state, the mean in it, at its next round. And a mean within any norm bound can still point
+anywhere (the honest mean reversed). Only the group's membership bounds what an owner sends
+(`[diloco] trainers`).
+
+This module must not do I/O, read a clock or hold global random state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.diloco_messages import PIECE_VALUES
+
+
+def reducer(members: tuple[str, ...], index: int, dead: Collection[str]) -> str | None:
+    """The member that reduces shard `index` as we see it: the first of its chain
+    (members[index], members[index + 1], ..., wrapping around) not in `dead`; None if all are."""
+    n = len(members)
+    for k in range(n):
+        candidate = members[(index + k) % n]
+        if candidate not in dead:
+            return candidate
+    return None
+
+
+@dataclass
+class Offers:
+    """The reduced values of one shard that members sent us, per sender (see the module docstring)."""
+
+    length: int
+    pieces: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)  # sender -> offset -> values
+    values: dict[str, tuple[torch.Tensor, tuple[str, ...]]] = field(default_factory=dict)  # whole, with contributors
+
+    def add(self, sender: str, offset: int, values: torch.Tensor, contributors: tuple[str, ...]) -> None:
+        """A piece of `sender`'s reduced value (its offset and length already checked against the
+        shard's): the first at each offset is kept; the piece that completes the value gives its
+        contributors."""
+        if sender in self.values:
+            return
+        pieces = self.pieces.setdefault(sender, {})
+        pieces.setdefault(offset, values)
+        if complete(pieces, self.length):
+            self.values[sender] = (join_pieces(pieces, self.length), tuple(contributors))
+            del self.pieces[sender]
+
+    def of(self, sender: str | None) -> tuple[torch.Tensor, tuple[str, ...]] | None:
+        """`sender`'s whole value and contributors, if it sent them all."""
+        return self.values.get(sender) if sender is not None else None
+
+    def clear(self) -> None:
+        self.pieces.clear()
+        self.values.clear()
+
+
+def complete(pieces: dict[int, torch.Tensor], length: int) -> bool:
+    return sum(p.numel() for p in pieces.values()) >= length and all(
+        o in pieces for o in range(0, length, PIECE_VALUES))
+
+
+def join_pieces(pieces: dict[int, torch.Tensor], length: int) -> torch.Tensor:
+    if length == 0:
+        return torch.zeros(0)
+    return torch.cat([pieces[o] for o in range(0, length, PIECE_VALUES)])
