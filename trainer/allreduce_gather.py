@@ -17,26 +17,33 @@ before it are dead; taken on that claim, every member could set its predecessor'
 as its own (the owner alive, its screened mean in flight), and members that got the two values
 in different orders would end the round on different weights. So the rule goes by our own
 `dead` alone, which grows only by what we saw (a send that failed, a deadline that passed): a
-value is taken sooner than that only where we already take every member before its sender for
-dead. A value whose sender never becomes the reducer is dropped with the round, unpenalised: an
-honest member whose view differs from ours (one link down) sends such values, and one never
-taken costs us memory only, bounded below.
+later member's value is taken as soon as, and only while, we take every member before it in the
+chain for dead, never on its word or a third member's. The cost falls on honest failures only:
+a successor that saw the owner die first has its mean used when we see it too (at the latest
+when the owner's `gather_at` passes: twice the deadline after we last passed the shard on), not
+when it comes. A value whose sender never becomes
+the reducer is dropped once the shard is reduced, unpenalised: an honest member whose view
+differs from ours (one link down) sends such values, and one never taken costs us memory only,
+bounded below. Members whose views of the dead differ can still take different values of a
+shard and end the round apart (as they could before), which the next round's Joins show (their
+digests differ: those not of the reference sit out and fetch the state).
 
 Bounds. At most one value per member and shard, a shard's length each, and a sender's pieces
 are kept at the offsets a shard has, the first of each only: a member can make us hold at most
 one vector's length of reduced values (as its contributions already can, one per shard we own
 or adopt). A shard's offers are dropped once it is reduced.
 
-What this does not bound: the reducer itself. The member we hold to reduce a shard sets its mean,
-screened by no one but itself; every member owns a shard each round. A check of the mean's norm
-at each receiver (against `max_norm_ratio` times our own contribution's, say) is not built:
-each member would judge against its own contribution, so an owner could send a mean that passes
-at some members and fails at others, and the members would then apply different updates; a
-round that fails at some members only needs an agreement this protocol does not have (one
-reducer per shard, no vote), and a member that refused the mean alone would fetch the others'
-state, the mean in it, at its next round. And a mean within any norm bound can still point
-anywhere (the honest mean reversed). Only the group's membership bounds what an owner sends
-(`[diloco] trainers`).
+What this does not bound: the reducer itself. The member we hold to reduce a shard sets its
+mean, screened by no one but itself; every member owns a shard each round, and nothing compares
+what it sends one member with what it sends another (different means to different members split
+them, as above). A check of the mean's norm at each receiver (against `max_norm_ratio` times our
+own contribution's, say) is not built: each member would judge against its own contribution, so
+an owner could send a mean that passes at some members and fails at others, and the members
+would then apply different updates; a round that fails at some members only needs an agreement
+this protocol does not have (one reducer per shard, no vote), and a member that refused the mean
+alone would fetch the others' state, the mean in it, at its next round. And a mean within any
+norm bound can still point anywhere (the honest mean reversed). Only the group's membership
+bounds what an owner sends (`[diloco] trainers`).
 
 This module must not do I/O, read a clock or hold global random state.
 """
