@@ -34,8 +34,9 @@ vector is cut into one contiguous shard per member; shard i is first owned by me
   3. All-gather: a peer is done when it holds the reduced value of every shard. Everyone,
      owner included, uses the dequantized mean, so every member applies the same update. A
      shard's reduced value is taken only from the member we hold to reduce it (the first of its
-     chain, below, that we do not take for dead), whole: values are kept per sender, one from
-     another member is taken only if our own view comes to make it the reducer, else dropped,
+     chain, below, that we do not take for dead) or one before it in the chain (dead for us, a
+     link down one way, yet it reduced), whole: values are kept per sender, one from a later
+     member is taken only if our own view comes to make it the reducer, else dropped,
      unpenalised (`trainer.allreduce_gather`, which says why, and what it does not bound: the
      reducer's own mean).
 
@@ -69,7 +70,7 @@ from typing import Any
 
 import torch
 
-from trainer.allreduce_gather import Offers, complete, join_pieces, reducer
+from trainer.allreduce_gather import Offers, complete, heard, join_pieces, reducer
 from trainer.diloco import Encoding, Packed, Rejection, pack, screen, unpack
 from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, STAGE_CONTRIBUTION, STAGE_REDUCED, Join, Part
 
@@ -397,15 +398,18 @@ class AllReduce:
 
     def _take_offered(self, index: int) -> None:
         """Take shard `index`'s reduced value from the member we hold to reduce it (`reducer`),
-        if it sent it whole; never from another member, nor ours (we reduce our own)."""
+        or from one before it in the chain that we took for dead but reduced it all the same
+        (`heard`; the first of them that sent it whole, in chain order), even where we are the
+        reducer; never from a member after it."""
         shard = self.shards[index]
         if shard.reduced is not None:
             return
-        who = reducer(self.members, index, self.dead)
-        offered = shard.offers.of(who) if who != self.self_id else None
-        if offered is not None:
-            shard.reduced, shard.contributors = offered
-            shard.offers.clear()
+        for who in heard(self.members, index, self.dead):
+            offered = shard.offers.of(who) if who != self.self_id else None
+            if offered is not None:
+                shard.reduced, shard.contributors = offered
+                shard.offers.clear()
+                return
 
     def _adopt(self, index: int, now: float) -> None:
         shard = self.shards[index]

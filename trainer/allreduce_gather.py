@@ -10,14 +10,19 @@ before it in the chain die for us: a failed send, or an owner silent past `gathe
 how an honest successor whose view ran ahead of ours (it saw the owner die first, reduced the
 shard and sent us its mean while we still wait on the owner) is heard: its mean waits here
 until we too take the owner for dead, and is then used at once, where it would not be sent
-again.
+again. The other way round, a member before the reducer in the chain that we took for dead
+(a link down one way: our sends to it failed, its own work) but that reduced the shard all the
+same is heard too (`heard`), even where we are the reducer ourselves, as long as the shard is
+not reduced: its value claims no more than the reducer's would (every member before it is dead
+for us as well; the owner, first, needs nobody's death), and it is the value every member that
+sees it alive takes. The first in chain order of those that sent it whole is taken.
 
 Why not sooner. A value from a later member of the chain is only its claim that the members
 before it are dead; taken on that claim, every member could set its predecessor's shard as well
 as its own (the owner alive, its screened mean in flight), and members that got the two values
 in different orders would end the round on different weights. So the rule goes by our own
 `dead` alone, which grows only by what we saw (a send that failed, a deadline that passed): a
-later member's value is taken as soon as, and only while, we take every member before it in the
+member's value is taken as soon as, and only while, we take every member before it in the
 chain for dead, never on its word or a third member's. The cost falls on honest failures only:
 a successor that saw the owner die first has its mean used when we see it too (at the latest
 when the owner's `gather_at` passes: twice the deadline after we last passed the shard on), not
@@ -61,12 +66,24 @@ from trainer.diloco_messages import PIECE_VALUES
 def reducer(members: tuple[str, ...], index: int, dead: Collection[str]) -> str | None:
     """The member that reduces shard `index` as we see it: the first of its chain
     (members[index], members[index + 1], ..., wrapping around) not in `dead`; None if all are."""
+    chain = heard(members, index, dead)
+    return chain[-1] if chain and chain[-1] not in dead else None
+
+
+def heard(members: tuple[str, ...], index: int, dead: Collection[str]) -> tuple[str, ...]:
+    """The members whose value of shard `index` we take, in chain order: the chain up to and
+    including `reducer`, i.e. each member all of whose predecessors in the chain we take for
+    dead. Those before the reducer are in `dead` themselves, but a value from one of them is
+    still no claim beyond its own (the owner, first, needs nobody's death to reduce the shard):
+    it reduced because, for it, it was alive (a link down one way only)."""
     n = len(members)
+    chain = []
     for k in range(n):
         candidate = members[(index + k) % n]
+        chain.append(candidate)
         if candidate not in dead:
-            return candidate
-    return None
+            break
+    return tuple(chain)
 
 
 @dataclass

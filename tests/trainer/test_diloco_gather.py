@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from tests.trainer.test_diloco_core import _run, _vectors
-from trainer.allreduce import AllReduce, AllReduceConfig, Send, shard_bounds
-from trainer.allreduce_gather import Offers, reducer
+from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Send, shard_bounds
+from trainer.allreduce_gather import Offers, heard, reducer
 from trainer.diloco import Encoding, pack
 from trainer.diloco_messages import PIECE_VALUES, STAGE_CONTRIBUTION, STAGE_REDUCED, Part
 
@@ -46,6 +46,10 @@ def test_the_chain_reducer_is_the_first_member_we_do_not_take_for_dead() -> None
     assert reducer(members, 1, {"b", "c"}) == "d"
     assert reducer(members, 3, {"d"}) == "a"  # wraps around
     assert reducer(members, 0, set(members)) is None
+    assert heard(members, 1, set()) == ("b",)
+    assert heard(members, 1, {"b", "c"}) == ("b", "c", "d")  # before the reducer: dead for us, yet heard
+    assert heard(members, 1, {"c"}) == ("b",)  # never one after it
+    assert heard(members, 3, {"d"}) == ("d", "a")
 
 
 def test_a_forgers_value_for_another_members_shard_is_not_taken_the_owners_is() -> None:
@@ -222,3 +226,54 @@ def test_a_senders_offers_are_one_value_a_shards_length_whatever_it_resends() ->
     offers.add("x", PIECE_VALUES, again, ("y",))
     value, contributors = offers.of("x")
     assert torch.equal(value, torch.ones(2 * PIECE_VALUES)) and contributors == ("x",) and not offers.pieces
+
+
+def _run_cut(reducers: dict[str, AllReduce], cut: set[tuple[str, str]], learn_after: float,
+             finished_at: dict[str, float], max_time: float = 1000.0) -> dict[str, Finished]:
+    """`_run`, every member alive, but a send from a to b fails for each (a, b) of `cut` (a link
+    down one way only), and a learns it `learn_after` seconds later (a connection that times out)."""
+    now = 0.0
+    queue: list[tuple[str, object]] = [(p, e) for p, r in reducers.items() for e in r.start(now)]
+    notices: dict[tuple[str, str], float] = {}
+    finished: dict[str, Finished] = {}
+    while len(finished) < len(reducers) and now < max_time:
+        while queue:
+            origin, effect = queue.pop(0)
+            if isinstance(effect, Send):
+                if (origin, effect.peer) in cut:
+                    notices.setdefault((origin, effect.peer), now + learn_after)
+                else:
+                    queue += [(effect.peer, e) for e in reducers[effect.peer].receive(now, origin, effect.body)]
+            elif isinstance(effect, Finished):
+                finished.setdefault(origin, effect)
+                finished_at.setdefault(origin, now)
+        pending = [t for t in notices.values() if t > now]
+        now = min([r.next_deadline() for r in reducers.values()] + pending)
+        for (origin, peer), t in notices.items():
+            if t == now:
+                queue += [(origin, e) for e in reducers[origin].peer_failed(now, peer)]
+        for peer, r in reducers.items():
+            queue += [(peer, e) for e in r.tick(now)]
+    return finished
+
+
+def test_a_member_whose_link_to_the_owner_is_down_takes_the_owners_value_when_it_comes() -> None:
+    """peer1's link to peer0 is down one way: its sends fail (it learns at 1 s), while peer0 and
+    every other link work. peer1 takes peer0 for dead and adopts shard 0 (to reduce at 6 s),
+    but peer0, alive, reduces shard 0 at 5 s (the deadline: peer1's contribution never came)
+    and sends its mean to everyone, peer1 included. peer1 takes it: the owner, first of the
+    shard's chain, is the one member that needs nobody's death to reduce it, so its value is
+    never a claim on another's shard. peer1, peer2 and peer3 then end on one mean. (Taking
+    values from our own reducer only, peer1 reduced shard 0 alone at 6 s, on other weights.)"""
+    vectors = _vectors(4, 4000, seed=19)
+    members = tuple(sorted(vectors))
+    reducers = _reducers(vectors)
+    at: dict[str, float] = {}
+    finished = _run_cut(reducers, {("peer1", "peer0")}, 1.0, at)
+    assert reducers["peer1"].dead == {"peer0"} and reducers["peer1"].shards[0].owner == "peer1"
+    mean = _one_mean(finished, ("peer1", "peer2", "peer3"))
+    assert all(finished[p].contributors[0] == ("peer0", "peer2", "peer3") for p in ("peer1", "peer2", "peer3"))
+    assert at["peer1"] == 5.0
+    start, end = shard_bounds(4000, 4)[0]
+    assert torch.equal(mean[start:end], reducers["peer0"].shards[0].reduced)
+    assert set(finished) == set(members)  # peer0 too, which never hears from peer1 (as before: not ours)
