@@ -45,7 +45,8 @@ screen runs only there (`trainer.allreduce`), and every member applies the reduc
 shard's owner sends. A member owns a shard every round (shard i is members[i]'s), so one identity
 admitted to a round sends whatever mean and contributors it likes for its own shard, screened by
 no one. Others' shards it cannot set: a member takes a shard's reduced value only from the member
-it holds to reduce it (the owner, or the successor its own view of the dead passes the shard to),
+it holds to reduce it (the owner, or the successor its own view of the dead passes the shard to)
+or from one before that in the shard's chain (dead for it, yet it reduced: a link down one way),
 never pieces of two senders joined, and drops any other member's
 (`trainer.allreduce_gather`, which also says why the owner's mean is not checked by norm at
 the receivers). No norm screen bounds what an owner sends; closing the group does.
