@@ -32,16 +32,25 @@ vector is cut into one contiguous shard per member; shard i is first owned by me
      rest averaged in peer order (the mean, to the bit, depends on which contributions came, not
      on when); the mean is quantized once and sent to every live member.
   3. All-gather: a peer is done when it holds the reduced value of every shard. Everyone,
-     owner included, uses the dequantized mean, so every member applies the same update.
+     owner included, uses the dequantized mean, so every member applies the same update. A
+     shard's reduced value is taken only from the member we hold to reduce it (the first of its
+     chain, below, that we do not take for dead) or one before it in the chain (dead for us, a
+     link down one way, yet it reduced), whole: values are kept per sender, one from a later
+     member is taken only if our own view comes to make it the reducer, else dropped,
+     unpenalised (`trainer.allreduce_gather`, which says why, and what it does not bound: the
+     reducer's own mean).
 
 Failures. A peer we cannot send to (`peer_failed`) or an owner whose reduced shard has not
-arrived by `gather_at` (start + 2 x deadline) is taken for dead. Its shards pass to the next
+arrived by `gather_at` (start + 2 x deadline) is taken for dead. Its shards (every one it holds
+for us that is not reduced yet, whichever deadline found it dead) pass to the next
 live member in the shard's chain (members[i], members[i+1], ..., wrapping around): the same
 successor on every peer that saw the same failures, without any vote. We send our
 contribution to the successor, or, if that is us, adopt the shard and reduce it at now +
-deadline with what has arrived. A peer that receives a contribution for a shard it did not own
-adopts it too (the sender saw the owner die first). A contribution that arrives after its
-shard was reduced is dropped; the first reduced value of a shard to arrive is the one used.
+deadline with what has arrived; if the successor's reduced value already came (its view ran
+ahead of ours), it is used at once. A peer that receives a contribution for a shard it did not
+own adopts it too (the sender saw the owner die first), and still takes the reduced value of the
+member it holds to reduce the shard, should that come before its own reduction. A contribution
+that arrives after its shard was reduced is dropped, as is a reduced value.
 The bytes a peer sends are counted in `bytes_sent` (payload bytes, before framing).
 
 Bytes. With N members and S bytes of vector each peer sends (N-1)/N x S in each phase,
@@ -61,6 +70,7 @@ from typing import Any
 
 import torch
 
+from trainer.allreduce_gather import Offers, complete, heard, join_pieces, reducer
 from trainer.diloco import Encoding, Packed, Rejection, pack, screen, unpack
 from trainer.diloco_messages import MAX_MEMBERS, PIECE_VALUES, STAGE_CONTRIBUTION, STAGE_REDUCED, Join, Part
 
@@ -278,9 +288,12 @@ class _Shard:
     gather_at: float = math.inf
     pieces: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)  # sender -> offset -> values
     contributions: dict[str, torch.Tensor] = field(default_factory=dict)
-    reduced_pieces: dict[int, torch.Tensor] = field(default_factory=dict)
     reduced: torch.Tensor | None = None
     contributors: tuple[str, ...] = ()
+    offers: Offers = field(init=False)  # reduced values members sent, per sender (`trainer.allreduce_gather`)
+
+    def __post_init__(self) -> None:
+        self.offers = Offers(self.length)
 
     @property
     def length(self) -> int:
@@ -335,10 +348,8 @@ class AllReduce:
         if part.stage == STAGE_CONTRIBUTION:
             return self._on_contribution(now, sender, part, shard, values)
         if shard.reduced is None:
-            shard.reduced_pieces[part.offset] = values
-            if _complete(shard.reduced_pieces, shard.length):
-                shard.reduced = _join_pieces(shard.reduced_pieces, shard.length)
-                shard.contributors = part.contributors
+            shard.offers.add(sender, part.offset, values, part.contributors)
+            self._take_offered(part.shard)
         return self._progress(now)
 
     def peer_failed(self, now: float, peer: str) -> list[object]:
@@ -346,19 +357,13 @@ class AllReduce:
         if peer == self.self_id or peer in self.dead:
             return []
         self.dead.add(peer)
-        effects: list[object] = []
-        for i, shard in enumerate(self.shards):
-            if shard.reduced is None and shard.owner == peer:
-                effects += self._reassign(i, now)
-        return effects + self._progress(now)
+        return self._after_deaths(now)
 
     def tick(self, now: float) -> list[object]:
-        effects: list[object] = []
-        for i, shard in enumerate(self.shards):
+        for shard in self.shards:
             if shard.reduced is None and shard.owner != self.self_id and now >= shard.gather_at:
                 self.dead.add(shard.owner)
-                effects += self._reassign(i, now)
-        return effects + self._progress(now)
+        return self._after_deaths(now)
 
     def next_deadline(self) -> float:
         times = [s.reduce_at if s.owner == self.self_id and s.reduce_at is not None else s.gather_at
@@ -376,10 +381,35 @@ class AllReduce:
             self._adopt(index, now)  # the sender saw the owners before us fail
         pieces = shard.pieces.setdefault(sender, {})
         pieces[part.offset] = values
-        if _complete(pieces, shard.length):
-            shard.contributions[sender] = _join_pieces(pieces, shard.length)
+        if complete(pieces, shard.length):
+            shard.contributions[sender] = join_pieces(pieces, shard.length)
             del shard.pieces[sender]
         return self._progress(now)
+
+    def _after_deaths(self, now: float) -> list[object]:
+        """`dead` grew: every shard not reduced yet whose owner is dead passes on (`_reassign`),
+        and each takes its reducer's value if it came before (`_take_offered`)."""
+        effects: list[object] = []
+        for i, shard in enumerate(self.shards):
+            if shard.reduced is None and shard.owner in self.dead:
+                effects += self._reassign(i, now)
+            self._take_offered(i)
+        return effects + self._progress(now)
+
+    def _take_offered(self, index: int) -> None:
+        """Take shard `index`'s reduced value from the member we hold to reduce it (`reducer`),
+        or from one before it in the chain that we took for dead but reduced it all the same
+        (`heard`; the first of them that sent it whole, in chain order), even where we are the
+        reducer; never from a member after it."""
+        shard = self.shards[index]
+        if shard.reduced is not None:
+            return
+        for who in heard(self.members, index, self.dead):
+            offered = shard.offers.of(who) if who != self.self_id else None
+            if offered is not None:
+                shard.reduced, shard.contributors = offered
+                shard.offers.clear()
+                return
 
     def _adopt(self, index: int, now: float) -> None:
         shard = self.shards[index]
@@ -389,15 +419,14 @@ class AllReduce:
 
     def _reassign(self, index: int, now: float) -> list[object]:
         shard = self.shards[index]
-        n = len(self.members)
-        for k in range(1, n + 1):
-            candidate = self.members[(index + k) % n]
-            if candidate not in self.dead:
-                break
+        candidate = reducer(self.members, index, self.dead) or self.self_id  # we are never dead
         shard.owner = candidate
         shard.gather_at = now + 2 * self.config.deadline_s
         if candidate == self.self_id:
             self._adopt(index, now)
+            return []
+        self._take_offered(index)  # it reduced the shard before we saw the owner die: used at once
+        if shard.reduced is not None:
             return []
         return self._contribute(index, candidate)
 
@@ -453,15 +482,5 @@ class AllReduce:
                                    for o in range(0, max(shard.length, 1), PIECE_VALUES)])[:shard.length]
         shard.contributors = contributors
         shard.contributions.clear()
+        shard.offers.clear()
         return effects
-
-
-def _complete(pieces: dict[int, torch.Tensor], length: int) -> bool:
-    return sum(p.numel() for p in pieces.values()) >= length and all(
-        o in pieces for o in range(0, length, PIECE_VALUES))
-
-
-def _join_pieces(pieces: dict[int, torch.Tensor], length: int) -> torch.Tensor:
-    if length == 0:
-        return torch.zeros(0)
-    return torch.cat([pieces[o] for o in range(0, length, PIECE_VALUES)])

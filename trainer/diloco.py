@@ -41,13 +41,15 @@ stops a majority, and in an open group identities cost nothing (closing the grou
 norms are not checked (one huge contribution beside one other is taken).
 
 Whose screen this is. All of the above is what a shard's owner decides when it is honest: the
-screen runs only there (`trainer.allreduce`), and every member applies the reduced value it is
-sent. A member owns a shard every round (shard i is members[i]'s), so one identity admitted to a
-round sends whatever mean and contributors it likes for its own shard, screened by no one; and a
-member takes the first reduced value of a shard to come from any member, not only from the peer
-it takes for the shard's owner, so one identity that sends its own reduced values for others'
-shards first gets them applied at the members it sends them to (and those members then end the
-round on other weights than the rest). No norm screen bounds that; closing the group does.
+screen runs only there (`trainer.allreduce`), and every member applies the reduced value the
+shard's owner sends. A member owns a shard every round (shard i is members[i]'s), so one identity
+admitted to a round sends whatever mean and contributors it likes for its own shard, screened by
+no one. Others' shards it cannot set: a member takes a shard's reduced value only from the member
+it holds to reduce it (the owner, or the successor its own view of the dead passes the shard to)
+or from one before that in the shard's chain (dead for it, yet it reduced: a link down one way),
+never pieces of two senders joined, and drops any other member's
+(`trainer.allreduce_gather`, which also says why the owner's mean is not checked by norm at
+the receivers). No norm screen bounds what an owner sends; closing the group does.
 
 Rejected, not clipped. Clipping an outsized contribution to the limit (robust aggregation's
 usual norm clipping) would give its sender the weight of one sent just under the limit, which the

@@ -66,8 +66,9 @@ open group identities cost nothing, so that is only as many identities as the ho
 (while a round has room for them: `MAX_MEMBERS`), each with one upload a round
 (`tests/trainer/test_diloco_open_group.py` shows each case). All that bounds only the shards an
 honest peer reduces: one identity admitted to a round owns a shard and sends whatever mean it
-likes for it, and a reduced value of any shard is taken from any member that sends it first
-(`trainer.diloco`, "Whose screen this is"). The defence is to close the group
+likes for it (a shard's reduced value is taken from the member each of us holds to reduce it,
+or one before that in the shard's chain, only, so it cannot set another's: `trainer.allreduce_gather`; `trainer.diloco`, "Whose screen
+this is"). The defence is to close the group
 (`[diloco] trainers`): then only listed trainers are members, and a stranger's connection is
 refused before a frame of it is read.
 

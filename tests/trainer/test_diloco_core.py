@@ -1,7 +1,8 @@
 """DiLoCo's pure cores: int8 quantization, the outer Nesterov step, contribution checks, and the
 all-reduce state machine driven in memory (several peers, a dead one, a cheating one), the global
 state's durable writes, and how the role's enums read. The membership decision (`Membership`,
-`_decide`) is tests/trainer/test_diloco_membership.py's."""
+`_decide`) is tests/trainer/test_diloco_membership.py's; whose reduced value a shard takes,
+tests/trainer/test_diloco_gather.py's."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import trainer.diloco_role as diloco_role
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Penalise, Send, shard_bounds
 from trainer.diloco import (Encoding, OuterConfig, OuterOptimizer, Packed, Rejection, check_contribution,
                             max_quantization_error, norm_limit, pack, packed_bytes, screen, unpack)
-from trainer.diloco_messages import PIECE_VALUES, STAGE_REDUCED, Part
+from trainer.diloco_messages import PIECE_VALUES
 from trainer.diloco_role import JoinPath, Phase
 
 
@@ -95,12 +96,15 @@ def _peers(n: int) -> list[str]:
 
 
 def _run(reducers: dict[str, AllReduce], *, dead: set[str] = frozenset(), drop_to: set[str] = frozenset(),
-         max_time: float = 1000.0) -> tuple[dict[str, Finished], list[tuple[str, Penalise]]]:
+         learns: set[str] | None = None, max_time: float = 1000.0,
+         finished_at: dict[str, float] | None = None) -> tuple[dict[str, Finished], list[tuple[str, Penalise]]]:
     """Deliver every Send in memory, in order; a `dead` peer neither sends nor receives, and its
-    senders learn it at once when `drop_to` lists it (a refused connection) or by deadlines."""
+    senders learn it at once when `drop_to` lists it (a refused connection) and they are of
+    `learns` (None: all), else by deadlines. `finished_at` gets the virtual time each finished."""
     now = 0.0
     queue: list[tuple[str, object]] = []
     finished: dict[str, Finished] = {}
+    finished_at = {} if finished_at is None else finished_at
     penalties: list[tuple[str, Penalise]] = []
     for peer, r in reducers.items():
         if peer not in dead:
@@ -110,12 +114,13 @@ def _run(reducers: dict[str, AllReduce], *, dead: set[str] = frozenset(), drop_t
             origin, effect = queue.pop(0)
             if isinstance(effect, Send):
                 if effect.peer in dead:
-                    if effect.peer in drop_to:
+                    if effect.peer in drop_to and (learns is None or origin in learns):
                         queue += [(origin, e) for e in reducers[origin].peer_failed(now, effect.peer)]
                     continue
                 queue += [(effect.peer, e) for e in reducers[effect.peer].receive(now, origin, effect.body)]
             elif isinstance(effect, Finished):
                 finished[origin] = effect
+                finished_at[origin] = now
             elif isinstance(effect, Penalise):
                 penalties.append((origin, effect))
         live = [r for p, r in reducers.items() if p not in dead]
@@ -336,28 +341,3 @@ def test_the_whole_contributors_are_the_peers_every_shard_took():
     assert Finished(torch.zeros(1), shards).whole_contributors() == {"a", "c"}
     assert Finished(torch.zeros(1), (("a",),)).whole_contributors() == {"a"}
     assert Finished(torch.zeros(0), ()).whole_contributors() == frozenset()
-
-
-def test_a_reduced_shard_from_a_member_that_does_not_own_it_is_taken_if_it_comes_first():
-    """What `trainer.diloco` ("Whose screen this is") says, pinned: the screen bounds only what an
-    honest owner reduces. A member takes the first reduced value of a shard from any member: one
-    (peer2, the owner of shard 2 only) that sends peer1 its own value of shard 0 before peer0 (the
-    owner) does gets it applied at peer1, contributors and all, while peer0 and peer2 apply peer0's
-    screened mean; peer1 ends the round on other weights than the rest."""
-    vectors = _vectors(3, 3000, seed=12)
-    members = tuple(sorted(vectors))
-    cfg = AllReduceConfig(encoding=Encoding.FP32)
-    reducers = {p: AllReduce(p, 0, members, v, cfg) for p, v in vectors.items()}
-    start, end = shard_bounds(3000, 3)[0]
-    forged = torch.full((end - start,), 1e3)
-    for offset in range(0, end - start, PIECE_VALUES):
-        packed = pack(forged[offset:offset + PIECE_VALUES], Encoding.FP32, cfg.block)
-        reducers["peer1"].receive(0.0, "peer2", Part(0, reducers["peer1"].digest, STAGE_REDUCED, 0, end - start, offset,
-                                                     packed.length, packed.encoding.value, packed.block, packed.values,
-                                                     packed.scales, ("peer2",)))
-    finished, penalties = _run(reducers)
-    assert not penalties
-    assert finished["peer1"].contributors[0] == ("peer2",) and torch.equal(finished["peer1"].mean[start:end], forged)
-    for peer in ("peer0", "peer2"):
-        assert finished[peer].contributors[0] == members
-        assert float(finished[peer].mean[start:end].abs().max()) < 10

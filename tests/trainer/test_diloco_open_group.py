@@ -6,7 +6,8 @@ a stranger for the places. And a joiner's first round, whose table still holds a
 group gave up on, is one with the group (`trainer.diloco_decide._passed_over`). And what zero,
 tiny or huge contributions from identities that did no training do on the norm screen, as the
 role's docstring, `trainer.diloco` and the README say: fewer than half of a shard's get no honest
-one rejected, in the pure screen and in a real round.
+one rejected, in the pure screen and in a real round. And a member that sends its own value of
+another's shard changes no one's update (a shard's value is its owner's: `trainer.allreduce_gather`).
 
 Real roles (`tests.trainer.test_diloco_inbox.Trainer`: `DilocoRole._round` on real data planes on
 loopback, no model) average one round; then real connections ask one of them for the state after
@@ -25,10 +26,11 @@ import trio
 from p2pnet.dataplane import FrameReader, open_data_stream, send_frame
 from p2pnet.identity import Identity
 from p2pnet.wire import Codec
+import trainer.diloco_role as diloco_role
 from tests.trainer.test_diloco_inbox import SLACK_S, VALUES, Trainer, _a_round, _started, _until
-from trainer.allreduce import shard_bounds
-from trainer.diloco import OuterConfig, OuterOptimizer, Rejection, digest, screen
-from trainer.diloco_messages import CHANNEL, HoldsFull, StateRequest
+from trainer.allreduce import AllReduce, Send, shard_bounds
+from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, Rejection, digest, pack, screen
+from trainer.diloco_messages import CHANNEL, PIECE_VALUES, STAGE_REDUCED, HoldsFull, Part, StateRequest
 from trainer.diloco_role import MAX_FRAME_BYTES
 from trainer.diloco_state_answer import STATE_HOLDS, STRANGER_HOLDS
 
@@ -233,6 +235,54 @@ async def test_zero_contributions_beside_more_honest_ones_leave_the_honest_whole
     assert len({digest(t.role.state.weights) for t in trainers}) == 1
     mean = torch.stack(steps).mean(dim=0)  # fp32 on the wire: the outer step of the exact mean
     expected = OuterOptimizer(OuterConfig(), VALUES).step(start, mean)
+    assert torch.allclose(trainers[0].role.state.weights, expected, atol=1e-6)
+    nursery.cancel_scope.cancel()
+
+
+def _forging(forger: str, index: int, values: torch.Tensor) -> type[AllReduce]:
+    """An `AllReduce` that, at `forger`, also sends every other member, first thing, a reduced
+    value of shard `index` (another's): `values`, the forger alone its contributor."""
+
+    class Forging(AllReduce):
+        def start(self, now: float) -> list[object]:
+            effects = super().start(now)
+            if self.self_id != forger:
+                return effects
+            forged: list[object] = []
+            for offset in range(0, values.numel(), PIECE_VALUES):
+                packed = pack(values[offset:offset + PIECE_VALUES], Encoding.FP32, self.config.block)
+                body = Part(self.round, self.digest, STAGE_REDUCED, index, values.numel(), offset, packed.length,
+                            packed.encoding.value, packed.block, packed.values, packed.scales, (forger,))
+                forged += [Send(peer, body) for peer in self.members if peer != forger]
+            return forged + effects
+    return Forging
+
+
+async def test_a_member_that_sends_its_own_value_of_anothers_shard_changes_no_ones_update(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real roles average a round; one of three also sends the two others, before anything else,
+    its own reduced value of a shard another member owns (huge). Each takes that shard's value
+    from its owner only (`trainer.allreduce_gather`): all three end on the outer step of the
+    exact mean of their steps, the same weights, no one penalised (the forgery is dropped, not
+    judged: an honest member whose view ran ahead sends such values too). Before, the member the
+    forgery reached before the owner's mean applied it, and ended on other weights."""
+    deadline_s = 2 * SLACK_S  # far above what the round's work needs
+    trainers = [Trainer(name, 2, deadline_s) for name in ("a", "bb", "ccc")]
+    await _started(nursery, *trainers)
+    members = sorted(t.peer_id for t in trainers)
+    forger = next(t for t in trainers if t.peer_id == members[1])
+    start, end = shard_bounds(VALUES, 3)[0]  # members[0]'s: neither the forger's nor the third's
+    monkeypatch.setattr(diloco_role, "AllReduce", _forging(forger.peer_id, 0, torch.full((end - start,), 1e3)))
+    before = trainers[0].role.state.weights.clone()
+    steps = [t.role.state.weights - t.role.inner.weights() for t in trainers]
+    penalised = {t.peer_id: _no_penalties(t) for t in trainers}
+    everyone = await _round_at_each(nursery, trainers)
+    assert everyone == members and not any(penalised.values())
+    for trainer in trainers:
+        row = trainer.role.history[-1]
+        assert (row["round"], row["members"], row["contributors"]) == (2, everyone, everyone)
+    assert len({digest(t.role.state.weights) for t in trainers}) == 1
+    expected = OuterOptimizer(OuterConfig(), VALUES).step(before, torch.stack(steps).mean(dim=0))
     assert torch.allclose(trainers[0].role.state.weights, expected, atol=1e-6)
     nursery.cancel_scope.cancel()
 
