@@ -50,7 +50,8 @@ deadline with what has arrived; if the successor's reduced value already came (i
 ahead of ours), it is used at once. A peer that receives a contribution for a shard it did not
 own adopts it too (the sender saw the owner die first), and still takes the reduced value of the
 member it holds to reduce the shard, should that come before its own reduction. A contribution
-that arrives after its shard was reduced is dropped, as is a reduced value.
+that arrives after its shard was reduced is dropped, as is a reduced value. A reduced piece that
+is not finite is refused and its sender penalised; the shard waits as on a silent owner.
 The bytes a peer sends are counted in `bytes_sent` (payload bytes, before framing).
 
 Bytes. With N members and S bytes of vector each peer sends (N-1)/N x S in each phase,
@@ -347,6 +348,8 @@ class AllReduce:
         shard = self.shards[part.shard]
         if part.stage == STAGE_CONTRIBUTION:
             return self._on_contribution(now, sender, part, shard, values)
+        if not bool(torch.isfinite(values).all()):  # never an honest reducer's (`_reduce`): judged on the
+            return [Penalise(sender, Rejection.NOT_FINITE)]  # bytes alone, so alike at every member
         if shard.reduced is None:
             shard.offers.add(sender, part.offset, values, part.contributors)
             self._take_offered(part.shard)
@@ -473,7 +476,10 @@ class AllReduce:
             self.rejected[peer] = why.value
         if not accepted:  # only when no contribution, ours included, was finite: keep ours, flagged
             accepted = {self.self_id: shard.contributions[self.self_id]}
-        mean = torch.stack(list(accepted.values())).mean(dim=0)  # in peer order (`screen`)
+        stacked = torch.stack(list(accepted.values()))  # in peer order (`screen`)
+        mean = stacked.mean(dim=0)
+        if not bool(torch.isfinite(mean).all()):  # float32 overflowed on finite values: the mean of
+            mean = stacked.double().mean(dim=0).float()  # finite values lies between them, so is finite
         contributors = tuple(sorted(accepted))
         to = tuple(p for p in self.members if p != self.self_id and p not in self.dead)
         effects += self._parts(index, STAGE_REDUCED, mean, to, contributors)

@@ -48,7 +48,14 @@ would then apply different updates; a round that fails at some members only need
 this protocol does not have (one reducer per shard, no vote), and a member that refused the mean
 alone would fetch the others' state, the mean in it, at its next round. And a mean within any
 norm bound can still point anywhere (the honest mean reversed). Only the group's membership
-bounds what an owner sends (`[diloco] trainers`).
+bounds what an owner sends (`[diloco] trainers`). One check is sound, and made before a piece is
+kept (`trainer.allreduce`, `receive`): a reduced piece that is not finite (NaN or inf, from fp32
+bytes or an int8 block's scale) is refused and its sender penalised (`Rejection.NOT_FINITE`).
+Whether it is finite depends on its bytes alone, so every member that got the same bytes judges
+alike, and an honest reducer never sends one (the screen takes finite contributions only, and a
+mean that overflows float32 is taken again in float64: it lies between finite values). The
+shard then waits on its reducer to its `gather_at` and passes on, as from a silent owner; one
+owner could otherwise put NaN into every member's weights with a single piece.
 
 This module must not do I/O, read a clock or hold global random state.
 """

@@ -7,12 +7,13 @@ virtual time (`tests.trainer.test_diloco_core._run`); real roles: test_diloco_op
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.trainer.test_diloco_core import _run, _vectors
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Send, shard_bounds
 from trainer.allreduce_gather import Offers, heard, reducer
-from trainer.diloco import Encoding, pack
+from trainer.diloco import Encoding, Rejection, pack
 from trainer.diloco_messages import PIECE_VALUES, STAGE_CONTRIBUTION, STAGE_REDUCED, Part
 
 FP32 = AllReduceConfig(encoding=Encoding.FP32, deadline_s=5.0)
@@ -277,3 +278,49 @@ def test_a_member_whose_link_to_the_owner_is_down_takes_the_owners_value_when_it
     start, end = shard_bounds(4000, 4)[0]
     assert torch.equal(mean[start:end], reducers["peer0"].shards[0].reduced)
     assert set(finished) == set(members)  # peer0 too, which never hears from peer1 (as before: not ours)
+
+
+class _NaNReducer(AllReduce):
+    """An owner whose reduced pieces carry a NaN (an int8 block's scale, or fp32 bytes): sent
+    alike to every member."""
+
+    def _parts(self, index, stage, values, to, contributors):  # type: ignore[no-untyped-def]
+        if stage == STAGE_REDUCED:
+            values = values.clone()
+            values[0] = float("nan")
+        return super()._parts(index, stage, values, to, contributors)
+
+
+@pytest.mark.parametrize("encoding", [Encoding.INT8, Encoding.FP32])
+def test_an_owner_whose_mean_is_not_finite_is_refused_and_its_shard_reduced_by_the_next(encoding) -> None:
+    """peer0 screens its shard and sends a mean with a NaN in it to everyone: peer1 and peer2
+    refuse it (peer0 penalised, NOT_FINITE, by both), wait for peer0 to its `gather_at`, and
+    peer1, next in the chain, reduces shard 0; both end on one mean, finite, within the
+    quantization of the exact one. (Before, a NaN piece was kept like any other: one owner put
+    NaN into every member's weights.)"""
+    config = AllReduceConfig(encoding=encoding, deadline_s=5.0)
+    vectors = _vectors(3, 3000, seed=21)
+    members = tuple(sorted(vectors))
+    reducers = {p: (_NaNReducer if p == "peer0" else AllReduce)(p, 0, members, v, config) for p, v in vectors.items()}
+    finished, penalties = _run(reducers)
+    assert sorted((who, p.peer, p.why) for who, p in penalties) == [
+        ("peer1", "peer0", Rejection.NOT_FINITE), ("peer2", "peer0", Rejection.NOT_FINITE)]
+    mean = _one_mean(finished, ("peer1", "peer2"))
+    assert bool(torch.isfinite(mean).all())
+    start, end = shard_bounds(3000, 3)[0]
+    exact = torch.stack(list(vectors.values())).mean(0)
+    exact[start:end] = torch.stack([vectors["peer1"], vectors["peer2"]]).mean(0)[start:end]  # peer0's lost with it
+    assert float((mean - exact).abs().max()) < 0.1
+    assert finished["peer1"].contributors[0] == ("peer1", "peer2")
+
+
+def test_a_mean_that_overflows_float32_is_sent_finite() -> None:
+    """Two honest contributions near float32's largest value overflow a float32 sum; the owner's
+    mean is taken again in float64 and sent finite, so nobody refuses an honest owner."""
+    big = 3.0e38
+    vectors = {p: torch.full((300,), big) for p in ("peer0", "peer1")}
+    reducers = _reducers(vectors)
+    finished, penalties = _run(reducers)
+    assert not penalties
+    mean = _one_mean(finished, ("peer0", "peer1"))
+    assert bool(torch.isfinite(mean).all()) and torch.allclose(mean, torch.full((300,), big))
