@@ -49,6 +49,10 @@ The "swarm" layout (a baseline, `relay.swarm`) has no plan: peers send their chu
 (`HaveChunks`) to their neighbours and pull any chunk from any neighbour known to hold it,
 rarest first (`relay.swarm_transfer`, mixed into the core).
 
+Members nobody has dialled back yet are planned as leaves (upload 0); a version known before their
+dial-backs come asks the origin first only for our own stripes of the plan with them dialable
+(`set_members`' `unconfirmed`; `relay.requests`, "Dial-backs pending").
+
 Membership changes (`set_members`) replan the versions in progress only when peers join or
 leave or start or stop serving; a peer's new upload figure alone (a relay advertising what its
 uploads measurably deliver) applies from the next version on: replanning mid-way sent requests

@@ -9,7 +9,6 @@ on real links: `tests/relay/test_lab_capped_origin.py` (published early)."""
 from __future__ import annotations
 
 from p2pnet.identity import Identity
-from p2pnet.reachability import NO_PEERS_RETRY_S, UNKNOWN_RETRY_S, pause_s
 from p2pnet.wire import Envelope
 from relay.effects import Fetch
 from relay.manifest import open_manifest
@@ -122,13 +121,3 @@ def test_a_chunk_asked_of_us_meanwhile_is_not_fetched_from_the_origin_unless_it_
     assert home >= 0, "r0 forwards a stripe of the first plan: asked_for applies"
     assert [e for e in core.asked_for(0.01, 1, other) if isinstance(e, Fetch)] == []
     assert [(e.peer, e.index) for e in core.asked_for(0.01, 1, mine) if isinstance(e, Fetch)] == [(ORIGIN, mine)]
-
-
-def test_a_peer_with_no_connection_and_no_verdict_looks_again_soon_for_one_to_ask():
-    """The dial-back client's pause: with nobody connected and no verdict yet it looks again within
-    `NO_PEERS_RETRY_S`, not `UNKNOWN_RETRY_S` (a relay started a moment before a trainer published
-    heard the relays dialled back ~3 s after, not ~1 s); otherwise as before."""
-    assert pause_s(connected=False, verdict=None, interval_s=60.0) == NO_PEERS_RETRY_S < UNKNOWN_RETRY_S
-    assert pause_s(connected=True, verdict=None, interval_s=60.0) == UNKNOWN_RETRY_S
-    assert pause_s(connected=False, verdict=True, interval_s=60.0) == 60.0
-    assert pause_s(connected=True, verdict=False, interval_s=60.0) == 60.0
