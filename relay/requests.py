@@ -196,7 +196,8 @@ class Requesting:
             v.retry[stripe].popleft()  # type: ignore[union-attr]
         else:
             v.next_pos[stripe] += 1
-        if v.origin_only is not None and not v.origin_only[index] and source == v.plan.origin:  # type: ignore[union-attr]
+        origin_only = v.origin_only
+        if origin_only is not None and not origin_only[index] and source == v.plan.origin:  # type: ignore[union-attr]
             v.kept.append(index)
             return None
         self._note_request(now, v, source, index, stripe)
