@@ -31,8 +31,11 @@ every stripe for the ~3 s until the dial-backs came (2 s of the reachability che
 0.6 s of dial-back, a heartbeat), the same chunks at each relay, and the trainer sent 1.8-2.3
 copies. Meanwhile we ask the origin only for the chunks of the stripes whose root we are in the
 plan with those members dialable (at the uploads they advertise): the origin's upload then goes to
-chunks nobody else asks it for. The others are kept (`_Version.kept`) until the dial-backs come
-(the replan asks them of their roots) or until every chunk of our own stripes is held or asked,
+chunks nobody else asks it for. The others are kept (`_Version.kept`), save those of our home stripe
+in the plan we have (our children there ask them of us: kept, each relay's requests budget filled with
+requests waiting at relays that kept them, before its own stripes were asked; a stranger saying
+forever that nobody dialled it back stalled every later version, simulator 4.9 s -> 77 s), until the
+dial-backs come (the replan asks them of their roots) or until every chunk of our own stripes is held or asked,
 whichever comes first: no timer, and no member whose verdict never comes holds us longer than
 the origin takes to feed our own stripes (a fast origin, soon; stop 51's wait for the dial-backs
 themselves stalled relays dialled back one by one, 1.4 s -> 11.2 s in the simulator). A leaf in
@@ -197,7 +200,8 @@ class Requesting:
         else:
             v.next_pos[stripe] += 1
         origin_only = v.origin_only
-        if origin_only is not None and not origin_only[index] and source == v.plan.origin:  # type: ignore[union-attr]
+        if (origin_only is not None and not origin_only[index] and source == v.plan.origin  # type: ignore[union-attr]
+                and stripe != v.forwards):  # (our children wait for our home stripe: never kept, see the top)
             v.kept.append(index)
             return None
         self._note_request(now, v, source, index, stripe)

@@ -15,7 +15,7 @@ from relay.manifest import open_manifest
 from relay.messages import ManifestAnnounce
 from relay.planner import Membership, plan_broadcast
 from relay.transfer import TransferConfig, TransferCore
-from simulations.broadcast import fake_manifest
+from simulations.broadcast import build_broadcast, fake_manifest
 from simulations.world import EPOCH_S
 
 PUBLISHER = Identity.from_seed_text("dial-backs pending")
@@ -121,3 +121,25 @@ def test_a_chunk_asked_of_us_meanwhile_is_not_fetched_from_the_origin_unless_it_
     assert home >= 0, "r0 forwards a stripe of the first plan: asked_for applies"
     assert [e for e in core.asked_for(0.01, 1, other) if isinstance(e, Fetch)] == []
     assert [(e.peer, e.index) for e in core.asked_for(0.01, 1, mine) if isinstance(e, Fetch)] == [(ORIGIN, mine)]
+
+
+def test_a_member_whose_dial_back_never_comes_holds_back_no_version_published_later():
+    """A stranger among the relay members says in its heartbeats that nobody has dialled it back,
+    forever (`reachable` None: others cannot check it), advertising a fast upload; every other
+    relay is known dialable and the version is published after that (the simulator's broadcast,
+    six relays, origin at 3 MB/s). Roots of the real plan must not keep their home stripe from the
+    origin: their children wait for it from them, and each relay's requests budget filled with such
+    waits while the chunks of its own stripes were still to ask (before the fix: 4.18 copies from
+    the origin, 77 s to all instead of 1.16 copies, 4.9 s; with the stranger known not dialable
+    the same 1.16 copies)."""
+    sim = build_broadcast(6, 12 * 2**20, upload_bps=(25e6, 25e6), origin_upload_bps=3e6, seed=1,
+                          chunk_bytes=CHUNK, config=TransferConfig(announce_interval_s=1.0))
+    stranger = sim.peer_ids[-1]
+    known = {sim.origin: BPS, **{p: (0.0 if p == stranger else BPS) for p in sim.peer_ids}}
+    for peer, core in sim.cores.items():
+        sim.world.apply(peer, core.set_members(sim.engine.now, known, {stranger: BPS}))
+    sim.publish()
+    sim.engine.run(until=600.0, stop=sim.done)
+    assert sim.done()
+    copies = sim.world.ports[sim.origin].bytes_up / sim.signed.manifest.total_bytes
+    assert copies < 1.5, f"the origin sent {copies:.2f} copies"
