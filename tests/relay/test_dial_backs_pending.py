@@ -143,3 +143,42 @@ def test_a_member_whose_dial_back_never_comes_holds_back_no_version_published_la
     assert sim.done()
     copies = sim.world.ports[sim.origin].bytes_up / sim.signed.manifest.total_bytes
     assert copies < 1.5, f"the origin sent {copies:.2f} copies"
+
+
+def test_members_found_not_dialable_end_the_wait_at_once():
+    """The pending members' dial-backs fail (their verdict False: planned at 0 as before, pending no
+    more): the membership the core plans with does not change, but what it kept from the origin is
+    asked of it at once (`_reconsider_origin`), not after our own stripe."""
+    core, first = _announced(dict(ALL_SERVING))
+    own = _own_chunks(core)
+    asked = [e for e in core.set_members(0.01, NOBODY_SERVING, {}) if isinstance(e, Fetch)]
+    assert core._versions[1].origin_only is None
+    assert {f.index for f in asked} - own, "the others' chunks asked of the origin now"
+
+
+def test_a_request_unanswered_does_not_hold_the_rest_back():
+    """The wait ends once every chunk of our own stripe is held or asked: one of them asked and never
+    answered holds back nothing (the version's other chunks are all asked)."""
+    core, first = _announced(dict(ALL_SERVING))
+    lost, rest = first[0], first[1:]
+    asked, _ = _answer_all(core, rest, 0.0)
+    assert sorted({f.index for f in asked} | {lost.index}) == list(range(core._versions[1].count))
+
+
+def test_the_role_tells_the_core_whose_dial_backs_are_pending_ourselves_included():
+    """`unconfirmed_uploads`: the relay members whose heartbeat says nobody dialled them back yet
+    (`reachable` None), at the upload they advertise, and ourselves while our own verdict is None;
+    not those found dialable or not dialable."""
+    from types import SimpleNamespace
+
+    from relay.role_members import unconfirmed_uploads
+
+    def entry(peer, reachable):
+        return SimpleNamespace(peer_id=peer, reachable=reachable, capacity=SimpleNamespace(upload_bps=5))
+
+    table = SimpleNamespace(local=SimpleNamespace(reachable=None, capacity=SimpleNamespace(upload_bps=7)),
+                            with_role=lambda role: [entry("a", None), entry("b", True), entry("c", False)])
+    node = SimpleNamespace(peertable=table, peer_id="me")
+    assert unconfirmed_uploads(node) == {"a": 5.0, "me": 7.0}
+    table.local.reachable = False
+    assert unconfirmed_uploads(node) == {"a": 5.0}
