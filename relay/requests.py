@@ -29,20 +29,23 @@ with the origin as our parent in every stripe, and its requests, out before the 
 `tests/relay/test_lab_capped_origin.py`) every relay asked the trainer for a window of chunks in
 every stripe for the ~3 s until the dial-backs came (2 s of the reachability check's first retry,
 0.6 s of dial-back, a heartbeat), the same chunks at each relay, and the trainer sent 1.8-2.3
-copies. Meanwhile we ask the origin only for the chunks of the stripes whose root we are in the
-plan with those members dialable (at the uploads they advertise): the origin's upload then goes to
-chunks nobody else asks it for. The others are kept (`_Version.kept`), save those of our home stripe
-in the plan we have (our children there ask them of us: kept, each relay's requests budget filled with
-requests waiting at relays that kept them, before its own stripes were asked; a stranger saying
-forever that nobody dialled it back stalled every later version, simulator 4.9 s -> 77 s), until the
-dial-backs come (the replan asks them of their roots) or until every chunk of our own stripes is held or asked,
-whichever comes first: no timer, and no member whose verdict never comes holds us longer than
-the origin takes to feed our own stripes (a fast origin, soon; stop 51's wait for the dial-backs
-themselves stalled relays dialled back one by one, 1.4 s -> 11.2 s in the simulator). A leaf in
-every stripe of that plan, and a relay whose own chunks all came, waits for nothing. Lab, with the
-dial-backs known ~1 s after the start (`p2pnet.reachability`, `NO_PEERS_RETRY_S`): 1.23 and 1.27
-copies, 6.1-6.3 s to all (base 1.84-1.98 copies, 8.6-9.2 s, five runs); what is left is what each
-relay asked before it knew the others (the first 0.5 s) and is served twice.
+copies. Meanwhile we ask the origin only for the chunks of the stripes whose root we are in the plan
+with those members dialable (at the uploads they advertise): the origin's upload then goes to chunks
+nobody else asks it for. The others are kept (`_Version.kept`), save those someone waits for from
+us: our home stripe's in the plan we have (kept, each relay's requests budget filled with requests
+waiting at relays that kept them, before its own stripes were asked; a stranger saying forever that
+nobody dialled it back stalled every later version, simulator 4.9 s -> 77 s), and any asked of us
+(`asked_for`; kept, the asker's request waited at us, nothing asked it again when the wait ended,
+and with a member flipping every 0.1 s relays waited on each other in a ring, 5.5 s -> 33.7 s),
+until the dial-backs come (the replan asks them of their roots) or until every chunk of our own
+stripes is held or asked, whichever comes first: no timer, and no member whose verdict never comes
+holds us longer than the origin takes to feed our own stripes (a fast origin, soon; stop 51's wait
+for the dial-backs themselves stalled relays dialled back one by one, 1.4 s -> 11.2 s in the
+simulator). A leaf in every stripe of that plan, and a relay whose own chunks all came, waits for
+nothing. Lab, with the dial-backs known ~1 s after the start (`p2pnet.reachability`,
+`NO_PEERS_RETRY_S`): 1.23 and 1.27 copies, 6.1-6.3 s to all (base 1.84-1.98 copies, 8.6-9.2 s, five
+runs); what is left is what each relay asked before it knew the others (the first 0.5 s) and is
+served twice.
 
 These methods read the core's configuration, membership, versions, exclusions, bans and measured
 rates, keep `_in_flight` and `_hold_until`, and change a version's requests; they also call the
@@ -375,8 +378,6 @@ class Requesting:
         source = self._spare_origin(now, v, home, self._first_usable(now, v.chains[home], tried), tried)
         if source is None or (entry is not None and entry[0] == source):
             return []
-        if v.origin_only is not None and not v.origin_only[index] and source == v.plan.origin:
-            return []  # kept from the origin while dial-backs are pending: asked once they come (see the top)
         effects: list[Any] = []
         if entry is not None:
             self._settle(now, v, index, entry, progress=False)  # its answer, if any, is still taken
