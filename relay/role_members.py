@@ -3,7 +3,8 @@
 Mixed into `relay.role.RelayRole` (`MemberFollowing`). `_follow_members` hands the core the relay
 members of our peer table and their advertised uploads (`serving_uploads`: 0 for a peer others
 cannot dial; `unconfirmed_uploads`: those of them not dialled back yet) at least every
-`MEMBERS_POLL_S`, and at once when the node tells of a peer that joined, left or changed (`_on_node_event`); on the way it marks the node busy while chunks move
+`MEMBERS_POLL_S`, and at once when the node tells of a peer that joined, left or changed
+(`_on_node_event`); on the way it marks the node busy while chunks move
 (`_busy`, `_about_to_move`: heartbeats slow down then), and advertises what our uploads
 measurably deliver when that is below `upload_bps` (`_advertise_upload`, measured by the upload
 meter while every upload slot is busy: `_uploads_full`). It keeps how long our members have been
