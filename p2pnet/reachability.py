@@ -14,8 +14,9 @@ cannot see that from inside, so it asks: every peer runs
   from, is answered REFUSED without a dial. One ask per asker per `ASK_SPACING_S`, and at
   most `MAX_CONCURRENT_ANSWERS` dials at once (else BUSY).
 - a *client*: asks up to `PROBERS` connected peers it has not asked for `interval_s`, as soon
-  as it has connections and again every `interval_s` (every `UNKNOWN_RETRY_S` while the answer
-  is still unknown), and keeps each peer's latest answer, for three intervals at most, in
+  as it has connections (it looks every `NO_PEERS_RETRY_S` while it has none and no verdict)
+  and again every `interval_s` (every `UNKNOWN_RETRY_S` while the answer is still unknown:
+  `pause_s`), and keeps each peer's latest answer, for three intervals at most, in
   `ReachabilityState`, the pure part.
 
 Verdicts, per address kind: True when any peer's latest answer is OK (one successful dial
@@ -56,6 +57,10 @@ DIALBACK_PROTOCOL = "/p2pnet/dialback/1.0.0"
 DIALBACK_CHANNEL = "p2pnet/dialback"
 PROBERS = 3
 UNKNOWN_RETRY_S = 2.0
+# how soon a peer with no connection looks again for one to ask: it slept UNKNOWN_RETRY_S, and a
+# relay started a moment before a trainer published heard the relays dialled back ~3 s later, not
+# ~1 s (lab: the trainer sent the version ~2 times, `relay.requests`, "Dial-backs pending")
+NO_PEERS_RETRY_S = 0.25
 DIAL_TIMEOUT_S = 5.0
 ASK_TIMEOUT_S = 3 * DIAL_TIMEOUT_S
 ASK_SPACING_S = 5.0
@@ -137,6 +142,15 @@ class ReachabilityState:
         }
 
 
+def pause_s(connected: bool, verdict: bool | None, interval_s: float) -> float:
+    """How long the client waits before it looks again for peers to ask: `interval_s` once it has a
+    verdict, `UNKNOWN_RETRY_S` while it has none, and `NO_PEERS_RETRY_S` while it has none and
+    nobody to ask either (it asks as soon as it has connections: see the top)."""
+    if verdict is not None:
+        return interval_s
+    return UNKNOWN_RETRY_S if connected else NO_PEERS_RETRY_S
+
+
 class Reachability:
     """The trio shell: serves dial-backs for others and asks others about us."""
 
@@ -160,13 +174,14 @@ class Reachability:
         while True:
             now = trio.current_time()
             self.state.expire(now, 3 * self.interval_s)
-            probers = self.state.probers(now, self.node.host.connected_peers(), self.interval_s)
+            connected = self.node.host.connected_peers()
+            probers = self.state.probers(now, connected, self.interval_s)
             if probers:
                 async with trio.open_nursery() as nursery:
                     for peer in probers:
                         nursery.start_soon(self._probe, peer)
                 await self._publish_verdict()
-            await trio.sleep(self.interval_s if self.state.reachable is not None else UNKNOWN_RETRY_S)
+            await trio.sleep(pause_s(bool(connected), self.state.reachable, self.interval_s))
 
     async def _probe(self, peer: str) -> None:
         nonce = os.urandom(NONCE_BYTES)

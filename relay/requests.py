@@ -8,7 +8,9 @@ retry queue first, `_next_index`) and asks it of the first usable member of the 
 of a holder of the whole version (`_choose_source`), passing over those we pass over in that stripe
 alone (`_passed_over`), parking it for the next tick when nobody is usable; `_note_request` and
 `_settle` keep the in-flight and per-source bookkeeping as a request goes out and is answered or
-taken back. `asked_for` fetches a chunk someone waits for from us down our home stripe's chain at
+taken back. While members' dial-backs are pending (`set_members`' `unconfirmed`), the origin is
+asked first only for the chunks the plan with them dialable gives us from it (`_await_dial_backs`,
+below). `asked_for` fetches a chunk someone waits for from us down our home stripe's chain at
 once; `hold_requests` stops new requests for a while (our store is full or failing), `_hold_ends`
 says when the tick resumes them.
 
@@ -20,6 +22,31 @@ origin advertising the default (the simulator, `tests/relay/test_origin_advertis
 one of them sending 20 KB/s, 38.8 -> 25.7 s; five of them, 251.7 -> 235.3 s (221.2 s with nobody
 leaving the origin); the same relays honest, 9.55 s either way.
 
+Dial-backs pending. Members nobody has dialled back yet are planned as leaves (upload 0), so a
+version known before their dial-backs come (a trainer publishing as the relays start) is planned
+with the origin as our parent in every stripe, and its requests, out before the replan, are served
+(nothing takes them back): in the lab (6 relays, a trainer at 24 Mbit/s, 12 MiB published early,
+`tests/relay/test_lab_capped_origin.py`) every relay asked the trainer for a window of chunks in
+every stripe for the ~3 s until the dial-backs came (2 s of the reachability check's first retry,
+0.6 s of dial-back, a heartbeat), the same chunks at each relay, and the trainer sent 1.8-2.3
+copies. Meanwhile we ask the origin only for the chunks of the stripes whose root we are in the plan
+with those members dialable (at the uploads they advertise): the origin's upload then goes to chunks
+nobody else asks it for. The others are kept (`_Version.kept`), save those someone waits for from
+us: our home stripe's in the plan we have (kept, each relay's requests budget filled with requests
+waiting at relays that kept them, before its own stripes were asked; a stranger saying forever that
+nobody dialled it back stalled every later version, simulator 4.9 s -> 77 s), and any asked of us
+(`asked_for`; kept, the asker's request waited at us, nothing asked it again when the wait ended,
+and with a member flipping every 0.1 s relays waited on each other in a ring, 5.5 s -> 33.7 s),
+until the dial-backs come (the replan asks them of their roots) or until every chunk of our own
+stripes is held or asked, whichever comes first: no timer, and no member whose verdict never comes
+holds us longer than the origin takes to feed our own stripes (a fast origin, soon; stop 51's wait
+for the dial-backs themselves stalled relays dialled back one by one, 1.4 s -> 11.2 s in the
+simulator). A leaf in every stripe of that plan, and a relay whose own chunks all came, waits for
+nothing. Lab, with the dial-backs known ~1 s after the start (`p2pnet.reachability`,
+`NO_PEERS_RETRY_S`): 1.23 and 1.27 copies, 6.1-6.3 s to all (base 1.84-1.98 copies, 8.6-9.2 s, five
+runs); what is left is what each relay asked before it knew the others (the first 0.5 s) and is
+served twice.
+
 These methods read the core's configuration, membership, versions, exclusions, bans and measured
 rates, keep `_in_flight` and `_hold_until`, and change a version's requests; they also call the
 core's `_substitute`, `_spare_origin` and `_endgame_source` (`relay.sources`), `_pump_swarm`
@@ -30,11 +57,12 @@ and take the time as an argument.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from relay.effects import Fetch
-from relay.planner import Membership, tiebreak
-from relay.transfer_state import _Source
+from relay.planner import Membership, plan_broadcast, tiebreak
+from relay.transfer_state import _requeue, _Source
 
 if TYPE_CHECKING:
     from relay.planner import StripePlan
@@ -56,6 +84,7 @@ class Requesting:
     _samples: dict[str, int]
     _in_flight: int
     _hold_until: float
+    _unconfirmed: dict[str, float]
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _spare_origin(self, now: float, v: _Version, stripe: int, source: str | None,
@@ -67,6 +96,7 @@ class Requesting:
         def _pump_swarm(self, now: float, v: _Version, effects: list[Any]) -> None: ...
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def _newest_first(self) -> list[_Version]: ...
+        def _origin_upload(self, v: _Version) -> float: ...
 
     # -- issuing requests ---------------------------------------------------------------
 
@@ -93,6 +123,8 @@ class Requesting:
             return
         if v.complete or v.plan is None or now < self._hold_until or now < v.hold_until:
             return
+        if v.origin_only is not None and self._wait_over(v):
+            stripe = None  # the chunks kept from the origin are back in every stripe's queue
         budget = self.config.max_in_flight - self._in_flight
         if stripe is not None and stripe < v.plan.stripes:
             while budget > 0 and self._issue_one(now, v, stripe, effects):
@@ -131,6 +163,16 @@ class Requesting:
         return (chunks[pos], False) if pos < end else (None, False)
 
     def _issue_one(self, now: float, v: _Version, stripe: int, effects: list[Any]) -> bool:
+        """Ask for `stripe`'s next chunk; whether one was asked. Chunks kept from the origin while
+        dial-backs are pending (`_await_dial_backs`) are passed on the way."""
+        while True:
+            issued = self._issue_next(now, v, stripe, effects)
+            if issued is not None:
+                return issued
+
+    def _issue_next(self, now: float, v: _Version, stripe: int, effects: list[Any]) -> bool | None:
+        """`_issue_one` once: True (asked), False (nothing to ask now), None (a chunk kept from the
+        origin for now: try the next)."""
         source = None
         if not v.tried:  # nothing failed: the source is the first usable ancestor, whichever the chunk
             first = self._first_usable(now, v.chains[stripe], self._passed_over(now, v, stripe) if v.passed else ())
@@ -160,6 +202,11 @@ class Requesting:
             v.retry[stripe].popleft()  # type: ignore[union-attr]
         else:
             v.next_pos[stripe] += 1
+        origin_only = v.origin_only
+        if (origin_only is not None and not origin_only[index] and source == v.plan.origin  # type: ignore[union-attr]
+                and stripe != v.forwards):  # (our children wait for our home stripe: never kept, see the top)
+            v.kept.append(index)
+            return None
         self._note_request(now, v, source, index, stripe)
         effects.append(Fetch(source, v.signed.manifest.version, index, v.digests[index], v.size(index),
                              stripe == v.forwards))
@@ -254,6 +301,58 @@ class Requesting:
             src.since = now
             if v.borrowed and key in v.borrowed:  # (a forwarder taken in place of the origin delivered)
                 v.borrowed[key] = True
+
+    # -- while members' dial-backs are pending (see the top) ------------------------------
+
+    def _await_dial_backs(self, v: _Version, origin_upload: float) -> None:
+        """Mark what of `v` we ask the origin for while members' dial-backs are pending: the chunks
+        of the stripes whose root we are in the plan with them dialable. No wait (None) when none
+        is pending, we are the origin or a leaf in every stripe of that plan, or not striped. The
+        chunks kept so far go back to their queues (the pump keeps them again if they still are).
+        O(members) for the plan, O(chunks) for the marks: once per change of who is pending."""
+        for index in dict.fromkeys(v.kept):  # (a replan's pass over the stripes may keep a chunk twice)
+            _requeue(v, index)
+        v.kept.clear()
+        v.origin_only, v.own_left = None, deque()
+        plan = v.plan
+        if plan is None or self.config.layout != "striped" or self.self_id == plan.origin:
+            return
+        pending = {p: u for p, u in self._unconfirmed.items() if u > 0 and not self._members.uploads.get(p, 0.0)}
+        if not pending:
+            return
+        hopeful = Membership.of({**self._members.uploads, **pending})
+        hoped = plan_broadcast(plan.origin, hopeful.uploads.get(plan.origin, origin_upload), hopeful, v.count,
+                               self.config.stripes, salt=v.signed.manifest_id, stable=self.config.stable_plan)
+        ours = {s for s in range(hoped.stripes) if hoped.ancestors(s, self.self_id)[:1] == [plan.origin]}
+        own = bytearray(s in ours for s in hoped.stripe_of_chunk)
+        left = deque(i for i in range(v.count) if own[i] and not v.have[i])
+        if left:
+            v.origin_only, v.own_left = own, left
+
+    def _reconsider_origin(self, now: float) -> list[Any]:
+        """Whose dial-backs are pending changed, not the plan: what each version in progress asks the
+        origin for meanwhile is marked again (`_await_dial_backs`), and what it keeps no more is asked."""
+        effects: list[Any] = []
+        for v in self._newest_first():
+            if not v.complete and v.plan is not None and (v.origin_only is not None or self._unconfirmed):
+                self._await_dial_backs(v, self._origin_upload(v))
+                self._pump(now, v, effects)
+        return self._arm(now, effects)
+
+    def _wait_over(self, v: _Version) -> bool:
+        """Whether the wait for dial-backs is over for `v` (`_await_dial_backs`): every chunk of our
+        own stripes held or asked. If so it ends, and the chunks kept go back to their queues.
+        Amortized O(1): `own_left` is passed once."""
+        left, have, in_flight = v.own_left, v.have, v.in_flight
+        while left and (have[left[0]] or left[0] in in_flight):
+            left.popleft()
+        if left:
+            return False
+        v.origin_only = None
+        for index in dict.fromkeys(v.kept):  # (a replan's pass over the stripes may keep a chunk twice)
+            _requeue(v, index)
+        v.kept.clear()
+        return True
 
     # -- commands from the shell: a chunk someone waits for, holds on requests ----------
 

@@ -2,8 +2,9 @@
 
 Mixed into `relay.role.RelayRole` (`MemberFollowing`). `_follow_members` hands the core the relay
 members of our peer table and their advertised uploads (`serving_uploads`: 0 for a peer others
-cannot dial) at least every `MEMBERS_POLL_S`, and at once when the node tells of a peer that
-joined, left or changed (`_on_node_event`); on the way it marks the node busy while chunks move
+cannot dial; `unconfirmed_uploads`: those of them not dialled back yet) at least every
+`MEMBERS_POLL_S`, and at once when the node tells of a peer that joined, left or changed
+(`_on_node_event`); on the way it marks the node busy while chunks move
 (`_busy`, `_about_to_move`: heartbeats slow down then), and advertises what our uploads
 measurably deliver when that is below `upload_bps` (`_advertise_upload`, measured by the upload
 meter while every upload slot is busy: `_uploads_full`). It keeps how long our members have been
@@ -46,6 +47,19 @@ def serving_uploads(node: Node) -> dict[str, float]:
                for e in node.peertable.with_role("relay")}
     uploads[node.peer_id] = float(node.peertable.local.capacity.upload_bps) if node.peertable.local.reachable else 0.0
     return uploads
+
+
+def unconfirmed_uploads(node: Node) -> dict[str, float]:
+    """The relay members `serving_uploads` gives 0 only because nobody has dialled them back yet
+    (`Heartbeat.reachable` None), ourselves included, at the upload they advertise: a version known
+    meanwhile asks its origin first for our own stripes of the plan with them dialable
+    (`relay.requests`, "Dial-backs pending")."""
+    pending = {e.peer_id: float(e.capacity.upload_bps) for e in node.peertable.with_role("relay")
+               if e.reachable is None}
+    local = node.peertable.local
+    if local.reachable is None:
+        pending[node.peer_id] = float(local.capacity.upload_bps)
+    return pending
 
 
 class MemberFollowing:
@@ -104,8 +118,8 @@ class MemberFollowing:
             while True:
                 self.node.set_busy("relay", self._busy())  # heartbeats slow down while chunks move
                 self._advertise_upload()
-                uploads = serving_uploads(self.node)
-                await self._command(lambda now: self.core.set_members(now, uploads))
+                uploads, pending = serving_uploads(self.node), unconfirmed_uploads(self.node)
+                await self._command(lambda now: self.core.set_members(now, uploads, pending))
                 with trio.move_on_after(MEMBERS_POLL_S):
                     await self._members_changed.wait()
                 self._members_changed = trio.Event()

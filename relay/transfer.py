@@ -49,6 +49,10 @@ The "swarm" layout (a baseline, `relay.swarm`) has no plan: peers send their chu
 (`HaveChunks`) to their neighbours and pull any chunk from any neighbour known to hold it,
 rarest first (`relay.swarm_transfer`, mixed into the core).
 
+Members nobody has dialled back yet are planned as leaves (upload 0); a version known before their
+dial-backs come asks the origin first only for our own stripes of the plan with them dialable
+(`set_members`' `unconfirmed`; `relay.requests`, "Dial-backs pending").
+
 Membership changes (`set_members`) replan the versions in progress only when peers join or
 leave or start or stop serving; a peer's new upload figure alone (a relay advertising what its
 uploads measurably deliver) applies from the next version on: replanning mid-way sent requests
@@ -109,6 +113,7 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._held = held
         self._self_upload = float(self_upload_bps)
         self._members = Membership.of({self_id: self_upload_bps})
+        self._unconfirmed: dict[str, float] = {}  # members not dialled back yet, at the upload they advertise
         self._versions: dict[int, _Version] = {}
         self._excluded: dict[str, float] = {}
         self._refused: dict[str, int] = {}  # source -> `not_admitted` refusals in a row
@@ -191,14 +196,19 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
 
     # -- commands from the shell ------------------------------------------------------------
 
-    def set_members(self, now: float, uploads: dict[str, float] | Membership) -> list[Any]:
+    def set_members(self, now: float, uploads: dict[str, float] | Membership,
+                    unconfirmed: dict[str, float] | None = None) -> list[Any]:
         """The relay peers we know and their upload capacities (bytes/s); a peer that must not
         serve (not dialable) is given 0, so it is planned as a leaf only. Our own entry defaults
-        to `self_upload_bps` when `uploads` leaves it out."""
+        to `self_upload_bps` when `uploads` leaves it out. `unconfirmed`: those given 0 only because
+        nobody has dialled them back yet, at the upload they advertise (a version known meanwhile
+        asks the origin first for our own stripes of the plan with them dialable: `relay.requests`)."""
         members = uploads if isinstance(uploads, Membership) else Membership.of(
             {self.self_id: self._self_upload, **uploads})
+        pending_changed = (unconfirmed or {}) != self._unconfirmed
+        self._unconfirmed = dict(unconfirmed or {})
         if members == self._members:
-            return []
+            return self._reconsider_origin(now) if pending_changed else []
         only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
         self._members = members
         self._note_members(now, members)
@@ -206,8 +216,9 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         self._draw_orders.clear()  # (scored with the old membership's uploads: rebuilt on demand)
         if self.config.layout == "swarm":
             self._neighbours = neighbours(self.self_id, members.uploads, self.config.swarm_degree)
-        if only_figures:  # the same peers serve, at other rates: a transfer in progress keeps its
-            return []     # plan (replanning mid-way strands requests); the next version uses them
+        if only_figures:  # the same peers serve, at other rates: a transfer in progress keeps its plan
+            # (replanning mid-way strands requests); the next version uses them
+            return self._reconsider_origin(now) if pending_changed else []
         effects: list[Any] = []
         for v in self._newest_first():
             if not v.complete:
@@ -456,27 +467,30 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
             v.completed_at = now
         return v
 
+    def _origin_upload(self, v: _Version) -> float:
+        """The upload `v`'s origin is planned at. An origin our view lacks (its heartbeat not heard
+        yet) is planned at the view's ceiling, a figure every relay derives alike from its
+        membership: with our own upload, relays of different uploads planned the same version
+        differently, though plans are meant to agree across relays (`relay.planner`, stable plans).
+        The ceiling is also what `plan_broadcast` caps a known origin at beyond `ORIGIN_SLOTS`
+        members, so a view lacking a fast origin plans it about as the views that have it do.
+        (0 when nobody serves: the ceiling is inf.)"""
+        ceiling = self._members.ceiling
+        return self._members.uploads.get(v.signed.publisher, ceiling if ceiling < math.inf else 0.0)
+
     def _replan(self, now: float, v: _Version) -> None:
         if self.config.layout == "swarm":
             if v.swarm is None:  # no plan to redo: membership only changes our neighbours
                 mine = sum(1 << i for i in range(v.count) if v.have[i])
                 v.swarm = SwarmVersion(v.count, rotation(self.self_id, v.count), mine)
             return
-        origin = v.signed.publisher
-        # An origin our view lacks (its heartbeat not heard yet) is planned at the view's ceiling,
-        # a figure every relay derives alike from its membership: with our own upload, relays of
-        # different uploads planned the same version differently, though plans are meant to agree
-        # across relays (`relay.planner`, stable plans). The ceiling is also what `plan_broadcast`
-        # caps a known origin at beyond `ORIGIN_SLOTS` members, so a view lacking a fast origin
-        # plans it about as the views that have it do. (0 when nobody serves: the ceiling is inf.)
-        ceiling = self._members.ceiling
-        origin_upload = self._members.uploads.get(origin, ceiling if ceiling < math.inf else 0.0)
+        origin_upload = self._origin_upload(v)
         if self.config.layout == "striped":
-            v.plan = plan_broadcast(origin, origin_upload, self._members, v.count, self.config.stripes,
+            v.plan = plan_broadcast(v.signed.publisher, origin_upload, self._members, v.count, self.config.stripes,
                                     salt=v.signed.manifest_id, stable=self.config.stable_plan)
         else:
             fanout = self.config.tree_fanout if self.config.layout == "tree" else len(self._members)
-            v.plan = plan_tree(origin, self._members, v.count, fanout, salt=v.signed.manifest_id)
+            v.plan = plan_tree(v.signed.publisher, self._members, v.count, fanout, salt=v.signed.manifest_id)
         v.chains = [self._chain(now, v.plan, s) for s in range(v.plan.stripes)]
         home = v.plan.home.get(self.self_id, -1)
         v.forwards = home if home >= 0 and v.plan.fanout[home].get(self.self_id, 0) > 0 else -1
@@ -485,11 +499,12 @@ class TransferCore(Requesting, SourceChoice, SourceJudgement, FailureHandling, A
         v.link_rates.clear()
         v.forsaken.clear()
         v.borrowed.clear()
-        old = [i for q in v.retry if q for i in q] + v.parked
+        old = [i for q in v.retry if q for i in q] + v.parked + v.kept
         v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
-        v.parked = []
+        v.parked, v.kept = [], []
         for index in old:
             _requeue(v, index)
+        self._await_dial_backs(v, origin_upload)
 
     # -- internals: the tick and upload slots ---------------------------------------------
 

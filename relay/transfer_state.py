@@ -88,6 +88,12 @@ class _Version:
     forwards: int = -1  # the stripe in which we have children (our home stripe), or -1
     swarm: SwarmVersion | None = None  # the swarm layout's bookkeeping (no plan then)
     hold_until: float = -math.inf  # no new requests for this version before this (its files' writes fail)
+    # while members' dial-backs are pending (`relay.requests`, `_await_dial_backs`): per chunk, whether the
+    # plan with them dialable gives it us from the origin (None: no wait); those of them not yet asked or
+    # held, in order (the wait lasts while any is left); and the chunks kept from the origin meanwhile
+    origin_only: bytearray | None = None
+    own_left: deque[int] = field(default_factory=deque)
+    kept: list[int] = field(default_factory=list)
 
     @property
     def version(self) -> int:

@@ -10,13 +10,14 @@ them where it is their planned parent (`relay.judging`, `_sent_us_bps`). On the 
 figure was made sound, 1.00 after.
 
 The version is published once every relay's transfer core plans with every member as a parent
-(`serving_members` in its status). Published while the relays had not yet heard each other
-dialled back, each relay's first plan makes the origin its parent in every stripe, and the
-requests sent under it are served though the plan changes within a second (not mended: 24 MiB
-in 256 KiB chunks, 1.27 copies, and 1.91 and 2.25 copies with a 5 s stall timeout, whose drops
-send children to the origin; a chunk asked under an old plan can also wait out the request
-timeout). Skipped, with the lab's one-line reason, where network namespaces cannot be made. The
-assertions count bytes and exclusions, not seconds.
+(`serving_members` in its status), and again (`early`) as soon as the relays have started, before
+any of them is dialled back: then each relay's first plan makes the origin its parent in every
+stripe; it asks the origin only for its own stripe of the plan with the others dialable until
+their dial-backs come (`relay.requests`, "Dial-backs pending"), which they do ~1 s after the start
+(`p2pnet.reachability`, `NO_PEERS_RETRY_S`; it was ~3 s, and the trainer sent 1.84-2.26 copies).
+Published early it asserts copies only, at most MAX_EARLY_COPIES (see there). Skipped, with the
+lab's one-line reason, where network namespaces cannot be made. The assertions count bytes and
+exclusions, not seconds.
 
 It failed 3 runs of 13 while it was opt-in (1.15-1.61 copies; stop 48's code 5 of 5, 1.15-2.12):
 the capped trainer splits its uplink unevenly between the stripes (three whole by 2.6 s, three with
@@ -46,14 +47,16 @@ SIZE = 12 * 2**20
 CHUNK = 64 * 1024
 FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 MAX_COPIES = 1.1  # each chunk once, and not a stripe more (one relay taking a stripe again adds 1/6)
+MAX_EARLY_COPIES = 1.5  # published early, 08:05-08:27 UTC: 1.23 copies (and 1.27 traced) against base 1.84-1.98 in 5
 
 
 def relay_status(peer: PeerProcess) -> dict:
     return peer.status()["role_status"]["relay"]
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["published-planned", "published-early"])
 def test_a_trainer_on_a_capped_uplink_advertising_the_default_sends_the_version_about_once(lab_factory, tmp_path,
-                                                                                            record_property):
+                                                                                            record_property, early):
     lab = lab_factory([HostSpec("trainer", TRAINER_MBIT, 4 * TRAINER_MBIT),
                        *(HostSpec(f"r{i}", 200, 400) for i in range(RELAYS))])
     config = tmp_path / "relay.toml"
@@ -75,7 +78,7 @@ def test_a_trainer_on_a_capped_uplink_advertising_the_default_sends_the_version_
             start(f"r{i}", [trainer.addr])
         for peer in peers:
             peer.wait_ready(60)
-        for peer in peers:  # every core plans with every member as a possible parent
+        for peer in [] if early else peers:  # every core plans with every member as a possible parent
             wait_for(lambda: relay_status(peer)["transfers"]["serving_members"] == len(peers), 90,
                      f"{peer.name} plans with every peer dialable", poll_s=0.2)
         control_call(trainer.data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)], "model": "t",
@@ -90,9 +93,11 @@ def test_a_trainer_on_a_capped_uplink_advertising_the_default_sends_the_version_
         excluded = {peer.name: relay_status(peer)["transfers"]["excluded"] for peer in peers[1:]}
         record_property("copies", round(served / payload, 3))  # (in --junitxml)
         assert served >= payload
-        assert served <= MAX_COPIES * payload, (f"the trainer served {served / payload:.2f} copies; "
-                                                f"chunks each relay took from it: {taken}; excluded: {excluded}")
-        assert excluded == {peer.name: [] for peer in peers[1:]}, "an honest relay dropped a source"
+        assert served <= (MAX_EARLY_COPIES if early else MAX_COPIES) * payload, (
+            f"the trainer served {served / payload:.2f} copies; chunks each relay took from it: {taken}; "
+            f"excluded: {excluded}")
+        if not early:  # (early, a relay may drop a source in the replans while the dial-backs come)
+            assert excluded == {peer.name: [] for peer in peers[1:]}, "an honest relay dropped a source"
     finally:
         codes = [p.stop(timeout_s=15) for p in peers]
     assert codes == [0] * len(peers)

@@ -70,7 +70,7 @@ class Table:
 
     def with_role(self, role: str) -> list[SimpleNamespace]:
         assert role == "relay"
-        return [SimpleNamespace(peer_id=p, can_serve=True, capacity=SimpleNamespace(upload_bps=10**8))
+        return [SimpleNamespace(peer_id=p, can_serve=True, reachable=True, capacity=SimpleNamespace(upload_bps=10**8))
                 for p in sorted(self.members)]
 
 
