@@ -47,7 +47,8 @@ SIZE = 12 * 2**20
 CHUNK = 64 * 1024
 FAST = ["--heartbeat-interval-s", "0.5", "--peer-expiry-s", "6"]
 MAX_COPIES = 1.1  # each chunk once, and not a stripe more (one relay taking a stripe again adds 1/6)
-MAX_EARLY_COPIES = 1.5  # published early, 08:05-08:27 UTC: 1.23 copies (and 1.27 traced) against base 1.84-1.98 in 5
+MAX_EARLY_COPIES = 1.6  # published early: 1.23, 1.27, 1.32, 1.37 copies in four runs on this rule (the last two with
+# other tests on the machine), the old rule 1.84-1.98 in five and 1.84-2.26 in three: midway, ~0.23 either side
 
 
 def relay_status(peer: PeerProcess) -> dict:
