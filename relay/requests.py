@@ -43,8 +43,8 @@ holds us longer than the origin takes to feed our own stripes (a fast origin, so
 for the dial-backs themselves stalled relays dialled back one by one, 1.4 s -> 11.2 s in the
 simulator). A leaf in every stripe of that plan, and a relay whose own chunks all came, waits for
 nothing. Lab, with the dial-backs known ~1 s after the start (`p2pnet.reachability`,
-`NO_PEERS_RETRY_S`): 1.23 and 1.27 copies, 6.1-6.3 s to all (base 1.84-1.98 copies, 8.6-9.2 s, five
-runs); what is left is what each relay asked before it knew the others (the first 0.5 s) and is
+`NO_PEERS_RETRY_S`): 1.23-1.37 copies in four runs, 6.1-6.6 s to all (base 1.84-1.98 copies, 8.6-9.2 s,
+five runs); what is left is what each relay asked before it knew the others (the first 0.5 s) and is
 served twice.
 
 These methods read the core's configuration, membership, versions, exclusions, bans and measured
