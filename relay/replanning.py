@@ -140,9 +140,9 @@ class Replanning:
         v.link_rates.clear()
         v.forsaken.clear()
         v.borrowed.clear()
-        old = [i for q in v.retry if q for i in q] + v.parked + v.kept
+        old = [i for q in v.retry if q for i in q] + v.parked
         v.retry = [None] * v.plan.stripes  # a queue is made when a stripe first needs one
-        v.parked, v.kept = [], []
+        v.parked = []
         for index in old:
             _requeue(v, index)
-        self._await_dial_backs(v, origin_upload)
+        self._await_dial_backs(v, origin_upload)  # (the chunks kept from the origin go back last)

@@ -310,9 +310,7 @@ class Requesting:
         is pending, we are the origin or a leaf in every stripe of that plan, or not striped. The
         chunks kept so far go back to their queues (the pump keeps them again if they still are).
         O(members) for the plan, O(chunks) for the marks: once per change of who is pending."""
-        for index in dict.fromkeys(v.kept):  # (a replan's pass over the stripes may keep a chunk twice)
-            _requeue(v, index)
-        v.kept.clear()
+        _release_kept(v)
         v.origin_only, v.own_left = None, deque()
         plan = v.plan
         if plan is None or self.config.layout != "striped" or self.self_id == plan.origin:
@@ -349,9 +347,7 @@ class Requesting:
         if left:
             return False
         v.origin_only = None
-        for index in dict.fromkeys(v.kept):  # (a replan's pass over the stripes may keep a chunk twice)
-            _requeue(v, index)
-        v.kept.clear()
+        _release_kept(v)
         return True
 
     # -- commands from the shell: a chunk someone waits for, holds on requests ----------
@@ -417,3 +413,11 @@ class Requesting:
             if now < v.hold_until < ends and not v.complete:
                 ends = v.hold_until
         return ends
+
+
+def _release_kept(v: _Version) -> None:
+    """The chunks kept from the origin while dial-backs were pending go back to their stripes'
+    queues, each once (a pass over the stripes may keep a chunk twice)."""
+    for index in dict.fromkeys(v.kept):
+        _requeue(v, index)
+    v.kept.clear()
