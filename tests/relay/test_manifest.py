@@ -64,6 +64,39 @@ def test_chunk_boundaries_do_not_depend_on_file_boundaries(tmp_path):
         chunk_range(whole, len(whole.chunk_digests))
 
 
+@pytest.mark.parametrize("threads, block", [(1, 1 << 20), (4, 1 << 20), (4, 7), (3, 1000)])
+def test_chunks_hashed_side_by_side_are_the_chunks_of_the_concatenation(tmp_path, monkeypatch, threads, block):
+    """Any number of hashing threads and any read block give every chunk's digest of the
+    concatenation: chunks inside one file, across files, across an empty file, the short last one."""
+    import relay.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "HASH_THREADS", threads)
+    monkeypatch.setattr(manifest_module, "READ_BLOCK_BYTES", block)
+    paths = write_checkpoint(tmp_path)
+    rng = np.random.default_rng(5)
+    for name, size in (("empty.bin", 0), ("config.json", 17), ("shard.bin", 5000)):
+        (tmp_path / name).write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+        paths.insert(1, tmp_path / name)
+    blob = b"".join(p.read_bytes() for p in paths)
+    m = build_manifest(paths, model="m", version=0, chunk_bytes=999, now_ms=0)
+    assert m.total_bytes == len(blob)
+    assert list(m.chunk_digests) == [blake3.blake3(blob[i:i + 999]).digest() for i in range(0, len(blob), 999)]
+
+
+def test_a_file_cut_short_while_it_is_hashed_is_refused_by_name(tmp_path, monkeypatch):
+    """A file that is shorter when hashed than when indexed (its writer truncated it) is named in a
+    ConfigError, not published with digests of other bytes."""
+    import relay.manifest as manifest_module
+
+    paths = write_checkpoint(tmp_path)
+    (tmp_path / "shard.bin").write_bytes(bytes(range(256)) * 10)
+    paths.insert(1, tmp_path / "shard.bin")
+    sizes = {p.name: p.stat().st_size + (100 if p.name == "shard.bin" else 0) for p in paths}
+    monkeypatch.setattr(manifest_module, "_file_size", lambda fh: sizes[Path(fh.name).name])
+    with pytest.raises(ConfigError, match="shard.bin: changed while it was being published: 2560 bytes read"):
+        build_manifest(paths, model="m", version=0, chunk_bytes=64, now_ms=0)
+
+
 @pytest.mark.parametrize("content, problem", [
     (b"", "shorter"),
     (b"\x10\x00\x00\x00\x00\x00\x00\x00{}", "header length"),
