@@ -207,28 +207,43 @@ def private_bytes(pid: int) -> int:
 
 
 class Watch:
-    """CPU, bytes written and peak private memory of some processes, from `start` to `stop`."""
+    """CPU, bytes written and peak private memory of some processes, from `start` to `stop`, and
+    when the writing got under way and when it was nearly done (`phases`): the bytes written by
+    them all, read every `SAMPLE_S`, reaching 1% and 99% of what they wrote in the end."""
+
+    SAMPLE_S = 0.05
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.peak = {name: private_bytes(pid) for name, pid in pids.items()}
+        self.progress: list[tuple[float, int]] = []  # (seconds since start, bytes written since start)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
-        while not self._stop.wait(0.1):
+        while not self._stop.wait(self.SAMPLE_S):
+            total = 0
             for name, pid in self.pids.items():
                 try:
                     self.peak[name] = max(self.peak[name], private_bytes(pid))
+                    total += written(pid) - self.io0[name]
                 except (FileNotFoundError, ProcessLookupError):
                     pass
+            self.progress.append((time.perf_counter() - self.t0, total))
+
+    def phases(self, total: int) -> dict:
+        """When the bytes written reached 1% and 99% of `total` (seconds since start; None if never
+        seen, between samples at the end)."""
+        def reached(share: float) -> float | None:
+            return next((t for t, n in self.progress if n >= share * total), None)
+        return {"first_pct_s": reached(0.01), "most_s": reached(0.99)}
 
     def start(self) -> None:
         self.cpu0 = {n: cpu_s(p) for n, p in self.pids.items()}
         self.io0 = {n: written(p) for n, p in self.pids.items()}
-        self._thread.start()
         self.busy0 = machine_busy_s()
         self.t0 = time.perf_counter()
+        self._thread.start()
 
     def stop(self) -> dict:
         took = time.perf_counter() - self.t0
@@ -238,10 +253,9 @@ class Watch:
         user = sum(cpu_s(p)[0] - self.cpu0[n][0] for n, p in self.pids.items())
         system = sum(cpu_s(p)[1] - self.cpu0[n][1] for n, p in self.pids.items())
         per = {n: [round(a - b, 2) for a, b in zip(cpu_s(p), self.cpu0[n])] for n, p in self.pids.items()}
+        total = sum(written(p) - self.io0[n] for n, p in self.pids.items())
         return {"seconds": took, "cpu_s": user + system, "user_s": user, "sys_s": system, "machine_cpu_s": busy,
-                "per_process": per,
-                "written_bytes": sum(written(p) - self.io0[n] for n, p in self.pids.items()),
-                "peak_private": dict(self.peak)}
+                "per_process": per, "written_bytes": total, "peak_private": dict(self.peak), **self.phases(total)}
 
 
 def warm(folder: Path, nbytes: int) -> None:
@@ -527,6 +541,11 @@ def race(args: argparse.Namespace, contenders: tuple[str, ...], work: Path, roun
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _median_of(rounds: list[dict], key: str) -> str:
+    seen = [r[key] for r in rounds if r.get(key) is not None]
+    return f"{statistics.median(seen):.2f} s" if seen else "-"
+
+
 def report(rounds: dict[str, list[dict]], args: argparse.Namespace, path_bytes: int) -> None:
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "cpu_s", "machine_cpu_s",
                                                                       "written_bytes")}
@@ -550,6 +569,10 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, path_bytes: 
         print(f"{name:<8} {m['seconds']:8.2f} {over('seconds', m)} {m['cpu_s']:7.1f} "
               f"{over('cpu_s', m)} {m['machine_cpu_s']:14.1f} {over('machine_cpu_s', m)} "
               f"{m['written_bytes'] / payload:16.2f} {m['peak_private_mib']:30.0f}")
+    print("phases (medians; bytes written by all of a contender's processes, read every "
+          f"{Watch.SAMPLE_S:.2f} s): " + "; ".join(
+              f"{name} 1% at {_median_of(rs, 'first_pct_s')}, 99% at {_median_of(rs, 'most_s')}, "
+              f"done at {statistics.median(r['seconds'] for r in rs):.2f} s" for name, rs in rounds.items()))
     if "p2pnet" not in rounds:
         return
     publish = statistics.median(r["publish_s"] for r in rounds["p2pnet"])
