@@ -3,10 +3,10 @@
 A complete version is a folder of its files (`relay.store`), so loading memory-maps them with
 safetensors: no file is joined in memory, and `load_into` copies tensor by tensor straight into
 a model's parameters, so the extra memory is about one tensor. Every chunk is hashed again just
-before loading (`ChunkStore.verify`, chunk by chunk from the page cache: blake3 hashes about
-5 GB/s on one core here, a small part of a load), so no byte is used that does not match the
-signed manifest, even if the disk rotted it since it arrived. Before any
-tensor is copied, every file's header is checked against the manifest's tensor index and the
+before loading (`ChunkStore.verify`, chunks side by side from the page cache, one chunk held
+per thread: blake3 hashes about 5 GB/s on one core here, a small part of a load), so no byte
+is used that does not match the signed manifest, even if the disk rotted it since it arrived.
+Before any tensor is copied, every file's header is checked against the manifest's tensor index and the
 model (names, shapes), so a version that does not fit leaves the model as it was. Only files
 named `*.safetensors` are loaded; others (tokenizer, config) travel with the version unread.
 

@@ -336,24 +336,6 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
             return False
         return True
 
-    def verify(self, version: int, *, everything: bool = False) -> list[int]:
-        """Hash the version's unverified chunks (with `everything`, all it holds); those that no
-        longer match are dropped (and told). Returns their indices."""
-        held = self._held(version)
-        with self._lock:
-            todo = sorted(held.have if everything else held.unverified)
-        rotten = []
-        for index in todo:
-            try:
-                self.read_chunk(version, index)
-            except ChunkMissing:
-                rotten.append(index)
-        return rotten
-
-    def verify_all(self) -> list[tuple[int, int]]:
-        """Re-hash every chunk held; drop and return (version, index) of those that no longer match."""
-        return [(v, i) for v in self.versions() for i in self.verify(v, everything=True)]
-
     def segments(self, version: int, index: int) -> list[tuple[Path, int, int]]:
         """Where a held chunk lies: (file, offset, length) pieces, for `os.sendfile`. ChunkMissing
         if it is not held. Call `ensure_verified` first after a restart."""

@@ -4,14 +4,15 @@ Mixed into `relay.store.ChunkStore` (`WholeVersions`). `publish_files` is the tr
 files are brought in (hard-linked, moved, or copied: `relay.versionfiles.place_file`) to a temp
 folder under `versions/`, made read-only, hashed once in one read to build and sign the manifest,
 renamed into place and fsynced, and the version is kept complete (manifest, bitmap of every
-chunk). `export_version` is what `checkpoint fetch --out` hands out: the whole version re-hashed
-first (`verify`), then its files hard-linked (a reflink or a copy across filesystems) into the
-caller's folder, each under its name atomically, so a user gets verified bytes without a second
-copy on disk.
+chunk). `verify` re-hashes a version's unverified chunks (or all of them: before a load or an
+export), side by side on a few threads. `export_version` is what `checkpoint fetch --out` hands
+out: the whole version re-hashed first (`verify`), then its files hard-linked (a reflink or a
+copy across filesystems) into the caller's folder, each under its name atomically, so a user
+gets verified bytes without a second copy on disk.
 
 These methods read the store's `root`, `_fsync` and versions (`_versions`), add the published
 version to them (and its bytes to `_used_bytes`, its reservation to `_reserved_bytes`) under its
-`_lock`, and call its `_held`, `verify`, `_reserve`, `version_dir_of`, `_write_manifest` and
+`_lock`, and call its `_held`, `read_chunk`, `versions`, `_reserve`, `version_dir_of`, `_write_manifest` and
 `_save_bitmap`. No network I/O.
 """
 
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from p2pnet.errors import ConfigError
 from p2pnet.files import fsync_dir
+import relay.manifest as manifest_module
 from relay.errors import ChunkMissing, VersionIncomplete
 from relay.manifest import DEFAULT_CHUNK_BYTES, SignedManifest, build_manifest, sign_manifest
 from relay.store_records import TMP_PREFIX, _Version
@@ -47,11 +50,37 @@ class WholeVersions:
 
     if TYPE_CHECKING:  # what these call on the store (`relay.store.ChunkStore` or another of its mixins)
         def _held(self, version: int) -> _Version: ...
-        def verify(self, version: int, *, everything: bool = False) -> list[int]: ...
+        def read_chunk(self, version: int, index: int) -> bytes: ...
+        def versions(self) -> list[int]: ...
         def _reserve(self, nbytes: int, *, incoming: bool = False) -> None: ...
         def version_dir_of(self, signed: SignedManifest) -> Path: ...
         def _write_manifest(self, signed: SignedManifest) -> None: ...
         def _save_bitmap(self, held: _Version, durable: set[int]) -> None: ...
+
+    def verify(self, version: int, *, everything: bool = False) -> list[int]:
+        """Hash the version's unverified chunks (with `everything`, all it holds), side by side on
+        up to `relay.manifest.HASH_THREADS` threads; those that no longer match are dropped (and
+        told). Returns their indices, in order."""
+        held = self._held(version)
+        with self._lock:
+            todo = sorted(held.have if everything else held.unverified)
+
+        def rotten(index: int) -> bool:  # (its bytes are dropped at once: a thread holds one chunk at most)
+            try:
+                self.read_chunk(version, index)
+            except ChunkMissing:
+                return True
+            return False
+
+        threads = min(manifest_module.HASH_THREADS, len(todo))
+        if threads <= 1:
+            return [index for index in todo if rotten(index)]
+        with ThreadPoolExecutor(threads, thread_name_prefix="store-verify") as pool:  # blake3 releases the GIL
+            return [index for index, bad in zip(todo, pool.map(rotten, todo)) if bad]
+
+    def verify_all(self) -> list[tuple[int, int]]:
+        """Re-hash every chunk held; drop and return (version, index) of those that no longer match."""
+        return [(v, i) for v in self.versions() for i in self.verify(v, everything=True)]
 
     def export_version(self, version: int, out_dir: Path) -> list[Path]:
         """The version's files, byte-identical, in `out_dir`: re-hashed, then hard-linked (a

@@ -175,6 +175,27 @@ def test_a_rotten_chunk_is_dropped_when_read_and_found_after_a_restart(tmp_path)
     assert open_store(tmp_path).verify_all() == []
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_verify_hashes_side_by_side_and_drops_exactly_the_rotten_chunks(tmp_path, monkeypatch, threads):
+    """However many threads hash, `verify` returns the rotten chunks in order, drops each once
+    and tells each once; the good ones stay held and verified."""
+    import relay.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "HASH_THREADS", threads)
+    store = open_store(tmp_path)
+    told = []
+    store.listener = told.append
+    signed = publish(store, tmp_path, 1)
+    count = len(signed.manifest.chunk_digests)
+    bad = [1, 2, count - 1]
+    for index in bad:
+        rot_chunk(store, 1, index)
+    assert count > 4 and store.verify(1, everything=True) == bad
+    assert sorted(told, key=lambda e: e.index) == [ChunkRotten(1, i) for i in bad]
+    assert store.missing(signed) == bad and all(store.is_verified(1, i) for i in range(count) if i not in bad)
+    assert store.verify(1, everything=True) == []
+
+
 def test_export_re_verifies_the_whole_version(tmp_path):
     store = open_store(tmp_path)
     publish(store, tmp_path, 1)
