@@ -12,8 +12,8 @@ gets verified bytes without a second copy on disk.
 
 These methods read the store's `root`, `_fsync` and versions (`_versions`), add the published
 version to them (and its bytes to `_used_bytes`, its reservation to `_reserved_bytes`) under its
-`_lock`, and call its `_held`, `read_chunk`, `versions`, `_reserve`, `version_dir_of`, `_write_manifest` and
-`_save_bitmap`. No network I/O.
+`_lock`, and call its `_held`, `read_chunk`, `versions`, `_reserve`, `version_dir_of`,
+`_write_manifest` and `_save_bitmap`. No network I/O.
 """
 
 from __future__ import annotations
