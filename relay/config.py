@@ -38,7 +38,7 @@ class RelayConfig:
     announce_interval_s: float = 5.0  # how often we gossip what we hold
     store_dir: str = "relay"  # under the data directory
     fsync: bool = True  # fsync chunks and directories (off only for simulations/benchmarks)
-    fsync_batch_chunks: int = 32  # chunks written per fsync of files and bitmap, in the background (a crash loses about twice this at most; a version's last chunk: fsynced before it counts)
+    fsync_batch_chunks: int = 8  # chunks written per fsync of files and bitmap, in the background (a crash loses about twice this at most; a version's last chunk: fsynced before it counts); smaller batches leave fewer dirty pages for the last flush of a version to wait on
     layout: str = "striped"  # "tree" (one tree of tree_fanout) and "star" are baselines for benchmarks
     tree_fanout: int = 4
 
