@@ -31,21 +31,28 @@ every stripe for the ~3 s until the dial-backs came (2 s of the reachability che
 0.6 s of dial-back, a heartbeat), the same chunks at each relay, and the trainer sent 1.8-2.3
 copies. Meanwhile we ask the origin only for the chunks of the stripes whose root we are in the plan
 with those members dialable (at the uploads they advertise): the origin's upload then goes to chunks
-nobody else asks it for. The others are kept (`_Version.kept`), save those someone waits for from
-us: our home stripe's in the plan we have (kept, each relay's requests budget filled with requests
-waiting at relays that kept them, before its own stripes were asked; a stranger saying forever that
-nobody dialled it back stalled every later version, simulator 4.9 s -> 77 s), and any asked of us
-(`asked_for`; kept, the asker's request waited at us, nothing asked it again when the wait ended,
-and with a member flipping every 0.1 s relays waited on each other in a ring, 5.5 s -> 33.7 s),
-until the dial-backs come (the replan asks them of their roots) or until every chunk of our own
-stripes is held or asked, whichever comes first: no timer, and no member whose verdict never comes
-holds us longer than the origin takes to feed our own stripes (a fast origin, soon; stop 51's wait
-for the dial-backs themselves stalled relays dialled back one by one, 1.4 s -> 11.2 s in the
-simulator). A leaf in every stripe of that plan, and a relay whose own chunks all came, waits for
-nothing. Lab, with the dial-backs known ~1 s after the start (`p2pnet.reachability`,
-`NO_PEERS_RETRY_S`): 1.23-1.37 copies in four runs, 6.1-6.6 s to all (base 1.84-1.98 copies, 8.6-9.2 s,
-five runs); what is left is what each relay asked before it knew the others (the first 0.5 s) and is
-served twice.
+nobody else asks it for. An upload advertised by a member nobody dialled back is a claim nobody
+checked: it is hoped at no more than the highest upload a member already dialled back is planned at,
+or ours while we are pending too (`_hope_cap`); uncapped, ten strangers saying forever that nobody
+dialled them back and claiming 1e12 B/s rooted nearly every chunk of that plan, the honest relays
+had none of their own to wait on and asked the origin for everything (simulator, 6 honest relays
+dialled back at 1 s, origin at 3 MB/s: 1.97 copies sent the honest relays, 1.61 capped, 1.52 with
+the strangers known not dialable, `tests/relay/test_dial_backs_pending_claims.py`). Their number
+still counts: hoped at our upload, the ten root 10 of the 16 stripes. The others are kept
+(`_Version.kept`), save those someone waits for from us: our home stripe's in the plan we have
+(kept, each relay's requests budget filled with requests waiting at relays that kept them, before
+its own stripes were asked; a stranger saying forever that nobody dialled it back stalled every
+later version, simulator 4.9 s -> 77 s), and any asked of us (`asked_for`; kept, the asker's request
+waited at us, nothing asked it again when the wait ended, and with a member flipping every 0.1 s
+relays waited on each other in a ring, 5.5 s -> 33.7 s), until the dial-backs come (the replan asks
+them of their roots) or until every chunk of our own stripes is held or asked, whichever comes
+first: no timer, and no member whose verdict never comes holds us longer than the origin takes to
+feed our own stripes (a fast origin, soon; stop 51's wait for the dial-backs themselves stalled
+relays dialled back one by one, 1.4 s -> 11.2 s in the simulator). A leaf in every stripe of that
+plan, and a relay whose own chunks all came, waits for nothing. Lab, with the dial-backs known ~1 s
+after the start (`p2pnet.reachability`, `NO_PEERS_RETRY_S`): 1.23-1.37 copies in four runs, 6.1-6.6
+s to all (base 1.84-1.98 copies, 8.6-9.2 s, five runs); what is left is what each relay asked before
+it knew the others (the first 0.5 s) and is served twice.
 
 These methods read the core's configuration, membership, versions, exclusions, bans and measured
 rates, keep `_in_flight` and `_hold_until`, and change a version's requests; they also call the
@@ -318,6 +325,8 @@ class Requesting:
         pending = {p: u for p, u in self._unconfirmed.items() if u > 0 and not self._members.uploads.get(p, 0.0)}
         if not pending:
             return
+        cap = self._hope_cap(plan.origin, pending)
+        pending = {p: min(u, cap) for p, u in pending.items()}
         hopeful = Membership.of({**self._members.uploads, **pending})
         hoped = plan_broadcast(plan.origin, hopeful.uploads.get(plan.origin, origin_upload), hopeful, v.count,
                                self.config.stripes, salt=v.signed.manifest_id, stable=self.config.stable_plan)
@@ -326,6 +335,18 @@ class Requesting:
         left = deque(i for i in range(v.count) if own[i] and not v.have[i])
         if left:
             v.origin_only, v.own_left = own, left
+
+    def _hope_cap(self, origin: str, pending: dict[str, float]) -> float:
+        """The most upload a pending member is hoped at (`_await_dial_backs`): the highest a member
+        already dialled back is planned at (`Membership.planned`, the origin left out) or ours as we
+        advertise it while we are pending too, whichever is more; the lowest pending claim when
+        neither is known (we are not dialable, and nobody is dialled back yet). A pending member's
+        claim nobody checked raises neither (see the top). O(members), once per change of who is
+        pending."""
+        planned = self._members.planned
+        highest = max((u for p, u in planned.items() if p != origin), default=0.0)
+        cap = max(highest, self._unconfirmed.get(self.self_id, 0.0))
+        return cap if cap > 0 else min(pending.values())
 
     def _reconsider_origin(self, now: float) -> list[Any]:
         """Whose dial-backs are pending changed, not the plan: what each version in progress asks the

@@ -1,0 +1,118 @@
+"""Strangers among the relay members that nobody has dialled back, forever, claiming a huge upload
+(their heartbeats' `reachable` None, `Capacity.upload_bps` up to 2^64 - 1): the plan with the pending
+members dialable (`relay.requests`, "Dial-backs pending") hopes each of them at no more than the
+highest upload a member already dialled back is planned at, or the lowest pending claim (ours among
+them while we are pending too), `_hope_cap`. Uncapped, ten such strangers claiming 1e12 B/s rooted
+nearly every chunk of that plan, so the honest relays had no stripe of their own to wait on and asked
+the origin for everything, as with no rule at all. The transfer core alone on a virtual clock, and
+the simulator's broadcast (virtual time)."""
+
+from __future__ import annotations
+
+from p2pnet.identity import Identity
+from p2pnet.wire import Envelope
+from relay.effects import Fetch
+from relay.manifest import chunk_count, open_manifest
+from relay.messages import ManifestAnnounce
+from relay.planner import Membership, plan_broadcast
+from relay.transfer import TransferConfig, TransferCore
+from simulations.broadcast import build_broadcast, fake_manifest
+from simulations.world import EPOCH_S
+
+PUBLISHER = Identity.from_seed_text("strangers claiming much")
+ORIGIN = PUBLISHER.peer_id
+BPS = 1e9
+CLAIM = 1e12
+CHUNK = 64 * 1024
+RELAYS = [f"r{i}" for i in range(6)]
+STRANGERS = [f"s{i}" for i in range(10)]
+
+
+def _announced(serving: dict[str, float], pending: dict[str, float]) -> tuple[TransferCore, list[Fetch]]:
+    """Relay r0's core, told who serves (the strangers at 0) and whose dial-backs are pending, then a
+    version of 12 MiB: the core and its first fetches."""
+    def opener(frame: bytes, now: float):
+        return open_manifest(frame, trusted_publishers={ORIGIN}, now_s=EPOCH_S + now)
+
+    core = TransferCore(TransferConfig(announce_interval_s=3600.0), RELAYS[0], open_frame=opener,
+                        self_upload_bps=BPS)
+    core.set_members(0.0, {**serving, **dict.fromkeys(STRANGERS, 0.0)}, pending)
+    signed = fake_manifest(PUBLISHER, 12 * 2**20, CHUNK)
+    effects = core.on_message(0.0, Envelope(ManifestAnnounce.KIND, ORIGIN, b"", 0, ManifestAnnounce(signed.frame), 0))
+    return core, [e for e in effects if isinstance(e, Fetch)]
+
+
+def _own(core: TransferCore, hoped: dict[str, float]) -> bytearray:
+    """Which chunks r0 roots in the plan of the members `hoped` (every one dialable)."""
+    v = core._versions[1]
+    plan = plan_broadcast(ORIGIN, hoped[ORIGIN], Membership.of(hoped), v.count, core.config.stripes,
+                          salt=v.signed.manifest_id, stable=core.config.stable_plan)
+    ours = {s for s in range(plan.stripes) if plan.ancestors(s, RELAYS[0])[:1] == [ORIGIN]}
+    return bytearray(plan.stripe_of_chunk[i] in ours for i in range(v.count))
+
+
+def test_while_everyone_is_pending_a_huge_claim_counts_no_more_than_our_own():
+    """Nobody dialled back yet (a version published as the relays start): ten strangers claiming
+    1e12 B/s are hoped at the lowest pending claim, ours, and r0 asks the origin first only for its
+    own stripe of that plan, as if they claimed what we do. (Uncapped, they rooted nearly every chunk,
+    r0 none: no wait, and its first requests asked the origin for others' chunks.)"""
+    nobody = {ORIGIN: 0.0, **dict.fromkeys(RELAYS, 0.0)}
+    honest = {ORIGIN: BPS, **dict.fromkeys(RELAYS, BPS)}
+    core, first = _announced(nobody, {**honest, **dict.fromkeys(STRANGERS, CLAIM)})
+    like_us, first_like_us = _announced(nobody, {**honest, **dict.fromkeys(STRANGERS, BPS)})
+    own = _own(core, {**honest, **dict.fromkeys(STRANGERS, BPS)})
+    v = core._versions[1]
+    assert v.origin_only == own and any(own), "the wait is on, for our own stripe of the capped plan"
+    assert first and {f.peer for f in first} == {ORIGIN} and all(own[f.index] for f in first)
+    assert [(f.peer, f.index) for f in first] == [(f.peer, f.index) for f in first_like_us]
+    assert like_us._versions[1].origin_only == own
+
+
+def test_once_members_are_dialled_back_a_huge_claim_counts_no_more_than_the_fastest_of_them():
+    """The honest relays dialled back (r1 twice as fast as the others), ten strangers pending forever
+    claiming 1e12 B/s, the origin faster than all: the strangers are hoped at the fastest dialled-back
+    relay's upload, not the origin's, not ours, not their claim."""
+    serving = {ORIGIN: 4 * BPS, **dict.fromkeys(RELAYS, BPS), RELAYS[1]: 2 * BPS}
+    core, first = _announced(serving, dict.fromkeys(STRANGERS, CLAIM))
+    like_them, first_like_them = _announced(serving, dict.fromkeys(STRANGERS, 2 * BPS))
+    own = _own(core, {**serving, **dict.fromkeys(STRANGERS, 2 * BPS)})
+    assert any(own), "r0 roots a stripe of the plan with the strangers dialable at the fastest relay's upload"
+    for other in (4 * BPS, BPS):  # the origin's upload, ours: another plan
+        assert _own(core, {**serving, **dict.fromkeys(STRANGERS, other)}) != own
+    assert core._versions[1].origin_only == own == like_them._versions[1].origin_only
+    assert [(f.peer, f.index) for f in first] == [(f.peer, f.index) for f in first_like_them]
+
+
+def test_strangers_claiming_much_forever_cost_the_honest_relays_little_of_an_early_publish():
+    """The simulator's broadcast, 6 honest relays and 10 strangers pending forever claiming 1e12 B/s
+    (every relay a real core told the same), the honest ones dialled back at 1 s, a version of 12 MiB
+    published at once from an origin sending 3 MB/s: the origin sends the honest relays 1.61 copies
+    (with the strangers' claims uncapped 1.97, as the honest relays kept nothing back before their
+    dial-backs came; with the strangers known not dialable 1.52). The last honest relay is done at
+    14.7 s either way (11.0 s with the strangers known not dialable): what the strangers ask of the
+    origin for themselves is not the honest relays' to decide, and once the honest relays are
+    dialled back the strangers, hoped at their upload, still root 10 of the 16 stripes of the plan
+    hoped for."""
+    sim = build_broadcast(16, 12 * 2**20, upload_bps=(25e6, 25e6), origin_upload_bps=3e6, seed=1,
+                          chunk_bytes=CHUNK, config=TransferConfig(announce_interval_s=1.0))
+    honest, strangers = sim.peer_ids[:6], sim.peer_ids[6:]
+    from_origin = [0]
+    for peer in honest:
+        core = sim.cores[peer]
+
+        def fetched(now, source, version, index, elapsed_s, unexplained_s=None, _inner=core.fetched):
+            from_origin[0] += source == sim.origin
+            return _inner(now, source, version, index, elapsed_s, unexplained_s)
+        core.fetched = fetched  # type: ignore[method-assign]
+
+    def tell(members, pending):
+        for peer, core in sim.cores.items():
+            sim.world.apply(peer, core.set_members(sim.engine.now, members, pending))
+    claims = dict.fromkeys(strangers, CLAIM)
+    tell({sim.origin: BPS, **dict.fromkeys(sim.peer_ids, 0.0)}, {**dict.fromkeys(honest, BPS), **claims})
+    sim.engine.at(1.0, tell, {sim.origin: BPS, **dict.fromkeys(honest, BPS), **dict.fromkeys(strangers, 0.0)}, claims)
+    sim.publish()
+    sim.engine.run(until=600.0, stop=sim.done)
+    assert sim.done()
+    copies = from_origin[0] / chunk_count(sim.signed.manifest)
+    assert copies < 1.75, f"the origin sent the honest relays {copies:.3f} copies"
