@@ -68,6 +68,32 @@ def test_while_everyone_is_pending_a_huge_claim_counts_no_more_than_our_own():
     assert like_us._versions[1].origin_only == own
 
 
+def test_a_low_pending_claim_lowers_nobody_else_s_hope():
+    """One stranger claims 1 B/s, nine 1e12 B/s, nobody dialled back yet: the nine are hoped at our
+    upload, not at the lowest claim (that would plan every pending member, us too, below the origin's
+    share)."""
+    nobody = {ORIGIN: 0.0, **dict.fromkeys(RELAYS, 0.0)}
+    honest = {ORIGIN: BPS, **dict.fromkeys(RELAYS, BPS)}
+    low = {STRANGERS[0]: 1.0}
+    core, first = _announced(nobody, {**honest, **dict.fromkeys(STRANGERS, CLAIM), **low})
+    like_us, first_like_us = _announced(nobody, {**honest, **dict.fromkeys(STRANGERS, BPS), **low})
+    assert first and [(f.peer, f.index) for f in first] == [(f.peer, f.index) for f in first_like_us]
+    lowest, first_lowest = _announced(nobody, {**honest, **dict.fromkeys(STRANGERS, 1.0)})
+    assert [f.index for f in first] != [f.index for f in first_lowest], "the lowest claim makes another plan"
+
+
+def test_not_dialable_ourselves_with_nobody_dialled_back_we_still_wait_for_the_pending():
+    """Our own dial-back failed (we are a leaf, not pending) and nobody is dialled back yet: the pending
+    members are hoped at the lowest of their claims, and we keep from the origin the chunks they will
+    root (as before the cap: capped at nothing, they were hoped at 0 and we asked the origin for all)."""
+    nobody = {ORIGIN: 0.0, **dict.fromkeys(RELAYS, 0.0)}
+    others = {ORIGIN: BPS, **dict.fromkeys(RELAYS[1:], BPS)}
+    core, first = _announced(nobody, others)
+    v = core._versions[1]
+    assert v.origin_only is not None and v.kept, "the others' chunks kept from the origin"
+    assert all(v.origin_only[f.index] for f in first if f.peer == ORIGIN)
+
+
 def test_once_members_are_dialled_back_a_huge_claim_counts_no_more_than_the_fastest_of_them():
     """The honest relays dialled back (r1 twice as fast as the others), ten strangers pending forever
     claiming 1e12 B/s, the origin faster than all: the strangers are hoped at the fastest dialled-back
