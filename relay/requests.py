@@ -38,7 +38,11 @@ dialled them back and claiming 1e12 B/s rooted nearly every chunk of that plan, 
 had none of their own to wait on and asked the origin for everything (simulator, 6 honest relays
 dialled back at 1 s, origin at 3 MB/s: 1.97 copies sent the honest relays, 1.61 capped, 1.52 with
 the strangers known not dialable, `tests/relay/test_dial_backs_pending_claims.py`). Their number
-still counts: hoped at our upload, the ten root 10 of the 16 stripes. The others are kept
+still counts: hoped at our upload, the ten root 10 of the 16 stripes. A member pending for longer
+than an honest dial-back takes (`PENDING_HOPE_S`, from when we were first told it pending) is hoped
+for no more, the wait it held ends at our next pump: strangers pending since 20 s before a version
+cost it nothing (the same world at 100 MB/s: 1.77 copies sent the honest relays, as with the
+strangers known not dialable; 1.91 uncapped, 1.97 capped and hoped for). The others are kept
 (`_Version.kept`), save those someone waits for from us: our home stripe's in the plan we have
 (kept, each relay's requests budget filled with requests waiting at relays that kept them, before
 its own stripes were asked; a stranger saying forever that nobody dialled it back stalled every
@@ -71,6 +75,12 @@ from relay.effects import Fetch
 from relay.planner import Membership, plan_broadcast, tiebreak
 from relay.transfer_state import _requeue, _Source
 
+#: how long a member may be pending (nobody has dialled it back: `set_members`' `unconfirmed`) and still
+#: be hoped for (`_await_dial_backs`): an honest relay's dial-back ends within the time its dial-back
+#: client waits for an answer (`p2pnet.reachability.ASK_TIMEOUT_S`, 15 s: a relay nobody can dial
+#: learns it by then and says so, False); one pending longer says so of itself forever for all we know
+PENDING_HOPE_S = 15.0
+
 if TYPE_CHECKING:
     from relay.planner import StripePlan
     from relay.transfer import TransferConfig
@@ -92,6 +102,7 @@ class Requesting:
     _in_flight: int
     _hold_until: float
     _unconfirmed: dict[str, float]
+    _pending_since: dict[str, float]
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _spare_origin(self, now: float, v: _Version, stripe: int, source: str | None,
@@ -130,8 +141,11 @@ class Requesting:
             return
         if v.complete or v.plan is None or now < self._hold_until or now < v.hold_until:
             return
-        if v.origin_only is not None and self._wait_over(v):
-            stripe = None  # the chunks kept from the origin are back in every stripe's queue
+        if v.origin_only is not None:
+            if now >= v.hope_until:  # a member hoped for has been pending too long: hoped for no more
+                self._await_dial_backs(now, v, self._origin_upload(v))
+            if v.origin_only is None or self._wait_over(v):
+                stripe = None  # the chunks kept from the origin are back in every stripe's queue
         budget = self.config.max_in_flight - self._in_flight
         if stripe is not None and stripe < v.plan.stripes:
             while budget > 0 and self._issue_one(now, v, stripe, effects):
@@ -311,18 +325,20 @@ class Requesting:
 
     # -- while members' dial-backs are pending (see the top) ------------------------------
 
-    def _await_dial_backs(self, v: _Version, origin_upload: float) -> None:
+    def _await_dial_backs(self, now: float, v: _Version, origin_upload: float) -> None:
         """Mark what of `v` we ask the origin for while members' dial-backs are pending: the chunks
         of the stripes whose root we are in the plan with them dialable. No wait (None) when none
         is pending, we are the origin or a leaf in every stripe of that plan, or not striped. The
         chunks kept so far go back to their queues (the pump keeps them again if they still are).
         O(members) for the plan, O(chunks) for the marks: once per change of who is pending."""
         _release_kept(v)
-        v.origin_only, v.own_left = None, deque()
+        v.origin_only, v.own_left, v.hope_until = None, deque(), math.inf
         plan = v.plan
         if plan is None or self.config.layout != "striped" or self.self_id == plan.origin:
             return
-        pending = {p: u for p, u in self._unconfirmed.items() if u > 0 and not self._members.uploads.get(p, 0.0)}
+        since, hoped_until = self._pending_since, now - PENDING_HOPE_S
+        pending = {p: u for p, u in self._unconfirmed.items()
+                   if u > 0 and not self._members.uploads.get(p, 0.0) and since.get(p, now) > hoped_until}
         if not pending:
             return
         cap = self._hope_cap(plan.origin, pending)
@@ -335,6 +351,7 @@ class Requesting:
         left = deque(i for i in range(v.count) if own[i] and not v.have[i])
         if left:
             v.origin_only, v.own_left = own, left
+            v.hope_until = min(since.get(p, now) for p in pending) + PENDING_HOPE_S
 
     def _hope_cap(self, origin: str, pending: dict[str, float]) -> float:
         """The most upload a pending member is hoped at (`_await_dial_backs`): the highest a member
@@ -354,7 +371,7 @@ class Requesting:
         effects: list[Any] = []
         for v in self._newest_first():
             if not v.complete and v.plan is not None and (v.origin_only is not None or self._unconfirmed):
-                self._await_dial_backs(v, self._origin_upload(v))
+                self._await_dial_backs(now, v, self._origin_upload(v))
                 self._pump(now, v, effects)
         return self._arm(now, effects)
 
