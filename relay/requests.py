@@ -42,7 +42,7 @@ still counts: hoped at our upload, the ten root 10 of the 16 stripes. A member p
 than an honest dial-back takes (`PENDING_HOPE_S`, from when we were first told it pending) is hoped
 for no more, the wait it held ends at our next pump: strangers pending since 20 s before a version
 cost it nothing (the same world at 100 MB/s: 1.77 copies sent the honest relays, as with the
-strangers known not dialable; 1.91 uncapped, 1.97 capped and hoped for). The others are kept
+strangers known not dialable; 1.91 uncapped, 1.96 capped and hoped for). The others are kept
 (`_Version.kept`), save those someone waits for from us: our home stripe's in the plan we have
 (kept, each relay's requests budget filled with requests waiting at relays that kept them, before
 its own stripes were asked; a stranger saying forever that nobody dialled it back stalled every

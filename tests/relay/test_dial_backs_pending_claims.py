@@ -214,7 +214,7 @@ def test_strangers_pending_since_long_before_a_version_cost_it_nothing():
     """The simulator's broadcast, 6 honest relays dialled back and 10 strangers pending claiming
     1e12 B/s, told 20 s before a version of 12 MiB is published from an origin sending 100 MB/s: the
     same as with the strangers known not dialable (1.771 copies sent the honest relays; 1.911 with
-    the claims uncapped, 1.969 capped and still hoped for)."""
+    the claims uncapped, 1.964 capped and still hoped for)."""
     def world(pending: bool) -> tuple[float, float]:
         sim = build_broadcast(16, 12 * 2**20, upload_bps=(25e6, 25e6), origin_upload_bps=100e6, seed=1,
                               chunk_bytes=CHUNK, config=TransferConfig(announce_interval_s=1.0))
