@@ -117,6 +117,20 @@ def test_once_members_are_dialled_back_a_huge_claim_counts_no_more_than_the_fast
     assert [(f.peer, f.index) for f in first] == [(f.peer, f.index) for f in first_like_them]
 
 
+def test_a_dialled_back_member_claiming_much_lifts_the_pending_no_further_than_the_plans_ceiling():
+    """A dialled-back member (a liar dialable but claiming 100 times the others) is planned at
+    `ADVERTISED_CAP` times the lower median (`Membership.planned`), and so are the strangers it may
+    bring pending with it, not at its claim: r0 still has a chunk of its own to wait on (at the
+    liar's claim, none)."""
+    serving = {ORIGIN: BPS, **dict.fromkeys(RELAYS, BPS), RELAYS[1]: 100 * BPS}
+    core, _ = _announced(serving, dict.fromkeys(STRANGERS, CLAIM))
+    ceiling = core._members.planned[RELAYS[1]]
+    assert ceiling < 100 * BPS
+    own = _own(core, {**serving, **dict.fromkeys(STRANGERS, ceiling)})
+    assert core._versions[1].origin_only == own and any(own)
+    assert not any(_own(core, {**serving, **dict.fromkeys(STRANGERS, 100 * BPS)}))
+
+
 def test_relays_of_different_uploads_pending_together_publish_early_as_fast_as_uncapped():
     """The simulator's broadcast, 12 relays of uploads drawn from 5-80 MB/s, each advertising its own,
     all dialled back at 1 s, a version of 12 MiB published at once from an origin sending (and
@@ -215,6 +229,22 @@ def test_a_wait_on_members_that_stay_pending_ends_at_a_tick_when_no_answer_comes
         ticks += 1
         assert (v.origin_only is None) == (at >= PENDING_HOPE_S), at
     assert ticks > 1 and not v.kept
+
+
+def test_the_member_pending_longest_is_the_first_hoped_for_no_more():
+    """One stranger pending since 0, nine since 10 s, a version at 10 s: at the tick at
+    `PENDING_HOPE_S` the first is hoped for no more and the wait goes on for the nine alone (their
+    own limit is 10 s later), not for all ten until the last of them is too old."""
+    core = _core(SERVING, {STRANGERS[0]: BPS})
+    core.set_members(10.0, {**SERVING, **dict.fromkeys(STRANGERS, 0.0)}, dict.fromkeys(STRANGERS, BPS))
+    _announce(core, 10.0)
+    v = core._versions[1]
+    known = {**SERVING, **dict.fromkeys(STRANGERS, 0.0)}
+    assert v.origin_only == _own(core, {**known, **dict.fromkeys(STRANGERS, BPS)})
+    core.on_timer(PENDING_HOPE_S, TIMER_TICK)
+    nine = _own(core, {**known, **dict.fromkeys(STRANGERS[1:], BPS)})
+    assert nine != _own(core, {**known, **dict.fromkeys(STRANGERS, BPS)})
+    assert v.origin_only == nine and v.hope_until == 10.0 + PENDING_HOPE_S
 
 
 def test_a_member_pending_again_after_a_verdict_is_hoped_for_afresh():
