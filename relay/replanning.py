@@ -37,6 +37,7 @@ class Replanning:
     _self_upload: float
     _members: Membership
     _unconfirmed: dict[str, float]
+    _pending_since: dict[str, float]
     _slow: set[str]
     _refused: dict[str, int]
     _unaddressed: dict[str, float]
@@ -55,7 +56,7 @@ class Replanning:
         def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None: ...
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]: ...
-        def _await_dial_backs(self, v: _Version, origin_upload: float) -> None: ...
+        def _await_dial_backs(self, now: float, v: _Version, origin_upload: float) -> None: ...
 
     def set_members(self, now: float, uploads: dict[str, float] | Membership,
                     unconfirmed: dict[str, float] | None = None) -> list[Any]:
@@ -63,11 +64,14 @@ class Replanning:
         serve (not dialable) is given 0, so it is planned as a leaf only. Our own entry defaults
         to `self_upload_bps` when `uploads` leaves it out. `unconfirmed`: those given 0 only because
         nobody has dialled them back yet, at the upload they advertise (a version known meanwhile
-        asks the origin first for our own stripes of the plan with them dialable: `relay.requests`)."""
+        asks the origin first for our own stripes of the plan with them dialable: `relay.requests`);
+        when each was first told us pending is kept while it stays pending (`PENDING_HOPE_S`)."""
         members = uploads if isinstance(uploads, Membership) else Membership.of(
             {self.self_id: self._self_upload, **uploads})
         pending_changed = (unconfirmed or {}) != self._unconfirmed
         self._unconfirmed = dict(unconfirmed or {})
+        since = self._pending_since
+        self._pending_since = {p: since.get(p, now) for p in self._unconfirmed}
         if members == self._members:
             return self._reconsider_origin(now) if pending_changed else []
         only_figures = members.serves_as(self._members)  # (who serves is what a replan must follow)
@@ -145,4 +149,4 @@ class Replanning:
         v.parked = []
         for index in old:
             _requeue(v, index)
-        self._await_dial_backs(v, origin_upload)  # (the chunks kept from the origin go back last)
+        self._await_dial_backs(now, v, origin_upload)  # (the chunks kept from the origin go back last)

@@ -31,21 +31,33 @@ every stripe for the ~3 s until the dial-backs came (2 s of the reachability che
 0.6 s of dial-back, a heartbeat), the same chunks at each relay, and the trainer sent 1.8-2.3
 copies. Meanwhile we ask the origin only for the chunks of the stripes whose root we are in the plan
 with those members dialable (at the uploads they advertise): the origin's upload then goes to chunks
-nobody else asks it for. The others are kept (`_Version.kept`), save those someone waits for from
-us: our home stripe's in the plan we have (kept, each relay's requests budget filled with requests
-waiting at relays that kept them, before its own stripes were asked; a stranger saying forever that
-nobody dialled it back stalled every later version, simulator 4.9 s -> 77 s), and any asked of us
-(`asked_for`; kept, the asker's request waited at us, nothing asked it again when the wait ended,
-and with a member flipping every 0.1 s relays waited on each other in a ring, 5.5 s -> 33.7 s),
-until the dial-backs come (the replan asks them of their roots) or until every chunk of our own
-stripes is held or asked, whichever comes first: no timer, and no member whose verdict never comes
-holds us longer than the origin takes to feed our own stripes (a fast origin, soon; stop 51's wait
-for the dial-backs themselves stalled relays dialled back one by one, 1.4 s -> 11.2 s in the
-simulator). A leaf in every stripe of that plan, and a relay whose own chunks all came, waits for
-nothing. Lab, with the dial-backs known ~1 s after the start (`p2pnet.reachability`,
-`NO_PEERS_RETRY_S`): 1.23-1.37 copies in four runs, 6.1-6.6 s to all (base 1.84-1.98 copies, 8.6-9.2 s,
-five runs); what is left is what each relay asked before it knew the others (the first 0.5 s) and is
-served twice.
+nobody else asks it for. An upload advertised by a member nobody dialled back is a claim nobody
+checked: once members are dialled back it is hoped at no more than the highest upload one of them
+is planned at (`_hope_cap`): ten strangers saying forever that nobody dialled them back and claiming
+1e12 B/s rooted nearly every chunk of that plan, so the honest relays had none of their own to wait
+on and asked the origin for everything, as with no rule. While nobody is dialled back there is
+nothing every relay knows alike to cap a claim at, and each must hope for the same plan as the
+others (see `_hope_cap`): the strangers then still take that plan, and the honest relays ask as with
+no rule (simulator, 6 honest relays dialled back at 1 s, origin at 3 MB/s: 1.96 copies sent the
+honest relays, 1.52 with the strangers known not dialable). A member pending for longer than an
+honest dial-back takes (`PENDING_HOPE_S`, from when we were first told it pending) is hoped for no
+more, the wait it held ends at our next pump: strangers pending since 20 s before a version cost it
+nothing (the same world at 100 MB/s: 1.77 copies sent the honest relays, as with the strangers
+known not dialable; 1.91 uncapped, 1.96 capped, still hoped for). The others are kept
+(`_Version.kept`), save those someone waits for from us: our home stripe's in the plan we have
+(kept, each relay's requests budget filled with requests waiting at relays that kept them, before
+its own stripes were asked; a stranger saying forever that nobody dialled it back stalled every
+later version, simulator 4.9 s -> 77 s), and any asked of us (`asked_for`; kept, the asker's request
+waited at us, nothing asked it again when the wait ended, and with a member flipping every 0.1 s
+relays waited on each other in a ring, 5.5 s -> 33.7 s), until the dial-backs come (the replan asks
+them of their roots) or until every chunk of our own stripes is held or asked, whichever comes
+first: no timer, and no member whose verdict never comes holds us longer than the origin takes to
+feed our own stripes (a fast origin, soon; stop 51's wait for the dial-backs themselves stalled
+relays dialled back one by one, 1.4 s -> 11.2 s in the simulator). A leaf in every stripe of that
+plan, and a relay whose own chunks all came, waits for nothing. Lab, with the dial-backs known ~1 s
+after the start (`p2pnet.reachability`, `NO_PEERS_RETRY_S`): 1.23-1.37 copies in four runs, 6.1-6.6
+s to all (base 1.84-1.98 copies, 8.6-9.2 s, five runs); what is left is what each relay asked before
+it knew the others (the first 0.5 s) and is served twice.
 
 These methods read the core's configuration, membership, versions, exclusions, bans and measured
 rates, keep `_in_flight` and `_hold_until`, and change a version's requests; they also call the
@@ -63,6 +75,12 @@ from typing import TYPE_CHECKING, Any
 from relay.effects import Fetch
 from relay.planner import Membership, plan_broadcast, tiebreak
 from relay.transfer_state import _requeue, _Source
+
+#: how long a member may be pending (nobody has dialled it back: `set_members`' `unconfirmed`) and still
+#: be hoped for (`_await_dial_backs`): an honest relay's dial-back ends within the time its dial-back
+#: client waits for an answer (`p2pnet.reachability.ASK_TIMEOUT_S`, 15 s: a relay nobody can dial
+#: learns it by then and says so, False); one pending longer says so of itself forever for all we know
+PENDING_HOPE_S = 15.0
 
 if TYPE_CHECKING:
     from relay.planner import StripePlan
@@ -85,6 +103,7 @@ class Requesting:
     _in_flight: int
     _hold_until: float
     _unconfirmed: dict[str, float]
+    _pending_since: dict[str, float]
 
     if TYPE_CHECKING:  # what these call on the core (`relay.transfer.TransferCore` or another of its mixins)
         def _spare_origin(self, now: float, v: _Version, stripe: int, source: str | None,
@@ -123,8 +142,11 @@ class Requesting:
             return
         if v.complete or v.plan is None or now < self._hold_until or now < v.hold_until:
             return
-        if v.origin_only is not None and self._wait_over(v):
-            stripe = None  # the chunks kept from the origin are back in every stripe's queue
+        if v.origin_only is not None:
+            if now >= v.hope_until:  # a member hoped for has been pending too long: hoped for no more
+                self._await_dial_backs(now, v, self._origin_upload(v))
+            if v.origin_only is None or self._wait_over(v):
+                stripe = None  # the chunks kept from the origin are back in every stripe's queue
         budget = self.config.max_in_flight - self._in_flight
         if stripe is not None and stripe < v.plan.stripes:
             while budget > 0 and self._issue_one(now, v, stripe, effects):
@@ -304,20 +326,24 @@ class Requesting:
 
     # -- while members' dial-backs are pending (see the top) ------------------------------
 
-    def _await_dial_backs(self, v: _Version, origin_upload: float) -> None:
+    def _await_dial_backs(self, now: float, v: _Version, origin_upload: float) -> None:
         """Mark what of `v` we ask the origin for while members' dial-backs are pending: the chunks
         of the stripes whose root we are in the plan with them dialable. No wait (None) when none
         is pending, we are the origin or a leaf in every stripe of that plan, or not striped. The
         chunks kept so far go back to their queues (the pump keeps them again if they still are).
         O(members) for the plan, O(chunks) for the marks: once per change of who is pending."""
         _release_kept(v)
-        v.origin_only, v.own_left = None, deque()
+        v.origin_only, v.own_left, v.hope_until = None, deque(), math.inf
         plan = v.plan
         if plan is None or self.config.layout != "striped" or self.self_id == plan.origin:
             return
-        pending = {p: u for p, u in self._unconfirmed.items() if u > 0 and not self._members.uploads.get(p, 0.0)}
+        since, hoped_until = self._pending_since, now - PENDING_HOPE_S
+        pending = {p: u for p, u in self._unconfirmed.items()
+                   if u > 0 and not self._members.uploads.get(p, 0.0) and since.get(p, now) > hoped_until}
         if not pending:
             return
+        cap = self._hope_cap(plan.origin)
+        pending = {p: min(u, cap) for p, u in pending.items()}
         hopeful = Membership.of({**self._members.uploads, **pending})
         hoped = plan_broadcast(plan.origin, hopeful.uploads.get(plan.origin, origin_upload), hopeful, v.count,
                                self.config.stripes, salt=v.signed.manifest_id, stable=self.config.stable_plan)
@@ -326,6 +352,19 @@ class Requesting:
         left = deque(i for i in range(v.count) if own[i] and not v.have[i])
         if left:
             v.origin_only, v.own_left = own, left
+            v.hope_until = min(since.get(p, now) for p in pending) + PENDING_HOPE_S
+
+    def _hope_cap(self, origin: str) -> float:
+        """The most upload a pending member is hoped at (`_await_dial_backs`): the highest a member
+        already dialled back is planned at (`Membership.planned`, the origin left out); none (inf)
+        while nobody is. Only from what every relay is told alike, so that all hope for the same
+        plan: capped at our own upload while everyone was pending (or at the lowest pending claim,
+        for a relay not dialable itself), relays of different uploads hoped for different plans,
+        asked the origin for the same chunks and kept others nobody asked (simulator, 36 worlds of
+        6-20 relays at 5-80 MB/s dialled back at 1 s or one by one: 149 s to all in all uncapped, 144 s
+        capped thus, 191 s capped at ours; `tests/relay/test_dial_backs_pending_claims.py`).
+        O(members), once per change of who is pending."""
+        return max((u for p, u in self._members.planned.items() if p != origin and u > 0), default=math.inf)
 
     def _reconsider_origin(self, now: float) -> list[Any]:
         """Whose dial-backs are pending changed, not the plan: what each version in progress asks the
@@ -333,7 +372,7 @@ class Requesting:
         effects: list[Any] = []
         for v in self._newest_first():
             if not v.complete and v.plan is not None and (v.origin_only is not None or self._unconfirmed):
-                self._await_dial_backs(v, self._origin_upload(v))
+                self._await_dial_backs(now, v, self._origin_upload(v))
                 self._pump(now, v, effects)
         return self._arm(now, effects)
 

@@ -108,6 +108,7 @@ class TransferCore(Replanning, Requesting, SourceChoice, SourceJudgement, Failur
         self._self_upload = float(self_upload_bps)
         self._members = Membership.of({self_id: self_upload_bps})
         self._unconfirmed: dict[str, float] = {}  # members not dialled back yet, at the upload they advertise
+        self._pending_since: dict[str, float] = {}  # when each of them was first told us pending
         self._versions: dict[int, _Version] = {}
         self._excluded: dict[str, float] = {}
         self._refused: dict[str, int] = {}  # source -> `not_admitted` refusals in a row

@@ -90,10 +90,12 @@ class _Version:
     hold_until: float = -math.inf  # no new requests for this version before this (its files' writes fail)
     # while members' dial-backs are pending (`relay.requests`, `_await_dial_backs`): per chunk, whether the
     # plan with them dialable gives it us from the origin (None: no wait); those of them not yet asked or
-    # held, in order (the wait lasts while any is left); and the chunks kept from the origin meanwhile
+    # held, in order (the wait lasts while any is left); the chunks kept from the origin meanwhile; and when
+    # the first of them hoped for has been pending too long to hope for it still (`PENDING_HOPE_S`)
     origin_only: bytearray | None = None
     own_left: deque[int] = field(default_factory=deque)
     kept: list[int] = field(default_factory=list)
+    hope_until: float = math.inf
 
     @property
     def version(self) -> int:
