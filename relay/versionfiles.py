@@ -11,7 +11,8 @@ folder is an ordinary folder of its files (safetensors, tokenizer, config, ...) 
 opens directly.
 
 `VersionFiles` keeps the files open (at most `MAX_OPEN_FILES` per version, least recently used
-closed first) for `os.pwrite`/`os.pread` from several threads and for `os.sendfile`; it tracks
+closed first) for `os.pwrite`/`os.pread` from several threads (each on a duplicate of its own, which
+an eviction cannot close under it); it tracks
 which files have writes not yet fsynced, and counts the fsyncs that failed (`sync_failures`): on
 Linux a failed fsync may have dropped the dirty pages it was to write, and a later fsync then
 succeeds without them, so whatever was written before a failure must be written again. It
@@ -115,11 +116,14 @@ class VersionFiles:
         view = memoryview(data)
         at = 0
         for seg in self.segments(index):
-            fd = self.fd(seg.file)
-            part = view[at:at + seg.length]
-            done = 0
-            while done < seg.length:
-                done += os.pwrite(fd, part[done:], seg.offset + done)
+            fd = self._own_fd(seg.file)
+            try:
+                part = view[at:at + seg.length]
+                done = 0
+                while done < seg.length:
+                    done += os.pwrite(fd, part[done:], seg.offset + done)
+            finally:
+                os.close(fd)
             at += seg.length
             with self._lock:
                 self._dirty.add(seg.file)
@@ -128,33 +132,45 @@ class VersionFiles:
         """Chunk `index` as it is on disk (unverified)."""
         parts = []
         for seg in self.segments(index):
-            data = os.pread(self.fd(seg.file), seg.length, seg.offset)
+            fd = self._own_fd(seg.file)
+            try:
+                data = os.pread(fd, seg.length, seg.offset)
+            finally:
+                os.close(fd)
             if len(data) != seg.length:
                 raise OSError(errno.EIO, f"{self.paths[seg.file]} is shorter than its manifest says")
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def fd(self, file: int) -> int:
-        """An open read-write descriptor of file number `file` (kept open for the next use)."""
-        with self._lock:
-            fd = self._fds.get(file)
-            if fd is not None:
-                self._fds.move_to_end(file)
-                return fd
-            fd = os.open(self.paths[file], os.O_RDWR)
-            self._fds[file] = fd
-            while len(self._fds) > MAX_OPEN_FILES:
-                old, old_fd = self._fds.popitem(last=False)
-                try:
-                    if old in self._dirty:  # its writes must not lose their fsync
-                        self._dirty.discard(old)
-                        os.fsync(old_fd)
-                except OSError:
-                    self.sync_failures += 1  # the owner drops what was written since its last sync
-                    raise
-                finally:
-                    os.close(old_fd)
+    def _fd_locked(self, file: int) -> int:
+        """The shared open descriptor of file number `file`, kept for the next use (under `_lock`;
+        another thread may close it once the lock is let go: read and write with `_own_fd`)."""
+        fd = self._fds.get(file)
+        if fd is not None:
+            self._fds.move_to_end(file)
             return fd
+        fd = os.open(self.paths[file], os.O_RDWR)
+        self._fds[file] = fd
+        while len(self._fds) > MAX_OPEN_FILES:
+            old, old_fd = self._fds.popitem(last=False)
+            try:
+                if old in self._dirty:  # its writes must not lose their fsync
+                    self._dirty.discard(old)
+                    os.fsync(old_fd)
+            except OSError:
+                self.sync_failures += 1  # the owner drops what was written since its last sync
+                raise
+            finally:
+                os.close(old_fd)
+        return fd
+
+    def _own_fd(self, file: int) -> int:
+        """A duplicate of file number `file`'s shared descriptor, the caller's to close: another
+        thread opening a file may close the shared one (at most MAX_OPEN_FILES stay open) while we
+        read or write, and the OS then reuses its number for another file (a chunk written into the
+        wrong file; a read failing as EBADF, and the chunk taken for rotten)."""
+        with self._lock:
+            return os.dup(self._fd_locked(file))
 
     def sync(self) -> None:
         """fsync every file written since the last sync."""

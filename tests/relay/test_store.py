@@ -196,6 +196,40 @@ def test_verify_hashes_side_by_side_and_drops_exactly_the_rotten_chunks(tmp_path
     assert store.verify(1, everything=True) == []
 
 
+def test_a_file_another_thread_closes_meanwhile_fails_no_read_nor_write(tmp_path, monkeypatch):
+    """With at most one file open per version, a thread opening another file closes the one we are
+    reading or writing with: each read and write uses a descriptor of its own, so neither fails
+    (before, the read failed EBADF and a good chunk was dropped as rotten)."""
+    import relay.versionfiles as versionfiles_module
+
+    monkeypatch.setattr(versionfiles_module, "MAX_OPEN_FILES", 1)
+    store = open_store(tmp_path)
+    signed = publish(store, tmp_path, 1)
+    files = store._versions[1].files
+    last = len(signed.manifest.chunk_digests) - 1  # in the last file; chunk 0 is in the first
+    expected = files.read_chunk(0)
+    real_pread, real_pwrite = os.pread, os.pwrite
+
+    def other_thread_opens_the_last_file() -> None:
+        os.close(files._own_fd(files.segments(last)[-1].file))
+
+    def pread(fd, n, offset):
+        other_thread_opens_the_last_file()
+        return real_pread(fd, n, offset)
+
+    def pwrite(fd, data, offset):
+        other_thread_opens_the_last_file()
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    assert store.read_chunk(1, 0) == expected and store.holds(1, 0)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    files.write_chunk(0, expected)
+    monkeypatch.setattr(os, "pread", real_pread)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert store.verify(1, everything=True) == []
+
+
 def test_export_re_verifies_the_whole_version(tmp_path):
     store = open_store(tmp_path)
     publish(store, tmp_path, 1)
