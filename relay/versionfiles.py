@@ -11,13 +11,12 @@ folder is an ordinary folder of its files (safetensors, tokenizer, config, ...) 
 opens directly.
 
 `VersionFiles` keeps the files open (at most `MAX_OPEN_FILES` per version, least recently used
-closed first) for `os.pwrite`/`os.pread` from several threads (each on a duplicate of its own, which
-an eviction cannot close under it); it tracks
-which files have writes not yet fsynced, and counts the fsyncs that failed (`sync_failures`): on
-Linux a failed fsync may have dropped the dirty pages it was to write, and a later fsync then
-succeeds without them, so whatever was written before a failure must be written again. It
-knows nothing of hashes, budgets or trust: the store (`relay.store`) decides what is written and
-what the bitmap says. `place_file` brings a
+closed first) for `os.pwrite`/`os.pread` from several threads (each on a duplicate of its own,
+which an eviction cannot close under it); it tracks which files have writes not yet fsynced, and
+counts the fsyncs that failed (`sync_failures`): on Linux a failed fsync may have dropped the
+dirty pages it was to write, and a later fsync then succeeds without them, so whatever was
+written before a failure must be written again. It knows nothing of hashes, budgets or trust:
+the store (`relay.store`) decides what is written and what the bitmap says. `place_file` brings a
 file in or hands one out without copying its bytes where the filesystem allows (rename, hard
 link, reflink), with a kernel-side copy as the fallback.
 
