@@ -28,10 +28,12 @@ machine (/proc/stat: kernel threads too, such as the flusher that writes back wh
 wrote without fsync, and loopback's softirqs; the harness's sampling adds a little); bytes its
 processes wrote to the storage layer (/proc/PID/io write_bytes - cancelled_write_bytes; tmpfs has
 no storage layer and reads 0); the peak private memory of each process (RssAnon of
-/proc/PID/status, sampled every 0.1 s for every contender alike: resident anonymous memory,
+/proc/PID/status, sampled every 0.05 s for every contender alike: resident anonymous memory,
 private here since no process shares its heap with another; smaps_rollup's Private_* walks
 every mapping at each read, which took 3.5% of the machine during p2pnet's round, competing
-with the peers, and also counts libraries' clean pages). With `--tmp` on tmpfs (/dev/shm) the
+with the peers, and also counts libraries' clean pages); and its phases, read with those samples:
+when the bytes all its processes wrote reached 1% and 99% of the total (the start; the rest, until done,
+is the last chunks and the fsyncs). With `--tmp` on tmpfs (/dev/shm) the
 disk leaves the race and what remains is CPU and protocol; on a disk, fsync makes everyone wait for it.
 """
 
