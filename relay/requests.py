@@ -33,15 +33,15 @@ copies. Meanwhile we ask the origin only for the chunks of the stripes whose roo
 with those members dialable (at the uploads they advertise): the origin's upload then goes to chunks
 nobody else asks it for. An upload advertised by a member nobody dialled back is a claim nobody
 checked: once members are dialled back it is hoped at no more than the highest upload one of them
-is planned at (`_hope_cap`): ten strangers saying forever that nobody dialled them back and claiming
-1e12 B/s rooted nearly every chunk of that plan, so the honest relays had none of their own to wait
-on and asked the origin for everything, as with no rule. While nobody is dialled back there is
+is planned at (`_hope_cap`); uncapped, ten strangers saying forever that nobody dialled them back
+and claiming 1e12 B/s rooted nearly every chunk of that plan, so the honest relays had none of their
+own to wait on and asked the origin for everything, as with no rule. While nobody is dialled back there is
 nothing every relay knows alike to cap a claim at, and each must hope for the same plan as the
 others (see `_hope_cap`): the strangers then still take that plan, and the honest relays ask as with
 no rule (simulator, 6 honest relays dialled back at 1 s, origin at 3 MB/s: 1.96 copies sent the
 honest relays, 1.52 with the strangers known not dialable). A member pending for longer than an
 honest dial-back takes (`PENDING_HOPE_S`, from when we were first told it pending) is hoped for no
-more, the wait it held ends at our next pump: strangers pending since 20 s before a version cost it
+more, the wait it held ends at our next pump (an answer, or the core's tick): strangers pending since 20 s before a version cost it
 nothing (the same world at 100 MB/s: 1.77 copies sent the honest relays, as with the strangers
 known not dialable; 1.91 uncapped, 1.96 capped, still hoped for). The others are kept
 (`_Version.kept`), save those someone waits for from us: our home stripe's in the plan we have
