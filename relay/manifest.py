@@ -22,7 +22,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Collection, Sequence
+from typing import BinaryIO, Callable, Collection, Sequence, TypeVar
 
 import blake3
 
@@ -44,6 +44,8 @@ MAX_DIMS = 16
 READ_BLOCK_BYTES = 1024 * 1024
 HASH_THREADS = min(4, len(os.sched_getaffinity(0)))  # a publish hashes on this many cores
 TEN_YEARS_S = 10 * 365 * 24 * 3600.0
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 def is_safe_name(name: str) -> bool:
@@ -228,19 +230,24 @@ def _file_size(fh: BinaryIO) -> int:
     return size
 
 
+def side_by_side(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """`fn` of each of `items`, in order, run on up to `HASH_THREADS` threads (one when there is
+    one item): for work that releases the GIL, as blake3's hashing and file reads do."""
+    threads = min(HASH_THREADS, len(items))
+    if threads <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(threads, thread_name_prefix="hash") as pool:
+        return list(pool.map(fn, items))
+
+
 def _hash_chunks(paths: Sequence[Path], entries: Sequence[FileEntry], chunk_bytes: int,
                  total: int) -> tuple[bytes, ...]:
     """The blake3 digest of every chunk of the files' concatenation, chunks hashed side by side
-    on up to `HASH_THREADS` threads (blake3 releases the GIL): each reads its chunk's byte ranges
-    with `os.preadv` into a block of its own, so a publish reads every byte once and costs the
-    trainer about the time of one core's share of the hashing, not all of it."""
-    starts = range(0, total, chunk_bytes)
-    threads = min(HASH_THREADS, len(starts))
-    if threads <= 1:
-        return tuple(_hash_chunk(paths, entries, start, min(chunk_bytes, total - start)) for start in starts)
-    with ThreadPoolExecutor(threads, thread_name_prefix="manifest-hash") as pool:
-        return tuple(pool.map(lambda start: _hash_chunk(paths, entries, start, min(chunk_bytes, total - start)),
-                              starts))
+    (`side_by_side`): each reads its chunk's byte ranges with `os.preadv` into a block of its own,
+    so a publish reads every byte once and costs the trainer about the time of one core's share of
+    the hashing, not all of it."""
+    return tuple(side_by_side(lambda start: _hash_chunk(paths, entries, start, min(chunk_bytes, total - start)),
+                              range(0, total, chunk_bytes)))
 
 
 def _hash_chunk(paths: Sequence[Path], entries: Sequence[FileEntry], start: int, length: int) -> bytes:

@@ -35,24 +35,24 @@ nobody else asks it for. An upload advertised by a member nobody dialled back is
 checked: once members are dialled back it is hoped at no more than the highest upload one of them
 is planned at (`_hope_cap`); uncapped, ten strangers saying forever that nobody dialled them back
 and claiming 1e12 B/s rooted nearly every chunk of that plan, so the honest relays had none of their
-own to wait on and asked the origin for everything, as with no rule. While nobody is dialled back there is
-nothing every relay knows alike to cap a claim at, and each must hope for the same plan as the
-others (see `_hope_cap`): the strangers then still take that plan, and the honest relays ask as with
-no rule (simulator, 6 honest relays dialled back at 1 s, origin at 3 MB/s: 1.96 copies sent the
+own to wait on and asked the origin for everything, as with no rule. While nobody is dialled back
+there is nothing every relay knows alike to cap a claim at, and each must hope for the same plan as
+the others (see `_hope_cap`): the strangers then still take that plan, and the honest relays ask as
+with no rule (simulator, 6 honest relays dialled back at 1 s, origin at 3 MB/s: 1.96 copies sent the
 honest relays, 1.52 with the strangers known not dialable). A member pending for longer than an
 honest dial-back takes (`PENDING_HOPE_S`, from when we were first told it pending) is hoped for no
-more, the wait it held ends at our next pump (an answer, or the core's tick): strangers pending since 20 s before a version cost it
-nothing (the same world at 100 MB/s: 1.77 copies sent the honest relays, as with the strangers
-known not dialable; 1.91 uncapped, 1.96 capped, still hoped for). The others are kept
-(`_Version.kept`), save those someone waits for from us: our home stripe's in the plan we have
-(kept, each relay's requests budget filled with requests waiting at relays that kept them, before
-its own stripes were asked; a stranger saying forever that nobody dialled it back stalled every
-later version, simulator 4.9 s -> 77 s), and any asked of us (`asked_for`; kept, the asker's request
-waited at us, nothing asked it again when the wait ended, and with a member flipping every 0.1 s
-relays waited on each other in a ring, 5.5 s -> 33.7 s), until the dial-backs come (the replan asks
-them of their roots) or until every chunk of our own stripes is held or asked, whichever comes
-first: no timer, and no member whose verdict never comes holds us longer than the origin takes to
-feed our own stripes (a fast origin, soon; stop 51's wait for the dial-backs themselves stalled
+more, the wait it held ends at our next pump (an answer, or the core's tick): strangers pending
+since 20 s before a version cost it nothing (the same world at 100 MB/s: 1.77 copies sent the honest
+relays, as with the strangers known not dialable; 1.91 uncapped, 1.96 capped, still hoped for).
+The others are kept (`_Version.kept`), save those someone waits for from us: our home stripe's in
+the plan we have (kept, each relay's requests budget filled with requests waiting at relays that
+kept them, before its own stripes were asked; a stranger saying forever that nobody dialled it back
+stalled every later version, simulator 4.9 s -> 77 s), and any asked of us (`asked_for`; kept, the
+asker's request waited at us, nothing asked it again when the wait ended, and with a member flipping
+every 0.1 s relays waited on each other in a ring, 5.5 s -> 33.7 s), until the dial-backs come (the
+replan asks them of their roots) or until every chunk of our own stripes is held or asked, whichever
+comes first: no timer, and no member whose verdict never comes holds us longer than the origin takes
+to feed our own stripes (a fast origin, soon; stop 51's wait for the dial-backs themselves stalled
 relays dialled back one by one, 1.4 s -> 11.2 s in the simulator). A leaf in every stripe of that
 plan, and a relay whose own chunks all came, waits for nothing. Lab, with the dial-backs known ~1 s
 after the start (`p2pnet.reachability`, `NO_PEERS_RETRY_S`): 1.23-1.37 copies in four runs, 6.1-6.6

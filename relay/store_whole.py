@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from p2pnet.errors import ConfigError
 from p2pnet.files import fsync_dir
-import relay.manifest as manifest_module
 from relay.errors import ChunkMissing, VersionIncomplete
-from relay.manifest import DEFAULT_CHUNK_BYTES, SignedManifest, build_manifest, sign_manifest
+from relay.manifest import DEFAULT_CHUNK_BYTES, SignedManifest, build_manifest, side_by_side, sign_manifest
 from relay.store_records import TMP_PREFIX, _Version
 from relay.versionfiles import PLACE_MODES, VersionFiles, place_file, remove_path
 
@@ -58,9 +56,9 @@ class WholeVersions:
         def _save_bitmap(self, held: _Version, durable: set[int]) -> None: ...
 
     def verify(self, version: int, *, everything: bool = False) -> list[int]:
-        """Hash the version's unverified chunks (with `everything`, all it holds), side by side on
-        up to `relay.manifest.HASH_THREADS` threads; those that no longer match are dropped (and
-        told). Returns their indices, in order."""
+        """Hash the version's unverified chunks (with `everything`, all it holds), side by side
+        (`relay.manifest.side_by_side`); those that no longer match are dropped (and told).
+        Returns their indices, in order."""
         held = self._held(version)
         with self._lock:
             todo = sorted(held.have if everything else held.unverified)
@@ -72,11 +70,7 @@ class WholeVersions:
                 return True
             return False
 
-        threads = min(manifest_module.HASH_THREADS, len(todo))
-        if threads <= 1:
-            return [index for index in todo if rotten(index)]
-        with ThreadPoolExecutor(threads, thread_name_prefix="store-verify") as pool:  # blake3 releases the GIL
-            return [index for index, bad in zip(todo, pool.map(rotten, todo)) if bad]
+        return [index for index, bad in zip(todo, side_by_side(rotten, todo)) if bad]
 
     def verify_all(self) -> list[tuple[int, int]]:
         """Re-hash every chunk held; drop and return (version, index) of those that no longer match."""
