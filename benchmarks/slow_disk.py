@@ -82,6 +82,8 @@ def slow_disk(write_mbps: float, write_iops: int, size_gib: int, image_dir: Path
         device = _run("lsblk", "--nodeps", "--noheadings", "--output", "MAJ:MIN", loop).replace(" ", "")
         undo.callback(_throttle, device, 0, 0)
         _throttle(device, write_mbps, write_iops)
+        print(f"slow disk at {mount} ({loop}, device {device}): writes capped at {write_mbps:g} MB/s"
+              + (f" and {write_iops} requests/s" if write_iops else ""), file=sys.stderr, flush=True)
         yield mount
 
 
@@ -103,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     # `timeout` and kill send SIGTERM: leave through the undo steps, as on Ctrl-C
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with slow_disk(args.write_mbps, args.write_iops, args.size_gib, args.image_dir) as mount:
-        print(f"slow disk at {mount}: writes capped at {args.write_mbps:g} MB/s"
-              + (f" and {args.write_iops} requests/s" if args.write_iops else ""), file=sys.stderr, flush=True)
         return subprocess.run([part.replace("{}", str(mount)) for part in command]).returncode
 
 
