@@ -53,7 +53,7 @@ def _throttle(device: str, mbps: float, iops: int) -> None:
 def check_machine() -> None:
     if os.geteuid() != 0:
         raise Unavailable("slow_disk: needs root (loop devices, mounts and the block throttle)")
-    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+    for tool in ("losetup", "lsblk", "mkfs.ext4", "mount", "umount"):
         if shutil.which(tool) is None:
             raise Unavailable(f"slow_disk: {tool} is not installed")
     if not (BLKIO / "blkio.throttle.write_bps_device").exists():

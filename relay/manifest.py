@@ -198,6 +198,8 @@ def build_manifest(
     """
     if not paths:
         raise ValueError("publish at least one file")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, not {chunk_bytes}")
     entries: list[FileEntry] = []
     offset = 0
     for path in paths:
@@ -212,8 +214,6 @@ def build_manifest(
             raise ConfigError(str(path), "is a directory; publish the files in it") from exc
         entries.append(FileEntry(path.name, size, offset, tensors))
         offset += size
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, not {chunk_bytes}")
     digests = _hash_chunks([Path(p) for p in paths], entries, chunk_bytes, offset)
     return Manifest(model, version, previous_version, tuple(entries), chunk_bytes, offset, digests, now_ms)
 
