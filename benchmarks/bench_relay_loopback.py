@@ -33,7 +33,9 @@ private here since no process shares its heap with another; smaps_rollup's Priva
 every mapping at each read, which took 3.5% of the machine during p2pnet's round, competing
 with the peers, and also counts libraries' clean pages); and its phases, read with those samples:
 when the bytes all its processes wrote reached 1% and 99% of the total (the start; the rest, until done,
-is the last chunks and the fsyncs). With `--tmp` on tmpfs (/dev/shm) the
+is the last chunks and the fsyncs), and the core-seconds the machine left idle in each of those three
+phases (its cores times the phase's length, less /proc/stat's busy time then: a phase with none idle
+was CPU-bound, and only its CPU can shorten it). With `--tmp` on tmpfs (/dev/shm) the
 disk leaves the race and what remains is CPU and protocol; on a disk, fsync makes everyone wait for it.
 """
 
@@ -211,14 +213,15 @@ def private_bytes(pid: int) -> int:
 class Watch:
     """CPU, bytes written and peak private memory of some processes, from `start` to `stop`, and
     when the writing got under way and when it was nearly done (`phases`): the bytes written by
-    them all, read every `SAMPLE_S`, reaching 1% and 99% of what they wrote in the end."""
+    them all, read every `SAMPLE_S`, reaching 1% and 99% of what they wrote in the end, and the
+    core-seconds the whole machine left idle before, between and after those two moments."""
 
     SAMPLE_S = 0.05
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.peak = {name: private_bytes(pid) for name, pid in pids.items()}
-        self.progress: list[tuple[float, int]] = []  # (seconds since start, bytes written since start)
+        self.progress: list[tuple[float, int, float]] = []  # (seconds since start, bytes written, machine busy CPU-s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -231,14 +234,21 @@ class Watch:
                     total += written(pid) - self.io0[name]
                 except (FileNotFoundError, ProcessLookupError):
                     pass
-            self.progress.append((time.perf_counter() - self.t0, total))
+            self.progress.append((time.perf_counter() - self.t0, total, machine_busy_s() - self.busy0))
 
-    def phases(self, total: int) -> dict:
+    def phases(self, total: int, took: float, busy: float) -> dict:
         """When the bytes written reached 1% and 99% of `total` (seconds since start; None if never
-        seen, between samples at the end)."""
-        def reached(share: float) -> float | None:
-            return next((t for t, n in self.progress if n >= share * total), None)
-        return {"first_pct_s": reached(0.01), "most_s": reached(0.99)}
+        seen, between samples at the end), and the machine's idle core-seconds from the start to
+        the first, from the first to the second and from the second to the end (`took` seconds,
+        `busy` CPU-s in all); the phases' bounds are the samples', so they are `SAMPLE_S` coarse."""
+        def reached(share: float) -> tuple[float, float] | None:
+            return next(((t, b) for t, n, b in self.progress if n >= share * total), None)
+        first, most = reached(0.01), reached(0.99)
+        cores = os.cpu_count() or 1
+        marks = [(0.0, 0.0), *(m for m in (first, most) if m is not None), (took, busy)]
+        idle = [max(0.0, cores * (t1 - t0) - (b1 - b0)) for (t0, b0), (t1, b1) in zip(marks, marks[1:])]
+        return {"first_pct_s": None if first is None else first[0], "most_s": None if most is None else most[0],
+                "idle_core_s": idle if len(idle) == 3 else None}
 
     def start(self) -> None:
         self.cpu0 = {n: cpu_s(p) for n, p in self.pids.items()}
@@ -257,7 +267,8 @@ class Watch:
         per = {n: [round(a - b, 2) for a, b in zip(cpu_s(p), self.cpu0[n])] for n, p in self.pids.items()}
         total = sum(written(p) - self.io0[n] for n, p in self.pids.items())
         return {"seconds": took, "cpu_s": user + system, "user_s": user, "sys_s": system, "machine_cpu_s": busy,
-                "per_process": per, "written_bytes": total, "peak_private": dict(self.peak), **self.phases(total)}
+                "per_process": per, "written_bytes": total, "peak_private": dict(self.peak),
+                **self.phases(total, took, busy)}
 
 
 def warm(folder: Path, nbytes: int) -> None:
@@ -548,6 +559,11 @@ def _median_of(rounds: list[dict], key: str) -> str:
     return f"{statistics.median(seen):.2f} s" if seen else "-"
 
 
+def _idle_of(rounds: list[dict]) -> str:
+    seen = [r["idle_core_s"] for r in rounds if r.get("idle_core_s") is not None]
+    return " / ".join(f"{statistics.median(phase):.2f}" for phase in zip(*seen)) if seen else "-"
+
+
 def report(rounds: dict[str, list[dict]], args: argparse.Namespace, path_bytes: int) -> None:
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "cpu_s", "machine_cpu_s",
                                                                       "written_bytes")}
@@ -575,6 +591,8 @@ def report(rounds: dict[str, list[dict]], args: argparse.Namespace, path_bytes: 
           f"{Watch.SAMPLE_S:.2f} s): " + "; ".join(
               f"{name} 1% at {_median_of(rs, 'first_pct_s')}, 99% at {_median_of(rs, 'most_s')}, "
               f"done at {statistics.median(r['seconds'] for r in rs):.2f} s" for name, rs in rounds.items()))
+    print(f"idle core-seconds of the machine's {os.cpu_count()} cores (medians) until 1%, from 1% to 99%, from 99% "
+          "to done: " + "; ".join(f"{name} {_idle_of(rs)}" for name, rs in rounds.items()))
     if "p2pnet" not in rounds:
         return
     publish = statistics.median(r["publish_s"] for r in rounds["p2pnet"])
