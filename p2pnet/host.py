@@ -1,9 +1,10 @@
-"""The libp2p side of a real peer: host, gossip and framed one-shot message streams.
+"""The libp2p side of a real peer: host, gossip, direct frames and request streams.
 
 Built on py-libp2p with Noise as the only security transport and yamux as the only muxer, so a
-plaintext peer fails the handshake. Gossip is GossipSub; direct messages use one short-lived
-stream each on `MSG_PROTOCOL`, carrying one length-prefixed frame. Frames are opaque here: the
-node decodes and checks them with the codec.
+plaintext peer fails the handshake. Gossip is GossipSub; direct messages are length-prefixed
+frames on `MSG_PROTOCOL`, one stream kept per peer we send to (`p2pnet.direct`); a request and
+its answer take a stream of their own. Frames are opaque here: the node decodes and checks them
+with the codec.
 
 py-libp2p leaks sockets, tasks and a thread unless the host is closed inside `run()` and the
 pubsub seen-message cache is stopped; `open_host` does both on the way out. It also blocks
@@ -46,6 +47,8 @@ import multiaddr
 import trio
 
 from p2pnet.addresses import advertised_addrs, interface_ips
+from p2pnet.direct import KeptStreams, quiet_close as _quiet_close, quiet_reset as _quiet_reset
+from p2pnet.direct import read_exactly as _read_exactly, receive_frames
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import Identity, peer_id_to_str
 
@@ -79,6 +82,7 @@ class Host:
         self.announce = announce
         self._frame_handler: FrameHandler | None = None
         self._advertised: list[str] | None = None
+        self._direct = KeptStreams(self._open_message_stream)
 
     @property
     def peer_id(self) -> str:
@@ -136,19 +140,9 @@ class Host:
         self._frame_handler = handler
 
     async def send_frame(self, peer: str, frame: bytes, *, timeout_s: float = 10.0) -> None:
-        from libp2p.peer.id import ID
-
-        try:
-            with trio.fail_after(timeout_s):
-                stream = await self._host.new_stream(ID.from_base58(peer), [MSG_PROTOCOL])
-                try:
-                    await stream.write(_LEN.pack(len(frame)) + frame)
-                finally:
-                    await stream.close()
-        except trio.TooSlowError as exc:
-            raise PeerUnavailable(f"{peer}: no stream within {timeout_s}s") from exc
-        except Exception as exc:  # libp2p signals unreachable peers with many exception types
-            raise PeerUnavailable(f"{peer}: {type(exc).__name__}: {exc}") from exc
+        """Send one frame to `peer` on the stream kept for it (`p2pnet.direct`); PeerUnavailable
+        if it cannot be within `timeout_s`."""
+        await self._direct.send(peer, frame, timeout_s=timeout_s)
 
     async def connect(self, addr: str, peer: str | None = None) -> str:
         """Dial a full multiaddr (with /p2p/); returns the peer id reached (Noise proved it).
@@ -254,25 +248,17 @@ class Host:
         return await _read_exactly(stream, length)
 
     async def _on_stream(self, stream) -> None:
-        try:
-            peer = stream.muxed_conn.peer_id.to_base58()
-            with trio.fail_after(10):
-                header = await _read_exactly(stream, _LEN.size)
-                (length,) = _LEN.unpack(header)
-                if length > self.max_frame_bytes:
-                    raise MessageRejected("oversized", f"{length} bytes", peer)
-                frame = await _read_exactly(stream, length)
-        except MessageRejected as exc:
-            log.info("direct frame rejected: %s", exc)
-            await stream.reset()
-            return
-        except (trio.TooSlowError, EOFError, Exception) as exc:  # noqa: B014 - a broken inbound stream is the remote's problem
-            log.debug("inbound stream failed: %s: %s", type(exc).__name__, exc)
-            await _quiet_reset(stream)
-            return
-        await stream.close()
+        """An inbound message stream: its frames, until it ends (`p2pnet.direct`)."""
+        await receive_frames(stream, stream.muxed_conn.peer_id.to_base58(), self.max_frame_bytes, self._deliver)
+
+    async def _deliver(self, frame: bytes, peer: str) -> None:
         if self._frame_handler is not None:
             await self._frame_handler(frame, peer)
+
+    async def _open_message_stream(self, peer: str):
+        from libp2p.peer.id import ID
+
+        return await self._host.new_stream(ID.from_base58(peer), [MSG_PROTOCOL])
 
 
 _RECORDLESS_HOSTS: "weakref.WeakSet" = weakref.WeakSet()
@@ -396,29 +382,7 @@ def _guarded_gossip_handler(pubsub):
     return handler
 
 
-async def _quiet_close(stream) -> None:
-    try:
-        await stream.close()
-    except Exception as exc:  # closing a stream the remote already broke tells us nothing new
-        log.debug("close of broken stream failed: %s", exc)
 
-
-async def _quiet_reset(stream) -> None:
-    try:
-        await stream.reset()
-    except Exception as exc:  # the stream is already broken; nothing more to learn
-        log.debug("reset of broken stream failed: %s", exc)
-
-
-async def _read_exactly(stream, n: int) -> bytes:
-    parts, got = [], 0
-    while got < n:
-        chunk = await stream.read(n - got)
-        if not chunk:
-            raise EOFError(f"stream ended after {got} of {n} bytes")
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
 
 
 def _peer_text(raw: bytes) -> str:

@@ -6,7 +6,8 @@ Mixed into `relay.transfer.TransferCore` (`Announcing`). A peer announces `Holdi
 newest `MAX_HELD_VERSIONS` complete versions. Only about `announce_sample` peers announce per
 interval, network-wide (`_my_turn_to_announce`: a pure draw from our id and the round), so
 deliveries grow as O(N) per interval, not O(N^2). On completing a version we also tell our
-children in its plan directly (`_completed`): they pull from us and may now ask us anything.
+children in its plan directly (`_completed`): they pull from us and may now ask us anything;
+not a child that told us it holds the version already (it wants nothing more).
 
 A `Holding` for a version we know makes its sender a holder (a candidate for any chunk, after
 our chain: see `relay.transfer`) and gives the chunks parked for want of a source another try;
@@ -79,7 +80,9 @@ class Announcing:
         if v.plan is not None:  # our children pull from us: tell them we can now serve anything
             held = Holding((HeldVersion(v.version, v.signed.manifest_id),))
             children = {c for s in range(v.plan.stripes) for c in v.plan.children(s, self.self_id)}
-            effects.extend(Send(child, held) for child in sorted(children))
+            # (not those that told us they hold it all: they want nothing, and each message costs
+            # a stream at both ends while the last peers still receive)
+            effects.extend(Send(child, held) for child in sorted(children - v.holders))
 
     def _announce(self, now: float, effects: list[Any]) -> None:
         held = self._held_list()

@@ -73,6 +73,26 @@ def test_an_accepted_manifest_starts_pulling_from_the_plan_and_holding_waits_for
     assert sum(1 for e in done if isinstance(e, Send) and isinstance(e.body, Holding)) <= 2  # told its children
 
 
+def test_completing_tells_the_children_that_still_fetch_and_not_one_that_holds_the_version():
+    c = core()
+    c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"r{k}": 1e7 for k in range(6)}})
+    effects = c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
+    plan = c._versions[1].plan
+    children = sorted({k for s in range(plan.stripes) for k in plan.children(s, "me")})
+    assert len(children) >= 2  # (the test needs one child that finished first and one that did not)
+    pending = fetches(effects) + fetches(c.on_message(0.0, envelope(children[0], Holding((HeldVersion(1, SIGNED.manifest_id),)))))
+    done, t = [], 0.0
+    while pending:
+        f = pending.pop()
+        t += 0.01
+        out = c.fetched(t, f.peer, f.version, f.index, 0.01)
+        pending += fetches(out)
+        done += out
+    assert c.complete_versions() == [1]
+    told = sorted(e.peer for e in done if isinstance(e, Send) and isinstance(e.body, Holding))
+    assert told == children[1:]
+
+
 def test_holding_for_an_unknown_version_asks_that_peer_for_the_manifest_once():
     c = core()
     body = Holding((HeldVersion(1, SIGNED.manifest_id),))

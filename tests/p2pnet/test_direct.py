@@ -1,0 +1,243 @@
+"""Direct frames (`p2pnet.direct`): one kept stream per peer, frames in order, a broken or idle
+stream replaced, a half-written frame never followed on the same stream, bad frames refused.
+The first tests run real libp2p hosts over real TCP; the rest drive the two halves with stand-in
+streams, to reach the failures a real connection shows only by chance."""
+
+import pytest
+import trio
+
+from p2pnet import direct
+from p2pnet.direct import KeptStreams, receive_frames
+from p2pnet.errors import PeerUnavailable
+from p2pnet.host import MSG_PROTOCOL, open_host
+from p2pnet.identity import Identity
+
+
+def _pair(tag: str, got: list, arrived: dict):
+    """Two connected hosts; b hands every frame to `got` and sets `arrived[n]` at n frames."""
+
+    async def on_frame(frame: bytes, source: str) -> None:
+        got.append((frame, source))
+        if len(got) in arrived:
+            arrived[len(got)].set()
+
+    a_cm = open_host(Identity.from_seed_text(f"{tag}-a"), "/ip4/127.0.0.1/tcp/0")
+    b_cm = open_host(Identity.from_seed_text(f"{tag}-b"), "/ip4/127.0.0.1/tcp/0")
+    return a_cm, b_cm, on_frame
+
+
+async def test_frames_to_one_peer_arrive_in_order_over_one_stream():
+    got: list = []
+    arrived = {30: trio.Event()}
+    a_cm, b_cm, on_frame = _pair("direct-order", got, arrived)
+    async with a_cm as a, b_cm as b:
+        b.set_frame_handler(on_frame)
+        await a.connect(b.addrs()[0])
+        for k in range(30):
+            await a.send_frame(b.peer_id, b"frame %d" % k)
+        with trio.fail_after(60):
+            await arrived[30].wait()
+        assert [f for f, _ in got] == [b"frame %d" % k for k in range(30)]
+        assert {s for _, s in got} == {a.peer_id}
+        assert a._direct.opened == 1
+
+
+async def test_a_kept_stream_that_broke_is_replaced_and_the_frame_still_arrives():
+    got: list = []
+    arrived = {1: trio.Event(), 2: trio.Event()}
+    a_cm, b_cm, on_frame = _pair("direct-broken", got, arrived)
+    async with a_cm as a, b_cm as b:
+        b.set_frame_handler(on_frame)
+        await a.connect(b.addrs()[0])
+        await a.send_frame(b.peer_id, b"one")
+        with trio.fail_after(60):
+            await arrived[1].wait()
+        await a._direct._kept[b.peer_id].stream.reset()  # as a connection that went would leave it
+        await a.send_frame(b.peer_id, b"two")
+        with trio.fail_after(60):
+            await arrived[2].wait()
+        assert [f for f, _ in got] == [b"one", b"two"] and a._direct.opened == 2
+
+
+async def test_a_stream_idle_past_the_senders_limit_is_replaced_not_written_on(monkeypatch):
+    monkeypatch.setattr(direct, "OUTBOUND_IDLE_S", 0.2)  # (the receiver's limit stays far off)
+    got: list = []
+    arrived = {1: trio.Event(), 2: trio.Event()}
+    a_cm, b_cm, on_frame = _pair("direct-idle", got, arrived)
+    async with a_cm as a, b_cm as b:
+        b.set_frame_handler(on_frame)
+        await a.connect(b.addrs()[0])
+        await a.send_frame(b.peer_id, b"one")
+        with trio.fail_after(60):
+            await arrived[1].wait()
+        await trio.sleep(0.3)  # idle past the sender's limit
+        await a.send_frame(b.peer_id, b"two")
+        with trio.fail_after(60):
+            await arrived[2].wait()
+        assert [f for f, _ in got] == [b"one", b"two"] and a._direct.opened == 2
+
+
+async def test_a_stream_carrying_one_frame_and_closed_is_still_received():
+    from libp2p.peer.id import ID
+
+    got: list = []
+    arrived = {1: trio.Event()}
+    a_cm, b_cm, on_frame = _pair("direct-oneshot", got, arrived)
+    async with a_cm as a, b_cm as b:
+        b.set_frame_handler(on_frame)
+        await a.connect(b.addrs()[0])
+        stream = await a._host.new_stream(ID.from_base58(b.peer_id), [MSG_PROTOCOL])
+        await stream.write(len(b"alone").to_bytes(4, "big") + b"alone")
+        await stream.close()
+        with trio.fail_after(60):
+            await arrived[1].wait()
+        assert got == [(b"alone", a.peer_id)]
+
+
+# -- the halves, with stand-in streams -----------------------------------------------------------
+
+
+class FakeStream:
+    """A stream that records what is written; `block_after` bytes in, a write blocks forever
+    (a full window); `fail` makes every write raise, as a reset or dead connection does."""
+
+    def __init__(self, block_after: int | None = None, fail: bool = False) -> None:
+        self.written = b""
+        self.block_after = block_after
+        self.fail = fail
+        self.reset_called = self.closed = False
+
+    async def write(self, data: bytes) -> None:
+        if self.fail:
+            raise ConnectionResetError("reset by peer")
+        if self.block_after is not None and len(self.written) + len(data) > self.block_after:
+            self.written += data[: self.block_after - len(self.written)]
+            await trio.sleep_forever()
+        self.written += data
+        await trio.lowlevel.checkpoint()
+
+    async def reset(self) -> None:
+        self.reset_called = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def opener(streams: list):
+    opened: list = []
+
+    async def open_stream(peer: str):
+        await trio.lowlevel.checkpoint()
+        if not streams:
+            raise OSError("connection refused")
+        opened.append((peer, streams[0]))
+        return streams.pop(0)
+
+    return open_stream, opened
+
+
+async def test_a_write_cut_off_by_the_timeout_resets_that_stream_and_the_next_frame_takes_a_new_one():
+    first, second = FakeStream(block_after=6), FakeStream()
+    open_stream, opened = opener([first, second])
+    kept = KeptStreams(open_stream)
+    with pytest.raises(PeerUnavailable, match="within"):
+        await kept.send("p", b"0123456789", timeout_s=0.05)
+    assert first.reset_called and len(first.written) == 6  # half a frame out: that stream is done
+    await kept.send("p", b"next", timeout_s=5)
+    assert second.written == b"\x00\x00\x00\x04next" and [s for _, s in opened] == [first, second]
+
+
+async def test_a_kept_stream_that_fails_is_retried_once_on_a_new_one_and_a_new_one_failing_is_the_peers_fault():
+    good = FakeStream()
+    open_stream, opened = opener([good])
+    kept = KeptStreams(open_stream)
+    await kept.send("p", b"a", timeout_s=5)
+    good.fail = True
+    with pytest.raises(PeerUnavailable, match="refused"):  # the retry's open fails: no stream left
+        await kept.send("p", b"b", timeout_s=5)
+    assert good.reset_called and "p" not in kept._kept  # a peer we hold no stream to is not remembered
+    broken = FakeStream(fail=True)
+    open_stream, _ = opener([broken])
+    with pytest.raises(PeerUnavailable, match="reset by peer"):
+        await KeptStreams(open_stream).send("q", b"c", timeout_s=5)
+
+
+async def test_at_most_max_kept_streams_stay_open_the_least_recently_used_closed_first():
+    streams = [FakeStream() for _ in range(4)]
+    open_stream, opened = opener(list(streams))
+    kept = KeptStreams(open_stream, max_kept=2)
+    await kept.send("p1", b"x", timeout_s=5)
+    await kept.send("p2", b"x", timeout_s=5)
+    await kept.send("p1", b"x", timeout_s=5)  # p2 is now the least recently used
+    await kept.send("p3", b"x", timeout_s=5)
+    assert streams[1].closed and not streams[0].closed and len(kept) == 2
+    assert sorted(p for p, k in kept._kept.items() if k.stream is not None) == ["p1", "p3"]
+
+
+class FeedStream:
+    """An inbound stream that hands out `chunks` one read at a time, then stalls or ends."""
+
+    def __init__(self, chunks: list[bytes], end: bool = True) -> None:
+        self.chunks = list(chunks)
+        self.end = end
+        self.reset_called = self.closed = False
+
+    async def read(self, n: int) -> bytes:
+        await trio.lowlevel.checkpoint()
+        if not self.chunks:
+            if self.end:
+                return b""
+            await trio.sleep_forever()
+        data, rest = self.chunks[0][:n], self.chunks[0][n:]
+        self.chunks[0:1] = [rest] if rest else []
+        return data
+
+    async def reset(self) -> None:
+        self.reset_called = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+async def test_the_receiver_hands_on_frames_split_anyhow_in_order_until_the_stream_ends():
+    got: list = []
+
+    async def handler(f: bytes, peer: str) -> None:
+        got.append((f, peer))
+
+    wire = frame(b"first") + frame(b"") + frame(b"third")
+    stream = FeedStream([wire[:2], wire[2:7], wire[7:]])
+    await receive_frames(stream, "peer", 1024, handler)
+    assert got == [(b"first", "peer"), (b"", "peer"), (b"third", "peer")] and stream.closed
+
+
+async def test_an_oversized_frame_or_one_that_stalls_midway_resets_the_stream(autojump_clock):
+    got: list = []
+
+    async def handler(f: bytes, peer: str) -> None:
+        got.append(f)
+
+    oversized = FeedStream([frame(b"ok"), frame(b"x" * 100), frame(b"never")])
+    await receive_frames(oversized, "peer", 10, handler)
+    assert got == [b"ok"] and oversized.reset_called
+    stalled = FeedStream([frame(b"ok"), frame(b"cut short")[:7]], end=False)
+    with trio.fail_after(direct.FRAME_S * 2):
+        await receive_frames(stalled, "peer", 1024, handler)
+    assert got == [b"ok", b"ok"] and stalled.reset_called
+    idle = FeedStream([], end=False)  # nothing ever: given up after INBOUND_IDLE_S
+    with trio.fail_after(direct.INBOUND_IDLE_S * 2):
+        await receive_frames(idle, "peer", 1024, handler)
+    assert idle.reset_called
+
+
+async def test_what_the_handler_raises_is_raised_not_taken_for_the_senders_fault():
+    async def handler(f: bytes, peer: str) -> None:
+        raise RuntimeError("a bug of ours")
+
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        await receive_frames(FeedStream([frame(b"x")]), "peer", 1024, handler)
+
