@@ -8,11 +8,12 @@ version still receive on the same cores; so frames are not sent one stream each.
 
 `KeptStreams` (the sending side, owned by `p2pnet.host.Host`) keeps one outbound stream per
 peer and writes each frame, length-prefixed, on it under that peer's lock, so frames to one
-peer are never interleaved and arrive in the order they were sent. A stream that fails a write
+peer are never interleaved, and those on one stream arrive in the order they were sent. A stream that fails a write
 (the remote reset it, the connection went) is dropped and the frame is sent once more on a new
 stream; a failure there is the peer's (`PeerUnavailable`). A write that is cancelled part-way
 (the caller's timeout) resets the stream: a half-written frame would garble the next. At most
-`MAX_KEPT` streams are kept; the one used longest ago is closed to make room.
+`MAX_KEPT` streams are kept; the one used longest ago is closed to make room (one a send is
+writing on is spared, so for a while there may be more).
 
 Idle streams. The receiver (`receive_frames`, the handler of every inbound stream) reads frames
 until the stream ends, and resets a stream on which nothing arrived for `INBOUND_IDLE_S`; the
@@ -71,22 +72,29 @@ class KeptStreams:
         return sum(1 for k in self._kept.values() if k.stream is not None)
 
     async def send(self, peer: str, frame: bytes, *, timeout_s: float) -> None:
-        """Write `frame` to `peer` within `timeout_s`; PeerUnavailable if it cannot be."""
+        """Write `frame` to `peer` within `timeout_s`; PeerUnavailable if it cannot be.
+
+        A peer's entry leaves `_kept` only in the hands of a task holding its lock (a send whose
+        stream failed, or `_make_room`); a send that waited for the lock of an entry dropped
+        meanwhile takes the peer's current entry instead, so one peer never has two streams."""
         data = _LEN.pack(len(frame)) + frame
-        kept = self._kept.get(peer)
-        if kept is None:
-            kept = self._kept[peer] = _Kept()
-        self._kept.move_to_end(peer)
         try:
             with trio.fail_after(timeout_s):
-                async with kept.lock:
-                    await self._make_room()
-                    await self._write(peer, kept, data)
+                while True:
+                    kept = self._kept.setdefault(peer, _Kept())
+                    async with kept.lock:
+                        if self._kept.get(peer) is not kept:
+                            continue
+                        self._kept.move_to_end(peer)
+                        try:
+                            await self._make_room(peer)
+                            await self._write(peer, kept, data)
+                        finally:  # a peer we hold no stream to is not remembered
+                            if kept.stream is None:
+                                del self._kept[peer]
+                    return
         except trio.TooSlowError as exc:
             raise PeerUnavailable(f"{peer}: frame not sent within {timeout_s}s") from exc
-        finally:  # a peer we hold no stream to, and no send waits for, is not remembered
-            if kept.stream is None and not kept.lock.locked() and self._kept.get(peer) is kept:
-                del self._kept[peer]
 
     async def _write(self, peer: str, kept: _Kept, data: bytes) -> None:
         if kept.stream is not None and trio.current_time() - kept.used_at >= OUTBOUND_IDLE_S:
@@ -118,15 +126,26 @@ class KeptStreams:
         self.opened += 1
         return stream
 
-    async def _make_room(self) -> None:
-        """Close the streams used longest ago while more than `max_kept` are open (not one a
-        send holds: it is in use)."""
+    async def _make_room(self, sending_to: str) -> None:
+        """Close the streams used longest ago while `max_kept` or more are open, sparing
+        `sending_to`'s and any a send holds (it is in use)."""
         while len(self) >= self._max_kept:
-            victim = next((p for p, k in self._kept.items() if k.stream is not None and not k.lock.locked()), None)
-            if victim is None:
+            for peer, kept in self._kept.items():
+                if peer == sending_to or kept.stream is None:
+                    continue
+                try:
+                    kept.lock.acquire_nowait()
+                except trio.WouldBlock:
+                    continue
+                break
+            else:
                 return
-            kept = self._kept.pop(victim)
-            await quiet_close(kept.stream)
+            try:
+                del self._kept[peer]
+                stream, kept.stream = kept.stream, None
+                await quiet_close(stream)
+            finally:
+                kept.lock.release()
 
 
 async def receive_frames(stream: Any, peer: str, max_frame_bytes: int, handler: FrameHandler) -> None:

@@ -3,6 +3,8 @@ stream replaced, a half-written frame never followed on the same stream, bad fra
 The first tests run real libp2p hosts over real TCP; the rest drive the two halves with stand-in
 streams, to reach the failures a real connection shows only by chance."""
 
+from functools import partial
+
 import pytest
 import trio
 
@@ -160,6 +162,43 @@ async def test_a_kept_stream_that_fails_is_retried_once_on_a_new_one_and_a_new_o
     open_stream, _ = opener([broken])
     with pytest.raises(PeerUnavailable, match="reset by peer"):
         await KeptStreams(open_stream).send("q", b"c", timeout_s=5)
+
+
+class SlowStream(FakeStream):
+    """Writes in two halves with a scheduling point between: unlocked, frames would interleave."""
+
+    async def write(self, data: bytes) -> None:
+        half = len(data) // 2
+        self.written += data[:half]
+        await trio.sleep(0.01)
+        self.written += data[half:]
+
+
+def frames_in(wire: bytes) -> list[bytes]:
+    out = []
+    while wire:
+        n = int.from_bytes(wire[:4], "big")
+        out.append(wire[4:4 + n])
+        wire = wire[4 + n:]
+    return out
+
+
+async def test_concurrent_sends_to_one_peer_share_one_stream_frame_by_frame_while_others_are_evicted():
+    streams = [SlowStream() for _ in range(3)]
+    open_stream, opened = opener(list(streams))
+    kept = KeptStreams(open_stream, max_kept=1)
+    async with trio.open_nursery() as nursery:
+        for k in range(5):
+            nursery.start_soon(partial(kept.send, "p", b"frame %d" % k, timeout_s=5.0))
+    assert sorted(frames_in(streams[0].written)) == [b"frame %d" % k for k in range(5)] and len(opened) == 1
+    async with trio.open_nursery() as nursery:  # q's send would evict p's stream, but not while p's write holds it
+        nursery.start_soon(partial(kept.send, "p", b"late", timeout_s=5.0))
+        await trio.sleep(0.001)
+        nursery.start_soon(partial(kept.send, "q", b"other", timeout_s=5.0))
+    assert frames_in(streams[0].written)[-1] == b"late" and not streams[0].closed
+    assert frames_in(streams[1].written) == [b"other"] and len(kept) == 2
+    await kept.send("r", b"third", timeout_s=5.0)  # nothing in use: back to one, the others closed
+    assert streams[0].closed and streams[1].closed and len(kept) == 1 and frames_in(streams[2].written) == [b"third"]
 
 
 async def test_at_most_max_kept_streams_stay_open_the_least_recently_used_closed_first():
