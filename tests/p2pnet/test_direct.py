@@ -3,6 +3,7 @@ stream replaced, a half-written frame never followed on the same stream, bad fra
 The first tests run real libp2p hosts over real TCP; the rest drive the two halves with stand-in
 streams, to reach the failures a real connection shows only by chance."""
 
+from contextlib import asynccontextmanager
 from functools import partial
 
 import pytest
@@ -15,85 +16,71 @@ from p2pnet.host import MSG_PROTOCOL, open_host
 from p2pnet.identity import Identity
 
 
-def _pair(tag: str, got: list, arrived: dict):
-    """Two connected hosts; b hands every frame to `got` and sets `arrived[n]` at n frames."""
+class Pair:
+    """Two connected hosts, a and b; b keeps every frame it receives in `got`."""
 
-    async def on_frame(frame: bytes, source: str) -> None:
-        got.append((frame, source))
-        if len(got) in arrived:
-            arrived[len(got)].set()
+    def __init__(self, a, b) -> None:
+        self.a, self.b = a, b
+        self.got: list[tuple[bytes, str]] = []
+        self._changed = trio.Event()
+        b.set_frame_handler(self._on_frame)
 
-    a_cm = open_host(Identity.from_seed_text(f"{tag}-a"), "/ip4/127.0.0.1/tcp/0")
-    b_cm = open_host(Identity.from_seed_text(f"{tag}-b"), "/ip4/127.0.0.1/tcp/0")
-    return a_cm, b_cm, on_frame
+    async def _on_frame(self, frame: bytes, source: str) -> None:
+        self.got.append((frame, source))
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def received(self, n: int) -> list[bytes]:
+        """The frames once b holds `n` of them (a deadline, not a count of polls)."""
+        with trio.fail_after(60):
+            while len(self.got) < n:
+                await self._changed.wait()
+        return [f for f, _ in self.got]
+
+
+@asynccontextmanager
+async def pair(tag: str):
+    async with open_host(Identity.from_seed_text(f"{tag}-a"), "/ip4/127.0.0.1/tcp/0") as a, \
+            open_host(Identity.from_seed_text(f"{tag}-b"), "/ip4/127.0.0.1/tcp/0") as b:
+        await a.connect(b.addrs()[0])
+        yield Pair(a, b)
 
 
 async def test_frames_to_one_peer_arrive_in_order_over_one_stream():
-    got: list = []
-    arrived = {30: trio.Event()}
-    a_cm, b_cm, on_frame = _pair("direct-order", got, arrived)
-    async with a_cm as a, b_cm as b:
-        b.set_frame_handler(on_frame)
-        await a.connect(b.addrs()[0])
+    async with pair("direct-order") as p:
         for k in range(30):
-            await a.send_frame(b.peer_id, b"frame %d" % k)
-        with trio.fail_after(60):
-            await arrived[30].wait()
-        assert [f for f, _ in got] == [b"frame %d" % k for k in range(30)]
-        assert {s for _, s in got} == {a.peer_id}
-        assert a._direct.opened == 1
+            await p.a.send_frame(p.b.peer_id, b"frame %d" % k)
+        assert await p.received(30) == [b"frame %d" % k for k in range(30)]
+        assert {s for _, s in p.got} == {p.a.peer_id} and p.a._direct.opened == 1
 
 
 async def test_a_kept_stream_that_broke_is_replaced_and_the_frame_still_arrives():
-    got: list = []
-    arrived = {1: trio.Event(), 2: trio.Event()}
-    a_cm, b_cm, on_frame = _pair("direct-broken", got, arrived)
-    async with a_cm as a, b_cm as b:
-        b.set_frame_handler(on_frame)
-        await a.connect(b.addrs()[0])
-        await a.send_frame(b.peer_id, b"one")
-        with trio.fail_after(60):
-            await arrived[1].wait()
-        await a._direct._kept[b.peer_id].stream.reset()  # as a connection that went would leave it
-        await a.send_frame(b.peer_id, b"two")
-        with trio.fail_after(60):
-            await arrived[2].wait()
-        assert [f for f, _ in got] == [b"one", b"two"] and a._direct.opened == 2
+    async with pair("direct-broken") as p:
+        await p.a.send_frame(p.b.peer_id, b"one")
+        await p.received(1)
+        await p.a._direct._kept[p.b.peer_id].stream.reset()  # as a connection that went would leave it
+        await p.a.send_frame(p.b.peer_id, b"two")
+        assert await p.received(2) == [b"one", b"two"] and p.a._direct.opened == 2
 
 
 async def test_a_stream_idle_past_the_senders_limit_is_replaced_not_written_on(monkeypatch):
     monkeypatch.setattr(direct, "OUTBOUND_IDLE_S", 0.2)  # (the receiver's limit stays far off)
-    got: list = []
-    arrived = {1: trio.Event(), 2: trio.Event()}
-    a_cm, b_cm, on_frame = _pair("direct-idle", got, arrived)
-    async with a_cm as a, b_cm as b:
-        b.set_frame_handler(on_frame)
-        await a.connect(b.addrs()[0])
-        await a.send_frame(b.peer_id, b"one")
-        with trio.fail_after(60):
-            await arrived[1].wait()
+    async with pair("direct-idle") as p:
+        await p.a.send_frame(p.b.peer_id, b"one")
+        await p.received(1)
         await trio.sleep(0.3)  # idle past the sender's limit
-        await a.send_frame(b.peer_id, b"two")
-        with trio.fail_after(60):
-            await arrived[2].wait()
-        assert [f for f, _ in got] == [b"one", b"two"] and a._direct.opened == 2
+        await p.a.send_frame(p.b.peer_id, b"two")
+        assert await p.received(2) == [b"one", b"two"] and p.a._direct.opened == 2
 
 
 async def test_a_stream_carrying_one_frame_and_closed_is_still_received():
     from libp2p.peer.id import ID
 
-    got: list = []
-    arrived = {1: trio.Event()}
-    a_cm, b_cm, on_frame = _pair("direct-oneshot", got, arrived)
-    async with a_cm as a, b_cm as b:
-        b.set_frame_handler(on_frame)
-        await a.connect(b.addrs()[0])
-        stream = await a._host.new_stream(ID.from_base58(b.peer_id), [MSG_PROTOCOL])
+    async with pair("direct-oneshot") as p:
+        stream = await p.a._host.new_stream(ID.from_base58(p.b.peer_id), [MSG_PROTOCOL])
         await stream.write(len(b"alone").to_bytes(4, "big") + b"alone")
         await stream.close()
-        with trio.fail_after(60):
-            await arrived[1].wait()
-        assert got == [(b"alone", a.peer_id)]
+        assert await p.received(1) == [b"alone"] and p.got[0][1] == p.a.peer_id
 
 
 # -- the halves, with stand-in streams -----------------------------------------------------------

@@ -41,6 +41,18 @@ def fetches(effects):
     return [e for e in effects if isinstance(e, Fetch)]
 
 
+def fetch_all(c: TransferCore, asked: list) -> list:
+    """Deliver every fetch asked and every one that follows, 10 ms apart; the effects."""
+    done, pending, t = [], list(asked), 0.0
+    while pending:
+        f = pending.pop()
+        t += 0.01
+        out = c.fetched(t, f.peer, f.version, f.index, 0.01)
+        pending += fetches(out)
+        done += out
+    return done
+
+
 # -- the core alone -------------------------------------------------------------------------
 
 
@@ -60,15 +72,7 @@ def test_an_accepted_manifest_starts_pulling_from_the_plan_and_holding_waits_for
     asked = fetches(effects)
     assert asked and all(f.digest == SIGNED.manifest.chunk_digests[f.index] for f in asked)
     assert not any(isinstance(e, Publish) for e in effects)  # nothing to announce yet
-    done = []
-    pending = list(asked)
-    t = 0.0
-    while pending:
-        f = pending.pop()
-        t += 0.01
-        out = c.fetched(t, f.peer, f.version, f.index, 0.01)
-        pending += fetches(out)
-        done += out
+    done = fetch_all(c, asked)
     assert c.complete_versions() == [1]
     assert sum(1 for e in done if isinstance(e, Send) and isinstance(e.body, Holding)) <= 2  # told its children
 
@@ -80,14 +84,8 @@ def test_completing_tells_the_children_that_still_fetch_and_not_one_that_holds_t
     plan = c._versions[1].plan
     children = sorted({k for s in range(plan.stripes) for k in plan.children(s, "me")})
     assert len(children) >= 2  # (the test needs one child that finished first and one that did not)
-    pending = fetches(effects) + fetches(c.on_message(0.0, envelope(children[0], Holding((HeldVersion(1, SIGNED.manifest_id),)))))
-    done, t = [], 0.0
-    while pending:
-        f = pending.pop()
-        t += 0.01
-        out = c.fetched(t, f.peer, f.version, f.index, 0.01)
-        pending += fetches(out)
-        done += out
+    held = Holding((HeldVersion(1, SIGNED.manifest_id),))
+    done = fetch_all(c, fetches(effects) + fetches(c.on_message(0.0, envelope(children[0], held))))
     assert c.complete_versions() == [1]
     told = sorted(e.peer for e in done if isinstance(e, Send) and isinstance(e.body, Holding))
     assert told == children[1:]
