@@ -82,6 +82,7 @@ def test_completing_tells_the_children_that_still_fetch_and_not_one_that_holds_t
     c.set_members(0.0, {PUBLISHER.peer_id: 1e9, "me": 1e8, **{f"r{k}": 1e7 for k in range(6)}})
     effects = c.on_message(0.0, envelope(PUBLISHER.peer_id, ManifestAnnounce(SIGNED.frame)))
     plan = c._versions[1].plan
+    assert plan is not None
     children = sorted({k for s in range(plan.stripes) for k in plan.children(s, "me")})
     assert len(children) >= 2  # (the test needs one child that finished first and one that did not)
     held = Holding((HeldVersion(1, SIGNED.manifest_id),))
