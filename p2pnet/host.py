@@ -48,7 +48,7 @@ import trio
 
 from p2pnet.addresses import advertised_addrs, interface_ips
 from p2pnet.direct import KeptStreams, quiet_close as _quiet_close, quiet_reset as _quiet_reset
-from p2pnet.direct import read_exactly as _read_exactly, receive_frames
+from p2pnet.direct import FrameHandler, read_exactly as _read_exactly, receive_frames
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import Identity, peer_id_to_str
 
@@ -60,7 +60,6 @@ _LEN = struct.Struct(">I")
 YAMUX_RELEASE_ON_READ = "PY_YAMUX_RELEASE_ON_READ"  # py-libp2p's switch: "0" batches receive credit
 _PEERSTORE_TTL_S = 120  # what py-libp2p's own `connect` gives the addresses it is handed
 
-FrameHandler = Callable[[bytes, str], Awaitable[None]]
 RequestHandler = Callable[[bytes, str, "str | None"], Awaitable["bytes | None"]]
 
 
@@ -249,7 +248,13 @@ class Host:
 
     async def _on_stream(self, stream) -> None:
         """An inbound message stream: its frames, until it ends (`p2pnet.direct`)."""
-        await receive_frames(stream, stream.muxed_conn.peer_id.to_base58(), self.max_frame_bytes, self._deliver)
+        try:
+            peer = stream.muxed_conn.peer_id.to_base58()
+        except Exception as exc:  # a stream whose connection is already gone: the remote's problem
+            log.debug("inbound stream without a peer: %s: %s", type(exc).__name__, exc)
+            await _quiet_reset(stream)
+            return
+        await receive_frames(stream, peer, self.max_frame_bytes, self._deliver)
 
     async def _deliver(self, frame: bytes, peer: str) -> None:
         if self._frame_handler is not None:

@@ -80,8 +80,8 @@ class Announcing:
         if v.plan is not None:  # our children pull from us: tell them we can now serve anything
             held = Holding((HeldVersion(v.version, v.signed.manifest_id),))
             children = {c for s in range(v.plan.stripes) for c in v.plan.children(s, self.self_id)}
-            # (not those that told us they hold it all: they want nothing, and each message costs
-            # a stream at both ends while the last peers still receive)
+            # (not those that told us they hold it all: they want nothing more, and the frame costs
+            # both ends CPU while the last peers still receive)
             effects.extend(Send(child, held) for child in sorted(children - v.holders))
 
     def _announce(self, now: float, effects: list[Any]) -> None:
