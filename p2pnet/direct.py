@@ -11,8 +11,12 @@ peer and writes each frame, length-prefixed, on it under that peer's lock, so fr
 peer are never interleaved, and those on one stream arrive in the order they were sent. A stream that fails a write
 (the remote reset it, the connection went) is dropped and the frame is sent once more on a new
 stream; a failure there is the peer's (`PeerUnavailable`). A write that is cancelled part-way
-(the caller's timeout) resets the stream: a half-written frame would garble the next. At most
-`MAX_KEPT` streams are kept; the one used longest ago is closed to make room (one a send is
+(the caller's timeout) ends the stream: a half-written frame would garble the next. Ended, not
+reset: a yamux reset makes the receiver drop what it has not read yet, the frames before the cut
+one included, while after an end (FIN) it reads them and drops only the cut frame. Ending a
+stream writes on its connection, which may be what stalled: it waits `END_S` at most (then a
+reset is tried, as long), so a stalled connection never holds a peer's lock for good. At most
+`MAX_KEPT` streams are kept; opening one more closes the one used longest ago (one a send is
 writing on is spared, so for a while there may be more).
 
 Idle streams. The receiver (`receive_frames`, the handler of every inbound stream) reads frames
@@ -24,7 +28,8 @@ delivered to the receiver's handler may still be dropped there (a full inbox), a
 is not told.
 
 A frame longer than the receiver's `max_frame_bytes`, or one that does not arrive whole within
-`FRAME_S` of its first bytes, resets the stream: the sender's fault, logged, never raised.
+`FRAME_S` of its first bytes, resets the stream: the sender's fault, logged, never raised. What
+the receiver's handler raises resets the stream (nobody reads it any more) and is raised.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ MAX_KEPT = 256  # outbound streams kept open at once (one per peer we send to)
 OUTBOUND_IDLE_S = 60.0  # a kept stream idle this long is replaced, never written on
 INBOUND_IDLE_S = 2 * OUTBOUND_IDLE_S  # the receiver resets a stream silent this long
 FRAME_S = 10.0  # a frame's bytes arrive within this of its first ones
+END_S = 1.0  # ending a stream (FIN, else a reset) waits this long at most for the connection
 
 FrameHandler = Callable[[bytes, str], Awaitable[None]]
 OpenStream = Callable[[str], Awaitable[Any]]  # a new outbound stream to the peer
@@ -87,7 +93,6 @@ class KeptStreams:
                             continue
                         self._kept.move_to_end(peer)
                         try:
-                            await self._make_room(peer)
                             await self._write(peer, kept, data)
                         finally:  # a peer we hold no stream to is not remembered
                             if kept.stream is None:
@@ -98,17 +103,21 @@ class KeptStreams:
 
     async def _write(self, peer: str, kept: _Kept, data: bytes) -> None:
         if kept.stream is not None and trio.current_time() - kept.used_at >= OUTBOUND_IDLE_S:
-            await quiet_close(kept.stream)  # its receiver may be giving up on it: never write there
-            kept.stream = None
+            stream, kept.stream = kept.stream, None
+            await end_stream(stream)  # its receiver may be giving up on it: never write there
         for fresh in (kept.stream is None, True):
             if kept.stream is None:
+                await self._make_room(peer)
                 kept.stream = await self._new_stream(peer)
             try:
                 await kept.stream.write(data)
             except BaseException as exc:
                 stream, kept.stream = kept.stream, None
+                # part of the frame may be out: the stream is done, but ended (FIN), not reset,
+                # so that the frames before it, still unread at the receiver, are read (a yamux
+                # reset drops them); the receiver drops the cut frame at the end
                 with trio.CancelScope(shield=True):
-                    await quiet_reset(stream)  # part of the frame may be out: the stream is done
+                    await end_stream(stream)
                 if isinstance(exc, Exception) and not fresh:
                     log.debug("kept stream to %s failed (%s: %s): a new one", peer, type(exc).__name__, exc)
                     continue
@@ -143,7 +152,7 @@ class KeptStreams:
             try:
                 del self._kept[peer]
                 stream, kept.stream = kept.stream, None
-                await quiet_close(stream)
+                await end_stream(stream)
             finally:
                 kept.lock.release()
 
@@ -153,7 +162,12 @@ async def receive_frames(stream: Any, peer: str, max_frame_bytes: int, handler: 
     until the stream ends (see the module docstring for idle streams and bad frames). What
     `handler` raises is raised: a bug of ours is not the sender's fault."""
     while (frame := await _next_frame(stream, peer, max_frame_bytes)) is not None:
-        await handler(frame, peer)
+        try:
+            await handler(frame, peer)
+        except BaseException:  # nobody reads this stream any more: tell its sender
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + END_S):
+                await quiet_reset(stream)
+            raise
 
 
 async def _next_frame(stream: Any, peer: str, max_frame_bytes: int) -> bytes | None:
@@ -161,6 +175,11 @@ async def _next_frame(stream: Any, peer: str, max_frame_bytes: int) -> bytes | N
     try:
         with trio.move_on_after(INBOUND_IDLE_S) as idle:
             first = await stream.read(_LEN.size)
+    except Exception as exc:  # py-libp2p ends a stream its sender closed with an exception, between frames
+        log.debug("inbound stream from %s ended: %s", peer, type(exc).__name__)
+        await end_stream(stream)
+        return None
+    try:
         if idle.cancelled_caught:
             await quiet_reset(stream)
             return None
@@ -180,6 +199,20 @@ async def _next_frame(stream: Any, peer: str, max_frame_bytes: int) -> bytes | N
         log.debug("inbound stream from %s failed: %s: %s", peer, type(exc).__name__, exc)
     await quiet_reset(stream)
     return None
+
+
+async def end_stream(stream: Any) -> None:
+    """Close (FIN) a stream we write no more on, within `END_S`; reset it if that fails or
+    takes longer. Both write on the connection, which may be the stalled thing: bounded, so
+    neither holds up the caller (one peer's lock, another peer's send) for long."""
+    with trio.move_on_after(END_S):
+        try:
+            await stream.close()
+            return
+        except Exception as exc:  # a stream the remote already broke: nothing new to learn
+            log.debug("close of broken stream failed: %s", exc)
+    with trio.move_on_after(END_S):
+        await quiet_reset(stream)
 
 
 async def quiet_close(stream: Any) -> None:

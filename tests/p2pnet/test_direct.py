@@ -125,13 +125,13 @@ def opener(streams: list):
     return open_stream, opened
 
 
-async def test_a_write_cut_off_by_the_timeout_resets_that_stream_and_the_next_frame_takes_a_new_one():
+async def test_a_write_cut_off_by_the_timeout_ends_that_stream_and_the_next_frame_takes_a_new_one():
     first, second = FakeStream(block_after=6), FakeStream()
     open_stream, opened = opener([first, second])
     kept = KeptStreams(open_stream)
     with pytest.raises(PeerUnavailable, match="within"):
         await kept.send("p", b"0123456789", timeout_s=0.05)
-    assert first.reset_called and len(first.written) == 6  # half a frame out: that stream is done
+    assert len(first.written) == 6 and first.closed and not first.reset_called  # half a frame out: ended
     await kept.send("p", b"next", timeout_s=5)
     assert second.written == b"\x00\x00\x00\x04next" and [s for _, s in opened] == [first, second]
 
@@ -144,7 +144,7 @@ async def test_a_kept_stream_that_fails_is_retried_once_on_a_new_one_and_a_new_o
     good.fail = True
     with pytest.raises(PeerUnavailable, match="refused"):  # the retry's open fails: no stream left
         await kept.send("p", b"b", timeout_s=5)
-    assert good.reset_called and "p" not in kept._kept  # a peer we hold no stream to is not remembered
+    assert good.closed and "p" not in kept._kept  # a peer we hold no stream to is not remembered
     broken = FakeStream(fail=True)
     open_stream, _ = opener([broken])
     with pytest.raises(PeerUnavailable, match="reset by peer"):
@@ -152,12 +152,23 @@ async def test_a_kept_stream_that_fails_is_retried_once_on_a_new_one_and_a_new_o
 
 
 class SlowStream(FakeStream):
-    """Writes in two halves with a scheduling point between: unlocked, frames would interleave."""
+    """Writes in two halves with a scheduling point between (unlocked, frames would interleave);
+    with `gate` set, a write of a frame holding `gate_on` waits for the gate between its halves,
+    and `halfway` tells when one is there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: trio.Event | None = None
+        self.gate_on = b""
+        self.halfway = trio.Event()
 
     async def write(self, data: bytes) -> None:
         half = len(data) // 2
         self.written += data[:half]
-        await trio.sleep(0.01)
+        if self.gate is not None and self.gate_on in data:
+            self.halfway.set()
+            await self.gate.wait()
+        await trio.lowlevel.checkpoint()
         self.written += data[half:]
 
 
@@ -178,10 +189,13 @@ async def test_concurrent_sends_to_one_peer_share_one_stream_frame_by_frame_whil
         for k in range(5):
             nursery.start_soon(partial(kept.send, "p", b"frame %d" % k, timeout_s=5.0))
     assert sorted(frames_in(streams[0].written)) == [b"frame %d" % k for k in range(5)] and len(opened) == 1
+    streams[0].gate, streams[0].gate_on = trio.Event(), b"late"
     async with trio.open_nursery() as nursery:  # q's send would evict p's stream, but not while p's write holds it
         nursery.start_soon(partial(kept.send, "p", b"late", timeout_s=5.0))
-        await trio.sleep(0.001)
-        nursery.start_soon(partial(kept.send, "q", b"other", timeout_s=5.0))
+        await streams[0].halfway.wait()
+        await kept.send("q", b"other", timeout_s=5.0)
+        assert not streams[0].closed
+        streams[0].gate.set()
     assert frames_in(streams[0].written)[-1] == b"late" and not streams[0].closed
     assert frames_in(streams[1].written) == [b"other"] and len(kept) == 2
     await kept.send("r", b"third", timeout_s=5.0)  # nothing in use: back to one, the others closed
@@ -198,6 +212,9 @@ async def test_at_most_max_kept_streams_stay_open_the_least_recently_used_closed
     await kept.send("p3", b"x", timeout_s=5)
     assert streams[1].closed and not streams[0].closed and len(kept) == 2
     assert sorted(p for p, k in kept._kept.items() if k.stream is not None) == ["p1", "p3"]
+    for peer in ("p1", "p3") * 3:  # peers that hold streams already evict nobody
+        await kept.send(peer, b"x", timeout_s=5)
+    assert len(opened) == 3 and not streams[0].closed and not streams[2].closed
 
 
 class FeedStream:
@@ -260,10 +277,62 @@ async def test_an_oversized_frame_or_one_that_stalls_midway_resets_the_stream(au
     assert idle.reset_called
 
 
-async def test_what_the_handler_raises_is_raised_not_taken_for_the_senders_fault():
+async def test_what_the_handler_raises_is_raised_not_taken_for_the_senders_fault_and_the_stream_is_reset():
     async def handler(f: bytes, peer: str) -> None:
         raise RuntimeError("a bug of ours")
 
+    stream = FeedStream([frame(b"x"), frame(b"y")], end=False)
     with pytest.raises(RuntimeError, match="a bug of ours"):
-        await receive_frames(FeedStream([frame(b"x")]), "peer", 1024, handler)
+        await receive_frames(stream, "peer", 1024, handler)
+    assert stream.reset_called  # nobody reads it any more: its sender is told
+
+
+class StuckStream(FakeStream):
+    """A stream on a stalled connection: a write blocks once the window is full, and so do its
+    close and reset (each writes a frame on that connection)."""
+
+    async def close(self) -> None:
+        self.closed = True
+        await trio.sleep(3600)  # (an hour of the mock clock: a wait left unbounded fails the test, never hangs it)
+
+    async def reset(self) -> None:
+        self.reset_called = True
+        await trio.sleep(3600)
+
+
+async def test_a_stalled_connection_never_holds_the_send_past_its_timeout_and_a_bounded_end(autojump_clock):
+    stuck = StuckStream(block_after=2)
+    open_stream, _ = opener([stuck])
+    kept = KeptStreams(open_stream)
+    started = trio.current_time()
+    with pytest.raises(PeerUnavailable, match="within"):
+        await kept.send("p", b"payload", timeout_s=5.0)
+    assert stuck.closed and stuck.reset_called  # the close tried, then the reset, each bounded
+    assert trio.current_time() - started <= 5.0 + 2 * direct.END_S + 0.1
+    assert not kept._kept  # and the peer's lock is free: nothing remembered
+
+
+async def test_frames_unread_when_a_write_is_cut_off_still_reach_the_receiver():
+    release = trio.Event()
+    async with pair("direct-cut") as p:
+        first_in = trio.Event()
+
+        async def slow_handler(frame: bytes, source: str) -> None:
+            p.got.append((frame, source))
+            first_in.set()
+            if len(p.got) == 1:
+                await release.wait()  # the receiver reads nothing more meanwhile: the window fills
+            p._changed.set()
+            p._changed = trio.Event()
+
+        p.b.set_frame_handler(slow_handler)
+        await p.a.send_frame(p.b.peer_id, b"f0")
+        await first_in.wait()
+        for k in (1, 2, 3):
+            await p.a.send_frame(p.b.peer_id, b"f%d" % k)
+        with pytest.raises(PeerUnavailable):  # 32 MiB cannot go through a window (16 MiB at most) nobody reads
+            await p.a.send_frame(p.b.peer_id, bytes(32 << 20), timeout_s=1.0)
+        release.set()
+        await p.a.send_frame(p.b.peer_id, b"after")
+        assert await p.received(5) == [b"f0", b"f1", b"f2", b"f3", b"after"]
 
