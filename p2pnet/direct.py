@@ -72,7 +72,7 @@ class KeptStreams:
         self._open = open_stream
         self._max_kept = max_kept
         self._kept: OrderedDict[str, _Kept] = OrderedDict()  # least recently used first
-        self.opened = 0  # streams opened (for tests and the benchmark)
+        self.opened = 0  # streams opened (the tests read it)
 
     def __len__(self) -> int:
         return sum(1 for k in self._kept.values() if k.stream is not None)
@@ -183,8 +183,8 @@ async def _next_frame(stream: Any, peer: str, max_frame_bytes: int) -> bytes | N
         if idle.cancelled_caught:
             await quiet_reset(stream)
             return None
-        if not first:  # the sender closed it between frames
-            await quiet_close(stream)
+        if not first:  # the sender closed it between frames (a stream that reads b"" at its end)
+            await end_stream(stream)
             return None
         with trio.fail_after(FRAME_S):
             if len(first) < _LEN.size:

@@ -17,11 +17,13 @@ from p2pnet.identity import Identity
 
 
 class Pair:
-    """Two connected hosts, a and b; b keeps every frame it receives in `got`."""
+    """Two connected hosts, a and b; b keeps every frame it receives in `got`. With `hold` set,
+    b's handler takes the first frame and then waits for it, reading nothing more meanwhile."""
 
     def __init__(self, a, b) -> None:
         self.a, self.b = a, b
         self.got: list[tuple[bytes, str]] = []
+        self.hold: trio.Event | None = None
         self._changed = trio.Event()
         b.set_frame_handler(self._on_frame)
 
@@ -29,6 +31,8 @@ class Pair:
         self.got.append((frame, source))
         self._changed.set()
         self._changed = trio.Event()
+        if self.hold is not None and len(self.got) == 1:
+            await self.hold.wait()
 
     async def received(self, n: int) -> list[bytes]:
         """The frames once b holds `n` of them (a deadline, not a count of polls)."""
@@ -313,21 +317,10 @@ async def test_a_stalled_connection_never_holds_the_send_past_its_timeout_and_a_
 
 
 async def test_frames_unread_when_a_write_is_cut_off_still_reach_the_receiver():
-    release = trio.Event()
     async with pair("direct-cut") as p:
-        first_in = trio.Event()
-
-        async def slow_handler(frame: bytes, source: str) -> None:
-            p.got.append((frame, source))
-            first_in.set()
-            if len(p.got) == 1:
-                await release.wait()  # the receiver reads nothing more meanwhile: the window fills
-            p._changed.set()
-            p._changed = trio.Event()
-
-        p.b.set_frame_handler(slow_handler)
+        p.hold = release = trio.Event()  # the receiver reads nothing after the first frame: the window fills
         await p.a.send_frame(p.b.peer_id, b"f0")
-        await first_in.wait()
+        await p.received(1)
         for k in (1, 2, 3):
             await p.a.send_frame(p.b.peer_id, b"f%d" % k)
         with pytest.raises(PeerUnavailable):  # 32 MiB cannot go through a window (16 MiB at most) nobody reads
