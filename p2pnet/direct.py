@@ -29,7 +29,9 @@ is not told.
 
 A frame longer than the receiver's `max_frame_bytes`, or one that does not arrive whole within
 `FRAME_S` of its first bytes, resets the stream: the sender's fault, logged, never raised. What
-the receiver's handler raises resets the stream (nobody reads it any more) and is raised.
+the receiver's handler raises resets the stream (nobody reads it any more) and is raised. Every
+reset the receiver makes waits `END_S` at most, as the sender's end does: a stalled connection
+never holds the receiving task.
 """
 
 from __future__ import annotations
@@ -165,8 +167,8 @@ async def receive_frames(stream: Any, peer: str, max_frame_bytes: int, handler: 
         try:
             await handler(frame, peer)
         except BaseException:  # nobody reads this stream any more: tell its sender
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + END_S):
-                await quiet_reset(stream)
+            with trio.CancelScope(shield=True):
+                await bounded_reset(stream)
             raise
 
 
@@ -181,7 +183,7 @@ async def _next_frame(stream: Any, peer: str, max_frame_bytes: int) -> bytes | N
         return None
     try:
         if idle.cancelled_caught:
-            await quiet_reset(stream)
+            await bounded_reset(stream)
             return None
         if not first:  # the sender closed it between frames (a stream that reads b"" at its end)
             await end_stream(stream)
@@ -197,7 +199,7 @@ async def _next_frame(stream: Any, peer: str, max_frame_bytes: int) -> bytes | N
         log.info("direct frame rejected: %s", exc)
     except (trio.TooSlowError, EOFError, Exception) as exc:  # noqa: B014 - a broken inbound stream is the remote's problem
         log.debug("inbound stream from %s failed: %s: %s", peer, type(exc).__name__, exc)
-    await quiet_reset(stream)
+    await bounded_reset(stream)
     return None
 
 
@@ -211,6 +213,12 @@ async def end_stream(stream: Any) -> None:
             return
         except Exception as exc:  # a stream the remote already broke: nothing new to learn
             log.debug("close of broken stream failed: %s", exc)
+    await bounded_reset(stream)
+
+
+async def bounded_reset(stream: Any) -> None:
+    """Reset a stream we give up on, waiting `END_S` at most: the reset writes on the
+    connection, which may be the stalled thing, and the task resetting has more to do."""
     with trio.move_on_after(END_S):
         await quiet_reset(stream)
 

@@ -47,7 +47,8 @@ import multiaddr
 import trio
 
 from p2pnet.addresses import advertised_addrs, interface_ips
-from p2pnet.direct import KeptStreams, quiet_close as _quiet_close, quiet_reset as _quiet_reset
+from p2pnet.direct import KeptStreams, bounded_reset as _bounded_reset, quiet_close as _quiet_close, \
+    quiet_reset as _quiet_reset
 from p2pnet.direct import FrameHandler, read_exactly as _read_exactly, receive_frames
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import Identity, peer_id_to_str
@@ -214,10 +215,10 @@ class Host:
                 await stream.close()
             except MessageRejected as exc:
                 log.info("%s request rejected: %s", protocol, exc)
-                await _quiet_reset(stream)
+                await _bounded_reset(stream)
             except Exception as exc:  # noqa: BLE001 - a broken inbound stream is the remote's problem
                 log.debug("%s inbound stream failed: %s: %s", protocol, type(exc).__name__, exc)
-                await _quiet_reset(stream)
+                await _bounded_reset(stream)
 
         self._host.set_stream_handler(protocol, on_stream)
 
@@ -252,7 +253,7 @@ class Host:
             peer = stream.muxed_conn.peer_id.to_base58()
         except Exception as exc:  # a stream whose connection is already gone: the remote's problem
             log.debug("inbound stream without a peer: %s: %s", type(exc).__name__, exc)
-            await _quiet_reset(stream)
+            await _bounded_reset(stream)
             return
         await receive_frames(stream, peer, self.max_frame_bytes, self._deliver)
 
@@ -381,7 +382,7 @@ def _guarded_gossip_handler(pubsub):
         except DecodeError as exc:
             peer = stream.muxed_conn.peer_id
             log.info("gossip from %s is not a pubsub RPC (%s); stream dropped", peer, exc)
-            await _quiet_reset(stream)
+            await _bounded_reset(stream)
             pubsub._handle_dead_peer(peer)
 
     return handler

@@ -291,6 +291,36 @@ async def test_what_the_handler_raises_is_raised_not_taken_for_the_senders_fault
     assert stream.reset_called  # nobody reads it any more: its sender is told
 
 
+class StalledResetFeed(FeedStream):
+    """An inbound stream on a connection that stalled: its reset (a frame written on that
+    connection) never returns."""
+
+    async def reset(self) -> None:
+        self.reset_called = True
+        await trio.sleep(3600)  # (an hour of the mock clock: an unbounded reset fails the test, never hangs it)
+
+
+async def test_the_receivers_resets_on_a_stalled_connection_are_bounded(autojump_clock):
+    async def handler(f: bytes, peer: str) -> None:
+        if f == b"boom":
+            raise RuntimeError("a bug of ours")
+
+    cases = [  # (stream, how long the receiver may wait for the stream before it resets it)
+        (StalledResetFeed([], end=False), direct.INBOUND_IDLE_S),  # idle
+        (StalledResetFeed([frame(b"x" * 100)]), 0.0),  # oversized
+        (StalledResetFeed([frame(b"cut short")[:7]], end=False), direct.FRAME_S),  # stalls mid-frame
+    ]
+    for stream, waits_s in cases:
+        started = trio.current_time()
+        await receive_frames(stream, "peer", 10, handler)
+        assert stream.reset_called and trio.current_time() - started <= waits_s + direct.END_S + 0.1
+    raising = StalledResetFeed([frame(b"boom")], end=False)
+    started = trio.current_time()
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        await receive_frames(raising, "peer", 1024, handler)
+    assert raising.reset_called and trio.current_time() - started <= direct.END_S + 0.1
+
+
 class StuckStream(FakeStream):
     """A stream on a stalled connection: a write blocks once the window is full, and so do its
     close and reset (each writes a frame on that connection)."""
