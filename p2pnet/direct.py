@@ -85,7 +85,7 @@ class KeptStreams:
         A peer's entry leaves `_kept` only in the hands of a task holding its lock (a send whose
         stream failed, or `_make_room`); a send that waited for the lock of an entry dropped
         meanwhile takes the peer's current entry instead, so one peer never has two streams."""
-        data = _LEN.pack(len(frame)) + frame
+        data = pack_frame(frame)
         try:
             with trio.fail_after(timeout_s):
                 while True:
@@ -189,12 +189,7 @@ async def _next_frame(stream: Any, peer: str, max_frame_bytes: int) -> bytes | N
             await end_stream(stream)
             return None
         with trio.fail_after(FRAME_S):
-            if len(first) < _LEN.size:
-                first += await read_exactly(stream, _LEN.size - len(first))
-            (length,) = _LEN.unpack(first)
-            if length > max_frame_bytes:
-                raise MessageRejected("oversized", f"{length} bytes", peer)
-            return await read_exactly(stream, length)
+            return await read_frame(stream, peer, max_frame_bytes, first)
     except MessageRejected as exc:
         log.info("direct frame rejected: %s", exc)
     except (trio.TooSlowError, EOFError, Exception) as exc:  # noqa: B014 - a broken inbound stream is the remote's problem
@@ -235,6 +230,23 @@ async def quiet_reset(stream: Any) -> None:
         await stream.reset()
     except Exception as exc:  # the stream is already broken; nothing more to learn
         log.debug("reset of broken stream failed: %s", exc)
+
+
+def pack_frame(frame: bytes) -> bytes:
+    """`frame` as it goes on a stream: its length (u32, big-endian), then its bytes."""
+    return _LEN.pack(len(frame)) + frame
+
+
+async def read_frame(stream: Any, peer: str, max_frame_bytes: int, first: bytes = b"") -> bytes:
+    """The next frame on `stream` from `peer`, of which `first` (part of its length prefix, or
+    nothing) was read already. MessageRejected if it is longer than `max_frame_bytes` (then none
+    of its body is read), EOFError if the stream ends inside it."""
+    if len(first) < _LEN.size:
+        first += await read_exactly(stream, _LEN.size - len(first))
+    (length,) = _LEN.unpack(first)
+    if length > max_frame_bytes:
+        raise MessageRejected("oversized", f"{length} bytes", peer)
+    return await read_exactly(stream, length)
 
 
 async def read_exactly(stream: Any, n: int) -> bytes:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import weakref
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -49,7 +48,7 @@ import trio
 from p2pnet.addresses import advertised_addrs, interface_ips
 from p2pnet.direct import KeptStreams, bounded_reset as _bounded_reset, quiet_close as _quiet_close, \
     quiet_reset as _quiet_reset
-from p2pnet.direct import FrameHandler, read_exactly as _read_exactly, receive_frames
+from p2pnet.direct import FrameHandler, pack_frame, read_frame, receive_frames
 from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import Identity, peer_id_to_str
 
@@ -57,7 +56,6 @@ log = logging.getLogger(__name__)
 
 MSG_PROTOCOL = "/p2pnet/msg/1.0.0"
 GOSSIP_PROTOCOL = "/meshsub/1.0.0"
-_LEN = struct.Struct(">I")
 YAMUX_RELEASE_ON_READ = "PY_YAMUX_RELEASE_ON_READ"  # py-libp2p's switch: "0" batches receive credit
 _PEERSTORE_TTL_S = 120  # what py-libp2p's own `connect` gives the addresses it is handed
 
@@ -207,11 +205,11 @@ class Host:
             try:
                 peer = stream.muxed_conn.peer_id.to_base58()
                 with trio.fail_after(timeout_s):
-                    frame = await self._read_frame(stream, peer)
+                    frame = await read_frame(stream, peer, self.max_frame_bytes)
                     remote = stream.get_remote_address()
                     answer = await handler(frame, peer, remote[0] if remote else None)
                     if answer is not None:
-                        await stream.write(_LEN.pack(len(answer)) + answer)
+                        await stream.write(pack_frame(answer))
                 await stream.close()
             except MessageRejected as exc:
                 log.info("%s request rejected: %s", protocol, exc)
@@ -230,8 +228,8 @@ class Host:
             with trio.fail_after(timeout_s):
                 stream = await self._host.new_stream(ID.from_base58(peer), [protocol])
                 try:
-                    await stream.write(_LEN.pack(len(frame)) + frame)
-                    return await self._read_frame(stream, peer)
+                    await stream.write(pack_frame(frame))
+                    return await read_frame(stream, peer, self.max_frame_bytes)
                 finally:
                     await _quiet_close(stream)
         except trio.TooSlowError as exc:
@@ -240,12 +238,6 @@ class Host:
             raise
         except Exception as exc:  # libp2p signals unreachable peers with many exception types
             raise PeerUnavailable(f"{peer}: {protocol}: {type(exc).__name__}: {exc}") from exc
-
-    async def _read_frame(self, stream, peer: str) -> bytes:
-        (length,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
-        if length > self.max_frame_bytes:
-            raise MessageRejected("oversized", f"{length} bytes", peer)
-        return await _read_exactly(stream, length)
 
     async def _on_stream(self, stream) -> None:
         """An inbound message stream: its frames, until it ends (`p2pnet.direct`)."""
@@ -386,9 +378,6 @@ def _guarded_gossip_handler(pubsub):
             pubsub._handle_dead_peer(peer)
 
     return handler
-
-
-
 
 
 def _peer_text(raw: bytes) -> str:
