@@ -70,7 +70,7 @@ def register(commands: Any) -> None:
                          help="the version's files, in order (safetensors weights and anything else)")
     publish.add_argument("--place", choices=("link", "move", "copy"), default="link",
                          help="how the files enter the store: hard link (default; a copy across filesystems), "
-                         "move (rename them in), or copy")
+                         "move (the same, then the names given are deleted once the version is kept), or copy")
     publish.add_argument("--model", required=True, help="model name recorded in the manifest")
     publish.add_argument("--version", dest="ckpt_version", type=int, required=True, metavar="N",
                          help="the checkpoint version (a training step; newer versions have larger numbers)")
@@ -105,10 +105,11 @@ def register(commands: Any) -> None:
 
     wait = command(sub, "wait", "block until checkpoint VERSION is complete and durable in the running peer",
                    description="Cheap to leave running: the peer answers once it holds every chunk of the version "
-                   "on disk. Prints the version, the folder holding its files and the files (ordinary files that "
-                   "any loader opens; kept until garbage collection drops the version). `latest` is the newest "
-                   "version complete in the peer, or the first to complete. Exit status 2 when the timeout "
-                   "passes first.",
+                   "on disk, verified (after a restart, what its record only claims is hashed first). Prints the "
+                   "version, the folder holding its files and the files (ordinary files that any loader opens; "
+                   "kept until garbage collection drops the version). `latest` is the newest version complete "
+                   "in the peer, or the first to complete. Exit status 2 when the timeout passes first, or at "
+                   "once for a version older than those the peer keeps ([relay] keep_versions).",
                    example="p2pnet checkpoint wait 7 --data-dir ~/.p2pnet/b --timeout-s 60\n"
                    "p2pnet checkpoint wait latest --json")
     wait.add_argument("wait_version", type=version_arg, metavar="VERSION", help="a version number, or latest")
@@ -244,10 +245,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
                                                         "timeout_s": args.timeout_s}, args.timeout_s)["version"]
                 remaining = max(args.timeout_s - (time.monotonic() - started), 1.0)
             bar = _ProgressBar(sys.stderr)
-            result = _call_waiting(args.data_dir, {"cmd": "checkpoint.fetch", "version": version,
-                                                   "out_dir": str(out_dir), "timeout_s": remaining},
-                                   remaining, on_progress=bar.update)
-            bar.done()
+            try:
+                result = _call_waiting(args.data_dir, {"cmd": "checkpoint.fetch", "version": version,
+                                                       "out_dir": str(out_dir), "timeout_s": remaining},
+                                       remaining, on_progress=bar.update)
+            finally:  # an error goes on a line of its own
+                bar.done()
     if args.json:
         print(json.dumps(result, indent=2))
     else:

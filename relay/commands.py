@@ -9,10 +9,12 @@ bad value answer {"error": ...} instead of crashing the command):
 - `checkpoint.fetch`: wait until a version (or "latest") is complete here, then export its files
   into `out_dir`, sending progress every 0.5 s while it waits.
 - `checkpoint.wait`: wait until a version (or "latest") is complete and durable here; where its
-  files are. It costs nothing while it waits (no polling).
+  files are, once every chunk the bitmap only claims since a restart was hashed (a rotten one is
+  fetched again first). It costs nothing while it waits (no polling).
 
 Both waits end after `timeout_s` (600 s unless given) with an error saying how far the version
-got, or that no trusted publisher's manifest for it has arrived.
+got, or that no trusted publisher's manifest for it has arrived; at once for a version older
+than those the store keeps (`keep_versions`), which would never come.
 
 These methods read the role's `store`, `core`, `watcher` (when versions complete), `node` (the
 upload we advertise), `backoff`, `corrupt_chunks`, its upstreams (`_upstreams`), upload budget
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from p2pnet.errors import ConfigError, P2PNetError, PeerUnavailable
-from relay.errors import ChunkMissing, VersionIncomplete
+from relay.errors import ChunkMissing, VersionIncomplete, VersionUnknown
 
 if TYPE_CHECKING:
     from relay.loader import VersionWatcher
@@ -107,9 +109,20 @@ class ControlCommands:
         where its files are. Costs nothing while it waits (no polling, no status)."""
         timeout_s = _timeout(request)
         with trio.move_on_after(timeout_s):
-            version = await self._until_held(request.get("version"), None)
-            return {"version": version, "dir": str(self.store.version_dir(version)),
-                    "files": [str(p) for p in self.store.version_files(version)]}
+            while True:
+                version = await self._until_held(request.get("version"), None)
+                # what the bitmap only claims since a restart is hashed before anyone is told to open
+                # it (nothing to hash for chunks received in this run); a rotten one is fetched again
+                try:
+                    rotten = await trio.to_thread.run_sync(self.store.verify, version)
+                except VersionUnknown:  # collected meanwhile
+                    continue
+                if rotten:
+                    log.warning("version %d: %d chunk(s) were corrupt on disk; waiting until it is complete again",
+                                version, len(rotten))
+                    continue
+                return {"version": version, "dir": str(self.store.version_dir(version)),
+                        "files": [str(p) for p in self.store.version_files(version)]}
         raise PeerUnavailable(self._not_yet(request.get("version"), timeout_s))
 
     async def _until_held(self, wanted: Any, reply: Any) -> int:
@@ -121,6 +134,10 @@ class ControlCommands:
             version = self.watcher.latest if wanted == "latest" else wanted
             if version >= 0 and self._holds(version):
                 return version
+            if version >= 0 and not self.store.should_fetch(version):  # it would never come: say so now
+                raise VersionUnknown(f"version {version} will not be held here: it is older than the "
+                                     f"{self.store.keep_versions} newest complete versions this peer keeps "
+                                     "([relay] keep_versions), so it is not fetched (or was dropped)")
             if reply is not None and version >= 0 and self.core.knows(version):
                 p = self.core.progress(trio.current_time(), version)
                 await reply({"progress": {k: p[k] for k in ("version", "chunks_have", "chunks_total",

@@ -38,7 +38,7 @@ DIGEST_BYTES = 32
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024  # 1 GiB to 8 local peers: 4 MiB chunks cost 20% more CPU (BENCHMARKS.md)
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
 MAX_FILES = 10_000
-MAX_NAME_CHARS = 255
+MAX_NAME_BYTES = 200  # UTF-8; the filesystem's limit is 255 bytes, and a store's temp names add up to ~30
 MAX_TENSOR_NAME_CHARS = 1024
 MAX_DIMS = 16
 READ_BLOCK_BYTES = 1024 * 1024
@@ -49,9 +49,10 @@ _R = TypeVar("_R")
 
 
 def is_safe_name(name: str) -> bool:
-    """A plain file name: no directories, no hidden or dot names, no control characters."""
+    """A plain file name: no directories, no hidden or dot names, no control characters, and
+    short enough in bytes for every filesystem with its temp names (`MAX_NAME_BYTES`)."""
     return (
-        0 < len(name) <= MAX_NAME_CHARS
+        0 < len(name.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
         and "/" not in name
         and "\\" not in name
         and not name.startswith(".")
@@ -91,7 +92,8 @@ class FileEntry:
 
     def __post_init__(self) -> None:
         if not is_safe_name(self.name):
-            raise ValueError(f"unsafe file name {self.name[:64]!r}")
+            raise ValueError(f"unsafe file name {self.name[:64]!r}: a file name of 1-{MAX_NAME_BYTES} UTF-8 bytes is "
+                             "needed, without '/', '\\', a leading '.' or control characters")
         if self.size < 0 or self.offset < 0:
             raise ValueError(f"file {self.name!r}: negative size or offset")
         if any(t.end > self.size for t in self.tensors):

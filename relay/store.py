@@ -8,9 +8,10 @@ Layout under `root`:
     versions/000000000042-<manifest id hex>.have        which chunks are durable in them (bitmap)
 
 Theory of operation. A version enters by its manifest (`add_manifest`: the manifest is written
-first, then the files are created at full size, sparse) or whole (`publish_files`, in
-`relay.store_whole`: the trainer's files are linked, moved or, across filesystems, copied in,
-hashed once in one read to build the manifest, fsynced, made read-only). A chunk enters only
+first, then the files are created at full size, sparse; a manifest whose files cannot be made is
+not kept) or whole (`publish_files`, in `relay.store_whole`: the trainer's files are linked or,
+across filesystems, copied in, hashed once in one read to build the manifest, fsynced, made
+read-only). A chunk enters only
 through `put_chunk`, which checks its length and blake3 digest against the manifest before
 writing it at its offsets (`relay.versionfiles`); from then on it is held: readable, servable,
 counted. It becomes durable when a flush (`relay.store_durability`) fsyncs the files and then
@@ -30,8 +31,11 @@ use (`ensure_verified` before serving, `verify` before loading), and one that no
 is dropped from the bitmap and reported; chunks not in the bitmap are fetched again, never
 believed. Chunks received in this run were hashed on arrival and are served without hashing
 again (`segments`, for `os.sendfile`). `export_version` (what `checkpoint fetch --out` hands
-out, `relay.store_whole`) re-hashes the whole version first, then hard-links its files (a
-reflink or a copy across filesystems): a user gets verified bytes without a second copy on disk.
+out, `relay.store_whole`) re-hashes the whole version first, makes its files read-only (mode
+0444: a link handed out shares the store's file), then hard-links them (a reflink or a copy
+across filesystems): a user gets verified bytes without a second copy on disk. Files are opened
+for reading only until written (`relay.versionfiles`), so a user other than root reads the
+read-only files of complete versions, and a rotten chunk of one is written again.
 
 A failed fsync loses the batch: every chunk of that version written since its last flush is
 taken as lost (no longer held or counted, never recorded in the bitmap), told to the owner
@@ -174,7 +178,11 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
                 if path.name != _name(signed) + MANIFEST_SUFFIX:
                     log.warning("skipping stored manifest %s: its name does not match its content", path.name)
                     continue
-                self._open_version(signed)
+                try:
+                    self._open_version(signed)
+                except OSError as exc:  # one version's files, not the store: the others still load
+                    log.error("skipping stored version %d (manifest %s): its files in %s cannot be opened: %s",
+                              signed.version, path.name, self.version_dir_of(signed), exc)
             return self.manifests()
 
     def _open_version(self, signed: SignedManifest) -> _Version:
@@ -224,7 +232,12 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
         try:
             for _ in range(MAX_WRITES):
                 failures = held.files.sync_failures
-                self._write(held, index, data, failures)
+                try:
+                    self._write(held, index, data, failures)
+                except OSError:
+                    if self._versions.get(version) is not held:
+                        return False  # collected meanwhile: its files went as we wrote
+                    raise
                 with self._lock:
                     if self._versions.get(version) is not held:
                         return False  # collected meanwhile
@@ -290,21 +303,27 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
         except OSError as exc:
             if held.files.sync_failures != failures:  # closing a file to open this one failed its fsync
                 self._lose_unsynced(held, exc)
-            log.warning("reading chunk %d of version %d: %s", index, version, exc)
+            if self._versions.get(version) is held:  # (else collected meanwhile: no trouble of the disk)
+                log.warning("reading chunk %d of version %d: %s", index, version, exc)
             data = b""
         if digest_of(data) != held.signed.manifest.chunk_digests[index]:
-            self._rotten(held, index)
+            if not self._rotten(held, index):
+                raise ChunkMissing(f"chunk {index} of version {version} is not in the store (collected)")
             raise ChunkMissing(f"chunk {index} of version {version} was corrupt on disk and is dropped")
         with self._lock:
             held.unverified.discard(index)
         return data
 
-    def _rotten(self, held: _Version, index: int) -> None:
-        log.warning("chunk %d of version %d on disk no longer matches its digest; dropping it",
-                    index, held.signed.version)
+    def _rotten(self, held: _Version, index: int) -> bool:
+        """Drop a chunk whose bytes on disk no longer match; False if the version was collected
+        meanwhile (its files gone with it: no rot, nothing to drop)."""
         with self._lock:
+            if self._versions.get(held.signed.version) is not held:
+                return False
             if index not in held.have:
-                return
+                return True
+            log.warning("chunk %d of version %d on disk no longer matches its digest; dropping it",
+                        index, held.signed.version)
             held.have.discard(index)
             held.unverified.discard(index)
             held.unsynced.discard(index)
@@ -312,6 +331,7 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
             durable = held.have - held.unsynced
         self._save_bitmap(held, durable)
         self._tell(ChunkRotten(held.signed.version, index))
+        return True
 
     def is_durable(self, version: int, index: int) -> bool:
         """Held, and fsynced and recorded in the bitmap (cheap: no I/O)."""
@@ -379,7 +399,11 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
                 raise ManifestRejected("version_conflict", f"version {signed.version} is already held as "
                                        f"{held.signed.manifest_id.hex()[:16]}", signed.publisher)
             self._write_manifest(signed)
-            self._open_version(signed)
+            try:
+                self._open_version(signed)
+            except BaseException:  # its files cannot be made: no manifest left for a restart to trip on
+                (self.root / "manifests" / (_name(signed) + MANIFEST_SUFFIX)).unlink(missing_ok=True)
+                raise
             return True
 
     def _write_manifest(self, signed: SignedManifest) -> None:

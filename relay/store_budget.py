@@ -10,6 +10,10 @@ the listener (`VersionCollected`); `should_fetch` says which versions it would d
 `collect()` keeps the newest `keep_versions` complete versions plus any newer incomplete one (a
 download in progress), then drops older complete versions (never the newest complete one) while
 their full size exceeds `budget_bytes`. `put_chunk` runs it when a write would exceed the budget.
+A version counts as complete here only once it is durable (a failed flush of its last batch
+would leave it incomplete, and its predecessor gone), and a version being exported (`pins`,
+`export_version`) is kept until its files are handed out. What cannot be deleted is logged as our
+disk's error and stays on disk, outside the budget's count (`relay.versionfiles.remove_path`).
 
 These methods read and change the store's versions (`_versions`), `_used_bytes` and
 `_reserved_bytes` under its `_lock`, read its `root`, `budget_bytes`, `keep_versions` and
@@ -80,28 +84,36 @@ class StoreBudget:
         with self._lock:
             keep = self._versions_to_keep(room_for)
             dropped = sorted(v for v in self._versions if v not in keep)
-            freed = 0
+            freed, left = 0, []
             for version in dropped:
                 held = self._versions.pop(version)
-                freed += sum(chunk_size(held.signed.manifest, i) for i in held.have)
-                self._used_bytes -= sum(chunk_size(held.signed.manifest, i) for i in held.have)
+                nbytes = sum(chunk_size(held.signed.manifest, i) for i in held.have)
+                self._used_bytes -= nbytes
                 held.files.close()
-                (self.root / "manifests" / (_name(held.signed) + MANIFEST_SUFFIX)).unlink(missing_ok=True)
-                self._bitmap_path(held.signed).unlink(missing_ok=True)
-                remove_path(held.files.folder)
+                # the manifest first: a folder left behind is swept at the next start (nothing names it)
+                gone = remove_path(self.root / "manifests" / (_name(held.signed) + MANIFEST_SUFFIX))
+                gone = remove_path(self._bitmap_path(held.signed)) and gone
+                if remove_path(held.files.folder) and gone:
+                    freed += nbytes
+                else:
+                    left.append(version)
         for version in dropped:
             self._tell(VersionCollected(version))
-        return {"dropped_versions": dropped, "freed_bytes": freed}
+        # `left`: dropped, but some of their files could not be deleted (logged): still on disk
+        return {"dropped_versions": dropped, "freed_bytes": freed, "left_on_disk": left}
 
     def _versions_to_keep(self, room_for: int = 0) -> set[int]:
-        complete = self.complete_versions()
+        # complete here means durable too: the put that completed a version may still be flushing,
+        # and if that flush fails the version is incomplete again, so the one before must still be here
+        complete = sorted(v for v, h in self._versions.items() if h.durably_complete)
         newest_complete = complete[-1] if complete else -1
         keep_complete = complete[-self.keep_versions:]
         downloading = [v for v in self._versions if v > newest_complete]
         while len(keep_complete) > (0 if room_for else 1) and \
                 self._footprint(keep_complete + downloading) + room_for > self.budget_bytes:
             keep_complete = keep_complete[1:]  # over budget: drop the oldest, never the newest
-        return set(keep_complete) | set(downloading)
+        exporting = {v for v, h in self._versions.items() if h.pins}  # kept until their export is done
+        return set(keep_complete) | set(downloading) | exporting
 
     def _footprint(self, versions: list[int]) -> int:
         """Bytes these versions take once complete."""

@@ -61,6 +61,7 @@ class _Version:
     unsynced: set[int] = field(default_factory=set)  # written since the last flush: not in the bitmap yet
     stamp: int = 0  # the store's put counter when a chunk of this version was last stored
     failures_seen: int = 0  # `files.sync_failures` when the last loss was taken (`_lose_unsynced`)
+    pins: int = 0  # exports under way: garbage collection leaves the version alone meanwhile
 
     @property
     def count(self) -> int:
@@ -69,6 +70,11 @@ class _Version:
     @property
     def complete(self) -> bool:
         return len(self.have) == self.count
+
+    @property
+    def durably_complete(self) -> bool:
+        """Complete and all of it fsynced and in the bitmap (the put that completed it has flushed)."""
+        return self.complete and not self.unsynced
 
 
 

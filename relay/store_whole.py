@@ -1,10 +1,11 @@
 """The ways a whole checkpoint version enters the store or leaves it.
 
 Mixed into `relay.store.ChunkStore` (`WholeVersions`). `publish_files` is the trainer's side: its
-files are brought in (hard-linked, moved, or copied: `relay.versionfiles.place_file`) to a temp
-folder under `versions/`, made read-only, hashed once in one read to build and sign the manifest,
+files are brought in (hard-linked, or copied: `relay.versionfiles.place_file`) to a temp folder
+under `versions/`, made read-only, hashed once in one read to build and sign the manifest,
 renamed into place and fsynced, and the version is kept complete (manifest, bitmap of every
-chunk). `verify` re-hashes a version's unverified chunks (or all of them: before a load or an
+chunk); a `move` deletes the trainer's names only then, so a crash or a failure before leaves
+them as they were (a failed publish gives linked files their mode back). `verify` re-hashes a version's unverified chunks (or all of them: before a load or an
 export), side by side on a few threads. `export_version` is what `checkpoint fetch --out` hands
 out: the whole version re-hashed first (`verify`), then its files hard-linked (a reflink or a
 copy across filesystems) into the caller's folder, each under its name atomically, so a user
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from p2pnet.errors import ConfigError
 from p2pnet.files import fsync_dir
-from relay.errors import ChunkMissing, VersionIncomplete
+from relay.errors import ChunkMissing, NotSafetensors, VersionIncomplete
 from relay.manifest import DEFAULT_CHUNK_BYTES, SignedManifest, build_manifest, side_by_side, sign_manifest
 from relay.store_records import TMP_PREFIX, _Version
 from relay.versionfiles import PLACE_MODES, VersionFiles, place_file, remove_path
@@ -80,16 +81,27 @@ class WholeVersions:
         """The version's files, byte-identical, in `out_dir`: re-hashed, then hard-linked (a
         reflink or a copy across filesystems), each under its name atomically. ChunkMissing if
         a chunk was found rotten (it is dropped and told), VersionIncomplete if not all held."""
-        held = self._held(version)
+        with self._lock:
+            held = self._held(version)
+            held.pins += 1  # garbage collection leaves it alone until its files are handed out
+        try:
+            return self._export(held, out_dir)
+        finally:
+            with self._lock:
+                held.pins -= 1
+
+    def _export(self, held: _Version, out_dir: Path) -> list[Path]:
+        version = held.signed.version
         if not held.complete:
             raise VersionIncomplete(f"checkpoint version {version} lacks {held.count - len(held.have)} of "
                                     f"{held.count} chunks")
         rotten = self.verify(version, everything=True)
         if rotten:
             raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk "
-                               "and are fetched again")
+                               "and dropped (a running peer fetches them again)")
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        held.files.make_read_only()  # a hard link handed out shares the store's file: not to be edited in place
         paths = []
         for src in held.files.paths:
             dst = out_dir / src.name
@@ -117,8 +129,10 @@ class WholeVersions:
         place: str = "link",
     ) -> SignedManifest:
         """The trainer's side: bring the files in (`place`: hard `link` them, falling back to a
-        reflink or copy across filesystems; `move` them by rename; or `copy` them), hash them
-        once to build and sign the manifest, make them durable and read-only, keep it all.
+        reflink or copy across filesystems; `move` them: the same, and the trainer's names deleted
+        once the version is kept; or `copy` them), hash them once to build and sign the
+        manifest, make them durable and read-only, keep it all. A publish that fails leaves the
+        trainer's files as they were (names and modes).
 
         Linked files share their inode with the caller's: they become read-only (mode 0444),
         so the published bytes cannot be edited in place; write a new file for the next version.
@@ -136,19 +150,25 @@ class WholeVersions:
         reserved = sum(src.stat().st_size for src in sources)
         self._reserve(reserved, incoming=True)
         stage = self.root / "versions" / f"{TMP_PREFIX}publish-{version}-{os.getpid()}"
-        placed: list[tuple[Path, Path]] = []
+        placed: list[tuple[Path, Path, str, int]] = []  # source, staged, how it came, the source's mode
         try:
             stage.mkdir()
-            for src in sources:
-                place_file(src, stage / src.name, place, fsync=self._fsync)
-                placed.append((src, stage / src.name))
-            staged = [dst for _, dst in placed]
+            for src in sources:  # a move is a link (or copy) now and the source's removal once all is kept:
+                mode = os.stat(src).st_mode & 0o7777  # a crash before then leaves the trainer's files where they were
+                how = place_file(src, stage / src.name, "copy" if place == "copy" else "link", fsync=self._fsync)
+                placed.append((src, stage / src.name, how, mode))
+            staged = [dst for _, dst, _, _ in placed]
             for path in staged:
                 os.chmod(path, 0o444)  # before hashing: an edit in place after this fails
             try:
                 manifest = build_manifest(staged, model=model, version=version,
                                           previous_version=previous_version, chunk_bytes=chunk_bytes,
                                           now_ms=int(now_s * 1000))
+            except NotSafetensors as exc:  # named by the trainer's path, not the store's temp one
+                named = {str(dst): src for src, dst, _, _ in placed}
+                if exc.field not in named:
+                    raise
+                raise NotSafetensors(named[exc.field], exc.problem.removeprefix("not a safetensors file: ")) from None
             except ValueError as exc:
                 raise ConfigError("checkpoint", str(exc)) from exc
             signed = sign_manifest(identity, manifest, now_s)
@@ -157,11 +177,8 @@ class WholeVersions:
             if self._fsync:
                 fsync_dir(final)
                 fsync_dir(final.parent)
-            placed = []
         except BaseException:
-            if place == "move":
-                for src, dst in placed:  # give the caller its files back
-                    os.replace(dst, src)
+            self._give_back(placed)
             remove_path(stage)
             raise
         finally:
@@ -173,4 +190,18 @@ class WholeVersions:
             self._versions[version] = held
             self._used_bytes += manifest.total_bytes
         self._save_bitmap(held, held.have)
+        if place == "move":  # kept for good (manifest and bitmap durable): the trainer's names go
+            for src, _, _, _ in placed:
+                src.unlink()
+            if self._fsync:
+                for folder in {src.parent for src in sources}:
+                    fsync_dir(folder)
         return signed
+
+    @staticmethod
+    def _give_back(placed: list[tuple[Path, Path, str, int]]) -> None:
+        """A publish failed: the trainer's files as they were. Linked ones get their mode back
+        (they share the inode made read-only); copies left their sources untouched."""
+        for _, dst, how, mode in placed:
+            if how == "link":
+                os.chmod(dst, mode)

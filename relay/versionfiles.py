@@ -12,13 +12,17 @@ opens directly.
 
 `VersionFiles` keeps the files open (at most `MAX_OPEN_FILES` per version, least recently used
 closed first) for `os.pwrite`/`os.pread` from several threads (each on a duplicate of its own,
-which an eviction cannot close under it); it tracks which files have writes not yet fsynced, and
-counts the fsyncs that failed (`sync_failures`): on Linux a failed fsync may have dropped the
+which an eviction cannot close under it); it tracks which files have writes not yet fsynced (a
+file closed meanwhile is opened again to be fsynced: fsync covers the file, not the descriptor),
+and counts the fsyncs that failed (`sync_failures`): on Linux a failed fsync may have dropped the
 dirty pages it was to write, and a later fsync then succeeds without them, so whatever was
-written before a failure must be written again. It knows nothing of hashes, budgets or trust:
+written before a failure must be written again. A file is opened for reading only until it is
+written: a complete version's files are read-only (mode 0444, `make_read_only`), which a user
+other than root cannot open for writing; a write into one (a rotten chunk fetched again) gives
+its owner the write bit back first. It knows nothing of hashes, budgets or trust:
 the store (`relay.store`) decides what is written and what the bitmap says. `place_file` brings a
-file in or hands one out without copying its bytes where the filesystem allows (rename, hard
-link, reflink), with a kernel-side copy as the fallback.
+file in or hands one out without copying its bytes where the filesystem allows (hard link,
+reflink), with a kernel-side copy as the fallback.
 
 This module must not do network I/O and must not import torch.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import bisect
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import threading
@@ -38,6 +43,8 @@ from typing import Iterable
 
 from p2pnet.files import fsync_dir
 from relay.manifest import Manifest, chunk_range
+
+log = logging.getLogger(__name__)
 
 MAX_OPEN_FILES = 64
 BITMAP_MAGIC = b"p2pnet-have-1\n"
@@ -79,7 +86,7 @@ class VersionFiles:
         self.manifest = manifest
         self.paths = [self.folder / entry.name for entry in manifest.files]
         self._starts = [entry.offset for entry in manifest.files]
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._fds: OrderedDict[int, tuple[int, bool]] = OrderedDict()  # file -> (descriptor, writable)
         self._dirty: set[int] = set()
         self._lock = threading.Lock()
         self.sync_failures = 0  # fsyncs that failed (`sync`, or closing a file to stay under MAX_OPEN_FILES)
@@ -115,7 +122,7 @@ class VersionFiles:
         view = memoryview(data)
         at = 0
         for seg in self.segments(index):
-            fd = self._own_fd(seg.file)
+            fd = self._own_fd(seg.file, write=True)
             try:
                 part = view[at:at + seg.length]
                 done = 0
@@ -141,17 +148,21 @@ class VersionFiles:
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _fd_locked(self, file: int) -> int:
-        """The shared open descriptor of file number `file`, kept for the next use (under `_lock`;
-        another thread may close it once the lock is let go: read and write with `_own_fd`)."""
-        fd = self._fds.get(file)
-        if fd is not None:
+    def _fd_locked(self, file: int, write: bool) -> int:
+        """The shared open descriptor of file number `file` (writable if `write`), kept for the
+        next use (under `_lock`; another thread may close it once the lock is let go: read and
+        write with `_own_fd`)."""
+        entry = self._fds.get(file)
+        if entry is not None and (entry[1] or not write):
             self._fds.move_to_end(file)
-            return fd
-        fd = os.open(self.paths[file], os.O_RDWR)
-        self._fds[file] = fd
+            return entry[0]
+        fd = _open_writable(self.paths[file]) if write else os.open(self.paths[file], os.O_RDONLY)
+        if entry is not None:
+            os.close(entry[0])  # read-only: nothing of ours to fsync
+        self._fds[file] = (fd, write)
+        self._fds.move_to_end(file)
         while len(self._fds) > MAX_OPEN_FILES:
-            old, old_fd = self._fds.popitem(last=False)
+            old, (old_fd, _) = self._fds.popitem(last=False)
             try:
                 if old in self._dirty:  # its writes must not lose their fsync
                     self._dirty.discard(old)
@@ -163,28 +174,31 @@ class VersionFiles:
                 os.close(old_fd)
         return fd
 
-    def _own_fd(self, file: int) -> int:
+    def _own_fd(self, file: int, write: bool = False) -> int:
         """A duplicate of file number `file`'s shared descriptor, the caller's to close: another
         thread opening a file may close the shared one (at most MAX_OPEN_FILES stay open) while we
         read or write, and the OS then reuses its number for another file (a chunk written into the
         wrong file; a read failing as EBADF, and the chunk taken for rotten)."""
         with self._lock:
-            return os.dup(self._fd_locked(file))
+            return os.dup(self._fd_locked(file, write))
 
     def sync(self) -> None:
         """fsync every file written since the last sync."""
         with self._lock:
             dirty, self._dirty = self._dirty, set()
             # duplicates: an eviction may close (and the OS reuse) the original while we fsync
-            fds = {f: os.dup(self._fds[f]) for f in dirty if f in self._fds}  # absent: fsynced on eviction
+            fds = {f: os.dup(self._fds[f][0]) for f in dirty if f in self._fds}
         synced = set()
         try:
-            for file, fd in fds.items():
+            for file in sorted(dirty):
+                # a file closed since its write is opened again: an eviction fsyncs a file only if
+                # its write was marked dirty by then, and a write marks it only once it is done
+                fd = fds[file] if file in fds else fds.setdefault(file, os.open(self.paths[file], os.O_RDONLY))
                 os.fsync(fd)
                 synced.add(file)
         except OSError:
             with self._lock:  # the file that failed and those not tried yet: the next sync fsyncs them
-                self._dirty |= fds.keys() - synced
+                self._dirty |= dirty - synced
                 self.sync_failures += 1
             raise
         finally:
@@ -199,10 +213,20 @@ class VersionFiles:
 
     def close(self) -> None:
         with self._lock:
-            fds, self._fds = list(self._fds.values()), OrderedDict()
+            fds, self._fds = [fd for fd, _ in self._fds.values()], OrderedDict()
             self._dirty.clear()
         for fd in fds:
             os.close(fd)
+
+
+def _open_writable(path: Path) -> int:
+    """`path` opened for reading and writing; a read-only file (a complete version's, `make_read_only`)
+    gets its owner's write bit back first, where the mode, not root, decides."""
+    try:
+        return os.open(path, os.O_RDWR)
+    except PermissionError:
+        os.chmod(path, os.stat(path).st_mode & 0o7777 | 0o200)
+        return os.open(path, os.O_RDWR)
 
 
 # -- the bitmap of durable chunks -------------------------------------------------------------
@@ -244,29 +268,28 @@ def load_bitmap(path: Path, manifest_id: bytes, count: int) -> set[int]:
 # -- bringing files in and handing them out -------------------------------------------------------
 
 
-def place_file(src: Path, dst: Path, how: str, *, fsync: bool) -> None:
-    """Put `src`'s bytes at the new name `dst`: by rename (`move`), hard link (`link`), or copy;
-    a link or rename that the filesystems refuse becomes a reflink, else a copy. The result is
-    fsynced when `fsync` (a rename or link of a file already on disk costs little)."""
+def place_file(src: Path, dst: Path, how: str, *, fsync: bool) -> str:
+    """Put `src`'s bytes at the new name `dst`, `src` left as it is: by hard link (`link`) or
+    copy (`copy`); a link that the filesystems refuse becomes a reflink, else a copy. The
+    result is fsynced when `fsync` (a link of a file already on disk costs little). Returns how
+    it was done: "link" or "copy"."""
     try:
-        if how == "move":
-            os.rename(src, dst)
-        elif how == "link":
-            os.link(src, dst)
-        else:
+        if how != "link":
             raise OSError(errno.EXDEV, "a copy was asked for")
+        os.link(src, dst)
+        done = "link"
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP):
             raise  # EPERM: a kernel that refuses links to others' files (fs.protected_hardlinks)
         _copy(src, dst)
-        if how == "move":
-            src.unlink()
+        done = "copy"
     if fsync:
         fd = os.open(dst, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+    return done
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -292,8 +315,23 @@ def _copy(src: Path, dst: Path) -> None:
             shutil.copyfileobj(fin, fout, 8 << 20)
 
 
-def remove_path(path: Path) -> None:
+def remove_path(path: Path) -> bool:
+    """Delete a file or a folder tree. What cannot be deleted is logged as an error of our disk
+    and left (the caller goes on: the store's own leftovers, not the user's data); False then."""
+    failures: list[str] = []
+
+    def failed(_func: object, target: str, exc_info: tuple) -> None:
+        failures.append(f"{target}: {exc_info[1]}")
+
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, onerror=failed)
     else:
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            failures.append(f"{path}: {exc}")
+    for failure in failures[:8]:
+        log.error("could not delete %s; it stays on disk", failure)
+    if len(failures) > 8:
+        log.error("... and %d more under %s", len(failures) - 8, path)
+    return not failures

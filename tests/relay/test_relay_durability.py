@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from p2pnet.errors import PeerUnavailable
 from p2pnet.localnet import control_call, relay_network
 
 pytestmark = pytest.mark.slow
@@ -57,3 +58,43 @@ def test_a_relay_killed_as_soon_as_a_version_is_complete_keeps_it(tmp_path):
         assert {name: p.read_bytes() for name, p in exported.items()} == want
         stored = {Path(f).name: Path(f) for f in latest["files"]}
         assert all(os.stat(exported[n]).st_ino == os.stat(stored[n]).st_ino for n in want)  # links, not copies
+
+
+def test_a_restarted_relay_hashes_what_its_bitmap_claims_before_wait_answers(tmp_path):
+    """A chunk rots on disk while the relay is down: after the restart its bitmap still claims
+    it, and `checkpoint wait` (whose folder a worker opens directly) answers only once that chunk
+    was found, fetched again and the files are whole. A version older than those the relay keeps
+    is refused at once, not waited for."""
+    source = tmp_path / "weights.safetensors"
+    save_file({"w": np.random.default_rng(4).integers(0, 256, size=SIZE_MIB * MIB, dtype=np.uint8)}, str(source))
+    want = source.read_bytes()
+    deadline_s = 30 + PER_MIB_S * SIZE_MIB
+    with relay_network(tmp_path, 1, config="announce_interval_s = 1.0\nkeep_versions = 1\n", args=FAST) as net:
+        pub, sink = net.peers
+        control_call(pub.data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)],
+                                    "model": "test", "version": 1, "chunk_bytes": CHUNK}, timeout_s=60)
+        answer = control_call(sink.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": deadline_s},
+                              timeout_s=deadline_s + 10)
+        sink.stop()
+        stored = Path(answer["files"][0])
+        mode = stored.stat().st_mode
+        os.chmod(stored, 0o644)
+        with open(stored, "r+b") as fh:  # a chunk in the middle of the tensor rots
+            fh.seek(2 * MIB)
+            fh.write(b"rot!")
+        os.chmod(stored, mode)
+
+        again = net.start(1)
+        latest = control_call(again.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": deadline_s},
+                              timeout_s=deadline_s + 10)
+        assert Path(latest["files"][0]).read_bytes() == want
+        row = again.status()["role_status"]["relay"]["transfers"]["progress"][0]
+        assert row["complete"] and row["fetched_chunks"] == 1  # the rotten one, and only it
+
+        control_call(pub.data_dir, {"cmd": "checkpoint.publish", "paths": [str(source)],
+                                    "model": "test", "version": 2, "chunk_bytes": CHUNK}, timeout_s=60)
+        control_call(again.data_dir, {"cmd": "checkpoint.wait", "version": 2, "timeout_s": deadline_s},
+                     timeout_s=deadline_s + 10)
+        with pytest.raises(PeerUnavailable, match="will not be held here"):
+            control_call(again.data_dir, {"cmd": "checkpoint.wait", "version": 1, "timeout_s": deadline_s},
+                         timeout_s=10)
