@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
     except USER_ERRORS as exc:
-        _print_error(exc)
+        _print_error(exc, args)
         return 2
     except BrokenPipeError:
         return _stdout_gone()
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             return _stdout_gone()
         for leaf in leaves:
             if not isinstance(leaf, BrokenPipeError):
-                _print_error(leaf)
+                _print_error(leaf, args)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -125,9 +125,20 @@ def _add_log_level(parser: argparse.ArgumentParser, default: Any, depth: int = 0
                 _add_log_level(sub, argparse.SUPPRESS, depth + 1)
 
 
-def _print_error(exc: BaseException) -> None:
-    """One line on stderr, whatever the error's text holds."""
-    print(f"p2pnet: error: {' '.join(str(exc).split())}", file=sys.stderr)
+# what `--json` output says an error was, by whose side it is on: the caller's input or settings,
+# our own files, a peer (or the running one) that did not answer in time, or a refusal by the peer
+ERROR_KINDS = ((ConfigError, "input"), (LocalStateError, "local_state"), (PeerUnavailable, "unavailable"),
+               (CommandRefused, "refused"))
+
+
+def _print_error(exc: BaseException, args: argparse.Namespace | None = None) -> None:
+    """One line on stderr, whatever the error's text holds; with `--json`, also one object on
+    stdout, {"error": the same line, "kind": ERROR_KINDS'}, so a script reading stdout sees it."""
+    line = " ".join(str(exc).split())
+    print(f"p2pnet: error: {line}", file=sys.stderr)
+    if getattr(args, "json", False):
+        kind = next((name for cls, name in ERROR_KINDS if isinstance(exc, cls)), "error")
+        print(json.dumps({"error": line, "kind": kind}), flush=True)
 
 
 def _stdout_gone() -> int:

@@ -1,6 +1,7 @@
 """What a user sees when `p2pnet` is given something it cannot use: one `p2pnet: error:` line on
 stderr, exit status 2, no traceback; and the logging flags and format, in real processes."""
 
+import json
 import os
 import re
 import subprocess
@@ -270,3 +271,23 @@ def test_against_running_peers_errors_are_sentences_without_class_names(tmp_path
     finally:
         assert relay.stop(timeout_s=15) == 0
         assert plain.stop(timeout_s=15) == 0
+
+
+def test_with_json_an_error_is_also_an_object_on_stdout(tmp_path):
+    """A script that reads `--json` output gets the error there too (one object: the line that
+    goes to stderr and whose side it is on); without `--json` stdout stays empty."""
+    data = tmp_path / "p"
+    assert run_cli("peer", "id", "--data-dir", str(data)).returncode == 0
+    cases = [
+        (["checkpoint", "wait", "1", "--data-dir", str(data), "--json"], "no peer is running", "unavailable"),
+        (["checkpoint", "publish", str(tmp_path / "nothing.bin"), "--data-dir", str(data), "--model", "m",
+          "--version", "1", "--json"], "no such file", "input"),
+    ]
+    for argv, text, kind in cases:
+        out = run_cli(*argv)
+        assert_user_error(out, text)
+        answer = json.loads(out.stdout)
+        assert answer == {"error": out.stderr.strip().removeprefix("p2pnet: error: "), "kind": kind}
+        plain = run_cli(*[a for a in argv if a != "--json"])
+        assert_user_error(plain, text)
+        assert plain.stdout == ""
