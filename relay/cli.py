@@ -67,7 +67,8 @@ def register(commands: Any) -> None:
                       example="p2pnet checkpoint publish model.safetensors --data-dir ~/.p2pnet/a --model my-model "
                       "--version 7")
     publish.add_argument("paths", nargs="+", type=path, metavar="PATH",
-                         help="the version's files, in order (safetensors weights and anything else)")
+                         help="the version's files, in order (safetensors weights and anything else); a folder "
+                         "stands for the files directly in it, by name, hidden ones left out")
     publish.add_argument("--place", choices=("link", "move", "copy"), default="link",
                          help="how the files enter the store: hard link (default; a copy across filesystems), "
                          "move (the same, then the names given are deleted once the version is kept), or copy")
@@ -97,7 +98,9 @@ def register(commands: Any) -> None:
                     example="p2pnet checkpoint fetch 7 --data-dir ~/.p2pnet/b --out ./v7\n"
                     "p2pnet checkpoint fetch latest --out ./weights")
     fetch.add_argument("fetch_version", type=version_arg, metavar="VERSION", help="a version number, or latest")
-    fetch.add_argument("--out", type=path, required=True, metavar="DIR", help="directory to write the files into")
+    fetch.add_argument("--out", type=path, required=True, metavar="DIR",
+                       help="directory to write the files into (created if needed; files of the same names there "
+                       "are replaced, others left)")
     fetch.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
                        help="give up after this long (default 600)")
     _common(fetch)
@@ -145,8 +148,29 @@ def _common(parser: argparse.ArgumentParser) -> None:
 # -- commands -----------------------------------------------------------------------------
 
 
+def publish_paths(given: list[Path]) -> list[Path]:
+    """The files to publish, absolute: a folder stands for the files directly in it, by name (a
+    model folder: weights, config, tokenizer), its hidden ones left out; a folder inside it is
+    refused (a version's files are one flat folder), as is a folder with nothing to publish."""
+    paths: list[Path] = []
+    for item in given:
+        item = item.resolve()
+        if not item.is_dir():
+            paths.append(item)  # (a missing file is the store's to refuse, by name)
+            continue
+        inside = sorted(p for p in item.iterdir() if not p.name.startswith("."))
+        nested = [p.name for p in inside if p.is_dir()]
+        if nested:
+            raise ConfigError(str(item), f"holds the folder {nested[0]!r}: a version's files are one flat folder; "
+                                         "name the files to publish one by one")
+        if not inside:
+            raise ConfigError(str(item), "holds no file to publish (hidden files are left out)")
+        paths.extend(inside)
+    return paths
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
-    paths = [p.resolve() for p in args.paths]
+    paths = publish_paths(args.paths)
     config = _config(args, chunk_bytes=args.chunk_bytes)
     with _offline(args.data_dir, create=True) as offline:
         if offline:

@@ -65,6 +65,30 @@ def test_offline_errors_are_one_clear_line(tmp_path, capsys):
     assert "no data directory" in capsys.readouterr().err
 
 
+def test_a_folder_publishes_the_files_in_it(tmp_path, capsys):
+    """A model folder: its files by name, hidden ones left out; a folder inside it, or nothing to
+    publish, is one clear line."""
+    data = tmp_path / "peer"
+    folder = tmp_path / "model"
+    paths = checkpoint(folder, 1)
+    (folder / "config.json").write_text('{"hidden_size": 64}')
+    (folder / ".gitattributes").write_text("*.safetensors filter=lfs")
+    common = ["--data-dir", str(data), "--model", "m", "--place", "copy"]
+    run_json(capsys, ["checkpoint", "publish", str(folder), *common, "--version", "1"])
+    [row] = run_json(capsys, ["checkpoint", "status", "--data-dir", str(data)])["versions"]
+    assert row["files"] == ["config.json", "model-1.safetensors", "model-2.safetensors"]
+    fetched = run_json(capsys, ["checkpoint", "fetch", "1", "--data-dir", str(data), "--out", str(tmp_path / "o")])
+    assert {Path(p).name: Path(p).read_bytes() for p in fetched["files"]} == \
+        {p.name: p.read_bytes() for p in [folder / "config.json", *paths]}
+    (folder / "tokenizer").mkdir()
+    assert main(["checkpoint", "publish", str(folder), *common, "--version", "2"]) == 2
+    assert "holds the folder 'tokenizer'" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["checkpoint", "publish", str(empty), *common, "--version", "2"]) == 2
+    assert "holds no file to publish" in capsys.readouterr().err
+
+
 def test_incomplete_version_offline_says_to_start_a_peer(tmp_path, capsys):
     publisher = Identity.from_seed_text("trainer")
     source = ChunkStore(tmp_path / "src-store", budget_bytes=10**8, trusted_publishers=[publisher.peer_id])
