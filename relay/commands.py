@@ -121,6 +121,8 @@ class ControlCommands:
                     log.warning("version %d: %d chunk(s) were corrupt on disk; waiting until it is complete again",
                                 version, len(rotten))
                     continue
+                if not self._holds(version):  # a chunk dropped (found rotten elsewhere) before `verify` looked
+                    continue
                 return {"version": version, "dir": str(self.store.version_dir(version)),
                         "files": [str(p) for p in self.store.version_files(version)]}
         raise PeerUnavailable(self._not_yet(request.get("version"), timeout_s))

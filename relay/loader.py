@@ -7,7 +7,10 @@ before loading (`ChunkStore.verify`, chunks side by side from the page cache, on
 per thread: blake3 hashes about 5 GB/s on one core here, a small part of a load), so no byte
 is used that does not match the signed manifest, even if the disk rotted it since it arrived.
 Before any tensor is copied, every file's header is checked against the manifest's tensor index and the
-model (names, shapes), so a version that does not fit leaves the model as it was. Only files
+model (names, shapes, and dtypes of the parameter's kind: float into float, int into int; `DTYPE_KINDS`),
+so a version that does not fit leaves the model as it was. The version is pinned in the store while it
+loads (`ChunkStore.pinned`: garbage collection leaves its files alone), and a file that cannot be
+opened here is our trouble (`LocalStateError`), not the publisher's. Only files
 named `*.safetensors` are loaded; others (tokenizer, config) travel with the version unread.
 
 This is the only relay module that imports torch, and it does so lazily inside the functions,
@@ -58,20 +61,25 @@ def _open_version(store: ChunkStore, version: int, stack: ExitStack) -> dict[str
     their headers against the manifest: tensor name -> the open file holding it."""
     from safetensors import SafetensorError, safe_open
 
+    stack.enter_context(store.pinned(version))  # garbage collection leaves its files alone until loaded
     signed = store.manifest(version)
     if not store.is_complete(signed):
         raise VersionIncomplete(f"checkpoint version {version} is not complete in {store.root}")
     rotten = store.verify(version, everything=True)
     if rotten:
         raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk")
+    if not store.is_complete(signed):  # a chunk dropped (found rotten elsewhere) before `verify` looked
+        raise VersionIncomplete(f"checkpoint version {version} is no longer complete in {store.root}")
     where: dict[str, Any] = {}
     for entry, path in zip(signed.manifest.files, store.version_files(version)):
         if not is_safetensors(entry.name):
             continue
         try:
             handle = stack.enter_context(safe_open(str(path), framework="pt"))
-        except (SafetensorError, OSError) as exc:
+        except SafetensorError as exc:
             raise VersionUnloadable(version, f"{entry.name}: {exc}", signed.publisher) from exc
+        except OSError as exc:  # our disk or our process (files, descriptors), not the publisher
+            raise LocalStateError(f"checkpoint version {version}: {path} cannot be opened here: {exc}") from exc
         names = set(handle.keys())
         expected = {t.name for t in entry.tensors}
         if names != expected:  # cannot happen for hashed bytes unless the parsers disagree
@@ -115,11 +123,32 @@ def load_into(model: Any, store: ChunkStore, version: int) -> None:
             target[name].copy_(handle.get_tensor(name))
 
 
+# safetensors dtypes by the kind of parameter they load into (`copy_` converts within a kind: a
+# bf16 version into an fp32 model). Packed and scale-only ones (F4, F6_*, F8_E8M0) are not values
+# of the header's shape, and a kind into another (complex, int or bool into float) loses meaning
+DTYPE_KINDS = {"float": {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"},
+               "int": {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"},
+               "bool": {"BOOL"}, "complex": {"C64"}}
+
+
 def _check_fit(store: ChunkStore, version: int, where: Mapping[str, Any], like: Mapping[str, Any]) -> None:
     shapes = {name: _Shape(handle.get_slice(name).get_shape()) for name, handle in where.items()}
-    problem = _misfit(shapes, like)
+    problem = _misfit(shapes, like) or _dtype_misfit(
+        {name: handle.get_slice(name).get_dtype() for name, handle in where.items()}, like)
     if problem:
         raise VersionUnloadable(version, problem, store.manifest(version).publisher)
+
+
+def _dtype_misfit(dtypes: Mapping[str, str], like: Mapping[str, Any]) -> str:
+    """Tensors whose safetensors dtype does not load into the kind of their parameter ("" if none)."""
+    wrong = []
+    for name, dtype in sorted(dtypes.items()):
+        target = like[name]
+        kind = ("complex" if target.is_complex() else "float" if target.is_floating_point()
+                else "bool" if str(target.dtype) == "torch.bool" else "int")
+        if dtype not in DTYPE_KINDS[kind]:
+            wrong.append(f"{name} {dtype} into {str(target.dtype).removeprefix('torch.')}")
+    return f"dtypes that do not load: {wrong[:3]}" if wrong else ""
 
 
 def _misfit(state: Mapping[str, Any], like: Mapping[str, Any]) -> str:

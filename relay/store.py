@@ -329,8 +329,13 @@ class ChunkStore(Durability, StoreBudget, WholeVersions):
             held.unsynced.discard(index)
             self._used_bytes -= chunk_size(held.signed.manifest, index)
             durable = held.have - held.unsynced
-        self._save_bitmap(held, durable)
-        self._tell(ChunkRotten(held.signed.version, index))
+        try:
+            self._save_bitmap(held, durable)
+        except OSError as exc:  # (a full or failing disk) the old bitmap still claims it: hashed again at a start
+            log.error("version %d: dropping rotten chunk %d from its bitmap failed: %s", held.signed.version,
+                      index, exc)
+        finally:  # the owner hears of it either way: it is no longer held, and is fetched again
+            self._tell(ChunkRotten(held.signed.version, index))
         return True
 
     def is_durable(self, version: int, index: int) -> bool:

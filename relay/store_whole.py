@@ -14,21 +14,22 @@ gets verified bytes without a second copy on disk.
 These methods read the store's `root`, `_fsync` and versions (`_versions`), add the published
 version to them (and its bytes to `_used_bytes`, its reservation to `_reserved_bytes`) under its
 `_lock`, and call its `_held`, `read_chunk`, `versions`, `_reserve`, `version_dir_of`,
-`_write_manifest` and `_save_bitmap`. No network I/O.
+`_write_manifest`, `_save_bitmap` and `_bitmap_path`. No network I/O.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from p2pnet.errors import ConfigError
 from p2pnet.files import fsync_dir
 from relay.errors import ChunkMissing, NotSafetensors, VersionIncomplete
 from relay.manifest import DEFAULT_CHUNK_BYTES, SignedManifest, build_manifest, side_by_side, sign_manifest
-from relay.store_records import TMP_PREFIX, _Version
+from relay.store_records import MANIFEST_SUFFIX, TMP_PREFIX, _name, _Version
 from relay.versionfiles import PLACE_MODES, VersionFiles, place_file, remove_path
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class WholeVersions:
         def version_dir_of(self, signed: SignedManifest) -> Path: ...
         def _write_manifest(self, signed: SignedManifest) -> None: ...
         def _save_bitmap(self, held: _Version, durable: set[int]) -> None: ...
+        def _bitmap_path(self, signed: SignedManifest) -> Path: ...
 
     def verify(self, version: int, *, everything: bool = False) -> list[int]:
         """Hash the version's unverified chunks (with `everything`, all it holds), side by side
@@ -81,11 +83,18 @@ class WholeVersions:
         """The version's files, byte-identical, in `out_dir`: re-hashed, then hard-linked (a
         reflink or a copy across filesystems), each under its name atomically. ChunkMissing if
         a chunk was found rotten (it is dropped and told), VersionIncomplete if not all held."""
+        with self.pinned(version) as held:  # garbage collection leaves it alone until its files are handed out
+            return self._export(held, out_dir)
+
+    @contextlib.contextmanager
+    def pinned(self, version: int) -> Iterator[_Version]:
+        """Garbage collection leaves the version (its files, manifest and bitmap) alone while
+        this holds: an export or a load reading its files. VersionUnknown if it is not held."""
         with self._lock:
             held = self._held(version)
-            held.pins += 1  # garbage collection leaves it alone until its files are handed out
+            held.pins += 1
         try:
-            return self._export(held, out_dir)
+            yield held
         finally:
             with self._lock:
                 held.pins -= 1
@@ -151,6 +160,7 @@ class WholeVersions:
         self._reserve(reserved, incoming=True)
         stage = self.root / "versions" / f"{TMP_PREFIX}publish-{version}-{os.getpid()}"
         placed: list[tuple[Path, Path, str, int]] = []  # source, staged, how it came, the source's mode
+        folder, held = stage, None  # where the files are now; the version once kept
         try:
             stage.mkdir()
             for src in sources:  # a move is a link (or copy) now and the source's removal once all is kept:
@@ -174,22 +184,31 @@ class WholeVersions:
             signed = sign_manifest(identity, manifest, now_s)
             final = self.version_dir_of(signed)
             os.replace(stage, final)
+            folder = final
             if self._fsync:
                 fsync_dir(final)
                 fsync_dir(final.parent)
+            with self._lock:
+                self._write_manifest(signed)
+                held = _Version(signed, VersionFiles(final, manifest), have=set(range(len(manifest.chunk_digests))))
+                self._versions[version] = held
+                self._used_bytes += manifest.total_bytes
+            self._save_bitmap(held, held.have)
         except BaseException:
-            self._give_back(placed)
-            remove_path(stage)
+            if held is not None:  # kept but not durably (its bitmap): not kept at all
+                with self._lock:
+                    if self._versions.get(version) is held:
+                        del self._versions[version]
+                        self._used_bytes -= held.signed.manifest.total_bytes
+                    held.files.close()
+                remove_path(self.root / "manifests" / (_name(held.signed) + MANIFEST_SUFFIX))
+                remove_path(self._bitmap_path(held.signed))
+            self._give_back([(src, folder / dst.name, how, mode) for src, dst, how, mode in placed])
+            remove_path(folder)
             raise
         finally:
             with self._lock:
                 self._reserved_bytes -= reserved
-        with self._lock:
-            self._write_manifest(signed)
-            held = _Version(signed, VersionFiles(final, manifest), have=set(range(len(manifest.chunk_digests))))
-            self._versions[version] = held
-            self._used_bytes += manifest.total_bytes
-        self._save_bitmap(held, held.have)
         if place == "move":  # kept for good (manifest and bitmap durable): the trainer's names go
             for src, _, _, _ in placed:
                 src.unlink()

@@ -20,7 +20,7 @@ import pytest
 from p2pnet.errors import ConfigError
 from relay.errors import ChunkMissing
 from relay.manifest import MAX_NAME_BYTES, FileEntry
-from relay.store import VersionCollected
+from relay.store import ChunkRotten, VersionCollected
 from relay.versionfiles import MAX_OPEN_FILES, VersionFiles, load_bitmap
 from tests.relay.disk import rot_chunk
 from tests.relay.test_store import CHUNK, NOW, TRAINER, checkpoint, fill, open_store, publish
@@ -325,3 +325,50 @@ def test_garbage_collection_reports_what_it_could_not_delete(tmp_path, monkeypat
     store.close()
     open_store(tmp_path / "s", keep_versions=1)  # the next start sweeps what no manifest names
     assert not [p for p in (tmp_path / "s" / "versions").iterdir() if p.name.startswith("000000000001")]
+
+
+def test_rot_found_while_the_disk_is_full_is_still_dropped_and_told(tmp_path, monkeypatch, caplog):
+    """The bitmap cannot be rewritten (no space): the chunk is still dropped and the owner told
+    (so it is fetched again), the failure logged; the old bitmap's claim is hashed at a start."""
+    import relay.store
+
+    store = open_store(tmp_path / "s")
+    events = []
+    store.listener = events.append
+    publish(store, tmp_path, 1)
+    rot_chunk(store, 1, 2)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "injected: No space left on device")
+
+    monkeypatch.setattr(relay.store, "save_bitmap", full)
+    with caplog.at_level(logging.ERROR, logger="relay.store"), pytest.raises(ChunkMissing, match="corrupt on disk"):
+        store.read_chunk(1, 2)
+    assert events == [ChunkRotten(1, 2)] and not store.holds(1, 2)
+    assert "dropping rotten chunk 2 from its bitmap failed" in caplog.text
+
+
+@pytest.mark.parametrize("failing", ["_write_manifest", "_save_bitmap"])
+def test_a_publish_that_fails_as_it_keeps_the_version_keeps_nothing(tmp_path, failing):
+    """The manifest or the bitmap cannot be written: no version half kept (counted complete,
+    blocking a retry, letting collection drop the one before), the trainer's files as they were."""
+    store = open_store(tmp_path / "s", keep_versions=1, fsync=True)
+    publish(store, tmp_path, 1)
+    paths = checkpoint(tmp_path / "src2", 2)
+    for path in paths:
+        os.chmod(path, 0o640)
+    real = getattr(store, failing)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, f"injected: {failing} failed")
+
+    setattr(store, failing, no_space)
+    with pytest.raises(OSError, match="injected"):
+        store.publish_files(TRAINER, paths, model="m", version=2, chunk_bytes=CHUNK, now_s=NOW)
+    setattr(store, failing, real)
+    assert store.versions() == [1] and store.complete_versions() == [1]
+    assert [p.stat().st_mode & 0o777 for p in paths] == [0o640] * 3
+    assert sorted(p.name[:12] for p in (tmp_path / "s" / "versions").iterdir()) == ["000000000001"] * 2
+    assert [p.name[:12] for p in (tmp_path / "s" / "manifests").iterdir()] == ["000000000001"]
+    store.publish_files(TRAINER, paths, model="m", version=2, chunk_bytes=CHUNK, now_s=NOW)  # a retry works
+    assert store.complete_versions() == [1, 2]
