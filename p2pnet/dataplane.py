@@ -238,6 +238,11 @@ class DataPlane:
                     del self._handshaking[ip]
             if admitted is None:
                 return
+            if self._per_peer.get(admitted[0], 0) >= self.limits.max_connections_per_peer:
+                # again, now that it is proven: `_admit` saw the count at the hello, and handshakes
+                # held open side by side all passed it before any was counted (`_handle`, no checkpoint between)
+                self._refuse("too_many_from_peer")
+                return
             if self._open >= self.limits.max_connections:
                 self._refuse("too_many_connections")
                 return

@@ -188,7 +188,8 @@ class ServingCore:
         self._held: dict[str, int] = {}  # peer -> slots it holds
         self._queues: tuple[OrderedDict[str, deque[_Ask]], ...] = (OrderedDict(), OrderedDict())  # urgent, normal
         self._queued: dict[Hashable, _Ask] = {}
-        self._waiting: dict[tuple[int, int], list[_Ask]] = {}
+        self._waiting: dict[tuple[int, int], dict[Hashable, _Ask]] = {}  # chunk -> its waiting asks, by token
+        self._waiting_for: dict[Hashable, tuple[int, int]] = {}  # token -> the chunk it waits for (`cancel`)
         self._deadlines: deque[_Ask] = deque()  # waiting asks in deadline order (one wait limit for all)
 
     @property
@@ -209,7 +210,8 @@ class ServingCore:
         if not held and asked_of == peer:
             return [Refuse(token)]
         if not held:
-            self._waiting.setdefault(ask.key, []).append(ask)
+            self._waiting.setdefault(ask.key, {})[token] = ask
+            self._waiting_for[token] = ask.key
             self._deadlines.append(ask)
             return []
         self._enqueue(ask)
@@ -220,7 +222,8 @@ class ServingCore:
         waiting = self._waiting.pop((version, index), None)
         if not waiting:
             return []
-        for ask in waiting:
+        for ask in waiting.values():
+            self._waiting_for.pop(ask.token, None)
             ask.deadline = -1.0  # no longer waiting (its entry in `_deadlines` is skipped)
             ask.ready_at = now
             self._enqueue(ask)
@@ -267,14 +270,12 @@ class ServingCore:
                 if not mine:
                     del queues[ask.peer]
             return
-        for key, asks in list(self._waiting.items()):
-            for ask in asks:
-                if ask.token == token:
-                    asks.remove(ask)
-                    ask.deadline = -1.0
-                    if not asks:
-                        del self._waiting[key]
-                    return
+        key = self._waiting_for.pop(token, None)  # (by index: a connection's close cancels thousands)
+        if key is not None:
+            asks = self._waiting[key]
+            asks.pop(token).deadline = -1.0
+            if not asks:
+                del self._waiting[key]
 
     def drop_peer(self, peer: str) -> list[Hashable]:
         """Forget every request of `peer` that is queued or waiting; their tokens."""
@@ -284,13 +285,14 @@ class ServingCore:
                 self._queued.pop(ask.token, None)
                 dropped.append(ask.token)
         for key in list(self._waiting):
-            kept = []
-            for ask in self._waiting[key]:
+            kept = {}
+            for token, ask in self._waiting[key].items():
                 if ask.peer == peer:
                     ask.deadline = -1.0
-                    dropped.append(ask.token)
+                    dropped.append(token)
+                    del self._waiting_for[token]
                 else:
-                    kept.append(ask)
+                    kept[token] = ask
             if kept:
                 self._waiting[key] = kept
             else:
@@ -300,17 +302,18 @@ class ServingCore:
     def clear(self) -> list[Hashable]:
         """Forget every request queued or waiting (we stopped or crashed); their tokens. Those
         being served keep their slots until `done`."""
-        tokens = list(self._queued) + [a.token for asks in self._waiting.values() for a in asks]
+        tokens = list(self._queued) + list(self._waiting_for)
         for queues in self._queues:
             queues.clear()
         self._queued.clear()
         self._waiting.clear()
+        self._waiting_for.clear()
         self._deadlines.clear()
         return tokens
 
     def requesters(self) -> set[str]:
         """Peers with a request queued or waiting here."""
-        return {a.peer for a in self._queued.values()} | {a.peer for asks in self._waiting.values() for a in asks}
+        return {a.peer for a in self._queued.values()} | {a.peer for asks in self._waiting.values() for a in asks.values()}
 
     def expire(self, now: float) -> list[Serve | Refuse]:
         """Refuse the waiting requests whose wait limit has passed; serves that have lasted
@@ -324,7 +327,8 @@ class ServingCore:
                 continue  # answered or forgotten meanwhile
             asks = self._waiting.get(ask.key)
             if asks is not None:
-                asks.remove(ask)
+                del asks[ask.token]
+                del self._waiting_for[ask.token]
                 if not asks:
                     del self._waiting[ask.key]
             out.append(Refuse(ask.token))

@@ -100,9 +100,12 @@ class ChunkServing:
                     if frame is None:
                         break  # the requester hung up: drop what it still waits for
                     request = _parse_request(frame)
-                    await pending.acquire_on_behalf_of(request)
+                    # a borrower of its own per request: a requester that sends one twice (equal
+                    # frames, equal keys) must not meet trio's refusal of a second token to one borrower
+                    borrower = object()
+                    await pending.acquire_on_behalf_of(borrower)
                     nursery.start_soon(self._answer, stream, send_lock, client, request, pending,
-                                       nursery.cancel_scope)
+                                       nursery.cancel_scope, borrower)
             except ValueError as exc:
                 log.info("garbage chunk request from %s: %s", client, exc)
             except (PeerUnavailable, MessageRejected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -112,7 +115,7 @@ class ChunkServing:
 
     async def _answer(self, stream: trio.SocketStream, send_lock: trio.Lock, client: str,
                       request: tuple[ChunkRequest, bool], pending: trio.CapacityLimiter,
-                      connection: trio.CancelScope) -> None:
+                      connection: trio.CancelScope, borrower: object) -> None:
         req, urgent = request
         reserved: list[tuple[ByteBudget, int]] = []  # bytes paced for and not sent yet: refunded on the way out
         try:
@@ -179,7 +182,7 @@ class ChunkServing:
         finally:
             for budget, nbytes in reserved:
                 budget.refund(nbytes)
-            pending.release_on_behalf_of(request)
+            pending.release_on_behalf_of(borrower)
 
     def _matches(self, version: int, index: int, digest: bytes) -> bool:
         """Whether we hold chunk `index` of `version` and it is the one asked for (by digest)."""

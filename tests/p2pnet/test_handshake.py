@@ -137,6 +137,38 @@ async def test_the_data_plane_serves_known_peers_only_and_bounds_connections_per
         nursery.cancel_scope.cancel()
 
 
+async def test_handshakes_side_by_side_cannot_pass_the_bound_of_connections_per_peer():
+    """The hello is checked against the count before the proof; hellos sent side by side all passed
+    it before any connection was counted. Twelve at once under a bound of two: two served."""
+    async with trio.open_nursery() as nursery:
+        plane, address, served = await serve(nursery, DataPlaneLimits(max_connections_per_peer=2))
+        opened, refused = [], []
+
+        async def one() -> None:
+            try:
+                stream = await open_data_stream(address, "echo", codec=Codec(CLIENT), peer=SERVER.peer_id)
+            except PeerUnavailable:
+                refused.append(1)
+                return
+            opened.append(stream)
+            try:
+                await send_frame(stream, b"hi")
+                await stream.receive_some(10)  # an echo, or b"" once the server closed it
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+        async with trio.open_nursery() as clients:
+            for _ in range(12):
+                clients.start_soon(one)
+            with trio.fail_after(30):
+                while len(opened) + len(refused) < 12 or sum(plane.refused.values()) + len(served) < 12:
+                    await trio.sleep(0.01)
+            clients.cancel_scope.cancel()
+        assert len(served) == 2 and plane.connections() == {CLIENT.peer_id: 2}
+        assert sum(plane.refused.values()) == 10
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_connection_that_never_finishes_the_handshake_is_dropped():
     async with trio.open_nursery() as nursery:
         plane, address, _ = await serve(nursery, DataPlaneLimits(handshake_timeout_s=0.2, max_connections=1))

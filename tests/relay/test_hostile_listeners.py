@@ -302,3 +302,17 @@ async def test_an_admitted_peer_that_stalls_inside_a_request_is_closed_by_the_se
             await drain_until_closed(stream, SLACK_S + RELAY["idle_timeout_s"])
     await server.settle(len(streams))
     await server.honest_fetch()
+
+
+async def test_an_admitted_peer_that_sends_one_request_twice_does_not_stop_the_server(server: Server) -> None:
+    """Equal frames: one waiting for a chunk not held, one for a held chunk. Each is answered or
+    waits on its own (a requester that repeats itself confuses only itself), and the data plane
+    keeps serving everyone else."""
+    waiting = frame(ChunkRequest(OP_CHUNK, 7, VERSION + 1, 0, bytes(32)).pack())
+    held = frame(ChunkRequest(OP_CHUNK, 8, VERSION, 0, server.signed.manifest.chunk_digests[0]).pack())
+    stream = await server.authenticated()
+    async with stream:
+        await stream.send_all(waiting + waiting + held + held)
+        await trio.sleep(SLACK_S)
+    await server.settle(1)
+    await server.honest_fetch()

@@ -603,9 +603,10 @@ async def test_a_request_for_a_chunk_not_held_is_told_to_the_transfer_core(tmp_p
     async with trio.open_nursery() as nursery:
         await h.start(nursery)
         request = (ChunkRequest(OP_CHUNK, 1, 7, 3, bytes(32)), False)
-        pending = trio.CapacityLimiter(1)
-        await pending.acquire_on_behalf_of(request)  # as the connection's reader does
-        nursery.start_soon(h.role._answer, None, trio.Lock(), "asker", request, pending, trio.CancelScope())
+        pending, borrower = trio.CapacityLimiter(1), object()
+        await pending.acquire_on_behalf_of(borrower)  # as the connection's reader does
+        nursery.start_soon(h.role._answer, None, trio.Lock(), "asker", request, pending, trio.CancelScope(),
+                           borrower)
         await h.until(lambda: told == [(7, 3)], 5)
         nursery.cancel_scope.cancel()
 
@@ -626,10 +627,10 @@ async def test_a_serve_cancelled_while_paced_gives_its_bytes_back_to_the_upload_
         assert budget.reserve(trio.current_time(), CHUNK) == 0.0  # its one second of burst, spent
         start = trio.current_time()
         request = (ChunkRequest(OP_CHUNK, 1, 1, 0, signed.manifest.chunk_digests[0]), False)
-        pending = trio.CapacityLimiter(1)
-        await pending.acquire_on_behalf_of(request)
+        pending, borrower = trio.CapacityLimiter(1), object()
+        await pending.acquire_on_behalf_of(borrower)
         with trio.move_on_after(0.5):  # the requester hangs up half way through the wait
-            await h.role._answer(None, trio.Lock(), "asker", request, pending, trio.CancelScope())
+            await h.role._answer(None, trio.Lock(), "asker", request, pending, trio.CancelScope(), borrower)
         assert trio.current_time() - start == pytest.approx(0.5)
         assert budget.reserve(trio.current_time(), CHUNK) == pytest.approx(0.5)  # 1.5 s without the refund
         nursery.cancel_scope.cancel()

@@ -53,9 +53,10 @@ async def test_a_relay_asked_for_a_chunk_by_the_peer_it_waits_on_for_that_chunk_
 
         def ask(request_id: int, client: str, chunk: int = index) -> None:
             request = (ChunkRequest(OP_CHUNK, request_id, 1, chunk, signed.manifest.chunk_digests[chunk]), False)
-            pending = trio.CapacityLimiter(1)
-            pending.acquire_on_behalf_of_nowait(request)  # as the connection's reader does
-            nursery.start_soon(h.role._answer, None, trio.Lock(), client, request, pending, trio.CancelScope())
+            pending, borrower = trio.CapacityLimiter(1), object()
+            pending.acquire_on_behalf_of_nowait(borrower)  # as the connection's reader does
+            nursery.start_soon(h.role._answer, None, trio.Lock(), client, request, pending, trio.CancelScope(),
+                               borrower)
 
         start = trio.current_time()
         ask(1, "another relay")
