@@ -19,6 +19,7 @@ cache to the socket, and the bytes never enter Python.
 from __future__ import annotations
 
 import errno
+import math
 import logging
 import os
 import struct
@@ -124,24 +125,32 @@ async def send_frame(stream: trio.abc.SendStream, frame: bytes) -> None:
     await stream.send_all(_LEN.pack(len(frame)) + frame)
 
 
-async def send_file(stream: trio.SocketStream, fd: int, offset: int, count: int) -> None:
+async def send_file(stream: trio.SocketStream, fd: int, offset: int, count: int, *,
+                    idle_s: float = math.inf) -> None:
     """Send `count` bytes of the open file `fd` from `offset` with `os.sendfile` (no copy into
     Python). The caller must be the stream's only sender meanwhile (hold its send lock). A peer
-    that hangs up raises `trio.BrokenResourceError`; a file shorter than asked, OSError."""
+    that hangs up raises `trio.BrokenResourceError`; a file shorter than asked, OSError; a peer
+    that takes nothing for `idle_s` seconds, `trio.TooSlowError` (the time between two writes,
+    as HTTP servers' send timeouts count, not the whole: a slow reader on a slow link is not a
+    stalled one)."""
     sock = stream.socket
-    while count:
-        try:
-            sent = os.sendfile(sock.fileno(), fd, offset, count)
-        except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
-            continue
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise trio.BrokenResourceError(f"the peer hung up: {exc}") from exc
-        if sent == 0:
-            raise OSError(errno.EIO, f"the file ended {count} bytes early")
-        offset += sent
-        count -= sent
-        await trio.lowlevel.checkpoint()
+    with trio.CancelScope(deadline=trio.current_time() + idle_s) as stalled:
+        while count:
+            try:
+                sent = os.sendfile(sock.fileno(), fd, offset, count)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                continue
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise trio.BrokenResourceError(f"the peer hung up: {exc}") from exc
+            if sent == 0:
+                raise OSError(errno.EIO, f"the file ended {count} bytes early")
+            offset += sent
+            count -= sent
+            stalled.deadline = trio.current_time() + idle_s
+            await trio.lowlevel.checkpoint()
+    if stalled.cancelled_caught:
+        raise trio.TooSlowError(f"the reader took nothing for {idle_s:g} s")
 
 
 def frame_header(length: int) -> bytes:

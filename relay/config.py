@@ -32,7 +32,7 @@ class RelayConfig:
     max_concurrent_downloads: int = 8  # chunks we fetch at once
     stall_timeout_s: float = 30.0  # a transfer that moves no byte this long is abandoned
     request_timeout_s: float = 10.0  # a chunk request unanswered this long is retried elsewhere
-    send_timeout_s: float = 30.0  # a requester that does not take an answer this long is cut off
+    send_timeout_s: float = 30.0  # a requester that takes nothing of an answer this long is cut off
     idle_timeout_s: float = 120.0  # a data connection with nothing asked or owed this long is closed (we close ours at half of it)
     serve_bytes_per_peer_s: int = 0  # 0: no cap; else bytes a second served to one peer at most
     announce_interval_s: float = 5.0  # how often we gossip what we hold

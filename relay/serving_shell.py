@@ -174,7 +174,7 @@ class ChunkServing:
             connection.cancel()
         except trio.TooSlowError:
             self.penalise(client, STALLED_READER_PENALTY,
-                          f"did not read an answer within {self.config.send_timeout_s}s (holding an upload slot)")
+                          f"took nothing of an answer for {self.config.send_timeout_s}s (holding an upload slot)")
             connection.cancel()
         except OSError as exc:  # our disk: the requester asks elsewhere
             log.error("serving chunk %d of version %d: %s", req.index, req.version, exc)
@@ -210,8 +210,10 @@ class ChunkServing:
                        queued_s: float = 0.0, reserved: list[tuple[ByteBudget, int]] | None = None) -> None:
         """Send one answer: `payload` bytes, the file pieces a chunk lies in (sent by the kernel,
         `length` bytes in all), or None for "unavailable"; `queued_s` (how long it waited for our
-        upload) goes in the header. TooSlowError if the requester does not take it within
-        `send_timeout_s` (a reader that stops reading must not hold a slot). `reserved` (the
+        upload) goes in the header. TooSlowError if the requester does not take the header
+        within `send_timeout_s`, or then takes nothing of the chunk for that long (a reader that
+        stops reading must not hold a slot; one reading slowly on a slow link, sharing our upload
+        with many, is served). `reserved` (the
         budget paced for it, refunded by the caller if it is still there) is emptied as the
         header goes out: from then on those bytes are spent."""
         if payload is None:
@@ -230,8 +232,8 @@ class ChunkServing:
                     await send_frame(stream, ChunkResponse(request_id, status, length, queued_us).pack())
                     if isinstance(payload, bytes):
                         await stream.send_all(payload)
-                    for fd, offset, count in fds:
-                        await send_file(stream, fd, offset, count)
+                for fd, offset, count in fds:  # a chunk's bytes: however slowly, as long as they move
+                    await send_file(stream, fd, offset, count, idle_s=self.config.send_timeout_s)
         finally:
             for fd, _, _ in fds:
                 os.close(fd)

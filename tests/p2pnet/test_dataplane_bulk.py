@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from functools import partial
 
 import pytest
 import trio
@@ -102,5 +103,33 @@ def test_a_reader_that_resets_mid_chunk_breaks_the_send(payload_file):
                 with pytest.raises(trio.BrokenResourceError):
                     with trio.fail_after(60):  # a safety net only: the reset ends it at once
                         await send_file(a, fd, 0, CHUNK)
+
+    trio.run(main)
+
+
+def test_a_slow_reader_is_served_however_long_it_takes_a_stopped_one_is_cut_off(payload_file):
+    """`idle_s` counts from the last bytes the reader took, not from the start: a reader that takes
+    a little at a time, for longer in all than `idle_s`, gets the whole chunk; one that stops
+    taking is cut off `idle_s` after its last bytes."""
+    fd, data = payload_file
+    idle_s = 2.0
+
+    async def main():
+        a, b = await _pair()
+        a.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)  # small buffers: the
+        b.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # reader sets the pace
+        async with a, b:
+            got = bytearray()
+            started = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(send_file, a, fd, 0, CHUNK, idle_s=idle_s))
+                while len(got) < CHUNK:  # 64 KiB every 0.05 s: about 3.3 s for CHUNK, each gap far below idle_s
+                    got += await b.receive_some(min(64 << 10, CHUNK - len(got)))
+                    await trio.sleep(0.05)
+            assert bytes(got) == data[:CHUNK]
+            assert trio.current_time() - started > idle_s  # longer in all than idle_s
+
+            with pytest.raises(trio.TooSlowError, match="took nothing"):
+                await send_file(a, fd, 0, CHUNK, idle_s=0.3)  # b takes nothing now
 
     trio.run(main)
