@@ -143,8 +143,9 @@ async def start(h: Harness, source: SourcePeer, nursery: trio.Nursery, monkeypat
     """Start the requester `h` fetching from `source` over its own upstreams; returns the list of
     the failures its core is told, (peer, index, reason), as they come."""
 
-    async def send_file(stream, fd: int, offset: int, count: int) -> None:
-        await stream.send_all(os.pread(fd, count, offset))  # (a `Wire` has no socket for `os.sendfile`)
+    async def send_file(stream, fd: int, offset: int, count: int, *, idle_s: float = math.inf) -> None:
+        with trio.fail_after(idle_s):  # (one write: its whole time is the time between writes)
+            await stream.send_all(os.pread(fd, count, offset))  # (a `Wire` has no socket for `os.sendfile`)
 
     monkeypatch.setattr("relay.serving_shell.send_file", send_file)
     failures: list[tuple] = []
