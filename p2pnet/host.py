@@ -58,6 +58,7 @@ MSG_PROTOCOL = "/p2pnet/msg/1.0.0"
 GOSSIP_PROTOCOL = "/meshsub/1.0.0"
 YAMUX_RELEASE_ON_READ = "PY_YAMUX_RELEASE_ON_READ"  # py-libp2p's switch: "0" batches receive credit
 _PEERSTORE_TTL_S = 120  # what py-libp2p's own `connect` gives the addresses it is handed
+CONNECT_TIMEOUT_S = 10.0  # a dial and its security handshake (a real one takes well under a second)
 
 RequestHandler = Callable[[bytes, str, "str | None"], Awaitable["bytes | None"]]
 
@@ -142,8 +143,11 @@ class Host:
         if it cannot be within `timeout_s`."""
         await self._direct.send(peer, frame, timeout_s=timeout_s)
 
-    async def connect(self, addr: str, peer: str | None = None) -> str:
+    async def connect(self, addr: str, peer: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S) -> str:
         """Dial a full multiaddr (with /p2p/); returns the peer id reached (Noise proved it).
+        PeerUnavailable when it has not within `timeout_s`: py-libp2p's dial and handshake have no
+        deadline, and an address that accepts and says nothing (or drops our SYNs) held the dial,
+        and with it one of the node's few senders, for good.
 
         With `peer`, the address must belong to that peer: one whose /p2p/ names another peer is
         not dialled, and one where another peer answers (Noise refuses its key) fails the dial;
@@ -166,7 +170,10 @@ class Host:
         # py-libp2p dials only the first TCP address it knows of a peer: `addr` goes first
         self._known_addrs(info.peer_id, first=info.addrs)
         try:
-            await self._host.connect(info)
+            with trio.fail_after(timeout_s):
+                await self._host.connect(info)
+        except trio.TooSlowError:
+            raise PeerUnavailable(f"{addr}: no connection within {timeout_s:g} s") from None
         except Exception as exc:
             if _another_key_answered(exc):
                 self._known_addrs(info.peer_id, drop=info.addrs)  # not that peer's: never dialled for it again

@@ -66,7 +66,7 @@ from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUna
 from p2pnet.host import Host, open_host
 from p2pnet.identity import Identity, ensure_data_dir, load_or_create_identity
 from p2pnet.logformat import set_log_context
-from p2pnet.messages import ROLE_NAMES, Capacity
+from p2pnet.messages import MAX_ADDRS, ROLE_NAMES, Capacity
 from p2pnet.notices import Notice, Notices
 from p2pnet.peertable import PEER_TABLE_CORE, LocalInfo, PeerChanged, PeerJoined, PeerLeft, PeerTable, PeerTableConfig
 from p2pnet.reachability import Reachability
@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 
 SENDER_TASKS = 8
 OUTBOX_SIZE = 4096
+MAX_ANNOUNCED_CHARS = 200  # an announced multiaddr with its /p2p/ID suffix must fit a heartbeat's 256
 
 
 @validated
@@ -111,6 +112,10 @@ class PeerConfig:
         for addr in self.announce:
             if not addr.startswith("/") or addr.startswith("/ip4/0.0.0.0/") or addr.startswith("/ip6/::/"):
                 problems["announce"] = f"{addr!r} must be a concrete multiaddr such as /ip4/203.0.113.7/tcp/4001"
+            elif len(addr) > MAX_ANNOUNCED_CHARS:
+                problems["announce"] = f"{addr[:40]!r}... is longer than {MAX_ANNOUNCED_CHARS} characters"
+        if len(self.announce) > MAX_ADDRS:
+            problems["announce"] = f"at most {MAX_ADDRS} addresses (a heartbeat carries no more)"
         if self.data_announce:
             try:
                 host, port = parse_host_port(self.data_announce, "data_announce")
@@ -351,6 +356,9 @@ class Node:
         self._on_frame(frame, forwarder)
 
     async def _on_direct(self, frame: bytes, peer: str) -> None:
+        if self.peertable.is_banned(peer, trio.current_time()):
+            self.stats["banned_dropped"] = self.stats.get("banned_dropped", 0) + 1
+            return
         self._on_frame(frame, peer)
 
     def _on_frame(self, frame: bytes, via: str) -> None:
@@ -370,6 +378,9 @@ class Node:
                     runner.rejected(culprit, exc.reason)
             return
         if envelope.sender == self.peer_id:
+            return
+        if self.peertable.is_banned(envelope.sender, trio.current_time()):  # (gossip: `_gossip_ok`; direct: here)
+            self.stats["banned_dropped"] = self.stats.get("banned_dropped", 0) + 1
             return
         self.stats["received"] += 1
         for runner in self._routes.get(envelope.kind, ()):
@@ -539,8 +550,13 @@ async def run_node(
                 trio.open_nursery() as nursery:
             data_addr = await nursery.start(dataplane.serve)
             free_disk = shutil.disk_usage(config.data_dir).free
+            addrs = tuple(host.addrs())
+            if len(addrs) > MAX_ADDRS:  # a wildcard listen on a host of many interfaces: a heartbeat holds 16
+                log.warning("advertising the first %d of this host's %d addresses (--announce chooses them)",
+                            MAX_ADDRS, len(addrs))
+                addrs = addrs[:MAX_ADDRS]
             local = LocalInfo(
-                addrs=tuple(host.addrs()),
+                addrs=addrs,
                 data_addr=data_addr,
                 roles=config.roles,
                 capacity=Capacity(config.upload_bps, config.download_bps, free_disk),

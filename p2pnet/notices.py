@@ -25,8 +25,10 @@ class Notice:
     text: str
 
     def __post_init__(self) -> None:
-        if not 0 < len(self.notice_id) <= 64 or len(self.text) > 1024:
-            raise ValueError("notice_id must be 1-64 characters and text at most 1024")
+        # in UTF-8 bytes, as the frame counts them: 1,024 characters of "€" were 3 KB, passed this and
+        # failed the frame's limit at the send, stopping the peer
+        if not 0 < len(self.notice_id.encode()) <= 64 or len(self.text.encode()) > 1024:
+            raise ValueError("notice_id must be 1-64 bytes and text at most 1024 bytes (UTF-8)")
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -101,6 +102,8 @@ TIMER_EXPIRE = "peertable/expire"  # forget peers silent past their horizon (eve
 # grows expire nobody: 1 + 1.5 + 1.5^2 = 4.75 declared intervals of silence, within the horizon of
 # expiry_s / heartbeat_interval_s (5 by default) of them (see the top)
 GROWTH_PER_BEAT = 1.5
+MAX_REMEMBERED = 4096  # peers outside the table whose scores and last heartbeats are kept
+REPLAY_MEMORY_S = 600.0  # an expired peer's last heartbeat is remembered this long (> the codec's max age, 300 s)
 
 
 @validated
@@ -264,7 +267,10 @@ class PeerTable:
         self.started_ms = started_ms
         self._seq = 0
         self._peers: dict[str, PeerEntry] = {}
-        self._scores: dict[str, float] = {}
+        self._scores: dict[str, float] = {}  # peers not in the table and not banned: at most MAX_REMEMBERED
+        # expired peers' last heartbeat (when forgotten, started_ms, seq), oldest first: a replay of
+        # it (a direct frame has no seen-cache; a frame is fresh for the codec's 300 s) is no news
+        self._departed: OrderedDict[str, tuple[float, int, int]] = OrderedDict()
         self._banned_until: dict[str, float] = {}
         self._connect_asked: set[str] = set()
         self.busy = False
@@ -297,6 +303,9 @@ class PeerTable:
         known = self._peers.get(peer)
         if known is not None and (beat.started_ms, beat.seq) <= (known.started_ms, known.seq):
             return []  # a replay or a reordered old heartbeat
+        departed = self._departed.get(peer) if known is None else None
+        if departed is not None and (beat.started_ms, beat.seq) <= departed[1:]:
+            return []  # the last heartbeat of a peer that went silent, replayed: it stays gone
         declared_s = beat.interval_ms / 1000
         entry = PeerEntry(
             peer_id=peer,
@@ -334,11 +343,13 @@ class PeerTable:
     # -- queries and commands for the application -------------------------------------------
 
     def penalise(self, now: float, peer: str, amount: float) -> list[Effect]:
+        if self.is_banned(peer, now):  # (and a ban that has ended starts the peer again from 0, not its old score)
+            return []
         score = self._scores.get(peer, 0.0) - amount
         self._scores[peer] = score
         if peer in self._peers:
             self._peers[peer] = replace(self._peers[peer], score=score)
-        if score > self.config.ban_score or self.is_banned(peer, now):
+        if score > self.config.ban_score:
             return []
         self._banned_until[peer] = now + self.config.ban_s
         self._connect_asked.discard(peer)
@@ -438,9 +449,26 @@ class PeerTable:
     def _expire(self, now: float) -> list[Effect]:
         gone = [p for p, e in self._peers.items() if now - e.last_heard > e.horizon_s]
         for peer in gone:
-            del self._peers[peer]
+            entry = self._peers.pop(peer)
             self._connect_asked.discard(peer)
+            self._departed.pop(peer, None)
+            self._departed[peer] = (now, entry.started_ms, entry.seq)
+        self._forget_old(now)
         return [Emit(PeerLeft(peer, LeftBecause.EXPIRED)) for peer in gone]
+
+    def _forget_old(self, now: float) -> None:
+        """Bound what peers outside the table leave behind: ended bans, scores (a rejected frame
+        from each of countless fresh identities), replay memory (REPLAY_MEMORY_S, MAX_REMEMBERED)."""
+        for peer in [p for p, until in self._banned_until.items() if now >= until]:
+            self.is_banned(peer, now)  # (drops the ban and its score)
+        if len(self._scores) > MAX_REMEMBERED:
+            for peer in [p for p in self._scores if p not in self._peers and p not in self._banned_until]:
+                del self._scores[peer]
+                if len(self._scores) <= MAX_REMEMBERED // 2:
+                    break
+        while self._departed and (len(self._departed) > MAX_REMEMBERED
+                                  or now - next(iter(self._departed.values()))[0] > REPLAY_MEMORY_S):
+            self._departed.popitem(last=False)
 
 
 class ClockSkew:

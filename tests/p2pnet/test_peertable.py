@@ -9,8 +9,8 @@ from p2pnet.core import Connect, Emit, Publish, Send, SetTimer
 from p2pnet.errors import ConfigError
 from p2pnet.identity import Identity
 from p2pnet.messages import HEARTBEAT_TOPIC, Capacity, Heartbeat
-from p2pnet.peertable import (GROWTH_PER_BEAT, TIMER_EXPIRE, TIMER_HEARTBEAT, LeftBecause, LocalInfo, PeerJoined,
-                              PeerLeft, PeerTable, PeerTableConfig)
+from p2pnet.peertable import (GROWTH_PER_BEAT, MAX_REMEMBERED, REPLAY_MEMORY_S, TIMER_EXPIRE, TIMER_HEARTBEAT,
+                              LeftBecause, LocalInfo, PeerJoined, PeerLeft, PeerTable, PeerTableConfig)
 from p2pnet.wire import Envelope
 
 ME = Identity.from_seed_text("me").peer_id
@@ -397,3 +397,41 @@ def test_an_introduction_is_taken_like_a_gossiped_heartbeat_and_a_copy_is_droppe
     assert Emit(PeerJoined(ME)) in bob.on_message(0.1, direct)
     assert bob.get(ME).data_addr == LOCAL.data_addr and bob.get(ME).last_heard == 0.1
     assert bob.on_message(0.5, direct) == [] and bob.get(ME).last_heard == 0.1  # the gossiped copy, later: a replay
+
+
+def test_after_a_ban_ends_the_peer_starts_again_from_a_clean_score():
+    """The score was reset only if something happened to ask `is_banned` first: the first rejected
+    frame after the ban then banned the peer again at once."""
+    t = table(reject_penalty=4.0, ban_score=-10.0)
+    for _ in range(3):
+        t.on_rejected(2.0, BOB, "garbage")
+    assert t.is_banned(BOB, 3.0) and t.score(BOB) <= -10.0
+    after = 2.0 + 600.0 + 1.0
+    assert t.on_rejected(after, BOB, "garbage") == []  # one rejection after the ban ended
+    assert not t.is_banned(BOB, after) and t.score(BOB) == -4.0
+
+
+def test_a_departed_peers_replayed_heartbeat_does_not_bring_it_back():
+    """A frame stays fresh for the codec's 300 s, longer than a horizon, and a direct frame has no
+    seen-cache: the last heartbeat of a peer that went silent, replayed, put it back (a join, a
+    connect to dead addresses), again and again. A restart (a later start) or a later heartbeat
+    still comes back."""
+    t = table()
+    t.on_message(1.0, beat_from(BOB, 7))
+    t.on_timer(10.0, TIMER_EXPIRE)
+    assert t.get(BOB) is None
+    assert t.on_message(14.0, beat_from(BOB, 7)) == [] and t.get(BOB) is None
+    assert t.on_message(15.0, beat_from(BOB, 8)) != [] and t.get(BOB) is not None  # it is alive after all
+    t.on_timer(30.0, TIMER_EXPIRE)
+    assert t.on_message(31.0, beat_from(BOB, 1, started_ms=9)) != []  # restarted: seq from 1, a later start
+
+
+def test_what_peers_outside_the_table_leave_behind_is_bounded():
+    t = table(reject_penalty=1.0, ban_score=-1.0)
+    for i in range(3 * MAX_REMEMBERED):  # one rejected frame from each of many fresh identities: each banned
+        t.on_rejected(1.0, f"sybil-{i}", "garbage")
+    for i in range(3 * MAX_REMEMBERED):
+        t.on_message(2.0, beat_from(f"gone-{i}", 1))
+    t.on_timer(2.0 + 700.0, TIMER_EXPIRE)  # every ban over, every peer expired
+    t.on_timer(2.0 + 700.0 + REPLAY_MEMORY_S + 1.0, TIMER_EXPIRE)
+    assert len(t._scores) <= MAX_REMEMBERED and len(t._banned_until) == 0 and len(t._departed) == 0
