@@ -113,6 +113,8 @@ DESCRIPTIONS: dict[str, str] = {
     "validator.max_queue": "checks in flight before new ones are dropped",
     "validator.rollouts_per_check": "rows recomputed per check (0: all)",
     "validator.task_seed": "the network's task seed; submissions with another seed are refused (default: any)",
+    "validator.max_new_tokens": ("the longest output this validator recomputes (at least the trainer's "
+                                 "max_new_tokens); a submission allowing more is refused unchecked"),
     "validator.check_prompts": "refuse submissions whose prompts are not the ones assigned to the worker",
     "validator.one_submission_per_step": "refuse a worker's second submission for the same step",
     "validator.workers": "accept submissions only from these peer ids (default: any)",

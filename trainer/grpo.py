@@ -7,7 +7,11 @@ Owns the arithmetic of one policy-gradient step as PRIME-RL / INTELLECT-2 do it:
 * loss per token: PPO clipping at 1 +/- 0.2 on both sides, and the dual clip that
   bounds the ratio at 4.0 for negative advantages (so a token whose probability rose
   a lot under a stale policy cannot produce an unbounded push-down); no KL term;
-* masking: the loss is the mean over real (unmasked) tokens of the whole batch.
+* masking: the loss is the mean over real (unmasked) tokens of the whole batch;
+* the log-ratio is bounded (`MAX_LOG_RATIO`) before it is exponentiated: the old log-probs are
+  the worker's word (validators check hidden states, not log-probs), and one finite but absurd
+  value (-100) made the ratio inf, its gradient 0 x inf = NaN and every weight NaN after the
+  step. A token that far out is clipped either way, so the bound changes no honest token's loss.
 
 Must not: touch models, optimizers, files, or rewards' origin. Inputs are tensors.
 """
@@ -17,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+MAX_LOG_RATIO = 20.0  # |log p - log p_old| beyond this is clipped anyway (ratio_max and 1 + eps are far below e^20)
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ def grpo_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
                     config: GRPOConfig = GRPOConfig()) -> torch.Tensor:
     """Per-token loss [N, T] (before masking); advantages are per sequence [N]."""
     adv = advantages.reshape(-1, 1).to(logprobs.dtype)
-    ratio = torch.exp(logprobs - old_logprobs)
+    ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO))
     clipped = torch.clamp(ratio, 1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
     pg = torch.maximum(-adv * ratio, -adv * clipped)
     dual = torch.minimum(pg, -adv * config.ratio_max)
@@ -77,7 +83,7 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     per_token = grpo_token_loss(logprobs, old_logprobs.detach(), advantages, config)
     loss = (per_token * m).sum() / max(n_tokens, 1)
     with torch.no_grad():
-        ratio = torch.exp(logprobs - old_logprobs)
+        ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO))
         outside = (ratio < 1.0 - config.clip_eps_low) | (ratio > 1.0 + config.clip_eps_high)
         denom = max(n_tokens, 1)
         stats = LossStats(

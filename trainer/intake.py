@@ -78,11 +78,13 @@ from typing import Any
 from p2pnet.config import validated
 from p2pnet.core import Effect, Emit, ReactiveCore
 from p2pnet.errors import MessageRejected
+from p2pnet.identity import SignatureChecker
 from p2pnet.wire import Envelope
 from relay.messages import HOLDING_TOPIC, Holding
 from trainer.leaderboard import Contributions
 from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
                              submission_id)
+from verify.assign import check_remote_ticket
 from verify.reputation import Reputation, ReputationConfig, WorkerBanned, finite_s
 from verify.validator import Penalise, ValidatorCoreConfig
 from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, VerdictLedger
@@ -149,6 +151,7 @@ class IntakeConfig:
     unchecked_max_skew_s: float = 20.0
     ban_after_failures: int = 2
     ban_min_validators: int = 1
+    ban_s: float = 0.0  # 0 or less: forever
     workers: tuple[str, ...] = ()
     validators: tuple[str, ...] = ()
 
@@ -200,8 +203,10 @@ class Intake(ReactiveCore):
                                 workers=frozenset(config.workers), self_is_validator=False)
         self.membership = membership
         self.ledger = VerdictLedger(membership, rate=config.sample_rate)
+        self._signatures = SignatureChecker()  # claims' tickets
         self.reputation = Reputation(ReputationConfig(ban_after_failures=config.ban_after_failures,
-                                                      ban_min_validators=config.ban_min_validators))
+                                                      ban_min_validators=config.ban_min_validators,
+                                                      ban_s=config.ban_s))
         self.batches: dict[bytes, Batch] = {}
         self.workers: dict[str, WorkerLedger] = {}
         self.holders: dict[int, dict[str, float]] = {}  # version -> peer -> first heard holding it
@@ -227,13 +232,22 @@ class Intake(ReactiveCore):
         if isinstance(body, Claim):
             batch = self.batches.get(body.submission_id)
             if batch is not None and self.membership.is_validator(envelope.sender):
+                try:  # a claim holds the batch back from unchecked admission: only a drawn validator's
+                    check_remote_ticket(self._signatures, envelope.sender_bytes, body.submission_id, body.ticket,
+                                        self.config.sample_rate, self.membership.live_validators())
+                except MessageRejected as exc:
+                    return self._drop(f"claim_{exc.reason}")
                 batch.claimed = True
             return []
         if isinstance(body, Verdict):
             return self._on_verdict(now, envelope)
-        if isinstance(body, Holding):
+        if isinstance(body, Holding) and self.membership.is_worker(envelope.sender):
+            # only workers' holding times matter (a verdict's version lag), and only for versions
+            # we published: a made-up future version would stay until training reached it
+            newest = self.latest_published
             for held in body.versions:
-                self.holders.setdefault(held.version, {}).setdefault(envelope.sender, now)
+                if newest is not None and held.version <= newest:
+                    self.holders.setdefault(held.version, {}).setdefault(envelope.sender, now)
         return []
 
     def _drop(self, reason: str) -> list[Effect]:

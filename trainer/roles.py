@@ -251,13 +251,25 @@ class TrainerConfig:
     async_level: int = 2  # batches made by a policy at most this many versions old are trained on
     sample_rate: float = 1.0  # share of submissions validators check (batches checked by none wait for it)
     ban_after_failures: int = 2  # rejected batches after which a worker's batches are refused
+    ban_min_validators: int = 1  # distinct validators whose rejections a ban needs (2: one lying validator cannot ban an honest worker)
+    ban_s: float = 0.0  # how long a ban lasts (0: for good)
+    workers: tuple[str, ...] = ()  # peer ids whose batches are taken (empty: any peer whose heartbeat says worker)
+    validators: tuple[str, ...] = ()  # peer ids whose claims and verdicts count (empty: any peer whose heartbeat says validator; an open network should list them, as its validators do)
     keep_last: int = 0  # checkpoint versions kept in out_dir (0: async_level + 2); older ones are deleted
     keep_optimizer_states: int = 1  # versions that keep optimizer.pt (0: all kept); resuming needs the newest
     discard_damaged_intake_state: bool = False  # an unreadable out_dir/intake_state.json (bans, sibling index, leaderboard): start without it instead of refusing to start
     ranks: int = 1  # learner processes: above 1, a torchrun group of FSDP2 ranks (one GPU each where CUDA is, else CPU) with DCP checkpoints in out_dir/sharded/
 
+    def intake_config(self) -> IntakeConfig:
+        """What the trainer's intake believes: whose batches, whose verdicts, and how bans go."""
+        return IntakeConfig(sample_rate=self.sample_rate, async_level=self.async_level,
+                            ban_after_failures=self.ban_after_failures, ban_min_validators=self.ban_min_validators,
+                            ban_s=self.ban_s, workers=tuple(self.workers), validators=tuple(self.validators))
+
     def check(self) -> dict[str, str]:
         problems = {}
+        if self.ban_min_validators < 1:
+            problems["ban_min_validators"] = "must be >= 1"
         if self.ranks < 1:
             problems["ranks"] = "must be >= 1"
         if self.keep_last and self.keep_last <= self.async_level:
@@ -283,9 +295,7 @@ class TrainerRole:
         self.config = from_mapping(TrainerConfig, section, "trainer")
         self.relay = _relay(node, "trainer")
         cfg = self.config
-        self.intake = Intake(IntakeConfig(sample_rate=cfg.sample_rate, async_level=cfg.async_level,
-                                          ban_after_failures=cfg.ban_after_failures),
-                             node.peer_id, node.peertable)
+        self.intake = Intake(cfg.intake_config(), node.peer_id, node.peertable)
         # what the validators' refusals rely on: bans and the sibling index outlive a restart
         state_path = cfg.out_dir / INTAKE_STATE_FILE
         if load_into(self.intake, state_path, trio.current_time(), time.time(),

@@ -86,6 +86,7 @@ class ValidatorConfig:
     max_queue: int = 16
     rollouts_per_check: int = 0
     task_seed: int | None = None
+    max_new_tokens: int = 1024
     check_prompts: bool = True
     one_submission_per_step: bool = True
     workers: tuple[str, ...] = ()
@@ -507,7 +508,7 @@ class ValidatorRole:
     async def _check(self, request: CheckRequested) -> None:
         sid = request.submission_id
         started = time.perf_counter()
-        if isinstance(self.models, RelayModelSource):
+        if isinstance(self.models, RelayModelSource) and self._may_come(request.submission.model_version):
             version = request.submission.model_version
             with trio.move_on_after(self.config.version_wait_s):
                 while not self.relay.watcher.is_complete(version):
@@ -521,6 +522,12 @@ class ValidatorRole:
         elapsed_s = time.perf_counter() - started
         await self.runner.command(
             lambda now: self.core.check_done(now, sid, accepted, tuple(reasons), len(request.rows), elapsed_s))
+
+    def _may_come(self, version: int) -> bool:
+        """Whether a submission's version is worth waiting for: its manifest reached our relay, or it
+        is at most the one after our newest. A far-future version held the one check loop
+        `version_wait_s` per submission (one worker, a fresh step each time, stalled every check)."""
+        return self.relay.core.knows(version) or version <= self.relay.watcher.latest + 1
 
     def _on_event(self, origin: str, event: Any) -> None:
         if origin != CORE_NAME:

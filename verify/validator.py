@@ -56,6 +56,7 @@ class ValidatorCoreConfig:
     sweep_interval_s: float = 30.0
     one_submission_per_step: bool = True
     task_seed: int | None = None
+    max_new_tokens: int = 1024  # the longest output we recompute; a submission allowing more is refused
     workers: tuple[str, ...] = ()
     validators: tuple[str, ...] = ()
     ban_after_failures: int = 2
@@ -76,6 +77,8 @@ class ValidatorCoreConfig:
             problems["max_queue"] = "must be >= 1"
         if self.rollouts_per_check < 0:
             problems["rollouts_per_check"] = "must be >= 0 (0 checks every rollout)"
+        if self.max_new_tokens < 1:
+            problems["max_new_tokens"] = "must be >= 1"
         return problems
 
     def reputation(self) -> ReputationConfig:
@@ -298,6 +301,10 @@ class ValidatorCore:
             return "replay_step"
         if self.config.task_seed is not None and sub.task_seed != self.config.task_seed:
             return "wrong_task_seed"
+        # what a check recomputes is bounded before it is queued: a 2 MiB submission of one
+        # 250,000-token output passed every other check, and its forward pass stopped the peer
+        if sub.max_new_tokens > self.config.max_new_tokens:  # (its outputs are within it: `Submission`)
+            return "too_long"
         return None
 
     def _reject_submission(self, worker: str, reason: str) -> list[Effect]:

@@ -81,3 +81,18 @@ def test_grpo_config_validation():
 )
 def test_admissible(batch_version, trainer_step, async_level, ok):
     assert admissible(batch_version, trainer_step, async_level) is ok
+
+
+def test_absurd_old_logprobs_from_a_worker_cannot_make_the_gradient_nan():
+    """The old log-probs are the worker's word: finite and <= 0 is all the wire checks. -100
+    against a policy near 0 made the ratio inf and its gradient NaN (every weight NaN after the
+    step); bounded, those tokens are clipped, their gradient 0, and honest tokens keep theirs."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, requires_grad=True)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    old = logprobs.detach().clone()
+    old[0] = -100.0  # one sequence's log-probs, absurd
+    loss, stats = grpo_loss(logprobs, old, torch.tensor([1.0, -1.0]), torch.ones(2, 3))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all() and math.isfinite(stats.ratio_mean)
+    assert torch.count_nonzero(logits.grad[0]) == 0 and torch.count_nonzero(logits.grad[1]) > 0

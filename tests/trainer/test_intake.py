@@ -168,9 +168,22 @@ def test_unclaimed_batches_pass_unchecked_only_below_full_sample_rate():
     assert intake.admissible(5.0, 0) == []
     assert [b.sid for b in intake.admissible(11.5, 0)] == [sid]
     claimed = make(sample_rate=0.5, unchecked_after_s=10.0)
-    _, sid = submit(claimed, WORKER, 0, now=1.0)
-    claimed.on_message(1.5, envelope(VALIDATOR, Claim(sid, make_ticket(VALIDATOR, sid))))
-    assert claimed.admissible(11.5, 0) == []  # a validator took it: wait for the verdict
+    drawn = undrawn = None  # a submission the validator is drawn for, and one it is not
+    for step in range(64):
+        _, sid = submit(claimed, WORKER, step, now=1.0)
+        if is_eligible(make_ticket(VALIDATOR, sid), 0.5, 1):
+            drawn = drawn or (step, sid)
+        else:
+            undrawn = undrawn or (step, sid)
+    assert drawn is not None and undrawn is not None
+    claimed.on_message(1.5, envelope(VALIDATOR, Claim(drawn[1], make_ticket(VALIDATOR, drawn[1]))))
+    assert drawn[1] not in {b.sid for b in claimed.admissible(11.5, drawn[0])}  # claimed: wait for the verdict
+    # a claim the validator was not drawn for, or a ticket it did not sign, holds nothing back: no
+    # verdict would ever come for it (the validators refuse such claims as well)
+    claimed.on_message(1.5, envelope(VALIDATOR, Claim(undrawn[1], make_ticket(VALIDATOR, undrawn[1]))))
+    claimed.on_message(1.5, envelope(VALIDATOR, Claim(undrawn[1], bytes(64))))
+    assert undrawn[1] in {b.sid for b in claimed.admissible(11.5, undrawn[0])}
+    assert claimed.dropped == {"claim_not_selected": 1, "claim_bad_ticket": 1}
     assert make().admissible(100.0, 0) == []
 
 

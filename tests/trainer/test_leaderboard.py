@@ -93,3 +93,16 @@ def test_metrics_file_appends_and_survives_a_torn_line(tmp_path):
     assert [r["step"] for r in read_metrics(path)] == [0, 1, 2]
     assert [r["step"] for r in read_metrics(path, last=2)] == [1, 2]
     assert read_metrics(tmp_path / "none.jsonl") == []
+
+
+def test_holdings_count_only_from_workers_and_only_for_versions_published():
+    """A Holding is anyone's gossip: made-up future versions, or any peer's, were kept until
+    training reached them (32,000 versions from one peer in a helper's repro)."""
+    intake = make()
+    intake.published(0, 10.0)
+    intake.on_message(11.0, envelope(WORKER, Holding(tuple(HeldVersion(v, b"\x01" * 32) for v in range(0, 16)))))
+    intake.on_message(11.0, envelope(VALIDATOR, Holding((HeldVersion(0, b"\x01" * 32),))))
+    assert intake.holders == {0: {WORKER.peer_id: 11.0}}
+    intake.published(1, 20.0)
+    intake.on_message(21.0, envelope(WORKER, Holding((HeldVersion(1, b"\x01" * 32),))))
+    assert intake.holders[1] == {WORKER.peer_id: 21.0}
