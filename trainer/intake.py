@@ -92,6 +92,9 @@ from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, Verd
 STATE_FORMAT = 2  # `Intake.snapshot`'s layout; 2 added "leaderboard" (a format 1 file restores with an empty one)
 READ_FORMATS = (1, 2)
 SKEW_WARN_INTERVAL_S = 60.0  # `BatchesSkewed` at most this often, counting the workers skewed this long
+# copies of one (worker, step) kept: an honest worker sends one; each copy is up to 2 MiB, and a
+# worker sending thousands held them all until the step's window closed
+MAX_COPIES_PER_STEP = 2
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,8 @@ class Intake(ReactiveCore):
             return self._drop("unknown_worker")
         if self.reputation.is_banned(worker, now):
             return self._drop("banned_worker")
+        if len(self.by_step.get((worker, sub.step), ())) >= MAX_COPIES_PER_STEP:
+            return self._drop("copies_per_step")  # two already make every copy a sibling: a third adds nothing
         ledger = self.workers.setdefault(worker, WorkerLedger())
         ledger.submitted += 1
         self.contributions.submitted(worker)

@@ -286,6 +286,18 @@ def test_a_sibling_heard_later_still_keeps_the_first_copy_from_unchecked_admissi
     assert intake.admissible(100.0, 3) == [] and intake.batches[first].sibling
 
 
+def test_copies_of_one_step_beyond_two_are_dropped_not_kept():
+    """Each copy is up to 2 MiB, and all were kept until the step's window closed; two already
+    make every copy a sibling (validators admit one copy a step)."""
+    intake = make(sample_rate=RATE, unchecked_after_s=10.0)
+    _, first = submit(intake, WORKER, 3, now=1.0)
+    for i in range(50):
+        intake.on_message(2.0, envelope(WORKER, submission(WORKER, 3, nonce=bytes([i]) * 16), WALL_S + 1))
+    assert sum(1 for b in intake.batches.values() if b.submission.step == 3) == 2
+    assert intake.dropped["copies_per_step"] == 49
+    assert intake.admissible(100.0, 3) == [] and intake.batches[first].sibling
+
+
 def test_an_honest_workers_unclaimed_batches_still_pass_unchecked():
     intake = make(sample_rate=RATE, unchecked_after_s=10.0, async_level=2)
     sent = [submit(intake, worker, step, now=1.0) for step in (1, 2, 3) for worker in (WORKER, CHEAT)]
@@ -422,7 +434,7 @@ def test_linking_a_copy_costs_the_same_however_many_copies_came_before():
     intake.batches = CountingDict(intake.batches)
     for k in range(60):
         intake.on_message(1.0, envelope(WORKER, submission(WORKER, 3, nonce=bytes([k]) * 16), WALL_S + k))
-    assert len(intake.batches) == 60 and all(b.sibling for b in intake.batches.values())
+    assert len(intake.batches) == 2 and all(b.sibling for b in intake.batches.values())  # the rest dropped
     assert intake.batches.gets <= 2 * 60
 
 
