@@ -41,6 +41,7 @@ from verify.verdicts import Directory, Membership, SubmissionInfo, VerdictLedger
 
 TIMER_SWEEP = "verify/sweep"
 _CLAIM, _TAKEOVER = "verify/claim/", "verify/takeover/"
+MAX_CLAIMS = 65_536  # remote claims remembered (a claim may come before its submission; any validator can send them)
 PENALISED = frozenset({"replay", "replay_step", "wrong_task_seed", "bad_ticket", "not_selected", "mismatch"})
 
 
@@ -363,6 +364,8 @@ class ValidatorCore:
             return self._ignore(env.sender, "claim", exc.reason)
         best = self._claims.get(claim.submission_id)
         if best is None or (value, env.sender) < (best[0], best[1]):
+            if best is None and len(self._claims) >= MAX_CLAIMS:  # claims for ids we may never see: the oldest go
+                del self._claims[next(iter(self._claims))]
             self._claims[claim.submission_id] = (value, env.sender, now)
         return []
 

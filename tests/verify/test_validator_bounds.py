@@ -67,3 +67,21 @@ def test_a_far_future_version_is_not_waited_for_the_next_one_is():
 
     spent = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert spent == {10**12: 0.0, 5: 0.0, 4: 60.0, 100: 60.0}
+
+
+def test_remote_claims_remembered_are_bounded(monkeypatch):
+    """A claim may come before its submission, so claims for ids not seen are kept a while; a
+    validator (any peer saying so, in an open network) sending claims for made-up ids fills no more
+    than MAX_CLAIMS."""
+    import verify.validator
+    from p2pnet.identity import Identity
+    from tests.verify.test_validator_core import V2, FakeDirectory
+    from verify.assign import make_ticket
+    from verify.messages import Claim
+
+    monkeypatch.setattr(verify.validator, "MAX_CLAIMS", 8)
+    core = core_for(V1, FakeDirectory({WORKER: ("worker",), V1: ("validator",), V2: ("validator",)}))
+    for i in range(40):
+        sid = Identity.from_seed_text(f"sid{i}").peer_id.encode()[:32]
+        core.on_message(1.0 + i, envelope(V2, Claim(sid, make_ticket(V2, sid))))
+    assert 0 < len(core._claims) <= 8
