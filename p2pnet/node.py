@@ -356,10 +356,16 @@ class Node:
         self._on_frame(frame, forwarder)
 
     async def _on_direct(self, frame: bytes, peer: str) -> None:
-        if self.peertable.is_banned(peer, trio.current_time()):
-            self.stats["banned_dropped"] = self.stats.get("banned_dropped", 0) + 1
-            return
-        self._on_frame(frame, peer)
+        if not self._from_banned(peer):  # (it carries it: its own or another's)
+            self._on_frame(frame, peer)
+
+    def _from_banned(self, peer: str) -> bool:
+        """A frame from a peer we banned, dropped and counted (gossip's are not forwarded either:
+        `_gossip_ok`)."""
+        if not self.peertable.is_banned(peer, trio.current_time()):
+            return False
+        self.stats["banned_dropped"] = self.stats.get("banned_dropped", 0) + 1
+        return True
 
     def _on_frame(self, frame: bytes, via: str) -> None:
         try:
@@ -379,8 +385,7 @@ class Node:
             return
         if envelope.sender == self.peer_id:
             return
-        if self.peertable.is_banned(envelope.sender, trio.current_time()):  # (gossip: `_gossip_ok`; direct: here)
-            self.stats["banned_dropped"] = self.stats.get("banned_dropped", 0) + 1
+        if self._from_banned(envelope.sender):  # (signed by it)
             return
         self.stats["received"] += 1
         for runner in self._routes.get(envelope.kind, ()):

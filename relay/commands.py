@@ -114,14 +114,11 @@ class ControlCommands:
                 # what the bitmap only claims since a restart is hashed before anyone is told to open
                 # it (nothing to hash for chunks received in this run); a rotten one is fetched again
                 try:
-                    rotten = await trio.to_thread.run_sync(self.store.verify, version)
+                    await trio.to_thread.run_sync(self.store.verify_complete, version)
+                except (ChunkMissing, VersionIncomplete) as exc:
+                    log.warning("version %d: %s; waiting until it is complete again", version, exc)
+                    continue
                 except VersionUnknown:  # collected meanwhile
-                    continue
-                if rotten:
-                    log.warning("version %d: %d chunk(s) were corrupt on disk; waiting until it is complete again",
-                                version, len(rotten))
-                    continue
-                if not self._holds(version):  # a chunk dropped (found rotten elsewhere) before `verify` looked
                     continue
                 return {"version": version, "dir": str(self.store.version_dir(version)),
                         "files": [str(p) for p in self.store.version_files(version)]}

@@ -42,7 +42,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 import trio
 
 from p2pnet.errors import LocalStateError
-from relay.errors import ChunkMissing, VersionIncomplete, VersionUnloadable
+from relay.errors import VersionUnloadable
 from relay.manifest import is_safetensors
 from relay.store import ChunkStore
 
@@ -63,13 +63,7 @@ def _open_version(store: ChunkStore, version: int, stack: ExitStack) -> dict[str
 
     stack.enter_context(store.pinned(version))  # garbage collection leaves its files alone until loaded
     signed = store.manifest(version)
-    if not store.is_complete(signed):
-        raise VersionIncomplete(f"checkpoint version {version} is not complete in {store.root}")
-    rotten = store.verify(version, everything=True)
-    if rotten:
-        raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk")
-    if not store.is_complete(signed):  # a chunk dropped (found rotten elsewhere) before `verify` looked
-        raise VersionIncomplete(f"checkpoint version {version} is no longer complete in {store.root}")
+    store.verify_complete(version, everything=True)
     where: dict[str, Any] = {}
     for entry, path in zip(signed.manifest.files, store.version_files(version)):
         if not is_safetensors(entry.name):
@@ -132,9 +126,9 @@ DTYPE_KINDS = {"float": {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"},
 
 
 def _check_fit(store: ChunkStore, version: int, where: Mapping[str, Any], like: Mapping[str, Any]) -> None:
-    shapes = {name: _Shape(handle.get_slice(name).get_shape()) for name, handle in where.items()}
-    problem = _misfit(shapes, like) or _dtype_misfit(
-        {name: handle.get_slice(name).get_dtype() for name, handle in where.items()}, like)
+    slices = {name: handle.get_slice(name) for name, handle in where.items()}
+    problem = _misfit({name: _Shape(s.get_shape()) for name, s in slices.items()}, like) or \
+        _dtype_misfit({name: s.get_dtype() for name, s in slices.items()}, like)
     if problem:
         raise VersionUnloadable(version, problem, store.manifest(version).publisher)
 

@@ -99,15 +99,29 @@ class WholeVersions:
             with self._lock:
                 held.pins -= 1
 
-    def _export(self, held: _Version, out_dir: Path) -> list[Path]:
-        version = held.signed.version
+    def verify_complete(self, version: int, *, everything: bool = False) -> None:
+        """That the version is complete here and its chunks good, before anyone is handed its
+        files: the unverified chunks are hashed (with `everything`, all of them). ChunkMissing if
+        one was rotten (dropped and told), VersionIncomplete if the version is not complete,
+        before the hashing or after it: a chunk another thread dropped meanwhile (serving found it
+        rotten) is one the hashing no longer sees."""
+        held = self._held(version)
+
+        def incomplete() -> VersionIncomplete:
+            return VersionIncomplete(f"checkpoint version {version} lacks {held.count - len(held.have)} of "
+                                     f"{held.count} chunks")
+
         if not held.complete:
-            raise VersionIncomplete(f"checkpoint version {version} lacks {held.count - len(held.have)} of "
-                                    f"{held.count} chunks")
-        rotten = self.verify(version, everything=True)
+            raise incomplete()
+        rotten = self.verify(version, everything=everything)
         if rotten:
             raise ChunkMissing(f"checkpoint version {version}: {len(rotten)} chunk(s) were corrupt on disk "
                                "and dropped (a running peer fetches them again)")
+        if not held.complete:
+            raise incomplete()
+
+    def _export(self, held: _Version, out_dir: Path) -> list[Path]:
+        self.verify_complete(held.signed.version, everything=True)
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         held.files.make_read_only()  # a hard link handed out shares the store's file: not to be edited in place
@@ -213,8 +227,8 @@ class WholeVersions:
             for src, _, _, _ in placed:
                 src.unlink()
             if self._fsync:
-                for folder in {src.parent for src in sources}:
-                    fsync_dir(folder)
+                for parent in {src.parent for src in sources}:
+                    fsync_dir(parent)
         return signed
 
     @staticmethod

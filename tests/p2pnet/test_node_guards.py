@@ -30,6 +30,7 @@ def test_a_banned_peers_direct_frames_reach_no_core():
         codec=Codec(ME), peertable=table, peer_id=ME.peer_id, stats={"received": 0, "rejected": 0},
         rejections={}, _runners=[], _routes={"notice": [types.SimpleNamespace(deliver=delivered.append)]})
     node._on_frame = lambda frame, via: Node._on_frame(node, frame, via)
+    node._from_banned = lambda peer: Node._from_banned(node, peer)
 
     async def main() -> None:
         table.on_rejected(trio.current_time(), BANNED.peer_id, "garbage")  # one rejection bans it

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from p2pnet.errors import ConfigError
-from relay.errors import ChunkMissing
+from relay.errors import ChunkMissing, VersionIncomplete
 from relay.manifest import MAX_NAME_BYTES, FileEntry
 from relay.store import ChunkRotten, VersionCollected
 from relay.versionfiles import MAX_OPEN_FILES, VersionFiles, load_bitmap
@@ -372,3 +372,24 @@ def test_a_publish_that_fails_as_it_keeps_the_version_keeps_nothing(tmp_path, fa
     assert [p.name[:12] for p in (tmp_path / "s" / "manifests").iterdir()] == ["000000000001"]
     store.publish_files(TRAINER, paths, model="m", version=2, chunk_bytes=CHUNK, now_s=NOW)  # a retry works
     assert store.complete_versions() == [1, 2]
+
+
+def test_an_export_refuses_a_version_that_lost_a_chunk_while_it_was_hashed(tmp_path):
+    """After a restart every chunk is only claimed; serving finds one rotten and drops it between
+    the export's completeness check and its hashing, which then no longer sees it: the export
+    must not hand the version out (the loader and `checkpoint wait` share the same check)."""
+    store = open_store(tmp_path / "s")
+    publish(store, tmp_path, 1)
+    store.close()
+    store = open_store(tmp_path / "s")
+    real_verify = store.verify
+
+    def serving_first(version, *, everything=False):
+        rot_chunk(store, 1, 2)
+        assert store.ensure_verified(1, 2) is False  # the serving thread drops it
+        return real_verify(version, everything=everything)
+
+    store.verify = serving_first  # type: ignore[method-assign]
+    with pytest.raises(VersionIncomplete, match="lacks 1 of"):
+        store.export_version(1, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
