@@ -6,7 +6,10 @@ verdict rules (signed by a validator that was drawn for it, `verify.verdicts`), 
 trained on, a ban its reputation decided. A peer's own claims (its heartbeat, its status, the
 numbers in its log) are never read, so a peer cannot raise its own row: a worker's tokens count
 once a validator's verdict accepted the batch that carries them, a validator's checks once its
-verdict was admitted.
+verdict was admitted. A worker is credited for one accepted batch per step, as the learner
+trains one per (worker, step): a second copy of a step (the intake keeps up to two), accepted by
+a validator that heard it first, adds nothing while the first stands, and takes its place if a
+later verdict rejects the first.
 
 Per worker: batches submitted, accepted and rejected, the rollouts and tokens of accepted
 batches, batches trained on, bans and their reasons, and compute time: for each accepted batch,
@@ -67,12 +70,17 @@ class WorkerRow:
 
 @dataclass
 class Timing:
-    """An accepted batch the intake still keeps: what its compute time is made of, and the
-    seconds it added to its worker's `compute_s` (None: its version's publish time is unknown)."""
+    """An accepted batch the intake still keeps: what its compute time is made of, whether it is
+    the one credited for its (worker, step), and the seconds it added to its worker's `compute_s`
+    (None: not credited, or its version's publish time is unknown)."""
     worker: str
+    step: int
     version: int
     arrived: float
     holding: float | None
+    rollouts: int
+    tokens: int
+    credited: bool = False
     seconds: float | None = None
 
 
@@ -94,6 +102,7 @@ class Contributions:
         self.verdict_log: deque[dict[str, Any]] = deque(maxlen=VERDICT_LOG)
         self.published_at: dict[int, float] = {}  # version -> when the trainer published it (this run)
         self.timing: dict[bytes, Timing] = {}  # accepted batches still kept, by submission id
+        self.credited: dict[tuple[str, int], bytes] = {}  # (worker, step) -> the kept batch credited for it
 
     def submitted(self, worker: str) -> None:
         self.workers.setdefault(worker, WorkerRow()).submitted += 1
@@ -104,7 +113,7 @@ class Contributions:
         request time)."""
         self.published_at[version] = at
         for timing in self.timing.values():
-            if timing.version == version:
+            if timing.version == version and timing.credited:
                 self._untime(timing)
                 self._time(timing)
 
@@ -125,23 +134,37 @@ class Contributions:
             row.ban_reasons[reason] = row.ban_reasons.get(reason, 0) + 1
         if previous == outcome:
             return
-        rollouts, tokens = rollouts_and_tokens(batch.submission)
         if previous is Outcome.ACCEPTED:  # a later verdict rejected an accepted batch
-            row.accepted_batches -= 1
-            row.accepted_rollouts -= rollouts
-            row.accepted_tokens -= tokens
             timing = self.timing.pop(batch.sid, None)
-            if timing is not None:
-                self._untime(timing)
+            if timing is not None and timing.credited:
+                self._credit(timing, batch.sid, -1)
+                heir = next((sid for sid, t in self.timing.items()
+                             if (t.worker, t.step) == (timing.worker, timing.step)), None)
+                if heir is not None:  # the step's other accepted copy counts now
+                    self._credit(self.timing[heir], heir, +1)
         if outcome is Outcome.ACCEPTED:
-            row.accepted_batches += 1
-            row.accepted_rollouts += rollouts
-            row.accepted_tokens += tokens
-            timing = self.timing[batch.sid] = Timing(batch.worker, batch.submission.model_version, batch.seen_at,
-                                                     holding_at)
-            self._time(timing)
+            rollouts, tokens = rollouts_and_tokens(batch.submission)
+            timing = self.timing[batch.sid] = Timing(batch.worker, batch.submission.step,
+                                                     batch.submission.model_version, batch.seen_at, holding_at,
+                                                     rollouts, tokens)
+            if (batch.worker, batch.submission.step) not in self.credited:
+                self._credit(timing, batch.sid, +1)
         elif outcome is Outcome.REJECTED:
             row.rejected_batches += 1
+
+    def _credit(self, timing: Timing, sid: bytes, sign: int) -> None:
+        """Count (+1) or take back (-1) an accepted batch as its (worker, step)'s one credit."""
+        row = self.workers.setdefault(timing.worker, WorkerRow())
+        row.accepted_batches += sign
+        row.accepted_rollouts += sign * timing.rollouts
+        row.accepted_tokens += sign * timing.tokens
+        timing.credited = sign > 0
+        if timing.credited:
+            self.credited[(timing.worker, timing.step)] = sid
+            self._time(timing)
+        else:
+            del self.credited[(timing.worker, timing.step)]
+            self._untime(timing)
 
     def _time(self, timing: Timing) -> None:
         published = self.published_at.get(timing.version)
@@ -162,7 +185,9 @@ class Contributions:
         Publish times of versions before `before_version` go too (the intake's rule for holding
         times: older than the learner's window for any batch it still keeps)."""
         for sid in sids:
-            self.timing.pop(sid, None)
+            timing = self.timing.pop(sid, None)
+            if timing is not None and self.credited.get((timing.worker, timing.step)) == sid:
+                del self.credited[(timing.worker, timing.step)]
         for version in [v for v in self.published_at if v < before_version]:
             del self.published_at[version]
 

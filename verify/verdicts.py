@@ -9,6 +9,8 @@ Admission rules, in order (each failure has a stable reason code):
   not_validator        the sender is not a known validator;
   unknown_submission   we never saw that submission (so worker and step cannot be trusted);
   mismatch             worker, step or model version differ from the submission's;
+  self_verdict         the sender is the submission's worker (a peer may run both roles, but
+                       never checks its own work);
   bad_ticket           the ticket is not the sender's signature over the submission id;
   not_selected         the ticket is genuine but above the eligibility threshold;
   duplicate            this validator already gave a verdict on this submission.
@@ -156,6 +158,8 @@ class VerdictLedger:
             raise MessageRejected("unknown_submission", sid.hex()[:16], sender)
         if (verdict.worker, verdict.step, verdict.model_version) != (info.worker, info.step, info.model_version):
             raise MessageRejected("mismatch", "worker, step or version differ from the submission", sender)
+        if sender == info.worker:
+            raise MessageRejected("self_verdict", "a verdict on the sender's own submission", sender)
         try:
             value = check_remote_ticket(self._checker, sender_bytes, sid, verdict.validator_ticket,
                                         self.rate, self.membership.live_validators())

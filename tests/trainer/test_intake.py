@@ -156,6 +156,23 @@ def test_forged_and_foreign_verdicts_are_penalised_not_believed():
     assert intake.admissible(3.0, 0) == []
 
 
+@pytest.mark.parametrize("validators", [None, "listed"])
+def test_a_peer_running_both_roles_cannot_accept_its_own_batch(validators):
+    """A peer may be a worker and a validator at once (its heartbeat says so, or the trainer lists
+    it), but a verdict it signs on its own submission is refused: not credited, not trained on."""
+    intake = make(validators=(VALIDATOR.peer_id, CHEAT.peer_id)) if validators else make()
+    intake.membership.directory.entries[CHEAT.peer_id] = Entry(CHEAT.peer_id, ("worker", "validator"))
+    _, sid = submit(intake, CHEAT, 0)
+    effects = verdict(intake, sid, CHEAT, 0, True, sender=CHEAT)
+    assert [e.event for e in effects] == [Penalise(CHEAT.peer_id, "self_verdict")]
+    assert intake.admissible(3.0, 0) == []
+    row = next(r for r in intake.contributions.rows() if r["peer_id"] == CHEAT.peer_id)
+    assert row["accepted_batches"] == row["accepted_tokens"] == row["checks"] == 0
+    _, honest = submit(intake, WORKER, 0)  # and the same peer checking someone else's work counts
+    assert verdict(intake, honest, WORKER, 0, True, sender=CHEAT) == []
+    assert [b.sid for b in intake.admissible(3.0, 0)] == [honest]
+
+
 def test_submissions_from_non_workers_are_dropped():
     intake = make()
     submit(intake, STRANGER, 0)

@@ -6,10 +6,12 @@ from p2pnet.identity import Identity
 from p2pnet.messages import Capacity, Heartbeat
 from p2pnet.peertable import LocalInfo, PeerTable, PeerTableConfig
 from relay.messages import Holding, HeldVersion
-from tests.trainer.test_intake import CHEAT, VALIDATOR, WORKER, envelope, make, submit, verdict
+from dataclasses import replace
+
+from tests.trainer.test_intake import CHEAT, VALIDATOR, WORKER, Entry, envelope, make, submission, submit, verdict
 from trainer.metricsfile import MetricsFile, read_metrics
 from verify.assign import make_ticket
-from verify.messages import Verdict
+from verify.messages import Verdict, submission_id
 
 
 def row_of(rows, identity):
@@ -80,6 +82,34 @@ def test_an_accepted_batch_rejected_later_loses_its_tokens():
     verdict(intake, sid, WORKER, 0, False, sender=other, now=3.0)
     row = row_of(intake.contributions.rows(), WORKER)
     assert row["accepted_tokens"] == 0 and row["accepted_batches"] == 0 and row["rejected_batches"] == 1
+
+
+def test_two_copies_of_one_step_are_credited_once():
+    """A worker sends one step twice (a new nonce, so two ids) and two validators, each hearing a
+    different copy first, accept one each: the learner trains one batch per (worker, step), and
+    the leaderboard credits one. If the credited copy is rejected later, the other stands in."""
+    intake = make()
+    second = Identity.from_seed_text("val2")
+    intake.membership.directory.entries[second.peer_id] = Entry(second.peer_id, ("validator",))
+    intake.published(0, 0.5)
+    sids = []
+    for i, (nonce, rows) in enumerate(((b"\x01" * 16, 2), (b"\x02" * 16, 1))):
+        base = submission(WORKER, 0, nonce=nonce)
+        env = envelope(WORKER, replace(base, rollouts=base.rollouts[:rows], group_size=rows))
+        intake.on_message(1.0 + i, env)
+        sids.append(submission_id(env))
+    verdict(intake, sids[0], WORKER, 0, True, sender=VALIDATOR, now=3.0)
+    verdict(intake, sids[1], WORKER, 0, True, sender=second, now=3.5)
+    row = row_of(intake.contributions.rows(), WORKER)
+    assert (row["submitted"], row["accepted_batches"], row["accepted_rollouts"]) == (2, 1, 2)
+    assert row["compute_s"] == 0.5  # the credited copy's: published at 0.5, arrived at 1.0
+    verdict(intake, sids[0], WORKER, 0, False, sender=second, now=4.0)  # the first copy fails after all
+    row = row_of(intake.contributions.rows(), WORKER)
+    assert (row["accepted_batches"], row["accepted_rollouts"], row["rejected_batches"]) == (1, 1, 1)
+    assert row["compute_s"] == 1.5  # now the second copy's: arrived at 2.0
+    verdict(intake, sids[1], WORKER, 0, False, sender=VALIDATOR, now=5.0)
+    row = row_of(intake.contributions.rows(), WORKER)
+    assert (row["accepted_batches"], row["accepted_tokens"], row["compute_s"]) == (0, 0, 0.0)
 
 
 def test_metrics_file_appends_and_survives_a_torn_line(tmp_path):
