@@ -4,15 +4,22 @@
 --json` prints it) and the trainer's per-step rows (`metrics.jsonl`) into everything the page
 shows: the peers with their roles, reachability and advertised link capacity; each checkpoint
 version's spread (seconds after its publish at which each peer announced, signed, that it holds
-it, and the time until every relaying peer did); reward, accuracy, loss and tokens per second by
-step; admitted verdicts by step; banned peers and why; the leaderboard (`trainer.leaderboard`,
-counted by the trainer's intake from signed verdicts only). On a trainer peer this is the whole
-run; on another peer, what that peer knows (its peers, no curves).
+it, and the time until every worker did: the trainer keeps workers' holdings only); reward,
+accuracy, loss and tokens per second by step; admitted verdicts by step; banned peers and why;
+the leaderboard (`trainer.leaderboard`, counted by the trainer's intake from signed verdicts
+only). On a trainer peer this is the whole run; on another peer, what that peer knows (its
+peers, no curves).
 
 The page (`dashboard.html`, beside this module) is one self-contained file: inline CSS and
 JavaScript that draws its charts as SVG, no CDN, so it works offline. It polls `api/dashboard`
 (`p2pnet.web`) every 2 s. It is served by any peer started with `--metrics-listen` and by
 `p2pnet dashboard`, which reads a running peer through its control socket.
+
+What a page load costs the peer: its status, built on its trio thread, and the newest rows of
+`metrics.jsonl` (`StepRows`): read from the file's end in a worker thread, cut to the fields the
+page draws, and read again only when the file changed, so a long run's file (tens of MB) does not
+hold up the peer's gossip once per poll. Numbers that are not finite (a diverged step's loss) go
+out as null: the page's JSON must parse.
 
 `p2pnet leaderboard` prints the trainer's leaderboard. Nothing here changes a peer's state.
 """
@@ -21,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -42,11 +51,19 @@ def page_html() -> bytes:
     return PAGE.read_bytes()
 
 
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _step_fields(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: _finite(row.get(key)) for key in STEP_FIELDS}
+
+
 def _steps(trainer: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     source = rows or (trainer or {}).get("history", [])
     out = []
     for row in source[-MAX_STEPS:]:
-        step = {key: row.get(key) for key in STEP_FIELDS}
+        step = _step_fields(row)
         if step["tokens_per_s"] is None and row.get("tokens") is not None:
             wall_s = (row.get("gather_s") or 0) + (row.get("train_s") or 0)
             step["tokens_per_s"] = round(row["tokens"] / wall_s, 2) if wall_s > 0 else 0.0
@@ -54,14 +71,14 @@ def _steps(trainer: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[d
     return out
 
 
-def _versions(trainer: dict[str, Any], relaying: set[str]) -> list[dict[str, Any]]:
+def _versions(trainer: dict[str, Any], workers: set[str]) -> list[dict[str, Any]]:
     out = []
     for version, spread in sorted(trainer.get("spread", {}).items(), key=lambda kv: int(kv[0])):
         holders = spread["holders"]
-        everyone = relaying and relaying <= set(holders)
+        everyone = workers and workers <= set(holders)
         out.append({"version": int(version), "published_s": spread["published_s"], "holders": holders,
                     "holders_n": len(holders),
-                    "time_to_all_s": max(holders[p] for p in relaying) if everyone else None})
+                    "time_to_all_s": max(holders[p] for p in workers) if everyone else None})
     return out
 
 
@@ -98,7 +115,7 @@ def dashboard_data(status: dict[str, Any], rows: list[dict[str, Any]] | None = N
                      "connected": p["peer_id"] in connected, "upload_bps": p["upload_bps"],
                      "download_bps": p["download_bps"], "score": p["score"],
                      "last_heard_s_ago": p["last_heard_s_ago"], "self": False} for p in status.get("peers", [])]
-    relaying = {p["peer_id"] for p in status.get("peers", []) if "relay" in p["roles"]}
+    workers = {p["peer_id"] for p in status.get("peers", []) if "worker" in p["roles"]}
     leaderboard = (trainer or {}).get("leaderboard", [])
     return {
         "generated_at": round(time.time(), 3),
@@ -107,23 +124,66 @@ def dashboard_data(status: dict[str, Any], rows: list[dict[str, Any]] | None = N
                                                  "done": trainer["done"]},
         "peers": peers,
         "steps": _steps(trainer, rows or []),
-        "versions": _versions(trainer, relaying) if trainer else [],
+        "versions": _versions(trainer, workers) if trainer else [],
         "verdicts": _verdicts_by_step((trainer or {}).get("verdict_log", [])),
         "banned": _banned(leaderboard),
         "leaderboard": leaderboard,
     }
 
 
-def _metrics_rows(data_dir: Path) -> list[dict[str, Any]]:
-    from trainer.metricsfile import METRICS_FILE, read_metrics
+def json_body(data: Any) -> bytes:
+    """`data` as strict JSON: a float that is not finite, wherever it hides, goes out as null."""
+    try:
+        return json.dumps(data, allow_nan=False).encode()
+    except ValueError:
+        return json.dumps(_all_finite(data), allow_nan=False).encode()
 
-    return read_metrics(data_dir / METRICS_FILE, last=MAX_STEPS)
+
+def _all_finite(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _all_finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_all_finite(v) for v in value]
+    return _finite(value)
 
 
-def peer_snapshot(node: Any) -> dict[str, Any]:
-    """The dashboard data of the running peer `node` (its own server, `p2pnet.web`)."""
-    rows = _metrics_rows(node.config.data_dir) if "trainer" in node.roles else []
-    return dashboard_data(node.status(), rows)
+class StepRows:
+    """The newest `MAX_STEPS` rows of a trainer's metrics file, cut to the fields the page draws:
+    read in a worker thread, from the file's end, and only again once its size or time changed."""
+
+    def __init__(self, data_dir: Path) -> None:
+        from trainer.metricsfile import METRICS_FILE
+
+        self.path = data_dir / METRICS_FILE
+        self._seen: tuple[int, int] | None = None
+        self._rows: list[dict[str, Any]] = []
+        self._lock = trio.Lock()
+
+    async def rows(self) -> list[dict[str, Any]]:
+        async with self._lock:  # polls that come together read the file once
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                return []
+            if (st.st_size, st.st_mtime_ns) != self._seen:
+                self._rows = await trio.to_thread.run_sync(self._read)
+                self._seen = (st.st_size, st.st_mtime_ns)
+            return self._rows
+
+    def _read(self) -> list[dict[str, Any]]:
+        from trainer.metricsfile import read_metrics
+
+        return [_step_fields(row) for row in read_metrics(self.path, last=MAX_STEPS)]
+
+
+def peer_snapshot(node: Any) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """What builds the dashboard data of the running peer `node` (its own server, `p2pnet.web`)."""
+    steps = StepRows(node.config.data_dir)
+
+    async def snapshot() -> dict[str, Any]:
+        return dashboard_data(node.status(), await steps.rows() if "trainer" in node.roles else [])
+
+    return snapshot
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -192,9 +252,11 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from p2pnet.web import WebApp, serve
 
+    steps = StepRows(args.data_dir)
+
     async def snapshot() -> dict[str, Any]:
         status = await _status(args.data_dir)
-        rows = _metrics_rows(args.data_dir) if "trainer" in status.get("roles", []) else []
+        rows = await steps.rows() if "trainer" in status.get("roles", []) else []
         return dashboard_data(status, rows)
 
     async def main(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -33,7 +33,6 @@ nor stop the server (`ConnectionServer`; a websocket is closed unanswered, `refu
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import socket
@@ -111,7 +110,7 @@ class WebApp:
     async def respond(self, method: str, path: str, with_body: bool = False) -> tuple[int, bytes, bytes]:
         """The status, content type and body answering `method` on `path`; `with_body` when the
         request declares a body, which no route takes."""
-        from p2pnet.dashboard import page_html
+        from p2pnet.dashboard import json_body, page_html
         from p2pnet.metrics import CONTENT_TYPE
 
         if method not in ("GET", "HEAD"):
@@ -126,10 +125,10 @@ class WebApp:
         if path in ("/", "/index.html"):
             return 200, b"text/html; charset=utf-8", page_html()
         if path == "/api/dashboard":
-            return 200, JSON_TYPE, json.dumps(await self.snapshot()).encode()
+            return 200, JSON_TYPE, json_body(await self.snapshot())
         if path == "/api/leaderboard":
             data = await self.snapshot()
-            return 200, JSON_TYPE, json.dumps({"leaderboard": data.get("leaderboard", [])}).encode()
+            return 200, JSON_TYPE, json_body({"leaderboard": data.get("leaderboard", [])})
         return 404, b"text/plain", b"not found; try /, /metrics, /healthz, /api/dashboard, /api/leaderboard\n"
 
 
@@ -420,8 +419,5 @@ async def serve_peer_http(node: Any, listen: str,
     registry.register(collector)
     registry.register(connections)
 
-    async def snapshot() -> dict[str, Any]:
-        return peer_snapshot(node)
-
-    app = WebApp(snapshot=snapshot, metrics=lambda: render(registry), health=collector.health)
+    app = WebApp(snapshot=peer_snapshot(node), metrics=lambda: render(registry), health=collector.health)
     await serve(app, listen, "peer.metrics_listen", connections=connections, task_status=task_status)

@@ -52,14 +52,34 @@ class MetricsFile:
         self._torn = False
 
 
+TAIL_BLOCK = 1 << 20  # bytes read at a time from the end for `read_metrics(last=...)`
+
+
+def _last_lines(path: Path, last: int) -> list[str]:
+    """The file's last `last` lines, read from its end: what is read is about what is kept."""
+    with open(path, "rb") as fh:
+        start = fh.seek(0, os.SEEK_END)
+        blocks: list[bytes] = []
+        newlines = 0
+        while start > 0 and newlines <= last:
+            size = min(TAIL_BLOCK, start)
+            start -= size
+            fh.seek(start)
+            blocks.append(fh.read(size))
+            newlines += blocks[-1].count(b"\n")
+    lines = b"".join(reversed(blocks)).decode("utf-8", errors="replace").splitlines()
+    return lines[-last:] if start == 0 else lines[1:][-last:]  # (a line begun before `start` is not whole)
+
+
 def read_metrics(path: Path, last: int | None = None) -> list[dict[str, Any]]:
-    """The rows of a metrics file (the `last` ones when given); unreadable lines are skipped."""
+    """The rows of a metrics file (the `last` lines when given, read from the file's end);
+    unreadable lines are skipped."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = _last_lines(path, last) if last else path.read_text(encoding="utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return []
     rows = []
-    for line in lines[-last:] if last else lines:
+    for line in lines:
         if not line.strip():
             continue
         try:
