@@ -1,19 +1,34 @@
 """The relay role's Prometheus metrics (a provider for `p2pnet.metrics.PeerCollector`).
 
 Read at scrape time from the role's own counters: data-plane bytes served and fetched, per
-role of the peer on the other end; fetched chunks verified and rejected against their digest;
+role the peer on the other end had when they moved (`BytesByRole`, added to as they move: a
+counter must never go down, and regrouping per-peer totals at scrape time moved a departed
+peer's bytes from its role to `unknown`); fetched chunks verified and rejected against their digest;
 the versions held; how long the newest versions took to become complete here (from the first
 manifest heard to the last chunk stored); the store's use. Nothing here changes the role.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from p2pnet.metrics import counter, gauge, labelled, peer_role
+
+
+class BytesByRole:
+    """Data-plane bytes served and verified bytes fetched, by the role of the peer on the other
+    end when they moved (`p2pnet.metrics.peer_role`); a handful of labels, whatever the peers."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.served: dict[str, int] = {}
+        self.fetched: dict[str, int] = {}
+
+    def add(self, totals: dict[str, int], peer: str, amount: int) -> None:
+        role = peer_role(self.node, peer)
+        totals[role] = totals.get(role, 0) + amount
 
 
 class RelayMetrics:
@@ -28,19 +43,13 @@ class RelayMetrics:
             return f"chunk store {cause}{alone}: fetching backs off until it stores again"
         return None
 
-    def _by_role(self, per_peer: dict[str, int]) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for peer, amount in per_peer.items():
-            out[peer_role(self.node, peer)] += amount
-        return dict(out)
-
     def collect(self, role: Any) -> Iterator[Metric]:
         yield labelled(CounterMetricFamily("p2pnet_relay_bytes_served", "Checkpoint bytes served on the data plane, "
                                            "by the receiving peer's role.", labels=["peer_role"]),
-                       self._by_role(role.bytes_served_to))
+                       role.bytes_by_role.served)
         yield labelled(CounterMetricFamily("p2pnet_relay_bytes_received", "Verified checkpoint bytes fetched on the "
                                            "data plane, by the sending peer's role.", labels=["peer_role"]),
-                       self._by_role(role.bytes_fetched_from))
+                       role.bytes_by_role.fetched)
         yield counter("p2pnet_relay_chunks_verified", "Fetched chunks whose blake3 digest matched.",
                       role.chunk_checks["verified"])
         yield counter("p2pnet_relay_chunks_rejected", "Fetched chunks whose digest did not match (dropped).",

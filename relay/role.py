@@ -75,6 +75,7 @@ from relay.config import RelayConfig, relay_config
 from relay.commands import ControlCommands, _refusing_errors
 from relay.errors import AddressUnknown, ManifestRejected, StoreFull, VersionUnknown
 from relay.loader import VersionWatcher
+from relay.metrics import BytesByRole
 from relay.manifest import MAX_MANIFEST_BYTES, SignedManifest, open_manifest
 from relay.messages import (OP_MANIFEST, RESPONSE, STATUS_BUSY, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest,
                             ChunkResponse, ManifestAnnounce)
@@ -198,6 +199,7 @@ class RelayRole(StoreSide, ChunkServing, ControlCommands, MemberFollowing):
         self.bytes_served = 0
         self.bytes_served_to: dict[str, int] = {}  # peer -> bytes served to it (metrics)
         self.bytes_fetched_from: dict[str, int] = {}  # peer -> verified bytes fetched from it (metrics)
+        self.bytes_by_role = BytesByRole(node)  # the same, by the other peer's role then (metrics' counters)
         self.chunk_checks = {"verified": 0, "rejected": 0}  # fetched chunks by digest check (metrics)
         self._serving_window: tuple[float, float] | None = None  # first and last chunk sent (trio clock)
         self._moved_at = -math.inf  # when a chunk was last stored or served (trio clock): see `_busy`

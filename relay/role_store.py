@@ -63,6 +63,7 @@ import trio
 
 from relay.effects import Fetch, FetchFailure
 from relay.errors import ChunkCorrupt, StoreFull, VersionUnknown
+from relay.metrics import BytesByRole
 from relay.store import NO_SPACE_ERRNOS, StoreTrouble
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ class StoreSide:
     _uploads: Uploads
     fetched_from: dict[str, int]
     bytes_fetched_from: dict[str, int]
+    bytes_by_role: BytesByRole
     chunk_checks: dict[str, int]
     timeline: dict[int, dict[str, float]]
     _moved_at: float
@@ -156,6 +158,7 @@ class StoreSide:
         self.fetched_from[peer] = self.fetched_from.get(peer, 0) + 1
         self.chunk_checks["verified"] += 1
         self.bytes_fetched_from[peer] = self.bytes_fetched_from.get(peer, 0) + fetched_bytes
+        self.bytes_by_role.add(self.bytes_by_role.fetched, peer, fetched_bytes)
         self._uploads.arrived(fetch.version, fetch.index)
         self._moved_at = trio.current_time()
         try:

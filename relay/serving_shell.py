@@ -38,6 +38,7 @@ from p2pnet.dataplane import send_file, send_frame
 from p2pnet.errors import MessageRejected, PeerUnavailable
 from relay.errors import ChunkMissing, VersionUnknown
 from relay.manifest import chunk_size
+from relay.metrics import BytesByRole
 from relay.messages import MAX_QUEUED_US, OP_MANIFEST, STATUS_OK, STATUS_UNAVAILABLE, ChunkRequest, ChunkResponse
 from relay.serving import ByteBudget
 from relay.upstream import OP_URGENT
@@ -72,6 +73,7 @@ class ChunkServing:
     serving_now: dict[str, int]
     bytes_served: int
     bytes_served_to: dict[str, int]
+    bytes_by_role: BytesByRole
     _serving_window: tuple[float, float] | None
     _moved_at: float
 
@@ -161,6 +163,7 @@ class ChunkServing:
                     self.served[client] = self.served.get(client, 0) + 1
                     self.bytes_served += size
                     self.bytes_served_to[client] = self.bytes_served_to.get(client, 0) + size
+                    self.bytes_by_role.add(self.bytes_by_role.served, client, size)
                     now = self._moved_at = trio.current_time()
                     self._serving_window = (self._serving_window or (now, now))[0], now
                 except (ChunkMissing, VersionUnknown, FileNotFoundError):  # rotten, or collected meanwhile

@@ -189,9 +189,10 @@ class Batch:
 @dataclass
 class WorkerLedger:
     submitted: int = 0
-    accepted: int = 0
+    accepted: int = 0  # batches accepted now (a later rejecting verdict takes one back)
     rejected: int = 0
     trained_batches: int = 0
+    accepted_ever: int = 0  # batches that were accepted at some point (only grows: a metric's counter)
     banned: bool = False
     outcomes: dict[bytes, Outcome] = field(default_factory=dict)
 
@@ -338,6 +339,7 @@ class Intake(ReactiveCore):
                 ledger.accepted -= 1
             if outcome is Outcome.ACCEPTED:
                 ledger.accepted += 1
+                ledger.accepted_ever += 1
             elif outcome is Outcome.REJECTED:
                 ledger.rejected += 1
             ledger.outcomes[batch.sid] = outcome

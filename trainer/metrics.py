@@ -57,8 +57,9 @@ class TrainerMetrics:
             yield gauge(f"p2pnet_trainer_{name}", doc, last[key] if last else None)
         ledgers = role.intake.workers.values()
         batches = CounterMetricFamily("p2pnet_trainer_batches", "Worker batches by what became of them: accepted or "
-                                      "rejected by validators' signed verdicts, trained on.", labels=["outcome"])
-        batches.add_metric(["accepted"], sum(l.accepted for l in ledgers))
+                                      "rejected by validators' signed verdicts (one accepted, then rejected by a later "
+                                      "verdict, counts under both), trained on.", labels=["outcome"])
+        batches.add_metric(["accepted"], sum(l.accepted_ever for l in ledgers))
         batches.add_metric(["rejected"], sum(l.rejected for l in ledgers))
         batches.add_metric(["trained"], sum(l.trained_batches for l in ledgers))
         yield batches

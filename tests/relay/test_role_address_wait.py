@@ -48,7 +48,7 @@ class Table:
         return peer in self.banned
 
     def learn(self, peer: str, address: str) -> None:
-        self.entries[peer] = SimpleNamespace(data_addr=address)
+        self.entries[peer] = SimpleNamespace(data_addr=address, roles=("relay",))
 
 
 def make_role(tmp_path: Path, **relay) -> tuple[RelayRole, Table]:

@@ -67,7 +67,7 @@ class FakeNode:
         self.identity = ME
         self.peer_id = ME.peer_id
         self.config = SimpleNamespace(data_dir=data_dir, upload_bps=10**8)
-        self.peertable = SimpleNamespace(penalise=lambda now, peer, amount: [],
+        self.peertable = SimpleNamespace(penalise=lambda now, peer, amount: [], get=lambda peer: None,
                                          local=SimpleNamespace(capacity=SimpleNamespace(upload_bps=10**8)))
         self.carried: list = []
         self.peer_news = PeerNews()
