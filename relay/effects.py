@@ -78,7 +78,10 @@ class DropReason(enum.StrEnum):
     substitutes (its ancestors feed us)."""
     UNAVAILABLE = "unavailable"
     """The source: it named a version in full in its `Holding` and then answered our manifest ask
-    that it does not hold it (`relay.manifest_answers`). Excluded for `exclude_s`, with substitutes."""
+    that it does not hold it (`relay.manifest_answers`). Excluded for `exclude_s`, with substitutes.
+    Or, passed over in one stripe (`SourcePassedOver`): our parent there answered "unavailable" to
+    a window's chunks in a row, each asked as often as a parent is, and delivered nothing
+    (`relay.failures`, `_unavailable_too_often`)."""
     SLOW = "slow"
     """The source: as our parent it delivered too little (`relay.transfer`'s `fetched`). Excluded,
     with substitutes; alive, so asked before the origin where a stand-in is wanted (`relay.sources`)."""
@@ -171,8 +174,9 @@ class SourceDropped:
 
 @dataclass(frozen=True)
 class SourcePassedOver:
-    """`peer` is passed over in `stripe` of `version` alone, for `exclude_s` (`why`: `STALLED`, or
-    `SLOW` as a stand-in; `relay.failures`, `_pass_over`): it stays a source in the other stripes,
+    """`peer` is passed over in `stripe` of `version` alone, for `exclude_s` (`why`: `STALLED`,
+    `UNAVAILABLE` as a parent that never has the chunk, or `SLOW` as a stand-in; `relay.failures`,
+    `_pass_over`): it stays a source in the other stripes,
     is neither excluded nor disconnected, and is not counted among the sources dropped."""
     peer: str
     version: int

@@ -42,6 +42,13 @@ fault:
   its ancestors, which feed it, are not to be asked in its place). A source that had told us
   it holds the whole version (`Holding`) is no longer counted among its holders: the answer
   contradicts that (it lost the chunk, or its claim was false); its next `Holding` counts again.
+  But a parent that answers so `UNAVAILABLE_PASS` x `window_per_source` times in a row in a
+  stripe, with no chunk delivered there in between (a whole window's chunks, each asked of it as
+  often as a parent is), is passed over in that stripe (`_pass_over`, `UNAVAILABLE`), as a stalled
+  link is: one that answered every request "unavailable" at once was never dropped, and every
+  chunk of its stripe went, after its answers, up its chain to the origin (`_unavailable_too_often`).
+  An honest parent that is behind answers so only after its wait limit (10 s by default) and
+  delivers what it gets: it reaches the count only after three wait limits of delivering nothing.
 - stall (detected here on the tick): a source with requests outstanding and no completion for
   `stall_timeout_s` is excluded like an unreachable one, and told to the shell (`DropSource`) so it
   closes the connection. A source that serves us in several stripes is judged per (source, stripe)
@@ -54,6 +61,12 @@ fault:
   count: while its dispatcher waits on our own disk (`sending_held` ... `sending_resumed`) no source
   is judged stalled, and each source's clock then moves on by the time held (one whose requests were
   all issued meanwhile starts afresh): our disk's slowness is not theirs.
+- withheld (on the tick too): a request outstanding for `stall_timeout_s` at a source that has
+  answered a request asked no earlier on the same (source, stripe) link is held back: settled, its
+  chunk asked elsewhere, and the source not asked for that chunk again (`tried`), though it stays
+  usable for the others (`_check_withheld`). Stalls are judged by a link's last completion, so a
+  source that withheld one chunk and answered the others kept that chunk until it had nothing else
+  to answer. Not the origin's requests (nobody else holds every chunk).
 - `store_full`: ours: the chunk arrived but our store had no room. Nobody is blamed; the chunk
   is fetched again later. The shell also calls `hold_requests` to stop new requests for a while.
 - `store_failed`: ours: the chunk arrived but our disk failed to keep it (an I/O error, or a
@@ -102,11 +115,13 @@ as an argument.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from p2pnet.core import Emit
 from relay.effects import DropReason, DropSource, FetchFailure, Penalise, SourceDropped, SourcePassedOver
+from relay.sources import PARENT_REASKS
 from relay.transfer_state import _requeue
 
 if TYPE_CHECKING:
@@ -121,6 +136,11 @@ NOT_ADMITTED_TRIES = 3  # refusals in a row (each after `not_admitted_s`) before
 NO_ADDRESS_GRACE_S = 60.0
 MAX_UNADDRESSED = 1024  # sources remembered without an address at once (anyone may send `Holding`): oldest go first
 MAX_BANNED = 4096  # peers remembered as banned at once (each served us garbage): the first banned is forgotten first
+# "unavailable" answers in a row, per request a link's window holds (`window_per_source`), after which our source
+# in a stripe that delivered us nothing there in between is passed over there: every chunk of a window asked of it
+# as often as a parent is (`relay.sources.PARENT_REASKS`, plus the first ask). An honest parent answers so only
+# after its wait limit (`ServingConfig.wait_limit_s`, 10 s): that many take it 3 wait limits of delivering nothing
+UNAVAILABLE_PASS = PARENT_REASKS + 1
 # failures after which the source may be asked for the chunk again: ours, a refusal (it will know us
 # soon) and a missing address (we will know it soon)
 _ASK_AGAIN = frozenset({FetchFailure.STORE_FULL, FetchFailure.STORE_FAILED, FetchFailure.NOT_ADMITTED,
@@ -155,6 +175,7 @@ class FailureHandling:
                     progress: bool) -> None: ...
         def _ask_parent_again(self, v: _Version, index: int, peer: str) -> bool: ...
         def _pump(self, now: float, v: _Version, effects: list[Any], stripe: int | None = None) -> None: ...
+        def _refill(self, now: float, v: _Version | None, effects: list[Any], stripe: int | None = None) -> None: ...
         def _arm(self, now: float, effects: list[Any]) -> list[Any]: ...
         def _chain(self, now: float, plan: StripePlan, stripe: int) -> list[str]: ...
 
@@ -182,13 +203,13 @@ class FailureHandling:
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=False)
             if not v.have[index]:
-                if reason is FetchFailure.UNAVAILABLE and self._ask_parent_again(v, index, peer):
+                if reason is FetchFailure.UNAVAILABLE and not self._unavailable_too_often(now, v, entry, effects) \
+                        and self._ask_parent_again(v, index, peer):
                     pass  # our parent is alive and behind: asking its ancestors would slow it more
                 elif reason not in _ASK_AGAIN:  # not to be asked for this chunk again
                     v.tried.setdefault(index, set()).add(peer)
                 _requeue(v, index)
-        if not v.complete:
-            self._pump(now, v, effects)
+        self._refill(now, v, effects)  # (what settling freed: `relay.requests`)
         return self._arm(now, effects)
 
     def sending_held(self, now: float) -> list[Any]:
@@ -213,6 +234,10 @@ class FailureHandling:
                     src.since = now if src.since >= since else src.since + (now - since)
             for link, at in v.link_since.items():  # (only links with requests out are kept)
                 v.link_since[link] = now if at >= since else at + (now - since)
+            for index, (peer, stripe, at) in v.in_flight.items():  # (each request's age: `_check_withheld`)
+                v.in_flight[index] = (peer, stripe, now if at >= since else at + (now - since))
+            for link, at in v.link_done.items():
+                v.link_done[link] = now if at >= since else at + (now - since)
         return []
 
     def _check_stalls(self, now: float, v: _Version, effects: list[Any]) -> None:
@@ -228,15 +253,54 @@ class FailureHandling:
         for peer, stripe in links:  # the source made progress in another stripe (or it stalled above)
             if (peer, stripe) in v.link_since:
                 self._pass_over(now, v, peer, stripe, DropReason.STALLED, effects)
+        if v.link_done and v.plan is not None:
+            self._check_withheld(now, v, horizon, origin)
+
+    def _check_withheld(self, now: float, v: _Version, horizon: float, origin: str | None) -> None:
+        """Requests asked before `horizon` (`stall_timeout_s` ago) of a source that has since
+        answered a request asked no earlier on the same link (`_Version.link_done`) are held back:
+        each is settled, its chunk goes back to its stripe's retry queue, and the source is not
+        asked for that chunk again (`tried`; see the top). Not the origin's (nobody else holds
+        every chunk), nor the swarm layout's (no stripes; `v.plan` is None there). O(requests
+        out), on the tick."""
+        done = v.link_done
+        held_back = [(i, e) for i, e in v.in_flight.items()
+                     if e[2] < horizon and e[0] != origin and done.get((e[0], e[1]), -math.inf) >= e[2]]
+        for index, entry in held_back:
+            self._settle(now, v, index, entry, progress=False)
+            v.tried.setdefault(index, set()).add(entry[0])
+            _requeue(v, index)
+
+    def _unavailable_too_often(self, now: float, v: _Version, entry: tuple[str, int, float],
+                               effects: list[Any]) -> bool:
+        """Count an "unavailable" answer to `entry` (source, stripe, when asked) if that source is
+        the head of our chain in the stripe (the one `relay.sources`' `_ask_parent_again` asks
+        again); at `UNAVAILABLE_PASS` x `window_per_source` of them with no chunk delivered there
+        in between (`_settle` forgets the count on a delivery, a replan forgets them all), pass it
+        over in the stripe (`_pass_over`, `UNAVAILABLE`) and say so (True). See the top."""
+        peer, stripe, _ = entry
+        plan = v.plan
+        if plan is None or peer == plan.origin or not 0 <= stripe < len(v.chains) or \
+                v.chains[stripe][:1] != [peer]:
+            return False
+        key = (peer, stripe)
+        count = v.unavailable[key] = v.unavailable.get(key, 0) + 1
+        if count < UNAVAILABLE_PASS * self.config.window_per_source:
+            return False
+        del v.unavailable[key]
+        self._pass_over(now, v, peer, stripe, DropReason.UNAVAILABLE, effects, told=True)
+        return True
 
     def _pass_over(self, now: float, v: _Version, peer: str, stripe: int, why: DropReason,
-                   effects: list[Any]) -> None:
+                   effects: list[Any], told: bool = False) -> None:
         """Stop asking `peer` for `stripe`'s chunks of `v` for `exclude_s`, in that stripe alone:
         it serves us in another stripe (a stand-in is our parent in its own), where it stays
         usable, but stalled here (`why`: `STALLED`) or, as a stand-in, delivers too little here
         (`SLOW`, `relay.judging`). Its requests in that stripe go back to the retry queue and the
         stripe's next source is picked as if it were dropped (`relay.requests`, `_passed_over`):
-        for a lost lone root's stripe, the next earlier child, then the origin (see the top)."""
+        for a lost lone root's stripe, the next earlier child, then the origin (see the top).
+        Told (`SourcePassedOver`) if it had requests there, or if `told` (one that answered
+        "unavailable" too often has none left out)."""
         v.passed[(peer, stripe)] = now + self.config.exclude_s
         v.link_since.pop((peer, stripe), None)
         v.link_rates.pop((peer, stripe), None)
@@ -249,7 +313,7 @@ class FailureHandling:
         for index, entry in mine:
             self._settle(now, v, index, entry, progress=False)
             _requeue(v, index)
-        if mine:  # (not `SourceDropped`: it is not dropped, and nobody counts it as dropped)
+        if mine or told:  # (not `SourceDropped`: it is not dropped, and nobody counts it as dropped)
             effects.append(Emit(SourcePassedOver(peer, v.version, stripe, why)))
 
     def _forsake(self, v: _Version, stripe: int, why: DropReason) -> None:

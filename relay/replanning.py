@@ -142,6 +142,7 @@ class Replanning:
         v.next_pos = [0] * v.plan.stripes
         v.passed.clear()  # (passed over and timed per stripe of the old plan: its stripes are not the new one's)
         v.link_rates.clear()
+        v.unavailable.clear()
         v.forsaken.clear()
         v.borrowed.clear()
         old = [i for q in v.retry if q for i in q] + v.parked

@@ -8,11 +8,12 @@ retry queue first, `_next_index`) and asks it of the first usable member of the 
 of a holder of the whole version (`_choose_source`), passing over those we pass over in that stripe
 alone (`_passed_over`), parking it for the next tick when nobody is usable; `_note_request` and
 `_settle` keep the in-flight and per-source bookkeeping as a request goes out and is answered or
-taken back. While members' dial-backs are pending (`set_members`' `unconfirmed`), the origin is
-asked first only for the chunks the plan with them dialable gives us from it (`_await_dial_backs`,
-below). `asked_for` fetches a chunk someone waits for from us down our home stripe's chain at
-once; `hold_requests` stops new requests for a while (our store is full or failing), `_hold_ends`
-says when the tick resumes them.
+taken back; `_refill` offers what settling frees to every version in progress, newest first, when the
+budget kept one from asking (its requests go out then, not on the next tick). While members'
+dial-backs are pending (`set_members`' `unconfirmed`), the origin is asked first only for the chunks
+the plan with them dialable gives us from it (`_await_dial_backs`, below). `asked_for` fetches a
+chunk someone waits for from us down our home stripe's chain at once; `hold_requests` stops new
+requests for a while (our store is full or failing), `_hold_ends` says when the tick resumes them.
 
 A forwarder we took in place of the origin (`relay.sources`, `_leave_origin`) gets one request at a
 time until we timed a chunk of it (`_window`): it is judged from its first chunk (`relay.judging`,
@@ -101,6 +102,7 @@ class Requesting:
     _rates: dict[str, float]
     _samples: dict[str, int]
     _in_flight: int
+    _starved: bool  # the in-flight budget, not a window, stopped a pump since (`_refill`)
     _hold_until: float
     _unconfirmed: dict[str, float]
     _pending_since: dict[str, float]
@@ -164,7 +166,23 @@ class Requesting:
                     budget -= 1
                     progress = True
         if budget <= 0:
-            v.starved = True  # some stripe may still want to issue when the budget frees up
+            v.starved = self._starved = True  # some stripe may still want to issue when the budget frees up
+
+    def _refill(self, now: float, v: _Version | None, effects: list[Any], stripe: int | None = None) -> None:
+        """Requests settled (answered, failed or taken back), `v`'s among them: its freed budget
+        goes to `v` (`stripe` first, as `_pump`), unless the budget starved a pump (`_starved`)
+        while another version is still incomplete: then to every incomplete version, newest
+        first, as on the core's tick, so that what one version frees (or no longer needs once
+        complete) is not left unused until the tick (`stall_timeout_s / 4`) by a version that
+        asked while none was free. O(1) with one version in progress, else O(versions) and a
+        pump of each."""
+        if self._starved and any(o is not v and not o.complete for o in self._versions.values()):
+            self._starved = False  # (each pump that runs out of budget sets it again)
+            for other in self._newest_first():
+                if not other.complete:
+                    self._pump(now, other, effects, stripe if other is v else None)
+        elif v is not None:
+            self._pump(now, v, effects, stripe)
 
     def _next_index(self, v: _Version, stripe: int) -> tuple[int | None, bool]:
         """The next chunk of `stripe` to request, and whether it came from the retry queue."""
@@ -303,7 +321,9 @@ class Requesting:
         return until is None or until <= now
 
     def _settle(self, now: float, v: _Version, index: int, entry: tuple[str, int, float], progress: bool) -> None:
-        peer, stripe, _ = entry
+        """Chunk `index`, asked as `entry` (source, stripe, when), is no longer awaited: answered with
+        the chunk (`progress`) or not (failed, taken back, or the chunk came another way). O(1)."""
+        peer, stripe, asked_at = entry
         del v.in_flight[index]
         self._in_flight -= 1
         if v.swarm is not None:
@@ -313,10 +333,15 @@ class Requesting:
         if load <= 0:
             del v.link_load[key]
             v.link_since.pop(key, None)
+            v.link_done.pop(key, None)  # (nothing left out there to have been passed)
         else:
             v.link_load[key] = load
             if progress:
                 v.link_since[key] = now
+                if asked_at > v.link_done.get(key, -math.inf):
+                    v.link_done[key] = asked_at  # what was asked there before this and is still out was passed
+        if progress and v.unavailable:
+            v.unavailable.pop(key, None)  # it delivers there: its "unavailable" answers were its lag
         src = v.sources[peer]
         src.outstanding -= 1
         if progress:

@@ -94,7 +94,9 @@ measured that holds the whole version, then members ranked before us in the stri
 ancestors unchecked: the one we dropped is likely theirs too, and busy rather than hung), until
 `ORIGIN_SPARE_TRIES` peers failed the chunk. A parent that answers "unavailable" (it did not get
 the chunk within its wait limit) is asked again, `PARENT_REASKS` times, before its ancestors: it
-is alive and behind, and its ancestors are what feeds it. Measured (`sim run broadcast`, 10 GB,
+is alive and behind, and its ancestors are what feeds it (but not for ever: one that answers so to a
+window's chunks in a row, each asked as often, delivering nothing between, is passed over in that
+stripe, `relay.failures`' `_unavailable_too_often`). Measured (`sim run broadcast`, 10 GB,
 258 x 37 MiB, seed 1): at 1,000 relays, stalls at stripe roots whose upload slots were all taken
 sent their children to the origin (9.63 copies; 1.38 with these rules); at 10,000 relays, a
 lagging subtree's "unavailable" answers sent the relays below it up to the stripe's root (up to

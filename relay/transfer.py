@@ -132,6 +132,7 @@ class TransferCore(Replanning, Requesting, SourceChoice, SourceJudgement, Failur
         self._refused_manifests: OrderedDict[bytes, int] = OrderedDict()  # our store refused (`relay.manifest_answers`)
         self._tick_at: float | None = None
         self._in_flight = 0  # requests outstanding over all versions
+        self._starved = False  # the in-flight budget stopped a pump since (`relay.requests`, `_refill`)
         self._tick_s = config.stall_timeout_s / 4  # stall checks while transfers run
         self._last_announce = -float("inf")
         self._hold_until = -float("inf")  # no new requests before this (our store is full or failing; a
@@ -171,6 +172,7 @@ class TransferCore(Replanning, Requesting, SourceChoice, SourceJudgement, Failur
         self._tick_at = None
         if self._manifest_again:
             self._ask_again(now, effects)
+        self._starved = False  # (every version in progress is pumped below)
         for v in self._newest_first():
             if not v.complete:
                 self._check_stalls(now, v, effects)
@@ -264,7 +266,12 @@ class TransferCore(Replanning, Requesting, SourceChoice, SourceJudgement, Failur
         answer took, by the shell's clock, from when the request was its to send (not while it
         held our sends on our disk, nor while it dialled `peer`) until the answer began (not
         while it stored it): `peer`'s long poll, by its word (`relay.judging`, `_unexcused_s`).
-        None: timed from our ask to `now`, a shell with no such delays (the simulator's)."""
+        None: timed from our ask to `now`, a shell with no such delays (the simulator's).
+        A request for that chunk still out at another source (the chunk was asked again there after
+        `peer` was dropped or passed over, and `peer`'s answer, received whole by then, was stored
+        all the same: `relay.upstream`) is no longer awaited: it is settled here, and its answer,
+        if one comes, is taken as any late answer. What settling frees goes to the versions in
+        progress (`relay.requests`, `_refill`), not only to `version`."""
         self._hear(now)
         v = self._versions.get(version)
         if v is None:
@@ -278,6 +285,8 @@ class TransferCore(Replanning, Requesting, SourceChoice, SourceJudgement, Failur
         if entry is not None and entry[0] == peer:
             self._settle(now, v, index, entry, progress=True)
             stripe = entry[1]
+        elif entry is not None:  # asked again elsewhere: no longer awaited there (see above)
+            self._settle(now, v, index, entry, progress=False)
         size = v.size(index)
         effects: list[Any] = []
         served_s = elapsed_s  # (its long poll left out: `relay.judging`, `_served_rates`)
@@ -319,8 +328,7 @@ class TransferCore(Replanning, Requesting, SourceChoice, SourceJudgement, Failur
                 self._gained(now, v, 1 << index, effects)
             if v.complete:
                 self._completed(now, v, effects)
-                return self._arm(now, effects)
-        self._pump(now, v, effects, stripe)
+        self._refill(now, v, effects, stripe)  # (nothing of `v` once it is complete: `_pump`)
         return self._arm(now, effects)
 
     def found(self, now: float, version: int, indices: Iterable[int]) -> list[Any]:
@@ -348,8 +356,7 @@ class TransferCore(Replanning, Requesting, SourceChoice, SourceJudgement, Failur
             self._gained(now, v, sum(1 << i for i in range(v.count) if v.have[i]) & ~v.swarm.mine, effects)
         if v.complete and v.completed_at is None:
             self._completed(now, v, effects)
-        elif not v.complete:
-            self._pump(now, v, effects)
+        self._refill(now, v, effects)
         return self._arm(now, effects)
 
     def forget(self, version: int) -> list[Any]:

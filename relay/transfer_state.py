@@ -4,11 +4,11 @@
 chunks we hold, the plan and our chain of sources per stripe, where each stripe's next request
 starts and which chunks wait to be asked for again, the requests in flight and their load per
 (source, stripe) link, the chunks' failed sources, holders of the whole version, and counters for
-`progress`, and per (source, stripe) link when it last made progress, until when a source is passed
-over in one stripe alone, a stand-in's delivery there, and the forwarders taken in place of the origin
-that failed us. `_Source` is one source's outstanding requests and when it last made progress (the
-stall check). `_Feed` is what the origin sent us of our own stripe. `_requeue` puts a chunk back on
-its stripe's retry queue.
+`progress`, and per (source, stripe) link when it last made progress, the latest ask it answered, the
+"unavailable" answers since its last chunk, until when a source is passed over in one stripe alone, a
+stand-in's delivery there, and the forwarders taken in place of the origin that failed us. `_Source`
+is one source's outstanding requests and when it last made progress (the stall check). `_Feed` is
+what the origin sent us of our own stripe. `_requeue` puts a chunk back on its stripe's retry queue.
 
 Used by the core and the mixins it is built from (`relay.requests`, `relay.sources`, `relay.judging`,
 `relay.failures`, `relay.announce`, `relay.manifest_asks`, `relay.swarm_transfer`); it imports none
@@ -64,6 +64,12 @@ class _Version:
     link_load: dict[tuple[str, int], int] = field(default_factory=dict)
     # (source, stripe) -> last completion on that link, or when its load went from 0 to 1: a stall per link
     link_since: dict[tuple[str, int], float] = field(default_factory=dict)
+    # (source, stripe) -> the latest time a request answered on that link was asked at, while the link has
+    # requests out: an older one still out was passed by a later one (`relay.failures`, `_check_withheld`)
+    link_done: dict[tuple[str, int], float] = field(default_factory=dict)
+    # (source, stripe) -> "unavailable" answers from our source there since it last delivered us a chunk
+    # there (`relay.failures`, `_unavailable_too_often`)
+    unavailable: dict[tuple[str, int], int] = field(default_factory=dict)
     # (source, stripe) -> until when we pass the source over in that stripe alone (`relay.failures`, `_pass_over`)
     passed: dict[tuple[str, int], float] = field(default_factory=dict)
     # (source, stripe) -> its delivery (EWMA, bytes/s) and chunks timed there, where it is not our parent
