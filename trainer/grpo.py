@@ -51,7 +51,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
         raise ValueError(f"{r.numel()} rewards do not split into groups of {group_size} (need >= 2)")
     g = r.view(-1, group_size)
     adv = (g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True) + eps)
-    return adv.reshape(-1)
+    # float32's mean of G equal rewards can miss them by an ulp, and that ulp over a std as small
+    # gave the whole group +-0.03 (8 x 0.3), not 0: a tied group is set to 0 outright
+    tied = (g == g[:, :1]).all(dim=1, keepdim=True)
+    return adv.masked_fill(tied, 0.0).reshape(-1)
 
 
 def grpo_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,

@@ -184,6 +184,7 @@ class Batch:
     sibling: bool = False  # another batch of its worker has its step or nonce: never admitted unchecked
     skewed: bool = False  # reached us further than unchecked_max_skew_s from its timestamp: never unchecked
     withheld: bool = False  # counted under dropped["sibling"] or dropped["skewed"] (once)
+    refused: bool = False  # the learner refused it (`mark_refused`): never offered again
 
 
 @dataclass
@@ -364,7 +365,7 @@ class Intake(ReactiveCore):
         out = []
         for batch in self.batches.values():
             sub = batch.submission
-            if batch.trained or not 0 <= version - sub.step <= self.config.async_level:
+            if batch.trained or batch.refused or not 0 <= version - sub.step <= self.config.async_level:
                 continue
             if self.reputation.is_banned(batch.worker, now):
                 continue
@@ -386,6 +387,17 @@ class Intake(ReactiveCore):
         self.contributions.published(version, at)
         self.latest_published = max(version, self.latest_published if self.latest_published is not None else version)
         self.revision += 1
+
+    def mark_refused(self, batches: list[Batch]) -> None:
+        """The learner refused these (`trainer.learner.admission_reason`: settings, version or
+        prompts other than the trainer's, which validators do not know): not trained on, not
+        credited as trained, and not offered again (`dropped["learner_refused"]`). Handed back,
+        one alone made the trainer loop at once on a batch it would never take."""
+        for batch in batches:
+            if not batch.refused:
+                batch.refused = True
+                self._drop("learner_refused")
+        self.revision += bool(batches)
 
     def mark_trained(self, batches: list[Batch]) -> None:
         self.revision += bool(batches)  # the leaderboard's trained counts

@@ -96,6 +96,7 @@ class StepStats:
     trained: bool                # False when no batch was admitted (no new version)
     admitted: int
     rejected: dict[str, int] = field(default_factory=dict)
+    refused: tuple[int, ...] = ()  # positions, in the batches given to `step`, of those refused: never trainable
     n_rollouts: int = 0
     n_tokens: int = 0
     reward_mean: float = 0.0
@@ -144,9 +145,10 @@ class Learner:
     def step(self, batches: Sequence[RolloutBatch]) -> StepStats:
         """Train once on the admissible batches; returns what happened. Never reads worker rewards."""
         t0 = time.perf_counter()
-        admitted, rejected = admit_batches(self.config, self.tokenizer, self.chat, self.version, self._seen, batches)
+        admitted, rejected, refused = admit_batches(self.config, self.tokenizer, self.chat, self.version, self._seen,
+                                                    batches)
         if not admitted:
-            return StepStats(version=self.version, trained=False, admitted=0, rejected=dict(rejected))
+            return StepStats(version=self.version, trained=False, admitted=0, rejected=dict(rejected), refused=refused)
         stats = self._train(admitted)
         self.version += 1
         self._seen = forget_old_keys(self._seen, self.version, self.config.async_level)
@@ -155,7 +157,7 @@ class Learner:
             self._writer.submit(self._snapshot())
         t2 = time.perf_counter()
         return StepStats(version=self.version, trained=True, admitted=len(admitted),
-                         rejected=dict(rejected), train_s=t1 - t0, snapshot_s=t2 - t1, **stats)
+                         rejected=dict(rejected), refused=refused, train_s=t1 - t0, snapshot_s=t2 - t1, **stats)
 
     def rewards(self, batch: RolloutBatch) -> list[float]:
         """The trainer's own rewards for every rollout of a batch, from the assigned tasks."""
@@ -273,19 +275,23 @@ def admission_reason(cfg: LearnerConfig, tokenizer, version: int, seen: set[tupl
 
 
 def admit_batches(cfg: LearnerConfig, tokenizer, chat: bool, version: int, seen: set[tuple[str, int]],
-                  batches: Sequence[RolloutBatch]) -> tuple[list[tuple[RolloutBatch, list[float]]], Counter[str]]:
+                  batches: Sequence[RolloutBatch]
+                  ) -> tuple[list[tuple[RolloutBatch, list[float]]], Counter[str], tuple[int, ...]]:
     """The batches that may train the step after `version`, each with the trainer's own rewards,
-    and the count of refused ones by reason. Admitted batches' (worker, step) keys join `seen`."""
+    the count of refused ones by reason, and the refused ones' positions in `batches` (every
+    reason holds for good: versions only grow). Admitted batches' (worker, step) keys join `seen`."""
     rejected: Counter[str] = Counter()
     admitted: list[tuple[RolloutBatch, list[float]]] = []
-    for batch in batches:
+    refused: list[int] = []
+    for position, batch in enumerate(batches):
         reason = admission_reason(cfg, tokenizer, version, seen, batch)
         if reason is None:
             admitted.append((batch, trainer_rewards(cfg, tokenizer, chat, batch)))
             seen.add((batch.worker_id, batch.step))
         else:
             rejected[reason] += 1
-    return admitted, rejected
+            refused.append(position)
+    return admitted, rejected, tuple(refused)
 
 
 def forget_old_keys(seen: set[tuple[str, int]], version: int, async_level: int) -> set[tuple[str, int]]:

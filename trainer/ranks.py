@@ -141,7 +141,7 @@ class LearnerGroup:
     def step(self, batches: Sequence[RolloutBatch]) -> StepStats:
         """One step on every rank; the whole step's statistics (rank 0's)."""
         reply = self._call({"op": "step", "batches": [batch_to_json(b) for b in batches]})
-        stats = StepStats(**reply["stats"])
+        stats = StepStats(**{**reply["stats"], "refused": tuple(reply["stats"].get("refused", ()))})  # (JSON: a list)
         self.version = stats.version
         if reply.get("checkpoint") is not None:
             from trainer.sharded import CheckpointTiming

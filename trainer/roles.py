@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from verify.reputation import BatchInvalidated, WorkerBanned
 from verify.validator import Penalise
 
 log = logging.getLogger(__name__)
+SUBMITTED_KEPT = 20  # a worker's latest batches its status shows (it counts them all in `totals`)
 BYZANTINE_MODES = ("", "substitute_tokens", "other_model")
 WORKER_BACKENDS = ("auto", "torch", "vllm")  # trainer.vllm_backend.select_generator
 
@@ -90,7 +92,7 @@ class WorkerRole:
         self.node = node
         self.config = from_mapping(WorkerConfig, section, "worker")
         self.relay = _relay(node, "worker")
-        self.submitted: list[dict[str, Any]] = []
+        self.submitted: deque[dict[str, Any]] = deque(maxlen=SUBMITTED_KEPT)  # the latest batches (status)
         self.totals = {"batches": 0, "rollouts": 0, "tokens": 0, "generate_s": 0.0, "proof_s": 0.0}  # metrics
         self.version = -1
         self.loaded: tuple[Any, Any] | None = None  # the model and tokenizer of `version`
@@ -117,6 +119,13 @@ class WorkerRole:
                 continue
             model, tokenizer = self.loaded
             step = max(last_step + 1, self.relay.watcher.latest)
+            if step - self.version > cfg.async_level:
+                # the newer versions did not load here: a batch of ours would be refused (`stale_version`)
+                log.warning("worker: version %d is the newest that loads here, more than async_level (%d) behind "
+                            "step %d: nothing it makes could be trained on; waiting for a newer version",
+                            self.version, cfg.async_level, step)
+                await self.relay.watcher.wait_change()
+                continue
             started = time.monotonic()
             files = self._version_files()
             batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation, files)
@@ -211,8 +220,8 @@ class WorkerRole:
         await self.node.publish(SUBMISSIONS_TOPIC, submission)
 
     def status(self) -> dict[str, Any]:
-        return {"version": self.version, "byzantine": self.config.byzantine, "submitted": self.submitted[-20:],
-                "batches_submitted": len(self.submitted), "rejected_versions": self.rejected.to_json()}
+        return {"version": self.version, "byzantine": self.config.byzantine, "submitted": list(self.submitted),
+                "batches_submitted": self.totals["batches"], "rejected_versions": self.rejected.to_json()}
 
 
 def _substitute_answers(batch: Any, tokenizer: Any, spec: str = "arithmetic") -> Any:
@@ -356,7 +365,9 @@ class TrainerRole:
                 batches = await self._gather(runner)
                 gather_s = trio.current_time() - gathering
                 stats = await trio.to_thread.run_sync(self.learner.step, [_to_batch(b) for b in batches])
-                self.intake.mark_trained(batches if stats.trained else [])
+                refused = set(stats.refused)  # validators accepted them, the learner's rules did not:
+                self.intake.mark_refused([b for i, b in enumerate(batches) if i in refused])  # never offered again
+                self.intake.mark_trained([b for i, b in enumerate(batches) if i not in refused] if stats.trained else [])
                 self._record(stats, batches, gather_s)
                 if stats.trained:
                     self.version = stats.version

@@ -176,9 +176,10 @@ class ShardedLearner:
         norms are those of the whole step, equal on every rank."""
         self._finish_checkpoint(wait=False)
         t0 = time.perf_counter()
-        admitted, rejected = admit_batches(self.config, self.tokenizer, self.chat, self.version, self._seen, batches)
+        admitted, rejected, refused = admit_batches(self.config, self.tokenizer, self.chat, self.version, self._seen,
+                                                    batches)
         if not admitted:
-            return StepStats(version=self.version, trained=False, admitted=0, rejected=dict(rejected))
+            return StepStats(version=self.version, trained=False, admitted=0, rejected=dict(rejected), refused=refused)
         stats = self._train(admitted)
         self.version += 1
         self._seen = forget_old_keys(self._seen, self.version, self.config.async_level)
@@ -189,7 +190,7 @@ class ShardedLearner:
             self._checkpoint()
         t2 = time.perf_counter()
         return StepStats(version=self.version, trained=True, admitted=len(admitted), rejected=dict(rejected),
-                         train_s=t1 - t0, snapshot_s=t2 - t1, **stats)
+                         refused=refused, train_s=t1 - t0, snapshot_s=t2 - t1, **stats)
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole float32 state dict on rank 0 (CPU), {} on the others (collective)."""

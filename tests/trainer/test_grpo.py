@@ -17,6 +17,15 @@ def test_group_advantages_hand_computed():
     assert expected == pytest.approx(0.866024, abs=1e-5)
 
 
+@pytest.mark.parametrize("reward", [0.1 + 0.2, 0.42000000000000004, 0.7, 1 / 3])
+@pytest.mark.parametrize("group_size", [2, 3, 4, 8, 16])
+def test_a_tied_group_gets_no_advantage_whatever_float32_makes_of_its_mean(reward, group_size):
+    """Partial credit gives rewards like 0.3: the mean of eight in float32 is an ulp off, and
+    divided by a std as small the whole group moved one way (+-0.029) though it carries no signal."""
+    adv = group_advantages(torch.full((2 * group_size,), reward), group_size)
+    assert adv.tolist() == [0.0] * (2 * group_size)
+
+
 def test_group_advantages_three_values():
     # rewards 0, 1, 2: mean 1, unbiased std 1 -> advantages -1, 0, 1
     adv = group_advantages(torch.tensor([0.0, 1.0, 2.0]), 3, eps=0.0)
