@@ -31,7 +31,8 @@ vector is cut into one contiguous shard per member; shard i is first owned by me
      minority cannot get an honest one rejected), the rejected are reported (`Penalise`), the
      rest averaged in peer order (the mean, to the bit, depends on which contributions came, not
      on when); the mean is quantized once and sent to every live member.
-  3. All-gather: a peer is done when it holds the reduced value of every shard. Everyone,
+  3. All-gather: a peer is done when it holds the reduced value of every shard (`Finished`:
+     with each shard's contributors and whose value it took). Everyone,
      owner included, uses the dequantized mean, so every member applies the same update. A
      shard's reduced value is taken only from the member we hold to reduce it (the first of its
      chain, below, that we do not take for dead) or one before it in the chain (dead for us, a
@@ -47,11 +48,17 @@ live member in the shard's chain (members[i], members[i+1], ..., wrapping around
 successor on every peer that saw the same failures, without any vote. We send our
 contribution to the successor, or, if that is us, adopt the shard and reduce it at now +
 deadline with what has arrived; if the successor's reduced value already came (its view ran
-ahead of ours), it is used at once. A peer that receives a contribution for a shard it did not
-own adopts it too (the sender saw the owner die first), and still takes the reduced value of the
-member it holds to reduce the shard, should that come before its own reduction. A contribution
-that arrives after its shard was reduced is dropped, as is a reduced value. A reduced piece that
-is not finite is refused and its sender penalised; the shard waits as on a silent owner.
+ahead of ours), it is used at once. A contribution for a shard we do not reduce (its sender saw
+the owner die before we did, or says so) is kept, per sender (a shard's length each: one vector's
+length a member in all, as its reduced values), and counted only once our own view
+makes us the shard's reducer, as a reduced value is (`trainer.allreduce_gather`): adopted on the
+sender's word, any member could have another's shard reduced here, from its contribution and
+ours alone (fewer than three are not screened by norm), before the live owner's mean came, and
+we would end the round on other weights than the other members. A contribution that arrives
+after its shard was reduced is dropped, as is a reduced value. A reduced piece that is not
+finite is refused and its sender penalised; the shard waits as on a silent owner. So is one
+whose contributors are not a subset of the members (`WRONG_SHAPE`; a contribution names none).
+Our own contribution rejected by our screen is left out and recorded, not penalised.
 The bytes a peer sends are counted in `bytes_sent` (payload bytes, before framing).
 
 Bytes. With N members and S bytes of vector each peer sends (N-1)/N x S in each phase,
@@ -106,6 +113,13 @@ class Penalise:
 class Finished:
     mean: torch.Tensor
     contributors: tuple[tuple[str, ...], ...]  # per shard
+    reducers: tuple[str, ...] = ()  # per shard: the member whose reduced value we took (we, for one we reduced)
+
+    def reducers_where(self, where: torch.Tensor) -> set[str]:
+        """The reducers of the shards that hold a True of `where` (a mask over `mean`): whose
+        values those are (the shell blames them for an outer step they made overflow)."""
+        bounds = shard_bounds(self.mean.numel(), len(self.reducers))
+        return {peer for peer, (a, b) in zip(self.reducers, bounds) if bool(where[a:b].any())}
 
     def whole_contributors(self) -> frozenset[str]:
         """The peers whose contribution every shard took: a whole pseudo-gradient each, sent and
@@ -274,8 +288,8 @@ class AllReduceConfig:
     max_norm_ratio: float = 10.0
 
     def __post_init__(self) -> None:
-        if PIECE_VALUES % self.block:
-            raise ValueError(f"block must divide {PIECE_VALUES}")
+        if not 1 <= self.block <= PIECE_VALUES or PIECE_VALUES % self.block:  # (the range first: 0 divides nothing)
+            raise ValueError(f"block must be from 1 to {PIECE_VALUES} and divide {PIECE_VALUES}")
         if not self.deadline_s > 0 or not self.max_norm_ratio > 1:
             raise ValueError("deadline_s must be > 0 and max_norm_ratio > 1")
 
@@ -291,6 +305,7 @@ class _Shard:
     contributions: dict[str, torch.Tensor] = field(default_factory=dict)
     reduced: torch.Tensor | None = None
     contributors: tuple[str, ...] = ()
+    reducer: str = ""  # whose reduced value it took, once reduced
     offers: Offers = field(init=False)  # reduced values members sent, per sender (`trainer.allreduce_gather`)
 
     def __post_init__(self) -> None:
@@ -341,6 +356,8 @@ class AllReduce:
         shard_length = part.shard_length
         if part.offset % PIECE_VALUES or part.length != min(PIECE_VALUES, shard_length - part.offset):
             return [Penalise(sender, Rejection.WRONG_SHAPE)]
+        if not self._contributors_fit(part):
+            return [Penalise(sender, Rejection.WRONG_SHAPE)]
         try:
             values = unpack(Packed(Encoding(part.encoding), part.length, part.block, part.values, part.scales))
         except ValueError:
@@ -375,13 +392,19 @@ class AllReduce:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _contributors_fit(self, part: Part) -> bool:
+        """A reduced piece names a sorted subset of the round's members (a Part checks only that
+        they are sorted, unique and no more than a round holds); a contribution names none."""
+        if part.stage == STAGE_CONTRIBUTION:
+            return not part.contributors
+        return set(part.contributors) <= set(self.members)  # (sorted and unique: `Part`)
+
     def _on_contribution(self, now: float, sender: str, part: Part, shard: _Shard,
                          values: torch.Tensor) -> list[object]:
+        """Kept per sender, whoever reduces the shard for us: counted only once we do
+        (`_adopt`; never on the sender's word, see the module docstring)."""
         if shard.reduced is not None or sender in shard.contributions:
             return []
-        index = self.shards.index(shard)
-        if shard.owner != self.self_id:
-            self._adopt(index, now)  # the sender saw the owners before us fail
         pieces = shard.pieces.setdefault(sender, {})
         pieces[part.offset] = values
         if complete(pieces, shard.length):
@@ -411,7 +434,10 @@ class AllReduce:
             offered = shard.offers.of(who) if who != self.self_id else None
             if offered is not None:
                 shard.reduced, shard.contributors = offered
+                shard.reducer = who
                 shard.offers.clear()
+                shard.pieces.clear()  # contributions held in case we came to reduce it: not needed now
+                shard.contributions.clear()
                 return
 
     def _adopt(self, index: int, now: float) -> None:
@@ -465,13 +491,15 @@ class AllReduce:
         if not self.finished and all(s.reduced is not None for s in self.shards):
             self.finished = True
             mean = torch.cat([s.reduced for s in self.shards]) if self.shards else torch.zeros(0)
-            effects.append(Finished(mean, tuple(s.contributors for s in self.shards)))
+            effects.append(Finished(mean, tuple(s.contributors for s in self.shards),
+                                    tuple(s.reducer for s in self.shards)))
         return effects
 
     def _reduce(self, index: int) -> list[object]:
         shard = self.shards[index]
         accepted, rejected = screen(shard.contributions, shard.length, self.config.max_norm_ratio)
-        effects: list[object] = [Penalise(peer, why) for peer, why in sorted(rejected.items())]
+        # our own contribution rejected is our fault, no peer's: recorded, not penalised
+        effects: list[object] = [Penalise(peer, why) for peer, why in sorted(rejected.items()) if peer != self.self_id]
         for peer, why in rejected.items():
             self.rejected[peer] = why.value
         if not accepted:  # only when no contribution, ours included, was finite: keep ours, flagged
@@ -487,6 +515,8 @@ class AllReduce:
         shard.reduced = torch.cat([unpack(pack(mean[o:o + PIECE_VALUES], self.config.encoding, self.config.block))
                                    for o in range(0, max(shard.length, 1), PIECE_VALUES)])[:shard.length]
         shard.contributors = contributors
+        shard.reducer = self.self_id
         shard.contributions.clear()
+        shard.pieces.clear()
         shard.offers.clear()
         return effects

@@ -35,8 +35,8 @@ digests differ: those not of the reference sit out and fetch the state).
 
 Bounds. At most one value per member and shard, a shard's length each, and a sender's pieces
 are kept at the offsets a shard has, the first of each only: a member can make us hold at most
-one vector's length of reduced values (as its contributions already can, one per shard we own
-or adopt). A shard's offers are dropped once it is reduced.
+one vector's length of reduced values (as its contributions already can, one per shard, kept
+until we reduce it or take its value: `trainer.allreduce`). A shard's offers are dropped once it is reduced.
 
 What this does not bound: the reducer itself. The member we hold to reduce a shard sets its
 mean, screened by no one but itself; every member owns a shard each round, and nothing compares
@@ -55,7 +55,11 @@ Whether it is finite depends on its bytes alone, so every member that got the sa
 alike, and an honest reducer never sends one (the screen takes finite contributions only, and a
 mean that overflows float32 is taken again in float64: it lies between finite values). The
 shard then waits on its reducer to its `gather_at` and passes on, as from a silent owner; one
-owner could otherwise put NaN into every member's weights with a single piece.
+owner could otherwise put NaN into every member's weights with a single piece. A mean finite
+but huge (2.5e38) passes here and would overflow the outer step: that step is checked instead
+(`trainer.diloco.OuterStepNotFinite`), and the round discarded alike at every member that took
+the mean, its reducer blamed (`trainer.diloco_role`); a cap here would need a bound on honest
+means that nothing gives (the screen bounds contributions by one another, not by a number).
 
 This module must not do I/O, read a clock or hold global random state.
 """

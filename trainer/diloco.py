@@ -10,6 +10,11 @@ to `g`: SGD with Nesterov momentum, DiLoCo's defaults lr 0.7 and momentum 0.9, e
 
     m <- momentum * m + delta;   g <- g - lr * (delta + momentum * m)
 
+A mean that is finite can still make that step overflow (a reduced mean of 2.5e38, finite in
+float32 and in int8, and Nesterov's delta + momentum * m doubles it): a step that would leave a
+weight or a momentum value not finite raises (`OuterStepNotFinite`) and changes nothing, and the
+role discards the round (`trainer.diloco_role`), alike at every member that got the same mean.
+
 Vectors travel quantized: each block of `block` values is sent as int8 `round(x / scale)` with
 `scale = max|x| / 127` of that block as float32, so a value's error is at most half a scale
 (`max|x_block| / 254`) and the bytes are `n + 4 * ceil(n / block)`, about 4x fewer than fp32.
@@ -111,7 +116,8 @@ class Packed:
 
 
 def pack(vector: torch.Tensor, encoding: Encoding, block: int = DEFAULT_BLOCK) -> Packed:
-    """`vector` (1-D float32) in `encoding`."""
+    """`vector` (1-D float32) in `encoding`. A finite vector decodes (`unpack`) finite, in int8
+    too: a block's scale is kept below the one whose 127 x would overflow float32."""
     flat = vector.detach().reshape(-1).to(torch.float32).contiguous()
     n = flat.numel()
     if encoding is Encoding.FP32:
@@ -123,6 +129,11 @@ def pack(vector: torch.Tensor, encoding: Encoding, block: int = DEFAULT_BLOCK) -
     padded[:n] = flat
     grid = padded.view(blocks, block)
     scales = grid.abs().amax(dim=1) / INT8_MAX
+    # a block whose largest value is near float32's largest: 127 x scale can round past it, and
+    # decode to inf. Such a scale steps down an ulp at a time until it does not (a step or two; the
+    # values at the top clamp to 127, off by a few ulps of the scale, within half of it)
+    while bool((over := torch.isinf(scales * INT8_MAX)).any()):
+        scales = torch.where(over, torch.nextafter(scales, torch.zeros_like(scales)), scales)
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     q = torch.round(grid / safe[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return Packed(encoding, n, block, q.reshape(-1)[:n].numpy().tobytes(), scales.numpy().tobytes())
@@ -269,6 +280,17 @@ class OuterConfig:
             raise ValueError("outer lr must be > 0 and momentum in [0, 1)")
 
 
+class OuterStepNotFinite(ValueError):
+    """The outer step would leave a weight or a momentum value that is not finite (`where`: a
+    mask over the weights): the mean it was handed is at fault, finite as each of its values may
+    be (a reduced mean of 2.5e38 is finite in float32 and in int8, and Nesterov's
+    `delta + momentum * m` doubles it past float32's largest). Raised before anything changes."""
+
+    def __init__(self, where: torch.Tensor) -> None:
+        super().__init__(f"the outer step leaves {int(where.sum())} values not finite")
+        self.where = where
+
+
 class OuterOptimizer:
     """SGD with Nesterov momentum on the flat global weights; `momentum_buffer` is its state."""
 
@@ -279,11 +301,19 @@ class OuterOptimizer:
             raise ValueError(f"momentum of {self.momentum_buffer.numel()} values for {length} weights")
 
     def step(self, global_weights: torch.Tensor, mean_pseudo_gradient: torch.Tensor) -> torch.Tensor:
-        """The next global weights (a new tensor; the momentum buffer is updated in place)."""
+        """The next global weights (a new tensor; the momentum buffer is updated in place), or
+        `OuterStepNotFinite` when a new weight or momentum value would not be finite: then the
+        momentum buffer is left as it was. Elementwise float32, so whether it raises depends only
+        on the weights, the momentum and the mean: members that apply one mean from one state
+        decide alike."""
         mu = self.config.momentum
-        self.momentum_buffer.mul_(mu).add_(mean_pseudo_gradient)
-        update = mean_pseudo_gradient + mu * self.momentum_buffer
-        return global_weights - self.config.lr * update
+        momentum = self.momentum_buffer * mu + mean_pseudo_gradient
+        weights = global_weights - self.config.lr * (mean_pseudo_gradient + mu * momentum)
+        where = ~(torch.isfinite(weights) & torch.isfinite(momentum))
+        if bool(where.any()):
+            raise OuterStepNotFinite(where)
+        self.momentum_buffer.copy_(momentum)
+        return weights
 
 
 def pseudo_gradient(global_weights: torch.Tensor, local_weights: torch.Tensor) -> torch.Tensor:

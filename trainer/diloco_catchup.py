@@ -30,7 +30,8 @@ role (`_publish`), with the outer state beside them when a joiner asked for it.
 
 These methods read the role's `node`, `config`, `relay`, `inner`, `suspects`, `state` and the
 versions offered with the outer state (`outer_state_versions`); they replace `state` through
-the role's `_adopt(state)` and keep `state_via`, `state_via_counts` and `fetched`, the durable
+the role's `_adopt(state)` and keep `state_via`, `state_via_counts` and `fetched` (the last
+`FETCHED` states taken), the durable
 writes (`checkpointing`, `pending_checkpoint`, `checkpointed_round`) and what was published
 (`publishing`, `published`, `with_outer_state`, `outer_state_bytes`). They call the role's
 `_known_trainers()`, `_member_of_group(peer)`, `open_stream(peer)` and `state_due(start, values)`
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
     from trainer.diloco_role import DilocoConfig, DilocoRole
 
 log = logging.getLogger("trainer.diloco_role")  # the role's logger: its log lines keep their name
+
+FETCHED = 100  # the states taken that `fetched` keeps (and `status()` shows): the latest
 
 
 class JoinPath(enum.StrEnum):
@@ -216,6 +219,7 @@ class CatchingUp:
         self.state_via = via
         self.state_via_counts[via] += 1
         self.fetched.append({"from": source, "round": state.round, "at_round": state.round, "had_round": had, "via": via})
+        del self.fetched[:-FETCHED]  # the latest only: a peer that drifts takes a state every round
         log.info("diloco: took the global state of round %d from %s (%s)", state.round, source, via)
 
     async def _catch_up_directly(self, hint: str | None, past: int = -1) -> None:

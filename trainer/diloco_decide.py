@@ -69,7 +69,8 @@ best effort (`_tell_no_room`): a joiner we could not tell is no suspect for it.
 These methods read the role's `node`, `config`, `history`, `heard` and `suspects` and the round's
 inbox (`inbox`, through the role's `_next_event`); they keep the Joins of the next round read early
 (`joins`, `turned_away`) and the Parts of this round read before its members were decided
-(`early_parts`). They call the role's `_forget()`, `_known_trainers()`, `_suspect(*peers)` and
+(`early_parts`: bounded, only from peers that may be members, dropped when we sit the round
+out). They call the role's `_forget()`, `_known_trainers()`, `_suspect(*peers)` and
 `_next_event(deadline)`. Their log lines go to the role's logger. They must not do the arithmetic
 (`trainer.diloco`) or decide the protocol (`trainer.allreduce`).
 """
@@ -83,7 +84,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trainer.allreduce import Membership, hold_join
-from trainer.diloco_inbox import INBOX
+from trainer.diloco_inbox import GROUP_BYTES, INBOX, frame_bytes
 from trainer.diloco_links import Links, PeerFailed
 from trainer.diloco_messages import MAX_MEMBERS, Join, Members, NoRoom, Part
 
@@ -93,6 +94,13 @@ if TYPE_CHECKING:
     from trainer.diloco_role import DilocoConfig
 
 log = logging.getLogger("trainer.diloco_role")  # the role's logger: its log lines keep their name
+
+# the Parts of a round read before its members are decided (`early_parts`): at most these many, and
+# these many bytes (`frame_bytes`), what the inbox's group lane holds. An honest group sends us,
+# early, at most its contributions to our shard: a vector's packed bytes in all, in Parts of 256 Ki
+# values (fewer frames than this for models up to 268 M values).
+EARLY_FRAMES = INBOX * 4
+EARLY_BYTES = GROUP_BYTES
 
 
 class _Behind(Exception):
@@ -129,8 +137,22 @@ class Deciding:
 
     async def _decide(self, round: int, weights_digest: bytes, links: Links,
                       sends: trio.Nursery) -> tuple[str, ...]:
-        """The members of this round: decided here when we lead, else told by the leader."""
+        """The members of this round: decided here when we lead, else told by the leader. The
+        Parts of this round read meanwhile are kept in `early_parts` for its all-reduce
+        (`_keep_early_part`), dropped when no all-reduce of ours follows (we sit the round out:
+        `_Behind`, or we are cancelled), and any left from an earlier round dropped first."""
+        self.early_parts.clear()
+        try:
+            return await self._members(round, weights_digest, links, sends)
+        except BaseException:
+            self.early_parts.clear()  # (a catch-up follows: nothing would read them)
+            raise
+
+    async def _members(self, round: int, weights_digest: bytes, links: Links,
+                       sends: trio.Nursery) -> tuple[str, ...]:
+        """`_decide`'s work."""
         me = self.node.peer_id
+        early_bytes = 0  # of `early_parts` (`frame_bytes`), empty at the start
         self._forget()
         # trainer peers whose Join takes a NoRoom answer: those of the Joins kept for this round too
         # (one of them a reserved peer's Join replaces here is told, as one `receive` turns away)
@@ -221,8 +243,25 @@ class Deciding:
                     told[sender] = body
                 log.info("diloco: Members of round %d from %s, not our leader %s: not taken%s", round, sender,
                          leader, " yet" if sender in invited else "")
-            elif isinstance(body, Part) and body.round == round and len(self.early_parts) < INBOX * 4:
-                self.early_parts.append((sender, body))
+            elif isinstance(body, Part) and body.round == round:
+                if self._keep_early_part(sender, body, early_bytes, invited | set(membership.joins)):
+                    early_bytes += frame_bytes(body)
+
+    def _keep_early_part(self, sender: str, part: Part, held_bytes: int, invited: Collection[str]) -> bool:
+        """Keep `part`, of the round we decide, from `sender` for its all-reduce (`early_parts`,
+        `held_bytes` of them held already), if there is room: a member that heard the round's
+        Members before we did sends its contribution to our shard now. Only from a peer that can
+        be a member here: one we wait for or whose Join we hold (`invited`), or one the inbox
+        keeps places for (the last round's members); any identity can send Parts, and what it
+        sends would wait until the round's end. At most `EARLY_FRAMES` of them and `EARLY_BYTES`
+        in all (`frame_bytes`). What is not kept is dropped: a Part of a member left out costs
+        only that member's contribution to one of our shards (left out of its mean)."""
+        if sender not in invited and sender not in self.inbox.reserved:
+            return False
+        if len(self.early_parts) >= EARLY_FRAMES or held_bytes + frame_bytes(part) > EARLY_BYTES:
+            return False
+        self.early_parts.append((sender, part))
+        return True
 
     def _passed_over(self, membership: Membership, own: set[str], invited: set[str],
                      spoke: Collection[str]) -> set[str]:

@@ -80,9 +80,13 @@ class Members:
 @dataclass(frozen=True)
 class Part:
     """One piece of one shard. `offset` and `length` are in values, within the shard of
-    `shard_length` values; `values`/`scales` are a `trainer.diloco.Packed` of that piece.
-    `contributors` (stage REDUCED only) are the peers whose contributions were averaged.
-    `hears_idle`: as in `Join`."""
+    `shard_length` values; `values`/`scales` are a `trainer.diloco.Packed` of that piece, their
+    sizes those of `length` values in `encoding` (int8: `length` bytes and 4 a block of `block`
+    values, fp32: 4 a value and no scales): a frame whose bytes say otherwise is refused when
+    decoded, so a Part never holds more bytes than its `length` accounts for. `contributors`
+    (stage REDUCED only) are the peers whose contributions were averaged: sorted, unique, at most
+    `MAX_MEMBERS` peer ids (that they are members of the round is the receiving core's check,
+    `trainer.allreduce`). `hears_idle`: as in `Join`."""
 
     round: int
     members_digest: bytes
@@ -107,8 +111,15 @@ class Part:
             raise ValueError("piece outside its shard or too long")
         if self.encoding not in ("int8", "fp32") or len(self.members_digest) != 16:
             raise ValueError("unknown encoding or bad members digest")
-        if len(self.contributors) > 1024:
-            raise ValueError("too many contributors")
+        if len(self.values) != (self.length if self.encoding == "int8" else 4 * self.length):
+            raise ValueError(f"{len(self.values)} value bytes for {self.length} {self.encoding} values")
+        blocks = -(-self.length // self.block) if self.encoding == "int8" else 0
+        if len(self.scales) != 4 * blocks:
+            raise ValueError(f"{len(self.scales)} scale bytes for {blocks} {self.encoding} blocks")
+        if len(self.contributors) > MAX_MEMBERS or any(len(p) > 64 for p in self.contributors):
+            raise ValueError(f"at most {MAX_MEMBERS} contributors, each a peer id")
+        if list(self.contributors) != sorted(set(self.contributors)):
+            raise ValueError("contributors must be sorted and unique")
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Each round: take H inner AdamW steps from the global weights (in a worker thread), decide the
 round's members (`Membership`: Joins over the data plane), average the pseudo-gradients with
 `AllReduce` over direct authenticated connections on the `diloco` data channel, apply the outer
-Nesterov step, then, without waiting for either, write the global state durably (a worker
-thread: the next inner steps start at once) and, on the publishing peer, write the global
+Nesterov step (or discard the round, alike at every member, when the mean would make that step
+leave a value not finite: `_outer_step`), then, without waiting for either, write the global
+state durably (a worker thread: the next inner steps start at once) and, on the publishing peer, write the global
 weights as version `round` and publish them through the relay role, as the GRPO trainer does,
 so inference workers fetch them as before.
 
@@ -77,7 +78,10 @@ What we remember of whom we heard and whom we suspect (`heard`, `suspects`) keep
 peers of our table and the last round's members (`_forget`), and of those heard at most `PEERS`:
 any identity can send us a frame or fail us, and both would otherwise grow for as long as we
 run. A suspect of our table stays one until it speaks: one forgotten would lead again.
-Contributions the core rejects cost their sender a peer table penalty.
+Contributions the core rejects cost their sender a peer table penalty, and a mean that made the
+outer step overflow costs its reducer one (`_outer_step`). The Parts of a round read before its members are
+decided are kept for its all-reduce within bounds, and only from the peers it may take
+(`trainer.diloco_decide`, `EARLY_BYTES`).
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
 """
@@ -99,7 +103,7 @@ from p2pnet.errors import ConfigError, MessageRejected, PeerUnavailable
 from p2pnet.identity import peer_id_from_str
 from p2pnet.peertable import PEER_TABLE_CORE
 from trainer.allreduce import AllReduce, AllReduceConfig, Finished, Penalise, Send
-from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
+from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, OuterStepNotFinite, digest
 from trainer.diloco_catchup import CatchingUp, JoinPath, _shell_with  # _shell_with: tests import it from here
 from trainer.diloco_decide import Deciding, _Behind
 # INBOX, PEER_INBOX and the constants below: tests import them from here, to read (patched here, one
@@ -114,6 +118,7 @@ from trainer.diloco_state_answer import STATE_BYTES_PER_VALUE, STATE_SEND_DEADLI
 log = logging.getLogger(__name__)
 
 PENALTY = 2.0
+STEP_NOT_FINITE = "outer_step_not_finite"  # why a reducer is penalised (`_outer_step`; `status()["rejected"]`)
 # the most peers `heard` keeps (`_forget`): any identity can send us a frame at no cost. Four
 # rounds' worth of members: a group's trainer peers fit, the reserved first.
 PEERS = 4 * MAX_MEMBERS
@@ -294,11 +299,12 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
                 sends.cancel_scope.deadline = trio.current_time() + self.config.deadline_s  # finish sends, bounded
         if behind is not None:
             raise behind
-        new_weights = self.outer.step(state.weights, result.mean)
-        new_state = GlobalState(state.round + 1, new_weights, self.outer.momentum_buffer.clone())
+        new_state, discarded, blamed = self._outer_step(state, result)
+        for peer in sorted(blamed):
+            self._penalise(peer, STEP_NOT_FINITE)
         self.state = new_state
         self._state_moved()  # the StateRequests held for a later round than the last are answered
-        inner.load(new_weights)
+        inner.load(new_state.weights)
         contributors = sorted({p for shard in result.contributors for p in shard})
         self.contributed = result.whole_contributors()  # of our group, for the held state requests' places
         eval_loss = await trio.to_thread.run_sync(inner.eval_loss)
@@ -306,6 +312,7 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
             "round": state.round, "from_digest": digest(state.weights).hex(), "loss": round(eval_loss, 5), "train_loss": round(train_loss, 5),
             "bytes_sent": links.bytes_sent, "contributors": contributors, "members": list(members),
             "allreduce_s": round(trio.current_time() - reducing, 4), "round_s": round(trio.current_time() - started, 4),
+            "step_discarded": discarded,
         })
         for peer, version in list(self.state_askers.items()):
             if new_state.round >= version:  # its state is in this version: wait for its Join from now on
@@ -314,6 +321,25 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         background.start_soon(self._checkpoint, new_state)
         if self.config.publish:
             background.start_soon(self._publish, new_state)
+
+    def _outer_step(self, state: GlobalState, result: Finished) -> tuple[GlobalState, bool, set[str]]:
+        """The global state after the round whose all-reduce gave `result`, whether its step was
+        discarded, and the peers to blame for that. A mean that would make the outer step leave a
+        weight or a momentum value not finite (`OuterStepNotFinite`: finite values can overflow
+        it) discards the round: the next round starts from this one's weights and momentum,
+        unchanged, and the reducers of the shards where it overflowed are blamed (not we: a shard
+        we reduced ourselves is screened contributions). Whether the step overflows depends only on the state and the mean, so every
+        member that took the same mean from the same state discards alike, and they stay together
+        (one digest) where they would otherwise all have gone on from weights of inf."""
+        assert self.outer is not None
+        try:
+            weights = self.outer.step(state.weights, result.mean)
+        except OuterStepNotFinite as exc:
+            blamed = result.reducers_where(exc.where) - {self.node.peer_id}
+            log.warning("diloco: round %d discarded: %s (the mean of %s)", state.round, exc,
+                        ", ".join(sorted(blamed)) or "our own shards")
+            return GlobalState(state.round + 1, state.weights, state.momentum), True, blamed
+        return GlobalState(state.round + 1, weights, self.outer.momentum_buffer.clone()), False, set()
 
     async def _all_reduce(self, round: int, members: tuple[str, ...], pseudo: torch.Tensor, links: Links,
                           sends: trio.Nursery) -> Finished:

@@ -30,7 +30,7 @@ from trainer.diloco import Encoding, OuterConfig, OuterOptimizer, digest
 from trainer.diloco_inbox import GROUP_BYTES, INBOX, PEER_INBOX, InboxCore, Lane, RoundInbox, frame_bytes
 from trainer.diloco_links import PeerFailed, Received
 from trainer.diloco_local import GlobalState
-from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, MAX_PART_BYTES, PIECE_VALUES, STAGE_CONTRIBUTION, Join,
+from trainer.diloco_messages import (CHANNEL, MAX_MEMBERS, PIECE_VALUES, STAGE_CONTRIBUTION, Join,
                                      Part)
 from trainer.diloco_role import DilocoConfig, DilocoRole, Phase
 
@@ -88,8 +88,8 @@ def test_a_new_members_frames_from_the_pool_are_read_before_its_later_ones() -> 
 
 def test_the_groups_lane_holds_the_bytes_the_whole_inbox_held_and_an_honest_group_never_waits() -> None:
     """Every member's whole share of whole Parts would be gigabytes (`MAX_MEMBERS` x `PEER_INBOX`
-    x 2 MB): the group's lane takes frames up to `GROUP_BYTES` (the old inbox's 256 Parts), then a
-    member's next Part waits for the lane though its own places are free, until a frame is read.
+    x 1 MiB, a piece in fp32): the group's lane takes frames up to `GROUP_BYTES` (the old inbox's
+    256 Parts of the wire's largest), then a member's next Part waits for the lane though its own places are free, until a frame is read.
     A group of `MAX_MEMBERS` honest members, 2 frames each naming the whole group, fits with room
     to spare."""
     members = [Identity.from_seed_text(f"diloco inbox member {i}").peer_id for i in range(MAX_MEMBERS)]
@@ -100,7 +100,7 @@ def test_the_groups_lane_holds_the_bytes_the_whole_inbox_held_and_an_honest_grou
             assert core.blocked(member, frame_bytes(join)) is None
             core.put(Received(member, join))
     assert core.held < GROUP_BYTES // 16
-    whole = bytes(MAX_PART_BYTES)  # (one buffer, shared by every Part here)
+    whole = bytes(4 * PIECE_VALUES)  # the most a Part holds: a piece in fp32 (one buffer, shared by every Part here)
     part = Part(3, b"x" * 16, STAGE_CONTRIBUTION, 0, PIECE_VALUES, 0, PIECE_VALUES, "fp32", 4096, whole, b"", ())
     size = frame_bytes(part)
     puts = 0

@@ -311,7 +311,7 @@ async def test_a_connection_a_send_failed_on_is_closed_at_once_and_reported_once
             pass
         ended.set()
 
-    big = Part(1, b"m" * 16, STAGE_CONTRIBUTION, 0, 1 << 18, 0, 1 << 18, "int8", 256, b"v" * (2 << 20), b"", ())
+    big = Part(1, b"m" * 16, STAGE_CONTRIBUTION, 0, 1 << 18, 0, 1 << 18, "fp32", 256, b"v" * (4 << 18), b"", ())
     async with _receiving(serve) as (role, inbox):
         async with open_links(role, 2.0) as links:
             with trio.fail_after(120):  # generous: the buffers fill within a few sends

@@ -85,7 +85,7 @@ async def test_a_peer_one_shard_turned_away_is_no_member_of_the_group_for_the_he
     deadline_s = 2 * SLACK_S  # far above what the round's work needs
     trainers = [Trainer(name, 2, deadline_s) for name in ("a", "bb", "ccc")]
     await _started(nursery, *trainers)
-    cheat = trainers[1]
+    cheat = trainers[0]  # not the last shard's owner (an owner's screen of its own contribution penalises nobody)
     honest = [t for t in trainers if t is not cheat]
     last = shard_bounds(VALUES, len(trainers))[-1]
     _outsized_in_one_shard(cheat, last)
@@ -93,6 +93,7 @@ async def test_a_peer_one_shard_turned_away_is_no_member_of_the_group_for_the_he
     everyone = await _round_at_each(nursery, trainers)
     whole = frozenset(t.peer_id for t in honest)
     last_owner = next(t for t in trainers if t.peer_id == everyone[-1])
+    assert last_owner is not cheat
     assert penalised[last_owner.peer_id] == [cheat.peer_id]  # screened out at the last shard's owner only
     assert all(not penalised[t.peer_id] for t in trainers if t is not last_owner)
     for trainer in honest:
