@@ -57,7 +57,14 @@ def usable_ips(ips: list[str], family: int) -> list[str]:
 
 
 def is_wildcard(host: str) -> bool:
-    return host in WILDCARDS
+    """Whether `host` is an unspecified address however spelled (`0.0.0.0`, `::`, `0::0`,
+    `[::]`, `::ffff:0.0.0.0`): one nobody can dial."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_unspecified or (mapped is not None and mapped.is_unspecified)
 
 
 def _split_ip_multiaddr(addr: str) -> tuple[str, str, str] | None:

@@ -45,7 +45,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 import multiaddr
 import trio
 
-from p2pnet.addresses import advertised_addrs, interface_ips
+from p2pnet.addresses import advertised_addrs, interface_ips, is_wildcard
 from p2pnet.direct import KeptStreams, bounded_reset as _bounded_reset, quiet_close as _quiet_close, \
     quiet_reset as _quiet_reset
 from p2pnet.direct import FrameHandler, pack_frame, read_frame, receive_frames
@@ -68,6 +68,32 @@ def parse_multiaddr(text: str, field: str) -> multiaddr.Multiaddr:
         return multiaddr.Multiaddr(text)
     except Exception as exc:  # multiaddr raises a zoo of types for malformed text
         raise ConfigError(field, f"not a multiaddr: {text!r} ({exc})") from exc
+
+
+def dialable_problem(text: str, *, with_peer: bool) -> str | None:
+    """Why `text` is not an address another host can dial (None if it is): a multiaddr with an
+    IP that is not a wildcard (or a DNS name) and a TCP port above 0, with a valid /p2p/<peer
+    id> when `with_peer` (a bootstrap address)."""
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    try:
+        addr = multiaddr.Multiaddr(text)
+    except Exception as exc:  # multiaddr raises a zoo of types for malformed text
+        return f"{text!r} is not a multiaddr ({exc})"
+    values = {p.name: addr.value_for_protocol(p.code) for p in addr.protocols()}
+    host = next((values[n] for n in ("ip4", "ip6", "dns", "dns4", "dns6") if n in values), None)
+    if host is None or "tcp" not in values:
+        return f"{text!r} names no IP (or DNS name) and TCP port, as /ip4/203.0.113.7/tcp/4001 does"
+    if is_wildcard(str(host)) or int(values["tcp"]) == 0:
+        return f"{text!r} is a wildcard or port 0: nobody can dial it"
+    if with_peer and "p2p" not in values:
+        return f"{text!r} has no /p2p/<peer id>"
+    if with_peer:
+        try:
+            info_from_p2p_addr(addr)
+        except Exception:  # (as above)
+            return f"{text!r} does not end in /p2p/<peer id>"
+    return None
 
 
 class Host:
@@ -158,6 +184,8 @@ class Host:
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
         except Exception as exc:
+            if peer is not None:  # an address that peer advertised, not one of our settings
+                raise PeerUnavailable(f"{addr!r}, advertised by {peer}: not a full multiaddr with /p2p/") from exc
             raise ConfigError("bootstrap", f"not a full multiaddr with /p2p/: {addr!r}") from exc
         named = info.peer_id.to_base58()
         if peer is not None and named != peer:

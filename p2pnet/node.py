@@ -14,9 +14,13 @@ decoded and signature-checked twice over) that it then forwarded to no one, a de
 mesh (measured through two real peers: 20 of 20 messages published after the last core stopped).
 The peer table and notices run in `run_node`'s nursery; each role runs its cores in its own.
 
-The node is also the `EffectSink` of its cores: publishes, sends and connects are queued on a
-bounded outbox and carried out by a few sender tasks, so a slow peer never stalls a core. A
-`Connect` tries the peer's addresses in order and takes the first that reaches that very peer: an
+The node is also the `EffectSink` of its cores: publishes and sends are queued on a bounded
+outbox and carried out by a few sender tasks, so a slow peer never stalls a core; connects go to a
+bounded queue of their own with their own few dialer tasks (`DIALER_TASKS`), so that dials to
+addresses that never answer (any new identity's heartbeat asks for one, at no cost to it) never
+hold up our heartbeat or a send: eight made-up peers with 16 silent addresses each held every
+sender task for 160 s. A `Connect` gives up after `CONNECT_BUDGET_S` in all, and tries the
+peer's addresses in order, taking the first that reaches that very peer: an
 address that names another peer, or where another peer answers (a stale address, reused after a
 NAT rebinding or by a machine restarted with a new key), fails as no longer that peer's, and the
 next is tried (`Host.connect(addr, peer)`; Noise proves whom a dial reached).
@@ -63,7 +67,7 @@ from p2pnet.core import Connect, Core, Effect, Emit, Publish, Send
 from p2pnet.dataplane import DataPlane
 from p2pnet.driver import CoreRunner
 from p2pnet.errors import ConfigError, LocalStateError, MessageRejected, PeerUnavailable
-from p2pnet.host import Host, open_host
+from p2pnet.host import CONNECT_TIMEOUT_S, Host, dialable_problem, open_host
 from p2pnet.identity import Identity, ensure_data_dir, load_or_create_identity
 from p2pnet.logformat import set_log_context
 from p2pnet.messages import MAX_ADDRS, ROLE_NAMES, Capacity
@@ -77,6 +81,9 @@ log = logging.getLogger(__name__)
 
 SENDER_TASKS = 8
 OUTBOX_SIZE = 4096
+DIALER_TASKS = 4  # connects carried out at once (apart from the senders: see the top)
+DIAL_QUEUE = 256  # connects waiting; past it one is dropped (the peer table asks again at its next heartbeat)
+CONNECT_BUDGET_S = 3 * CONNECT_TIMEOUT_S  # one Connect, all its addresses: three that never answer
 MAX_ANNOUNCED_CHARS = 200  # an announced multiaddr with its /p2p/ID suffix must fit a heartbeat's 256
 
 
@@ -110,10 +117,10 @@ class PeerConfig:
         if not self.listen.startswith("/"):
             problems["listen"] = "must be a multiaddr such as /ip4/127.0.0.1/tcp/0"
         for addr in self.announce:
-            if not addr.startswith("/") or addr.startswith("/ip4/0.0.0.0/") or addr.startswith("/ip6/::/"):
-                problems["announce"] = f"{addr!r} must be a concrete multiaddr such as /ip4/203.0.113.7/tcp/4001"
-            elif len(addr) > MAX_ANNOUNCED_CHARS:
+            if len(addr) > MAX_ANNOUNCED_CHARS:
                 problems["announce"] = f"{addr[:40]!r}... is longer than {MAX_ANNOUNCED_CHARS} characters"
+            elif (problem := dialable_problem(addr, with_peer=False)) is not None:
+                problems["announce"] = f"{problem}; give a concrete multiaddr such as /ip4/203.0.113.7/tcp/4001"
         if len(self.announce) > MAX_ADDRS:
             problems["announce"] = f"at most {MAX_ADDRS} addresses (a heartbeat carries no more)"
         if self.data_announce:
@@ -124,9 +131,9 @@ class PeerConfig:
             if not port or is_wildcard(host):
                 problems["data_announce"] = "must be a concrete HOST:PORT such as 203.0.113.7:4002"
         for addr in self.bootstrap:
-            if "/p2p/" not in addr:
-                problems["bootstrap"] = (f"{addr!r} has no /p2p/<peer id>: give the full address a peer prints "
-                                         "when it starts (/ip4/IP/tcp/PORT/p2p/12D3KooW...)")
+            if (problem := dialable_problem(addr, with_peer=True)) is not None:
+                problems["bootstrap"] = (f"{problem}: give the full address a peer prints when it starts "
+                                         "(/ip4/IP/tcp/PORT/p2p/12D3KooW...)")
         unknown = [r for r in self.roles if r not in ROLE_NAMES]
         if unknown:
             problems["roles"] = f"unknown role(s) {unknown}; known: {list(ROLE_NAMES)}"
@@ -202,6 +209,7 @@ class Node:
     peertable: PeerTable
     started_at: float
     _outbox: trio.MemorySendChannel[tuple[str, Effect]]
+    _dials: trio.MemorySendChannel[tuple[str, Effect]] | None = None  # connects (None: through the outbox)
     _runners: list[CoreRunner] = field(default_factory=list)
     _routes: dict[str, list[CoreRunner]] = field(default_factory=dict)
     _topic_users: dict[str, int] = field(default_factory=dict)  # running cores that want each topic
@@ -344,11 +352,13 @@ class Node:
             for listener in self._listeners:
                 listener(origin, effect.event)
             return
+        dial = isinstance(effect, Connect) and self._dials is not None
         try:
-            self._outbox.send_nowait((origin, effect))
+            (self._dials if dial and self._dials is not None else self._outbox).send_nowait((origin, effect))
         except trio.WouldBlock:
             self.stats["send_failed"] += 1
-            log.warning("outbox full: dropped %s from %s", type(effect).__name__, origin)
+            log.warning("%s full: dropped %s from %s", "dial queue" if dial else "outbox", type(effect).__name__,
+                        origin)
 
     # -- inbound --------------------------------------------------------------------------
 
@@ -417,9 +427,14 @@ class Node:
             if effect.peer in self.host.connected_peers():
                 return
             errors = []
+            deadline = trio.current_time() + CONNECT_BUDGET_S
             for addr in effect.addrs:  # the first that reaches `effect.peer` itself, not whoever listens there
+                left_s = deadline - trio.current_time()
+                if left_s <= 0:
+                    errors.append(f"gave up after {CONNECT_BUDGET_S:g} s")
+                    break
                 try:
-                    await self.host.connect(addr, effect.peer)
+                    await self.host.connect(addr, effect.peer, timeout_s=min(CONNECT_TIMEOUT_S, left_s))
                 except (PeerUnavailable, ConfigError) as exc:
                     errors.append(str(exc))
                     continue
@@ -569,12 +584,16 @@ async def run_node(
             )
             table = PeerTable(peertable_config or PeerTableConfig(), identity.peer_id, local, int(time.time() * 1000))
             outbox_send, outbox_receive = trio.open_memory_channel[tuple[str, Effect]](OUTBOX_SIZE)
-            node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(), outbox_send)
+            dials_send, dials_receive = trio.open_memory_channel[tuple[str, Effect]](DIAL_QUEUE)
+            node = Node(config, identity, codec, host, dataplane, control, table, trio.current_time(), outbox_send,
+                        dials_send)
             host.set_frame_handler(node._on_direct)
             dataplane.admit_peer = node.admit_data_peer
             node.reachability = Reachability(node, config.reachability_interval_s)
             for _ in range(SENDER_TASKS):
                 nursery.start_soon(node._sender, outbox_receive.clone())
+            for _ in range(DIALER_TASKS):
+                nursery.start_soon(node._sender, dials_receive.clone())
             nursery.start_soon(node._subscriber)
             if config.metrics_listen:
                 from p2pnet.web import serve_peer_http

@@ -20,7 +20,9 @@ cannot see that from inside, so it asks: every peer runs
   `ReachabilityState`, the pure part.
 
 Verdicts, per address kind: True when any peer's latest answer is OK (one successful dial
-from another host proves it), False when answers exist and none is OK, None (unknown) with
+from another host proves it; a data-plane OK counts only if our data plane echoed that ask's
+nonce: the answerer knows it from the ask, so without the check one liar made a peer nobody can
+dial say it is reachable), False when answers exist and none is OK, None (unknown) with
 no answers. The peer is `reachable` when both kinds are True, not reachable when either is
 False. The verdict goes into this peer's heartbeats (`Heartbeat.reachable`); relays plan only
 peers whose heartbeat says True as parents (see `relay.role`).
@@ -158,7 +160,7 @@ class Reachability:
         self.node = node
         self.interval_s = interval_s
         self.state = ReachabilityState()
-        self._pending: set[bytes] = set()
+        self._pending: dict[bytes, bool] = {}  # nonces of our asks out -> echoed on our data plane yet
         self._last_ask: dict[str, float] = {}
         self._answering = trio.CapacityLimiter(MAX_CONCURRENT_ANSWERS)
         node.host.set_request_handler(DIALBACK_PROTOCOL, self._answer, timeout_s=ASK_TIMEOUT_S)
@@ -185,7 +187,7 @@ class Reachability:
 
     async def _probe(self, peer: str) -> None:
         nonce = os.urandom(NONCE_BYTES)
-        self._pending.add(nonce)
+        self._pending[nonce] = False
         try:
             ask = DialBackAsk(nonce, self.node.dataplane.address, tuple(self.node.host.addrs()))
             frame = await self.node.host.request(peer, DIALBACK_PROTOCOL, self.node.codec.encode(ask, time.time()),
@@ -194,11 +196,14 @@ class Reachability:
             answer = envelope.body
             if envelope.sender != peer or not isinstance(answer, DialBackAnswer) or answer.nonce != nonce:
                 raise MessageRejected("invalid_field", "not an answer to our dial-back ask", peer)
+            if answer.data == DialResult.OK and not self._pending[nonce]:  # (it had the nonce from our ask)
+                raise MessageRejected("invalid_field", "a data-plane dial-back answered OK that never reached "
+                                      "us: nothing echoed its nonce", peer)
             self.state.record(trio.current_time(), peer, DialResult(answer.data), DialResult(answer.libp2p))
         except (PeerUnavailable, MessageRejected) as exc:
             log.debug("dial-back ask to %s: %s", peer, exc)
         finally:
-            self._pending.discard(nonce)
+            self._pending.pop(nonce, None)
 
     async def _publish_verdict(self) -> None:
         table = self.node.peertable
@@ -219,6 +224,7 @@ class Reachability:
         with trio.move_on_after(DIAL_TIMEOUT_S):
             nonce = await reader.frame()
             if nonce is not None and nonce in self._pending:
+                self._pending[nonce] = True  # an OK to this ask is believed (`_probe`)
                 await send_frame(stream, nonce)
 
     # -- server ---------------------------------------------------------------------------

@@ -51,6 +51,33 @@ def test_a_notice_is_limited_in_bytes():
     assert len(frame) <= 2048
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("announce", ("/ip6/0::0/tcp/4001",), "wildcard"),  # a wildcard, however spelled
+    ("announce", ("/ip4/203.0.113.7/tcp/0",), "port 0"),
+    ("announce", ("/not/a/multiaddr",), "not a multiaddr"),
+    ("announce", ("/ip4/999.1.1.1/tcp/1",), "not a multiaddr"),
+    ("announce", ("/ip4/203.0.113.7/udp/4001",), "TCP port"),
+    ("data_announce", "[0::0]:4002", "concrete HOST:PORT"),
+    ("data_announce", "[::ffff:0.0.0.0]:4002", "concrete HOST:PORT"),
+    ("bootstrap", ("/ip4/203.0.113.7/tcp/99999/p2p/12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo",),
+     "not a multiaddr"),
+    ("bootstrap", ("/ip4/203.0.113.7/tcp/4001/p2p/notapeerid",), "not a multiaddr"),
+    ("bootstrap", ("/ip4/203.0.113.7/tcp/4001",), "has no /p2p/<peer id>"),
+])
+def test_addresses_in_the_settings_are_checked_as_addresses_not_as_text(field, value, says):
+    """Wildcards spelled otherwise than 0.0.0.0 and ::, and multiaddrs that do not parse, were
+    advertised as they were (or, as bootstrap addresses, retried for ever)."""
+    with pytest.raises(ConfigError, match=field) as refused:
+        PeerConfig(data_dir="/tmp/x", **{field: value})
+    assert says in str(refused.value)
+
+
+def test_concrete_addresses_in_the_settings_are_taken():
+    PeerConfig(data_dir="/tmp/x", announce=("/ip4/203.0.113.7/tcp/4001", "/dns4/example.org/tcp/4001",
+                                            "/ip6/2001:db8::7/tcp/4001"), data_announce="[2001:db8::7]:4002",
+               bootstrap=("/ip4/203.0.113.7/tcp/4001/p2p/12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo",))
+
+
 def test_more_announced_addresses_than_a_heartbeat_carries_are_refused_by_the_settings():
     many = tuple(f"/ip4/203.0.113.{i}/tcp/4001" for i in range(17))
     with pytest.raises(ConfigError, match="at most 16 addresses"):

@@ -39,6 +39,7 @@ class Peer:
         self._listeners: list = []
         self.outbox: list = []
         self._outbox = SimpleNamespace(send_nowait=self.outbox.append)  # Publish, Connect: kept, not sent
+        self._dials = None  # (connects into the outbox too)
 
     def hear(self, seq: int, **changes) -> None:
         body = replace(BEAT, seq=seq, **changes)
