@@ -64,6 +64,9 @@ UNKNOWN_RETRY_S = 2.0
 # ~1 s (lab: the trainer sent the version ~2 times, `relay.requests`, "Dial-backs pending")
 NO_PEERS_RETRY_S = 0.25
 DIAL_TIMEOUT_S = 5.0
+# an answer's dials run side by side, data plane (connect, then the echo: 2 x DIAL_TIMEOUT_S at most)
+# beside the libp2p addresses (DIAL_TIMEOUT_S): it comes within the ask's deadline, with room for the
+# way there and back (dialled one after another, an asker that drops SYNs got none, and stayed unknown)
 ASK_TIMEOUT_S = 3 * DIAL_TIMEOUT_S
 ASK_SPACING_S = 5.0
 MAX_CONCURRENT_ANSWERS = 8
@@ -243,10 +246,15 @@ class Reachability:
         if busy or observed_ip is None or self._answering.borrowed_tokens >= self._answering.total_tokens:
             answer = DialBackAnswer(ask.nonce, DialResult.BUSY, DialResult.BUSY)
         else:
-            async with self._answering:
-                data = await dial_data(ask.data_addr, observed_ip, ask.nonce, self.node.codec, peer)
-                libp2p = await dial_libp2p(ask.addrs, observed_ip)
-            answer = DialBackAnswer(ask.nonce, int(data), int(libp2p))
+            results: dict[str, DialResult] = {}
+
+            async def dial(kind: str, dialling: Any) -> None:
+                results[kind] = await dialling
+
+            async with self._answering, trio.open_nursery() as dials:  # side by side: within the ask's deadline
+                dials.start_soon(dial, "data", dial_data(ask.data_addr, observed_ip, ask.nonce, self.node.codec, peer))
+                dials.start_soon(dial, "libp2p", dial_libp2p(ask.addrs, observed_ip))
+            answer = DialBackAnswer(ask.nonce, int(results["data"]), int(results["libp2p"]))
         return self.node.codec.encode(answer, time.time())
 
 
@@ -274,7 +282,8 @@ async def dial_data(data_addr: str, observed_ip: str, nonce: bytes, codec: Codec
 
 
 async def dial_libp2p(addrs: tuple[str, ...], observed_ip: str) -> DialResult:
-    """Open a TCP connection to each of `addrs` at `observed_ip`; OK if one accepts."""
+    """Open a TCP connection to each of `addrs` at `observed_ip` (at most 4, side by side, each
+    within `DIAL_TIMEOUT_S`); OK if one accepts."""
     candidates = []
     for addr in addrs:
         parts = addr.split("/")
@@ -284,15 +293,22 @@ async def dial_libp2p(addrs: tuple[str, ...], observed_ip: str) -> DialResult:
                 candidates.append((parts[2], int(parts[4])))
     if not candidates:
         return DialResult.REFUSED
-    for ip, port in candidates[:4]:
-        try:
-            with trio.fail_after(DIAL_TIMEOUT_S):
+    accepted = []
+
+    async def attempt(ip: str, port: int, dials: trio.CancelScope) -> None:
+        with trio.move_on_after(DIAL_TIMEOUT_S):
+            try:
                 stream = await trio.open_tcp_stream(ip, port)
+            except OSError:
+                return
             await stream.aclose()
-            return DialResult.OK
-        except (OSError, trio.TooSlowError):
-            continue
-    return DialResult.FAILED
+            accepted.append((ip, port))
+            dials.cancel()  # one is enough
+
+    async with trio.open_nursery() as nursery:
+        for ip, port in candidates[:4]:
+            nursery.start_soon(attempt, ip, port, nursery.cancel_scope)
+    return DialResult.OK if accepted else DialResult.FAILED
 
 
 def _word(value: bool | None) -> str:
