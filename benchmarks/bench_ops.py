@@ -227,13 +227,13 @@ def page_render_ms(browser: str, data: dict) -> tuple[float, float]:
 
 
 def dashboard_cost(recorded: dict, peers: int, steps: int) -> dict:
-    from p2pnet.dashboard import dashboard_data
+    from p2pnet.dashboard import dashboard_data, step_rows
 
     big, rows = scaled(recorded, peers, steps)
     builds = []
     for _ in range(20):
         began = time.perf_counter()
-        data = dashboard_data(big, rows)
+        data = dashboard_data(big, step_rows(rows))
         body = json.dumps(data).encode()
         builds.append(time.perf_counter() - began)
     out: dict[str, float | str] = {"api_build_s": statistics.median(builds), "api_bytes": len(body)}
@@ -243,7 +243,7 @@ def dashboard_cost(recorded: dict, peers: int, steps: int) -> dict:
         out["browser"] = "no headless browser here (Debian package chromium)"
         return out
     small, small_rows = scaled(recorded, 1, 1)
-    empty = dashboard_data(small, small_rows)
+    empty = dashboard_data(small, step_rows(small_rows))
     base = [page_render_ms(browser, empty) for _ in range(3)]
     full = [page_render_ms(browser, data) for _ in range(3)]
     out.update(render_ms_small=statistics.median(r[0] for r in base), render_ms_big=statistics.median(r[0] for r in full),

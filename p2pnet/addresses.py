@@ -23,9 +23,6 @@ import socket
 
 from p2pnet.errors import ConfigError
 
-WILDCARDS = {"0.0.0.0", "::"}
-
-
 def interface_ips() -> list[str]:
     """Every IP address assigned to an interface of this host (the only I/O in this module)."""
     import psutil

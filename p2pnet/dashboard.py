@@ -55,15 +55,12 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _step_fields(row: dict[str, Any]) -> dict[str, Any]:
-    return {key: _finite(row.get(key)) for key in STEP_FIELDS}
-
-
-def _steps(trainer: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    source = rows or (trainer or {}).get("history", [])
+def step_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's step rows from the trainer's per-step rows (`metrics.jsonl`'s, or its status
+    history): the newest `MAX_STEPS`, cut to `STEP_FIELDS`, numbers that are not finite as None."""
     out = []
-    for row in source[-MAX_STEPS:]:
-        step = _step_fields(row)
+    for row in rows[-MAX_STEPS:]:
+        step = {key: _finite(row.get(key)) for key in STEP_FIELDS}
         if step["tokens_per_s"] is None and row.get("tokens") is not None:
             wall_s = (row.get("gather_s") or 0) + (row.get("train_s") or 0)
             step["tokens_per_s"] = round(row["tokens"] / wall_s, 2) if wall_s > 0 else 0.0
@@ -100,8 +97,9 @@ def _banned(leaderboard: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def dashboard_data(status: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Everything the page shows, from a peer's status and the trainer's metrics rows."""
+def dashboard_data(status: dict[str, Any], steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything the page shows, from a peer's status and the trainer's step rows (`step_rows`
+    of its metrics file: `StepRows`; without them, of the history in its status)."""
     trainer = status.get("role_status", {}).get("trainer")
     connected = set(status.get("connected", []))
     me = {"peer_id": status["peer_id"], "name": status.get("name", ""), "roles": status["roles"], "reachable": status.get("reachable"),
@@ -123,7 +121,7 @@ def dashboard_data(status: dict[str, Any], rows: list[dict[str, Any]] | None = N
         "trainer": None if trainer is None else {"version": trainer["version"], "steps_target": trainer["steps_target"],
                                                  "done": trainer["done"]},
         "peers": peers,
-        "steps": _steps(trainer, rows or []),
+        "steps": steps or step_rows((trainer or {}).get("history", [])),
         "versions": _versions(trainer, workers) if trainer else [],
         "verdicts": _verdicts_by_step((trainer or {}).get("verdict_log", [])),
         "banned": _banned(leaderboard),
@@ -148,8 +146,8 @@ def _all_finite(value: Any) -> Any:
 
 
 class StepRows:
-    """The newest `MAX_STEPS` rows of a trainer's metrics file, cut to the fields the page draws:
-    read in a worker thread, from the file's end, and only again once its size or time changed."""
+    """The page's step rows (`step_rows`) of a trainer's metrics file: read in a worker thread,
+    from the file's end, and only again once its size or time changed."""
 
     def __init__(self, data_dir: Path) -> None:
         from trainer.metricsfile import METRICS_FILE
@@ -173,7 +171,7 @@ class StepRows:
     def _read(self) -> list[dict[str, Any]]:
         from trainer.metricsfile import read_metrics
 
-        return [_step_fields(row) for row in read_metrics(self.path, last=MAX_STEPS)]
+        return step_rows(read_metrics(self.path, last=MAX_STEPS))
 
 
 def peer_snapshot(node: Any) -> Callable[[], Awaitable[dict[str, Any]]]:

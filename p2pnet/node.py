@@ -352,13 +352,13 @@ class Node:
             for listener in self._listeners:
                 listener(origin, effect.event)
             return
-        dial = isinstance(effect, Connect) and self._dials is not None
+        queue = self._dials if isinstance(effect, Connect) and self._dials is not None else self._outbox
         try:
-            (self._dials if dial and self._dials is not None else self._outbox).send_nowait((origin, effect))
+            queue.send_nowait((origin, effect))
         except trio.WouldBlock:
             self.stats["send_failed"] += 1
-            log.warning("%s full: dropped %s from %s", "dial queue" if dial else "outbox", type(effect).__name__,
-                        origin)
+            log.warning("%s full: dropped %s from %s", "outbox" if queue is self._outbox else "dial queue",
+                        type(effect).__name__, origin)
 
     # -- inbound --------------------------------------------------------------------------
 

@@ -5,9 +5,9 @@ round's members (`Membership`: Joins over the data plane), average the pseudo-gr
 `AllReduce` over direct authenticated connections on the `diloco` data channel, apply the outer
 Nesterov step (or discard the round, alike at every member, when the mean would make that step
 leave a value not finite: `_outer_step`), then, without waiting for either, write the global
-state durably (a worker thread: the next inner steps start at once) and, on the publishing peer, write the global
-weights as version `round` and publish them through the relay role, as the GRPO trainer does,
-so inference workers fetch them as before.
+state durably (a worker thread: the next inner steps start at once) and, on the publishing peer,
+write the global weights as version `round` and publish them through the relay role, as the
+GRPO trainer does, so inference workers fetch them as before.
 
 This module owns the role's config (`DilocoConfig`) and state (`__init__`: each mixin below
 declares the part of it that it uses), the model and the global state it starts from (`_load`,
@@ -79,9 +79,9 @@ peers of our table and the last round's members (`_forget`), and of those heard 
 any identity can send us a frame or fail us, and both would otherwise grow for as long as we
 run. A suspect of our table stays one until it speaks: one forgotten would lead again.
 Contributions the core rejects cost their sender a peer table penalty, and a mean that made the
-outer step overflow costs its reducer one (`_outer_step`). The Parts of a round read before its members are
-decided are kept for its all-reduce within bounds, and only from the peers it may take
-(`trainer.diloco_decide`, `EARLY_BYTES`).
+outer step overflow costs its reducer one (`_outer_step`). The Parts of a round read before its
+members are decided are kept for its all-reduce within bounds, and only from the peers it may
+take (`trainer.diloco_decide`, `EARLY_BYTES`).
 
 This module must not do the arithmetic (trainer.diloco) or decide the protocol (trainer.allreduce).
 """
@@ -328,9 +328,10 @@ class DilocoRole(Deciding, DilocoServing, CatchingUp):
         weight or a momentum value not finite (`OuterStepNotFinite`: finite values can overflow
         it) discards the round: the next round starts from this one's weights and momentum,
         unchanged, and the reducers of the shards where it overflowed are blamed (not we: a shard
-        we reduced ourselves is screened contributions). Whether the step overflows depends only on the state and the mean, so every
-        member that took the same mean from the same state discards alike, and they stay together
-        (one digest) where they would otherwise all have gone on from weights of inf."""
+        we reduced ourselves is screened contributions). Whether the step overflows depends only
+        on the state and the mean, so every member that took the same mean from the same state
+        discards alike, and they stay together (one digest) where they would otherwise all have
+        gone on from weights of inf."""
         assert self.outer is not None
         try:
             weights = self.outer.step(state.weights, result.mean)
