@@ -443,8 +443,11 @@ class Node:
                 return
             raise PeerUnavailable(f"connect {effect.peer}: {'; '.join(errors) or 'no addresses'}")
 
-    async def publish(self, topic: str, body: object) -> None:
-        await self.host.publish(topic, self.codec.encode(body, time.time()))
+    async def publish(self, topic: str, body: object) -> bytes:
+        """Gossip `body`, signed now; the frame sent (a worker keeps its submissions' frames)."""
+        frame = self.codec.encode(body, time.time())
+        await self.host.publish(topic, frame)
+        return frame
 
     async def send(self, peer: str, body: object) -> None:
         await self.host.send_frame(peer, self.codec.encode(body, time.time()), timeout_s=self.config.send_timeout_s)

@@ -177,21 +177,9 @@ class Codec:
     def decode(self, frame: bytes, now_s: float) -> Envelope[Any]:
         """Decode and check one frame; raises only MessageRejected."""
         frame, payload, signature = _split(frame)
-        outer = _loads(payload)
-        if not (isinstance(outer, list) and len(outer) == 5):
-            raise MessageRejected("garbage", "envelope is not a 5-element array")
-        version, kind, sender, ts_ms, fields = outer
-        if version != WIRE_VERSION or type(version) is not int:
-            raise MessageRejected("bad_version", f"version {version!r}")
-        if type(kind) is not str:
-            raise MessageRejected("garbage", "kind is not text")
-        spec = _REGISTRY.get(kind)
-        if spec is None:
-            raise MessageRejected("unknown_type", kind[:64])
+        spec, sender, ts_ms, fields = _outer(payload)
         if len(frame) > spec.max_bytes:
-            raise MessageRejected("oversized", f"{kind} of {len(frame)} bytes > {spec.max_bytes}")
-        if type(sender) is not bytes:
-            raise MessageRejected("bad_sender", "sender is not bytes")
+            raise MessageRejected("oversized", f"{spec.kind} of {len(frame)} bytes > {spec.max_bytes}")
         self._checker.verify(sender, DOMAIN + payload, signature)
         sender_text = peer_id_to_str(sender)
         if type(ts_ms) is not int:
@@ -199,11 +187,47 @@ class Codec:
         age_s = now_s - ts_ms / 1000.0
         if age_s > self.max_age_s or -age_s > self.max_future_s:
             raise StaleMessage(age_s, sender_text)
-        try:
-            body = spec.from_wire(fields)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise MessageRejected("invalid_field", f"{kind}: {exc}", sender_text) from exc
-        return Envelope(kind, sender_text, sender, ts_ms, body, len(frame), payload, age_s)
+        return Envelope(spec.kind, sender_text, sender, ts_ms, _body(spec, fields, sender_text), len(frame),
+                        payload, age_s)
+
+
+def kept_envelope(payload: bytes) -> Envelope[Any]:
+    """The envelope of a signed payload this peer decoded (`Codec.decode`) and kept on its own
+    disk (`signed_payload`): parsed again without the signature or the timestamp's age, which
+    were checked when it arrived. Nothing received from a peer may come through here: the
+    caller checks the payload is the one it kept (the trainer compares its submission id).
+    Raises MessageRejected if it does not parse."""
+    spec, sender, ts_ms, fields = _outer(payload)
+    sender_text = peer_id_to_str(sender)
+    if type(ts_ms) is not int:
+        raise MessageRejected("garbage", "timestamp is not an integer", sender_text)
+    return Envelope(spec.kind, sender_text, sender, ts_ms, _body(spec, fields, sender_text),
+                    len(payload) + SIGNATURE_BYTES, payload, None)
+
+
+def _outer(payload: bytes) -> tuple[MessageSpec, bytes, Any, Any]:
+    """(spec, sender, ts_ms, fields) of a payload, after the checks of its envelope's shape."""
+    outer = _loads(payload)
+    if not (isinstance(outer, list) and len(outer) == 5):
+        raise MessageRejected("garbage", "envelope is not a 5-element array")
+    version, kind, sender, ts_ms, fields = outer
+    if version != WIRE_VERSION or type(version) is not int:
+        raise MessageRejected("bad_version", f"version {version!r}")
+    if type(kind) is not str:
+        raise MessageRejected("garbage", "kind is not text")
+    spec = _REGISTRY.get(kind)
+    if spec is None:
+        raise MessageRejected("unknown_type", kind[:64])
+    if type(sender) is not bytes:
+        raise MessageRejected("bad_sender", "sender is not bytes")
+    return spec, sender, ts_ms, fields
+
+
+def _body(spec: MessageSpec, fields: Any, sender_text: str) -> Any:
+    try:
+        return spec.from_wire(fields)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise MessageRejected("invalid_field", f"{spec.kind}: {exc}", sender_text) from exc
 
 
 def signed_payload(envelope: Envelope[Any]) -> bytes:

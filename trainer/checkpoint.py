@@ -154,6 +154,16 @@ def read_version(out_dir: str | os.PathLike[str], version: int) -> tuple[dict[st
     return optim, state
 
 
+def trained_keys(out_dir: str | os.PathLike[str], version: int) -> set[tuple[str, int]]:
+    """The (worker, step) keys the learner had trained by `version` and still remembers (its
+    `seen`, in the async window): empty for a version not on disk, or one without them."""
+    try:
+        state = json.loads((version_dir(out_dir, version) / STATE_FILE).read_text())
+        return {(str(worker), int(step)) for worker, step in state.get("seen", [])}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return set()
+
+
 def prune(out_dir: str | os.PathLike[str], keep_last: int) -> None:
     """Delete all but the newest `keep_last` complete versions (0 keeps everything)."""
     if keep_last <= 0:

@@ -56,13 +56,23 @@ Restarts. Validators keep their bans and nonces across a trainer restart, so a f
 would admit unchecked, for good, every worker they banned (refused `banned`, never claimed) and
 any copy of a batch heard before it. `snapshot` and `restore` carry what prevents that: the
 reputation, `forgotten_before`, the (worker, step) keys and the nonces still in their window,
-times as wall-clock seconds. A restored key has no batch (batches are not kept), but a copy
-that shares it is a sibling all the same, and the ledger still knows its id, so a verdict on
-it heard after the restart counts toward its worker's reputation. The snapshot also carries
-the leaderboard's rows (`Contributions.snapshot`: counts, reasons, ban marks, compute totals;
-not its verdict log). The trainer role keeps the snapshot on disk (`trainer.intake_state`);
-`revision` tells it when the snapshot changed. Verdicts published while the trainer was down
-are never heard: a failure among them counts for the validators and not here, so a worker
+times as wall-clock seconds. Workers send one batch per step and wait for the next version, so
+the batches themselves are carried too, or a restarted trainer would wait for its step's
+batches while every worker waits for its next version: each kept batch's payload (written
+once, beside the state file) with the verdicts heard on it and its marks (`trainer.intake_kept`;
+`spooled` drops the envelope kept until then). A batch whose payload is missing or damaged
+comes back as a key only: a copy that shares it is a sibling all the same, and the ledger still
+knows its id, so a verdict on it heard after the restart counts toward its worker's
+reputation. An unclaimed, undecided batch waits `unchecked_after_s` from the restart (a claim
+made while we were down comes back by recall first), and the newest version published is
+carried, so the future-step bound holds from the start. `resume_at` takes back training marks
+of versions the restarted learner lacks, and makes those its checkpoint lists but we lost.
+The snapshot also carries the leaderboard's rows (`Contributions.snapshot`: counts, reasons,
+ban marks, compute totals; not its verdict log). The trainer role keeps the snapshot on disk
+(`trainer.intake_state`); `revision` tells it when the snapshot changed, `heard_once` when it
+changed by something nobody sends again (a batch, a claim, a verdict), to be saved soon.
+Messages published while the trainer was down are never heard: a batch submitted then is not
+trained on, and a failure among the verdicts counts for the validators and not here, so a worker
 they ban on it is refused unclaimed while this intake has not banned it.
 
 Rewards, advantages and training are not here (`trainer.learner`); neither are sockets.
@@ -81,16 +91,16 @@ from p2pnet.errors import MessageRejected
 from p2pnet.identity import SignatureChecker
 from p2pnet.wire import Envelope
 from relay.messages import HOLDING_TOPIC, Holding
+from trainer.intake_restart import IntakeMemory, Restarts
+from trainer.intake_recall import EarlyVerdicts, recalled_submission
 from trainer.leaderboard import Contributions
-from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict,
+from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Recalled, Submission, Verdict,
                              submission_id)
 from verify.assign import check_remote_ticket
-from verify.reputation import Reputation, ReputationConfig, WorkerBanned, finite_s
+from verify.reputation import Reputation, ReputationConfig, WorkerBanned
 from verify.validator import Penalise, ValidatorCoreConfig
 from verify.verdicts import Directory, Membership, Outcome, SubmissionInfo, VerdictLedger
 
-STATE_FORMAT = 2  # `Intake.snapshot`'s layout; 2 added "leaderboard" (a format 1 file restores with an empty one)
-READ_FORMATS = (1, 2)
 SKEW_WARN_INTERVAL_S = 60.0  # `BatchesSkewed` at most this often, counting the workers skewed this long
 # copies of one (worker, step) kept: an honest worker sends one; each copy is up to 2 MiB, and a
 # worker sending thousands held them all until the step's window closed
@@ -105,38 +115,6 @@ class BatchesSkewed:
     agree point at our clock. Emitted at most once per `SKEW_WARN_INTERVAL_S`."""
     workers: int
     median_age_s: float
-
-
-@dataclass(frozen=True)
-class IntakeMemory:
-    """A copy of the intake's verification memory at `now` (`Intake.memory`); `to_json` is the
-    snapshot, times turned into wall-clock seconds."""
-    now: float
-    wall_s: float
-    forgotten_before: int
-    reputation: dict[str, Any]  # already JSON-able (`Reputation.snapshot`)
-    steps: list[tuple[str, int]]
-    nonces: list[tuple[tuple[str, bytes], float]]  # oldest first, with when last heard
-    horizon: float  # nonces heard before this are forgotten
-    submissions: list[tuple[bytes, SubmissionInfo]]  # the batches kept: a verdict on one may come after a restart
-    leaderboard: dict[str, Any]  # already JSON-able (`Contributions.snapshot`)
-
-    def to_json(self) -> dict[str, Any]:
-        steps: dict[str, list[int]] = {}
-        for worker, step in self.steps:
-            steps.setdefault(worker, []).append(step)
-        nonces: dict[str, list[list[Any]]] = {}
-        offset = self.wall_s - self.now
-        for (worker, nonce), heard in self.nonces:
-            if heard >= self.horizon:
-                nonces.setdefault(worker, []).append([nonce.hex(), round(heard + offset, 3)])
-        submissions: dict[str, list[list[Any]]] = {}
-        for sid, info in self.submissions:
-            submissions.setdefault(info.worker, []).append([sid.hex(), info.step, info.model_version,
-                                                            round(info.seen_at + offset, 3)])
-        return {"format": STATE_FORMAT, "forgotten_before": self.forgotten_before, "reputation": self.reputation,
-                "steps": {w: sorted(s) for w, s in sorted(steps.items())}, "nonces": nonces,
-                "submissions": submissions, "leaderboard": self.leaderboard}
 
 
 @validated
@@ -185,6 +163,9 @@ class Batch:
     skewed: bool = False  # reached us further than unchecked_max_skew_s from its timestamp: never unchecked
     withheld: bool = False  # counted under dropped["sibling"] or dropped["skewed"] (once)
     refused: bool = False  # the learner refused it (`mark_refused`): never offered again
+    trained_into: int | None = None  # the version it was trained into (`mark_trained`)
+    # as received, until the state file's folder holds its payload (`Intake.spooled`): then None
+    envelope: Envelope[Any] | None = None
 
 
 @dataclass
@@ -198,9 +179,9 @@ class WorkerLedger:
     outcomes: dict[bytes, Outcome] = field(default_factory=dict)
 
 
-class Intake(ReactiveCore):
+class Intake(ReactiveCore, Restarts):
     topics = (SUBMISSIONS_TOPIC, CLAIMS_TOPIC, VERDICTS_TOPIC, HOLDING_TOPIC)
-    kinds = (Submission.KIND, Claim.KIND, Verdict.KIND, Holding.KIND)  # type: ignore[attr-defined]
+    kinds = (Submission.KIND, Claim.KIND, Verdict.KIND, Holding.KIND, Recalled.KIND)  # type: ignore[attr-defined]
 
     def __init__(self, config: IntakeConfig, self_id: str, directory: Directory | None) -> None:
         self.config = config
@@ -225,6 +206,12 @@ class Intake(ReactiveCore):
         self.by_nonce: OrderedDict[tuple[str, bytes], tuple[float, list[bytes]]] = OrderedDict()
         self.contributions = Contributions()  # the leaderboard: admitted facts only (trainer.leaderboard)
         self.revision = 0  # counts changes to what `snapshot` returns (a caller saves when it moved)
+        # counts the changes nobody sends again (a batch kept, a claim or verdict admitted): a
+        # restarted trainer has them only from its state file, so a caller saves these soon
+        self.heard_once = 0
+        self.early = EarlyVerdicts()  # claims and verdicts that came before their submission
+        self.recalled = 0  # batches first heard from a worker's answer to our recall (`verify.recall`)
+        self.asked: set[str] = set()  # peers whose `Recalled` answers we take now (`asking`)
         self._skews: dict[str, tuple[float, float]] = {}  # worker -> (when, age) of its last skewed batch
         self._skew_warned_at = -math.inf
 
@@ -234,6 +221,16 @@ class Intake(ReactiveCore):
         body = envelope.body
         if isinstance(body, Submission):
             return self._on_submission(now, envelope)
+        if isinstance(body, Recalled):  # a worker's answer to our recall (`trainer.intake_recall`)
+            if envelope.sender not in self.asked:
+                return self._drop("recall_unasked")  # frames of any age only from whom we asked, while we ask
+            inner = recalled_submission(envelope)
+            if inner is None:
+                return self._drop("recall_bad")
+            kept = len(self.batches)
+            effects = self._on_submission(now, inner, recalled=True)
+            self.recalled += len(self.batches) - kept
+            return effects
         if isinstance(body, Claim):
             batch = self.batches.get(body.submission_id)
             if batch is not None and self.membership.is_validator(envelope.sender):
@@ -242,7 +239,10 @@ class Intake(ReactiveCore):
                                         self.config.sample_rate, self.membership.live_validators())
                 except MessageRejected as exc:
                     return self._drop(f"claim_{exc.reason}")
-                batch.claimed = True
+                if not batch.claimed:
+                    batch.claimed = True
+                    self.revision += 1
+                    self.heard_once += 1
             return []
         if isinstance(body, Verdict):
             return self._on_verdict(now, envelope)
@@ -259,14 +259,14 @@ class Intake(ReactiveCore):
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
         return []
 
-    def _on_submission(self, now: float, envelope: Envelope[Any]) -> list[Effect]:
+    def _on_submission(self, now: float, envelope: Envelope[Any], *, recalled: bool = False) -> list[Effect]:
         worker, sub = envelope.sender, envelope.body
         sid = submission_id(envelope)
         if sid in self.batches:
             return []  # a gossip duplicate
         if sub.step < self.forgotten_before:
             return self._drop("stale_step")  # its window closed: too late to train on, or a late echo
-        if self.latest_published is not None and sub.step > self.latest_published + self.config.async_level + 1:
+        if self._too_far(sub.step):
             return self._drop("future_step")  # no honest worker is this far ahead; kept, it would never be forgotten
         if not self.membership.is_worker(worker):
             return self._drop("unknown_worker")
@@ -278,11 +278,15 @@ class Intake(ReactiveCore):
         ledger.submitted += 1
         self.contributions.submitted(worker)
         age = envelope.age_s  # None: built in-process (the simulator), never skewed
-        skewed = age is not None and abs(age) > self.config.unchecked_max_skew_s
-        self.batches[sid] = batch = Batch(sid, worker, sub, now, skewed=skewed)
+        skewed = recalled or (age is not None and abs(age) > self.config.unchecked_max_skew_s)
+        self.batches[sid] = batch = Batch(sid, worker, sub, now, skewed=skewed, envelope=envelope)
+        self.heard_once += 1
         self._link(now, batch)
         self.ledger.note_submission(sid, SubmissionInfo(worker, sub.step, sub.model_version, now))
-        return self._skewed(now, worker, age) if age is not None and skewed else []
+        effects = self._skewed(now, worker, age) if age is not None and skewed and not recalled else []
+        for early in self.early.take(now, sid):  # claims and verdicts that came first
+            effects += self.on_message(now, early)
+        return effects
 
     def _skewed(self, now: float, worker: str, age_s: float) -> list[Effect]:
         """Say, now and then, that batches are withheld for their timestamps: a clock off by more
@@ -326,9 +330,13 @@ class Intake(ReactiveCore):
         try:
             self.ledger.admit(envelope.sender, envelope.sender_bytes, verdict)
         except MessageRejected as exc:
+            if exc.reason == "unknown_submission" and self.membership.is_validator(envelope.sender):
+                self.early.park(now, verdict.submission_id, envelope)  # its submission may come yet
+                return []
             if exc.reason in ("unknown_submission", "duplicate"):
                 return self._drop(exc.reason)  # races and gossip echoes, not malice
             return [Emit(Penalise(envelope.sender, exc.reason))]
+        self.heard_once += 1
         batch = self.batches.get(verdict.submission_id)
         if batch is None:  # forgotten, its window closed: what it earned stays, a failure still counts
             return self._reputation(now, verdict.worker, verdict.submission_id, envelope.sender, verdict)
@@ -399,11 +407,15 @@ class Intake(ReactiveCore):
                 self._drop("learner_refused")
         self.revision += bool(batches)
 
-    def mark_trained(self, batches: list[Batch]) -> None:
+    def mark_trained(self, batches: list[Batch], version: int | None = None) -> None:
+        """The learner trained these into `version` (`resume_at` takes the mark back if a restart
+        finds the learner without that version)."""
         self.revision += bool(batches)  # the leaderboard's trained counts
+        self.heard_once += bool(batches)  # soon on disk: a restart must not offer them to the learner again
         for batch in batches:
             batch.trained = True
-            self.workers[batch.worker].trained_batches += 1
+            batch.trained_into = version
+            self.workers.setdefault(batch.worker, WorkerLedger()).trained_batches += 1
             self.contributions.trained(batch)
 
     def forget_before_step(self, step: int) -> None:
@@ -428,68 +440,12 @@ class Intake(ReactiveCore):
             del self.holders[version]
         self.contributions.forget(forgotten, floor)
 
-    # -- what survives a restart ----------------------------------------------------------------
+    def asking(self, peer: str) -> None:
+        """We sent `peer` a `Recall`: its `Recalled` answers are taken until `asking_done`."""
+        self.asked.add(peer)
 
-    def memory(self, now: float, wall_s: float) -> IntakeMemory:
-        """What `snapshot` returns, copied but not yet converted: cheap enough to take in the
-        event loop (a list copy of the index) while `IntakeMemory.to_json` runs elsewhere."""
-        horizon = now - self.config.replay_window_s
-        return IntakeMemory(now, wall_s, self.forgotten_before, self.reputation.snapshot(now, wall_s),
-                            list(self.by_step), [(k, v[0]) for k, v in self.by_nonce.items()], horizon,
-                            [(b.sid, SubmissionInfo(b.worker, b.submission.step, b.submission.model_version, b.seen_at))
-                             for b in self.batches.values()], self.contributions.snapshot())
-
-    def snapshot(self, now: float, wall_s: float) -> dict[str, Any]:
-        """The verification memory a restarted trainer needs, as JSON-able data: the reputation
-        (bans, failed batches), `forgotten_before`, the (worker, step) keys indexed, the nonces
-        still remembered and the ids of the batches kept (worker, step, version: what a verdict
-        is checked against), with times as wall-clock seconds (`wall_s` is the wall clock at
-        `now`). Batches themselves are not in it: one heard before a restart is not trained on
-        after it, its keys make a later copy of it a sibling, and a verdict on it still counts
-        toward its worker's reputation. And the leaderboard's rows (`Contributions.snapshot`)."""
-        return self.memory(now, wall_s).to_json()
-
-    def restore(self, state: Any, now: float, wall_s: float) -> None:
-        """Take back a `snapshot` (made by an earlier process: `now` and `wall_s` are this one's
-        clocks at one moment) into an intake that has heard nothing yet. Its banned workers stay
-        banned and its keys make siblings of any copy heard from now on; steps before
-        `forgotten_before` and nonces older than `replay_window_s` are left out; the leaderboard's
-        rows come back (none from a format 1 snapshot, made before it was carried). ValueError if
-        `state` is not a snapshot."""
-        board = self.contributions
-        if self.batches or self.by_step or self.by_nonce or board.workers or board.validators:
-            raise RuntimeError("restore into a fresh intake")  # keeps `by_nonce` oldest first
-        try:
-            if state["format"] not in READ_FORMATS or isinstance(state["format"], bool):
-                raise ValueError(f"format {state['format']!r}, expected one of {READ_FORMATS}")
-            forgotten = _step(state["forgotten_before"])
-            steps = {(str(w), _step(step)) for w, listed in dict(state["steps"]).items() for step in listed}
-            horizon = now - self.config.replay_window_s
-            # a time ahead of `now` (the wall clock went back between the runs) is taken as now: kept a
-            # whole window from here, and `by_nonce` stays oldest first, so that pruning its head goes on
-            heard = sorted((min(now, now + finite_s(t) - wall_s), str(w), bytes.fromhex(n))
-                           for w, listed in dict(state["nonces"]).items() for n, t in listed)
-            noted = sorted(((now + finite_s(t) - wall_s, bytes.fromhex(sid), str(w), _step(step), _step(version))
-                            for w, listed in dict(state["submissions"]).items() for sid, step, version, t in listed),
-                           key=lambda entry: entry[0])  # oldest first, as the ledger forgets them
-            rows = Contributions.parse(state["leaderboard"]) if state["format"] >= 2 else ({}, {})
-            self.reputation.restore(state["reputation"], now, wall_s)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"not an intake snapshot: {exc!r}") from exc
-        self.forgotten_before = max(self.forgotten_before, forgotten)
-        for key in steps:
-            if key[1] >= self.forgotten_before:
-                self.by_step.setdefault(key, [])
-        for t, worker, nonce in heard:
-            if t >= horizon and (worker, nonce) not in self.by_nonce:
-                self.by_nonce[(worker, nonce)] = (t, [])
-        for t, sid, worker, step, version in noted:  # a verdict on one still counts (as on a forgotten batch)
-            if step >= self.forgotten_before:
-                self.ledger.note_submission(sid, SubmissionInfo(worker, step, version, t))
-        board.restore(rows)
-        for worker in self.reputation.banned(now):
-            self.workers.setdefault(worker, WorkerLedger()).banned = True
-            self.contributions.banned(worker)
+    def asking_done(self) -> None:
+        self.asked.clear()
 
     def step_counts(self, step: int) -> tuple[int, int]:
         """(accepted, rejected) batches submitted for `step` so far."""
@@ -522,9 +478,3 @@ class Intake(ReactiveCore):
         return [{"peer_id": w, "submitted": l.submitted, "accepted": l.accepted, "rejected": l.rejected,
                  "banned": l.banned, "trained_batches": l.trained_batches}
                 for w, l in sorted(self.workers.items())]
-
-
-def _step(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"not a step: {value!r}")
-    return value

@@ -1,4 +1,5 @@
-"""The intake's verification memory on disk: `intake_state.json` in the trainer's out_dir.
+"""The intake's verification memory on disk: `intake_state.json` in the trainer's out_dir, and
+beside it `intake_batches/`, one file per kept batch (its signed payload, as received).
 
 Owns the file, not what is in it (`Intake.snapshot` / `Intake.restore` say that): `load_into`
 reads it at start (a format 1 file, from before the leaderboard's rows were carried, loads with an
@@ -11,6 +12,16 @@ state damaged:
 `LocalStateError` naming it, unless `discard_damaged` (the trainer's
 `discard_damaged_intake_state`) says start empty; the damaged file is then moved aside to
 `intake_state.json.damaged`, never read again.
+
+Kept batches (`trainer.intake_kept`: without them a restarted trainer stalls its step). Each
+save first writes the payloads of batches heard since the last one (each file written under a
+temporary name, fsynced and renamed, then the folder fsynced once), then the state file that
+lists them, then removes the files of batches the intake no longer keeps: the state file never
+names a payload that is not on disk, and a file it does not name is never read (one left by a
+crash between the two writes goes at the next save). Batches, claims and verdicts
+(`Intake.heard_once`) are saved within `SOON_S`, not `interval_s`: nobody sends them again.
+`load_into` reads the payloads the file lists; one missing or damaged costs that batch only
+(logged; its keys still make a later copy a sibling).
 
 What a crash can lose, and why that is acceptable: a failed verdict or a ban is on disk within
 two writes of it (one under way, then its own: milliseconds for a small index, under a second
@@ -44,6 +55,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -52,12 +64,14 @@ from typing import Any, Callable
 import trio
 
 from p2pnet.errors import LocalStateError
-from p2pnet.files import atomic_write_bytes
+from p2pnet.files import atomic_write_bytes, fsync_dir
 from trainer.intake import Intake, IntakeMemory
 
 log = logging.getLogger(__name__)
 INTAKE_STATE_FILE = "intake_state.json"
+BATCHES_DIR = "intake_batches"  # beside the state file
 SAVE_INTERVAL_S = 5.0
+SOON_S = 1.0  # a batch, claim or verdict heard is on disk within this (plus the write)
 
 
 def _refuse_constant(name: str) -> float:
@@ -75,7 +89,8 @@ def load_into(intake: Intake, path: Path, now: float, wall_s: float, *, discard_
     except OSError as exc:
         raise LocalStateError(f"cannot read the trainer's intake state {path}: {exc.strerror or exc}") from exc
     try:
-        intake.restore(json.loads(data, parse_constant=_refuse_constant), now, wall_s)
+        state = json.loads(data, parse_constant=_refuse_constant)
+        lost = intake.restore(state, now, wall_s, _payloads(path.with_name(BATCHES_DIR), state))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # json: ValueError, or nesting too deep
         if not discard_damaged:
             raise LocalStateError(
@@ -87,7 +102,58 @@ def load_into(intake: Intake, path: Path, now: float, wall_s: float, *, discard_
         log.warning("trainer: intake state %s is damaged (%s): moved to %s, starting without bans or sibling "
                     "index (trainer.discard_damaged_intake_state)", path, exc, aside)
         return False
+    if lost:
+        log.warning("trainer: %d batch(es) listed in %s have no sound payload in %s: they are not trained on "
+                    "(their keys still make later copies siblings)", lost, path, path.with_name(BATCHES_DIR))
     return True
+
+
+def _payloads(folder: Path, state: Any) -> dict[bytes, bytes]:
+    """The payloads in `folder` of the batches `state` lists (what the intake checks them against
+    is its own business); an unreadable file is left out, as a missing one."""
+    out: dict[bytes, bytes] = {}
+    listed = state.get("batches", []) if isinstance(state, dict) else []
+    for entry in listed if isinstance(listed, list) else []:
+        name = entry.get("sid") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or len(name) != 64 or name.strip("0123456789abcdef"):
+            continue  # the intake's parse names what is wrong with the entry
+        try:
+            out[bytes.fromhex(name)] = (folder / name).read_bytes()
+        except OSError as exc:
+            log.warning("trainer: cannot read the kept batch %s: %s", folder / name, exc.strerror or exc)
+    return out
+
+
+def _write_payloads(folder: Path, memory: IntakeMemory) -> list[bytes]:
+    """Write the payloads `memory` carries (each crash-safe, the folder fsynced once), then
+    remove the files of batches no longer kept; the ids written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kept in memory.kept:
+        if kept.payload is None:
+            continue
+        target = folder / kept.sid.hex()
+        tmp = folder / f".{target.name}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(kept.payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        written.append(kept.sid)
+    if written:
+        fsync_dir(folder)
+    return written
+
+
+def _remove_unlisted(folder: Path, memory: IntakeMemory) -> None:
+    listed = {kept.sid.hex() for kept in memory.kept}
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name not in listed:
+            (folder / name).unlink(missing_ok=True)
 
 
 class IntakeStateFile:
@@ -101,6 +167,8 @@ class IntakeStateFile:
         self.interval_s = interval_s
         self.wall = wall
         self.saved_revision = -1  # the intake's revision the file holds (-1: not written by us yet)
+        self.saved_heard = 0  # the intake's `heard_once` the file holds
+        self.soon_s = min(SOON_S, interval_s)
         self.saves = 0
         self.failed_writes = 0  # writes that raised OSError (each logged; retried)
         self.last_error = ""
@@ -111,30 +179,47 @@ class IntakeStateFile:
         """Save now, not at the next interval (a failed verdict or a ban: rare, and must last)."""
         self._urgent.set()
 
-    def _write(self, memory: IntakeMemory) -> None:
+    def _write(self, memory: IntakeMemory) -> list[bytes]:
+        """Payloads, state file, then the payloads no longer listed (module docstring); the ids written."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        folder = self.path.with_name(BATCHES_DIR)
+        written = _write_payloads(folder, memory)
         atomic_write_bytes(self.path, json.dumps(memory.to_json(), separators=(",", ":"), allow_nan=False).encode())
+        _remove_unlisted(folder, memory)
+        return written
 
-    def _wrote(self, revision: int) -> None:
+    def _wrote(self, revision: int, heard_once: int, written: list[bytes]) -> None:
+        self.intake.spooled(written)
+        self.saved_heard = max(self.saved_heard, heard_once)
         self.saved_revision = max(self.saved_revision, revision)
         self.saves += 1
         self._saved.set()
         self._saved = trio.Event()
 
     async def keep(self) -> None:
-        """Until cancelled: save whenever the snapshot changed, at once when `urgent`."""
+        """Until cancelled: save whenever the snapshot changed, within `soon_s` when something was
+        heard that nobody sends again, at once when `urgent`."""
+        due = trio.current_time() + self.interval_s
+        retry_at = -math.inf  # after a failed write, what was heard waits for this (or `urgent`)
         while True:
-            with trio.move_on_after(self.interval_s):
+            with trio.move_on_after(self.soon_s):
                 await self._urgent.wait()
-            self._urgent = trio.Event()
-            if self.intake.revision != self.saved_revision:
-                revision, memory = self.intake.revision, self.intake.memory(trio.current_time(), self.wall())
+            urgent, self._urgent = self._urgent.is_set(), trio.Event()
+            now = trio.current_time()
+            heard = self.intake.heard_once != self.saved_heard
+            if not (urgent or now >= due or (heard and now >= retry_at)):
+                continue
+            due = retry_at = now + self.interval_s
+            if self.intake.revision != self.saved_revision or heard:
+                revision, heard_once = self.intake.revision, self.intake.heard_once
+                memory = self.intake.memory(trio.current_time(), self.wall())
                 try:
-                    await trio.to_thread.run_sync(self._write, memory)
+                    written = await trio.to_thread.run_sync(self._write, memory)
                 except OSError as exc:  # our disk: the bans stay in memory, the next pass tries again
                     self._failed(exc)
                     continue
-                self._wrote(revision)
+                retry_at = -math.inf
+                self._wrote(revision, heard_once, written)
 
     def _failed(self, exc: OSError) -> None:
         self.failed_writes += 1
@@ -146,15 +231,16 @@ class IntakeStateFile:
     def save(self) -> None:
         """Save now, in this thread (shutdown: a cancelled nursery can no longer wait on one);
         `LocalStateError` naming the file if the write fails."""
-        if self.intake.revision != self.saved_revision or not self.path.exists():
-            revision = self.intake.revision
+        if (self.intake.revision != self.saved_revision or self.intake.heard_once != self.saved_heard
+                or not self.path.exists()):
+            revision, heard_once = self.intake.revision, self.intake.heard_once
             try:
-                self._write(self.intake.memory(trio.current_time(), self.wall()))
+                written = self._write(self.intake.memory(trio.current_time(), self.wall()))
             except OSError as exc:
                 self._failed(exc)
                 raise LocalStateError(f"cannot write the trainer's intake state {self.path} at shutdown "
                                       f"({exc}): bans and failures since its last save are lost") from exc
-            self._wrote(revision)
+            self._wrote(revision, heard_once, written)
 
     async def wait_saved(self, revision: int) -> None:
         """Return once the file holds the intake's `revision` or a later one."""

@@ -32,8 +32,10 @@ went, is untimed too (the learner's window had closed on it: it is not trained o
 What survives a restart: `snapshot` / `restore`, carried in the intake's state file
 (`Intake.snapshot`, `trainer.intake_state`): every worker's and validator's counts, reasons,
 ban mark and compute total. Not carried: the verdict log (the dashboard's recent activity,
-5 000 entries: too much to rewrite every few seconds) and the per-batch seconds (batches are
-not carried; a verdict on one heard after the restart changes no row).
+5 000 entries: too much to rewrite every few seconds) and the per-batch seconds. The intake
+carries its kept batches (`trainer.intake_kept`): an accepted one comes back with its credit
+(`taken_back`), untimed, so a later verdict rejecting it takes the credit back as before; one
+trained into a version the crash lost gives its trained count back (`untrained`).
 
 A pure, synchronous ledger: no clock, I/O or randomness; the caller passes `now` (trio time).
 """
@@ -195,6 +197,22 @@ class Contributions:
         row = self.workers.setdefault(batch.worker, WorkerRow())
         row.trained_batches += 1
         row.trained_tokens += rollouts_and_tokens(batch.submission)[1]
+
+    def taken_back(self, batch: Any, credited: bool) -> None:
+        """An accepted batch kept across a restart (`Intake.restore`): its row already counts it
+        (the rows came back first), so only what a later verdict or copy needs is made again:
+        its credit for its (worker, step), untimed (its publish time was the last run's)."""
+        rollouts, tokens = rollouts_and_tokens(batch.submission)
+        timing = self.timing[batch.sid] = Timing(batch.worker, batch.submission.step, batch.submission.model_version,
+                                                 batch.seen_at, None, rollouts, tokens, credited=credited)
+        if credited:
+            self.credited[(timing.worker, timing.step)] = batch.sid
+
+    def untrained(self, batch: Any) -> None:
+        """A batch counted as trained into a version the crash lost (`Intake.resume_at`)."""
+        row = self.workers.setdefault(batch.worker, WorkerRow())
+        row.trained_batches = max(0, row.trained_batches - 1)
+        row.trained_tokens = max(0, row.trained_tokens - rollouts_and_tokens(batch.submission)[1])
 
     def banned(self, worker: str) -> None:
         self.workers.setdefault(worker, WorkerRow()).banned = True

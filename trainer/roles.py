@@ -14,7 +14,11 @@ never in its way. Its intake's verification memory (bans, failed batches, the si
 is kept in `out_dir/intake_state.json` and restored at start (`trainer.intake_state`: saved at
 once after a failed verdict or ban, within seconds after other changes, and at shutdown), so
 that a restart does not let workers the validators banned pass unchecked; a damaged file stops
-the start unless `discard_damaged_intake_state` is set. Both need the relay role in the same peer.
+the start unless `discard_damaged_intake_state` is set. The batches it kept come back with it
+(`trainer.intake_kept`), and a restarted trainer asks the workers and validators it meets for
+what they sent while it was down (`verify.recall`): a worker answers with the frames of its last
+few submissions, so a step whose batches the trainer missed is still trained. Both need the
+relay role in the same peer.
 
 A worker's `byzantine` setting exists for devnets and tests that must show cheaters caught: it
 makes the worker lie on purpose, and the worker says so loudly in its log and status.
@@ -41,11 +45,18 @@ from tasks.prompts import check_spec
 from trainer.intake import BatchesSkewed, Intake, IntakeConfig
 from trainer.intake_state import INTAKE_STATE_FILE, IntakeStateFile, load_into
 from trainer.metricsfile import METRICS_FILE, MetricsFile, tokens_of
+from verify.messages import Recalled
+from verify.recall import RecallCore
 from verify.reputation import BatchInvalidated, WorkerBanned
 from verify.validator import Penalise
 
 log = logging.getLogger(__name__)
 SUBMITTED_KEPT = 20  # a worker's latest batches its status shows (it counts them all in `totals`)
+RECALL_FOR_S = 120.0  # a restarted trainer asks the workers and validators it meets this long after its start
+RECALL_TICK_S = 1.0  # and looks for peers it has not asked this often
+RECALL_PER_TICK = 64  # asking at most this many each time
+RECALL_ANSWER_S = 30.0  # and takes answers this long after it stopped asking
+RECALL_CORE = "recall"  # the worker's core that answers a restarted trainer
 BYZANTINE_MODES = ("", "substitute_tokens", "other_model")
 WORKER_BACKENDS = ("auto", "torch", "vllm")  # trainer.vllm_backend.select_generator
 
@@ -99,11 +110,19 @@ class WorkerRole:
         self.backend_used = "torch"  # what generated the last batch (trainer.vllm_backend.select_generator)
         self.rejected = RejectedVersions()
         self._cheat_model: Any = None  # byzantine = other_model: the other weights it generates with
+        self.recall = RecallCore(self.relay.config.trusted_publishers)  # our frames, for a restarted trainer
         if self.config.byzantine:
             log.error("worker.byzantine=%s: this worker CHEATS on purpose (devnet/test setting)",
                       self.config.byzantine)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Generate and submit a batch per step; answer a restarted trainer's `Recall` with the
+        frames of the last few (`verify.recall`: workers never submit a step twice)."""
+        async with trio.open_nursery() as nursery:  # the answering core lives as long as the role
+            await nursery.start(self.node.run_core, self.recall, RECALL_CORE)
+            await self._work(task_status)
+
+    async def _work(self, task_status: trio.TaskStatus[None]) -> None:
         from trainer.rollout import GenerationConfig
 
         cfg = self.config
@@ -129,7 +148,9 @@ class WorkerRole:
             started = time.monotonic()
             files = self._version_files()
             batch, timing = await trio.to_thread.run_sync(self._generate, model, tokenizer, step, generation, files)
-            await self._submit(batch)
+            frame = await self._submit(batch)
+            if frame is not None:
+                self.recall.answers.sent(self.node.peer_id, step, Recalled(frame))
             last_step = step
             for key, value in (("batches", 1), ("rollouts", len(batch.rollouts)), ("tokens", batch.n_output_tokens),
                                ("generate_s", timing.generate_s), ("proof_s", timing.proof_s)):
@@ -208,7 +229,7 @@ class WorkerRole:
             self._cheat_model = other.eval()
         return self._cheat_model
 
-    async def _submit(self, batch: Any) -> None:
+    async def _submit(self, batch: Any) -> bytes | None:
         from verify.messages import SUBMISSIONS_TOPIC, Stack, stack_of, submission_from_batch
 
         stack = stack_of(self.loaded[0], self.backend_used) if self.loaded is not None else None
@@ -217,7 +238,7 @@ class WorkerRole:
         submission = submission_from_batch(batch, model=self.config.model_name,
                                            prompts_per_submission=self.config.prompts_per_batch,
                                            nonce=os.urandom(16), **({"stack": stack} if stack else {}))
-        await self.node.publish(SUBMISSIONS_TOPIC, submission)
+        return await self.node.publish(SUBMISSIONS_TOPIC, submission)  # the frame sent
 
     def status(self) -> dict[str, Any]:
         return {"version": self.version, "byzantine": self.config.byzantine, "submitted": list(self.submitted),
@@ -244,7 +265,7 @@ def _substitute_answers(batch: Any, tokenizer: Any, spec: str = "arithmetic") ->
 @dataclass(frozen=True)
 class TrainerConfig:
     model_dir: Path  # the starting model folder (version 0)
-    out_dir: Path  # checkpoint versions are written here as v{version}/ (training resumes from the newest), and the intake's bans, sibling index and contributors leaderboard as intake_state.json
+    out_dir: Path  # checkpoint versions are written here as v{version}/ (training resumes from the newest), and the intake's bans, sibling index and contributors leaderboard as intake_state.json, the batches it keeps in intake_batches/
     model_name: str = "tiny"  # the model name in manifests and submissions
     steps: int = 20  # train this many steps, then stop training (the peer keeps serving)
     batches_per_step: int = 0  # 0: wait until every live, unbanned worker's batch is decided
@@ -307,10 +328,11 @@ class TrainerRole:
         self.intake = Intake(cfg.intake_config(), node.peer_id, node.peertable)
         # what the validators' refusals rely on: bans and the sibling index outlive a restart
         state_path = cfg.out_dir / INTAKE_STATE_FILE
-        if load_into(self.intake, state_path, trio.current_time(), time.time(),
-                     discard_damaged=cfg.discard_damaged_intake_state):
-            log.info("trainer: intake state restored from %s (%d banned workers)", state_path,
-                     len(self.intake.reputation.banned(trio.current_time())))
+        self.restored = load_into(self.intake, state_path, trio.current_time(), time.time(),
+                                  discard_damaged=cfg.discard_damaged_intake_state)
+        if self.restored:
+            log.info("trainer: intake state restored from %s (%d banned workers, %d batches kept)", state_path,
+                     len(self.intake.reputation.banned(trio.current_time())), len(self.intake.batches))
         self.intake_state = IntakeStateFile(state_path, self.intake)
         self.history: list[dict[str, Any]] = []
         self.published_at: dict[int, float] = {}
@@ -347,6 +369,8 @@ class TrainerRole:
         self.node.on_event(self._on_event)
         try:
             async with trio.open_nursery() as cores:
+                if not self.restored:
+                    self.intake_state.save()  # so that a crash from now on restarts as a restart (`_recall`)
                 runner = await cores.start(self.node.run_core, self.intake, "intake")
                 cores.start_soon(self.intake_state.keep)
                 await self._train(runner, task_status)
@@ -357,7 +381,14 @@ class TrainerRole:
         self.started_at = trio.current_time()
         self.learner = await trio.to_thread.run_sync(self._build_learner)
         self.version = self.learner.version
+        from trainer.checkpoint import trained_keys  # (torch: imported where a learner is built, not by every peer)
+
+        # batches trained into a version the last run did not write, or into one it wrote but did not mark
+        self.intake.resume_at(self.version, trained_keys(self.config.out_dir, self.version))
+        recalling = trio.CancelScope()  # ends with training: steps past the last need nothing
         async with trio.open_nursery() as nursery:
+            if self.restored or self.version > 0:  # a restart: what was sent while we were down is asked for
+                nursery.start_soon(self._recall, max(0, self.version - self.config.async_level), recalling)
             await self._publish(self.version)
             task_status.started()
             while self.version < self.config.steps:
@@ -367,15 +398,41 @@ class TrainerRole:
                 stats = await trio.to_thread.run_sync(self.learner.step, [_to_batch(b) for b in batches])
                 refused = set(stats.refused)  # validators accepted them, the learner's rules did not:
                 self.intake.mark_refused([b for i, b in enumerate(batches) if i in refused])  # never offered again
-                self.intake.mark_trained([b for i, b in enumerate(batches) if i not in refused] if stats.trained else [])
+                self.intake.mark_trained([b for i, b in enumerate(batches) if i not in refused] if stats.trained else [],
+                                         stats.version)
                 self._record(stats, batches, gather_s)
                 if stats.trained:
                     self.version = stats.version
-                    self.intake.forget_before_step(self.version - self.config.async_level)
                     nursery.start_soon(self._flush_and_publish, stats.version)
             self.done = True
+            recalling.cancel()
             log.info("trainer: reached %d steps", self.config.steps)
         await trio.to_thread.run_sync(self.learner.close)  # a learner group's ranks checkpoint and exit
+
+    async def _recall(self, since_step: int, scope: trio.CancelScope) -> None:
+        """Ask each worker and validator we meet within `RECALL_FOR_S` of the restart, once, for
+        what it sent for steps >= `since_step` (`verify.recall`); the answers reach the intake,
+        which takes workers' frames only from those asked, until `RECALL_ANSWER_S` after."""
+        from p2pnet.core import Send
+        from verify.messages import Recall
+
+        asked: set[str] = set()
+        until = trio.current_time() + RECALL_FOR_S
+        with scope:
+            try:
+                while trio.current_time() < until:
+                    peers = [e.peer_id for e in self.node.peertable.with_role("worker")
+                             + self.node.peertable.with_role("validator")]
+                    for peer in [p for p in peers if p not in asked][:RECALL_PER_TICK]:  # the outbox is shared
+                        asked.add(peer)
+                        self.intake.asking(peer)
+                        self.node.carry_out("intake", Send(peer, Recall(since_step)))
+                    await trio.sleep(RECALL_TICK_S)
+                await trio.sleep(RECALL_ANSWER_S)  # the last ones asked have answered
+            finally:
+                self.intake.asking_done()
+        log.info("trainer: asked %d workers and validators for what they sent for steps >= %d: %d batches came "
+                 "back that way", len(asked), since_step, self.intake.recalled)
 
     async def _gather(self, runner: Any) -> list[Any]:
         """Admitted batches for this step, once every live worker's batch is decided (or on timeout)."""
@@ -396,6 +453,9 @@ class TrainerRole:
     async def _flush_and_publish(self, version: int) -> None:
         flushing = trio.current_time()
         await trio.to_thread.run_sync(self.learner.flush)
+        # only now that `version` is on disk: forgotten before, a crash in the write left the
+        # restarted learner a step its batches were gone for (`Intake.resume_at` needs them)
+        self.intake.forget_before_step(version - self.config.async_level)
         publishing = trio.current_time()
         await self._publish(version)
         self.publish_timing[version] = {"write_s": round(publishing - flushing, 4),
@@ -458,6 +518,7 @@ class TrainerRole:
                  for h in self.history]
         return {"version": self.version, "steps_target": self.config.steps, "done": self.done, "ranks": self.config.ranks,
                 "history": steps, "workers": self.intake.workers_json(), "dropped": dict(self.intake.dropped),
+                "recalled_batches": self.intake.recalled,
                 "intake_state": self.intake_state.status(),
                 **self.contributions_json()}
 

@@ -491,7 +491,9 @@ class ValidatorRole:
         self.models = model_source or ModelSource(self.config.model_path, self.config.checkpoint_dir,
                                                   cache_size=self.config.model_cache, device=self.config.device)
         self.checker = checker or SubmissionChecker.from_config(self.config, self.models)
-        self.core = ValidatorCore(self.config.core_config(), node.identity, node.peertable)
+        trainers = tuple(self.relay.config.trusted_publishers) if self.relay is not None else ()  # recall askers
+        self.core = ValidatorCore(replace(self.config.core_config(), trainers=trainers), node.identity,
+                                  node.peertable)
         self.runner: Any = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self._jobs_send, self._jobs_receive = trio.open_memory_channel[CheckRequested](self.config.max_queue + 8)

@@ -8,6 +8,9 @@ Flow: a worker publishes a signed `Submission` on `SUBMISSIONS_TOPIC` (the worke
 envelope's sender). Each validator draws its ticket for it (verify.assign); the selected
 ones publish a `Claim` on `CLAIMS_TOPIC`, the lowest claim checks, and it publishes a signed
 `Verdict` on `VERDICTS_TOPIC`. The trainer's intake listens to submissions and verdicts.
+A trainer that restarted sends `Recall` to workers and validators; they answer directly, a
+worker with `Recalled` (its submission frames as first sent), a validator with its claims and
+verdicts (`verify.recall`).
 
 Submission id: blake3 of the *signed payload* of the submission (wire version, kind, sender,
 timestamp and fields) exactly as it was received (`p2pnet.wire.signed_payload`), never a
@@ -260,6 +263,33 @@ class Verdict:
             raise ValueError(f"at most {MAX_REASONS} reasons of 1..{MAX_REASON_CHARS} characters")
         if self.checked_rollouts < 1:
             raise ValueError("checked_rollouts must be >= 1")
+
+
+@message("verify/recall", max_bytes=256)
+@dataclass(frozen=True, slots=True)
+class Recall:
+    """A restarted trainer asks, directly, for what it may have missed while it was down: the
+    worker's own submissions and the validator's claims and verdicts of steps >= `since_step`
+    (`verify.recall`). Workers and validators answer only their trusted publishers."""
+
+    since_step: int
+
+    def __post_init__(self) -> None:
+        if self.since_step < 0:
+            raise ValueError("since_step must be >= 0")
+
+
+@message("verify/recalled", max_bytes=SUBMISSION_MAX_BYTES + 1024)
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A worker's answer to a `Recall`: one of its submissions, the frame exactly as it first
+    published it (signed then: its id is the one validators' verdicts name), sent directly."""
+
+    frame: bytes
+
+    def __post_init__(self) -> None:
+        if not SIGNATURE_BYTES < len(self.frame) <= SUBMISSION_MAX_BYTES:
+            raise ValueError(f"a submission frame of {len(self.frame)} bytes")
 
 
 # -- ids and helpers ----------------------------------------------------------------------

@@ -19,6 +19,9 @@ admitted verdicts feed `verify.reputation`, whose events (`BatchInvalidated`, `W
 are emitted. Misbehaviour that cannot be an honest race is reported as `Penalise(peer,
 reason)` for the shell to charge to the peer table.
 
+Our claims and verdicts are kept, by step, for a restarted trainer that asks (`Recall`, from a
+peer in `trainers`): answered directly, signed again (`verify.recall`).
+
 No clock, socket or global random here: time is `now`, the ticket is a deterministic
 signature with this validator's key (see `verify.assign`).
 """
@@ -35,7 +38,9 @@ from p2pnet.errors import MessageRejected
 from p2pnet.identity import Identity, SignatureChecker
 from p2pnet.wire import Envelope
 from verify.assign import choose_rows, eligibility_threshold, make_ticket, ticket_value, check_remote_ticket
-from verify.messages import CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Submission, Verdict, submission_id
+from verify.messages import (CLAIMS_TOPIC, SUBMISSIONS_TOPIC, VERDICTS_TOPIC, Claim, Recall, Submission, Verdict,
+                             submission_id)
+from verify.recall import VALIDATOR_KEPT, VALIDATOR_WORKERS, RecallAnswers
 from verify.reputation import Reputation, ReputationConfig
 from verify.verdicts import Directory, Membership, SubmissionInfo, VerdictLedger, summarize
 
@@ -63,6 +68,7 @@ class ValidatorCoreConfig:
     ban_after_failures: int = 2
     ban_min_validators: int = 1
     ban_s: float = 0.0
+    trainers: tuple[str, ...] = ()  # whose `Recall` we answer (`verify.recall`): the relay's trusted publishers
 
     def check(self) -> dict[str, str]:
         problems = {}
@@ -178,7 +184,7 @@ class _Pending:
 
 class ValidatorCore:
     topics = (SUBMISSIONS_TOPIC, CLAIMS_TOPIC, VERDICTS_TOPIC)
-    kinds = (Submission.KIND, Claim.KIND, Verdict.KIND)  # type: ignore[attr-defined]
+    kinds = (Submission.KIND, Claim.KIND, Verdict.KIND, Recall.KIND)  # type: ignore[attr-defined]
 
     def __init__(self, config: ValidatorCoreConfig, identity: Identity, directory: Directory | None) -> None:
         self.config = config
@@ -194,6 +200,8 @@ class ValidatorCore:
         self._pending: dict[bytes, _Pending] = {}
         self._claims: dict[bytes, tuple[int, str, float]] = {}  # lowest remote claim: value, peer, when
         self._checking = 0
+        self.recall = RecallAnswers(config.trainers, per_worker=VALIDATOR_KEPT,  # our claims and verdicts
+                                    workers=VALIDATOR_WORKERS)
         self.stats: dict[str, Any] = {
             "seen": 0, "selected": 0, "checked": 0, "accepted": 0, "rejected": 0, "dropped": 0,
             "check_errors": 0, "standby": 0, "takeovers": 0, "verdicts_admitted": 0,
@@ -216,6 +224,8 @@ class ValidatorCore:
             return self._on_claim(now, envelope)
         if isinstance(body, Verdict):
             return self._on_verdict(now, envelope)
+        if isinstance(body, Recall):
+            return self.recall.answer(now, envelope)
         return []
 
     def on_timer(self, now: float, key: str) -> list[Effect]:
@@ -248,6 +258,7 @@ class ValidatorCore:
         self.stats["check_s_total"] += check_s
         self.stats["check_s_last"] = check_s
         self.ledger.record_own(sid, self.identity.peer_id, ok)
+        self.recall.sent(pending.worker, sub.step, verdict)
         effects: list[Effect] = [Publish(VERDICTS_TOPIC, verdict), Emit(VerdictPublished(verdict, check_s))]
         for event in self.reputation.record(now, pending.worker, sid, self.identity.peer_id, ok, codes):
             effects.append(Emit(event))
@@ -285,8 +296,9 @@ class ValidatorCore:
             return [Emit(SubmissionSeen(sid, worker, selected=False))]
         self.stats["selected"] += 1
         self._pending[sid] = _Pending(sub, worker, ticket, value, Stage.CLAIMING)
-        effects: list[Effect] = [Emit(SubmissionSeen(sid, worker, selected=True)),
-                                 Publish(CLAIMS_TOPIC, Claim(sid, ticket))]
+        claim = Claim(sid, ticket)
+        self.recall.sent(worker, sub.step, claim)
+        effects: list[Effect] = [Emit(SubmissionSeen(sid, worker, selected=True)), Publish(CLAIMS_TOPIC, claim)]
         if n <= 1 or self.config.claim_window_s == 0:
             return effects + self._start_check(sid)
         return effects + [SetTimer(now + self.config.claim_window_s, _CLAIM + sid.hex())]

@@ -175,6 +175,11 @@ class VerdictLedger:
         outcome = self._outcomes.setdefault(sid, _Outcome())
         (outcome.accepted_by if accepted else outcome.rejected_by).add(validator)
 
+    def voters(self, sid: bytes) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(accepting, rejecting) validators of `sid`'s admitted verdicts (and own records)."""
+        outcome = self._outcomes.get(sid)
+        return (tuple(outcome.accepted_by), tuple(outcome.rejected_by)) if outcome is not None else ((), ())
+
     def outcome(self, sid: bytes) -> Outcome | None:
         """REJECTED if any admitted verdict failed it, ACCEPTED if some passed it, else None."""
         outcome = self._outcomes.get(sid)

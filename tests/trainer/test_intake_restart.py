@@ -19,6 +19,7 @@ from trainer.intake import Intake, IntakeConfig
 from trainer.intake_state import IntakeStateFile, load_into
 from trainer.roles import TrainerRole
 from verify.messages import Claim, Verdict, submission_id
+from verify.verdicts import Outcome
 from verify.reputation import Reputation, ReputationConfig, WorkerBanned
 from verify.validator import SubmissionRejected, ValidatorCore, ValidatorCoreConfig
 
@@ -313,7 +314,9 @@ async def test_the_state_file_is_saved_at_once_on_a_ban_and_read_by_the_next_sta
         nursery.cancel_scope.cancel()
     later = Intake(IntakeConfig(ban_after_failures=1), "trainer-id", Directory())
     assert load_into(later, path, 0.0, WALL_S + 10**5) is True
-    assert later.reputation.is_banned(CHEAT.peer_id, 0.0) and later.by_step == {(CHEAT.peer_id, 1): []}
+    assert later.reputation.is_banned(CHEAT.peer_id, 0.0) and set(later.by_step) == {(CHEAT.peer_id, 1)}
+    [batch] = later.batches.values()  # the batch came back, with the verdict that failed it
+    assert batch.worker == CHEAT.peer_id and later.ledger.outcome(batch.sid) is Outcome.REJECTED
 
 
 class FakeNode:

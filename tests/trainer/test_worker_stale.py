@@ -41,7 +41,8 @@ async def test_a_worker_stuck_on_a_version_too_old_to_train_on_waits_for_one_tha
     monkeypatch.setattr(roles, "load_version", load_version)
     watcher = SimpleNamespace(latest=LATEST, complete_versions=lambda: list(range(LATEST + 1)), wait_change=wait_change)
     relay = SimpleNamespace(watcher=watcher, wait_for_version=wait_for_version,
-                            store=SimpleNamespace(version_stamp=lambda v: (v, loads["newest"]), version_files=lambda v: ()))
+                            store=SimpleNamespace(version_stamp=lambda v: (v, loads["newest"]), version_files=lambda v: ()),
+                            config=SimpleNamespace(trusted_publishers=()))
     submitted = []
     done = trio.Event()
 
@@ -49,7 +50,11 @@ async def test_a_worker_stuck_on_a_version_too_old_to_train_on_waits_for_one_tha
         submitted.append(submission)
         done.set()
 
-    node = SimpleNamespace(peer_id="worker-1", roles={"relay": relay}, publish=publish)
+    async def run_core(core, name, *, task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started(None)
+        await trio.sleep_forever()
+
+    node = SimpleNamespace(peer_id="worker-1", roles={"relay": relay}, publish=publish, run_core=run_core)
     worker = WorkerRole(node, {"model_dir": "/nonexistent", "max_new_tokens": 3, "prompts_per_batch": 2,
                                "group_size": 2, "backend": "torch"})
     async with trio.open_nursery() as nursery:
