@@ -46,7 +46,8 @@ from trainer.intake import BatchesSkewed, Intake, IntakeConfig
 from trainer.intake_state import INTAKE_STATE_FILE, IntakeStateFile, load_into
 from trainer.metricsfile import METRICS_FILE, MetricsFile, tokens_of
 from verify.messages import Recalled
-from verify.recall import RecallCore
+from trainer.worker_frames import SUBMITTED_DIR, load as load_frames, save as save_frame
+from verify.recall import WORKER_KEPT, RecallCore
 from verify.reputation import BatchInvalidated, WorkerBanned
 from verify.validator import Penalise
 
@@ -111,6 +112,14 @@ class WorkerRole:
         self.rejected = RejectedVersions()
         self._cheat_model: Any = None  # byzantine = other_model: the other weights it generates with
         self.recall = RecallCore(self.relay.config.trusted_publishers)  # our frames, for a restarted trainer
+        # our last submissions, kept across our own restarts: never a step twice (`trainer.worker_frames`)
+        self.frames_dir = node.config.data_dir / SUBMITTED_DIR
+        self.resumed_step = -1
+        for step, frame in load_frames(self.frames_dir, node.peer_id):
+            self.recall.answers.sent(node.peer_id, step, Recalled(frame))
+            self.resumed_step = step
+        if self.resumed_step >= 0:
+            log.info("worker: submitted step %d before this start: going on from the step after it", self.resumed_step)
         if self.config.byzantine:
             log.error("worker.byzantine=%s: this worker CHEATS on purpose (devnet/test setting)",
                       self.config.byzantine)
@@ -129,7 +138,7 @@ class WorkerRole:
         generation = GenerationConfig(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                                       temperature=cfg.temperature)
         task_status.started()
-        last_step = -1
+        last_step = self.resumed_step
         while True:
             await self.relay.wait_for_version(max(0, last_step + 1 - cfg.async_level))
             load_s = await self.switch_version()
@@ -151,6 +160,7 @@ class WorkerRole:
             frame = await self._submit(batch)
             if frame is not None:
                 self.recall.answers.sent(self.node.peer_id, step, Recalled(frame))
+                await trio.to_thread.run_sync(save_frame, self.frames_dir, step, frame, WORKER_KEPT)
             last_step = step
             for key, value in (("batches", 1), ("rollouts", len(batch.rollouts)), ("tokens", batch.n_output_tokens),
                                ("generate_s", timing.generate_s), ("proof_s", timing.proof_s)):

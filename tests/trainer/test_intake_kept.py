@@ -193,6 +193,7 @@ async def test_a_trainer_that_crashes_mid_step_trains_that_step_after_the_restar
                 await trio.sleep(0.05)
 
     submitted = trio.Event()
+    steps: list[int] = []
 
     async def publish(topic, body):  # gossip, as the trainer hears it, and a validator's accepting verdict
         frame = Codec(WORKER).encode(body, WALL_S)
@@ -200,6 +201,7 @@ async def test_a_trainer_that_crashes_mid_step_trains_that_step_after_the_restar
         intake.on_message(trio.current_time(), env)
         verdict(intake, submission_id(env), WORKER, body.step, True, now=trio.current_time(),
                 version=body.model_version)
+        steps.append(body.step)
         submitted.set()
         return frame
 
@@ -207,7 +209,8 @@ async def test_a_trainer_that_crashes_mid_step_trains_that_step_after_the_restar
         task_status.started(None)
         await trio.sleep_forever()
 
-    node = SimpleNamespace(peer_id=WORKER.peer_id, roles={"relay": Relay()}, publish=publish, run_core=run_core)
+    node = SimpleNamespace(peer_id=WORKER.peer_id, roles={"relay": Relay()}, publish=publish, run_core=run_core,
+                           config=SimpleNamespace(data_dir=tmp_path / "worker"))
     worker = roles.WorkerRole(node, {"model_dir": str(base), "max_new_tokens": 3, "prompts_per_batch": 2,
                                      "group_size": 2, "backend": "torch"})
     original = roles.load_version
@@ -220,12 +223,22 @@ async def test_a_trainer_that_crashes_mid_step_trains_that_step_after_the_restar
             await saver.wait_saved(intake.revision)
             assert saver.saved_heard == intake.heard_once
             nursery.cancel_scope.cancel()  # the process dies: no save on the way out
+        assert worker.totals["batches"] == 1 and published["latest"] == 0  # the worker waits for version 1
+        [answer] = worker.recall.on_message(0.0, envelope(TRAINER, Recall(0)))  # it kept the frame for a recall
+        assert submission_id_of(answer.body.frame) in intake.batches
+        again = roles.WorkerRole(node, {"model_dir": str(base), "max_new_tokens": 3, "prompts_per_batch": 2,
+                                        "group_size": 2, "backend": "torch"})  # the worker restarts too
+        assert again.resumed_step == 0 and [a.body.frame for a in again.recall.on_message(
+            0.0, envelope(TRAINER, Recall(0)))] == [answer.body.frame]
+        submitted = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(again.run)
+            await submitted.wait()
+            nursery.cancel_scope.cancel()
+        assert steps == [0, 1]  # not step 0 again, which validators refuse and penalise: the next, async
     finally:
         roles.load_version = original
     learner.close()
-    assert worker.totals["batches"] == 1 and published["latest"] == 0  # the worker waits for version 1
-    [answer] = worker.recall.on_message(0.0, envelope(TRAINER, Recall(0)))  # it kept the frame for a recall
-    assert submission_id_of(answer.body.frame) in intake.batches
 
     restarted = Intake(IntakeConfig(), "trainer-id", Directory())
     assert load_into(restarted, path, 0.0, WALL_S + 30) is True

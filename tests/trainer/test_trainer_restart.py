@@ -1,7 +1,7 @@
 """A trainer killed mid-run (SIGKILL, no shutdown) and started again finishes the run: the
 network does not stall. Real `p2pnet peer start` processes on loopback, laid out as the devnet
-lays them out: the trainer, a validator and two workers. The trainer is killed as soon as it
-has published version 1, so the workers' batches for step 1 reach a dead trainer or one about
+lays them out: the trainer, a validator and a worker. The trainer is killed as soon as it
+has published version 1, so the worker's batch for step 1 reaches a dead trainer or one about
 to die; the restarted trainer must get them back (its kept batches, `trainer.intake_kept`, or
 by asking, `verify.recall`) and train every step. Every wait has a deadline that scales with
 the steps."""
@@ -34,8 +34,8 @@ def wait_for(proc, done, what: str, deadline_s: float) -> dict:
 
 
 def test_a_trainer_killed_mid_run_and_started_again_finishes_the_run(tmp_path):
-    config = DevnetConfig(steps=STEPS, workers=2, byzantine=0, validators=1, relays=0, prompts_per_batch=4,
-                          group_size=2)
+    config = DevnetConfig(steps=STEPS, workers=1, byzantine=0, validators=1, relays=0, model="micro",
+                          prompts_per_batch=4, group_size=2)
     model_dir, model_name = _prepare_model(config, tmp_path)
     plan, _ = _plan(config, tmp_path, model_dir, model_name)
     procs: dict = {}

@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 LATEST = 5
 
 
-async def test_a_worker_stuck_on_a_version_too_old_to_train_on_waits_for_one_that_loads(monkeypatch):
+async def test_a_worker_stuck_on_a_version_too_old_to_train_on_waits_for_one_that_loads(monkeypatch, tmp_path):
     model, tokenizer = build_model("micro", seed=0)
     loads = {"newest": 2}  # versions 3..5 do not load here, for now (their stamp changes when fetched again)
     changed = trio.Event()
@@ -54,7 +54,8 @@ async def test_a_worker_stuck_on_a_version_too_old_to_train_on_waits_for_one_tha
         task_status.started(None)
         await trio.sleep_forever()
 
-    node = SimpleNamespace(peer_id="worker-1", roles={"relay": relay}, publish=publish, run_core=run_core)
+    node = SimpleNamespace(peer_id="worker-1", roles={"relay": relay}, publish=publish, run_core=run_core,
+                           config=SimpleNamespace(data_dir=tmp_path))
     worker = WorkerRole(node, {"model_dir": "/nonexistent", "max_new_tokens": 3, "prompts_per_batch": 2,
                                "group_size": 2, "backend": "torch"})
     async with trio.open_nursery() as nursery:

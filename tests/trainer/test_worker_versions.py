@@ -100,7 +100,7 @@ async def test_a_worker_keeps_its_version_when_a_newer_one_does_not_load(world, 
     monkeypatch.setattr(trainer.roles, "load_version", lambda *a: loads.append(a[2]) or real_load(*a))
     watcher = VersionWatcher()
     relay = SimpleNamespace(store=world.store, watcher=watcher, config=SimpleNamespace(trusted_publishers=()))
-    node = SimpleNamespace(roles={"relay": relay}, peer_id="w")
+    node = SimpleNamespace(roles={"relay": relay}, peer_id="w", config=SimpleNamespace(data_dir=world.root / "w"))
     worker = WorkerRole(node, {"model_dir": str(world.base), "model_name": "micro"})
 
     watcher.mark_complete(0)
@@ -142,7 +142,7 @@ async def test_a_worker_whose_only_version_does_not_load_loads_an_older_one(worl
 
     watcher = VersionWatcher([0, 1])
     relay = SimpleNamespace(store=world.store, watcher=watcher, config=SimpleNamespace(trusted_publishers=()))
-    node = SimpleNamespace(roles={"relay": relay}, peer_id="w")
+    node = SimpleNamespace(roles={"relay": relay}, peer_id="w", config=SimpleNamespace(data_dir=world.root / "w"))
     worker = WorkerRole(node, {"model_dir": str(world.base), "model_name": "micro"})
     await worker.switch_version()
     assert worker.version == 0 and [r["version"] for r in worker.status()["rejected_versions"]] == [1]
