@@ -114,12 +114,10 @@ class WorkerRole:
         self.recall = RecallCore(self.relay.config.trusted_publishers)  # our frames, for a restarted trainer
         # our last submissions, kept across our own restarts: never a step twice (`trainer.worker_frames`)
         self.frames_dir = node.config.data_dir / SUBMITTED_DIR
-        self.resumed_step = -1
-        for step, frame in load_frames(self.frames_dir, node.peer_id):
+        self.resumed_step = self.resumed_version = -1  # the newest step we submitted before, and its version
+        for step, frame, version in load_frames(self.frames_dir, node.peer_id):
             self.recall.answers.sent(node.peer_id, step, Recalled(frame))
-            self.resumed_step = step
-        if self.resumed_step >= 0:
-            log.info("worker: submitted step %d before this start: going on from the step after it", self.resumed_step)
+            self.resumed_step, self.resumed_version = step, version
         if self.config.byzantine:
             log.error("worker.byzantine=%s: this worker CHEATS on purpose (devnet/test setting)",
                       self.config.byzantine)
@@ -138,7 +136,7 @@ class WorkerRole:
         generation = GenerationConfig(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                                       temperature=cfg.temperature)
         task_status.started()
-        last_step = self.resumed_step
+        last_step = -1
         while True:
             await self.relay.wait_for_version(max(0, last_step + 1 - cfg.async_level))
             load_s = await self.switch_version()
@@ -147,6 +145,12 @@ class WorkerRole:
                 continue
             model, tokenizer = self.loaded
             step = max(last_step + 1, self.relay.watcher.latest)
+            if step <= self.resumed_step and self.resumed_version <= self.relay.watcher.latest:
+                # sent before our restart, in this run (the network has the version we made it with; a
+                # new run starts its versions again): validators refuse a second one, so the next
+                log.info("worker: step %d was submitted before this start: going on from step %d", step,
+                         self.resumed_step + 1)
+                step = self.resumed_step + 1
             if step - self.version > cfg.async_level:
                 # the newer versions did not load here: a batch of ours would be refused (`stale_version`)
                 log.warning("worker: version %d is the newest that loads here, more than async_level (%d) behind "

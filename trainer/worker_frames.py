@@ -5,7 +5,9 @@ penalise it (`replay_step`), and a restarted trainer asks workers for the frames
 (`verify.recall`). So a worker that restarts must know which steps it already submitted, and
 still have their frames: each frame is written once it is published (`save`: temporary name,
 fsync, rename; the newest `kept` are kept), and at start `load` gives them back, oldest first.
-The worker goes on from the step after the newest, and answers a recall with them.
+The worker answers a recall with them, and goes on from the step after the newest, unless the
+network does not have the version that step was made with (a new run, its versions counted
+from 0 again: its steps are not ours).
 
 A crash between the publish and the write (the write follows at once, in a thread) loses that
 one frame: the restarted worker submits that step again and is refused once. A file that does
@@ -38,8 +40,8 @@ def save(folder: Path, step: int, frame: bytes, kept: int) -> None:
         old.unlink(missing_ok=True)
 
 
-def load(folder: Path, peer_id: str) -> list[tuple[int, bytes]]:
-    """(step, frame) of our submissions kept in `folder`, oldest first; [] if there are none."""
+def load(folder: Path, peer_id: str) -> list[tuple[int, bytes, int]]:
+    """(step, frame, model version) of our submissions kept in `folder`, oldest first; [] if none."""
     out = []
     try:
         names = sorted(name for name in os.listdir(folder) if name.endswith(_SUFFIX))
@@ -57,5 +59,5 @@ def load(folder: Path, peer_id: str) -> list[tuple[int, bytes]]:
         if not isinstance(envelope.body, Submission) or envelope.sender != peer_id or envelope.body.step != step:
             log.warning("worker: skipping %s: not our own submission for step %d", path, step)
             continue
-        out.append((step, frame))
+        out.append((step, frame, envelope.body.model_version))
     return out
