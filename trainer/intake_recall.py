@@ -36,20 +36,24 @@ EARLY_S = 120.0  # each kept this long at most
 _ANY_AGE = Codec(None, max_age_s=math.inf, max_future_s=math.inf)  # checks signatures only
 
 
-def recalled_submission(envelope: Envelope[Any]) -> Envelope[Any] | None:
-    """The submission in a `Recalled` envelope, signed by the envelope's sender (its age is not
-    checked, nor measured: `age_s` None; the intake marks it skewed itself), or None if it is
-    not one."""
-    body = envelope.body
-    if not isinstance(body, Recalled):
-        return None
+def signed_submission(frame: bytes, sender: str) -> Envelope[Any] | None:
+    """The envelope of `frame` if it is a `Submission` signed by `sender`, whatever its age (not
+    checked, nor measured: `age_s` None), else None: a recalled frame, or a worker's own frame
+    read back from its disk (`trainer.worker_frames`)."""
     try:
-        inner = _ANY_AGE.decode(body.frame, 0.0)
+        envelope = _ANY_AGE.decode(frame, 0.0)
     except MessageRejected:
         return None
-    if not isinstance(inner.body, Submission) or inner.sender != envelope.sender:
+    if not isinstance(envelope.body, Submission) or envelope.sender != sender:
         return None
-    return replace(inner, age_s=None)
+    return replace(envelope, age_s=None)
+
+
+def recalled_submission(envelope: Envelope[Any]) -> Envelope[Any] | None:
+    """The submission in a `Recalled` envelope, signed by the envelope's sender (`signed_submission`;
+    the intake marks it skewed itself), or None if it is not one."""
+    body = envelope.body
+    return signed_submission(body.frame, envelope.sender) if isinstance(body, Recalled) else None
 
 
 class EarlyVerdicts:

@@ -17,19 +17,15 @@ not hold one of our own submissions for the step its name says is skipped, with 
 from __future__ import annotations
 
 import logging
-import math
 import os
 from pathlib import Path
 
-from p2pnet.errors import MessageRejected
 from p2pnet.files import atomic_write_bytes
-from p2pnet.wire import Codec
-from verify.messages import Submission
+from trainer.intake_recall import signed_submission
 
 log = logging.getLogger(__name__)
 SUBMITTED_DIR = "submitted"
 _SUFFIX = ".frame"
-_ANY_AGE = Codec(None, max_age_s=math.inf, max_future_s=math.inf)  # checks signatures only
 
 
 def save(folder: Path, step: int, frame: bytes, kept: int) -> None:
@@ -52,12 +48,12 @@ def load(folder: Path, peer_id: str) -> list[tuple[int, bytes, int]]:
         try:
             step = int(name[:-len(_SUFFIX)])
             frame = path.read_bytes()
-            envelope = _ANY_AGE.decode(frame, 0.0)
-        except (ValueError, OSError, MessageRejected) as exc:
+        except (ValueError, OSError) as exc:
             log.warning("worker: skipping %s, not a submission frame we can read: %s", path, exc)
             continue
-        if not isinstance(envelope.body, Submission) or envelope.sender != peer_id or envelope.body.step != step:
-            log.warning("worker: skipping %s: not our own submission for step %d", path, step)
+        envelope = signed_submission(frame, peer_id)
+        if envelope is None or envelope.body.step != step:
+            log.warning("worker: skipping %s: not our own signed submission for step %d", path, step)
             continue
         out.append((step, frame, envelope.body.model_version))
     return out
